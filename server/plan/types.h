@@ -1,0 +1,230 @@
+#pragma once
+
+// Value types of the planner: its input (model spec, parallelism config,
+// options) and its output (meshes, layouts, owners, loads, bytes). Plain
+// structs with no behaviour; the planner is pure C++ and knows nothing of
+// protobuf or gRPC (server/plan_convert.h translates at the edge).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace muonmesh::plan {
+
+// ---------------------------------------------------------------- input
+
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::string optimizer;  // "muon" | "adamw"
+  bool expert = false;    // a stack [E, rows, cols...] of E expert tensors
+};
+
+struct UnitSpec {
+  std::string name;
+  std::vector<ParamSpec> params;
+};
+
+struct ModelSpec {
+  std::string name;
+  std::vector<UnitSpec> units;
+};
+
+// Megatron DistributedDataParallelConfig names. Zero / empty means default.
+struct ParallelismConfig {
+  std::string data_parallel_sharding_strategy;  // default optim_grads_params
+  int64_t num_distributed_optimizer_instances = 0;  // default 1
+  std::string outer_dp_sharding_strategy;  // default optim when I > 1
+  int64_t expert_model_parallel_size = 0;  // default 1
+  int64_t tensor_model_parallel_size = 0;
+  int64_t pipeline_model_parallel_size = 0;
+  int64_t context_parallel_size = 0;
+};
+
+struct PlanOptions {
+  std::string owner_assignment;  // lpt (default) | round_robin | allgather | greedy_in_order
+  int64_t ns_steps = 0;          // default 5
+  std::string device;            // cuda (default) | cpu
+  double comm_flops_per_byte = 0;  // default by device
+};
+
+struct PlanInput {
+  ModelSpec model;
+  int64_t world_size = 0;
+  ParallelismConfig parallelism;
+  PlanOptions options;
+};
+
+// One problem with the input, with the path of the offending field
+// ("parallelism.num_distributed_optimizer_instances", "model.units[3].params[0].shape[1]").
+struct FieldViolation {
+  std::string field;
+  std::string description;
+};
+
+// ---------------------------------------------------------------- vocabulary
+
+enum class Strategy { kNoShard, kOptim, kOptimGrads, kOptimGradsParams };
+enum class Placement { kReplicate, kShard, kPartialAvg };
+enum class OwnerRule { kLpt, kRoundRobin, kAllGather, kGreedyInOrder };
+enum class MeshKind { kDense, kExpert };
+
+// Placements of (parameter, gradient, optimizer state) on one mesh axis.
+struct AxisPlacements {
+  Placement param;
+  Placement grad;
+  Placement optimizer;
+};
+
+struct MeshAxis {
+  std::string name;  // "dp_outer", "dp_shard", "expert_dp"
+  int64_t size = 1;
+  Strategy strategy = Strategy::kNoShard;
+  AxisPlacements placements{};
+};
+
+// The validated config with every default resolved.
+struct ResolvedConfig {
+  int64_t world_size = 1;
+  int64_t instances = 1;  // I
+  int64_t ep = 1;         // expert model parallel size
+  Strategy inner = Strategy::kOptimGradsParams;
+  Strategy outer = Strategy::kNoShard;  // meaningful when instances > 1
+  OwnerRule owner_rule = OwnerRule::kLpt;
+  int64_t ns_steps = 5;
+  double comm_flops_per_byte = 0;
+  int64_t bytes_per_element = 4;  // fp32 parameters, gradients and updates
+};
+
+// ---------------------------------------------------------------- layout
+
+// A tensor as the layout sees it: `rows` rows of `row_len` elements. Muon
+// matrices keep their rows whole; element-wise tensors have row_len 1. An
+// expert stack's local experts are consecutive blocks of rows.
+struct LayoutTensor {
+  int32_t param = 0;  // index into the unit's params
+  int64_t rows = 0;
+  int64_t row_len = 1;
+};
+
+// A run of whole rows of one tensor inside one shard.
+struct Segment {
+  int32_t tensor = 0;  // index into UnitLayout::tensors
+  int64_t row_start = 0;
+  int64_t row_count = 0;
+  int64_t offset = 0;  // element offset inside the shard
+};
+
+// The row-aligned flat layout of one unit on one shard domain: num_shards
+// equal shards of shard_elements each, every shard a list of whole-row runs
+// followed by padding.
+struct UnitLayout {
+  std::vector<LayoutTensor> tensors;
+  int64_t num_shards = 1;
+  int64_t shard_elements = 0;
+  int64_t padding_elements = 0;
+  std::vector<Segment> segments;      // all shards, in shard order
+  std::vector<int64_t> shard_begin;   // num_shards + 1 offsets into segments
+  std::string method;                 // "ordered" or "packed"
+  // Shard k lives at domain position (k + rotation) % num_shards. The planner
+  // rotates each unit so that repeated layers do not pile their matrices on
+  // the same ranks. A rotation only relabels which shard each position holds:
+  // a rank's parameter shard is still the shards of its parameter group, and
+  // gathered buffers are cyclic shifts of the layout (tensors are always
+  // assembled from their row runs, so a wrap costs nothing).
+  int64_t rotation = 0;
+};
+
+// ---------------------------------------------------------------- owners
+
+struct Holder {
+  int32_t position = 0;  // position in the domain
+  int64_t row_start = 0;
+  int64_t row_count = 0;
+};
+
+// One Muon matrix (one expert's matrix for a stack) inside a domain.
+struct MatrixPlan {
+  int32_t unit = 0;
+  int32_t param = 0;
+  int32_t expert = -1;  // local expert index within the EP group, -1 if dense
+  int64_t rows = 0;
+  int64_t cols = 0;
+  double cost_flops = 0;        // T (4 m^2 n + 2 m^3)
+  double min_cost = 0;          // cost_flops + w * bytes at the best holder
+  std::vector<Holder> holders;  // ascending position
+  int32_t owner = -1;           // position; -1 for the allgather rule (everyone)
+  double owner_cost = 0;
+  int64_t gather_bytes = 0;     // bytes the owner receives plus sends back
+};
+
+// Owner assignment of one class of identical domains (all dense domains share
+// one, all expert domains share one): positions, not ranks.
+struct DomainPlan {
+  MeshKind mesh = MeshKind::kDense;
+  int64_t size = 1;
+  std::vector<MatrixPlan> matrices;
+  std::vector<double> load;      // per position, flop-equivalents
+  std::vector<double> ns_flops;  // per position
+  std::vector<int64_t> gather_bytes;  // per position
+  std::vector<int32_t> owned;    // matrices per position
+  double makespan = 0;
+  double lower_bound = 0;
+  int64_t exchange_bytes = 0;              // whole domain, one step
+  int64_t exchange_lower_bound_bytes = 0;  // owners at their best holders
+};
+
+// ---------------------------------------------------------------- plan
+
+struct Domain {
+  int32_t id = 0;
+  MeshKind mesh = MeshKind::kDense;
+  std::string name;
+  std::vector<int32_t> ranks;  // position -> global rank
+};
+
+struct UnitPlan {
+  std::string name;
+  bool has_dense = false;
+  bool has_expert = false;
+  UnitLayout dense;
+  UnitLayout expert;
+};
+
+struct RankSummary {
+  int32_t rank = 0;
+  double load_flops = 0;
+  double ns_flops = 0;
+  int64_t shard_elements = 0;
+  int64_t param_shard_elements = 0;
+  int64_t grad_shard_elements = 0;
+  int64_t gather_bytes = 0;
+  int32_t owned_matrices = 0;
+};
+
+struct CollectiveBytes {
+  std::string name;  // param_allgather, grad_reduce_scatter, grad_allreduce,
+                     // muon_gather, muon_scatter, muon_allgather,
+                     // param_allgather_after_step
+  MeshKind mesh = MeshKind::kDense;
+  std::string axis;
+  int64_t bytes_per_step = 0;  // sent by all ranks together
+  int64_t max_rank_bytes = 0;
+};
+
+struct Plan {
+  ResolvedConfig config;
+  std::vector<MeshAxis> dense_axes;   // ("dp_outer", "dp_shard")
+  std::vector<MeshAxis> expert_axes;  // ("expert_dp",); empty without experts
+  bool has_experts = false;
+  std::vector<UnitPlan> units;
+  DomainPlan dense;
+  DomainPlan expert;
+  std::vector<Domain> domains;
+  std::vector<RankSummary> ranks;
+  std::vector<CollectiveBytes> collectives;
+  int64_t parameters = 0;
+  int64_t padding_elements = 0;
+};
+
+}  // namespace muonmesh::plan

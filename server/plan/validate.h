@@ -1,0 +1,43 @@
+#pragma once
+
+// Validation of planner input. Every violation is reported at once, each
+// with the path of the offending field, so a user fixes a config in one go.
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/plan/types.h"
+
+namespace muonmesh::plan {
+
+// Documented limits ("absurd sizes" are rejected, not attempted).
+inline constexpr int64_t kMaxWorldSize = int64_t{1} << 20;          // 1,048,576 ranks
+inline constexpr int64_t kMaxUnits = 100'000;
+inline constexpr int64_t kMaxTensors = 1'000'000;                   // whole model
+inline constexpr int64_t kMaxDims = 8;
+inline constexpr int64_t kMaxModelElements = int64_t{1} << 50;      // ~1.1e15 parameters
+inline constexpr int64_t kMaxNameLength = 1024;
+inline constexpr int64_t kMaxNsSteps = 100;
+// Matrices times domains in one plan (DDP on a huge world repeats every
+// matrix in every rank's own domain).
+inline constexpr int64_t kMaxPlanMatrixEntries = 20'000'000;
+
+// All violations of the input; empty when it can be planned.
+std::vector<FieldViolation> Validate(const PlanInput& input);
+
+// The config with defaults resolved, or InvalidArgument listing every
+// violation ("field: description; field: description").
+absl::StatusOr<ResolvedConfig> Resolve(const PlanInput& input);
+
+// The shape of a parameter as a matrix (rows, cols): (shape[0], rest) for a
+// dense tensor, (shape[1], rest) per expert for an expert stack. Assumes a
+// validated spec.
+struct MatrixView {
+  int64_t rows;
+  int64_t cols;
+};
+MatrixView AsMatrix(const ParamSpec& p);
+int64_t NumElements(const ParamSpec& p);
+
+}  // namespace muonmesh::plan

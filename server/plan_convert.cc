@@ -1,0 +1,229 @@
+#include "server/plan_convert.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "server/plan/mesh.h"
+
+namespace muonmesh {
+namespace {
+
+plan::PlanOptions OptionsFromProto(const v1::PlanOptions& o) {
+  plan::PlanOptions out;
+  out.owner_assignment = o.owner_assignment();
+  out.ns_steps = o.ns_steps();
+  out.device = o.device();
+  out.comm_flops_per_byte = o.comm_flops_per_byte();
+  return out;
+}
+
+template <typename Request>
+plan::PlanInput InputFrom(const Request& r) {
+  plan::PlanInput in;
+  in.model = ModelFromProto(r.model());
+  in.world_size = r.world_size();
+  in.parallelism = ParallelismFromProto(r.parallelism());
+  in.options = OptionsFromProto(r.options());
+  return in;
+}
+
+void MeshToProto(const std::vector<plan::MeshAxis>& axes, plan::MeshKind kind, v1::Plan* out) {
+  v1::Mesh* mesh = kind == plan::MeshKind::kDense ? out->mutable_dense_mesh()
+                                                  : out->mutable_expert_mesh();
+  for (const plan::MeshAxis& a : axes) {
+    mesh->add_dim_names(a.name);
+    mesh->add_shape(a.size);
+    v1::AxisPlacement* p = out->add_placements();
+    p->set_mesh(plan::MeshName(kind));
+    p->set_axis(a.name);
+    p->set_size(a.size);
+    p->set_strategy(plan::StrategyName(a.strategy));
+    p->set_param(plan::PlacementName(a.placements.param));
+    p->set_grad(plan::PlacementName(a.placements.grad));
+    p->set_optimizer(plan::PlacementName(a.placements.optimizer));
+  }
+}
+
+void LayoutToProto(const plan::UnitSpec& spec, const plan::UnitLayout& layout,
+                   plan::MeshKind kind, bool include_shards, v1::UnitLayout* out) {
+  out->set_unit(spec.name);
+  out->set_mesh(plan::MeshName(kind));
+  for (const plan::LayoutTensor& t : layout.tensors) {
+    out->add_params(spec.params[t.param].name);
+    out->add_rows(t.rows);
+    out->add_row_len(t.row_len);
+  }
+  out->set_num_shards(layout.num_shards);
+  out->set_shard_elements(layout.shard_elements);
+  out->set_padding_elements(layout.padding_elements);
+  out->set_rotation(layout.rotation);
+  if (!include_shards) return;
+  // In position order: position p holds layout shard (p - rotation) mod D.
+  for (int64_t p = 0; p < layout.num_shards; ++p) {
+    const int64_t s = (p - layout.rotation + layout.num_shards) % layout.num_shards;
+    v1::ShardLayout* shard = out->add_shards();
+    for (int64_t i = layout.shard_begin[s]; i < layout.shard_begin[s + 1]; ++i) {
+      const plan::Segment& seg = layout.segments[i];
+      v1::Segment* o = shard->add_segments();
+      o->set_param(seg.tensor);
+      o->set_row_start(seg.row_start);
+      o->set_row_count(seg.row_count);
+      o->set_offset(seg.offset);
+    }
+  }
+}
+
+// Expands one class of identical domains into each of its domains.
+void MatricesToProto(const plan::PlanInput& input, const plan::Plan& p,
+                     const plan::DomainPlan& dp, v1::Plan* out) {
+  for (const plan::Domain& dom : p.domains) {
+    if (dom.mesh != dp.mesh) continue;
+    // The EP group of this domain decides which experts its local ones are.
+    const int64_t group = dom.mesh == plan::MeshKind::kExpert ? dom.ranks[0] % p.config.ep : 0;
+    for (const plan::MatrixPlan& m : dp.matrices) {
+      const plan::ParamSpec& spec = input.model.units[m.unit].params[m.param];
+      v1::Matrix* o = out->add_matrices();
+      if (m.expert >= 0) {
+        const int64_t per_group = spec.shape[0] / p.config.ep;
+        o->set_name(absl::StrCat(spec.name, "[", group * per_group + m.expert, "]"));
+      } else {
+        o->set_name(spec.name);
+      }
+      o->set_rows(m.rows);
+      o->set_cols(m.cols);
+      o->set_domain(dom.id);
+      o->set_owner(m.owner >= 0 ? dom.ranks[m.owner] : -1);
+      o->set_cost_flops(m.cost_flops);
+      o->set_owner_cost(m.owner_cost);
+      o->set_gather_bytes(m.gather_bytes);
+      bool holder = false;
+      for (const plan::Holder& h : m.holders) {
+        v1::Holder* ho = o->add_holders();
+        ho->set_rank(dom.ranks[h.position]);
+        ho->set_row_start(h.row_start);
+        ho->set_row_count(h.row_count);
+        holder = holder || h.position == m.owner;
+      }
+      o->set_owner_is_holder(m.owner < 0 || holder);
+    }
+  }
+}
+
+}  // namespace
+
+plan::ModelSpec ModelFromProto(const v1::ModelSpec& model) {
+  plan::ModelSpec out;
+  out.name = model.name();
+  out.units.reserve(model.units_size());
+  for (const v1::UnitSpec& u : model.units()) {
+    plan::UnitSpec& unit = out.units.emplace_back();
+    unit.name = u.name();
+    unit.params.reserve(u.params_size());
+    for (const v1::ParamSpec& p : u.params()) {
+      plan::ParamSpec& param = unit.params.emplace_back();
+      param.name = p.name();
+      param.shape.assign(p.shape().begin(), p.shape().end());
+      param.optimizer = p.optimizer();
+      param.expert = p.expert();
+    }
+  }
+  return out;
+}
+
+plan::ParallelismConfig ParallelismFromProto(const v1::ParallelismConfig& par) {
+  plan::ParallelismConfig out;
+  out.data_parallel_sharding_strategy = par.data_parallel_sharding_strategy();
+  out.num_distributed_optimizer_instances = par.num_distributed_optimizer_instances();
+  out.outer_dp_sharding_strategy = par.outer_dp_sharding_strategy();
+  out.expert_model_parallel_size = par.expert_model_parallel_size();
+  out.tensor_model_parallel_size = par.tensor_model_parallel_size();
+  out.pipeline_model_parallel_size = par.pipeline_model_parallel_size();
+  out.context_parallel_size = par.context_parallel_size();
+  return out;
+}
+
+plan::PlanInput PlanInputFromProto(const v1::PlanLayoutRequest& request) {
+  return InputFrom(request);
+}
+
+plan::PlanInput PlanInputFromProto(const v1::ValidateConfigRequest& request) {
+  return InputFrom(request);
+}
+
+void PlanToProto(const plan::PlanInput& input, const plan::Plan& p, bool include_shards,
+                 v1::Plan* out) {
+  out->set_world_size(p.config.world_size);
+  MeshToProto(p.dense_axes, plan::MeshKind::kDense, out);
+  if (p.has_experts) MeshToProto(p.expert_axes, plan::MeshKind::kExpert, out);
+  for (const plan::Domain& d : p.domains) {
+    v1::Domain* o = out->add_domains();
+    o->set_id(d.id);
+    o->set_name(d.name);
+    o->set_mesh(plan::MeshName(d.mesh));
+    o->mutable_ranks()->Assign(d.ranks.begin(), d.ranks.end());
+  }
+  for (size_t u = 0; u < p.units.size(); ++u) {
+    const plan::UnitPlan& unit = p.units[u];
+    if (unit.has_dense) {
+      LayoutToProto(input.model.units[u], unit.dense, plan::MeshKind::kDense, include_shards,
+                    out->add_units());
+    }
+    if (unit.has_expert) {
+      LayoutToProto(input.model.units[u], unit.expert, plan::MeshKind::kExpert, include_shards,
+                    out->add_units());
+    }
+  }
+  MatricesToProto(input, p, p.dense, out);
+  if (p.has_experts) MatricesToProto(input, p, p.expert, out);
+  for (const plan::RankSummary& r : p.ranks) {
+    v1::RankLoad* o = out->add_ranks();
+    o->set_rank(r.rank);
+    o->set_load_flops(r.load_flops);
+    o->set_ns_flops(r.ns_flops);
+    o->set_shard_elements(r.shard_elements);
+    o->set_param_shard_elements(r.param_shard_elements);
+    o->set_grad_shard_elements(r.grad_shard_elements);
+    o->set_gather_bytes(r.gather_bytes);
+    o->set_owned_matrices(r.owned_matrices);
+  }
+  int64_t total_bytes = 0;
+  for (const plan::CollectiveBytes& c : p.collectives) {
+    v1::CollectiveBytes* o = out->add_collectives();
+    o->set_name(c.name);
+    o->set_mesh(plan::MeshName(c.mesh));
+    o->set_axis(c.axis);
+    o->set_bytes_per_step(c.bytes_per_step);
+    o->set_max_rank_bytes(c.max_rank_bytes);
+    total_bytes += c.bytes_per_step;
+  }
+  v1::PlanSummary* s = out->mutable_summary();
+  s->set_parameters(p.parameters);
+  s->set_padding_elements(p.padding_elements);
+  s->set_padding_fraction(p.parameters > 0 ? static_cast<double>(p.padding_elements) /
+                                                 static_cast<double>(p.parameters)
+                                           : 0.0);
+  s->set_comm_flops_per_byte(p.config.comm_flops_per_byte);
+  s->set_bytes_per_step(total_bytes);
+  s->set_owner_assignment(plan::OwnerRuleName(p.config.owner_rule));
+  s->set_ns_steps(static_cast<int32_t>(p.config.ns_steps));
+  double worst = 1.0;
+  int64_t exchange = 0;
+  int64_t exchange_bound = 0;
+  for (const plan::Domain& d : p.domains) {
+    const plan::DomainPlan& dp = d.mesh == plan::MeshKind::kDense ? p.dense : p.expert;
+    v1::DomainSummary* ds = s->add_domains();
+    ds->set_domain(d.id);
+    ds->set_makespan(dp.makespan);
+    ds->set_lower_bound(dp.lower_bound);
+    ds->set_matrices(static_cast<int32_t>(dp.matrices.size()));
+    if (dp.lower_bound > 0) worst = std::max(worst, dp.makespan / dp.lower_bound);
+    exchange += dp.exchange_bytes;
+    exchange_bound += dp.exchange_lower_bound_bytes;
+  }
+  s->set_makespan_over_lower_bound(worst);
+  s->set_muon_exchange_bytes(exchange);
+  s->set_muon_exchange_lower_bound_bytes(exchange_bound);
+}
+
+}  // namespace muonmesh

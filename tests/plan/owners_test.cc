@@ -1,0 +1,171 @@
+#include "server/plan/owners.h"
+
+#include <algorithm>
+#include <functional>
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace muonmesh::plan {
+namespace {
+
+TEST(OwnersTest, NewtonSchulzFlopsByHand) {
+  // m = 2, n = 3, T = 1: 4*4*3 + 2*8 = 64; transposing changes nothing.
+  EXPECT_DOUBLE_EQ(NewtonSchulzFlops(2, 3, 1), 64);
+  EXPECT_DOUBLE_EQ(NewtonSchulzFlops(3, 2, 1), 64);
+  // 768 x 3072, T = 5: 5 * (4 * 768^2 * 3072 + 2 * 768^3).
+  EXPECT_DOUBLE_EQ(NewtonSchulzFlops(768, 3072, 5),
+                   5.0 * (4.0 * 768 * 768 * 3072 + 2.0 * 768 * 768 * 768));
+}
+
+TEST(OwnersTest, LowerBoundByHand) {
+  EXPECT_DOUBLE_EQ(MakespanLowerBound({5, 4, 3, 3}, 2), 7.5);  // total / ranks
+  EXPECT_DOUBLE_EQ(MakespanLowerBound({5, 4, 3, 3}, 3), 6);    // p3 + p4
+  EXPECT_DOUBLE_EQ(MakespanLowerBound({9, 1, 1}, 2), 9);       // largest
+  EXPECT_DOUBLE_EQ(MakespanLowerBound({}, 4), 0);
+}
+
+// A domain whose matrices every position holds in full (no traffic): owner
+// assignment is then plain P||Cmax.
+DomainPlan Replicated(const std::vector<double>& costs, int64_t ranks) {
+  DomainPlan d;
+  d.size = ranks;
+  for (double c : costs) {
+    MatrixPlan m;
+    m.rows = 4;
+    m.cols = 4;
+    m.cost_flops = c;
+    for (int32_t p = 0; p < ranks; ++p) m.holders.push_back({p, 0, 4});
+    d.matrices.push_back(m);
+  }
+  return d;
+}
+
+double BruteForceMakespan(const std::vector<double>& costs, int64_t ranks) {
+  std::vector<double> load(ranks, 0);
+  double best = 1e300;
+  std::function<void(size_t)> go = [&](size_t j) {
+    if (j == costs.size()) {
+      best = std::min(best, *std::max_element(load.begin(), load.end()));
+      return;
+    }
+    for (int64_t p = 0; p < ranks; ++p) {
+      load[p] += costs[j];
+      if (load[p] < best) go(j + 1);
+      load[p] -= costs[j];
+    }
+  };
+  go(0);
+  return best;
+}
+
+TEST(OwnersTest, LptWithRefinementIsWithinFourThirdsOfOptimal) {
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t ranks = 2 + static_cast<int64_t>(rng() % 3);
+    const int n = 2 + static_cast<int>(rng() % 7);
+    std::vector<double> costs;
+    for (int j = 0; j < n; ++j) costs.push_back(static_cast<double>(1 + rng() % 50));
+    DomainPlan d = Replicated(costs, ranks);
+    AssignOwners(OwnerRule::kLpt, 1.0, 4, &d);
+    const double opt = BruteForceMakespan(costs, ranks);
+    EXPECT_LE(d.makespan, opt * 4.0 / 3.0 + 1e-9) << "trial " << trial;
+    EXPECT_GE(d.makespan, d.lower_bound - 1e-9);
+    EXPECT_LE(d.lower_bound, opt + 1e-9);
+  }
+}
+
+TEST(OwnersTest, LoadsAreTheSumsOfOwnedCostsAndOwnersHoldRowsOrPayForThem) {
+  // Three 8x4 matrices cut over 3 positions by rows.
+  DomainPlan d;
+  d.size = 3;
+  const int64_t bpe = 4;
+  const double w = 10;
+  for (int j = 0; j < 3; ++j) {
+    MatrixPlan m;
+    m.rows = 8;
+    m.cols = 4;
+    m.cost_flops = 1000.0 * (j + 1);
+    m.holders = {{0, 0, 3}, {1, 3, 3}, {2, 6, 2}};
+    d.matrices.push_back(m);
+  }
+  for (OwnerRule rule : {OwnerRule::kLpt, OwnerRule::kRoundRobin, OwnerRule::kGreedyInOrder}) {
+    AssignOwners(rule, w, bpe, &d);
+    std::vector<double> load(3, 0);
+    for (const MatrixPlan& m : d.matrices) {
+      ASSERT_GE(m.owner, 0);
+      int64_t held = 0;
+      for (const Holder& h : m.holders) {
+        if (h.position == m.owner) held = h.row_count;
+      }
+      EXPECT_EQ(m.gather_bytes, 2 * (m.rows - held) * m.cols * bpe);
+      EXPECT_DOUBLE_EQ(m.owner_cost, m.cost_flops + w * m.gather_bytes);
+      load[m.owner] += m.owner_cost;
+    }
+    for (int p = 0; p < 3; ++p) EXPECT_DOUBLE_EQ(d.load[p], load[p]);
+    EXPECT_DOUBLE_EQ(d.makespan, *std::max_element(load.begin(), load.end()));
+  }
+  // Round-robin: matrix j on position j mod 3.
+  AssignOwners(OwnerRule::kRoundRobin, w, bpe, &d);
+  for (int j = 0; j < 3; ++j) EXPECT_EQ(d.matrices[j].owner, j % 3);
+}
+
+TEST(OwnersTest, ExchangeLowerBoundUsesTheLargestHolder) {
+  DomainPlan d;
+  d.size = 2;
+  MatrixPlan m;
+  m.rows = 10;
+  m.cols = 3;
+  m.cost_flops = 5;
+  m.holders = {{0, 0, 4}, {1, 4, 6}};
+  d.matrices.push_back(m);
+  AssignOwners(OwnerRule::kLpt, 1.0, 4, &d);
+  // Best holder keeps 6 rows; 4 rows of 3 floats travel in and out.
+  EXPECT_EQ(d.exchange_lower_bound_bytes, 2 * 4 * 3 * 4);
+  EXPECT_EQ(d.matrices[0].owner, 1);
+  EXPECT_EQ(d.exchange_bytes, d.exchange_lower_bound_bytes);
+}
+
+TEST(OwnersTest, AllGatherEveryoneComputesEverything) {
+  DomainPlan d;
+  d.size = 2;
+  MatrixPlan m;
+  m.rows = 10;
+  m.cols = 3;
+  m.cost_flops = 100;
+  m.holders = {{0, 0, 4}, {1, 4, 6}};
+  d.matrices.push_back(m);
+  d.matrices.push_back(m);
+  AssignOwners(OwnerRule::kAllGather, 2.0, 4, &d);
+  // Position 0 receives 6 rows of each matrix, position 1 receives 4.
+  EXPECT_DOUBLE_EQ(d.load[0], 2 * (100 + 2.0 * 6 * 3 * 4));
+  EXPECT_DOUBLE_EQ(d.load[1], 2 * (100 + 2.0 * 4 * 3 * 4));
+  EXPECT_EQ(d.exchange_bytes, 2 * (6 + 4) * 3 * 4);
+  for (const MatrixPlan& x : d.matrices) EXPECT_EQ(x.owner, -1);
+}
+
+TEST(OwnersTest, OverloadedHolderHandsWorkToANonHolderWhenThatShortensTheMakespan) {
+  // Four equal matrices all held only by position 0 of 2; with cheap bytes
+  // the balanced plan moves two of them to position 1 and pays their bytes.
+  DomainPlan d;
+  d.size = 2;
+  for (int j = 0; j < 4; ++j) {
+    MatrixPlan m;
+    m.rows = 2;
+    m.cols = 2;
+    m.cost_flops = 1000;
+    m.holders = {{0, 0, 2}};
+    d.matrices.push_back(m);
+  }
+  AssignOwners(OwnerRule::kLpt, 1.0, 4, &d);
+  int on_one = 0;
+  for (const MatrixPlan& m : d.matrices) on_one += m.owner == 1;
+  EXPECT_EQ(on_one, 2);
+  EXPECT_DOUBLE_EQ(d.load[1], 2 * (1000 + 2 * 2 * 2 * 4));
+  // With bytes that cost more than the work, nothing moves.
+  AssignOwners(OwnerRule::kLpt, 1e6, 4, &d);
+  for (const MatrixPlan& m : d.matrices) EXPECT_EQ(m.owner, 0);
+}
+
+}  // namespace
+}  // namespace muonmesh::plan

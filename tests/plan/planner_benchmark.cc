@@ -1,0 +1,151 @@
+// Planner benchmark: plan quality on the real specs (padding against
+// Megatron's LCM rule, makespan against the lower bound for our owner rule
+// beside #6425's in-order greedy and round-robin), then plan time and memory.
+//
+//   build/tests/plan/planner_benchmark [--benchmark_filter=...]
+//
+// The quality table is exact (no timing); the benchmarks time ComputePlan.
+
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "benchmark/benchmark.h"
+#include "server/plan/planner.h"
+#include "tests/plan/spec_loader.h"
+
+namespace muonmesh {
+namespace {
+
+const plan::ModelSpec& Spec(const std::string& name) {
+  static auto* cache = new std::map<std::string, plan::ModelSpec>();
+  auto it = cache->find(name);
+  if (it == cache->end()) {
+    absl::StatusOr<plan::ModelSpec> spec = testing::LoadSpec(name);
+    if (!spec.ok()) {
+      std::fprintf(stderr, "cannot load %s: %s\n", name.c_str(),
+                   std::string(spec.status().message()).c_str());
+      std::exit(2);
+    }
+    it = cache->emplace(name, *std::move(spec)).first;
+  }
+  return it->second;
+}
+
+plan::PlanInput Input(const std::string& model, int64_t world, int64_t ep, int64_t instances,
+                      const std::string& rule, const std::string& device = "cuda") {
+  plan::PlanInput in;
+  in.options.device = device;
+  in.model = Spec(model);
+  in.world_size = world;
+  in.parallelism.expert_model_parallel_size = ep;
+  in.parallelism.num_distributed_optimizer_instances = instances;
+  in.options.owner_assignment = rule;
+  return in;
+}
+
+double WorstRatio(const plan::Plan& p) {
+  double r = 1;
+  for (const plan::DomainPlan* d : {&p.dense, &p.expert}) {
+    if (d->lower_bound > 0) r = std::max(r, d->makespan / d->lower_bound);
+  }
+  return r;
+}
+
+struct Case {
+  std::string model;
+  int64_t world;
+  int64_t ep;
+};
+
+const std::vector<Case>& Cases() {
+  static const auto* cases = new std::vector<Case>{
+      {"gpt2-124m", 8, 1},   {"gpt2-124m", 64, 1},   {"gpt2-124m", 512, 1},
+      {"llama3-8b", 8, 1},   {"llama3-8b", 64, 1},   {"llama3-8b", 512, 1},
+      {"deepseek-v3", 8, 8}, {"deepseek-v3", 64, 64}, {"deepseek-v3", 512, 64},
+  };
+  return *cases;
+}
+
+void PrintQualityTable(int64_t instances, const std::string& device) {
+  std::printf("Plan quality: inner optim_grads_params, I=%lld%s, %s cost model, T=5\n",
+              static_cast<long long>(instances), instances > 1 ? " (HFSDP)" : " (ZeRO-3)",
+              device.c_str());
+  std::printf("%-12s %6s %4s | %9s %9s %7s | %8s %8s %8s\n", "model", "ranks", "ep",
+              "pad ours%", "pad lcm%", "ours/lcm", "lpt", "greedy", "rrobin");
+  for (const Case& c : Cases()) {
+    std::map<std::string, double> ratio;
+    plan::Plan lpt;
+    for (const std::string rule : {"lpt", "greedy_in_order", "round_robin"}) {
+      absl::StatusOr<plan::Plan> p =
+          plan::ComputePlan(Input(c.model, c.world, c.ep, instances, rule, device));
+      if (!p.ok()) {
+        std::printf("%s at %lld: %s\n", c.model.c_str(), static_cast<long long>(c.world),
+                    std::string(p.status().message()).c_str());
+        return;
+      }
+      ratio[rule] = WorstRatio(*p);
+      if (rule == "lpt") lpt = *std::move(p);
+    }
+    const int64_t lcm =
+        plan::MegatronPaddingElements(Input(c.model, c.world, c.ep, instances, "lpt", device));
+    const double params = static_cast<double>(lpt.parameters);
+    std::printf("%-12s %6lld %4lld | %9.4f %9.4f %7.3f | %8.4f %8.4f %8.4f\n", c.model.c_str(),
+                static_cast<long long>(c.world), static_cast<long long>(c.ep),
+                100.0 * lpt.padding_elements / params, 100.0 * lcm / params,
+                lcm > 0 ? static_cast<double>(lpt.padding_elements) / lcm : 0.0, ratio["lpt"],
+                ratio["greedy_in_order"], ratio["round_robin"]);
+  }
+  std::printf("(makespan / lower bound of the worst domain; pad = padding / parameters)\n\n");
+}
+
+long MaxRssMiB() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss / 1024;
+}
+
+void BM_Plan(benchmark::State& state, std::string model, int64_t world, int64_t ep,
+             int64_t instances) {
+  const plan::PlanInput in = Input(model, world, ep, instances, "lpt");
+  for (auto _ : state) {
+    absl::StatusOr<plan::Plan> p = plan::ComputePlan(in);
+    if (!p.ok()) {
+      state.SkipWithError(std::string(p.status().message()).c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(p->dense.makespan);
+  }
+  state.counters["max_rss_MiB"] = static_cast<double>(MaxRssMiB());
+}
+
+void Register() {
+  for (const Case& c : Cases()) {
+    benchmark::RegisterBenchmark(
+        absl::StrFormat("BM_Plan/%s/%d", c.model, c.world).c_str(),
+        [c](benchmark::State& s) { BM_Plan(s, c.model, c.world, c.ep, 1); })
+        ->Unit(benchmark::kMillisecond);
+  }
+  // The scale target: DeepSeek-V3 on 16384 ranks, HFSDP with I = 2, EP = 64.
+  benchmark::RegisterBenchmark("BM_Plan/deepseek-v3/16384/I2/EP64",
+                               [](benchmark::State& s) { BM_Plan(s, "deepseek-v3", 16384, 64, 2); })
+      ->Unit(benchmark::kMillisecond);
+}
+
+}  // namespace
+}  // namespace muonmesh
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  muonmesh::PrintQualityTable(1, "cuda");
+  muonmesh::PrintQualityTable(2, "cuda");
+  muonmesh::PrintQualityTable(1, "cpu");
+  muonmesh::Register();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

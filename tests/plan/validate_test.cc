@@ -1,0 +1,177 @@
+#include "server/plan/validate.h"
+
+#include <functional>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace muonmesh::plan {
+namespace {
+
+using ::testing::HasSubstr;
+
+PlanInput ValidInput() {
+  PlanInput in;
+  in.world_size = 8;
+  in.model.name = "tiny";
+  UnitSpec unit;
+  unit.name = "layers.0";
+  unit.params.push_back({"layers.0.w", {16, 8}, "muon", false});
+  unit.params.push_back({"layers.0.b", {16}, "adamw", false});
+  unit.params.push_back({"layers.0.experts.w1", {8, 4, 8}, "muon", true});
+  in.model.units.push_back(unit);
+  return in;
+}
+
+struct Case {
+  const char* name;
+  std::function<void(PlanInput&)> mutate;
+  const char* field;
+  const char* reason;
+};
+
+class ValidateRuleTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ValidateRuleTest, ReportsTheFieldAndReason) {
+  PlanInput in = ValidInput();
+  ASSERT_TRUE(Validate(in).empty());
+  GetParam().mutate(in);
+  const std::vector<FieldViolation> v = Validate(in);
+  ASSERT_EQ(v.size(), 1u) << (v.empty() ? "no violation" : v[0].field + ": " + v[0].description);
+  EXPECT_EQ(v[0].field, GetParam().field);
+  EXPECT_THAT(v[0].description, HasSubstr(GetParam().reason));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Rules, ValidateRuleTest,
+    ::testing::Values(
+        Case{"UnknownInner",
+             [](PlanInput& in) { in.parallelism.data_parallel_sharding_strategy = "zero3"; },
+             "parallelism.data_parallel_sharding_strategy", "unknown strategy 'zero3'"},
+        Case{"UnknownOuter",
+             [](PlanInput& in) {
+               in.parallelism.num_distributed_optimizer_instances = 2;
+               in.parallelism.outer_dp_sharding_strategy = "hsdp";
+             },
+             "parallelism.outer_dp_sharding_strategy", "unknown strategy 'hsdp'"},
+        Case{"InstancesBelowOne",
+             [](PlanInput& in) { in.parallelism.num_distributed_optimizer_instances = -2; },
+             "parallelism.num_distributed_optimizer_instances", "must be >= 1"},
+        Case{"InstancesDoNotDivide",
+             [](PlanInput& in) { in.parallelism.num_distributed_optimizer_instances = 3; },
+             "parallelism.num_distributed_optimizer_instances", "3 does not divide world_size 8"},
+        Case{"EpDoesNotDivideWorld",
+             [](PlanInput& in) {
+               in.world_size = 6;
+               in.parallelism.expert_model_parallel_size = 4;
+             },
+             "parallelism.expert_model_parallel_size", "4 does not divide world_size 6"},
+        Case{"ExpertsDoNotDivideOverEp",
+             [](PlanInput& in) {
+               in.model.units[0].params[2].shape[0] = 6;
+               in.parallelism.expert_model_parallel_size = 4;
+             },
+             "model.units[0].params[2].shape[0]", "6 experts do not divide"},
+        Case{"OuterWithOneInstance",
+             [](PlanInput& in) { in.parallelism.outer_dp_sharding_strategy = "optim"; },
+             "parallelism.outer_dp_sharding_strategy", "exists only when it is > 1"},
+        Case{"TensorParallel",
+             [](PlanInput& in) { in.parallelism.tensor_model_parallel_size = 2; },
+             "parallelism.tensor_model_parallel_size", "not supported yet"},
+        Case{"PipelineParallel",
+             [](PlanInput& in) { in.parallelism.pipeline_model_parallel_size = 4; },
+             "parallelism.pipeline_model_parallel_size", "not supported yet"},
+        Case{"ContextParallel", [](PlanInput& in) { in.parallelism.context_parallel_size = 2; },
+             "parallelism.context_parallel_size", "not supported yet"},
+        Case{"EmptyParamName", [](PlanInput& in) { in.model.units[0].params[1].name = ""; },
+             "model.units[0].params[1].name", "empty parameter name"},
+        Case{"DuplicateParamName",
+             [](PlanInput& in) { in.model.units[0].params[1].name = "layers.0.w"; },
+             "model.units[0].params[1].name", "duplicate parameter name 'layers.0.w'"},
+        Case{"NonPositiveDim", [](PlanInput& in) { in.model.units[0].params[0].shape[1] = 0; },
+             "model.units[0].params[0].shape[1]", "must be positive, got 0"},
+        Case{"EmptyShape", [](PlanInput& in) { in.model.units[0].params[1].shape.clear(); },
+             "model.units[0].params[1].shape", "empty shape"},
+        Case{"MuonOnAVector",
+             [](PlanInput& in) { in.model.units[0].params[1].optimizer = "muon"; },
+             "model.units[0].params[1].shape", "Muon needs a matrix"},
+        Case{"MuonOnAnExpertVector",
+             [](PlanInput& in) { in.model.units[0].params[2].shape = {8, 4}; },
+             "model.units[0].params[2].shape", "Muon needs a matrix"},
+        Case{"UnknownOptimizer",
+             [](PlanInput& in) { in.model.units[0].params[0].optimizer = "sgd"; },
+             "model.units[0].params[0].optimizer", "unknown optimizer 'sgd'"},
+        Case{"NoUnits", [](PlanInput& in) { in.model.units.clear(); }, "model.units",
+             "no units"},
+        Case{"EmptyUnit", [](PlanInput& in) { in.model.units[0].params.clear(); },
+             "model.units[0].params", "no parameters"},
+        Case{"WorldZero", [](PlanInput& in) { in.world_size = 0; }, "world_size",
+             "must be >= 1"},
+        Case{"WorldAbsurd", [](PlanInput& in) { in.world_size = int64_t{1} << 40; },
+             "world_size", "exceeds the limit"},
+        Case{"HugeTensor",
+             [](PlanInput& in) {
+               in.model.units[0].params[0].shape = {int64_t{1} << 30, int64_t{1} << 30};
+             },
+             "model.units[0].params[0].shape", "elements (the limit)"},
+        Case{"TooManyDims",
+             [](PlanInput& in) { in.model.units[0].params[0].shape.assign(9, 2); },
+             "model.units[0].params[0].shape", "9 dimensions exceed"},
+        Case{"NsStepsOutOfRange", [](PlanInput& in) { in.options.ns_steps = 101; },
+             "options.ns_steps", "must be in [1, 100]"},
+        Case{"UnknownOwnerRule", [](PlanInput& in) { in.options.owner_assignment = "best"; },
+             "options.owner_assignment", "unknown rule 'best'"},
+        Case{"UnknownDevice", [](PlanInput& in) { in.options.device = "tpu"; },
+             "options.device", "unknown device 'tpu'"},
+        Case{"NegativeCommWeight", [](PlanInput& in) { in.options.comm_flops_per_byte = -1; },
+             "options.comm_flops_per_byte", "finite number >= 0"},
+        Case{"DdpPlanTooLarge",
+             [](PlanInput& in) {
+               in.world_size = 1 << 20;
+               in.parallelism.data_parallel_sharding_strategy = "no_shard";
+               for (int i = 0; i < 30; ++i) {
+                 in.model.units[0].params.push_back(
+                     {"extra." + std::to_string(i), {4, 4}, "muon", false});
+               }
+             },
+             "world_size", "matrix copies"}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+TEST(ValidateTest, ReportsEveryViolationAtOnce) {
+  PlanInput in = ValidInput();
+  in.world_size = 8;
+  in.parallelism.data_parallel_sharding_strategy = "bogus";
+  in.parallelism.num_distributed_optimizer_instances = 3;
+  in.parallelism.tensor_model_parallel_size = 2;
+  in.model.units[0].params[0].shape = {16, -1};
+  in.options.ns_steps = -1;
+  const std::vector<FieldViolation> v = Validate(in);
+  std::vector<std::string> fields;
+  for (const auto& f : v) fields.push_back(f.field);
+  EXPECT_THAT(fields, ::testing::UnorderedElementsAre(
+                          "parallelism.data_parallel_sharding_strategy",
+                          "parallelism.num_distributed_optimizer_instances",
+                          "parallelism.tensor_model_parallel_size",
+                          "model.units[0].params[0].shape[1]", "options.ns_steps"));
+  absl::StatusOr<ResolvedConfig> r = Resolve(in);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("3 does not divide world_size 8"));
+}
+
+TEST(ValidateTest, DefaultsResolveToZero3WithLpt) {
+  absl::StatusOr<ResolvedConfig> r = Resolve(ValidInput());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->inner, Strategy::kOptimGradsParams);
+  EXPECT_EQ(r->instances, 1);
+  EXPECT_EQ(r->ep, 1);
+  EXPECT_EQ(r->owner_rule, OwnerRule::kLpt);
+  EXPECT_EQ(r->ns_steps, 5);
+  PlanInput two = ValidInput();
+  two.parallelism.num_distributed_optimizer_instances = 2;
+  r = Resolve(two);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->outer, Strategy::kOptim);  // HFSDP unless told otherwise
+}
+
+}  // namespace
+}  // namespace muonmesh::plan
