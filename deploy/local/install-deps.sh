@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs the Debian packages muonmesh builds and tests with (the list in
+# BUILD_NOTES.md, plus libabsl-dev). Idempotent: apt is only touched when a
+# package is missing, so CI and repeated runs cost nothing once set up.
+# CUDA 13 and NCCL are not Debian packages; the build turns CUDA off without
+# them.
+set -euo pipefail
+
+packages=(
+  g++ cmake ninja-build pkgconf curl
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
+  prometheus-cpp-dev libgloo-dev libopenblas-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libsqlite3-dev libyaml-cpp-dev libabsl-dev
+  prometheus  # promtool and a real Prometheus server for tests
+)
+
+missing=()
+for package in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${db:Status-Status}' "$package" 2>/dev/null || true)
+  [[ "$status" == installed ]] || missing+=("$package")
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#packages[@]} packages are installed"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+as_root=()
+if [[ $(id -u) -ne 0 ]]; then
+  if ! command -v sudo >/dev/null 2>&1; then
+    echo "install-deps: run as root (or install sudo) to install: ${missing[*]}" >&2
+    exit 1
+  fi
+  as_root=(sudo)
+fi
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
+  apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,822 @@
+#include "proto/io/message_file.h"
+
+// Only yaml-cpp's event parser: its Node API costs ~350 bytes per node and
+// its LoadAll loops forever on input such as "{a: 1}, b" (yaml-cpp 0.7).
+#include <yaml-cpp/depthguard.h>
+#include <yaml-cpp/eventhandler.h>
+#include <yaml-cpp/exceptions.h>
+#include <yaml-cpp/mark.h>
+#include <yaml-cpp/parser.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <filesystem>
+#include <istream>
+#include <limits>
+#include <new>
+#include <streambuf>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/charconv.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
+
+namespace muonmesh::protoio {
+namespace {
+
+using google::protobuf::Descriptor;
+using google::protobuf::EnumValueDescriptor;
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::OneofDescriptor;
+using google::protobuf::Reflection;
+
+// Scalar values longer than this are cut in error messages, so one bad
+// 10 MB string does not produce a 10 MB error.
+constexpr std::size_t kMaxQuotedBytes = 48;
+
+// Lets yaml-cpp read `text` in place: its API takes an istream, and copying a
+// document of up to kMaxFileBytes just to wrap it would double peak memory.
+class StringViewStreamBuf : public std::streambuf {
+ public:
+  explicit StringViewStreamBuf(absl::string_view text) {
+    char* begin = const_cast<char*>(text.data());  // never written: get area
+    setg(begin, begin, begin + text.size());
+  }
+};
+
+std::string Quote(absl::string_view s) {
+  if (s.size() <= kMaxQuotedBytes) return absl::StrCat("\"", absl::CHexEscape(s), "\"");
+  return absl::StrCat("\"", absl::CHexEscape(s.substr(0, kMaxQuotedBytes)), "...\"");
+}
+
+// One node of a parsed YAML document, owned by the deque that
+// DocumentBuilder fills. A YAML alias is a second pointer to the anchored node, so the nodes form a
+// DAG (a cycle, when an alias sits inside its own anchor).
+struct YamlNode {
+  enum Kind : std::uint8_t { kNull, kScalar, kSequence, kMap };
+
+  bool is_null() const { return kind == kNull; }
+  bool is_scalar() const { return kind == kScalar; }
+  bool is_sequence() const { return kind == kSequence; }
+  bool is_map() const { return kind == kMap; }
+
+  Kind kind = kNull;
+  // A scalar written without quotes or tag. Only plain scalars may be
+  // booleans, as in JSON.
+  bool plain = false;
+  YAML::Mark mark;
+  std::string scalar;
+  // Sequence items, or mapping keys and values interleaved.
+  std::vector<const YamlNode*> children;
+};
+
+std::string Describe(const YamlNode& node) {
+  switch (node.kind) {
+    case YamlNode::kMap:
+      return "a mapping";
+    case YamlNode::kSequence:
+      return "a sequence";
+    case YamlNode::kScalar:
+      return absl::StrCat("the scalar ", Quote(node.scalar));
+    case YamlNode::kNull:
+      break;
+  }
+  return "null";
+}
+
+// Thrown by DocumentBuilder through yaml-cpp's parser, which is exception
+// safe (it reports its own errors by throwing).
+struct TooManyNodes {
+  YAML::Mark mark;
+};
+
+// Builds the YamlNode tree of one document from yaml-cpp's parse events.
+class DocumentBuilder : public YAML::EventHandler {
+ public:
+  explicit DocumentBuilder(std::deque<YamlNode>* nodes) : nodes_(*nodes) {}
+
+  const YamlNode* root() const { return root_; }
+
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t anchor) override {
+    Attach(New(YamlNode::kNull, mark), anchor);
+  }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t anchor) override {
+    // yaml-cpp numbers anchors 1, 2, ... in order of definition and rejects
+    // undefined aliases itself; check anyway rather than trust.
+    if (anchor == 0 || anchor > anchors_.size()) {
+      throw YAML::ParserException(mark, "alias to an undefined anchor");
+    }
+    Charge(mark);
+    Attach(anchors_[anchor - 1], YAML::NullAnchor);
+  }
+  void OnScalar(const YAML::Mark& mark, const std::string& tag, YAML::anchor_t anchor,
+                const std::string& value) override {
+    YamlNode* node = New(YamlNode::kScalar, mark);
+    node->plain = tag == "?";  // yaml-cpp's tag for plain scalars; "!" if quoted
+    node->scalar = value;
+    Attach(node, anchor);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t anchor,
+                       YAML::EmitterStyle::value) override {
+    Open(New(YamlNode::kSequence, mark), anchor);
+  }
+  void OnSequenceEnd() override { Close(); }
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t anchor,
+                  YAML::EmitterStyle::value) override {
+    Open(New(YamlNode::kMap, mark), anchor);
+  }
+  void OnMapEnd() override { Close(); }
+
+ private:
+  void Charge(const YAML::Mark& mark) {
+    if (++events_ > kMaxNodes) throw TooManyNodes{mark};
+  }
+
+  YamlNode* New(YamlNode::Kind kind, const YAML::Mark& mark) {
+    Charge(mark);
+    YamlNode& node = nodes_.emplace_back();
+    node.kind = kind;
+    node.mark = mark;
+    return &node;
+  }
+
+  void Attach(const YamlNode* node, YAML::anchor_t anchor) {
+    if (anchor != YAML::NullAnchor) {
+      if (anchors_.size() < anchor) anchors_.resize(anchor, nullptr);
+      anchors_[anchor - 1] = node;
+    }
+    if (open_.empty()) {
+      root_ = node;
+    } else {
+      open_.back()->children.push_back(node);
+    }
+  }
+
+  void Open(YamlNode* node, YAML::anchor_t anchor) {
+    Attach(node, anchor);
+    open_.push_back(node);
+  }
+
+  void Close() {
+    if (open_.empty()) {  // yaml-cpp never does this; popping would be UB
+      throw YAML::ParserException(YAML::Mark::null_mark(), "unbalanced end of a collection");
+    }
+    open_.pop_back();
+  }
+
+  std::deque<YamlNode>& nodes_;
+  const YamlNode* root_ = nullptr;
+  std::vector<YamlNode*> open_;               // containers being filled
+  std::vector<const YamlNode*> anchors_;      // anchor id - 1 -> node
+  std::size_t events_ = 0;
+};
+
+// Counts documents after the first without keeping anything.
+class DocumentSkipper : public YAML::EventHandler {
+ public:
+  const YAML::Mark& start() const { return start_; }
+
+  void OnDocumentStart(const YAML::Mark& mark) override { start_ = mark; }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+
+ private:
+  YAML::Mark start_ = YAML::Mark::null_mark();
+};
+
+std::string TypeName(const FieldDescriptor& field) {
+  switch (field.cpp_type()) {
+    case FieldDescriptor::CPPTYPE_MESSAGE:
+      return std::string(field.message_type()->full_name());
+    case FieldDescriptor::CPPTYPE_ENUM:
+      return absl::StrCat("enum ", field.enum_type()->full_name());
+    default:
+      return field.type_name();
+  }
+}
+
+std::size_t EditDistance(absl::string_view a, absl::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1,
+                         diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// The closest of `candidates` to `name` within edit distance 2, or "".
+// Ties go to the earliest candidate (declaration order), which keeps error
+// messages stable.
+template <typename Names>
+std::string ClosestName(absl::string_view name, const Names& candidates) {
+  std::string best;
+  std::size_t best_distance = 3;
+  // Bounding by length first keeps this linear for long garbage keys.
+  for (const std::string& candidate : candidates) {
+    const std::size_t length_gap = candidate.size() > name.size()
+                                       ? candidate.size() - name.size()
+                                       : name.size() - candidate.size();
+    if (length_gap >= best_distance) continue;
+    const std::size_t d = EditDistance(name, candidate);
+    if (d < best_distance) {
+      best_distance = d;
+      best = candidate;
+    }
+  }
+  return best;
+}
+
+std::string UnknownFieldReason(const Descriptor& type, absl::string_view key) {
+  std::string reason =
+      absl::StrCat("unknown field ", Quote(key), " in ", type.full_name());
+  std::vector<std::string> names;
+  names.reserve(type.field_count());
+  for (int i = 0; i < type.field_count(); ++i) {
+    const FieldDescriptor* field = type.field(i);
+    // camelCase (proto3 JSON) is not accepted, to keep one spelling per
+    // field in job files; point the writer at the real name instead.
+    if (field->json_name() == key) {
+      return absl::StrCat(reason, "; did you mean \"", field->name(), "\"?");
+    }
+    names.push_back(field->name());
+  }
+  const std::string suggestion = ClosestName(key, names);
+  if (!suggestion.empty()) absl::StrAppend(&reason, "; did you mean \"", suggestion, "\"?");
+  return reason;
+}
+
+bool IsValidUtf8(absl::string_view s) {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto lead = static_cast<unsigned char>(s[i]);
+    if (lead < 0x80) {
+      ++i;
+      continue;
+    }
+    std::size_t extra;
+    std::uint32_t code_point;
+    if ((lead & 0xE0) == 0xC0) {
+      extra = 1;
+      code_point = lead & 0x1F;
+    } else if ((lead & 0xF0) == 0xE0) {
+      extra = 2;
+      code_point = lead & 0x0F;
+    } else if ((lead & 0xF8) == 0xF0) {
+      extra = 3;
+      code_point = lead & 0x07;
+    } else {
+      return false;
+    }
+    if (s.size() - i <= extra) return false;
+    for (std::size_t k = 1; k <= extra; ++k) {
+      const auto cont = static_cast<unsigned char>(s[i + k]);
+      if ((cont & 0xC0) != 0x80) return false;
+      code_point = (code_point << 6) | (cont & 0x3F);
+    }
+    static constexpr std::uint32_t kMinForLength[] = {0, 0x80, 0x800, 0x10000};
+    if (code_point < kMinForLength[extra] || code_point > 0x10FFFF ||
+        (code_point >= 0xD800 && code_point <= 0xDFFF)) {
+      return false;
+    }
+    i += extra + 1;
+  }
+  return true;
+}
+
+// Parses a decimal integer `[-+]?[0-9]+` in [-max_negative, max_positive]
+// into its two's complement bits. Working on the magnitude in uint64 keeps
+// every int32/int64/uint32/uint64 bound representable.
+// Returns "" on success, else the reason.
+std::string ParseInteger(absl::string_view text, absl::string_view type_name,
+                         std::uint64_t max_positive, std::uint64_t max_negative,
+                         std::uint64_t* bits) {
+  absl::string_view digits = text;
+  bool negative = false;
+  if (!digits.empty() && (digits.front() == '-' || digits.front() == '+')) {
+    negative = digits.front() == '-';
+    digits.remove_prefix(1);
+  }
+  const bool all_digits =
+      !digits.empty() && std::all_of(digits.begin(), digits.end(), [](char c) {
+        return c >= '0' && c <= '9';
+      });
+  if (!all_digits) {
+    return absl::StrCat("expected an integer (", type_name, "), got ", Quote(text));
+  }
+  std::uint64_t magnitude = 0;
+  for (const char c : digits) {
+    const auto digit = static_cast<std::uint64_t>(c - '0');
+    if (magnitude > (std::numeric_limits<std::uint64_t>::max() - digit) / 10) {
+      return absl::StrCat(Quote(text), " is out of range for ", type_name);
+    }
+    magnitude = magnitude * 10 + digit;
+  }
+  if (magnitude > (negative ? max_negative : max_positive)) {
+    return absl::StrCat(Quote(text), " is out of range for ", type_name);
+  }
+  *bits = negative ? ~magnitude + 1 : magnitude;
+  return "";
+}
+
+// Parses a finite double. Accepts what JSON and YAML 1.2 write for finite
+// numbers (plus a leading '+'); rejects .inf/.nan, hex and overflow.
+std::string ParseDouble(absl::string_view text, absl::string_view type_name,
+                        double max_abs, double* out) {
+  absl::string_view body = text;
+  if (!body.empty() && body.front() == '+') body.remove_prefix(1);
+  // absl::from_chars would also take "inf"/"nan"; require a digit up front
+  // (after an optional sign and '.') so those never parse.
+  const std::size_t first = (!body.empty() && body.front() == '-') ? 1 : 0;
+  const std::size_t digit_at = (body.size() > first && body[first] == '.') ? first + 1 : first;
+  if (body.size() <= digit_at || body[digit_at] < '0' || body[digit_at] > '9') {
+    return absl::StrCat("expected a finite number (", type_name, "), got ", Quote(text));
+  }
+  double value = 0;
+  const absl::from_chars_result result =
+      absl::from_chars(body.data(), body.data() + body.size(), value);
+  if (result.ptr != body.data() + body.size() ||
+      (result.ec != std::errc() && result.ec != std::errc::result_out_of_range)) {
+    return absl::StrCat("expected a finite number (", type_name, "), got ", Quote(text));
+  }
+  // A range error is either underflow, where absl gives +-0 (the right
+  // reading of "1e-400"), or overflow, where it gives +-DBL_MAX; the tests
+  // pin both behaviours.
+  const bool overflow = result.ec == std::errc::result_out_of_range && value != 0;
+  if (overflow || !std::isfinite(value) || std::fabs(value) > max_abs) {
+    return absl::StrCat(Quote(text), " is out of range for ", type_name);
+  }
+  *out = value;
+  return "";
+}
+
+// Appends one step to a field path for as long as it is alive: a field name
+// (after a '.'), an index "[3]" or a map key "[\"k\"]".
+class PathScope {
+ public:
+  enum Kind { kField, kIndex };
+  PathScope(std::string& path, Kind kind, absl::string_view step)
+      : path_(path), size_(path.size()) {
+    if (kind == kField && !path_.empty()) path_.push_back('.');
+    path_.append(step.data(), step.size());
+  }
+  PathScope(const PathScope&) = delete;
+  PathScope& operator=(const PathScope&) = delete;
+  ~PathScope() { path_.resize(size_); }
+
+ private:
+  std::string& path_;
+  std::size_t size_;
+};
+
+std::string FormatLocation(absl::string_view source, const YAML::Mark& mark) {
+  if (mark.is_null()) return std::string(source);
+  return absl::StrCat(source, ":", mark.line + 1, ":", mark.column + 1);
+}
+
+absl::Status LocatedError(absl::string_view source, const YAML::Mark& mark,
+                          absl::string_view path, absl::string_view reason) {
+  std::string text = FormatLocation(source, mark);
+  text += ": ";
+  if (!path.empty()) absl::StrAppend(&text, path, ": ");
+  text.append(reason.data(), reason.size());
+  return absl::InvalidArgumentError(text);
+}
+
+// Walks one parsed YAML document and fills a message through reflection.
+// Tracks the field path for errors, the nesting depth, and a node budget:
+// YAML aliases let a small document name the same subtree many times (or
+// itself), and the walk must stay linear in the input size.
+class MessageFiller {
+ public:
+  MessageFiller(absl::string_view source, std::size_t node_budget)
+      : source_(source), nodes_left_(node_budget) {}
+
+  absl::Status FillMessage(const YamlNode& node, int depth, Message* msg) {
+    const Descriptor& type = *msg->GetDescriptor();
+    if (!node.is_map()) {
+      return Error(node.mark, absl::StrCat("expected a mapping (", type.full_name(),
+                                             "), got ", Describe(node)));
+    }
+    if (absl::Status s = Enter(node, depth); !s.ok()) return s;
+
+    absl::flat_hash_map<int, YAML::Mark> seen;  // field number -> key mark
+    absl::flat_hash_map<const OneofDescriptor*, const FieldDescriptor*> oneof_set;
+    for (std::size_t i = 0; i + 1 < node.children.size(); i += 2) {
+      const YamlNode& key = *node.children[i];
+      const YamlNode& value = *node.children[i + 1];
+      if (!key.is_scalar()) {
+        return Error(key.mark, absl::StrCat("expected a field name, got ", Describe(key)));
+      }
+      const std::string& name = key.scalar;
+      PathScope scope(path_, PathScope::kField,
+                      absl::CHexEscape(absl::string_view(name).substr(0, kMaxQuotedBytes)));
+      const FieldDescriptor* field = type.FindFieldByName(name);
+      if (field == nullptr) return Error(key.mark, UnknownFieldReason(type, name));
+      if (auto [first, inserted] = seen.try_emplace(field->number(), key.mark); !inserted) {
+        return Error(key.mark, absl::StrCat("duplicate key ", Quote(name), " (first at ",
+                                              first->second.line + 1, ":",
+                                              first->second.column + 1, ")"));
+      }
+      if (value.is_null()) continue;  // "not set"
+      if (const OneofDescriptor* oneof = field->real_containing_oneof(); oneof != nullptr) {
+        auto [other, inserted] = oneof_set.try_emplace(oneof, field);
+        if (!inserted) {
+          return Error(key.mark,
+                       absl::StrCat("fields \"", other->second->name(), "\" and \"",
+                                    field->name(), "\" are both set, but they belong to oneof \"",
+                                    oneof->name(), "\"; set only one"));
+        }
+      }
+      if (absl::Status s = FillField(value, *field, depth, msg); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Error(const YAML::Mark& mark, absl::string_view reason) const {
+    return LocatedError(source_, mark, path_, reason);
+  }
+
+  // Charges one node to the budget and checks the depth of a container.
+  absl::Status Enter(const YamlNode& node, int depth) {
+    if (depth > kMaxNestingDepth) {
+      return Error(node.mark,
+                   absl::StrCat("nesting deeper than ", kMaxNestingDepth, " levels"));
+    }
+    return Charge(node);
+  }
+
+  absl::Status Charge(const YamlNode& node) {
+    if (nodes_left_ == 0) {
+      return Error(node.mark, "document expands to too many nodes (YAML aliases?)");
+    }
+    --nodes_left_;
+    return absl::OkStatus();
+  }
+
+  // `value` is not null. `depth` is the depth of the mapping holding it.
+  absl::Status FillField(const YamlNode& value, const FieldDescriptor& field, int depth,
+                         Message* msg) {
+    if (field.is_map()) return FillMap(value, field, depth + 1, msg);
+    if (field.is_repeated()) return FillRepeated(value, field, depth + 1, msg);
+    if (field.cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      return FillSubmessage(value, field, depth + 1, msg);
+    }
+    return FillScalar(value, field, msg);
+  }
+
+  // Fills the message `field` of `msg` from `value` (singular, or a new
+  // element of a repeated field). Checks the kind before creating anything,
+  // so the error names the field's type.
+  absl::Status FillSubmessage(const YamlNode& value, const FieldDescriptor& field, int depth,
+                              Message* msg) {
+    if (!value.is_map()) {
+      return Error(value.mark,
+                   absl::StrCat("expected a mapping (", TypeName(field), "), got ", Describe(value)));
+    }
+    const Reflection& r = *msg->GetReflection();
+    return FillMessage(value, depth,
+                       field.is_repeated() ? r.AddMessage(msg, &field) : r.MutableMessage(msg, &field));
+  }
+
+  absl::Status FillRepeated(const YamlNode& value, const FieldDescriptor& field, int depth,
+                            Message* msg) {
+    if (!value.is_sequence()) {
+      return Error(value.mark, absl::StrCat("expected a sequence (repeated ", TypeName(field),
+                                              "), got ", Describe(value)));
+    }
+    if (absl::Status s = Enter(value, depth); !s.ok()) return s;
+    std::size_t index = 0;
+    for (const YamlNode* item : value.children) {
+      const YamlNode& element = *item;
+      PathScope scope(path_, PathScope::kIndex, absl::StrCat("[", index++, "]"));
+      if (element.is_null()) {
+        return Error(element.mark, "null is not allowed in a repeated field");
+      }
+      absl::Status s = field.cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE
+                           ? FillSubmessage(element, field, depth + 1, msg)
+                           : FillScalar(element, field, msg);
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status FillMap(const YamlNode& value, const FieldDescriptor& field, int depth,
+                       Message* msg) {
+    if (!value.is_map()) {
+      return Error(value.mark, absl::StrCat("expected a mapping (map field), got ",
+                                              Describe(value)));
+    }
+    if (absl::Status s = Enter(value, depth); !s.ok()) return s;
+    const Reflection& reflection = *msg->GetReflection();
+    const FieldDescriptor& key_field = *field.message_type()->map_key();
+    const FieldDescriptor& value_field = *field.message_type()->map_value();
+    absl::flat_hash_map<std::string, YAML::Mark> seen;  // canonical key -> mark
+    for (std::size_t i = 0; i + 1 < value.children.size(); i += 2) {
+      const YamlNode& key = *value.children[i];
+      const YamlNode& item = *value.children[i + 1];
+      if (!key.is_scalar()) {
+        return Error(key.mark, absl::StrCat("expected a scalar map key, got ", Describe(key)));
+      }
+      PathScope scope(path_, PathScope::kIndex, absl::StrCat("[", Quote(key.scalar), "]"));
+      Message* entry = reflection.AddMessage(msg, &field);
+      if (absl::Status s = FillScalar(key, key_field, entry); !s.ok()) return s;
+      if (auto [first, inserted] = seen.try_emplace(CanonicalKey(*entry, key_field), key.mark);
+          !inserted) {
+        return Error(key.mark, absl::StrCat("duplicate key ", Quote(key.scalar), " (first at ",
+                                              first->second.line + 1, ":",
+                                              first->second.column + 1, ")"));
+      }
+      if (item.is_null()) return Error(item.mark, "null is not allowed as a map value");
+      if (absl::Status s = FillField(item, value_field, depth, entry); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  // So that "7" and "07" count as one key of a map<int64, _>.
+  static std::string CanonicalKey(const Message& entry, const FieldDescriptor& key_field) {
+    const Reflection& r = *entry.GetReflection();
+    switch (key_field.cpp_type()) {
+      case FieldDescriptor::CPPTYPE_INT32:
+        return absl::StrCat(r.GetInt32(entry, &key_field));
+      case FieldDescriptor::CPPTYPE_INT64:
+        return absl::StrCat(r.GetInt64(entry, &key_field));
+      case FieldDescriptor::CPPTYPE_UINT32:
+        return absl::StrCat(r.GetUInt32(entry, &key_field));
+      case FieldDescriptor::CPPTYPE_UINT64:
+        return absl::StrCat(r.GetUInt64(entry, &key_field));
+      case FieldDescriptor::CPPTYPE_BOOL:
+        return r.GetBool(entry, &key_field) ? "true" : "false";
+      default:
+        return r.GetString(entry, &key_field);
+    }
+  }
+
+  // Sets a singular scalar field, or appends to a repeated one.
+  absl::Status FillScalar(const YamlNode& node, const FieldDescriptor& field, Message* msg) {
+    if (!node.is_scalar()) {
+      return Error(node.mark,
+                   absl::StrCat("expected a scalar (", TypeName(field), "), got ", Describe(node)));
+    }
+    if (absl::Status s = Charge(node); !s.ok()) return s;
+    const Reflection& r = *msg->GetReflection();
+    const bool repeated = field.is_repeated();
+    const std::string& text = node.scalar;
+    std::string why;
+    switch (field.cpp_type()) {
+      case FieldDescriptor::CPPTYPE_INT32:
+      case FieldDescriptor::CPPTYPE_INT64:
+      case FieldDescriptor::CPPTYPE_UINT32:
+      case FieldDescriptor::CPPTYPE_UINT64: {
+        std::uint64_t bits = 0;
+        switch (field.cpp_type()) {
+          case FieldDescriptor::CPPTYPE_INT32:
+            why = ParseInteger(text, "int32", INT32_MAX, std::uint64_t{INT32_MAX} + 1, &bits);
+            if (!why.empty()) break;
+            repeated ? r.AddInt32(msg, &field, static_cast<std::int32_t>(bits))
+                     : r.SetInt32(msg, &field, static_cast<std::int32_t>(bits));
+            break;
+          case FieldDescriptor::CPPTYPE_INT64:
+            why = ParseInteger(text, "int64", INT64_MAX, std::uint64_t{INT64_MAX} + 1, &bits);
+            if (!why.empty()) break;
+            repeated ? r.AddInt64(msg, &field, static_cast<std::int64_t>(bits))
+                     : r.SetInt64(msg, &field, static_cast<std::int64_t>(bits));
+            break;
+          case FieldDescriptor::CPPTYPE_UINT32:
+            why = ParseInteger(text, "uint32", UINT32_MAX, 0, &bits);
+            if (!why.empty()) break;
+            repeated ? r.AddUInt32(msg, &field, static_cast<std::uint32_t>(bits))
+                     : r.SetUInt32(msg, &field, static_cast<std::uint32_t>(bits));
+            break;
+          default:
+            why = ParseInteger(text, "uint64", UINT64_MAX, 0, &bits);
+            if (!why.empty()) break;
+            repeated ? r.AddUInt64(msg, &field, bits) : r.SetUInt64(msg, &field, bits);
+            break;
+        }
+        break;
+      }
+      case FieldDescriptor::CPPTYPE_DOUBLE:
+      case FieldDescriptor::CPPTYPE_FLOAT: {
+        const bool is_float = field.cpp_type() == FieldDescriptor::CPPTYPE_FLOAT;
+        double v = 0;
+        why = ParseDouble(text, field.type_name(),
+                          is_float ? std::numeric_limits<float>::max()
+                                   : std::numeric_limits<double>::max(),
+                          &v);
+        if (!why.empty()) break;
+        if (is_float) {
+          const auto f = static_cast<float>(v);
+          repeated ? r.AddFloat(msg, &field, f) : r.SetFloat(msg, &field, f);
+        } else {
+          repeated ? r.AddDouble(msg, &field, v) : r.SetDouble(msg, &field, v);
+        }
+        break;
+      }
+      case FieldDescriptor::CPPTYPE_BOOL: {
+        // Only JSON's spellings: YAML 1.1's yes/no/on/off are a known trap.
+        if (!node.plain || (text != "true" && text != "false")) {
+          why = absl::StrCat("expected true or false, got ",
+                             node.plain ? "" : "the quoted string ", Quote(text));
+          break;
+        }
+        repeated ? r.AddBool(msg, &field, text == "true") : r.SetBool(msg, &field, text == "true");
+        break;
+      }
+      case FieldDescriptor::CPPTYPE_ENUM: {
+        const EnumValueDescriptor* v = field.enum_type()->FindValueByName(text);
+        if (std::uint64_t bits = 0;
+            v == nullptr &&
+            ParseInteger(text, "int32", INT32_MAX, std::uint64_t{INT32_MAX} + 1, &bits).empty()) {
+          v = field.enum_type()->FindValueByNumber(static_cast<std::int32_t>(bits));
+        }
+        if (v == nullptr) {
+          std::vector<std::string> names;
+          for (int i = 0; i < field.enum_type()->value_count(); ++i) {
+            names.push_back(field.enum_type()->value(i)->name());
+          }
+          why = absl::StrCat("unknown value ", Quote(text), " for ", TypeName(field));
+          if (const std::string s = ClosestName(text, names); !s.empty()) {
+            absl::StrAppend(&why, "; did you mean \"", s, "\"?");
+          }
+          break;
+        }
+        repeated ? r.AddEnum(msg, &field, v) : r.SetEnum(msg, &field, v);
+        break;
+      }
+      case FieldDescriptor::CPPTYPE_STRING: {
+        std::string value;
+        if (field.type() == FieldDescriptor::TYPE_BYTES) {
+          // proto3 JSON writes bytes as base64 (either alphabet).
+          if (!absl::Base64Unescape(text, &value) && !absl::WebSafeBase64Unescape(text, &value)) {
+            why = absl::StrCat("expected base64 (bytes), got ", Quote(text));
+            break;
+          }
+        } else if (!IsValidUtf8(text)) {
+          why = "string is not valid UTF-8";
+          break;
+        } else {
+          value = text;
+        }
+        repeated ? r.AddString(msg, &field, std::move(value))
+                 : r.SetString(msg, &field, std::move(value));
+        break;
+      }
+      case FieldDescriptor::CPPTYPE_MESSAGE:
+        why = absl::StrCat("expected a mapping (", TypeName(field), ")");  // unreachable
+        break;
+    }
+    if (!why.empty()) return Error(node.mark, why);
+    return absl::OkStatus();
+  }
+
+  absl::string_view source_;
+  std::string path_;  // of the node being filled, e.g. "units[3].params"
+  std::size_t nodes_left_;
+};
+
+absl::Status ParseDocument(absl::string_view text, absl::string_view source, Message* msg) {
+  StringViewStreamBuf buffer(text);
+  std::istream stream(&buffer);
+  YAML::Parser parser(stream);
+  std::deque<YamlNode> nodes;  // stable addresses for the node pointers
+  DocumentBuilder builder(&nodes);
+  if (!parser.HandleNextDocument(builder)) return absl::OkStatus();  // empty
+  // One more document at most: yaml-cpp 0.7 can report "documents" forever
+  // after a stray token, as in "{a: 1}, b".
+  if (DocumentSkipper skipper; parser.HandleNextDocument(skipper)) {
+    return LocatedError(source, skipper.start(), "",
+                        "content after the end of the document (one YAML document per file)");
+  }
+  const YamlNode* root = builder.root();
+  if (root == nullptr || root->is_null()) return absl::OkStatus();  // "---" or "~"
+  // Aliases may repeat subtrees; let them at most double the work.
+  MessageFiller filler(source, 2 * nodes.size() + 1024);
+  return filler.FillMessage(*root, 1, msg);
+}
+
+}  // namespace
+
+absl::Status ParseMessageText(std::string_view text_in, std::string_view source_name_in,
+                              google::protobuf::Message* msg) {
+  // Debian's Abseil is built with its own absl::string_view (not an alias of
+  // std::string_view), so convert once here.
+  const absl::string_view text(text_in.data(), text_in.size());
+  const absl::string_view source_name(source_name_in.data(), source_name_in.size());
+  msg->Clear();
+  if (text.size() > kMaxFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(source_name, ": input is ", text.size(),
+                                                   " bytes, more than the limit of ",
+                                                   kMaxFileBytes));
+  }
+  absl::Status status;
+  // yaml-cpp reports syntax errors (and its own depth limit) by throwing;
+  // nothing may escape to callers, which are RPC handlers and CLIs.
+  try {
+    status = ParseDocument(text, source_name, msg);
+  } catch (const TooManyNodes& e) {
+    status = LocatedError(source_name, e.mark, "",
+                          absl::StrCat("more than ", kMaxNodes, " YAML nodes"));
+  } catch (const YAML::DeepRecursion& e) {
+    status = LocatedError(source_name, e.mark, "",
+                          absl::StrCat("nesting deeper than ", kMaxNestingDepth, " levels"));
+  } catch (const YAML::Exception& e) {
+    status = LocatedError(source_name, e.mark, "", absl::StrCat("syntax error: ", e.msg));
+  } catch (const std::bad_alloc&) {
+    status = absl::ResourceExhaustedError(
+        absl::StrCat(source_name, ": out of memory while parsing"));
+  } catch (const std::exception& e) {
+    status = absl::InternalError(absl::StrCat(source_name, ": unexpected error: ", e.what()));
+  } catch (...) {
+    status = absl::InternalError(absl::StrCat(source_name, ": unexpected error"));
+  }
+  if (!status.ok()) msg->Clear();
+  return status;
+}
+
+absl::Status LoadMessageFile(const std::string& path, google::protobuf::Message* msg) {
+  msg->Clear();
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(st)) {
+    if (!ec || ec == std::errc::no_such_file_or_directory) {
+      return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(path, ": cannot stat: ", ec.message()));
+  }
+  if (!std::filesystem::is_regular_file(st)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  }
+  if (const std::uintmax_t size = std::filesystem::file_size(path, ec);
+      !ec && size > kMaxFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": file is ", size,
+                                                   " bytes, larger than the limit of ",
+                                                   kMaxFileBytes));
+  }
+
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  if (file == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  }
+  // Read up to one byte past the limit, rather than trusting the size from
+  // stat, so a file that grows meanwhile is still caught.
+  std::string text;
+  absl::Status status;
+  try {
+    char chunk[1 << 16];
+    while (text.size() <= kMaxFileBytes) {
+      const std::size_t n = std::fread(chunk, 1, sizeof(chunk), file);
+      text.append(chunk, n);
+      if (n < sizeof(chunk)) break;
+    }
+    if (std::ferror(file)) {
+      status = absl::InvalidArgumentError(
+          absl::StrCat(path, ": cannot read: ", std::strerror(errno)));
+    }
+  } catch (const std::bad_alloc&) {
+    status = absl::ResourceExhaustedError(absl::StrCat(path, ": out of memory while reading"));
+  }
+  std::fclose(file);
+  if (!status.ok()) return status;
+  if (text.size() > kMaxFileBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": file is larger than the limit of ", kMaxFileBytes));
+  }
+  return ParseMessageText(text, path, msg);
+}
+
+}  // namespace muonmesh::protoio
