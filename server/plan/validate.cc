@@ -52,6 +52,8 @@ void CheckUnsupported(Violations& v, const char* field, const char* what,
 struct ModelCounts {
   int64_t dense_matrices = 0;
   int64_t expert_matrices = 0;  // all experts of all stacks
+  int64_t dense_units = 0;      // units with dense parameters
+  int64_t expert_units = 0;     // units with expert parameters
 };
 
 ModelCounts CheckModel(const ModelSpec& model, int64_t ep, Violations& v) {
@@ -79,6 +81,11 @@ ModelCounts CheckModel(const ModelSpec& model, int64_t ep, Violations& v) {
       v.Add(upath + ".name", absl::StrCat("duplicate unit name '", unit.name, "'"));
     }
     if (unit.params.empty()) v.Add(upath + ".params", "the unit has no parameters");
+    bool has_dense = false;
+    bool has_expert = false;
+    for (const ParamSpec& p : unit.params) (p.expert ? has_expert : has_dense) = true;
+    counts.dense_units += has_dense;
+    counts.expert_units += has_expert;
     tensors += static_cast<int64_t>(unit.params.size());
     if (tensors > kMaxTensors) {
       v.Add(upath + ".params",
@@ -249,8 +256,19 @@ std::vector<FieldViolation> Validate(const PlanInput& in) {
   if (out.empty()) {
     // The size of the answer: every domain lists its matrices.
     const ResolvedConfig cfg = internal::ResolveUnchecked(in);
-    const int64_t dense_domains = MeshGeometry::Dense(cfg).num_domains();
-    const int64_t expert_domains_per_group = MeshGeometry::Expert(cfg).num_domains() / ep;
+    const MeshGeometry dense = MeshGeometry::Dense(cfg);
+    const MeshGeometry expert = MeshGeometry::Expert(cfg);
+    const int64_t dense_domains = dense.num_domains();
+    const int64_t expert_domains_per_group = expert.num_domains() / ep;
+    // Both factors are bounded (units <= 1e5, ranks <= 2^20): no overflow.
+    const int64_t shards = counts.dense_units * dense.domain_size() +
+                           counts.expert_units * expert.domain_size();
+    if (shards > kMaxLayoutShards) {
+      out.push_back({"world_size",
+                     absl::StrCat("the layout would cut ", in.model.units.size(), " units into ",
+                                  shards, " shards in all (limit ", kMaxLayoutShards,
+                                  "): use fewer ranks per optimizer domain or fewer units")});
+    }
     const double entries = static_cast<double>(counts.dense_matrices) * dense_domains +
                            static_cast<double>(counts.expert_matrices) * expert_domains_per_group;
     if (entries > static_cast<double>(kMaxPlanMatrixEntries)) {

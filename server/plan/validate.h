@@ -22,6 +22,10 @@ inline constexpr int64_t kMaxNsSteps = 100;
 // Matrices times domains in one plan (DDP on a huge world repeats every
 // matrix in every rank's own domain).
 inline constexpr int64_t kMaxPlanMatrixEntries = 20'000'000;
+// Shards laid out in all (units times their domain sizes): layouts are kept
+// per unit, so this bounds the planner's memory (DeepSeek-V3 fits up to about
+// 270k ranks).
+inline constexpr int64_t kMaxLayoutShards = int64_t{1} << 24;
 
 // All violations of the input; empty when it can be planned.
 std::vector<FieldViolation> Validate(const PlanInput& input);

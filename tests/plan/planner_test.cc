@@ -43,6 +43,8 @@ struct Config {
   int64_t ep;
 };
 
+void PrintTo(const Config& c, std::ostream* os) { *os << c.name; }
+
 const Config kConfigs[] = {
     {"single", 1, "optim_grads_params", 1, "", 1},
     {"ddp", 4, "no_shard", 1, "", 1},

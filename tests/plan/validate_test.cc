@@ -30,6 +30,9 @@ struct Case {
   const char* reason;
 };
 
+// Names the case in test listings instead of dumping its bytes.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
 class ValidateRuleTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ValidateRuleTest, ReportsTheFieldAndReason) {
@@ -134,7 +137,17 @@ INSTANTIATE_TEST_SUITE_P(
                      {"extra." + std::to_string(i), {4, 4}, "muon", false});
                }
              },
-             "world_size", "matrix copies"}),
+             "world_size", "matrix copies"},
+        Case{"TooManyLayoutShards",
+             [](PlanInput& in) {
+               in.world_size = 1 << 20;
+               for (int i = 0; i < 16; ++i) {
+                 in.model.units.push_back(
+                     {"extra." + std::to_string(i),
+                      {{"extra." + std::to_string(i) + ".w", {4, 4}, "muon", false}}});
+               }
+             },
+             "world_size", "shards in all"}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 TEST(ValidateTest, ReportsEveryViolationAtOnce) {

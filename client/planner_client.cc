@@ -1,0 +1,71 @@
+#include "client/planner_client.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+#include "server/rpc_status.h"
+
+namespace muonmesh {
+namespace {
+
+// Plans of big worlds exceed gRPC's 4 MiB default; the server sends up to
+// this much (server/planner_service.h), so accept as much.
+constexpr int kMaxReceiveBytes = 1 << 30;
+
+template <typename Response>
+absl::StatusOr<Response> Finish(const grpc::Status& status, const std::string& address,
+                                Response response) {
+  if (status.ok()) return response;
+  absl::Status error = rpc::FromGrpcStatus(status);
+  // A bad config is about the input, not the server: its message is the
+  // violations alone. Everything else says which coordinator failed.
+  if (error.code() == absl::StatusCode::kInvalidArgument &&
+      !rpc::ViolationsFromGrpcStatus(status).empty()) {
+    return error;
+  }
+  return absl::Status(error.code(), absl::StrCat("coordinator ", address, ": ", error.message()));
+}
+
+// Calls without an end are not allowed (STYLE.md: every wait is bounded);
+// a very long timeout is clamped rather than overflowing the clock.
+void SetDeadline(absl::Duration timeout, grpc::ClientContext* context) {
+  const absl::Duration bounded = std::min(timeout, absl::Hours(24 * 365));
+  context->set_deadline(std::chrono::system_clock::now() +
+                        absl::ToChronoNanoseconds(std::max(bounded, absl::ZeroDuration())));
+}
+
+}  // namespace
+
+PlannerClient::PlannerClient(std::string address, PlannerClientOptions options)
+    : address_(std::move(address)), options_(options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxReceiveBytes);
+  stub_ = v1::Planner::NewStub(
+      grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+}
+
+absl::StatusOr<v1::ValidateConfigResponse> PlannerClient::Validate(
+    const v1::ValidateConfigRequest& request) {
+  grpc::ClientContext context;
+  SetDeadline(options_.timeout, &context);
+  v1::ValidateConfigResponse response;
+  const grpc::Status status = stub_->ValidateConfig(&context, request, &response);
+  return Finish(status, address_, std::move(response));
+}
+
+absl::StatusOr<v1::PlanLayoutResponse> PlannerClient::Plan(const v1::PlanLayoutRequest& request) {
+  grpc::ClientContext context;
+  SetDeadline(options_.timeout, &context);
+  v1::PlanLayoutResponse response;
+  const grpc::Status status = stub_->PlanLayout(&context, request, &response);
+  return Finish(status, address_, std::move(response));
+}
+
+}  // namespace muonmesh

@@ -1,0 +1,74 @@
+#include "server/coordinator_server.h"
+
+#include <chrono>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "grpc/grpc.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+
+namespace muonmesh {
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    const CoordinatorServerOptions& options) {
+  const std::string& listen = options.listen;
+  const std::size_t colon = listen.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == listen.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("listen address '", listen, "' is not HOST:PORT"));
+  }
+
+  // Both are process-wide switches read when a server is built, so they must
+  // be set before the builder exists. The health service needs at least one
+  // sync service, which the Planner is.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+
+  std::unique_ptr<CoordinatorServer> self(new CoordinatorServer());
+  grpc::ServerBuilder builder;
+  // TLS comes with non-loopback deployments (DESIGN.md §7).
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &self->port_);
+  builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
+  builder.SetMaxSendMessageSize(kMaxResponseBytes);
+  // gRPC sets SO_REUSEPORT by default on Linux, which lets a second
+  // coordinator bind the same port and silently take half the calls.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.RegisterService(&self->planner_);
+  self->server_ = builder.BuildAndStart();
+  if (self->server_ == nullptr || self->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", listen, " (address in use or not local?)"));
+  }
+  self->address_ = absl::StrCat(listen.substr(0, colon), ":", self->port_);
+  // The empty service name ("the server") is SERVING by default; name ours
+  // too so that probes can ask for the Planner specifically.
+  if (grpc::HealthCheckServiceInterface* health = self->server_->GetHealthCheckService()) {
+    health->SetServingStatus(v1::Planner::service_full_name(), true);
+  }
+  return self;
+}
+
+CoordinatorServer::~CoordinatorServer() {
+  if (server_ != nullptr) {
+    Shutdown(absl::ZeroDuration());
+    server_->Wait();
+  }
+}
+
+void CoordinatorServer::Shutdown(absl::Duration grace) {
+  // Health first, so that load balancers stop routing here while calls in
+  // flight drain.
+  if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
+    health->Shutdown();
+  }
+  server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(grace));
+}
+
+void CoordinatorServer::Wait() { server_->Wait(); }
+
+}  // namespace muonmesh

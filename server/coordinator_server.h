@@ -1,0 +1,59 @@
+#pragma once
+
+// The coordinator's gRPC server: owns the services and the grpc::Server that
+// serves them, with the settings every coordinator shares (message size
+// limits, grpc.health.v1, reflection). muonmesh-coordinator is a flag-parsing
+// shell around it; tests start it in-process on 127.0.0.1:0.
+//
+// Thread-safe: Shutdown() may be called from any thread (typically a signal
+// thread) while another blocks in Wait().
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/server.h"
+#include "server/planner_service.h"
+
+namespace muonmesh {
+
+struct CoordinatorServerOptions {
+  // HOST:PORT (IPv6 hosts in brackets). Port 0 picks a free port; port()
+  // tells which.
+  std::string listen = "127.0.0.1:50051";
+};
+
+class CoordinatorServer {
+ public:
+  // Binds and starts serving. InvalidArgument if `listen` is not HOST:PORT;
+  // Unavailable if the address cannot be bound (in use, no such interface).
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
+      const CoordinatorServerOptions& options);
+
+  CoordinatorServer(const CoordinatorServer&) = delete;
+  CoordinatorServer& operator=(const CoordinatorServer&) = delete;
+  // Shuts down at once (no grace) if Shutdown() was not called.
+  ~CoordinatorServer();
+
+  int port() const { return port_; }
+  // HOST:PORT with the bound port, e.g. "127.0.0.1:41234".
+  const std::string& address() const { return address_; }
+
+  // Stops accepting calls, reports NOT_SERVING to health checks, and lets
+  // calls in flight finish for up to `grace` before cancelling them.
+  // Idempotent.
+  void Shutdown(absl::Duration grace);
+  // Blocks until the server has shut down.
+  void Wait();
+
+ private:
+  CoordinatorServer() = default;
+
+  PlannerService planner_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::string address_;
+};
+
+}  // namespace muonmesh
