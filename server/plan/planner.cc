@@ -107,7 +107,10 @@ std::vector<MatrixPlan> UnitMatrices(const UnitSpec& unit, int32_t u, const Unit
 // position lowest wins; ties go to the smallest rotation. Deterministic.
 class RotationChooser {
  public:
-  explicit RotationChooser(int64_t domain_size) : load_(domain_size, 0.0) {}
+  // `bytes_weight` is FLOPs per element of owner traffic charged with each
+  // matrix (0: Newton-Schulz FLOPs only).
+  RotationChooser(int64_t domain_size, double bytes_weight)
+      : load_(domain_size, 0.0), bytes_weight_(bytes_weight) {}
 
   int64_t Choose(const std::vector<MatrixPlan>& matrices) {
     const int64_t d = static_cast<int64_t>(load_.size());
@@ -117,7 +120,11 @@ class RotationChooser {
       for (const Holder& h : m.holders) {
         if (best == nullptr || h.row_count > best->row_count) best = &h;
       }
-      if (best != nullptr) charges.push_back({best->position, m.cost_flops});
+      if (best == nullptr) continue;
+      // The cost at the best holder: its Newton-Schulz work plus the rows
+      // it must gather and scatter.
+      const double traffic = 2.0 * static_cast<double>((m.rows - best->row_count) * m.cols);
+      charges.push_back({best->position, m.cost_flops + bytes_weight_ * traffic});
     }
     if (charges.empty() || d == 1) return 0;
     const int64_t tried = std::min<int64_t>(d, kMaxCandidates);
@@ -141,6 +148,7 @@ class RotationChooser {
  private:
   static constexpr int64_t kMaxCandidates = 64;
   std::vector<double> load_;
+  double bytes_weight_;
 };
 
 // Moves the matrices of a rotated layout into the domain, holders at their
@@ -152,6 +160,43 @@ void AppendRotated(std::vector<MatrixPlan> matrices, int64_t rotation, DomainPla
               [](const Holder& a, const Holder& b) { return a.position < b.position; });
     d->matrices.push_back(std::move(m));
   }
+}
+
+// The owner plan of one mesh. Rotations come from a small portfolio of
+// policies (charge Newton-Schulz FLOPs only; FLOPs plus the best holder's
+// traffic; no rotation) and the plan with the lowest makespan wins, ties to
+// the earlier policy. Sets each unit's rotation for that mesh.
+DomainPlan PlanDomain(const ResolvedConfig& cfg, MeshKind mesh, int64_t domain_size,
+                      const std::vector<std::vector<MatrixPlan>>& unit_matrices,
+                      std::vector<UnitPlan>* units) {
+  const double traffic_weight =
+      cfg.comm_flops_per_byte * static_cast<double>(cfg.bytes_per_element);
+  const std::vector<double> policies = {0.0, traffic_weight, -1.0};  // -1: no rotation
+  DomainPlan best;
+  std::vector<int64_t> best_rotations;
+  for (size_t i = 0; i < policies.size(); ++i) {
+    DomainPlan d;
+    d.mesh = mesh;
+    d.size = domain_size;
+    std::vector<int64_t> rotations(unit_matrices.size(), 0);
+    RotationChooser chooser(domain_size, std::max(0.0, policies[i]));
+    for (size_t u = 0; u < unit_matrices.size(); ++u) {
+      if (unit_matrices[u].empty()) continue;
+      if (policies[i] >= 0) rotations[u] = chooser.Choose(unit_matrices[u]);
+      AppendRotated(unit_matrices[u], rotations[u], &d);
+    }
+    AssignOwners(cfg.owner_rule, cfg.comm_flops_per_byte, cfg.bytes_per_element, &d);
+    if (i == 0 || d.makespan < best.makespan) {
+      best = std::move(d);
+      best_rotations = std::move(rotations);
+    }
+    if (best.makespan <= best.lower_bound) break;  // cannot do better
+  }
+  for (size_t u = 0; u < units->size(); ++u) {
+    UnitLayout& layout = mesh == MeshKind::kDense ? (*units)[u].dense : (*units)[u].expert;
+    layout.rotation = best_rotations[u];
+  }
+  return best;
 }
 
 std::string AxisLabel(const MeshGeometry& g, const std::vector<int>& axes) {
@@ -251,8 +296,9 @@ absl::StatusOr<Plan> ComputePlan(const PlanInput& input) {
   plan.expert.size = expert_g.domain_size();
 
   LayoutCache cache;
-  RotationChooser dense_rotation(dense_g.domain_size());
-  RotationChooser expert_rotation(expert_g.domain_size());
+  // Matrices of each unit before rotation, per mesh.
+  std::vector<std::vector<MatrixPlan>> dense_matrices(input.model.units.size());
+  std::vector<std::vector<MatrixPlan>> expert_matrices(input.model.units.size());
   int64_t dense_buffer = 0;
   int64_t expert_buffer = 0;
   int64_t dense_shard = 0;
@@ -268,10 +314,8 @@ absl::StatusOr<Plan> ComputePlan(const PlanInput& input) {
     if (!tensors.dense.empty()) {
       unit.has_dense = true;
       unit.dense = cache.Get(tensors.dense, dense_g.domain_size());
-      std::vector<MatrixPlan> m = UnitMatrices(spec, static_cast<int32_t>(u), unit.dense,
-                                               cfg.ns_steps, cfg.ep);
-      unit.dense.rotation = dense_rotation.Choose(m);
-      AppendRotated(std::move(m), unit.dense.rotation, &plan.dense);
+      dense_matrices[u] =
+          UnitMatrices(spec, static_cast<int32_t>(u), unit.dense, cfg.ns_steps, cfg.ep);
       dense_shard += unit.dense.shard_elements;
       dense_buffer += unit.dense.shard_elements * unit.dense.num_shards;
       dense_padding += unit.dense.padding_elements;
@@ -280,10 +324,8 @@ absl::StatusOr<Plan> ComputePlan(const PlanInput& input) {
       unit.has_expert = true;
       plan.has_experts = true;
       unit.expert = cache.Get(tensors.expert, expert_g.domain_size());
-      std::vector<MatrixPlan> m = UnitMatrices(spec, static_cast<int32_t>(u), unit.expert,
-                                               cfg.ns_steps, cfg.ep);
-      unit.expert.rotation = expert_rotation.Choose(m);
-      AppendRotated(std::move(m), unit.expert.rotation, &plan.expert);
+      expert_matrices[u] =
+          UnitMatrices(spec, static_cast<int32_t>(u), unit.expert, cfg.ns_steps, cfg.ep);
       expert_shard += unit.expert.shard_elements;
       expert_buffer += unit.expert.shard_elements * unit.expert.num_shards;
       // Every EP group lays out its own experts the same way.
@@ -295,8 +337,12 @@ absl::StatusOr<Plan> ComputePlan(const PlanInput& input) {
   if (plan.has_experts) plan.expert_axes = expert_g.axes();
 
   const int64_t bpe = cfg.bytes_per_element;
-  AssignOwners(cfg.owner_rule, cfg.comm_flops_per_byte, bpe, &plan.dense);
-  if (plan.has_experts) AssignOwners(cfg.owner_rule, cfg.comm_flops_per_byte, bpe, &plan.expert);
+  plan.dense = PlanDomain(cfg, MeshKind::kDense, dense_g.domain_size(), dense_matrices,
+                          &plan.units);
+  if (plan.has_experts) {
+    plan.expert = PlanDomain(cfg, MeshKind::kExpert, expert_g.domain_size(), expert_matrices,
+                             &plan.units);
+  }
 
   // Domains: dense first, then expert.
   const int64_t world = cfg.world_size;

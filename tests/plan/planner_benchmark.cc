@@ -103,6 +103,27 @@ void PrintQualityTable(int64_t instances, const std::string& device) {
   std::printf("(makespan / lower bound of the worst domain; pad = padding / parameters)\n\n");
 }
 
+// Every power of two from 8 to 4096 ranks (ZeRO-3, lpt): where the targets
+// hold and where they do not.
+void PrintSweep(const std::string& device) {
+  std::printf("Sweep: makespan / lower bound (dense, expert) and pad%%, lpt, %s cost model\n",
+              device.c_str());
+  for (const std::string model : {"gpt2-124m", "llama3-8b", "deepseek-v3"}) {
+    std::printf("%-12s", model.c_str());
+    for (int64_t w = 8; w <= 4096; w *= 2) {
+      const int64_t ep = model == "deepseek-v3" ? std::min<int64_t>(w, 64) : 1;
+      absl::StatusOr<plan::Plan> p = plan::ComputePlan(Input(model, w, ep, 1, "lpt", device));
+      if (!p.ok()) continue;
+      const double expert = p->expert.lower_bound > 0 ? p->expert.makespan / p->expert.lower_bound : 0;
+      std::printf(" %lld:%.3f", static_cast<long long>(w), p->dense.makespan / p->dense.lower_bound);
+      if (expert > 0) std::printf("/%.3f", expert);
+      std::printf("/%.2f%%", 100.0 * p->padding_elements / p->parameters);
+    }
+    std::printf("\n");
+  }
+  std::printf("\n");
+}
+
 long MaxRssMiB() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
@@ -144,6 +165,7 @@ int main(int argc, char** argv) {
   muonmesh::PrintQualityTable(1, "cuda");
   muonmesh::PrintQualityTable(2, "cuda");
   muonmesh::PrintQualityTable(1, "cpu");
+  muonmesh::PrintSweep("cuda");
   muonmesh::Register();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
