@@ -1,0 +1,200 @@
+// Newton-Schulz (worker/math/newton_schulz.h) against plain OpenBLAS sgemm,
+// in one process so the ratio of their FLOP/s is meaningful.
+//
+//   BM_NewtonSchulz/<rows>/<cols>: 5 quintic iterations, FLOPS counted as
+//       T (4 m^2 n + 2 m^3), m = min(rows, cols): what the iteration costs as
+//       dense products (symmetry makes the real work smaller; that is the
+//       point of counting it this way).
+//   BM_Sgemm/<m>/<n>/<k>: C = A B, FLOPS = 2 m n k. For an m x n
+//       Newton-Schulz the comparison is m/m/n, the shape of X X^T.
+//
+// OpenBLAS runs its own threads, so FLOPS is per wall-clock second, timed here
+// around the call: Google Benchmark's kIsRate divides by the main thread's CPU
+// time unless UseRealTime() is set, and that would rename every benchmark
+// "<name>/real_time". (The Time column is wall-clock time either way.) At the
+// end a table gives NS FLOP/s / sgemm FLOP/s per shape. Typical run:
+//   newton_schulz_benchmark --benchmark_min_time=0.2 --benchmark_repetitions=3
+//       --benchmark_enable_random_interleaving=true
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "worker/math/newton_schulz.h"
+#include "worker/math/ns_coefficients.h"
+
+namespace muonmesh::math {
+namespace {
+
+constexpr int kSteps = 5;
+
+std::vector<float> Filled(size_t count, uint32_t seed) {
+  // A cheap deterministic fill in [-1, 1); the values do not change the cost.
+  std::vector<float> v(count);
+  uint32_t s = seed * 2654435761u + 1;
+  for (float& e : v) {
+    s = s * 1664525u + 1013904223u;
+    e = static_cast<float>(s >> 8) / static_cast<float>(1u << 23) - 1.0f;
+  }
+  return v;
+}
+
+// Accumulated wall-clock time of the timed calls.
+class WallClock {
+ public:
+  void Start() { start_ = std::chrono::steady_clock::now(); }
+  void Stop() { seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+  // A plain counter value (not kIsRate: see the file comment).
+  benchmark::Counter Rate(double flops) const {
+    return benchmark::Counter(seconds_ > 0.0 ? flops / seconds_ : 0.0);
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+  double seconds_ = 0.0;
+};
+
+void BM_NewtonSchulz(benchmark::State& state) {
+  const int64_t rows = state.range(0), cols = state.range(1);
+  const std::vector<float> input = Filled(static_cast<size_t>(rows * cols), 1);
+  std::vector<float> x = input;
+  NewtonSchulz ns;
+  NsOptions options;
+  options.steps = kSteps;
+  // Warm-up, untimed: the first call touches the freshly allocated workspace
+  // (page faults) and OpenBLAS's buffers. The runtime keeps one NewtonSchulz
+  // across steps, so the steady state is what counts.
+  if (const absl::Status s = ns.Run(x.data(), rows, cols, options); !s.ok()) {
+    state.SkipWithError(s.ToString().c_str());
+    return;
+  }
+  WallClock wall;
+  for (auto _ : state) {
+    state.PauseTiming();
+    x = input;  // same input every time (the copy is not timed)
+    state.ResumeTiming();
+    wall.Start();
+    const absl::Status status = ns.Run(x.data(), rows, cols, options);
+    wall.Stop();
+    if (!status.ok()) {
+      state.SkipWithError(status.ToString().c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(x.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["FLOPS"] =
+      wall.Rate(NewtonSchulzFlops(rows, cols, kSteps) * static_cast<double>(state.iterations()));
+}
+
+void BM_Sgemm(benchmark::State& state) {
+  const int m = static_cast<int>(state.range(0));
+  const int n = static_cast<int>(state.range(1));
+  const int k = static_cast<int>(state.range(2));
+  const std::vector<float> a = Filled(static_cast<size_t>(m) * k, 2);
+  const std::vector<float> b = Filled(static_cast<size_t>(k) * n, 3);
+  std::vector<float> c(static_cast<size_t>(m) * n);
+  auto gemm = [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data(), k, b.data(),
+                n, 0.0f, c.data(), n);
+  };
+  gemm();  // warm-up, untimed, as for Newton-Schulz
+  WallClock wall;
+  for (auto _ : state) {
+    wall.Start();
+    gemm();
+    wall.Stop();
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["FLOPS"] = wall.Rate(2.0 * m * n * k * static_cast<double>(state.iterations()));
+}
+
+// {rows, cols} of each Newton-Schulz shape; its GEMM is m/m/n.
+const std::vector<std::pair<int64_t, int64_t>> kShapes = {
+    {768, 3072}, {1024, 1024}, {1024, 4096}, {4096, 4096}};
+
+void RegisterAll() {
+  for (const auto& [rows, cols] : kShapes) {
+    benchmark::RegisterBenchmark("BM_NewtonSchulz", BM_NewtonSchulz)
+        ->Args({rows, cols})
+        ->Unit(benchmark::kMillisecond);
+    const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
+    benchmark::RegisterBenchmark("BM_Sgemm", BM_Sgemm)
+        ->Args({m, m, n})
+        ->Unit(benchmark::kMillisecond);
+  }
+}
+
+// Console output as usual, plus the FLOP/s ratio per shape at the end, from
+// the best and from the median of the repetitions of each benchmark. On a
+// shared machine other load only ever slows a run down, so the best run is
+// the better estimate of what the code does; run with
+// --benchmark_repetitions=N --benchmark_enable_random_interleaving=true so
+// that both sides of a ratio sample the same periods.
+class RatioReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& run : runs) {
+      auto it = run.counters.find("FLOPS");
+      if (it != run.counters.end() && run.run_type == Run::RT_Iteration && !run.error_occurred) {
+        flops_[run.benchmark_name()].push_back(it->second.value);
+      }
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+
+  void Finalize() override {
+    ConsoleReporter::Finalize();
+    std::printf("\n%-28s %-26s %22s %22s %15s\n", "Newton-Schulz", "sgemm (X X^T shape)",
+                "NS GFLOP/s best/med", "sgemm GFLOP/s best/med", "ratio best/med");
+    for (const auto& [rows, cols] : kShapes) {
+      const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
+      const std::string ns =
+          "BM_NewtonSchulz/" + std::to_string(rows) + "/" + std::to_string(cols);
+      const std::string gemm = "BM_Sgemm/" + std::to_string(m) + "/" + std::to_string(m) + "/" +
+                               std::to_string(n);
+      if (!flops_.count(ns) || !flops_.count(gemm)) continue;
+      const std::vector<double>& a = flops_[ns];
+      const std::vector<double>& b = flops_[gemm];
+      const double ns_best = *std::max_element(a.begin(), a.end());
+      const double gemm_best = *std::max_element(b.begin(), b.end());
+      std::printf("%-28s %-26s %10.1f / %-9.1f %10.1f / %-9.1f %6.3f / %-6.3f\n", ns.c_str(),
+                  gemm.c_str(), ns_best / 1e9, Median(a) / 1e9, gemm_best / 1e9, Median(b) / 1e9,
+                  ns_best / gemm_best, Median(a) / Median(b));
+    }
+  }
+
+ private:
+  static double Median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t h = v.size() / 2;
+    return v.size() % 2 == 1 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+  }
+
+  std::map<std::string, std::vector<double>> flops_;
+};
+
+}  // namespace
+}  // namespace muonmesh::math
+
+int main(int argc, char** argv) {
+  std::printf("OpenBLAS core: %s, threads: %d, config: %s\n", openblas_get_corename(),
+              openblas_get_num_threads(), openblas_get_config());
+  benchmark::AddCustomContext("openblas_core", openblas_get_corename());
+  benchmark::AddCustomContext("openblas_threads", std::to_string(openblas_get_num_threads()));
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  muonmesh::math::RegisterAll();
+  muonmesh::math::RatioReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+  return 0;
+}

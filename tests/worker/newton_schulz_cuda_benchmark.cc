@@ -1,0 +1,177 @@
+// CUDA Newton-Schulz effective FLOP/s against cuBLAS bf16 GEMM FLOP/s, in one
+// process on one GPU. Not a test and not Google Benchmark (Debian ships that
+// only as a shared library, and this binary must run on a bare GPU machine).
+//
+//   BM_NewtonSchulz/<rows>/<cols>: CudaNewtonSchulz::Run, 5 quintic steps,
+//       FLOPS = T (4 m^2 n + 2 m^3), m = min(rows, cols); wall-clock per call
+//       (Run synchronises its stream, so a call is complete when it returns).
+//   BM_CublasGemmBf16/<m>/<n>/<k>: cublasGemmEx, bf16 A, B and C, fp32
+//       compute, FLOPS = 2 m n k, timed with CUDA events over back-to-back
+//       calls. For an m x n Newton-Schulz the comparison is m/m/n (X X^T).
+//
+// Prints one line per benchmark and a ratio table; target >= 0.8 at
+// 4096 x 4096 and larger. Usage: newton_schulz_cuda_benchmark [--quick]
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "worker/cuda/newton_schulz_cuda.h"
+#include "worker/math/ns_coefficients.h"
+
+namespace {
+
+#define BENCH_CHECK(expr)                                                              \
+  do {                                                                                 \
+    if (!(expr)) {                                                                     \
+      std::fprintf(stderr, "%s:%d: %s failed\n", __FILE__, __LINE__, #expr);           \
+      std::exit(1);                                                                    \
+    }                                                                                  \
+  } while (0)
+
+constexpr int kSteps = 5;
+
+// Repetitions so that each measurement covers about `target_seconds`.
+int RepsFor(double seconds_per_call, double target_seconds) {
+  return static_cast<int>(std::clamp(target_seconds / std::max(seconds_per_call, 1e-6), 3.0, 200.0));
+}
+
+double TimeNewtonSchulz(muonmesh::cuda::CudaNewtonSchulz& ns, int64_t rows, int64_t cols,
+                        double target_seconds) {
+  const size_t count = static_cast<size_t>(rows * cols);
+  std::vector<float> host(count);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (float& v : host) v = dist(rng);
+  float* x = nullptr;
+  BENCH_CHECK(cudaMalloc(&x, count * sizeof(float)) == cudaSuccess);
+  BENCH_CHECK(cudaMemcpy(x, host.data(), count * sizeof(float), cudaMemcpyHostToDevice) ==
+              cudaSuccess);
+  muonmesh::math::NsOptions options;
+  options.steps = kSteps;
+  BENCH_CHECK(ns.Reserve(rows, cols).ok());
+  // Warm-up (cuBLAS heuristics, workspace), and a first estimate.
+  BENCH_CHECK(ns.Run(x, rows, cols, options).ok());
+  auto t0 = std::chrono::steady_clock::now();
+  BENCH_CHECK(ns.Run(x, rows, cols, options).ok());
+  const double first = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int reps = RepsFor(first, target_seconds);
+  // The input is re-normalised every call, so running on the previous
+  // output costs exactly what a fresh input costs.
+  t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < reps; ++r) BENCH_CHECK(ns.Run(x, rows, cols, options).ok());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+  cudaFree(x);
+  return seconds;
+}
+
+double TimeGemm(cublasHandle_t handle, int m, int n, int k, double target_seconds) {
+  __nv_bfloat16 *a = nullptr, *b = nullptr, *c = nullptr;
+  BENCH_CHECK(cudaMalloc(&a, sizeof(__nv_bfloat16) * m * static_cast<size_t>(k)) == cudaSuccess);
+  BENCH_CHECK(cudaMalloc(&b, sizeof(__nv_bfloat16) * k * static_cast<size_t>(n)) == cudaSuccess);
+  BENCH_CHECK(cudaMalloc(&c, sizeof(__nv_bfloat16) * m * static_cast<size_t>(n)) == cudaSuccess);
+  // Small values; the contents do not change the cost.
+  BENCH_CHECK(cudaMemset(a, 0x3c, sizeof(__nv_bfloat16) * m * static_cast<size_t>(k)) == cudaSuccess);
+  BENCH_CHECK(cudaMemset(b, 0x3c, sizeof(__nv_bfloat16) * k * static_cast<size_t>(n)) == cudaSuccess);
+  const float one = 1.0f, zero = 0.0f;
+  auto gemm = [&] {
+    // Row-major C (m x n) = A (m x k) B (k x n), as column-major C^T = B^T A^T.
+    BENCH_CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, b, CUDA_R_16BF, n,
+                             a, CUDA_R_16BF, k, &zero, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                             CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+  };
+  cudaEvent_t start, stop;
+  BENCH_CHECK(cudaEventCreate(&start) == cudaSuccess);
+  BENCH_CHECK(cudaEventCreate(&stop) == cudaSuccess);
+  for (int i = 0; i < 3; ++i) gemm();
+  BENCH_CHECK(cudaEventRecord(start) == cudaSuccess);
+  gemm();
+  BENCH_CHECK(cudaEventRecord(stop) == cudaSuccess);
+  BENCH_CHECK(cudaEventSynchronize(stop) == cudaSuccess);
+  float ms = 0.0f;
+  BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop) == cudaSuccess);
+  const int reps = RepsFor(ms / 1e3, target_seconds);
+  BENCH_CHECK(cudaEventRecord(start) == cudaSuccess);
+  for (int r = 0; r < reps; ++r) gemm();
+  BENCH_CHECK(cudaEventRecord(stop) == cudaSuccess);
+  BENCH_CHECK(cudaEventSynchronize(stop) == cudaSuccess);
+  BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop) == cudaSuccess);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  return ms / 1e3 / reps;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("newton_schulz_cuda_benchmark: no CUDA device, nothing to measure\n");
+    return 77;
+  }
+  cudaDeviceProp prop;
+  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
+  int runtime = 0, driver = 0;
+  cudaRuntimeGetVersion(&runtime);
+  cudaDriverGetVersion(&driver);
+  std::printf("device: %s, %d SMs, sm_%d%d; CUDA runtime %d, driver %d\n", prop.name,
+              prop.multiProcessorCount, prop.major, prop.minor, runtime, driver);
+
+  auto created = muonmesh::cuda::CudaNewtonSchulz::Create();
+  if (!created.ok()) {
+    std::fprintf(stderr, "%s\n", created.status().ToString().c_str());
+    return 1;
+  }
+  std::unique_ptr<muonmesh::cuda::CudaNewtonSchulz> ns = std::move(*created);
+  cublasHandle_t handle;
+  BENCH_CHECK(cublasCreate(&handle) == CUBLAS_STATUS_SUCCESS);
+
+  std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {768, 3072}, {1024, 1024}, {1024, 4096}, {4096, 4096}, {4096, 16384}, {8192, 8192}};
+  if (quick) shapes.resize(4);
+  const double target = quick ? 0.2 : 0.5;
+
+  struct Row {
+    std::string ns_name, gemm_name;
+    double ns_flops, gemm_flops;
+  };
+  std::vector<Row> rows;
+  std::printf("%-34s %12s %14s\n", "benchmark", "ms/call", "TFLOP/s");
+  for (const auto& [r, c] : shapes) {
+    const int64_t m = std::min(r, c), n = std::max(r, c);
+    const double ns_seconds = TimeNewtonSchulz(*ns, r, c, target);
+    const double ns_flops = muonmesh::math::NewtonSchulzFlops(r, c, kSteps) / ns_seconds;
+    const std::string ns_name = "BM_NewtonSchulz/" + std::to_string(r) + "/" + std::to_string(c);
+    std::printf("%-34s %12.3f %14.1f\n", ns_name.c_str(), ns_seconds * 1e3, ns_flops / 1e12);
+    const double gemm_seconds =
+        TimeGemm(handle, static_cast<int>(m), static_cast<int>(m), static_cast<int>(n), target);
+    const double gemm_flops = 2.0 * m * m * n / gemm_seconds;
+    const std::string gemm_name = "BM_CublasGemmBf16/" + std::to_string(m) + "/" +
+                                  std::to_string(m) + "/" + std::to_string(n);
+    std::printf("%-34s %12.3f %14.1f\n", gemm_name.c_str(), gemm_seconds * 1e3, gemm_flops / 1e12);
+    rows.push_back({ns_name, gemm_name, ns_flops, gemm_flops});
+  }
+  std::printf("\n%-28s %-30s %8s\n", "Newton-Schulz", "bf16 GEMM (X X^T shape)", "ratio");
+  for (const Row& row : rows) {
+    std::printf("%-28s %-30s %8.3f\n", row.ns_name.c_str(), row.gemm_name.c_str(),
+                row.ns_flops / row.gemm_flops);
+  }
+  cublasDestroy(handle);
+  return 0;
+}

@@ -1,0 +1,304 @@
+#include "worker/math/newton_schulz.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/worker/ns_reference.h"
+
+namespace muonmesh::math {
+namespace {
+
+using testing::Gaussian;
+using testing::kPolarExpress;
+using testing::kQuintic;
+using testing::ReferenceNewtonSchulz;
+using testing::RelativeFrobenius;
+using testing::SingularValues;
+using testing::TransposedFloats;
+using testing::Triple;
+
+struct Shape {
+  int64_t rows;
+  int64_t cols;
+};
+
+NsOptions Quintic(int steps = 5) {
+  NsOptions o;
+  o.steps = steps;
+  return o;
+}
+
+NsOptions PolarExpress(int steps) {
+  NsOptions o;
+  o.steps = steps;
+  o.coefficients = NsCoefficients::kPolarExpress;
+  return o;
+}
+
+// The fp32 OpenBLAS kernel against the plain fp64 loops of ns_reference.h.
+// Achieved errors are printed so regressions in accuracy are visible.
+TEST(NewtonSchulzTest, MatchesFp64Reference) {
+  const Shape shapes[] = {{16, 48}, {48, 16}, {64, 64}, {33, 70}, {70, 33}, {1, 40}, {40, 1}};
+  NewtonSchulz ns;
+  uint64_t seed = 1;
+  for (const Shape& s : shapes) {
+    for (int variant = 0; variant < 3; ++variant) {
+      const std::vector<float> x = Gaussian(s.rows * s.cols, seed++);
+      NsOptions options;
+      std::vector<Triple> coeffs;
+      if (variant == 0) {
+        options = Quintic(5);
+        coeffs = {kQuintic};
+      } else if (variant == 1) {
+        options = PolarExpress(5);
+        coeffs = kPolarExpress;
+      } else {
+        options = PolarExpress(10);  // past the table: the last row repeats
+        coeffs = kPolarExpress;
+      }
+      std::vector<float> y = x;
+      ASSERT_TRUE(ns.Run(y.data(), s.rows, s.cols, options).ok());
+      const testing::Mat ref =
+          ReferenceNewtonSchulz(testing::FromFloats(x, s.rows, s.cols), options.steps, coeffs);
+      const double err = RelativeFrobenius(y, ref);
+      EXPECT_LE(err, 1e-5) << s.rows << "x" << s.cols << " variant " << variant;
+      std::printf("fp32 vs fp64: %3lldx%-3lld variant %d (steps %d)  rel err %.2e\n",
+                  static_cast<long long>(s.rows), static_cast<long long>(s.cols), variant,
+                  options.steps, err);
+    }
+  }
+}
+
+TEST(NewtonSchulzTest, BatchedEqualsPerMatrixBitForBit) {
+  for (const Shape s : {Shape{24, 40}, Shape{40, 24}, Shape{17, 17}}) {
+    const int64_t count = 5;
+    const int64_t size = s.rows * s.cols;
+    const std::vector<float> stack = Gaussian(count * size, 99);
+    for (const NsOptions& options : {Quintic(), PolarExpress(9)}) {
+      std::vector<float> batched = stack;
+      NewtonSchulz ns_batched;
+      // A larger matrix first, so stale workspace contents would show.
+      std::vector<float> big = Gaussian(60 * 70, 5);
+      ASSERT_TRUE(ns_batched.Run(big.data(), 60, 70, options).ok());
+      ASSERT_TRUE(ns_batched.RunBatched(batched.data(), count, s.rows, s.cols, options).ok());
+      for (int64_t e = 0; e < count; ++e) {
+        NewtonSchulz ns_single;
+        std::vector<float> one(stack.begin() + e * size, stack.begin() + (e + 1) * size);
+        ASSERT_TRUE(ns_single.Run(one.data(), s.rows, s.cols, options).ok());
+        EXPECT_EQ(0, std::memcmp(one.data(), batched.data() + e * size, size * sizeof(float)))
+            << "matrix " << e << " of " << s.rows << "x" << s.cols;
+      }
+    }
+  }
+}
+
+TEST(NewtonSchulzTest, TransposeCommutes) {
+  NewtonSchulz ns;
+  for (const Shape s : {Shape{20, 52}, Shape{52, 20}, Shape{31, 31}}) {
+    const std::vector<float> x = Gaussian(s.rows * s.cols, 7);
+    std::vector<float> y = x;
+    std::vector<float> yt = TransposedFloats(x, s.rows, s.cols);
+    ASSERT_TRUE(ns.Run(y.data(), s.rows, s.cols, Quintic()).ok());
+    ASSERT_TRUE(ns.Run(yt.data(), s.cols, s.rows, Quintic()).ok());
+    const std::vector<float> y_t = TransposedFloats(y, s.rows, s.cols);
+    if (s.rows != s.cols) {
+      // Exactly: the tall orientation is transposed into the workspace, so
+      // both are laid out identically before any arithmetic.
+      EXPECT_EQ(y_t, yt) << s.rows << "x" << s.cols;
+    } else {
+      // Square matrices are not transposed: X X^T and X^T X round
+      // differently, so only to fp32 accuracy.
+      EXPECT_LE(RelativeFrobenius(yt, testing::FromFloats(y_t, s.rows, s.cols)), 1e-5);
+    }
+  }
+}
+
+// Aspect ratio >= 4: the Marchenko-Pastur spread is at most 3:1, and five
+// quintic steps bring all of it into [0.6, 1.25].
+TEST(NewtonSchulzTest, WideGaussianSingularValuesInBand) {
+  const Shape shapes[] = {{16, 64}, {64, 16}, {32, 128}, {128, 32}, {64, 256}, {10, 100}};
+  NewtonSchulz ns;
+  uint64_t seed = 100;
+  for (const Shape& s : shapes) {
+    std::vector<float> x = Gaussian(s.rows * s.cols, seed++);
+    ASSERT_TRUE(ns.Run(x.data(), s.rows, s.cols, Quintic()).ok());
+    const std::vector<double> sv = SingularValues(x, s.rows, s.cols);
+    EXPECT_GE(sv.front(), 0.6) << s.rows << "x" << s.cols;
+    EXPECT_LE(sv.back(), 1.25) << s.rows << "x" << s.cols;
+  }
+}
+
+// Any input, however conditioned: the largest singular value stays <= 1.25.
+TEST(NewtonSchulzTest, AnyInputLargestSingularValueBounded) {
+  std::vector<std::pair<Shape, std::vector<float>>> inputs;
+  inputs.push_back({{48, 48}, Gaussian(48 * 48, 1)});   // square: tiny sigma_min
+  inputs.push_back({{30, 50}, Gaussian(30 * 50, 2, 1e-6)});   // small (norm > eps)
+  inputs.push_back({{30, 50}, Gaussian(30 * 50, 3, 1e20)});   // huge scale
+  {
+    std::vector<float> rank1(40 * 24);  // u v^T
+    for (int i = 0; i < 40; ++i)
+      for (int j = 0; j < 24; ++j) rank1[i * 24 + j] = static_cast<float>((i + 1) * (j % 5 - 2));
+    inputs.push_back({{40, 24}, rank1});
+  }
+  {
+    std::vector<float> eye(32 * 32, 0.0f);  // all singular values equal
+    for (int i = 0; i < 32; ++i) eye[i * 32 + i] = 1.0f;
+    inputs.push_back({{32, 32}, eye});
+  }
+  {
+    std::vector<float> spread(24 * 36, 0.0f);  // sigma from 1e-6 to 1e3
+    for (int i = 0; i < 24; ++i) spread[i * 36 + i] = static_cast<float>(std::pow(10.0, -6.0 + 9.0 * i / 23));
+    inputs.push_back({{24, 36}, spread});
+  }
+  {
+    std::vector<float> single(20 * 30, 0.0f);
+    single[7 * 30 + 11] = -3.0f;
+    inputs.push_back({{20, 30}, single});
+  }
+  inputs.push_back({{1, 64}, Gaussian(64, 4)});
+  inputs.push_back({{64, 1}, Gaussian(64, 5)});
+  inputs.push_back({{12, 60}, std::vector<float>(12 * 60, 1.0f)});
+  NewtonSchulz ns;
+  for (auto& [s, x] : inputs) {
+    ASSERT_TRUE(ns.Run(x.data(), s.rows, s.cols, Quintic()).ok());
+    const std::vector<double> sv = SingularValues(x, s.rows, s.cols);
+    EXPECT_LE(sv.back(), 1.25) << s.rows << "x" << s.cols;
+    EXPECT_GT(sv.back(), 0.5) << s.rows << "x" << s.cols;  // it did something
+  }
+  // Norm below eps (1e-7): divided by eps, not by the norm, as in torch; the
+  // result stays small and bounded.
+  std::vector<float> tiny = Gaussian(30 * 50, 2, 1e-20);
+  ASSERT_TRUE(ns.Run(tiny.data(), 30, 50, Quintic()).ok());
+  EXPECT_LE(SingularValues(tiny, 30, 50).back(), 1e-6);
+}
+
+TEST(NewtonSchulzTest, NonFiniteInputRefusedAndUntouched) {
+  const float bad[] = {std::numeric_limits<float>::quiet_NaN(),
+                       std::numeric_limits<float>::infinity(),
+                       -std::numeric_limits<float>::infinity()};
+  NewtonSchulz ns;
+  for (float b : bad) {
+    for (const Shape s : {Shape{8, 12}, Shape{12, 8}}) {
+      std::vector<float> x = Gaussian(s.rows * s.cols, 3);
+      x[17] = b;
+      const std::vector<float> before = x;
+      const absl::Status status = ns.Run(x.data(), s.rows, s.cols, Quintic());
+      EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+      EXPECT_EQ(0, std::memcmp(before.data(), x.data(), x.size() * sizeof(float)));
+    }
+    // Batched: a bad value in the last matrix leaves every matrix untouched.
+    std::vector<float> stack = Gaussian(4 * 6 * 10, 4);
+    stack.back() = b;
+    const std::vector<float> before = stack;
+    EXPECT_EQ(ns.RunBatched(stack.data(), 4, 6, 10, Quintic()).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(0, std::memcmp(before.data(), stack.data(), stack.size() * sizeof(float)));
+  }
+}
+
+TEST(NewtonSchulzTest, DivergingTableRefusedAndUntouched) {
+  NsOptions options;
+  options.coefficients = NsCoefficients::kTable;
+  options.table = {{1e12, 0.0, 0.0}};
+  options.steps = 10;  // 1e120 overflows float
+  std::vector<float> x = Gaussian(6 * 9, 8);
+  const std::vector<float> before = x;
+  NewtonSchulz ns;
+  EXPECT_EQ(ns.Run(x.data(), 6, 9, options).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(before, x);
+}
+
+TEST(NewtonSchulzTest, ZeroMatrixStaysZero) {
+  NewtonSchulz ns;
+  for (const Shape s : {Shape{5, 9}, Shape{9, 5}, Shape{1, 1}}) {
+    std::vector<float> x(s.rows * s.cols, 0.0f);
+    ASSERT_TRUE(ns.Run(x.data(), s.rows, s.cols, Quintic()).ok());
+    for (float v : x) EXPECT_EQ(v, 0.0f);
+  }
+}
+
+// A vector has one singular value, 1 after normalisation, which each step
+// maps through s -> a s + b s^3 + c s^5: NS(v) = s_T v / ||v||.
+TEST(NewtonSchulzTest, RowAndColumnVectors) {
+  const std::vector<float> v = Gaussian(37, 12);
+  double norm = 0.0;
+  for (float e : v) norm += static_cast<double>(e) * e;
+  norm = std::sqrt(norm);
+  for (int steps : {1, 5}) {
+    double s = 1.0;
+    for (int t = 0; t < steps; ++t) s = testing::ScalarIteration(s, kQuintic);
+    NewtonSchulz ns;
+    for (const Shape shape : {Shape{1, 37}, Shape{37, 1}}) {
+      std::vector<float> x = v;
+      ASSERT_TRUE(ns.Run(x.data(), shape.rows, shape.cols, Quintic(steps)).ok());
+      for (size_t i = 0; i < v.size(); ++i) {
+        EXPECT_NEAR(x[i], s * v[i] / norm, 1e-6) << i;
+      }
+    }
+  }
+}
+
+TEST(NewtonSchulzTest, EmptyIsNoOp) {
+  NewtonSchulz ns;
+  EXPECT_TRUE(ns.Run(nullptr, 0, 16, Quintic()).ok());
+  EXPECT_TRUE(ns.Run(nullptr, 16, 0, Quintic()).ok());
+  EXPECT_TRUE(ns.RunBatched(nullptr, 0, 8, 8, Quintic()).ok());
+  EXPECT_TRUE(ns.RunBatched(nullptr, 3, 0, 8, Quintic()).ok());
+  EXPECT_EQ(ns.workspace_bytes(), 0u);
+}
+
+TEST(NewtonSchulzTest, InvalidOptionsAndShapesRefused) {
+  NewtonSchulz ns;
+  std::vector<float> x = Gaussian(4 * 6, 2);
+  const std::vector<float> before = x;
+  NsOptions zero_steps = Quintic(0);
+  EXPECT_EQ(ns.Run(x.data(), 4, 6, zero_steps).code(), absl::StatusCode::kInvalidArgument);
+  NsOptions empty_table;
+  empty_table.coefficients = NsCoefficients::kTable;
+  EXPECT_EQ(ns.Run(x.data(), 4, 6, empty_table).code(), absl::StatusCode::kInvalidArgument);
+  NsOptions bad_eps;
+  bad_eps.eps = 0.0;
+  EXPECT_EQ(ns.Run(x.data(), 4, 6, bad_eps).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ns.Run(x.data(), -1, 6, Quintic()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(before, x);
+}
+
+TEST(NewtonSchulzTest, CoefficientChoices) {
+  const std::vector<float> x = Gaussian(12 * 20, 21);
+  NewtonSchulz ns;
+  std::vector<float> quintic = x, table = x, polar = x;
+  ASSERT_TRUE(ns.Run(quintic.data(), 12, 20, Quintic()).ok());
+  NsOptions as_table;
+  as_table.coefficients = NsCoefficients::kTable;
+  as_table.table = {{3.4445, -4.7750, 2.0315}};
+  ASSERT_TRUE(ns.Run(table.data(), 12, 20, as_table).ok());
+  EXPECT_EQ(quintic, table);  // one row, repeated: the quintic, bit for bit
+  ASSERT_TRUE(ns.Run(polar.data(), 12, 20, PolarExpress(5)).ok());
+  EXPECT_NE(quintic, polar);
+  // Polar Express lands closer to orthogonal than the quintic in 5 steps.
+  const std::vector<double> sq = SingularValues(quintic, 12, 20);
+  const std::vector<double> sp = SingularValues(polar, 12, 20);
+  double dq = 0.0, dp = 0.0;
+  for (size_t i = 0; i < sq.size(); ++i) {
+    dq = std::max(dq, std::fabs(sq[i] - 1.0));
+    dp = std::max(dp, std::fabs(sp[i] - 1.0));
+  }
+  EXPECT_LT(dp, dq);
+}
+
+TEST(NewtonSchulzTest, ReserveAvoidsGrowth) {
+  NewtonSchulz ns;
+  ASSERT_TRUE(ns.Reserve(30, 80).ok());
+  const size_t bytes = ns.workspace_bytes();
+  EXPECT_EQ(bytes, (2 * 30 * 80 + 2 * 30 * 30) * sizeof(float));
+  std::vector<float> x = Gaussian(80 * 30, 1);
+  ASSERT_TRUE(ns.Run(x.data(), 80, 30, Quintic()).ok());  // other orientation
+  ASSERT_TRUE(ns.Run(x.data(), 20, 40, Quintic()).ok());  // smaller
+  EXPECT_EQ(ns.workspace_bytes(), bytes);
+}
+
+}  // namespace
+}  // namespace muonmesh::math

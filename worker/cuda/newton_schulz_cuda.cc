@@ -1,0 +1,204 @@
+#include "worker/cuda/newton_schulz_cuda.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "worker/cuda/cuda_checks.h"
+#include "worker/cuda/ns_kernels.h"
+#include "worker/math/ns_coefficients.h"
+
+namespace muonmesh::cuda {
+namespace internal {
+
+DeviceBytes::~DeviceBytes() {
+  if (data_ != nullptr) cudaFree(data_);  // nothing to report to in a destructor
+}
+
+absl::Status DeviceBytes::Reserve(size_t bytes) {
+  if (bytes <= capacity_) return absl::OkStatus();
+  if (data_ != nullptr) {
+    MUONMESH_CUDA_CHECK(cudaFree(data_));
+    data_ = nullptr;
+    capacity_ = 0;
+  }
+  MUONMESH_CUDA_CHECK(cudaMalloc(&data_, bytes));
+  capacity_ = bytes;
+  return absl::OkStatus();
+}
+
+}  // namespace internal
+
+namespace {
+
+// Layout of scratch_ (doubles): reduction partials, then the sums of squares
+// (slot 0: input, slot 1: output), then 1 / norm.
+constexpr int kSumsOffset = internal::kReduceBlocks;
+constexpr int kInvNormOffset = kSumsOffset + 2;
+constexpr int kScratchDoubles = kInvNormOffset + 1;
+
+// The transpose kernel's grid puts rows / 32 in gridDim.y (at most 65535).
+constexpr int64_t kMaxDim = std::min<int64_t>(INT_MAX, 65535LL * 32);
+
+absl::Status CheckShape(int64_t rows, int64_t cols) {
+  if (rows < 0 || cols < 0 || rows > kMaxDim || cols > kMaxDim) {
+    return absl::InvalidArgumentError("CUDA Newton-Schulz: shape " + std::to_string(rows) + " x " +
+                                      std::to_string(cols) + " outside [0, " +
+                                      std::to_string(kMaxDim) + "]");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaNewtonSchulz>> CudaNewtonSchulz::Create(cudaStream_t stream) {
+  int devices = 0;
+  MUONMESH_CUDA_CHECK(cudaGetDeviceCount(&devices));
+  if (devices == 0) return absl::FailedPreconditionError("CUDA Newton-Schulz: no CUDA device");
+  cublasHandle_t handle = nullptr;
+  MUONMESH_CUBLAS_CHECK(cublasCreate(&handle));
+  std::unique_ptr<CudaNewtonSchulz> ns(new CudaNewtonSchulz(handle, stream));
+  MUONMESH_CUBLAS_CHECK(cublasSetStream(handle, stream));
+  // alpha/beta are host floats (the default, stated for the reader).
+  MUONMESH_CUBLAS_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST));
+  void* pinned = nullptr;
+  MUONMESH_CUDA_CHECK(cudaMallocHost(&pinned, 2 * sizeof(double)));
+  ns->host_sums_ = static_cast<double*>(pinned);
+  if (absl::Status s = ns->scratch_.Reserve(kScratchDoubles * sizeof(double)); !s.ok()) return s;
+  return ns;
+}
+
+CudaNewtonSchulz::CudaNewtonSchulz(cublasHandle_t handle, cudaStream_t stream)
+    : handle_(handle), stream_(stream) {}
+
+CudaNewtonSchulz::~CudaNewtonSchulz() {
+  if (host_sums_ != nullptr) cudaFreeHost(host_sums_);
+  cublasDestroy(handle_);
+}
+
+size_t CudaNewtonSchulz::workspace_bytes() const {
+  return x_.capacity() + xb_.capacity() + ab_.capacity() + bb_.capacity() + scratch_.capacity();
+}
+
+absl::Status CudaNewtonSchulz::Reserve(int64_t rows, int64_t cols) {
+  if (absl::Status s = CheckShape(rows, cols); !s.ok()) return s;
+  const size_t m = static_cast<size_t>(std::min(rows, cols));
+  const size_t n = static_cast<size_t>(std::max(rows, cols));
+  for (auto [buffer, bytes] :
+       {std::pair{&x_, m * n * sizeof(float)}, std::pair{&xb_, m * n * sizeof(__nv_bfloat16)},
+        std::pair{&ab_, m * m * sizeof(__nv_bfloat16)},
+        std::pair{&bb_, m * m * sizeof(__nv_bfloat16)}}) {
+    if (absl::Status s = buffer->Reserve(bytes); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaNewtonSchulz::Run(float* x, int64_t rows, int64_t cols,
+                                   const math::NsOptions& options) {
+  if (absl::Status s = math::ValidateNsOptions(options); !s.ok()) return s;
+  if (absl::Status s = CheckShape(rows, cols); !s.ok()) return s;
+  return RunValidated(x, rows, cols, options);
+}
+
+absl::Status CudaNewtonSchulz::RunBatched(float* x, int64_t count, int64_t rows, int64_t cols,
+                                          const math::NsOptions& options) {
+  if (absl::Status s = math::ValidateNsOptions(options); !s.ok()) return s;
+  if (absl::Status s = CheckShape(rows, cols); !s.ok()) return s;
+  if (count < 0) return absl::InvalidArgumentError("CUDA Newton-Schulz: negative batch count");
+  const int64_t size = rows * cols;
+  for (int64_t e = 0; e < count; ++e) {
+    if (absl::Status s = RunValidated(x + e * size, rows, cols, options); !s.ok()) {
+      return absl::Status(s.code(), "batch matrix " + std::to_string(e) + ": " +
+                                        std::string(s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaNewtonSchulz::RunValidated(float* x, int64_t rows, int64_t cols,
+                                            const math::NsOptions& options) {
+  if (rows == 0 || cols == 0) return absl::OkStatus();
+  if (absl::Status s = Reserve(rows, cols); !s.ok()) return s;
+
+  const bool transpose = rows > cols;
+  const int64_t m = std::min(rows, cols);
+  const int64_t n = std::max(rows, cols);
+  const int64_t mn = m * n;
+  auto* xf = static_cast<float*>(x_.get());
+  auto* xb = static_cast<__nv_bfloat16*>(xb_.get());
+  auto* ab = static_cast<__nv_bfloat16*>(ab_.get());
+  auto* bb = static_cast<__nv_bfloat16*>(bb_.get());
+  auto* scratch = static_cast<double*>(scratch_.get());
+  double* sums = scratch + kSumsOffset;
+  double* inv_norm = scratch + kInvNormOffset;
+
+  // The working m x n matrix, identical for x and x^T from here on.
+  if (transpose) {
+    MUONMESH_CUDA_CHECK(internal::LaunchTranspose(x, rows, cols, xf, stream_));
+  } else {
+    MUONMESH_CUDA_CHECK(
+        cudaMemcpyAsync(xf, x, mn * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+  }
+  MUONMESH_CUDA_CHECK(
+      internal::LaunchSumSquares(xf, mn, scratch, sums, 0, options.eps, inv_norm, stream_));
+  MUONMESH_CUDA_CHECK(internal::LaunchScaleToBf16(xf, xb, mn, inv_norm, stream_));
+
+  // cuBLAS is column-major: the row-major m x n X is the column-major n x m
+  // matrix X^T (leading dimension n); likewise for the m x m A and B.
+  const int im = static_cast<int>(m);
+  const int in = static_cast<int>(n);
+  const float one = 1.0f;
+  const float zero = 0.0f;
+  for (int t = 0; t < options.steps; ++t) {
+    const math::NsCoefficientSet k = math::NsCoefficientsForStep(options, t);
+    const float ka = static_cast<float>(k.a);
+    const float kb = static_cast<float>(k.b);
+    const float kc = static_cast<float>(k.c);
+    // A = X X^T: column-major (X^T)^T (X^T), m x m, over n.
+    MUONMESH_CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, im, im, in, &one, xb,
+                                       CUDA_R_16BF, in, xb, CUDA_R_16BF, in, &zero, ab,
+                                       CUDA_R_16BF, im, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    // B = c A A + b A (C may not alias an input, so B starts as a copy of A).
+    MUONMESH_CUDA_CHECK(cudaMemcpyAsync(bb, ab, m * m * sizeof(__nv_bfloat16),
+                                        cudaMemcpyDeviceToDevice, stream_));
+    MUONMESH_CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, im, im, im, &kc, ab,
+                                       CUDA_R_16BF, im, ab, CUDA_R_16BF, im, &kb, bb, CUDA_R_16BF,
+                                       im, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    // X = a X + B X: column-major X^T <- a X^T + X^T B^T, n x m, over m, into
+    // the fp32 master copy.
+    MUONMESH_CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, in, im, im, &one, xb,
+                                       CUDA_R_16BF, in, bb, CUDA_R_16BF, im, &ka, xf, CUDA_R_32F,
+                                       in, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (t + 1 < options.steps) {
+      MUONMESH_CUDA_CHECK(internal::LaunchToBf16(xf, xb, mn, stream_));
+    }
+  }
+
+  // One synchronisation: both sums of squares come back together.
+  MUONMESH_CUDA_CHECK(
+      internal::LaunchSumSquares(xf, mn, scratch, sums, 1, options.eps, nullptr, stream_));
+  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(host_sums_, sums, 2 * sizeof(double),
+                                      cudaMemcpyDeviceToHost, stream_));
+  MUONMESH_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (!std::isfinite(host_sums_[0])) {
+    return absl::InvalidArgumentError("CUDA Newton-Schulz: input holds a NaN or infinity");
+  }
+  if (!std::isfinite(host_sums_[1])) {
+    return absl::InvalidArgumentError(
+        "CUDA Newton-Schulz: the iteration produced a NaN or infinity (diverging coefficients?)");
+  }
+  if (transpose) {
+    MUONMESH_CUDA_CHECK(internal::LaunchTranspose(xf, m, n, x, stream_));
+  } else {
+    MUONMESH_CUDA_CHECK(
+        cudaMemcpyAsync(x, xf, mn * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+  }
+  // Stream order would be enough for callers on stream(); synchronising makes
+  // "x holds the result when Run returns" true for every caller.
+  MUONMESH_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+}  // namespace muonmesh::cuda

@@ -1,0 +1,101 @@
+#pragma once
+
+// Newton-Schulz orthogonalisation on an NVIDIA GPU with cuBLAS: the same
+// iteration as math::NewtonSchulz (worker/math/newton_schulz.h), in mixed
+// precision. Per iteration, with X the fp32 master copy and Xb = bf16(X):
+//   A  = bf16(Xb Xb^T)                   cublasGemmEx, bf16 in, fp32 accumulate
+//   B  = bf16(c A A + b A)               cublasGemmEx, bf16 in, fp32 accumulate
+//   X  = a X + B Xb   (fp32 output)      cublasGemmEx, bf16 in, fp32 accumulate
+//   Xb = bf16(X)
+// The normalisation X / max(||X||_F, eps) is an fp32 two-stage reduction with
+// a fixed order, so results are deterministic for a given GPU model and cuBLAS
+// version. Rows > cols is handled by transposing into the workspace first, so
+// NS(x^T) = NS(x)^T exactly.
+//
+// A CudaNewtonSchulz owns a cuBLAS handle bound to one stream on the device
+// that was current at Create, and a workspace that grows to the largest shape
+// seen (or Reserve'd) and is reused: after warm-up a call allocates nothing.
+// One thread at a time; the caller keeps the device current.
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/math/types.h"
+
+namespace muonmesh::cuda {
+
+namespace internal {
+
+// cudaMalloc'd bytes that only grow (contents are not kept on growth).
+class DeviceBytes {
+ public:
+  DeviceBytes() = default;
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+  ~DeviceBytes();
+  absl::Status Reserve(size_t bytes);
+  void* get() const { return data_; }
+  size_t capacity() const { return capacity_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+}  // namespace internal
+
+class CudaNewtonSchulz {
+ public:
+  // Creates the cuBLAS handle on the current device, bound to `stream` (the
+  // legacy default stream when null). FailedPrecondition without a device.
+  static absl::StatusOr<std::unique_ptr<CudaNewtonSchulz>> Create(cudaStream_t stream = nullptr);
+
+  ~CudaNewtonSchulz();
+  CudaNewtonSchulz(const CudaNewtonSchulz&) = delete;
+  CudaNewtonSchulz& operator=(const CudaNewtonSchulz&) = delete;
+
+  // Grows the workspace for rows x cols (either orientation).
+  absl::Status Reserve(int64_t rows, int64_t cols);
+
+  // Orthogonalises the row-major rows x cols fp32 matrix x (device memory) in
+  // place, on stream(), and returns when x holds the result (it synchronises
+  // the stream to check the result before writing it back, and after).
+  //  - rows == 0 or cols == 0: nothing to do, OK.
+  //  - a zero matrix stays zero.
+  //  - InvalidArgument, x untouched: invalid options or shape, a NaN or
+  //    infinity in x, or a non-finite result (a diverging user table).
+  //  - ResourceExhausted / FailedPrecondition / Internal from CUDA or cuBLAS,
+  //    with the failing call and its file:line.
+  absl::Status Run(float* x, int64_t rows, int64_t cols, const math::NsOptions& options);
+
+  // `count` matrices stored back to back ([count, rows, cols]); each equals
+  // Run on that matrix bit for bit. Stops at the first error: earlier
+  // matrices hold their results, that one and later ones are untouched.
+  absl::Status RunBatched(float* x, int64_t count, int64_t rows, int64_t cols,
+                          const math::NsOptions& options);
+
+  cudaStream_t stream() const { return stream_; }
+  size_t workspace_bytes() const;
+
+ private:
+  CudaNewtonSchulz(cublasHandle_t handle, cudaStream_t stream);
+  absl::Status RunValidated(float* x, int64_t rows, int64_t cols, const math::NsOptions& options);
+
+  cublasHandle_t handle_;
+  cudaStream_t stream_;
+  internal::DeviceBytes x_;        // fp32 m x n master copy
+  internal::DeviceBytes xb_;       // bf16 m x n
+  internal::DeviceBytes ab_;       // bf16 m x m
+  internal::DeviceBytes bb_;       // bf16 m x m
+  internal::DeviceBytes scratch_;  // reduction partials, sums, 1/norm
+  double* host_sums_ = nullptr;    // pinned: sums of squares of input, output
+};
+
+}  // namespace muonmesh::cuda

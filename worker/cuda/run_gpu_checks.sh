@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Runs the CUDA Newton-Schulz checks on a machine with an NVIDIA GPU, as one
+# prepared step that takes well under 5 minutes: the GPU test binary, then
+# the CUDA benchmark (NS effective FLOP/s against cuBLAS bf16 GEMM FLOP/s).
+#
+#   worker/cuda/run_gpu_checks.sh [BIN_DIR]
+#
+# A GPU machine has CUDA 13 (driver, libcudart, libcublas) and a compiler,
+# but not this project's build dependencies (Abseil headers, GoogleTest, the
+# rest of the Debian package list), and may have no network: it cannot build
+# these binaries. Build them where the project builds and carry them over;
+# they link GoogleTest and Abseil statically (worker/cuda/CMakeLists.txt):
+#
+#   cmake -S . -B build -G Ninja
+#   cmake --build build --target newton_schulz_cuda_test newton_schulz_cuda_benchmark
+#   # then copy build/tests/worker/newton_schulz_cuda_{test,benchmark}
+#
+# BIN_DIR (else $MUONMESH_GPU_BIN_DIR) names the folder holding both
+# binaries; without either, the first of build-math/tests/worker,
+# build/tests/worker, build-*/tests/worker (under the checkout) that holds
+# them. With MUONMESH_GPU_LOG_DIR set, the
+# outputs are also written there.
+#
+# Exit status: 0 tests passed (benchmark ran); 1 a test or the benchmark
+# failed; 2 binaries missing or not runnable here; 77 no usable GPU.
+
+set -u -o pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+test_name=newton_schulz_cuda_test
+bench_name=newton_schulz_cuda_benchmark
+
+find_bin_dir() {
+  local candidates=()
+  if [[ -n ${1:-} ]]; then  # an explicit folder is the only one looked at
+    candidates=("$1")
+  elif [[ -n ${MUONMESH_GPU_BIN_DIR:-} ]]; then
+    candidates=("$MUONMESH_GPU_BIN_DIR")
+  else
+    candidates=("$root/build-math/tests/worker" "$root/build/tests/worker")
+    for d in "$root"/build-*/tests/worker; do candidates+=("$d"); done
+  fi
+  local d
+  for d in "${candidates[@]}"; do
+    if [[ -x $d/$test_name && -x $d/$bench_name ]]; then
+      echo "$d"
+      return 0
+    fi
+  done
+  return 1
+}
+
+if ! bin_dir=$(find_bin_dir "${1:-}"); then
+  cat >&2 <<EOF
+run_gpu_checks: no prebuilt $test_name and $bench_name found
+(looked in: ${1:-${MUONMESH_GPU_BIN_DIR:-$root/build-math/tests/worker, $root/build/tests/worker, $root/build-*/tests/worker}}).
+This machine cannot build them (no Abseil/GoogleTest packages, no network).
+Build them on a machine with the project's dependencies and nvcc:
+  cmake -S . -B build -G Ninja
+  cmake --build build --target $test_name $bench_name
+then copy build/tests/worker/{$test_name,$bench_name} here and pass their folder.
+EOF
+  exit 2
+fi
+
+log_dir=${MUONMESH_GPU_LOG_DIR:-}
+[[ -n $log_dir ]] && mkdir -p "$log_dir"
+run_logged() {  # run_logged NAME LIMIT_SECONDS CMD...
+  local name=$1 limit=$2
+  shift 2
+  if [[ -n $log_dir ]]; then
+    timeout "$limit" "$@" 2>&1 | tee "$log_dir/$name.log"
+  else
+    timeout "$limit" "$@" 2>&1
+  fi
+}
+
+# The CUDA libraries: the binaries carry an rpath to the build machine's
+# /usr/local/cuda/lib; add the usual places in case this machine differs.
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+  [[ -d $d ]] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+done
+
+echo "== run_gpu_checks: binaries from $bin_dir"
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+fi
+if ldd "$bin_dir/$test_name" | grep -q "not found"; then
+  echo "run_gpu_checks: $test_name cannot load its libraries here:" >&2
+  ldd "$bin_dir/$test_name" | grep "not found" >&2
+  exit 2
+fi
+
+start=$(date +%s)
+echo "== $test_name"
+run_logged "$test_name" 180 "$bin_dir/$test_name"
+test_rc=$?
+case $test_rc in
+  0) echo "== $test_name: passed" ;;
+  77)
+    echo "== $test_name: skipped, no usable GPU"
+    exit 77
+    ;;
+  124) echo "== $test_name: timed out after 180 s" ;;
+  *) echo "== $test_name: FAILED (exit $test_rc)" ;;
+esac
+
+echo "== $bench_name"
+run_logged "$bench_name" 100 "$bin_dir/$bench_name"
+bench_rc=$?
+[[ $bench_rc -eq 0 ]] || echo "== $bench_name: FAILED (exit $bench_rc)"
+
+echo "== run_gpu_checks: done in $(($(date +%s) - start)) s"
+[[ $test_rc -eq 0 && $bench_rc -eq 0 ]] || exit 1
+exit 0

@@ -1,0 +1,106 @@
+#include "worker/math/adamw.h"
+
+#include <cmath>
+#include <cstddef>
+
+#include "absl/strings/str_cat.h"
+
+namespace muonmesh::math {
+namespace {
+
+struct AdamWScalars {
+  float decay;            // 1 - lr wd
+  float one_minus_beta1;  // lerp weight of the first moment
+  float beta2;
+  float one_minus_beta2;
+  float bias_correction2_sqrt;
+  float eps;
+  float neg_step_size;  // -lr / (1 - beta1^t)
+};
+
+struct Moments {
+  float param;
+  float exp_avg;
+  float exp_avg_sq;
+};
+
+inline float Lerp(float s, float e, float w) {
+  return std::fabs(w) < 0.5f ? s + w * (e - s) : e - (e - s) * (1.0f - w);
+}
+
+inline Moments Update(const AdamWScalars& k, float g, float p, float m, float v) {
+  const float p_decayed = p * k.decay;
+  const float m_new = Lerp(m, g, k.one_minus_beta1);
+  const float v_new = v * k.beta2 + k.one_minus_beta2 * g * g;
+  const float denom = std::sqrt(v_new) / k.bias_correction2_sqrt + k.eps;
+  return {p_decayed + k.neg_step_size * m_new / denom, m_new, v_new};
+}
+
+bool Finite(const Moments& r) {
+  return std::isfinite(r.param) && std::isfinite(r.exp_avg) && std::isfinite(r.exp_avg_sq);
+}
+
+}  // namespace
+
+absl::Status ValidateAdamWOptions(const AdamWOptions& o) {
+  auto nonneg = [](double v) { return std::isfinite(v) && v >= 0.0; };
+  if (!nonneg(o.lr)) return absl::InvalidArgumentError("adamw.lr: must be finite and >= 0");
+  if (!nonneg(o.eps)) return absl::InvalidArgumentError("adamw.eps: must be finite and >= 0");
+  if (!nonneg(o.weight_decay)) {
+    return absl::InvalidArgumentError("adamw.weight_decay: must be finite and >= 0");
+  }
+  if (o.lr * o.weight_decay > 1.0) {
+    return absl::InvalidArgumentError("adamw: lr * weight_decay > 1 flips the sign of weights");
+  }
+  if (!(o.beta1 >= 0.0 && o.beta1 < 1.0)) {
+    return absl::InvalidArgumentError("adamw.beta1: must be in [0, 1)");
+  }
+  if (!(o.beta2 >= 0.0 && o.beta2 < 1.0)) {
+    return absl::InvalidArgumentError("adamw.beta2: must be in [0, 1)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AdamWStep(const AdamWOptions& options, int64_t step, absl::Span<const float> grad,
+                       absl::Span<float> exp_avg, absl::Span<float> exp_avg_sq,
+                       absl::Span<float> param) {
+  if (absl::Status s = ValidateAdamWOptions(options); !s.ok()) return s;
+  if (step < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("adamw: step ", step, " < 1 (t is 1-based)"));
+  }
+  const size_t n = param.size();
+  if (grad.size() != n || exp_avg.size() != n || exp_avg_sq.size() != n) {
+    return absl::InvalidArgumentError("AdamWStep: buffer sizes differ");
+  }
+  const double t = static_cast<double>(step);
+  const double bias_correction1 = 1.0 - std::pow(options.beta1, t);
+  const double bias_correction2 = 1.0 - std::pow(options.beta2, t);
+  const AdamWScalars k{
+      static_cast<float>(1.0 - options.lr * options.weight_decay),
+      static_cast<float>(1.0 - options.beta1),
+      static_cast<float>(options.beta2),
+      static_cast<float>(1.0 - options.beta2),
+      static_cast<float>(std::sqrt(bias_correction2)),
+      static_cast<float>(options.eps),
+      static_cast<float>(-(options.lr / bias_correction1)),
+  };
+  // Check every result before writing any (the step is all or nothing).
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(grad[i])) {
+      return absl::InvalidArgumentError(absl::StrCat("AdamWStep: grad[", i, "] is non-finite"));
+    }
+    if (!Finite(Update(k, grad[i], param[i], exp_avg[i], exp_avg_sq[i]))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("AdamWStep: step refused, element ", i, " would become non-finite"));
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const Moments r = Update(k, grad[i], param[i], exp_avg[i], exp_avg_sq[i]);
+    param[i] = r.param;
+    exp_avg[i] = r.exp_avg;
+    exp_avg_sq[i] = r.exp_avg_sq;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace muonmesh::math

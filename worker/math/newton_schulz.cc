@@ -1,0 +1,205 @@
+#include "worker/math/newton_schulz.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <new>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "worker/math/ns_coefficients.h"
+
+namespace muonmesh::math {
+namespace internal {
+
+namespace {
+constexpr std::align_val_t kAlignment{64};
+}  // namespace
+
+void AlignedFloats::Free::operator()(float* p) const { ::operator delete[](p, kAlignment); }
+
+bool AlignedFloats::Reserve(size_t count) {
+  if (count <= capacity_) return true;
+  if (count > SIZE_MAX / sizeof(float)) return false;
+  auto* p = static_cast<float*>(::operator new[](count * sizeof(float), kAlignment, std::nothrow));
+  if (p == nullptr) return false;
+  data_.reset(p);
+  capacity_ = count;
+  return true;
+}
+
+}  // namespace internal
+
+namespace {
+
+// Tile edge for the cache-blocked transposes; 32 floats = two cache lines.
+constexpr int64_t kTile = 32;
+
+absl::Status CheckShape(int64_t rows, int64_t cols) {
+  // OpenBLAS (LP64) takes int dimensions and leading dimensions.
+  if (rows < 0 || cols < 0 || rows > INT_MAX || cols > INT_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Newton-Schulz: shape ", rows, " x ", cols, " outside [0, INT_MAX]"));
+  }
+  return absl::OkStatus();
+}
+
+// dst (cols x rows) = src (rows x cols)^T, both row-major.
+void TransposeCopy(const float* src, int64_t rows, int64_t cols, float* dst) {
+  for (int64_t i0 = 0; i0 < rows; i0 += kTile) {
+    const int64_t i1 = std::min(rows, i0 + kTile);
+    for (int64_t j0 = 0; j0 < cols; j0 += kTile) {
+      const int64_t j1 = std::min(cols, j0 + kTile);
+      for (int64_t i = i0; i < i1; ++i) {
+        for (int64_t j = j0; j < j1; ++j) dst[j * rows + i] = src[i * cols + j];
+      }
+    }
+  }
+}
+
+// Sum of squares in double with four interleaved accumulators (a fixed order,
+// so deterministic). Each square of a float is exact in double. Infinite or
+// NaN exactly when some element is: finite floats cannot overflow it.
+double SumSquares(const float* x, size_t count) {
+  double s[4] = {0.0, 0.0, 0.0, 0.0};
+  size_t i = 0;
+  for (; i + 4 <= count; i += 4) {
+    for (int k = 0; k < 4; ++k) {
+      const double v = x[i + k];
+      s[k] += v * v;
+    }
+  }
+  for (; i < count; ++i) {
+    const double v = x[i];
+    s[0] += v * v;
+  }
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+bool AllFinite(const float* x, size_t count) { return std::isfinite(SumSquares(x, count)); }
+
+// Copies the upper triangle of the row-major m x m matrix a onto its lower
+// triangle, tile by tile.
+void MirrorUpperToLower(float* a, int64_t m) {
+  for (int64_t i0 = 0; i0 < m; i0 += kTile) {
+    const int64_t i1 = std::min(m, i0 + kTile);
+    for (int64_t j0 = 0; j0 <= i0; j0 += kTile) {
+      const int64_t j1 = std::min(m, j0 + kTile);
+      for (int64_t i = i0; i < i1; ++i) {
+        for (int64_t j = j0; j < std::min(j1, i); ++j) a[i * m + j] = a[j * m + i];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status NewtonSchulz::Reserve(int64_t rows, int64_t cols) {
+  if (absl::Status s = CheckShape(rows, cols); !s.ok()) return s;
+  const size_t m = static_cast<size_t>(std::min(rows, cols));
+  const size_t n = static_cast<size_t>(std::max(rows, cols));
+  if (m != 0 && n > SIZE_MAX / sizeof(float) / m) {
+    return absl::ResourceExhaustedError("Newton-Schulz: workspace size overflows");
+  }
+  if (!x0_.Reserve(m * n) || !x1_.Reserve(m * n) || !a_.Reserve(m * m) || !b_.Reserve(m * m)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("Newton-Schulz: cannot allocate the workspace for ", rows, " x ", cols));
+  }
+  return absl::OkStatus();
+}
+
+size_t NewtonSchulz::workspace_bytes() const {
+  return (x0_.capacity() + x1_.capacity() + a_.capacity() + b_.capacity()) * sizeof(float);
+}
+
+absl::Status NewtonSchulz::Run(float* x, int64_t rows, int64_t cols, const NsOptions& options) {
+  if (absl::Status s = ValidateNsOptions(options); !s.ok()) return s;
+  if (absl::Status s = CheckShape(rows, cols); !s.ok()) return s;
+  return RunValidated(x, rows, cols, options);
+}
+
+absl::Status NewtonSchulz::RunBatched(float* x, int64_t count, int64_t rows, int64_t cols,
+                                      const NsOptions& options) {
+  if (absl::Status s = ValidateNsOptions(options); !s.ok()) return s;
+  if (absl::Status s = CheckShape(rows, cols); !s.ok()) return s;
+  if (count < 0) return absl::InvalidArgumentError("Newton-Schulz: negative batch count");
+  const size_t size = static_cast<size_t>(rows) * static_cast<size_t>(cols);
+  // All inputs are checked before any is written (all or nothing on input).
+  for (int64_t e = 0; e < count; ++e) {
+    if (!AllFinite(x + e * size, size)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Newton-Schulz: batch matrix ", e, " holds a NaN or infinity"));
+    }
+  }
+  for (int64_t e = 0; e < count; ++e) {
+    if (absl::Status s = RunValidated(x + e * size, rows, cols, options); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("batch matrix ", e, ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NewtonSchulz::RunValidated(float* x, int64_t rows, int64_t cols,
+                                        const NsOptions& options) {
+  if (rows == 0 || cols == 0) return absl::OkStatus();
+  if (absl::Status s = Reserve(rows, cols); !s.ok()) return s;
+
+  const bool transpose = rows > cols;
+  const int64_t m = std::min(rows, cols);
+  const int64_t n = std::max(rows, cols);
+  const size_t mn = static_cast<size_t>(m) * static_cast<size_t>(n);
+  float* xa = x0_.data();
+  float* xb = x1_.data();
+  float* a = a_.data();
+  float* b = b_.data();
+
+  // Lay the working m x n matrix out first, so that x and x^T give identical
+  // bits from here on.
+  if (transpose) {
+    TransposeCopy(x, rows, cols, xa);
+  } else {
+    std::memcpy(xa, x, mn * sizeof(float));
+  }
+  const double sum_squares = SumSquares(xa, mn);
+  if (!std::isfinite(sum_squares)) {
+    return absl::InvalidArgumentError("Newton-Schulz: input holds a NaN or infinity");
+  }
+  const double inv_norm = 1.0 / std::max(std::sqrt(sum_squares), options.eps);
+  for (size_t i = 0; i < mn; ++i) xa[i] = static_cast<float>(xa[i] * inv_norm);
+
+  const int im = static_cast<int>(m);
+  const int in = static_cast<int>(n);
+  for (int t = 0; t < options.steps; ++t) {
+    const NsCoefficientSet k = NsCoefficientsForStep(options, t);
+    // A = X X^T (upper triangle), then made full: the next rank-k update
+    // reads A as a general matrix.
+    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, im, in, 1.0f, xa, in, 0.0f, a, im);
+    MirrorUpperToLower(a, m);
+    // B = b A + c A A^T (= c A A: A is symmetric), upper triangle.
+    std::memcpy(b, a, static_cast<size_t>(m) * static_cast<size_t>(m) * sizeof(float));
+    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, im, im, static_cast<float>(k.c), a, im,
+                static_cast<float>(k.b), b, im);
+    // a X + B X = (B + a I) X: no copy of X into the output buffer.
+    const float ka = static_cast<float>(k.a);
+    for (int64_t i = 0; i < m; ++i) b[i * m + i] += ka;
+    cblas_ssymm(CblasRowMajor, CblasLeft, CblasUpper, im, in, 1.0f, b, im, xa, in, 0.0f, xb, in);
+    std::swap(xa, xb);
+  }
+
+  if (!AllFinite(xa, mn)) {
+    return absl::InvalidArgumentError(
+        "Newton-Schulz: the iteration produced a NaN or infinity (diverging coefficients?)");
+  }
+  if (transpose) {
+    TransposeCopy(xa, m, n, x);
+  } else {
+    std::memcpy(x, xa, mn * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace muonmesh::math

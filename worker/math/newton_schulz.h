@@ -1,0 +1,95 @@
+#pragma once
+
+// Newton-Schulz orthogonalisation on the CPU: fp32 through OpenBLAS.
+//
+// NewtonSchulz holds the workspace of the iteration (two m x n buffers and two
+// m x m buffers for m = min(rows, cols), n = max(rows, cols)). It grows to the
+// largest shape it has seen (or was told with Reserve) and is then reused, so a
+// call on a shape that fits does no heap allocation. One instance per thread:
+// Run is not safe to call concurrently on one object. OpenBLAS threads inside
+// each call.
+//
+// The iteration (DESIGN.md section 5): X = x, transposed when rows > cols;
+// X <- X / max(||X||_F, eps) with the norm accumulated in double; then T times
+//     A = X X^T;   B = b A + c A A;   X = a X + B X.
+// A and A A are symmetric, so both are rank-k updates (ssyrk, one triangle)
+// and B X is a symmetric-times-general product (ssymm); a X is folded into
+// the product as (B + a I) X. The result is a deterministic function of the
+// input (for a fixed OpenBLAS build and thread count), and NS(x^T) is exactly
+// NS(x)^T because the transposed input is laid out identically before any
+// arithmetic.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "worker/math/types.h"
+
+namespace muonmesh::math {
+
+namespace internal {
+
+// A 64-byte aligned float array that only grows.
+class AlignedFloats {
+ public:
+  // False when the allocation failed (the old contents are then kept).
+  bool Reserve(size_t count);
+  float* data() { return data_.get(); }
+  size_t capacity() const { return capacity_; }
+
+ private:
+  struct Free {
+    void operator()(float* p) const;
+  };
+  std::unique_ptr<float[], Free> data_;
+  size_t capacity_ = 0;
+};
+
+}  // namespace internal
+
+class NewtonSchulz {
+ public:
+  NewtonSchulz() = default;
+  NewtonSchulz(const NewtonSchulz&) = delete;
+  NewtonSchulz& operator=(const NewtonSchulz&) = delete;
+  NewtonSchulz(NewtonSchulz&&) = default;
+  NewtonSchulz& operator=(NewtonSchulz&&) = default;
+
+  // Allocates the workspace for rows x cols (either orientation) now, so the
+  // first Run on that shape allocates nothing. ResourceExhausted when the
+  // allocation fails, InvalidArgument for negative or oversized dimensions.
+  absl::Status Reserve(int64_t rows, int64_t cols);
+
+  // Orthogonalises the row-major rows x cols matrix x in place.
+  //  - rows == 0 or cols == 0: nothing to do, OK.
+  //  - a zero matrix stays zero (X / eps = 0).
+  //  - InvalidArgument if options are invalid or x holds a NaN or infinity;
+  //    x is then untouched.
+  //  - InvalidArgument if the iteration produced a non-finite value (only a
+  //    diverging user table can); x is then untouched.
+  //  - ResourceExhausted if the workspace could not grow; x untouched.
+  absl::Status Run(float* x, int64_t rows, int64_t cols, const NsOptions& options);
+
+  // Orthogonalises `count` row-major rows x cols matrices stored one after
+  // another (an expert stack [count, rows, cols]); each result equals Run on
+  // that matrix bit for bit. Every input is checked before any is written, so
+  // bad options or a non-finite input leave all of x untouched. A non-finite
+  // result (diverging user table) stops at that matrix: the earlier ones hold
+  // their results, that one and the later ones are untouched.
+  absl::Status RunBatched(float* x, int64_t count, int64_t rows, int64_t cols,
+                          const NsOptions& options);
+
+  // Bytes of workspace currently held.
+  size_t workspace_bytes() const;
+
+ private:
+  absl::Status RunValidated(float* x, int64_t rows, int64_t cols, const NsOptions& options);
+
+  internal::AlignedFloats x0_;  // m x n, ping
+  internal::AlignedFloats x1_;  // m x n, pong
+  internal::AlignedFloats a_;   // m x m, X X^T (made full before A A)
+  internal::AlignedFloats b_;   // m x m, upper triangle of b A + c A A + a I
+};
+
+}  // namespace muonmesh::math
