@@ -1,0 +1,68 @@
+// CreateGroup: argument checks shared by every backend, then the backend's
+// own factory. Its own file so a build without Gloo (the self-contained GPU
+// test binary) can compile it with MUONMESH_COMM_WITH_GLOO=0.
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "muonmesh/config.h"
+#include "worker/comm/communicator.h"
+#include "worker/comm/inprocess_communicator.h"
+
+#ifndef MUONMESH_COMM_WITH_GLOO
+#define MUONMESH_COMM_WITH_GLOO 1
+#endif
+#if MUONMESH_COMM_WITH_GLOO
+#include "worker/comm/gloo_communicator.h"
+#endif
+#if MUONMESH_HAVE_CUDA
+#include "worker/comm/nccl_communicator.h"
+#endif
+
+namespace muonmesh::comm {
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateGroup(Backend backend, Store& store,
+                                                          std::string group_name,
+                                                          int rank_in_group, int group_size,
+                                                          const GroupOptions& options) {
+  if (group_name.empty()) return absl::InvalidArgumentError("CreateGroup: empty group name");
+  if (group_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CreateGroup '", group_name, "': group size ", group_size, " < 1"));
+  }
+  if (rank_in_group < 0 || rank_in_group >= group_size) {
+    return absl::InvalidArgumentError(absl::StrCat("CreateGroup '", group_name, "': rank ",
+                                                   rank_in_group, " not in [0, ", group_size,
+                                                   ")"));
+  }
+  if (options.connect_timeout <= absl::ZeroDuration() ||
+      options.connect_timeout == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CreateGroup '", group_name, "': connect_timeout must be positive and finite"));
+  }
+  switch (backend) {
+    case Backend::kInProcess:
+      return CreateInProcessCommunicator(std::move(group_name), rank_in_group, group_size,
+                                         options);
+    case Backend::kGloo:
+#if MUONMESH_COMM_WITH_GLOO
+      return CreateGlooCommunicator(store, std::move(group_name), rank_in_group, group_size,
+                                    options);
+#else
+      return absl::UnimplementedError("this build has no Gloo backend");
+#endif
+    case Backend::kNccl:
+#if MUONMESH_HAVE_CUDA
+      return CreateNcclCommunicator(store, std::move(group_name), rank_in_group, group_size,
+                                    options);
+#else
+      return absl::UnimplementedError(
+          "this build has no NCCL backend (configure with MUONMESH_ENABLE_CUDA=ON)");
+#endif
+  }
+  return absl::InvalidArgumentError("CreateGroup: unknown backend");
+}
+
+}  // namespace muonmesh::comm

@@ -1,0 +1,367 @@
+#include "worker/comm/gloo_communicator.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gloo/allgather.h"
+#include "gloo/allgatherv.h"
+#include "gloo/alltoall.h"
+#include "gloo/alltoallv.h"
+#include "gloo/barrier.h"
+#include "gloo/broadcast.h"
+#include "gloo/common/error.h"
+#include "gloo/common/logging.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/store.h"
+#include "gloo/transport/tcp/device.h"
+#include "worker/comm/reduce.h"
+
+namespace muonmesh::comm {
+namespace {
+
+// Gloo's view of our Store: keys prefixed with the group, every wait bounded
+// by the connect timeout. Gloo expects exceptions on failure; the first
+// error is kept so the caller can return it as a Status, with its code.
+class GlooStoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(comm::Store& store, std::string prefix, absl::Duration timeout)
+      : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    Check(store_.Set(prefix_ + key, absl::string_view(data.data(), data.size())));
+  }
+
+  std::vector<char> get(const std::string& key) override {
+    absl::StatusOr<std::string> value = store_.Get(prefix_ + key, timeout_);
+    Check(value.status());
+    return std::vector<char>(value->begin(), value->end());
+  }
+
+  void wait(const std::vector<std::string>& keys) override { Wait(keys, timeout_); }
+
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    // Gloo passes its context timeout (ours) or 0 for "none": never unbounded.
+    const absl::Duration bound = absl::FromChrono(timeout);
+    Wait(keys, bound > absl::ZeroDuration() ? std::min(bound, timeout_) : timeout_);
+  }
+
+  absl::Status first_error() const {
+    absl::MutexLock lock(&mu_);
+    return first_error_;
+  }
+
+ private:
+  void Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
+    std::vector<std::string> prefixed;
+    prefixed.reserve(keys.size());
+    for (const std::string& key : keys) prefixed.push_back(prefix_ + key);
+    Check(store_.Wait(prefixed, timeout));
+  }
+
+  void Check(const absl::Status& status) {
+    if (status.ok()) return;
+    {
+      absl::MutexLock lock(&mu_);
+      if (first_error_.ok()) first_error_ = status;
+    }
+    throw gloo::IoException(std::string(status.message()));
+  }
+
+  comm::Store& store_;
+  const std::string prefix_;
+  const absl::Duration timeout_;
+  mutable absl::Mutex mu_;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+};
+
+// Gloo's exceptions as Status. Gloo signals its own timeouts with an
+// IoException whose message starts "Timed out"; the other IoExceptions are
+// connection failures.
+absl::Status FromGlooException(const std::exception& e) {
+  const std::string what = e.what();
+  if (dynamic_cast<const gloo::IoException*>(&e) != nullptr) {
+    if (absl::StrContains(what, "Timed out") || absl::StrContains(what, "timed out")) {
+      return absl::DeadlineExceededError(absl::StrCat("gloo: ", what));
+    }
+    return absl::UnavailableError(absl::StrCat("gloo: peer connection lost: ", what));
+  }
+  if (dynamic_cast<const gloo::EnforceNotMet*>(&e) != nullptr) {
+    return absl::InternalError(absl::StrCat("gloo assertion: ", what));
+  }
+  return absl::InternalError(absl::StrCat("gloo: ", what));
+}
+
+// Runs a Gloo call; no exception escapes.
+template <typename Fn>
+absl::Status GuardGloo(Fn&& fn) {
+  try {
+    fn();
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    return FromGlooException(e);
+  } catch (...) {
+    return absl::InternalError("gloo: unknown exception");
+  }
+}
+
+// The time left before `deadline` as Gloo wants it (whole milliseconds,
+// rounded up, at least 1); DeadlineExceeded if none is left.
+absl::StatusOr<std::chrono::milliseconds> Remaining(absl::Time deadline) {
+  const absl::Duration left = deadline - absl::Now();
+  if (left <= absl::ZeroDuration()) {
+    return absl::DeadlineExceededError("timeout expired before the next step");
+  }
+  return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(
+                                                            absl::Ceil(left, absl::Milliseconds(1)))));
+}
+
+// Gloo writes with writev(2), which raises SIGPIPE when the peer's socket is
+// gone; the default action would kill this process instead of letting the
+// collective fail with Unavailable. Ignore it, once, unless the program has
+// installed a handler of its own.
+void IgnoreSigpipeOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && !(current.sa_flags & SA_SIGINFO) &&
+        current.sa_handler == SIG_DFL) {
+      struct sigaction ignore {};
+      ignore.sa_handler = SIG_IGN;
+      sigemptyset(&ignore.sa_mask);
+      ::sigaction(SIGPIPE, &ignore, nullptr);
+    }
+  });
+}
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(std::string name, int rank, int size,
+                   std::shared_ptr<gloo::transport::Device> device,
+                   std::shared_ptr<gloo::rendezvous::Context> context)
+      : Communicator(std::move(name), rank, size),
+        device_(std::move(device)),
+        context_(std::move(context)) {}
+
+  Backend backend() const override { return Backend::kGloo; }
+  MemorySpace memory_space() const override { return MemorySpace::kHost; }
+
+  // Part of creation: proves every peer is connected.
+  absl::Status ConnectBarrier(absl::Time deadline) { return DoBarrier(deadline); }
+
+ private:
+  absl::Status DoAllGather(const float* in, int64_t count, float* out,
+                           absl::Time deadline) override;
+  absl::Status DoReduceScatter(const float* in, float* out, int64_t count, ReduceOp op,
+                               absl::Time deadline) override;
+  absl::Status DoAllReduce(float* inout, int64_t count, ReduceOp op,
+                           absl::Time deadline) override;
+  absl::Status DoBroadcast(float* inout, int64_t count, int root, absl::Time deadline) override;
+  absl::Status DoAllToAllV(const float* send, absl::Span<const int64_t> send_counts, float* recv,
+                           absl::Span<const int64_t> recv_counts, absl::Time deadline) override;
+  absl::Status DoBarrier(absl::Time deadline) override;
+
+  // A non-null pointer for Gloo when a buffer is empty (the caller may pass
+  // nullptr with a zero count; Gloo copies from/to it with length 0).
+  float* NonNull(const float* p) { return p != nullptr ? const_cast<float*>(p) : &dummy_; }
+
+  // The device (and its event-loop thread) outlives the context using it.
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  std::vector<float> scratch_;
+  float dummy_ = 0.0f;
+};
+
+absl::Status GlooCommunicator::DoAllGather(const float* in, int64_t count, float* out,
+                                           absl::Time deadline) {
+  float* own = out + rank() * count;
+  if (size() == 1) {
+    if (in != own) std::memcpy(own, in, count * sizeof(float));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::chrono::milliseconds> timeout = Remaining(deadline);
+  if (!timeout.ok()) return timeout.status();
+  return GuardGloo([&] {
+    gloo::AllgatherOptions opts(context_);
+    // Without an input Gloo works in place: `out` already holds our part.
+    if (in != own) opts.setInput(const_cast<float*>(in), count);
+    opts.setOutput(out, size() * count);
+    opts.setTimeout(*timeout);
+    gloo::allgather(opts);
+  });
+}
+
+absl::Status GlooCommunicator::DoReduceScatter(const float* in, float* out, int64_t count,
+                                               ReduceOp op, absl::Time deadline) {
+  std::vector<const float*> parts(size());
+  if (size() == 1) {
+    parts[0] = in;
+  } else {
+    absl::StatusOr<std::chrono::milliseconds> timeout = Remaining(deadline);
+    if (!timeout.ok()) return timeout.status();
+    // Chunk q of every rank's input lands at scratch_[q * count]: what a
+    // ring reduce-scatter sends, (n-1) * count floats per rank.
+    scratch_.resize(static_cast<size_t>(size() * count));
+    absl::Status status = GuardGloo([&] {
+      gloo::AlltoallOptions opts(context_);
+      opts.setInput(const_cast<float*>(in), size() * count);
+      opts.setOutput(scratch_.data(), size() * count);
+      opts.setTimeout(*timeout);
+      gloo::alltoall(opts);
+    });
+    if (!status.ok()) return status;
+    for (int q = 0; q < size(); ++q) parts[q] = scratch_.data() + q * count;
+  }
+  // Reads only scratch_ (or, alone, `in`), so `out` may alias `in`.
+  internal::ReduceInRankOrder(parts, count, op, out);
+  return absl::OkStatus();
+}
+
+absl::Status GlooCommunicator::DoAllReduce(float* inout, int64_t count, ReduceOp op,
+                                           absl::Time deadline) {
+  if (size() == 1) {
+    const float* parts[1] = {inout};
+    internal::ReduceInRankOrder(parts, count, op, inout);
+    return absl::OkStatus();
+  }
+  std::vector<int64_t> chunk(size());
+  for (int q = 0; q < size(); ++q) chunk[q] = internal::ChunkLength(count, size(), q);
+  const int64_t mine = chunk[rank()];
+
+  // Reduce-scatter of the chunks: chunk q of inout goes to rank q; we get
+  // our chunk from everyone, in rank order.
+  absl::StatusOr<std::chrono::milliseconds> timeout = Remaining(deadline);
+  if (!timeout.ok()) return timeout.status();
+  scratch_.resize(static_cast<size_t>(std::max<int64_t>(1, size() * mine)));
+  absl::Status status = GuardGloo([&] {
+    gloo::AlltoallvOptions opts(context_);
+    opts.setInput(inout, chunk);
+    opts.setOutput(scratch_.data(), std::vector<int64_t>(size(), mine));
+    opts.setTimeout(*timeout);
+    gloo::alltoallv(opts);
+  });
+  if (!status.ok()) return status;
+  std::vector<const float*> parts(size());
+  for (int q = 0; q < size(); ++q) parts[q] = scratch_.data() + q * mine;
+  internal::ReduceInRankOrder(parts, mine, op,
+                              inout + internal::ChunkOffset(count, size(), rank()));
+
+  // All-gather of the reduced chunks, in place.
+  timeout = Remaining(deadline);
+  if (!timeout.ok()) return timeout.status();
+  return GuardGloo([&] {
+    gloo::AllgathervOptions opts(context_);
+    opts.setOutput(inout, std::vector<size_t>(chunk.begin(), chunk.end()));
+    opts.setTimeout(*timeout);
+    gloo::allgatherv(opts);
+  });
+}
+
+absl::Status GlooCommunicator::DoBroadcast(float* inout, int64_t count, int root,
+                                           absl::Time deadline) {
+  if (size() == 1) return absl::OkStatus();
+  absl::StatusOr<std::chrono::milliseconds> timeout = Remaining(deadline);
+  if (!timeout.ok()) return timeout.status();
+  return GuardGloo([&] {
+    gloo::BroadcastOptions opts(context_);
+    opts.setOutput(inout, count);  // the root sends from it in place
+    opts.setRoot(root);
+    opts.setTimeout(*timeout);
+    gloo::broadcast(opts);
+  });
+}
+
+absl::Status GlooCommunicator::DoAllToAllV(const float* send,
+                                           absl::Span<const int64_t> send_counts, float* recv,
+                                           absl::Span<const int64_t> recv_counts,
+                                           absl::Time deadline) {
+  if (size() == 1) {
+    if (send_counts[0] > 0) std::memcpy(recv, send, send_counts[0] * sizeof(float));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::chrono::milliseconds> timeout = Remaining(deadline);
+  if (!timeout.ok()) return timeout.status();
+  // Even with all counts zero every rank must take part: Gloo exchanges
+  // (empty) messages with every peer.
+  return GuardGloo([&] {
+    gloo::AlltoallvOptions opts(context_);
+    opts.setInput(NonNull(send), std::vector<int64_t>(send_counts.begin(), send_counts.end()));
+    opts.setOutput(NonNull(recv), std::vector<int64_t>(recv_counts.begin(), recv_counts.end()));
+    opts.setTimeout(*timeout);
+    gloo::alltoallv(opts);
+  });
+}
+
+absl::Status GlooCommunicator::DoBarrier(absl::Time deadline) {
+  if (size() == 1) return absl::OkStatus();
+  absl::StatusOr<std::chrono::milliseconds> timeout = Remaining(deadline);
+  if (!timeout.ok()) return timeout.status();
+  return GuardGloo([&] {
+    gloo::BarrierOptions opts(context_);
+    opts.setTimeout(*timeout);
+    gloo::barrier(opts);
+  });
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
+    Store& store, std::string group_name, int rank, int size, const GroupOptions& options) {
+  const absl::Time deadline = absl::Now() + options.connect_timeout;
+  const auto where = [&] {
+    return absl::StrCat("gloo group '", group_name, "' (rank ", rank, " of ", size, ")");
+  };
+
+  IgnoreSigpipeOnce();
+  gloo::transport::tcp::attr attr;
+  if (!options.gloo_interface.empty()) {
+    attr.iface = options.gloo_interface;
+  } else {
+    attr.hostname = options.gloo_hostname;
+  }
+  std::shared_ptr<gloo::transport::Device> device;
+  absl::Status status = GuardGloo([&] { device = gloo::transport::tcp::CreateDevice(attr); });
+  if (!status.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        where(), ": cannot open a TCP device on ",
+        options.gloo_interface.empty() ? "host " + options.gloo_hostname
+                                       : "interface " + options.gloo_interface,
+        ": ", status.message()));
+  }
+
+  auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  const auto connect_ms = std::chrono::milliseconds(
+      std::max<int64_t>(1, absl::ToInt64Milliseconds(options.connect_timeout)));
+  context->setTimeout(connect_ms);
+  GlooStoreAdapter adapter(store, absl::StrCat(group_name, "/gloo/"), options.connect_timeout);
+  status = GuardGloo([&] { context->connectFullMesh(adapter, device); });
+  if (!status.ok()) {
+    // The store's own error (missing peer key, a name used twice) says more
+    // than the exception Gloo rethrew for it.
+    const absl::Status store_error = adapter.first_error();
+    const absl::Status& cause = store_error.ok() ? status : store_error;
+    return absl::Status(cause.code(),
+                        absl::StrCat(where(), ": rendezvous failed: ", cause.message()));
+  }
+
+  auto communicator = std::make_unique<GlooCommunicator>(group_name, rank, size,
+                                                         std::move(device), std::move(context));
+  status = communicator->ConnectBarrier(deadline);
+  if (!status.ok()) {
+    return absl::Status(status.code(), absl::StrCat(where(), ": connect barrier failed: ",
+                                                    status.message()));
+  }
+  return std::unique_ptr<Communicator>(std::move(communicator));
+}
+
+}  // namespace muonmesh::comm
