@@ -64,9 +64,10 @@ class MeshGeometry {
   // Axes where the optimizer state is sharded, major first.
   const std::vector<int>& shard_order() const { return shard_order_; }
 
- private:
+  // Coordinates of a rank, one per axis (the EP group is GroupOf).
   std::vector<int64_t> Coords(int32_t rank) const;
 
+ private:
   MeshKind kind_ = MeshKind::kDense;
   int64_t world_size_ = 1;
   int64_t groups_ = 1;  // EP for the expert mesh, 1 for dense

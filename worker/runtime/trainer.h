@@ -1,0 +1,114 @@
+#pragma once
+
+// One rank's training engine: holds its parameter, gradient and optimizer
+// shards as the plan lays them out and runs the step of DESIGN.md §5:
+//
+//   1. gather each unit's parameters over the axes where they are sharded;
+//   2. forward/backward on this rank's slice of the global batch;
+//   3. reduce gradients per axis (reduce-scatter down the shard order,
+//      all-reduce over replicas, averaging) into this rank's optimizer shard;
+//   4. AdamW on element-wise tensors; Muon on matrices: momentum and the
+//      Nesterov input on the local rows, one batched exchange per unit to
+//      the owners, Newton-Schulz on the owner, one exchange back, update;
+//      or the allgather baseline (everyone gathers and orthogonalizes every
+//      matrix and keeps its rows);
+//   5. gather the updated optimizer shards back into the parameter shard
+//      where parameters are replicated but the optimizer state is sharded.
+//
+// Dense parameters only for now: expert parameters (the expert mesh and
+// token dispatch) are refused with Unimplemented.
+//
+// Not thread-safe: one Trainer per rank, driven by one thread. Every rank of
+// the job must call Step() the same number of times; a rank that fails
+// leaves the others to time out in their next collective (each has the
+// configured timeout).
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/plan/types.h"
+#include "worker/comm/communicator.h"
+#include "worker/comm/store.h"
+#include "worker/math/newton_schulz.h"
+#include "worker/math/types.h"
+#include "worker/model/workload.h"
+
+namespace muonmesh::worker {
+
+struct TrainerOptions {
+  comm::Backend backend = comm::Backend::kGloo;
+  comm::Store* store = nullptr;  // rendezvous; must outlive Create()
+  comm::GroupOptions group_options;
+  // Prefix of every group name: unique per job attempt.
+  std::string group_prefix = "job";
+  comm::CollectiveOptions collective;
+  math::MuonOptions muon;
+  math::AdamWOptions adamw;
+  int64_t global_batch_size = 1;
+  uint64_t init_seed = 0;
+  // When set, initial parameters (flat spec order) instead of the seed.
+  const std::vector<std::vector<float>>* initial_parameters = nullptr;
+};
+
+// Wall time of each phase of one step on this rank.
+struct PhaseTimes {
+  absl::Duration param_gather;       // forward all-gather
+  absl::Duration forward_backward;
+  absl::Duration grad_reduce;
+  absl::Duration adamw;
+  absl::Duration muon_prepare;
+  absl::Duration muon_gather;        // exchange to the owners
+  absl::Duration newton_schulz;
+  absl::Duration muon_scatter;       // exchange back
+  absl::Duration muon_apply;
+  absl::Duration param_allgather_after_step;
+};
+
+struct StepReport {
+  int64_t step = 0;           // 0-based
+  double loss = 0;            // global-batch mean, the same on every rank
+  PhaseTimes times;
+  // Bytes this rank sent per collective name during the step (the names of
+  // plan::CollectiveBytes: param_allgather, grad_reduce_scatter, ...).
+  std::map<std::string, int64_t> bytes_sent;
+  double ns_flops = 0;        // Newton-Schulz FLOPs run on this rank
+};
+
+class Trainer {
+ public:
+  // Creates the process groups (blocking until every member joined or the
+  // connect timeout passes) and initialises this rank's shards. Errors:
+  // Unimplemented for expert parameters; InvalidArgument when the global
+  // batch does not split evenly over the data-parallel ranks or the plan does
+  // not match the workload; Unavailable/DeadlineExceeded from rendezvous.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const plan::Plan& plan,
+                                                         Workload* workload, int32_t rank,
+                                                         const TrainerOptions& options);
+  ~Trainer();
+
+  // Runs the next step. On error the job cannot continue on this rank.
+  absl::StatusOr<StepReport> Step();
+
+  // Every parameter as a whole tensor (flat spec order), on every rank.
+  // A collective: all ranks must call it.
+  absl::StatusOr<std::vector<std::vector<float>>> GatherParameters();
+
+  int64_t steps_done() const { return step_; }
+
+  // Bytes of the shards this rank holds: parameters, gradients (the reduced
+  // optimizer shard) and optimizer state.
+  int64_t shard_bytes() const;
+
+ private:
+  struct Impl;
+  explicit Trainer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  int64_t step_ = 0;
+};
+
+}  // namespace muonmesh::worker
