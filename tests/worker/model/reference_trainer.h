@@ -1,0 +1,340 @@
+#pragma once
+
+// An independent, single-process reference for training the `mlp` workload
+// with Muon + AdamW, for the runtime's tests: its final weights are what a
+// sharded run must reproduce. Written from the definitions alone (design §5,
+// §6; worker/model/mlp.h for the model; torch.optim.Muon and
+// torch.optim.AdamW for the optimizers) in plain loops and double precision.
+// It deliberately shares no code with worker/ (not the model, not the math,
+// not the PRNG): a bug there cannot hide here.
+//
+// Training, for step s = 0 .. steps-1:
+//   batch   = samples (s B + j) mod N for j < B
+//   loss_s  = mean over the batch's elements of (y - t)^2, at the weights
+//             before the step's update (the loss the runtime reports)
+//   grads   = d loss_s / d params
+//   each Muon parameter (default: every weight layers.{i}.weight):
+//     p <- p (1 - lr wd)
+//     m <- m + (1 - beta)(g - m)                       (m starts at 0)
+//     u  = nesterov ? g + beta (m - g) : m
+//     O  = NewtonSchulz(u)
+//     p <- p - lr scale O,  scale = sqrt(max(1, rows/cols)) ("original")
+//                             or 0.2 sqrt(max(rows, cols)) (match_rms_adamw)
+//   each AdamW parameter (default: every bias), t = s + 1:
+//     p <- p (1 - lr wd)
+//     m <- beta1 m + (1 - beta1) g ;  v <- beta2 v + (1 - beta2) g^2
+//     p <- p - lr (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
+// NewtonSchulz(u), u rows x cols: X = u, transposed if rows > cols;
+// X <- X / max(||X||_F, eps); then per iteration k (coefficients row k, the
+// last row repeating) A = X X^T, B = b A + c A A, X = a X + B X; transposed
+// back.
+//
+// Errors (wrong sizes) throw std::invalid_argument: this is test code.
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace muonmesh::reference {
+
+using Tensors = std::vector<std::vector<double>>;
+
+struct RefMuonOptions {
+  double lr = 0.02;
+  double momentum = 0.95;
+  bool nesterov = true;
+  int ns_steps = 5;
+  double weight_decay = 0.0;
+  bool match_rms_adamw = false;  // scale 0.2 sqrt(max(rows, cols)) instead of "original"
+  double eps = 1e-7;
+  // Row k for Newton-Schulz iteration k, the last row repeating.
+  std::vector<std::array<double, 3>> coefficients = {{3.4445, -4.7750, 2.0315}};
+};
+
+struct RefAdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+struct RefTrainResult {
+  Tensors params;              // flat order: W_0, b_0, W_1, b_1, ...
+  std::vector<double> losses;  // one per step, before that step's update
+};
+
+namespace internal {
+
+inline void Require(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument("reference: " + what);
+}
+
+inline void CheckMlp(const std::vector<int64_t>& dims, const Tensors& params) {
+  Require(dims.size() >= 2, "need at least two dims");
+  Require(params.size() == 2 * (dims.size() - 1), "wrong number of parameters");
+  for (size_t i = 0; i + 1 < dims.size(); ++i) {
+    Require(dims[i] >= 1 && dims[i + 1] >= 1, "non-positive dim");
+    Require(params[2 * i].size() == static_cast<size_t>(dims[i + 1] * dims[i]),
+            "weight " + std::to_string(i) + " has the wrong size");
+    Require(params[2 * i + 1].size() == static_cast<size_t>(dims[i + 1]),
+            "bias " + std::to_string(i) + " has the wrong size");
+  }
+}
+
+}  // namespace internal
+
+// Outputs [n, d_L] of the mlp on inputs x [n, d_0] (row-major).
+inline std::vector<double> MlpOutputs(const std::vector<int64_t>& dims, const Tensors& params,
+                                      const std::vector<double>& x, int64_t n) {
+  internal::CheckMlp(dims, params);
+  internal::Require(x.size() == static_cast<size_t>(n * dims[0]), "x has the wrong size");
+  const size_t layers = dims.size() - 1;
+  std::vector<double> h = x;
+  for (size_t i = 0; i < layers; ++i) {
+    const int64_t in = dims[i];
+    const int64_t out = dims[i + 1];
+    const std::vector<double>& w = params[2 * i];
+    const std::vector<double>& b = params[2 * i + 1];
+    std::vector<double> z(static_cast<size_t>(n * out));
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t o = 0; o < out; ++o) {
+        double s = 0.0;
+        for (int64_t c = 0; c < in; ++c) s += w[o * in + c] * h[r * in + c];
+        s += b[o];
+        z[r * out + o] = i + 1 < layers ? std::tanh(s) : s;
+      }
+    }
+    h = std::move(z);
+  }
+  return h;
+}
+
+// Loss (mean of (y - t)^2 over every element of the batch) and, if `grads`
+// is not null, its gradient with respect to every parameter (flat order).
+// x [N, d_0], y [N, d_L]; `batch` holds sample indices in [0, N).
+inline double MlpLossAndGrad(const std::vector<int64_t>& dims, const Tensors& params,
+                             const std::vector<double>& x, const std::vector<double>& y,
+                             const std::vector<int64_t>& batch, Tensors* grads) {
+  internal::CheckMlp(dims, params);
+  const int64_t d_in = dims.front();
+  const int64_t d_out = dims.back();
+  internal::Require(x.size() % d_in == 0, "x is not [N, d_in]");
+  const int64_t num = static_cast<int64_t>(x.size()) / d_in;
+  internal::Require(y.size() == static_cast<size_t>(num * d_out), "y is not [N, d_out]");
+  internal::Require(!batch.empty(), "empty batch");
+  const int64_t n = static_cast<int64_t>(batch.size());
+  const size_t layers = dims.size() - 1;
+
+  // Forward, keeping every layer's activations.
+  std::vector<std::vector<double>> h(layers + 1);
+  h[0].resize(static_cast<size_t>(n * d_in));
+  for (int64_t r = 0; r < n; ++r) {
+    internal::Require(batch[r] >= 0 && batch[r] < num, "sample out of range");
+    for (int64_t c = 0; c < d_in; ++c) h[0][r * d_in + c] = x[batch[r] * d_in + c];
+  }
+  for (size_t i = 0; i < layers; ++i) {
+    const int64_t in = dims[i];
+    const int64_t out = dims[i + 1];
+    h[i + 1].resize(static_cast<size_t>(n * out));
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t o = 0; o < out; ++o) {
+        double s = params[2 * i + 1][o];
+        for (int64_t c = 0; c < in; ++c) s += params[2 * i][o * in + c] * h[i][r * in + c];
+        h[i + 1][r * out + o] = i + 1 < layers ? std::tanh(s) : s;
+      }
+    }
+  }
+
+  const double count = static_cast<double>(n * d_out);
+  double loss = 0.0;
+  std::vector<double> delta(static_cast<size_t>(n * d_out));
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t o = 0; o < d_out; ++o) {
+      const double d = h[layers][r * d_out + o] - y[batch[r] * d_out + o];
+      loss += d * d;
+      delta[r * d_out + o] = 2.0 * d / count;
+    }
+  }
+  loss /= count;
+  if (grads == nullptr) return loss;
+
+  grads->assign(params.size(), {});
+  for (size_t ii = layers; ii-- > 0;) {
+    const int64_t in = dims[ii];
+    const int64_t out = dims[ii + 1];
+    std::vector<double>& gw = (*grads)[2 * ii];
+    std::vector<double>& gb = (*grads)[2 * ii + 1];
+    gw.assign(static_cast<size_t>(out * in), 0.0);
+    gb.assign(static_cast<size_t>(out), 0.0);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t o = 0; o < out; ++o) {
+        const double d = delta[r * out + o];
+        gb[o] += d;
+        for (int64_t c = 0; c < in; ++c) gw[o * in + c] += d * h[ii][r * in + c];
+      }
+    }
+    if (ii == 0) break;
+    std::vector<double> prev(static_cast<size_t>(n * in), 0.0);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t c = 0; c < in; ++c) {
+        double s = 0.0;
+        for (int64_t o = 0; o < out; ++o) s += delta[r * out + o] * params[2 * ii][o * in + c];
+        const double a = h[ii][r * in + c];
+        prev[r * in + c] = s * (1.0 - a * a);
+      }
+    }
+    delta = std::move(prev);
+  }
+  return loss;
+}
+
+// The Newton-Schulz orthogonalisation of u (rows x cols, row-major).
+inline std::vector<double> NewtonSchulz(const std::vector<double>& u, int64_t rows, int64_t cols,
+                                        const RefMuonOptions& opt) {
+  internal::Require(u.size() == static_cast<size_t>(rows * cols), "u has the wrong size");
+  internal::Require(!opt.coefficients.empty(), "no Newton-Schulz coefficients");
+  const bool transpose = rows > cols;
+  const int64_t m = transpose ? cols : rows;  // m <= n
+  const int64_t n = transpose ? rows : cols;
+  std::vector<double> x(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) x[i * n + j] = transpose ? u[j * cols + i] : u[i * cols + j];
+  }
+  double norm = 0.0;
+  for (double v : x) norm += v * v;
+  norm = std::max(std::sqrt(norm), opt.eps);
+  for (double& v : x) v /= norm;
+
+  std::vector<double> a(static_cast<size_t>(m * m));
+  std::vector<double> bm(static_cast<size_t>(m * m));
+  std::vector<double> next(static_cast<size_t>(m * n));
+  for (int k = 0; k < opt.ns_steps; ++k) {
+    const std::array<double, 3>& co =
+        opt.coefficients[std::min<size_t>(static_cast<size_t>(k), opt.coefficients.size() - 1)];
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < m; ++j) {
+        double s = 0.0;
+        for (int64_t l = 0; l < n; ++l) s += x[i * n + l] * x[j * n + l];
+        a[i * m + j] = s;
+      }
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < m; ++j) {
+        double s = 0.0;
+        for (int64_t l = 0; l < m; ++l) s += a[i * m + l] * a[l * m + j];
+        bm[i * m + j] = co[1] * a[i * m + j] + co[2] * s;
+      }
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0.0;
+        for (int64_t l = 0; l < m; ++l) s += bm[i * m + l] * x[l * n + j];
+        next[i * n + j] = co[0] * x[i * n + j] + s;
+      }
+    }
+    x.swap(next);
+  }
+  std::vector<double> out(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      if (transpose) {
+        out[j * cols + i] = x[i * n + j];
+      } else {
+        out[i * cols + j] = x[i * n + j];
+      }
+    }
+  }
+  return out;
+}
+
+// One Muon step on a whole rows x cols matrix (torch.optim.Muon).
+inline void MuonStep(const RefMuonOptions& opt, int64_t rows, int64_t cols,
+                     const std::vector<double>& grad, std::vector<double>* momentum,
+                     std::vector<double>* param) {
+  const size_t size = static_cast<size_t>(rows * cols);
+  internal::Require(grad.size() == size && momentum->size() == size && param->size() == size,
+                    "Muon buffers have the wrong size");
+  std::vector<double> u(size);
+  for (size_t k = 0; k < size; ++k) {
+    (*param)[k] *= 1.0 - opt.lr * opt.weight_decay;
+    (*momentum)[k] += (1.0 - opt.momentum) * (grad[k] - (*momentum)[k]);
+    u[k] = opt.nesterov ? grad[k] + opt.momentum * ((*momentum)[k] - grad[k]) : (*momentum)[k];
+  }
+  const std::vector<double> o = NewtonSchulz(u, rows, cols, opt);
+  const double r = static_cast<double>(rows);
+  const double c = static_cast<double>(cols);
+  const double scale =
+      opt.match_rms_adamw ? 0.2 * std::sqrt(std::max(r, c)) : std::sqrt(std::max(1.0, r / c));
+  for (size_t k = 0; k < size; ++k) (*param)[k] -= opt.lr * scale * o[k];
+}
+
+// One AdamW step (torch.optim.AdamW); t is the 1-based step count.
+inline void AdamWStep(const RefAdamWOptions& opt, int64_t t, const std::vector<double>& grad,
+                      std::vector<double>* m, std::vector<double>* v, std::vector<double>* param) {
+  const size_t size = grad.size();
+  internal::Require(m->size() == size && v->size() == size && param->size() == size,
+                    "AdamW buffers have the wrong size");
+  internal::Require(t >= 1, "AdamW step count starts at 1");
+  const double bc1 = 1.0 - std::pow(opt.beta1, static_cast<double>(t));
+  const double bc2 = 1.0 - std::pow(opt.beta2, static_cast<double>(t));
+  for (size_t k = 0; k < size; ++k) {
+    (*param)[k] *= 1.0 - opt.lr * opt.weight_decay;
+    (*m)[k] = opt.beta1 * (*m)[k] + (1.0 - opt.beta1) * grad[k];
+    (*v)[k] = opt.beta2 * (*v)[k] + (1.0 - opt.beta2) * grad[k] * grad[k];
+    (*param)[k] -= opt.lr * ((*m)[k] / bc1) / (std::sqrt((*v)[k] / bc2) + opt.eps);
+  }
+}
+
+// Trains the mlp `dims` from `init` (flat order) on x [N, d_0], y [N, d_L]
+// for `steps` steps of batch B, as the header comment describes.
+// `use_muon[i]` picks Muon (true) or AdamW (false) for parameter i; empty
+// means Muon for every weight and AdamW for every bias.
+inline RefTrainResult ReferenceTrain(const std::vector<int64_t>& dims, const Tensors& init,
+                                     const std::vector<double>& x, const std::vector<double>& y,
+                                     int64_t N, int64_t steps, int64_t B,
+                                     const RefMuonOptions& muon, const RefAdamWOptions& adamw,
+                                     std::vector<bool> use_muon = {}) {
+  internal::CheckMlp(dims, init);
+  internal::Require(N >= 1 && x.size() == static_cast<size_t>(N * dims.front()) &&
+                        y.size() == static_cast<size_t>(N * dims.back()),
+                    "x, y are not [N, d_in], [N, d_out]");
+  internal::Require(steps >= 0 && B >= 1, "steps < 0 or B < 1");
+  if (use_muon.empty()) {
+    for (size_t i = 0; i < init.size(); ++i) use_muon.push_back(i % 2 == 0);
+  }
+  internal::Require(use_muon.size() == init.size(), "use_muon has the wrong size");
+  for (size_t i = 0; i < init.size(); ++i) {
+    internal::Require(!use_muon[i] || i % 2 == 0, "Muon on a bias (not a matrix)");
+  }
+
+  RefTrainResult result;
+  result.params = init;
+  Tensors m1(init.size());
+  Tensors m2(init.size());
+  for (size_t i = 0; i < init.size(); ++i) {
+    m1[i].assign(init[i].size(), 0.0);
+    m2[i].assign(init[i].size(), 0.0);
+  }
+  std::vector<int64_t> batch(static_cast<size_t>(B));
+  Tensors grads;
+  for (int64_t s = 0; s < steps; ++s) {
+    for (int64_t j = 0; j < B; ++j) batch[j] = (s * B + j) % N;
+    result.losses.push_back(MlpLossAndGrad(dims, result.params, x, y, batch, &grads));
+    for (size_t i = 0; i < init.size(); ++i) {
+      if (use_muon[i]) {
+        const size_t layer = i / 2;
+        MuonStep(muon, dims[layer + 1], dims[layer], grads[i], &m1[i], &result.params[i]);
+      } else {
+        AdamWStep(adamw, s + 1, grads[i], &m1[i], &m2[i], &result.params[i]);
+      }
+    }
+  }
+  return result;
+}
+
+}  // namespace muonmesh::reference

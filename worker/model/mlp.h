@@ -1,0 +1,146 @@
+#pragma once
+
+// The built-in `mlp` workload (design §6): teacher-student regression with a
+// fully connected tanh network. Exact definition, so that anyone can
+// reproduce it:
+//
+// Shape. dims = {d_0, ..., d_L} (L >= 1 layers). Layer i (0 <= i < L) maps
+// d_i -> d_{i+1} with parameters
+//   layers.{i}.weight  [d_{i+1}, d_i]   optimizer "muon"
+//   layers.{i}.bias    [d_{i+1}]        optimizer "adamw"
+// and is one unit named `layers.{i}` holding its weight then its bias (flat
+// parameter index 2i is W_i, 2i+1 is b_i).
+//
+// Model. h_0 = x; h_{i+1} = tanh(h_i W_i^T + b_i) for i < L-1; the output is
+// y = h_{L-1} W_{L-1}^T + b_{L-1} (no activation after the last layer).
+//
+// Loss of a call on samples S (|S| = n, repeats allowed):
+//   loss = 1/(n d_L) * sum_{s in S} sum_o (y_{s,o} - t_{s,o})^2,
+// the mean over every element of the call's samples, so that the average of
+// equal-size slices' losses (and gradients) is the whole batch's.
+//
+// Initialisation from seed `seed` (see worker/model/rng.h for UniformAt):
+//   W_i[r, c] = float(double(UniformAt(seed, 2i,   r * d_i + c)) / sqrt(double(d_i)))
+//   b_i[r]    = float(double(UniformAt(seed, 2i+1, r))         / sqrt(double(d_i)))
+// (a uniform in [-1/sqrt(fan_in), 1/sqrt(fan_in)), as torch.nn.Linear).
+//
+// Teacher data (FromTeacher(dims, teacher_seed, N)):
+//   x[n, j] = UniformAt(teacher_seed, 1'000'000, n * d_0 + j)   (in [-1, 1))
+//   y       = MlpForward(dims, teacher, x, N)
+// where `teacher` is the initialisation above with seed teacher_seed + 1
+// (modulo 2^64). So a student initialised with seed teacher_seed + 1 IS the
+// teacher (loss 0, gradients 0): jobs and tests should use another seed.
+// x is exact from the formula. y is computed in fp32 by the same code as the
+// student's forward pass (OpenBLAS sgemm, then + b, then tanhf), so a student
+// holding the teacher's weights has loss exactly 0 on the teacher's data;
+// other BLAS builds reproduce y to fp32 rounding, not bit for bit (export it
+// as safetensors where bits matter).
+//
+// Arithmetic. Row-major fp32 throughout, matrix products through
+// cblas_sgemm; the loss and the bias gradients are summed in double and
+// rounded once. dL/dy = float(2 (y - t) / (n d_L)) computed in double.
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "server/plan/types.h"
+#include "worker/model/workload.h"
+
+namespace muonmesh::worker {
+
+// Limits that keep every size representable (and cblas's int arguments in
+// range): each dim, the number of layers, and the number of floats in x or y.
+inline constexpr int64_t kMlpMaxDim = int64_t{1} << 20;
+inline constexpr int64_t kMlpMaxLayers = 1024;
+inline constexpr int64_t kMlpMaxDataElements = int64_t{1} << 30;
+
+// OK, or InvalidArgument naming the offending entry: at least two dims, each
+// in [1, kMlpMaxDim], at most kMlpMaxLayers layers.
+absl::Status ValidateMlpDims(absl::Span<const int64_t> dims);
+
+// The mlp's model spec (named "mlp"), as documented above.
+absl::StatusOr<plan::ModelSpec> MlpSpec(absl::Span<const int64_t> dims);
+
+// The documented initialisation with `seed`, one vector per parameter in
+// flat order. InvalidArgument for bad dims.
+absl::StatusOr<std::vector<std::vector<float>>> MlpInitialParams(absl::Span<const int64_t> dims,
+                                                                 uint64_t seed);
+
+// y [n, d_L] = the mlp with `params` (flat order, params[i] holding
+// parameter i's elements) applied to x [n, d_0]. The same arithmetic as
+// Mlp::ForwardBackward's forward pass on samples 0..n-1 in order.
+// InvalidArgument for bad dims, n < 1, or wrongly sized x or params (the
+// pointer form cannot check sizes: each must hold its parameter's elements).
+absl::StatusOr<std::vector<float>> MlpForward(absl::Span<const int64_t> dims,
+                                              absl::Span<const float* const> params,
+                                              absl::Span<const float> x, int64_t n);
+absl::StatusOr<std::vector<float>> MlpForward(absl::Span<const int64_t> dims,
+                                              absl::Span<const std::vector<float>> params,
+                                              absl::Span<const float> x, int64_t n);
+
+// The mlp workload over an in-memory dataset x [N, d_0], y [N, d_L].
+//
+// One instance per rank, owned by the rank's runtime. Thread-compatible:
+// ForwardBackward reuses scratch buffers sized for the largest batch seen,
+// so after the first call with that batch it allocates nothing; const
+// methods may be called concurrently.
+class Mlp final : public Workload {
+ public:
+  // Takes the dataset: x holds N * d_0 floats, y N * d_L (row-major, N >= 1,
+  // N * max(d_0, d_L) <= kMlpMaxDataElements, every value finite).
+  // InvalidArgument naming what is wrong otherwise.
+  static absl::StatusOr<Mlp> Create(std::vector<int64_t> dims, std::vector<float> x,
+                                    std::vector<float> y);
+
+  // The teacher dataset documented above, with `samples` (N) samples.
+  // InvalidArgument for bad dims, samples < 1 or a dataset beyond
+  // kMlpMaxDataElements.
+  static absl::StatusOr<Mlp> FromTeacher(std::vector<int64_t> dims, uint64_t teacher_seed,
+                                         int64_t samples);
+
+  const plan::ModelSpec& spec() const override { return spec_; }
+  int64_t num_samples() const override { return num_samples_; }
+
+  // The documented initialisation. InvalidArgument if params does not hold
+  // one non-null pointer per parameter.
+  absl::Status Initialize(uint64_t seed, absl::Span<float* const> params) const override;
+
+  // Loss and gradients on `samples` (any order, repeats allowed; `step` is
+  // ignored). InvalidArgument, with grads untouched, for empty samples, a
+  // sample outside [0, N), more than INT32_MAX samples, or params/grads that
+  // do not hold one non-null pointer per parameter.
+  absl::StatusOr<double> ForwardBackward(int64_t step, absl::Span<const float* const> params,
+                                         absl::Span<const int64_t> samples,
+                                         absl::Span<float* const> grads) override;
+
+  const std::vector<int64_t>& dims() const { return dims_; }
+  // The dataset, row-major: x [N, d_0], y [N, d_L].
+  const std::vector<float>& x() const { return x_; }
+  const std::vector<float>& y() const { return y_; }
+
+ private:
+  Mlp(std::vector<int64_t> dims, std::vector<float> x, std::vector<float> y, plan::ModelSpec spec);
+
+  // Grows the scratch buffers to hold `n` samples (never shrinks them).
+  void Reserve(int64_t n);
+
+  std::vector<int64_t> dims_;
+  std::vector<float> x_;
+  std::vector<float> y_;
+  int64_t num_samples_ = 0;
+  plan::ModelSpec spec_;
+
+  // Scratch: acts_[i] holds h_i for the current call (acts_[0] the gathered
+  // inputs, acts_[L] the outputs), delta_/delta_next_ the back-propagated
+  // gradient with respect to a layer's pre-activation output.
+  int64_t capacity_ = 0;
+  std::vector<std::vector<float>> acts_;
+  std::vector<float*> act_ptrs_;  // acts_[i].data()
+  std::vector<float> delta_;
+  std::vector<float> delta_next_;
+};
+
+}  // namespace muonmesh::worker

@@ -1,0 +1,168 @@
+#include "worker/model/synthetic.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "muonmesh/v1/config.pb.h"
+#include "proto/io/message_file.h"
+#include "server/plan_convert.h"
+#include "worker/model/rng.h"
+
+namespace muonmesh::worker {
+namespace {
+
+constexpr double kInitScale = 0.02;
+constexpr double kGradientScale = 0.01;
+
+template <typename T>
+bool AnyNull(absl::Span<T* const> ptrs) {
+  return std::any_of(ptrs.begin(), ptrs.end(), [](T* p) { return p == nullptr; });
+}
+
+}  // namespace
+
+int64_t ScaleDim(int64_t d, double scale) {
+  return std::max<int64_t>(1, std::llround(static_cast<double>(d) * scale));
+}
+
+absl::StatusOr<plan::ModelSpec> ScaleModelSpec(const plan::ModelSpec& spec, double scale,
+                                               int64_t expert_divisor) {
+  if (!std::isfinite(scale) || scale <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("synthetic scale: ", scale, " is not a finite number > 0"));
+  }
+  if (expert_divisor < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("synthetic expert_divisor: ", expert_divisor, " is < 1"));
+  }
+  // Every scaled dim stays below this, so products of two never overflow
+  // before the element check below.
+  const double max_dim = static_cast<double>(kSyntheticMaxTensorElements);
+  plan::ModelSpec out = spec;
+  int64_t params = 0;
+  for (size_t u = 0; u < out.units.size(); ++u) {
+    for (size_t i = 0; i < out.units[u].params.size(); ++i) {
+      plan::ParamSpec& p = out.units[u].params[i];
+      const std::string field = absl::StrCat("units[", u, "].params[", i, "]");
+      if (p.shape.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ".shape: ", p.name, " has no dims"));
+      }
+      if (p.expert && p.shape.size() < 2) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ".shape: expert stack ", p.name,
+                                                       " needs [E, rows, ...], got one dim"));
+      }
+      int64_t elements = 1;
+      for (size_t k = 0; k < p.shape.size(); ++k) {
+        const int64_t d = p.shape[k];
+        if (d < 1) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(field, ".shape[", k, "]: ", d, " is not positive"));
+        }
+        if (static_cast<double>(d) * scale > max_dim) {
+          return absl::InvalidArgumentError(absl::StrCat(field, ".shape[", k, "]: ", d, " * ",
+                                                         scale, " exceeds ",
+                                                         kSyntheticMaxTensorElements));
+        }
+        int64_t scaled = ScaleDim(d, scale);
+        if (p.expert && k == 0) {
+          scaled = (scaled + expert_divisor - 1) / expert_divisor * expert_divisor;
+        }
+        p.shape[k] = scaled;
+        if (scaled > kSyntheticMaxTensorElements / elements) {
+          return absl::InvalidArgumentError(absl::StrCat(field, ".shape: ", p.name, " scaled by ",
+                                                         scale, " exceeds ",
+                                                         kSyntheticMaxTensorElements, " elements"));
+        }
+        elements *= scaled;
+      }
+      ++params;
+    }
+  }
+  if (params == 0) return absl::InvalidArgumentError("units: the spec has no parameters");
+  return out;
+}
+
+Synthetic::Synthetic(plan::ModelSpec spec, uint64_t gradient_seed)
+    : spec_(std::move(spec)), gradient_seed_(gradient_seed) {
+  for (const plan::UnitSpec& unit : spec_.units) {
+    for (const plan::ParamSpec& p : unit.params) {
+      int64_t n = 1;
+      for (int64_t d : p.shape) n *= d;
+      elements_.push_back(n);
+      total_elements_ += n;
+    }
+  }
+}
+
+absl::StatusOr<Synthetic> Synthetic::Create(const plan::ModelSpec& spec, double scale,
+                                            int64_t expert_divisor, uint64_t gradient_seed) {
+  absl::StatusOr<plan::ModelSpec> scaled = ScaleModelSpec(spec, scale, expert_divisor);
+  if (!scaled.ok()) return scaled.status();
+  return Synthetic(*std::move(scaled), gradient_seed);
+}
+
+absl::StatusOr<Synthetic> Synthetic::FromSpecFile(const std::string& path, double scale,
+                                                  int64_t expert_divisor, uint64_t gradient_seed) {
+  v1::ModelSpec proto;
+  if (absl::Status st = protoio::LoadMessageFile(path, &proto); !st.ok()) return st;
+  absl::StatusOr<Synthetic> out =
+      Create(ModelFromProto(proto), scale, expert_divisor, gradient_seed);
+  if (!out.ok()) {
+    return absl::Status(out.status().code(), absl::StrCat(path, ": ", out.status().message()));
+  }
+  return out;
+}
+
+absl::Status Synthetic::CheckTensors(size_t count, bool any_null, const char* what) const {
+  if (count != elements_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": got ", count, " tensors, the spec has ",
+                                                   elements_.size(), " parameters"));
+  }
+  if (any_null) return absl::InvalidArgumentError(absl::StrCat(what, ": null tensor"));
+  return absl::OkStatus();
+}
+
+absl::Status Synthetic::Initialize(uint64_t seed, absl::Span<float* const> params) const {
+  if (absl::Status st = CheckTensors(params.size(), AnyNull(params), "synthetic init"); !st.ok()) {
+    return st;
+  }
+  for (size_t p = 0; p < elements_.size(); ++p) {
+    UniformStream(seed, kSyntheticInitStream + p).Fill(0, elements_[p], kInitScale, params[p]);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Synthetic::ForwardBackward(int64_t step,
+                                                  absl::Span<const float* const> params,
+                                                  absl::Span<const int64_t> samples,
+                                                  absl::Span<float* const> grads) {
+  if (step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("synthetic: step ", step, " is negative"));
+  }
+  if (absl::Status st = CheckTensors(params.size(), AnyNull(params), "synthetic params");
+      !st.ok()) {
+    return st;
+  }
+  if (absl::Status st = CheckTensors(grads.size(), AnyNull(grads), "synthetic grads"); !st.ok()) {
+    return st;
+  }
+  if (samples.empty()) return absl::InvalidArgumentError("synthetic: empty sample list");
+  for (size_t j = 0; j < samples.size(); ++j) {
+    if (samples[j] != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("synthetic: samples[", j, "] = ", samples[j], " is outside [0, 1)"));
+    }
+  }
+  const uint64_t seed = gradient_seed_ ^ (static_cast<uint64_t>(step) * kSplitMix64Gamma);
+  double sum = 0.0;
+  for (size_t p = 0; p < elements_.size(); ++p) {
+    float* g = grads[p];
+    UniformStream(seed, p).Fill(0, elements_[p], kGradientScale, g);
+    for (int64_t k = 0; k < elements_[p]; ++k) sum += static_cast<double>(g[k]) * g[k];
+  }
+  return 0.5 * sum / static_cast<double>(total_elements_);
+}
+
+}  // namespace muonmesh::worker
