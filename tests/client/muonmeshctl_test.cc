@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/client/subprocess.h"
+#include "tests/testing/subprocess.h"
 
 namespace muonmesh {
 namespace {
