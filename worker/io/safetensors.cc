@@ -1,0 +1,852 @@
+#include "worker/io/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <new>
+#include <optional>
+#include <string_view>
+#include <tuple>
+#include <unordered_set>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace muonmesh::io {
+namespace {
+
+constexpr uint64_t kBytesPerElement = sizeof(float);
+constexpr std::string_view kMetadataKey = "__metadata__";
+// Longest name quoted in an error message: a hostile file's 50 MiB name
+// should not become a 50 MiB message.
+constexpr size_t kMaxQuotedName = 120;
+
+static_assert(sizeof(float) == 4 && std::numeric_limits<float>::is_iec559,
+              "safetensors F32 is IEEE-754 binary32");
+static_assert(std::endian::native == std::endian::little || std::endian::native == std::endian::big,
+              "mixed-endian hosts are not supported");
+
+// A name as error messages show it: C-escaped, in double quotes, shortened.
+std::string QuoteName(std::string_view name) {
+  std::string shown(name.substr(0, kMaxQuotedName));
+  std::string out = absl::StrCat("\"", absl::CEscape(shown), "\"");
+  if (name.size() > kMaxQuotedName) absl::StrAppend(&out, "...");
+  return out;
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// Length of the well-formed UTF-8 sequence starting at s[i] (RFC 3629: no
+// overlong forms, no surrogates, nothing past U+10FFFF), or 0.
+size_t Utf8SequenceLength(std::string_view s, size_t i) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = byte(i);
+  if (c < 0x80) return 1;
+  size_t len = 0;
+  uint32_t cp = 0;
+  if (c >= 0xC2 && c <= 0xDF) {
+    len = 2;
+    cp = c & 0x1F;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    len = 3;
+    cp = c & 0x0F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    len = 4;
+    cp = c & 0x07;
+  } else {
+    return 0;
+  }
+  if (s.size() - i < len) return 0;
+  for (size_t k = 1; k < len; ++k) {
+    const unsigned char cc = byte(i + k);
+    if ((cc & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (cc & 0x3F);
+  }
+  if (len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) return 0;
+  if (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) return 0;
+  return len;
+}
+
+bool IsValidUtf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = Utf8SequenceLength(s, i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
+void AppendUtf8(uint32_t cp, std::string* out) {
+  if (cp < 0x80) {
+    out->push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
+// `s` as a JSON string literal. Expects valid UTF-8 (copied through as is).
+void AppendJsonString(std::string_view s, std::string* out) {
+  out->push_back('"');
+  for (char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"':
+        out->append("\\\"");
+        break;
+      case '\\':
+        out->append("\\\\");
+        break;
+      case '\n':
+        out->append("\\n");
+        break;
+      case '\t':
+        out->append("\\t");
+        break;
+      case '\r':
+        out->append("\\r");
+        break;
+      default:
+        if (c < 0x20) {
+          constexpr char kHex[] = "0123456789abcdef";
+          out->append("\\u00");
+          out->push_back(kHex[c >> 4]);
+          out->push_back(kHex[c & 0xF]);
+        } else {
+          out->push_back(ch);
+        }
+    }
+  }
+  out->push_back('"');
+}
+
+// a * b for a, b >= 0, or nullopt when it exceeds `limit`.
+std::optional<uint64_t> MulCapped(uint64_t a, uint64_t b, uint64_t limit) {
+  if (a == 0 || b == 0) return 0;
+  if (a > limit / b) return std::nullopt;
+  return a * b;
+}
+
+// Elements of `shape` (all dims >= 0), or nullopt when more than `limit`.
+std::optional<uint64_t> NumElements(const std::vector<int64_t>& shape, uint64_t limit) {
+  for (int64_t d : shape) {
+    if (d == 0) return 0;
+  }
+  uint64_t n = 1;
+  for (int64_t d : shape) {
+    std::optional<uint64_t> next = MulCapped(n, static_cast<uint64_t>(d), limit);
+    if (!next) return std::nullopt;
+    n = *next;
+  }
+  return n;
+}
+
+void ByteSwapFloats(float* data, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &data[i], sizeof(bits));
+    bits = ((bits & 0x000000FFu) << 24) | ((bits & 0x0000FF00u) << 8) |
+           ((bits & 0x00FF0000u) >> 8) | ((bits & 0xFF000000u) >> 24);
+    std::memcpy(&data[i], &bits, sizeof(bits));
+  }
+}
+
+// ---------------------------------------------------------------- reading
+
+// One tensor entry of the header.
+struct Entry {
+  std::string name;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  uint64_t elements = 0;
+  size_t order = 0;  // position in the header
+};
+
+// A strict parser of the header JSON, directed by its schema: it builds no
+// document tree and never recurses past the fixed nesting of the format, so
+// hostile input costs at most a small multiple of its size.
+class HeaderParser {
+ public:
+  HeaderParser(std::string_view text, const std::string& path) : text_(text), path_(path) {}
+
+  absl::Status Parse(std::vector<Entry>* entries) {
+    if (text_.empty() || text_[0] != '{') {
+      return Error("the header must be a JSON object starting with '{'");
+    }
+    std::unordered_set<std::string> names;
+    bool have_metadata = false;
+    absl::Status status = ParseObject([&](std::string key, size_t key_pos) -> absl::Status {
+      if (key == kMetadataKey) {
+        if (have_metadata) return ErrorAt(key_pos, "duplicate \"__metadata__\"");
+        have_metadata = true;
+        return ParseMetadata();
+      }
+      if (key.empty()) return ErrorAt(key_pos, "empty tensor name");
+      if (!names.insert(key).second) {
+        return ErrorAt(key_pos, absl::StrCat("duplicate tensor name ", QuoteName(key)));
+      }
+      Entry entry;
+      entry.name = std::move(key);
+      entry.order = entries->size();
+      tensor_ = &entry.name;
+      absl::Status s = ParseTensor(&entry);
+      tensor_ = nullptr;
+      if (!s.ok()) return s;
+      entries->push_back(std::move(entry));
+      return absl::OkStatus();
+    });
+    if (!status.ok()) return status;
+    SkipWhitespace();  // writers pad the header with spaces
+    if (pos_ != text_.size())
+      return Error(absl::StrCat("unexpected ", Got(), " after the header object"));
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status ErrorAt(size_t pos, std::string_view reason) const {
+    std::string where = absl::StrCat(path_, ": ");
+    if (tensor_ != nullptr) absl::StrAppend(&where, "tensor ", QuoteName(*tensor_), ": ");
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "safetensors header, byte ", pos, ": ", std::string(reason)));
+  }
+  absl::Status Error(std::string_view reason) const { return ErrorAt(pos_, reason); }
+
+  bool AtEnd() const { return pos_ >= text_.size(); }
+  char Peek() const { return text_[pos_]; }
+
+  void SkipWhitespace() {
+    while (!AtEnd() && (Peek() == ' ' || Peek() == '\t' || Peek() == '\n' || Peek() == '\r')) {
+      ++pos_;
+    }
+  }
+
+  // What the text at pos_ is, for "expected X, got Y".
+  std::string Got() const {
+    if (AtEnd()) return "end of header";
+    const char c = Peek();
+    if (c == '"') return "a string";
+    if (c == '{') return "an object";
+    if (c == '[') return "an array";
+    if (c == '-' || (c >= '0' && c <= '9')) return "a number";
+    if (text_.substr(pos_, 4) == "true" || text_.substr(pos_, 5) == "false") return "a boolean";
+    if (text_.substr(pos_, 4) == "null") return "null";
+    return absl::StrCat("character '", absl::CHexEscape(std::string(1, c)), "'");
+  }
+
+  absl::StatusOr<std::string> ParseString() {
+    SkipWhitespace();
+    if (AtEnd() || Peek() != '"') return Error(absl::StrCat("expected a string, got ", Got()));
+    ++pos_;
+    std::string out;
+    while (true) {
+      if (AtEnd()) return Error("unterminated string");
+      const auto c = static_cast<unsigned char>(Peek());
+      if (c == '"') {
+        ++pos_;
+        return out;
+      }
+      if (c < 0x20) return Error("control character in a string (escape it)");
+      if (c == '\\') {
+        absl::Status s = ParseEscape(&out);
+        if (!s.ok()) return s;
+        continue;
+      }
+      const size_t n = Utf8SequenceLength(text_, pos_);
+      if (n == 0) return Error("invalid UTF-8 in a string");
+      out.append(text_.substr(pos_, n));
+      pos_ += n;
+    }
+  }
+
+  // At a backslash: appends the escaped character.
+  absl::Status ParseEscape(std::string* out) {
+    const size_t start = pos_;
+    ++pos_;
+    if (AtEnd()) return ErrorAt(start, "unterminated escape");
+    const char e = Peek();
+    ++pos_;
+    switch (e) {
+      case '"':
+      case '\\':
+      case '/':
+        out->push_back(e);
+        return absl::OkStatus();
+      case 'b':
+        out->push_back('\b');
+        return absl::OkStatus();
+      case 'f':
+        out->push_back('\f');
+        return absl::OkStatus();
+      case 'n':
+        out->push_back('\n');
+        return absl::OkStatus();
+      case 'r':
+        out->push_back('\r');
+        return absl::OkStatus();
+      case 't':
+        out->push_back('\t');
+        return absl::OkStatus();
+      case 'u':
+        break;
+      default:
+        return ErrorAt(start, "invalid escape in a string");
+    }
+    std::optional<uint32_t> unit = ParseHex4();
+    if (!unit) return ErrorAt(start, "\\u must be followed by 4 hex digits");
+    uint32_t cp = *unit;
+    if (cp >= 0xDC00 && cp <= 0xDFFF) return ErrorAt(start, "unpaired low surrogate in \\u escape");
+    if (cp >= 0xD800 && cp <= 0xDBFF) {
+      if (text_.substr(pos_, 2) != "\\u")
+        return ErrorAt(start, "unpaired high surrogate in \\u escape");
+      pos_ += 2;
+      std::optional<uint32_t> low = ParseHex4();
+      if (!low || *low < 0xDC00 || *low > 0xDFFF) {
+        return ErrorAt(start, "high surrogate not followed by a low surrogate");
+      }
+      cp = 0x10000 + ((cp - 0xD800) << 10) + (*low - 0xDC00);
+    }
+    AppendUtf8(cp, out);
+    return absl::OkStatus();
+  }
+
+  std::optional<uint32_t> ParseHex4() {
+    if (text_.size() - pos_ < 4) return std::nullopt;
+    uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) {
+      const char h = text_[pos_ + i];
+      v <<= 4;
+      if (h >= '0' && h <= '9') {
+        v |= static_cast<uint32_t>(h - '0');
+      } else if (h >= 'a' && h <= 'f') {
+        v |= static_cast<uint32_t>(h - 'a' + 10);
+      } else if (h >= 'A' && h <= 'F') {
+        v |= static_cast<uint32_t>(h - 'A' + 10);
+      } else {
+        return std::nullopt;
+      }
+    }
+    pos_ += 4;
+    return v;
+  }
+
+  // A JSON integer in [0, INT64_MAX]; `what` names it in errors.
+  absl::StatusOr<int64_t> ParseNonNegative(std::string_view what) {
+    SkipWhitespace();
+    const size_t start = pos_;
+    if (!AtEnd() && Peek() == '-' && pos_ + 1 < text_.size() && text_[pos_ + 1] >= '0' &&
+        text_[pos_ + 1] <= '9') {
+      return Error(absl::StrCat(std::string(what), " must be >= 0"));
+    }
+    if (AtEnd() || Peek() < '0' || Peek() > '9') {
+      return Error(absl::StrCat("expected ", std::string(what), " (an integer), got ", Got()));
+    }
+    if (Peek() == '0' && pos_ + 1 < text_.size() && text_[pos_ + 1] >= '0' &&
+        text_[pos_ + 1] <= '9') {
+      return Error("leading zeros are not allowed in JSON numbers");
+    }
+    constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+    int64_t v = 0;
+    while (!AtEnd() && Peek() >= '0' && Peek() <= '9') {
+      const int digit = Peek() - '0';
+      if (v > (kMax - digit) / 10) {
+        return ErrorAt(start, absl::StrCat(std::string(what), " exceeds ", kMax));
+      }
+      v = v * 10 + digit;
+      ++pos_;
+    }
+    if (!AtEnd() && (Peek() == '.' || Peek() == 'e' || Peek() == 'E')) {
+      return ErrorAt(start, absl::StrCat(std::string(what), " must be an integer"));
+    }
+    return v;
+  }
+
+  // {"key": value, ...}; on_member(key, key_pos) parses the value.
+  template <typename OnMember>
+  absl::Status ParseObject(OnMember&& on_member) {
+    SkipWhitespace();
+    if (AtEnd() || Peek() != '{') return Error(absl::StrCat("expected an object, got ", Got()));
+    ++pos_;
+    SkipWhitespace();
+    if (!AtEnd() && Peek() == '}') {
+      ++pos_;
+      return absl::OkStatus();
+    }
+    while (true) {
+      SkipWhitespace();
+      if (AtEnd() || Peek() != '"')
+        return Error(absl::StrCat("expected a quoted key, got ", Got()));
+      const size_t key_pos = pos_;
+      absl::StatusOr<std::string> key = ParseString();
+      if (!key.ok()) return key.status();
+      SkipWhitespace();
+      if (AtEnd() || Peek() != ':') return Error(absl::StrCat("expected ':', got ", Got()));
+      ++pos_;
+      absl::Status s = on_member(*std::move(key), key_pos);
+      if (!s.ok()) return s;
+      SkipWhitespace();
+      if (!AtEnd() && Peek() == ',') {
+        ++pos_;
+        continue;
+      }
+      if (!AtEnd() && Peek() == '}') {
+        ++pos_;
+        return absl::OkStatus();
+      }
+      return Error(absl::StrCat("expected ',' or '}', got ", Got()));
+    }
+  }
+
+  // [value, ...]; on_element(index) parses the value.
+  template <typename OnElement>
+  absl::Status ParseArray(std::string_view what, OnElement&& on_element) {
+    SkipWhitespace();
+    if (AtEnd() || Peek() != '[') {
+      return Error(absl::StrCat("expected ", std::string(what), " (an array), got ", Got()));
+    }
+    ++pos_;
+    SkipWhitespace();
+    if (!AtEnd() && Peek() == ']') {
+      ++pos_;
+      return absl::OkStatus();
+    }
+    for (size_t index = 0;; ++index) {
+      absl::Status s = on_element(index);
+      if (!s.ok()) return s;
+      SkipWhitespace();
+      if (!AtEnd() && Peek() == ',') {
+        ++pos_;
+        continue;
+      }
+      if (!AtEnd() && Peek() == ']') {
+        ++pos_;
+        return absl::OkStatus();
+      }
+      return Error(absl::StrCat("expected ',' or ']', got ", Got()));
+    }
+  }
+
+  absl::Status ParseMetadata() {
+    std::unordered_set<std::string> keys;
+    return ParseObject([&](std::string key, size_t key_pos) -> absl::Status {
+      if (!keys.insert(key).second) {
+        return ErrorAt(key_pos, absl::StrCat("duplicate __metadata__ key ", QuoteName(key)));
+      }
+      SkipWhitespace();
+      if (AtEnd() || Peek() != '"') {
+        return Error(absl::StrCat("__metadata__ values must be strings, got ", Got()));
+      }
+      absl::StatusOr<std::string> value = ParseString();
+      return value.status();
+    });
+  }
+
+  absl::Status ParseTensor(Entry* entry) {
+    bool have_dtype = false;
+    bool have_shape = false;
+    bool have_offsets = false;
+    absl::Status status = ParseObject([&](std::string key, size_t key_pos) -> absl::Status {
+      if (key == "dtype") {
+        if (have_dtype) return ErrorAt(key_pos, "duplicate key \"dtype\"");
+        have_dtype = true;
+        const size_t value_pos = pos_;
+        absl::StatusOr<std::string> dtype = ParseString();
+        if (!dtype.ok()) return dtype.status();
+        if (*dtype != "F32") {
+          return ErrorAt(value_pos, absl::StrCat("dtype ", QuoteName(*dtype),
+                                                 " is not supported: only F32 is supported"));
+        }
+        return absl::OkStatus();
+      }
+      if (key == "shape") {
+        if (have_shape) return ErrorAt(key_pos, "duplicate key \"shape\"");
+        have_shape = true;
+        return ParseArray("the shape", [&](size_t index) -> absl::Status {
+          if (index >= static_cast<size_t>(kMaxSafetensorsDims)) {
+            return Error(absl::StrCat("more than ", kMaxSafetensorsDims, " dimensions"));
+          }
+          absl::StatusOr<int64_t> dim = ParseNonNegative("a dimension");
+          if (!dim.ok()) return dim.status();
+          entry->shape.push_back(*dim);
+          return absl::OkStatus();
+        });
+      }
+      if (key == "data_offsets") {
+        if (have_offsets) return ErrorAt(key_pos, "duplicate key \"data_offsets\"");
+        have_offsets = true;
+        const size_t value_pos = pos_;
+        int64_t offsets[2] = {0, 0};
+        size_t count = 0;
+        absl::Status s = ParseArray("data_offsets", [&](size_t index) -> absl::Status {
+          if (index >= 2) return Error("data_offsets must be [begin, end]: too many values");
+          absl::StatusOr<int64_t> v = ParseNonNegative("a data offset");
+          if (!v.ok()) return v.status();
+          offsets[index] = *v;
+          count = index + 1;
+          return absl::OkStatus();
+        });
+        if (!s.ok()) return s;
+        if (count != 2) return ErrorAt(value_pos, "data_offsets must be [begin, end]");
+        if (offsets[0] > offsets[1]) {
+          return ErrorAt(value_pos, absl::StrCat("data_offsets [", offsets[0], ", ", offsets[1],
+                                                 "]: begin is after end"));
+        }
+        entry->begin = static_cast<uint64_t>(offsets[0]);
+        entry->end = static_cast<uint64_t>(offsets[1]);
+        return absl::OkStatus();
+      }
+      return ErrorAt(key_pos, absl::StrCat("unknown key ", QuoteName(key),
+                                           " (expected dtype, shape, data_offsets)"));
+    });
+    if (!status.ok()) return status;
+    for (auto [have, key] : {std::pair{have_dtype, "dtype"}, std::pair{have_shape, "shape"},
+                             std::pair{have_offsets, "data_offsets"}}) {
+      if (!have) return Error(absl::StrCat("missing key \"", key, "\""));
+    }
+    return absl::OkStatus();
+  }
+
+  std::string_view text_;
+  const std::string& path_;
+  size_t pos_ = 0;
+  const std::string* tensor_ = nullptr;  // the tensor being parsed, for errors
+};
+
+// Checks every entry's byte range against its shape and the buffer, and that
+// the ranges tile [0, buffer_bytes). Sorts `entries` into file order.
+absl::Status CheckRanges(const std::string& path, uint64_t buffer_bytes,
+                         std::vector<Entry>* entries) {
+  constexpr uint64_t kMaxElements =
+      static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / kBytesPerElement;
+  const auto tensor_error = [&](const Entry& e, std::string_view reason) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": tensor ", QuoteName(e.name), ": ", std::string(reason)));
+  };
+  for (Entry& e : *entries) {
+    const std::string range = absl::StrCat("data_offsets [", e.begin, ", ", e.end, "]");
+    if (e.end > buffer_bytes) {
+      return tensor_error(
+          e, absl::StrCat(range, " run past the end of the ", buffer_bytes, "-byte data buffer"));
+    }
+    std::optional<uint64_t> elements = NumElements(e.shape, kMaxElements);
+    if (!elements) {
+      return tensor_error(e, absl::StrCat("shape ", ShapeString(e.shape),
+                                          " is too large (over 2^63 bytes of F32)"));
+    }
+    e.elements = *elements;
+    const uint64_t want = *elements * kBytesPerElement;
+    if (e.end - e.begin != want) {
+      return tensor_error(e, absl::StrCat(range, " span ", e.end - e.begin, " bytes but F32 shape ",
+                                          ShapeString(e.shape), " needs ", want));
+    }
+  }
+  // Empty tensors sort before a non-empty one at the same offset; ties keep
+  // header order.
+  std::sort(entries->begin(), entries->end(), [](const Entry& a, const Entry& b) {
+    return std::tie(a.begin, a.end, a.order) < std::tie(b.begin, b.end, b.order);
+  });
+  uint64_t covered = 0;
+  const Entry* previous = nullptr;
+  for (const Entry& e : *entries) {
+    if (e.begin < covered) {
+      return tensor_error(e, absl::StrCat("data_offsets [", e.begin, ", ", e.end,
+                                          "] overlap those of tensor ", QuoteName(previous->name)));
+    }
+    if (e.begin > covered) {
+      return tensor_error(
+          e, absl::StrCat("data_offsets [", e.begin, ", ", e.end, "] leave ", e.begin - covered,
+                          " unused bytes before them at offset ", covered));
+    }
+    covered = e.end;
+    previous = &e;
+  }
+  if (covered != buffer_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", buffer_bytes - covered,
+                                                   " trailing bytes after the last tensor's "
+                                                   "data (the data buffer is ",
+                                                   buffer_bytes, " bytes, the tensors cover ",
+                                                   covered, ")"));
+  }
+  return absl::OkStatus();
+}
+
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  ~FileDescriptor() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+  // Closes now, reporting the error close() gives (a delayed write error).
+  int Close() {
+    const int r = ::close(fd_);
+    fd_ = -1;
+    return r;
+  }
+
+ private:
+  int fd_;
+};
+
+// Reads exactly n bytes at `offset`.
+absl::Status ReadExactly(int fd, uint64_t offset, char* dst, uint64_t n, const std::string& path) {
+  while (n > 0) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n, uint64_t{1} << 30));
+    const ssize_t r = ::pread(fd, dst, chunk, static_cast<off_t>(offset));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return absl::ErrnoToStatus(errno, absl::StrCat(path, ": read failed at byte ", offset));
+    }
+    if (r == 0) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": file ended at byte ", offset, " while reading (did it change?)"));
+    }
+    dst += r;
+    offset += static_cast<uint64_t>(r);
+    n -= static_cast<uint64_t>(r);
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- writing
+
+absl::Status WriteAll(int fd, const char* src, uint64_t n, const std::string& path) {
+  while (n > 0) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n, uint64_t{1} << 30));
+    const ssize_t r = ::write(fd, src, chunk);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return absl::ErrnoToStatus(errno, absl::StrCat(path, ": write failed"));
+    }
+    src += r;
+    n -= static_cast<uint64_t>(r);
+  }
+  return absl::OkStatus();
+}
+
+// The header JSON for `tensors`, padded with spaces to a multiple of 8 bytes,
+// or InvalidArgument for a tensor that cannot be written.
+absl::StatusOr<std::string> BuildHeader(const std::string& path,
+                                        absl::Span<const TensorView> tensors,
+                                        std::vector<uint64_t>* bytes) {
+  constexpr uint64_t kMaxBytes = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  std::unordered_set<std::string_view> names;
+  std::string header = "{";
+  uint64_t offset = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorView& t = tensors[i];
+    const auto error = [&](std::string_view reason) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor ", i, " (", QuoteName(t.name), "): ", std::string(reason)));
+    };
+    if (t.name.empty()) return error("empty name");
+    if (t.name == kMetadataKey) return error("\"__metadata__\" is reserved");
+    if (!IsValidUtf8(t.name)) return error("the name is not valid UTF-8");
+    if (!names.insert(t.name).second) return error("duplicate name");
+    if (t.shape.size() > static_cast<size_t>(kMaxSafetensorsDims)) {
+      return error(
+          absl::StrCat(t.shape.size(), " dimensions exceed the limit of ", kMaxSafetensorsDims));
+    }
+    for (int64_t d : t.shape) {
+      if (d < 0) return error(absl::StrCat("negative dimension in shape ", ShapeString(t.shape)));
+    }
+    std::optional<uint64_t> elements =
+        NumElements(t.shape, (kMaxBytes - offset) / kBytesPerElement);
+    if (!elements) return error(absl::StrCat("shape ", ShapeString(t.shape), " is too large"));
+    if (*elements > 0 && t.data == nullptr) return error("null data for a non-empty tensor");
+    const uint64_t size = *elements * kBytesPerElement;
+    bytes->push_back(size);
+    if (i > 0) header.push_back(',');
+    AppendJsonString(t.name, &header);
+    absl::StrAppend(&header, ":{\"dtype\":\"F32\",\"shape\":[", absl::StrJoin(t.shape, ","),
+                    "],\"data_offsets\":[", offset, ",", offset + size, "]}");
+    offset += size;
+  }
+  header.push_back('}');
+  while (header.size() % 8 != 0) header.push_back(' ');
+  return header;
+}
+
+std::string TempPathFor(const std::string& path, uint64_t attempt) {
+  static std::atomic<uint64_t> counter{0};
+  return absl::StrCat(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1), ".", attempt);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<Tensor>> ReadSafetensors(const std::string& path) {
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; it has no effect
+  // on the regular files that pass the check below.
+  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (fd.get() < 0) {
+    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+    return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot open"));
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot stat"));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  }
+  const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
+  if (file_bytes < 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", file_bytes,
+                     " bytes is too short for a safetensors file (8-byte header length)"));
+  }
+  unsigned char length_bytes[8];
+  if (absl::Status s = ReadExactly(fd.get(), 0, reinterpret_cast<char*>(length_bytes), 8, path);
+      !s.ok()) {
+    return s;
+  }
+  uint64_t header_bytes = 0;
+  for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | length_bytes[i];
+  if (header_bytes > kMaxSafetensorsHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": header length ", header_bytes,
+                                                   " exceeds the limit of ",
+                                                   kMaxSafetensorsHeaderBytes, " bytes"));
+  }
+  if (header_bytes > file_bytes - 8) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": header length ", header_bytes,
+                                                   " runs past the end of the ", file_bytes,
+                                                   "-byte file"));
+  }
+  const uint64_t buffer_bytes = file_bytes - 8 - header_bytes;
+
+  try {
+    std::string header(static_cast<size_t>(header_bytes), '\0');
+    if (absl::Status s = ReadExactly(fd.get(), 8, header.data(), header_bytes, path); !s.ok()) {
+      return s;
+    }
+    std::vector<Entry> entries;
+    if (absl::Status s = HeaderParser(header, path).Parse(&entries); !s.ok()) return s;
+    header = std::string();
+    if (absl::Status s = CheckRanges(path, buffer_bytes, &entries); !s.ok()) return s;
+
+    std::vector<Tensor> tensors;
+    tensors.reserve(entries.size());
+    const uint64_t data_start = 8 + header_bytes;
+    for (Entry& e : entries) {
+      Tensor t;
+      t.name = std::move(e.name);
+      t.shape = std::move(e.shape);
+      t.data.resize(static_cast<size_t>(e.elements));
+      if (absl::Status s =
+              ReadExactly(fd.get(), data_start + e.begin, reinterpret_cast<char*>(t.data.data()),
+                          e.end - e.begin, path);
+          !s.ok()) {
+        return s;
+      }
+      if constexpr (std::endian::native == std::endian::big) {
+        ByteSwapFloats(t.data.data(), t.data.size());
+      }
+      tensors.push_back(std::move(t));
+    }
+    return tensors;
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(path, ": out of memory reading ", file_bytes, " bytes"));
+  } catch (const std::length_error&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(path, ": out of memory reading ", file_bytes, " bytes"));
+  }
+}
+
+absl::Status WriteSafetensors(const std::string& path, absl::Span<const TensorView> tensors) {
+  std::vector<uint64_t> bytes;
+  absl::StatusOr<std::string> header = BuildHeader(path, tensors, &bytes);
+  if (!header.ok()) return header.status();
+
+  std::string temp;
+  int raw_fd = -1;
+  for (uint64_t attempt = 0; attempt < 100 && raw_fd < 0; ++attempt) {
+    temp = TempPathFor(path, attempt);
+    raw_fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (raw_fd < 0 && errno != EEXIST) break;
+  }
+  if (raw_fd < 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot create temporary file ", temp));
+  }
+  FileDescriptor fd(raw_fd);
+  const auto fail = [&](absl::Status s) {
+    ::unlink(temp.c_str());
+    return s;
+  };
+
+  unsigned char length_bytes[8];
+  uint64_t n = header->size();
+  for (int i = 0; i < 8; ++i, n >>= 8) length_bytes[i] = static_cast<unsigned char>(n & 0xFF);
+  if (absl::Status s = WriteAll(fd.get(), reinterpret_cast<const char*>(length_bytes), 8, temp);
+      !s.ok()) {
+    return fail(s);
+  }
+  if (absl::Status s = WriteAll(fd.get(), header->data(), header->size(), temp); !s.ok()) {
+    return fail(s);
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (bytes[i] == 0) continue;
+    const char* src = reinterpret_cast<const char*>(tensors[i].data);
+    if constexpr (std::endian::native == std::endian::little) {
+      if (absl::Status s = WriteAll(fd.get(), src, bytes[i], temp); !s.ok()) return fail(s);
+    } else {
+      std::vector<float> chunk;
+      const size_t elements = static_cast<size_t>(bytes[i] / kBytesPerElement);
+      for (size_t at = 0; at < elements; at += size_t{1} << 16) {
+        const size_t count = std::min(elements - at, size_t{1} << 16);
+        chunk.assign(tensors[i].data + at, tensors[i].data + at + count);
+        ByteSwapFloats(chunk.data(), count);
+        if (absl::Status s = WriteAll(fd.get(), reinterpret_cast<const char*>(chunk.data()),
+                                      count * kBytesPerElement, temp);
+            !s.ok()) {
+          return fail(s);
+        }
+      }
+    }
+  }
+  if (::fsync(fd.get()) != 0) {
+    return fail(absl::ErrnoToStatus(errno, absl::StrCat(temp, ": fsync failed")));
+  }
+  if (fd.Close() != 0) {
+    return fail(absl::ErrnoToStatus(errno, absl::StrCat(temp, ": close failed")));
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    return fail(absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot rename ", temp, " to it")));
+  }
+  // Make the rename itself durable. Best effort: some file systems refuse
+  // fsync on a directory, and the data is already in place.
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (dir.empty()) dir = std::filesystem::path(".");
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    ::fsync(dir_fd);
+    ::close(dir_fd);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace muonmesh::io

@@ -1,0 +1,82 @@
+#pragma once
+
+// Reading and writing the safetensors format (https://github.com/huggingface/safetensors),
+// the format of initial weights, training data and exported weights (DESIGN.md section 6).
+//
+// Layout of a file:
+//   bytes [0, 8)        N, the header length, unsigned 64-bit little-endian;
+//   bytes [8, 8 + N)    the header, a UTF-8 JSON object:
+//                         {"NAME": {"dtype": "F32", "shape": [d0, d1, ...],
+//                                   "data_offsets": [BEGIN, END]}, ...,
+//                          "__metadata__": {"KEY": "VALUE", ...}}   (optional)
+//                       possibly followed by spaces (writers pad to 8-byte alignment);
+//   bytes [8 + N, EOF)  the data buffer; each tensor's bytes are [BEGIN, END) relative to its
+//                       start, row-major, little-endian.
+//
+// Only F32 tensors are supported: muonmesh keeps parameters, gradients and data in fp32.
+//
+// The reader is strict, because these files come from outside: the header must be well-formed
+// JSON with exactly the keys above; every tensor's byte range must be shape x 4 bytes; the
+// ranges must tile the buffer exactly (in the order of their offsets, no gaps, no overlaps, no
+// trailing bytes), as the reference implementation requires. A malformed file is an error
+// naming the file (and the tensor, where there is one), never a crash, and the reader never
+// allocates more than the file's own size justifies.
+//
+// Free functions with no shared state: any thread may call them.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace muonmesh::io {
+
+// Largest header accepted (the reference implementation's limit).
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = uint64_t{100} << 20;
+// Most dimensions one tensor may have.
+inline constexpr int kMaxSafetensorsDims = 64;
+
+// A tensor read from a file: it owns its data (row-major, product of `shape` elements).
+struct Tensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+
+// A tensor to write: `data` points at product-of-`shape` floats owned by the caller (may be
+// null when that product is 0).
+struct TensorView {
+  std::string name;
+  std::vector<int64_t> shape;
+  const float* data = nullptr;
+};
+
+// Reads every tensor of the file at `path`, in file order (ascending data offset; tensors of
+// zero bytes at the same offset keep their header order). The "__metadata__" entry is checked
+// and dropped.
+//
+// Returns NotFound if the file does not exist; InvalidArgument, with a message starting with
+// `path`, if it is not a regular file or is malformed in any way: shorter than 8 bytes, a header
+// length over kMaxSafetensorsHeaderBytes or beyond the end of the file, a header that is not
+// strict JSON of the shape above (unknown or missing keys, duplicate names, an empty name,
+// negative or non-integer numbers, more than kMaxSafetensorsDims dimensions), a dtype other than
+// F32, byte ranges that do not match their shape or do not tile the data buffer; an error with
+// errno's code if reading fails; ResourceExhausted if memory runs out.
+absl::StatusOr<std::vector<Tensor>> ReadSafetensors(const std::string& path);
+
+// Writes `tensors`, in the given order (data offsets ascending in that order), as F32 to `path`,
+// atomically: the bytes go to a temporary file in the same directory, which is flushed to disk
+// and then renamed over `path`, so a reader sees the old file or the new one, never a part. The
+// header is padded with spaces so that the data buffer starts at a multiple of 8 bytes.
+//
+// Returns InvalidArgument, writing nothing, if a name is empty, is "__metadata__", is not valid
+// UTF-8 or appears twice, a dimension is negative, a shape has more than kMaxSafetensorsDims
+// dimensions or its size overflows, or `data` is null for a non-empty tensor; an error with
+// errno's code (naming the path) if the file cannot be written, in which case `path` is left as
+// it was and no temporary file remains.
+absl::Status WriteSafetensors(const std::string& path, absl::Span<const TensorView> tensors);
+
+}  // namespace muonmesh::io

@@ -1,0 +1,492 @@
+#include "worker/job/job.h"
+
+#include <cmath>
+#include <exception>
+#include <filesystem>
+#include <regex>
+#include <string_view>
+#include <system_error>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "proto/io/message_file.h"
+#include "server/plan/validate.h"
+#include "server/plan_convert.h"
+#include "worker/math/adamw.h"
+#include "worker/math/muon.h"
+
+namespace muonmesh::worker {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Defaults (see job.h).
+constexpr double kMuonLr = 0.02;
+constexpr double kMuonMomentum = 0.95;
+constexpr int kNsSteps = 5;
+constexpr double kAdamWLr = 1e-3;
+constexpr double kAdamWBeta1 = 0.9;
+constexpr double kAdamWBeta2 = 0.999;
+constexpr double kAdamWEps = 1e-8;
+constexpr int kMaxNsSteps = 100;
+
+class Violations {
+ public:
+  void Add(std::string field, std::string description) {
+    list_.push_back({std::move(field), std::move(description)});
+  }
+  bool empty() const { return list_.empty(); }
+  size_t size() const { return list_.size(); }
+  std::vector<plan::FieldViolation> Take() { return std::move(list_); }
+
+ private:
+  std::vector<plan::FieldViolation> list_;
+};
+
+template <typename T>
+T Or(T value, T fallback) {
+  return value == T{} ? fallback : value;
+}
+
+std::string Quoted(std::string_view s) { return absl::StrCat("'", std::string(s), "'"); }
+
+bool IsNameChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+         c == '_' || c == '-';
+}
+
+void CheckName(const std::string& name, Violations& v) {
+  if (name.empty()) {
+    v.Add("name", "required: letters, digits, '.', '_' and '-' (it names the output folder)");
+    return;
+  }
+  if (name.size() > kMaxJobNameLength) {
+    v.Add("name", absl::StrCat("a name of ", name.size(), " bytes exceeds the limit of ",
+                               kMaxJobNameLength));
+    return;
+  }
+  for (char c : name) {
+    if (!IsNameChar(c)) {
+      v.Add("name", absl::StrCat("must match [A-Za-z0-9._-]+ (it names the output folder), got ",
+                                 Quoted(name)));
+      return;
+    }
+  }
+  if (name == "." || name == "..") {
+    v.Add("name", absl::StrCat(Quoted(name), " cannot name a folder"));
+  }
+}
+
+// A finite value >= 0 (0 meaning the default).
+void CheckNonNegative(const std::string& field, double value, Violations& v) {
+  if (!std::isfinite(value) || value < 0) {
+    v.Add(field, absl::StrCat("must be a finite number >= 0, got ", value));
+  }
+}
+
+// A momentum coefficient in [0, 1).
+void CheckBeta(const std::string& field, double value, Violations& v) {
+  if (!std::isfinite(value) || value < 0 || value >= 1) {
+    v.Add(field, absl::StrCat("must be in [0, 1), got ", value));
+  }
+}
+
+void CheckDecayProduct(const std::string& field, double lr, double weight_decay, Violations& v) {
+  if (std::isfinite(lr) && std::isfinite(weight_decay) && lr >= 0 && weight_decay >= 0 &&
+      lr * weight_decay > 1) {
+    v.Add(field, absl::StrCat("lr * weight_decay = ", lr * weight_decay,
+                              " > 1 would flip the sign of every weight"));
+  }
+}
+
+math::MuonOptions MuonFromProto(const v1::MuonConfig& m) {
+  math::MuonOptions o;
+  o.lr = Or(m.lr(), kMuonLr);
+  o.momentum = Or(m.momentum(), kMuonMomentum);
+  o.nesterov = m.has_nesterov() ? m.nesterov() : true;
+  o.weight_decay = m.weight_decay();
+  o.scale =
+      m.scale() == "match_rms_adamw" ? math::MuonScale::kMatchRmsAdamW : math::MuonScale::kOriginal;
+  o.ns.steps = Or(m.ns_steps(), kNsSteps);
+  o.ns.coefficients = m.coefficients() == "polar_express" ? math::NsCoefficients::kPolarExpress
+                                                          : math::NsCoefficients::kQuintic;
+  return o;
+}
+
+math::AdamWOptions AdamWFromProto(const v1::AdamWConfig& a) {
+  math::AdamWOptions o;
+  o.lr = Or(a.lr(), kAdamWLr);
+  o.beta1 = Or(a.beta1(), kAdamWBeta1);
+  o.beta2 = Or(a.beta2(), kAdamWBeta2);
+  o.eps = Or(a.eps(), kAdamWEps);
+  o.weight_decay = a.weight_decay();
+  return o;
+}
+
+void CheckMuon(const v1::MuonConfig& m, Violations& v) {
+  const size_t before = v.size();
+  CheckNonNegative("optimizer.muon.lr", m.lr(), v);
+  CheckBeta("optimizer.muon.momentum", m.momentum(), v);
+  if (m.ns_steps() < 0 || m.ns_steps() > kMaxNsSteps) {
+    v.Add("optimizer.muon.ns_steps",
+          absl::StrCat("must be in [1, ", kMaxNsSteps, "], got ", m.ns_steps()));
+  }
+  CheckNonNegative("optimizer.muon.weight_decay", m.weight_decay(), v);
+  CheckDecayProduct("optimizer.muon.weight_decay", Or(m.lr(), kMuonLr), m.weight_decay(), v);
+  if (!m.scale().empty() && m.scale() != "original" && m.scale() != "match_rms_adamw") {
+    v.Add("optimizer.muon.scale", absl::StrCat("unknown scale ", Quoted(m.scale()),
+                                               " (expected original or match_rms_adamw)"));
+  }
+  if (!m.coefficients().empty() && m.coefficients() != "quintic" &&
+      m.coefficients() != "polar_express") {
+    v.Add("optimizer.muon.coefficients",
+          absl::StrCat("unknown coefficients ", Quoted(m.coefficients()),
+                       " (expected quintic or polar_express)"));
+  }
+  // The numerics' own check, as a safety net: anything it refuses that the
+  // checks above let through is reported too, rather than failing at step 1.
+  if (v.size() == before) {
+    if (absl::Status s = math::ValidateMuonOptions(MuonFromProto(m)); !s.ok()) {
+      v.Add("optimizer.muon", std::string(s.message()));
+    }
+  }
+}
+
+void CheckAdamW(const v1::AdamWConfig& a, Violations& v) {
+  const size_t before = v.size();
+  CheckNonNegative("optimizer.adamw.lr", a.lr(), v);
+  CheckBeta("optimizer.adamw.beta1", a.beta1(), v);
+  CheckBeta("optimizer.adamw.beta2", a.beta2(), v);
+  if (!std::isfinite(a.eps()) || a.eps() < 0) {
+    v.Add("optimizer.adamw.eps", absl::StrCat("must be a finite number > 0, got ", a.eps()));
+  }
+  CheckNonNegative("optimizer.adamw.weight_decay", a.weight_decay(), v);
+  CheckDecayProduct("optimizer.adamw.weight_decay", Or(a.lr(), kAdamWLr), a.weight_decay(), v);
+  if (v.size() == before) {
+    if (absl::Status s = math::ValidateAdamWOptions(AdamWFromProto(a)); !s.ok()) {
+      v.Add("optimizer.adamw", std::string(s.message()));
+    }
+  }
+}
+
+void CheckOptimizer(const v1::OptimizerConfig& opt, Violations& v) {
+  CheckMuon(opt.muon(), v);
+  CheckAdamW(opt.adamw(), v);
+  const std::string& rule = opt.owner_assignment();
+  if (!rule.empty() && rule != "lpt" && rule != "round_robin" && rule != "allgather" &&
+      rule != "greedy_in_order") {
+    v.Add("optimizer.owner_assignment",
+          absl::StrCat("unknown rule ", Quoted(rule),
+                       " (expected lpt, round_robin, allgather or greedy_in_order)"));
+  }
+  if (static_cast<size_t>(opt.rules_size()) > kMaxOptimizerRules) {
+    v.Add("optimizer.rules",
+          absl::StrCat(opt.rules_size(), " rules exceed the limit of ", kMaxOptimizerRules));
+    return;
+  }
+  for (int i = 0; i < opt.rules_size(); ++i) {
+    const v1::OptimizerRule& r = opt.rules(i);
+    const std::string path = absl::StrCat("optimizer.rules[", i, "]");
+    if (r.pattern().empty()) {
+      v.Add(path + ".pattern", "empty pattern (it must match whole parameter names)");
+    } else if (r.pattern().size() > kMaxRulePatternLength) {
+      v.Add(path + ".pattern", absl::StrCat("a pattern of ", r.pattern().size(),
+                                            " bytes exceeds the limit of ", kMaxRulePatternLength));
+    } else {
+      try {
+        std::regex compiled(r.pattern(), std::regex::ECMAScript);
+      } catch (const std::regex_error& e) {
+        v.Add(path + ".pattern",
+              absl::StrCat("invalid regular expression ", Quoted(r.pattern()), ": ", e.what()));
+      } catch (const std::exception& e) {
+        v.Add(path + ".pattern",
+              absl::StrCat("cannot compile ", Quoted(r.pattern()), ": ", e.what()));
+      }
+    }
+    if (r.optimizer() != "muon" && r.optimizer() != "adamw") {
+      v.Add(path + ".optimizer", r.optimizer().empty()
+                                     ? std::string("required: muon or adamw")
+                                     : absl::StrCat("unknown optimizer ", Quoted(r.optimizer()),
+                                                    " (expected muon or adamw)"));
+    }
+  }
+}
+
+// A model width in [1, kMaxModelDim]. For a scalar field 0 means "not given";
+// a list entry of 0 is just out of range.
+void CheckDim(const std::string& field, int64_t value, bool list_entry, Violations& v) {
+  if (value < 1) {
+    v.Add(field, value == 0 && !list_entry ? std::string("required: must be >= 1")
+                                           : absl::StrCat("must be >= 1, got ", value));
+  } else if (value > kMaxModelDim) {
+    v.Add(field, absl::StrCat(value, " exceeds the limit of ", kMaxModelDim));
+  }
+}
+
+void CheckModel(const v1::JobSpec& job, Violations& v) {
+  const v1::ModelConfig& model = job.model();
+  switch (model.kind_case()) {
+    case v1::ModelConfig::KIND_NOT_SET:
+      v.Add("model", "required: give one of mlp, moe_mlp or synthetic");
+      return;
+    case v1::ModelConfig::kMlp: {
+      const auto& dims = model.mlp().dims();
+      if (dims.size() < 2) {
+        v.Add("model.mlp.dims",
+              absl::StrCat("needs at least 2 sizes (input and output), got ", dims.size()));
+      } else if (static_cast<size_t>(dims.size()) > kMaxMlpLayers + 1) {
+        v.Add("model.mlp.dims",
+              absl::StrCat(dims.size() - 1, " layers exceed the limit of ", kMaxMlpLayers));
+        return;
+      }
+      for (int i = 0; i < dims.size(); ++i) {
+        CheckDim(absl::StrCat("model.mlp.dims[", i, "]"), dims[i], /*list_entry=*/true, v);
+      }
+      return;
+    }
+    case v1::ModelConfig::kMoeMlp: {
+      const v1::MoeMlpModel& moe = model.moe_mlp();
+      CheckDim("model.moe_mlp.d_in", moe.d_in(), /*list_entry=*/false, v);
+      CheckDim("model.moe_mlp.d_model", moe.d_model(), /*list_entry=*/false, v);
+      CheckDim("model.moe_mlp.d_expert", moe.d_expert(), /*list_entry=*/false, v);
+      CheckDim("model.moe_mlp.num_experts", moe.num_experts(), /*list_entry=*/false, v);
+      CheckDim("model.moe_mlp.d_out", moe.d_out(), /*list_entry=*/false, v);
+      const int64_t ep = job.parallelism().expert_model_parallel_size() == 0
+                             ? 1
+                             : job.parallelism().expert_model_parallel_size();
+      if (ep >= 1 && moe.num_experts() >= 1 && moe.num_experts() % ep != 0) {
+        v.Add("model.moe_mlp.num_experts",
+              absl::StrCat(moe.num_experts(),
+                           " experts do not divide over expert_model_parallel_size ", ep));
+      }
+      return;
+    }
+    case v1::ModelConfig::kSynthetic: {
+      const v1::SyntheticModel& s = model.synthetic();
+      if (s.spec().empty()) {
+        v.Add("model.synthetic.spec", "required: the path of a model spec file (JSON or YAML)");
+      }
+      if (!std::isfinite(s.scale()) || s.scale() < 0 || s.scale() > 1) {
+        v.Add("model.synthetic.scale", absl::StrCat("must be in (0, 1], got ", s.scale()));
+      }
+      if (job.data().source_case() != v1::DataConfig::SOURCE_NOT_SET) {
+        v.Add("data",
+              "the synthetic workload reads no data (its gradients are generated): "
+              "remove data");
+      }
+      return;
+    }
+  }
+}
+
+void CheckInitAndData(const v1::JobSpec& job, Violations& v) {
+  if (job.init().source_case() == v1::InitConfig::kSafetensors &&
+      job.init().safetensors().empty()) {
+    v.Add("init.safetensors", "empty path");
+  }
+  const v1::DataConfig& data = job.data();
+  if (data.source_case() == v1::DataConfig::kSafetensors && data.safetensors().empty()) {
+    v.Add("data.safetensors", "empty path");
+  }
+  if (data.source_case() == v1::DataConfig::kTeacher) {
+    const int64_t samples = data.teacher().samples();
+    if (samples < 0) {
+      v.Add("data.teacher.samples", absl::StrCat("must be >= 1, got ", samples));
+    } else if (samples > kMaxTeacherSamples) {
+      v.Add("data.teacher.samples",
+            absl::StrCat(samples, " exceeds the limit of ", kMaxTeacherSamples));
+    }
+  }
+}
+
+void CheckTraining(const v1::JobSpec& job, Violations& v) {
+  const v1::TrainingConfig& t = job.training();
+  if (t.steps() < 1) {
+    v.Add("training.steps", t.steps() == 0 ? std::string("required: must be >= 1")
+                                           : absl::StrCat("must be >= 1, got ", t.steps()));
+  } else if (t.steps() > kMaxTrainingSteps) {
+    v.Add("training.steps", absl::StrCat(t.steps(), " exceeds the limit of ", kMaxTrainingSteps));
+  }
+  const int64_t batch = t.global_batch_size();
+  const int64_t w = job.world_size();
+  if (batch < 1) {
+    v.Add("training.global_batch_size", batch == 0 ? std::string("required: must be >= 1")
+                                                   : absl::StrCat("must be >= 1, got ", batch));
+  } else if (batch > kMaxGlobalBatchSize) {
+    v.Add("training.global_batch_size",
+          absl::StrCat(batch, " exceeds the limit of ", kMaxGlobalBatchSize));
+  } else if (w >= 1 && w <= kMaxJobWorldSize && batch % w != 0) {
+    // Every rank is data-parallel (no tensor or pipeline parallelism), so
+    // the batch splits over all world_size ranks.
+    v.Add("training.global_batch_size", absl::StrCat(batch, " does not split evenly over the ", w,
+                                                     " data-parallel ranks (world_size)"));
+  }
+  if (t.checkpoint_every() < 0) {
+    v.Add("training.checkpoint_every",
+          absl::StrCat("must be >= 0 (0: no checkpoints), got ", t.checkpoint_every()));
+  }
+  if (t.max_restarts() < 0 || t.max_restarts() > kMaxRestarts) {
+    v.Add("training.max_restarts",
+          absl::StrCat("must be in [0, ", kMaxRestarts, "], got ", t.max_restarts()));
+  }
+}
+
+// The planner's checks of the parallelism config that do not depend on the
+// model, run on a one-parameter placeholder model.
+void CheckParallelism(const v1::JobSpec& job, Violations& v) {
+  plan::PlanInput input;
+  input.world_size = job.world_size();
+  input.parallelism = ParallelismFromProto(job.parallelism());
+  input.model.name = "placeholder";
+  input.model.units.push_back({"unit", {{"param", {1}, "adamw", false}}});
+  for (plan::FieldViolation& f : plan::Validate(input)) {
+    if (f.field.rfind("parallelism.", 0) == 0) v.Add(std::move(f.field), std::move(f.description));
+  }
+}
+
+std::string ResolvePath(const std::string& job_dir, const std::string& path) {
+  if (job_dir.empty() || path.empty()) return path;
+  const fs::path p(path);
+  if (p.is_absolute()) return path;
+  return (fs::path(job_dir) / p).lexically_normal().string();
+}
+
+// Adds a violation unless `path` is an existing regular file.
+void CheckInputFile(const std::string& field, const std::string& path, Violations& v) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (st.type() == fs::file_type::not_found) {
+    v.Add(field, absl::StrCat(path, ": no such file"));
+  } else if (ec) {
+    v.Add(field, absl::StrCat(path, ": ", ec.message()));
+  } else if (st.type() != fs::file_type::regular) {
+    v.Add(field, absl::StrCat(path, ": not a regular file"));
+  }
+}
+
+}  // namespace
+
+std::string JoinViolations(const std::vector<plan::FieldViolation>& violations) {
+  std::vector<std::string> parts;
+  parts.reserve(violations.size());
+  for (const plan::FieldViolation& f : violations) parts.push_back(f.field + ": " + f.description);
+  return absl::StrJoin(parts, "; ");
+}
+
+absl::StatusOr<v1::JobSpec> LoadJobFile(const std::string& path) {
+  v1::JobSpec job;
+  if (absl::Status s = protoio::LoadMessageFile(path, &job); !s.ok()) return s;
+  return job;
+}
+
+std::vector<plan::FieldViolation> ValidateJob(const v1::JobSpec& job) {
+  Violations v;
+  CheckName(job.name(), v);
+  if (job.world_size() < 1) {
+    v.Add("world_size", job.world_size() == 0
+                            ? std::string("required: must be >= 1")
+                            : absl::StrCat("must be >= 1, got ", job.world_size()));
+  } else if (job.world_size() > kMaxJobWorldSize) {
+    v.Add("world_size",
+          absl::StrCat(job.world_size(), " exceeds the limit of ", kMaxJobWorldSize, " ranks"));
+  }
+  if (!job.device().empty() && job.device() != "cpu" && job.device() != "cuda") {
+    v.Add("device",
+          absl::StrCat("unknown device ", Quoted(job.device()), " (expected cpu or cuda)"));
+  }
+  CheckParallelism(job, v);
+  CheckModel(job, v);
+  CheckInitAndData(job, v);
+  CheckOptimizer(job.optimizer(), v);
+  CheckTraining(job, v);
+  return v.Take();
+}
+
+absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string& job_dir) {
+  std::vector<plan::FieldViolation> violations = ValidateJob(job);
+  Violations files;
+  const std::string init_path = job.init().source_case() == v1::InitConfig::kSafetensors
+                                    ? ResolvePath(job_dir, job.init().safetensors())
+                                    : std::string();
+  const std::string data_path = job.data().source_case() == v1::DataConfig::kSafetensors
+                                    ? ResolvePath(job_dir, job.data().safetensors())
+                                    : std::string();
+  const std::string spec_path = job.model().kind_case() == v1::ModelConfig::kSynthetic
+                                    ? ResolvePath(job_dir, job.model().synthetic().spec())
+                                    : std::string();
+  if (!init_path.empty()) CheckInputFile("init.safetensors", init_path, files);
+  if (!data_path.empty()) CheckInputFile("data.safetensors", data_path, files);
+  if (!spec_path.empty()) CheckInputFile("model.synthetic.spec", spec_path, files);
+  for (plan::FieldViolation& f : files.Take()) violations.push_back(std::move(f));
+  if (!violations.empty()) return absl::InvalidArgumentError(JoinViolations(violations));
+
+  ResolvedJob r;
+  r.name = job.name();
+  r.world_size = job.world_size();
+  r.device = job.device().empty() ? "cpu" : job.device();
+  r.parallelism = ParallelismFromProto(job.parallelism());
+  r.owner_assignment =
+      job.optimizer().owner_assignment().empty() ? "lpt" : job.optimizer().owner_assignment();
+  r.muon = MuonFromProto(job.optimizer().muon());
+  r.adamw = AdamWFromProto(job.optimizer().adamw());
+  for (const v1::OptimizerRule& rule : job.optimizer().rules()) {
+    r.optimizer_rules.emplace_back(rule.pattern(), rule.optimizer());
+  }
+
+  switch (job.model().kind_case()) {
+    case v1::ModelConfig::kMlp:
+      r.model_kind = ResolvedJob::ModelKind::kMlp;
+      r.mlp_dims.assign(job.model().mlp().dims().begin(), job.model().mlp().dims().end());
+      break;
+    case v1::ModelConfig::kMoeMlp:
+      r.model_kind = ResolvedJob::ModelKind::kMoeMlp;
+      r.moe = job.model().moe_mlp();
+      break;
+    case v1::ModelConfig::kSynthetic:
+      r.model_kind = ResolvedJob::ModelKind::kSynthetic;
+      r.synthetic_spec_path = spec_path;
+      r.synthetic_scale = Or(job.model().synthetic().scale(), 1.0);
+      break;
+    case v1::ModelConfig::KIND_NOT_SET:
+      return absl::InternalError("ResolveJob: a job without a model passed validation");
+  }
+
+  if (job.init().source_case() == v1::InitConfig::kSafetensors) {
+    r.init_safetensors = init_path;
+  } else {
+    r.init_seed = job.init().seed();  // 0 when init is not given
+  }
+  if (job.data().source_case() == v1::DataConfig::kSafetensors) {
+    r.data_safetensors = data_path;
+  } else {
+    r.teacher_seed = job.data().teacher().seed();  // 0 when data is not given
+    r.teacher_samples = Or(job.data().teacher().samples(), kDefaultTeacherSamples);
+  }
+
+  r.steps = job.training().steps();
+  r.global_batch_size = job.training().global_batch_size();
+  r.checkpoint_every = job.training().checkpoint_every();
+  r.max_restarts = job.training().max_restarts();
+
+  const std::string dir =
+      job.output().dir().empty() ? absl::StrCat("runs/", job.name()) : job.output().dir();
+  r.output_dir = ResolvePath(job_dir, dir);
+  r.export_path = job.output().export_().empty()
+                      ? (fs::path(r.output_dir) / "final.safetensors").string()
+                      : ResolvePath(job_dir, job.output().export_());
+  return r;
+}
+
+absl::StatusOr<ResolvedJob> LoadResolvedJob(const std::string& path) {
+  absl::StatusOr<v1::JobSpec> job = LoadJobFile(path);
+  if (!job.ok()) return job.status();
+  absl::StatusOr<ResolvedJob> resolved = ResolveJob(*job, fs::path(path).parent_path().string());
+  if (!resolved.ok()) {
+    return absl::Status(resolved.status().code(),
+                        absl::StrCat(path, ": ", std::string(resolved.status().message())));
+  }
+  return resolved;
+}
+
+}  // namespace muonmesh::worker
