@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The main job, for now: installs dependencies, builds, starts a local
-# coordinator on a free loopback port and asks it, through muonmeshctl, to
-# plan an example model on 16 ranks as HFSDP (2 optimizer instances) with
-# 4-way expert parallelism. Later issues make this job train.
+# The main job: installs dependencies, builds, then
+#  1. starts a local coordinator on a free loopback port and asks it, through
+#     muonmeshctl, for the plan of the training job below (the MLP of
+#     DESIGN.md §2 on 4 ranks as HFSDP);
+#  2. trains that job on a local CPU cluster: 4 muonmesh-worker processes on
+#     loopback (Gloo), printing the loss of every step and exporting the
+#     final weights to runs/mlp-hfsdp/final.safetensors.
 #
 #   deploy/local/run-example.sh [extra muonmeshctl plan flags...]
 #
@@ -17,7 +20,7 @@ build_dir=${MUONMESH_BUILD_DIR:-build}
 configure=(cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release)
 [[ -f "$build_dir/CMakeCache.txt" ]] || configure+=(-G Ninja)
 "${configure[@]}" >/dev/null
-cmake --build "$build_dir" -j"$(nproc)" --target muonmesh-coordinator muonmeshctl
+cmake --build "$build_dir" -j"$(nproc)" --target muonmesh-coordinator muonmeshctl muonmesh-worker
 
 coordinator="$build_dir/server/muonmesh-coordinator"
 ctl="$build_dir/client/muonmeshctl"
@@ -37,5 +40,11 @@ done
 [[ -n "$address" ]] || { echo "coordinator did not start within 10 s" >&2; cat "$log" >&2; exit 1; }
 echo "coordinator at $address"
 
-"$ctl" plan --coordinator "$address" --spec deploy/local/examples/moe-6l.yaml \
-  --world-size 16 --instances 2 --ep 4 "$@"
+# The plan of the example job's model (its spec file, as muonmesh-worker
+# builds it from model.mlp.dims).
+"$ctl" plan --coordinator "$address" --spec deploy/local/examples/mlp-32-64-64-8.yaml \
+  --world-size 4 --instances 2 --device cpu "$@"
+
+echo
+echo "training deploy/local/examples/mlp-hfsdp.yaml on 4 local CPU ranks"
+MUONMESH_BUILD_DIR="$build_dir" deploy/local/run-job.sh deploy/local/examples/mlp-hfsdp.yaml

@@ -377,6 +377,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
                                                    " units but the workload has ",
                                                    spec.units.size()));
   }
+  for (size_t u = 0; u < spec.units.size(); ++u) {
+    if (spec.units[u].params.size() != plan.units[u].dense.tensors.size() +
+                                           plan.units[u].expert.tensors.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("unit ", spec.units[u].name,
+                                                     ": the plan and the workload disagree"));
+    }
+  }
   const int64_t world = plan.config.world_size;
   if (rank < 0 || rank >= world) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is outside [0, ", world, ")"));
@@ -473,8 +480,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
     st.layout = &impl->plan_copy.units[u].dense;
     for (const plan::LayoutTensor& t : st.layout->tensors) {
       st.flat.push_back(unit_base[u] + t.param);
-      st.muon.push_back(spec.units[u].params[t.param].optimizer == "muon");
+      // The plan decides (job rules may override the spec's optimizer).
       auto it = matrix_of.find({static_cast<int32_t>(u), t.param});
+      st.muon.push_back(it != matrix_of.end());
       if (it != matrix_of.end()) st.matrices.push_back(it->second);
     }
     const int64_t s = st.layout->shard_elements;

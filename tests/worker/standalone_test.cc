@@ -1,0 +1,318 @@
+// Real muonmesh-worker processes on loopback (Gloo), with bounded time:
+// every parallelism config gives the 1-rank losses, the final weights match
+// the plain-loop reference trainer, and bad jobs or a dying peer end with a
+// clear error and a non-zero exit, never a hang.
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
+#include "tests/worker/model/reference_trainer.h"
+#include "worker/io/safetensors.h"
+
+namespace muonmesh::worker {
+namespace {
+
+using ::testing::HasSubstr;
+using muonmesh::testing::ProcessResult;
+
+constexpr auto kTimeout = std::chrono::seconds(60);
+
+std::string Fresh(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/standalone_" + name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+struct Job {
+  std::string name = "t";
+  int world = 1;
+  std::string strategy = "optim_grads_params";
+  int instances = 1;
+  std::string outer;
+  std::string owner = "lpt";
+  std::string init = "{seed: 5}";
+  std::string data = "{teacher: {seed: 21, samples: 256}}";
+  std::string dims = "[6, 16, 16, 3]";
+  int steps = 5;
+  int batch = 24;
+  std::string export_path;
+};
+
+std::string WriteJob(const std::string& dir, const Job& j) {
+  std::ostringstream y;
+  y << "name: " << j.name << "\nworld_size: " << j.world << "\ndevice: cpu\n"
+    << "parallelism:\n  data_parallel_sharding_strategy: " << j.strategy
+    << "\n  num_distributed_optimizer_instances: " << j.instances << "\n";
+  if (!j.outer.empty()) y << "  outer_dp_sharding_strategy: " << j.outer << "\n";
+  y << "model: {mlp: {dims: " << j.dims << "}}\ninit: " << j.init << "\ndata: " << j.data << "\n"
+    << "optimizer:\n  muon: {lr: 0.02, momentum: 0.95, nesterov: true, weight_decay: 0.01}\n"
+    << "  adamw: {lr: 0.001, eps: 0.05}\n  owner_assignment: " << j.owner << "\n"
+    << "training: {steps: " << j.steps << ", global_batch_size: " << j.batch << "}\n";
+  if (!j.export_path.empty()) y << "output: {export: " << j.export_path << "}\n";
+  const std::string path = dir + "/job.yaml";
+  std::ofstream(path) << y.str();
+  return path;
+}
+
+struct JobRun {
+  std::vector<ProcessResult> ranks;
+  std::vector<double> losses;  // parsed from rank 0
+};
+
+// Starts every rank, optionally killing `victim` once rank 0 has begun.
+JobRun RunRanks(const std::string& dir, const std::string& job, int world,
+                std::vector<std::string> extra = {}) {
+  JobRun run;
+  run.ranks.resize(world);
+  const std::string store = dir + "/store";
+  std::filesystem::remove_all(store);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      std::vector<std::string> argv = {MUONMESH_WORKER_BINARY, "--standalone", "--job", job,
+                                       "--rank", std::to_string(r), "--world-size",
+                                       std::to_string(world), "--store", store};
+      argv.insert(argv.end(), extra.begin(), extra.end());
+      run.ranks[r] = muonmesh::testing::Run(argv, kTimeout);
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::istringstream out(run.ranks[0].out);
+  std::string line;
+  while (std::getline(out, line)) {
+    int step = 0;
+    double loss = 0;
+    if (std::sscanf(line.c_str(), "step %d loss %lf", &step, &loss) == 2) run.losses.push_back(loss);
+  }
+  return run;
+}
+
+void ExpectAllOk(const JobRun& run) {
+  for (size_t r = 0; r < run.ranks.size(); ++r) {
+    EXPECT_EQ(run.ranks[r].exit_code, 0) << "rank " << r << " stderr: " << run.ranks[r].err;
+  }
+}
+
+struct Config {
+  const char* name;
+  const char* strategy;
+  int instances;
+  const char* outer;
+};
+void PrintTo(const Config& c, std::ostream* os) { *os << c.name; }
+
+class StandaloneConfigTest : public ::testing::TestWithParam<Config> {};
+
+TEST_P(StandaloneConfigTest, FourRanksGiveTheOneRankLosses) {
+  const std::string dir = Fresh(GetParam().name);
+  Job one;
+  one.name = std::string("one_") + GetParam().name;
+  const JobRun single = RunRanks(dir, WriteJob(dir, one), 1);
+  ExpectAllOk(single);
+  ASSERT_EQ(single.losses.size(), 5u) << single.ranks[0].out;
+
+  Job four = one;
+  four.name = std::string("four_") + GetParam().name;
+  four.world = 4;
+  four.strategy = GetParam().strategy;
+  four.instances = GetParam().instances;
+  four.outer = GetParam().outer;
+  const JobRun many = RunRanks(dir, WriteJob(dir, four), 4);
+  ExpectAllOk(many);
+  ASSERT_EQ(many.losses.size(), 5u) << many.ranks[0].out;
+  for (size_t s = 0; s < 5; ++s) {
+    EXPECT_NEAR(many.losses[s], single.losses[s], 1e-5 * std::abs(single.losses[s])) << "step " << s;
+  }
+  EXPECT_LT(single.losses.back(), single.losses.front());
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, StandaloneConfigTest,
+                         ::testing::Values(Config{"ddp", "no_shard", 1, ""},
+                                           Config{"zero1", "optim", 1, ""},
+                                           Config{"zero2", "optim_grads", 1, ""},
+                                           Config{"zero3", "optim_grads_params", 1, ""},
+                                           Config{"hsdp", "optim_grads_params", 2, "no_shard"},
+                                           Config{"hfsdp", "optim_grads_params", 2, "optim"}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(StandaloneTest, WorldSizeThreeWithEmptyShards) {
+  // Tiny layers on 3 ranks: uneven shards and matrices straddling ranks; the
+  // 2-row output layer leaves some shards empty.
+  const std::string dir = Fresh("w3");
+  Job one;
+  one.name = "w3one";
+  one.dims = "[5, 7, 2]";
+  const JobRun single = RunRanks(dir, WriteJob(dir, one), 1);
+  ExpectAllOk(single);
+  Job three = one;
+  three.name = "w3three";
+  three.world = 3;
+  const JobRun many = RunRanks(dir, WriteJob(dir, three), 3);
+  ExpectAllOk(many);
+  ASSERT_EQ(many.losses.size(), single.losses.size());
+  for (size_t s = 0; s < single.losses.size(); ++s) {
+    EXPECT_NEAR(many.losses[s], single.losses[s], 1e-5 * std::abs(single.losses[s]));
+  }
+}
+
+// Final weights from given init and data files against the reference
+// trainer (plain double loops, no code shared with the runtime).
+TEST(StandaloneTest, FinalWeightsMatchTheIndependentReference) {
+  const std::string dir = Fresh("reference");
+  const std::vector<int64_t> dims = {4, 8, 3};
+  const int64_t n = 32;
+  std::vector<float> x(n * dims[0]), y(n * dims[2]);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.31 * i));
+  for (size_t i = 0; i < y.size(); ++i) y[i] = static_cast<float>(0.5 * std::cos(0.17 * i));
+  std::vector<std::vector<float>> init;
+  std::vector<io::TensorView> views;
+  std::vector<std::string> names;
+  for (size_t l = 0; l + 1 < dims.size(); ++l) {
+    std::vector<float> w(dims[l + 1] * dims[l]), b(dims[l + 1]);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(0.3 * std::sin(1.7 * i + l));
+    for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(0.1 * std::cos(0.9 * i + l));
+    init.push_back(w);
+    init.push_back(b);
+  }
+  for (size_t l = 0; l + 1 < dims.size(); ++l) {
+    views.push_back({"layers." + std::to_string(l) + ".weight", {dims[l + 1], dims[l]},
+                     init[2 * l].data()});
+    views.push_back({"layers." + std::to_string(l) + ".bias", {dims[l + 1]}, init[2 * l + 1].data()});
+  }
+  ASSERT_TRUE(io::WriteSafetensors(dir + "/init.safetensors", views).ok());
+  const std::vector<io::TensorView> data = {{"x", {n, dims[0]}, x.data()},
+                                            {"y", {n, dims[2]}, y.data()}};
+  ASSERT_TRUE(io::WriteSafetensors(dir + "/data.safetensors", data).ok());
+
+  Job job;
+  job.name = "reference";
+  job.world = 4;
+  job.dims = "[4, 8, 3]";
+  job.init = "{safetensors: init.safetensors}";
+  job.data = "{safetensors: data.safetensors}";
+  job.steps = 6;
+  job.batch = 8;
+  job.export_path = dir + "/final.safetensors";
+  const JobRun run = RunRanks(dir, WriteJob(dir, job), 4);
+  ExpectAllOk(run);
+  absl::StatusOr<std::vector<io::Tensor>> final_weights = io::ReadSafetensors(job.export_path);
+  ASSERT_TRUE(final_weights.ok()) << final_weights.status();
+
+  std::vector<std::vector<double>> init_d;
+  for (const auto& t : init) init_d.emplace_back(t.begin(), t.end());
+  reference::RefMuonOptions muon;
+  muon.lr = 0.02;
+  muon.momentum = 0.95;
+  muon.nesterov = true;
+  muon.weight_decay = 0.01;
+  reference::RefAdamWOptions adamw;
+  adamw.lr = 0.001;
+  adamw.eps = 0.05;
+  const std::vector<double> xd(x.begin(), x.end()), yd(y.begin(), y.end());
+  const auto ref = reference::ReferenceTrain(dims, init_d, xd, yd, n, job.steps, job.batch, muon, adamw);
+  ASSERT_EQ(final_weights->size(), ref.params.size());
+  for (size_t p = 0; p < ref.params.size(); ++p) {
+    const io::Tensor& got = (*final_weights)[p];
+    ASSERT_EQ(got.data.size(), ref.params[p].size()) << got.name;
+    for (size_t i = 0; i < got.data.size(); ++i) {
+      EXPECT_NEAR(got.data[i], ref.params[p][i], 1e-4) << got.name << "[" << i << "]";
+    }
+  }
+}
+
+TEST(StandaloneTest, DataFileWithTheWrongShapeIsAClearError) {
+  const std::string dir = Fresh("badshape");
+  std::vector<float> x(10 * 3), y(10 * 3);
+  const std::vector<io::TensorView> data = {{"x", {10, 3}, x.data()}, {"y", {10, 3}, y.data()}};
+  ASSERT_TRUE(io::WriteSafetensors(dir + "/data.safetensors", data).ok());
+  Job job;
+  job.data = "{safetensors: data.safetensors}";
+  const JobRun run = RunRanks(dir, WriteJob(dir, job), 1);
+  EXPECT_EQ(run.ranks[0].exit_code, 1);
+  EXPECT_THAT(run.ranks[0].err, HasSubstr("data.safetensors"));
+  EXPECT_THAT(run.ranks[0].err, HasSubstr("'x'"));
+}
+
+TEST(StandaloneTest, MissingFileIsAClearError) {
+  const std::string dir = Fresh("missing");
+  Job job;
+  job.init = "{safetensors: nowhere.safetensors}";
+  const JobRun run = RunRanks(dir, WriteJob(dir, job), 1);
+  EXPECT_EQ(run.ranks[0].exit_code, 1);
+  EXPECT_THAT(run.ranks[0].err, HasSubstr("nowhere.safetensors"));
+}
+
+TEST(StandaloneTest, ConfigThePlannerRejectsIsAClearError) {
+  const std::string dir = Fresh("rejected");
+  Job job;
+  job.world = 4;
+  job.instances = 3;
+  const JobRun run = RunRanks(dir, WriteJob(dir, job), 1, {});
+  // --world-size 1 differs from the job; ask with the right size instead.
+  const JobRun run4 = RunRanks(dir, WriteJob(dir, job), 4);
+  for (const ProcessResult& r : run4.ranks) {
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_THAT(r.err, HasSubstr("num_distributed_optimizer_instances"));
+  }
+  EXPECT_EQ(run.ranks[0].exit_code, 1);
+}
+
+TEST(StandaloneTest, APeerThatNeverComesEndsTheOthersWithinTheTimeout) {
+  // Rank 1 of 2 is never started: rank 0 must give up after its timeout.
+  const std::string dir = Fresh("absent");
+  Job job;
+  job.world = 2;
+  const std::string path = WriteJob(dir, job);
+  const ProcessResult r = muonmesh::testing::Run(
+      {MUONMESH_WORKER_BINARY, "--standalone", "--job", path, "--rank", "0", "--world-size", "2",
+       "--store", dir + "/store", "--timeout-seconds", "3"},
+      kTimeout);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_LT(r.seconds, 30);
+}
+
+TEST(StandaloneTest, APeerThatDiesMidRunEndsTheOthersWithAnError) {
+  // Rank 1 runs far fewer steps than rank 0 (its own job file says so), then
+  // exits: rank 0 is left waiting in a collective and must fail promptly.
+  const std::string dir = Fresh("dies");
+  Job job;
+  job.world = 2;
+  job.steps = 200;
+  const std::string long_job = WriteJob(dir, job);
+  std::filesystem::rename(long_job, dir + "/long.yaml");
+  job.steps = 2;
+  const std::string short_job = WriteJob(dir, job);
+  ProcessResult r0, r1;
+  std::thread t0([&] {
+    r0 = muonmesh::testing::Run({MUONMESH_WORKER_BINARY, "--standalone", "--job", dir + "/long.yaml",
+                                 "--rank", "0", "--world-size", "2", "--store", dir + "/store",
+                                 "--timeout-seconds", "5"},
+                                kTimeout);
+  });
+  std::thread t1([&] {
+    r1 = muonmesh::testing::Run({MUONMESH_WORKER_BINARY, "--standalone", "--job", short_job,
+                                 "--rank", "1", "--world-size", "2", "--store", dir + "/store",
+                                 "--timeout-seconds", "5"},
+                                kTimeout);
+  });
+  t0.join();
+  t1.join();
+  EXPECT_FALSE(r0.timed_out);
+  EXPECT_EQ(r0.exit_code, 1) << r0.err;
+  EXPECT_THAT(r0.err, ::testing::AnyOf(HasSubstr("UNAVAILABLE"), HasSubstr("DEADLINE_EXCEEDED"),
+                                       HasSubstr("FAILED_PRECONDITION")));
+}
+
+}  // namespace
+}  // namespace muonmesh::worker

@@ -1,0 +1,231 @@
+#include "worker/standalone.h"
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <regex>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "server/plan/planner.h"
+#include "server/plan/validate.h"
+#include "worker/comm/file_store.h"
+#include "worker/io/safetensors.h"
+#include "worker/job/job.h"
+#include "worker/model/mlp.h"
+#include "worker/model/synthetic.h"
+#include "worker/runtime/trainer.h"
+
+namespace muonmesh::worker {
+namespace {
+
+absl::Status Annotate(const absl::Status& st, const std::string& where) {
+  return absl::Status(st.code(), absl::StrCat(where, ": ", st.message()));
+}
+
+// The mlp's dataset from a safetensors file with x [N, d_in] and y [N, d_out].
+absl::StatusOr<std::unique_ptr<Workload>> MlpFromFile(const std::vector<int64_t>& dims,
+                                                      const std::string& path) {
+  absl::StatusOr<std::vector<io::Tensor>> tensors = io::ReadSafetensors(path);
+  if (!tensors.ok()) return tensors.status();
+  std::map<std::string, io::Tensor*> by_name;
+  for (io::Tensor& t : *tensors) by_name[t.name] = &t;
+  for (const char* name : {"x", "y"}) {
+    if (by_name.count(name) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": no tensor '", name, "' (data files hold x [N, d_in] and y [N, d_out])"));
+    }
+  }
+  const io::Tensor& x = *by_name["x"];
+  const io::Tensor& y = *by_name["y"];
+  const int64_t d_in = dims.front();
+  const int64_t d_out = dims.back();
+  if (x.shape.size() != 2 || x.shape[1] != d_in) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": tensor 'x' has shape [", absl::StrJoin(x.shape, ", "), "], expected [N, ", d_in,
+        "] for model.mlp.dims"));
+  }
+  if (y.shape.size() != 2 || y.shape[1] != d_out || y.shape[0] != x.shape[0]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": tensor 'y' has shape [", absl::StrJoin(y.shape, ", "), "], expected [", x.shape[0],
+        ", ", d_out, "]"));
+  }
+  absl::StatusOr<Mlp> mlp = Mlp::Create(dims, x.data, y.data);
+  if (!mlp.ok()) return Annotate(mlp.status(), path);
+  return std::unique_ptr<Workload>(new Mlp(*std::move(mlp)));
+}
+
+absl::StatusOr<std::unique_ptr<Workload>> MakeWorkload(const ResolvedJob& job) {
+  switch (job.model_kind) {
+    case ResolvedJob::ModelKind::kMlp: {
+      if (!job.data_safetensors.empty()) return MlpFromFile(job.mlp_dims, job.data_safetensors);
+      absl::StatusOr<Mlp> mlp =
+          Mlp::FromTeacher(job.mlp_dims, job.teacher_seed.value_or(0), job.teacher_samples);
+      if (!mlp.ok()) return mlp.status();
+      return std::unique_ptr<Workload>(new Mlp(*std::move(mlp)));
+    }
+    case ResolvedJob::ModelKind::kSynthetic: {
+      const int64_t ep = std::max<int64_t>(1, job.parallelism.expert_model_parallel_size);
+      absl::StatusOr<Synthetic> s = Synthetic::FromSpecFile(
+          job.synthetic_spec_path, job.synthetic_scale, ep, job.init_seed.value_or(0));
+      if (!s.ok()) return s.status();
+      return std::unique_ptr<Workload>(new Synthetic(*std::move(s)));
+    }
+    case ResolvedJob::ModelKind::kMoeMlp:
+      break;
+  }
+  return absl::UnimplementedError("model.moe_mlp is not supported by the worker runtime yet");
+}
+
+// The workload's spec with the job's optimizer rules applied (first match).
+plan::ModelSpec WithRules(plan::ModelSpec spec, const ResolvedJob& job) {
+  std::vector<std::pair<std::regex, std::string>> rules;
+  for (const auto& [pattern, optimizer] : job.optimizer_rules) {
+    rules.emplace_back(std::regex(pattern), optimizer);  // validated by ResolveJob
+  }
+  for (plan::UnitSpec& u : spec.units) {
+    for (plan::ParamSpec& p : u.params) {
+      for (const auto& [re, optimizer] : rules) {
+        if (std::regex_match(p.name, re)) {
+          p.optimizer = optimizer;
+          break;
+        }
+      }
+    }
+  }
+  return spec;
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> InitialFromFile(const plan::ModelSpec& spec,
+                                                                const std::string& path) {
+  absl::StatusOr<std::vector<io::Tensor>> tensors = io::ReadSafetensors(path);
+  if (!tensors.ok()) return tensors.status();
+  std::map<std::string, io::Tensor*> by_name;
+  for (io::Tensor& t : *tensors) by_name[t.name] = &t;
+  std::vector<std::vector<float>> out;
+  for (const plan::UnitSpec& u : spec.units) {
+    for (const plan::ParamSpec& p : u.params) {
+      auto it = by_name.find(p.name);
+      if (it == by_name.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": no tensor '", p.name, "'"));
+      }
+      if (it->second->shape != p.shape) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ": tensor '", p.name, "' has shape [", absl::StrJoin(it->second->shape, ", "),
+            "], the model needs [", absl::StrJoin(p.shape, ", "), "]"));
+      }
+      out.push_back(std::move(it->second->data));
+    }
+  }
+  return out;
+}
+
+std::string Ms(absl::Duration d) { return absl::StrFormat("%.1f", absl::ToDoubleMilliseconds(d)); }
+
+}  // namespace
+
+absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out) {
+  absl::StatusOr<v1::JobSpec> spec = LoadJobFile(options.job_path);
+  if (!spec.ok()) return spec.status();
+  const std::string job_dir =
+      std::filesystem::path(options.job_path).parent_path().string();
+  absl::StatusOr<ResolvedJob> job = ResolveJob(*spec, job_dir.empty() ? "." : job_dir);
+  if (!job.ok()) return job.status();
+  if (options.world_size != job->world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("--world-size ", options.world_size,
+                                                   " differs from the job's world_size ",
+                                                   job->world_size));
+  }
+  if (options.rank < 0 || options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rank ", options.rank, " is outside [0, ", options.world_size, ")"));
+  }
+  if (job->device != "cpu") {
+    return absl::UnimplementedError(
+        absl::StrCat("device '", job->device, "': the standalone worker runs cpu jobs only"));
+  }
+
+  absl::StatusOr<std::unique_ptr<Workload>> workload = MakeWorkload(*job);
+  if (!workload.ok()) return workload.status();
+
+  plan::PlanInput input;
+  input.model = WithRules((*workload)->spec(), *job);
+  input.world_size = job->world_size;
+  input.parallelism = job->parallelism;
+  input.options.owner_assignment = job->owner_assignment;
+  input.options.ns_steps = job->muon.ns.steps;
+  input.options.device = "cpu";
+  absl::StatusOr<plan::Plan> plan = plan::ComputePlan(input);
+  if (!plan.ok()) return Annotate(plan.status(), "the planner rejects the job");
+
+  std::vector<std::vector<float>> initial;
+  TrainerOptions topts;
+  if (!job->init_safetensors.empty()) {
+    absl::StatusOr<std::vector<std::vector<float>>> init =
+        InitialFromFile((*workload)->spec(), job->init_safetensors);
+    if (!init.ok()) return init.status();
+    initial = *std::move(init);
+    topts.initial_parameters = &initial;
+  }
+  absl::StatusOr<std::unique_ptr<comm::FileStore>> store = comm::FileStore::Open(options.store_dir);
+  if (!store.ok()) return store.status();
+  topts.backend = comm::Backend::kGloo;
+  topts.store = store->get();
+  topts.group_options.gloo_hostname = options.hostname;
+  topts.group_options.connect_timeout = options.timeout;
+  topts.collective.timeout = options.timeout;
+  topts.group_prefix = absl::StrCat(job->name, "/attempt-", options.attempt);
+  topts.muon = job->muon;
+  topts.adamw = job->adamw;
+  topts.global_batch_size = job->global_batch_size;
+  topts.init_seed = job->init_seed.value_or(0);
+
+  const bool talk = options.rank == 0;
+  if (talk) {
+    out(absl::StrFormat("job %s: %d ranks, %s, %d steps, global batch %d", job->name,
+                        job->world_size, input.options.owner_assignment.empty() ? "lpt" : input.options.owner_assignment,
+                        job->steps, job->global_batch_size));
+  }
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+      Trainer::Create(*plan, workload->get(), options.rank, topts);
+  if (!trainer.ok()) return trainer.status();
+
+  for (int64_t s = 0; s < job->steps; ++s) {
+    absl::StatusOr<StepReport> r = (*trainer)->Step();
+    if (!r.ok()) return Annotate(r.status(), absl::StrCat("step ", s));
+    if (talk) {
+      int64_t bytes = 0;
+      for (const auto& [name, b] : r->bytes_sent) bytes += b;
+      const PhaseTimes& t = r->times;
+      out(absl::StrFormat(
+          "step %4d  loss %.6e  | ms: gather %s fwd/bwd %s reduce %s adamw %s muon %s/%s/%s/%s "
+          "after %s | sent %d B",
+          s, r->loss, Ms(t.param_gather), Ms(t.forward_backward), Ms(t.grad_reduce),
+          Ms(t.adamw), Ms(t.muon_gather), Ms(t.newton_schulz), Ms(t.muon_scatter),
+          Ms(t.muon_apply), Ms(t.param_allgather_after_step), bytes));
+    }
+  }
+
+  absl::StatusOr<std::vector<std::vector<float>>> weights = (*trainer)->GatherParameters();
+  if (!weights.ok()) return Annotate(weights.status(), "gathering the final weights");
+  if (talk && !job->export_path.empty()) {
+    std::vector<io::TensorView> views;
+    size_t i = 0;
+    for (const plan::UnitSpec& u : (*workload)->spec().units) {
+      for (const plan::ParamSpec& p : u.params) {
+        views.push_back({p.name, p.shape, (*weights)[i++].data()});
+      }
+    }
+    std::error_code ec;
+    const std::filesystem::path parent = std::filesystem::path(job->export_path).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    absl::Status st = io::WriteSafetensors(job->export_path, views);
+    if (!st.ok()) return st;
+    out(absl::StrCat("wrote ", job->export_path));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace muonmesh::worker

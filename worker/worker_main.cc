@@ -1,0 +1,89 @@
+// muonmesh-worker: one rank of a job. For now only --standalone (ranks meet
+// through a shared folder, no coordinator); the control plane adds the
+// daemon mode that registers with a coordinator.
+
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "worker/standalone.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: muonmesh-worker --standalone --job FILE --rank R --world-size W --store DIR\n"
+    "                       [--hostname 127.0.0.1] [--timeout-seconds 60] [--attempt 0]\n"
+    "\n"
+    "Runs rank R of the job file (a JobSpec in YAML or JSON) to completion. All W ranks\n"
+    "share --store (a folder; use a fresh one per attempt) to find each other and talk\n"
+    "over Gloo/TCP. Rank 0 prints the loss of every step and writes output.export.\n"
+    "Exit codes: 0 done, 1 the job is invalid or failed, 2 usage error.\n";
+
+int Usage(const std::string& problem) {
+  std::cerr << "muonmesh-worker: " << problem << "\n" << kUsage;
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  muonmesh::worker::StandaloneOptions options;
+  bool standalone = false;
+  bool have_rank = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::cout << kUsage;
+      return 0;
+    }
+    if (arg == "--standalone") {
+      standalone = true;
+      continue;
+    }
+    if (i + 1 >= argc) return Usage(absl::StrCat(arg, " needs a value"));
+    const std::string value = argv[++i];
+    int64_t number = 0;
+    const bool numeric = absl::SimpleAtoi(value, &number);
+    if (arg == "--job") {
+      options.job_path = value;
+    } else if (arg == "--store") {
+      options.store_dir = value;
+    } else if (arg == "--hostname") {
+      options.hostname = value;
+    } else if (arg == "--rank") {
+      if (!numeric) return Usage(absl::StrCat("--rank: not an integer: '", value, "'"));
+      options.rank = static_cast<int32_t>(number);
+      have_rank = true;
+    } else if (arg == "--world-size") {
+      if (!numeric) return Usage(absl::StrCat("--world-size: not an integer: '", value, "'"));
+      options.world_size = number;
+    } else if (arg == "--timeout-seconds") {
+      if (!numeric || number < 1) {
+        return Usage(absl::StrCat("--timeout-seconds: not a positive integer: '", value, "'"));
+      }
+      options.timeout = absl::Seconds(number);
+    } else if (arg == "--attempt") {
+      if (!numeric || number < 0) return Usage(absl::StrCat("--attempt: bad value '", value, "'"));
+      options.attempt = static_cast<int>(number);
+    } else {
+      return Usage(absl::StrCat("unknown flag ", arg));
+    }
+  }
+  if (!standalone) return Usage("only --standalone mode exists so far");
+  if (options.job_path.empty()) return Usage("--job is required");
+  if (options.store_dir.empty()) return Usage("--store is required");
+  if (!have_rank) return Usage("--rank is required");
+  if (options.world_size < 1) return Usage("--world-size is required (>= 1)");
+
+  absl::Status st = muonmesh::worker::RunStandalone(
+      options, [](const std::string& line) { std::cout << line << std::endl; });
+  if (!st.ok()) {
+    std::cerr << "muonmesh-worker rank " << options.rank << ": "
+              << absl::StatusCodeToString(st.code()) << ": " << st.message() << std::endl;
+    return 1;
+  }
+  return 0;
+}
