@@ -1,5 +1,8 @@
 #include "worker/standalone.h"
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -8,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "server/plan/planner.h"
 #include "server/plan/validate.h"
@@ -124,6 +128,18 @@ absl::StatusOr<std::vector<std::vector<float>>> InitialFromFile(const plan::Mode
 
 std::string Ms(absl::Duration d) { return absl::StrFormat("%.1f", absl::ToDoubleMilliseconds(d)); }
 
+int64_t PeakRssBytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;
+}
+
+// The optimizer step: AdamW, Muon (all phases) and the after-step gather.
+absl::Duration OptimizerTime(const PhaseTimes& t) {
+  return t.adamw + t.muon_prepare + t.muon_gather + t.newton_schulz + t.muon_scatter +
+         t.muon_apply + t.param_allgather_after_step;
+}
+
 }  // namespace
 
 absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out) {
@@ -184,6 +200,13 @@ absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out
 
   const bool talk = options.rank == 0;
   if (talk) {
+    int64_t planned = 0;
+    for (const plan::CollectiveBytes& c : plan->collectives) planned += c.bytes_per_step;
+    const int64_t domains = job->world_size / plan->dense.size;
+    out(absl::StrFormat("plan: %d bytes per step in all collectives, Muon exchange %d bytes "
+                        "(lower bound %d)",
+                        planned, plan->dense.exchange_bytes * domains,
+                        plan->dense.exchange_lower_bound_bytes * domains));
     out(absl::StrFormat("job %s: %d ranks, %s, %d steps, global batch %d", job->name,
                         job->world_size, input.options.owner_assignment.empty() ? "lpt" : input.options.owner_assignment,
                         job->steps, job->global_batch_size));
@@ -192,9 +215,17 @@ absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out
       Trainer::Create(*plan, workload->get(), options.rank, topts);
   if (!trainer.ok()) return trainer.status();
 
+  std::vector<double> optimizer_ms;
+  int64_t bytes_all_steps = 0;
+  int64_t muon_bytes_all_steps = 0;
   for (int64_t s = 0; s < job->steps; ++s) {
     absl::StatusOr<StepReport> r = (*trainer)->Step();
     if (!r.ok()) return Annotate(r.status(), absl::StrCat("step ", s));
+    optimizer_ms.push_back(absl::ToDoubleMilliseconds(OptimizerTime(r->times)));
+    for (const auto& [name, b] : r->bytes_sent) {
+      bytes_all_steps += b;
+      if (absl::StartsWith(name, "muon_")) muon_bytes_all_steps += b;
+    }
     if (talk) {
       int64_t bytes = 0;
       for (const auto& [name, b] : r->bytes_sent) bytes += b;
@@ -207,6 +238,17 @@ absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out
           Ms(t.muon_apply), Ms(t.param_allgather_after_step), bytes));
     }
   }
+
+  // One machine-readable line per rank (benchmarks aggregate them).
+  std::vector<double> sorted = optimizer_ms;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted.empty() ? 0.0 : sorted[sorted.size() / 2];
+  const int64_t steps = std::max<int64_t>(1, job->steps);
+  out(absl::StrFormat(
+      "summary rank=%d steps=%d optimizer_ms_median=%.3f bytes_per_step=%d "
+      "muon_bytes_per_step=%d peak_rss_bytes=%d shard_bytes=%d",
+      options.rank, job->steps, median, bytes_all_steps / steps, muon_bytes_all_steps / steps,
+      PeakRssBytes(), (*trainer)->shard_bytes()));
 
   absl::StatusOr<std::vector<std::vector<float>>> weights = (*trainer)->GatherParameters();
   if (!weights.ok()) return Annotate(weights.status(), "gathering the final weights");
