@@ -69,7 +69,7 @@ slowest() {  # rule -> max over ranks of the median optimizer step
   for f in "$work/$1".rank*.out; do field "$f" optimizer_ms_median; done | sort -g | tail -n 1
 }
 sum_field() {
-  for f in "$work/$1".rank*.out; do field "$f" "$2"; done | awk '{s += $1} END {printf "%d", s}'
+  for f in "$work/$1".rank*.out; do field "$f" "$2"; done | awk '{s += $1} END {printf "%.0f", s}'
 }
 lpt_ms=$(slowest lpt)
 ag_ms=$(slowest allgather)
@@ -83,7 +83,7 @@ exchange_lb=$(sed -n 's/.*(lower bound \([0-9]*\)).*/\1/p' <<<"$plan_line")
 measured=$(sum_field lpt bytes_per_step)
 awk -v m="$measured" -v p="$planned" -v e="$exchange" -v lb="$exchange_lb" 'BEGIN {
   bound = p - e + lb
-  printf "bytes per step (all ranks): measured %d, plan %d, lower bound %d: %.3fx the lower bound\n", m, p, bound, m / bound }'
+  printf "bytes per step (all ranks): measured %.0f, plan %.0f, lower bound %.0f: %.3fx the lower bound\n", m, p, bound, m / bound }'
 
 for f in "$work"/lpt.rank*.out; do
   rss=$(field "$f" peak_rss_bytes)

@@ -17,6 +17,32 @@
 namespace muonmesh::worker {
 namespace {
 
+// My rows of one matrix: where they sit in my optimizer shard.
+struct LocalRows {
+  int64_t offset = 0;  // in the shard
+  int64_t row_start = 0;
+  int64_t row_count = 0;
+};
+
+// Rows [row_start, row_start + rows) of the unit's matrix `matrix` (an index
+// into UnitState::matrices), as one run of an exchange buffer.
+struct Run {
+  int32_t matrix = 0;
+  int64_t row_start = 0;
+  int64_t rows = 0;
+};
+
+// The unit's Muon exchange, fixed by the plan: buffers are laid out by peer
+// position, then by matrix order, so both sides agree without talking.
+struct Exchange {
+  std::vector<int64_t> send_counts;  // floats to each position (the gather)
+  std::vector<int64_t> recv_counts;  // floats from each position
+  std::vector<Run> send;             // my rows, in send-buffer order
+  std::vector<Run> recv;             // rows I receive, in receive-buffer order
+  int64_t send_total = 0;
+  int64_t recv_total = 0;
+};
+
 // This rank's view of one unit on the dense mesh.
 struct UnitState {
   int32_t unit = 0;
@@ -28,13 +54,13 @@ struct UnitState {
   std::vector<float> grad;        // my reduced optimizer shard: S floats
   std::vector<float> state1;      // Muon momentum / AdamW exp_avg
   std::vector<float> state2;      // AdamW exp_avg_sq
-};
-
-// My rows of one matrix: where they sit in my optimizer shard.
-struct LocalRows {
-  int64_t offset = 0;  // in the shard
-  int64_t row_start = 0;
-  int64_t row_count = 0;
+  // Muon, per entry of `matrices`: my rows, where their u / O rows sit in
+  // Impl::rows, and the whole matrix when I orthogonalize it (else empty).
+  std::vector<LocalRows> mine;
+  std::vector<int64_t> rows_offset;
+  int64_t rows_total = 0;
+  std::vector<std::vector<float>> whole;
+  Exchange exchange;
 };
 
 int64_t Elements(const plan::ParamSpec& p) { return plan::NumElements(p); }
@@ -185,8 +211,69 @@ struct Trainer::Impl {
     return absl::OkStatus();
   }
 
+  // Fixes the unit's Muon exchange from the plan (once, at creation).
+  void PlanMuon(UnitState& u) const;
   absl::Status Muon(UnitState& u, StepReport* report);
 };
+
+namespace {
+
+// Copies between an exchange buffer and per-matrix storage, run by run:
+// `to_buffer` packs, otherwise unpacks. `at(i, row)` is the matrix side.
+template <typename At>
+void Walk(const std::vector<Run>& runs, const std::vector<int32_t>& matrices,
+          const std::vector<plan::MatrixPlan>& all, float* buffer, bool to_buffer, At at) {
+  for (const Run& r : runs) {
+    const int64_t n = r.rows * all[matrices[r.matrix]].cols;
+    float* other = at(r.matrix, r.row_start);
+    if (to_buffer) {
+      std::copy(other, other + n, buffer);
+    } else {
+      std::copy(buffer, buffer + n, other);
+    }
+    buffer += n;
+  }
+}
+
+}  // namespace
+
+void Trainer::Impl::PlanMuon(UnitState& u) const {
+  const std::vector<plan::MatrixPlan>& all = plan->dense.matrices;
+  const bool everyone = plan->config.owner_rule == plan::OwnerRule::kAllGather;
+  const size_t n = u.matrices.size();
+  u.mine.resize(n);
+  u.rows_offset.resize(n);
+  u.whole.assign(n, {});
+  u.rows_total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const plan::MatrixPlan& m = all[u.matrices[i]];
+    u.mine[i] = Mine(u, m);
+    u.rows_offset[i] = u.rows_total;
+    u.rows_total += u.mine[i].row_count * m.cols;
+    if (everyone || m.owner == position) u.whole[i].assign(m.rows * m.cols, 0.0f);
+  }
+  Exchange& ex = u.exchange;
+  ex = Exchange{};
+  ex.send_counts.assign(domain_size, 0);
+  ex.recv_counts.assign(domain_size, 0);
+  for (int32_t q = 0; q < domain_size; ++q) {
+    for (size_t i = 0; i < n; ++i) {
+      const plan::MatrixPlan& m = all[u.matrices[i]];
+      if (u.mine[i].row_count > 0 && (everyone || m.owner == q)) {
+        ex.send.push_back({static_cast<int32_t>(i), u.mine[i].row_start, u.mine[i].row_count});
+        ex.send_counts[q] += u.mine[i].row_count * m.cols;
+      }
+      if (u.whole[i].empty()) continue;
+      for (const plan::Holder& h : m.holders) {
+        if (h.position != q) continue;
+        ex.recv.push_back({static_cast<int32_t>(i), h.row_start, h.row_count});
+        ex.recv_counts[q] += h.row_count * m.cols;
+      }
+    }
+    ex.send_total += ex.send_counts[q];
+    ex.recv_total += ex.recv_counts[q];
+  }
+}
 
 absl::Status Trainer::Impl::Muon(UnitState& u, StepReport* report) {
   if (u.matrices.empty()) return absl::OkStatus();
@@ -194,100 +281,49 @@ absl::Status Trainer::Impl::Muon(UnitState& u, StepReport* report) {
   const std::vector<plan::MatrixPlan>& all = plan->dense.matrices;
   const bool everyone = plan->config.owner_rule == plan::OwnerRule::kAllGather;
   float* p = u.param.data() + (position % k) * l.shard_elements;
+  const Exchange& ex = u.exchange;
+  // u / O rows of matrix i starting at matrix row `row` (within my rows).
+  auto my_rows = [&](int32_t i, int64_t row) {
+    return rows.data() + u.rows_offset[i] + (row - u.mine[i].row_start) * all[u.matrices[i]].cols;
+  };
+  auto whole_rows = [&](int32_t i, int64_t row) {
+    return u.whole[i].data() + row * all[u.matrices[i]].cols;
+  };
 
-  // 1. Momentum and the Nesterov input on my rows, into `rows`.
+  // 1. Momentum and the Nesterov input on my rows.
   absl::Time t0 = absl::Now();
-  std::vector<LocalRows> mine(u.matrices.size());
-  std::vector<int64_t> rows_offset(u.matrices.size());
-  int64_t total = 0;
+  rows.resize(std::max<int64_t>(u.rows_total, 1));
   for (size_t i = 0; i < u.matrices.size(); ++i) {
-    mine[i] = Mine(u, all[u.matrices[i]]);
-    rows_offset[i] = total;
-    total += mine[i].row_count * all[u.matrices[i]].cols;
-  }
-  rows.resize(std::max<int64_t>(total, 1));
-  for (size_t i = 0; i < u.matrices.size(); ++i) {
-    const int64_t n = mine[i].row_count * all[u.matrices[i]].cols;
+    const int64_t n = u.mine[i].row_count * all[u.matrices[i]].cols;
     if (n == 0) continue;
     absl::Status st = math::MuonPrepare(
-        options.muon, absl::MakeConstSpan(u.grad.data() + mine[i].offset, n),
-        absl::MakeConstSpan(u.state1.data() + mine[i].offset, n),
-        absl::MakeSpan(rows.data() + rows_offset[i], n));
+        options.muon, absl::MakeConstSpan(u.grad.data() + u.mine[i].offset, n),
+        absl::MakeConstSpan(u.state1.data() + u.mine[i].offset, n),
+        absl::MakeSpan(rows.data() + u.rows_offset[i], n));
     if (!st.ok()) return st;
   }
   report->times.muon_prepare += absl::Now() - t0;
 
   // 2. One exchange: my rows to each matrix's owner (to everyone for the
-  // allgather baseline). Send and receive buffers are laid out by peer
-  // position, then by matrix order, so both sides agree without talking.
+  // allgather baseline), assembled into whole matrices there.
   t0 = absl::Now();
-  const int64_t d = domain_size;
-  auto receives = [&](size_t i) { return everyone || all[u.matrices[i]].owner == position; };
-  auto sends_to = [&](size_t i, int64_t q) {
-    return mine[i].row_count > 0 && (everyone || all[u.matrices[i]].owner == q);
-  };
-  std::vector<int64_t> send_counts(d, 0), recv_counts(d, 0);
-  for (int64_t q = 0; q < d; ++q) {
-    for (size_t i = 0; i < u.matrices.size(); ++i) {
-      const plan::MatrixPlan& m = all[u.matrices[i]];
-      if (sends_to(i, q)) send_counts[q] += mine[i].row_count * m.cols;
-      if (receives(i)) {
-        for (const plan::Holder& h : m.holders) {
-          if (h.position == q) recv_counts[q] += h.row_count * m.cols;
-        }
-      }
-    }
-  }
-  int64_t send_total = 0, recv_total = 0;
-  for (int64_t q = 0; q < d; ++q) {
-    send_total += send_counts[q];
-    recv_total += recv_counts[q];
-  }
-  send.resize(std::max<int64_t>(send_total, 1));
-  recv.resize(std::max<int64_t>(recv_total, 1));
-  int64_t at = 0;
-  for (int64_t q = 0; q < d; ++q) {
-    for (size_t i = 0; i < u.matrices.size(); ++i) {
-      if (!sends_to(i, q)) continue;
-      const int64_t n = mine[i].row_count * all[u.matrices[i]].cols;
-      std::copy(rows.begin() + rows_offset[i], rows.begin() + rows_offset[i] + n,
-                send.begin() + at);
-      at += n;
-    }
-  }
-  const std::string gather_name = everyone ? "muon_allgather" : "muon_gather";
-  absl::Status st = Counted(*domain_comm, gather_name, report, [&] {
-    return domain_comm->AllToAllV(send.data(), send_counts, recv.data(), recv_counts,
+  send.resize(std::max<int64_t>(ex.send_total, 1));
+  recv.resize(std::max<int64_t>(ex.recv_total, 1));
+  Walk(ex.send, u.matrices, all, send.data(), /*to_buffer=*/true, my_rows);
+  absl::Status st = Counted(*domain_comm, everyone ? "muon_allgather" : "muon_gather", report, [&] {
+    return domain_comm->AllToAllV(send.data(), ex.send_counts, recv.data(), ex.recv_counts,
                                   options.collective);
   });
   if (!st.ok()) return st;
-  // Assemble the matrices I orthogonalize.
-  std::vector<std::vector<float>> owned(u.matrices.size());
-  for (size_t i = 0; i < u.matrices.size(); ++i) {
-    if (receives(i)) owned[i].resize(all[u.matrices[i]].rows * all[u.matrices[i]].cols);
-  }
-  at = 0;
-  for (int64_t q = 0; q < d; ++q) {
-    for (size_t i = 0; i < u.matrices.size(); ++i) {
-      if (!receives(i)) continue;
-      const plan::MatrixPlan& m = all[u.matrices[i]];
-      for (const plan::Holder& h : m.holders) {
-        if (h.position != q) continue;
-        const int64_t n = h.row_count * m.cols;
-        std::copy(recv.begin() + at, recv.begin() + at + n,
-                  owned[i].begin() + h.row_start * m.cols);
-        at += n;
-      }
-    }
-  }
+  Walk(ex.recv, u.matrices, all, recv.data(), /*to_buffer=*/false, whole_rows);
   report->times.muon_gather += absl::Now() - t0;
 
-  // 3. Newton-Schulz on every matrix I received.
+  // 3. Newton-Schulz on every whole matrix I hold.
   t0 = absl::Now();
   for (size_t i = 0; i < u.matrices.size(); ++i) {
-    if (owned[i].empty()) continue;
+    if (u.whole[i].empty()) continue;
     const plan::MatrixPlan& m = all[u.matrices[i]];
-    st = ns.Run(owned[i].data(), m.rows, m.cols, options.muon.ns);
+    st = ns.Run(u.whole[i].data(), m.rows, m.cols, options.muon.ns);
     if (!st.ok()) {
       return absl::Status(st.code(), absl::StrCat("Newton-Schulz on ",
                                                   plan->units[u.unit].name, ": ", st.message()));
@@ -296,47 +332,24 @@ absl::Status Trainer::Impl::Muon(UnitState& u, StepReport* report) {
   }
   report->times.newton_schulz += absl::Now() - t0;
 
-  // 4. Back: O rows to each holder (the reverse exchange), or, for the
-  // allgather baseline, my rows of my own result.
+  // 4. Back: the reverse exchange carries O rows to their holders; the
+  // allgather baseline takes its rows from its own result.
   t0 = absl::Now();
   if (everyone) {
     for (size_t i = 0; i < u.matrices.size(); ++i) {
-      const int64_t n = mine[i].row_count * all[u.matrices[i]].cols;
+      const int64_t n = u.mine[i].row_count * all[u.matrices[i]].cols;
       if (n == 0) continue;
-      const int64_t from = mine[i].row_start * all[u.matrices[i]].cols;
-      std::copy(owned[i].begin() + from, owned[i].begin() + from + n,
-                rows.begin() + rows_offset[i]);
+      const float* from = whole_rows(static_cast<int32_t>(i), u.mine[i].row_start);
+      std::copy(from, from + n, rows.data() + u.rows_offset[i]);
     }
   } else {
-    // The reverse of the gather: what I received I send back, in place.
-    at = 0;
-    for (int64_t q = 0; q < d; ++q) {
-      for (size_t i = 0; i < u.matrices.size(); ++i) {
-        if (!receives(i)) continue;
-        const plan::MatrixPlan& m = all[u.matrices[i]];
-        for (const plan::Holder& h : m.holders) {
-          if (h.position != q) continue;
-          const int64_t n = h.row_count * m.cols;
-          std::copy(owned[i].begin() + h.row_start * m.cols,
-                    owned[i].begin() + h.row_start * m.cols + n, recv.begin() + at);
-          at += n;
-        }
-      }
-    }
+    Walk(ex.recv, u.matrices, all, recv.data(), /*to_buffer=*/true, whole_rows);
     st = Counted(*domain_comm, "muon_scatter", report, [&] {
-      return domain_comm->AllToAllV(recv.data(), recv_counts, send.data(), send_counts,
+      return domain_comm->AllToAllV(recv.data(), ex.recv_counts, send.data(), ex.send_counts,
                                     options.collective);
     });
     if (!st.ok()) return st;
-    at = 0;
-    for (int64_t q = 0; q < d; ++q) {
-      for (size_t i = 0; i < u.matrices.size(); ++i) {
-        if (!sends_to(i, q)) continue;
-        const int64_t n = mine[i].row_count * all[u.matrices[i]].cols;
-        std::copy(send.begin() + at, send.begin() + at + n, rows.begin() + rows_offset[i]);
-        at += n;
-      }
-    }
+    Walk(ex.send, u.matrices, all, send.data(), /*to_buffer=*/false, my_rows);
   }
   report->times.muon_scatter += absl::Now() - t0;
 
@@ -344,13 +357,13 @@ absl::Status Trainer::Impl::Muon(UnitState& u, StepReport* report) {
   t0 = absl::Now();
   for (size_t i = 0; i < u.matrices.size(); ++i) {
     const plan::MatrixPlan& m = all[u.matrices[i]];
-    const int64_t n = mine[i].row_count * m.cols;
+    const int64_t n = u.mine[i].row_count * m.cols;
     if (n == 0) continue;
     st = math::MuonApply(options.muon, m.rows, m.cols,
-                         absl::MakeConstSpan(u.grad.data() + mine[i].offset, n),
-                         absl::MakeConstSpan(rows.data() + rows_offset[i], n),
-                         absl::MakeSpan(u.state1.data() + mine[i].offset, n),
-                         absl::MakeSpan(p + mine[i].offset, n));
+                         absl::MakeConstSpan(u.grad.data() + u.mine[i].offset, n),
+                         absl::MakeConstSpan(rows.data() + u.rows_offset[i], n),
+                         absl::MakeSpan(u.state1.data() + u.mine[i].offset, n),
+                         absl::MakeSpan(p + u.mine[i].offset, n));
     if (!st.ok()) {
       return absl::Status(st.code(), absl::StrCat("Muon update of ", plan->units[u.unit].name,
                                                   ": ", st.message()));
@@ -503,6 +516,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
                     sizeof(float) * seg.row_count * len);
       }
     }
+    impl->PlanMuon(st);
     impl->units.push_back(std::move(st));
   }
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
