@@ -143,10 +143,12 @@ void Refine(Assignment& a, const DomainPlan& d) {
       }
     }
     if (moved) continue;
-    // Swaps with positions that hold rows of the matrix leaving `top`.
+    // Swaps with the positions a matrix leaving `top` may go to (its
+    // holders; every position in small domains).
     for (int32_t j : mine) {
-      for (const Holder& h : d.matrices[j].holders) {
-        const int32_t b = h.position;
+      std::vector<int32_t> partners;
+      a.ForEachCandidate(j, [&](int32_t p) { partners.push_back(p); });
+      for (const int32_t b : partners) {
         if (b == top) continue;
         const double j_off = a.load(top) - a.Cost(d.matrices[j], top);
         const double j_on = a.load(b) + a.Cost(d.matrices[j], b);
