@@ -109,27 +109,36 @@ absl::StatusOr<plan::ModelSpec> MlpSpec(absl::Span<const int64_t> dims) {
   return spec;
 }
 
+namespace {
+
+// Layer i's documented initial weight [d_{i+1}, d_i] and bias [d_{i+1}].
+void InitLayer(absl::Span<const int64_t> dims, uint64_t seed, int64_t i, float* w, float* b) {
+  const int64_t in = dims[i];
+  const int64_t out = dims[i + 1];
+  // float(u / sqrt(in)) with one rounding: u * (1 / sqrt(in)) would round
+  // twice, so divide element by element.
+  const UniformStream ws(seed, static_cast<uint64_t>(2 * i));
+  for (int64_t k = 0; k < out * in; ++k) {
+    w[k] = static_cast<float>(static_cast<double>(ws.At(static_cast<uint64_t>(k))) /
+                              std::sqrt(static_cast<double>(in)));
+  }
+  const UniformStream bs(seed, static_cast<uint64_t>(2 * i + 1));
+  for (int64_t r = 0; r < out; ++r) {
+    b[r] = static_cast<float>(static_cast<double>(bs.At(static_cast<uint64_t>(r))) /
+                              std::sqrt(static_cast<double>(in)));
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<std::vector<float>>> MlpInitialParams(absl::Span<const int64_t> dims,
                                                                  uint64_t seed) {
   if (absl::Status st = ValidateMlpDims(dims); !st.ok()) return st;
   std::vector<std::vector<float>> params;
   for (int64_t i = 0; i < NumLayers(dims); ++i) {
-    const int64_t in = dims[i];
-    const int64_t out = dims[i + 1];
-    std::vector<float> w(static_cast<size_t>(out * in));
-    std::vector<float> b(static_cast<size_t>(out));
-    // float(u / sqrt(in)) with one rounding: u * (1 / sqrt(in)) would round
-    // twice, so divide element by element.
-    const UniformStream ws(seed, static_cast<uint64_t>(2 * i));
-    for (int64_t k = 0; k < out * in; ++k) {
-      w[k] = static_cast<float>(static_cast<double>(ws.At(static_cast<uint64_t>(k))) /
-                                std::sqrt(static_cast<double>(in)));
-    }
-    const UniformStream bs(seed, static_cast<uint64_t>(2 * i + 1));
-    for (int64_t r = 0; r < out; ++r) {
-      b[r] = static_cast<float>(static_cast<double>(bs.At(static_cast<uint64_t>(r))) /
-                                std::sqrt(static_cast<double>(in)));
-    }
+    std::vector<float> w(static_cast<size_t>(dims[i + 1] * dims[i]));
+    std::vector<float> b(static_cast<size_t>(dims[i + 1]));
+    InitLayer(dims, seed, i, w.data(), b.data());
     params.push_back(std::move(w));
     params.push_back(std::move(b));
   }
@@ -265,6 +274,19 @@ absl::Status Mlp::Initialize(uint64_t seed, absl::Span<float* const> params) con
   return absl::OkStatus();
 }
 
+absl::Status Mlp::InitializeUnit(uint64_t seed, int unit, absl::Span<float* const> params) const {
+  if (unit < 0 || unit >= NumLayers(dims_)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mlp init: unit ", unit, " is outside [0, ", NumLayers(dims_), ")"));
+  }
+  if (params.size() != 2 || AnyNull(params)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mlp init: unit ", unit, " needs 2 non-null tensors, got ", params.size()));
+  }
+  InitLayer(dims_, seed, unit, params[0], params[1]);
+  return absl::OkStatus();
+}
+
 void Mlp::Reserve(int64_t n) {
   if (n <= capacity_) return;
   const int64_t max_dim = *std::max_element(dims_.begin(), dims_.end());
@@ -272,6 +294,21 @@ void Mlp::Reserve(int64_t n) {
   delta_.resize(static_cast<size_t>(n * max_dim));
   delta_next_.resize(static_cast<size_t>(n * max_dim));
   capacity_ = n;
+}
+
+absl::Status Mlp::CheckSamples(absl::Span<const int64_t> samples) const {
+  if (samples.empty()) return absl::InvalidArgumentError("mlp: empty sample list");
+  if (samples.size() > static_cast<size_t>(INT_MAX)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mlp: ", samples.size(), " samples in one call exceed ", INT_MAX));
+  }
+  for (size_t j = 0; j < samples.size(); ++j) {
+    if (samples[j] < 0 || samples[j] >= num_samples_) {
+      return absl::InvalidArgumentError(absl::StrCat("mlp: samples[", j, "] = ", samples[j],
+                                                     " is outside [0, ", num_samples_, ")"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<double> Mlp::ForwardBackward(int64_t /*step*/, absl::Span<const float* const> params,
@@ -284,17 +321,7 @@ absl::StatusOr<double> Mlp::ForwardBackward(int64_t /*step*/, absl::Span<const f
   if (absl::Status st = CheckPointers(dims_, grads.size(), AnyNull(grads), "mlp grads"); !st.ok()) {
     return st;
   }
-  if (samples.empty()) return absl::InvalidArgumentError("mlp: empty sample list");
-  if (samples.size() > static_cast<size_t>(INT_MAX)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("mlp: ", samples.size(), " samples in one call exceed ", INT_MAX));
-  }
-  for (size_t j = 0; j < samples.size(); ++j) {
-    if (samples[j] < 0 || samples[j] >= num_samples_) {
-      return absl::InvalidArgumentError(absl::StrCat("mlp: samples[", j, "] = ", samples[j],
-                                                     " is outside [0, ", num_samples_, ")"));
-    }
-  }
+  if (absl::Status st = CheckSamples(samples); !st.ok()) return st;
 
   const int64_t n = static_cast<int64_t>(samples.size());
   const int64_t layers = NumLayers(dims_);
@@ -350,6 +377,113 @@ absl::StatusOr<double> Mlp::ForwardBackward(int64_t /*step*/, absl::Span<const f
                 params[2 * i], static_cast<int>(in), 0.0f, delta_next, static_cast<int>(in));
     for (int64_t k = 0; k < n * in; ++k) delta_next[k] *= 1.0f - h[k] * h[k];
     std::swap(delta, delta_next);
+  }
+  return sum / denom;
+}
+
+absl::StatusOr<double> Mlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& units,
+                                                  absl::Span<const int64_t> samples) {
+  if (absl::Status st = CheckSamples(samples); !st.ok()) return st;
+  const int64_t n = static_cast<int64_t>(samples.size());
+  const int64_t layers = NumLayers(dims_);
+  const int64_t d_in = dims_.front();
+  const int64_t d_out = dims_.back();
+  Reserve(n);
+
+  // Acquires layer i's whole tensors (W_i, b_i), checked; released on error.
+  auto acquire = [&](int64_t i) -> absl::StatusOr<absl::Span<const float* const>> {
+    absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(static_cast<int>(i));
+    if (!p.ok()) return p.status();
+    if (p->size() != 2 || AnyNull(*p)) {
+      units.Release(static_cast<int>(i));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "mlp: unit ", i, " was acquired as ", p->size(), " tensors, expected 2 non-null"));
+    }
+    return p;
+  };
+
+  // Forward, one layer at a time: the same LinearForward calls as Forward.
+  float* const x = acts_[0].data();
+  for (int64_t r = 0; r < n; ++r) {
+    std::copy_n(x_.data() + samples[r] * d_in, d_in, x + r * d_in);
+  }
+  for (size_t i = 0; i < acts_.size(); ++i) act_ptrs_[i] = acts_[i].data();
+  absl::Span<const float* const> held;  // the last layer's, kept into the backward pass
+  for (int64_t i = 0; i < layers; ++i) {
+    absl::StatusOr<absl::Span<const float* const>> p = acquire(i);
+    if (!p.ok()) return p.status();
+    LinearForward(n, dims_[i], dims_[i + 1], act_ptrs_[i], (*p)[0], (*p)[1],
+                  /*activate=*/i + 1 < layers, act_ptrs_[i + 1]);
+    if (i + 1 < layers) {
+      units.Release(static_cast<int>(i));
+    } else {
+      held = *p;
+    }
+  }
+
+  // Loss and dL/dy.
+  const float* out = acts_[layers].data();
+  const double denom = static_cast<double>(n) * static_cast<double>(d_out);
+  double sum = 0.0;
+  float* delta = delta_.data();
+  float* delta_next = delta_next_.data();
+  for (int64_t r = 0; r < n; ++r) {
+    const float* target = y_.data() + samples[r] * d_out;
+    for (int64_t o = 0; o < d_out; ++o) {
+      const double d = static_cast<double>(out[r * d_out + o]) - static_cast<double>(target[o]);
+      sum += d * d;
+      delta[r * d_out + o] = static_cast<float>(d * 2.0 / denom);
+    }
+  }
+
+  // Backward, layers in reverse, as ForwardBackward: each layer's gradients
+  // are committed as soon as they are written.
+  for (int64_t i = layers - 1; i >= 0; --i) {
+    const int u = static_cast<int>(i);
+    absl::Span<const float* const> p = held;
+    if (i + 1 < layers) {
+      absl::StatusOr<absl::Span<const float* const>> again = acquire(i);
+      if (!again.ok()) return again.status();
+      p = *again;
+    }
+    absl::StatusOr<absl::Span<float* const>> g = units.GradientBuffers(u);
+    if (!g.ok()) {
+      units.Release(u);
+      return g.status();
+    }
+    if (g->size() != 2 || AnyNull(*g)) {
+      units.Release(u);
+      return absl::InvalidArgumentError(absl::StrCat("mlp: unit ", i, " has ", g->size(),
+                                                     " gradient buffers, expected 2 non-null"));
+    }
+    const int64_t in = dims_[i];
+    const int64_t width = dims_[i + 1];
+    const float* h = acts_[i].data();
+    // dW_i = delta^T h_i   [width, in]
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(width),
+                static_cast<int>(in), static_cast<int>(n), 1.0f, delta, static_cast<int>(width), h,
+                static_cast<int>(in), 0.0f, (*g)[0], static_cast<int>(in));
+    // db_i = column sums of delta, in double.
+    float* db = (*g)[1];
+    for (int64_t o = 0; o < width; ++o) {
+      double s = 0.0;
+      for (int64_t r = 0; r < n; ++r) s += static_cast<double>(delta[r * width + o]);
+      db[o] = static_cast<float>(s);
+    }
+    if (absl::Status st = units.Commit(u); !st.ok()) {
+      units.Release(u);
+      return st;
+    }
+    if (i > 0) {
+      // dL/dh_i = delta W_i   [n, in]; through tanh: * (1 - h_i^2).
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n),
+                  static_cast<int>(in), static_cast<int>(width), 1.0f, delta,
+                  static_cast<int>(width), p[0], static_cast<int>(in), 0.0f, delta_next,
+                  static_cast<int>(in));
+      for (int64_t k = 0; k < n * in; ++k) delta_next[k] *= 1.0f - h[k] * h[k];
+      std::swap(delta, delta_next);
+    }
+    units.Release(u);
   }
   return sum / denom;
 }

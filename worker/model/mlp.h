@@ -116,6 +116,25 @@ class Mlp final : public Workload {
                                          absl::Span<const int64_t> samples,
                                          absl::Span<float* const> grads) override;
 
+  // The same loss and gradients as ForwardBackward, bit for bit (the same
+  // sgemm calls in the same order), streamed unit by unit (unit i is layer
+  // i). Guarantees, for L layers: at most one unit is acquired at any time
+  // and at most one unit's gradient buffers are outstanding; the calls are,
+  // in order,
+  //   forward:  Acquire(i), Release(i) for i = 0 .. L-2, then Acquire(L-1)
+  //             (held into the backward pass: each unit is acquired twice,
+  //             except the last, acquired once);
+  //   backward: for i = L-1 down to 0: [Acquire(i) unless i == L-1],
+  //             GradientBuffers(i), Commit(i), Release(i).
+  // On an error (its own, as ForwardBackward's, or one from `units`) it
+  // releases what it holds and returns; units already committed stay so.
+  absl::StatusOr<double> ForwardBackwardByUnit(int64_t step, UnitAccess& units,
+                                               absl::Span<const int64_t> samples) override;
+
+  // Layer `unit`'s documented initialisation (weight, bias).
+  absl::Status InitializeUnit(uint64_t seed, int unit,
+                              absl::Span<float* const> params) const override;
+
   const std::vector<int64_t>& dims() const { return dims_; }
   // The dataset, row-major: x [N, d_0], y [N, d_L].
   const std::vector<float>& x() const { return x_; }
@@ -123,6 +142,8 @@ class Mlp final : public Workload {
 
  private:
   Mlp(std::vector<int64_t> dims, std::vector<float> x, std::vector<float> y, plan::ModelSpec spec);
+
+  absl::Status CheckSamples(absl::Span<const int64_t> samples) const;
 
   // Grows the scratch buffers to hold `n` samples (never shrinks them).
   void Reserve(int64_t n);

@@ -165,4 +165,63 @@ absl::StatusOr<double> Synthetic::ForwardBackward(int64_t step,
   return 0.5 * sum / static_cast<double>(total_elements_);
 }
 
+absl::StatusOr<double> Synthetic::ForwardBackwardByUnit(int64_t step, UnitAccess& units,
+                                                        absl::Span<const int64_t> samples) {
+  if (step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("synthetic: step ", step, " is negative"));
+  }
+  if (samples.empty()) return absl::InvalidArgumentError("synthetic: empty sample list");
+  for (size_t j = 0; j < samples.size(); ++j) {
+    if (samples[j] != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("synthetic: samples[", j, "] = ", samples[j], " is outside [0, 1)"));
+    }
+  }
+  const uint64_t seed = gradient_seed_ ^ (static_cast<uint64_t>(step) * kSplitMix64Gamma);
+  double sum = 0.0;
+  size_t p = 0;  // flat index of the unit's first parameter
+  for (size_t u = 0; u < spec_.units.size(); ++u) {
+    const size_t count = spec_.units[u].params.size();
+    // The parameters are never read, but a real model gathers each unit for
+    // its forward pass: acquire it (the traffic the plan counts) and let it
+    // go before the gradients are written, so that the two never coexist.
+    absl::StatusOr<absl::Span<const float* const>> params = units.Acquire(static_cast<int>(u));
+    if (!params.ok()) return params.status();
+    units.Release(static_cast<int>(u));
+    absl::StatusOr<absl::Span<float* const>> grads = units.GradientBuffers(static_cast<int>(u));
+    if (!grads.ok()) return grads.status();
+    if (grads->size() != count || AnyNull(*grads)) {
+      return absl::InvalidArgumentError(absl::StrCat("synthetic: unit ", u, " has ",
+                                                     grads->size(), " gradient buffers, expected ",
+                                                     count, " non-null"));
+    }
+    for (size_t j = 0; j < count; ++j, ++p) {
+      float* g = (*grads)[j];
+      UniformStream(seed, p).Fill(0, elements_[p], kGradientScale, g);
+      for (int64_t k = 0; k < elements_[p]; ++k) sum += static_cast<double>(g[k]) * g[k];
+    }
+    if (absl::Status st = units.Commit(static_cast<int>(u)); !st.ok()) return st;
+  }
+  return 0.5 * sum / static_cast<double>(total_elements_);
+}
+
+absl::Status Synthetic::InitializeUnit(uint64_t seed, int unit,
+                                       absl::Span<float* const> params) const {
+  if (unit < 0 || unit >= static_cast<int>(spec_.units.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("synthetic init: unit ", unit,
+                                                   " is outside [0, ", spec_.units.size(), ")"));
+  }
+  const size_t count = spec_.units[unit].params.size();
+  if (params.size() != count || AnyNull(params)) {
+    return absl::InvalidArgumentError(absl::StrCat("synthetic init: unit ", unit, " needs ", count,
+                                                   " non-null tensors, got ", params.size()));
+  }
+  size_t p = 0;
+  for (int u = 0; u < unit; ++u) p += spec_.units[u].params.size();
+  for (size_t j = 0; j < count; ++j, ++p) {
+    UniformStream(seed, kSyntheticInitStream + p).Fill(0, elements_[p], kInitScale, params[j]);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace muonmesh::worker

@@ -95,6 +95,20 @@ class Synthetic final : public Workload {
                                          absl::Span<const int64_t> samples,
                                          absl::Span<float* const> grads) override;
 
+  // The same gradients and loss as ForwardBackward, bit for bit, unit by
+  // unit: for each unit in order, Acquire(u), Release(u) (the parameters are
+  // not read, but a real model's forward pass gathers each unit once, so the
+  // traffic stays the plan's), GradientBuffers(u), fill, Commit(u). At most
+  // one unit's parameters or one unit's gradients are held at a time, never
+  // both. Errors as ForwardBackward's (checked before the first unit) or
+  // from `units`.
+  absl::StatusOr<double> ForwardBackwardByUnit(int64_t step, UnitAccess& units,
+                                               absl::Span<const int64_t> samples) override;
+
+  // The documented initial weights of one unit's parameters.
+  absl::Status InitializeUnit(uint64_t seed, int unit,
+                              absl::Span<float* const> params) const override;
+
   // Elements of parameter p (flat order) and of all parameters together.
   const std::vector<int64_t>& param_elements() const { return elements_; }
   int64_t total_elements() const { return total_elements_; }

@@ -4,9 +4,10 @@
 // parameters, which the planner lays out) and a function from full parameter
 // tensors and a set of sample indices to a loss and full gradients.
 //
-// The runtime gathers each unit's parameters into whole tensors, calls
-// ForwardBackward on this rank's slice of the global batch, and reduces the
-// gradients over the data-parallel ranks with an average. So that the math
+// The runtime calls ForwardBackwardByUnit on this rank's slice of the
+// global batch: it gathers a unit's parameters into whole tensors when the
+// workload acquires the unit, and reduces a unit's gradients over the
+// data-parallel ranks with an average when the workload commits them. So that the math
 // does not depend on the layout, the loss is the mean over this call's
 // samples (every data-parallel rank gets an equal slice; the average of the
 // slice means is the global mean).
@@ -17,6 +18,13 @@
 //
 // Thread-compatible: one instance per rank; ForwardBackward may keep scratch
 // buffers between calls.
+//
+// Streaming (FSDP style): ForwardBackwardByUnit computes the same loss and
+// gradients but asks for one unit's whole parameters at a time and hands
+// back each unit's gradients as soon as they are final, so that the runtime
+// never holds the whole model. The default implementation acquires every
+// unit and calls ForwardBackward (correct, not memory-saving); workloads
+// override it to stream.
 
 #include <cstdint>
 
@@ -26,6 +34,23 @@
 #include "server/plan/types.h"
 
 namespace muonmesh::worker {
+
+// The runtime's side of ForwardBackwardByUnit. Units are indexed as in
+// spec().units; a unit's tensors are its parameters in spec order.
+class UnitAccess {
+ public:
+  virtual ~UnitAccess() = default;
+  // Whole tensors of unit `unit`, valid until Release(unit). A unit may be
+  // acquired again after its release (the runtime gathers it again).
+  virtual absl::StatusOr<absl::Span<const float* const>> Acquire(int unit) = 0;
+  virtual void Release(int unit) = 0;
+  // Buffers for unit `unit`'s gradients (one per parameter, overwritten by
+  // the workload); Commit(unit) hands them back: the runtime reduces them
+  // right away and may reuse the memory. Each unit is committed exactly once
+  // per call.
+  virtual absl::StatusOr<absl::Span<float* const>> GradientBuffers(int unit) = 0;
+  virtual absl::Status Commit(int unit) = 0;
+};
 
 class Workload {
  public:
@@ -50,6 +75,21 @@ class Workload {
                                                  absl::Span<const float* const> params,
                                                  absl::Span<const int64_t> samples,
                                                  absl::Span<float* const> grads) = 0;
+
+  // The same loss and gradients as ForwardBackward (bit for bit), with the
+  // parameters and gradients exchanged unit by unit through `units`. Every
+  // unit is committed exactly once on success; an error from `units` is
+  // returned as is. The default acquires every unit, runs ForwardBackward,
+  // commits every unit and releases every unit.
+  virtual absl::StatusOr<double> ForwardBackwardByUnit(int64_t step, UnitAccess& units,
+                                                       absl::Span<const int64_t> samples);
+
+  // Writes the initial value of unit `unit`'s parameters (params[j] has the
+  // size of the unit's parameter j): the same values as Initialize. The
+  // default runs Initialize on the whole model and copies the unit out
+  // (correct, model-sized scratch); workloads override it to avoid that.
+  virtual absl::Status InitializeUnit(uint64_t seed, int unit,
+                                      absl::Span<float* const> params) const;
 };
 
 }  // namespace muonmesh::worker

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -48,6 +49,7 @@ struct UnitState {
   int32_t unit = 0;
   const plan::UnitLayout* layout = nullptr;
   std::vector<int32_t> flat;      // per layout tensor: flat parameter index
+  std::vector<int32_t> local;     // per layout tensor: its index within the unit
   std::vector<bool> muon;         // per layout tensor
   std::vector<int32_t> matrices;  // this unit's Muon matrices (plan.dense indices)
   std::vector<float> param;       // my parameter shard: k * S floats
@@ -55,10 +57,12 @@ struct UnitState {
   std::vector<float> state1;      // Muon momentum / AdamW exp_avg
   std::vector<float> state2;      // AdamW exp_avg_sq
   // Muon, per entry of `matrices`: my rows, where their u / O rows sit in
-  // Impl::rows, and the whole matrix when I orthogonalize it (else empty).
+  // Impl::rows, whether I orthogonalize the matrix, and then (during Muon()
+  // only: allocated there and freed at its end) the whole matrix.
   std::vector<LocalRows> mine;
   std::vector<int64_t> rows_offset;
   int64_t rows_total = 0;
+  std::vector<bool> holds;
   std::vector<std::vector<float>> whole;
   Exchange exchange;
 };
@@ -87,10 +91,13 @@ struct Trainer::Impl {
 
   std::vector<UnitState> units;
   std::vector<int64_t> param_sizes;          // flat spec order
-  std::vector<std::vector<float>> params;    // whole tensors (gathered)
-  std::vector<std::vector<float>> grads;     // whole tensors (local)
+  std::vector<int32_t> unit_base;            // per spec unit: flat index of its first parameter
+  std::vector<int32_t> unit_count;           // per spec unit: its number of parameters
+  std::vector<int32_t> state_of;             // per spec unit: index into `units`, or -1
+  // Whole tensors of spec units without a dense layout (never trained):
+  // their initial values, handed out by Acquire as they are.
+  std::vector<std::vector<std::vector<float>>> frozen;
   std::vector<float> full;                   // one unit's padded buffer, D * S
-  std::vector<float> scratch;                // reduce-scatter ping-pong
   math::NewtonSchulz ns;
 
   // Exchange scratch.
@@ -126,8 +133,8 @@ struct Trainer::Impl {
   }
 
   // Gathers unit `u`'s parameters into `full` (position order) and copies
-  // every tensor's rows into `params`.
-  absl::Status GatherUnit(UnitState& u, StepReport* report) {
+  // every tensor's rows into `dst` (the unit's whole tensors, spec order).
+  absl::Status GatherUnit(UnitState& u, StepReport* report, float* const* dst) {
     const plan::UnitLayout& l = *u.layout;
     const int64_t s = l.shard_elements;
     const int64_t n = l.num_shards * s;
@@ -145,15 +152,16 @@ struct Trainer::Impl {
       for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
         const plan::Segment& seg = l.segments[i];
         const int64_t len = l.tensors[seg.tensor].row_len;
-        std::memcpy(params[u.flat[seg.tensor]].data() + seg.row_start * len,
+        std::memcpy(dst[u.local[seg.tensor]] + seg.row_start * len,
                     full.data() + q * s + seg.offset, sizeof(float) * seg.row_count * len);
       }
     }
     return absl::OkStatus();
   }
 
-  // Packs unit `u`'s gradients into `full` and reduces them into u.grad.
-  absl::Status ReduceUnit(UnitState& u, StepReport* report) {
+  // Packs unit `u`'s whole gradients `src` (spec order) into `full` and
+  // reduces them into u.grad.
+  absl::Status ReduceUnit(UnitState& u, StepReport* report, const float* const* src) {
     const plan::UnitLayout& l = *u.layout;
     const int64_t s = l.shard_elements;
     int64_t m = l.num_shards * s;
@@ -164,21 +172,21 @@ struct Trainer::Impl {
         const plan::Segment& seg = l.segments[i];
         const int64_t len = l.tensors[seg.tensor].row_len;
         std::memcpy(full.data() + q * s + seg.offset,
-                    grads[u.flat[seg.tensor]].data() + seg.row_start * len,
+                    src[u.local[seg.tensor]] + seg.row_start * len,
                     sizeof(float) * seg.row_count * len);
       }
     }
+    // Reduce-scatters in place (each level's output is my chunk of its
+    // input), so `full` is the only unit-sized buffer.
     float* cur = full.data();
-    scratch.resize(std::max<int64_t>(m, 1));
     for (auto& c : reduce_scatter_comms) {
       const int64_t out = m / c->size();
+      float* const mine = cur + c->rank() * out;
       absl::Status st = Counted(*c, "grad_reduce_scatter", report, [&] {
-        return c->ReduceScatter(cur, scratch.data(), out, comm::ReduceOp::kAvg,
-                                options.collective);
+        return c->ReduceScatter(cur, mine, out, comm::ReduceOp::kAvg, options.collective);
       });
       if (!st.ok()) return st;
-      std::copy(scratch.begin(), scratch.begin() + out, full.begin());
-      cur = full.data();
+      cur = mine;
       m = out;
     }
     for (auto& c : all_reduce_comms) {
@@ -243,6 +251,7 @@ void Trainer::Impl::PlanMuon(UnitState& u) const {
   const size_t n = u.matrices.size();
   u.mine.resize(n);
   u.rows_offset.resize(n);
+  u.holds.assign(n, false);
   u.whole.assign(n, {});
   u.rows_total = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -250,7 +259,7 @@ void Trainer::Impl::PlanMuon(UnitState& u) const {
     u.mine[i] = Mine(u, m);
     u.rows_offset[i] = u.rows_total;
     u.rows_total += u.mine[i].row_count * m.cols;
-    if (everyone || m.owner == position) u.whole[i].assign(m.rows * m.cols, 0.0f);
+    u.holds[i] = everyone || m.owner == position;
   }
   Exchange& ex = u.exchange;
   ex = Exchange{};
@@ -263,7 +272,7 @@ void Trainer::Impl::PlanMuon(UnitState& u) const {
         ex.send.push_back({static_cast<int32_t>(i), u.mine[i].row_start, u.mine[i].row_count});
         ex.send_counts[q] += u.mine[i].row_count * m.cols;
       }
-      if (u.whole[i].empty()) continue;
+      if (!u.holds[i]) continue;
       for (const plan::Holder& h : m.holders) {
         if (h.position != q) continue;
         ex.recv.push_back({static_cast<int32_t>(i), h.row_start, h.row_count});
@@ -304,6 +313,15 @@ absl::Status Trainer::Impl::Muon(UnitState& u, StepReport* report) {
   }
   report->times.muon_prepare += absl::Now() - t0;
 
+  // The whole matrices I orthogonalize, for this unit's update only (the
+  // exchange below fills every row).
+  for (size_t i = 0; i < u.matrices.size(); ++i) {
+    if (u.holds[i]) u.whole[i].assign(all[u.matrices[i]].rows * all[u.matrices[i]].cols, 0.0f);
+  }
+  auto free_whole = [&] {
+    for (std::vector<float>& w : u.whole) std::vector<float>().swap(w);
+  };
+
   // 2. One exchange: my rows to each matrix's owner (to everyone for the
   // allgather baseline), assembled into whole matrices there.
   t0 = absl::Now();
@@ -321,7 +339,7 @@ absl::Status Trainer::Impl::Muon(UnitState& u, StepReport* report) {
   // 3. Newton-Schulz on every whole matrix I hold.
   t0 = absl::Now();
   for (size_t i = 0; i < u.matrices.size(); ++i) {
-    if (u.whole[i].empty()) continue;
+    if (!u.holds[i]) continue;
     const plan::MatrixPlan& m = all[u.matrices[i]];
     st = ns.Run(u.whole[i].data(), m.rows, m.cols, options.muon.ns);
     if (!st.ok()) {
@@ -351,6 +369,7 @@ absl::Status Trainer::Impl::Muon(UnitState& u, StepReport* report) {
     if (!st.ok()) return st;
     Walk(ex.send, u.matrices, all, send.data(), /*to_buffer=*/false, my_rows);
   }
+  free_whole();
   report->times.muon_scatter += absl::Now() - t0;
 
   // 5. Momentum, weight decay and the update on my rows.
@@ -372,6 +391,148 @@ absl::Status Trainer::Impl::Muon(UnitState& u, StepReport* report) {
   report->times.muon_apply += absl::Now() - t0;
   return absl::OkStatus();
 }
+
+// The runtime's side of Workload::ForwardBackwardByUnit over this rank's
+// shards: Acquire gathers one unit into whole tensors allocated for it (freed
+// on Release), Commit packs and reduces one unit's whole gradients (freed
+// right after). So a step holds only what the workload has acquired and the
+// gradient buffers it has not committed yet, never the whole model.
+class Trainer::UnitStream final : public UnitAccess {
+ public:
+  UnitStream(Impl& m, StepReport* report)
+      : m_(m), report_(report), slots_(m.state_of.size()) {}
+
+  absl::StatusOr<absl::Span<const float* const>> Acquire(int unit) override {
+    if (absl::Status st = CheckUnit(unit, "Acquire"); !st.ok()) return st;
+    Slot& slot = slots_[unit];
+    if (slot.acquired) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("Acquire(", unit, "): the unit is already acquired"));
+    }
+    const absl::Time t0 = absl::Now();
+    Allocate(unit, slot.params, slot.param_ptrs);
+    slot.const_ptrs.assign(slot.param_ptrs.begin(), slot.param_ptrs.end());
+    if (m_.state_of[unit] < 0) {
+      for (int32_t j = 0; j < m_.unit_count[unit]; ++j) {
+        std::copy(m_.frozen[unit][j].begin(), m_.frozen[unit][j].end(), slot.param_ptrs[j]);
+      }
+    } else {
+      absl::Status st =
+          m_.GatherUnit(m_.units[m_.state_of[unit]], report_, slot.param_ptrs.data());
+      if (!st.ok()) {
+        Free(slot.params, slot.param_ptrs);
+        slot.const_ptrs.clear();
+        return st;
+      }
+    }
+    slot.acquired = true;
+    report_->times.param_gather += absl::Now() - t0;
+    return absl::MakeConstSpan(slot.const_ptrs);
+  }
+
+  void Release(int unit) override {
+    if (unit < 0 || unit >= static_cast<int>(slots_.size())) return;
+    Slot& slot = slots_[unit];
+    Free(slot.params, slot.param_ptrs);
+    slot.const_ptrs.clear();
+    slot.const_ptrs.shrink_to_fit();
+    slot.acquired = false;
+  }
+
+  absl::StatusOr<absl::Span<float* const>> GradientBuffers(int unit) override {
+    if (absl::Status st = CheckUnit(unit, "GradientBuffers"); !st.ok()) return st;
+    Slot& slot = slots_[unit];
+    if (slot.committed) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("GradientBuffers(", unit, "): the unit is already committed"));
+    }
+    if (slot.grads.empty()) Allocate(unit, slot.grads, slot.grad_ptrs);
+    return absl::MakeConstSpan(slot.grad_ptrs);
+  }
+
+  absl::Status Commit(int unit) override {
+    if (absl::Status st = CheckUnit(unit, "Commit"); !st.ok()) return st;
+    Slot& slot = slots_[unit];
+    if (slot.committed) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("Commit(", unit, "): the unit is already committed"));
+    }
+    if (slot.grads.empty() && m_.unit_count[unit] > 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("Commit(", unit, "): no gradient buffers were taken"));
+    }
+    const absl::Time t0 = absl::Now();
+    if (m_.state_of[unit] >= 0) {
+      std::vector<const float*> src(slot.grad_ptrs.begin(), slot.grad_ptrs.end());
+      absl::Status st = m_.ReduceUnit(m_.units[m_.state_of[unit]], report_, src.data());
+      if (!st.ok()) return st;
+    }
+    Free(slot.grads, slot.grad_ptrs);
+    slot.committed = true;
+    report_->times.grad_reduce += absl::Now() - t0;
+    return absl::OkStatus();
+  }
+
+  // Frees whatever the workload left acquired or uncommitted.
+  void ReleaseAll() {
+    for (size_t u = 0; u < slots_.size(); ++u) {
+      Release(static_cast<int>(u));
+      Free(slots_[u].grads, slots_[u].grad_ptrs);
+    }
+  }
+
+  // Every trained unit must have been committed (else its gradient shard
+  // would be stale).
+  absl::Status CheckAllCommitted() const {
+    for (size_t u = 0; u < slots_.size(); ++u) {
+      if (m_.state_of[u] >= 0 && !slots_[u].committed) {
+        return absl::InternalError(absl::StrCat(
+            "the workload returned without committing the gradients of unit ", u));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Slot {
+    // Uninitialised storage: the gather / the workload overwrites it all.
+    std::vector<std::unique_ptr<float[]>> params;
+    std::vector<float*> param_ptrs;
+    std::vector<const float*> const_ptrs;
+    std::vector<std::unique_ptr<float[]>> grads;
+    std::vector<float*> grad_ptrs;
+    bool acquired = false;
+    bool committed = false;
+  };
+
+  absl::Status CheckUnit(int unit, const char* what) const {
+    if (unit < 0 || unit >= static_cast<int>(slots_.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, "(", unit, "): not a unit in [0, ", slots_.size(), ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  void Allocate(int unit, std::vector<std::unique_ptr<float[]>>& bufs,
+                std::vector<float*>& ptrs) const {
+    bufs.clear();
+    ptrs.clear();
+    for (int32_t j = 0; j < m_.unit_count[unit]; ++j) {
+      const int64_t size = m_.param_sizes[m_.unit_base[unit] + j];
+      bufs.emplace_back(new float[static_cast<size_t>(std::max<int64_t>(size, 1))]);
+      ptrs.push_back(bufs.back().get());
+    }
+  }
+
+  static void Free(std::vector<std::unique_ptr<float[]>>& bufs, std::vector<float*>& ptrs) {
+    std::vector<std::unique_ptr<float[]>>().swap(bufs);
+    std::vector<float*>().swap(ptrs);
+  }
+
+  Impl& m_;
+  StepReport* report_;
+  std::vector<Slot> slots_;
+};
 
 Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Trainer::~Trainer() = default;
@@ -447,39 +608,45 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
     impl->all_reduce_comms.push_back(*std::move(c));
   }
 
-  // Whole tensors and this rank's shards.
-  std::vector<int32_t> unit_base;
+  // Sizes, and the initial parameters' shape checks.
   for (const plan::UnitSpec& u : spec.units) {
-    unit_base.push_back(static_cast<int32_t>(impl->param_sizes.size()));
+    impl->unit_base.push_back(static_cast<int32_t>(impl->param_sizes.size()));
+    impl->unit_count.push_back(static_cast<int32_t>(u.params.size()));
     for (const plan::ParamSpec& p : u.params) impl->param_sizes.push_back(Elements(p));
-  }
-  impl->params.resize(impl->param_sizes.size());
-  impl->grads.resize(impl->param_sizes.size());
-  std::vector<float*> param_ptrs;
-  for (size_t i = 0; i < impl->param_sizes.size(); ++i) {
-    impl->params[i].assign(impl->param_sizes[i], 0.0f);
-    impl->grads[i].assign(impl->param_sizes[i], 0.0f);
-    param_ptrs.push_back(impl->params[i].data());
   }
   if (options.initial_parameters != nullptr) {
     const auto& init = *options.initial_parameters;
-    if (init.size() != impl->params.size()) {
+    if (init.size() != impl->param_sizes.size()) {
       return absl::InvalidArgumentError(absl::StrCat("initial parameters: ", init.size(),
                                                      " tensors for a model of ",
-                                                     impl->params.size()));
+                                                     impl->param_sizes.size()));
     }
     for (size_t i = 0; i < init.size(); ++i) {
-      if (init[i].size() != impl->params[i].size()) {
+      if (static_cast<int64_t>(init[i].size()) != impl->param_sizes[i]) {
         return absl::InvalidArgumentError(absl::StrCat("initial parameters: tensor ", i, " has ",
                                                        init[i].size(), " elements, expected ",
-                                                       impl->params[i].size()));
+                                                       impl->param_sizes[i]));
       }
-      impl->params[i] = init[i];
     }
-  } else {
-    absl::Status st = workload->Initialize(options.init_seed, absl::MakeSpan(param_ptrs));
-    if (!st.ok()) return st;
   }
+  // One unit's whole initial tensors at a time (never the whole model).
+  auto initial_unit = [&](size_t u, std::vector<std::vector<float>>& whole) -> absl::Status {
+    whole.assign(impl->unit_count[u], {});
+    std::vector<float*> ptrs;
+    for (int32_t j = 0; j < impl->unit_count[u]; ++j) {
+      const size_t flat = static_cast<size_t>(impl->unit_base[u] + j);
+      if (options.initial_parameters != nullptr) {
+        whole[j] = (*options.initial_parameters)[flat];
+      } else {
+        whole[j].assign(impl->param_sizes[flat], 0.0f);
+      }
+      ptrs.push_back(whole[j].data());
+    }
+    if (options.initial_parameters != nullptr) return absl::OkStatus();
+    return workload->InitializeUnit(options.init_seed, static_cast<int>(u), absl::MakeSpan(ptrs));
+  };
+  impl->state_of.assign(spec.units.size(), -1);
+  impl->frozen.resize(spec.units.size());
 
   std::map<std::pair<int32_t, int32_t>, int32_t> matrix_of;
   for (size_t j = 0; j < plan.dense.matrices.size(); ++j) {
@@ -487,12 +654,18 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
         static_cast<int32_t>(j);
   }
   for (size_t u = 0; u < plan.units.size(); ++u) {
-    if (!plan.units[u].has_dense) continue;
+    std::vector<std::vector<float>> whole;
+    if (absl::Status init_st = initial_unit(u, whole); !init_st.ok()) return init_st;
+    if (!plan.units[u].has_dense) {
+      impl->frozen[u] = std::move(whole);
+      continue;
+    }
     UnitState st;
     st.unit = static_cast<int32_t>(u);
     st.layout = &impl->plan_copy.units[u].dense;
     for (const plan::LayoutTensor& t : st.layout->tensors) {
-      st.flat.push_back(unit_base[u] + t.param);
+      st.flat.push_back(impl->unit_base[u] + t.param);
+      st.local.push_back(t.param);
       // The plan decides (job rules may override the spec's optimizer).
       auto it = matrix_of.find({static_cast<int32_t>(u), t.param});
       st.muon.push_back(it != matrix_of.end());
@@ -512,11 +685,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
         const plan::Segment& seg = l.segments[i];
         const int64_t len = l.tensors[seg.tensor].row_len;
         std::memcpy(st.param.data() + j * s + seg.offset,
-                    impl->params[st.flat[seg.tensor]].data() + seg.row_start * len,
+                    whole[st.local[seg.tensor]].data() + seg.row_start * len,
                     sizeof(float) * seg.row_count * len);
       }
     }
     impl->PlanMuon(st);
+    impl->state_of[u] = static_cast<int32_t>(impl->units.size());
     impl->units.push_back(std::move(st));
   }
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
@@ -527,42 +701,32 @@ absl::StatusOr<StepReport> Trainer::Step() {
   StepReport report;
   report.step = step_;
 
-  absl::Time t0 = absl::Now();
-  for (UnitState& u : m.units) {
-    absl::Status st = m.GatherUnit(u, &report);
-    if (!st.ok()) return st;
-  }
-  report.times.param_gather = absl::Now() - t0;
-
   // My slice of the global batch: samples (s B + j) mod N.
-  t0 = absl::Now();
+  absl::Time t0 = absl::Now();
   const int64_t b = m.options.global_batch_size / m.world;
   const int64_t n = m.workload->num_samples();
   std::vector<int64_t> samples(b);
   for (int64_t j = 0; j < b; ++j) {
     samples[j] = (step_ * m.options.global_batch_size + m.rank * b + j) % n;
   }
-  std::vector<const float*> p;
-  std::vector<float*> g;
-  for (size_t i = 0; i < m.params.size(); ++i) {
-    p.push_back(m.params[i].data());
-    g.push_back(m.grads[i].data());
-  }
-  absl::StatusOr<double> loss = m.workload->ForwardBackward(step_, p, samples, absl::MakeSpan(g));
+  // Forward and backward, unit by unit: the gathers and the reductions run
+  // inside (timed into param_gather and grad_reduce, which are then taken
+  // out of forward_backward).
+  UnitStream stream(m, &report);
+  absl::StatusOr<double> loss = m.workload->ForwardBackwardByUnit(step_, stream, samples);
+  stream.ReleaseAll();
   if (!loss.ok()) return loss.status();
-  report.times.forward_backward = absl::Now() - t0;
+  if (absl::Status st = stream.CheckAllCommitted(); !st.ok()) return st;
+  report.times.forward_backward =
+      (absl::Now() - t0) - report.times.param_gather - report.times.grad_reduce;
 
   t0 = absl::Now();
-  for (UnitState& u : m.units) {
-    absl::Status st = m.ReduceUnit(u, &report);
-    if (!st.ok()) return st;
-  }
   float global_loss = static_cast<float>(*loss);
   absl::Status st = m.world_comm->AllReduce(&global_loss, 1, comm::ReduceOp::kAvg,
                                             m.options.collective);
   if (!st.ok()) return st;
   report.loss = global_loss;
-  report.times.grad_reduce = absl::Now() - t0;
+  report.times.grad_reduce += absl::Now() - t0;
 
   for (UnitState& u : m.units) {
     t0 = absl::Now();
@@ -590,11 +754,24 @@ absl::StatusOr<StepReport> Trainer::Step() {
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> Trainer::GatherParameters() {
-  for (UnitState& u : impl_->units) {
-    absl::Status st = impl_->GatherUnit(u, nullptr);
+  Impl& m = *impl_;
+  std::vector<std::vector<float>> out(m.param_sizes.size());
+  for (size_t u = 0; u < m.state_of.size(); ++u) {
+    std::vector<float*> ptrs;
+    for (int32_t j = 0; j < m.unit_count[u]; ++j) {
+      const size_t flat = static_cast<size_t>(m.unit_base[u] + j);
+      if (m.state_of[u] < 0) {
+        out[flat] = m.frozen[u][j];
+      } else {
+        out[flat].assign(m.param_sizes[flat], 0.0f);
+      }
+      ptrs.push_back(out[flat].data());
+    }
+    if (m.state_of[u] < 0) continue;
+    absl::Status st = m.GatherUnit(m.units[m.state_of[u]], nullptr, ptrs.data());
     if (!st.ok()) return st;
   }
-  return impl_->params;
+  return out;
 }
 
 int64_t Trainer::shard_bytes() const {

@@ -55,11 +55,14 @@ struct TrainerOptions {
   const std::vector<std::vector<float>>* initial_parameters = nullptr;
 };
 
-// Wall time of each phase of one step on this rank.
+// Wall time of each phase of one step on this rank. The parameter gathers
+// and gradient reductions run unit by unit inside the forward and backward
+// passes (Workload::ForwardBackwardByUnit): param_gather and grad_reduce sum
+// them, and forward_backward is the rest of that time (the compute).
 struct PhaseTimes {
-  absl::Duration param_gather;       // forward all-gather
-  absl::Duration forward_backward;
-  absl::Duration grad_reduce;
+  absl::Duration param_gather;       // every unit's all-gather (backward re-gathers included)
+  absl::Duration forward_backward;   // compute only
+  absl::Duration grad_reduce;        // every unit's reduction, and the loss's
   absl::Duration adamw;
   absl::Duration muon_prepare;
   absl::Duration muon_gather;        // exchange to the owners
@@ -106,6 +109,7 @@ class Trainer {
 
  private:
   struct Impl;
+  class UnitStream;  // the UnitAccess a step hands the workload
   explicit Trainer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
   int64_t step_ = 0;

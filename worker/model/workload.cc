@@ -1,0 +1,87 @@
+#include "worker/model/workload.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace muonmesh::worker {
+
+absl::StatusOr<double>
+Workload::ForwardBackwardByUnit(int64_t step, UnitAccess &units,
+                                absl::Span<const int64_t> samples) {
+  const plan::ModelSpec &s = spec();
+  const int n = static_cast<int>(s.units.size());
+  std::vector<const float *> params;
+  std::vector<float *> grads;
+  int acquired = 0;
+  auto release_all = [&] {
+    for (int u = 0; u < acquired; ++u)
+      units.Release(u);
+  };
+  for (int u = 0; u < n; ++u) {
+    absl::StatusOr<absl::Span<const float *const>> p = units.Acquire(u);
+    if (!p.ok()) {
+      release_all();
+      return p.status();
+    }
+    ++acquired;
+    params.insert(params.end(), p->begin(), p->end());
+    absl::StatusOr<absl::Span<float *const>> g = units.GradientBuffers(u);
+    if (!g.ok()) {
+      release_all();
+      return g.status();
+    }
+    grads.insert(grads.end(), g->begin(), g->end());
+  }
+  absl::StatusOr<double> loss =
+      ForwardBackward(step, params, samples, absl::MakeSpan(grads));
+  if (!loss.ok()) {
+    release_all();
+    return loss.status();
+  }
+  for (int u = 0; u < n; ++u) {
+    if (absl::Status st = units.Commit(u); !st.ok()) {
+      release_all();
+      return st;
+    }
+  }
+  release_all();
+  return loss;
+}
+
+absl::Status Workload::InitializeUnit(uint64_t seed, int unit,
+                                      absl::Span<float *const> params) const {
+  const plan::ModelSpec &s = spec();
+  if (unit < 0 || unit >= static_cast<int>(s.units.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unit ", unit, " is outside [0, ", s.units.size(), ")"));
+  }
+  if (params.size() != s.units[unit].params.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unit ", unit, ": got ", params.size(),
+                     " tensors, the unit has ", s.units[unit].params.size()));
+  }
+  std::vector<std::vector<float>> all;
+  std::vector<float *> ptrs;
+  size_t first = 0;
+  for (size_t u = 0; u < s.units.size(); ++u) {
+    if (static_cast<int>(u) == unit)
+      first = all.size();
+    for (const plan::ParamSpec &p : s.units[u].params) {
+      int64_t elements = 1;
+      for (int64_t d : p.shape)
+        elements *= d;
+      all.emplace_back(static_cast<size_t>(elements), 0.0f);
+      ptrs.push_back(all.back().data());
+    }
+  }
+  if (absl::Status st = Initialize(seed, absl::MakeSpan(ptrs)); !st.ok())
+    return st;
+  for (size_t j = 0; j < params.size(); ++j) {
+    std::copy(all[first + j].begin(), all[first + j].end(), params[j]);
+  }
+  return absl::OkStatus();
+}
+
+} // namespace muonmesh::worker
