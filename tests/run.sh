@@ -7,14 +7,8 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
-deploy/local/install-deps.sh
-
 build_dir=${MUONMESH_BUILD_DIR:-build}
-configure=(cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release)
-# The generator can only be chosen when the folder is first configured.
-[[ -f "$build_dir/CMakeCache.txt" ]] || configure+=(-G Ninja)
-"${configure[@]}"
-cmake --build "$build_dir" -j"$(nproc)"
+deploy/local/build.sh
 
 # Per-test timeout: a hung test fails alone instead of eating CI's budget.
 ctest --test-dir "$build_dir" --output-on-failure -j2 --timeout 300

@@ -15,12 +15,8 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
 
-deploy/local/install-deps.sh
 build_dir=${MUONMESH_BUILD_DIR:-build}
-configure=(cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release)
-[[ -f "$build_dir/CMakeCache.txt" ]] || configure+=(-G Ninja)
-"${configure[@]}" >/dev/null
-cmake --build "$build_dir" -j"$(nproc)" --target muonmesh-coordinator muonmeshctl muonmesh-worker
+deploy/local/build.sh --target muonmesh-coordinator muonmeshctl muonmesh-worker >/dev/null
 
 coordinator="$build_dir/server/muonmesh-coordinator"
 ctl="$build_dir/client/muonmeshctl"
