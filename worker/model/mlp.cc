@@ -311,6 +311,47 @@ absl::Status Mlp::CheckSamples(absl::Span<const int64_t> samples) const {
   return absl::OkStatus();
 }
 
+double Mlp::LossAndOutputDelta(absl::Span<const int64_t> samples) {
+  const int64_t n = static_cast<int64_t>(samples.size());
+  const int64_t d_out = dims_.back();
+  const float* out = acts_[NumLayers(dims_)].data();
+  const double denom = static_cast<double>(n) * static_cast<double>(d_out);
+  double sum = 0.0;
+  float* delta = delta_.data();
+  for (int64_t r = 0; r < n; ++r) {
+    const float* target = y_.data() + samples[r] * d_out;
+    for (int64_t o = 0; o < d_out; ++o) {
+      const double d = static_cast<double>(out[r * d_out + o]) - static_cast<double>(target[o]);
+      sum += d * d;
+      delta[r * d_out + o] = static_cast<float>(d * 2.0 / denom);
+    }
+  }
+  return sum;
+}
+
+void Mlp::LayerBackward(int64_t i, int64_t n, const float* weight, const float* delta,
+                        float* delta_next, float* dw, float* db) const {
+  const int64_t in = dims_[i];
+  const int64_t width = dims_[i + 1];
+  const float* h = acts_[i].data();
+  // dW_i = delta^T h_i   [width, in]
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(width),
+              static_cast<int>(in), static_cast<int>(n), 1.0f, delta, static_cast<int>(width), h,
+              static_cast<int>(in), 0.0f, dw, static_cast<int>(in));
+  // db_i = column sums of delta, in double.
+  for (int64_t o = 0; o < width; ++o) {
+    double s = 0.0;
+    for (int64_t r = 0; r < n; ++r) s += static_cast<double>(delta[r * width + o]);
+    db[o] = static_cast<float>(s);
+  }
+  if (i == 0) return;
+  // dL/dh_i = delta W_i   [n, in]; through tanh: * (1 - h_i^2).
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n), static_cast<int>(in),
+              static_cast<int>(width), 1.0f, delta, static_cast<int>(width), weight,
+              static_cast<int>(in), 0.0f, delta_next, static_cast<int>(in));
+  for (int64_t k = 0; k < n * in; ++k) delta_next[k] *= 1.0f - h[k] * h[k];
+}
+
 absl::StatusOr<double> Mlp::ForwardBackward(int64_t /*step*/, absl::Span<const float* const> params,
                                             absl::Span<const int64_t> samples,
                                             absl::Span<float* const> grads) {
@@ -339,43 +380,14 @@ absl::StatusOr<double> Mlp::ForwardBackward(int64_t /*step*/, absl::Span<const f
   for (size_t i = 0; i < acts_.size(); ++i) act_ptrs_[i] = acts_[i].data();
   Forward(dims_, params, n, act_ptrs_);
 
-  // Loss and dL/dy.
-  const float* out = acts_[layers].data();
   const double denom = static_cast<double>(n) * static_cast<double>(d_out);
-  double sum = 0.0;
+  const double sum = LossAndOutputDelta(samples);
   float* delta = delta_.data();
   float* delta_next = delta_next_.data();
-  for (int64_t r = 0; r < n; ++r) {
-    const float* target = y_.data() + samples[r] * d_out;
-    for (int64_t o = 0; o < d_out; ++o) {
-      const double d = static_cast<double>(out[r * d_out + o]) - static_cast<double>(target[o]);
-      sum += d * d;
-      delta[r * d_out + o] = static_cast<float>(d * 2.0 / denom);
-    }
-  }
 
   // Backward: delta holds dL/dz_i for z_i = h_i W_i^T + b_i, [n, d_{i+1}].
   for (int64_t i = layers - 1; i >= 0; --i) {
-    const int64_t in = dims_[i];
-    const int64_t width = dims_[i + 1];
-    const float* h = acts_[i].data();
-    // dW_i = delta^T h_i   [width, in]
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(width),
-                static_cast<int>(in), static_cast<int>(n), 1.0f, delta, static_cast<int>(width), h,
-                static_cast<int>(in), 0.0f, grads[2 * i], static_cast<int>(in));
-    // db_i = column sums of delta, in double.
-    float* db = grads[2 * i + 1];
-    for (int64_t o = 0; o < width; ++o) {
-      double s = 0.0;
-      for (int64_t r = 0; r < n; ++r) s += static_cast<double>(delta[r * width + o]);
-      db[o] = static_cast<float>(s);
-    }
-    if (i == 0) break;
-    // dL/dh_i = delta W_i   [n, in]; through tanh: * (1 - h_i^2).
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n),
-                static_cast<int>(in), static_cast<int>(width), 1.0f, delta, static_cast<int>(width),
-                params[2 * i], static_cast<int>(in), 0.0f, delta_next, static_cast<int>(in));
-    for (int64_t k = 0; k < n * in; ++k) delta_next[k] *= 1.0f - h[k] * h[k];
+    LayerBackward(i, n, params[2 * i], delta, delta_next, grads[2 * i], grads[2 * i + 1]);
     std::swap(delta, delta_next);
   }
   return sum / denom;
@@ -421,20 +433,10 @@ absl::StatusOr<double> Mlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& 
     }
   }
 
-  // Loss and dL/dy.
-  const float* out = acts_[layers].data();
   const double denom = static_cast<double>(n) * static_cast<double>(d_out);
-  double sum = 0.0;
+  const double sum = LossAndOutputDelta(samples);
   float* delta = delta_.data();
   float* delta_next = delta_next_.data();
-  for (int64_t r = 0; r < n; ++r) {
-    const float* target = y_.data() + samples[r] * d_out;
-    for (int64_t o = 0; o < d_out; ++o) {
-      const double d = static_cast<double>(out[r * d_out + o]) - static_cast<double>(target[o]);
-      sum += d * d;
-      delta[r * d_out + o] = static_cast<float>(d * 2.0 / denom);
-    }
-  }
 
   // Backward, layers in reverse, as ForwardBackward: each layer's gradients
   // are committed as soon as they are written.
@@ -456,33 +458,12 @@ absl::StatusOr<double> Mlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& 
       return absl::InvalidArgumentError(absl::StrCat("mlp: unit ", i, " has ", g->size(),
                                                      " gradient buffers, expected 2 non-null"));
     }
-    const int64_t in = dims_[i];
-    const int64_t width = dims_[i + 1];
-    const float* h = acts_[i].data();
-    // dW_i = delta^T h_i   [width, in]
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(width),
-                static_cast<int>(in), static_cast<int>(n), 1.0f, delta, static_cast<int>(width), h,
-                static_cast<int>(in), 0.0f, (*g)[0], static_cast<int>(in));
-    // db_i = column sums of delta, in double.
-    float* db = (*g)[1];
-    for (int64_t o = 0; o < width; ++o) {
-      double s = 0.0;
-      for (int64_t r = 0; r < n; ++r) s += static_cast<double>(delta[r * width + o]);
-      db[o] = static_cast<float>(s);
-    }
+    LayerBackward(i, n, p[0], delta, delta_next, (*g)[0], (*g)[1]);
     if (absl::Status st = units.Commit(u); !st.ok()) {
       units.Release(u);
       return st;
     }
-    if (i > 0) {
-      // dL/dh_i = delta W_i   [n, in]; through tanh: * (1 - h_i^2).
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n),
-                  static_cast<int>(in), static_cast<int>(width), 1.0f, delta,
-                  static_cast<int>(width), p[0], static_cast<int>(in), 0.0f, delta_next,
-                  static_cast<int>(in));
-      for (int64_t k = 0; k < n * in; ++k) delta_next[k] *= 1.0f - h[k] * h[k];
-      std::swap(delta, delta_next);
-    }
+    std::swap(delta, delta_next);
     units.Release(u);
   }
   return sum / denom;

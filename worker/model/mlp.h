@@ -148,6 +148,15 @@ class Mlp final : public Workload {
   // Grows the scratch buffers to hold `n` samples (never shrinks them).
   void Reserve(int64_t n);
 
+  // The two halves both ForwardBackward variants share, so they stay bit
+  // for bit the same. LossAndOutputDelta: the summed squared error of the
+  // forward pass in acts_, with dL/dy written to delta_. LayerBackward:
+  // layer i's gradients from `delta` (dW_i, db_i); unless i == 0, dL/dh_i
+  // through tanh into `delta_next`.
+  double LossAndOutputDelta(absl::Span<const int64_t> samples);
+  void LayerBackward(int64_t i, int64_t n, const float* weight, const float* delta,
+                     float* delta_next, float* dw, float* db) const;
+
   std::vector<int64_t> dims_;
   std::vector<float> x_;
   std::vector<float> y_;
