@@ -12,6 +12,18 @@ Workload::ForwardBackwardByUnit(int64_t step, UnitAccess &units,
                                 absl::Span<const int64_t> samples) {
   const plan::ModelSpec &s = spec();
   const int n = static_cast<int>(s.units.size());
+  if (units.expert_parallel_size() > 1) {
+    for (const plan::UnitSpec &u : s.units) {
+      for (const plan::ParamSpec &p : u.params) {
+        if (p.expert) {
+          return absl::UnimplementedError(absl::StrCat(
+              "workload ", s.name, " does not split expert stacks over ",
+              units.expert_parallel_size(), " expert-parallel groups (",
+              p.name, ")"));
+        }
+      }
+    }
+  }
   std::vector<const float *> params;
   std::vector<float *> grads;
   int acquired = 0;
@@ -48,6 +60,21 @@ Workload::ForwardBackwardByUnit(int64_t step, UnitAccess &units,
   }
   release_all();
   return loss;
+}
+
+absl::Status UnitAccess::ExchangeTokens(const float *send,
+                                        absl::Span<const int64_t> send_counts,
+                                        float *recv,
+                                        absl::Span<const int64_t> recv_counts) {
+  if (send_counts.size() != 1 || recv_counts.size() != 1 ||
+      send_counts[0] != recv_counts[0] || send_counts[0] < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ExchangeTokens: with one expert-parallel group the counts must be "
+        "one equal entry each (got ",
+        send_counts.size(), " and ", recv_counts.size(), ")"));
+  }
+  std::copy(send, send + send_counts[0], recv);
+  return absl::OkStatus();
 }
 
 absl::Status Workload::InitializeUnit(uint64_t seed, int unit,

@@ -50,6 +50,29 @@ class UnitAccess {
   // per call.
   virtual absl::StatusOr<absl::Span<float* const>> GradientBuffers(int unit) = 0;
   virtual absl::Status Commit(int unit) = 0;
+
+  // Expert parallelism (DESIGN.md §3). Expert stacks [E, ...] are split over
+  // EP = expert_parallel_size() groups: this rank holds experts
+  // [i * E/EP, (i + 1) * E/EP) for i = expert_parallel_index(), and Acquire
+  // and GradientBuffers hand out only those (a stack's tensor holds E/EP
+  // experts). Tokens reach the rank holding their expert through
+  // ExchangeTokens, over the EP ranks that share this rank's slice of the
+  // batch position (one per group, in group order).
+  //
+  // The gradient of an expert stack is taken with respect to the mean of the
+  // losses of those EP ranks (each rank's loss is the mean over its own
+  // samples): with every rank's slice the same size, the runtime's average
+  // over the expert data-parallel ranks then gives the global-batch mean, as
+  // for dense parameters.
+  virtual int expert_parallel_size() const { return 1; }
+  virtual int expert_parallel_index() const { return 0; }
+
+  // A variable-size exchange over the EP ranks (Communicator::AllToAllV
+  // semantics, by group index): send_counts[q] floats to group q, in order;
+  // recv_counts[q] floats from it. Every EP rank must call it the same number
+  // of times. The default (EP = 1) copies send to recv.
+  virtual absl::Status ExchangeTokens(const float* send, absl::Span<const int64_t> send_counts,
+                                      float* recv, absl::Span<const int64_t> recv_counts);
 };
 
 class Workload {
@@ -80,7 +103,8 @@ class Workload {
   // parameters and gradients exchanged unit by unit through `units`. Every
   // unit is committed exactly once on success; an error from `units` is
   // returned as is. The default acquires every unit, runs ForwardBackward,
-  // commits every unit and releases every unit.
+  // commits every unit and releases every unit; with EP > 1 and expert
+  // parameters it returns Unimplemented (it needs whole expert stacks).
   virtual absl::StatusOr<double> ForwardBackwardByUnit(int64_t step, UnitAccess& units,
                                                        absl::Span<const int64_t> samples);
 

@@ -44,14 +44,34 @@ struct Exchange {
   int64_t recv_total = 0;
 };
 
-// This rank's view of one unit on the dense mesh.
+// This rank's place on one mesh (dense, or expert) and its process groups.
+struct MeshState {
+  plan::MeshKind kind = plan::MeshKind::kDense;
+  const plan::DomainPlan* domain = nullptr;  // the owners of this mesh's matrices
+  int64_t domain_size = 1;                   // D
+  int64_t k = 1;                             // optimizer shards per parameter shard
+  int32_t position = 0;
+  std::string bytes_prefix;                  // "" dense, "expert/" expert
+  std::unique_ptr<comm::Communicator> domain_comm;
+  std::unique_ptr<comm::Communicator> gather_comm;
+  std::unique_ptr<comm::Communicator> group_comm;
+  std::vector<std::unique_ptr<comm::Communicator>> reduce_scatter_comms;
+  std::vector<std::unique_ptr<comm::Communicator>> all_reduce_comms;
+};
+
+// This rank's view of one unit's tensors on one mesh (a unit with dense and
+// expert tensors has two).
 struct UnitState {
   int32_t unit = 0;
+  MeshState* mesh = nullptr;
   const plan::UnitLayout* layout = nullptr;
   std::vector<int32_t> flat;      // per layout tensor: flat parameter index
   std::vector<int32_t> local;     // per layout tensor: its index within the unit
+  // Per layout tensor: where my part starts in the whole tensor (elements):
+  // 0 for dense tensors, my EP group's first expert for expert stacks.
+  std::vector<int64_t> whole_offset;
   std::vector<bool> muon;         // per layout tensor
-  std::vector<int32_t> matrices;  // this unit's Muon matrices (plan.dense indices)
+  std::vector<int32_t> matrices;  // this unit's Muon matrices (indices into mesh->domain)
   std::vector<float> param;       // my parameter shard: k * S floats
   std::vector<float> grad;        // my reduced optimizer shard: S floats
   std::vector<float> state1;      // Muon momentum / AdamW exp_avg
@@ -78,26 +98,27 @@ struct Trainer::Impl {
   TrainerOptions options;
   int32_t rank = 0;
   int64_t world = 1;
-  int64_t domain_size = 1;  // D
-  int64_t k = 1;            // optimizer shards per parameter shard
-  int32_t position = 0;
+  MeshState dense;
+  MeshState expert;
+  // Expert parallelism: EP groups, mine, and the ranks that exchange tokens
+  // (one per group, sharing my expert_dp coordinate; null when EP = 1).
+  int64_t ep = 1;
+  int32_t ep_index = 0;
+  std::unique_ptr<comm::Communicator> ep_comm;
 
   std::unique_ptr<comm::Communicator> world_comm;
-  std::unique_ptr<comm::Communicator> domain_comm;
-  std::unique_ptr<comm::Communicator> gather_comm;
-  std::unique_ptr<comm::Communicator> group_comm;
-  std::vector<std::unique_ptr<comm::Communicator>> reduce_scatter_comms;
-  std::vector<std::unique_ptr<comm::Communicator>> all_reduce_comms;
 
   std::vector<UnitState> units;
-  std::vector<int64_t> param_sizes;          // flat spec order
+  std::vector<int64_t> param_sizes;          // flat spec order, whole tensors
+  std::vector<int64_t> local_sizes;          // flat spec order, what this rank holds
+  std::vector<bool> is_expert;               // flat spec order
   std::vector<int32_t> unit_base;            // per spec unit: flat index of its first parameter
   std::vector<int32_t> unit_count;           // per spec unit: its number of parameters
-  std::vector<int32_t> state_of;             // per spec unit: index into `units`, or -1
-  // Whole tensors of spec units without a dense layout (never trained):
+  std::vector<std::vector<int32_t>> states_of;  // per spec unit: indices into `units`
+  // Whole tensors of spec units without a layout (never trained):
   // their initial values, handed out by Acquire as they are.
   std::vector<std::vector<std::vector<float>>> frozen;
-  std::vector<float> full;                   // one unit's padded buffer, D * S
+  std::vector<float> full;                   // one unit-mesh padded buffer, D * S
   math::NewtonSchulz ns;
 
   // Exchange scratch.
@@ -105,19 +126,25 @@ struct Trainer::Impl {
   std::vector<float> recv;
   std::vector<float> rows;  // u rows, then O rows, of my shard's matrices
 
-  int64_t MyShard(const plan::UnitLayout& l) const {
-    return (position - l.rotation + l.num_shards) % l.num_shards;
+  static int64_t MyShard(const UnitState& u) {
+    const plan::UnitLayout& l = *u.layout;
+    return (u.mesh->position - l.rotation + l.num_shards) % l.num_shards;
   }
 
-  // Rows of matrix `m` in my shard, or row_count 0.
-  LocalRows Mine(const UnitState& u, const plan::MatrixPlan& m) const {
+  // Rows of matrix `m` in my shard (row_start relative to the matrix: an
+  // expert's matrix is a block of rows of its stack), or row_count 0.
+  static LocalRows Mine(const UnitState& u, const plan::MatrixPlan& m) {
     const plan::UnitLayout& l = *u.layout;
-    const int64_t shard = MyShard(l);
+    const int64_t shard = MyShard(u);
+    const int64_t lo = m.expert >= 0 ? m.expert * m.rows : 0;
+    const int64_t hi = lo + m.rows;
     for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
       const plan::Segment& seg = l.segments[i];
-      if (l.tensors[seg.tensor].param == m.param) {
-        return {seg.offset, seg.row_start, seg.row_count};
-      }
+      if (l.tensors[seg.tensor].param != m.param) continue;
+      const int64_t a = std::max(lo, seg.row_start);
+      const int64_t b = std::min(hi, seg.row_start + seg.row_count);
+      if (a >= b) continue;
+      return {seg.offset + (a - seg.row_start) * l.tensors[seg.tensor].row_len, a - lo, b - a};
     }
     return {};
   }
@@ -136,14 +163,17 @@ struct Trainer::Impl {
   // every tensor's rows into `dst` (the unit's whole tensors, spec order).
   absl::Status GatherUnit(UnitState& u, StepReport* report, float* const* dst) {
     const plan::UnitLayout& l = *u.layout;
+    MeshState& mesh = *u.mesh;
     const int64_t s = l.shard_elements;
     const int64_t n = l.num_shards * s;
     full.resize(n);
-    if (k == domain_size) {
+    if (mesh.k == mesh.domain_size) {
       std::copy(u.param.begin(), u.param.end(), full.begin());
     } else {
-      absl::Status st = Counted(*gather_comm, "param_allgather", report, [&] {
-        return gather_comm->AllGather(u.param.data(), k * s, full.data(), options.collective);
+      absl::Status st = Counted(*mesh.gather_comm, mesh.bytes_prefix + "param_allgather", report,
+                                [&] {
+        return mesh.gather_comm->AllGather(u.param.data(), mesh.k * s, full.data(),
+                                           options.collective);
       });
       if (!st.ok()) return st;
     }
@@ -179,18 +209,19 @@ struct Trainer::Impl {
     // Reduce-scatters in place (each level's output is my chunk of its
     // input), so `full` is the only unit-sized buffer.
     float* cur = full.data();
-    for (auto& c : reduce_scatter_comms) {
+    MeshState& mesh = *u.mesh;
+    for (auto& c : mesh.reduce_scatter_comms) {
       const int64_t out = m / c->size();
       float* const mine = cur + c->rank() * out;
-      absl::Status st = Counted(*c, "grad_reduce_scatter", report, [&] {
+      absl::Status st = Counted(*c, mesh.bytes_prefix + "grad_reduce_scatter", report, [&] {
         return c->ReduceScatter(cur, mine, out, comm::ReduceOp::kAvg, options.collective);
       });
       if (!st.ok()) return st;
       cur = mine;
       m = out;
     }
-    for (auto& c : all_reduce_comms) {
-      absl::Status st = Counted(*c, "grad_allreduce", report, [&] {
+    for (auto& c : mesh.all_reduce_comms) {
+      absl::Status st = Counted(*c, mesh.bytes_prefix + "grad_allreduce", report, [&] {
         return c->AllReduce(cur, m, comm::ReduceOp::kAvg, options.collective);
       });
       if (!st.ok()) return st;
@@ -201,8 +232,8 @@ struct Trainer::Impl {
 
   absl::Status AdamW(UnitState& u, int64_t step) {
     const plan::UnitLayout& l = *u.layout;
-    const int64_t shard = MyShard(l);
-    float* p = u.param.data() + (position % k) * l.shard_elements;
+    const int64_t shard = MyShard(u);
+    float* p = u.param.data() + (u.mesh->position % u.mesh->k) * l.shard_elements;
     for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
       const plan::Segment& seg = l.segments[i];
       if (u.muon[seg.tensor]) continue;
@@ -246,8 +277,10 @@ void Walk(const std::vector<Run>& runs, const std::vector<int32_t>& matrices,
 }  // namespace
 
 void Trainer::Impl::PlanMuon(UnitState& u) const {
-  const std::vector<plan::MatrixPlan>& all = plan->dense.matrices;
+  const std::vector<plan::MatrixPlan>& all = u.mesh->domain->matrices;
   const bool everyone = plan->config.owner_rule == plan::OwnerRule::kAllGather;
+  const int64_t domain_size = u.mesh->domain_size;
+  const int32_t position = u.mesh->position;
   const size_t n = u.matrices.size();
   u.mine.resize(n);
   u.rows_offset.resize(n);
@@ -287,9 +320,11 @@ void Trainer::Impl::PlanMuon(UnitState& u) const {
 absl::Status Trainer::Impl::Muon(UnitState& u, StepReport* report) {
   if (u.matrices.empty()) return absl::OkStatus();
   const plan::UnitLayout& l = *u.layout;
-  const std::vector<plan::MatrixPlan>& all = plan->dense.matrices;
+  MeshState& mesh = *u.mesh;
+  comm::Communicator& domain_comm = *mesh.domain_comm;
+  const std::vector<plan::MatrixPlan>& all = mesh.domain->matrices;
   const bool everyone = plan->config.owner_rule == plan::OwnerRule::kAllGather;
-  float* p = u.param.data() + (position % k) * l.shard_elements;
+  float* p = u.param.data() + (mesh.position % mesh.k) * l.shard_elements;
   const Exchange& ex = u.exchange;
   // u / O rows of matrix i starting at matrix row `row` (within my rows).
   auto my_rows = [&](int32_t i, int64_t row) {
@@ -328,9 +363,11 @@ absl::Status Trainer::Impl::Muon(UnitState& u, StepReport* report) {
   send.resize(std::max<int64_t>(ex.send_total, 1));
   recv.resize(std::max<int64_t>(ex.recv_total, 1));
   Walk(ex.send, u.matrices, all, send.data(), /*to_buffer=*/true, my_rows);
-  absl::Status st = Counted(*domain_comm, everyone ? "muon_allgather" : "muon_gather", report, [&] {
-    return domain_comm->AllToAllV(send.data(), ex.send_counts, recv.data(), ex.recv_counts,
-                                  options.collective);
+  absl::Status st = Counted(domain_comm,
+                            mesh.bytes_prefix + (everyone ? "muon_allgather" : "muon_gather"),
+                            report, [&] {
+    return domain_comm.AllToAllV(send.data(), ex.send_counts, recv.data(), ex.recv_counts,
+                                 options.collective);
   });
   if (!st.ok()) return st;
   Walk(ex.recv, u.matrices, all, recv.data(), /*to_buffer=*/false, whole_rows);
@@ -362,9 +399,9 @@ absl::Status Trainer::Impl::Muon(UnitState& u, StepReport* report) {
     }
   } else {
     Walk(ex.recv, u.matrices, all, recv.data(), /*to_buffer=*/true, whole_rows);
-    st = Counted(*domain_comm, "muon_scatter", report, [&] {
-      return domain_comm->AllToAllV(recv.data(), ex.recv_counts, send.data(), ex.send_counts,
-                                    options.collective);
+    st = Counted(domain_comm, mesh.bytes_prefix + "muon_scatter", report, [&] {
+      return domain_comm.AllToAllV(recv.data(), ex.recv_counts, send.data(), ex.send_counts,
+                                   options.collective);
     });
     if (!st.ok()) return st;
     Walk(ex.send, u.matrices, all, send.data(), /*to_buffer=*/false, my_rows);
@@ -400,7 +437,7 @@ absl::Status Trainer::Impl::Muon(UnitState& u, StepReport* report) {
 class Trainer::UnitStream final : public UnitAccess {
  public:
   UnitStream(Impl& m, StepReport* report)
-      : m_(m), report_(report), slots_(m.state_of.size()) {}
+      : m_(m), report_(report), slots_(m.states_of.size()) {}
 
   absl::StatusOr<absl::Span<const float* const>> Acquire(int unit) override {
     if (absl::Status st = CheckUnit(unit, "Acquire"); !st.ok()) return st;
@@ -412,13 +449,13 @@ class Trainer::UnitStream final : public UnitAccess {
     const absl::Time t0 = absl::Now();
     Allocate(unit, slot.params, slot.param_ptrs);
     slot.const_ptrs.assign(slot.param_ptrs.begin(), slot.param_ptrs.end());
-    if (m_.state_of[unit] < 0) {
+    if (m_.states_of[unit].empty()) {
       for (int32_t j = 0; j < m_.unit_count[unit]; ++j) {
         std::copy(m_.frozen[unit][j].begin(), m_.frozen[unit][j].end(), slot.param_ptrs[j]);
       }
-    } else {
-      absl::Status st =
-          m_.GatherUnit(m_.units[m_.state_of[unit]], report_, slot.param_ptrs.data());
+    }
+    for (int32_t state : m_.states_of[unit]) {
+      absl::Status st = m_.GatherUnit(m_.units[state], report_, slot.param_ptrs.data());
       if (!st.ok()) {
         Free(slot.params, slot.param_ptrs);
         slot.const_ptrs.clear();
@@ -462,15 +499,31 @@ class Trainer::UnitStream final : public UnitAccess {
           absl::StrCat("Commit(", unit, "): no gradient buffers were taken"));
     }
     const absl::Time t0 = absl::Now();
-    if (m_.state_of[unit] >= 0) {
-      std::vector<const float*> src(slot.grad_ptrs.begin(), slot.grad_ptrs.end());
-      absl::Status st = m_.ReduceUnit(m_.units[m_.state_of[unit]], report_, src.data());
+    std::vector<const float*> src(slot.grad_ptrs.begin(), slot.grad_ptrs.end());
+    for (int32_t state : m_.states_of[unit]) {
+      absl::Status st = m_.ReduceUnit(m_.units[state], report_, src.data());
       if (!st.ok()) return st;
     }
     Free(slot.grads, slot.grad_ptrs);
     slot.committed = true;
     report_->times.grad_reduce += absl::Now() - t0;
     return absl::OkStatus();
+  }
+
+  int expert_parallel_size() const override { return static_cast<int>(m_.ep); }
+  int expert_parallel_index() const override { return m_.ep_index; }
+
+  absl::Status ExchangeTokens(const float* send, absl::Span<const int64_t> send_counts,
+                              float* recv, absl::Span<const int64_t> recv_counts) override {
+    if (m_.ep_comm == nullptr) {
+      return UnitAccess::ExchangeTokens(send, send_counts, recv, recv_counts);
+    }
+    const absl::Time t0 = absl::Now();
+    absl::Status st = m_.Counted(*m_.ep_comm, "expert_dispatch", report_, [&] {
+      return m_.ep_comm->AllToAllV(send, send_counts, recv, recv_counts, m_.options.collective);
+    });
+    report_->times.expert_dispatch += absl::Now() - t0;
+    return st;
   }
 
   // Frees whatever the workload left acquired or uncommitted.
@@ -485,7 +538,7 @@ class Trainer::UnitStream final : public UnitAccess {
   // would be stale).
   absl::Status CheckAllCommitted() const {
     for (size_t u = 0; u < slots_.size(); ++u) {
-      if (m_.state_of[u] >= 0 && !slots_[u].committed) {
+      if (!m_.states_of[u].empty() && !slots_[u].committed) {
         return absl::InternalError(absl::StrCat(
             "the workload returned without committing the gradients of unit ", u));
       }
@@ -518,7 +571,7 @@ class Trainer::UnitStream final : public UnitAccess {
     bufs.clear();
     ptrs.clear();
     for (int32_t j = 0; j < m_.unit_count[unit]; ++j) {
-      const int64_t size = m_.param_sizes[m_.unit_base[unit] + j];
+      const int64_t size = m_.local_sizes[m_.unit_base[unit] + j];
       bufs.emplace_back(new float[static_cast<size_t>(std::max<int64_t>(size, 1))]);
       ptrs.push_back(bufs.back().get());
     }
@@ -537,14 +590,60 @@ class Trainer::UnitStream final : public UnitAccess {
 Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Trainer::~Trainer() = default;
 
+namespace {
+
+using CommPtr = std::unique_ptr<comm::Communicator>;
+
+// Joins every group of one mesh (GroupsFor order).
+absl::Status JoinMesh(const plan::MeshGeometry& geometry, int32_t rank,
+                      const TrainerOptions& options, MeshState* mesh) {
+  auto join = [&](const GroupSpec& g) {
+    return comm::CreateGroup(options.backend, *options.store, g.name, g.rank_in_group, g.size(),
+                             options.group_options);
+  };
+  const MeshGroups groups = GroupsFor(geometry, rank, options.group_prefix);
+  for (auto [spec, slot] : {std::pair{&groups.domain, &mesh->domain_comm},
+                            std::pair{&groups.param_gather, &mesh->gather_comm},
+                            std::pair{&groups.param_group, &mesh->group_comm}}) {
+    absl::StatusOr<CommPtr> c = join(*spec);
+    if (!c.ok()) return c.status();
+    *slot = *std::move(c);
+  }
+  for (const GroupSpec& g : groups.reduce_scatter) {
+    absl::StatusOr<CommPtr> c = join(g);
+    if (!c.ok()) return c.status();
+    mesh->reduce_scatter_comms.push_back(*std::move(c));
+  }
+  for (const GroupSpec& g : groups.all_reduce) {
+    absl::StatusOr<CommPtr> c = join(g);
+    if (!c.ok()) return c.status();
+    mesh->all_reduce_comms.push_back(*std::move(c));
+  }
+  mesh->kind = geometry.kind();
+  mesh->domain_size = geometry.domain_size();
+  mesh->k = geometry.domain_size() / geometry.param_shards();
+  mesh->position = geometry.PositionOf(rank);
+  mesh->bytes_prefix = geometry.kind() == plan::MeshKind::kExpert ? "expert/" : "";
+  return absl::OkStatus();
+}
+
+// The ranks that exchange tokens with `rank`: one per EP group, sharing its
+// expert_dp coordinate (r / EP), in group order.
+GroupSpec TokenGroup(int64_t ep, int32_t rank, const std::string& prefix) {
+  GroupSpec g;
+  const int32_t first = static_cast<int32_t>(rank / ep * ep);
+  g.name = absl::StrCat(prefix, "/expert/dispatch/", first);
+  for (int32_t q = 0; q < ep; ++q) g.ranks.push_back(first + q);
+  g.rank_in_group = static_cast<int>(rank - first);
+  return g;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
                                                          Workload* workload, int32_t rank,
                                                          const TrainerOptions& options) {
   if (options.store == nullptr) return absl::InvalidArgumentError("TrainerOptions.store is null");
-  if (plan.has_experts) {
-    return absl::UnimplementedError(
-        "expert parameters are not supported by the worker runtime yet (dense models only)");
-  }
   const plan::ModelSpec& spec = workload->spec();
   if (spec.units.size() != plan.units.size()) {
     return absl::InvalidArgumentError(absl::StrCat("the plan has ", plan.units.size(),
@@ -559,6 +658,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
     }
   }
   const int64_t world = plan.config.world_size;
+  const int64_t ep = std::max<int64_t>(1, plan.config.ep);
   if (rank < 0 || rank >= world) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is outside [0, ", world, ")"));
   }
@@ -566,6 +666,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
     return absl::InvalidArgumentError(
         absl::StrCat("training.global_batch_size ", options.global_batch_size,
                      " does not split evenly over ", world, " data-parallel ranks"));
+  }
+  for (const plan::UnitSpec& u : spec.units) {
+    for (const plan::ParamSpec& p : u.params) {
+      if (p.expert && (p.shape.empty() || p.shape[0] % ep != 0)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            p.name, ": an expert stack's first dimension must split over ", ep, " EP groups"));
+      }
+    }
   }
 
   auto impl = std::make_unique<Impl>();
@@ -575,44 +683,47 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
   impl->options = options;
   impl->rank = rank;
   impl->world = world;
-  const plan::MeshGeometry mesh = plan::MeshGeometry::Dense(plan.config);
-  impl->domain_size = mesh.domain_size();
-  impl->k = mesh.domain_size() / mesh.param_shards();
-  impl->position = mesh.PositionOf(rank);
+  impl->ep = ep;
+  impl->ep_index = static_cast<int32_t>(rank % ep);
+  impl->dense.domain = &impl->plan_copy.dense;
+  impl->expert.domain = &impl->plan_copy.expert;
 
-  // Process groups.
-  auto join = [&](const GroupSpec& g) {
-    return comm::CreateGroup(options.backend, *options.store, g.name, g.rank_in_group, g.size(),
-                             options.group_options);
-  };
-  const MeshGroups groups = GroupsFor(mesh, rank, options.group_prefix);
-  absl::StatusOr<std::unique_ptr<comm::Communicator>> c =
-      join(WorldGroup(world, rank, options.group_prefix));
+  // Process groups: the world, the dense mesh, and with experts the expert
+  // mesh and the token exchange.
+  absl::StatusOr<CommPtr> c = comm::CreateGroup(
+      options.backend, *options.store, WorldGroup(world, rank, options.group_prefix).name, rank,
+      static_cast<int>(world), options.group_options);
   if (!c.ok()) return c.status();
   impl->world_comm = *std::move(c);
-  for (auto [spec_ptr, slot] : {std::pair{&groups.domain, &impl->domain_comm},
-                                std::pair{&groups.param_gather, &impl->gather_comm},
-                                std::pair{&groups.param_group, &impl->group_comm}}) {
-    c = join(*spec_ptr);
-    if (!c.ok()) return c.status();
-    *slot = *std::move(c);
+  if (absl::Status st = JoinMesh(plan::MeshGeometry::Dense(plan.config), rank, options,
+                                 &impl->dense);
+      !st.ok()) {
+    return st;
   }
-  for (const GroupSpec& g : groups.reduce_scatter) {
-    c = join(g);
-    if (!c.ok()) return c.status();
-    impl->reduce_scatter_comms.push_back(*std::move(c));
-  }
-  for (const GroupSpec& g : groups.all_reduce) {
-    c = join(g);
-    if (!c.ok()) return c.status();
-    impl->all_reduce_comms.push_back(*std::move(c));
+  if (plan.has_experts) {
+    if (absl::Status st = JoinMesh(plan::MeshGeometry::Expert(plan.config), rank, options,
+                                   &impl->expert);
+        !st.ok()) {
+      return st;
+    }
+    if (ep > 1) {
+      const GroupSpec g = TokenGroup(ep, rank, options.group_prefix);
+      c = comm::CreateGroup(options.backend, *options.store, g.name, g.rank_in_group, g.size(),
+                            options.group_options);
+      if (!c.ok()) return c.status();
+      impl->ep_comm = *std::move(c);
+    }
   }
 
   // Sizes, and the initial parameters' shape checks.
   for (const plan::UnitSpec& u : spec.units) {
     impl->unit_base.push_back(static_cast<int32_t>(impl->param_sizes.size()));
     impl->unit_count.push_back(static_cast<int32_t>(u.params.size()));
-    for (const plan::ParamSpec& p : u.params) impl->param_sizes.push_back(Elements(p));
+    for (const plan::ParamSpec& p : u.params) {
+      impl->param_sizes.push_back(Elements(p));
+      impl->local_sizes.push_back(p.expert ? Elements(p) / ep : Elements(p));
+      impl->is_expert.push_back(p.expert);
+    }
   }
   if (options.initial_parameters != nullptr) {
     const auto& init = *options.initial_parameters;
@@ -645,53 +756,62 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
     if (options.initial_parameters != nullptr) return absl::OkStatus();
     return workload->InitializeUnit(options.init_seed, static_cast<int>(u), absl::MakeSpan(ptrs));
   };
-  impl->state_of.assign(spec.units.size(), -1);
+  impl->states_of.assign(spec.units.size(), {});
   impl->frozen.resize(spec.units.size());
 
-  std::map<std::pair<int32_t, int32_t>, int32_t> matrix_of;
-  for (size_t j = 0; j < plan.dense.matrices.size(); ++j) {
-    matrix_of[{plan.dense.matrices[j].unit, plan.dense.matrices[j].param}] =
-        static_cast<int32_t>(j);
-  }
   for (size_t u = 0; u < plan.units.size(); ++u) {
     std::vector<std::vector<float>> whole;
     if (absl::Status init_st = initial_unit(u, whole); !init_st.ok()) return init_st;
-    if (!plan.units[u].has_dense) {
+    if (!plan.units[u].has_dense && !plan.units[u].has_expert) {
       impl->frozen[u] = std::move(whole);
       continue;
     }
-    UnitState st;
-    st.unit = static_cast<int32_t>(u);
-    st.layout = &impl->plan_copy.units[u].dense;
-    for (const plan::LayoutTensor& t : st.layout->tensors) {
-      st.flat.push_back(impl->unit_base[u] + t.param);
-      st.local.push_back(t.param);
-      // The plan decides (job rules may override the spec's optimizer).
-      auto it = matrix_of.find({static_cast<int32_t>(u), t.param});
-      st.muon.push_back(it != matrix_of.end());
-      if (it != matrix_of.end()) st.matrices.push_back(it->second);
-    }
-    const int64_t s = st.layout->shard_elements;
-    st.param.assign(impl->k * s, 0.0f);
-    st.grad.assign(s, 0.0f);
-    st.state1.assign(s, 0.0f);
-    st.state2.assign(s, 0.0f);
-    // My parameter shard: the shards at positions of my parameter group.
-    const int64_t first = (impl->position / impl->k) * impl->k;
-    const plan::UnitLayout& l = *st.layout;
-    for (int64_t j = 0; j < impl->k; ++j) {
-      const int64_t shard = (first + j - l.rotation + l.num_shards) % l.num_shards;
-      for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
-        const plan::Segment& seg = l.segments[i];
-        const int64_t len = l.tensors[seg.tensor].row_len;
-        std::memcpy(st.param.data() + j * s + seg.offset,
-                    whole[st.local[seg.tensor]].data() + seg.row_start * len,
-                    sizeof(float) * seg.row_count * len);
+    for (MeshState* mesh : {&impl->dense, &impl->expert}) {
+      const bool is_dense = mesh == &impl->dense;
+      if (!(is_dense ? plan.units[u].has_dense : plan.units[u].has_expert)) continue;
+      UnitState st;
+      st.unit = static_cast<int32_t>(u);
+      st.mesh = mesh;
+      st.layout = is_dense ? &impl->plan_copy.units[u].dense : &impl->plan_copy.units[u].expert;
+      for (const plan::LayoutTensor& t : st.layout->tensors) {
+        const size_t flat = static_cast<size_t>(impl->unit_base[u] + t.param);
+        st.flat.push_back(static_cast<int32_t>(flat));
+        st.local.push_back(t.param);
+        st.whole_offset.push_back(impl->is_expert[flat] ? impl->ep_index * impl->local_sizes[flat]
+                                                        : 0);
+        // The plan decides (job rules may override the spec's optimizer).
+        bool muon = false;
+        for (size_t j = 0; j < mesh->domain->matrices.size(); ++j) {
+          const plan::MatrixPlan& m = mesh->domain->matrices[j];
+          if (m.unit != static_cast<int32_t>(u) || m.param != t.param) continue;
+          muon = true;
+          st.matrices.push_back(static_cast<int32_t>(j));
+        }
+        st.muon.push_back(muon);
       }
+      const int64_t s = st.layout->shard_elements;
+      st.param.assign(mesh->k * s, 0.0f);
+      st.grad.assign(s, 0.0f);
+      st.state1.assign(s, 0.0f);
+      st.state2.assign(s, 0.0f);
+      // My parameter shard: the shards at positions of my parameter group.
+      const int64_t first = (mesh->position / mesh->k) * mesh->k;
+      const plan::UnitLayout& l = *st.layout;
+      for (int64_t j = 0; j < mesh->k; ++j) {
+        const int64_t shard = (first + j - l.rotation + l.num_shards) % l.num_shards;
+        for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
+          const plan::Segment& seg = l.segments[i];
+          const int64_t len = l.tensors[seg.tensor].row_len;
+          std::memcpy(st.param.data() + j * s + seg.offset,
+                      whole[st.local[seg.tensor]].data() + st.whole_offset[seg.tensor] +
+                          seg.row_start * len,
+                      sizeof(float) * seg.row_count * len);
+        }
+      }
+      impl->PlanMuon(st);
+      impl->states_of[u].push_back(static_cast<int32_t>(impl->units.size()));
+      impl->units.push_back(std::move(st));
     }
-    impl->PlanMuon(st);
-    impl->state_of[u] = static_cast<int32_t>(impl->units.size());
-    impl->units.push_back(std::move(st));
   }
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
@@ -709,16 +829,16 @@ absl::StatusOr<StepReport> Trainer::Step() {
   for (int64_t j = 0; j < b; ++j) {
     samples[j] = (step_ * m.options.global_batch_size + m.rank * b + j) % n;
   }
-  // Forward and backward, unit by unit: the gathers and the reductions run
-  // inside (timed into param_gather and grad_reduce, which are then taken
-  // out of forward_backward).
+  // Forward and backward, unit by unit: the gathers, the reductions and the
+  // token exchanges run inside (timed into param_gather, grad_reduce and
+  // expert_dispatch, which are then taken out of forward_backward).
   UnitStream stream(m, &report);
   absl::StatusOr<double> loss = m.workload->ForwardBackwardByUnit(step_, stream, samples);
   stream.ReleaseAll();
   if (!loss.ok()) return loss.status();
   if (absl::Status st = stream.CheckAllCommitted(); !st.ok()) return st;
-  report.times.forward_backward =
-      (absl::Now() - t0) - report.times.param_gather - report.times.grad_reduce;
+  report.times.forward_backward = (absl::Now() - t0) - report.times.param_gather -
+                                  report.times.grad_reduce - report.times.expert_dispatch;
 
   t0 = absl::Now();
   float global_loss = static_cast<float>(*loss);
@@ -738,15 +858,16 @@ absl::StatusOr<StepReport> Trainer::Step() {
   }
 
   t0 = absl::Now();
-  if (m.k > 1) {
-    for (UnitState& u : m.units) {
-      const int64_t s = u.layout->shard_elements;
-      st = m.Counted(*m.group_comm, "param_allgather_after_step", &report, [&] {
-        return m.group_comm->AllGather(u.param.data() + (m.position % m.k) * s, s,
-                                       u.param.data(), m.options.collective);
-      });
-      if (!st.ok()) return st;
-    }
+  for (UnitState& u : m.units) {
+    MeshState& mesh = *u.mesh;
+    if (mesh.k == 1) continue;
+    const int64_t s = u.layout->shard_elements;
+    st = m.Counted(*mesh.group_comm, mesh.bytes_prefix + "param_allgather_after_step", &report,
+                   [&] {
+      return mesh.group_comm->AllGather(u.param.data() + (mesh.position % mesh.k) * s, s,
+                                        u.param.data(), m.options.collective);
+    });
+    if (!st.ok()) return st;
   }
   report.times.param_allgather_after_step = absl::Now() - t0;
   ++step_;
@@ -756,20 +877,35 @@ absl::StatusOr<StepReport> Trainer::Step() {
 absl::StatusOr<std::vector<std::vector<float>>> Trainer::GatherParameters() {
   Impl& m = *impl_;
   std::vector<std::vector<float>> out(m.param_sizes.size());
-  for (size_t u = 0; u < m.state_of.size(); ++u) {
+  for (size_t u = 0; u < m.states_of.size(); ++u) {
+    // My part of each tensor (the whole of a dense one, my EP group's
+    // experts of a stack), then the stacks from every EP group.
+    std::vector<std::vector<float>> mine(m.unit_count[u]);
     std::vector<float*> ptrs;
     for (int32_t j = 0; j < m.unit_count[u]; ++j) {
       const size_t flat = static_cast<size_t>(m.unit_base[u] + j);
-      if (m.state_of[u] < 0) {
-        out[flat] = m.frozen[u][j];
+      if (m.states_of[u].empty()) {
+        mine[j] = m.frozen[u][j];
       } else {
-        out[flat].assign(m.param_sizes[flat], 0.0f);
+        mine[j].assign(m.local_sizes[flat], 0.0f);
       }
-      ptrs.push_back(out[flat].data());
+      ptrs.push_back(mine[j].data());
     }
-    if (m.state_of[u] < 0) continue;
-    absl::Status st = m.GatherUnit(m.units[m.state_of[u]], nullptr, ptrs.data());
-    if (!st.ok()) return st;
+    for (int32_t state : m.states_of[u]) {
+      absl::Status st = m.GatherUnit(m.units[state], nullptr, ptrs.data());
+      if (!st.ok()) return st;
+    }
+    for (int32_t j = 0; j < m.unit_count[u]; ++j) {
+      const size_t flat = static_cast<size_t>(m.unit_base[u] + j);
+      if (!m.is_expert[flat] || m.ep_comm == nullptr) {
+        out[flat] = std::move(mine[j]);
+        continue;
+      }
+      out[flat].assign(m.param_sizes[flat], 0.0f);
+      absl::Status st = m.ep_comm->AllGather(mine[j].data(), m.local_sizes[flat],
+                                             out[flat].data(), m.options.collective);
+      if (!st.ok()) return st;
+    }
   }
   return out;
 }

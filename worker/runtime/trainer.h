@@ -15,8 +15,10 @@
 //   5. gather the updated optimizer shards back into the parameter shard
 //      where parameters are replicated but the optimizer state is sharded.
 //
-// Dense parameters only for now: expert parameters (the expert mesh and
-// token dispatch) are refused with Unimplemented.
+// Expert parameters live on the expert mesh (their own domains, groups and
+// owners, DESIGN.md §3); this rank holds the experts of its EP group
+// (Workload's UnitAccess documents which) and exchanges tokens with the
+// other groups through the workload.
 //
 // Not thread-safe: one Trainer per rank, driven by one thread. Every rank of
 // the job must call Step() the same number of times; a rank that fails
@@ -62,6 +64,7 @@ struct TrainerOptions {
 struct PhaseTimes {
   absl::Duration param_gather;       // every unit's all-gather (backward re-gathers included)
   absl::Duration forward_backward;   // compute only
+  absl::Duration expert_dispatch;    // token exchanges with the other EP groups
   absl::Duration grad_reduce;        // every unit's reduction, and the loss's
   absl::Duration adamw;
   absl::Duration muon_prepare;
@@ -76,8 +79,10 @@ struct StepReport {
   int64_t step = 0;           // 0-based
   double loss = 0;            // global-batch mean, the same on every rank
   PhaseTimes times;
-  // Bytes this rank sent per collective name during the step (the names of
-  // plan::CollectiveBytes: param_allgather, grad_reduce_scatter, ...).
+  // Bytes this rank sent per collective name during the step: the names of
+  // plan::CollectiveBytes (param_allgather, grad_reduce_scatter, ...) for the
+  // dense mesh, the same with "expert/" in front for the expert mesh, and
+  // expert_dispatch for the token exchanges of expert parallelism.
   std::map<std::string, int64_t> bytes_sent;
   double ns_flops = 0;        // Newton-Schulz FLOPs run on this rank
 };
@@ -86,7 +91,7 @@ class Trainer {
  public:
   // Creates the process groups (blocking until every member joined or the
   // connect timeout passes) and initialises this rank's shards. Errors:
-  // Unimplemented for expert parameters; InvalidArgument when the global
+  // InvalidArgument when the global
   // batch does not split evenly over the data-parallel ranks or the plan does
   // not match the workload; Unavailable/DeadlineExceeded from rendezvous.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const plan::Plan& plan,

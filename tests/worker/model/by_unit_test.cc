@@ -11,7 +11,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "worker/model/mlp.h"
+#include "worker/model/moe_mlp.h"
 #include "worker/model/synthetic.h"
 #include "worker/model/workload.h"
 #include "gmock/gmock.h"
@@ -345,6 +347,96 @@ TEST(SyntheticByUnitTest, InitializeUnitMatchesInitialize) {
     }
     flat += count;
   }
+}
+
+// ---------------------------------------------------------------- moe_mlp
+
+MoeMlpDims SmallMoe() { return {4, 6, 5, 4, 3}; }
+
+TEST(MoeMlpByUnitTest, BitIdenticalToForwardBackwardInTheDocumentedOrder) {
+  absl::StatusOr<MoeMlp> moe = MoeMlp::FromTeacher(SmallMoe(), 11, 23);
+  ASSERT_TRUE(moe.ok()) << moe.status();
+  const std::vector<std::vector<float>> params = InitialValues(*moe, 3);
+  const std::vector<int64_t> samples = {4, 0, 16, 4, 9, 2, 22, 13};
+  const Reference want = Whole(*moe, 0, params, samples);
+
+  RecordingAccess access(moe->spec(), params);
+  absl::StatusOr<double> loss = moe->ForwardBackwardByUnit(0, access, samples);
+  ASSERT_TRUE(loss.ok()) << loss.status() << absl::StrJoin(access.calls(), ",");
+  ExpectSame(want, *loss, access);
+  EXPECT_THAT(access.calls(),
+              ElementsAreArray({"A0", "R0", "A1", "R1", "A2", // forward
+                                "G2", "C2", "R2",             // output layer
+                                "A1", "G1", "C1", "R1",       // re-gathered
+                                "G0", "C0"}));                // no parameters needed
+  EXPECT_EQ(access.max_acquired(), 1);
+  EXPECT_EQ(access.max_grads(), 1);
+
+  RecordingAccess again(moe->spec(), params);
+  loss = moe->ForwardBackwardByUnit(1, again, samples);
+  ASSERT_TRUE(loss.ok());
+  ExpectSame(want, *loss, again);
+}
+
+TEST(MoeMlpByUnitTest, InitializeUnitMatchesInitialize) {
+  absl::StatusOr<MoeMlp> moe = MoeMlp::FromTeacher(SmallMoe(), 11, 9);
+  ASSERT_TRUE(moe.ok());
+  const std::vector<std::vector<float>> want = InitialValues(*moe, 42);
+  size_t flat = 0;
+  for (int u = 0; u < 3; ++u) {
+    std::vector<std::vector<float>> got;
+    std::vector<float *> p;
+    for (size_t j = 0; j < moe->spec().units[u].params.size(); ++j) {
+      got.emplace_back(want[flat + j].size());
+    }
+    for (auto &t : got) p.push_back(t.data());
+    ASSERT_TRUE(moe->InitializeUnit(42, u, absl::MakeSpan(p)).ok());
+    for (size_t j = 0; j < got.size(); ++j) {
+      EXPECT_TRUE(BitEqual(got[j], want[flat + j])) << "unit " << u << " tensor " << j;
+    }
+    flat += got.size();
+  }
+  std::vector<float *> none;
+  EXPECT_EQ(moe->InitializeUnit(42, 3, absl::MakeSpan(none)).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// An access that claims two expert-parallel groups.
+class TwoGroups final : public UnitAccess {
+public:
+  absl::StatusOr<absl::Span<const float *const>> Acquire(int) override {
+    return absl::InternalError("not reached");
+  }
+  void Release(int) override {}
+  absl::StatusOr<absl::Span<float *const>> GradientBuffers(int) override {
+    return absl::InternalError("not reached");
+  }
+  absl::Status Commit(int) override { return absl::OkStatus(); }
+  int expert_parallel_size() const override { return 2; }
+};
+
+TEST(MoeMlpByUnitTest, DefaultImplementationRefusesToSplitExperts) {
+  absl::StatusOr<MoeMlp> moe = MoeMlp::FromTeacher(SmallMoe(), 11, 9);
+  ASSERT_TRUE(moe.ok());
+  Plain plain(*moe);
+  TwoGroups access;
+  absl::StatusOr<double> loss = plain.ForwardBackwardByUnit(0, access, {1});
+  EXPECT_EQ(loss.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(loss.status().message()),
+              ::testing::HasSubstr("experts.w1"));
+}
+
+TEST(MoeMlpByUnitTest, DefaultExchangeIsACopyAndChecksCounts) {
+  const std::vector<std::vector<float>> none;
+  RecordingAccess access(plan::ModelSpec{}, none);
+  const float send[3] = {1, 2, 3};
+  float recv[3] = {0, 0, 0};
+  const int64_t three[1] = {3};
+  ASSERT_TRUE(access.ExchangeTokens(send, three, recv, three).ok());
+  EXPECT_EQ(recv[2], 3.0f);
+  const int64_t two[1] = {2};
+  EXPECT_EQ(access.ExchangeTokens(send, three, recv, two).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 } // namespace

@@ -1,6 +1,9 @@
 // The engine under every parallelism config, ranks as threads on the
 // in-process backend: the same job must give the 1-rank losses and weights,
-// and owner-based and allgather runs must end bit-identical.
+// and owner-based and allgather runs must end bit-identical. Dense configs
+// train a two-layer linear model written here; expert configs the moe_mlp
+// workload (tested on its own in tests/worker/model) with its experts on the
+// expert mesh.
 
 #include "worker/runtime/trainer.h"
 
@@ -14,6 +17,7 @@
 #include "server/plan/planner.h"
 #include "worker/comm/file_store.h"
 #include "worker/comm/inprocess_communicator.h"
+#include "worker/model/moe_mlp.h"
 
 namespace muonmesh::worker {
 namespace {
@@ -97,7 +101,17 @@ struct Config {
   const char* inner;
   int64_t instances;
   const char* outer;
+  int64_t ep = 1;
+  bool moe = false;
 };
+
+// d_in 5, d_model 8, d_expert 6, 4 experts, d_out 3; 64 teacher samples.
+std::unique_ptr<Workload> MakeWorkload(bool moe) {
+  if (!moe) return std::make_unique<TwoLayerLinear>();
+  absl::StatusOr<MoeMlp> m = MoeMlp::FromTeacher({5, 8, 6, 4, 3}, 21, 64);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return std::make_unique<MoeMlp>(*std::move(m));
+}
 
 void PrintTo(const Config& c, std::ostream* os) { *os << c.name; }
 
@@ -109,10 +123,11 @@ struct RunResult {
 };
 
 RunResult RunJob(const Config& c, const char* rule, int steps = 5) {
-  TwoLayerLinear model;
+  const std::unique_ptr<Workload> model = MakeWorkload(c.moe);
   plan::PlanInput in;
-  in.model = model.spec();
+  in.model = model->spec();
   in.world_size = c.world;
+  in.parallelism.expert_model_parallel_size = c.ep;
   in.parallelism.data_parallel_sharding_strategy = c.inner;
   in.parallelism.num_distributed_optimizer_instances = c.instances;
   in.parallelism.outer_dp_sharding_strategy = c.outer;
@@ -135,7 +150,7 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5) {
   std::vector<std::vector<float>> weights;
   for (int32_t r = 0; r < c.world; ++r) {
     threads.emplace_back([&, r] {
-      TwoLayerLinear local;
+      const std::unique_ptr<Workload> local = MakeWorkload(c.moe);
       TrainerOptions o;
       o.backend = comm::Backend::kInProcess;
       o.store = store->get();
@@ -152,7 +167,7 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5) {
       o.adamw.eps = 0.05;
       o.global_batch_size = 24;
       o.init_seed = 3;
-      absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(*plan, &local, r, o);
+      absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(*plan, local.get(), r, o);
       if (!t.ok()) {
         status[r] = t.status();
         return;
@@ -187,12 +202,11 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5) {
   return result;
 }
 
-const Config kSingle = {"single", 1, "optim_grads_params", 1, ""};
-
 class TrainerConfigTest : public ::testing::TestWithParam<Config> {};
 
 TEST_P(TrainerConfigTest, MatchesTheSingleRankRun) {
-  const RunResult one = RunJob(kSingle, "lpt");
+  const Config single = {"single", 1, "optim_grads_params", 1, "", 1, GetParam().moe};
+  const RunResult one = RunJob(single, "lpt");
   const RunResult many = RunJob(GetParam(), "lpt");
   ASSERT_EQ(one.losses.size(), 5u);
   ASSERT_EQ(many.losses.size(), 5u);
@@ -225,12 +239,25 @@ TEST_P(TrainerConfigTest, OwnerBasedAndAllgatherEndBitIdentical) {
 TEST_P(TrainerConfigTest, MuonTrafficIsWhatThePlanSays) {
   const int steps = 2;
   RunResult r = RunJob(GetParam(), "lpt", steps);
-  int64_t planned = 0;
-  for (const plan::CollectiveBytes& c : r.plan.collectives) {
-    if (c.name == "muon_gather") planned += c.bytes_per_step;
+  for (plan::MeshKind mesh : {plan::MeshKind::kDense, plan::MeshKind::kExpert}) {
+    const std::string prefix = mesh == plan::MeshKind::kExpert ? "expert/" : "";
+    int64_t planned = 0;
+    for (const plan::CollectiveBytes& c : r.plan.collectives) {
+      if (c.name == "muon_gather" && c.mesh == mesh) planned += c.bytes_per_step;
+    }
+    EXPECT_EQ(r.bytes[prefix + "muon_gather"], planned * steps) << prefix;
+    EXPECT_EQ(r.bytes[prefix + "muon_scatter"], planned * steps) << prefix;
   }
-  EXPECT_EQ(r.bytes["muon_gather"], planned * steps);
-  EXPECT_EQ(r.bytes["muon_scatter"], planned * steps);
+  if (GetParam().moe) {
+    // The expert mesh moves bytes exactly when experts have data-parallel
+    // replicas (world / EP > 1); tokens move exactly when EP > 1.
+    int64_t expert_mesh = 0;
+    for (const auto& [name, b] : r.bytes) {
+      if (name.rfind("expert/", 0) == 0) expert_mesh += b;
+    }
+    EXPECT_EQ(expert_mesh > 0, GetParam().world / GetParam().ep > 1);
+    EXPECT_EQ(r.bytes["expert_dispatch"] > 0, GetParam().ep > 1);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -242,6 +269,22 @@ INSTANTIATE_TEST_SUITE_P(
                       Config{"zero3_w8", 8, "optim_grads_params", 1, ""},
                       Config{"hsdp", 4, "optim_grads_params", 2, "no_shard"},
                       Config{"hfsdp", 4, "optim_grads_params", 2, "optim"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// moe_mlp with its experts on the expert mesh: EP 1, 2 and 4 at world size
+// 4 under every inner strategy, and with an outer axis (experts never get
+// one: they follow the inner strategy over expert_dp).
+INSTANTIATE_TEST_SUITE_P(
+    Experts, TrainerConfigTest,
+    ::testing::Values(Config{"moe_ep1_zero3", 4, "optim_grads_params", 1, "", 1, true},
+                      Config{"moe_ep2_ddp", 4, "no_shard", 1, "", 2, true},
+                      Config{"moe_ep2_zero1", 4, "optim", 1, "", 2, true},
+                      Config{"moe_ep2_zero2", 4, "optim_grads", 1, "", 2, true},
+                      Config{"moe_ep2_zero3", 4, "optim_grads_params", 1, "", 2, true},
+                      Config{"moe_ep4_zero3", 4, "optim_grads_params", 1, "", 4, true},
+                      Config{"moe_ep2_hsdp", 4, "optim_grads_params", 2, "no_shard", 2, true},
+                      Config{"moe_ep2_hfsdp", 4, "optim_grads_params", 2, "optim", 2, true},
+                      Config{"moe_ep2_zero3_w8", 8, "optim_grads_params", 1, "", 2, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

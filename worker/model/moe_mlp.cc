@@ -1,0 +1,659 @@
+#include "worker/model/moe_mlp.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "worker/model/rng.h"
+
+namespace muonmesh::worker {
+namespace {
+
+constexpr uint64_t kTeacherInputStream = 1'000'000;
+constexpr int kNumParams = 7;
+constexpr int kUnitParams[3] = {2, 3, 2};  // parameters per unit
+constexpr int kUnitFirst[3] = {0, 2, 5};   // flat index of each unit's first
+
+// C [m, n] = alpha * op(A) op(B) + beta * C, row-major, k the inner size.
+// op(A) is A [m, k] or, transposed, A [k, m]; op(B) is B [k, n] or B [n, k].
+void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const float* a, const float* b, float beta, float* c) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+              static_cast<int>(k), alpha, a, static_cast<int>(trans_a ? m : k), b,
+              static_cast<int>(trans_b ? k : n), beta, c, static_cast<int>(n));
+}
+
+template <typename T>
+bool AnyNull(absl::Span<T* const> ptrs) {
+  return std::any_of(ptrs.begin(), ptrs.end(), [](T* p) { return p == nullptr; });
+}
+
+absl::Status CheckFinite(absl::Span<const float> values, const char* what) {
+  for (size_t k = 0; k < values.size(); ++k) {
+    if (!std::isfinite(values[k])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, "[", k, "] is not finite (", values[k], ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::vector<int64_t>> Shapes(const MoeMlpDims& d) {
+  return {{d.d_model, d.d_in},
+          {d.d_model},
+          {d.num_experts, d.d_model},
+          {d.num_experts, d.d_expert, d.d_model},
+          {d.num_experts, d.d_model, d.d_expert},
+          {d.d_out, d.d_model},
+          {d.d_out}};
+}
+
+int64_t FanIn(const MoeMlpDims& d, int p) {
+  if (p <= 1) return d.d_in;
+  if (p == 4) return d.d_expert;
+  return d.d_model;
+}
+
+int64_t Elements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t v : shape) n *= v;
+  return n;
+}
+
+void InitParam(const MoeMlpDims& d, uint64_t seed, int p, float* out) {
+  const int64_t n = Elements(Shapes(d)[p]);
+  const double root = std::sqrt(static_cast<double>(FanIn(d, p)));
+  const UniformStream s(seed, static_cast<uint64_t>(p));
+  for (int64_t k = 0; k < n; ++k) {
+    out[k] = static_cast<float>(static_cast<double>(s.At(static_cast<uint64_t>(k))) / root);
+  }
+}
+
+// Whole tensors as a UnitAccess with one expert-parallel group: what
+// ForwardBackward and Forward run the by-unit code on.
+class WholeAccess final : public UnitAccess {
+ public:
+  WholeAccess(absl::Span<const float* const> params, absl::Span<float* const> grads)
+      : params_(params), grads_(grads) {}
+  absl::StatusOr<absl::Span<const float* const>> Acquire(int unit) override {
+    return params_.subspan(kUnitFirst[unit], kUnitParams[unit]);
+  }
+  void Release(int) override {}
+  absl::StatusOr<absl::Span<float* const>> GradientBuffers(int unit) override {
+    if (grads_.empty()) return absl::InternalError("moe_mlp: no gradient buffers");
+    return grads_.subspan(kUnitFirst[unit], kUnitParams[unit]);
+  }
+  absl::Status Commit(int) override { return absl::OkStatus(); }
+
+ private:
+  absl::Span<const float* const> params_;
+  absl::Span<float* const> grads_;
+};
+
+// Releases `unit` on scope exit unless disarmed.
+class Held {
+ public:
+  Held(UnitAccess& units, int unit) : units_(units), unit_(unit) {}
+  ~Held() {
+    if (unit_ >= 0) units_.Release(unit_);
+  }
+  void Release() {
+    if (unit_ >= 0) units_.Release(unit_);
+    unit_ = -1;
+  }
+  Held(const Held&) = delete;
+  Held& operator=(const Held&) = delete;
+
+ private:
+  UnitAccess& units_;
+  int unit_;
+};
+
+absl::Status CheckTensors(absl::Span<const float* const> ts, const char* what) {
+  if (ts.size() != kNumParams || AnyNull(ts)) {
+    return absl::InvalidArgumentError(absl::StrCat("moe_mlp: ", what, " must be ", kNumParams,
+                                                   " non-null tensors, got ", ts.size()));
+  }
+  return absl::OkStatus();
+}
+
+// The tensors the runtime handed over for a unit: the right count, non-null.
+template <typename T>
+absl::Status CheckUnitTensors(absl::Span<T* const> ts, int unit, const char* what) {
+  if (static_cast<int>(ts.size()) != kUnitParams[unit] || AnyNull(ts)) {
+    return absl::InternalError(absl::StrCat("moe_mlp: unit ", unit, " ", what, ": got ",
+                                            ts.size(), " tensors, expected ", kUnitParams[unit],
+                                            " non-null"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateMoeMlpDims(const MoeMlpDims& d) {
+  const std::pair<const char*, int64_t> fields[] = {
+      {"d_in", d.d_in}, {"d_model", d.d_model}, {"d_expert", d.d_expert}, {"d_out", d.d_out}};
+  for (const auto& [name, v] : fields) {
+    if (v < 1 || v > kMoeMaxDim) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("moe_mlp ", name, ": ", v, " is not in [1, ", kMoeMaxDim, "]"));
+    }
+  }
+  if (d.num_experts < 1 || d.num_experts > kMoeMaxExperts) {
+    return absl::InvalidArgumentError(absl::StrCat("moe_mlp num_experts: ", d.num_experts,
+                                                   " is not in [1, ", kMoeMaxExperts, "]"));
+  }
+  for (const std::vector<int64_t>& shape : Shapes(d)) {
+    int64_t n = 1;
+    for (int64_t v : shape) {
+      n *= v;
+      if (n > kMoeMaxElements) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "moe_mlp: a tensor of these dims exceeds ", kMoeMaxElements, " elements"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<plan::ModelSpec> MoeMlpSpec(const MoeMlpDims& d) {
+  if (absl::Status st = ValidateMoeMlpDims(d); !st.ok()) return st;
+  const std::vector<std::vector<int64_t>> shapes = Shapes(d);
+  plan::ModelSpec spec;
+  spec.name = "moe_mlp";
+  spec.units = {
+      {"input",
+       {{"input.weight", shapes[0], "muon", false}, {"input.bias", shapes[1], "adamw", false}}},
+      {"moe",
+       {{"router.weight", shapes[2], "adamw", false},
+        {"experts.w1", shapes[3], "muon", true},
+        {"experts.w2", shapes[4], "muon", true}}},
+      {"output",
+       {{"output.weight", shapes[5], "muon", false}, {"output.bias", shapes[6], "adamw", false}}},
+  };
+  return spec;
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> MoeMlpInitialParams(const MoeMlpDims& d,
+                                                                    uint64_t seed) {
+  if (absl::Status st = ValidateMoeMlpDims(d); !st.ok()) return st;
+  std::vector<std::vector<float>> out;
+  const std::vector<std::vector<int64_t>> shapes = Shapes(d);
+  for (int p = 0; p < kNumParams; ++p) {
+    out.emplace_back(static_cast<size_t>(Elements(shapes[p])));
+    InitParam(d, seed, p, out.back().data());
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- MoeMlp
+
+MoeMlp::MoeMlp(const MoeMlpDims& dims, std::vector<float> x, std::vector<float> y,
+               plan::ModelSpec spec)
+    : dims_(dims),
+      x_(std::move(x)),
+      y_(std::move(y)),
+      num_samples_(static_cast<int64_t>(x_.size()) / dims.d_in),
+      spec_(std::move(spec)) {}
+
+absl::StatusOr<MoeMlp> MoeMlp::Create(const MoeMlpDims& dims, std::vector<float> x,
+                                      std::vector<float> y) {
+  absl::StatusOr<plan::ModelSpec> spec = MoeMlpSpec(dims);
+  if (!spec.ok()) return spec.status();
+  const int64_t x_size = static_cast<int64_t>(x.size());
+  if (x_size == 0 || x_size % dims.d_in != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "moe_mlp data: x has ", x_size, " elements, not a positive multiple of d_in = ",
+        dims.d_in));
+  }
+  const int64_t n = x_size / dims.d_in;
+  if (n > kMoeMaxElements / std::max(dims.d_in, std::max(dims.d_model, dims.d_out))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("moe_mlp data: ", n, " samples exceed ", kMoeMaxElements,
+                     " elements per tensor"));
+  }
+  if (static_cast<int64_t>(y.size()) != n * dims.d_out) {
+    return absl::InvalidArgumentError(absl::StrCat("moe_mlp data: y has ", y.size(),
+                                                   " elements, expected N * d_out = ", n, " * ",
+                                                   dims.d_out, " = ", n * dims.d_out));
+  }
+  if (absl::Status st = CheckFinite(x, "moe_mlp data: x"); !st.ok()) return st;
+  if (absl::Status st = CheckFinite(y, "moe_mlp data: y"); !st.ok()) return st;
+  return MoeMlp(dims, std::move(x), std::move(y), *std::move(spec));
+}
+
+absl::StatusOr<MoeMlp> MoeMlp::FromTeacher(const MoeMlpDims& dims, uint64_t teacher_seed,
+                                           int64_t samples) {
+  if (absl::Status st = ValidateMoeMlpDims(dims); !st.ok()) return st;
+  const int64_t limit =
+      std::min(kMoeMaxSamplesPerCall,
+               kMoeMaxElements / std::max(dims.d_in, std::max(dims.d_model, dims.d_out)));
+  if (samples < 1 || samples > limit) {
+    return absl::InvalidArgumentError(absl::StrCat("moe_mlp teacher: samples = ", samples,
+                                                   " is not in [1, ", limit, "]"));
+  }
+  std::vector<float> x(static_cast<size_t>(samples * dims.d_in));
+  UniformStream(teacher_seed, kTeacherInputStream).Fill(0, samples * dims.d_in, 1.0, x.data());
+  absl::StatusOr<std::vector<std::vector<float>>> teacher =
+      MoeMlpInitialParams(dims, teacher_seed + 1);
+  if (!teacher.ok()) return teacher.status();
+  absl::StatusOr<MoeMlp> probe =
+      Create(dims, x, std::vector<float>(static_cast<size_t>(samples * dims.d_out), 0.0f));
+  if (!probe.ok()) return probe.status();
+  std::vector<const float*> ptrs;
+  for (const std::vector<float>& t : *teacher) ptrs.push_back(t.data());
+  absl::StatusOr<std::vector<float>> y = probe->Forward(ptrs, samples);
+  if (!y.ok()) return y.status();
+  return Create(dims, std::move(x), *std::move(y));
+}
+
+absl::Status MoeMlp::Initialize(uint64_t seed, absl::Span<float* const> params) const {
+  if (params.size() != kNumParams || AnyNull(params)) {
+    return absl::InvalidArgumentError(absl::StrCat("moe_mlp init: need ", kNumParams,
+                                                   " non-null tensors, got ", params.size()));
+  }
+  for (int p = 0; p < kNumParams; ++p) InitParam(dims_, seed, p, params[p]);
+  return absl::OkStatus();
+}
+
+absl::Status MoeMlp::InitializeUnit(uint64_t seed, int unit,
+                                    absl::Span<float* const> params) const {
+  if (unit < 0 || unit > 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("moe_mlp init: unit ", unit, " is outside [0, 3)"));
+  }
+  if (static_cast<int>(params.size()) != kUnitParams[unit] || AnyNull(params)) {
+    return absl::InvalidArgumentError(absl::StrCat("moe_mlp init: unit ", unit, " needs ",
+                                                   kUnitParams[unit], " non-null tensors, got ",
+                                                   params.size()));
+  }
+  for (int j = 0; j < kUnitParams[unit]; ++j) {
+    InitParam(dims_, seed, kUnitFirst[unit] + j, params[j]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoeMlp::CheckSamples(absl::Span<const int64_t> samples) const {
+  if (samples.empty()) return absl::InvalidArgumentError("moe_mlp: empty sample list");
+  if (static_cast<int64_t>(samples.size()) > kMoeMaxSamplesPerCall) {
+    return absl::InvalidArgumentError(absl::StrCat("moe_mlp: ", samples.size(),
+                                                   " samples in one call exceed ",
+                                                   kMoeMaxSamplesPerCall));
+  }
+  for (size_t j = 0; j < samples.size(); ++j) {
+    if (samples[j] < 0 || samples[j] >= num_samples_) {
+      return absl::InvalidArgumentError(absl::StrCat("moe_mlp: samples[", j, "] = ", samples[j],
+                                                     " is outside [0, ", num_samples_, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> MoeMlp::Forward(absl::Span<const float* const> params,
+                                                   int64_t n) {
+  if (absl::Status st = CheckTensors(params, "params"); !st.ok()) return st;
+  if (n < 1 || n > num_samples_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("moe_mlp forward: n = ", n, " is not in [1, ", num_samples_, "]"));
+  }
+  std::vector<int64_t> samples(static_cast<size_t>(n));
+  for (int64_t s = 0; s < n; ++s) samples[s] = s;
+  if (absl::Status st = CheckSamples(samples); !st.ok()) return st;
+  WholeAccess units(params, {});
+  if (absl::Status st = ForwardPass(units, samples); !st.ok()) return st;
+  units.Release(2);
+  return std::vector<float>(y_out_.begin(), y_out_.begin() + n * dims_.d_out);
+}
+
+absl::StatusOr<double> MoeMlp::ForwardBackward(int64_t step,
+                                               absl::Span<const float* const> params,
+                                               absl::Span<const int64_t> samples,
+                                               absl::Span<float* const> grads) {
+  if (absl::Status st = CheckTensors(params, "params"); !st.ok()) return st;
+  if (grads.size() != kNumParams || AnyNull(grads)) {
+    return absl::InvalidArgumentError(absl::StrCat("moe_mlp: grads must be ", kNumParams,
+                                                   " non-null tensors, got ", grads.size()));
+  }
+  WholeAccess units(params, grads);
+  return ForwardBackwardByUnit(step, units, samples);
+}
+
+absl::Status MoeMlp::ForwardPass(UnitAccess& units, absl::Span<const int64_t> samples) {
+  const int64_t n = static_cast<int64_t>(samples.size());
+  const int64_t d_in = dims_.d_in;
+  const int64_t d = dims_.d_model;
+  const int64_t de = dims_.d_expert;
+  const int64_t e_total = dims_.num_experts;
+  const int64_t d_out = dims_.d_out;
+  const int ep = units.expert_parallel_size();
+  if (ep < 1 || e_total % ep != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "moe_mlp: num_experts ", e_total, " does not split over ", ep, " expert-parallel groups"));
+  }
+  const int64_t local = e_total / ep;
+
+  // Input layer.
+  xs_.resize(n * d_in);
+  for (int64_t s = 0; s < n; ++s) {
+    std::copy_n(x_.data() + samples[s] * d_in, d_in, xs_.data() + s * d_in);
+  }
+  {
+    absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(0);
+    if (!p.ok()) return p.status();
+    Held held(units, 0);
+    if (absl::Status st = CheckUnitTensors(*p, 0, "parameters"); !st.ok()) return st;
+    h_.resize(n * d);
+    Gemm(false, true, n, d, d_in, 1.0f, xs_.data(), (*p)[0], 0.0f, h_.data());
+    for (int64_t s = 0; s < n; ++s) {
+      for (int64_t j = 0; j < d; ++j) h_[s * d + j] = std::tanh(h_[s * d + j] + (*p)[1][j]);
+    }
+  }
+
+  // Router, dispatch, experts, combine.
+  absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(1);
+  if (!p.ok()) return p.status();
+  Held held1(units, 1);
+  if (absl::Status st = CheckUnitTensors(*p, 1, "parameters"); !st.ok()) return st;
+  const float* w_router = (*p)[0];
+  const float* w1 = (*p)[1];
+  const float* w2 = (*p)[2];
+  g_.resize(n * e_total);
+  Gemm(false, true, n, e_total, d, 1.0f, h_.data(), w_router, 0.0f, g_.data());
+  expert_.resize(n);
+  gate_.resize(n);
+  std::vector<int64_t> per_expert(e_total + 1, 0);
+  for (int64_t s = 0; s < n; ++s) {
+    float* row = g_.data() + s * e_total;
+    double m = row[0];
+    for (int64_t j = 1; j < e_total; ++j) m = std::max(m, static_cast<double>(row[j]));
+    double sum = 0.0;
+    for (int64_t j = 0; j < e_total; ++j) sum += std::exp(static_cast<double>(row[j]) - m);
+    int32_t best = 0;
+    for (int64_t j = 0; j < e_total; ++j) {
+      row[j] = static_cast<float>(std::exp(static_cast<double>(row[j]) - m) / sum);
+      if (row[j] > row[best]) best = static_cast<int32_t>(j);
+    }
+    expert_[s] = best;
+    gate_[s] = row[best];
+    ++per_expert[best + 1];
+  }
+  for (int64_t e = 0; e < e_total; ++e) per_expert[e + 1] += per_expert[e];
+  order_.resize(n);
+  {
+    std::vector<int64_t> next(per_expert.begin(), per_expert.end() - 1);
+    for (int64_t s = 0; s < n; ++s) order_[next[expert_[s]]++] = static_cast<int32_t>(s);
+  }
+  send_tokens_.assign(ep, 0);
+  for (int q = 0; q < ep; ++q) {
+    send_tokens_[q] = per_expert[(q + 1) * local] - per_expert[q * local];
+  }
+
+  // Token counts first (as floats: exact below 2^24), then the tokens.
+  std::vector<float> count_send(ep), count_recv(ep);
+  for (int q = 0; q < ep; ++q) count_send[q] = static_cast<float>(send_tokens_[q]);
+  const std::vector<int64_t> ones(ep, 1);
+  if (absl::Status st = units.ExchangeTokens(count_send.data(), ones, count_recv.data(), ones);
+      !st.ok()) {
+    return st;
+  }
+  recv_tokens_.assign(ep, 0);
+  int64_t received = 0;
+  for (int q = 0; q < ep; ++q) {
+    const float c = count_recv[q];
+    if (!(c >= 0.0f && c <= static_cast<float>(kMoeMaxSamplesPerCall)) || c != std::floor(c)) {
+      return absl::InternalError(
+          absl::StrCat("moe_mlp: expert-parallel group ", q, " announced ", c, " tokens"));
+    }
+    recv_tokens_[q] = static_cast<int64_t>(c);
+    received += recv_tokens_[q];
+  }
+  const int64_t row = d + 1;  // local expert id, then h
+  std::vector<int64_t> send_counts(ep), recv_counts(ep);
+  for (int q = 0; q < ep; ++q) {
+    send_counts[q] = send_tokens_[q] * row;
+    recv_counts[q] = recv_tokens_[q] * row;
+  }
+  send_.resize(std::max<int64_t>(n * row, 1));
+  recv_.resize(std::max<int64_t>(received * row, 1));
+  for (int64_t j = 0; j < n; ++j) {
+    const int32_t s = order_[j];
+    send_[j * row] = static_cast<float>(expert_[s] % local);
+    std::copy_n(h_.data() + s * d, d, send_.data() + j * row + 1);
+  }
+  if (absl::Status st =
+          units.ExchangeTokens(send_.data(), send_counts, recv_.data(), recv_counts);
+      !st.ok()) {
+    return st;
+  }
+
+  // Expert side: group the received tokens by local expert.
+  ex_local_.resize(received);
+  ex_begin_.assign(local + 1, 0);
+  for (int64_t r = 0; r < received; ++r) {
+    const float id = recv_[r * row];
+    if (!(id >= 0.0f && id < static_cast<float>(local)) || id != std::floor(id)) {
+      return absl::InternalError(absl::StrCat("moe_mlp: received a token for local expert ", id,
+                                              " of ", local));
+    }
+    ex_local_[r] = static_cast<int32_t>(id);
+    ++ex_begin_[ex_local_[r] + 1];
+  }
+  for (int64_t l = 0; l < local; ++l) ex_begin_[l + 1] += ex_begin_[l];
+  ex_order_.resize(received);
+  {
+    std::vector<int64_t> next(ex_begin_.begin(), ex_begin_.end() - 1);
+    for (int64_t r = 0; r < received; ++r) ex_order_[next[ex_local_[r]]++] = static_cast<int32_t>(r);
+  }
+  ex_h_.resize(std::max<int64_t>(received * d, 1));
+  ex_a_.resize(std::max<int64_t>(received * de, 1));
+  std::vector<float> ex_o(std::max<int64_t>(received * d, 1));
+  for (int64_t i = 0; i < received; ++i) {
+    std::copy_n(recv_.data() + static_cast<int64_t>(ex_order_[i]) * row + 1, d,
+                ex_h_.data() + i * d);
+  }
+  for (int64_t l = 0; l < local; ++l) {
+    const int64_t b = ex_begin_[l];
+    const int64_t c = ex_begin_[l + 1] - b;
+    if (c == 0) continue;
+    float* a = ex_a_.data() + b * de;
+    Gemm(false, true, c, de, d, 1.0f, ex_h_.data() + b * d, w1 + l * de * d, 0.0f, a);
+    for (int64_t k = 0; k < c * de; ++k) a[k] = std::tanh(a[k]);
+    Gemm(false, true, c, d, de, 1.0f, a, w2 + l * d * de, 0.0f, ex_o.data() + b * d);
+  }
+  // Back in the order received (recv_ is free: the inputs were copied out).
+  for (int64_t i = 0; i < received; ++i) {
+    std::copy_n(ex_o.data() + i * d, d, recv_.data() + static_cast<int64_t>(ex_order_[i]) * d);
+  }
+  for (int q = 0; q < ep; ++q) {
+    send_counts[q] = send_tokens_[q] * d;
+    recv_counts[q] = recv_tokens_[q] * d;
+  }
+  if (absl::Status st =
+          units.ExchangeTokens(recv_.data(), recv_counts, send_.data(), send_counts);
+      !st.ok()) {
+    return st;
+  }
+  held1.Release();
+  o_.resize(n * d);
+  z_.resize(n * d);
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t s = order_[j];
+    std::copy_n(send_.data() + j * d, d, o_.data() + s * d);
+  }
+  for (int64_t s = 0; s < n; ++s) {
+    for (int64_t k = 0; k < d; ++k) z_[s * d + k] = h_[s * d + k] + gate_[s] * o_[s * d + k];
+  }
+
+  // Output layer (stays acquired for the backward pass).
+  absl::StatusOr<absl::Span<const float* const>> out = units.Acquire(2);
+  if (!out.ok()) return out.status();
+  if (absl::Status st = CheckUnitTensors(*out, 2, "parameters"); !st.ok()) {
+    units.Release(2);
+    return st;
+  }
+  y_out_.resize(n * d_out);
+  Gemm(false, true, n, d_out, d, 1.0f, z_.data(), (*out)[0], 0.0f, y_out_.data());
+  for (int64_t s = 0; s < n; ++s) {
+    for (int64_t o = 0; o < d_out; ++o) y_out_[s * d_out + o] += (*out)[1][o];
+  }
+  out_params_ = *out;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> MoeMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& units,
+                                                     absl::Span<const int64_t> samples) {
+  if (absl::Status st = CheckSamples(samples); !st.ok()) return st;
+  if (absl::Status st = ForwardPass(units, samples); !st.ok()) return st;
+  const int64_t n = static_cast<int64_t>(samples.size());
+  const int64_t d_in = dims_.d_in;
+  const int64_t d = dims_.d_model;
+  const int64_t de = dims_.d_expert;
+  const int64_t e_total = dims_.num_experts;
+  const int64_t d_out = dims_.d_out;
+  const int ep = units.expert_parallel_size();
+  const int64_t local = e_total / ep;
+  const int64_t received = static_cast<int64_t>(ex_local_.size());
+
+  // Output layer: loss, dL/dy, its gradients, dL/dz.
+  Held held2(units, 2);  // acquired by ForwardPass
+  const float* w_out = out_params_[0];
+  const double denom = static_cast<double>(n) * static_cast<double>(d_out);
+  double loss_sum = 0.0;
+  std::vector<float> dy(n * d_out);
+  for (int64_t s = 0; s < n; ++s) {
+    const float* target = y_.data() + samples[s] * d_out;
+    for (int64_t o = 0; o < d_out; ++o) {
+      const double diff =
+          static_cast<double>(y_out_[s * d_out + o]) - static_cast<double>(target[o]);
+      loss_sum += diff * diff;
+      dy[s * d_out + o] = static_cast<float>(diff * 2.0 / denom);
+    }
+  }
+  std::vector<float> dz(n * d);
+  {
+    absl::StatusOr<absl::Span<float* const>> g = units.GradientBuffers(2);
+    if (!g.ok()) return g.status();
+    if (absl::Status st = CheckUnitTensors(*g, 2, "gradients"); !st.ok()) return st;
+    Gemm(true, false, d_out, d, n, 1.0f, dy.data(), z_.data(), 0.0f, (*g)[0]);
+    for (int64_t o = 0; o < d_out; ++o) {
+      double sum = 0.0;
+      for (int64_t s = 0; s < n; ++s) sum += dy[s * d_out + o];
+      (*g)[1][o] = static_cast<float>(sum);
+    }
+    Gemm(false, false, n, d, d_out, 1.0f, dy.data(), w_out, 0.0f, dz.data());
+    if (absl::Status st = units.Commit(2); !st.ok()) return st;
+  }
+  held2.Release();
+
+  // Mixture of experts.
+  absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(1);
+  if (!p.ok()) return p.status();
+  Held held1(units, 1);
+  if (absl::Status st = CheckUnitTensors(*p, 1, "parameters"); !st.ok()) return st;
+  const float* w_router = (*p)[0];
+  const float* w1 = (*p)[1];
+  const float* w2 = (*p)[2];
+  std::vector<double> dgate(n);
+  for (int64_t s = 0; s < n; ++s) {
+    double sum = 0.0;
+    for (int64_t k = 0; k < d; ++k) {
+      sum += static_cast<double>(dz[s * d + k]) * static_cast<double>(o_[s * d + k]);
+    }
+    dgate[s] = sum;
+  }
+  std::vector<int64_t> send_counts(ep), recv_counts(ep);
+  for (int q = 0; q < ep; ++q) {
+    send_counts[q] = send_tokens_[q] * d;
+    recv_counts[q] = recv_tokens_[q] * d;
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t s = order_[j];
+    for (int64_t k = 0; k < d; ++k) send_[j * d + k] = gate_[s] * dz[s * d + k];
+  }
+  if (absl::Status st =
+          units.ExchangeTokens(send_.data(), send_counts, recv_.data(), recv_counts);
+      !st.ok()) {
+    return st;
+  }
+  absl::StatusOr<absl::Span<float* const>> g = units.GradientBuffers(1);
+  if (!g.ok()) return g.status();
+  if (absl::Status st = CheckUnitTensors(*g, 1, "gradients"); !st.ok()) return st;
+  float* gw_router = (*g)[0];
+  float* gw1 = (*g)[1];
+  float* gw2 = (*g)[2];
+  // Expert gradients are with respect to the mean loss of the EP ranks.
+  const float alpha = 1.0f / static_cast<float>(ep);
+  std::vector<float> ex_do(std::max<int64_t>(received * d, 1));
+  std::vector<float> ex_da(std::max<int64_t>(received * de, 1));
+  for (int64_t i = 0; i < received; ++i) {
+    std::copy_n(recv_.data() + static_cast<int64_t>(ex_order_[i]) * d, d, ex_do.data() + i * d);
+  }
+  for (int64_t l = 0; l < local; ++l) {
+    const int64_t b = ex_begin_[l];
+    const int64_t c = ex_begin_[l + 1] - b;
+    float* g1 = gw1 + l * de * d;
+    float* g2 = gw2 + l * d * de;
+    if (c == 0) {
+      std::fill_n(g1, de * d, 0.0f);
+      std::fill_n(g2, d * de, 0.0f);
+      continue;
+    }
+    const float* a = ex_a_.data() + b * de;
+    float* dob = ex_do.data() + b * d;
+    float* da = ex_da.data() + b * de;
+    Gemm(true, false, d, de, c, alpha, dob, a, 0.0f, g2);
+    Gemm(false, false, c, de, d, 1.0f, dob, w2 + l * d * de, 0.0f, da);
+    for (int64_t k = 0; k < c * de; ++k) da[k] *= 1.0f - a[k] * a[k];
+    Gemm(true, false, de, d, c, alpha, da, ex_h_.data() + b * d, 0.0f, g1);
+    // dL/dh of these tokens, over their dL/do rows (no longer needed).
+    Gemm(false, false, c, d, de, 1.0f, da, w1 + l * de * d, 0.0f, dob);
+  }
+  for (int64_t i = 0; i < received; ++i) {
+    std::copy_n(ex_do.data() + i * d, d, recv_.data() + static_cast<int64_t>(ex_order_[i]) * d);
+  }
+  if (absl::Status st =
+          units.ExchangeTokens(recv_.data(), recv_counts, send_.data(), send_counts);
+      !st.ok()) {
+    return st;
+  }
+  std::vector<float> dh(dz);
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t s = order_[j];
+    for (int64_t k = 0; k < d; ++k) dh[s * d + k] += send_[j * d + k];
+  }
+  // Router: dL/dlogit_j = g_e (delta_je - g_j) dL/dg_e.
+  std::vector<float> dlogits(n * e_total);
+  for (int64_t s = 0; s < n; ++s) {
+    const float* gs = g_.data() + s * e_total;
+    const double ge = gs[expert_[s]];
+    for (int64_t j = 0; j < e_total; ++j) {
+      const double delta = j == expert_[s] ? 1.0 : 0.0;
+      dlogits[s * e_total + j] = static_cast<float>(ge * (delta - gs[j]) * dgate[s]);
+    }
+  }
+  Gemm(true, false, e_total, d, n, 1.0f, dlogits.data(), h_.data(), 0.0f, gw_router);
+  Gemm(false, false, n, d, e_total, 1.0f, dlogits.data(), w_router, 1.0f, dh.data());
+  if (absl::Status st = units.Commit(1); !st.ok()) return st;
+  held1.Release();
+
+  // Input layer: through tanh, then its gradients (its parameters are not
+  // needed).
+  for (int64_t k = 0; k < n * d; ++k) dh[k] *= 1.0f - h_[k] * h_[k];
+  absl::StatusOr<absl::Span<float* const>> g0 = units.GradientBuffers(0);
+  if (!g0.ok()) return g0.status();
+  if (absl::Status st = CheckUnitTensors(*g0, 0, "gradients"); !st.ok()) return st;
+  Gemm(true, false, d, d_in, n, 1.0f, dh.data(), xs_.data(), 0.0f, (*g0)[0]);
+  for (int64_t j = 0; j < d; ++j) {
+    double sum = 0.0;
+    for (int64_t s = 0; s < n; ++s) sum += dh[s * d + j];
+    (*g0)[1][j] = static_cast<float>(sum);
+  }
+  if (absl::Status st = units.Commit(0); !st.ok()) return st;
+  return loss_sum / denom;
+}
+
+}  // namespace muonmesh::worker
