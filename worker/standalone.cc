@@ -19,6 +19,7 @@
 #include "worker/io/safetensors.h"
 #include "worker/job/job.h"
 #include "worker/model/mlp.h"
+#include "worker/model/moe_mlp.h"
 #include "worker/model/synthetic.h"
 #include "worker/runtime/trainer.h"
 
@@ -29,9 +30,15 @@ absl::Status Annotate(const absl::Status& st, const std::string& where) {
   return absl::Status(st.code(), absl::StrCat(where, ": ", st.message()));
 }
 
-// The mlp's dataset from a safetensors file with x [N, d_in] and y [N, d_out].
-absl::StatusOr<std::unique_ptr<Workload>> MlpFromFile(const std::vector<int64_t>& dims,
-                                                      const std::string& path) {
+struct Dataset {
+  std::vector<float> x;
+  std::vector<float> y;
+};
+
+// A dataset from a safetensors file with x [N, d_in] and y [N, d_out];
+// `model` names the job field the sizes come from.
+absl::StatusOr<Dataset> ReadDataset(const std::string& path, int64_t d_in, int64_t d_out,
+                                    const char* model) {
   absl::StatusOr<std::vector<io::Tensor>> tensors = io::ReadSafetensors(path);
   if (!tensors.ok()) return tensors.status();
   std::map<std::string, io::Tensor*> by_name;
@@ -42,23 +49,45 @@ absl::StatusOr<std::unique_ptr<Workload>> MlpFromFile(const std::vector<int64_t>
           absl::StrCat(path, ": no tensor '", name, "' (data files hold x [N, d_in] and y [N, d_out])"));
     }
   }
-  const io::Tensor& x = *by_name["x"];
-  const io::Tensor& y = *by_name["y"];
-  const int64_t d_in = dims.front();
-  const int64_t d_out = dims.back();
+  io::Tensor& x = *by_name["x"];
+  io::Tensor& y = *by_name["y"];
   if (x.shape.size() != 2 || x.shape[1] != d_in) {
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": tensor 'x' has shape [", absl::StrJoin(x.shape, ", "), "], expected [N, ", d_in,
-        "] for model.mlp.dims"));
+        "] for ", model));
   }
   if (y.shape.size() != 2 || y.shape[1] != d_out || y.shape[0] != x.shape[0]) {
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": tensor 'y' has shape [", absl::StrJoin(y.shape, ", "), "], expected [", x.shape[0],
         ", ", d_out, "]"));
   }
-  absl::StatusOr<Mlp> mlp = Mlp::Create(dims, x.data, y.data);
+  return Dataset{std::move(x.data), std::move(y.data)};
+}
+
+absl::StatusOr<std::unique_ptr<Workload>> MlpFromFile(const std::vector<int64_t>& dims,
+                                                      const std::string& path) {
+  absl::StatusOr<Dataset> data = ReadDataset(path, dims.front(), dims.back(), "model.mlp.dims");
+  if (!data.ok()) return data.status();
+  absl::StatusOr<Mlp> mlp = Mlp::Create(dims, std::move(data->x), std::move(data->y));
   if (!mlp.ok()) return Annotate(mlp.status(), path);
   return std::unique_ptr<Workload>(new Mlp(*std::move(mlp)));
+}
+
+absl::StatusOr<std::unique_ptr<Workload>> MakeMoeMlp(const ResolvedJob& job) {
+  const MoeMlpDims dims{job.moe.d_in(), job.moe.d_model(), job.moe.d_expert(),
+                        job.moe.num_experts(), job.moe.d_out()};
+  absl::StatusOr<MoeMlp> moe = absl::InternalError("unset");
+  if (!job.data_safetensors.empty()) {
+    absl::StatusOr<Dataset> data =
+        ReadDataset(job.data_safetensors, dims.d_in, dims.d_out, "model.moe_mlp");
+    if (!data.ok()) return data.status();
+    moe = MoeMlp::Create(dims, std::move(data->x), std::move(data->y));
+    if (!moe.ok()) return Annotate(moe.status(), job.data_safetensors);
+  } else {
+    moe = MoeMlp::FromTeacher(dims, job.teacher_seed.value_or(0), job.teacher_samples);
+    if (!moe.ok()) return moe.status();
+  }
+  return std::unique_ptr<Workload>(new MoeMlp(*std::move(moe)));
 }
 
 absl::StatusOr<std::unique_ptr<Workload>> MakeWorkload(const ResolvedJob& job) {
@@ -78,9 +107,9 @@ absl::StatusOr<std::unique_ptr<Workload>> MakeWorkload(const ResolvedJob& job) {
       return std::unique_ptr<Workload>(new Synthetic(*std::move(s)));
     }
     case ResolvedJob::ModelKind::kMoeMlp:
-      break;
+      return MakeMoeMlp(job);
   }
-  return absl::UnimplementedError("model.moe_mlp is not supported by the worker runtime yet");
+  return absl::InternalError("unknown model kind");
 }
 
 // The workload's spec with the job's optimizer rules applied (first match).
@@ -202,11 +231,16 @@ absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out
   if (talk) {
     int64_t planned = 0;
     for (const plan::CollectiveBytes& c : plan->collectives) planned += c.bytes_per_step;
-    const int64_t domains = job->world_size / plan->dense.size;
+    // Every domain of a mesh moves the same bytes.
+    int64_t exchange = plan->dense.exchange_bytes * (job->world_size / plan->dense.size);
+    int64_t bound = plan->dense.exchange_lower_bound_bytes * (job->world_size / plan->dense.size);
+    if (plan->has_experts) {
+      exchange += plan->expert.exchange_bytes * (job->world_size / plan->expert.size);
+      bound += plan->expert.exchange_lower_bound_bytes * (job->world_size / plan->expert.size);
+    }
     out(absl::StrFormat("plan: %d bytes per step in all collectives, Muon exchange %d bytes "
                         "(lower bound %d)",
-                        planned, plan->dense.exchange_bytes * domains,
-                        plan->dense.exchange_lower_bound_bytes * domains));
+                        planned, exchange, bound));
     out(absl::StrFormat("job %s: %d ranks, %s, %d steps, global batch %d", job->name,
                         job->world_size, input.options.owner_assignment.empty() ? "lpt" : input.options.owner_assignment,
                         job->steps, job->global_batch_size));
@@ -224,16 +258,17 @@ absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out
     optimizer_ms.push_back(absl::ToDoubleMilliseconds(OptimizerTime(r->times)));
     for (const auto& [name, b] : r->bytes_sent) {
       bytes_all_steps += b;
-      if (absl::StartsWith(name, "muon_")) muon_bytes_all_steps += b;
+      if (absl::StrContains(name, "muon_")) muon_bytes_all_steps += b;
     }
     if (talk) {
       int64_t bytes = 0;
       for (const auto& [name, b] : r->bytes_sent) bytes += b;
       const PhaseTimes& t = r->times;
       out(absl::StrFormat(
-          "step %4d  loss %.6e  | ms: gather %s fwd/bwd %s reduce %s adamw %s muon %s/%s/%s/%s "
-          "after %s | sent %d B",
-          s, r->loss, Ms(t.param_gather), Ms(t.forward_backward), Ms(t.grad_reduce),
+          "step %4d  loss %.6e  | ms: gather %s fwd/bwd %s dispatch %s reduce %s adamw %s "
+          "muon %s/%s/%s/%s after %s | sent %d B",
+          s, r->loss, Ms(t.param_gather), Ms(t.forward_backward), Ms(t.expert_dispatch),
+          Ms(t.grad_reduce),
           Ms(t.adamw), Ms(t.muon_gather), Ms(t.newton_schulz), Ms(t.muon_scatter),
           Ms(t.muon_apply), Ms(t.param_allgather_after_step), bytes));
     }

@@ -43,6 +43,8 @@ struct Job {
   std::string init = "{seed: 5}";
   std::string data = "{teacher: {seed: 21, samples: 256}}";
   std::string dims = "[6, 16, 16, 3]";
+  std::string model;  // overrides dims: the whole `model:` value
+  int ep = 1;
   int steps = 5;
   int batch = 24;
   std::string export_path;
@@ -52,9 +54,11 @@ std::string WriteJob(const std::string& dir, const Job& j) {
   std::ostringstream y;
   y << "name: " << j.name << "\nworld_size: " << j.world << "\ndevice: cpu\n"
     << "parallelism:\n  data_parallel_sharding_strategy: " << j.strategy
-    << "\n  num_distributed_optimizer_instances: " << j.instances << "\n";
+    << "\n  num_distributed_optimizer_instances: " << j.instances
+    << "\n  expert_model_parallel_size: " << j.ep << "\n";
   if (!j.outer.empty()) y << "  outer_dp_sharding_strategy: " << j.outer << "\n";
-  y << "model: {mlp: {dims: " << j.dims << "}}\ninit: " << j.init << "\ndata: " << j.data << "\n"
+  y << "model: " << (j.model.empty() ? "{mlp: {dims: " + j.dims + "}}" : j.model)
+    << "\ninit: " << j.init << "\ndata: " << j.data << "\n"
     << "optimizer:\n  muon: {lr: 0.02, momentum: 0.95, nesterov: true, weight_decay: 0.01}\n"
     << "  adamw: {lr: 0.001, eps: 0.05}\n  owner_assignment: " << j.owner << "\n"
     << "training: {steps: " << j.steps << ", global_batch_size: " << j.batch << "}\n";
@@ -144,6 +148,47 @@ INSTANTIATE_TEST_SUITE_P(Configs, StandaloneConfigTest,
                                            Config{"hsdp", "optim_grads_params", 2, "no_shard"},
                                            Config{"hfsdp", "optim_grads_params", 2, "optim"}),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// moe_mlp with its experts split over two EP groups (and ZeRO-3 over the
+// expert data-parallel pairs): the 1-rank losses, and final weights (whole
+// expert stacks gathered from both groups) close to the 1-rank run's.
+TEST(StandaloneTest, MoeWithExpertParallelismGivesTheOneRankRun) {
+  const std::string dir = Fresh("moe");
+  Job one;
+  one.name = "moe_one";
+  one.model = "{moe_mlp: {d_in: 6, d_model: 12, d_expert: 8, num_experts: 4, d_out: 3}}";
+  one.export_path = dir + "/one.safetensors";
+  const JobRun single = RunRanks(dir, WriteJob(dir, one), 1);
+  ExpectAllOk(single);
+  ASSERT_EQ(single.losses.size(), 5u) << single.ranks[0].out;
+
+  Job four = one;
+  four.name = "moe_four";
+  four.world = 4;
+  four.ep = 2;
+  four.export_path = dir + "/four.safetensors";
+  const JobRun many = RunRanks(dir, WriteJob(dir, four), 4);
+  ExpectAllOk(many);
+  ASSERT_EQ(many.losses.size(), 5u) << many.ranks[0].out;
+  for (size_t s = 0; s < 5; ++s) {
+    EXPECT_NEAR(many.losses[s], single.losses[s], 1e-5 * std::abs(single.losses[s])) << "step " << s;
+  }
+  EXPECT_LT(single.losses.back(), single.losses.front());
+
+  absl::StatusOr<std::vector<io::Tensor>> a = io::ReadSafetensors(one.export_path);
+  absl::StatusOr<std::vector<io::Tensor>> b = io::ReadSafetensors(four.export_path);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->size(), 7u);
+  ASSERT_EQ(b->size(), 7u);
+  for (size_t p = 0; p < a->size(); ++p) {
+    EXPECT_EQ((*a)[p].name, (*b)[p].name);
+    EXPECT_EQ((*a)[p].shape, (*b)[p].shape);
+    ASSERT_EQ((*a)[p].data.size(), (*b)[p].data.size());
+    for (size_t i = 0; i < (*a)[p].data.size(); ++i) {
+      ASSERT_NEAR((*b)[p].data[i], (*a)[p].data[i], 1e-4) << (*a)[p].name << "[" << i << "]";
+    }
+  }
+}
 
 TEST(StandaloneTest, WorldSizeThreeWithEmptyShards) {
   // Tiny layers on 3 ranks: uneven shards and matrices straddling ranks; the

@@ -177,6 +177,16 @@ absl::StatusOr<double> Synthetic::ForwardBackwardByUnit(int64_t step, UnitAccess
           absl::StrCat("synthetic: samples[", j, "] = ", samples[j], " is outside [0, 1)"));
     }
   }
+  const int64_t ep = units.expert_parallel_size();
+  for (const plan::UnitSpec& unit : spec_.units) {
+    for (const plan::ParamSpec& param : unit.params) {
+      if (param.expert && (ep < 1 || param.shape[0] % ep != 0)) {
+        return absl::InvalidArgumentError(absl::StrCat("synthetic: ", param.name, " has ",
+                                                       param.shape[0], " experts, not a multiple of ",
+                                                       ep, " expert-parallel groups"));
+      }
+    }
+  }
   const uint64_t seed = gradient_seed_ ^ (static_cast<uint64_t>(step) * kSplitMix64Gamma);
   double sum = 0.0;
   size_t p = 0;  // flat index of the unit's first parameter
@@ -197,8 +207,23 @@ absl::StatusOr<double> Synthetic::ForwardBackwardByUnit(int64_t step, UnitAccess
     }
     for (size_t j = 0; j < count; ++j, ++p) {
       float* g = (*grads)[j];
-      UniformStream(seed, p).Fill(0, elements_[p], kGradientScale, g);
-      for (int64_t k = 0; k < elements_[p]; ++k) sum += static_cast<double>(g[k]) * g[k];
+      const UniformStream stream(seed, p);
+      if (!spec_.units[u].params[j].expert || ep == 1) {
+        stream.Fill(0, elements_[p], kGradientScale, g);
+        for (int64_t k = 0; k < elements_[p]; ++k) sum += static_cast<double>(g[k]) * g[k];
+        continue;
+      }
+      // My EP group's experts only; the loss still covers the whole stack,
+      // in the same order (chunk by chunk, so memory stays the local part's).
+      const int64_t local = elements_[p] / ep;
+      const int64_t first = local * units.expert_parallel_index();
+      stream.Fill(first, local, kGradientScale, g);
+      std::vector<float> chunk(static_cast<size_t>(std::min<int64_t>(local, 1 << 16)));
+      for (int64_t k = 0; k < elements_[p]; k += static_cast<int64_t>(chunk.size())) {
+        const int64_t n = std::min<int64_t>(static_cast<int64_t>(chunk.size()), elements_[p] - k);
+        stream.Fill(k, n, kGradientScale, chunk.data());
+        for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(chunk[i]) * chunk[i];
+      }
     }
     if (absl::Status st = units.Commit(static_cast<int>(u)); !st.ok()) return st;
   }

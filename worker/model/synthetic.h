@@ -100,8 +100,12 @@ class Synthetic final : public Workload {
   // not read, but a real model's forward pass gathers each unit once, so the
   // traffic stays the plan's), GradientBuffers(u), fill, Commit(u). At most
   // one unit's parameters or one unit's gradients are held at a time, never
-  // both. Errors as ForwardBackward's (checked before the first unit) or
-  // from `units`.
+  // both. With EP > 1 groups an expert stack's buffer holds this rank's
+  // experts (UnitAccess): it gets their slice of the documented gradient
+  // (the same on every rank, so the mean over EP ranks is itself), and the
+  // loss still sums the whole stack. Errors as ForwardBackward's (checked
+  // before the first unit), an expert count that does not split over the
+  // groups, or from `units`.
   absl::StatusOr<double> ForwardBackwardByUnit(int64_t step, UnitAccess& units,
                                                absl::Span<const int64_t> samples) override;
 

@@ -325,6 +325,71 @@ TEST(SyntheticByUnitTest, BitIdenticalToForwardBackwardUnitByUnit) {
   EXPECT_TRUE(bad.calls().empty());
 }
 
+// One EP rank's view for a workload that does not read its parameters:
+// expert stacks are handed out as this group's slice.
+class SlicedAccess final : public UnitAccess {
+public:
+  SlicedAccess(const plan::ModelSpec &spec, int ep, int index)
+      : ep_(ep), index_(index) {
+    for (const auto &unit : spec.units) {
+      sizes_.emplace_back();
+      for (const auto &p : unit.params) {
+        int64_t n = 1;
+        for (int64_t d : p.shape)
+          n *= d;
+        sizes_.back().push_back(p.expert ? n / ep : n);
+      }
+    }
+    bufs_.resize(sizes_.size());
+    ptrs_.resize(sizes_.size());
+  }
+  absl::StatusOr<absl::Span<const float *const>> Acquire(int) override {
+    return absl::Span<const float *const>();
+  }
+  void Release(int) override {}
+  absl::StatusOr<absl::Span<float *const>> GradientBuffers(int u) override {
+    for (int64_t n : sizes_[u]) {
+      bufs_[u].emplace_back(static_cast<size_t>(n), std::nanf(""));
+      ptrs_[u].push_back(bufs_[u].back().data());
+    }
+    return absl::MakeConstSpan(ptrs_[u]);
+  }
+  absl::Status Commit(int) override { return absl::OkStatus(); }
+  int expert_parallel_size() const override { return ep_; }
+  int expert_parallel_index() const override { return index_; }
+  const std::vector<float> &grad(int u, int j) const { return bufs_[u][j]; }
+
+private:
+  int ep_, index_;
+  std::vector<std::vector<int64_t>> sizes_;
+  std::vector<std::vector<std::vector<float>>> bufs_;
+  std::vector<std::vector<float *>> ptrs_;
+};
+
+TEST(SyntheticByUnitTest, ExpertStacksGetTheirGroupsSliceAndTheWholeLoss) {
+  plan::ModelSpec spec = SmallSpec();
+  spec.units[1].params.push_back({"experts", {4, 3, 5}, "muon", true});
+  absl::StatusOr<Synthetic> w = Synthetic::Create(spec, 1.0, 2, 99);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const std::vector<std::vector<float>> params = InitialValues(*w, 7);
+  const Reference want = Whole(*w, 3, params, {0});
+  for (int index = 0; index < 2; ++index) {
+    SlicedAccess access(w->spec(), 2, index);
+    absl::StatusOr<double> loss = w->ForwardBackwardByUnit(3, access, {0});
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    EXPECT_EQ(*loss, want.loss);
+    const std::vector<float> &mine = access.grad(1, 3);
+    ASSERT_EQ(mine.size(), 30u);
+    const std::vector<float> &whole = want.grads[4];  // flat index of "experts"
+    EXPECT_TRUE(BitEqual(mine, std::vector<float>(whole.begin() + 30 * index,
+                                                  whole.begin() + 30 * (index + 1))));
+    EXPECT_TRUE(BitEqual(access.grad(1, 0), want.grads[1]));  // dense: whole
+  }
+  SlicedAccess three(w->spec(), 3, 0);
+  EXPECT_EQ(w->ForwardBackwardByUnit(0, three, {0}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SyntheticByUnitTest, InitializeUnitMatchesInitialize) {
   absl::StatusOr<Synthetic> w = Synthetic::Create(SmallSpec(), 1.0, 1, 0);
   ASSERT_TRUE(w.ok());
