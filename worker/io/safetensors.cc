@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <new>
 #include <optional>
 #include <string_view>
@@ -191,6 +192,9 @@ struct Entry {
 class HeaderParser {
  public:
   HeaderParser(std::string_view text, const std::string& path) : text_(text), path_(path) {}
+
+  // Where the "__metadata__" entries go (may be null: checked and dropped).
+  void set_metadata(std::map<std::string, std::string>* metadata) { metadata_ = metadata; }
 
   absl::Status Parse(std::vector<Entry>* entries) {
     if (text_.empty() || text_[0] != '{') {
@@ -459,7 +463,9 @@ class HeaderParser {
         return Error(absl::StrCat("__metadata__ values must be strings, got ", Got()));
       }
       absl::StatusOr<std::string> value = ParseString();
-      return value.status();
+      if (!value.ok()) return value.status();
+      if (metadata_ != nullptr) (*metadata_)[key] = *std::move(value);
+      return absl::OkStatus();
     });
   }
 
@@ -530,6 +536,7 @@ class HeaderParser {
 
   std::string_view text_;
   const std::string& path_;
+  std::map<std::string, std::string>* metadata_ = nullptr;
   size_t pos_ = 0;
   const std::string* tensor_ = nullptr;  // the tensor being parsed, for errors
 };
@@ -652,10 +659,29 @@ absl::Status WriteAll(int fd, const char* src, uint64_t n, const std::string& pa
 // or InvalidArgument for a tensor that cannot be written.
 absl::StatusOr<std::string> BuildHeader(const std::string& path,
                                         absl::Span<const TensorView> tensors,
+                                        const std::map<std::string, std::string>& metadata,
                                         std::vector<uint64_t>* bytes) {
   constexpr uint64_t kMaxBytes = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   std::unordered_set<std::string_view> names;
   std::string header = "{";
+  if (!metadata.empty()) {
+    AppendJsonString(kMetadataKey, &header);
+    header += ":{";
+    bool first = true;
+    for (const auto& [key, value] : metadata) {
+      if (!IsValidUtf8(key) || !IsValidUtf8(value)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ": metadata ", QuoteName(key), ": keys and values must be valid UTF-8"));
+      }
+      if (!first) header.push_back(',');
+      first = false;
+      AppendJsonString(key, &header);
+      header.push_back(':');
+      AppendJsonString(value, &header);
+    }
+    header += "}";
+    if (!tensors.empty()) header.push_back(',');
+  }
   uint64_t offset = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorView& t = tensors[i];
@@ -698,7 +724,8 @@ std::string TempPathFor(const std::string& path, uint64_t attempt) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<Tensor>> ReadSafetensors(const std::string& path) {
+absl::StatusOr<std::vector<Tensor>> ReadSafetensors(const std::string& path,
+                                                    std::map<std::string, std::string>* metadata) {
   // O_NONBLOCK: opening a FIFO must not wait for a writer; it has no effect
   // on the regular files that pass the check below.
   FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
@@ -744,7 +771,10 @@ absl::StatusOr<std::vector<Tensor>> ReadSafetensors(const std::string& path) {
       return s;
     }
     std::vector<Entry> entries;
-    if (absl::Status s = HeaderParser(header, path).Parse(&entries); !s.ok()) return s;
+    std::map<std::string, std::string> parsed_metadata;
+    HeaderParser parser(header, path);
+    parser.set_metadata(&parsed_metadata);
+    if (absl::Status s = parser.Parse(&entries); !s.ok()) return s;
     header = std::string();
     if (absl::Status s = CheckRanges(path, buffer_bytes, &entries); !s.ok()) return s;
 
@@ -767,6 +797,7 @@ absl::StatusOr<std::vector<Tensor>> ReadSafetensors(const std::string& path) {
       }
       tensors.push_back(std::move(t));
     }
+    if (metadata != nullptr) *metadata = std::move(parsed_metadata);
     return tensors;
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(
@@ -777,9 +808,10 @@ absl::StatusOr<std::vector<Tensor>> ReadSafetensors(const std::string& path) {
   }
 }
 
-absl::Status WriteSafetensors(const std::string& path, absl::Span<const TensorView> tensors) {
+absl::Status WriteSafetensors(const std::string& path, absl::Span<const TensorView> tensors,
+                              const std::map<std::string, std::string>& metadata) {
   std::vector<uint64_t> bytes;
-  absl::StatusOr<std::string> header = BuildHeader(path, tensors, &bytes);
+  absl::StatusOr<std::string> header = BuildHeader(path, tensors, metadata, &bytes);
   if (!header.ok()) return header.status();
 
   std::string temp;

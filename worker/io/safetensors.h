@@ -25,6 +25,7 @@
 // Free functions with no shared state: any thread may call them.
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -56,7 +57,7 @@ struct TensorView {
 
 // Reads every tensor of the file at `path`, in file order (ascending data offset; tensors of
 // zero bytes at the same offset keep their header order). The "__metadata__" entry is checked
-// and dropped.
+// and, when `metadata` is not null, returned there (string keys to string values).
 //
 // Returns NotFound if the file does not exist; InvalidArgument, with a message starting with
 // `path`, if it is not a regular file or is malformed in any way: shorter than 8 bytes, a header
@@ -65,18 +66,22 @@ struct TensorView {
 // negative or non-integer numbers, more than kMaxSafetensorsDims dimensions), a dtype other than
 // F32, byte ranges that do not match their shape or do not tile the data buffer; an error with
 // errno's code if reading fails; ResourceExhausted if memory runs out.
-absl::StatusOr<std::vector<Tensor>> ReadSafetensors(const std::string& path);
+absl::StatusOr<std::vector<Tensor>> ReadSafetensors(
+    const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
 
 // Writes `tensors`, in the given order (data offsets ascending in that order), as F32 to `path`,
 // atomically: the bytes go to a temporary file in the same directory, which is flushed to disk
 // and then renamed over `path`, so a reader sees the old file or the new one, never a part. The
 // header is padded with spaces so that the data buffer starts at a multiple of 8 bytes.
+// A non-empty `metadata` is written as the "__metadata__" entry (keys and values must be valid
+// UTF-8).
 //
 // Returns InvalidArgument, writing nothing, if a name is empty, is "__metadata__", is not valid
 // UTF-8 or appears twice, a dimension is negative, a shape has more than kMaxSafetensorsDims
 // dimensions or its size overflows, or `data` is null for a non-empty tensor; an error with
 // errno's code (naming the path) if the file cannot be written, in which case `path` is left as
 // it was and no temporary file remains.
-absl::Status WriteSafetensors(const std::string& path, absl::Span<const TensorView> tensors);
+absl::Status WriteSafetensors(const std::string& path, absl::Span<const TensorView> tensors,
+                              const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace muonmesh::io

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -195,8 +196,11 @@ TEST(SafetensorsTest, ReadsAFileWrittenByHand) {
   const std::string path = dir.File("hand.safetensors");
   WriteBytes(path, FileBytes(header, buffer));
 
-  absl::StatusOr<std::vector<Tensor>> read = ReadSafetensors(path);
+  std::map<std::string, std::string> metadata;
+  absl::StatusOr<std::vector<Tensor>> read = ReadSafetensors(path, &metadata);
   ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(metadata, (std::map<std::string, std::string>{
+                          {"format", "pt"}, {"note", "\xc3\xa9\xf0\x9f\x98\x80"}}));
   ASSERT_EQ(read->size(), 3u);
   EXPECT_EQ((*read)[0].name, "w\xc3\xa9\"x");
   EXPECT_EQ((*read)[0].shape, (std::vector<int64_t>{1, 2}));
@@ -207,6 +211,32 @@ TEST(SafetensorsTest, ReadsAFileWrittenByHand) {
   EXPECT_EQ((*read)[2].name, "none");
   EXPECT_EQ((*read)[2].shape, (std::vector<int64_t>{3, 0}));
   EXPECT_TRUE((*read)[2].data.empty());
+}
+
+TEST(SafetensorsTest, MetadataRoundTripsAndIsOptional) {
+  TempDir dir;
+  const std::string path = dir.File("meta.safetensors");
+  const std::vector<float> a = {1, 2, 3};
+  const std::map<std::string, std::string> written = {
+      {"step", "12"}, {"quote\"and\\slash", "line\nbreak \xc3\xa9"}, {"empty", ""}};
+  ASSERT_TRUE(WriteSafetensors(path, {{"a", {3}, a.data()}}, written).ok());
+  std::map<std::string, std::string> read_back = {{"stale", "x"}};
+  absl::StatusOr<std::vector<Tensor>> read = ReadSafetensors(path, &read_back);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read_back, written);
+  ASSERT_EQ(read->size(), 1u);
+  EXPECT_EQ((*read)[0].data, a);
+
+  // Metadata alone, and a file without any: an empty map.
+  ASSERT_TRUE(WriteSafetensors(path, {}, {{"k", "v"}}).ok());
+  ASSERT_TRUE(ReadSafetensors(path, &read_back).ok());
+  EXPECT_EQ(read_back, (std::map<std::string, std::string>{{"k", "v"}}));
+  ASSERT_TRUE(WriteSafetensors(path, {{"a", {3}, a.data()}}).ok());
+  ASSERT_TRUE(ReadSafetensors(path, &read_back).ok());
+  EXPECT_TRUE(read_back.empty());
+
+  EXPECT_EQ(WriteSafetensors(path, {}, {{"bad\xff", "v"}}).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // ---------------------------------------------------------------- malformed input
