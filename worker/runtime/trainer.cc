@@ -7,12 +7,15 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "server/plan/mesh.h"
 #include "server/plan/owners.h"
 #include "server/plan/validate.h"
 #include "worker/math/adamw.h"
 #include "worker/math/muon.h"
+#include "worker/io/safetensors.h"
 #include "worker/runtime/groups.h"
 
 namespace muonmesh::worker {
@@ -908,6 +911,124 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::GatherParameters() {
     }
   }
   return out;
+}
+
+std::string Trainer::LayoutFingerprint() const {
+  // FNV-1a (64 bit) over every number that decides what a shard holds.
+  uint64_t h = 0xcbf29ce484222325ULL;
+  auto mix = [&h](int64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= static_cast<uint64_t>(v >> (8 * i)) & 0xFF;
+      h *= 0x100000001b3ULL;
+    }
+  };
+  const plan::ResolvedConfig& c = impl_->plan->config;
+  for (int64_t v : {c.world_size, c.instances, c.ep, static_cast<int64_t>(c.inner),
+                    static_cast<int64_t>(c.outer)}) {
+    mix(v);
+  }
+  for (const UnitState& u : impl_->units) {
+    const plan::UnitLayout& l = *u.layout;
+    for (int64_t v : {static_cast<int64_t>(u.unit), static_cast<int64_t>(u.mesh->kind),
+                      l.num_shards, l.shard_elements, l.rotation}) {
+      mix(v);
+    }
+    for (const plan::LayoutTensor& t : l.tensors) {
+      mix(t.param);
+      mix(t.rows);
+      mix(t.row_len);
+    }
+    for (const plan::Segment& seg : l.segments) {
+      mix(seg.tensor);
+      mix(seg.row_start);
+      mix(seg.row_count);
+      mix(seg.offset);
+    }
+  }
+  return absl::StrFormat("%016x", h);
+}
+
+namespace {
+constexpr char kShardsFormat[] = "muonmesh.shards.v1";
+
+std::string ShardTensorName(const UnitState& u, const char* what) {
+  return absl::StrCat("units.", u.unit, ".",
+                      u.mesh->kind == plan::MeshKind::kExpert ? "expert" : "dense", ".", what);
+}
+}  // namespace
+
+absl::Status Trainer::SaveShards(const std::string& path) const {
+  std::vector<io::TensorView> views;
+  for (const UnitState& u : impl_->units) {
+    for (const auto& [what, v] : {std::pair{"param", &u.param}, std::pair{"state1", &u.state1},
+                                  std::pair{"state2", &u.state2}}) {
+      views.push_back({ShardTensorName(u, what), {static_cast<int64_t>(v->size())}, v->data()});
+    }
+  }
+  const std::map<std::string, std::string> metadata = {
+      {"format", kShardsFormat},
+      {"rank", absl::StrCat(impl_->rank)},
+      {"world_size", absl::StrCat(impl_->world)},
+      {"step", absl::StrCat(step_)},
+      {"layout", LayoutFingerprint()}};
+  return io::WriteSafetensors(path, views, metadata);
+}
+
+absl::Status Trainer::LoadShards(const std::string& path) {
+  std::map<std::string, std::string> metadata;
+  absl::StatusOr<std::vector<io::Tensor>> tensors = io::ReadSafetensors(path, &metadata);
+  if (!tensors.ok()) return tensors.status();
+  auto expect = [&](const std::string& key, const std::string& want) -> absl::Status {
+    auto it = metadata.find(key);
+    if (it == metadata.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": not a muonmesh shard file (no metadata '", key, "')"));
+    }
+    if (it->second != want) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": ", key, " is '", it->second,
+                                                     "', this run needs '", want, "'"));
+    }
+    return absl::OkStatus();
+  };
+  for (const auto& [key, want] :
+       {std::pair<std::string, std::string>{"format", kShardsFormat},
+        {"world_size", absl::StrCat(impl_->world)},
+        {"rank", absl::StrCat(impl_->rank)},
+        {"layout", LayoutFingerprint()}}) {
+    if (absl::Status st = expect(key, want); !st.ok()) return st;
+  }
+  int64_t step = 0;
+  if (!absl::SimpleAtoi(metadata["step"], &step) || step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": metadata step '", metadata["step"], "' is not a step count"));
+  }
+  std::map<std::string, io::Tensor*> by_name;
+  for (io::Tensor& t : *tensors) by_name[t.name] = &t;
+  // Check everything before changing anything.
+  std::vector<std::pair<io::Tensor*, std::vector<float>*>> copies;
+  for (UnitState& u : impl_->units) {
+    for (const auto& [what, v] : {std::pair{"param", &u.param}, std::pair{"state1", &u.state1},
+                                  std::pair{"state2", &u.state2}}) {
+      const std::string name = ShardTensorName(u, what);
+      auto it = by_name.find(name);
+      if (it == by_name.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": no tensor '", name, "'"));
+      }
+      if (it->second->data.size() != v->size()) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", name, "' has ",
+                                                       it->second->data.size(),
+                                                       " elements, the shard has ", v->size()));
+      }
+      copies.push_back({it->second, v});
+    }
+  }
+  if (copies.size() != tensors->size()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", tensors->size(),
+                                                   " tensors, this rank holds ", copies.size()));
+  }
+  for (auto& [from, to] : copies) *to = std::move(from->data);
+  step_ = step;
+  return absl::OkStatus();
 }
 
 int64_t Trainer::shard_bytes() const {

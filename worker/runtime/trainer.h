@@ -108,6 +108,22 @@ class Trainer {
 
   int64_t steps_done() const { return step_; }
 
+  // Checkpoints. SaveShards writes what this rank holds that a later step
+  // needs: its parameter shards and optimizer state (gradients are
+  // recomputed every step) and the number of steps done, as a safetensors
+  // file (tensors "units.{u}.{dense|expert}.{param|state1|state2}") whose
+  // metadata names the format, the rank, the world size, the step and a
+  // fingerprint of the layout. Not a collective: every rank saves its own.
+  absl::Status SaveShards(const std::string& path) const;
+  // Restores what SaveShards wrote, so that the next Step() continues the
+  // run exactly (bit for bit). Refuses, changing nothing, a file of another
+  // format, rank, world size or layout (InvalidArgument naming the file and
+  // what differs); errors from reading the file as ReadSafetensors'.
+  absl::Status LoadShards(const std::string& path);
+  // The layout fingerprint SaveShards writes (the same on every rank of a
+  // job; it changes with anything that moves a shard's contents).
+  std::string LayoutFingerprint() const;
+
   // Bytes of the shards this rank holds: parameters, gradients (the reduced
   // optimizer shard) and optimizer state.
   int64_t shard_bytes() const;
