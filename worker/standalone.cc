@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <regex>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "server/plan/planner.h"
 #include "server/plan/validate.h"
@@ -155,6 +157,68 @@ absl::StatusOr<std::vector<std::vector<float>>> InitialFromFile(const plan::Mode
   return out;
 }
 
+absl::StatusOr<ResolvedJob> LoadJob(const std::string& job_path) {
+  absl::StatusOr<v1::JobSpec> spec = LoadJobFile(job_path);
+  if (!spec.ok()) return spec.status();
+  const std::string job_dir = std::filesystem::path(job_path).parent_path().string();
+  return ResolveJob(*spec, job_dir.empty() ? "." : job_dir);
+}
+
+// Writes `text` to `path` atomically (a temporary file renamed over it).
+absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
+  const std::string temp = absl::StrCat(path, ".tmp");
+  {
+    std::ofstream f(temp, std::ios::trunc);
+    f << text;
+    f.flush();
+    if (!f) return absl::InternalError(absl::StrCat(temp, ": cannot write"));
+  }
+  std::error_code ec;
+  std::filesystem::rename(temp, path, ec);
+  if (ec) return absl::InternalError(absl::StrCat(path, ": cannot rename into place: ", ec.message()));
+  return absl::OkStatus();
+}
+
+// Every rank saves its shards; after a barrier rank 0 marks the checkpoint
+// complete and prunes older ones.
+absl::Status SaveCheckpoint(Trainer& trainer, const ResolvedJob& job, int32_t rank,
+                            const LineSink& out) {
+  const int64_t step = trainer.steps_done();
+  const std::string dir = CheckpointDir(job.output_dir, step);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat(dir, ": cannot create: ", ec.message()));
+  absl::Status st =
+      trainer.SaveShards(absl::StrFormat("%s/rank-%05d.safetensors", dir, rank));
+  if (!st.ok()) return Annotate(st, "saving a checkpoint");
+  st = trainer.Barrier();
+  if (!st.ok()) return Annotate(st, "waiting for every rank's checkpoint");
+  if (rank != 0) return absl::OkStatus();
+  st = WriteFileAtomically(dir + "/COMPLETE",
+                           absl::StrCat("step ", step, "\nworld_size ", job.world_size,
+                                        "\nlayout ", trainer.LayoutFingerprint(), "\n"));
+  if (!st.ok()) return st;
+  // Keep the two newest complete checkpoints; drop everything older.
+  std::vector<int64_t> complete;
+  std::vector<std::pair<int64_t, std::filesystem::path>> all;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(job.output_dir + "/checkpoints", ec)) {
+    int64_t s = 0;
+    const std::string name = entry.path().filename().string();
+    if (!absl::StartsWith(name, "step-") || !absl::SimpleAtoi(name.substr(5), &s)) continue;
+    all.push_back({s, entry.path()});
+    if (std::filesystem::exists(entry.path() / "COMPLETE")) complete.push_back(s);
+  }
+  std::sort(complete.rbegin(), complete.rend());
+  if (complete.size() > 2) {
+    for (const auto& [s, path] : all) {
+      if (s < complete[1]) std::filesystem::remove_all(path, ec);
+    }
+  }
+  out(absl::StrCat("checkpoint: step ", step, " in ", dir));
+  return absl::OkStatus();
+}
+
 std::string Ms(absl::Duration d) { return absl::StrFormat("%.1f", absl::ToDoubleMilliseconds(d)); }
 
 int64_t PeakRssBytes() {
@@ -171,12 +235,38 @@ absl::Duration OptimizerTime(const PhaseTimes& t) {
 
 }  // namespace
 
+std::string CheckpointDir(const std::string& output_dir, int64_t step) {
+  return absl::StrFormat("%s/checkpoints/step-%08d", output_dir, step);
+}
+
+int64_t NewestCheckpoint(const std::string& output_dir) {
+  int64_t newest = -1;
+  std::error_code ec;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(output_dir + "/checkpoints", ec)) {
+    int64_t s = 0;
+    const std::string name = entry.path().filename().string();
+    if (!absl::StartsWith(name, "step-") || !absl::SimpleAtoi(name.substr(5), &s)) continue;
+    if (std::filesystem::exists(entry.path() / "COMPLETE", ec)) newest = std::max(newest, s);
+  }
+  return newest;
+}
+
+absl::Status DescribeJob(const std::string& job_path, const LineSink& out) {
+  absl::StatusOr<ResolvedJob> job = LoadJob(job_path);
+  if (!job.ok()) return job.status();
+  out(absl::StrCat("name=", job->name));
+  out(absl::StrCat("world_size=", job->world_size));
+  out(absl::StrCat("steps=", job->steps));
+  out(absl::StrCat("checkpoint_every=", job->checkpoint_every));
+  out(absl::StrCat("max_restarts=", job->max_restarts));
+  out(absl::StrCat("output_dir=", job->output_dir));
+  out(absl::StrCat("export=", job->export_path));
+  return absl::OkStatus();
+}
+
 absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out) {
-  absl::StatusOr<v1::JobSpec> spec = LoadJobFile(options.job_path);
-  if (!spec.ok()) return spec.status();
-  const std::string job_dir =
-      std::filesystem::path(options.job_path).parent_path().string();
-  absl::StatusOr<ResolvedJob> job = ResolveJob(*spec, job_dir.empty() ? "." : job_dir);
+  absl::StatusOr<ResolvedJob> job = LoadJob(options.job_path);
   if (!job.ok()) return job.status();
   if (options.world_size != job->world_size) {
     return absl::InvalidArgumentError(absl::StrCat("--world-size ", options.world_size,
@@ -248,11 +338,39 @@ absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out
   absl::StatusOr<std::unique_ptr<Trainer>> trainer =
       Trainer::Create(*plan, workload->get(), options.rank, topts);
   if (!trainer.ok()) return trainer.status();
+  if (!options.resume && talk) {
+    // A fresh start: checkpoints of an earlier run of this job must never be
+    // resumed into this one. Safe here: no rank can save before rank 0 has
+    // stepped.
+    std::error_code ec;
+    const std::string old = job->output_dir + "/checkpoints";
+    if (std::filesystem::exists(old, ec)) {
+      std::filesystem::remove_all(old, ec);
+      if (ec) return absl::InternalError(absl::StrCat(old, ": cannot remove: ", ec.message()));
+      out(absl::StrCat("fresh start: removed the checkpoints of an earlier run in ", old));
+    }
+  }
+  if (options.resume) {
+    const int64_t from = NewestCheckpoint(job->output_dir);
+    if (from < 0) {
+      if (talk) out("resume: no complete checkpoint yet; starting at step 0");
+    } else {
+      const std::string file = absl::StrFormat("%s/rank-%05d.safetensors",
+                                               CheckpointDir(job->output_dir, from), options.rank);
+      absl::Status st = (*trainer)->LoadShards(file);
+      if (!st.ok()) return Annotate(st, "resuming");
+      if (talk) out(absl::StrCat("resume: from the checkpoint at step ", from));
+    }
+  }
 
   std::vector<double> optimizer_ms;
   int64_t bytes_all_steps = 0;
   int64_t muon_bytes_all_steps = 0;
-  for (int64_t s = 0; s < job->steps; ++s) {
+  const int64_t first_step = (*trainer)->steps_done();
+  for (int64_t s = first_step; s < job->steps; ++s) {
+    if (s == options.fail_at_step && options.attempt == 0) {
+      return absl::AbortedError(absl::StrCat("--fail-at-step ", s, ": failing on purpose"));
+    }
     absl::StatusOr<StepReport> r = (*trainer)->Step();
     if (!r.ok()) return Annotate(r.status(), absl::StrCat("step ", s));
     optimizer_ms.push_back(absl::ToDoubleMilliseconds(OptimizerTime(r->times)));
@@ -272,17 +390,21 @@ absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out
           Ms(t.adamw), Ms(t.muon_gather), Ms(t.newton_schulz), Ms(t.muon_scatter),
           Ms(t.muon_apply), Ms(t.param_allgather_after_step), bytes));
     }
+    if (job->checkpoint_every > 0 && (s + 1) % job->checkpoint_every == 0) {
+      absl::Status st = SaveCheckpoint(**trainer, *job, options.rank, out);
+      if (!st.ok()) return st;
+    }
   }
 
   // One machine-readable line per rank (benchmarks aggregate them).
   std::vector<double> sorted = optimizer_ms;
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted.empty() ? 0.0 : sorted[sorted.size() / 2];
-  const int64_t steps = std::max<int64_t>(1, job->steps);
+  const int64_t steps = std::max<int64_t>(1, job->steps - first_step);
   out(absl::StrFormat(
       "summary rank=%d steps=%d optimizer_ms_median=%.3f bytes_per_step=%d "
       "muon_bytes_per_step=%d peak_rss_bytes=%d shard_bytes=%d",
-      options.rank, job->steps, median, bytes_all_steps / steps, muon_bytes_all_steps / steps,
+      options.rank, job->steps - first_step, median, bytes_all_steps / steps, muon_bytes_all_steps / steps,
       PeakRssBytes(), (*trainer)->shard_bytes()));
 
   absl::StatusOr<std::vector<std::vector<float>>> weights = (*trainer)->GatherParameters();

@@ -22,7 +22,23 @@ struct StandaloneOptions {
   std::string hostname = "127.0.0.1";  // this rank's address for Gloo
   absl::Duration timeout = absl::Seconds(60);  // rendezvous and every collective
   int attempt = 0;  // part of every group name
+  // Continue from the newest complete checkpoint under the job's output
+  // folder (from step 0 when there is none).
+  bool resume = false;
+  // For tests of restarts: in the first attempt (attempt 0) only, fail
+  // (exit non-zero) just before running this 0-based step; -1 never.
+  int64_t fail_at_step = -1;
 };
+
+// Checkpoints of a job live in `<output.dir>/checkpoints/step-NNNNNNNN/`:
+// one shard file per rank (`rank-RRRRR.safetensors`, Trainer::SaveShards)
+// and a `COMPLETE` marker that rank 0 writes once every rank has saved.
+// Folders without the marker are partial and never resumed from; rank 0
+// keeps the two newest complete checkpoints and removes older folders.
+//
+// The newest complete checkpoint's step under `output_dir`, or -1.
+int64_t NewestCheckpoint(const std::string& output_dir);
+std::string CheckpointDir(const std::string& output_dir, int64_t step);
 
 // One line per event for people (rank 0 prints per-step loss and phases).
 using LineSink = std::function<void(const std::string&)>;
@@ -31,5 +47,10 @@ using LineSink = std::function<void(const std::string&)>;
 // field or file); Unavailable / DeadlineExceeded when a peer is lost or
 // late; Unimplemented for what the runtime does not do yet (experts).
 absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out);
+
+// What launch scripts need from a job file, one `key=value` line each:
+// name, world_size, steps, checkpoint_every, max_restarts, output_dir,
+// export. Errors as loading and resolving the job.
+absl::Status DescribeJob(const std::string& job_path, const LineSink& out);
 
 }  // namespace muonmesh::worker

@@ -16,10 +16,22 @@ namespace {
 constexpr const char* kUsage =
     "usage: muonmesh-worker --standalone --job FILE --rank R --world-size W --store DIR\n"
     "                       [--hostname 127.0.0.1] [--timeout-seconds 60] [--attempt 0]\n"
+    "                       [--resume] [--fail-at-step S]\n"
+    "       muonmesh-worker --describe --job FILE\n"
     "\n"
-    "Runs rank R of the job file (a JobSpec in YAML or JSON) to completion. All W ranks\n"
-    "share --store (a folder; use a fresh one per attempt) to find each other and talk\n"
-    "over Gloo/TCP. Rank 0 prints the loss of every step and writes output.export.\n"
+    "--standalone runs rank R of the job file (a JobSpec in YAML or JSON) to completion.\n"
+    "All W ranks share --store (a folder; use a fresh one per attempt) to find each other\n"
+    "and talk over Gloo/TCP. Rank 0 prints the loss of every step and writes\n"
+    "output.export. With training.checkpoint_every N, every N steps each rank saves its\n"
+    "shards under <output.dir>/checkpoints/step-NNNNNNNN/ and rank 0 marks the folder\n"
+    "COMPLETE; --resume continues from the newest complete checkpoint (give every rank\n"
+    "of the new attempt --resume, a new --attempt and a fresh --store).\n"
+    "--fail-at-step S makes this rank fail just before step S in attempt 0 only (to test\n"
+    "restarts: the next attempt gets past it).\n"
+    "\n"
+    "--describe prints the job's name, world_size, steps, checkpoint_every,\n"
+    "max_restarts, output_dir and export as key=value lines (for launch scripts).\n"
+    "\n"
     "Exit codes: 0 done, 1 the job is invalid or failed, 2 usage error.\n";
 
 int Usage(const std::string& problem) {
@@ -32,6 +44,7 @@ int Usage(const std::string& problem) {
 int main(int argc, char** argv) {
   muonmesh::worker::StandaloneOptions options;
   bool standalone = false;
+  bool describe = false;
   bool have_rank = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -41,6 +54,14 @@ int main(int argc, char** argv) {
     }
     if (arg == "--standalone") {
       standalone = true;
+      continue;
+    }
+    if (arg == "--describe") {
+      describe = true;
+      continue;
+    }
+    if (arg == "--resume") {
+      options.resume = true;
       continue;
     }
     if (i + 1 >= argc) return Usage(absl::StrCat(arg, " needs a value"));
@@ -65,6 +86,11 @@ int main(int argc, char** argv) {
         return Usage(absl::StrCat("--timeout-seconds: not a positive integer: '", value, "'"));
       }
       options.timeout = absl::Seconds(number);
+    } else if (arg == "--fail-at-step") {
+      if (!numeric || number < 0) {
+        return Usage(absl::StrCat("--fail-at-step: not a step number: '", value, "'"));
+      }
+      options.fail_at_step = number;
     } else if (arg == "--attempt") {
       if (!numeric || number < 0) return Usage(absl::StrCat("--attempt: bad value '", value, "'"));
       options.attempt = static_cast<int>(number);
@@ -72,7 +98,19 @@ int main(int argc, char** argv) {
       return Usage(absl::StrCat("unknown flag ", arg));
     }
   }
-  if (!standalone) return Usage("only --standalone mode exists so far");
+  if (describe) {
+    if (standalone) return Usage("give one of --standalone and --describe");
+    if (options.job_path.empty()) return Usage("--job is required");
+    absl::Status st = muonmesh::worker::DescribeJob(
+        options.job_path, [](const std::string& line) { std::cout << line << "\n"; });
+    if (!st.ok()) {
+      std::cerr << "muonmesh-worker: " << absl::StatusCodeToString(st.code()) << ": "
+                << st.message() << std::endl;
+      return 1;
+    }
+    return 0;
+  }
+  if (!standalone) return Usage("give --standalone (or --describe)");
   if (options.job_path.empty()) return Usage("--job is required");
   if (options.store_dir.empty()) return Usage("--store is required");
   if (!have_rank) return Usage("--rank is required");

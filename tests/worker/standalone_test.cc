@@ -47,6 +47,8 @@ struct Job {
   int ep = 1;
   int steps = 5;
   int batch = 24;
+  int checkpoint_every = 0;
+  std::string output_dir;
   std::string export_path;
 };
 
@@ -61,8 +63,12 @@ std::string WriteJob(const std::string& dir, const Job& j) {
     << "\ninit: " << j.init << "\ndata: " << j.data << "\n"
     << "optimizer:\n  muon: {lr: 0.02, momentum: 0.95, nesterov: true, weight_decay: 0.01}\n"
     << "  adamw: {lr: 0.001, eps: 0.05}\n  owner_assignment: " << j.owner << "\n"
-    << "training: {steps: " << j.steps << ", global_batch_size: " << j.batch << "}\n";
-  if (!j.export_path.empty()) y << "output: {export: " << j.export_path << "}\n";
+    << "training: {steps: " << j.steps << ", global_batch_size: " << j.batch
+    << ", checkpoint_every: " << j.checkpoint_every << "}\n";
+  y << "output: {";
+  if (!j.output_dir.empty()) y << "dir: " << j.output_dir << (j.export_path.empty() ? "" : ", ");
+  if (!j.export_path.empty()) y << "export: " << j.export_path;
+  y << "}\n";
   const std::string path = dir + "/job.yaml";
   std::ofstream(path) << y.str();
   return path;
@@ -74,8 +80,10 @@ struct JobRun {
 };
 
 // Starts every rank, optionally killing `victim` once rank 0 has begun.
+// `extra` goes to every rank, `only` to rank only.first.
 JobRun RunRanks(const std::string& dir, const std::string& job, int world,
-                std::vector<std::string> extra = {}) {
+                std::vector<std::string> extra = {},
+                std::pair<int, std::vector<std::string>> only = {-1, {}}) {
   JobRun run;
   run.ranks.resize(world);
   const std::string store = dir + "/store";
@@ -87,6 +95,7 @@ JobRun RunRanks(const std::string& dir, const std::string& job, int world,
                                        "--rank", std::to_string(r), "--world-size",
                                        std::to_string(world), "--store", store};
       argv.insert(argv.end(), extra.begin(), extra.end());
+      if (r == only.first) argv.insert(argv.end(), only.second.begin(), only.second.end());
       run.ranks[r] = muonmesh::testing::Run(argv, kTimeout);
     });
   }
@@ -187,6 +196,69 @@ TEST(StandaloneTest, MoeWithExpertParallelismGivesTheOneRankRun) {
     for (size_t i = 0; i < (*a)[p].data.size(); ++i) {
       ASSERT_NEAR((*b)[p].data[i], (*a)[p].data[i], 1e-4) << (*a)[p].name << "[" << i << "]";
     }
+  }
+}
+
+// The documented checkpoint folder (worker/standalone.h).
+std::string Checkpoint(const std::string& output_dir, int step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08d", step);
+  return output_dir + "/checkpoints/" + name;
+}
+
+// A rank fails mid-run; the job restarts from its newest complete
+// checkpoint (new attempt, fresh store, --resume) and ends with the same
+// weights, bit for bit, as a run that never failed.
+TEST(StandaloneTest, RestartFromACheckpointEndsBitIdentical) {
+  const std::string dir = Fresh("restart");
+  Job job;
+  job.name = "restart";
+  job.world = 4;
+  job.strategy = "optim_grads_params";
+  job.instances = 2;
+  job.outer = "optim";
+  job.steps = 7;
+  job.checkpoint_every = 2;
+  job.output_dir = dir + "/straight";
+  job.export_path = dir + "/straight.safetensors";
+  const JobRun straight = RunRanks(dir, WriteJob(dir, job), 4);
+  ExpectAllOk(straight);
+  ASSERT_EQ(straight.losses.size(), 7u);
+
+  job.output_dir = dir + "/faulty";
+  job.export_path = dir + "/faulty.safetensors";
+  const std::string path = WriteJob(dir, job);
+  // Rank 2 fails before step 5 (0-based): five steps are done, and the
+  // newest complete checkpoint is the one after four.
+  const JobRun failed = RunRanks(dir, path, 4, {"--timeout-seconds", "10"},
+                                 {2, {"--fail-at-step", "5"}});
+  for (int r = 0; r < 4; ++r) EXPECT_NE(failed.ranks[r].exit_code, 0) << "rank " << r;
+  EXPECT_THAT(failed.ranks[2].err, HasSubstr("--fail-at-step 5"));
+  EXPECT_TRUE(std::filesystem::exists(Checkpoint(job.output_dir, 4) + "/COMPLETE"));
+  EXPECT_FALSE(std::filesystem::exists(Checkpoint(job.output_dir, 6)));
+  EXPECT_FALSE(std::filesystem::exists(job.export_path));
+
+  const JobRun resumed = RunRanks(dir, path, 4, {"--resume", "--attempt", "1"});
+  ExpectAllOk(resumed);
+  EXPECT_THAT(resumed.ranks[0].out, HasSubstr("resume: from the checkpoint at step 4"));
+  ASSERT_EQ(resumed.losses.size(), 3u) << resumed.ranks[0].out;  // steps 4, 5 and 6
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(resumed.losses[s], straight.losses[4 + s]) << s;
+  // Two complete checkpoints are kept (steps 4 and 6).
+  EXPECT_TRUE(std::filesystem::exists(Checkpoint(job.output_dir, 6) + "/COMPLETE"));
+  EXPECT_TRUE(std::filesystem::exists(Checkpoint(job.output_dir, 4) + "/COMPLETE"));
+  EXPECT_FALSE(std::filesystem::exists(Checkpoint(job.output_dir, 2)));
+  for (int r = 0; r < 4; ++r) {
+    char file[64];
+    std::snprintf(file, sizeof file, "/rank-%05d.safetensors", r);
+    EXPECT_TRUE(std::filesystem::exists(Checkpoint(job.output_dir, 6) + file)) << file;
+  }
+
+  absl::StatusOr<std::vector<io::Tensor>> a = io::ReadSafetensors(dir + "/straight.safetensors");
+  absl::StatusOr<std::vector<io::Tensor>> b = io::ReadSafetensors(job.export_path);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  ASSERT_EQ(a->size(), b->size());
+  for (size_t p = 0; p < a->size(); ++p) {
+    EXPECT_EQ((*a)[p].data, (*b)[p].data) << (*a)[p].name;
   }
 }
 

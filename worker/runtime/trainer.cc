@@ -913,6 +913,8 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::GatherParameters() {
   return out;
 }
 
+absl::Status Trainer::Barrier() { return impl_->world_comm->Barrier(impl_->options.collective); }
+
 std::string Trainer::LayoutFingerprint() const {
   // FNV-1a (64 bit) over every number that decides what a shard holds.
   uint64_t h = 0xcbf29ce484222325ULL;

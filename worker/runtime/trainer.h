@@ -108,6 +108,10 @@ class Trainer {
 
   int64_t steps_done() const { return step_; }
 
+  // Returns once every rank of the job has called it (or the collective
+  // timeout passed): a collective on the world group.
+  absl::Status Barrier();
+
   // Checkpoints. SaveShards writes what this rank holds that a later step
   // needs: its parameter shards and optimizer state (gradients are
   // recomputed every step) and the number of steps done, as a safetensors
