@@ -119,6 +119,7 @@ plan::ModelSpec ModelFromProto(const v1::ModelSpec& model) {
   for (const v1::UnitSpec& u : model.units()) {
     plan::UnitSpec& unit = out.units.emplace_back();
     unit.name = u.name();
+    unit.gathers_per_step = u.gathers_per_step();
     unit.params.reserve(u.params_size());
     for (const v1::ParamSpec& p : u.params()) {
       plan::ParamSpec& param = unit.params.emplace_back();

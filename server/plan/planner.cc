@@ -207,17 +207,22 @@ std::string AxisLabel(const MeshGeometry& g, const std::vector<int>& axes) {
 
 // Per-step bytes of the uniform collectives of one mesh. `buffer` is the
 // padded flat buffer of all units (D * S summed), the same on every rank.
-void AddMeshCollectives(const MeshGeometry& g, int64_t buffer, int64_t bpe,
+// `buffer`: the padded unit buffers of this mesh, summed; `regather`: the
+// same weighted by each unit's gathers beyond the first.
+void AddMeshCollectives(const MeshGeometry& g, int64_t buffer, int64_t regather, int64_t bpe,
                         std::vector<CollectiveBytes>* out) {
   const int64_t world = g.world_size();
-  auto add = [&](std::string name, std::string axis, int64_t per_rank_elems) {
+  // `total_elems`: all ranks together, when per_rank_elems * world is not
+  // exact (uneven chunks).
+  auto add = [&](std::string name, std::string axis, int64_t per_rank_elems,
+                 int64_t total_elems = -1) {
     if (per_rank_elems <= 0) return;
     CollectiveBytes c;
     c.name = std::move(name);
     c.mesh = g.kind();
     c.axis = std::move(axis);
     c.max_rank_bytes = per_rank_elems * bpe;
-    c.bytes_per_step = c.max_rank_bytes * world;
+    c.bytes_per_step = (total_elems < 0 ? per_rank_elems * world : total_elems) * bpe;
     out->push_back(std::move(c));
   };
   const std::vector<int>& order = g.shard_order();
@@ -229,6 +234,8 @@ void AddMeshCollectives(const MeshGeometry& g, int64_t buffer, int64_t bpe,
   const int64_t dp = g.param_shards();
   // Forward: gather parameters from their shards.
   add("param_allgather", AxisLabel(g, param_axes), (dp - 1) * (buffer / dp));
+  // Backward, for units gathered again (FSDP's reshard after forward).
+  add("param_allgather_backward", AxisLabel(g, param_axes), (dp - 1) * (regather / dp));
   // Backward: reduce-scatter down the shard order, all-reduce the replicas.
   int64_t m = buffer;
   for (int a : order) {
@@ -239,7 +246,12 @@ void AddMeshCollectives(const MeshGeometry& g, int64_t buffer, int64_t bpe,
   for (size_t a = 0; a < g.axes().size(); ++a) {
     const MeshAxis& axis = g.axes()[a];
     if (axis.size > 1 && axis.placements.optimizer != Placement::kShard) {
-      add("grad_allreduce", axis.name, 2 * (axis.size - 1) * m / axis.size);
+      // Reduce-scatter then all-gather of n chunks, the chunks of a count
+      // that n does not divide differing by one: 2 (n-1) m per group exactly;
+      // a rank with a larger chunk sends up to n-2 more.
+      const int64_t n = axis.size;
+      add("grad_allreduce", axis.name, 2 * (n - 1) * m / n + (m % n == 0 ? 0 : n - 2),
+          world / n * 2 * (n - 1) * m);
     }
   }
   // After the step: gather updated shards where parameters are replicated.
@@ -301,6 +313,8 @@ absl::StatusOr<Plan> ComputePlan(const PlanInput& input) {
   std::vector<std::vector<MatrixPlan>> expert_matrices(input.model.units.size());
   int64_t dense_buffer = 0;
   int64_t expert_buffer = 0;
+  int64_t dense_regather = 0;
+  int64_t expert_regather = 0;
   int64_t dense_shard = 0;
   int64_t expert_shard = 0;
   int64_t dense_padding = 0;
@@ -309,6 +323,7 @@ absl::StatusOr<Plan> ComputePlan(const PlanInput& input) {
     const UnitSpec& spec = input.model.units[u];
     for (const ParamSpec& p : spec.params) plan.parameters += NumElements(p);
     const UnitTensors tensors = SplitUnit(spec, cfg.ep);
+    const int64_t regathers = std::max<int64_t>(spec.gathers_per_step, 1) - 1;
     UnitPlan unit;
     unit.name = spec.name;
     if (!tensors.dense.empty()) {
@@ -318,6 +333,7 @@ absl::StatusOr<Plan> ComputePlan(const PlanInput& input) {
           UnitMatrices(spec, static_cast<int32_t>(u), unit.dense, cfg.ns_steps, cfg.ep);
       dense_shard += unit.dense.shard_elements;
       dense_buffer += unit.dense.shard_elements * unit.dense.num_shards;
+      dense_regather += regathers * unit.dense.shard_elements * unit.dense.num_shards;
       dense_padding += unit.dense.padding_elements;
     }
     if (!tensors.expert.empty()) {
@@ -328,6 +344,7 @@ absl::StatusOr<Plan> ComputePlan(const PlanInput& input) {
           UnitMatrices(spec, static_cast<int32_t>(u), unit.expert, cfg.ns_steps, cfg.ep);
       expert_shard += unit.expert.shard_elements;
       expert_buffer += unit.expert.shard_elements * unit.expert.num_shards;
+      expert_regather += regathers * unit.expert.shard_elements * unit.expert.num_shards;
       // Every EP group lays out its own experts the same way.
       expert_padding += unit.expert.padding_elements * cfg.ep;
     }
@@ -388,10 +405,10 @@ absl::StatusOr<Plan> ComputePlan(const PlanInput& input) {
     dom.name = DomainName(dom.mesh == MeshKind::kDense ? dense_g : expert_g, dom.ranks[0], cfg.ep);
   }
 
-  AddMeshCollectives(dense_g, dense_buffer, bpe, &plan.collectives);
+  AddMeshCollectives(dense_g, dense_buffer, dense_regather, bpe, &plan.collectives);
   AddMuonCollectives(plan.dense, n_dense, cfg.owner_rule, &plan.collectives);
   if (plan.has_experts) {
-    AddMeshCollectives(expert_g, expert_buffer, bpe, &plan.collectives);
+    AddMeshCollectives(expert_g, expert_buffer, expert_regather, bpe, &plan.collectives);
     AddMuonCollectives(plan.expert, n_expert, cfg.owner_rule, &plan.collectives);
   }
   return plan;

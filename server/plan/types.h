@@ -23,6 +23,9 @@ struct ParamSpec {
 struct UnitSpec {
   std::string name;
   std::vector<ParamSpec> params;
+  // Parameter all-gathers of this unit per step (0 means 1): 2 when the
+  // backward pass gathers the unit again (FSDP's reshard after forward).
+  int32_t gathers_per_step = 0;
 };
 
 struct ModelSpec {
@@ -203,8 +206,9 @@ struct RankSummary {
 };
 
 struct CollectiveBytes {
-  std::string name;  // param_allgather, grad_reduce_scatter, grad_allreduce,
-                     // muon_gather, muon_scatter, muon_allgather,
+  std::string name;  // param_allgather, param_allgather_backward (the re-gathers
+                     // of UnitSpec::gathers_per_step > 1), grad_reduce_scatter,
+                     // grad_allreduce, muon_gather, muon_scatter, muon_allgather,
                      // param_allgather_after_step
   MeshKind mesh = MeshKind::kDense;
   std::string axis;

@@ -81,6 +81,11 @@ ModelCounts CheckModel(const ModelSpec& model, int64_t ep, Violations& v) {
       v.Add(upath + ".name", absl::StrCat("duplicate unit name '", unit.name, "'"));
     }
     if (unit.params.empty()) v.Add(upath + ".params", "the unit has no parameters");
+    if (unit.gathers_per_step < 0 || unit.gathers_per_step > kMaxGathersPerStep) {
+      v.Add(upath + ".gathers_per_step",
+            absl::StrCat(unit.gathers_per_step, " is not in [0, ", kMaxGathersPerStep,
+                         "] (0 means 1)"));
+    }
     bool has_dense = false;
     bool has_expert = false;
     for (const ParamSpec& p : unit.params) (p.expert ? has_expert : has_dense) = true;

@@ -14,6 +14,8 @@ namespace muonmesh::plan {
 // Documented limits ("absurd sizes" are rejected, not attempted).
 inline constexpr int64_t kMaxWorldSize = int64_t{1} << 20;          // 1,048,576 ranks
 inline constexpr int64_t kMaxUnits = 100'000;
+// Most parameter gathers per unit and step (UnitSpec::gathers_per_step).
+inline constexpr int32_t kMaxGathersPerStep = 8;
 inline constexpr int64_t kMaxTensors = 1'000'000;                   // whole model
 inline constexpr int64_t kMaxDims = 8;
 inline constexpr int64_t kMaxModelElements = int64_t{1} << 50;      // ~1.1e15 parameters

@@ -264,6 +264,29 @@ TEST(PlannerTest, CollectiveBytesByFormula) {
   run("optim");
   EXPECT_EQ(bytes["grad_reduce_scatter"], 4 * 3 * 8 * 4);
   EXPECT_EQ(bytes["param_allgather_after_step"], 4 * 3 * 8 * 4);
+  EXPECT_EQ(bytes.count("param_allgather_backward"), 0u);
+
+  // A unit gathered twice per step (again for the backward pass): the
+  // second gather is counted apart, the same bytes again; none where the
+  // parameters are replicated.
+  m.units[0].gathers_per_step = 2;
+  run("optim_grads_params");
+  EXPECT_EQ(bytes["param_allgather"], 4 * 3 * 8 * 4);
+  EXPECT_EQ(bytes["param_allgather_backward"], 4 * 3 * 8 * 4);
+  run("no_shard");
+  EXPECT_EQ(bytes.count("param_allgather_backward"), 0u);
+
+  // An all-reduce of a count 4 ranks do not divide (3 x 3 = 9 floats):
+  // 2 (n-1) count per group, exactly.
+  ModelSpec odd;
+  odd.units.push_back({"u", {{"w", {3, 3}, "muon", false}}});
+  absl::StatusOr<Plan> p = ComputePlan(Input(odd, {"x", 4, "no_shard", 1, "", 1}));
+  ASSERT_TRUE(p.ok());
+  for (const CollectiveBytes& c : p->collectives) {
+    if (c.name == "grad_allreduce") {
+      EXPECT_EQ(c.bytes_per_step, 2 * 3 * 9 * 4);
+    }
+  }
 }
 
 // The real specs: invariants, and no more padding than Megatron's rule.

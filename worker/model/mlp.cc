@@ -104,6 +104,9 @@ absl::StatusOr<plan::ModelSpec> MlpSpec(absl::Span<const int64_t> dims) {
         plan::ParamSpec{absl::StrCat(unit.name, ".weight"), {dims[i + 1], dims[i]}, "muon", false});
     unit.params.push_back(
         plan::ParamSpec{absl::StrCat(unit.name, ".bias"), {dims[i + 1]}, "adamw", false});
+    // ForwardBackwardByUnit gathers every layer but the last again for the
+    // backward pass.
+    unit.gathers_per_step = i + 1 < NumLayers(dims) ? 2 : 1;
     spec.units.push_back(std::move(unit));
   }
   return spec;

@@ -167,13 +167,16 @@ absl::StatusOr<plan::ModelSpec> MoeMlpSpec(const MoeMlpDims& d) {
   spec.name = "moe_mlp";
   spec.units = {
       {"input",
-       {{"input.weight", shapes[0], "muon", false}, {"input.bias", shapes[1], "adamw", false}}},
+       {{"input.weight", shapes[0], "muon", false}, {"input.bias", shapes[1], "adamw", false}},
+       1},
       {"moe",
        {{"router.weight", shapes[2], "adamw", false},
         {"experts.w1", shapes[3], "muon", true},
-        {"experts.w2", shapes[4], "muon", true}}},
+        {"experts.w2", shapes[4], "muon", true}},
+       2},  // gathered again for the backward pass
       {"output",
-       {{"output.weight", shapes[5], "muon", false}, {"output.bias", shapes[6], "adamw", false}}},
+       {{"output.weight", shapes[5], "muon", false}, {"output.bias", shapes[6], "adamw", false}},
+       1},
   };
   return spec;
 }

@@ -43,6 +43,7 @@ absl::StatusOr<plan::ModelSpec> ScaleModelSpec(const plan::ModelSpec& spec, doub
   plan::ModelSpec out = spec;
   int64_t params = 0;
   for (size_t u = 0; u < out.units.size(); ++u) {
+    out.units[u].gathers_per_step = 1;  // ForwardBackwardByUnit gathers each unit once
     for (size_t i = 0; i < out.units[u].params.size(); ++i) {
       plan::ParamSpec& p = out.units[u].params[i];
       const std::string field = absl::StrCat("units[", u, "].params[", i, "]");

@@ -12,7 +12,8 @@
 // except the expert count E (dimension 0 of an `expert` stack), which
 // becomes ScaleDim(E) rounded up to a multiple of `expert_divisor` (pass the
 // expert-parallel size, so that experts split evenly over EP groups). Names,
-// units, optimizers and expert flags are unchanged.
+// units, optimizers and expert flags are unchanged; every unit's
+// gathers_per_step becomes 1 (the workload gathers each unit once).
 //
 // Parameters are numbered p = 0, 1, ... in flat order (units in order,
 // parameters in order within a unit); k is an element's row-major index.

@@ -164,7 +164,8 @@ struct Trainer::Impl {
 
   // Gathers unit `u`'s parameters into `full` (position order) and copies
   // every tensor's rows into `dst` (the unit's whole tensors, spec order).
-  absl::Status GatherUnit(UnitState& u, StepReport* report, float* const* dst) {
+  absl::Status GatherUnit(UnitState& u, StepReport* report, float* const* dst,
+                          const char* name = "param_allgather") {
     const plan::UnitLayout& l = *u.layout;
     MeshState& mesh = *u.mesh;
     const int64_t s = l.shard_elements;
@@ -173,7 +174,7 @@ struct Trainer::Impl {
     if (mesh.k == mesh.domain_size) {
       std::copy(u.param.begin(), u.param.end(), full.begin());
     } else {
-      absl::Status st = Counted(*mesh.gather_comm, mesh.bytes_prefix + "param_allgather", report,
+      absl::Status st = Counted(*mesh.gather_comm, mesh.bytes_prefix + name, report,
                                 [&] {
         return mesh.gather_comm->AllGather(u.param.data(), mesh.k * s, full.data(),
                                            options.collective);
@@ -457,8 +458,11 @@ class Trainer::UnitStream final : public UnitAccess {
         std::copy(m_.frozen[unit][j].begin(), m_.frozen[unit][j].end(), slot.param_ptrs[j]);
       }
     }
+    // The first gather of a step is the forward pass's; later ones re-gather
+    // for the backward pass (counted apart, as the plan counts them).
+    const char* name = slot.gathers++ == 0 ? "param_allgather" : "param_allgather_backward";
     for (int32_t state : m_.states_of[unit]) {
-      absl::Status st = m_.GatherUnit(m_.units[state], report_, slot.param_ptrs.data());
+      absl::Status st = m_.GatherUnit(m_.units[state], report_, slot.param_ptrs.data(), name);
       if (!st.ok()) {
         Free(slot.params, slot.param_ptrs);
         slot.const_ptrs.clear();
@@ -559,6 +563,7 @@ class Trainer::UnitStream final : public UnitAccess {
     std::vector<float*> grad_ptrs;
     bool acquired = false;
     bool committed = false;
+    int gathers = 0;  // this step
   };
 
   absl::Status CheckUnit(int unit, const char* what) const {

@@ -278,6 +278,28 @@ TEST_P(TrainerConfigTest, MuonTrafficIsWhatThePlanSays) {
   }
 }
 
+// Every collective moves what the plan says it moves, counted by the
+// communicators, including the backward re-gathers of the units the
+// workload gathers twice (the moe unit); token dispatch is not planned.
+TEST_P(TrainerConfigTest, EveryCollectiveMovesThePlannedBytes) {
+  const int steps = 2;
+  RunResult r = RunJob(GetParam(), "lpt", steps);
+  std::map<std::string, int64_t> planned;
+  for (const plan::CollectiveBytes& c : r.plan.collectives) {
+    planned[(c.mesh == plan::MeshKind::kExpert ? "expert/" : "") + c.name] +=
+        c.bytes_per_step * steps;
+  }
+  r.bytes.erase("expert_dispatch");
+  for (auto it = r.bytes.begin(); it != r.bytes.end();) {
+    it = it->second == 0 ? r.bytes.erase(it) : std::next(it);
+  }
+  EXPECT_EQ(r.bytes, planned);
+  if (GetParam().moe && GetParam().inner == std::string("optim_grads_params") &&
+      GetParam().world / GetParam().ep > 1) {
+    EXPECT_GT(planned["expert/param_allgather_backward"], 0);
+  }
+}
+
 TEST_P(TrainerConfigTest, ResumingFromSavedShardsContinuesBitForBit) {
   const std::string dir = ::testing::TempDir() + "/trainer_ckpt_" + GetParam().name;
   std::filesystem::remove_all(dir);
