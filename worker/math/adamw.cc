@@ -42,25 +42,6 @@ bool Finite(const Moments& r) {
 
 }  // namespace
 
-absl::Status ValidateAdamWOptions(const AdamWOptions& o) {
-  auto nonneg = [](double v) { return std::isfinite(v) && v >= 0.0; };
-  if (!nonneg(o.lr)) return absl::InvalidArgumentError("adamw.lr: must be finite and >= 0");
-  if (!nonneg(o.eps)) return absl::InvalidArgumentError("adamw.eps: must be finite and >= 0");
-  if (!nonneg(o.weight_decay)) {
-    return absl::InvalidArgumentError("adamw.weight_decay: must be finite and >= 0");
-  }
-  if (o.lr * o.weight_decay > 1.0) {
-    return absl::InvalidArgumentError("adamw: lr * weight_decay > 1 flips the sign of weights");
-  }
-  if (!(o.beta1 >= 0.0 && o.beta1 < 1.0)) {
-    return absl::InvalidArgumentError("adamw.beta1: must be in [0, 1)");
-  }
-  if (!(o.beta2 >= 0.0 && o.beta2 < 1.0)) {
-    return absl::InvalidArgumentError("adamw.beta2: must be in [0, 1)");
-  }
-  return absl::OkStatus();
-}
-
 absl::Status AdamWStep(const AdamWOptions& options, int64_t step, absl::Span<const float> grad,
                        absl::Span<float> exp_avg, absl::Span<float> exp_avg_sq,
                        absl::Span<float> param) {

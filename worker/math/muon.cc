@@ -52,34 +52,6 @@ absl::Status CheckSizes(const char* what, std::initializer_list<size_t> sizes) {
 
 }  // namespace
 
-absl::Status ValidateMuonOptions(const MuonOptions& options) {
-  if (!std::isfinite(options.lr) || options.lr < 0.0) {
-    return absl::InvalidArgumentError("muon.lr: must be finite and >= 0");
-  }
-  if (!std::isfinite(options.weight_decay) || options.weight_decay < 0.0) {
-    return absl::InvalidArgumentError("muon.weight_decay: must be finite and >= 0");
-  }
-  if (options.lr * options.weight_decay > 1.0) {
-    return absl::InvalidArgumentError("muon: lr * weight_decay > 1 flips the sign of weights");
-  }
-  if (!(options.momentum >= 0.0 && options.momentum < 1.0)) {
-    return absl::InvalidArgumentError("muon.momentum: must be in [0, 1)");
-  }
-  return ValidateNsOptions(options.ns);
-}
-
-double MuonUpdateScale(MuonScale scale, int64_t rows, int64_t cols) {
-  const double r = static_cast<double>(rows);
-  const double c = static_cast<double>(cols);
-  switch (scale) {
-    case MuonScale::kOriginal:
-      return std::sqrt(std::max(1.0, r / c));
-    case MuonScale::kMatchRmsAdamW:
-      return 0.2 * std::sqrt(std::max(r, c));
-  }
-  return 1.0;
-}
-
 absl::Status MuonPrepare(const MuonOptions& options, absl::Span<const float> grad,
                          absl::Span<const float> momentum, absl::Span<float> update) {
   if (absl::Status s = ValidateMuonOptions(options); !s.ok()) return s;

@@ -1,0 +1,149 @@
+#include "worker/cuda/optimizer_cuda.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "worker/cuda/cuda_checks.h"
+#include "worker/cuda/optimizer_kernels.h"
+#include "worker/math/adamw.h"
+#include "worker/math/muon.h"
+
+namespace muonmesh::cuda {
+
+absl::StatusOr<std::unique_ptr<CudaOptimizer>> CudaOptimizer::Create(cudaStream_t stream) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return absl::FailedPreconditionError("CudaOptimizer: no CUDA device");
+  }
+  long long* device_flag = nullptr;
+  long long* host_flag = nullptr;
+  MUONMESH_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&device_flag), sizeof(long long)));
+  if (cudaError_t e = cudaMallocHost(reinterpret_cast<void**>(&host_flag), sizeof(long long));
+      e != cudaSuccess) {
+    cudaFree(device_flag);
+    return CudaErrorToStatus(e, "cudaMallocHost(&host_flag, sizeof(long long))", __FILE__,
+                             __LINE__);
+  }
+  return std::unique_ptr<CudaOptimizer>(new CudaOptimizer(stream, device_flag, host_flag));
+}
+
+CudaOptimizer::CudaOptimizer(cudaStream_t stream, long long* device_flag, long long* host_flag)
+    : stream_(stream), device_flag_(device_flag), host_flag_(host_flag) {}
+
+CudaOptimizer::~CudaOptimizer() {
+  cudaFree(device_flag_);
+  cudaFreeHost(host_flag_);
+}
+
+template <typename Launch>
+absl::StatusOr<int64_t> CudaOptimizer::FirstBad(int64_t count, Launch check) {
+  *host_flag_ = count;
+  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(device_flag_, host_flag_, sizeof(long long),
+                                      cudaMemcpyHostToDevice, stream_));
+  MUONMESH_CUDA_CHECK(check());
+  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(host_flag_, device_flag_, sizeof(long long),
+                                      cudaMemcpyDeviceToHost, stream_));
+  MUONMESH_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return static_cast<int64_t>(*host_flag_);
+}
+
+absl::Status CudaOptimizer::AdamWStep(const math::AdamWOptions& options, int64_t step,
+                                      const float* grad, float* exp_avg, float* exp_avg_sq,
+                                      float* param, int64_t count) {
+  if (absl::Status s = math::ValidateAdamWOptions(options); !s.ok()) return s;
+  if (step < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("adamw: step ", step, " < 1 (t is 1-based)"));
+  }
+  if (count < 0) return absl::InvalidArgumentError("AdamWStep: negative count");
+  if (count == 0) return absl::OkStatus();
+  const double t = static_cast<double>(step);
+  const double bias_correction1 = 1.0 - std::pow(options.beta1, t);
+  const double bias_correction2 = 1.0 - std::pow(options.beta2, t);
+  const internal::AdamWScalars k{
+      static_cast<float>(1.0 - options.lr * options.weight_decay),
+      static_cast<float>(1.0 - options.beta1),
+      static_cast<float>(options.beta2),
+      static_cast<float>(1.0 - options.beta2),
+      static_cast<float>(std::sqrt(bias_correction2)),
+      static_cast<float>(options.eps),
+      static_cast<float>(-(options.lr / bias_correction1)),
+  };
+  absl::StatusOr<int64_t> bad = FirstBad(count, [&] {
+    return internal::LaunchAdamW(k, grad, exp_avg, exp_avg_sq, param, count, false, device_flag_,
+                                 stream_);
+  });
+  if (!bad.ok()) return bad.status();
+  if (*bad < count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AdamWStep: step refused, element ", *bad, " has a non-finite gradient or result"));
+  }
+  MUONMESH_CUDA_CHECK(internal::LaunchAdamW(k, grad, exp_avg, exp_avg_sq, param, count, true,
+                                            device_flag_, stream_));
+  return absl::OkStatus();
+}
+
+namespace {
+internal::MuonScalars MuonScalarsOf(const math::MuonOptions& o, int64_t rows, int64_t cols) {
+  internal::MuonScalars k;
+  k.one_minus_beta = static_cast<float>(1.0 - o.momentum);
+  k.beta = static_cast<float>(o.momentum);
+  k.nesterov = o.nesterov;
+  k.decay = static_cast<float>(1.0 - o.lr * o.weight_decay);
+  k.step = rows > 0 && cols > 0
+               ? static_cast<float>(-(o.lr * math::MuonUpdateScale(o.scale, rows, cols)))
+               : 0.0f;
+  return k;
+}
+}  // namespace
+
+absl::Status CudaOptimizer::MuonPrepare(const math::MuonOptions& options, const float* grad,
+                                        const float* momentum, float* update, int64_t count) {
+  if (absl::Status s = math::ValidateMuonOptions(options); !s.ok()) return s;
+  if (count < 0) return absl::InvalidArgumentError("MuonPrepare: negative count");
+  if (count == 0) return absl::OkStatus();
+  const internal::MuonScalars k = MuonScalarsOf(options, 0, 0);
+  absl::StatusOr<int64_t> bad = FirstBad(count, [&] {
+    return internal::LaunchMuonPrepare(k, grad, momentum, update, count, false, device_flag_,
+                                       stream_);
+  });
+  if (!bad.ok()) return bad.status();
+  if (*bad < count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MuonPrepare: NaN or infinity in grad or the momentum buffer (element ", *bad, ")"));
+  }
+  MUONMESH_CUDA_CHECK(internal::LaunchMuonPrepare(k, grad, momentum, update, count, true,
+                                                  device_flag_, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaOptimizer::MuonApply(const math::MuonOptions& options, int64_t rows,
+                                      int64_t cols, const float* grad,
+                                      const float* orthogonalized, float* momentum, float* param,
+                                      int64_t count) {
+  if (absl::Status s = math::ValidateMuonOptions(options); !s.ok()) return s;
+  if (rows <= 0 || cols <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MuonApply: matrix shape ", rows, " x ", cols, " is not positive"));
+  }
+  if (count < 0 || count % cols != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MuonApply: shard of ", count, " values is not whole rows of ", cols));
+  }
+  if (count == 0) return absl::OkStatus();
+  const internal::MuonScalars k = MuonScalarsOf(options, rows, cols);
+  absl::StatusOr<int64_t> bad = FirstBad(count, [&] {
+    return internal::LaunchMuonApply(k, grad, orthogonalized, momentum, param, count, false,
+                                     device_flag_, stream_);
+  });
+  if (!bad.ok()) return bad.status();
+  if (*bad < count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MuonApply: step refused, element ", *bad, " has a non-finite update or result"));
+  }
+  MUONMESH_CUDA_CHECK(internal::LaunchMuonApply(k, grad, orthogonalized, momentum, param, count,
+                                                true, device_flag_, stream_));
+  return absl::OkStatus();
+}
+
+}  // namespace muonmesh::cuda
