@@ -124,7 +124,7 @@ struct Trainer::Impl {
   std::vector<float> full;                   // one unit-mesh padded buffer, D * S
   math::NewtonSchulz ns;
 
-  // Exchange scratch.
+  // Exchange scratch of the optimizer phase (freed at the end of each step).
   std::vector<float> send;
   std::vector<float> recv;
   std::vector<float> rows;  // u rows, then O rows, of my shard's matrices
@@ -878,6 +878,12 @@ absl::StatusOr<StepReport> Trainer::Step() {
     if (!st.ok()) return st;
   }
   report.times.param_allgather_after_step = absl::Now() - t0;
+  // The Muon exchange buffers are free until the next optimizer phase: give
+  // them back, so they do not add to the next forward/backward's peak (the
+  // whole gradients and the reduce buffer of the largest unit).
+  std::vector<float>().swap(m.send);
+  std::vector<float>().swap(m.recv);
+  std::vector<float>().swap(m.rows);
   ++step_;
   return report;
 }
