@@ -39,6 +39,10 @@ absl::Status CheckTimeout(const CollectiveOptions& options) {
 
 }  // namespace
 
+absl::string_view MemorySpaceName(MemorySpace space) {
+  return space == MemorySpace::kHost ? "host" : "cuda device";
+}
+
 absl::string_view BackendName(Backend backend) {
   switch (backend) {
     case Backend::kInProcess:

@@ -33,6 +33,8 @@ absl::StatusOr<Backend> ParseBackend(absl::string_view name);
 
 // Where a backend's buffers live.
 enum class MemorySpace { kHost, kCudaDevice };
+// "host", "cuda device".
+absl::string_view MemorySpaceName(MemorySpace space);
 
 enum class ReduceOp {
   kSum,

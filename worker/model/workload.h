@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "server/plan/types.h"
+#include "worker/comm/types.h"
 
 namespace muonmesh::worker {
 
@@ -81,6 +82,11 @@ class Workload {
 
   // The parameters, as units; stable for the workload's lifetime.
   virtual const plan::ModelSpec& spec() const = 0;
+
+  // Where the tensors of ForwardBackwardByUnit live (the runtime's device
+  // must match): host memory unless a workload computes on a GPU.
+  // Initialize and InitializeUnit always write host memory.
+  virtual comm::MemorySpace memory_space() const { return comm::MemorySpace::kHost; }
 
   // Number of samples in the dataset (N); the batch of step s is samples
   // (s * B + j) mod N for j < B.

@@ -13,8 +13,6 @@
 #include "server/plan/mesh.h"
 #include "server/plan/owners.h"
 #include "server/plan/validate.h"
-#include "worker/math/adamw.h"
-#include "worker/math/muon.h"
 #include "worker/io/safetensors.h"
 #include "worker/runtime/groups.h"
 
@@ -75,10 +73,10 @@ struct UnitState {
   std::vector<int64_t> whole_offset;
   std::vector<bool> muon;         // per layout tensor
   std::vector<int32_t> matrices;  // this unit's Muon matrices (indices into mesh->domain)
-  std::vector<float> param;       // my parameter shard: k * S floats
-  std::vector<float> grad;        // my reduced optimizer shard: S floats
-  std::vector<float> state1;      // Muon momentum / AdamW exp_avg
-  std::vector<float> state2;      // AdamW exp_avg_sq
+  DeviceBuffer param;             // my parameter shard: k * S floats
+  DeviceBuffer grad;              // my reduced optimizer shard: S floats
+  DeviceBuffer state1;            // Muon momentum / AdamW exp_avg
+  DeviceBuffer state2;            // AdamW exp_avg_sq
   // Muon, per entry of `matrices`: my rows, where their u / O rows sit in
   // Impl::rows, whether I orthogonalize the matrix, and then (during Muon()
   // only: allocated there and freed at its end) the whole matrix.
@@ -86,7 +84,7 @@ struct UnitState {
   std::vector<int64_t> rows_offset;
   int64_t rows_total = 0;
   std::vector<bool> holds;
-  std::vector<std::vector<float>> whole;
+  std::vector<DeviceBuffer> whole;
   Exchange exchange;
 };
 
@@ -99,6 +97,8 @@ struct Trainer::Impl {
   plan::Plan plan_copy;
   Workload* workload = nullptr;
   TrainerOptions options;
+  std::unique_ptr<Device> own_device;  // when options.device is null
+  Device* dev = nullptr;
   int32_t rank = 0;
   int64_t world = 1;
   MeshState dense;
@@ -121,13 +121,23 @@ struct Trainer::Impl {
   // Whole tensors of spec units without a layout (never trained):
   // their initial values, handed out by Acquire as they are.
   std::vector<std::vector<std::vector<float>>> frozen;
-  std::vector<float> full;                   // one unit-mesh padded buffer, D * S
-  math::NewtonSchulz ns;
+  DeviceBuffer full;                         // one unit-mesh padded buffer, D * S
+  DeviceBuffer scalar;                       // one float: the loss's all-reduce
 
   // Exchange scratch of the optimizer phase (freed at the end of each step).
-  std::vector<float> send;
-  std::vector<float> recv;
-  std::vector<float> rows;  // u rows, then O rows, of my shard's matrices
+  DeviceBuffer send;
+  DeviceBuffer recv;
+  DeviceBuffer rows;  // u rows, then O rows, of my shard's matrices
+
+  // Makes `b` hold at least `count` floats (contents are not kept).
+  absl::Status Reserve(DeviceBuffer& b, int64_t count) {
+    if (b.size() >= count && !b.empty()) return absl::OkStatus();
+    b.Reset();
+    absl::StatusOr<DeviceBuffer> fresh = dev->Allocate(std::max<int64_t>(count, 1));
+    if (!fresh.ok()) return fresh.status();
+    b = *std::move(fresh);
+    return absl::OkStatus();
+  }
 
   static int64_t MyShard(const UnitState& u) {
     const plan::UnitLayout& l = *u.layout;
@@ -170,9 +180,11 @@ struct Trainer::Impl {
     MeshState& mesh = *u.mesh;
     const int64_t s = l.shard_elements;
     const int64_t n = l.num_shards * s;
-    full.resize(n);
+    if (absl::Status st = Reserve(full, n); !st.ok()) return st;
     if (mesh.k == mesh.domain_size) {
-      std::copy(u.param.begin(), u.param.end(), full.begin());
+      if (absl::Status st = dev->Copy(full.data(), u.param.data(), u.param.size()); !st.ok()) {
+        return st;
+      }
     } else {
       absl::Status st = Counted(*mesh.gather_comm, mesh.bytes_prefix + name, report,
                                 [&] {
@@ -186,8 +198,9 @@ struct Trainer::Impl {
       for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
         const plan::Segment& seg = l.segments[i];
         const int64_t len = l.tensors[seg.tensor].row_len;
-        std::memcpy(dst[u.local[seg.tensor]] + seg.row_start * len,
-                    full.data() + q * s + seg.offset, sizeof(float) * seg.row_count * len);
+        absl::Status st = dev->Copy(dst[u.local[seg.tensor]] + seg.row_start * len,
+                                    full.data() + q * s + seg.offset, seg.row_count * len);
+        if (!st.ok()) return st;
       }
     }
     return absl::OkStatus();
@@ -199,15 +212,17 @@ struct Trainer::Impl {
     const plan::UnitLayout& l = *u.layout;
     const int64_t s = l.shard_elements;
     int64_t m = l.num_shards * s;
-    full.assign(m, 0.0f);
+    if (absl::Status st = Reserve(full, m); !st.ok()) return st;
+    if (absl::Status st = dev->Fill(full.data(), m, 0.0f); !st.ok()) return st;
     for (int64_t q = 0; q < l.num_shards; ++q) {
       const int64_t shard = (q - l.rotation + l.num_shards) % l.num_shards;
       for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
         const plan::Segment& seg = l.segments[i];
         const int64_t len = l.tensors[seg.tensor].row_len;
-        std::memcpy(full.data() + q * s + seg.offset,
-                    src[u.local[seg.tensor]] + seg.row_start * len,
-                    sizeof(float) * seg.row_count * len);
+        absl::Status st = dev->Copy(full.data() + q * s + seg.offset,
+                                    src[u.local[seg.tensor]] + seg.row_start * len,
+                                    seg.row_count * len);
+        if (!st.ok()) return st;
       }
     }
     // Reduce-scatters in place (each level's output is my chunk of its
@@ -230,8 +245,7 @@ struct Trainer::Impl {
       });
       if (!st.ok()) return st;
     }
-    u.grad.assign(cur, cur + s);
-    return absl::OkStatus();
+    return dev->Copy(u.grad.data(), cur, s);
   }
 
   absl::Status AdamW(UnitState& u, int64_t step) {
@@ -242,10 +256,9 @@ struct Trainer::Impl {
       const plan::Segment& seg = l.segments[i];
       if (u.muon[seg.tensor]) continue;
       const int64_t n = seg.row_count * l.tensors[seg.tensor].row_len;
-      absl::Status st = math::AdamWStep(
-          options.adamw, step + 1, absl::MakeConstSpan(u.grad.data() + seg.offset, n),
-          absl::MakeSpan(u.state1.data() + seg.offset, n),
-          absl::MakeSpan(u.state2.data() + seg.offset, n), absl::MakeSpan(p + seg.offset, n));
+      absl::Status st = dev->AdamWStep(options.adamw, step + 1, u.grad.data() + seg.offset,
+                                       u.state1.data() + seg.offset,
+                                       u.state2.data() + seg.offset, p + seg.offset, n);
       if (!st.ok()) {
         return absl::Status(st.code(),
                             absl::StrCat("AdamW on ", plan->units[u.unit].name, ": ", st.message()));
@@ -261,21 +274,20 @@ struct Trainer::Impl {
 
 namespace {
 
-// Copies between an exchange buffer and per-matrix storage, run by run:
-// `to_buffer` packs, otherwise unpacks. `at(i, row)` is the matrix side.
+// Copies between an exchange buffer and per-matrix storage, run by run, on
+// `dev`: `to_buffer` packs, otherwise unpacks. `at(i, row)` is the matrix side.
 template <typename At>
-void Walk(const std::vector<Run>& runs, const std::vector<int32_t>& matrices,
-          const std::vector<plan::MatrixPlan>& all, float* buffer, bool to_buffer, At at) {
+absl::Status Walk(Device& dev, const std::vector<Run>& runs, const std::vector<int32_t>& matrices,
+                  const std::vector<plan::MatrixPlan>& all, float* buffer, bool to_buffer,
+                  At at) {
   for (const Run& r : runs) {
     const int64_t n = r.rows * all[matrices[r.matrix]].cols;
     float* other = at(r.matrix, r.row_start);
-    if (to_buffer) {
-      std::copy(other, other + n, buffer);
-    } else {
-      std::copy(buffer, buffer + n, other);
-    }
+    absl::Status st = to_buffer ? dev.Copy(buffer, other, n) : dev.Copy(other, buffer, n);
+    if (!st.ok()) return st;
     buffer += n;
   }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -289,7 +301,8 @@ void Trainer::Impl::PlanMuon(UnitState& u) const {
   u.mine.resize(n);
   u.rows_offset.resize(n);
   u.holds.assign(n, false);
-  u.whole.assign(n, {});
+  u.whole.clear();
+  u.whole.resize(n);
   u.rows_total = 0;
   for (size_t i = 0; i < n; ++i) {
     const plan::MatrixPlan& m = all[u.matrices[i]];
@@ -340,41 +353,56 @@ absl::Status Trainer::Impl::Muon(UnitState& u, StepReport* report) {
 
   // 1. Momentum and the Nesterov input on my rows.
   absl::Time t0 = absl::Now();
-  rows.resize(std::max<int64_t>(u.rows_total, 1));
+  if (absl::Status st = Reserve(rows, u.rows_total); !st.ok()) return st;
   for (size_t i = 0; i < u.matrices.size(); ++i) {
     const int64_t n = u.mine[i].row_count * all[u.matrices[i]].cols;
     if (n == 0) continue;
-    absl::Status st = math::MuonPrepare(
-        options.muon, absl::MakeConstSpan(u.grad.data() + u.mine[i].offset, n),
-        absl::MakeConstSpan(u.state1.data() + u.mine[i].offset, n),
-        absl::MakeSpan(rows.data() + u.rows_offset[i], n));
+    absl::Status st = dev->MuonPrepare(options.muon, u.grad.data() + u.mine[i].offset,
+                                       u.state1.data() + u.mine[i].offset,
+                                       rows.data() + u.rows_offset[i], n);
     if (!st.ok()) return st;
   }
   report->times.muon_prepare += absl::Now() - t0;
 
   // The whole matrices I orthogonalize, for this unit's update only (the
   // exchange below fills every row).
-  for (size_t i = 0; i < u.matrices.size(); ++i) {
-    if (u.holds[i]) u.whole[i].assign(all[u.matrices[i]].rows * all[u.matrices[i]].cols, 0.0f);
-  }
   auto free_whole = [&] {
-    for (std::vector<float>& w : u.whole) std::vector<float>().swap(w);
+    for (DeviceBuffer& w : u.whole) w.Reset();
   };
+  for (size_t i = 0; i < u.matrices.size(); ++i) {
+    if (!u.holds[i]) continue;
+    absl::StatusOr<DeviceBuffer> w =
+        dev->AllocateZeroed(all[u.matrices[i]].rows * all[u.matrices[i]].cols);
+    if (!w.ok()) {
+      free_whole();
+      return w.status();
+    }
+    u.whole[i] = *std::move(w);
+  }
 
   // 2. One exchange: my rows to each matrix's owner (to everyone for the
   // allgather baseline), assembled into whole matrices there.
   t0 = absl::Now();
-  send.resize(std::max<int64_t>(ex.send_total, 1));
-  recv.resize(std::max<int64_t>(ex.recv_total, 1));
-  Walk(ex.send, u.matrices, all, send.data(), /*to_buffer=*/true, my_rows);
-  absl::Status st = Counted(domain_comm,
+  absl::Status st = Reserve(send, ex.send_total);
+  if (st.ok()) st = Reserve(recv, ex.recv_total);
+  if (st.ok()) st = Walk(*dev, ex.send, u.matrices, all, send.data(), /*to_buffer=*/true, my_rows);
+  if (!st.ok()) {
+    free_whole();
+    return st;
+  }
+  st = Counted(domain_comm,
                             mesh.bytes_prefix + (everyone ? "muon_allgather" : "muon_gather"),
                             report, [&] {
     return domain_comm.AllToAllV(send.data(), ex.send_counts, recv.data(), ex.recv_counts,
                                  options.collective);
   });
-  if (!st.ok()) return st;
-  Walk(ex.recv, u.matrices, all, recv.data(), /*to_buffer=*/false, whole_rows);
+  if (st.ok()) {
+    st = Walk(*dev, ex.recv, u.matrices, all, recv.data(), /*to_buffer=*/false, whole_rows);
+  }
+  if (!st.ok()) {
+    free_whole();
+    return st;
+  }
   report->times.muon_gather += absl::Now() - t0;
 
   // 3. Newton-Schulz on every whole matrix I hold.
@@ -382,8 +410,9 @@ absl::Status Trainer::Impl::Muon(UnitState& u, StepReport* report) {
   for (size_t i = 0; i < u.matrices.size(); ++i) {
     if (!u.holds[i]) continue;
     const plan::MatrixPlan& m = all[u.matrices[i]];
-    st = ns.Run(u.whole[i].data(), m.rows, m.cols, options.muon.ns);
+    st = dev->NewtonSchulz(u.whole[i].data(), m.rows, m.cols, options.muon.ns);
     if (!st.ok()) {
+      free_whole();
       return absl::Status(st.code(), absl::StrCat("Newton-Schulz on ",
                                                   plan->units[u.unit].name, ": ", st.message()));
     }
@@ -399,18 +428,23 @@ absl::Status Trainer::Impl::Muon(UnitState& u, StepReport* report) {
       const int64_t n = u.mine[i].row_count * all[u.matrices[i]].cols;
       if (n == 0) continue;
       const float* from = whole_rows(static_cast<int32_t>(i), u.mine[i].row_start);
-      std::copy(from, from + n, rows.data() + u.rows_offset[i]);
+      st = dev->Copy(rows.data() + u.rows_offset[i], from, n);
+      if (!st.ok()) break;
     }
   } else {
-    Walk(ex.recv, u.matrices, all, recv.data(), /*to_buffer=*/true, whole_rows);
-    st = Counted(domain_comm, mesh.bytes_prefix + "muon_scatter", report, [&] {
-      return domain_comm.AllToAllV(recv.data(), ex.recv_counts, send.data(), ex.send_counts,
-                                   options.collective);
-    });
-    if (!st.ok()) return st;
-    Walk(ex.send, u.matrices, all, send.data(), /*to_buffer=*/false, my_rows);
+    st = Walk(*dev, ex.recv, u.matrices, all, recv.data(), /*to_buffer=*/true, whole_rows);
+    if (st.ok()) {
+      st = Counted(domain_comm, mesh.bytes_prefix + "muon_scatter", report, [&] {
+        return domain_comm.AllToAllV(recv.data(), ex.recv_counts, send.data(), ex.send_counts,
+                                     options.collective);
+      });
+    }
+    if (st.ok()) {
+      st = Walk(*dev, ex.send, u.matrices, all, send.data(), /*to_buffer=*/false, my_rows);
+    }
   }
   free_whole();
+  if (!st.ok()) return st;
   report->times.muon_scatter += absl::Now() - t0;
 
   // 5. Momentum, weight decay and the update on my rows.
@@ -419,11 +453,9 @@ absl::Status Trainer::Impl::Muon(UnitState& u, StepReport* report) {
     const plan::MatrixPlan& m = all[u.matrices[i]];
     const int64_t n = u.mine[i].row_count * m.cols;
     if (n == 0) continue;
-    st = math::MuonApply(options.muon, m.rows, m.cols,
-                         absl::MakeConstSpan(u.grad.data() + u.mine[i].offset, n),
-                         absl::MakeConstSpan(rows.data() + u.rows_offset[i], n),
-                         absl::MakeSpan(u.state1.data() + u.mine[i].offset, n),
-                         absl::MakeSpan(p + u.mine[i].offset, n));
+    st = dev->MuonApply(options.muon, m.rows, m.cols, u.grad.data() + u.mine[i].offset,
+                        rows.data() + u.rows_offset[i], u.state1.data() + u.mine[i].offset,
+                        p + u.mine[i].offset, n);
     if (!st.ok()) {
       return absl::Status(st.code(), absl::StrCat("Muon update of ", plan->units[u.unit].name,
                                                   ": ", st.message()));
@@ -451,11 +483,17 @@ class Trainer::UnitStream final : public UnitAccess {
           absl::StrCat("Acquire(", unit, "): the unit is already acquired"));
     }
     const absl::Time t0 = absl::Now();
-    Allocate(unit, slot.params, slot.param_ptrs);
+    if (absl::Status st = Allocate(unit, slot.params, slot.param_ptrs); !st.ok()) return st;
     slot.const_ptrs.assign(slot.param_ptrs.begin(), slot.param_ptrs.end());
     if (m_.states_of[unit].empty()) {
       for (int32_t j = 0; j < m_.unit_count[unit]; ++j) {
-        std::copy(m_.frozen[unit][j].begin(), m_.frozen[unit][j].end(), slot.param_ptrs[j]);
+        absl::Status st = m_.dev->CopyFromHost(slot.param_ptrs[j], m_.frozen[unit][j].data(),
+                                               m_.frozen[unit][j].size());
+        if (!st.ok()) {
+          Free(slot.params, slot.param_ptrs);
+          slot.const_ptrs.clear();
+          return st;
+        }
       }
     }
     // The first gather of a step is the forward pass's; later ones re-gather
@@ -490,7 +528,9 @@ class Trainer::UnitStream final : public UnitAccess {
       return absl::FailedPreconditionError(
           absl::StrCat("GradientBuffers(", unit, "): the unit is already committed"));
     }
-    if (slot.grads.empty()) Allocate(unit, slot.grads, slot.grad_ptrs);
+    if (slot.grads.empty()) {
+      if (absl::Status st = Allocate(unit, slot.grads, slot.grad_ptrs); !st.ok()) return st;
+    }
     return absl::MakeConstSpan(slot.grad_ptrs);
   }
 
@@ -523,7 +563,13 @@ class Trainer::UnitStream final : public UnitAccess {
   absl::Status ExchangeTokens(const float* send, absl::Span<const int64_t> send_counts,
                               float* recv, absl::Span<const int64_t> recv_counts) override {
     if (m_.ep_comm == nullptr) {
-      return UnitAccess::ExchangeTokens(send, send_counts, recv, recv_counts);
+      if (send_counts.size() != 1 || recv_counts.size() != 1 ||
+          send_counts[0] != recv_counts[0] || send_counts[0] < 0) {
+        return absl::InvalidArgumentError(
+            "ExchangeTokens: with one expert-parallel group the counts must be one equal "
+            "entry each");
+      }
+      return m_.dev->Copy(recv, send, send_counts[0]);
     }
     const absl::Time t0 = absl::Now();
     absl::Status st = m_.Counted(*m_.ep_comm, "expert_dispatch", report_, [&] {
@@ -556,10 +602,10 @@ class Trainer::UnitStream final : public UnitAccess {
  private:
   struct Slot {
     // Uninitialised storage: the gather / the workload overwrites it all.
-    std::vector<std::unique_ptr<float[]>> params;
+    std::vector<DeviceBuffer> params;
     std::vector<float*> param_ptrs;
     std::vector<const float*> const_ptrs;
-    std::vector<std::unique_ptr<float[]>> grads;
+    std::vector<DeviceBuffer> grads;
     std::vector<float*> grad_ptrs;
     bool acquired = false;
     bool committed = false;
@@ -574,19 +620,24 @@ class Trainer::UnitStream final : public UnitAccess {
     return absl::OkStatus();
   }
 
-  void Allocate(int unit, std::vector<std::unique_ptr<float[]>>& bufs,
-                std::vector<float*>& ptrs) const {
+  absl::Status Allocate(int unit, std::vector<DeviceBuffer>& bufs,
+                        std::vector<float*>& ptrs) const {
     bufs.clear();
     ptrs.clear();
     for (int32_t j = 0; j < m_.unit_count[unit]; ++j) {
-      const int64_t size = m_.local_sizes[m_.unit_base[unit] + j];
-      bufs.emplace_back(new float[static_cast<size_t>(std::max<int64_t>(size, 1))]);
-      ptrs.push_back(bufs.back().get());
+      absl::StatusOr<DeviceBuffer> b = m_.dev->Allocate(m_.local_sizes[m_.unit_base[unit] + j]);
+      if (!b.ok()) {
+        Free(bufs, ptrs);
+        return b.status();
+      }
+      bufs.push_back(*std::move(b));
+      ptrs.push_back(bufs.back().data());
     }
+    return absl::OkStatus();
   }
 
-  static void Free(std::vector<std::unique_ptr<float[]>>& bufs, std::vector<float*>& ptrs) {
-    std::vector<std::unique_ptr<float[]>>().swap(bufs);
+  static void Free(std::vector<DeviceBuffer>& bufs, std::vector<float*>& ptrs) {
+    std::vector<DeviceBuffer>().swap(bufs);
     std::vector<float*>().swap(ptrs);
   }
 
@@ -695,6 +746,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
   impl->ep_index = static_cast<int32_t>(rank % ep);
   impl->dense.domain = &impl->plan_copy.dense;
   impl->expert.domain = &impl->plan_copy.expert;
+  if (options.device == nullptr) impl->own_device = MakeCpuDevice();
+  impl->dev = options.device != nullptr ? options.device : impl->own_device.get();
+  Device& dev = *impl->dev;
+  if (workload->memory_space() != dev.memory_space()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the workload ", spec.name, " computes in ",
+        comm::MemorySpaceName(workload->memory_space()), " memory, the device ", dev.name(),
+        " holds ", comm::MemorySpaceName(dev.memory_space()), " memory"));
+  }
 
   // Process groups: the world, the dense mesh, and with experts the expert
   // mesh and the token exchange.
@@ -703,6 +763,17 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
       static_cast<int>(world), options.group_options);
   if (!c.ok()) return c.status();
   impl->world_comm = *std::move(c);
+  if (impl->world_comm->memory_space() != dev.memory_space()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backend ", comm::BackendName(options.backend), " works on ",
+        comm::MemorySpaceName(impl->world_comm->memory_space()), " memory, the device ",
+        dev.name(), " holds ", comm::MemorySpaceName(dev.memory_space()), " memory"));
+  }
+  {
+    absl::StatusOr<DeviceBuffer> scalar = dev.Allocate(1);
+    if (!scalar.ok()) return scalar.status();
+    impl->scalar = *std::move(scalar);
+  }
   if (absl::Status st = JoinMesh(plan::MeshGeometry::Dense(plan.config), rank, options,
                                  &impl->dense);
       !st.ok()) {
@@ -798,10 +869,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
         st.muon.push_back(muon);
       }
       const int64_t s = st.layout->shard_elements;
-      st.param.assign(mesh->k * s, 0.0f);
-      st.grad.assign(s, 0.0f);
-      st.state1.assign(s, 0.0f);
-      st.state2.assign(s, 0.0f);
+      for (auto [buffer, count] : {std::pair{&st.param, mesh->k * s}, std::pair{&st.grad, s},
+                                   std::pair{&st.state1, s}, std::pair{&st.state2, s}}) {
+        absl::StatusOr<DeviceBuffer> b = dev.AllocateZeroed(count);
+        if (!b.ok()) return b.status();
+        *buffer = *std::move(b);
+      }
       // My parameter shard: the shards at positions of my parameter group.
       const int64_t first = (mesh->position / mesh->k) * mesh->k;
       const plan::UnitLayout& l = *st.layout;
@@ -810,10 +883,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
         for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
           const plan::Segment& seg = l.segments[i];
           const int64_t len = l.tensors[seg.tensor].row_len;
-          std::memcpy(st.param.data() + j * s + seg.offset,
-                      whole[st.local[seg.tensor]].data() + st.whole_offset[seg.tensor] +
-                          seg.row_start * len,
-                      sizeof(float) * seg.row_count * len);
+          absl::Status copied = dev.CopyFromHost(
+              st.param.data() + j * s + seg.offset,
+              whole[st.local[seg.tensor]].data() + st.whole_offset[seg.tensor] +
+                  seg.row_start * len,
+              seg.row_count * len);
+          if (!copied.ok()) return copied;
         }
       }
       impl->PlanMuon(st);
@@ -850,8 +925,11 @@ absl::StatusOr<StepReport> Trainer::Step() {
 
   t0 = absl::Now();
   float global_loss = static_cast<float>(*loss);
-  absl::Status st = m.world_comm->AllReduce(&global_loss, 1, comm::ReduceOp::kAvg,
-                                            m.options.collective);
+  absl::Status st = m.dev->CopyFromHost(m.scalar.data(), &global_loss, 1);
+  if (st.ok()) {
+    st = m.world_comm->AllReduce(m.scalar.data(), 1, comm::ReduceOp::kAvg, m.options.collective);
+  }
+  if (st.ok()) st = m.dev->CopyToHost(&global_loss, m.scalar.data(), 1);
   if (!st.ok()) return st;
   report.loss = global_loss;
   report.times.grad_reduce += absl::Now() - t0;
@@ -881,29 +959,31 @@ absl::StatusOr<StepReport> Trainer::Step() {
   // The Muon exchange buffers are free until the next optimizer phase: give
   // them back, so they do not add to the next forward/backward's peak (the
   // whole gradients and the reduce buffer of the largest unit).
-  std::vector<float>().swap(m.send);
-  std::vector<float>().swap(m.recv);
-  std::vector<float>().swap(m.rows);
+  m.send.Reset();
+  m.recv.Reset();
+  m.rows.Reset();
   ++step_;
   return report;
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> Trainer::GatherParameters() {
   Impl& m = *impl_;
+  Device& dev = *m.dev;
   std::vector<std::vector<float>> out(m.param_sizes.size());
   for (size_t u = 0; u < m.states_of.size(); ++u) {
+    if (m.states_of[u].empty()) {
+      for (int32_t j = 0; j < m.unit_count[u]; ++j) out[m.unit_base[u] + j] = m.frozen[u][j];
+      continue;
+    }
     // My part of each tensor (the whole of a dense one, my EP group's
-    // experts of a stack), then the stacks from every EP group.
-    std::vector<std::vector<float>> mine(m.unit_count[u]);
+    // experts of a stack) on the device, then the stacks from every EP group.
+    std::vector<DeviceBuffer> mine;
     std::vector<float*> ptrs;
     for (int32_t j = 0; j < m.unit_count[u]; ++j) {
-      const size_t flat = static_cast<size_t>(m.unit_base[u] + j);
-      if (m.states_of[u].empty()) {
-        mine[j] = m.frozen[u][j];
-      } else {
-        mine[j].assign(m.local_sizes[flat], 0.0f);
-      }
-      ptrs.push_back(mine[j].data());
+      absl::StatusOr<DeviceBuffer> b = dev.Allocate(m.local_sizes[m.unit_base[u] + j]);
+      if (!b.ok()) return b.status();
+      mine.push_back(*std::move(b));
+      ptrs.push_back(mine.back().data());
     }
     for (int32_t state : m.states_of[u]) {
       absl::Status st = m.GatherUnit(m.units[state], nullptr, ptrs.data());
@@ -911,13 +991,19 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::GatherParameters() {
     }
     for (int32_t j = 0; j < m.unit_count[u]; ++j) {
       const size_t flat = static_cast<size_t>(m.unit_base[u] + j);
-      if (!m.is_expert[flat] || m.ep_comm == nullptr) {
-        out[flat] = std::move(mine[j]);
-        continue;
-      }
       out[flat].assign(m.param_sizes[flat], 0.0f);
-      absl::Status st = m.ep_comm->AllGather(mine[j].data(), m.local_sizes[flat],
-                                             out[flat].data(), m.options.collective);
+      const float* from = mine[j].data();
+      DeviceBuffer stack;
+      if (m.is_expert[flat] && m.ep_comm != nullptr) {
+        absl::StatusOr<DeviceBuffer> b = dev.Allocate(m.param_sizes[flat]);
+        if (!b.ok()) return b.status();
+        stack = *std::move(b);
+        absl::Status st = m.ep_comm->AllGather(mine[j].data(), m.local_sizes[flat], stack.data(),
+                                               m.options.collective);
+        if (!st.ok()) return st;
+        from = stack.data();
+      }
+      absl::Status st = dev.CopyToHost(out[flat].data(), from, m.param_sizes[flat]);
       if (!st.ok()) return st;
     }
   }
@@ -972,10 +1058,20 @@ std::string ShardTensorName(const UnitState& u, const char* what) {
 
 absl::Status Trainer::SaveShards(const std::string& path) const {
   std::vector<io::TensorView> views;
+  // Host copies of device shards (host shards are written as they are).
+  std::vector<std::vector<float>> host;
+  const bool on_host = impl_->dev->memory_space() == comm::MemorySpace::kHost;
   for (const UnitState& u : impl_->units) {
     for (const auto& [what, v] : {std::pair{"param", &u.param}, std::pair{"state1", &u.state1},
                                   std::pair{"state2", &u.state2}}) {
-      views.push_back({ShardTensorName(u, what), {static_cast<int64_t>(v->size())}, v->data()});
+      const float* data = v->data();
+      if (!on_host) {
+        host.emplace_back(static_cast<size_t>(v->size()));
+        absl::Status st = impl_->dev->CopyToHost(host.back().data(), v->data(), v->size());
+        if (!st.ok()) return st;
+        data = host.back().data();
+      }
+      views.push_back({ShardTensorName(u, what), {v->size()}, data});
     }
   }
   const std::map<std::string, std::string> metadata = {
@@ -1018,7 +1114,7 @@ absl::Status Trainer::LoadShards(const std::string& path) {
   std::map<std::string, io::Tensor*> by_name;
   for (io::Tensor& t : *tensors) by_name[t.name] = &t;
   // Check everything before changing anything.
-  std::vector<std::pair<io::Tensor*, std::vector<float>*>> copies;
+  std::vector<std::pair<io::Tensor*, DeviceBuffer*>> copies;
   for (UnitState& u : impl_->units) {
     for (const auto& [what, v] : {std::pair{"param", &u.param}, std::pair{"state1", &u.state1},
                                   std::pair{"state2", &u.state2}}) {
@@ -1027,7 +1123,7 @@ absl::Status Trainer::LoadShards(const std::string& path) {
       if (it == by_name.end()) {
         return absl::InvalidArgumentError(absl::StrCat(path, ": no tensor '", name, "'"));
       }
-      if (it->second->data.size() != v->size()) {
+      if (static_cast<int64_t>(it->second->data.size()) != v->size()) {
         return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", name, "' has ",
                                                        it->second->data.size(),
                                                        " elements, the shard has ", v->size()));
@@ -1039,7 +1135,10 @@ absl::Status Trainer::LoadShards(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", tensors->size(),
                                                    " tensors, this rank holds ", copies.size()));
   }
-  for (auto& [from, to] : copies) *to = std::move(from->data);
+  for (auto& [from, to] : copies) {
+    absl::Status st = impl_->dev->CopyFromHost(to->data(), from->data.data(), to->size());
+    if (!st.ok()) return st;
+  }
   step_ = step;
   return absl::OkStatus();
 }

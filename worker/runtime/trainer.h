@@ -39,10 +39,15 @@
 #include "worker/math/newton_schulz.h"
 #include "worker/math/types.h"
 #include "worker/model/workload.h"
+#include "worker/runtime/device.h"
 
 namespace muonmesh::worker {
 
 struct TrainerOptions {
+  // Where shards live and the optimizer runs (not owned; must outlive the
+  // Trainer). Null: the CPU (worker/math on OpenBLAS). The backend and the
+  // workload must work on the device's memory.
+  Device* device = nullptr;
   comm::Backend backend = comm::Backend::kGloo;
   comm::Store* store = nullptr;  // rendezvous; must outlive Create()
   comm::GroupOptions group_options;

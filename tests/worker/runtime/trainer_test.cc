@@ -375,6 +375,67 @@ TEST(TrainerCheckpointTest, RefusesShardsOfAnotherLayoutOrFormatAndChangesNothin
   EXPECT_EQ(zero3->steps_done(), 1);
 }
 
+// A Device that says it holds GPU memory (and is the CPU underneath).
+class PretendGpu final : public Device {
+ public:
+  comm::MemorySpace memory_space() const override { return comm::MemorySpace::kCudaDevice; }
+  std::string name() const override { return "pretend-gpu"; }
+  absl::StatusOr<DeviceBuffer> Allocate(int64_t n) override { return cpu_->Allocate(n); }
+  absl::Status Copy(float* d, const float* s, int64_t n) override { return cpu_->Copy(d, s, n); }
+  absl::Status Fill(float* d, int64_t n, float v) override { return cpu_->Fill(d, n, v); }
+  absl::Status CopyFromHost(float* d, const float* s, int64_t n) override {
+    return cpu_->CopyFromHost(d, s, n);
+  }
+  absl::Status CopyToHost(float* d, const float* s, int64_t n) override {
+    return cpu_->CopyToHost(d, s, n);
+  }
+  absl::Status AdamWStep(const math::AdamWOptions& o, int64_t t, const float* g, float* m,
+                         float* v, float* p, int64_t n) override {
+    return cpu_->AdamWStep(o, t, g, m, v, p, n);
+  }
+  absl::Status MuonPrepare(const math::MuonOptions& o, const float* g, const float* m, float* u,
+                           int64_t n) override {
+    return cpu_->MuonPrepare(o, g, m, u, n);
+  }
+  absl::Status MuonApply(const math::MuonOptions& o, int64_t r, int64_t c, const float* g,
+                         const float* x, float* m, float* p, int64_t n) override {
+    return cpu_->MuonApply(o, r, c, g, x, m, p, n);
+  }
+  absl::Status NewtonSchulz(float* x, int64_t r, int64_t c, const math::NsOptions& o) override {
+    return cpu_->NewtonSchulz(x, r, c, o);
+  }
+
+ private:
+  std::unique_ptr<Device> cpu_ = MakeCpuDevice();
+};
+
+TEST(TrainerDeviceTest, WorkloadBackendAndDeviceMustShareTheirMemory) {
+  TwoLayerLinear model;  // host memory
+  plan::PlanInput in;
+  in.model = model.spec();
+  in.world_size = 1;
+  in.options.device = "cpu";
+  absl::StatusOr<plan::Plan> plan = plan::ComputePlan(in);
+  ASSERT_TRUE(plan.ok());
+  const std::string dir = ::testing::TempDir() + "/trainer_device";
+  std::filesystem::remove_all(dir);
+  absl::StatusOr<std::unique_ptr<comm::FileStore>> store = comm::FileStore::Open(dir);
+  ASSERT_TRUE(store.ok());
+  PretendGpu gpu;
+  TrainerOptions o;
+  o.backend = comm::Backend::kInProcess;
+  o.store = store->get();
+  o.group_options.hub = std::make_shared<comm::InProcessHub>();
+  o.global_batch_size = 4;
+  o.device = &gpu;
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(*plan, &model, 0, o);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("computes in host memory, the device pretend-gpu holds "
+                                      "cuda device memory"),
+            std::string::npos)
+      << t.status();
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Configs, TrainerConfigTest,
     ::testing::Values(Config{"ddp", 4, "no_shard", 1, ""}, Config{"zero1", 4, "optim", 1, ""},
