@@ -24,6 +24,13 @@
 #include "worker/model/moe_mlp.h"
 #include "worker/model/synthetic.h"
 #include "worker/runtime/trainer.h"
+#include "muonmesh/config.h"
+#if MUONMESH_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "worker/model/synthetic_cuda.h"
+#include "worker/runtime/cuda_device.h"
+#endif
 
 namespace muonmesh::worker {
 namespace {
@@ -112,6 +119,52 @@ absl::StatusOr<std::unique_ptr<Workload>> MakeWorkload(const ResolvedJob& job) {
       return MakeMoeMlp(job);
   }
   return absl::InternalError("unknown model kind");
+}
+
+// The job's device: the CPU, or the GPU --cuda-device (else rank modulo the
+// GPUs of this machine).
+absl::StatusOr<std::unique_ptr<Device>> MakeDevice(const ResolvedJob& job,
+                                                   const StandaloneOptions& options) {
+  if (job.device == "cpu") return MakeCpuDevice();
+#if MUONMESH_HAVE_CUDA
+  int ordinal = options.cuda_device;
+  if (ordinal < 0) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+      cudaGetLastError();
+      return absl::FailedPreconditionError(
+          absl::StrCat("device 'cuda': rank ", options.rank, " finds no CUDA device"));
+    }
+    ordinal = options.rank % count;
+  }
+  absl::StatusOr<std::unique_ptr<Device>> d = MakeCudaDevice(ordinal);
+  if (!d.ok()) return Annotate(d.status(), "device 'cuda'");
+  return d;
+#else
+  (void)options;
+  return absl::UnimplementedError(
+      "device 'cuda': this muonmesh-worker was built without CUDA (configure with "
+      "MUONMESH_ENABLE_CUDA=ON where nvcc exists)");
+#endif
+}
+
+// The workload's GPU form: `synthetic` so far; mlp and moe_mlp compute on the
+// CPU only.
+absl::StatusOr<std::unique_ptr<Workload>> OnGpu(const ResolvedJob& job,
+                                                std::unique_ptr<Workload> workload) {
+#if MUONMESH_HAVE_CUDA
+  if (job.model_kind == ResolvedJob::ModelKind::kSynthetic) {
+    auto* s = static_cast<Synthetic*>(workload.get());
+    absl::StatusOr<std::unique_ptr<CudaSynthetic>> gpu = CudaSynthetic::Create(std::move(*s));
+    if (!gpu.ok()) return gpu.status();
+    return std::unique_ptr<Workload>(std::move(*gpu));
+  }
+#else
+  (void)workload;
+#endif
+  return absl::UnimplementedError(absl::StrCat(
+      "device 'cuda': model.", job.model_kind == ResolvedJob::ModelKind::kMlp ? "mlp" : "moe_mlp",
+      " runs on the cpu only so far (synthetic runs on cuda)"));
 }
 
 // The workload's spec with the job's optimizer rules applied (first match).
@@ -277,13 +330,23 @@ absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out
     return absl::InvalidArgumentError(
         absl::StrCat("--rank ", options.rank, " is outside [0, ", options.world_size, ")"));
   }
-  if (job->device != "cpu") {
-    return absl::UnimplementedError(
-        absl::StrCat("device '", job->device, "': the standalone worker runs cpu jobs only"));
+  // The device first: a GPU workload generates on the GPU made current here.
+  const bool cuda = job->device == "cuda";
+  if (cuda && job->model_kind != ResolvedJob::ModelKind::kSynthetic) {
+    return absl::UnimplementedError(absl::StrCat(
+        "device 'cuda': model.",
+        job->model_kind == ResolvedJob::ModelKind::kMlp ? "mlp" : "moe_mlp",
+        " runs on the cpu only so far (synthetic runs on cuda); use device: cpu"));
   }
+  absl::StatusOr<std::unique_ptr<Device>> device = MakeDevice(*job, options);
+  if (!device.ok()) return device.status();
 
   absl::StatusOr<std::unique_ptr<Workload>> workload = MakeWorkload(*job);
   if (!workload.ok()) return workload.status();
+  if (cuda) {
+    workload = OnGpu(*job, *std::move(workload));
+    if (!workload.ok()) return workload.status();
+  }
 
   plan::PlanInput input;
   input.model = WithRules((*workload)->spec(), *job);
@@ -291,12 +354,13 @@ absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out
   input.parallelism = job->parallelism;
   input.options.owner_assignment = job->owner_assignment;
   input.options.ns_steps = job->muon.ns.steps;
-  input.options.device = "cpu";
+  input.options.device = cuda ? "cuda" : "cpu";
   absl::StatusOr<plan::Plan> plan = plan::ComputePlan(input);
   if (!plan.ok()) return Annotate(plan.status(), "the planner rejects the job");
 
   std::vector<std::vector<float>> initial;
   TrainerOptions topts;
+  topts.device = device->get();
   if (!job->init_safetensors.empty()) {
     absl::StatusOr<std::vector<std::vector<float>>> init =
         InitialFromFile((*workload)->spec(), job->init_safetensors);
@@ -306,7 +370,7 @@ absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out
   }
   absl::StatusOr<std::unique_ptr<comm::FileStore>> store = comm::FileStore::Open(options.store_dir);
   if (!store.ok()) return store.status();
-  topts.backend = comm::Backend::kGloo;
+  topts.backend = cuda ? comm::Backend::kNccl : comm::Backend::kGloo;
   topts.store = store->get();
   topts.group_options.gloo_hostname = options.hostname;
   topts.group_options.connect_timeout = options.timeout;

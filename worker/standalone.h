@@ -28,6 +28,8 @@ struct StandaloneOptions {
   // For tests of restarts: in the first attempt (attempt 0) only, fail
   // (exit non-zero) just before running this 0-based step; -1 never.
   int64_t fail_at_step = -1;
+  // device: cuda jobs: the GPU to use; -1 means rank modulo the GPUs here.
+  int cuda_device = -1;
 };
 
 // Checkpoints of a job live in `<output.dir>/checkpoints/step-NNNNNNNN/`:

@@ -16,7 +16,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: muonmesh-worker --standalone --job FILE --rank R --world-size W --store DIR\n"
     "                       [--hostname 127.0.0.1] [--timeout-seconds 60] [--attempt 0]\n"
-    "                       [--resume] [--fail-at-step S]\n"
+    "                       [--resume] [--fail-at-step S] [--cuda-device N]\n"
     "       muonmesh-worker --describe --job FILE\n"
     "\n"
     "--standalone runs rank R of the job file (a JobSpec in YAML or JSON) to completion.\n"
@@ -26,6 +26,8 @@ constexpr const char* kUsage =
     "shards under <output.dir>/checkpoints/step-NNNNNNNN/ and rank 0 marks the folder\n"
     "COMPLETE; --resume continues from the newest complete checkpoint (give every rank\n"
     "of the new attempt --resume, a new --attempt and a fresh --store).\n"
+    "Jobs with device: cuda run on GPU N (default: rank modulo the GPUs of the machine)\n"
+    "with NCCL; the synthetic workload runs there, mlp and moe_mlp on the cpu only.\n"
     "--fail-at-step S makes this rank fail just before step S in attempt 0 only (to test\n"
     "restarts: the next attempt gets past it).\n"
     "\n"
@@ -86,6 +88,11 @@ int main(int argc, char** argv) {
         return Usage(absl::StrCat("--timeout-seconds: not a positive integer: '", value, "'"));
       }
       options.timeout = absl::Seconds(number);
+    } else if (arg == "--cuda-device") {
+      if (!numeric || number < 0) {
+        return Usage(absl::StrCat("--cuda-device: not a GPU number: '", value, "'"));
+      }
+      options.cuda_device = static_cast<int>(number);
     } else if (arg == "--fail-at-step") {
       if (!numeric || number < 0) {
         return Usage(absl::StrCat("--fail-at-step: not a step number: '", value, "'"));

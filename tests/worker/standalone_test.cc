@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -36,6 +37,7 @@ std::string Fresh(const std::string& name) {
 struct Job {
   std::string name = "t";
   int world = 1;
+  std::string device = "cpu";
   std::string strategy = "optim_grads_params";
   int instances = 1;
   std::string outer;
@@ -54,7 +56,7 @@ struct Job {
 
 std::string WriteJob(const std::string& dir, const Job& j) {
   std::ostringstream y;
-  y << "name: " << j.name << "\nworld_size: " << j.world << "\ndevice: cpu\n"
+  y << "name: " << j.name << "\nworld_size: " << j.world << "\ndevice: " << j.device << "\n"
     << "parallelism:\n  data_parallel_sharding_strategy: " << j.strategy
     << "\n  num_distributed_optimizer_instances: " << j.instances
     << "\n  expert_model_parallel_size: " << j.ep << "\n";
@@ -259,6 +261,44 @@ TEST(StandaloneTest, RestartFromACheckpointEndsBitIdentical) {
   ASSERT_EQ(a->size(), b->size());
   for (size_t p = 0; p < a->size(); ++p) {
     EXPECT_EQ((*a)[p].data, (*b)[p].data) << (*a)[p].name;
+  }
+}
+
+// device: cuda runs the synthetic workload on a GPU; anything else, or a
+// machine without one, gets a clear error.
+TEST(StandaloneTest, CudaJobsSayWhatCannotRunHere) {
+  const std::string dir = Fresh("cuda");
+  Job mlp;
+  mlp.name = "cuda_mlp";
+  mlp.device = "cuda";
+  const JobRun run = RunRanks(dir, WriteJob(dir, mlp), 1);
+  EXPECT_EQ(run.ranks[0].exit_code, 1);
+  EXPECT_THAT(run.ranks[0].err, HasSubstr("model.mlp runs on the cpu only so far"));
+
+  std::ofstream(dir + "/spec.yaml")
+      << "name: s\nunits:\n  - name: u\n    params:\n"
+         "      - {name: w, shape: [16, 8], optimizer: muon}\n";
+  Job synthetic;
+  synthetic.name = "cuda_synthetic";
+  synthetic.device = "cuda";
+  synthetic.model = "{synthetic: {spec: spec.yaml, scale: 1.0}}";
+  synthetic.data = "";
+  synthetic.batch = 1;
+  std::string path = WriteJob(dir, synthetic);
+  {  // the synthetic workload reads no data: drop the data line
+    std::ifstream in(path);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t at = text.find("data: \n");
+    if (at != std::string::npos) text.erase(at, 7);
+    std::ofstream(path) << text;
+  }
+  const JobRun gpu = RunRanks(dir, path, 1);
+  if (gpu.ranks[0].exit_code != 0) {
+    EXPECT_EQ(gpu.ranks[0].exit_code, 1);
+    const std::string& err = gpu.ranks[0].err;
+    EXPECT_TRUE(err.find("finds no CUDA device") != std::string::npos ||
+                err.find("built without CUDA") != std::string::npos)
+        << err;
   }
 }
 

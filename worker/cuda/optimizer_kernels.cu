@@ -87,7 +87,20 @@ __global__ void MuonApplyKernel(MuonScalars k, const float* __restrict__ grad,
   }
 }
 
+__global__ void FillKernel(float* __restrict__ dst, int64_t count, float value) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = value;
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchFill(float* dst, int64_t count, float value, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  FillKernel<<<Blocks(count), kThreads, 0, stream>>>(dst, count, value);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchAdamW(const AdamWScalars& k, const float* grad, float* exp_avg,
                         float* exp_avg_sq, float* param, int64_t count, bool commit,

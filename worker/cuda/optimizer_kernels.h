@@ -57,4 +57,7 @@ cudaError_t LaunchMuonApply(const MuonScalars& k, const float* grad, const float
                             float* momentum, float* param, int64_t count, bool commit,
                             long long* bad, cudaStream_t stream);
 
+// dst[i] = value for i < count.
+cudaError_t LaunchFill(float* dst, int64_t count, float value, cudaStream_t stream);
+
 }  // namespace muonmesh::cuda::internal

@@ -83,6 +83,8 @@ class UniformStream {
       : key_(SplitMix64Hash(SplitMix64Hash(seed) ^ stream)) {}
 
   constexpr float At(uint64_t index) const { return UniformFromBits(SplitMix64Hash(key_ ^ index)); }
+  // H(H(seed) ^ stream): what At hashes each index with (GPU kernels take it).
+  constexpr uint64_t key() const { return key_; }
 
   // Writes At(first + i) * factor, rounded to float, to out[i] for
   // i < count (the product is formed in double: float(double(u) * factor)).

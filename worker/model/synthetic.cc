@@ -13,8 +13,8 @@
 namespace muonmesh::worker {
 namespace {
 
-constexpr double kInitScale = 0.02;
-constexpr double kGradientScale = 0.01;
+constexpr double kInitScale = kSyntheticInitScale;
+constexpr double kGradientScale = kSyntheticGradientScale;
 
 template <typename T>
 bool AnyNull(absl::Span<T* const> ptrs) {

@@ -50,6 +50,10 @@ namespace muonmesh::worker {
 // representable (memory is the runtime's concern).
 inline constexpr int64_t kSyntheticMaxTensorElements = int64_t{1} << 40;
 
+// The factor of the gradients (0.01) and of the initial weights (0.02).
+inline constexpr double kSyntheticGradientScale = 0.01;
+inline constexpr double kSyntheticInitScale = 0.02;
+
 // First stream of the initial weights (parameter p uses stream p + this).
 inline constexpr uint64_t kSyntheticInitStream = uint64_t{1} << 20;
 

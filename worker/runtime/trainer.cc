@@ -97,8 +97,7 @@ struct Trainer::Impl {
   plan::Plan plan_copy;
   Workload* workload = nullptr;
   TrainerOptions options;
-  std::unique_ptr<Device> own_device;  // when options.device is null
-  Device* dev = nullptr;
+  Device* dev = nullptr;  // TrainerOptions::device
   int32_t rank = 0;
   int64_t world = 1;
   MeshState dense;
@@ -703,6 +702,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
                                                          Workload* workload, int32_t rank,
                                                          const TrainerOptions& options) {
   if (options.store == nullptr) return absl::InvalidArgumentError("TrainerOptions.store is null");
+  if (options.device == nullptr) {
+    return absl::InvalidArgumentError("TrainerOptions.device is null");
+  }
   const plan::ModelSpec& spec = workload->spec();
   if (spec.units.size() != plan.units.size()) {
     return absl::InvalidArgumentError(absl::StrCat("the plan has ", plan.units.size(),
@@ -746,8 +748,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
   impl->ep_index = static_cast<int32_t>(rank % ep);
   impl->dense.domain = &impl->plan_copy.dense;
   impl->expert.domain = &impl->plan_copy.expert;
-  if (options.device == nullptr) impl->own_device = MakeCpuDevice();
-  impl->dev = options.device != nullptr ? options.device : impl->own_device.get();
+  impl->dev = options.device;
   Device& dev = *impl->dev;
   if (workload->memory_space() != dev.memory_space()) {
     return absl::InvalidArgumentError(absl::StrCat(

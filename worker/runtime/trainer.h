@@ -44,9 +44,9 @@
 namespace muonmesh::worker {
 
 struct TrainerOptions {
-  // Where shards live and the optimizer runs (not owned; must outlive the
-  // Trainer). Null: the CPU (worker/math on OpenBLAS). The backend and the
-  // workload must work on the device's memory.
+  // Where shards live and the optimizer runs (required; not owned, must
+  // outlive the Trainer): MakeCpuDevice(), or a CUDA device. The backend and
+  // the workload must work on the device's memory.
   Device* device = nullptr;
   comm::Backend backend = comm::Backend::kGloo;
   comm::Store* store = nullptr;  // rendezvous; must outlive Create()

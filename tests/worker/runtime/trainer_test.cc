@@ -160,7 +160,9 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
   for (int32_t r = 0; r < c.world; ++r) {
     threads.emplace_back([&, r] {
       const std::unique_ptr<Workload> local = MakeWorkload(c.moe);
+      const std::unique_ptr<Device> cpu = MakeCpuDevice();
       TrainerOptions o;
+      o.device = cpu.get();
       o.backend = comm::Backend::kInProcess;
       o.store = store->get();
       o.group_options.hub = hub;
@@ -335,7 +337,10 @@ std::unique_ptr<Trainer> SoloTrainer(TwoLayerLinear* model, const char* strategy
   std::filesystem::remove_all(dir);
   absl::StatusOr<std::unique_ptr<comm::FileStore>> store = comm::FileStore::Open(dir);
   EXPECT_TRUE(store.ok());
+  // One CPU device for these single-threaded tests; it outlives the trainers.
+  static const std::unique_ptr<Device> cpu = MakeCpuDevice();
   TrainerOptions o;
+  o.device = cpu.get();
   o.backend = comm::Backend::kInProcess;
   o.store = store->get();  // needed by Create only
   o.group_options.hub = std::make_shared<comm::InProcessHub>();
