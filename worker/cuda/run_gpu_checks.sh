@@ -21,6 +21,9 @@
 # them. With MUONMESH_GPU_LOG_DIR set, the
 # outputs are also written there.
 #
+# Also runs worker_runtime_cuda_test and comm_nccl_gpu_test when they are in
+# the same folder (copy them there from build/tests/worker/{runtime,comm}).
+#
 # Exit status: 0 tests passed (benchmark ran); 1 a test or the benchmark
 # failed; 2 binaries missing or not runnable here; 77 no usable GPU.
 
@@ -110,6 +113,43 @@ run_logged "$bench_name" 100 "$bin_dir/$bench_name"
 bench_rc=$?
 [[ $bench_rc -eq 0 ]] || echo "== $bench_name: FAILED (exit $bench_rc)"
 
+# Optional, when their binaries are in the same folder: the training engine
+# on the GPU against the host (worker_runtime_cuda_test, from
+# build/tests/worker/runtime) and the NCCL communicator conformance suite
+# (comm_nccl_gpu_test, from build/tests/worker/comm; its multi-rank cases need
+# one GPU per rank). Both need libnccl.so.2: the system's, or the one of a
+# Python NCCL wheel (PyTorch's), found here.
+if ! ldconfig -p 2>/dev/null | grep -q "libnccl.so.2"; then
+  nccl_dir=$(python3 - 2>/dev/null <<'PY'
+import os
+try:
+    import nvidia.nccl as n
+    for p in n.__path__:
+        lib = os.path.join(p, "lib")
+        if os.path.exists(os.path.join(lib, "libnccl.so.2")):
+            print(lib)
+            break
+except Exception:
+    pass
+PY
+)
+  [[ -n ${nccl_dir:-} ]] && export LD_LIBRARY_PATH="$nccl_dir:$LD_LIBRARY_PATH"
+fi
+extra_rc=0
+for extra in worker_runtime_cuda_test comm_nccl_gpu_test; do
+  [[ -x $bin_dir/$extra ]] || continue
+  echo "== $extra"
+  run_logged "$extra" 120 "$bin_dir/$extra"
+  rc=$?
+  case $rc in
+    0) echo "== $extra: passed" ;;
+    *)
+      echo "== $extra: FAILED (exit $rc)"
+      extra_rc=1
+      ;;
+  esac
+done
+
 echo "== run_gpu_checks: done in $(($(date +%s) - start)) s"
-[[ $test_rc -eq 0 && $bench_rc -eq 0 ]] || exit 1
+[[ $test_rc -eq 0 && $bench_rc -eq 0 && $extra_rc -eq 0 ]] || exit 1
 exit 0

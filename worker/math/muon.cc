@@ -111,32 +111,4 @@ absl::Status MuonApply(const MuonOptions& options, int64_t rows, int64_t cols,
   return absl::OkStatus();
 }
 
-absl::Status Muon::Step(const MuonOptions& options, int64_t rows, int64_t cols,
-                        absl::Span<const float> grad, absl::Span<float> momentum,
-                        absl::Span<float> param) {
-  return StepBatched(options, 1, rows, cols, grad, momentum, param);
-}
-
-absl::Status Muon::StepBatched(const MuonOptions& options, int64_t count, int64_t rows,
-                               int64_t cols, absl::Span<const float> grad,
-                               absl::Span<float> momentum, absl::Span<float> param) {
-  if (count < 0 || rows < 0 || cols < 0) {
-    return absl::InvalidArgumentError("Muon: negative count or shape");
-  }
-  const size_t total =
-      static_cast<size_t>(count) * static_cast<size_t>(rows) * static_cast<size_t>(cols);
-  if (param.size() != total) {
-    return absl::InvalidArgumentError(absl::StrCat("Muon: param holds ", param.size(),
-                                                   " values, expected ", total));
-  }
-  if (total == 0) return ValidateMuonOptions(options);
-  if (!update_.Reserve(total)) {
-    return absl::ResourceExhaustedError("Muon: cannot allocate the update buffer");
-  }
-  absl::Span<float> u(update_.data(), total);
-  if (absl::Status s = MuonPrepare(options, grad, momentum, u); !s.ok()) return s;
-  if (absl::Status s = ns_.RunBatched(u.data(), count, rows, cols, options.ns); !s.ok()) return s;
-  return MuonApply(options, rows, cols, grad, u, momentum, param);
-}
-
 }  // namespace muonmesh::math

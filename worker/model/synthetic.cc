@@ -5,9 +5,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "muonmesh/v1/config.pb.h"
-#include "proto/io/message_file.h"
-#include "server/plan_convert.h"
 #include "worker/model/rng.h"
 
 namespace muonmesh::worker {
@@ -102,18 +99,6 @@ absl::StatusOr<Synthetic> Synthetic::Create(const plan::ModelSpec& spec, double 
   absl::StatusOr<plan::ModelSpec> scaled = ScaleModelSpec(spec, scale, expert_divisor);
   if (!scaled.ok()) return scaled.status();
   return Synthetic(*std::move(scaled), gradient_seed);
-}
-
-absl::StatusOr<Synthetic> Synthetic::FromSpecFile(const std::string& path, double scale,
-                                                  int64_t expert_divisor, uint64_t gradient_seed) {
-  v1::ModelSpec proto;
-  if (absl::Status st = protoio::LoadMessageFile(path, &proto); !st.ok()) return st;
-  absl::StatusOr<Synthetic> out =
-      Create(ModelFromProto(proto), scale, expert_divisor, gradient_seed);
-  if (!out.ok()) {
-    return absl::Status(out.status().code(), absl::StrCat(path, ": ", out.status().message()));
-  }
-  return out;
 }
 
 absl::Status Synthetic::CheckTensors(size_t count, bool any_null, const char* what) const {
