@@ -28,6 +28,7 @@
 #if MUONMESH_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "worker/model/mlp_cuda.h"
 #include "worker/model/synthetic_cuda.h"
 #include "worker/runtime/cuda_device.h"
 #endif
@@ -148,8 +149,8 @@ absl::StatusOr<std::unique_ptr<Device>> MakeDevice(const ResolvedJob& job,
 #endif
 }
 
-// The workload's GPU form: `synthetic` so far; mlp and moe_mlp compute on the
-// CPU only.
+// The workload's GPU form: `synthetic` and `mlp`; moe_mlp computes on the CPU
+// only.
 absl::StatusOr<std::unique_ptr<Workload>> OnGpu(const ResolvedJob& job,
                                                 std::unique_ptr<Workload> workload) {
 #if MUONMESH_HAVE_CUDA
@@ -159,12 +160,17 @@ absl::StatusOr<std::unique_ptr<Workload>> OnGpu(const ResolvedJob& job,
     if (!gpu.ok()) return gpu.status();
     return std::unique_ptr<Workload>(std::move(*gpu));
   }
+  if (job.model_kind == ResolvedJob::ModelKind::kMlp) {
+    auto* m = static_cast<Mlp*>(workload.get());
+    absl::StatusOr<std::unique_ptr<CudaMlp>> gpu = CudaMlp::Create(std::move(*m));
+    if (!gpu.ok()) return gpu.status();
+    return std::unique_ptr<Workload>(std::move(*gpu));
+  }
 #else
   (void)workload;
 #endif
-  return absl::UnimplementedError(absl::StrCat(
-      "device 'cuda': model.", job.model_kind == ResolvedJob::ModelKind::kMlp ? "mlp" : "moe_mlp",
-      " runs on the cpu only so far (synthetic runs on cuda)"));
+  return absl::UnimplementedError(
+      "device 'cuda': model.moe_mlp runs on the cpu only so far (mlp and synthetic run on cuda)");
 }
 
 // The workload's spec with the job's optimizer rules applied (first match).
@@ -332,11 +338,10 @@ absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out
   }
   // The device first: a GPU workload generates on the GPU made current here.
   const bool cuda = job->device == "cuda";
-  if (cuda && job->model_kind != ResolvedJob::ModelKind::kSynthetic) {
-    return absl::UnimplementedError(absl::StrCat(
-        "device 'cuda': model.",
-        job->model_kind == ResolvedJob::ModelKind::kMlp ? "mlp" : "moe_mlp",
-        " runs on the cpu only so far (synthetic runs on cuda); use device: cpu"));
+  if (cuda && job->model_kind == ResolvedJob::ModelKind::kMoeMlp) {
+    return absl::UnimplementedError(
+        "device 'cuda': model.moe_mlp runs on the cpu only so far (mlp and synthetic run on "
+        "cuda); use device: cpu");
   }
   absl::StatusOr<std::unique_ptr<Device>> device = MakeDevice(*job, options);
   if (!device.ok()) return device.status();

@@ -264,16 +264,17 @@ TEST(StandaloneTest, RestartFromACheckpointEndsBitIdentical) {
   }
 }
 
-// device: cuda runs the synthetic workload on a GPU; anything else, or a
-// machine without one, gets a clear error.
+// device: cuda runs mlp and synthetic on a GPU; moe_mlp, or a machine
+// without a GPU, gets a clear error.
 TEST(StandaloneTest, CudaJobsSayWhatCannotRunHere) {
   const std::string dir = Fresh("cuda");
-  Job mlp;
-  mlp.name = "cuda_mlp";
-  mlp.device = "cuda";
-  const JobRun run = RunRanks(dir, WriteJob(dir, mlp), 1);
+  Job moe;
+  moe.name = "cuda_moe";
+  moe.device = "cuda";
+  moe.model = "{moe_mlp: {d_in: 4, d_model: 8, d_expert: 4, num_experts: 2, d_out: 2}}";
+  const JobRun run = RunRanks(dir, WriteJob(dir, moe), 1);
   EXPECT_EQ(run.ranks[0].exit_code, 1);
-  EXPECT_THAT(run.ranks[0].err, HasSubstr("model.mlp runs on the cpu only so far"));
+  EXPECT_THAT(run.ranks[0].err, HasSubstr("model.moe_mlp runs on the cpu only so far"));
 
   std::ofstream(dir + "/spec.yaml")
       << "name: s\nunits:\n  - name: u\n    params:\n"

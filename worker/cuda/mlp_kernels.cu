@@ -1,0 +1,109 @@
+#include "worker/cuda/mlp_kernels.h"
+
+namespace muonmesh::cuda::internal {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxBlocks = 4096;
+
+int Blocks(int64_t count) {
+  const int64_t b = (count + kThreads - 1) / kThreads;
+  return static_cast<int>(b < 1 ? 1 : (b < kMaxBlocks ? b : kMaxBlocks));
+}
+
+#define MUONMESH_GRID_LOOP(i, count)                                                   \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (count); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+__global__ void GatherRowsKernel(const float* __restrict__ src, const int64_t* __restrict__ rows,
+                                 int64_t n, int64_t width, float* __restrict__ dst) {
+  MUONMESH_GRID_LOOP(k, n * width) {
+    const int64_t r = k / width;
+    dst[k] = src[rows[r] * width + (k - r * width)];
+  }
+}
+
+__global__ void BiasActivateKernel(float* __restrict__ z, const float* __restrict__ b, int64_t n,
+                                   int64_t width, bool activate) {
+  MUONMESH_GRID_LOOP(k, n * width) {
+    const float v = __fadd_rn(z[k], b[k % width]);
+    z[k] = activate ? tanhf(v) : v;
+  }
+}
+
+__global__ void OutputDeltaKernel(const float* __restrict__ y, const float* __restrict__ targets,
+                                  const int64_t* __restrict__ rows, int64_t n, int64_t width,
+                                  double denom, float* __restrict__ delta,
+                                  double* __restrict__ partial) {
+  __shared__ double sums[kThreads];
+  double local = 0.0;
+  MUONMESH_GRID_LOOP(k, n * width) {
+    const int64_t r = k / width;
+    const double d = static_cast<double>(y[k]) -
+                     static_cast<double>(targets[rows[r] * width + (k - r * width)]);
+    local = __dadd_rn(local, __dmul_rn(d, d));
+    delta[k] = static_cast<float>(__ddiv_rn(__dmul_rn(d, 2.0), denom));
+  }
+  sums[threadIdx.x] = local;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) sums[threadIdx.x] += sums[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = sums[0];
+}
+
+__global__ void ColumnSumsKernel(const float* __restrict__ x, int64_t n, int64_t width,
+                                 float* __restrict__ out) {
+  MUONMESH_GRID_LOOP(c, width) {
+    double s = 0.0;
+    for (int64_t r = 0; r < n; ++r) s = __dadd_rn(s, static_cast<double>(x[r * width + c]));
+    out[c] = static_cast<float>(s);
+  }
+}
+
+__global__ void TanhBackwardKernel(float* __restrict__ delta, const float* __restrict__ h,
+                                   int64_t count) {
+  MUONMESH_GRID_LOOP(k, count) {
+    delta[k] = __fmul_rn(delta[k], __fsub_rn(1.0f, __fmul_rn(h[k], h[k])));
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchGatherRows(const float* src, const int64_t* rows, int64_t n, int64_t width,
+                             float* dst, cudaStream_t stream) {
+  if (n * width <= 0) return cudaSuccess;
+  GatherRowsKernel<<<Blocks(n * width), kThreads, 0, stream>>>(src, rows, n, width, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchBiasActivate(float* z, const float* b, int64_t n, int64_t width, bool activate,
+                               cudaStream_t stream) {
+  if (n * width <= 0) return cudaSuccess;
+  BiasActivateKernel<<<Blocks(n * width), kThreads, 0, stream>>>(z, b, n, width, activate);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchOutputDelta(const float* y, const float* targets, const int64_t* rows, int64_t n,
+                              int64_t width, double denom, float* delta, double* partial,
+                              cudaStream_t stream) {
+  OutputDeltaKernel<<<kLossBlocks, kThreads, 0, stream>>>(y, targets, rows, n, width, denom, delta,
+                                                          partial);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchColumnSums(const float* x, int64_t n, int64_t width, float* out,
+                             cudaStream_t stream) {
+  if (width <= 0) return cudaSuccess;
+  ColumnSumsKernel<<<Blocks(width), kThreads, 0, stream>>>(x, n, width, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchTanhBackward(float* delta, const float* h, int64_t count, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  TanhBackwardKernel<<<Blocks(count), kThreads, 0, stream>>>(delta, h, count);
+  return cudaGetLastError();
+}
+
+}  // namespace muonmesh::cuda::internal

@@ -1,0 +1,217 @@
+#include "worker/model/mlp_cuda.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "worker/cuda/cuda_checks.h"
+#include "worker/cuda/mlp_kernels.h"
+
+namespace muonmesh::worker {
+
+absl::StatusOr<std::unique_ptr<CudaMlp>> CudaMlp::Create(Mlp mlp) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError("mlp on cuda: no CUDA device");
+  }
+  std::unique_ptr<CudaMlp> w(new CudaMlp(std::move(mlp)));
+  if (absl::Status st = w->Init(); !st.ok()) return st;
+  return w;
+}
+
+CudaMlp::CudaMlp(Mlp cpu) : cpu_(std::move(cpu)), dims_(cpu_.dims()) {}
+
+absl::Status CudaMlp::Init() {
+  MUONMESH_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  MUONMESH_CUBLAS_CHECK(cublasCreate(&blas_));
+  MUONMESH_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
+  // Plain fp32 products (no TF32), like the CPU workload.
+  MUONMESH_CUBLAS_CHECK(cublasSetMathMode(blas_, CUBLAS_PEDANTIC_MATH));
+  MUONMESH_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&x_), sizeof(float) * cpu_.x().size()));
+  MUONMESH_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&y_), sizeof(float) * cpu_.y().size()));
+  MUONMESH_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&partial_),
+                                 sizeof(double) * cuda::internal::kLossBlocks));
+  MUONMESH_CUDA_CHECK(cudaMemcpy(x_, cpu_.x().data(), sizeof(float) * cpu_.x().size(),
+                                 cudaMemcpyHostToDevice));
+  MUONMESH_CUDA_CHECK(cudaMemcpy(y_, cpu_.y().data(), sizeof(float) * cpu_.y().size(),
+                                 cudaMemcpyHostToDevice));
+  acts_.assign(dims_.size(), nullptr);
+  return absl::OkStatus();
+}
+
+CudaMlp::~CudaMlp() {
+  for (float* a : acts_) cudaFree(a);
+  cudaFree(rows_);
+  cudaFree(delta_);
+  cudaFree(delta_next_);
+  cudaFree(partial_);
+  cudaFree(x_);
+  cudaFree(y_);
+  if (blas_ != nullptr) cublasDestroy(blas_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+absl::Status CudaMlp::Reserve(int64_t n) {
+  if (n <= capacity_) return absl::OkStatus();
+  const int64_t max_dim = *std::max_element(dims_.begin(), dims_.end());
+  auto grow = [&](auto** p, size_t bytes) -> absl::Status {
+    cudaFree(*p);
+    *p = nullptr;
+    MUONMESH_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(p), bytes));
+    return absl::OkStatus();
+  };
+  for (size_t i = 0; i < dims_.size(); ++i) {
+    if (absl::Status st = grow(&acts_[i], sizeof(float) * n * dims_[i]); !st.ok()) return st;
+  }
+  if (absl::Status st = grow(&rows_, sizeof(int64_t) * n); !st.ok()) return st;
+  if (absl::Status st = grow(&delta_, sizeof(float) * n * max_dim); !st.ok()) return st;
+  if (absl::Status st = grow(&delta_next_, sizeof(float) * n * max_dim); !st.ok()) return st;
+  capacity_ = n;
+  return absl::OkStatus();
+}
+
+absl::Status CudaMlp::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                           const float* a, const float* b, float* c) {
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
+  const float one = 1.0f;
+  const float zero = 0.0f;
+  MUONMESH_CUBLAS_CHECK(cublasSgemm(
+      blas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+      static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &one, b,
+      static_cast<int>(trans_b ? k : n), a, static_cast<int>(trans_a ? m : k), &zero, c,
+      static_cast<int>(n)));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> CudaMlp::ForwardBackward(int64_t, absl::Span<const float* const>,
+                                                absl::Span<const int64_t>,
+                                                absl::Span<float* const>) {
+  return absl::UnimplementedError("mlp on cuda: use ForwardBackwardByUnit (the runtime's path)");
+}
+
+absl::Status CudaMlp::Backward(int64_t i, int64_t n, const float* weight, const float* delta,
+                               float* delta_next, float* dw, float* db) {
+  const int64_t in = dims_[i];
+  const int64_t width = dims_[i + 1];
+  const float* h = acts_[i];
+  // dW_i = delta^T h_i [width, in]; db_i = column sums of delta.
+  if (absl::Status st = Gemm(true, false, width, in, n, delta, h, dw); !st.ok()) return st;
+  MUONMESH_CUDA_CHECK(cuda::internal::LaunchColumnSums(delta, n, width, db, stream_));
+  if (i > 0) {
+    // dL/dh_i = delta W_i [n, in], through tanh.
+    if (absl::Status st = Gemm(false, false, n, in, width, delta, weight, delta_next); !st.ok()) {
+      return st;
+    }
+    MUONMESH_CUDA_CHECK(cuda::internal::LaunchTanhBackward(delta_next, h, n * in, stream_));
+  }
+  MUONMESH_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> CudaMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& units,
+                                                      absl::Span<const int64_t> samples) {
+  if (samples.empty()) return absl::InvalidArgumentError("mlp: empty sample list");
+  for (size_t j = 0; j < samples.size(); ++j) {
+    if (samples[j] < 0 || samples[j] >= cpu_.num_samples()) {
+      return absl::InvalidArgumentError(absl::StrCat("mlp: samples[", j, "] = ", samples[j],
+                                                     " is outside [0, ", cpu_.num_samples(), ")"));
+    }
+  }
+  const int64_t n = static_cast<int64_t>(samples.size());
+  const int64_t layers = static_cast<int64_t>(dims_.size()) - 1;
+  const int64_t d_out = dims_.back();
+  if (absl::Status st = Reserve(n); !st.ok()) return st;
+  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(rows_, samples.data(), sizeof(int64_t) * n,
+                                      cudaMemcpyHostToDevice, stream_));
+  MUONMESH_CUDA_CHECK(
+      cuda::internal::LaunchGatherRows(x_, rows_, n, dims_.front(), acts_[0], stream_));
+
+  auto acquire = [&](int64_t i) -> absl::StatusOr<absl::Span<const float* const>> {
+    absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(static_cast<int>(i));
+    if (!p.ok()) return p.status();
+    if (p->size() != 2) {
+      units.Release(static_cast<int>(i));
+      return absl::InvalidArgumentError(
+          absl::StrCat("mlp: unit ", i, " was acquired as ", p->size(), " tensors, expected 2"));
+    }
+    return p;
+  };
+
+  // Forward.
+  absl::Span<const float* const> held;
+  for (int64_t i = 0; i < layers; ++i) {
+    absl::StatusOr<absl::Span<const float* const>> p = acquire(i);
+    if (!p.ok()) return p.status();
+    absl::Status st = Gemm(false, true, n, dims_[i + 1], dims_[i], acts_[i], (*p)[0], acts_[i + 1]);
+    if (st.ok()) {
+      const cudaError_t e = cuda::internal::LaunchBiasActivate(acts_[i + 1], (*p)[1], n,
+                                                               dims_[i + 1], i + 1 < layers,
+                                                               stream_);
+      if (e == cudaSuccess) {
+        const cudaError_t s = cudaStreamSynchronize(stream_);
+        if (s != cudaSuccess) st = cuda::CudaErrorToStatus(s, "sync", __FILE__, __LINE__);
+      } else {
+        st = cuda::CudaErrorToStatus(e, "LaunchBiasActivate", __FILE__, __LINE__);
+      }
+    }
+    if (!st.ok()) {
+      units.Release(static_cast<int>(i));
+      return st;
+    }
+    if (i + 1 < layers) {
+      units.Release(static_cast<int>(i));
+    } else {
+      held = *p;
+    }
+  }
+
+  // Loss and dL/dy.
+  const double denom = static_cast<double>(n) * static_cast<double>(d_out);
+  std::vector<double> partial(cuda::internal::kLossBlocks);
+  absl::Status st = [&]() -> absl::Status {
+    MUONMESH_CUDA_CHECK(cuda::internal::LaunchOutputDelta(acts_[layers], y_, rows_, n, d_out,
+                                                          denom, delta_, partial_, stream_));
+    MUONMESH_CUDA_CHECK(cudaMemcpyAsync(partial.data(), partial_, sizeof(double) * partial.size(),
+                                        cudaMemcpyDeviceToHost, stream_));
+    MUONMESH_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }();
+  if (!st.ok()) {
+    units.Release(static_cast<int>(layers - 1));
+    return st;
+  }
+  double sum = 0.0;
+  for (double v : partial) sum += v;
+
+  // Backward.
+  float* delta = delta_;
+  float* delta_next = delta_next_;
+  for (int64_t i = layers - 1; i >= 0; --i) {
+    const int u = static_cast<int>(i);
+    absl::Span<const float* const> p = held;
+    if (i + 1 < layers) {
+      absl::StatusOr<absl::Span<const float* const>> again = acquire(i);
+      if (!again.ok()) return again.status();
+      p = *again;
+    }
+    absl::StatusOr<absl::Span<float* const>> g = units.GradientBuffers(u);
+    if (!g.ok() || g->size() != 2) {
+      units.Release(u);
+      return g.ok() ? absl::InvalidArgumentError(absl::StrCat("mlp: unit ", i, " has ", g->size(),
+                                                              " gradient buffers, expected 2"))
+                    : g.status();
+    }
+    st = Backward(i, n, p[0], delta, delta_next, (*g)[0], (*g)[1]);
+    if (st.ok()) st = units.Commit(u);
+    if (!st.ok()) {
+      units.Release(u);
+      return st;
+    }
+    std::swap(delta, delta_next);
+    units.Release(u);
+  }
+  return sum / denom;
+}
+
+}  // namespace muonmesh::worker

@@ -1,0 +1,77 @@
+#pragma once
+
+// The `mlp` workload (worker/model/mlp.h) on a CUDA GPU, for jobs with
+// `device: cuda`: the same spec, initialisation (written on the host) and
+// model, with the dataset in device memory, the products on cuBLAS (fp32)
+// and the elementwise loops as kernels (worker/cuda/mlp_kernels.h). The
+// calls to the runtime are Mlp::ForwardBackwardByUnit's, in the same order.
+// cuBLAS and the GPU's tanhf round differently from OpenBLAS and the CPU's
+// tanh, so results agree with the CPU workload to fp32 rounding, not bit for
+// bit; the loss is summed in double in a fixed order, the same on every run.
+//
+// Built only with MUONMESH_ENABLE_CUDA. Uses the GPU current on the creating
+// thread, on a stream of its own; waits for its work before returning.
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/model/mlp.h"
+#include "worker/model/workload.h"
+
+namespace muonmesh::worker {
+
+class CudaMlp final : public Workload {
+ public:
+  // Copies `mlp`'s dataset to the current GPU.
+  static absl::StatusOr<std::unique_ptr<CudaMlp>> Create(Mlp mlp);
+  ~CudaMlp() override;
+  CudaMlp(const CudaMlp&) = delete;
+  CudaMlp& operator=(const CudaMlp&) = delete;
+
+  const plan::ModelSpec& spec() const override { return cpu_.spec(); }
+  int64_t num_samples() const override { return cpu_.num_samples(); }
+  comm::MemorySpace memory_space() const override { return comm::MemorySpace::kCudaDevice; }
+  absl::Status Initialize(uint64_t seed, absl::Span<float* const> params) const override {
+    return cpu_.Initialize(seed, params);
+  }
+  absl::Status InitializeUnit(uint64_t seed, int unit,
+                              absl::Span<float* const> params) const override {
+    return cpu_.InitializeUnit(seed, unit, params);
+  }
+  // Unimplemented: the runtime calls ForwardBackwardByUnit.
+  absl::StatusOr<double> ForwardBackward(int64_t step, absl::Span<const float* const> params,
+                                         absl::Span<const int64_t> samples,
+                                         absl::Span<float* const> grads) override;
+  absl::StatusOr<double> ForwardBackwardByUnit(int64_t step, UnitAccess& units,
+                                               absl::Span<const int64_t> samples) override;
+
+ private:
+  explicit CudaMlp(Mlp cpu);
+  absl::Status Init();
+  absl::Status Reserve(int64_t n);
+  // C[m, n] = op(A) op(B) (row-major), as cblas_sgemm with alpha 1, beta 0.
+  absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+                    const float* b, float* c);
+  absl::Status Backward(int64_t i, int64_t n, const float* weight, const float* delta,
+                        float* delta_next, float* dw, float* db);
+
+  Mlp cpu_;
+  std::vector<int64_t> dims_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  float* x_ = nullptr;  // [N, d_0]
+  float* y_ = nullptr;  // [N, d_L]
+  int64_t capacity_ = 0;
+  int64_t* rows_ = nullptr;          // [capacity]
+  std::vector<float*> acts_;         // acts_[i]: [capacity, d_i]
+  float* delta_ = nullptr;           // [capacity, max d]
+  float* delta_next_ = nullptr;
+  double* partial_ = nullptr;        // loss partial sums
+};
+
+}  // namespace muonmesh::worker
