@@ -14,7 +14,9 @@
 //
 // Parameters are addressed by their flat index: units in order, parameters
 // in order within each unit (the order of spec()). Tensors are row-major
-// fp32 in host memory.
+// fp32, in host memory unless memory_space() says the workload computes on a
+// GPU (then ForwardBackwardByUnit's tensors, and ExchangeTokens' buffers,
+// are device memory).
 //
 // Thread-compatible: one instance per rank; ForwardBackward may keep scratch
 // buffers between calls.

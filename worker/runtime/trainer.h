@@ -20,6 +20,10 @@
 // (Workload's UnitAccess documents which) and exchanges tokens with the
 // other groups through the workload.
 //
+// All tensor work goes through a Device (worker/runtime/device.h): the CPU
+// with Gloo or in-process groups, or a CUDA GPU with NCCL groups and a
+// workload that computes on the GPU.
+//
 // Not thread-safe: one Trainer per rank, driven by one thread. Every rank of
 // the job must call Step() the same number of times; a rank that fails
 // leaves the others to time out in their next collective (each has the
