@@ -1,6 +1,10 @@
 #include "worker/standalone.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <filesystem>
@@ -136,6 +140,13 @@ absl::StatusOr<std::unique_ptr<Device>> MakeDevice(const ResolvedJob& job,
       return absl::FailedPreconditionError(
           absl::StrCat("device 'cuda': rank ", options.rank, " finds no CUDA device"));
     }
+    // NCCL needs a GPU of its own for every rank of a group.
+    if (job.world_size > count) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "device 'cuda': the job has ", job.world_size, " ranks but this machine has ", count,
+          " GPUs, and NCCL needs one GPU per rank; when the ranks run on several machines, "
+          "give each its GPU with --cuda-device (or CUDA_VISIBLE_DEVICES)"));
+    }
     ordinal = options.rank % count;
   }
   absl::StatusOr<std::unique_ptr<Device>> d = MakeCudaDevice(ordinal);
@@ -223,7 +234,23 @@ absl::StatusOr<ResolvedJob> LoadJob(const std::string& job_path) {
   return ResolveJob(*spec, job_dir.empty() ? "." : job_dir);
 }
 
-// Writes `text` to `path` atomically (a temporary file renamed over it).
+// fsync of a file or folder; best effort for folders some file systems
+// refuse to sync.
+absl::Status Sync(const std::string& path, bool folder) {
+  const int fd = ::open(path.c_str(), (folder ? O_RDONLY | O_DIRECTORY : O_WRONLY) | O_CLOEXEC);
+  if (fd < 0) {
+    if (folder) return absl::OkStatus();
+    return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot open to sync"));
+  }
+  const int rc = ::fsync(fd);
+  const int saved = errno;
+  ::close(fd);
+  if (rc != 0 && !folder) return absl::ErrnoToStatus(saved, absl::StrCat(path, ": fsync failed"));
+  return absl::OkStatus();
+}
+
+// Writes `text` to `path` atomically and durably: a temporary file, synced,
+// renamed over `path`, then the folder synced.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
   const std::string temp = absl::StrCat(path, ".tmp");
   {
@@ -232,10 +259,11 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
     f.flush();
     if (!f) return absl::InternalError(absl::StrCat(temp, ": cannot write"));
   }
+  if (absl::Status st = Sync(temp, /*folder=*/false); !st.ok()) return st;
   std::error_code ec;
   std::filesystem::rename(temp, path, ec);
   if (ec) return absl::InternalError(absl::StrCat(path, ": cannot rename into place: ", ec.message()));
-  return absl::OkStatus();
+  return Sync(std::filesystem::path(path).parent_path().string(), /*folder=*/true);
 }
 
 // Every rank saves its shards; after a barrier rank 0 marks the checkpoint

@@ -194,5 +194,32 @@ TEST_F(CudaOptimizerTest, RefusedStepsChangeNothing) {
   EXPECT_TRUE(BitEqual(du.Host(), std::vector<float>(n, 7.0f)));
 }
 
+TEST_F(CudaOptimizerTest, FiniteExtremesThatOverflowAreRefusedAsOnTheCpu) {
+  // lerp(m, g, 1 - beta) computes g - m = 6e38, which overflows float.
+  const std::vector<float> g = {3e38f, 1.0f}, m = {-3e38f, 0.5f};
+  Buffer dg(g), dm(m), du(std::vector<float>(2, 7.0f));
+  math::MuonOptions o;
+  o.lr = 0.02;
+  o.momentum = 0.95;
+  EXPECT_EQ(opt_->MuonPrepare(o, dg.get(), dm.get(), du.get(), 2).code(),
+            absl::StatusCode::kInvalidArgument);
+  Sync();
+  EXPECT_TRUE(BitEqual(du.Host(), std::vector<float>(2, 7.0f)));
+}
+
+TEST_F(CudaOptimizerTest, FirstNonFiniteFindsTheFirstBadElement) {
+  std::vector<float> x(70'000, 1.0f);
+  Buffer clean(x);
+  absl::StatusOr<int64_t> first = opt_->FirstNonFinite(clean.get(), x.size());
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(*first, 70'000);
+  x[65'537] = std::numeric_limits<float>::infinity();
+  x[66'000] = std::numeric_limits<float>::quiet_NaN();
+  Buffer dirty(x);
+  first = opt_->FirstNonFinite(dirty.get(), x.size());
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(*first, 65'537);
+}
+
 }  // namespace
 }  // namespace muonmesh::cuda

@@ -12,6 +12,9 @@ std::string Where(const char* expr, const char* file, int line) {
 }  // namespace
 
 absl::Status CudaErrorToStatus(cudaError_t error, const char* expr, const char* file, int line) {
+  // Clear the runtime's last error (non-sticky ones), so that a handled
+  // failure is not reported again by the next launch's cudaGetLastError.
+  cudaGetLastError();
   const std::string message = Where(expr, file, line) + cudaGetErrorName(error) + " (" +
                               cudaGetErrorString(error) + ")";
   switch (error) {

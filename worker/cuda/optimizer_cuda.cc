@@ -83,6 +83,12 @@ absl::Status CudaOptimizer::AdamWStep(const math::AdamWOptions& options, int64_t
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> CudaOptimizer::FirstNonFinite(const float* x, int64_t count) {
+  if (count <= 0) return count;
+  return FirstBad(count,
+                  [&] { return internal::LaunchCheckFinite(x, count, device_flag_, stream_); });
+}
+
 namespace {
 internal::MuonScalars MuonScalarsOf(const math::MuonOptions& o, int64_t rows, int64_t cols) {
   internal::MuonScalars k;

@@ -45,6 +45,9 @@ class CudaOptimizer {
                          const float* grad, const float* orthogonalized, float* momentum,
                          float* param, int64_t count);
 
+  // The first index in [0, count) whose x is not finite, or count.
+  absl::StatusOr<int64_t> FirstNonFinite(const float* x, int64_t count);
+
   cudaStream_t stream() const { return stream_; }
 
  private:

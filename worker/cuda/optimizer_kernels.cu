@@ -60,12 +60,15 @@ __global__ void MuonPrepareKernel(MuonScalars k, const float* __restrict__ grad,
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = grad[i];
     const float m = momentum[i];
+    const float m_new = Lerp(m, g, k.one_minus_beta);
+    const float u = k.nesterov ? Lerp(g, m_new, k.beta) : m_new;
     if (!commit) {
-      if (!isfinite(g) || !isfinite(m)) Flag(bad, i);
+      // The CPU refuses non-finite inputs and a non-finite result (finite
+      // extremes can overflow in e - s).
+      if (!isfinite(g) || !isfinite(m) || !isfinite(u)) Flag(bad, i);
       continue;
     }
-    const float m_new = Lerp(m, g, k.one_minus_beta);
-    update[i] = k.nesterov ? Lerp(g, m_new, k.beta) : m_new;
+    update[i] = u;
   }
 }
 
@@ -94,7 +97,20 @@ __global__ void FillKernel(float* __restrict__ dst, int64_t count, float value) 
   }
 }
 
+__global__ void CheckFiniteKernel(const float* __restrict__ x, int64_t count, long long* bad) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (!isfinite(x[i])) Flag(bad, i);
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchCheckFinite(const float* x, int64_t count, long long* bad, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  CheckFiniteKernel<<<Blocks(count), kThreads, 0, stream>>>(x, count, bad);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchFill(float* dst, int64_t count, float value, cudaStream_t stream) {
   if (count <= 0) return cudaSuccess;

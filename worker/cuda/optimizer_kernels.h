@@ -57,6 +57,9 @@ cudaError_t LaunchMuonApply(const MuonScalars& k, const float* grad, const float
                             float* momentum, float* param, int64_t count, bool commit,
                             long long* bad, cudaStream_t stream);
 
+// Flags (atomicMin into *bad) the first index whose x is not finite.
+cudaError_t LaunchCheckFinite(const float* x, int64_t count, long long* bad, cudaStream_t stream);
+
 // dst[i] = value for i < count.
 cudaError_t LaunchFill(float* dst, int64_t count, float value, cudaStream_t stream);
 

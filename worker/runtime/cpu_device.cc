@@ -1,6 +1,7 @@
 // The CPU Device: host memory and worker/math (OpenBLAS).
 
 #include <algorithm>
+#include <cmath>
 #include <new>
 
 #include "absl/strings/str_cat.h"
@@ -62,6 +63,12 @@ class CpuDevice final : public Device {
     return math::MuonApply(options, rows, cols, absl::MakeConstSpan(grad, n),
                            absl::MakeConstSpan(orthogonalized, n), absl::MakeSpan(momentum, n),
                            absl::MakeSpan(param, n));
+  }
+  absl::StatusOr<bool> AllFinite(const float* x, int64_t count) override {
+    for (int64_t i = 0; i < count; ++i) {
+      if (!std::isfinite(x[i])) return false;
+    }
+    return true;
   }
   absl::Status NewtonSchulz(float* x, int64_t rows, int64_t cols,
                             const math::NsOptions& options) override {

@@ -73,6 +73,11 @@ class CudaDevice final : public Device {
     return Done(optimizer_->MuonApply(options, rows, cols, grad, orthogonalized, momentum, param,
                                       count));
   }
+  absl::StatusOr<bool> AllFinite(const float* x, int64_t count) override {
+    absl::StatusOr<int64_t> first = optimizer_->FirstNonFinite(x, count);
+    if (!first.ok()) return first.status();
+    return *first >= count;
+  }
   absl::Status NewtonSchulz(float* x, int64_t rows, int64_t cols,
                             const math::NsOptions& options) override {
     return ns_->Run(x, rows, cols, options);  // returns with the result in x

@@ -94,6 +94,9 @@ class Device {
   virtual absl::Status MuonApply(const math::MuonOptions& options, int64_t rows, int64_t cols,
                                  const float* grad, const float* orthogonalized, float* momentum,
                                  float* param, int64_t count) = 0;
+  // Whether every one of `count` floats at x is finite (not NaN or infinite).
+  virtual absl::StatusOr<bool> AllFinite(const float* x, int64_t count) = 0;
+
   // Orthogonalises the row-major rows x cols matrix x in place.
   virtual absl::Status NewtonSchulz(float* x, int64_t rows, int64_t cols,
                                     const math::NsOptions& options) = 0;

@@ -121,7 +121,7 @@ struct Trainer::Impl {
   // their initial values, handed out by Acquire as they are.
   std::vector<std::vector<std::vector<float>>> frozen;
   DeviceBuffer full;                         // one unit-mesh padded buffer, D * S
-  DeviceBuffer scalar;                       // one float: the loss's all-reduce
+  DeviceBuffer scalar;  // two floats: the loss and the non-finite flag, all-reduced
 
   // Exchange scratch of the optimizer phase (freed at the end of each step).
   DeviceBuffer send;
@@ -771,7 +771,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
         dev.name(), " holds ", comm::MemorySpaceName(dev.memory_space()), " memory"));
   }
   {
-    absl::StatusOr<DeviceBuffer> scalar = dev.Allocate(1);
+    absl::StatusOr<DeviceBuffer> scalar = dev.Allocate(2);
     if (!scalar.ok()) return scalar.status();
     impl->scalar = *std::move(scalar);
   }
@@ -925,14 +925,28 @@ absl::StatusOr<StepReport> Trainer::Step() {
                                   report.times.grad_reduce - report.times.expert_dispatch;
 
   t0 = absl::Now();
-  float global_loss = static_cast<float>(*loss);
-  absl::Status st = m.dev->CopyFromHost(m.scalar.data(), &global_loss, 1);
-  if (st.ok()) {
-    st = m.world_comm->AllReduce(m.scalar.data(), 1, comm::ReduceOp::kAvg, m.options.collective);
+  // The loss, and whether any rank holds a non-finite gradient, in one
+  // all-reduce: then every rank refuses the step together, before any
+  // update, instead of one rank refusing while the others wait for it.
+  float pair[2] = {static_cast<float>(*loss), 0.0f};
+  for (const UnitState& u : m.units) {
+    absl::StatusOr<bool> finite = m.dev->AllFinite(u.grad.data(), u.grad.size());
+    if (!finite.ok()) return finite.status();
+    if (!*finite) pair[1] = 1.0f;
   }
-  if (st.ok()) st = m.dev->CopyToHost(&global_loss, m.scalar.data(), 1);
+  absl::Status st = m.dev->CopyFromHost(m.scalar.data(), pair, 2);
+  if (st.ok()) {
+    st = m.world_comm->AllReduce(m.scalar.data(), 2, comm::ReduceOp::kAvg, m.options.collective);
+  }
+  if (st.ok()) st = m.dev->CopyToHost(pair, m.scalar.data(), 2);
   if (!st.ok()) return st;
-  report.loss = global_loss;
+  if (pair[1] != 0.0f) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", step_, " refused: a reduced gradient is NaN or infinite (on ",
+        pair[1] * static_cast<float>(m.world), " of ", m.world,
+        " ranks); weights and optimizer state are unchanged"));
+  }
+  report.loss = pair[0];
   report.times.grad_reduce += absl::Now() - t0;
 
   for (UnitState& u : m.units) {

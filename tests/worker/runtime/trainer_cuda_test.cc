@@ -92,6 +92,12 @@ class ReferenceHost final : public Device {
     return math::MuonApply(o, r, c, absl::MakeConstSpan(g, k), absl::MakeConstSpan(x, k),
                            absl::MakeSpan(m, k), absl::MakeSpan(p, k));
   }
+  absl::StatusOr<bool> AllFinite(const float* x, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) {
+      if (!std::isfinite(x[i])) return false;
+    }
+    return true;
+  }
   absl::Status NewtonSchulz(float* x, int64_t r, int64_t c, const math::NsOptions& o) override {
     std::vector<float> in(x, x + r * c);
     const math::testing::Mat out = math::testing::ReferenceNewtonSchulz(

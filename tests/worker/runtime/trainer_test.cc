@@ -406,6 +406,9 @@ class PretendGpu final : public Device {
                          const float* x, float* m, float* p, int64_t n) override {
     return cpu_->MuonApply(o, r, c, g, x, m, p, n);
   }
+  absl::StatusOr<bool> AllFinite(const float* x, int64_t n) override {
+    return cpu_->AllFinite(x, n);
+  }
   absl::Status NewtonSchulz(float* x, int64_t r, int64_t c, const math::NsOptions& o) override {
     return cpu_->NewtonSchulz(x, r, c, o);
   }
@@ -439,6 +442,74 @@ TEST(TrainerDeviceTest, WorkloadBackendAndDeviceMustShareTheirMemory) {
                                       "cuda device memory"),
             std::string::npos)
       << t.status();
+}
+
+// TwoLayerLinear whose gradients turn NaN at one step (on the rank that
+// builds it so).
+class NanAtStep final : public Workload {
+ public:
+  explicit NanAtStep(int64_t bad_step) : bad_step_(bad_step) {}
+  const plan::ModelSpec& spec() const override { return base_.spec(); }
+  int64_t num_samples() const override { return base_.num_samples(); }
+  absl::Status Initialize(uint64_t seed, absl::Span<float* const> p) const override {
+    return base_.Initialize(seed, p);
+  }
+  absl::StatusOr<double> ForwardBackward(int64_t step, absl::Span<const float* const> p,
+                                         absl::Span<const int64_t> samples,
+                                         absl::Span<float* const> g) override {
+    absl::StatusOr<double> loss = base_.ForwardBackward(step, p, samples, g);
+    if (loss.ok() && step == bad_step_) g[1][0] = std::nanf("");
+    return loss;
+  }
+
+ private:
+  TwoLayerLinear base_;
+  int64_t bad_step_;
+};
+
+TEST(TrainerTest, ANonFiniteGradientOnOneRankRefusesTheStepOnEveryRank) {
+  plan::PlanInput in;
+  in.model = TwoLayerLinear().spec();
+  in.world_size = 2;
+  in.options.device = "cpu";
+  absl::StatusOr<plan::Plan> plan = plan::ComputePlan(in);
+  ASSERT_TRUE(plan.ok());
+  const std::string dir = ::testing::TempDir() + "/trainer_nan";
+  std::filesystem::remove_all(dir);
+  absl::StatusOr<std::unique_ptr<comm::FileStore>> store = comm::FileStore::Open(dir);
+  ASSERT_TRUE(store.ok());
+  auto hub = std::make_shared<comm::InProcessHub>();
+  std::vector<absl::Status> refused(2);
+  std::vector<std::vector<std::vector<float>>> before(2), after(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      NanAtStep model(r == 1 ? 1 : -1);  // only rank 1 sees the NaN
+      const std::unique_ptr<Device> cpu = MakeCpuDevice();
+      TrainerOptions o;
+      o.device = cpu.get();
+      o.backend = comm::Backend::kInProcess;
+      o.store = store->get();
+      o.group_options.hub = hub;
+      o.collective.timeout = absl::Seconds(30);
+      o.global_batch_size = 8;
+      absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(*plan, &model, r, o);
+      ASSERT_TRUE(t.ok()) << t.status();
+      ASSERT_TRUE((*t)->Step().ok());
+      before[r] = *(*t)->GatherParameters();
+      refused[r] = (*t)->Step().status();
+      after[r] = *(*t)->GatherParameters();
+      EXPECT_EQ((*t)->steps_done(), 1);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    // At once and on both ranks, not after the collective timeout.
+    EXPECT_EQ(refused[r].code(), absl::StatusCode::kInvalidArgument) << "rank " << r;
+    EXPECT_NE(refused[r].message().find("NaN or infinite (on 1 of 2 ranks)"), std::string::npos)
+        << refused[r];
+    EXPECT_EQ(after[r], before[r]) << "rank " << r << " changed its weights";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
