@@ -33,6 +33,7 @@
 #include <cuda_runtime_api.h>
 
 #include "worker/model/mlp_cuda.h"
+#include "worker/model/moe_mlp_cuda.h"
 #include "worker/model/synthetic_cuda.h"
 #include "worker/runtime/cuda_device.h"
 #endif
@@ -160,8 +161,7 @@ absl::StatusOr<std::unique_ptr<Device>> MakeDevice(const ResolvedJob& job,
 #endif
 }
 
-// The workload's GPU form: `synthetic` and `mlp`; moe_mlp computes on the CPU
-// only.
+// The workload's GPU form (every built-in workload has one).
 absl::StatusOr<std::unique_ptr<Workload>> OnGpu(const ResolvedJob& job,
                                                 std::unique_ptr<Workload> workload) {
 #if MUONMESH_HAVE_CUDA
@@ -177,11 +177,15 @@ absl::StatusOr<std::unique_ptr<Workload>> OnGpu(const ResolvedJob& job,
     if (!gpu.ok()) return gpu.status();
     return std::unique_ptr<Workload>(std::move(*gpu));
   }
+  auto* moe = static_cast<MoeMlp*>(workload.get());
+  absl::StatusOr<std::unique_ptr<CudaMoeMlp>> gpu = CudaMoeMlp::Create(std::move(*moe));
+  if (!gpu.ok()) return gpu.status();
+  return std::unique_ptr<Workload>(std::move(*gpu));
 #else
+  (void)job;
   (void)workload;
+  return absl::UnimplementedError("device 'cuda': this build has no CUDA");
 #endif
-  return absl::UnimplementedError(
-      "device 'cuda': model.moe_mlp runs on the cpu only so far (mlp and synthetic run on cuda)");
 }
 
 // The workload's spec with the job's optimizer rules applied (first match).
@@ -366,11 +370,6 @@ absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out
   }
   // The device first: a GPU workload generates on the GPU made current here.
   const bool cuda = job->device == "cuda";
-  if (cuda && job->model_kind == ResolvedJob::ModelKind::kMoeMlp) {
-    return absl::UnimplementedError(
-        "device 'cuda': model.moe_mlp runs on the cpu only so far (mlp and synthetic run on "
-        "cuda); use device: cpu");
-  }
   absl::StatusOr<std::unique_ptr<Device>> device = MakeDevice(*job, options);
   if (!device.ok()) return device.status();
 

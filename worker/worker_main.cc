@@ -27,7 +27,7 @@ constexpr const char* kUsage =
     "COMPLETE; --resume continues from the newest complete checkpoint (give every rank\n"
     "of the new attempt --resume, a new --attempt and a fresh --store).\n"
     "Jobs with device: cuda run on GPU N (default: rank modulo the GPUs of the machine)\n"
-    "with NCCL; the mlp and synthetic workloads run there, moe_mlp on the cpu only.\n"
+    "with NCCL; every built-in workload (mlp, moe_mlp, synthetic) runs there.\n"
     "--fail-at-step S makes this rank fail just before step S in attempt 0 only (to test\n"
     "restarts: the next attempt gets past it).\n"
     "\n"

@@ -38,3 +38,34 @@ cudaError_t LaunchColumnSums(const float* x, int64_t n, int64_t width, float* ou
 cudaError_t LaunchTanhBackward(float* delta, const float* h, int64_t count, cudaStream_t stream);
 
 }  // namespace muonmesh::cuda::internal
+
+namespace muonmesh::cuda::internal {
+
+// The row moves of the GPU `moe_mlp` (worker/model/moe_mlp_cuda.h); `rows`
+// are device int64 indices, widths in floats.
+// dst[i, :] = src[rows[i] * src_stride + src_offset + (0..width)], i < n.
+cudaError_t LaunchGatherRowsStrided(const float* src, int64_t src_stride, int64_t src_offset,
+                                    const int64_t* rows, int64_t n, int64_t width, float* dst,
+                                    cudaStream_t stream);
+// dst[rows[i], :] = src[i, :] (rows distinct).
+cudaError_t LaunchScatterRows(const float* src, const int64_t* rows, int64_t n, int64_t width,
+                              float* dst, cudaStream_t stream);
+// dst[rows[i], :] += src[i, :] (rows distinct; float adds).
+cudaError_t LaunchScatterAddRows(const float* src, const int64_t* rows, int64_t n, int64_t width,
+                                 float* dst, cudaStream_t stream);
+// Token packing: dst[j * (width + 1)] = ids[j], then src[rows[j], :].
+cudaError_t LaunchPackTokens(const float* src, const int64_t* rows, const float* ids, int64_t n,
+                             int64_t width, float* dst, cudaStream_t stream);
+// dst[j, :] = scale[rows[j]] * src[rows[j], :] (float products).
+cudaError_t LaunchGatherScaledRows(const float* src, const float* scale, const int64_t* rows,
+                                   int64_t n, int64_t width, float* dst, cudaStream_t stream);
+// z[s, :] = h[s, :] + gate[s] * o[s, :] (float, product then sum).
+cudaError_t LaunchGatedResidual(const float* h, const float* gate, const float* o, int64_t n,
+                                int64_t width, float* z, cudaStream_t stream);
+// out[s] = sum over k of double(a[s, k]) * double(b[s, k]), in k order.
+cudaError_t LaunchRowDots(const float* a, const float* b, int64_t n, int64_t width, double* out,
+                          cudaStream_t stream);
+// x[i] = tanhf(x[i]).
+cudaError_t LaunchTanh(float* x, int64_t count, cudaStream_t stream);
+
+}  // namespace muonmesh::cuda::internal

@@ -29,6 +29,8 @@
 #include "worker/comm/inprocess_communicator.h"
 #include "worker/model/mlp.h"
 #include "worker/model/mlp_cuda.h"
+#include "worker/model/moe_mlp.h"
+#include "worker/model/moe_mlp_cuda.h"
 #include "worker/model/synthetic.h"
 #include "worker/model/synthetic_cuda.h"
 #include "worker/runtime/cuda_device.h"
@@ -112,9 +114,19 @@ struct Result {
   std::vector<double> losses;
 };
 
-// The workloads: synthetic (Spec()) or an mlp on teacher data.
-std::unique_ptr<Workload> MakeWorkload(bool mlp, bool gpu) {
-  if (mlp) {
+enum class Kind { kSynthetic, kMlp, kMoe };
+
+// The workloads: synthetic (Spec()), or an mlp or moe_mlp on teacher data.
+std::unique_ptr<Workload> MakeWorkload(Kind kind, bool gpu) {
+  if (kind == Kind::kMoe) {
+    absl::StatusOr<MoeMlp> m = MoeMlp::FromTeacher({6, 16, 8, 4, 3}, 21, 128);
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (!gpu) return std::make_unique<MoeMlp>(*std::move(m));
+    absl::StatusOr<std::unique_ptr<CudaMoeMlp>> w = CudaMoeMlp::Create(*std::move(m));
+    EXPECT_TRUE(w.ok()) << w.status();
+    return w.ok() ? std::unique_ptr<Workload>(std::move(*w)) : nullptr;
+  }
+  if (kind == Kind::kMlp) {
     absl::StatusOr<Mlp> m = Mlp::FromTeacher({8, 32, 32, 4}, 5, 256);
     EXPECT_TRUE(m.ok()) << m.status();
     if (!gpu) return std::make_unique<Mlp>(*std::move(m));
@@ -130,7 +142,8 @@ std::unique_ptr<Workload> MakeWorkload(bool mlp, bool gpu) {
   return w.ok() ? std::unique_ptr<Workload>(std::move(*w)) : nullptr;
 }
 
-Result RunJob(bool gpu, int steps, bool mlp = false) {
+Result RunJob(bool gpu, int steps, Kind kind = Kind::kSynthetic) {
+  const bool mlp = kind != Kind::kSynthetic;
   Result r;
   std::unique_ptr<Device> device;
   if (gpu) {
@@ -141,7 +154,7 @@ Result RunJob(bool gpu, int steps, bool mlp = false) {
   } else {
     device = std::make_unique<ReferenceHost>();
   }
-  std::unique_ptr<Workload> workload = MakeWorkload(mlp, gpu);
+  std::unique_ptr<Workload> workload = MakeWorkload(kind, gpu);
   if (workload == nullptr) return r;
   plan::PlanInput in;
   in.model = workload->spec();
@@ -150,7 +163,7 @@ Result RunJob(bool gpu, int steps, bool mlp = false) {
   absl::StatusOr<plan::Plan> plan = plan::ComputePlan(in);
   EXPECT_TRUE(plan.ok()) << plan.status();
   const std::string dir = ::testing::TempDir() + (gpu ? "/cuda_trainer_gpu" : "/cuda_trainer_cpu") +
-                          (mlp ? "_mlp" : "");
+                          "_" + std::to_string(static_cast<int>(kind));
   std::filesystem::remove_all(dir);
   absl::StatusOr<std::unique_ptr<comm::FileStore>> store = comm::FileStore::Open(dir);
   EXPECT_TRUE(store.ok());
@@ -210,29 +223,32 @@ TEST(CudaTrainerTest, MatchesTheCpuRun) {
   }
 }
 
-// The mlp on the GPU (cuBLAS fp32, kernels, bf16 Newton-Schulz) against the
-// host (OpenBLAS, fp64 Newton-Schulz): the same training, to the precision of
-// the bf16 orthogonalisation.
-TEST(CudaTrainerTest, MlpTrainsAsOnTheHost) {
+// The mlp and moe_mlp on the GPU (cuBLAS fp32, kernels, bf16 Newton-Schulz)
+// against the host (OpenBLAS, fp64 Newton-Schulz): the same training, to the
+// precision of the bf16 orthogonalisation.
+TEST(CudaTrainerTest, MlpAndMoeTrainAsOnTheHost) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   const int steps = 6;
-  const Result cpu = RunJob(false, steps, /*mlp=*/true);
-  const Result gpu = RunJob(true, steps, /*mlp=*/true);
-  ASSERT_EQ(cpu.losses.size(), static_cast<size_t>(steps));
-  ASSERT_EQ(gpu.losses.size(), static_cast<size_t>(steps));
-  EXPECT_LT(cpu.losses.back(), cpu.losses.front());
-  // Step 0 sees the same weights: the loss differs by fp32 rounding only.
-  EXPECT_NEAR(gpu.losses[0], cpu.losses[0], 1e-5 * cpu.losses[0]);
-  for (int s = 1; s < steps; ++s) {
-    EXPECT_NEAR(gpu.losses[s], cpu.losses[s], 2e-2 * cpu.losses[s]) << "step " << s;
-  }
-  ASSERT_EQ(gpu.weights.size(), cpu.weights.size());
-  for (size_t p = 0; p < cpu.weights.size(); ++p) {
-    double max_diff = 0;
-    for (size_t i = 0; i < cpu.weights[p].size(); ++i) {
-      max_diff = std::max(max_diff, std::abs(double(gpu.weights[p][i]) - cpu.weights[p][i]));
+  for (Kind kind : {Kind::kMlp, Kind::kMoe}) {
+    SCOPED_TRACE(kind == Kind::kMlp ? "mlp" : "moe_mlp");
+    const Result cpu = RunJob(false, steps, kind);
+    const Result gpu = RunJob(true, steps, kind);
+    ASSERT_EQ(cpu.losses.size(), static_cast<size_t>(steps));
+    ASSERT_EQ(gpu.losses.size(), static_cast<size_t>(steps));
+    EXPECT_LT(cpu.losses.back(), cpu.losses.front());
+    // Step 0 sees the same weights: the loss differs by fp32 rounding only.
+    EXPECT_NEAR(gpu.losses[0], cpu.losses[0], 1e-5 * cpu.losses[0]);
+    for (int s = 1; s < steps; ++s) {
+      EXPECT_NEAR(gpu.losses[s], cpu.losses[s], 2e-2 * cpu.losses[s]) << "step " << s;
     }
-    EXPECT_LT(max_diff, steps * 0.02 * 0.1) << "param " << p;
+    ASSERT_EQ(gpu.weights.size(), cpu.weights.size());
+    for (size_t p = 0; p < cpu.weights.size(); ++p) {
+      double max_diff = 0;
+      for (size_t i = 0; i < cpu.weights[p].size(); ++i) {
+        max_diff = std::max(max_diff, std::abs(double(gpu.weights[p][i]) - cpu.weights[p][i]));
+      }
+      EXPECT_LT(max_diff, steps * 0.02 * 0.1) << "param " << p;
+    }
   }
 }
 
