@@ -503,21 +503,29 @@ absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out
       options.rank, job->steps - first_step, median, bytes_all_steps / steps, muon_bytes_all_steps / steps,
       PeakRssBytes(), (*trainer)->shard_bytes()));
 
-  absl::StatusOr<std::vector<std::vector<float>>> weights = (*trainer)->GatherParameters();
-  if (!weights.ok()) return Annotate(weights.status(), "gathering the final weights");
+  // The final weights, gathered a unit at a time; rank 0 streams them into
+  // the export file as they come (no rank holds the whole model).
+  std::unique_ptr<io::SafetensorsWriter> writer;
   if (talk && !job->export_path.empty()) {
-    std::vector<io::TensorView> views;
-    size_t i = 0;
+    std::vector<io::SafetensorsWriter::Entry> entries;
     for (const plan::UnitSpec& u : (*workload)->spec().units) {
-      for (const plan::ParamSpec& p : u.params) {
-        views.push_back({p.name, p.shape, (*weights)[i++].data()});
-      }
+      for (const plan::ParamSpec& p : u.params) entries.push_back({p.name, p.shape});
     }
     std::error_code ec;
     const std::filesystem::path parent = std::filesystem::path(job->export_path).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-    absl::Status st = io::WriteSafetensors(job->export_path, views);
-    if (!st.ok()) return st;
+    absl::StatusOr<std::unique_ptr<io::SafetensorsWriter>> w =
+        io::SafetensorsWriter::Create(job->export_path, std::move(entries));
+    if (!w.ok()) return w.status();
+    writer = *std::move(w);
+  }
+  absl::Status gathered = (*trainer)->GatherParameters(
+      [&](int /*flat*/, std::vector<float>&& tensor) -> absl::Status {
+        return writer == nullptr ? absl::OkStatus() : writer->Append(tensor);
+      });
+  if (!gathered.ok()) return Annotate(gathered, "gathering the final weights");
+  if (writer != nullptr) {
+    if (absl::Status st = writer->Finish(); !st.ok()) return st;
     out(absl::StrCat("wrote ", job->export_path));
   }
   return absl::OkStatus();

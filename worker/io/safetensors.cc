@@ -660,7 +660,7 @@ absl::Status WriteAll(int fd, const char* src, uint64_t n, const std::string& pa
 absl::StatusOr<std::string> BuildHeader(const std::string& path,
                                         absl::Span<const TensorView> tensors,
                                         const std::map<std::string, std::string>& metadata,
-                                        std::vector<uint64_t>* bytes) {
+                                        std::vector<uint64_t>* bytes, bool require_data = true) {
   constexpr uint64_t kMaxBytes = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   std::unordered_set<std::string_view> names;
   std::string header = "{";
@@ -703,7 +703,9 @@ absl::StatusOr<std::string> BuildHeader(const std::string& path,
     std::optional<uint64_t> elements =
         NumElements(t.shape, (kMaxBytes - offset) / kBytesPerElement);
     if (!elements) return error(absl::StrCat("shape ", ShapeString(t.shape), " is too large"));
-    if (*elements > 0 && t.data == nullptr) return error("null data for a non-empty tensor");
+    if (require_data && *elements > 0 && t.data == nullptr) {
+      return error("null data for a non-empty tensor");
+    }
     const uint64_t size = *elements * kBytesPerElement;
     bytes->push_back(size);
     if (i > 0) header.push_back(',');
@@ -810,8 +812,31 @@ absl::StatusOr<std::vector<Tensor>> ReadSafetensors(const std::string& path,
 
 absl::Status WriteSafetensors(const std::string& path, absl::Span<const TensorView> tensors,
                               const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsWriter::Entry> entries;
+  for (const TensorView& t : tensors) entries.push_back({t.name, t.shape});
+  // The data checks first, so that a bad list writes nothing at all.
   std::vector<uint64_t> bytes;
   absl::StatusOr<std::string> header = BuildHeader(path, tensors, metadata, &bytes);
+  if (!header.ok()) return header.status();
+  absl::StatusOr<std::unique_ptr<SafetensorsWriter>> writer =
+      SafetensorsWriter::Create(path, std::move(entries), metadata);
+  if (!writer.ok()) return writer.status();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const size_t count = static_cast<size_t>(bytes[i] / kBytesPerElement);
+    absl::Status st = (*writer)->Append(absl::MakeConstSpan(tensors[i].data, count));
+    if (!st.ok()) return st;
+  }
+  return (*writer)->Finish();
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
+    const std::string& path, std::vector<Entry> tensors,
+    const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorView> views;
+  for (const Entry& e : tensors) views.push_back({e.name, e.shape, nullptr});
+  std::vector<uint64_t> bytes;
+  absl::StatusOr<std::string> header =
+      BuildHeader(path, views, metadata, &bytes, /*require_data=*/false);
   if (!header.ok()) return header.status();
 
   std::string temp;
@@ -824,54 +849,92 @@ absl::Status WriteSafetensors(const std::string& path, absl::Span<const TensorVi
   if (raw_fd < 0) {
     return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot create temporary file ", temp));
   }
-  FileDescriptor fd(raw_fd);
-  const auto fail = [&](absl::Status s) {
-    ::unlink(temp.c_str());
-    return s;
-  };
-
+  std::unique_ptr<SafetensorsWriter> w(
+      new SafetensorsWriter(path, temp, raw_fd, std::move(tensors), std::move(bytes)));
   unsigned char length_bytes[8];
   uint64_t n = header->size();
   for (int i = 0; i < 8; ++i, n >>= 8) length_bytes[i] = static_cast<unsigned char>(n & 0xFF);
-  if (absl::Status s = WriteAll(fd.get(), reinterpret_cast<const char*>(length_bytes), 8, temp);
+  if (absl::Status s = WriteAll(w->fd_, reinterpret_cast<const char*>(length_bytes), 8, temp);
       !s.ok()) {
-    return fail(s);
+    return s;  // the destructor removes the temporary file
   }
-  if (absl::Status s = WriteAll(fd.get(), header->data(), header->size(), temp); !s.ok()) {
-    return fail(s);
+  if (absl::Status s = WriteAll(w->fd_, header->data(), header->size(), temp); !s.ok()) return s;
+  return w;
+}
+
+SafetensorsWriter::SafetensorsWriter(std::string path, std::string temp, int fd,
+                                     std::vector<Entry> tensors, std::vector<uint64_t> bytes)
+    : path_(std::move(path)),
+      temp_(std::move(temp)),
+      fd_(fd),
+      tensors_(std::move(tensors)),
+      bytes_(std::move(bytes)) {}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(temp_.c_str());
   }
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (bytes[i] == 0) continue;
-    const char* src = reinterpret_cast<const char*>(tensors[i].data);
-    if constexpr (std::endian::native == std::endian::little) {
-      if (absl::Status s = WriteAll(fd.get(), src, bytes[i], temp); !s.ok()) return fail(s);
-    } else {
-      std::vector<float> chunk;
-      const size_t elements = static_cast<size_t>(bytes[i] / kBytesPerElement);
-      for (size_t at = 0; at < elements; at += size_t{1} << 16) {
-        const size_t count = std::min(elements - at, size_t{1} << 16);
-        chunk.assign(tensors[i].data + at, tensors[i].data + at + count);
-        ByteSwapFloats(chunk.data(), count);
-        if (absl::Status s = WriteAll(fd.get(), reinterpret_cast<const char*>(chunk.data()),
-                                      count * kBytesPerElement, temp);
-            !s.ok()) {
-          return fail(s);
-        }
+}
+
+absl::Status SafetensorsWriter::Append(absl::Span<const float> data) {
+  if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(path_, ": writer is closed"));
+  if (next_ >= tensors_.size()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path_, ": every declared tensor was already written"));
+  }
+  const uint64_t want = bytes_[next_] / kBytesPerElement;
+  if (data.size() != want) {
+    return absl::FailedPreconditionError(absl::StrCat(path_, ": tensor ",
+                                                      QuoteName(tensors_[next_].name), " needs ",
+                                                      want, " values, got ", data.size()));
+  }
+  const char* src = reinterpret_cast<const char*>(data.data());
+  if constexpr (std::endian::native == std::endian::little) {
+    if (absl::Status s = WriteAll(fd_, src, bytes_[next_], temp_); !s.ok()) return s;
+  } else {
+    std::vector<float> chunk;
+    for (size_t at = 0; at < data.size(); at += size_t{1} << 16) {
+      const size_t count = std::min(data.size() - at, size_t{1} << 16);
+      chunk.assign(data.data() + at, data.data() + at + count);
+      ByteSwapFloats(chunk.data(), count);
+      if (absl::Status s = WriteAll(fd_, reinterpret_cast<const char*>(chunk.data()),
+                                    count * kBytesPerElement, temp_);
+          !s.ok()) {
+        return s;
       }
     }
   }
-  if (::fsync(fd.get()) != 0) {
-    return fail(absl::ErrnoToStatus(errno, absl::StrCat(temp, ": fsync failed")));
+  ++next_;
+  return absl::OkStatus();
+}
+
+absl::Status SafetensorsWriter::Finish() {
+  if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(path_, ": writer is closed"));
+  if (next_ != tensors_.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(path_, ": ", next_, " of ",
+                                                      tensors_.size(), " tensors written"));
   }
-  if (fd.Close() != 0) {
-    return fail(absl::ErrnoToStatus(errno, absl::StrCat(temp, ": close failed")));
+  const int fd = std::exchange(fd_, -1);
+  const auto fail = [&](absl::Status s) {
+    ::unlink(temp_.c_str());
+    return s;
+  };
+  if (::fsync(fd) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return fail(absl::ErrnoToStatus(e, absl::StrCat(temp_, ": fsync failed")));
   }
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    return fail(absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot rename ", temp, " to it")));
+  if (::close(fd) != 0) {
+    return fail(absl::ErrnoToStatus(errno, absl::StrCat(temp_, ": close failed")));
+  }
+  if (::rename(temp_.c_str(), path_.c_str()) != 0) {
+    return fail(
+        absl::ErrnoToStatus(errno, absl::StrCat(path_, ": cannot rename ", temp_, " to it")));
   }
   // Make the rename itself durable. Best effort: some file systems refuse
   // fsync on a directory, and the data is already in place.
-  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  std::filesystem::path dir = std::filesystem::path(path_).parent_path();
   if (dir.empty()) dir = std::filesystem::path(".");
   const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir_fd >= 0) {

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -83,5 +84,41 @@ absl::StatusOr<std::vector<Tensor>> ReadSafetensors(
 // it was and no temporary file remains.
 absl::Status WriteSafetensors(const std::string& path, absl::Span<const TensorView> tensors,
                               const std::map<std::string, std::string>& metadata = {});
+
+// WriteSafetensors a tensor at a time, for files larger than what one wants
+// in memory at once: Create declares every tensor (names, shapes, metadata;
+// the checks of WriteSafetensors) and writes the header to a temporary file;
+// Append writes the next tensor's data, in declaration order; Finish syncs
+// the file and renames it over `path`. Dropping the writer before Finish
+// (or any error) removes the temporary file and leaves `path` as it was.
+class SafetensorsWriter {
+ public:
+  struct Entry {
+    std::string name;
+    std::vector<int64_t> shape;
+  };
+  static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Create(
+      const std::string& path, std::vector<Entry> tensors,
+      const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  // The next tensor's data: exactly its shape's element count.
+  // FailedPrecondition after the last tensor or with the wrong count.
+  absl::Status Append(absl::Span<const float> data);
+  // FailedPrecondition unless every tensor was appended.
+  absl::Status Finish();
+
+ private:
+  SafetensorsWriter(std::string path, std::string temp, int fd, std::vector<Entry> tensors,
+                    std::vector<uint64_t> bytes);
+  std::string path_;
+  std::string temp_;
+  int fd_;
+  std::vector<Entry> tensors_;
+  std::vector<uint64_t> bytes_;
+  size_t next_ = 0;
+};
 
 }  // namespace muonmesh::io

@@ -54,10 +54,6 @@ class Held {
   int unit_;
 };
 
-absl::Status Launched(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return cuda::CudaErrorToStatus(e, what, __FILE__, __LINE__);
-}
 
 #define MUONMESH_RETURN_IF_ERROR(expr)      \
   do {                                      \
@@ -65,13 +61,31 @@ absl::Status Launched(cudaError_t e, const char* what) {
     if (!muonmesh_st_.ok()) return muonmesh_st_; \
   } while (0)
 
-#define MUONMESH_LAUNCH(expr) MUONMESH_RETURN_IF_ERROR(Launched((expr), #expr))
+// A launch error with the call site's file:line.
+#define MUONMESH_LAUNCH(expr) MUONMESH_CUDA_CHECK(expr)
+
+// Waits for the stream on scope exit, so that an early return never leaves
+// queued work reading a unit the runtime is about to release (declare it
+// after the unit's Held: it is destroyed first).
+class SyncOnExit {
+ public:
+  explicit SyncOnExit(cudaStream_t stream) : stream_(stream) {}
+  ~SyncOnExit() { cudaStreamSynchronize(stream_); }
+  SyncOnExit(const SyncOnExit&) = delete;
+  SyncOnExit& operator=(const SyncOnExit&) = delete;
+
+ private:
+  cudaStream_t stream_;
+};
 
 template <typename Span>
 absl::Status Expect(const Span& tensors, size_t count, int unit, const char* what) {
-  if (tensors.size() != count) {
+  bool null = false;
+  for (const auto* t : tensors) null = null || t == nullptr;
+  if (tensors.size() != count || null) {
     return absl::InternalError(absl::StrCat("moe_mlp: unit ", unit, " ", what, ": got ",
-                                            tensors.size(), " tensors, expected ", count));
+                                            tensors.size(), " tensors, expected ", count,
+                                            " non-null"));
   }
   return absl::OkStatus();
 }
@@ -201,6 +215,7 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
     absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(0);
     if (!p.ok()) return p.status();
     Held held(units, 0);
+    SyncOnExit synced(stream_);
     MUONMESH_RETURN_IF_ERROR(Expect(*p, 2, 0, "parameters"));
     MUONMESH_RETURN_IF_ERROR(Gemm(false, true, n, d, d_in, 1.0f, s.xs.get(), (*p)[0], 0.0f,
                                   s.h.get()));
@@ -212,6 +227,7 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
   absl::StatusOr<absl::Span<const float* const>> p1 = units.Acquire(1);
   if (!p1.ok()) return p1.status();
   Held held1(units, 1);
+  SyncOnExit synced1(stream_);
   MUONMESH_RETURN_IF_ERROR(Expect(*p1, 3, 1, "parameters"));
   MUONMESH_RETURN_IF_ERROR(Gemm(false, true, n, e_total, d, 1.0f, s.h.get(), (*p1)[0], 0.0f,
                                 s.logits.get()));
@@ -262,8 +278,9 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
   const std::vector<int64_t> ones(ep, 1);
   MUONMESH_RETURN_IF_ERROR(
       units.ExchangeTokens(s.counts_send.get(), ones, s.counts_recv.get(), ones));
-  MUONMESH_CUDA_CHECK(cudaMemcpy(count_recv.data(), s.counts_recv.get(), sizeof(float) * ep,
-                                 cudaMemcpyDeviceToHost));
+  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(count_recv.data(), s.counts_recv.get(), sizeof(float) * ep,
+                                      cudaMemcpyDeviceToHost, stream_));
+  MUONMESH_RETURN_IF_ERROR(Sync());
   int64_t received = 0;
   for (int q = 0; q < ep; ++q) {
     const float c = count_recv[q];
@@ -356,6 +373,7 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
   absl::StatusOr<absl::Span<const float* const>> p2 = units.Acquire(2);
   if (!p2.ok()) return p2.status();
   Held held2(units, 2);
+  SyncOnExit synced2(stream_);
   MUONMESH_RETURN_IF_ERROR(Expect(*p2, 2, 2, "parameters"));
   MUONMESH_RETURN_IF_ERROR(Gemm(false, true, n, d_out, d, 1.0f, s.z.get(), (*p2)[0], 0.0f,
                                 s.yout.get()));
@@ -388,6 +406,7 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
   p1 = units.Acquire(1);
   if (!p1.ok()) return p1.status();
   Held again(units, 1);
+  SyncOnExit synced_again(stream_);
   MUONMESH_RETURN_IF_ERROR(Expect(*p1, 3, 1, "parameters"));
   const float* w_router = (*p1)[0];
   w1 = (*p1)[1];

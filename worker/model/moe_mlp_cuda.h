@@ -9,7 +9,9 @@
 // softmax, the argmax (lowest index on ties), the dispatch order and the
 // router's gradient are computed in double exactly as on the CPU, and go
 // back as index and gate arrays. Results agree with the CPU workload to fp32
-// rounding (cuBLAS and tanhf round differently), not bit for bit.
+// rounding (cuBLAS and tanhf round differently), not bit for bit; a token
+// whose two best router scores are within that rounding may pick another
+// expert than on the CPU.
 //
 // Built only with MUONMESH_ENABLE_CUDA. Uses the GPU current on the creating
 // thread, on a stream of its own; waits for its work before returning.

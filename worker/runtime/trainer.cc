@@ -982,20 +982,52 @@ absl::StatusOr<StepReport> Trainer::Step() {
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> Trainer::GatherParameters() {
+  std::vector<std::vector<float>> all(impl_->param_sizes.size());
+  absl::Status st = GatherParameters([&](int flat, std::vector<float>&& tensor) {
+    all[flat] = std::move(tensor);
+    return absl::OkStatus();
+  });
+  if (!st.ok()) return st;
+  return all;
+}
+
+absl::Status Trainer::GatherParameters(const ParameterSink& sink) {
   Impl& m = *impl_;
   Device& dev = *m.dev;
-  std::vector<std::vector<float>> out(m.param_sizes.size());
   for (size_t u = 0; u < m.states_of.size(); ++u) {
+    // This unit's tensors only (indexed by flat index; the others stay empty).
+    std::vector<std::vector<float>> out(m.param_sizes.size());
+    auto hand_over = [&]() -> absl::Status {
+      for (int32_t j = 0; j < m.unit_count[u]; ++j) {
+        const int flat = m.unit_base[u] + j;
+        absl::Status st = sink(flat, std::move(out[flat]));
+        if (!st.ok()) return st;
+      }
+      return absl::OkStatus();
+    };
     if (m.states_of[u].empty()) {
       for (int32_t j = 0; j < m.unit_count[u]; ++j) out[m.unit_base[u] + j] = m.frozen[u][j];
+      if (absl::Status st = hand_over(); !st.ok()) return st;
       continue;
     }
     // My part of each tensor (the whole of a dense one, my EP group's
-    // experts of a stack) on the device, then the stacks from every EP group.
+    // experts of a stack), then the stacks from every EP group. On the host
+    // the parts are gathered straight into the output (no second copy of
+    // the unit); on a GPU into device buffers first.
+    const bool host = dev.memory_space() == comm::MemorySpace::kHost;
     std::vector<DeviceBuffer> mine;
     std::vector<float*> ptrs;
+    std::vector<bool> in_place;
     for (int32_t j = 0; j < m.unit_count[u]; ++j) {
-      absl::StatusOr<DeviceBuffer> b = dev.Allocate(m.local_sizes[m.unit_base[u] + j]);
+      const size_t flat = static_cast<size_t>(m.unit_base[u] + j);
+      in_place.push_back(host && !(m.is_expert[flat] && m.ep_comm != nullptr));
+      if (in_place.back()) {
+        out[flat].assign(m.param_sizes[flat], 0.0f);
+        mine.emplace_back();
+        ptrs.push_back(out[flat].data());
+        continue;
+      }
+      absl::StatusOr<DeviceBuffer> b = dev.Allocate(m.local_sizes[flat]);
       if (!b.ok()) return b.status();
       mine.push_back(*std::move(b));
       ptrs.push_back(mine.back().data());
@@ -1006,6 +1038,7 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::GatherParameters() {
     }
     for (int32_t j = 0; j < m.unit_count[u]; ++j) {
       const size_t flat = static_cast<size_t>(m.unit_base[u] + j);
+      if (in_place[j]) continue;
       out[flat].assign(m.param_sizes[flat], 0.0f);
       const float* from = mine[j].data();
       DeviceBuffer stack;
@@ -1021,8 +1054,9 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::GatherParameters() {
       absl::Status st = dev.CopyToHost(out[flat].data(), from, m.param_sizes[flat]);
       if (!st.ok()) return st;
     }
+    if (absl::Status st = hand_over(); !st.ok()) return st;
   }
-  return out;
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::Barrier() { return impl_->world_comm->Barrier(impl_->options.collective); }

@@ -30,6 +30,7 @@
 // configured timeout).
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -114,6 +115,12 @@ class Trainer {
   // Every parameter as a whole tensor (flat spec order), on every rank.
   // A collective: all ranks must call it.
   absl::StatusOr<std::vector<std::vector<float>>> GatherParameters();
+  // The same, handed to `sink` one tensor at a time in flat order as each
+  // unit is gathered, so a rank holds at most one unit's whole tensors (for
+  // exports of models that do not fit twice). A collective; a sink error
+  // stops this rank (the others then fail in their next gather).
+  using ParameterSink = std::function<absl::Status(int flat, std::vector<float>&& tensor)>;
+  absl::Status GatherParameters(const ParameterSink& sink);
 
   int64_t steps_done() const { return step_; }
 

@@ -239,6 +239,51 @@ TEST(SafetensorsTest, MetadataRoundTripsAndIsOptional) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(SafetensorsWriterTest, StreamedFileEqualsTheOneShotFile) {
+  TempDir dir;
+  const std::vector<float> a = {1, 2, 3, 4, 5, 6}, b = {-1.5f}, none;
+  const std::map<std::string, std::string> meta = {{"format", "pt"}};
+  ASSERT_TRUE(WriteSafetensors(dir.File("one.safetensors"),
+                               {{"a", {2, 3}, a.data()}, {"b", {1}, b.data()}, {"z", {0}, nullptr}},
+                               meta)
+                  .ok());
+  absl::StatusOr<std::unique_ptr<SafetensorsWriter>> w = SafetensorsWriter::Create(
+      dir.File("streamed.safetensors"), {{"a", {2, 3}}, {"b", {1}}, {"z", {0}}}, meta);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->Append(a).ok());
+  EXPECT_FALSE(fs::exists(dir.File("streamed.safetensors")));  // not before Finish
+  ASSERT_TRUE((*w)->Append(b).ok());
+  ASSERT_TRUE((*w)->Append(none).ok());
+  EXPECT_EQ((*w)->Append(b).code(), absl::StatusCode::kFailedPrecondition);  // one too many
+  ASSERT_TRUE((*w)->Finish().ok());
+  EXPECT_EQ(ReadBytes(dir.File("streamed.safetensors")), ReadBytes(dir.File("one.safetensors")));
+}
+
+TEST(SafetensorsWriterTest, WrongSizesAndUnfinishedWritersLeaveNothingBehind) {
+  TempDir dir;
+  const std::string path = dir.File("out.safetensors");
+  const std::vector<float> old = {9};
+  ASSERT_TRUE(WriteSafetensors(path, {{"old", {1}, old.data()}}).ok());
+  const std::string before = ReadBytes(path);
+  {
+    absl::StatusOr<std::unique_ptr<SafetensorsWriter>> w =
+        SafetensorsWriter::Create(path, {{"a", {2}}, {"b", {2}}});
+    ASSERT_TRUE(w.ok());
+    const std::vector<float> three = {1, 2, 3}, two = {1, 2};
+    absl::Status st = (*w)->Append(three);
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(st.message()), HasSubstr("needs 2 values, got 3"));
+    ASSERT_TRUE((*w)->Append(two).ok());
+    EXPECT_EQ((*w)->Finish().code(), absl::StatusCode::kFailedPrecondition);  // b missing
+  }  // dropped unfinished
+  EXPECT_EQ(ReadBytes(path), before);
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 1);
+  // Bad declarations are refused before any file is created.
+  EXPECT_EQ(SafetensorsWriter::Create(dir.File("bad.safetensors"), {{"", {1}}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(fs::exists(dir.File("bad.safetensors")));
+}
+
 // ---------------------------------------------------------------- malformed input
 
 struct BadFile {
