@@ -28,8 +28,10 @@
 #include "worker/model/moe_mlp.h"
 #include "worker/model/synthetic.h"
 #include "worker/runtime/trainer.h"
-#include "muonmesh/config.h"
-#if MUONMESH_HAVE_CUDA
+#ifndef MUONMESH_WORKER_WITH_CUDA
+#define MUONMESH_WORKER_WITH_CUDA 0
+#endif
+#if MUONMESH_WORKER_WITH_CUDA
 #include <cuda_runtime_api.h>
 
 #include "worker/model/mlp_cuda.h"
@@ -132,7 +134,7 @@ absl::StatusOr<std::unique_ptr<Workload>> MakeWorkload(const ResolvedJob& job) {
 absl::StatusOr<std::unique_ptr<Device>> MakeDevice(const ResolvedJob& job,
                                                    const StandaloneOptions& options) {
   if (job.device == "cpu") return MakeCpuDevice();
-#if MUONMESH_HAVE_CUDA
+#if MUONMESH_WORKER_WITH_CUDA
   int ordinal = options.cuda_device;
   if (ordinal < 0) {
     int count = 0;
@@ -156,15 +158,15 @@ absl::StatusOr<std::unique_ptr<Device>> MakeDevice(const ResolvedJob& job,
 #else
   (void)options;
   return absl::UnimplementedError(
-      "device 'cuda': this muonmesh-worker was built without CUDA (configure with "
-      "MUONMESH_ENABLE_CUDA=ON where nvcc exists)");
+      "device 'cuda': this muonmesh-worker runs cpu jobs only; run cuda jobs with "
+      "muonmesh-worker-cuda (built next to it when CUDA is found)");
 #endif
 }
 
 // The workload's GPU form (every built-in workload has one).
 absl::StatusOr<std::unique_ptr<Workload>> OnGpu(const ResolvedJob& job,
                                                 std::unique_ptr<Workload> workload) {
-#if MUONMESH_HAVE_CUDA
+#if MUONMESH_WORKER_WITH_CUDA
   if (job.model_kind == ResolvedJob::ModelKind::kSynthetic) {
     auto* s = static_cast<Synthetic*>(workload.get());
     absl::StatusOr<std::unique_ptr<CudaSynthetic>> gpu = CudaSynthetic::Create(std::move(*s));
@@ -184,7 +186,7 @@ absl::StatusOr<std::unique_ptr<Workload>> OnGpu(const ResolvedJob& job,
 #else
   (void)job;
   (void)workload;
-  return absl::UnimplementedError("device 'cuda': this build has no CUDA");
+  return absl::UnimplementedError("device 'cuda': this muonmesh-worker runs cpu jobs only");
 #endif
 }
 
@@ -347,6 +349,7 @@ absl::Status DescribeJob(const std::string& job_path, const LineSink& out) {
   absl::StatusOr<ResolvedJob> job = LoadJob(job_path);
   if (!job.ok()) return job.status();
   out(absl::StrCat("name=", job->name));
+  out(absl::StrCat("device=", job->device));
   out(absl::StrCat("world_size=", job->world_size));
   out(absl::StrCat("steps=", job->steps));
   out(absl::StrCat("checkpoint_every=", job->checkpoint_every));

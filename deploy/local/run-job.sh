@@ -23,10 +23,15 @@ worker="${MUONMESH_BUILD_DIR:-$root/build}/worker/muonmesh-worker"
 [[ -x "$worker" ]] || { echo "no $worker: build first (deploy/local/run-example.sh)" >&2; exit 2; }
 [[ -f "$job" ]] || { echo "no job file $job" >&2; exit 2; }
 
-# The job's world size and restart budget, as the worker reads the file.
+# The job's device, world size and restart budget, as the worker reads the file.
 describe=$("$worker" --describe --job "$job") || exit 1
 world=$(sed -n 's/^world_size=//p' <<<"$describe")
 max_restarts=$(sed -n 's/^max_restarts=//p' <<<"$describe")
+if [[ $(sed -n 's/^device=//p' <<<"$describe") == cuda ]]; then
+  # GPU jobs need the CUDA build of the worker (the CPU one does not load cuBLAS).
+  worker="${worker}-cuda"
+  [[ -x "$worker" ]] || { echo "no $worker: device: cuda jobs need a build with CUDA" >&2; exit 2; }
+fi
 
 logs=$(mktemp -d "${TMPDIR:-/tmp}/muonmesh-job.XXXXXX")
 pids=()
