@@ -1,23 +1,13 @@
 #include "worker/cuda/mlp_kernels.h"
 
+#include "worker/cuda/grid.cuh"
+
 namespace muonmesh::cuda::internal {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kMaxBlocks = 4096;
-
-int Blocks(int64_t count) {
-  const int64_t b = (count + kThreads - 1) / kThreads;
-  return static_cast<int>(b < 1 ? 1 : (b < kMaxBlocks ? b : kMaxBlocks));
-}
-
-#define MUONMESH_GRID_LOOP(i, count)                                                   \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (count); \
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-
 __global__ void GatherRowsKernel(const float* __restrict__ src, const int64_t* __restrict__ rows,
                                  int64_t n, int64_t width, float* __restrict__ dst) {
-  MUONMESH_GRID_LOOP(k, n * width) {
+  MUONMESH_GRID_STRIDE_LOOP(k, n * width) {
     const int64_t r = k / width;
     dst[k] = src[rows[r] * width + (k - r * width)];
   }
@@ -25,7 +15,7 @@ __global__ void GatherRowsKernel(const float* __restrict__ src, const int64_t* _
 
 __global__ void BiasActivateKernel(float* __restrict__ z, const float* __restrict__ b, int64_t n,
                                    int64_t width, bool activate) {
-  MUONMESH_GRID_LOOP(k, n * width) {
+  MUONMESH_GRID_STRIDE_LOOP(k, n * width) {
     const float v = __fadd_rn(z[k], b[k % width]);
     z[k] = activate ? tanhf(v) : v;
   }
@@ -37,7 +27,7 @@ __global__ void OutputDeltaKernel(const float* __restrict__ y, const float* __re
                                   double* __restrict__ partial) {
   __shared__ double sums[kThreads];
   double local = 0.0;
-  MUONMESH_GRID_LOOP(k, n * width) {
+  MUONMESH_GRID_STRIDE_LOOP(k, n * width) {
     const int64_t r = k / width;
     const double d = static_cast<double>(y[k]) -
                      static_cast<double>(targets[rows[r] * width + (k - r * width)]);
@@ -55,7 +45,7 @@ __global__ void OutputDeltaKernel(const float* __restrict__ y, const float* __re
 
 __global__ void ColumnSumsKernel(const float* __restrict__ x, int64_t n, int64_t width,
                                  float* __restrict__ out) {
-  MUONMESH_GRID_LOOP(c, width) {
+  MUONMESH_GRID_STRIDE_LOOP(c, width) {
     double s = 0.0;
     for (int64_t r = 0; r < n; ++r) s = __dadd_rn(s, static_cast<double>(x[r * width + c]));
     out[c] = static_cast<float>(s);
@@ -64,7 +54,7 @@ __global__ void ColumnSumsKernel(const float* __restrict__ x, int64_t n, int64_t
 
 __global__ void TanhBackwardKernel(float* __restrict__ delta, const float* __restrict__ h,
                                    int64_t count) {
-  MUONMESH_GRID_LOOP(k, count) {
+  MUONMESH_GRID_STRIDE_LOOP(k, count) {
     delta[k] = __fmul_rn(delta[k], __fsub_rn(1.0f, __fmul_rn(h[k], h[k])));
   }
 }
@@ -111,22 +101,10 @@ cudaError_t LaunchTanhBackward(float* delta, const float* h, int64_t count, cuda
 namespace muonmesh::cuda::internal {
 namespace {
 
-constexpr int kMoeThreads = 256;
-constexpr int kMoeMaxBlocks = 4096;
-
-int MoeBlocks(int64_t count) {
-  const int64_t b = (count + kMoeThreads - 1) / kMoeThreads;
-  return static_cast<int>(b < 1 ? 1 : (b < kMoeMaxBlocks ? b : kMoeMaxBlocks));
-}
-
-#define MUONMESH_MOE_LOOP(i, count)                                                    \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (count); \
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-
 __global__ void GatherRowsStridedKernel(const float* __restrict__ src, int64_t stride,
                                         int64_t offset, const int64_t* __restrict__ rows,
                                         int64_t n, int64_t width, float* __restrict__ dst) {
-  MUONMESH_MOE_LOOP(k, n * width) {
+  MUONMESH_GRID_STRIDE_LOOP(k, n * width) {
     const int64_t i = k / width;
     dst[k] = src[rows[i] * stride + offset + (k - i * width)];
   }
@@ -134,7 +112,7 @@ __global__ void GatherRowsStridedKernel(const float* __restrict__ src, int64_t s
 
 __global__ void ScatterRowsKernel(const float* __restrict__ src, const int64_t* __restrict__ rows,
                                   int64_t n, int64_t width, float* __restrict__ dst, bool add) {
-  MUONMESH_MOE_LOOP(k, n * width) {
+  MUONMESH_GRID_STRIDE_LOOP(k, n * width) {
     const int64_t i = k / width;
     float* d = dst + rows[i] * width + (k - i * width);
     *d = add ? __fadd_rn(*d, src[k]) : src[k];
@@ -145,7 +123,7 @@ __global__ void PackTokensKernel(const float* __restrict__ src, const int64_t* _
                                  const float* __restrict__ ids, int64_t n, int64_t width,
                                  float* __restrict__ dst) {
   const int64_t row = width + 1;
-  MUONMESH_MOE_LOOP(k, n * row) {
+  MUONMESH_GRID_STRIDE_LOOP(k, n * row) {
     const int64_t j = k / row;
     const int64_t c = k - j * row;
     dst[k] = c == 0 ? ids[j] : src[rows[j] * width + (c - 1)];
@@ -156,7 +134,7 @@ __global__ void GatherScaledRowsKernel(const float* __restrict__ src,
                                        const float* __restrict__ scale,
                                        const int64_t* __restrict__ rows, int64_t n, int64_t width,
                                        float* __restrict__ dst) {
-  MUONMESH_MOE_LOOP(k, n * width) {
+  MUONMESH_GRID_STRIDE_LOOP(k, n * width) {
     const int64_t j = k / width;
     const int64_t s = rows[j];
     dst[k] = __fmul_rn(scale[s], src[s * width + (k - j * width)]);
@@ -166,12 +144,12 @@ __global__ void GatherScaledRowsKernel(const float* __restrict__ src,
 __global__ void GatedResidualKernel(const float* __restrict__ h, const float* __restrict__ gate,
                                     const float* __restrict__ o, int64_t n, int64_t width,
                                     float* __restrict__ z) {
-  MUONMESH_MOE_LOOP(k, n * width) { z[k] = __fadd_rn(h[k], __fmul_rn(gate[k / width], o[k])); }
+  MUONMESH_GRID_STRIDE_LOOP(k, n * width) { z[k] = __fadd_rn(h[k], __fmul_rn(gate[k / width], o[k])); }
 }
 
 __global__ void RowDotsKernel(const float* __restrict__ a, const float* __restrict__ b, int64_t n,
                               int64_t width, double* __restrict__ out) {
-  MUONMESH_MOE_LOOP(s, n) {
+  MUONMESH_GRID_STRIDE_LOOP(s, n) {
     double sum = 0.0;
     for (int64_t k = 0; k < width; ++k) {
       sum = __dadd_rn(sum, __dmul_rn(static_cast<double>(a[s * width + k]),
@@ -182,7 +160,7 @@ __global__ void RowDotsKernel(const float* __restrict__ a, const float* __restri
 }
 
 __global__ void TanhKernel(float* __restrict__ x, int64_t count) {
-  MUONMESH_MOE_LOOP(k, count) { x[k] = tanhf(x[k]); }
+  MUONMESH_GRID_STRIDE_LOOP(k, count) { x[k] = tanhf(x[k]); }
 }
 
 }  // namespace
@@ -191,7 +169,7 @@ cudaError_t LaunchGatherRowsStrided(const float* src, int64_t src_stride, int64_
                                     const int64_t* rows, int64_t n, int64_t width, float* dst,
                                     cudaStream_t stream) {
   if (n * width <= 0) return cudaSuccess;
-  GatherRowsStridedKernel<<<MoeBlocks(n * width), kMoeThreads, 0, stream>>>(
+  GatherRowsStridedKernel<<<Blocks(n * width), kThreads, 0, stream>>>(
       src, src_stride, src_offset, rows, n, width, dst);
   return cudaGetLastError();
 }
@@ -199,7 +177,7 @@ cudaError_t LaunchGatherRowsStrided(const float* src, int64_t src_stride, int64_
 cudaError_t LaunchScatterRows(const float* src, const int64_t* rows, int64_t n, int64_t width,
                               float* dst, cudaStream_t stream) {
   if (n * width <= 0) return cudaSuccess;
-  ScatterRowsKernel<<<MoeBlocks(n * width), kMoeThreads, 0, stream>>>(src, rows, n, width, dst,
+  ScatterRowsKernel<<<Blocks(n * width), kThreads, 0, stream>>>(src, rows, n, width, dst,
                                                                       false);
   return cudaGetLastError();
 }
@@ -207,7 +185,7 @@ cudaError_t LaunchScatterRows(const float* src, const int64_t* rows, int64_t n, 
 cudaError_t LaunchScatterAddRows(const float* src, const int64_t* rows, int64_t n, int64_t width,
                                  float* dst, cudaStream_t stream) {
   if (n * width <= 0) return cudaSuccess;
-  ScatterRowsKernel<<<MoeBlocks(n * width), kMoeThreads, 0, stream>>>(src, rows, n, width, dst,
+  ScatterRowsKernel<<<Blocks(n * width), kThreads, 0, stream>>>(src, rows, n, width, dst,
                                                                       true);
   return cudaGetLastError();
 }
@@ -215,7 +193,7 @@ cudaError_t LaunchScatterAddRows(const float* src, const int64_t* rows, int64_t 
 cudaError_t LaunchPackTokens(const float* src, const int64_t* rows, const float* ids, int64_t n,
                              int64_t width, float* dst, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  PackTokensKernel<<<MoeBlocks(n * (width + 1)), kMoeThreads, 0, stream>>>(src, rows, ids, n,
+  PackTokensKernel<<<Blocks(n * (width + 1)), kThreads, 0, stream>>>(src, rows, ids, n,
                                                                            width, dst);
   return cudaGetLastError();
 }
@@ -223,7 +201,7 @@ cudaError_t LaunchPackTokens(const float* src, const int64_t* rows, const float*
 cudaError_t LaunchGatherScaledRows(const float* src, const float* scale, const int64_t* rows,
                                    int64_t n, int64_t width, float* dst, cudaStream_t stream) {
   if (n * width <= 0) return cudaSuccess;
-  GatherScaledRowsKernel<<<MoeBlocks(n * width), kMoeThreads, 0, stream>>>(src, scale, rows, n,
+  GatherScaledRowsKernel<<<Blocks(n * width), kThreads, 0, stream>>>(src, scale, rows, n,
                                                                            width, dst);
   return cudaGetLastError();
 }
@@ -231,20 +209,20 @@ cudaError_t LaunchGatherScaledRows(const float* src, const float* scale, const i
 cudaError_t LaunchGatedResidual(const float* h, const float* gate, const float* o, int64_t n,
                                 int64_t width, float* z, cudaStream_t stream) {
   if (n * width <= 0) return cudaSuccess;
-  GatedResidualKernel<<<MoeBlocks(n * width), kMoeThreads, 0, stream>>>(h, gate, o, n, width, z);
+  GatedResidualKernel<<<Blocks(n * width), kThreads, 0, stream>>>(h, gate, o, n, width, z);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchRowDots(const float* a, const float* b, int64_t n, int64_t width, double* out,
                           cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  RowDotsKernel<<<MoeBlocks(n), kMoeThreads, 0, stream>>>(a, b, n, width, out);
+  RowDotsKernel<<<Blocks(n), kThreads, 0, stream>>>(a, b, n, width, out);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchTanh(float* x, int64_t count, cudaStream_t stream) {
   if (count <= 0) return cudaSuccess;
-  TanhKernel<<<MoeBlocks(count), kMoeThreads, 0, stream>>>(x, count);
+  TanhKernel<<<Blocks(count), kThreads, 0, stream>>>(x, count);
   return cudaGetLastError();
 }
 

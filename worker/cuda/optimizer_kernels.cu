@@ -2,16 +2,10 @@
 
 #include <cmath>
 
+#include "worker/cuda/grid.cuh"
+
 namespace muonmesh::cuda::internal {
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int kMaxBlocks = 4096;
-
-int Blocks(int64_t count) {
-  const int64_t b = (count + kThreads - 1) / kThreads;
-  return static_cast<int>(b < kMaxBlocks ? (b < 1 ? 1 : b) : kMaxBlocks);
-}
 
 // torch's lerp: w < 0.5 ? s + w (e - s) : e - (e - s)(1 - w), rounded step by
 // step as the CPU code does.
@@ -28,8 +22,7 @@ __global__ void AdamWKernel(AdamWScalars k, const float* __restrict__ grad,
                             float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq,
                             float* __restrict__ param, int64_t count, bool commit,
                             long long* bad) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  MUONMESH_GRID_STRIDE_LOOP(i, count) {
     const float g = grad[i];
     const float p = param[i];
     const float m = exp_avg[i];
@@ -56,8 +49,7 @@ __global__ void MuonPrepareKernel(MuonScalars k, const float* __restrict__ grad,
                                   const float* __restrict__ momentum,
                                   float* __restrict__ update, int64_t count, bool commit,
                                   long long* bad) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  MUONMESH_GRID_STRIDE_LOOP(i, count) {
     const float g = grad[i];
     const float m = momentum[i];
     const float m_new = Lerp(m, g, k.one_minus_beta);
@@ -76,8 +68,7 @@ __global__ void MuonApplyKernel(MuonScalars k, const float* __restrict__ grad,
                                 const float* __restrict__ orthogonalized,
                                 float* __restrict__ momentum, float* __restrict__ param,
                                 int64_t count, bool commit, long long* bad) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  MUONMESH_GRID_STRIDE_LOOP(i, count) {
     const float o = orthogonalized[i];
     const float p_new = __fadd_rn(__fmul_rn(param[i], k.decay), __fmul_rn(k.step, o));
     const float m_new = Lerp(momentum[i], grad[i], k.one_minus_beta);
@@ -91,15 +82,13 @@ __global__ void MuonApplyKernel(MuonScalars k, const float* __restrict__ grad,
 }
 
 __global__ void FillKernel(float* __restrict__ dst, int64_t count, float value) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  MUONMESH_GRID_STRIDE_LOOP(i, count) {
     dst[i] = value;
   }
 }
 
 __global__ void CheckFiniteKernel(const float* __restrict__ x, int64_t count, long long* bad) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  MUONMESH_GRID_STRIDE_LOOP(i, count) {
     if (!isfinite(x[i])) Flag(bad, i);
   }
 }

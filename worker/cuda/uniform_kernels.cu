@@ -1,10 +1,9 @@
 #include "worker/cuda/uniform_kernels.h"
 
+#include "worker/cuda/grid.cuh"
+
 namespace muonmesh::cuda::internal {
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int kMaxBlocks = 4096;
 
 // SplitMix64 (worker/model/rng.h): H(x) = Mix(x + G).
 __device__ __forceinline__ uint64_t Hash(uint64_t x) {
@@ -16,8 +15,7 @@ __device__ __forceinline__ uint64_t Hash(uint64_t x) {
 
 __global__ void UniformFillKernel(uint64_t key, uint64_t first, int64_t count, double factor,
                                   float* __restrict__ out) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  MUONMESH_GRID_STRIDE_LOOP(i, count) {
     const uint64_t bits = Hash(key ^ (first + static_cast<uint64_t>(i)));
     // (bits >> 40) - 2^23 is exact in float; times 2^-23 is exact too.
     const float u = static_cast<float>(static_cast<int64_t>(bits >> 40) - (int64_t{1} << 23)) *
@@ -31,9 +29,7 @@ __global__ void UniformFillKernel(uint64_t key, uint64_t first, int64_t count, d
 cudaError_t LaunchUniformFill(uint64_t key, uint64_t first, int64_t count, double factor,
                               float* out, cudaStream_t stream) {
   if (count <= 0) return cudaSuccess;
-  const int64_t blocks = (count + kThreads - 1) / kThreads;
-  UniformFillKernel<<<static_cast<int>(blocks < kMaxBlocks ? blocks : kMaxBlocks), kThreads, 0,
-                      stream>>>(key, first, count, factor, out);
+  UniformFillKernel<<<Blocks(count), kThreads, 0, stream>>>(key, first, count, factor, out);
   return cudaGetLastError();
 }
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "worker/cuda/cuda_checks.h"
 #include "worker/cuda/mlp_kernels.h"
+#include "worker/cuda/row_major_gemm.h"
 
 namespace muonmesh::worker {
 
@@ -73,15 +74,7 @@ absl::Status CudaMlp::Reserve(int64_t n) {
 
 absl::Status CudaMlp::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                            const float* a, const float* b, float* c) {
-  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
-  const float one = 1.0f;
-  const float zero = 0.0f;
-  MUONMESH_CUBLAS_CHECK(cublasSgemm(
-      blas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-      static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &one, b,
-      static_cast<int>(trans_b ? k : n), a, static_cast<int>(trans_a ? m : k), &zero, c,
-      static_cast<int>(n)));
-  return absl::OkStatus();
+  return cuda::RowMajorSgemm(blas_, trans_a, trans_b, m, n, k, 1.0f, a, b, 0.0f, c);
 }
 
 absl::StatusOr<double> CudaMlp::ForwardBackward(int64_t, absl::Span<const float* const>,

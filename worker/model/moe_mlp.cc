@@ -193,6 +193,43 @@ absl::StatusOr<std::vector<std::vector<float>>> MoeMlpInitialParams(const MoeMlp
   return out;
 }
 
+void RouteTokens(float* probs, int64_t n, int64_t num_experts, MoeRouting* r) {
+  r->expert.resize(n);
+  r->gate.resize(n);
+  r->per_expert.assign(num_experts + 1, 0);
+  for (int64_t s = 0; s < n; ++s) {
+    float* row = probs + s * num_experts;
+    double m = row[0];
+    for (int64_t j = 1; j < num_experts; ++j) m = std::max(m, static_cast<double>(row[j]));
+    double sum = 0.0;
+    for (int64_t j = 0; j < num_experts; ++j) sum += std::exp(static_cast<double>(row[j]) - m);
+    int32_t best = 0;
+    for (int64_t j = 0; j < num_experts; ++j) {
+      row[j] = static_cast<float>(std::exp(static_cast<double>(row[j]) - m) / sum);
+      if (row[j] > row[best]) best = static_cast<int32_t>(j);
+    }
+    r->expert[s] = best;
+    r->gate[s] = row[best];
+    ++r->per_expert[best + 1];
+  }
+  for (int64_t e = 0; e < num_experts; ++e) r->per_expert[e + 1] += r->per_expert[e];
+  r->order.resize(n);
+  std::vector<int64_t> next(r->per_expert.begin(), r->per_expert.end() - 1);
+  for (int64_t s = 0; s < n; ++s) r->order[next[r->expert[s]]++] = s;
+}
+
+void RouterLogitGradient(const float* probs, const MoeRouting& r, const double* dgate, int64_t n,
+                         int64_t num_experts, float* dlogits) {
+  for (int64_t s = 0; s < n; ++s) {
+    const float* gs = probs + s * num_experts;
+    const double ge = gs[r.expert[s]];
+    for (int64_t j = 0; j < num_experts; ++j) {
+      const double delta = j == r.expert[s] ? 1.0 : 0.0;
+      dlogits[s * num_experts + j] = static_cast<float>(ge * (delta - gs[j]) * dgate[s]);
+    }
+  }
+}
+
 // ---------------------------------------------------------------- MoeMlp
 
 MoeMlp::MoeMlp(const MoeMlpDims& dims, std::vector<float> x, std::vector<float> y,
@@ -366,30 +403,11 @@ absl::Status MoeMlp::ForwardPass(UnitAccess& units, absl::Span<const int64_t> sa
   const float* w2 = (*p)[2];
   g_.resize(n * e_total);
   Gemm(false, true, n, e_total, d, 1.0f, h_.data(), w_router, 0.0f, g_.data());
-  expert_.resize(n);
-  gate_.resize(n);
-  std::vector<int64_t> per_expert(e_total + 1, 0);
-  for (int64_t s = 0; s < n; ++s) {
-    float* row = g_.data() + s * e_total;
-    double m = row[0];
-    for (int64_t j = 1; j < e_total; ++j) m = std::max(m, static_cast<double>(row[j]));
-    double sum = 0.0;
-    for (int64_t j = 0; j < e_total; ++j) sum += std::exp(static_cast<double>(row[j]) - m);
-    int32_t best = 0;
-    for (int64_t j = 0; j < e_total; ++j) {
-      row[j] = static_cast<float>(std::exp(static_cast<double>(row[j]) - m) / sum);
-      if (row[j] > row[best]) best = static_cast<int32_t>(j);
-    }
-    expert_[s] = best;
-    gate_[s] = row[best];
-    ++per_expert[best + 1];
-  }
-  for (int64_t e = 0; e < e_total; ++e) per_expert[e + 1] += per_expert[e];
-  order_.resize(n);
-  {
-    std::vector<int64_t> next(per_expert.begin(), per_expert.end() - 1);
-    for (int64_t s = 0; s < n; ++s) order_[next[expert_[s]]++] = static_cast<int32_t>(s);
-  }
+  RouteTokens(g_.data(), n, e_total, &routing_);
+  const std::vector<int64_t>& per_expert = routing_.per_expert;
+  const std::vector<int32_t>& expert = routing_.expert;
+  const std::vector<float>& gate = routing_.gate;
+  const std::vector<int64_t>& order = routing_.order;
   send_tokens_.assign(ep, 0);
   for (int q = 0; q < ep; ++q) {
     send_tokens_[q] = per_expert[(q + 1) * local] - per_expert[q * local];
@@ -423,8 +441,8 @@ absl::Status MoeMlp::ForwardPass(UnitAccess& units, absl::Span<const int64_t> sa
   send_.resize(std::max<int64_t>(n * row, 1));
   recv_.resize(std::max<int64_t>(received * row, 1));
   for (int64_t j = 0; j < n; ++j) {
-    const int32_t s = order_[j];
-    send_[j * row] = static_cast<float>(expert_[s] % local);
+    const int64_t s = order[j];
+    send_[j * row] = static_cast<float>(expert[s] % local);
     std::copy_n(h_.data() + s * d, d, send_.data() + j * row + 1);
   }
   if (absl::Status st =
@@ -484,11 +502,11 @@ absl::Status MoeMlp::ForwardPass(UnitAccess& units, absl::Span<const int64_t> sa
   o_.resize(n * d);
   z_.resize(n * d);
   for (int64_t j = 0; j < n; ++j) {
-    const int64_t s = order_[j];
+    const int64_t s = order[j];
     std::copy_n(send_.data() + j * d, d, o_.data() + s * d);
   }
   for (int64_t s = 0; s < n; ++s) {
-    for (int64_t k = 0; k < d; ++k) z_[s * d + k] = h_[s * d + k] + gate_[s] * o_[s * d + k];
+    for (int64_t k = 0; k < d; ++k) z_[s * d + k] = h_[s * d + k] + gate[s] * o_[s * d + k];
   }
 
   // Output layer (stays acquired for the backward pass).
@@ -573,9 +591,10 @@ absl::StatusOr<double> MoeMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAcces
     send_counts[q] = send_tokens_[q] * d;
     recv_counts[q] = recv_tokens_[q] * d;
   }
+  const std::vector<int64_t>& order = routing_.order;
   for (int64_t j = 0; j < n; ++j) {
-    const int64_t s = order_[j];
-    for (int64_t k = 0; k < d; ++k) send_[j * d + k] = gate_[s] * dz[s * d + k];
+    const int64_t s = order[j];
+    for (int64_t k = 0; k < d; ++k) send_[j * d + k] = routing_.gate[s] * dz[s * d + k];
   }
   if (absl::Status st =
           units.ExchangeTokens(send_.data(), send_counts, recv_.data(), recv_counts);
@@ -625,19 +644,12 @@ absl::StatusOr<double> MoeMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAcces
   }
   std::vector<float> dh(dz);
   for (int64_t j = 0; j < n; ++j) {
-    const int64_t s = order_[j];
+    const int64_t s = order[j];
     for (int64_t k = 0; k < d; ++k) dh[s * d + k] += send_[j * d + k];
   }
   // Router: dL/dlogit_j = g_e (delta_je - g_j) dL/dg_e.
   std::vector<float> dlogits(n * e_total);
-  for (int64_t s = 0; s < n; ++s) {
-    const float* gs = g_.data() + s * e_total;
-    const double ge = gs[expert_[s]];
-    for (int64_t j = 0; j < e_total; ++j) {
-      const double delta = j == expert_[s] ? 1.0 : 0.0;
-      dlogits[s * e_total + j] = static_cast<float>(ge * (delta - gs[j]) * dgate[s]);
-    }
-  }
+  RouterLogitGradient(g_.data(), routing_, dgate.data(), n, e_total, dlogits.data());
   Gemm(true, false, e_total, d, n, 1.0f, dlogits.data(), h_.data(), 0.0f, gw_router);
   Gemm(false, false, n, d, e_total, 1.0f, dlogits.data(), w_router, 1.0f, dh.data());
   if (absl::Status st = units.Commit(1); !st.ok()) return st;

@@ -89,6 +89,24 @@ absl::StatusOr<plan::ModelSpec> MoeMlpSpec(const MoeMlpDims& dims);
 absl::StatusOr<std::vector<std::vector<float>>> MoeMlpInitialParams(const MoeMlpDims& dims,
                                                                     uint64_t seed);
 
+// The routing of n tokens (shared by the CPU and GPU workloads, so they route
+// alike). RouteTokens turns probs [n, E] from router logits into the softmax
+// (each row in double, rounded to float once) and fills: expert[s] = argmax
+// (the lowest index on ties), gate[s] = probs[s, expert[s]], order = token
+// indices sorted by expert (stable), per_expert = E + 1 offsets into order.
+struct MoeRouting {
+  std::vector<int32_t> expert;
+  std::vector<float> gate;
+  std::vector<int64_t> order;
+  std::vector<int64_t> per_expert;
+};
+void RouteTokens(float* probs, int64_t n, int64_t num_experts, MoeRouting* routing);
+
+// dlogits[s, j] = float(g_e (delta_je - g_j) dgate[s]) in double, with
+// g = probs and e = routing.expert[s]: the router's gradient through the gate.
+void RouterLogitGradient(const float* probs, const MoeRouting& routing, const double* dgate,
+                         int64_t n, int64_t num_experts, float* dlogits);
+
 class MoeMlp final : public Workload {
  public:
   // Takes the dataset x [N, d_in], y [N, d_out] (row-major, N >= 1, finite).
@@ -158,9 +176,7 @@ class MoeMlp final : public Workload {
   // indices by expert), counts per group. Expert side, per received token in
   // expert order: its inputs, activations a, and where it came from.
   std::vector<float> xs_, h_, g_, o_, z_, y_out_;
-  std::vector<int32_t> expert_;
-  std::vector<float> gate_;
-  std::vector<int32_t> order_;
+  MoeRouting routing_;
   std::vector<int64_t> send_tokens_, recv_tokens_;
   std::vector<int32_t> ex_local_;   // per received token: local expert
   std::vector<int32_t> ex_order_;   // received token indices, by local expert

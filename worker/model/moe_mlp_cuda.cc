@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "worker/cuda/cuda_checks.h"
 #include "worker/cuda/mlp_kernels.h"
+#include "worker/cuda/row_major_gemm.h"
 
 namespace muonmesh::worker {
 namespace {
@@ -142,14 +143,7 @@ absl::Status CudaMoeMlp::Sync() {
 
 absl::Status CudaMoeMlp::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t kk,
                               float alpha, const float* a, const float* b, float beta, float* c) {
-  if (m == 0 || n == 0) return absl::OkStatus();
-  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
-  MUONMESH_CUBLAS_CHECK(cublasSgemm(
-      blas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-      static_cast<int>(n), static_cast<int>(m), static_cast<int>(kk), &alpha, b,
-      static_cast<int>(trans_b ? kk : n), a, static_cast<int>(trans_a ? m : kk), &beta, c,
-      static_cast<int>(n)));
-  return absl::OkStatus();
+  return cuda::RowMajorSgemm(blas_, trans_a, trans_b, m, n, kk, alpha, a, b, beta, c);
 }
 
 absl::StatusOr<double> CudaMoeMlp::ForwardBackward(int64_t, absl::Span<const float* const>,
@@ -235,30 +229,12 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
   MUONMESH_CUDA_CHECK(cudaMemcpyAsync(g.data(), s.logits.get(), sizeof(float) * g.size(),
                                       cudaMemcpyDeviceToHost, stream_));
   MUONMESH_RETURN_IF_ERROR(Sync());
-  std::vector<int32_t> expert(n);
-  std::vector<float> gate(n);
-  std::vector<int64_t> per_expert(e_total + 1, 0);
-  for (int64_t r = 0; r < n; ++r) {
-    float* row = g.data() + r * e_total;
-    double m = row[0];
-    for (int64_t j = 1; j < e_total; ++j) m = std::max(m, static_cast<double>(row[j]));
-    double sum = 0.0;
-    for (int64_t j = 0; j < e_total; ++j) sum += std::exp(static_cast<double>(row[j]) - m);
-    int32_t best = 0;
-    for (int64_t j = 0; j < e_total; ++j) {
-      row[j] = static_cast<float>(std::exp(static_cast<double>(row[j]) - m) / sum);
-      if (row[j] > row[best]) best = static_cast<int32_t>(j);
-    }
-    expert[r] = best;
-    gate[r] = row[best];
-    ++per_expert[best + 1];
-  }
-  for (int64_t e = 0; e < e_total; ++e) per_expert[e + 1] += per_expert[e];
-  std::vector<int64_t> order(n);
-  {
-    std::vector<int64_t> next(per_expert.begin(), per_expert.end() - 1);
-    for (int64_t r = 0; r < n; ++r) order[next[expert[r]]++] = r;
-  }
+  MoeRouting routing;
+  RouteTokens(g.data(), n, e_total, &routing);
+  const std::vector<int32_t>& expert = routing.expert;
+  const std::vector<float>& gate = routing.gate;
+  const std::vector<int64_t>& order = routing.order;
+  const std::vector<int64_t>& per_expert = routing.per_expert;
   std::vector<int64_t> send_tokens(ep), recv_tokens(ep);
   std::vector<float> count_send(ep), count_recv(ep), ids(n);
   for (int q = 0; q < ep; ++q) {
@@ -461,14 +437,7 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
       k::LaunchScatterAddRows(s.send.get(), s.order.get(), n, d, s.dh.get(), stream_));
   // Router: dL/dlogit_j = g_e (delta_je - g_j) dL/dg_e, on the host.
   std::vector<float> dlogits(static_cast<size_t>(n * e_total));
-  for (int64_t r = 0; r < n; ++r) {
-    const float* gs = g.data() + r * e_total;
-    const double ge = gs[expert[r]];
-    for (int64_t j = 0; j < e_total; ++j) {
-      const double delta = j == expert[r] ? 1.0 : 0.0;
-      dlogits[r * e_total + j] = static_cast<float>(ge * (delta - gs[j]) * dgate[r]);
-    }
-  }
+  RouterLogitGradient(g.data(), routing, dgate.data(), n, e_total, dlogits.data());
   MUONMESH_CUDA_CHECK(cudaMemcpyAsync(s.dlogits.get(), dlogits.data(),
                                       sizeof(float) * dlogits.size(), cudaMemcpyHostToDevice,
                                       stream_));
