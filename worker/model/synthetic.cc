@@ -153,26 +153,8 @@ absl::StatusOr<double> Synthetic::ForwardBackward(int64_t step,
 
 absl::StatusOr<double> Synthetic::ForwardBackwardByUnit(int64_t step, UnitAccess& units,
                                                         absl::Span<const int64_t> samples) {
-  if (step < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("synthetic: step ", step, " is negative"));
-  }
-  if (samples.empty()) return absl::InvalidArgumentError("synthetic: empty sample list");
-  for (size_t j = 0; j < samples.size(); ++j) {
-    if (samples[j] != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("synthetic: samples[", j, "] = ", samples[j], " is outside [0, 1)"));
-    }
-  }
   const int64_t ep = units.expert_parallel_size();
-  for (const plan::UnitSpec& unit : spec_.units) {
-    for (const plan::ParamSpec& param : unit.params) {
-      if (param.expert && (ep < 1 || param.shape[0] % ep != 0)) {
-        return absl::InvalidArgumentError(absl::StrCat("synthetic: ", param.name, " has ",
-                                                       param.shape[0], " experts, not a multiple of ",
-                                                       ep, " expert-parallel groups"));
-      }
-    }
-  }
+  if (absl::Status st = CheckByUnitCall(step, samples, ep); !st.ok()) return st;
   const uint64_t seed = gradient_seed_ ^ (static_cast<uint64_t>(step) * kSplitMix64Gamma);
   double sum = 0.0;
   size_t p = 0;  // flat index of the unit's first parameter
@@ -214,6 +196,30 @@ absl::StatusOr<double> Synthetic::ForwardBackwardByUnit(int64_t step, UnitAccess
     if (absl::Status st = units.Commit(static_cast<int>(u)); !st.ok()) return st;
   }
   return 0.5 * sum / static_cast<double>(total_elements_);
+}
+
+absl::Status Synthetic::CheckByUnitCall(int64_t step, absl::Span<const int64_t> samples,
+                                        int64_t ep) const {
+  if (step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("synthetic: step ", step, " is negative"));
+  }
+  if (samples.empty()) return absl::InvalidArgumentError("synthetic: empty sample list");
+  for (size_t j = 0; j < samples.size(); ++j) {
+    if (samples[j] != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("synthetic: samples[", j, "] = ", samples[j], " is outside [0, 1)"));
+    }
+  }
+  for (const plan::UnitSpec& unit : spec_.units) {
+    for (const plan::ParamSpec& param : unit.params) {
+      if (param.expert && (ep < 1 || param.shape[0] % ep != 0)) {
+        return absl::InvalidArgumentError(absl::StrCat("synthetic: ", param.name, " has ",
+                                                       param.shape[0], " experts, not a multiple of ",
+                                                       ep, " expert-parallel groups"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Synthetic::InitializeUnit(uint64_t seed, int unit,

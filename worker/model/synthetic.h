@@ -118,6 +118,12 @@ class Synthetic final : public Workload {
   absl::Status InitializeUnit(uint64_t seed, int unit,
                               absl::Span<float* const> params) const override;
 
+  // The checks of ForwardBackwardByUnit before it touches a unit: step >= 0,
+  // samples all 0 and not empty, every expert stack splitting over `ep`
+  // groups (shared with the GPU form, worker/model/synthetic_cuda.h).
+  absl::Status CheckByUnitCall(int64_t step, absl::Span<const int64_t> samples,
+                               int64_t ep) const;
+
   // Elements of parameter p (flat order) and of all parameters together.
   const std::vector<int64_t>& param_elements() const { return elements_; }
   int64_t total_elements() const { return total_elements_; }

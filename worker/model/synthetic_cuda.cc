@@ -73,28 +73,9 @@ absl::StatusOr<double> CudaSynthetic::SumSquares(const float* x, int64_t count) 
 
 absl::StatusOr<double> CudaSynthetic::ForwardBackwardByUnit(int64_t step, UnitAccess& units,
                                                             absl::Span<const int64_t> samples) {
-  if (step < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("synthetic: step ", step, " is negative"));
-  }
-  if (samples.empty()) return absl::InvalidArgumentError("synthetic: empty sample list");
-  for (size_t j = 0; j < samples.size(); ++j) {
-    if (samples[j] != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("synthetic: samples[", j, "] = ", samples[j], " is outside [0, 1)"));
-    }
-  }
   const plan::ModelSpec& spec = cpu_.spec();
   const int64_t ep = units.expert_parallel_size();
-  for (const plan::UnitSpec& unit : spec.units) {
-    for (const plan::ParamSpec& param : unit.params) {
-      if (param.expert && (ep < 1 || param.shape[0] % ep != 0)) {
-        return absl::InvalidArgumentError(absl::StrCat("synthetic: ", param.name, " has ",
-                                                       param.shape[0],
-                                                       " experts, not a multiple of ", ep,
-                                                       " expert-parallel groups"));
-      }
-    }
-  }
+  if (absl::Status st = cpu_.CheckByUnitCall(step, samples, ep); !st.ok()) return st;
   const std::vector<int64_t>& elements = cpu_.param_elements();
   const uint64_t seed =
       cpu_.gradient_seed() ^ (static_cast<uint64_t>(step) * kSplitMix64Gamma);
