@@ -57,18 +57,11 @@ absl::Status CudaOptimizer::AdamWStep(const math::AdamWOptions& options, int64_t
   }
   if (count < 0) return absl::InvalidArgumentError("AdamWStep: negative count");
   if (count == 0) return absl::OkStatus();
-  const double t = static_cast<double>(step);
-  const double bias_correction1 = 1.0 - std::pow(options.beta1, t);
-  const double bias_correction2 = 1.0 - std::pow(options.beta2, t);
-  const internal::AdamWScalars k{
-      static_cast<float>(1.0 - options.lr * options.weight_decay),
-      static_cast<float>(1.0 - options.beta1),
-      static_cast<float>(options.beta2),
-      static_cast<float>(1.0 - options.beta2),
-      static_cast<float>(std::sqrt(bias_correction2)),
-      static_cast<float>(options.eps),
-      static_cast<float>(-(options.lr / bias_correction1)),
-  };
+  const math::AdamWScalars m = math::AdamWScalarsFor(options, step);
+  const internal::AdamWScalars k{m.decay,           m.one_minus_beta1,
+                                 m.beta2,           m.one_minus_beta2,
+                                 m.bias_correction2_sqrt, m.eps,
+                                 m.neg_step_size};
   absl::StatusOr<int64_t> bad = FirstBad(count, [&] {
     return internal::LaunchAdamW(k, grad, exp_avg, exp_avg_sq, param, count, false, device_flag_,
                                  stream_);

@@ -8,16 +8,6 @@
 namespace muonmesh::math {
 namespace {
 
-struct AdamWScalars {
-  float decay;            // 1 - lr wd
-  float one_minus_beta1;  // lerp weight of the first moment
-  float beta2;
-  float one_minus_beta2;
-  float bias_correction2_sqrt;
-  float eps;
-  float neg_step_size;  // -lr / (1 - beta1^t)
-};
-
 struct Moments {
   float param;
   float exp_avg;
@@ -53,18 +43,7 @@ absl::Status AdamWStep(const AdamWOptions& options, int64_t step, absl::Span<con
   if (grad.size() != n || exp_avg.size() != n || exp_avg_sq.size() != n) {
     return absl::InvalidArgumentError("AdamWStep: buffer sizes differ");
   }
-  const double t = static_cast<double>(step);
-  const double bias_correction1 = 1.0 - std::pow(options.beta1, t);
-  const double bias_correction2 = 1.0 - std::pow(options.beta2, t);
-  const AdamWScalars k{
-      static_cast<float>(1.0 - options.lr * options.weight_decay),
-      static_cast<float>(1.0 - options.beta1),
-      static_cast<float>(options.beta2),
-      static_cast<float>(1.0 - options.beta2),
-      static_cast<float>(std::sqrt(bias_correction2)),
-      static_cast<float>(options.eps),
-      static_cast<float>(-(options.lr / bias_correction1)),
-  };
+  const AdamWScalars k = AdamWScalarsFor(options, step);
   // Check every result before writing any (the step is all or nothing).
   for (size_t i = 0; i < n; ++i) {
     if (!std::isfinite(grad[i])) {

@@ -46,6 +46,21 @@ absl::Status ValidateMuonOptions(const MuonOptions& options) {
   return ValidateNsOptions(options.ns);
 }
 
+AdamWScalars AdamWScalarsFor(const AdamWOptions& options, int64_t step) {
+  const double t = static_cast<double>(step);
+  const double bias_correction1 = 1.0 - std::pow(options.beta1, t);
+  const double bias_correction2 = 1.0 - std::pow(options.beta2, t);
+  return AdamWScalars{
+      static_cast<float>(1.0 - options.lr * options.weight_decay),
+      static_cast<float>(1.0 - options.beta1),
+      static_cast<float>(options.beta2),
+      static_cast<float>(1.0 - options.beta2),
+      static_cast<float>(std::sqrt(bias_correction2)),
+      static_cast<float>(options.eps),
+      static_cast<float>(-(options.lr / bias_correction1)),
+  };
+}
+
 double MuonUpdateScale(MuonScale scale, int64_t rows, int64_t cols) {
   const double r = static_cast<double>(rows);
   const double c = static_cast<double>(cols);

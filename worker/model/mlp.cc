@@ -8,10 +8,14 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/model/checks.h"
 #include "worker/model/rng.h"
 
 namespace muonmesh::worker {
 namespace {
+
+using internal::AnyNull;
+using internal::CheckFinite;
 
 // Stream of the teacher inputs x (parameter streams are 2i and 2i+1).
 constexpr uint64_t kTeacherInputStream = 1'000'000;
@@ -55,21 +59,6 @@ absl::Status CheckPointers(absl::Span<const int64_t> dims, size_t count, bool an
         absl::StrCat(what, ": got ", count, " tensors, the mlp has ", expected, " parameters"));
   }
   if (any_null) return absl::InvalidArgumentError(absl::StrCat(what, ": null tensor"));
-  return absl::OkStatus();
-}
-
-template <typename T>
-bool AnyNull(absl::Span<T* const> ptrs) {
-  return std::any_of(ptrs.begin(), ptrs.end(), [](T* p) { return p == nullptr; });
-}
-
-absl::Status CheckFinite(absl::Span<const float> values, const char* what) {
-  for (size_t k = 0; k < values.size(); ++k) {
-    if (!std::isfinite(values[k])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, "[", k, "] is not finite (", values[k], ")"));
-    }
-  }
   return absl::OkStatus();
 }
 

@@ -7,10 +7,14 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/model/checks.h"
 #include "worker/model/rng.h"
 
 namespace muonmesh::worker {
 namespace {
+
+using internal::AnyNull;
+using internal::CheckFinite;
 
 constexpr uint64_t kTeacherInputStream = 1'000'000;
 constexpr int kNumParams = 7;
@@ -25,21 +29,6 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
               trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
               static_cast<int>(k), alpha, a, static_cast<int>(trans_a ? m : k), b,
               static_cast<int>(trans_b ? k : n), beta, c, static_cast<int>(n));
-}
-
-template <typename T>
-bool AnyNull(absl::Span<T* const> ptrs) {
-  return std::any_of(ptrs.begin(), ptrs.end(), [](T* p) { return p == nullptr; });
-}
-
-absl::Status CheckFinite(absl::Span<const float> values, const char* what) {
-  for (size_t k = 0; k < values.size(); ++k) {
-    if (!std::isfinite(values[k])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, "[", k, "] is not finite (", values[k], ")"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 std::vector<std::vector<int64_t>> Shapes(const MoeMlpDims& d) {
@@ -94,24 +83,17 @@ class WholeAccess final : public UnitAccess {
   absl::Span<float* const> grads_;
 };
 
-// Releases `unit` on scope exit unless disarmed.
-class Held {
- public:
-  Held(UnitAccess& units, int unit) : units_(units), unit_(unit) {}
-  ~Held() {
-    if (unit_ >= 0) units_.Release(unit_);
-  }
-  void Release() {
-    if (unit_ >= 0) units_.Release(unit_);
-    unit_ = -1;
-  }
-  Held(const Held&) = delete;
-  Held& operator=(const Held&) = delete;
+using Held = HeldUnit;
 
- private:
-  UnitAccess& units_;
-  int unit_;
-};
+// out[c] = float(sum over rows r, in order, of double(x[r, c])): a bias
+// gradient.
+void ColumnSums(const float* x, int64_t n, int64_t width, float* out) {
+  for (int64_t c = 0; c < width; ++c) {
+    double sum = 0.0;
+    for (int64_t r = 0; r < n; ++r) sum += x[r * width + c];
+    out[c] = static_cast<float>(sum);
+  }
+}
 
 absl::Status CheckTensors(absl::Span<const float* const> ts, const char* what) {
   if (ts.size() != kNumParams || AnyNull(ts)) {
@@ -560,11 +542,7 @@ absl::StatusOr<double> MoeMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAcces
     if (!g.ok()) return g.status();
     if (absl::Status st = CheckUnitTensors(*g, 2, "gradients"); !st.ok()) return st;
     Gemm(true, false, d_out, d, n, 1.0f, dy.data(), z_.data(), 0.0f, (*g)[0]);
-    for (int64_t o = 0; o < d_out; ++o) {
-      double sum = 0.0;
-      for (int64_t s = 0; s < n; ++s) sum += dy[s * d_out + o];
-      (*g)[1][o] = static_cast<float>(sum);
-    }
+    ColumnSums(dy.data(), n, d_out, (*g)[1]);
     Gemm(false, false, n, d, d_out, 1.0f, dy.data(), w_out, 0.0f, dz.data());
     if (absl::Status st = units.Commit(2); !st.ok()) return st;
   }
@@ -662,11 +640,7 @@ absl::StatusOr<double> MoeMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAcces
   if (!g0.ok()) return g0.status();
   if (absl::Status st = CheckUnitTensors(*g0, 0, "gradients"); !st.ok()) return st;
   Gemm(true, false, d, d_in, n, 1.0f, dh.data(), xs_.data(), 0.0f, (*g0)[0]);
-  for (int64_t j = 0; j < d; ++j) {
-    double sum = 0.0;
-    for (int64_t s = 0; s < n; ++s) sum += dh[s * d + j];
-    (*g0)[1][j] = static_cast<float>(sum);
-  }
+  ColumnSums(dh.data(), n, d, (*g0)[1]);
   if (absl::Status st = units.Commit(0); !st.ok()) return st;
   return loss_sum / denom;
 }

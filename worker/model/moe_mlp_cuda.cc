@@ -38,22 +38,7 @@ class DevArray {
   int64_t capacity_ = 0;
 };
 
-// Releases a unit on scope exit unless released before.
-class Held {
- public:
-  Held(UnitAccess& units, int unit) : units_(units), unit_(unit) {}
-  ~Held() { Release(); }
-  void Release() {
-    if (unit_ >= 0) units_.Release(unit_);
-    unit_ = -1;
-  }
-  Held(const Held&) = delete;
-  Held& operator=(const Held&) = delete;
-
- private:
-  UnitAccess& units_;
-  int unit_;
-};
+using Held = HeldUnit;
 
 
 #define MUONMESH_RETURN_IF_ERROR(expr)      \

@@ -5,18 +5,16 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/model/checks.h"
 #include "worker/model/rng.h"
 
 namespace muonmesh::worker {
 namespace {
 
+using internal::AnyNull;
+
 constexpr double kInitScale = kSyntheticInitScale;
 constexpr double kGradientScale = kSyntheticGradientScale;
-
-template <typename T>
-bool AnyNull(absl::Span<T* const> ptrs) {
-  return std::any_of(ptrs.begin(), ptrs.end(), [](T* p) { return p == nullptr; });
-}
 
 }  // namespace
 

@@ -78,6 +78,24 @@ class UnitAccess {
                                       float* recv, absl::Span<const int64_t> recv_counts);
 };
 
+// Releases an acquired unit on scope exit (an error path), unless
+// Release() ran first.
+class HeldUnit {
+ public:
+  HeldUnit(UnitAccess& units, int unit) : units_(units), unit_(unit) {}
+  ~HeldUnit() { Release(); }
+  void Release() {
+    if (unit_ >= 0) units_.Release(unit_);
+    unit_ = -1;
+  }
+  HeldUnit(const HeldUnit&) = delete;
+  HeldUnit& operator=(const HeldUnit&) = delete;
+
+ private:
+  UnitAccess& units_;
+  int unit_;
+};
+
 class Workload {
  public:
   virtual ~Workload() = default;

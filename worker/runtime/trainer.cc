@@ -839,6 +839,18 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
   impl->states_of.assign(spec.units.size(), {});
   impl->frozen.resize(spec.units.size());
 
+  // Each mesh's Muon matrices by (unit, parameter): an expert stack has one
+  // per local expert, in expert order.
+  using MatrixIndex = std::map<std::pair<int32_t, int32_t>, std::vector<int32_t>>;
+  auto index = [](const plan::DomainPlan& d) {
+    MatrixIndex of;
+    for (size_t j = 0; j < d.matrices.size(); ++j) {
+      of[{d.matrices[j].unit, d.matrices[j].param}].push_back(static_cast<int32_t>(j));
+    }
+    return of;
+  };
+  const MatrixIndex dense_matrices = index(impl->plan_copy.dense);
+  const MatrixIndex expert_matrices = index(impl->plan_copy.expert);
   for (size_t u = 0; u < plan.units.size(); ++u) {
     std::vector<std::vector<float>> whole;
     if (absl::Status init_st = initial_unit(u, whole); !init_st.ok()) return init_st;
@@ -860,14 +872,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
         st.whole_offset.push_back(impl->is_expert[flat] ? impl->ep_index * impl->local_sizes[flat]
                                                         : 0);
         // The plan decides (job rules may override the spec's optimizer).
-        bool muon = false;
-        for (size_t j = 0; j < mesh->domain->matrices.size(); ++j) {
-          const plan::MatrixPlan& m = mesh->domain->matrices[j];
-          if (m.unit != static_cast<int32_t>(u) || m.param != t.param) continue;
-          muon = true;
-          st.matrices.push_back(static_cast<int32_t>(j));
+        const auto& of = is_dense ? dense_matrices : expert_matrices;
+        auto it = of.find({static_cast<int32_t>(u), t.param});
+        st.muon.push_back(it != of.end());
+        if (it != of.end()) {
+          st.matrices.insert(st.matrices.end(), it->second.begin(), it->second.end());
         }
-        st.muon.push_back(muon);
       }
       const int64_t s = st.layout->shard_elements;
       for (auto [buffer, count] : {std::pair{&st.param, mesh->k * s}, std::pair{&st.grad, s},
