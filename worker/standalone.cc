@@ -11,7 +11,6 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <regex>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -24,6 +23,9 @@
 #include "worker/comm/file_store.h"
 #include "worker/io/safetensors.h"
 #include "worker/job/job.h"
+#include "worker/job/memory_budget.h"
+#include "worker/job/memory_estimate.h"
+#include "worker/job/optimizer_rules.h"
 #include "worker/model/mlp.h"
 #include "worker/model/moe_mlp.h"
 #include "worker/model/synthetic.h"
@@ -190,25 +192,6 @@ absl::StatusOr<std::unique_ptr<Workload>> OnGpu(const ResolvedJob& job,
 #endif
 }
 
-// The workload's spec with the job's optimizer rules applied (first match).
-plan::ModelSpec WithRules(plan::ModelSpec spec, const ResolvedJob& job) {
-  std::vector<std::pair<std::regex, std::string>> rules;
-  for (const auto& [pattern, optimizer] : job.optimizer_rules) {
-    rules.emplace_back(std::regex(pattern), optimizer);  // validated by ResolveJob
-  }
-  for (plan::UnitSpec& u : spec.units) {
-    for (plan::ParamSpec& p : u.params) {
-      for (const auto& [re, optimizer] : rules) {
-        if (std::regex_match(p.name, re)) {
-          p.optimizer = optimizer;
-          break;
-        }
-      }
-    }
-  }
-  return spec;
-}
-
 absl::StatusOr<std::vector<std::vector<float>>> InitialFromFile(const plan::ModelSpec& spec,
                                                                 const std::string& path) {
   absl::StatusOr<std::vector<io::Tensor>> tensors = io::ReadSafetensors(path);
@@ -359,39 +342,157 @@ absl::Status DescribeJob(const std::string& job_path, const LineSink& out) {
   return absl::OkStatus();
 }
 
-absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out) {
-  absl::StatusOr<ResolvedJob> job = LoadJob(options.job_path);
-  if (!job.ok()) return job.status();
-  if (options.world_size != job->world_size) {
+namespace {
+
+absl::Status CheckRankOptions(const StandaloneOptions& options, const ResolvedJob& job) {
+  if (options.world_size != job.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("--world-size ", options.world_size,
                                                    " differs from the job's world_size ",
-                                                   job->world_size));
+                                                   job.world_size));
   }
   if (options.rank < 0 || options.rank >= options.world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("--rank ", options.rank, " is outside [0, ", options.world_size, ")"));
   }
+  return absl::OkStatus();
+}
+
+// The model's spec, made cheaply: mlp and moe_mlp from their dims (no
+// weights or data yet, so that the memory check comes first); synthetic by
+// loading its spec file, which is all that workload holds: it is made here
+// and handed back in `*synthetic`.
+absl::StatusOr<plan::ModelSpec> ModelSpecOf(const ResolvedJob& job,
+                                            std::unique_ptr<Workload>* synthetic) {
+  switch (job.model_kind) {
+    case ResolvedJob::ModelKind::kMlp:
+      return MlpSpec(job.mlp_dims);
+    case ResolvedJob::ModelKind::kMoeMlp:
+      return MoeMlpSpec({job.moe.d_in(), job.moe.d_model(), job.moe.d_expert(),
+                         job.moe.num_experts(), job.moe.d_out()});
+    case ResolvedJob::ModelKind::kSynthetic: {
+      absl::StatusOr<std::unique_ptr<Workload>> w = MakeWorkload(job);
+      if (!w.ok()) return w.status();
+      *synthetic = *std::move(w);
+      return (*synthetic)->spec();
+    }
+  }
+  return absl::InternalError("unknown model kind");
+}
+
+absl::StatusOr<plan::Plan> PlanJob(const ResolvedJob& job, plan::ModelSpec spec) {
+  absl::StatusOr<plan::ModelSpec> model =
+      ApplyOptimizerRules(std::move(spec), job.optimizer_rules);
+  if (!model.ok()) return model.status();
+  plan::PlanInput input;
+  input.model = *std::move(model);
+  input.world_size = job.world_size;
+  input.parallelism = job.parallelism;
+  input.options.owner_assignment = job.owner_assignment;
+  input.options.ns_steps = job.muon.ns.steps;
+  input.options.device = job.device;
+  absl::StatusOr<plan::Plan> plan = plan::ComputePlan(input);
+  if (!plan.ok()) return Annotate(plan.status(), "the planner rejects the job");
+  return plan;
+}
+
+int64_t FileBytes(const std::string& path) {
+  std::error_code ec;
+  const std::uintmax_t size = path.empty() ? 0 : std::filesystem::file_size(path, ec);
+  return ec ? 0 : static_cast<int64_t>(size);
+}
+
+bool IsLoopback(const std::string& host) {
+  return absl::StartsWith(host, "127.") || host == "localhost" || host == "::1";
+}
+
+// Refuses, before anything whose size comes from the job is allocated, a
+// job whose estimated peak exceeds this rank's memory budget; returns the
+// estimated peak otherwise.
+absl::StatusOr<double> CheckMemory(const StandaloneOptions& options, const ResolvedJob& job,
+                                   const plan::Plan& plan) {
+  int64_t budget = options.memory_budget_bytes;
+  if (budget <= 0) {
+    // Ranks on loopback share this machine; elsewhere each has its own.
+    budget = DefaultMemoryBudgetBytes(IsLoopback(options.hostname) ? job.world_size : 1);
+  }
+  const MemoryEstimate estimate = EstimateRankMemory(
+      job, plan, options.rank,
+      {FileBytes(job.data_safetensors), FileBytes(job.init_safetensors)});
+  if (absl::Status st = CheckMemoryBudget(estimate, budget, options.rank); !st.ok()) return st;
+  return estimate.peak_bytes;
+}
+
+// Every sample of a global batch is distinct only if the data set has at
+// least that many (the batch formula wraps around otherwise).
+absl::Status CheckBatchFitsData(const ResolvedJob& job, const Workload& workload) {
+  if (job.model_kind == ResolvedJob::ModelKind::kSynthetic) return absl::OkStatus();
+  if (job.global_batch_size <= workload.num_samples()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "training.global_batch_size: ", job.global_batch_size, " exceeds the ",
+      workload.num_samples(), " samples of the data set",
+      job.data_safetensors.empty() ? "" : absl::StrCat(" in ", job.data_safetensors)));
+}
+
+absl::StatusOr<std::unique_ptr<comm::FileStore>> OpenStore(const StandaloneOptions& options) {
+  std::error_code ec;
+  if (options.create_store) {
+    // One level only: a mistyped parent is an error, not a new tree.
+    std::filesystem::create_directory(options.store_dir, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--store ", options.store_dir, ": cannot create: ", ec.message()));
+    }
+  } else if (!std::filesystem::is_directory(options.store_dir, ec)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--store ", options.store_dir,
+                     ": no such folder (create it, or give --create-store)"));
+  }
+  return comm::FileStore::Open(options.store_dir);
+}
+
+void PrintPlan(const ResolvedJob& job, const plan::Plan& plan, const LineSink& out) {
+  int64_t planned = 0;
+  for (const plan::CollectiveBytes& c : plan.collectives) planned += c.bytes_per_step;
+  // Every domain of a mesh moves the same bytes.
+  int64_t exchange = plan.dense.exchange_bytes * (job.world_size / plan.dense.size);
+  int64_t bound = plan.dense.exchange_lower_bound_bytes * (job.world_size / plan.dense.size);
+  if (plan.has_experts) {
+    exchange += plan.expert.exchange_bytes * (job.world_size / plan.expert.size);
+    bound += plan.expert.exchange_lower_bound_bytes * (job.world_size / plan.expert.size);
+  }
+  out(absl::StrFormat("plan: %d bytes per step in all collectives, Muon exchange %d bytes "
+                      "(lower bound %d)",
+                      planned, exchange, bound));
+  out(absl::StrFormat("job %s: %d ranks, %s, %d steps, global batch %d", job.name,
+                      job.world_size, job.owner_assignment, job.steps, job.global_batch_size));
+}
+
+}  // namespace
+
+absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out) {
+  absl::StatusOr<ResolvedJob> job = LoadJob(options.job_path);
+  if (!job.ok()) return job.status();
+  if (absl::Status st = CheckRankOptions(options, *job); !st.ok()) return st;
+  std::unique_ptr<Workload> early;
+  absl::StatusOr<plan::ModelSpec> spec = ModelSpecOf(*job, &early);
+  if (!spec.ok()) return spec.status();
+  absl::StatusOr<plan::Plan> plan = PlanJob(*job, *std::move(spec));
+  if (!plan.ok()) return plan.status();
+  absl::StatusOr<double> estimated_peak = CheckMemory(options, *job, *plan);
+  if (!estimated_peak.ok()) return estimated_peak.status();
+
   // The device first: a GPU workload generates on the GPU made current here.
   const bool cuda = job->device == "cuda";
   absl::StatusOr<std::unique_ptr<Device>> device = MakeDevice(*job, options);
   if (!device.ok()) return device.status();
-
-  absl::StatusOr<std::unique_ptr<Workload>> workload = MakeWorkload(*job);
+  absl::StatusOr<std::unique_ptr<Workload>> workload =
+      early != nullptr ? std::move(early) : MakeWorkload(*job);
   if (!workload.ok()) return workload.status();
+  if (absl::Status st = CheckBatchFitsData(*job, **workload); !st.ok()) return st;
   if (cuda) {
     workload = OnGpu(*job, *std::move(workload));
     if (!workload.ok()) return workload.status();
   }
-
-  plan::PlanInput input;
-  input.model = WithRules((*workload)->spec(), *job);
-  input.world_size = job->world_size;
-  input.parallelism = job->parallelism;
-  input.options.owner_assignment = job->owner_assignment;
-  input.options.ns_steps = job->muon.ns.steps;
-  input.options.device = cuda ? "cuda" : "cpu";
-  absl::StatusOr<plan::Plan> plan = plan::ComputePlan(input);
-  if (!plan.ok()) return Annotate(plan.status(), "the planner rejects the job");
 
   std::vector<std::vector<float>> initial;
   TrainerOptions topts;
@@ -403,7 +504,7 @@ absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out
     initial = *std::move(init);
     topts.initial_parameters = &initial;
   }
-  absl::StatusOr<std::unique_ptr<comm::FileStore>> store = comm::FileStore::Open(options.store_dir);
+  absl::StatusOr<std::unique_ptr<comm::FileStore>> store = OpenStore(options);
   if (!store.ok()) return store.status();
   topts.backend = cuda ? comm::Backend::kNccl : comm::Backend::kGloo;
   topts.store = store->get();
@@ -417,26 +518,12 @@ absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out
   topts.init_seed = job->init_seed.value_or(0);
 
   const bool talk = options.rank == 0;
-  if (talk) {
-    int64_t planned = 0;
-    for (const plan::CollectiveBytes& c : plan->collectives) planned += c.bytes_per_step;
-    // Every domain of a mesh moves the same bytes.
-    int64_t exchange = plan->dense.exchange_bytes * (job->world_size / plan->dense.size);
-    int64_t bound = plan->dense.exchange_lower_bound_bytes * (job->world_size / plan->dense.size);
-    if (plan->has_experts) {
-      exchange += plan->expert.exchange_bytes * (job->world_size / plan->expert.size);
-      bound += plan->expert.exchange_lower_bound_bytes * (job->world_size / plan->expert.size);
-    }
-    out(absl::StrFormat("plan: %d bytes per step in all collectives, Muon exchange %d bytes "
-                        "(lower bound %d)",
-                        planned, exchange, bound));
-    out(absl::StrFormat("job %s: %d ranks, %s, %d steps, global batch %d", job->name,
-                        job->world_size, input.options.owner_assignment.empty() ? "lpt" : input.options.owner_assignment,
-                        job->steps, job->global_batch_size));
-  }
+  if (talk) PrintPlan(*job, *plan, out);
   absl::StatusOr<std::unique_ptr<Trainer>> trainer =
       Trainer::Create(*plan, workload->get(), options.rank, topts);
   if (!trainer.ok()) return trainer.status();
+  // The trainer holds its shards now: the whole initial model can go.
+  std::vector<std::vector<float>>().swap(initial);
   if (!options.resume && talk) {
     // A fresh start: checkpoints of an earlier run of this job must never be
     // resumed into this one. Safe here: no rank can save before rank 0 has
@@ -502,9 +589,9 @@ absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out
   const int64_t steps = std::max<int64_t>(1, job->steps - first_step);
   out(absl::StrFormat(
       "summary rank=%d steps=%d optimizer_ms_median=%.3f bytes_per_step=%d "
-      "muon_bytes_per_step=%d peak_rss_bytes=%d shard_bytes=%d",
+      "muon_bytes_per_step=%d peak_rss_bytes=%d estimated_peak_bytes=%.0f shard_bytes=%d",
       options.rank, job->steps - first_step, median, bytes_all_steps / steps, muon_bytes_all_steps / steps,
-      PeakRssBytes(), (*trainer)->shard_bytes()));
+      PeakRssBytes(), *estimated_peak, (*trainer)->shard_bytes()));
 
   // The final weights, gathered a unit at a time; rank 0 streams them into
   // the export file as they come (no rank holds the whole model).

@@ -19,6 +19,12 @@ struct StandaloneOptions {
   int32_t rank = 0;
   int64_t world_size = 0;  // must equal the job's world_size
   std::string store_dir;   // shared by all ranks; one per job attempt
+  // Create store_dir (its parent must exist) instead of requiring it.
+  bool create_store = false;
+  // Host memory this rank may plan to use (worker/job/memory_budget.h); 0:
+  // the default, DefaultMemoryBudgetBytes shared by the job's ranks when
+  // they run on loopback (one machine), the whole default otherwise.
+  int64_t memory_budget_bytes = 0;
   std::string hostname = "127.0.0.1";  // this rank's address for Gloo
   absl::Duration timeout = absl::Seconds(60);  // rendezvous and every collective
   int attempt = 0;  // part of every group name
@@ -46,8 +52,11 @@ std::string CheckpointDir(const std::string& output_dir, int64_t step);
 using LineSink = std::function<void(const std::string&)>;
 
 // InvalidArgument for a bad job file, data or config (message names the
-// field or file); Unavailable / DeadlineExceeded when a peer is lost or
-// late; Unimplemented for what the runtime does not do yet (experts).
+// field or file); ResourceExhausted when the job would not fit this rank's
+// memory budget (checked before the job's data and shards are allocated);
+// FailedPrecondition for a missing --store folder or an output path that
+// must not be replaced; Unavailable / DeadlineExceeded when a peer is lost
+// or late.
 absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out);
 
 // What launch scripts need from a job file, one `key=value` line each:

@@ -5,10 +5,13 @@
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
+#include <new>
+#include <stdexcept>
 #include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "worker/job/memory_budget.h"
 #include "worker/standalone.h"
 
 namespace {
@@ -17,11 +20,17 @@ constexpr const char* kUsage =
     "usage: muonmesh-worker --standalone --job FILE --rank R --world-size W --store DIR\n"
     "                       [--hostname 127.0.0.1] [--timeout-seconds 60] [--attempt 0]\n"
     "                       [--resume] [--fail-at-step S] [--cuda-device N]\n"
+    "                       [--create-store] [--memory-budget SIZE]\n"
     "       muonmesh-worker --describe --job FILE\n"
     "\n"
     "--standalone runs rank R of the job file (a JobSpec in YAML or JSON) to completion.\n"
-    "All W ranks share --store (a folder; use a fresh one per attempt) to find each other\n"
-    "and talk over Gloo/TCP. Rank 0 prints the loss of every step and writes\n"
+    "All W ranks share --store (an existing folder, or one --create-store makes; use a\n"
+    "fresh one per attempt) to find each other and talk over Gloo/TCP. Before it\n"
+    "allocates the job's data and shards, each rank estimates its peak host memory and\n"
+    "refuses the job (RESOURCE_EXHAUSTED, naming the job fields) above --memory-budget\n"
+    "(e.g. 8GiB; default 80% of this machine's memory, cgroup limit or rlimit, shared by\n"
+    "the job's ranks when --hostname is a loopback address). Rank 0 prints the loss of\n"
+    "every step and writes\n"
     "output.export. With training.checkpoint_every N, every N steps each rank saves its\n"
     "shards under <output.dir>/checkpoints/step-NNNNNNNN/ and rank 0 marks the folder\n"
     "COMPLETE; --resume continues from the newest complete checkpoint (give every rank\n"
@@ -35,7 +44,8 @@ constexpr const char* kUsage =
     "--describe prints the job's name, world_size, steps, checkpoint_every,\n"
     "max_restarts, output_dir and export as key=value lines (for launch scripts).\n"
     "\n"
-    "Exit codes: 0 done, 1 the job is invalid or failed, 2 usage error.\n";
+    "Exit codes: 0 done, 1 the job is invalid or failed (out of memory included), 2 usage\n"
+    "error.\n";
 
 int Usage(const std::string& problem) {
   std::cerr << "muonmesh-worker: " << problem << "\n" << kUsage;
@@ -65,6 +75,10 @@ int main(int argc, char** argv) {
     }
     if (arg == "--resume") {
       options.resume = true;
+      continue;
+    }
+    if (arg == "--create-store") {
+      options.create_store = true;
       continue;
     }
     if (i + 1 >= argc) return Usage(absl::StrCat(arg, " needs a value"));
@@ -99,6 +113,10 @@ int main(int argc, char** argv) {
         return Usage(absl::StrCat("--fail-at-step: not a step number: '", value, "'"));
       }
       options.fail_at_step = number;
+    } else if (arg == "--memory-budget") {
+      absl::StatusOr<int64_t> bytes = muonmesh::worker::ParseByteSize(value);
+      if (!bytes.ok()) return Usage(absl::StrCat("--memory-budget: ", bytes.status().message()));
+      options.memory_budget_bytes = *bytes;
     } else if (arg == "--attempt") {
       if (!numeric || number < 0) return Usage(absl::StrCat("--attempt: bad value '", value, "'"));
       options.attempt = static_cast<int>(number);
@@ -124,8 +142,18 @@ int main(int argc, char** argv) {
   if (!have_rank) return Usage("--rank is required");
   if (options.world_size < 1) return Usage("--world-size is required (>= 1)");
 
-  absl::Status st = muonmesh::worker::RunStandalone(
-      options, [](const std::string& line) { std::cout << line << std::endl; });
+  absl::Status st;
+  // The memory check refuses what it can foresee; anything else that runs
+  // out of memory ends here with a message, not in std::terminate.
+  try {
+    st = muonmesh::worker::RunStandalone(
+        options, [](const std::string& line) { std::cout << line << std::endl; });
+  } catch (const std::bad_alloc&) {
+    st = absl::ResourceExhaustedError(
+        "out of memory (an allocation failed; lower --memory-budget or the job's sizes)");
+  } catch (const std::length_error& e) {
+    st = absl::ResourceExhaustedError(absl::StrCat("out of memory: ", e.what()));
+  }
   if (!st.ok()) {
     std::cerr << "muonmesh-worker rank " << options.rank << ": "
               << absl::StatusCodeToString(st.code()) << ": " << st.message() << std::endl;

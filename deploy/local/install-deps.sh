@@ -11,7 +11,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   prometheus-cpp-dev libgloo-dev libopenblas-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libsqlite3-dev libyaml-cpp-dev libabsl-dev
+  libsqlite3-dev libyaml-cpp-dev libabsl-dev libre2-dev
   prometheus  # promtool and a real Prometheus server for tests
 )
 

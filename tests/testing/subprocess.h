@@ -7,10 +7,12 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -26,6 +28,8 @@ struct ProcessResult {
   std::string out;
   std::string err;
   double seconds = 0;
+  int term_signal = 0;          // the signal that ended it, 0 if it exited
+  int64_t peak_rss_bytes = -1;  // its peak resident memory (wait4's ru_maxrss)
 };
 
 // A null-terminated char* array over `strings` (which must outlive it).
@@ -54,10 +58,17 @@ inline std::vector<std::string> Environment(const std::vector<std::string>& extr
 
 // Waits for `pid` until `deadline`; kills it (SIGKILL) past the deadline.
 // Returns the exit code, or -1 if it died of a signal or was killed.
-inline int WaitOrKill(pid_t pid, std::chrono::steady_clock::time_point deadline, bool* timed_out) {
+// `result`, if given, also gets the signal and peak memory.
+inline int WaitOrKill(pid_t pid, std::chrono::steady_clock::time_point deadline, bool* timed_out,
+                      ProcessResult* result = nullptr) {
   int status = 0;
   while (true) {
-    const pid_t r = waitpid(pid, &status, WNOHANG);
+    rusage usage{};
+    const pid_t r = wait4(pid, &status, WNOHANG, &usage);
+    if (r == pid && result != nullptr) {
+      result->peak_rss_bytes = static_cast<int64_t>(usage.ru_maxrss) * 1024;
+      result->term_signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    }
     if (r == pid) break;
     if (r < 0) return -1;
     if (std::chrono::steady_clock::now() > deadline) {
@@ -121,7 +132,7 @@ inline ProcessResult Run(std::vector<std::string> argv, std::chrono::millisecond
   for (const pollfd& f : fds) {
     if (f.fd >= 0) close(f.fd);
   }
-  result.exit_code = WaitOrKill(pid, deadline, &result.timed_out);
+  result.exit_code = WaitOrKill(pid, deadline, &result.timed_out, &result);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }

@@ -90,6 +90,7 @@ JobRun RunRanks(const std::string& dir, const std::string& job, int world,
   run.ranks.resize(world);
   const std::string store = dir + "/store";
   std::filesystem::remove_all(store);
+  std::filesystem::create_directories(store);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
@@ -281,7 +282,7 @@ TEST(StandaloneTest, CudaJobsSayWhatCannotRunHere) {
   // The CUDA worker runs it where there is a GPU, and says so where there is none.
   const ProcessResult gpu = muonmesh::testing::Run(
       {MUONMESH_WORKER_CUDA_BINARY, "--standalone", "--job", path, "--rank", "0",
-       "--world-size", "1", "--store", dir + "/store-cuda"},
+       "--world-size", "1", "--store", dir + "/store-cuda", "--create-store"},
       kTimeout);
   if (gpu.exit_code != 0) {
     EXPECT_EQ(gpu.exit_code, 1);
@@ -420,7 +421,7 @@ TEST(StandaloneTest, APeerThatNeverComesEndsTheOthersWithinTheTimeout) {
   const std::string path = WriteJob(dir, job);
   const ProcessResult r = muonmesh::testing::Run(
       {MUONMESH_WORKER_BINARY, "--standalone", "--job", path, "--rank", "0", "--world-size", "2",
-       "--store", dir + "/store", "--timeout-seconds", "3"},
+       "--store", dir + "/store", "--create-store", "--timeout-seconds", "3"},
       kTimeout);
   EXPECT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 1);
@@ -442,7 +443,7 @@ TEST(StandaloneTest, APeerThatDiesMidRunEndsTheOthersWithAnError) {
   std::thread t0([&] {
     r0 = muonmesh::testing::Run({MUONMESH_WORKER_BINARY, "--standalone", "--job", dir + "/long.yaml",
                                  "--rank", "0", "--world-size", "2", "--store", dir + "/store",
-                                 "--timeout-seconds", "5"},
+                                 "--create-store", "--timeout-seconds", "5"},
                                 kTimeout);
   });
   std::thread t1([&] {

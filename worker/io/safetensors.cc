@@ -719,6 +719,21 @@ absl::StatusOr<std::string> BuildHeader(const std::string& path,
   return header;
 }
 
+// The writer renames its temporary file over `path`, which replaces what is
+// there: only a regular file (or nothing) may be. A device such as /dev/full,
+// a FIFO, a folder or a symbolic link is refused, never replaced.
+absl::Status CheckReplaceable(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot stat"));
+  }
+  if (S_ISREG(st.st_mode)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      path, S_ISLNK(st.st_mode) ? ": is a symbolic link" : ": exists and is not a regular file",
+      "; refusing to replace it"));
+}
+
 std::string TempPathFor(const std::string& path, uint64_t attempt) {
   static std::atomic<uint64_t> counter{0};
   return absl::StrCat(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1), ".", attempt);
@@ -838,6 +853,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   absl::StatusOr<std::string> header =
       BuildHeader(path, views, metadata, &bytes, /*require_data=*/false);
   if (!header.ok()) return header.status();
+  if (absl::Status s = CheckReplaceable(path); !s.ok()) return s;
 
   std::string temp;
   int raw_fd = -1;
@@ -928,6 +944,8 @@ absl::Status SafetensorsWriter::Finish() {
   if (::close(fd) != 0) {
     return fail(absl::ErrnoToStatus(errno, absl::StrCat(temp_, ": close failed")));
   }
+  // Again: the path may have changed while the tensors were written.
+  if (absl::Status s = CheckReplaceable(path_); !s.ok()) return fail(s);
   if (::rename(temp_.c_str(), path_.c_str()) != 0) {
     return fail(
         absl::ErrnoToStatus(errno, absl::StrCat(path_, ": cannot rename ", temp_, " to it")));

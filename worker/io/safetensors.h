@@ -81,7 +81,8 @@ absl::StatusOr<std::vector<Tensor>> ReadSafetensors(
 // UTF-8 or appears twice, a dimension is negative, a shape has more than kMaxSafetensorsDims
 // dimensions or its size overflows, or `data` is null for a non-empty tensor; an error with
 // errno's code (naming the path) if the file cannot be written, in which case `path` is left as
-// it was and no temporary file remains.
+// it was and no temporary file remains; FailedPrecondition, writing nothing, if `path` exists and
+// is not a regular file (a device, FIFO, socket, folder or symbolic link is never replaced).
 absl::Status WriteSafetensors(const std::string& path, absl::Span<const TensorView> tensors,
                               const std::map<std::string, std::string>& metadata = {});
 

@@ -1,9 +1,10 @@
 #include "worker/job/job.h"
 
+#include <re2/re2.h>
+
 #include <cmath>
 #include <exception>
 #include <filesystem>
-#include <regex>
 #include <string_view>
 #include <system_error>
 
@@ -13,6 +14,7 @@
 #include "proto/io/message_file.h"
 #include "server/plan/validate.h"
 #include "server/plan_convert.h"
+#include "worker/job/optimizer_rules.h"
 #include "worker/math/adamw.h"
 #include "worker/math/muon.h"
 
@@ -119,7 +121,7 @@ math::AdamWOptions AdamWFromProto(const v1::AdamWConfig& a) {
   o.lr = Or(a.lr(), kAdamWLr);
   o.beta1 = Or(a.beta1(), kAdamWBeta1);
   o.beta2 = Or(a.beta2(), kAdamWBeta2);
-  o.eps = Or(a.eps(), kAdamWEps);
+  o.eps = a.has_eps() ? a.eps() : kAdamWEps;
   o.weight_decay = a.weight_decay();
   return o;
 }
@@ -130,7 +132,8 @@ void CheckMuon(const v1::MuonConfig& m, Violations& v) {
   CheckBeta("optimizer.muon.momentum", m.momentum(), v);
   if (m.ns_steps() < 0 || m.ns_steps() > kMaxNsSteps) {
     v.Add("optimizer.muon.ns_steps",
-          absl::StrCat("must be in [1, ", kMaxNsSteps, "], got ", m.ns_steps()));
+          absl::StrCat("must be in [1, ", kMaxNsSteps, "] (0 or unset: ", kNsSteps, "), got ",
+                       m.ns_steps()));
   }
   CheckNonNegative("optimizer.muon.weight_decay", m.weight_decay(), v);
   CheckDecayProduct("optimizer.muon.weight_decay", Or(m.lr(), kMuonLr), m.weight_decay(), v);
@@ -158,7 +161,7 @@ void CheckAdamW(const v1::AdamWConfig& a, Violations& v) {
   CheckNonNegative("optimizer.adamw.lr", a.lr(), v);
   CheckBeta("optimizer.adamw.beta1", a.beta1(), v);
   CheckBeta("optimizer.adamw.beta2", a.beta2(), v);
-  if (!std::isfinite(a.eps()) || a.eps() < 0) {
+  if (a.has_eps() && (!std::isfinite(a.eps()) || a.eps() <= 0)) {
     v.Add("optimizer.adamw.eps", absl::StrCat("must be a finite number > 0, got ", a.eps()));
   }
   CheckNonNegative("optimizer.adamw.weight_decay", a.weight_decay(), v);
@@ -193,16 +196,10 @@ void CheckOptimizer(const v1::OptimizerConfig& opt, Violations& v) {
     } else if (r.pattern().size() > kMaxRulePatternLength) {
       v.Add(path + ".pattern", absl::StrCat("a pattern of ", r.pattern().size(),
                                             " bytes exceeds the limit of ", kMaxRulePatternLength));
-    } else {
-      try {
-        std::regex compiled(r.pattern(), std::regex::ECMAScript);
-      } catch (const std::regex_error& e) {
-        v.Add(path + ".pattern",
-              absl::StrCat("invalid regular expression ", Quoted(r.pattern()), ": ", e.what()));
-      } catch (const std::exception& e) {
-        v.Add(path + ".pattern",
-              absl::StrCat("cannot compile ", Quoted(r.pattern()), ": ", e.what()));
-      }
+    } else if (absl::StatusOr<std::unique_ptr<re2::RE2>> re = CompileRulePattern(r.pattern());
+               !re.ok()) {
+      v.Add(path + ".pattern", absl::StrCat("invalid regular expression ", Quoted(r.pattern()),
+                                            " (RE2 syntax): ", re.status().message()));
     }
     if (r.optimizer() != "muon" && r.optimizer() != "adamw") {
       v.Add(path + ".optimizer", r.optimizer().empty()
@@ -268,7 +265,8 @@ void CheckModel(const v1::JobSpec& job, Violations& v) {
         v.Add("model.synthetic.spec", "required: the path of a model spec file (JSON or YAML)");
       }
       if (!std::isfinite(s.scale()) || s.scale() < 0 || s.scale() > 1) {
-        v.Add("model.synthetic.scale", absl::StrCat("must be in (0, 1], got ", s.scale()));
+        v.Add("model.synthetic.scale",
+              absl::StrCat("must be in (0, 1] (0 or unset: 1), got ", s.scale()));
       }
       if (job.data().source_case() != v1::DataConfig::SOURCE_NOT_SET) {
         v.Add("data",
@@ -322,6 +320,17 @@ void CheckTraining(const v1::JobSpec& job, Violations& v) {
     v.Add("training.global_batch_size", absl::StrCat(batch, " does not split evenly over the ", w,
                                                      " data-parallel ranks (world_size)"));
   }
+  // A batch larger than the data set would repeat samples within a batch.
+  const bool teacher = job.data().source_case() != v1::DataConfig::kSafetensors &&
+                       job.model().kind_case() != v1::ModelConfig::kSynthetic;
+  const int64_t samples = Or(job.data().teacher().samples(), kDefaultTeacherSamples);
+  if (teacher && batch > samples && samples > 0 && batch <= kMaxGlobalBatchSize) {
+    v.Add("training.global_batch_size",
+          absl::StrCat(batch, " exceeds the ", samples, " samples of the teacher data set (",
+                       job.data().teacher().samples() == 0 ? "the default of "
+                                                           : "data.teacher.samples ",
+                       samples, ")"));
+  }
   if (t.checkpoint_every() < 0) {
     v.Add("training.checkpoint_every",
           absl::StrCat("must be >= 0 (0: no checkpoints), got ", t.checkpoint_every()));
@@ -365,7 +374,54 @@ void CheckInputFile(const std::string& field, const std::string& path, Violation
   }
 }
 
+// Outputs are written to a temporary file and renamed over their path, which
+// would replace whatever is there: refuse, before anything runs, a path that
+// exists and is not what the job writes (a device such as /dev/full, a FIFO,
+// a socket, a folder, or a symbolic link, whose target the rename would not
+// write but unlink).
+void CheckOutputFile(const std::string& field, const std::string& path, Violations& v) {
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(path, ec);
+  if (st.type() == fs::file_type::not_found) return;
+  if (ec) {
+    v.Add(field, absl::StrCat(path, ": ", ec.message()));
+  } else if (st.type() == fs::file_type::symlink) {
+    v.Add(field, absl::StrCat(path, ": is a symbolic link; outputs are replaced by rename, "
+                                    "so give the link's target instead"));
+  } else if (st.type() != fs::file_type::regular) {
+    v.Add(field, absl::StrCat(path, ": exists and is not a regular file (a device, FIFO, socket "
+                                    "or folder); refusing to replace it"));
+  }
+}
+
+// A folder the job writes into: absent, or a folder (links to folders are
+// fine: nothing replaces the folder itself).
+void CheckOutputFolder(const std::string& field, const std::string& path, Violations& v) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (st.type() == fs::file_type::not_found) return;
+  if (ec) {
+    v.Add(field, absl::StrCat(path, ": ", ec.message()));
+  } else if (st.type() != fs::file_type::directory) {
+    v.Add(field, absl::StrCat(path, ": exists and is not a folder"));
+  }
+}
+
 }  // namespace
+
+std::vector<plan::FieldViolation> CheckOutputPaths(const std::string& output_dir,
+                                                   const std::string& export_path) {
+  Violations v;
+  CheckOutputFolder("output.dir", output_dir, v);
+  CheckOutputFolder("output.dir", (fs::path(output_dir) / "checkpoints").string(), v);
+  CheckOutputFolder("output.dir", (fs::path(output_dir) / "metrics").string(), v);
+  if (!export_path.empty()) {
+    const fs::path parent = fs::path(export_path).parent_path();
+    if (!parent.empty()) CheckOutputFolder("output.export", parent.string(), v);
+    CheckOutputFile("output.export", export_path, v);
+  }
+  return v.Take();
+}
 
 std::string JoinViolations(const std::vector<plan::FieldViolation>& violations) {
   std::vector<std::string> parts;
@@ -418,7 +474,15 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
   if (!init_path.empty()) CheckInputFile("init.safetensors", init_path, files);
   if (!data_path.empty()) CheckInputFile("data.safetensors", data_path, files);
   if (!spec_path.empty()) CheckInputFile("model.synthetic.spec", spec_path, files);
+  const std::string output_dir = ResolvePath(
+      job_dir, job.output().dir().empty() ? absl::StrCat("runs/", job.name()) : job.output().dir());
+  const std::string export_path = job.output().export_().empty()
+                                      ? (fs::path(output_dir) / "final.safetensors").string()
+                                      : ResolvePath(job_dir, job.output().export_());
   for (plan::FieldViolation& f : files.Take()) violations.push_back(std::move(f));
+  for (plan::FieldViolation& f : CheckOutputPaths(output_dir, export_path)) {
+    violations.push_back(std::move(f));
+  }
   if (!violations.empty()) return absl::InvalidArgumentError(JoinViolations(violations));
 
   ResolvedJob r;
@@ -469,12 +533,8 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
   r.checkpoint_every = job.training().checkpoint_every();
   r.max_restarts = job.training().max_restarts();
 
-  const std::string dir =
-      job.output().dir().empty() ? absl::StrCat("runs/", job.name()) : job.output().dir();
-  r.output_dir = ResolvePath(job_dir, dir);
-  r.export_path = job.output().export_().empty()
-                      ? (fs::path(r.output_dir) / "final.safetensors").string()
-                      : ResolvePath(job_dir, job.output().export_());
+  r.output_dir = output_dir;
+  r.export_path = export_path;
   return r;
 }
 

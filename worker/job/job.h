@@ -11,7 +11,8 @@
 //                               defaults (optim_grads_params, I = 1, EP = 1)
 //   optimizer.muon              lr 0.02, momentum 0.95, nesterov true, ns_steps 5,
 //                               weight_decay 0, scale original, coefficients quintic
-//   optimizer.adamw             lr 1e-3, beta1 0.9, beta2 0.999, eps 1e-8, weight_decay 0
+//   optimizer.adamw             lr 1e-3, beta1 0.9, beta2 0.999, eps 1e-8 (only when unset: an
+//                               explicit eps must be > 0), weight_decay 0
 //   optimizer.owner_assignment  lpt
 //   model.synthetic.scale       1 (full size)
 //   init                        seed 0 when neither seed nor safetensors is given
@@ -30,9 +31,11 @@
 // from any working directory.
 //
 // Rules beyond plain ranges: the name must match [A-Za-z0-9._-]+ (it names the output folder);
-// training.global_batch_size must split evenly over the world_size data-parallel ranks; the
+// training.global_batch_size must split evenly over the world_size data-parallel ranks and not
+// exceed the data set's samples (teacher data here; a data file's when it is loaded); the
 // synthetic workload takes no data section (its gradients are generated); rule patterns must
-// compile as ECMAScript std::regex.
+// compile as RE2 regular expressions (worker/job/optimizer_rules.h: linear-time matching, no
+// back-references).
 //
 // What is validated here: everything that does not need the model's parameter list, including
 // the model-independent checks of the parallelism config (run through plan::Validate). What
@@ -63,7 +66,7 @@ inline constexpr int64_t kMaxTeacherSamples = int64_t{1} << 30;
 inline constexpr int64_t kMaxRestarts = 1000;
 inline constexpr int64_t kMaxModelDim = int64_t{1} << 20;  // any mlp / moe_mlp width
 inline constexpr size_t kMaxMlpLayers = 1000;              // dims has at most this + 1 entries
-inline constexpr size_t kMaxOptimizerRules = 1000;
+inline constexpr size_t kMaxOptimizerRules = 256;
 inline constexpr size_t kMaxRulePatternLength = 1000;
 inline constexpr int64_t kDefaultTeacherSamples = 4096;
 
@@ -116,10 +119,17 @@ absl::StatusOr<v1::JobSpec> LoadJobFile(const std::string& path);
 std::vector<plan::FieldViolation> ValidateJob(const v1::JobSpec& job);
 
 // The job with every default resolved and relative paths joined to `job_dir` (left as they are
-// when `job_dir` is empty). Returns InvalidArgument listing every violation, from ValidateJob
-// and for input files (init, data, synthetic spec) that do not exist or are not regular files,
-// as "field: description; field: description".
+// when `job_dir` is empty). Returns InvalidArgument listing every violation, from ValidateJob,
+// for input files (init, data, synthetic spec) that do not exist or are not regular files, and
+// from CheckOutputPaths, as "field: description; field: description".
 absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string& job_dir);
+
+// Violations of the output paths: `output_dir`, its checkpoints/ and metrics/ folders and the
+// export file's folder must be folders if they exist; `export_path` must be a regular file if it
+// exists (not a device, FIFO, socket, folder or symbolic link: outputs are replaced by rename).
+// ResolveJob runs it; the runtime runs it again just before writing.
+std::vector<plan::FieldViolation> CheckOutputPaths(const std::string& output_dir,
+                                                   const std::string& export_path);
 
 // LoadJobFile, then ResolveJob against the file's folder; every error message starts with
 // `path`.

@@ -16,6 +16,7 @@
 #include "muonmesh/v1/config.pb.h"
 #include "worker/math/adamw.h"
 #include "worker/math/muon.h"
+#include "worker/job/optimizer_rules.h"
 
 namespace muonmesh::worker {
 namespace {
@@ -340,6 +341,30 @@ std::vector<BrokenJob> BrokenJobs() {
        "optimizer.adamw.beta2", "[0, 1)"},
       {"AdamWEpsNegative", [](J& j) { j.mutable_optimizer()->mutable_adamw()->set_eps(-1e-8); },
        "optimizer.adamw.eps", "> 0"},
+      {"AdamWEpsZero", [](J& j) { j.mutable_optimizer()->mutable_adamw()->set_eps(0); },
+       "optimizer.adamw.eps", "> 0, got 0"},
+      {"NsStepsSaysWhatZeroMeans",
+       [](J& j) { j.mutable_optimizer()->mutable_muon()->set_ns_steps(500); },
+       "optimizer.muon.ns_steps", "(0 or unset: 5)"},
+      {"RuleBackReferenceIsNotRe2",
+       [](J& j) {
+         auto* r = j.mutable_optimizer()->add_rules();
+         r->set_pattern("(layers)\\1");
+         r->set_optimizer("adamw");
+       },
+       "optimizer.rules[0].pattern", "RE2 syntax"},
+      {"BatchLargerThanTeacherSamples",
+       [](J& j) {
+         j.mutable_data()->mutable_teacher()->set_samples(32);
+         j.mutable_training()->set_global_batch_size(64);
+       },
+       "training.global_batch_size", "64 exceeds the 32 samples"},
+      {"BatchLargerThanDefaultSamples",
+       [](J& j) {
+         j.clear_data();
+         j.mutable_training()->set_global_batch_size(8192);
+       },
+       "training.global_batch_size", "the default of 4096"},
       {"AdamWDecayNegative",
        [](J& j) { j.mutable_optimizer()->mutable_adamw()->set_weight_decay(-0.1); },
        "optimizer.adamw.weight_decay", ">= 0"},
@@ -586,6 +611,58 @@ model: {mlp: {dims: [2, two]}}
   ASSERT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(job.status().message()), StartsWith(path + ":3:"));
   EXPECT_THAT(std::string(job.status().message()), HasSubstr("model.mlp.dims[1]"));
+}
+
+TEST(JobTest, UnsetEpsTakesTheDefaultAndAnExplicitOneIsKept) {
+  v1::JobSpec job = DesignJob();
+  job.mutable_optimizer()->mutable_adamw()->clear_eps();
+  absl::StatusOr<ResolvedJob> r = ResolveJob(job, "");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->adamw.eps, 1e-8);
+  job.mutable_optimizer()->mutable_adamw()->set_eps(1e-3);
+  r = ResolveJob(job, "");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->adamw.eps, 1e-3);
+}
+
+// RE2 matches in time linear in the name whatever the pattern: this one
+// takes exponential time in a backtracking engine on a name it cannot match.
+TEST(JobTest, OptimizerRulesMatchWholeNamesFirstRuleFirstInLinearTime) {
+  plan::ModelSpec spec;
+  spec.units.push_back({"u", {{"layers.0.weight", {4, 4}, "muon", false},
+                              {"layers.0.bias", {4}, "adamw", false},
+                              {std::string(5000, 'a'), {4, 4}, "muon", false}}});
+  const std::vector<std::pair<std::string, std::string>> rules = {
+      {"(.*.*)*(.*.*)*(.*.*)*(.*.*)*X", "adamw"},
+      {"layers\\.\\d+\\.weight", "adamw"},
+      {"layers.*", "muon"},
+      {"weight", "adamw"}};  // a substring of a name: no full match
+  absl::StatusOr<plan::ModelSpec> out = ApplyOptimizerRules(spec, rules);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->units[0].params[0].optimizer, "adamw");  // second rule, not the third
+  EXPECT_EQ(out->units[0].params[1].optimizer, "muon");   // third rule
+  EXPECT_EQ(out->units[0].params[2].optimizer, "muon");   // no rule: as in the spec
+  EXPECT_EQ(ApplyOptimizerRules(spec, {{"(a", "adamw"}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(JobTest, OutputPathsMustBeFoldersAndRegularFiles) {
+  TempDir dir;
+  const std::string d = dir.dir();
+  dir.Write("file", "x");
+  fs::create_directories(d + "/out/checkpoints");
+  EXPECT_THAT(CheckOutputPaths(d + "/out", d + "/out/final.safetensors"), IsEmpty());
+  EXPECT_THAT(CheckOutputPaths(d + "/new", d + "/new/final.safetensors"), IsEmpty());
+  EXPECT_THAT(Fields(CheckOutputPaths(d + "/file", d + "/x.safetensors")),
+              ElementsAre("output.dir"));
+  EXPECT_THAT(Fields(CheckOutputPaths(d + "/out", "/dev/null")), ElementsAre("output.export"));
+  EXPECT_THAT(Fields(CheckOutputPaths(d + "/out", d + "/out")), ElementsAre("output.export"));
+  EXPECT_THAT(Fields(CheckOutputPaths(d + "/out", d + "/file/x")), ElementsAre("output.export"));
+  fs::create_symlink(d + "/file", d + "/link");
+  EXPECT_THAT(Fields(CheckOutputPaths(d + "/out", d + "/link")), ElementsAre("output.export"));
+  // A link to a folder is a fine output folder: nothing replaces it.
+  fs::create_directory_symlink(d + "/out", d + "/outlink");
+  EXPECT_THAT(CheckOutputPaths(d + "/outlink", d + "/outlink/final.safetensors"), IsEmpty());
 }
 
 TEST(JobTest, MissingJobFileIsNotFound) {

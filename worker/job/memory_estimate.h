@@ -1,0 +1,82 @@
+#pragma once
+
+// What one rank of a job will allocate on the host, estimated from the job
+// and its plan before anything is allocated, so that a job too large for the
+// machine is refused with RESOURCE_EXHAUSTED naming the job fields its size
+// comes from, instead of aborting on std::bad_alloc or being killed by the
+// kernel half way through.
+//
+// The estimate follows the worker's phases, each the sum of what is alive
+// together (sizes in bytes, fp32 tensors):
+//  - "preparing data": the workload's dataset and, for teacher data, the
+//    teacher's weights and its forward pass over every sample;
+//  - "initialising shards": the dataset, this rank's shards (parameters k*S,
+//    gradient, two optimizer states, per unit and mesh) and the initial
+//    weights (the whole model from init.safetensors, else one unit);
+//  - "training": the dataset and the shards, plus one step's scratch: the
+//    workload's activations for the local batch, the gathered unit buffer,
+//    one unit's parameters and gradients, and the largest unit's Muon
+//    exchange (this rank's rows, the whole matrices it owns, send and
+//    receive buffers, the Newton-Schulz workspace of its largest matrix);
+//  - "export": the dataset, the shards and one whole unit being gathered.
+// Plus kRuntimeBaseBytes for the libraries, OpenBLAS and Gloo. The peak is
+// the largest phase. It errs high on purpose (every buffer at its largest);
+// tests check it against measured peak RSS.
+//
+// For device: cuda jobs the shards and Muon buffers live on the GPU: only the
+// host part (dataset, teacher, initial weights) is counted here.
+//
+// Free functions; any thread may call them.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "server/plan/types.h"
+#include "worker/job/job.h"
+
+namespace muonmesh::worker {
+
+// Resident memory of a worker before it allocates anything for the job
+// (measured ~40-60 MiB: libraries, OpenBLAS and Gloo threads); counted once.
+inline constexpr int64_t kRuntimeBaseBytes = int64_t{96} << 20;
+
+struct MemoryItem {
+  std::string field;  // the job field its size comes from, e.g. "model.mlp.dims"
+  std::string what;   // e.g. "teacher weights"
+  double bytes = 0;
+};
+
+struct MemoryPhase {
+  std::string name;
+  std::vector<MemoryItem> items;
+  double bytes() const;
+};
+
+struct MemoryEstimate {
+  std::vector<MemoryPhase> phases;
+  // The largest phase (index into phases) and its bytes.
+  size_t peak_phase = 0;
+  double peak_bytes = 0;
+};
+
+// Sizes of the job's input files, which the job file does not give.
+struct InputFileBytes {
+  int64_t data = 0;  // data.safetensors, if any
+  int64_t init = 0;  // init.safetensors, if any
+};
+
+// The host memory of rank `rank` (in [0, world_size)) running `job` with
+// `plan` (computed from the job's model with its optimizer rules applied).
+MemoryEstimate EstimateRankMemory(const ResolvedJob& job, const plan::Plan& plan, int32_t rank,
+                                  const InputFileBytes& files);
+
+// OK when the estimate's peak fits `budget_bytes`; otherwise
+// ResourceExhausted: "rank R needs about X while <phase>, more than its
+// memory budget of Y: field: what Z; ..." with the phase's largest items
+// first.
+absl::Status CheckMemoryBudget(const MemoryEstimate& estimate, int64_t budget_bytes,
+                               int32_t rank);
+
+}  // namespace muonmesh::worker
