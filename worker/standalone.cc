@@ -241,6 +241,14 @@ absl::Status Sync(const std::string& path, bool folder) {
 // Writes `text` to `path` atomically and durably: a temporary file, synced,
 // renamed over `path`, then the folder synced.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
+  // The rename would replace whatever is at `path`: only ever a file.
+  std::error_code ec;
+  const std::filesystem::file_type type = std::filesystem::symlink_status(path, ec).type();
+  if (type != std::filesystem::file_type::not_found &&
+      type != std::filesystem::file_type::regular) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": exists and is not a regular file; refusing to replace it"));
+  }
   const std::string temp = absl::StrCat(path, ".tmp");
   {
     std::ofstream f(temp, std::ios::trunc);
@@ -249,7 +257,6 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
     if (!f) return absl::InternalError(absl::StrCat(temp, ": cannot write"));
   }
   if (absl::Status st = Sync(temp, /*folder=*/false); !st.ok()) return st;
-  std::error_code ec;
   std::filesystem::rename(temp, path, ec);
   if (ec) return absl::InternalError(absl::StrCat(path, ": cannot rename into place: ", ec.message()));
   return Sync(std::filesystem::path(path).parent_path().string(), /*folder=*/true);

@@ -96,6 +96,23 @@ TEST(HostileJobTest, HugeBatchIsRefused) {
                 {"RESOURCE_EXHAUSTED", "training.global_batch_size", "data.teacher.samples"});
 }
 
+// A data file with fewer samples than one global batch.
+TEST(HostileJobTest, BatchLargerThanTheDataFileIsRefused) {
+  const std::string dir = Fresh("small_data");
+  // safetensors by hand: x [10, 4] and y [10, 2], zeros.
+  const std::string header =
+      R"({"x":{"dtype":"F32","shape":[10,4],"data_offsets":[0,160]},)"
+      R"("y":{"dtype":"F32","shape":[10,2],"data_offsets":[160,240]}})";
+  std::string file(8, '\0');
+  for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((header.size() >> (8 * i)) & 0xFF);
+  file += header + std::string(240, '\0');
+  std::ofstream(dir + "/data.safetensors", std::ios::binary) << file;
+  ExpectRefused(RunWorker(dir, WriteJob(dir, "{mlp: {dims: [4, 8, 2]}}",
+                                        "{safetensors: data.safetensors}",
+                                        "{steps: 1, global_batch_size: 16}")),
+                {"training.global_batch_size", "10 samples", "data.safetensors"});
+}
+
 // Row 3: a synthetic spec with one 2^20 x 2^20 Muon matrix.
 TEST(HostileJobTest, HugeSyntheticTensorIsRefused) {
   const std::string dir = Fresh("huge_synthetic");
