@@ -1,46 +1,26 @@
 #include "worker/standalone.h"
 
-#include <fcntl.h>
 #include <sys/resource.h>
-#include <unistd.h>
-
-#include <cerrno>
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <map>
 #include <memory>
+#include <optional>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_join.h"
 #include "server/plan/planner.h"
-#include "server/plan/validate.h"
+#include "worker/checkpoints.h"
 #include "worker/comm/file_store.h"
 #include "worker/io/safetensors.h"
 #include "worker/job/job.h"
 #include "worker/job/memory_budget.h"
 #include "worker/job/memory_estimate.h"
 #include "worker/job/optimizer_rules.h"
-#include "worker/model/mlp.h"
-#include "worker/model/moe_mlp.h"
-#include "worker/model/synthetic.h"
 #include "worker/runtime/trainer.h"
-#ifndef MUONMESH_WORKER_WITH_CUDA
-#define MUONMESH_WORKER_WITH_CUDA 0
-#endif
-#if MUONMESH_WORKER_WITH_CUDA
-#include <cuda_runtime_api.h>
-
-#include "worker/model/mlp_cuda.h"
-#include "worker/model/moe_mlp_cuda.h"
-#include "worker/model/synthetic_cuda.h"
-#include "worker/runtime/cuda_device.h"
-#endif
+#include "worker/workload_factory.h"
 
 namespace muonmesh::worker {
 namespace {
@@ -49,257 +29,11 @@ absl::Status Annotate(const absl::Status& st, const std::string& where) {
   return absl::Status(st.code(), absl::StrCat(where, ": ", st.message()));
 }
 
-struct Dataset {
-  std::vector<float> x;
-  std::vector<float> y;
-};
-
-// A dataset from a safetensors file with x [N, d_in] and y [N, d_out];
-// `model` names the job field the sizes come from.
-absl::StatusOr<Dataset> ReadDataset(const std::string& path, int64_t d_in, int64_t d_out,
-                                    const char* model) {
-  absl::StatusOr<std::vector<io::Tensor>> tensors = io::ReadSafetensors(path);
-  if (!tensors.ok()) return tensors.status();
-  std::map<std::string, io::Tensor*> by_name;
-  for (io::Tensor& t : *tensors) by_name[t.name] = &t;
-  for (const char* name : {"x", "y"}) {
-    if (by_name.count(name) == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": no tensor '", name, "' (data files hold x [N, d_in] and y [N, d_out])"));
-    }
-  }
-  io::Tensor& x = *by_name["x"];
-  io::Tensor& y = *by_name["y"];
-  if (x.shape.size() != 2 || x.shape[1] != d_in) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": tensor 'x' has shape [", absl::StrJoin(x.shape, ", "), "], expected [N, ", d_in,
-        "] for ", model));
-  }
-  if (y.shape.size() != 2 || y.shape[1] != d_out || y.shape[0] != x.shape[0]) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": tensor 'y' has shape [", absl::StrJoin(y.shape, ", "), "], expected [", x.shape[0],
-        ", ", d_out, "]"));
-  }
-  return Dataset{std::move(x.data), std::move(y.data)};
-}
-
-absl::StatusOr<std::unique_ptr<Workload>> MlpFromFile(const std::vector<int64_t>& dims,
-                                                      const std::string& path) {
-  absl::StatusOr<Dataset> data = ReadDataset(path, dims.front(), dims.back(), "model.mlp.dims");
-  if (!data.ok()) return data.status();
-  absl::StatusOr<Mlp> mlp = Mlp::Create(dims, std::move(data->x), std::move(data->y));
-  if (!mlp.ok()) return Annotate(mlp.status(), path);
-  return std::unique_ptr<Workload>(new Mlp(*std::move(mlp)));
-}
-
-absl::StatusOr<std::unique_ptr<Workload>> MakeMoeMlp(const ResolvedJob& job) {
-  const MoeMlpDims dims{job.moe.d_in(), job.moe.d_model(), job.moe.d_expert(),
-                        job.moe.num_experts(), job.moe.d_out()};
-  absl::StatusOr<MoeMlp> moe = absl::InternalError("unset");
-  if (!job.data_safetensors.empty()) {
-    absl::StatusOr<Dataset> data =
-        ReadDataset(job.data_safetensors, dims.d_in, dims.d_out, "model.moe_mlp");
-    if (!data.ok()) return data.status();
-    moe = MoeMlp::Create(dims, std::move(data->x), std::move(data->y));
-    if (!moe.ok()) return Annotate(moe.status(), job.data_safetensors);
-  } else {
-    moe = MoeMlp::FromTeacher(dims, job.teacher_seed.value_or(0), job.teacher_samples);
-    if (!moe.ok()) return moe.status();
-  }
-  return std::unique_ptr<Workload>(new MoeMlp(*std::move(moe)));
-}
-
-absl::StatusOr<std::unique_ptr<Workload>> MakeWorkload(const ResolvedJob& job) {
-  switch (job.model_kind) {
-    case ResolvedJob::ModelKind::kMlp: {
-      if (!job.data_safetensors.empty()) return MlpFromFile(job.mlp_dims, job.data_safetensors);
-      absl::StatusOr<Mlp> mlp =
-          Mlp::FromTeacher(job.mlp_dims, job.teacher_seed.value_or(0), job.teacher_samples);
-      if (!mlp.ok()) return mlp.status();
-      return std::unique_ptr<Workload>(new Mlp(*std::move(mlp)));
-    }
-    case ResolvedJob::ModelKind::kSynthetic: {
-      const int64_t ep = std::max<int64_t>(1, job.parallelism.expert_model_parallel_size);
-      absl::StatusOr<Synthetic> s = Synthetic::FromSpecFile(
-          job.synthetic_spec_path, job.synthetic_scale, ep, job.init_seed.value_or(0));
-      if (!s.ok()) return s.status();
-      return std::unique_ptr<Workload>(new Synthetic(*std::move(s)));
-    }
-    case ResolvedJob::ModelKind::kMoeMlp:
-      return MakeMoeMlp(job);
-  }
-  return absl::InternalError("unknown model kind");
-}
-
-// The job's device: the CPU, or the GPU --cuda-device (else rank modulo the
-// GPUs of this machine).
-absl::StatusOr<std::unique_ptr<Device>> MakeDevice(const ResolvedJob& job,
-                                                   const StandaloneOptions& options) {
-  if (job.device == "cpu") return MakeCpuDevice();
-#if MUONMESH_WORKER_WITH_CUDA
-  int ordinal = options.cuda_device;
-  if (ordinal < 0) {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-      cudaGetLastError();
-      return absl::FailedPreconditionError(
-          absl::StrCat("device 'cuda': rank ", options.rank, " finds no CUDA device"));
-    }
-    // NCCL needs a GPU of its own for every rank of a group.
-    if (job.world_size > count) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "device 'cuda': the job has ", job.world_size, " ranks but this machine has ", count,
-          " GPUs, and NCCL needs one GPU per rank; when the ranks run on several machines, "
-          "give each its GPU with --cuda-device (or CUDA_VISIBLE_DEVICES)"));
-    }
-    ordinal = options.rank % count;
-  }
-  absl::StatusOr<std::unique_ptr<Device>> d = MakeCudaDevice(ordinal);
-  if (!d.ok()) return Annotate(d.status(), "device 'cuda'");
-  return d;
-#else
-  (void)options;
-  return absl::UnimplementedError(
-      "device 'cuda': this muonmesh-worker runs cpu jobs only; run cuda jobs with "
-      "muonmesh-worker-cuda (built next to it when CUDA is found)");
-#endif
-}
-
-// The workload's GPU form (every built-in workload has one).
-absl::StatusOr<std::unique_ptr<Workload>> OnGpu(const ResolvedJob& job,
-                                                std::unique_ptr<Workload> workload) {
-#if MUONMESH_WORKER_WITH_CUDA
-  if (job.model_kind == ResolvedJob::ModelKind::kSynthetic) {
-    auto* s = static_cast<Synthetic*>(workload.get());
-    absl::StatusOr<std::unique_ptr<CudaSynthetic>> gpu = CudaSynthetic::Create(std::move(*s));
-    if (!gpu.ok()) return gpu.status();
-    return std::unique_ptr<Workload>(std::move(*gpu));
-  }
-  if (job.model_kind == ResolvedJob::ModelKind::kMlp) {
-    auto* m = static_cast<Mlp*>(workload.get());
-    absl::StatusOr<std::unique_ptr<CudaMlp>> gpu = CudaMlp::Create(std::move(*m));
-    if (!gpu.ok()) return gpu.status();
-    return std::unique_ptr<Workload>(std::move(*gpu));
-  }
-  auto* moe = static_cast<MoeMlp*>(workload.get());
-  absl::StatusOr<std::unique_ptr<CudaMoeMlp>> gpu = CudaMoeMlp::Create(std::move(*moe));
-  if (!gpu.ok()) return gpu.status();
-  return std::unique_ptr<Workload>(std::move(*gpu));
-#else
-  (void)job;
-  (void)workload;
-  return absl::UnimplementedError("device 'cuda': this muonmesh-worker runs cpu jobs only");
-#endif
-}
-
-absl::StatusOr<std::vector<std::vector<float>>> InitialFromFile(const plan::ModelSpec& spec,
-                                                                const std::string& path) {
-  absl::StatusOr<std::vector<io::Tensor>> tensors = io::ReadSafetensors(path);
-  if (!tensors.ok()) return tensors.status();
-  std::map<std::string, io::Tensor*> by_name;
-  for (io::Tensor& t : *tensors) by_name[t.name] = &t;
-  std::vector<std::vector<float>> out;
-  for (const plan::UnitSpec& u : spec.units) {
-    for (const plan::ParamSpec& p : u.params) {
-      auto it = by_name.find(p.name);
-      if (it == by_name.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ": no tensor '", p.name, "'"));
-      }
-      if (it->second->shape != p.shape) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            path, ": tensor '", p.name, "' has shape [", absl::StrJoin(it->second->shape, ", "),
-            "], the model needs [", absl::StrJoin(p.shape, ", "), "]"));
-      }
-      out.push_back(std::move(it->second->data));
-    }
-  }
-  return out;
-}
-
 absl::StatusOr<ResolvedJob> LoadJob(const std::string& job_path) {
   absl::StatusOr<v1::JobSpec> spec = LoadJobFile(job_path);
   if (!spec.ok()) return spec.status();
   const std::string job_dir = std::filesystem::path(job_path).parent_path().string();
   return ResolveJob(*spec, job_dir.empty() ? "." : job_dir);
-}
-
-// fsync of a file or folder; best effort for folders some file systems
-// refuse to sync.
-absl::Status Sync(const std::string& path, bool folder) {
-  const int fd = ::open(path.c_str(), (folder ? O_RDONLY | O_DIRECTORY : O_WRONLY) | O_CLOEXEC);
-  if (fd < 0) {
-    if (folder) return absl::OkStatus();
-    return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot open to sync"));
-  }
-  const int rc = ::fsync(fd);
-  const int saved = errno;
-  ::close(fd);
-  if (rc != 0 && !folder) return absl::ErrnoToStatus(saved, absl::StrCat(path, ": fsync failed"));
-  return absl::OkStatus();
-}
-
-// Writes `text` to `path` atomically and durably: a temporary file, synced,
-// renamed over `path`, then the folder synced.
-absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
-  // The rename would replace whatever is at `path`: only ever a file.
-  std::error_code ec;
-  const std::filesystem::file_type type = std::filesystem::symlink_status(path, ec).type();
-  if (type != std::filesystem::file_type::not_found &&
-      type != std::filesystem::file_type::regular) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, ": exists and is not a regular file; refusing to replace it"));
-  }
-  const std::string temp = absl::StrCat(path, ".tmp");
-  {
-    std::ofstream f(temp, std::ios::trunc);
-    f << text;
-    f.flush();
-    if (!f) return absl::InternalError(absl::StrCat(temp, ": cannot write"));
-  }
-  if (absl::Status st = Sync(temp, /*folder=*/false); !st.ok()) return st;
-  std::filesystem::rename(temp, path, ec);
-  if (ec) return absl::InternalError(absl::StrCat(path, ": cannot rename into place: ", ec.message()));
-  return Sync(std::filesystem::path(path).parent_path().string(), /*folder=*/true);
-}
-
-// Every rank saves its shards; after a barrier rank 0 marks the checkpoint
-// complete and prunes older ones.
-absl::Status SaveCheckpoint(Trainer& trainer, const ResolvedJob& job, int32_t rank,
-                            const LineSink& out) {
-  const int64_t step = trainer.steps_done();
-  const std::string dir = CheckpointDir(job.output_dir, step);
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat(dir, ": cannot create: ", ec.message()));
-  absl::Status st =
-      trainer.SaveShards(absl::StrFormat("%s/rank-%05d.safetensors", dir, rank));
-  if (!st.ok()) return Annotate(st, "saving a checkpoint");
-  st = trainer.Barrier();
-  if (!st.ok()) return Annotate(st, "waiting for every rank's checkpoint");
-  if (rank != 0) return absl::OkStatus();
-  st = WriteFileAtomically(dir + "/COMPLETE",
-                           absl::StrCat("step ", step, "\nworld_size ", job.world_size,
-                                        "\nlayout ", trainer.LayoutFingerprint(), "\n"));
-  if (!st.ok()) return st;
-  // Keep the two newest complete checkpoints; drop everything older.
-  std::vector<int64_t> complete;
-  std::vector<std::pair<int64_t, std::filesystem::path>> all;
-  for (const auto& entry :
-       std::filesystem::directory_iterator(job.output_dir + "/checkpoints", ec)) {
-    int64_t s = 0;
-    const std::string name = entry.path().filename().string();
-    if (!absl::StartsWith(name, "step-") || !absl::SimpleAtoi(name.substr(5), &s)) continue;
-    all.push_back({s, entry.path()});
-    if (std::filesystem::exists(entry.path() / "COMPLETE")) complete.push_back(s);
-  }
-  std::sort(complete.rbegin(), complete.rend());
-  if (complete.size() > 2) {
-    for (const auto& [s, path] : all) {
-      if (s < complete[1]) std::filesystem::remove_all(path, ec);
-    }
-  }
-  out(absl::StrCat("checkpoint: step ", step, " in ", dir));
-  return absl::OkStatus();
 }
 
 std::string Ms(absl::Duration d) { return absl::StrFormat("%.1f", absl::ToDoubleMilliseconds(d)); }
@@ -317,23 +51,6 @@ absl::Duration OptimizerTime(const PhaseTimes& t) {
 }
 
 }  // namespace
-
-std::string CheckpointDir(const std::string& output_dir, int64_t step) {
-  return absl::StrFormat("%s/checkpoints/step-%08d", output_dir, step);
-}
-
-int64_t NewestCheckpoint(const std::string& output_dir) {
-  int64_t newest = -1;
-  std::error_code ec;
-  for (const auto& entry :
-       std::filesystem::directory_iterator(output_dir + "/checkpoints", ec)) {
-    int64_t s = 0;
-    const std::string name = entry.path().filename().string();
-    if (!absl::StartsWith(name, "step-") || !absl::SimpleAtoi(name.substr(5), &s)) continue;
-    if (std::filesystem::exists(entry.path() / "COMPLETE", ec)) newest = std::max(newest, s);
-  }
-  return newest;
-}
 
 absl::Status DescribeJob(const std::string& job_path, const LineSink& out) {
   absl::StatusOr<ResolvedJob> job = LoadJob(job_path);
@@ -362,28 +79,6 @@ absl::Status CheckRankOptions(const StandaloneOptions& options, const ResolvedJo
         absl::StrCat("--rank ", options.rank, " is outside [0, ", options.world_size, ")"));
   }
   return absl::OkStatus();
-}
-
-// The model's spec, made cheaply: mlp and moe_mlp from their dims (no
-// weights or data yet, so that the memory check comes first); synthetic by
-// loading its spec file, which is all that workload holds: it is made here
-// and handed back in `*synthetic`.
-absl::StatusOr<plan::ModelSpec> ModelSpecOf(const ResolvedJob& job,
-                                            std::unique_ptr<Workload>* synthetic) {
-  switch (job.model_kind) {
-    case ResolvedJob::ModelKind::kMlp:
-      return MlpSpec(job.mlp_dims);
-    case ResolvedJob::ModelKind::kMoeMlp:
-      return MoeMlpSpec({job.moe.d_in(), job.moe.d_model(), job.moe.d_expert(),
-                         job.moe.num_experts(), job.moe.d_out()});
-    case ResolvedJob::ModelKind::kSynthetic: {
-      absl::StatusOr<std::unique_ptr<Workload>> w = MakeWorkload(job);
-      if (!w.ok()) return w.status();
-      *synthetic = *std::move(w);
-      return (*synthetic)->spec();
-    }
-  }
-  return absl::InternalError("unknown model kind");
 }
 
 absl::StatusOr<plan::Plan> PlanJob(const ResolvedJob& job, plan::ModelSpec spec) {
@@ -490,7 +185,8 @@ absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out
 
   // The device first: a GPU workload generates on the GPU made current here.
   const bool cuda = job->device == "cuda";
-  absl::StatusOr<std::unique_ptr<Device>> device = MakeDevice(*job, options);
+  absl::StatusOr<std::unique_ptr<Device>> device =
+      MakeDevice(*job, options.rank, options.cuda_device);
   if (!device.ok()) return device.status();
   absl::StatusOr<std::unique_ptr<Workload>> workload =
       early != nullptr ? std::move(early) : MakeWorkload(*job);
@@ -544,15 +240,15 @@ absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out
     }
   }
   if (options.resume) {
-    const int64_t from = NewestCheckpoint(job->output_dir);
-    if (from < 0) {
+    const std::optional<int64_t> from = NewestCheckpoint(job->output_dir);
+    if (!from.has_value()) {
       if (talk) out("resume: no complete checkpoint yet; starting at step 0");
     } else {
       const std::string file = absl::StrFormat("%s/rank-%05d.safetensors",
-                                               CheckpointDir(job->output_dir, from), options.rank);
+                                               CheckpointDir(job->output_dir, *from), options.rank);
       absl::Status st = (*trainer)->LoadShards(file);
       if (!st.ok()) return Annotate(st, "resuming");
-      if (talk) out(absl::StrCat("resume: from the checkpoint at step ", from));
+      if (talk) out(absl::StrCat("resume: from the checkpoint at step ", *from));
     }
   }
 
@@ -584,8 +280,12 @@ absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out
           Ms(t.muon_apply), Ms(t.param_allgather_after_step), bytes));
     }
     if (job->checkpoint_every > 0 && (s + 1) % job->checkpoint_every == 0) {
-      absl::Status st = SaveCheckpoint(**trainer, *job, options.rank, out);
+      absl::Status st =
+          SaveCheckpoint(**trainer, job->output_dir, job->world_size, options.rank);
       if (!st.ok()) return st;
+      if (talk) {
+        out(absl::StrCat("checkpoint: step ", s + 1, " in ", CheckpointDir(job->output_dir, s + 1)));
+      }
     }
   }
 

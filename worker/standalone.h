@@ -38,16 +38,6 @@ struct StandaloneOptions {
   int cuda_device = -1;
 };
 
-// Checkpoints of a job live in `<output.dir>/checkpoints/step-NNNNNNNN/`:
-// one shard file per rank (`rank-RRRRR.safetensors`, Trainer::SaveShards)
-// and a `COMPLETE` marker that rank 0 writes once every rank has saved.
-// Folders without the marker are partial and never resumed from; rank 0
-// keeps the two newest complete checkpoints and removes older folders.
-//
-// The newest complete checkpoint's step under `output_dir`, or -1.
-int64_t NewestCheckpoint(const std::string& output_dir);
-std::string CheckpointDir(const std::string& output_dir, int64_t step);
-
 // One line per event for people (rank 0 prints per-step loss and phases).
 using LineSink = std::function<void(const std::string&)>;
 

@@ -1,0 +1,224 @@
+#include "worker/workload_factory.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "worker/io/safetensors.h"
+#include "worker/model/mlp.h"
+#include "worker/model/moe_mlp.h"
+#include "worker/model/synthetic.h"
+#ifndef MUONMESH_WORKER_WITH_CUDA
+#define MUONMESH_WORKER_WITH_CUDA 0
+#endif
+#if MUONMESH_WORKER_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "worker/model/mlp_cuda.h"
+#include "worker/model/moe_mlp_cuda.h"
+#include "worker/model/synthetic_cuda.h"
+#include "worker/runtime/cuda_device.h"
+#endif
+
+namespace muonmesh::worker {
+namespace {
+
+absl::Status Annotate(const absl::Status& st, const std::string& where) {
+  return absl::Status(st.code(), absl::StrCat(where, ": ", st.message()));
+}
+
+struct Dataset {
+  std::vector<float> x;
+  std::vector<float> y;
+};
+
+// A dataset from a safetensors file with x [N, d_in] and y [N, d_out];
+// `model` names the job field the sizes come from.
+absl::StatusOr<Dataset> ReadDataset(const std::string& path, int64_t d_in, int64_t d_out,
+                                    const char* model) {
+  absl::StatusOr<std::vector<io::Tensor>> tensors = io::ReadSafetensors(path);
+  if (!tensors.ok()) return tensors.status();
+  std::map<std::string, io::Tensor*> by_name;
+  for (io::Tensor& t : *tensors) by_name[t.name] = &t;
+  for (const char* name : {"x", "y"}) {
+    if (by_name.count(name) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": no tensor '", name, "' (data files hold x [N, d_in] and y [N, d_out])"));
+    }
+  }
+  io::Tensor& x = *by_name["x"];
+  io::Tensor& y = *by_name["y"];
+  if (x.shape.size() != 2 || x.shape[1] != d_in) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": tensor 'x' has shape [", absl::StrJoin(x.shape, ", "), "], expected [N, ", d_in,
+        "] for ", model));
+  }
+  if (y.shape.size() != 2 || y.shape[1] != d_out || y.shape[0] != x.shape[0]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": tensor 'y' has shape [", absl::StrJoin(y.shape, ", "), "], expected [", x.shape[0],
+        ", ", d_out, "]"));
+  }
+  return Dataset{std::move(x.data), std::move(y.data)};
+}
+
+absl::StatusOr<std::unique_ptr<Workload>> MlpFromFile(const std::vector<int64_t>& dims,
+                                                      const std::string& path) {
+  absl::StatusOr<Dataset> data = ReadDataset(path, dims.front(), dims.back(), "model.mlp.dims");
+  if (!data.ok()) return data.status();
+  absl::StatusOr<Mlp> mlp = Mlp::Create(dims, std::move(data->x), std::move(data->y));
+  if (!mlp.ok()) return Annotate(mlp.status(), path);
+  return std::unique_ptr<Workload>(new Mlp(*std::move(mlp)));
+}
+
+absl::StatusOr<std::unique_ptr<Workload>> MakeMoeMlp(const ResolvedJob& job) {
+  const MoeMlpDims dims{job.moe.d_in(), job.moe.d_model(), job.moe.d_expert(),
+                        job.moe.num_experts(), job.moe.d_out()};
+  if (job.data_safetensors.empty()) {
+    absl::StatusOr<MoeMlp> moe =
+        MoeMlp::FromTeacher(dims, job.teacher_seed.value_or(0), job.teacher_samples);
+    if (!moe.ok()) return moe.status();
+    return std::unique_ptr<Workload>(new MoeMlp(*std::move(moe)));
+  }
+  absl::StatusOr<Dataset> data =
+      ReadDataset(job.data_safetensors, dims.d_in, dims.d_out, "model.moe_mlp");
+  if (!data.ok()) return data.status();
+  absl::StatusOr<MoeMlp> moe = MoeMlp::Create(dims, std::move(data->x), std::move(data->y));
+  if (!moe.ok()) return Annotate(moe.status(), job.data_safetensors);
+  return std::unique_ptr<Workload>(new MoeMlp(*std::move(moe)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Workload>> MakeWorkload(const ResolvedJob& job) {
+  switch (job.model_kind) {
+    case ResolvedJob::ModelKind::kMlp: {
+      if (!job.data_safetensors.empty()) return MlpFromFile(job.mlp_dims, job.data_safetensors);
+      absl::StatusOr<Mlp> mlp =
+          Mlp::FromTeacher(job.mlp_dims, job.teacher_seed.value_or(0), job.teacher_samples);
+      if (!mlp.ok()) return mlp.status();
+      return std::unique_ptr<Workload>(new Mlp(*std::move(mlp)));
+    }
+    case ResolvedJob::ModelKind::kSynthetic: {
+      const int64_t ep = std::max<int64_t>(1, job.parallelism.expert_model_parallel_size);
+      absl::StatusOr<Synthetic> s = Synthetic::FromSpecFile(
+          job.synthetic_spec_path, job.synthetic_scale, ep, job.init_seed.value_or(0));
+      if (!s.ok()) return s.status();
+      return std::unique_ptr<Workload>(new Synthetic(*std::move(s)));
+    }
+    case ResolvedJob::ModelKind::kMoeMlp:
+      return MakeMoeMlp(job);
+  }
+  return absl::InternalError("unknown model kind");
+}
+
+// The job's device: the CPU, or the GPU --cuda-device (else rank modulo the
+// GPUs of this machine).
+absl::StatusOr<std::unique_ptr<Device>> MakeDevice(const ResolvedJob& job, int32_t rank,
+                                                   int cuda_device) {
+  if (job.device == "cpu") return MakeCpuDevice();
+#if MUONMESH_WORKER_WITH_CUDA
+  int ordinal = cuda_device;
+  if (ordinal < 0) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+      cudaGetLastError();
+      return absl::FailedPreconditionError(
+          absl::StrCat("device 'cuda': rank ", rank, " finds no CUDA device"));
+    }
+    // NCCL needs a GPU of its own for every rank of a group.
+    if (job.world_size > count) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "device 'cuda': the job has ", job.world_size, " ranks but this machine has ", count,
+          " GPUs, and NCCL needs one GPU per rank; when the ranks run on several machines, "
+          "give each its GPU with --cuda-device (or CUDA_VISIBLE_DEVICES)"));
+    }
+    ordinal = rank % count;
+  }
+  absl::StatusOr<std::unique_ptr<Device>> d = MakeCudaDevice(ordinal);
+  if (!d.ok()) return Annotate(d.status(), "device 'cuda'");
+  return d;
+#else
+  (void)rank;
+  (void)cuda_device;
+  return absl::UnimplementedError(
+      "device 'cuda': this muonmesh-worker runs cpu jobs only; run cuda jobs with "
+      "muonmesh-worker-cuda (built next to it when CUDA is found)");
+#endif
+}
+
+// The workload's GPU form (every built-in workload has one).
+absl::StatusOr<std::unique_ptr<Workload>> OnGpu(const ResolvedJob& job,
+                                                std::unique_ptr<Workload> workload) {
+#if MUONMESH_WORKER_WITH_CUDA
+  if (job.model_kind == ResolvedJob::ModelKind::kSynthetic) {
+    auto* s = static_cast<Synthetic*>(workload.get());
+    absl::StatusOr<std::unique_ptr<CudaSynthetic>> gpu = CudaSynthetic::Create(std::move(*s));
+    if (!gpu.ok()) return gpu.status();
+    return std::unique_ptr<Workload>(std::move(*gpu));
+  }
+  if (job.model_kind == ResolvedJob::ModelKind::kMlp) {
+    auto* m = static_cast<Mlp*>(workload.get());
+    absl::StatusOr<std::unique_ptr<CudaMlp>> gpu = CudaMlp::Create(std::move(*m));
+    if (!gpu.ok()) return gpu.status();
+    return std::unique_ptr<Workload>(std::move(*gpu));
+  }
+  auto* moe = static_cast<MoeMlp*>(workload.get());
+  absl::StatusOr<std::unique_ptr<CudaMoeMlp>> gpu = CudaMoeMlp::Create(std::move(*moe));
+  if (!gpu.ok()) return gpu.status();
+  return std::unique_ptr<Workload>(std::move(*gpu));
+#else
+  (void)job;
+  (void)workload;
+  return absl::UnimplementedError("device 'cuda': this muonmesh-worker runs cpu jobs only");
+#endif
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> InitialFromFile(const plan::ModelSpec& spec,
+                                                                const std::string& path) {
+  absl::StatusOr<std::vector<io::Tensor>> tensors = io::ReadSafetensors(path);
+  if (!tensors.ok()) return tensors.status();
+  std::map<std::string, io::Tensor*> by_name;
+  for (io::Tensor& t : *tensors) by_name[t.name] = &t;
+  std::vector<std::vector<float>> out;
+  for (const plan::UnitSpec& u : spec.units) {
+    for (const plan::ParamSpec& p : u.params) {
+      auto it = by_name.find(p.name);
+      if (it == by_name.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": no tensor '", p.name, "'"));
+      }
+      if (it->second->shape != p.shape) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ": tensor '", p.name, "' has shape [", absl::StrJoin(it->second->shape, ", "),
+            "], the model needs [", absl::StrJoin(p.shape, ", "), "]"));
+      }
+      out.push_back(std::move(it->second->data));
+    }
+  }
+  return out;
+}
+
+// The model's spec, made cheaply: mlp and moe_mlp from their dims (no
+// weights or data yet, so that the memory check comes first); synthetic by
+// loading its spec file, which is all that workload holds: it is made here
+// and handed back in `*synthetic`.
+absl::StatusOr<plan::ModelSpec> ModelSpecOf(const ResolvedJob& job,
+                                            std::unique_ptr<Workload>* synthetic) {
+  switch (job.model_kind) {
+    case ResolvedJob::ModelKind::kMlp:
+      return MlpSpec(job.mlp_dims);
+    case ResolvedJob::ModelKind::kMoeMlp:
+      return MoeMlpSpec({job.moe.d_in(), job.moe.d_model(), job.moe.d_expert(),
+                         job.moe.num_experts(), job.moe.d_out()});
+    case ResolvedJob::ModelKind::kSynthetic: {
+      absl::StatusOr<std::unique_ptr<Workload>> w = MakeWorkload(job);
+      if (!w.ok()) return w.status();
+      *synthetic = *std::move(w);
+      return (*synthetic)->spec();
+    }
+  }
+  return absl::InternalError("unknown model kind");
+}
+
+}  // namespace muonmesh::worker
