@@ -177,8 +177,54 @@ void ByteSwapFloats(float* data, size_t n) {
 // ---------------------------------------------------------------- reading
 
 // One tensor entry of the header.
+// The element types a file may hold; F16 and BF16 are widened to fp32 on
+// load, exactly (every binary16 and bfloat16 value is a binary32 value).
+enum class Dtype { kF32, kF16, kBF16 };
+
+uint64_t BytesPerElement(Dtype d) { return d == Dtype::kF32 ? 4 : 2; }
+
+const char* DtypeName(Dtype d) {
+  switch (d) {
+    case Dtype::kF32:
+      return "F32";
+    case Dtype::kF16:
+      return "F16";
+    case Dtype::kBF16:
+      return "BF16";
+  }
+  return "?";
+}
+
+// IEEE-754 binary16 to binary32, exactly: normals re-biased, subnormals
+// normalised, infinities and NaNs (payload kept) carried over.
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exponent = (h >> 10) & 0x1Fu;
+  uint32_t mantissa = h & 0x3FFu;
+  uint32_t bits;
+  if (exponent == 0x1F) {
+    bits = sign | 0x7F800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {
+    // Subnormal: value = mantissa * 2^-24; shift until the implicit bit.
+    exponent = 127 - 15 + 1;
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      --exponent;
+    }
+    bits = sign | (exponent << 23) | ((mantissa & 0x3FFu) << 13);
+  }
+  return std::bit_cast<float>(bits);
+}
+
+float BFloat16ToFloat(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+
 struct Entry {
   std::string name;
+  Dtype dtype = Dtype::kF32;
   std::vector<int64_t> shape;
   uint64_t begin = 0;
   uint64_t end = 0;
@@ -480,9 +526,16 @@ class HeaderParser {
         const size_t value_pos = pos_;
         absl::StatusOr<std::string> dtype = ParseString();
         if (!dtype.ok()) return dtype.status();
-        if (*dtype != "F32") {
-          return ErrorAt(value_pos, absl::StrCat("dtype ", QuoteName(*dtype),
-                                                 " is not supported: only F32 is supported"));
+        if (*dtype == "F32") {
+          entry->dtype = Dtype::kF32;
+        } else if (*dtype == "F16") {
+          entry->dtype = Dtype::kF16;
+        } else if (*dtype == "BF16") {
+          entry->dtype = Dtype::kBF16;
+        } else {
+          return ErrorAt(value_pos,
+                         absl::StrCat("dtype ", QuoteName(*dtype),
+                                      " is not supported: F32, F16 and BF16 are (read as fp32)"));
         }
         return absl::OkStatus();
       }
@@ -560,13 +613,14 @@ absl::Status CheckRanges(const std::string& path, uint64_t buffer_bytes,
     std::optional<uint64_t> elements = NumElements(e.shape, kMaxElements);
     if (!elements) {
       return tensor_error(e, absl::StrCat("shape ", ShapeString(e.shape),
-                                          " is too large (over 2^63 bytes of F32)"));
+                                          " is too large (over 2^63 bytes of fp32)"));
     }
     e.elements = *elements;
-    const uint64_t want = *elements * kBytesPerElement;
+    const uint64_t want = *elements * BytesPerElement(e.dtype);
     if (e.end - e.begin != want) {
-      return tensor_error(e, absl::StrCat(range, " span ", e.end - e.begin, " bytes but F32 shape ",
-                                          ShapeString(e.shape), " needs ", want));
+      return tensor_error(e, absl::StrCat(range, " span ", e.end - e.begin, " bytes but ",
+                                          DtypeName(e.dtype), " shape ", ShapeString(e.shape),
+                                          " needs ", want));
     }
   }
   // Empty tensors sort before a non-empty one at the same offset; ties keep
@@ -739,6 +793,39 @@ std::string TempPathFor(const std::string& path, uint64_t attempt) {
   return absl::StrCat(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1), ".", attempt);
 }
 
+// Reads entry `e`'s elements into `out` as fp32: F32 directly, F16 and BF16
+// through a bounded staging buffer, so a 16-bit tensor costs its fp32 size
+// and no more.
+absl::Status ReadElements(int fd, uint64_t data_start, const Entry& e, float* out,
+                          const std::string& path) {
+  if (e.dtype == Dtype::kF32) {
+    if (absl::Status s = ReadExactly(fd, data_start + e.begin, reinterpret_cast<char*>(out),
+                                     e.end - e.begin, path);
+        !s.ok()) {
+      return s;
+    }
+    if constexpr (std::endian::native == std::endian::big) ByteSwapFloats(out, e.elements);
+    return absl::OkStatus();
+  }
+  constexpr uint64_t kChunk = uint64_t{1} << 18;  // elements per read
+  std::vector<unsigned char> staging(static_cast<size_t>(std::min(e.elements, kChunk) * 2));
+  for (uint64_t done = 0; done < e.elements;) {
+    const uint64_t n = std::min(kChunk, e.elements - done);
+    if (absl::Status s = ReadExactly(fd, data_start + e.begin + 2 * done,
+                                     reinterpret_cast<char*>(staging.data()), 2 * n, path);
+        !s.ok()) {
+      return s;
+    }
+    for (uint64_t i = 0; i < n; ++i) {
+      // Little-endian in the file, whatever the host.
+      const auto v = static_cast<uint16_t>(staging[2 * i] | (staging[2 * i + 1] << 8));
+      out[done + i] = e.dtype == Dtype::kF16 ? HalfToFloat(v) : BFloat16ToFloat(v);
+    }
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<Tensor>> ReadSafetensors(const std::string& path,
@@ -803,14 +890,8 @@ absl::StatusOr<std::vector<Tensor>> ReadSafetensors(const std::string& path,
       t.name = std::move(e.name);
       t.shape = std::move(e.shape);
       t.data.resize(static_cast<size_t>(e.elements));
-      if (absl::Status s =
-              ReadExactly(fd.get(), data_start + e.begin, reinterpret_cast<char*>(t.data.data()),
-                          e.end - e.begin, path);
-          !s.ok()) {
+      if (absl::Status s = ReadElements(fd.get(), data_start, e, t.data.data(), path); !s.ok()) {
         return s;
-      }
-      if constexpr (std::endian::native == std::endian::big) {
-        ByteSwapFloats(t.data.data(), t.data.size());
       }
       tensors.push_back(std::move(t));
     }

@@ -13,7 +13,10 @@
 //   bytes [8 + N, EOF)  the data buffer; each tensor's bytes are [BEGIN, END) relative to its
 //                       start, row-major, little-endian.
 //
-// Only F32 tensors are supported: muonmesh keeps parameters, gradients and data in fp32.
+// muonmesh keeps parameters, gradients and data in fp32. The reader takes F32, F16 and BF16
+// tensors (most published checkpoints are BF16) and widens 16-bit ones to fp32 exactly: every
+// binary16 and bfloat16 value, subnormals, infinities and NaNs included, is a binary32 value,
+// so no rounding happens. Any other dtype is refused, naming the tensor. The writer writes F32.
 //
 // The reader is strict, because these files come from outside: the header must be well-formed
 // JSON with exactly the keys above; every tensor's byte range must be shape x 4 bytes; the
@@ -65,7 +68,7 @@ struct TensorView {
 // length over kMaxSafetensorsHeaderBytes or beyond the end of the file, a header that is not
 // strict JSON of the shape above (unknown or missing keys, duplicate names, an empty name,
 // negative or non-integer numbers, more than kMaxSafetensorsDims dimensions), a dtype other than
-// F32, byte ranges that do not match their shape or do not tile the data buffer; an error with
+// F32, F16 or BF16, byte ranges that do not match their shape or do not tile the data buffer; an error with
 // errno's code if reading fails; ResourceExhausted if memory runs out.
 absl::StatusOr<std::vector<Tensor>> ReadSafetensors(
     const std::string& path, std::map<std::string, std::string>* metadata = nullptr);

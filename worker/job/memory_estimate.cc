@@ -36,10 +36,10 @@ double Sum(const std::vector<int64_t>& v) {
 void AddDataset(const ResolvedJob& job, const InputFileBytes& files, double d_in, double d_out,
                 WorkloadMemory& w) {
   if (!job.data_safetensors.empty()) {
-    const double bytes = static_cast<double>(files.data);
-    w.resident.push_back({"data.safetensors", "dataset x, y", bytes});
+    // Up to twice the file: 16-bit tensors are widened to fp32.
+    w.resident.push_back(
+        {"data.safetensors", "dataset x, y", 2 * static_cast<double>(files.data)});
     w.setup = w.resident;
-    w.setup.push_back({"data.safetensors", "reading the file", bytes});
     return;
   }
   const double n = static_cast<double>(job.teacher_samples);
@@ -222,8 +222,8 @@ MemoryEstimate EstimateRankMemory(const ResolvedJob& job, const plan::Plan& plan
   }
   std::vector<MemoryItem> init;
   if (!job.init_safetensors.empty()) {
-    init.push_back({"init.safetensors", "initial weights (the whole model)",
-                    static_cast<double>(files.init)});
+    init.push_back({"init.safetensors", "initial weights (the whole model, as fp32)",
+                    2 * static_cast<double>(files.init)});
   } else {
     init.push_back({model, "one unit's initial weights", kFloat * unit_whole});
   }

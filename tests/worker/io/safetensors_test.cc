@@ -305,6 +305,53 @@ std::string Obj(const std::string& body) { return absl::StrCat("{", body, "}"); 
 
 std::string Zeros(size_t n) { return std::string(n, '\0'); }
 
+// 16-bit tensors widen to fp32 exactly. Expected values from the formats'
+// definitions (sign, exponent, mantissa), not from the code under test.
+TEST(SafetensorsTest, F16AndBF16AreReadAsExactFp32) {
+  TempDir dir;
+  auto u16 = [](std::initializer_list<uint16_t> values) {
+    std::string out;
+    for (uint16_t v : values) {
+      out.push_back(static_cast<char>(v & 0xFF));
+      out.push_back(static_cast<char>(v >> 8));
+    }
+    return out;
+  };
+  // binary16: 1.0, -2.0, the largest normal, the smallest subnormal 2^-24,
+  // the largest subnormal, 1/3 rounded to binary16, -0, +inf, -inf, NaN.
+  const std::string half = u16({0x3C00, 0xC000, 0x7BFF, 0x0001, 0x03FF, 0x3555, 0x8000,
+                                0x7C00, 0xFC00, 0x7E00});
+  // bfloat16: 1.0, -123.5, the smallest subnormal 2^-133, 3.140625, +inf.
+  const std::string brain = u16({0x3F80, 0xC2F7, 0x0001, 0x4049, 0x7F80});
+  const std::string header =
+      Obj(Entry("h", "[2, 5]", 0, 20, "F16") + "," + Entry("b", "[5]", 20, 30, "BF16"));
+  const std::string path = dir.File("half.safetensors");
+  WriteBytes(path, FileBytes(header, half + brain));
+  absl::StatusOr<std::vector<Tensor>> read = ReadSafetensors(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->size(), 2u);
+  const std::vector<float>& h = (*read)[0].data;
+  ASSERT_EQ(h.size(), 10u);
+  EXPECT_EQ(h[0], 1.0f);
+  EXPECT_EQ(h[1], -2.0f);
+  EXPECT_EQ(h[2], 65504.0f);
+  EXPECT_EQ(h[3], std::ldexp(1.0f, -24));
+  EXPECT_EQ(h[4], std::ldexp(1023.0f, -24));
+  EXPECT_EQ(h[5], std::ldexp(1024.0f + 0x155, -12));  // (1 + 341/1024) / 4
+  EXPECT_EQ(BitsOf(h[6]), 0x80000000u);
+  EXPECT_EQ(h[7], std::numeric_limits<float>::infinity());
+  EXPECT_EQ(h[8], -std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(h[9]));
+  const std::vector<float>& b = (*read)[1].data;
+  ASSERT_EQ(b.size(), 5u);
+  EXPECT_EQ(b[0], 1.0f);
+  EXPECT_EQ(b[1], -123.5f);
+  EXPECT_EQ(b[2], std::ldexp(1.0f, -133));
+  EXPECT_EQ(b[3], 3.140625f);
+  EXPECT_EQ(b[4], std::numeric_limits<float>::infinity());
+}
+
+
 std::vector<BadFile> BadFiles() {
   const std::string ok_a = Entry("a", "[2]", 0, 8);
   std::string dims65 = "[1";  // kMaxSafetensorsDims + 1 dimensions of 1
@@ -351,12 +398,15 @@ std::vector<BadFile> BadFiles() {
            Zeros(8)),
        {"duplicate key \"dtype\""}},
       {"TensorNotObject", FileBytes("{\"a\":[1]}", ""), {"expected an object, got an array"}},
-      {"DtypeF16",
-       FileBytes(Obj(Entry("w", "[2]", 0, 4, "F16")), Zeros(4)),
-       {"tensor \"w\"", "\"F16\"", "only F32 is supported"}},
-      {"DtypeBF16",
-       FileBytes(Obj(Entry("w", "[2]", 0, 4, "BF16")), Zeros(4)),
-       {"tensor \"w\"", "\"BF16\"", "only F32 is supported"}},
+      {"DtypeF64",
+       FileBytes(Obj(Entry("w", "[2]", 0, 16, "F64")), Zeros(16)),
+       {"tensor \"w\"", "\"F64\"", "F32, F16 and BF16 are"}},
+      {"DtypeI32",
+       FileBytes(Obj(Entry("w", "[2]", 0, 8, "I32")), Zeros(8)),
+       {"tensor \"w\"", "\"I32\"", "not supported"}},
+      {"F16WithF32Sizes",
+       FileBytes(Obj(Entry("w", "[2]", 0, 8, "F16")), Zeros(8)),
+       {"tensor \"w\"", "F16 shape [2] needs 4"}},
       {"DtypeNotString",
        FileBytes("{\"a\":{\"dtype\":32,\"shape\":[2],\"data_offsets\":[0,8]}}", Zeros(8)),
        {"expected a string, got a number"}},
