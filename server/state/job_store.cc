@@ -1,0 +1,426 @@
+#include "server/state/job_store.h"
+
+#include <sqlite3.h>
+
+#include <algorithm>
+#include <functional>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/util/message_differencer.h"
+
+namespace muonmesh::coordinator {
+namespace {
+
+constexpr const char* kSchemaVersion = "1";
+constexpr int32_t kDefaultPage = 100;
+constexpr int32_t kMaxPage = 1000;
+constexpr int32_t kDefaultStepPage = 1000;
+constexpr int32_t kMaxStepPage = 10000;
+
+bool IsFinal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
+         s == v1::JOB_STATE_CANCELLED;
+}
+
+// One prepared statement; finalized on destruction.
+class Statement {
+ public:
+  Statement(sqlite3* db, const char* sql) : db_(db) {
+    rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
+  }
+  ~Statement() { sqlite3_finalize(stmt_); }
+  Statement(const Statement&) = delete;
+  Statement& operator=(const Statement&) = delete;
+
+  Statement& Int(int i, int64_t v) {
+    if (rc_ == SQLITE_OK) rc_ = sqlite3_bind_int64(stmt_, i, v);
+    return *this;
+  }
+  Statement& Text(int i, const std::string& v) {
+    if (rc_ == SQLITE_OK) {
+      rc_ = sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    }
+    return *this;
+  }
+  Statement& Blob(int i, const std::string& v) {
+    if (rc_ == SQLITE_OK) {
+      rc_ = sqlite3_bind_blob(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    }
+    return *this;
+  }
+  // SQLITE_ROW, SQLITE_DONE or an error code.
+  int Step() {
+    if (rc_ != SQLITE_OK) return rc_;
+    return sqlite3_step(stmt_);
+  }
+  // Runs a statement that returns no rows.
+  absl::Status Run(const char* what) {
+    const int rc = Step();
+    if (rc == SQLITE_DONE) return absl::OkStatus();
+    return Error(what);
+  }
+  absl::Status Error(const char* what) const {
+    return absl::InternalError(absl::StrCat("job store: ", what, ": ", sqlite3_errmsg(db_)));
+  }
+  int64_t ColumnInt(int i) const { return sqlite3_column_int64(stmt_, i); }
+  std::string ColumnBytes(int i) const {
+    const void* p = sqlite3_column_blob(stmt_, i);
+    const int n = sqlite3_column_bytes(stmt_, i);
+    return p == nullptr ? std::string() : std::string(static_cast<const char*>(p), n);
+  }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+  int rc_ = SQLITE_OK;
+};
+
+// BEGIN IMMEDIATE ... COMMIT; rolls back unless committed.
+class Transaction {
+ public:
+  explicit Transaction(sqlite3* db) : db_(db) {
+    ok_ = sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) == SQLITE_OK;
+  }
+  ~Transaction() {
+    if (ok_ && !committed_) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+  }
+  absl::Status Begun() const {
+    if (ok_) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat("job store: begin: ", sqlite3_errmsg(db_)));
+  }
+  absl::Status Commit() {
+    if (sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr) != SQLITE_OK) {
+      return absl::InternalError(absl::StrCat("job store: commit: ", sqlite3_errmsg(db_)));
+    }
+    committed_ = true;
+    return absl::OkStatus();
+  }
+
+ private:
+  sqlite3* db_;
+  bool ok_ = false;
+  bool committed_ = false;
+};
+
+std::string Serialized(const google::protobuf::Message& m) {
+  std::string out;
+  m.SerializeToString(&out);
+  return out;
+}
+
+int32_t PageSize(int32_t asked, int32_t fallback, int32_t most) {
+  if (asked <= 0) return fallback;
+  return std::min(asked, most);
+}
+
+}  // namespace
+
+JobStore::JobStore(sqlite3* db) : db_(db) {}
+
+JobStore::~JobStore() { sqlite3_close(db_); }
+
+absl::Status JobStore::Exec(const char* sql) const {
+  char* error = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &error) == SQLITE_OK) return absl::OkStatus();
+  std::string message = error != nullptr ? error : sqlite3_errmsg(db_);
+  sqlite3_free(error);
+  return absl::InternalError(absl::StrCat("job store: ", message));
+}
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
+  sqlite3* db = nullptr;
+  const int rc = sqlite3_open_v2(path.c_str(), &db,
+                                 SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+                                 nullptr);
+  if (rc != SQLITE_OK) {
+    std::string why = db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+    sqlite3_close(db);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": cannot open the database: ", why));
+  }
+  std::unique_ptr<JobStore> store(new JobStore(db));
+  sqlite3_busy_timeout(db, 5000);
+  absl::Status st = store->Exec(
+      "PRAGMA journal_mode=WAL;"
+      "PRAGMA synchronous=FULL;"
+      "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+      "CREATE TABLE IF NOT EXISTS jobs(seq INTEGER PRIMARY KEY, id TEXT UNIQUE NOT NULL,"
+      "  request_id TEXT NOT NULL, job BLOB NOT NULL);"
+      "CREATE TABLE IF NOT EXISTS events(seq INTEGER NOT NULL, idx INTEGER NOT NULL,"
+      "  event BLOB NOT NULL, PRIMARY KEY(seq, idx)) WITHOUT ROWID;"
+      "CREATE TABLE IF NOT EXISTS steps(seq INTEGER NOT NULL, step INTEGER NOT NULL,"
+      "  rank INTEGER NOT NULL, record BLOB NOT NULL, PRIMARY KEY(seq, step, rank))"
+      "  WITHOUT ROWID;");
+  if (!st.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a muonmesh state database: ", st.message()));
+  }
+  {
+    Statement get(db, "SELECT value FROM meta WHERE key = 'schema'");
+    const int r = get.Step();
+    if (r == SQLITE_ROW) {
+      if (get.ColumnBytes(0) != kSchemaVersion) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ": state of schema ", get.ColumnBytes(0), ", this coordinator reads ",
+            kSchemaVersion));
+      }
+    } else {
+      Statement put(db, "INSERT INTO meta(key, value) VALUES('schema', ?)");
+      if (absl::Status s = put.Text(1, kSchemaVersion).Run("write schema"); !s.ok()) return s;
+    }
+  }
+  if (absl::Status s = store->Load(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
+  }
+  return store;
+}
+
+absl::Status JobStore::Load() {
+  Statement q(db_, "SELECT seq, job FROM jobs ORDER BY seq");
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) {
+    Row row;
+    row.seq = q.ColumnInt(0);
+    if (!row.job.ParseFromString(q.ColumnBytes(1))) {
+      return absl::DataLossError(absl::StrCat("job of seq ", row.seq, " does not parse"));
+    }
+    by_id_[row.job.id()] = rows_.size();
+    if (!row.job.request_id().empty()) by_request_[row.job.request_id()] = rows_.size();
+    next_seq_ = std::max(next_seq_, row.seq + 1);
+    rows_.push_back(std::move(row));
+  }
+  if (rc != SQLITE_DONE) return q.Error("load jobs");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobStore::Submitted> JobStore::Submit(const std::string& request_id,
+                                                     const v1::JobSpec& spec,
+                                                     const std::string& reason,
+                                                     int64_t now_ms) {
+  if (request_id.size() > kMaxRequestIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("request_id: ", request_id.size(),
+                                                   " bytes exceed the limit of ",
+                                                   kMaxRequestIdBytes));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!request_id.empty()) {
+    if (auto it = by_request_.find(request_id); it != by_request_.end()) {
+      const v1::Job& earlier = rows_[it->second].job;
+      if (!google::protobuf::util::MessageDifferencer::Equals(earlier.spec(), spec)) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "request_id '", request_id, "' was used for job ", earlier.id(),
+            " with another spec; use a new request_id for a new job"));
+      }
+      return Submitted{earlier, false};
+    }
+  }
+  Row row;
+  row.seq = next_seq_;
+  v1::Job& job = row.job;
+  job.set_id(absl::StrCat("j-", row.seq));
+  job.set_name(spec.name());
+  *job.mutable_spec() = spec;
+  job.set_state(v1::JOB_STATE_PENDING);
+  job.set_reason(reason);
+  job.set_request_id(request_id);
+  job.set_submitted_unix_ms(now_ms);
+  job.set_steps_total(spec.training().steps());
+  job.set_last_loss(std::numeric_limits<double>::quiet_NaN());
+  job.set_last_event_index(1);
+  v1::JobEvent event;
+  event.set_index(1);
+  event.set_unix_ms(now_ms);
+  event.mutable_state_change()->set_state(v1::JOB_STATE_PENDING);
+  event.mutable_state_change()->set_reason(reason);
+
+  Transaction tx(db_);
+  if (absl::Status s = tx.Begun(); !s.ok()) return s;
+  Statement insert(db_, "INSERT INTO jobs(seq, id, request_id, job) VALUES(?, ?, ?, ?)");
+  if (absl::Status s =
+          insert.Int(1, row.seq).Text(2, job.id()).Text(3, request_id).Blob(4, Serialized(job))
+              .Run("insert job");
+      !s.ok()) {
+    return s;
+  }
+  Statement ev(db_, "INSERT INTO events(seq, idx, event) VALUES(?, ?, ?)");
+  if (absl::Status s = ev.Int(1, row.seq).Int(2, 1).Blob(3, Serialized(event)).Run("insert event");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = tx.Commit(); !s.ok()) return s;
+  ++next_seq_;
+  by_id_[job.id()] = rows_.size();
+  if (!request_id.empty()) by_request_[request_id] = rows_.size();
+  rows_.push_back(row);
+  return Submitted{std::move(row.job), true};
+}
+
+absl::StatusOr<const JobStore::Row*> JobStore::Find(const std::string& job_id) const {
+  auto it = by_id_.find(job_id);
+  if (it == by_id_.end()) {
+    return absl::NotFoundError(absl::StrCat("no job '", job_id.substr(0, 64), "'"));
+  }
+  return &rows_[it->second];
+}
+
+absl::StatusOr<v1::Job> JobStore::Get(const std::string& job_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::StatusOr<const Row*> row = Find(job_id);
+  if (!row.ok()) return row.status();
+  return (*row)->job;
+}
+
+absl::StatusOr<JobStore::Page> JobStore::List(const std::vector<v1::JobState>& states,
+                                              const std::string& name, int32_t page_size,
+                                              const std::string& page_token) const {
+  // The token is the seq to continue below.
+  int64_t below = std::numeric_limits<int64_t>::max();
+  if (!page_token.empty() && (!absl::SimpleAtoi(page_token, &below) || below < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_token: '", page_token.substr(0, 64), "' is not a token of ListJobs"));
+  }
+  const int32_t want = PageSize(page_size, kDefaultPage, kMaxPage);
+  std::lock_guard<std::mutex> lock(mu_);
+  Page page;
+  int64_t last_seq = 0;
+  for (auto it = rows_.rbegin(); it != rows_.rend(); ++it) {
+    if (it->seq >= below) continue;
+    const v1::Job& job = it->job;
+    if (!states.empty() && std::find(states.begin(), states.end(), job.state()) == states.end()) {
+      continue;
+    }
+    if (!name.empty() && job.name() != name) continue;
+    if (static_cast<int32_t>(page.jobs.size()) == want) {
+      page.next_page_token = absl::StrCat(last_seq);
+      break;
+    }
+    page.jobs.push_back(job);
+    last_seq = it->seq;
+  }
+  return page;
+}
+
+std::vector<v1::Job> JobStore::Unfinished() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<v1::Job> out;
+  for (const Row& row : rows_) {
+    if (!IsFinal(row.job.state())) out.push_back(row.job);
+  }
+  return out;
+}
+
+absl::StatusOr<v1::JobEvent> JobStore::Append(const std::string& job_id, v1::JobEvent event,
+                                              int64_t now_ms,
+                                              const std::function<void(v1::Job&)>& update) {
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::StatusOr<const Row*> found = Find(job_id);
+  if (!found.ok()) return found.status();
+  const Row& row = **found;
+  v1::Job job = row.job;
+  if (update) update(job);
+  event.set_index(job.last_event_index() + 1);
+  event.set_unix_ms(now_ms);
+  job.set_last_event_index(event.index());
+
+  Transaction tx(db_);
+  if (absl::Status s = tx.Begun(); !s.ok()) return s;
+  Statement write(db_, "UPDATE jobs SET job = ? WHERE seq = ?");
+  if (absl::Status s = write.Blob(1, Serialized(job)).Int(2, row.seq).Run("update job"); !s.ok()) {
+    return s;
+  }
+  Statement ev(db_, "INSERT INTO events(seq, idx, event) VALUES(?, ?, ?)");
+  if (absl::Status s =
+          ev.Int(1, row.seq).Int(2, event.index()).Blob(3, Serialized(event)).Run("insert event");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = tx.Commit(); !s.ok()) return s;
+  rows_[by_id_.at(job_id)].job = std::move(job);
+  return event;
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(const std::string& job_id,
+                                                           int64_t from_index,
+                                                           int32_t limit) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::StatusOr<const Row*> row = Find(job_id);
+  if (!row.ok()) return row.status();
+  Statement q(db_, "SELECT event FROM events WHERE seq = ? AND idx >= ? ORDER BY idx LIMIT ?");
+  q.Int(1, (*row)->seq).Int(2, from_index).Int(3, std::max(limit, 1));
+  std::vector<v1::JobEvent> out;
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) {
+    v1::JobEvent& e = out.emplace_back();
+    if (!e.ParseFromString(q.ColumnBytes(0))) {
+      return absl::DataLossError(absl::StrCat("job store: an event of ", job_id, " does not parse"));
+    }
+  }
+  if (rc != SQLITE_DONE) return q.Error("read events");
+  return out;
+}
+
+absl::Status JobStore::PutStep(const std::string& job_id, const v1::StepRecord& record) {
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::StatusOr<const Row*> row = Find(job_id);
+  if (!row.ok()) return row.status();
+  Statement put(db_,
+                "INSERT OR REPLACE INTO steps(seq, step, rank, record) VALUES(?, ?, ?, ?)");
+  return put.Int(1, (*row)->seq)
+      .Int(2, record.step())
+      .Int(3, record.rank())
+      .Blob(4, Serialized(record))
+      .Run("store a step record");
+}
+
+absl::StatusOr<JobStore::StepPage> JobStore::Steps(const std::string& job_id, int64_t first_step,
+                                                   int64_t last_step, int32_t rank,
+                                                   int32_t page_size,
+                                                   const std::string& page_token) const {
+  // The token is "step:rank" of the first record of the next page.
+  int64_t from_step = first_step;
+  int64_t from_rank = 0;
+  if (!page_token.empty()) {
+    const size_t colon = page_token.find(':');
+    if (colon == std::string::npos ||
+        !absl::SimpleAtoi(page_token.substr(0, colon), &from_step) ||
+        !absl::SimpleAtoi(page_token.substr(colon + 1), &from_rank)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "page_token: '", page_token.substr(0, 64), "' is not a token of GetJobMetrics"));
+    }
+  }
+  const int32_t want = PageSize(page_size, kDefaultStepPage, kMaxStepPage);
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::StatusOr<const Row*> row = Find(job_id);
+  if (!row.ok()) return row.status();
+  Statement q(db_,
+              "SELECT record FROM steps WHERE seq = ?1 AND (step, rank) >= (?2, ?3)"
+              " AND step >= ?4 AND (?5 < 0 OR step <= ?5) AND (?6 < 0 OR rank = ?6)"
+              " ORDER BY step, rank LIMIT ?7");
+  q.Int(1, (*row)->seq)
+      .Int(2, from_step)
+      .Int(3, from_rank)
+      .Int(4, first_step)
+      .Int(5, last_step)
+      .Int(6, rank)
+      .Int(7, int64_t{want} + 1);
+  StepPage page;
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) {
+    v1::StepRecord r;
+    if (!r.ParseFromString(q.ColumnBytes(0))) {
+      return absl::DataLossError(
+          absl::StrCat("job store: a step record of ", job_id, " does not parse"));
+    }
+    if (static_cast<int32_t>(page.records.size()) == want) {
+      page.next_page_token = absl::StrCat(r.step(), ":", r.rank());
+      break;
+    }
+    page.records.push_back(std::move(r));
+  }
+  if (rc != SQLITE_DONE && rc != SQLITE_ROW) return q.Error("read step records");
+  return page;
+}
+
+}  // namespace muonmesh::coordinator

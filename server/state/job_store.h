@@ -1,0 +1,113 @@
+#pragma once
+
+// The coordinator's durable state: jobs, their event logs and their per-step
+// records, in one SQLite database, with the jobs also kept in memory for
+// fast reads.
+//
+// Durability: every mutating call commits (WAL journal, synchronous=FULL)
+// before it returns, so a caller may acknowledge a submit once Submit
+// returns OK and a restart loses nothing acknowledged. A failed write
+// changes nothing, in the database or in memory.
+//
+// Thread-safe: one mutex serialises every call; reads of jobs are served
+// from memory under the same mutex. Owned by the coordinator's JobManager.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "muonmesh/v1/jobs.pb.h"
+
+struct sqlite3;
+
+namespace muonmesh::coordinator {
+
+// Longest client request id accepted.
+inline constexpr size_t kMaxRequestIdBytes = 128;
+
+class JobStore {
+ public:
+  // Opens (creating when needed) the database at `path`, or in memory for
+  // ":memory:". InvalidArgument naming the path if it cannot be opened or
+  // is not this store's database (a newer schema included).
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
+  ~JobStore();
+  JobStore(const JobStore&) = delete;
+  JobStore& operator=(const JobStore&) = delete;
+
+  struct Submitted {
+    v1::Job job;
+    bool created = false;
+  };
+  // A new PENDING job ("j-<n>") with its first event, or, when request_id
+  // is not empty and was used before, that request's job (created false).
+  // AlreadyExists when the request id was used with another spec;
+  // InvalidArgument for a request id over kMaxRequestIdBytes.
+  absl::StatusOr<Submitted> Submit(const std::string& request_id, const v1::JobSpec& spec,
+                                   const std::string& reason, int64_t now_ms);
+
+  // NotFound for an unknown id.
+  absl::StatusOr<v1::Job> Get(const std::string& job_id) const;
+
+  struct Page {
+    std::vector<v1::Job> jobs;
+    std::string next_page_token;
+  };
+  // Newest first. InvalidArgument for a page token this store did not make.
+  absl::StatusOr<Page> List(const std::vector<v1::JobState>& states, const std::string& name,
+                            int32_t page_size, const std::string& page_token) const;
+
+  // Jobs not in a final state, oldest first (scheduling order).
+  std::vector<v1::Job> Unfinished() const;
+
+  // Applies `update` to the job and appends `event` (its index and time set
+  // here) in one transaction; returns the event as stored. NotFound for an
+  // unknown id. `update` must not change the id.
+  absl::StatusOr<v1::JobEvent> Append(const std::string& job_id, v1::JobEvent event,
+                                      int64_t now_ms,
+                                      const std::function<void(v1::Job&)>& update);
+
+  // Events with index >= from_index, at most `limit`, in order.
+  absl::StatusOr<std::vector<v1::JobEvent>> Events(const std::string& job_id, int64_t from_index,
+                                                   int32_t limit) const;
+
+  // Stores one rank's record of one step (a later attempt's record of the
+  // same step and rank replaces it).
+  absl::Status PutStep(const std::string& job_id, const v1::StepRecord& record);
+
+  struct StepPage {
+    std::vector<v1::StepRecord> records;
+    std::string next_page_token;
+  };
+  // Records with step in [first_step, last_step] (last_step < 0: no upper
+  // bound), of rank `rank` or of every rank (rank < 0), by step then rank.
+  absl::StatusOr<StepPage> Steps(const std::string& job_id, int64_t first_step,
+                                 int64_t last_step, int32_t rank, int32_t page_size,
+                                 const std::string& page_token) const;
+
+ private:
+  struct Row {
+    int64_t seq = 0;
+    v1::Job job;
+  };
+  explicit JobStore(sqlite3* db);
+  absl::Status Load();
+  absl::StatusOr<const Row*> Find(const std::string& job_id) const;
+  absl::Status Exec(const char* sql) const;
+
+  mutable std::mutex mu_;
+  sqlite3* db_;
+  int64_t next_seq_ = 1;
+  // seq -> job, in seq order; id and request id -> seq.
+  std::vector<Row> rows_;
+  absl::flat_hash_map<std::string, size_t> by_id_;
+  absl::flat_hash_map<std::string, size_t> by_request_;
+};
+
+}  // namespace muonmesh::coordinator

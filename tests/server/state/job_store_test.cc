@@ -1,0 +1,206 @@
+// The coordinator's durable state on a real SQLite file: what Submit
+// acknowledges survives a reopen, request ids make one job, events get
+// gapless indices, paging visits every job once, and step records page by
+// (step, rank).
+
+#include "server/state/job_store.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace muonmesh::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string FreshDb(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/job_store_" + name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir + "/state.db";
+}
+
+v1::JobSpec Spec(const std::string& name, int64_t steps = 10) {
+  v1::JobSpec spec;
+  spec.set_name(name);
+  spec.set_world_size(2);
+  spec.mutable_training()->set_steps(steps);
+  return spec;
+}
+
+TEST(JobStoreTest, SubmittedJobsSurviveAReopen) {
+  const std::string db = FreshDb("reopen");
+  std::string id;
+  {
+    auto store = JobStore::Open(db);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto s = (*store)->Submit("req-1", Spec("a"), "waiting", 1000);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_TRUE(s->created);
+    EXPECT_EQ(s->job.state(), v1::JOB_STATE_PENDING);
+    EXPECT_EQ(s->job.steps_total(), 10);
+    EXPECT_TRUE(std::isnan(s->job.last_loss()));
+    id = s->job.id();
+    v1::JobEvent running;
+    running.mutable_state_change()->set_state(v1::JOB_STATE_RUNNING);
+    auto e = (*store)->Append(id, running, 2000,
+                              [](v1::Job& j) { j.set_state(v1::JOB_STATE_RUNNING); });
+    ASSERT_TRUE(e.ok()) << e.status();
+    EXPECT_EQ(e->index(), 2);
+  }
+  auto store = JobStore::Open(db);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto job = (*store)->Get(id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job->last_event_index(), 2);
+  EXPECT_EQ(job->spec().name(), "a");
+  // New ids continue after the old ones; the request id is still known.
+  auto again = (*store)->Submit("req-1", Spec("a"), "waiting", 3000);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->created);
+  EXPECT_EQ(again->job.id(), id);
+  auto next = (*store)->Submit("", Spec("b"), "waiting", 3000);
+  ASSERT_TRUE(next.ok());
+  EXPECT_NE(next->job.id(), id);
+  EXPECT_EQ((*store)->Unfinished().size(), 2u);
+}
+
+TEST(JobStoreTest, RequestIdWithAnotherSpecIsRefused) {
+  auto store = JobStore::Open(FreshDb("request"));
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->Submit("r", Spec("a"), "", 1).ok());
+  auto other = (*store)->Submit("r", Spec("a", 11), "", 2);
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(other.status().message()), HasSubstr("j-1"));
+  EXPECT_EQ((*store)->Submit(std::string(129, 'x'), Spec("a"), "", 3).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Without a request id, every submit is a new job.
+  auto a = (*store)->Submit("", Spec("a"), "", 4);
+  auto b = (*store)->Submit("", Spec("a"), "", 5);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(a->job.id(), b->job.id());
+}
+
+TEST(JobStoreTest, EventsAreGaplessAndReadFromAnyIndex) {
+  auto store = JobStore::Open(FreshDb("events"));
+  ASSERT_TRUE(store.ok());
+  auto s = (*store)->Submit("", Spec("a"), "", 1);
+  ASSERT_TRUE(s.ok());
+  for (int step = 0; step < 20; ++step) {
+    v1::JobEvent e;
+    e.mutable_step()->set_step(step);
+    ASSERT_TRUE((*store)->Append(s->job.id(), e, 10 + step, nullptr).ok());
+  }
+  auto all = (*store)->Events(s->job.id(), 0, 1000);
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 21u);
+  for (size_t i = 0; i < all->size(); ++i) EXPECT_EQ((*all)[i].index(), static_cast<int64_t>(i + 1));
+  auto tail = (*store)->Events(s->job.id(), 15, 3);
+  ASSERT_TRUE(tail.ok());
+  ASSERT_EQ(tail->size(), 3u);
+  EXPECT_EQ((*tail)[0].index(), 15);
+  EXPECT_EQ((*tail)[0].step().step(), 13);
+  EXPECT_EQ((*store)->Events("j-999", 0, 10).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(JobStoreTest, ListPagesVisitEveryMatchingJobOnceNewestFirst) {
+  auto store = JobStore::Open(FreshDb("list"));
+  ASSERT_TRUE(store.ok());
+  std::vector<std::string> ids;
+  for (int i = 0; i < 25; ++i) {
+    auto s = (*store)->Submit("", Spec(i % 2 == 0 ? "even" : "odd"), "", i);
+    ASSERT_TRUE(s.ok());
+    ids.push_back(s->job.id());
+  }
+  // Cancel every third job.
+  for (int i = 0; i < 25; i += 3) {
+    v1::JobEvent e;
+    e.mutable_state_change()->set_state(v1::JOB_STATE_CANCELLED);
+    ASSERT_TRUE((*store)->Append(ids[i], e, 100, [](v1::Job& j) {
+      j.set_state(v1::JOB_STATE_CANCELLED);
+    }).ok());
+  }
+  std::vector<std::string> seen;
+  std::string token;
+  int pages = 0;
+  do {
+    auto page = (*store)->List({v1::JOB_STATE_PENDING}, "even", 4, token);
+    ASSERT_TRUE(page.ok()) << page.status();
+    for (const v1::Job& j : page->jobs) seen.push_back(j.id());
+    token = page->next_page_token;
+    ++pages;
+  } while (!token.empty() && pages < 100);
+  std::vector<std::string> expected;
+  for (int i = 24; i >= 0; --i) {
+    if (i % 2 == 0 && i % 3 != 0) expected.push_back(ids[i]);
+  }
+  EXPECT_EQ(seen, expected);
+  EXPECT_EQ((*store)->List({}, "", 0, "garbage").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(JobStoreTest, StepRecordsPageByStepAndRank) {
+  auto store = JobStore::Open(FreshDb("steps"));
+  ASSERT_TRUE(store.ok());
+  auto s = (*store)->Submit("", Spec("a"), "", 1);
+  ASSERT_TRUE(s.ok());
+  for (int step = 0; step < 10; ++step) {
+    for (int rank = 0; rank < 3; ++rank) {
+      v1::StepRecord r;
+      r.set_step(step);
+      r.set_rank(rank);
+      r.set_loss(1.0 / (step + 1));
+      ASSERT_TRUE((*store)->PutStep(s->job.id(), r).ok());
+    }
+  }
+  // A second attempt's record of the same step replaces the first.
+  v1::StepRecord again;
+  again.set_step(4);
+  again.set_rank(1);
+  again.set_attempt(1);
+  ASSERT_TRUE((*store)->PutStep(s->job.id(), again).ok());
+
+  std::vector<std::pair<int64_t, int32_t>> seen;
+  std::string token;
+  do {
+    auto page = (*store)->Steps(s->job.id(), 2, 7, -1, 5, token);
+    ASSERT_TRUE(page.ok()) << page.status();
+    for (const v1::StepRecord& r : page->records) {
+      seen.push_back({r.step(), r.rank()});
+      if (r.step() == 4 && r.rank() == 1) {
+        EXPECT_EQ(r.attempt(), 1);
+      }
+    }
+    token = page->next_page_token;
+  } while (!token.empty());
+  ASSERT_EQ(seen.size(), 18u);  // steps 2..7, 3 ranks
+  for (size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(seen[i], (std::pair<int64_t, int32_t>{2 + static_cast<int64_t>(i) / 3,
+                                                     static_cast<int32_t>(i % 3)}));
+  }
+  auto rank2 = (*store)->Steps(s->job.id(), 0, -1, 2, 0, "");
+  ASSERT_TRUE(rank2.ok());
+  EXPECT_EQ(rank2->records.size(), 10u);
+  for (const v1::StepRecord& r : rank2->records) EXPECT_EQ(r.rank(), 2);
+}
+
+TEST(JobStoreTest, AFileThatIsNotADatabaseIsRefusedNamingIt) {
+  const std::string db = FreshDb("garbage");
+  std::ofstream(db) << "this is not sqlite, just text that goes on for a while............";
+  auto store = JobStore::Open(db);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(store.status().message()), HasSubstr(db));
+}
+
+}  // namespace
+}  // namespace muonmesh::coordinator
