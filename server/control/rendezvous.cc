@@ -1,0 +1,166 @@
+#include "server/control/rendezvous.h"
+
+#include <chrono>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace muonmesh::coordinator {
+namespace {
+
+// How often a waiter looks at its cancel callback.
+constexpr auto kPollInterval = std::chrono::milliseconds(50);
+
+std::string Short(const std::string& key) { return key.size() <= 80 ? key : key.substr(0, 80) + "..."; }
+
+}  // namespace
+
+absl::Status Rendezvous::CheckKey(const std::string& key) const {
+  if (key.empty()) return absl::InvalidArgumentError("store: empty key");
+  if (key.size() > kMaxKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("store: key of ", key.size(),
+                                                   " bytes exceeds the limit of ", kMaxKeyBytes));
+  }
+  if (key.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError("store: key holds a NUL byte");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Rendezvous::Set(const RendezvousScope& scope, const std::string& key,
+                             std::string value) {
+  if (absl::Status s = CheckKey(key); !s.ok()) return s;
+  if (value.size() > kMaxValueBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("store: value of ", value.size(),
+                                                   " bytes exceeds the limit of ",
+                                                   kMaxValueBytes));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& space = keys_[scope];
+  if (auto it = space.find(key); it != space.end()) {
+    if (it->second == value) return absl::OkStatus();
+    return absl::AlreadyExistsError(
+        absl::StrCat("store: key '", Short(key), "' is already set to another value"));
+  }
+  const size_t bytes = key.size() + value.size();
+  if (total_bytes_ + bytes > kMaxTotalBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "store: the coordinator holds ", total_bytes_, " bytes of keys, its limit is ",
+        kMaxTotalBytes));
+  }
+  total_bytes_ += bytes;
+  space.emplace(key, std::move(value));
+  changed_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status Rendezvous::WaitUntil(std::unique_lock<std::mutex>& lock,
+                                   const std::function<bool()>& ready, absl::Duration timeout,
+                                   const Cancelled& cancelled, const std::string& what) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(std::max(timeout, absl::ZeroDuration()));
+  while (!ready()) {
+    if (shutdown_) return absl::CancelledError("store: the coordinator is shutting down");
+    if (cancelled && cancelled()) return absl::CancelledError("store: the call was cancelled");
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("store: ", what, " still missing after ", absl::FormatDuration(timeout)));
+    }
+    changed_.wait_for(lock, std::min<std::chrono::steady_clock::duration>(deadline - now,
+                                                                            kPollInterval));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Rendezvous::Get(const RendezvousScope& scope, const std::string& key,
+                                            absl::Duration timeout, const Cancelled& cancelled) {
+  if (absl::Status s = CheckKey(key); !s.ok()) return s;
+  std::unique_lock<std::mutex> lock(mu_);
+  const std::string* found = nullptr;
+  auto ready = [&] {
+    auto space = keys_.find(scope);
+    if (space == keys_.end()) return false;
+    auto it = space->second.find(key);
+    if (it == space->second.end()) return false;
+    found = &it->second;
+    return true;
+  };
+  if (absl::Status s = WaitUntil(lock, ready, timeout, cancelled,
+                                 absl::StrCat("key '", Short(key), "'"));
+      !s.ok()) {
+    return s;
+  }
+  return *found;
+}
+
+absl::Status Rendezvous::Wait(const RendezvousScope& scope, const std::vector<std::string>& keys,
+                              absl::Duration timeout, const Cancelled& cancelled) {
+  for (const std::string& key : keys) {
+    if (absl::Status s = CheckKey(key); !s.ok()) return s;
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  std::vector<std::string> missing;
+  auto ready = [&] {
+    missing.clear();
+    auto space = keys_.find(scope);
+    for (const std::string& key : keys) {
+      if (space == keys_.end() || space->second.count(key) == 0) missing.push_back(Short(key));
+    }
+    return missing.empty();
+  };
+  return WaitUntil(lock, ready, timeout, cancelled,
+                   absl::StrCat("keys ", absl::StrJoin(missing.begin(),
+                                                       missing.begin() + std::min<size_t>(missing.size(), 8),
+                                                       ", ")));
+}
+
+absl::StatusOr<int64_t> Rendezvous::Add(const RendezvousScope& scope, const std::string& key,
+                                        int64_t delta) {
+  if (absl::Status s = CheckKey(key); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& space = keys_[scope];
+  int64_t value = 0;
+  auto it = space.find(key);
+  if (it != space.end() && !absl::SimpleAtoi(it->second, &value)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("store: key '", Short(key), "' does not hold a counter"));
+  }
+  value += delta;
+  const std::string text = absl::StrCat(value);
+  if (it == space.end()) {
+    if (total_bytes_ + key.size() + text.size() > kMaxTotalBytes) {
+      return absl::ResourceExhaustedError("store: the coordinator's key space is full");
+    }
+    total_bytes_ += key.size() + text.size();
+    space.emplace(key, text);
+  } else {
+    total_bytes_ = total_bytes_ - it->second.size() + text.size();
+    it->second = text;
+  }
+  changed_.notify_all();
+  return value;
+}
+
+void Rendezvous::DropJob(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = keys_.lower_bound({job_id, INT32_MIN}); it != keys_.end() && it->first.job_id == job_id;) {
+    for (const auto& [k, v] : it->second) total_bytes_ -= k.size() + v.size();
+    it = keys_.erase(it);
+  }
+  changed_.notify_all();
+}
+
+void Rendezvous::Shutdown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  shutdown_ = true;
+  changed_.notify_all();
+}
+
+size_t Rendezvous::total_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return total_bytes_;
+}
+
+}  // namespace muonmesh::coordinator

@@ -1,0 +1,150 @@
+// GrpcStore against the coordinator's real Store service on 127.0.0.1:0:
+// the comm::Store contract (write-once keys, bounded waits), attempt scopes,
+// the service's limits, real Gloo groups that rendezvous through it, and an
+// unreachable coordinator.
+
+#include "worker/comm/grpc_store.h"
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "gtest/gtest.h"
+#include "server/control/rendezvous.h"
+#include "server/control/store_service.h"
+#include "tests/worker/comm/test_util.h"
+#include "worker/comm/communicator.h"
+
+namespace muonmesh::comm {
+namespace {
+
+class GrpcStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port_),
+                                   grpc::InsecureChannelCredentials());
+  }
+  void TearDown() override {
+    rendezvous_.Shutdown();
+    server_->Shutdown();
+  }
+
+  coordinator::Rendezvous rendezvous_;
+  coordinator::StoreService service_{&rendezvous_};
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::shared_ptr<grpc::Channel> channel_;
+};
+
+TEST_F(GrpcStoreTest, KeysAreWriteOnceAndWaitsAreBounded) {
+  GrpcStore store(channel_, "j-1", 0);
+  const std::string value("a\0b\xff", 4);
+  ASSERT_TRUE(store.Set("k", value).ok());
+  EXPECT_TRUE(store.Set("k", value).ok()) << "the same value again is a retry";
+  EXPECT_EQ(store.Set("k", "other").code(), absl::StatusCode::kAlreadyExists);
+  absl::StatusOr<std::string> got = store.Get("k", absl::Seconds(1));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, value);
+
+  const absl::Time start = absl::Now();
+  got = store.Get("missing", absl::Milliseconds(300));
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(got.status().message().find("missing"), std::string::npos);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(250));
+  EXPECT_EQ(store.Wait({"k", "missing"}, absl::Milliseconds(100)).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(store.Set("", "x").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.Set(std::string(coordinator::kMaxKeyBytes + 1, 'k'), "x").code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.Set("big", std::string(coordinator::kMaxValueBytes + 1, 'v')).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(GrpcStoreTest, AGetWaitsForALaterSet) {
+  GrpcStore reader(channel_, "j-1", 0);
+  GrpcStore writer(channel_, "j-1", 0);
+  std::thread later([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    EXPECT_TRUE(writer.Set("late", "v").ok());
+  });
+  absl::StatusOr<std::string> got = reader.Get("late", absl::Seconds(10));
+  later.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "v");
+  EXPECT_TRUE(reader.Wait({"late"}, absl::Seconds(1)).ok());
+}
+
+TEST_F(GrpcStoreTest, AttemptsAndJobsDoNotSeeEachOthersKeys) {
+  GrpcStore first(channel_, "j-1", 0);
+  GrpcStore second(channel_, "j-1", 1);
+  GrpcStore other_job(channel_, "j-2", 0);
+  ASSERT_TRUE(first.Set("addr", "one").ok());
+  ASSERT_TRUE(second.Set("addr", "two").ok());
+  EXPECT_EQ(*second.Get("addr", absl::Seconds(1)), "two");
+  EXPECT_EQ(other_job.Get("addr", absl::Milliseconds(50)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  // A finished job's keys are dropped.
+  rendezvous_.DropJob("j-1");
+  EXPECT_EQ(first.Get("addr", absl::Milliseconds(50)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(rendezvous_.total_bytes(), 0u);
+}
+
+// Three Gloo ranks meet through the coordinator and all-reduce.
+TEST_F(GrpcStoreTest, GlooGroupsRendezvousThroughTheCoordinator) {
+  constexpr int kRanks = 3;
+  std::vector<std::vector<float>> data(kRanks);
+  std::vector<absl::Status> status(kRanks);
+  testing::RunOnThreads(kRanks, [&](int r) {
+    GrpcStore store(channel_, "j-7", 2);
+    GroupOptions options;
+    options.connect_timeout = absl::Seconds(30);
+    absl::StatusOr<std::unique_ptr<Communicator>> group =
+        CreateGroup(Backend::kGloo, store, "j-7/attempt-2/world", r, kRanks, options);
+    if (!group.ok()) {
+      status[r] = group.status();
+      return;
+    }
+    data[r] = {static_cast<float>(r + 1), 10.0f * static_cast<float>(r)};
+    status[r] = (*group)->AllReduce(data[r].data(), 2, ReduceOp::kSum);
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+    EXPECT_EQ(data[r], (std::vector<float>{1 + 2 + 3, 0 + 10 + 20}));
+  }
+}
+
+TEST(GrpcStoreUnreachableTest, NoCoordinatorIsUnavailable) {
+  // A port nothing listens on: bind one, then let it go.
+  int port = 0;
+  {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    coordinator::Rendezvous r;
+    coordinator::StoreService s(&r);
+    builder.RegisterService(&s);
+    std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+    server->Shutdown();
+  }
+  GrpcStore store(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                      grpc::InsecureChannelCredentials()),
+                  "j-1", 0);
+  const absl::Status s = store.Set("k", "v");
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+}
+
+}  // namespace
+}  // namespace muonmesh::comm
