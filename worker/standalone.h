@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "worker/rank_runner.h"
 
 namespace muonmesh::worker {
 
@@ -37,9 +38,6 @@ struct StandaloneOptions {
   // device: cuda jobs: the GPU to use; -1 means rank modulo the GPUs here.
   int cuda_device = -1;
 };
-
-// One line per event for people (rank 0 prints per-step loss and phases).
-using LineSink = std::function<void(const std::string&)>;
 
 // InvalidArgument for a bad job file, data or config (message names the
 // field or file); ResourceExhausted when the job would not fit this rank's

@@ -1,0 +1,287 @@
+#include "worker/rank_runner.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "worker/checkpoints.h"
+#include "worker/io/safetensors.h"
+#include "worker/job/memory_budget.h"
+#include "worker/job/memory_estimate.h"
+#include "worker/workload_factory.h"
+
+namespace muonmesh::worker {
+namespace {
+
+absl::Status Annotate(const absl::Status& st, const std::string& where) {
+  return absl::Status(st.code(), absl::StrCat(where, ": ", st.message()));
+}
+
+std::string Ms(absl::Duration d) { return absl::StrFormat("%.1f", absl::ToDoubleMilliseconds(d)); }
+
+int64_t PeakRssBytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;
+}
+
+// The optimizer step: AdamW, Muon (all phases) and the after-step gather.
+absl::Duration OptimizerTime(const PhaseTimes& t) {
+  return t.adamw + t.muon_prepare + t.muon_gather + t.newton_schulz + t.muon_scatter +
+         t.muon_apply + t.param_allgather_after_step;
+}
+
+int64_t FileBytes(const std::string& path) {
+  std::error_code ec;
+  const std::uintmax_t size = path.empty() ? 0 : std::filesystem::file_size(path, ec);
+  return ec ? 0 : static_cast<int64_t>(size);
+}
+
+// Refuses, before anything whose size comes from the job is allocated, a
+// job whose estimated peak exceeds this rank's memory budget; returns the
+// estimated peak otherwise.
+absl::StatusOr<double> CheckMemory(const RankOptions& options, const ResolvedJob& job,
+                                   const plan::Plan& plan) {
+  const int64_t budget = options.memory_budget_bytes > 0
+                             ? options.memory_budget_bytes
+                             : DefaultMemoryBudgetBytes(options.ranks_on_this_host);
+  const MemoryEstimate estimate = EstimateRankMemory(
+      job, plan, options.rank,
+      {FileBytes(job.data_safetensors), FileBytes(job.init_safetensors)});
+  if (absl::Status st = CheckMemoryBudget(estimate, budget, options.rank); !st.ok()) return st;
+  return estimate.peak_bytes;
+}
+
+// Every sample of a global batch is distinct only if the data set has at
+// least that many (the batch formula wraps around otherwise).
+absl::Status CheckBatchFitsData(const ResolvedJob& job, const Workload& workload) {
+  if (job.model_kind == ResolvedJob::ModelKind::kSynthetic) return absl::OkStatus();
+  if (job.global_batch_size <= workload.num_samples()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "training.global_batch_size: ", job.global_batch_size, " exceeds the ",
+      workload.num_samples(), " samples of the data set",
+      job.data_safetensors.empty() ? "" : absl::StrCat(" in ", job.data_safetensors)));
+}
+
+void PrintPlan(const ResolvedJob& job, const plan::Plan& plan, const LineSink& out) {
+  int64_t planned = 0;
+  for (const plan::CollectiveBytes& c : plan.collectives) planned += c.bytes_per_step;
+  // Every domain of a mesh moves the same bytes.
+  int64_t exchange = plan.dense.exchange_bytes * (job.world_size / plan.dense.size);
+  int64_t bound = plan.dense.exchange_lower_bound_bytes * (job.world_size / plan.dense.size);
+  if (plan.has_experts) {
+    exchange += plan.expert.exchange_bytes * (job.world_size / plan.expert.size);
+    bound += plan.expert.exchange_lower_bound_bytes * (job.world_size / plan.expert.size);
+  }
+  out(absl::StrFormat("plan: %d bytes per step in all collectives, Muon exchange %d bytes "
+                      "(lower bound %d)",
+                      planned, exchange, bound));
+  out(absl::StrFormat("job %s: %d ranks, %s, %d steps, global batch %d", job.name,
+                      job.world_size, job.owner_assignment, job.steps, job.global_batch_size));
+}
+
+// The device and the workload on it, with its data.
+struct Engine {
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Workload> workload;
+};
+
+absl::StatusOr<Engine> MakeEngine(const ResolvedJob& job, const RankOptions& options,
+                                  std::unique_ptr<Workload> early) {
+  Engine e;
+  // The device first: a GPU workload generates on the GPU made current here.
+  absl::StatusOr<std::unique_ptr<Device>> device =
+      MakeDevice(job, options.rank, options.cuda_device);
+  if (!device.ok()) return device.status();
+  e.device = *std::move(device);
+  absl::StatusOr<std::unique_ptr<Workload>> workload =
+      early != nullptr ? std::move(early) : MakeWorkload(job);
+  if (!workload.ok()) return workload.status();
+  if (absl::Status st = CheckBatchFitsData(job, **workload); !st.ok()) return st;
+  if (job.device == "cuda") {
+    workload = OnGpu(job, *std::move(workload));
+    if (!workload.ok()) return workload.status();
+  }
+  e.workload = *std::move(workload);
+  return e;
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const ResolvedJob& job,
+                                                     const plan::Plan& plan, Engine& engine,
+                                                     comm::Store& store,
+                                                     const RankOptions& options) {
+  std::vector<std::vector<float>> initial;
+  TrainerOptions topts;
+  topts.device = engine.device.get();
+  if (!job.init_safetensors.empty()) {
+    absl::StatusOr<std::vector<std::vector<float>>> init =
+        InitialFromFile(engine.workload->spec(), job.init_safetensors);
+    if (!init.ok()) return init.status();
+    initial = *std::move(init);
+    topts.initial_parameters = &initial;
+  }
+  topts.backend = job.device == "cuda" ? comm::Backend::kNccl : comm::Backend::kGloo;
+  topts.store = &store;
+  topts.group_options.gloo_hostname = options.hostname;
+  topts.group_options.connect_timeout = options.timeout;
+  topts.collective.timeout = options.timeout;
+  topts.group_prefix = options.group_prefix;
+  topts.muon = job.muon;
+  topts.adamw = job.adamw;
+  topts.global_batch_size = job.global_batch_size;
+  topts.init_seed = job.init_seed.value_or(0);
+  // `initial` goes out of scope on return: the trainer holds its shards.
+  return Trainer::Create(plan, engine.workload.get(), options.rank, topts);
+}
+
+// A fresh start removes an earlier run's checkpoints (rank 0; no rank can
+// save before rank 0 has stepped); a resume loads the newest complete one.
+absl::Status StartFromCheckpoints(const ResolvedJob& job, Trainer& trainer,
+                                  const RankOptions& options, const LineSink& out) {
+  const bool talk = options.rank == 0;
+  if (!options.resume) {
+    if (!talk) return absl::OkStatus();
+    std::error_code ec;
+    const std::string old = job.output_dir + "/checkpoints";
+    if (std::filesystem::exists(old, ec)) {
+      std::filesystem::remove_all(old, ec);
+      if (ec) return absl::InternalError(absl::StrCat(old, ": cannot remove: ", ec.message()));
+      out(absl::StrCat("fresh start: removed the checkpoints of an earlier run in ", old));
+    }
+    return absl::OkStatus();
+  }
+  const std::optional<int64_t> from = NewestCheckpoint(job.output_dir);
+  if (!from.has_value()) {
+    if (talk) out("resume: no complete checkpoint yet; starting at step 0");
+    return absl::OkStatus();
+  }
+  const std::string file = absl::StrFormat("%s/rank-%05d.safetensors",
+                                           CheckpointDir(job.output_dir, *from), options.rank);
+  if (absl::Status st = trainer.LoadShards(file); !st.ok()) return Annotate(st, "resuming");
+  if (talk) out(absl::StrCat("resume: from the checkpoint at step ", *from));
+  return absl::OkStatus();
+}
+
+std::string StepLine(int64_t s, const StepReport& r) {
+  int64_t bytes = 0;
+  for (const auto& [name, b] : r.bytes_sent) bytes += b;
+  const PhaseTimes& t = r.times;
+  return absl::StrFormat(
+      "step %4d  loss %.6e  | ms: gather %s fwd/bwd %s dispatch %s reduce %s adamw %s "
+      "muon %s/%s/%s/%s after %s | sent %d B",
+      s, r.loss, Ms(t.param_gather), Ms(t.forward_backward), Ms(t.expert_dispatch),
+      Ms(t.grad_reduce), Ms(t.adamw), Ms(t.muon_gather), Ms(t.newton_schulz),
+      Ms(t.muon_scatter), Ms(t.muon_apply), Ms(t.param_allgather_after_step), bytes);
+}
+
+// What the summary line reports.
+struct RunTotals {
+  std::vector<double> optimizer_ms;
+  int64_t bytes = 0;
+  int64_t muon_bytes = 0;
+};
+
+absl::Status TrainSteps(const ResolvedJob& job, Trainer& trainer, const RankOptions& options,
+                        const RankHooks& hooks, RunTotals& totals) {
+  const bool talk = options.rank == 0;
+  for (int64_t s = trainer.steps_done(); s < job.steps; ++s) {
+    if (s == options.fail_at_step && options.attempt == 0) {
+      return absl::AbortedError(absl::StrCat("--fail-at-step ", s, ": failing on purpose"));
+    }
+    const absl::Time start = absl::Now();
+    absl::StatusOr<StepReport> r = trainer.Step();
+    if (!r.ok()) return Annotate(r.status(), absl::StrCat("step ", s));
+    const absl::Duration took = absl::Now() - start;
+    totals.optimizer_ms.push_back(absl::ToDoubleMilliseconds(OptimizerTime(r->times)));
+    for (const auto& [name, b] : r->bytes_sent) {
+      totals.bytes += b;
+      if (absl::StrContains(name, "muon_")) totals.muon_bytes += b;
+    }
+    if (talk) hooks.out(StepLine(s, *r));
+    if (hooks.on_step) {
+      if (absl::Status st = hooks.on_step(*r, took); !st.ok()) return st;
+    }
+    if (job.checkpoint_every > 0 && (s + 1) % job.checkpoint_every == 0) {
+      absl::Status st = SaveCheckpoint(trainer, job.output_dir, job.world_size, options.rank);
+      if (!st.ok()) return st;
+      if (talk) {
+        hooks.out(absl::StrCat("checkpoint: step ", s + 1, " in ",
+                               CheckpointDir(job.output_dir, s + 1)));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The final weights, gathered a unit at a time; rank 0 streams them into the
+// export file as they come (no rank holds the whole model).
+absl::Status ExportWeights(const ResolvedJob& job, Trainer& trainer, const Workload& workload,
+                           const RankOptions& options, const LineSink& out) {
+  std::unique_ptr<io::SafetensorsWriter> writer;
+  if (options.rank == 0 && !job.export_path.empty()) {
+    std::vector<io::SafetensorsWriter::Entry> entries;
+    for (const plan::UnitSpec& u : workload.spec().units) {
+      for (const plan::ParamSpec& p : u.params) entries.push_back({p.name, p.shape});
+    }
+    std::error_code ec;
+    const std::filesystem::path parent = std::filesystem::path(job.export_path).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    absl::StatusOr<std::unique_ptr<io::SafetensorsWriter>> w =
+        io::SafetensorsWriter::Create(job.export_path, std::move(entries));
+    if (!w.ok()) return w.status();
+    writer = *std::move(w);
+  }
+  absl::Status gathered = trainer.GatherParameters(
+      [&](int /*flat*/, std::vector<float>&& tensor) -> absl::Status {
+        return writer == nullptr ? absl::OkStatus() : writer->Append(tensor);
+      });
+  if (!gathered.ok()) return Annotate(gathered, "gathering the final weights");
+  if (writer == nullptr) return absl::OkStatus();
+  if (absl::Status st = writer->Finish(); !st.ok()) return st;
+  out(absl::StrCat("wrote ", job.export_path));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunRank(const ResolvedJob& job, const plan::Plan& plan,
+                     std::unique_ptr<Workload> workload, comm::Store& store,
+                     const RankOptions& options, const RankHooks& hooks) {
+  const LineSink out = hooks.out ? hooks.out : [](const std::string&) {};
+  RankHooks h = hooks;
+  h.out = out;
+  absl::StatusOr<double> estimated_peak = CheckMemory(options, job, plan);
+  if (!estimated_peak.ok()) return estimated_peak.status();
+  absl::StatusOr<Engine> engine = MakeEngine(job, options, std::move(workload));
+  if (!engine.ok()) return engine.status();
+  if (options.rank == 0) PrintPlan(job, plan, out);
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+      MakeTrainer(job, plan, *engine, store, options);
+  if (!trainer.ok()) return trainer.status();
+  if (absl::Status st = StartFromCheckpoints(job, **trainer, options, out); !st.ok()) return st;
+
+  const int64_t first_step = (*trainer)->steps_done();
+  RunTotals totals;
+  if (absl::Status st = TrainSteps(job, **trainer, options, h, totals); !st.ok()) return st;
+
+  // One machine-readable line per rank (benchmarks aggregate them).
+  std::vector<double> sorted = totals.optimizer_ms;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted.empty() ? 0.0 : sorted[sorted.size() / 2];
+  const int64_t steps = std::max<int64_t>(1, job.steps - first_step);
+  out(absl::StrFormat(
+      "summary rank=%d steps=%d optimizer_ms_median=%.3f bytes_per_step=%d "
+      "muon_bytes_per_step=%d peak_rss_bytes=%d estimated_peak_bytes=%.0f shard_bytes=%d",
+      options.rank, job.steps - first_step, median, totals.bytes / steps,
+      totals.muon_bytes / steps, PeakRssBytes(), *estimated_peak, (*trainer)->shard_bytes()));
+  return ExportWeights(job, **trainer, *engine->workload, options, out);
+}
+
+}  // namespace muonmesh::worker
