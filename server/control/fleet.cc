@@ -1,0 +1,198 @@
+#include "server/control/fleet.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+
+namespace muonmesh::coordinator {
+namespace {
+
+constexpr auto kPollInterval = std::chrono::milliseconds(50);
+
+bool IsIdChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+         c == '.' || c == '_' || c == ':' || c == '/' || c == '-';
+}
+
+int64_t UnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
+
+}  // namespace
+
+Fleet::Fleet(Clock* clock, absl::Duration lease_ttl, absl::Duration heartbeat_interval)
+    : clock_(*clock), lease_ttl_(lease_ttl), heartbeat_interval_(heartbeat_interval) {}
+
+bool Fleet::Live(const Entry& e) const {
+  return e.state != v1::WORKER_STATE_LOST && clock_.Now() - e.last_heartbeat <= lease_ttl_;
+}
+
+absl::StatusOr<Fleet::Lease> Fleet::Register(const v1::WorkerInfo& info) {
+  const std::string& id = info.worker_id();
+  if (id.empty() || id.size() > kMaxWorkerIdBytes ||
+      !std::all_of(id.begin(), id.end(), IsIdChar)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "info.worker_id: must match [A-Za-z0-9._:/-]+ and have at most ", kMaxWorkerIdBytes,
+        " bytes, got '", id.substr(0, 64), id.size() > 64 ? "...'" : "'"));
+  }
+  if (info.device() != "cpu" && info.device() != "cuda") {
+    return absl::InvalidArgumentError(absl::StrCat("info.device: '", info.device().substr(0, 32),
+                                                   "' is not cpu or cuda"));
+  }
+  if (info.address().empty() || info.address().size() > 255) {
+    return absl::InvalidArgumentError("info.address: required, at most 255 bytes");
+  }
+  if (info.memory_bytes() < 0 || info.version().size() > 128) {
+    return absl::InvalidArgumentError("info: negative memory_bytes or a version over 128 bytes");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(id);
+  if (it != workers_.end() && Live(it->second)) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "worker '", id, "' is registered and its lease is live (another process with the same "
+        "id?); give each worker its own --worker-id, or wait ",
+        absl::FormatDuration(lease_ttl_), " for the old lease to expire"));
+  }
+  if (it == workers_.end() && workers_.size() >= kMaxWorkers) {
+    return absl::ResourceExhaustedError(absl::StrCat("the fleet has ", kMaxWorkers, " workers"));
+  }
+  Entry& e = workers_[id];
+  e = Entry();
+  e.info = info;
+  e.lease_id = absl::StrCat("lease-", next_lease_++);
+  e.order = next_order_++;
+  e.registered = e.last_heartbeat = clock_.Now();
+  changed_.notify_all();
+  return Lease{e.lease_id, lease_ttl_, heartbeat_interval_};
+}
+
+absl::Status Fleet::CheckLease(const std::string& worker_id, const std::string& lease_id) const {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) {
+    return absl::NotFoundError(absl::StrCat("no worker '", worker_id.substr(0, 64), "'"));
+  }
+  if (it->second.lease_id != lease_id || !Live(it->second)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker '", worker_id, "': lease '", lease_id.substr(0, 64),
+        "' is stale (expired or replaced); register again"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Fleet::Heartbeat(const std::string& worker_id, const std::string& lease_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (absl::Status s = CheckLease(worker_id, lease_id); !s.ok()) return s;
+  workers_[worker_id].last_heartbeat = clock_.Now();
+  return absl::OkStatus();
+}
+
+std::vector<Fleet::Lost> Fleet::Expire() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Lost> lost;
+  for (auto& [id, e] : workers_) {
+    if (e.state == v1::WORKER_STATE_LOST || Live(e)) continue;
+    lost.push_back({id, e.job_id});
+    e.state = v1::WORKER_STATE_LOST;
+    e.job_id.clear();
+    e.rank = -1;
+    e.outbox.clear();
+  }
+  if (!lost.empty()) changed_.notify_all();
+  return lost;
+}
+
+int64_t Fleet::IdleCount(const std::string& device) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t n = 0;
+  for (const auto& [id, e] : workers_) {
+    n += e.state == v1::WORKER_STATE_IDLE && e.info.device() == device && Live(e);
+  }
+  return n;
+}
+
+std::optional<std::vector<std::string>> Fleet::Take(const std::string& device, int64_t n,
+                                                    const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Entry*> idle;
+  for (auto& [id, e] : workers_) {
+    if (e.state == v1::WORKER_STATE_IDLE && e.info.device() == device && Live(e)) {
+      idle.push_back(&e);
+    }
+  }
+  if (static_cast<int64_t>(idle.size()) < n) return std::nullopt;
+  std::sort(idle.begin(), idle.end(), [](const Entry* a, const Entry* b) { return a->order < b->order; });
+  std::vector<std::string> taken;
+  for (int64_t r = 0; r < n; ++r) {
+    Entry& e = *idle[r];
+    e.state = v1::WORKER_STATE_BUSY;
+    e.job_id = job_id;
+    e.rank = static_cast<int32_t>(r);
+    taken.push_back(e.info.worker_id());
+  }
+  return taken;
+}
+
+void Fleet::Release(const std::string& worker_id, const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || it->second.job_id != job_id ||
+      it->second.state != v1::WORKER_STATE_BUSY) {
+    return;
+  }
+  it->second.state = v1::WORKER_STATE_IDLE;
+  it->second.job_id.clear();
+  it->second.rank = -1;
+  changed_.notify_all();
+}
+
+void Fleet::Push(const std::string& worker_id, v1::Assignment assignment) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || it->second.state == v1::WORKER_STATE_LOST) return;
+  it->second.outbox.push_back(std::move(assignment));
+  changed_.notify_all();
+}
+
+absl::StatusOr<std::optional<v1::Assignment>> Fleet::Next(
+    const std::string& worker_id, const std::string& lease_id, absl::Duration wait,
+    const std::function<bool()>& cancelled) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(wait);
+  while (true) {
+    if (shutdown_) return absl::CancelledError("the coordinator is shutting down");
+    if (absl::Status s = CheckLease(worker_id, lease_id); !s.ok()) return s;
+    Entry& e = workers_[worker_id];
+    if (!e.outbox.empty()) {
+      v1::Assignment a = std::move(e.outbox.front());
+      e.outbox.pop_front();
+      return std::optional<v1::Assignment>(std::move(a));
+    }
+    if (cancelled && cancelled()) return absl::CancelledError("the stream was cancelled");
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return std::optional<v1::Assignment>();
+    changed_.wait_for(lock, std::min<std::chrono::steady_clock::duration>(deadline - now,
+                                                                            kPollInterval));
+  }
+}
+
+std::vector<v1::Worker> Fleet::List() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<v1::Worker> out;
+  for (const auto& [id, e] : workers_) {
+    v1::Worker& w = out.emplace_back();
+    *w.mutable_info() = e.info;
+    w.set_state(e.state == v1::WORKER_STATE_LOST || Live(e) ? e.state : v1::WORKER_STATE_LOST);
+    w.set_job_id(e.job_id);
+    w.set_rank(e.rank);
+    w.set_registered_unix_ms(UnixMs(e.registered));
+    w.set_last_heartbeat_unix_ms(UnixMs(e.last_heartbeat));
+  }
+  return out;
+}
+
+void Fleet::Shutdown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  shutdown_ = true;
+  changed_.notify_all();
+}
+
+}  // namespace muonmesh::coordinator

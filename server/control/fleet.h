@@ -1,0 +1,124 @@
+#pragma once
+
+// The coordinator's view of its workers: registrations and their leases,
+// which worker is idle or busy with which job and rank, and each worker's
+// queue of assignments (the Fleet service streams them out).
+//
+// Leases: a worker registers and gets a lease id; every heartbeat renews
+// it; a lease not renewed for `lease_ttl` expires at the next Expire() call,
+// the worker becomes LOST and its job attempt, if any, fails. A second
+// registration of a worker id is ALREADY_EXISTS while its lease lives (two
+// processes must not share an id) and replaces it once expired.
+//
+// Thread-safe; Next() blocks its caller (a gRPC stream handler). Time comes
+// from an injected clock so that tests control expiry.
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "muonmesh/v1/fleet.pb.h"
+
+namespace muonmesh::coordinator {
+
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual absl::Time Now() = 0;
+};
+
+// The real clock.
+class SystemClock final : public Clock {
+ public:
+  absl::Time Now() override { return absl::Now(); }
+};
+
+inline constexpr size_t kMaxWorkerIdBytes = 128;
+inline constexpr size_t kMaxWorkers = 65536;
+
+class Fleet {
+ public:
+  // `clock` must outlive the fleet.
+  Fleet(Clock* clock, absl::Duration lease_ttl, absl::Duration heartbeat_interval);
+
+  struct Lease {
+    std::string lease_id;
+    absl::Duration ttl;
+    absl::Duration heartbeat_interval;
+  };
+  // InvalidArgument naming the field for a bad worker id, device or
+  // address; AlreadyExists while another registration of the id lives;
+  // ResourceExhausted beyond kMaxWorkers.
+  absl::StatusOr<Lease> Register(const v1::WorkerInfo& info);
+
+  // NotFound for an unknown worker; FailedPrecondition for a lease that is
+  // not the worker's current live one.
+  absl::Status Heartbeat(const std::string& worker_id, const std::string& lease_id);
+  absl::Status CheckLease(const std::string& worker_id, const std::string& lease_id) const;
+
+  // Marks every worker whose lease ran out LOST and returns them (with the
+  // job and rank they held, if any).
+  struct Lost {
+    std::string worker_id;
+    std::string job_id;
+  };
+  std::vector<Lost> Expire();
+
+  // Idle workers of `device` available now.
+  int64_t IdleCount(const std::string& device) const;
+  // Takes `n` idle workers of `device` for `job_id` (rank i is the i-th, in
+  // registration order), or none if fewer are idle.
+  std::optional<std::vector<std::string>> Take(const std::string& device, int64_t n,
+                                               const std::string& job_id);
+  // The worker is idle again (its attempt ended); no-op unless it is busy
+  // with `job_id`.
+  void Release(const std::string& worker_id, const std::string& job_id);
+
+  // Queues an assignment for the worker (dropped if it is not registered).
+  void Push(const std::string& worker_id, v1::Assignment assignment);
+  // The worker's next assignment, waiting up to `wait`. Nullopt on timeout;
+  // FailedPrecondition when the lease is no longer live (the stream ends);
+  // Cancelled when `cancelled` says so or the fleet shuts down.
+  absl::StatusOr<std::optional<v1::Assignment>> Next(const std::string& worker_id,
+                                                     const std::string& lease_id,
+                                                     absl::Duration wait,
+                                                     const std::function<bool()>& cancelled);
+
+  std::vector<v1::Worker> List() const;
+  void Shutdown();
+
+ private:
+  struct Entry {
+    v1::WorkerInfo info;
+    std::string lease_id;
+    v1::WorkerState state = v1::WORKER_STATE_IDLE;
+    std::string job_id;
+    int32_t rank = -1;
+    int64_t order = 0;  // registration order, for rank assignment
+    absl::Time registered;
+    absl::Time last_heartbeat;
+    std::deque<v1::Assignment> outbox;
+  };
+  bool Live(const Entry& e) const;
+
+  Clock& clock_;
+  const absl::Duration lease_ttl_;
+  const absl::Duration heartbeat_interval_;
+  mutable std::mutex mu_;
+  std::condition_variable changed_;
+  std::map<std::string, Entry> workers_;
+  int64_t next_order_ = 0;
+  int64_t next_lease_ = 1;
+  bool shutdown_ = false;
+};
+
+}  // namespace muonmesh::coordinator

@@ -1,0 +1,157 @@
+// The fleet's leases and gang allocation, with a clock the test moves.
+
+#include "server/control/fleet.h"
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace muonmesh::coordinator {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+class FakeClock final : public Clock {
+ public:
+  absl::Time Now() override { return now_; }
+  void Advance(absl::Duration d) { now_ += d; }
+
+ private:
+  absl::Time now_ = absl::FromUnixSeconds(1'000'000);
+};
+
+v1::WorkerInfo Info(const std::string& id, const std::string& device = "cpu") {
+  v1::WorkerInfo info;
+  info.set_worker_id(id);
+  info.set_device(device);
+  info.set_address("127.0.0.1");
+  info.set_memory_bytes(1 << 30);
+  info.set_version("test");
+  return info;
+}
+
+class FleetTest : public ::testing::Test {
+ protected:
+  FakeClock clock_;
+  Fleet fleet_{&clock_, absl::Seconds(10), absl::Seconds(2)};
+};
+
+TEST_F(FleetTest, RegistrationIsCheckedAndUniqueWhileItsLeaseLives) {
+  EXPECT_THAT(std::string(fleet_.Register(Info("")).status().message()),
+              HasSubstr("info.worker_id"));
+  EXPECT_THAT(std::string(fleet_.Register(Info("a b")).status().message()),
+              HasSubstr("info.worker_id"));
+  EXPECT_THAT(std::string(fleet_.Register(Info("w", "tpu")).status().message()),
+              HasSubstr("info.device"));
+  v1::WorkerInfo no_address = Info("w");
+  no_address.clear_address();
+  EXPECT_EQ(fleet_.Register(no_address).status().code(), absl::StatusCode::kInvalidArgument);
+
+  auto first = fleet_.Register(Info("node1/cpu:0"));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->ttl, absl::Seconds(10));
+  EXPECT_EQ(fleet_.Register(Info("node1/cpu:0")).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  // Once the lease expired, the id may register again, with a new lease;
+  // the old lease is stale.
+  clock_.Advance(absl::Seconds(11));
+  auto second = fleet_.Register(Info("node1/cpu:0"));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_NE(second->lease_id, first->lease_id);
+  EXPECT_EQ(fleet_.Heartbeat("node1/cpu:0", first->lease_id).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(fleet_.Heartbeat("node1/cpu:0", second->lease_id).ok());
+  EXPECT_EQ(fleet_.Heartbeat("nobody", second->lease_id).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(FleetTest, HeartbeatsKeepALeaseAndSilenceLosesTheWorkerWithItsJob) {
+  auto a = fleet_.Register(Info("a"));
+  auto b = fleet_.Register(Info("b"));
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(fleet_.Take("cpu", 2, "j-1").has_value());
+  std::vector<Fleet::Lost> lost;
+  for (int i = 0; i < 10; ++i) {
+    clock_.Advance(absl::Seconds(6));
+    ASSERT_TRUE(fleet_.Heartbeat("a", a->lease_id).ok());
+    for (Fleet::Lost& l : fleet_.Expire()) lost.push_back(l);
+  }
+  // b fell silent: lost once, with its job; a heartbeat every 6 s and lives.
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].worker_id, "b");
+  EXPECT_EQ(lost[0].job_id, "j-1");
+  std::vector<v1::Worker> workers = fleet_.List();
+  ASSERT_EQ(workers.size(), 2u);
+  EXPECT_EQ(workers[0].state(), v1::WORKER_STATE_BUSY);
+  EXPECT_EQ(workers[1].state(), v1::WORKER_STATE_LOST);
+  EXPECT_EQ(fleet_.Heartbeat("b", b->lease_id).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(FleetTest, ExpireReportsEachLostWorkerOnceWithItsJob) {
+  auto a = fleet_.Register(Info("a"));
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(fleet_.Take("cpu", 1, "j-3").has_value());
+  clock_.Advance(absl::Seconds(10));
+  EXPECT_TRUE(fleet_.Expire().empty()) << "exactly at the TTL the lease still lives";
+  clock_.Advance(absl::Milliseconds(1));
+  std::vector<Fleet::Lost> lost = fleet_.Expire();
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].worker_id, "a");
+  EXPECT_EQ(lost[0].job_id, "j-3");
+  EXPECT_TRUE(fleet_.Expire().empty());
+}
+
+TEST_F(FleetTest, GangsAreAllOrNothingOfOneDeviceInRegistrationOrder) {
+  for (const char* id : {"c1", "g1", "c2", "c3"}) {
+    ASSERT_TRUE(fleet_.Register(Info(id, id[0] == 'g' ? "cuda" : "cpu")).ok());
+  }
+  EXPECT_EQ(fleet_.IdleCount("cpu"), 3);
+  EXPECT_FALSE(fleet_.Take("cpu", 4, "j-1").has_value());
+  EXPECT_EQ(fleet_.IdleCount("cpu"), 3) << "a failed take takes nothing";
+  auto gang = fleet_.Take("cpu", 2, "j-1");
+  ASSERT_TRUE(gang.has_value());
+  EXPECT_THAT(*gang, ElementsAre("c1", "c2"));
+  EXPECT_FALSE(fleet_.Take("cpu", 2, "j-2").has_value());
+  auto cuda = fleet_.Take("cuda", 1, "j-2");
+  ASSERT_TRUE(cuda.has_value());
+  fleet_.Release("c1", "j-other");  // not its job: no-op
+  EXPECT_EQ(fleet_.IdleCount("cpu"), 1);
+  fleet_.Release("c1", "j-1");
+  fleet_.Release("c2", "j-1");
+  auto next = fleet_.Take("cpu", 3, "j-3");
+  ASSERT_TRUE(next.has_value());
+  EXPECT_THAT(*next, ElementsAre("c1", "c2", "c3"));
+}
+
+TEST_F(FleetTest, AssignmentsAreDeliveredInOrderAndWaitsEnd) {
+  auto a = fleet_.Register(Info("a"));
+  ASSERT_TRUE(a.ok());
+  auto none = fleet_.Next("a", a->lease_id, absl::Milliseconds(20), nullptr);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  std::thread pusher([&] {
+    for (int i = 0; i < 3; ++i) {
+      v1::Assignment x;
+      x.set_job_id(absl::StrCat("j-", i));
+      fleet_.Push("a", x);
+    }
+  });
+  for (int i = 0; i < 3; ++i) {
+    auto got = fleet_.Next("a", a->lease_id, absl::Seconds(5), nullptr);
+    ASSERT_TRUE(got.ok() && got->has_value());
+    EXPECT_EQ((*got)->job_id(), absl::StrCat("j-", i));
+  }
+  pusher.join();
+  EXPECT_EQ(fleet_.Next("a", "lease-bogus", absl::Seconds(1), nullptr).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(fleet_.Next("a", a->lease_id, absl::Seconds(5), [] { return true; }).status().code(),
+            absl::StatusCode::kCancelled);
+  fleet_.Shutdown();
+  EXPECT_EQ(fleet_.Next("a", a->lease_id, absl::Seconds(5), nullptr).status().code(),
+            absl::StatusCode::kCancelled);
+}
+
+}  // namespace
+}  // namespace muonmesh::coordinator
