@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/plan_convert.h"
 #include "worker/io/safetensors.h"
 #include "worker/model/mlp.h"
 #include "worker/model/moe_mlp.h"
@@ -102,8 +103,12 @@ absl::StatusOr<std::unique_ptr<Workload>> MakeWorkload(const ResolvedJob& job) {
     }
     case ResolvedJob::ModelKind::kSynthetic: {
       const int64_t ep = std::max<int64_t>(1, job.parallelism.expert_model_parallel_size);
-      absl::StatusOr<Synthetic> s = Synthetic::FromSpecFile(
-          job.synthetic_spec_path, job.synthetic_scale, ep, job.init_seed.value_or(0));
+      absl::StatusOr<Synthetic> s =
+          job.synthetic_model.has_value()
+              ? Synthetic::Create(ModelFromProto(*job.synthetic_model), job.synthetic_scale, ep,
+                                  job.init_seed.value_or(0))
+              : Synthetic::FromSpecFile(job.synthetic_spec_path, job.synthetic_scale, ep,
+                                        job.init_seed.value_or(0));
       if (!s.ok()) return s.status();
       return std::unique_ptr<Workload>(new Synthetic(*std::move(s)));
     }

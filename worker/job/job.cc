@@ -261,8 +261,10 @@ void CheckModel(const v1::JobSpec& job, Violations& v) {
     }
     case v1::ModelConfig::kSynthetic: {
       const v1::SyntheticModel& s = model.synthetic();
-      if (s.spec().empty()) {
-        v.Add("model.synthetic.spec", "required: the path of a model spec file (JSON or YAML)");
+      if (s.spec().empty() && !s.has_model()) {
+        v.Add("model.synthetic.spec",
+              "required: the path of a model spec file (JSON or YAML), or the spec inline in "
+              "model.synthetic.model");
       }
       if (!std::isfinite(s.scale()) || s.scale() < 0 || s.scale() > 1) {
         v.Add("model.synthetic.scale",
@@ -468,12 +470,16 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
   const std::string data_path = job.data().source_case() == v1::DataConfig::kSafetensors
                                     ? ResolvePath(job_dir, job.data().safetensors())
                                     : std::string();
+  const bool inline_spec = job.model().kind_case() == v1::ModelConfig::kSynthetic &&
+                           job.model().synthetic().has_model();
   const std::string spec_path = job.model().kind_case() == v1::ModelConfig::kSynthetic
                                     ? ResolvePath(job_dir, job.model().synthetic().spec())
                                     : std::string();
   if (!init_path.empty()) CheckInputFile("init.safetensors", init_path, files);
   if (!data_path.empty()) CheckInputFile("data.safetensors", data_path, files);
-  if (!spec_path.empty()) CheckInputFile("model.synthetic.spec", spec_path, files);
+  if (!spec_path.empty() && !inline_spec) {
+    CheckInputFile("model.synthetic.spec", spec_path, files);
+  }
   const std::string output_dir = ResolvePath(
       job_dir, job.output().dir().empty() ? absl::StrCat("runs/", job.name()) : job.output().dir());
   const std::string export_path = job.output().export_().empty()
@@ -510,6 +516,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
     case v1::ModelConfig::kSynthetic:
       r.model_kind = ResolvedJob::ModelKind::kSynthetic;
       r.synthetic_spec_path = spec_path;
+      if (inline_spec) r.synthetic_model = job.model().synthetic().model();
       r.synthetic_scale = Or(job.model().synthetic().scale(), 1.0);
       break;
     case v1::ModelConfig::KIND_NOT_SET:

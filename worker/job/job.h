@@ -89,6 +89,9 @@ struct ResolvedJob {
   std::vector<int64_t> mlp_dims;    // kMlp: [d_in, hidden..., d_out]
   v1::MoeMlpModel moe;              // kMoeMlp
   std::string synthetic_spec_path;  // kSynthetic: resolved path of the ModelSpec file
+  // kSynthetic: the spec given inline (model.synthetic.model); when set, the
+  // path is not read.
+  std::optional<v1::ModelSpec> synthetic_model;
   double synthetic_scale = 1.0;     // kSynthetic, in (0, 1]
 
   // Exactly one of init_seed / init_safetensors is set (the path non-empty).

@@ -665,6 +665,23 @@ TEST(JobTest, OutputPathsMustBeFoldersAndRegularFiles) {
   EXPECT_THAT(CheckOutputPaths(d + "/outlink", d + "/outlink/final.safetensors"), IsEmpty());
 }
 
+// A spec carried inline (as jobs submitted to a coordinator carry it) is
+// used instead of the file, which need not exist.
+TEST(JobTest, InlineSyntheticSpecNeedsNoFile) {
+  v1::JobSpec job = DesignJob();
+  job.clear_data();
+  job.mutable_model()->mutable_synthetic()->set_spec("/nowhere/spec.json");
+  v1::ModelSpec* model = job.mutable_model()->mutable_synthetic()->mutable_model();
+  model->set_name("m");
+  absl::StatusOr<ResolvedJob> r = ResolveJob(job, "");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->synthetic_model.has_value());
+  EXPECT_EQ(r->synthetic_model->name(), "m");
+  job.mutable_model()->mutable_synthetic()->clear_model();
+  EXPECT_THAT(std::string(ResolveJob(job, "").status().message()),
+              HasSubstr("model.synthetic.spec: /nowhere/spec.json: no such file"));
+}
+
 TEST(JobTest, MissingJobFileIsNotFound) {
   TempDir dir;
   absl::StatusOr<v1::JobSpec> job = LoadJobFile(dir.dir() + "/nope.yaml");
