@@ -66,6 +66,12 @@ absl::StatusOr<Fleet::Lease> Fleet::Register(const v1::WorkerInfo& info) {
 }
 
 absl::Status Fleet::CheckLease(const std::string& worker_id, const std::string& lease_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return CheckLeaseLocked(worker_id, lease_id);
+}
+
+absl::Status Fleet::CheckLeaseLocked(const std::string& worker_id,
+                                     const std::string& lease_id) const {
   auto it = workers_.find(worker_id);
   if (it == workers_.end()) {
     return absl::NotFoundError(absl::StrCat("no worker '", worker_id.substr(0, 64), "'"));
@@ -80,7 +86,7 @@ absl::Status Fleet::CheckLease(const std::string& worker_id, const std::string& 
 
 absl::Status Fleet::Heartbeat(const std::string& worker_id, const std::string& lease_id) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (absl::Status s = CheckLease(worker_id, lease_id); !s.ok()) return s;
+  if (absl::Status s = CheckLeaseLocked(worker_id, lease_id); !s.ok()) return s;
   workers_[worker_id].last_heartbeat = clock_.Now();
   return absl::OkStatus();
 }
@@ -159,7 +165,7 @@ absl::StatusOr<std::optional<v1::Assignment>> Fleet::Next(
   const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(wait);
   while (true) {
     if (shutdown_) return absl::CancelledError("the coordinator is shutting down");
-    if (absl::Status s = CheckLease(worker_id, lease_id); !s.ok()) return s;
+    if (absl::Status s = CheckLeaseLocked(worker_id, lease_id); !s.ok()) return s;
     Entry& e = workers_[worker_id];
     if (!e.outbox.empty()) {
       v1::Assignment a = std::move(e.outbox.front());

@@ -109,6 +109,7 @@ class Fleet {
     std::deque<v1::Assignment> outbox;
   };
   bool Live(const Entry& e) const;
+  absl::Status CheckLeaseLocked(const std::string& worker_id, const std::string& lease_id) const;
 
   Clock& clock_;
   const absl::Duration lease_ttl_;

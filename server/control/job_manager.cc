@@ -1,0 +1,453 @@
+#include "server/control/job_manager.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/exec_plan_convert.h"
+#include "server/plan/planner.h"
+#include "server/plan/validate.h"
+#include "server/plan_convert.h"
+#include "worker/job/job.h"
+#include "worker/job/optimizer_rules.h"
+#include "worker/model/mlp.h"
+#include "worker/model/moe_mlp.h"
+#include "worker/model/synthetic.h"
+
+namespace muonmesh::coordinator {
+namespace {
+
+constexpr size_t kRecentSteps = 16;
+constexpr auto kEventPoll = std::chrono::milliseconds(50);
+
+bool IsFinal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
+         s == v1::JOB_STATE_CANCELLED;
+}
+
+// Paths in a submitted job are read and written by workers, on their own
+// machines: a path relative to the client's folder would mean nothing there.
+void CheckAbsolute(const std::string& field, const std::string& path,
+                   std::vector<plan::FieldViolation>* v) {
+  if (!path.empty() && !std::filesystem::path(path).is_absolute()) {
+    v->push_back({field, absl::StrCat("'", path.substr(0, 200),
+                                      "' is relative; a job submitted to a coordinator names "
+                                      "absolute paths (muonmeshctl submit makes them so)")});
+  }
+}
+
+void CheckPaths(const v1::JobSpec& spec, std::vector<plan::FieldViolation>* v) {
+  if (spec.init().source_case() == v1::InitConfig::kSafetensors) {
+    CheckAbsolute("init.safetensors", spec.init().safetensors(), v);
+  }
+  if (spec.data().source_case() == v1::DataConfig::kSafetensors) {
+    CheckAbsolute("data.safetensors", spec.data().safetensors(), v);
+  }
+  if (spec.output().dir().empty()) {
+    v->push_back({"output.dir", "required for a job submitted to a coordinator (an absolute "
+                                "folder the workers can write; muonmeshctl submit fills it)"});
+  }
+  CheckAbsolute("output.dir", spec.output().dir(), v);
+  CheckAbsolute("output.export", spec.output().export_(), v);
+  if (spec.model().kind_case() == v1::ModelConfig::kSynthetic &&
+      !spec.model().synthetic().has_model()) {
+    v->push_back({"model.synthetic.model",
+                  "required for a job submitted to a coordinator: the spec inline "
+                  "(muonmeshctl submit reads model.synthetic.spec into it)"});
+  }
+}
+
+// The model's parameter list, without building the workload.
+absl::StatusOr<plan::ModelSpec> ModelOf(const v1::JobSpec& spec) {
+  const v1::ModelConfig& m = spec.model();
+  const int64_t ep = std::max<int64_t>(1, spec.parallelism().expert_model_parallel_size());
+  switch (m.kind_case()) {
+    case v1::ModelConfig::kMlp:
+      return worker::MlpSpec(std::vector<int64_t>(m.mlp().dims().begin(), m.mlp().dims().end()));
+    case v1::ModelConfig::kMoeMlp:
+      return worker::MoeMlpSpec({m.moe_mlp().d_in(), m.moe_mlp().d_model(),
+                                 m.moe_mlp().d_expert(), m.moe_mlp().num_experts(),
+                                 m.moe_mlp().d_out()});
+    case v1::ModelConfig::kSynthetic: {
+      const double scale = m.synthetic().scale() == 0 ? 1.0 : m.synthetic().scale();
+      return worker::ScaleModelSpec(ModelFromProto(m.synthetic().model()), scale, ep);
+    }
+    case v1::ModelConfig::KIND_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError("model: required");
+}
+
+absl::StatusOr<plan::PlanInput> PlanInputOf(const v1::JobSpec& spec) {
+  absl::StatusOr<plan::ModelSpec> model = ModelOf(spec);
+  if (!model.ok()) return model.status();
+  std::vector<std::pair<std::string, std::string>> rules;
+  for (const v1::OptimizerRule& r : spec.optimizer().rules()) {
+    rules.emplace_back(r.pattern(), r.optimizer());
+  }
+  absl::StatusOr<plan::ModelSpec> ruled = worker::ApplyOptimizerRules(*std::move(model), rules);
+  if (!ruled.ok()) return ruled.status();
+  plan::PlanInput input;
+  input.model = *std::move(ruled);
+  input.world_size = spec.world_size();
+  input.parallelism = ParallelismFromProto(spec.parallelism());
+  input.options.owner_assignment = spec.optimizer().owner_assignment();
+  input.options.ns_steps = spec.optimizer().muon().ns_steps();
+  input.options.device = spec.device().empty() ? "cpu" : spec.device();
+  return input;
+}
+
+std::string DeviceOf(const v1::JobSpec& spec) {
+  return spec.device().empty() ? "cpu" : spec.device();
+}
+
+}  // namespace
+
+JobManager::JobManager(JobStore* store, Fleet* fleet, Rendezvous* rendezvous, Clock* clock,
+                       JobManagerOptions options)
+    : store_(*store), fleet_(*fleet), rendezvous_(*rendezvous), clock_(*clock),
+      options_(options) {}
+
+int64_t JobManager::NowMs() { return absl::ToUnixMillis(clock_.Now()); }
+
+absl::StatusOr<v1::JobEvent> JobManager::Append(const std::string& job_id, v1::JobEvent event,
+                                                const std::function<void(v1::Job&)>& update) {
+  absl::StatusOr<v1::JobEvent> e = store_.Append(job_id, std::move(event), NowMs(), update);
+  {
+    std::lock_guard<std::mutex> lock(events_mu_);
+  }
+  events_cv_.notify_all();
+  return e;
+}
+
+absl::StatusOr<v1::JobEvent> JobManager::ChangeState(const std::string& job_id,
+                                                     v1::JobState state,
+                                                     const std::string& reason, int32_t attempt,
+                                                     const std::function<void(v1::Job&)>& more) {
+  v1::JobEvent event;
+  v1::StateChange* change = event.mutable_state_change();
+  change->set_state(state);
+  change->set_reason(reason);
+  change->set_attempt(attempt);
+  const int64_t now = NowMs();
+  return Append(job_id, std::move(event), [&](v1::Job& job) {
+    job.set_state(state);
+    job.set_reason(reason);
+    job.set_attempt(attempt);
+    if (state == v1::JOB_STATE_RUNNING && job.started_unix_ms() == 0) job.set_started_unix_ms(now);
+    if (IsFinal(state)) {
+      job.set_finished_unix_ms(now);
+      job.set_eta_seconds(0);
+    }
+    if (more) more(job);
+  });
+}
+
+absl::StatusOr<JobStore::Submitted> JobManager::Submit(
+    const std::string& request_id, const v1::JobSpec& spec,
+    std::vector<plan::FieldViolation>* violations) {
+  *violations = worker::ValidateJob(spec);
+  CheckPaths(spec, violations);
+  if (violations->empty()) {
+    absl::StatusOr<plan::PlanInput> input = PlanInputOf(spec);
+    if (!input.ok()) {
+      violations->push_back({"model", std::string(input.status().message())});
+    } else {
+      for (plan::FieldViolation& v : plan::Validate(*input)) violations->push_back(std::move(v));
+    }
+  }
+  if (!violations->empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid job (", violations->size(),
+                                                   " violation(s))"));
+  }
+  absl::StatusOr<JobStore::Submitted> submitted = store_.Submit(
+      request_id, spec,
+      absl::StrCat("waiting for ", spec.world_size(), " idle ", DeviceOf(spec), " workers"),
+      NowMs());
+  if (submitted.ok() && submitted->created) {
+    events_cv_.notify_all();
+    Schedule();
+  }
+  return submitted;
+}
+
+bool JobManager::TryStart(const v1::Job& job) {
+  const v1::JobSpec& spec = job.spec();
+  std::optional<std::vector<std::string>> gang =
+      fleet_.Take(DeviceOf(spec), spec.world_size(), job.id());
+  if (!gang.has_value()) return false;
+  const int32_t attempt = job.state() == v1::JOB_STATE_RESTARTING ? job.attempt() + 1 : 0;
+  absl::StatusOr<plan::PlanInput> input = PlanInputOf(spec);
+  absl::StatusOr<plan::Plan> plan =
+      input.ok() ? plan::ComputePlan(*input) : absl::StatusOr<plan::Plan>(input.status());
+  if (!plan.ok()) {
+    for (const std::string& w : *gang) fleet_.Release(w, job.id());
+    (void)ChangeState(job.id(), v1::JOB_STATE_FAILED,
+                      absl::StrCat("the planner refuses the job: ", plan.status().message()),
+                      attempt);
+    return true;
+  }
+  v1::ExecutionPlan exec = PlanToExec(*plan);
+  const std::string fingerprint = PlanFingerprint(exec);
+  Attempt& a = active_[job.id()];
+  a = Attempt();
+  a.attempt = attempt;
+  a.workers = *gang;
+  a.outcome.assign(gang->size(), kRunning);
+  for (size_t r = 0; r < gang->size(); ++r) {
+    v1::Assignment assignment;
+    assignment.set_job_id(job.id());
+    assignment.set_attempt(attempt);
+    v1::StartRank* start = assignment.mutable_start();
+    start->set_rank(static_cast<int32_t>(r));
+    *start->mutable_spec() = spec;
+    *start->mutable_plan() = exec;
+    start->set_plan_fingerprint(fingerprint);
+    start->set_store_prefix(absl::StrCat(job.id(), "/attempt-", attempt));
+    start->set_resume(attempt > 0);
+    start->set_collective_timeout_ms(absl::ToInt64Milliseconds(options_.collective_timeout));
+    fleet_.Push((*gang)[r], std::move(assignment));
+  }
+  (void)ChangeState(job.id(), v1::JOB_STATE_RUNNING,
+                    absl::StrCat("running on ", gang->size(), " workers"), attempt,
+                    [&](v1::Job& j) {
+                      j.clear_worker_ids();
+                      for (const std::string& w : *gang) j.add_worker_ids(w);
+                    });
+  return true;
+}
+
+void JobManager::Schedule() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const v1::Job& job : store_.Unfinished()) {
+    if (active_.count(job.id()) != 0) continue;
+    if (job.state() != v1::JOB_STATE_PENDING && job.state() != v1::JOB_STATE_RESTARTING) continue;
+    TryStart(job);
+  }
+}
+
+void JobManager::Recover() {
+  for (const v1::Job& job : store_.Unfinished()) {
+    if (job.state() != v1::JOB_STATE_RUNNING) continue;
+    if (job.attempt() < job.spec().training().max_restarts()) {
+      (void)ChangeState(job.id(), v1::JOB_STATE_RESTARTING,
+                        "the coordinator restarted; resuming from the newest checkpoint",
+                        job.attempt());
+    } else {
+      (void)ChangeState(job.id(), v1::JOB_STATE_FAILED,
+                        "the coordinator restarted while the job ran, and no restarts remain",
+                        job.attempt());
+    }
+  }
+  Schedule();
+}
+
+void JobManager::StepDone(const std::string& job_id, Attempt& a, int64_t step,
+                          StepAggregate& agg) {
+  v1::JobEvent event;
+  *event.mutable_step() = agg.rank0;
+  event.mutable_step()->set_step_seconds(agg.slowest);
+  a.recent_seconds.push_back(agg.slowest);
+  if (a.recent_seconds.size() > kRecentSteps) a.recent_seconds.pop_front();
+  std::vector<double> sorted(a.recent_seconds.begin(), a.recent_seconds.end());
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted[sorted.size() / 2];
+  (void)Append(job_id, std::move(event), [&](v1::Job& job) {
+    job.set_steps_done(std::max(job.steps_done(), step + 1));
+    job.set_last_loss(agg.rank0.loss());
+    job.set_step_seconds(median);
+    job.set_eta_seconds(median * static_cast<double>(job.steps_total() - job.steps_done()));
+  });
+}
+
+absl::Status JobManager::OnStep(const std::string& worker_id, const std::string& job_id,
+                                const v1::StepRecord& record, bool* stop) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = active_.find(job_id);
+  if (it == active_.end()) {
+    *stop = true;
+    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " is not running"));
+  }
+  Attempt& a = it->second;
+  const int32_t rank = record.rank();
+  if (rank < 0 || rank >= static_cast<int32_t>(a.workers.size()) || a.workers[rank] != worker_id ||
+      record.attempt() != a.attempt) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", worker_id, " does not run rank ", rank, " of attempt ", record.attempt(),
+        " of job ", job_id));
+  }
+  if (absl::Status s = store_.PutStep(job_id, record); !s.ok()) return s;
+  *stop = a.cancelled && record.step() >= a.stop_at_step;
+  if (!*stop) a.max_continued_step = std::max(a.max_continued_step, record.step());
+  StepAggregate& agg = a.steps[record.step()];
+  agg.reported += 1;
+  agg.slowest = std::max(agg.slowest, record.step_seconds());
+  if (rank == 0) agg.rank0 = record;
+  if (agg.reported == static_cast<int>(a.workers.size())) {
+    StepDone(job_id, a, record.step(), agg);
+    a.steps.erase(record.step());
+  }
+  return absl::OkStatus();
+}
+
+void JobManager::FailRank(const std::string& job_id, Attempt& a, int32_t rank,
+                          const std::string& why) {
+  a.outcome[rank] = kFailed;
+  if (!a.failure.empty()) return;
+  a.failure = absl::StrCat("rank ", rank, " (worker ", a.workers[rank], "): ", why);
+  // The others cannot go on without it: tell them to stop (they end at their
+  // next step report, or when a collective with the lost rank times out).
+  for (size_t r = 0; r < a.workers.size(); ++r) {
+    if (a.outcome[r] != kRunning) continue;
+    v1::Assignment stop;
+    stop.set_job_id(job_id);
+    stop.set_attempt(a.attempt);
+    stop.mutable_stop()->set_reason(a.failure);
+    fleet_.Push(a.workers[r], std::move(stop));
+  }
+  a.cancelled = true;
+  a.stop_at_step = std::min(a.stop_at_step, a.max_continued_step + 1);
+}
+
+void JobManager::MaybeFinish(const std::string& job_id) {
+  auto it = active_.find(job_id);
+  if (it == active_.end()) return;
+  Attempt& a = it->second;
+  if (std::count(a.outcome.begin(), a.outcome.end(), kRunning) > 0) return;
+  const Attempt done = std::move(a);
+  active_.erase(it);
+  rendezvous_.DropJob(job_id);
+  absl::StatusOr<v1::Job> job = store_.Get(job_id);
+  if (!job.ok() || IsFinal(job->state())) return;  // cancelled: already final
+  if (done.failure.empty()) {
+    (void)ChangeState(job_id, v1::JOB_STATE_SUCCEEDED, "every rank finished", done.attempt);
+    return;
+  }
+  if (done.attempt < job->spec().training().max_restarts()) {
+    (void)ChangeState(job_id, v1::JOB_STATE_RESTARTING,
+                      absl::StrCat("attempt ", done.attempt, " failed: ", done.failure,
+                                   "; restarting from the newest checkpoint"),
+                      done.attempt);
+  } else {
+    (void)ChangeState(job_id, v1::JOB_STATE_FAILED, done.failure, done.attempt);
+  }
+}
+
+absl::Status JobManager::OnAttemptEnd(const std::string& worker_id,
+                                      const v1::ReportAttemptRequest& end) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = active_.find(end.job_id());
+    if (it == active_.end() || it->second.attempt != end.attempt()) {
+      fleet_.Release(worker_id, end.job_id());
+      return absl::OkStatus();  // a late report of a finished attempt
+    }
+    Attempt& a = it->second;
+    const int32_t rank = end.rank();
+    if (rank < 0 || rank >= static_cast<int32_t>(a.workers.size()) ||
+        a.workers[rank] != worker_id) {
+      return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " does not run rank ",
+                                                        rank, " of job ", end.job_id()));
+    }
+    fleet_.Release(worker_id, end.job_id());
+    switch (end.outcome()) {
+      case v1::ATTEMPT_OUTCOME_SUCCEEDED:
+        a.outcome[rank] = kSucceeded;
+        break;
+      case v1::ATTEMPT_OUTCOME_STOPPED:
+        a.outcome[rank] = kStopped;
+        break;
+      default:
+        if (a.cancelled && a.failure.empty()) {
+          a.outcome[rank] = kStopped;  // failing while cancelled is stopping
+        } else {
+          FailRank(end.job_id(), a, rank, end.message());
+        }
+        break;
+    }
+    MaybeFinish(end.job_id());
+  }
+  Schedule();
+  return absl::OkStatus();
+}
+
+void JobManager::OnWorkersLost(const std::vector<Fleet::Lost>& lost) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Fleet::Lost& l : lost) {
+      auto it = active_.find(l.job_id);
+      if (it == active_.end()) continue;
+      Attempt& a = it->second;
+      for (size_t r = 0; r < a.workers.size(); ++r) {
+        if (a.workers[r] == l.worker_id && a.outcome[r] == kRunning) {
+          FailRank(l.job_id, a, static_cast<int32_t>(r), "the worker was lost (no heartbeat)");
+        }
+      }
+      MaybeFinish(l.job_id);
+    }
+  }
+  Schedule();
+}
+
+absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id, const std::string& reason) {
+  const std::string why = reason.empty() ? "cancelled" : absl::StrCat("cancelled: ", reason);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    absl::StatusOr<v1::Job> job = store_.Get(job_id);
+    if (!job.ok()) return job.status();
+    if (job->state() == v1::JOB_STATE_CANCELLED) return job;
+    if (IsFinal(job->state())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", job_id, " has already finished (", v1::JobState_Name(job->state()), ")"));
+    }
+    auto it = active_.find(job_id);
+    if (it != active_.end()) {
+      Attempt& a = it->second;
+      a.cancelled = true;
+      a.stop_at_step = std::min(a.stop_at_step, a.max_continued_step + 1);
+      for (size_t r = 0; r < a.workers.size(); ++r) {
+        if (a.outcome[r] != kRunning) continue;
+        v1::Assignment stop;
+        stop.set_job_id(job_id);
+        stop.set_attempt(a.attempt);
+        stop.mutable_stop()->set_reason(why);
+        fleet_.Push(a.workers[r], std::move(stop));
+      }
+    }
+    absl::StatusOr<v1::JobEvent> e =
+        ChangeState(job_id, v1::JOB_STATE_CANCELLED, why, job->attempt());
+    if (!e.ok()) return e.status();
+  }
+  return store_.Get(job_id);
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> JobManager::WaitEvents(
+    const std::string& job_id, int64_t from_index, absl::Duration wait,
+    const std::function<bool()>& cancelled) {
+  const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(wait);
+  while (true) {
+    absl::StatusOr<std::vector<v1::JobEvent>> events = store_.Events(job_id, from_index, 1000);
+    if (!events.ok() || !events->empty()) return events;
+    std::unique_lock<std::mutex> lock(events_mu_);
+    if (shutdown_) return absl::CancelledError("the coordinator is shutting down");
+    if (cancelled && cancelled()) return absl::CancelledError("the watch was cancelled");
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return std::vector<v1::JobEvent>();
+    events_cv_.wait_for(lock, std::min<std::chrono::steady_clock::duration>(deadline - now,
+                                                                              kEventPoll));
+  }
+}
+
+void JobManager::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(events_mu_);
+    shutdown_ = true;
+  }
+  events_cv_.notify_all();
+}
+
+}  // namespace muonmesh::coordinator

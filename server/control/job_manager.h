@@ -1,0 +1,140 @@
+#pragma once
+
+// The coordinator's scheduler and the life of every job (DESIGN.md §2, §7):
+// it validates a submitted job (the job file's rules, then the planner's
+// against the model) and stores it before answering; starts jobs on gangs of
+// idle workers, planning each attempt once and sending every rank the plan;
+// folds the ranks' step reports into one step event per step; ends attempts
+// (success, failure, cancel, lost workers) and restarts failed ones from
+// their newest checkpoint while training.max_restarts allows.
+//
+// Scheduling: in submission order, every PENDING or RESTARTING job that
+// finds world_size idle workers of its device kind starts on the idle
+// workers registered first; a job that does not fit waits without blocking
+// later, smaller jobs (so a job larger than the fleet waits until workers
+// join, and a busy fleet can keep a large job waiting).
+//
+// Cancel: every rank stops after the same step. The first step whose report
+// any rank gets an answer to decides: once cancelled, ranks are told to stop
+// after the first step that no rank has yet been told to continue past.
+//
+// Thread-safe: gRPC handlers call it concurrently; one mutex guards the
+// attempts, the job store has its own. Planning runs under the mutex.
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "muonmesh/v1/fleet.pb.h"
+#include "muonmesh/v1/jobs.pb.h"
+#include "server/control/fleet.h"
+#include "server/control/rendezvous.h"
+#include "server/plan/types.h"
+#include "server/state/job_store.h"
+
+namespace muonmesh::coordinator {
+
+struct JobManagerOptions {
+  // Every collective's timeout in the workers (StartRank.collective_timeout_ms).
+  absl::Duration collective_timeout = absl::Seconds(60);
+};
+
+class JobManager {
+ public:
+  // None of the pointers is owned; all must outlive the manager.
+  JobManager(JobStore* store, Fleet* fleet, Rendezvous* rendezvous, Clock* clock,
+             JobManagerOptions options);
+
+  // The job, stored, or InvalidArgument with every violation in
+  // `violations` (field paths as in the job file).
+  absl::StatusOr<JobStore::Submitted> Submit(const std::string& request_id,
+                                             const v1::JobSpec& spec,
+                                             std::vector<plan::FieldViolation>* violations);
+
+  // See Jobs.CancelJob.
+  absl::StatusOr<v1::Job> Cancel(const std::string& job_id, const std::string& reason);
+
+  // A rank's step record; `*stop` tells the rank to stop now (cancel).
+  // FailedPrecondition when the worker does not run that rank of the job's
+  // current attempt.
+  absl::Status OnStep(const std::string& worker_id, const std::string& job_id,
+                      const v1::StepRecord& record, bool* stop);
+
+  // The end of a rank's attempt.
+  absl::Status OnAttemptEnd(const std::string& worker_id, const v1::ReportAttemptRequest& end);
+
+  // Workers whose lease expired: their ranks failed.
+  void OnWorkersLost(const std::vector<Fleet::Lost>& lost);
+
+  // Starts what can start. Called after every change of jobs or workers.
+  void Schedule();
+
+  // Jobs a previous life of the coordinator left running: restarted from
+  // their checkpoints (RESTARTING) when restarts remain, else FAILED.
+  void Recover();
+
+  // Events of the job from `from_index` on, waiting up to `wait` for the
+  // first one; empty on timeout. NotFound for an unknown job; Cancelled
+  // when `cancelled` says so.
+  absl::StatusOr<std::vector<v1::JobEvent>> WaitEvents(const std::string& job_id,
+                                                       int64_t from_index, absl::Duration wait,
+                                                       const std::function<bool()>& cancelled);
+
+  // Wakes every waiter (shutdown).
+  void Shutdown();
+
+ private:
+  struct StepAggregate {
+    int reported = 0;
+    double slowest = 0;
+    v1::StepRecord rank0;
+  };
+  enum Outcome { kRunning, kSucceeded, kFailed, kStopped };
+  struct Attempt {
+    int32_t attempt = 0;
+    std::vector<std::string> workers;  // by rank
+    std::vector<Outcome> outcome;      // by rank
+    std::map<int64_t, StepAggregate> steps;
+    int64_t max_continued_step = -1;
+    bool cancelled = false;
+    int64_t stop_at_step = INT64_MAX;
+    std::string failure;  // the first failure
+    std::deque<double> recent_seconds;
+  };
+
+  // Appends and wakes watchers.
+  absl::StatusOr<v1::JobEvent> Append(const std::string& job_id, v1::JobEvent event,
+                                      const std::function<void(v1::Job&)>& update);
+  absl::StatusOr<v1::JobEvent> ChangeState(const std::string& job_id, v1::JobState state,
+                                           const std::string& reason, int32_t attempt,
+                                           const std::function<void(v1::Job&)>& more = nullptr);
+  // Starts `job` if a gang is idle; false if it must wait.
+  bool TryStart(const v1::Job& job);
+  void FailRank(const std::string& job_id, Attempt& a, int32_t rank, const std::string& why);
+  // Ends the attempt once no rank runs.
+  void MaybeFinish(const std::string& job_id);
+  void StepDone(const std::string& job_id, Attempt& a, int64_t step, StepAggregate& agg);
+  int64_t NowMs();
+
+  JobStore& store_;
+  Fleet& fleet_;
+  Rendezvous& rendezvous_;
+  Clock& clock_;
+  const JobManagerOptions options_;
+
+  std::mutex mu_;
+  std::map<std::string, Attempt> active_;  // job id -> its running attempt
+
+  std::mutex events_mu_;
+  std::condition_variable events_cv_;
+  bool shutdown_ = false;
+};
+
+}  // namespace muonmesh::coordinator

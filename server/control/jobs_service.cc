@@ -1,0 +1,104 @@
+#include "server/control/jobs_service.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/rpc_status.h"
+
+namespace muonmesh::coordinator {
+namespace {
+
+bool IsFinal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
+         s == v1::JOB_STATE_CANCELLED;
+}
+
+// How long one wait for new events lasts before the stream checks the
+// client (a watch itself lasts until the job ends or the deadline passes).
+constexpr absl::Duration kWatchSlice = absl::Seconds(1);
+
+}  // namespace
+
+grpc::Status JobsService::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
+                                    v1::SubmitJobResponse* response) {
+  std::vector<plan::FieldViolation> violations;
+  absl::StatusOr<JobStore::Submitted> s =
+      manager_.Submit(request->request_id(), request->spec(), &violations);
+  if (!s.ok()) {
+    std::vector<rpc::FieldViolation> fields;
+    std::vector<std::string> parts;
+    for (const plan::FieldViolation& v : violations) {
+      fields.push_back({"spec." + v.field, v.description});
+      parts.push_back(absl::StrCat("spec.", v.field, ": ", v.description));
+    }
+    if (fields.empty()) return rpc::ToGrpcStatus(s.status());
+    std::string message = absl::StrCat(s.status().message(), ": ");
+    for (size_t i = 0; i < parts.size(); ++i) absl::StrAppend(&message, i ? "; " : "", parts[i]);
+    return rpc::ToGrpcStatus(absl::InvalidArgumentError(message), fields);
+  }
+  *response->mutable_job() = s->job;
+  response->set_created(s->created);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobsService::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
+                                 v1::Job* response) {
+  absl::StatusOr<v1::Job> job = store_.Get(request->job_id());
+  if (!job.ok()) return rpc::ToGrpcStatus(job.status());
+  *response = *std::move(job);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobsService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
+                                   v1::ListJobsResponse* response) {
+  std::vector<v1::JobState> states;
+  for (int s : request->states()) states.push_back(static_cast<v1::JobState>(s));
+  absl::StatusOr<JobStore::Page> page =
+      store_.List(states, request->name(), request->page_size(), request->page_token());
+  if (!page.ok()) return rpc::ToGrpcStatus(page.status());
+  for (v1::Job& j : page->jobs) *response->add_jobs() = std::move(j);
+  response->set_next_page_token(page->next_page_token);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobsService::WatchJob(grpc::ServerContext* context,
+                                   const v1::WatchJobRequest* request,
+                                   grpc::ServerWriter<v1::JobEvent>* writer) {
+  int64_t next = std::max<int64_t>(request->from_index(), 1);
+  while (true) {
+    absl::StatusOr<std::vector<v1::JobEvent>> events = manager_.WaitEvents(
+        request->job_id(), next, kWatchSlice, [context] { return context->IsCancelled(); });
+    if (!events.ok()) return rpc::ToGrpcStatus(events.status());
+    for (const v1::JobEvent& e : *events) {
+      if (!writer->Write(e)) return grpc::Status(grpc::StatusCode::CANCELLED, "client left");
+      next = e.index() + 1;
+      if (e.has_state_change() && IsFinal(e.state_change().state())) return grpc::Status::OK;
+    }
+    if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "client left");
+  }
+}
+
+grpc::Status JobsService::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
+                                    v1::Job* response) {
+  absl::StatusOr<v1::Job> job = manager_.Cancel(request->job_id(), request->reason().substr(0, 1024));
+  if (!job.ok()) return rpc::ToGrpcStatus(job.status());
+  *response = *std::move(job);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobsService::GetJobMetrics(grpc::ServerContext*,
+                                        const v1::GetJobMetricsRequest* request,
+                                        v1::GetJobMetricsResponse* response) {
+  const int64_t last = request->last_step() == 0 ? -1 : request->last_step();
+  const int32_t rank = request->all_ranks() ? -1 : request->rank();
+  absl::StatusOr<JobStore::StepPage> page =
+      store_.Steps(request->job_id(), request->first_step(), last, rank, request->page_size(),
+                   request->page_token());
+  if (!page.ok()) return rpc::ToGrpcStatus(page.status());
+  for (v1::StepRecord& r : page->records) *response->add_records() = std::move(r);
+  response->set_next_page_token(page->next_page_token);
+  return grpc::Status::OK;
+}
+
+}  // namespace muonmesh::coordinator
