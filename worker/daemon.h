@@ -1,0 +1,44 @@
+#pragma once
+
+// The worker daemon: `muonmesh-worker --coordinator HOST:PORT`. It registers
+// with the coordinator, keeps its lease alive, takes assignments from the
+// Fleet stream, runs each assigned rank with the coordinator's plan (checking
+// its fingerprint) and the coordinator's rendezvous store, reports every
+// step and the end of every attempt, and stops a rank at the step the
+// coordinator names when its job is cancelled.
+//
+// One rank at a time, on its own thread; the main thread reads the stream,
+// another sends heartbeats. A lost coordinator is retried with backoff; a
+// stale lease (the coordinator forgot this worker, or restarted) means
+// registering again.
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "worker/rank_runner.h"
+
+namespace muonmesh::worker {
+
+struct DaemonOptions {
+  std::string coordinator;  // HOST:PORT
+  // Unique in the fleet; default "<hostname>/<device>".
+  std::string worker_id;
+  std::string device = "cpu";  // "cpu" or "cuda:N"
+  // Where peers reach this worker for collectives (Gloo TCP).
+  std::string address = "127.0.0.1";
+  // Host memory a rank may plan to use; 0: the machine's default.
+  int64_t memory_budget_bytes = 0;
+  // Deadline of every unary call to the coordinator.
+  absl::Duration rpc_timeout = absl::Seconds(10);
+  // Set to stop: the daemon stops its rank (as a cancel would) and returns.
+  const std::atomic<bool>* stop = nullptr;
+};
+
+// Returns when `stop` is set (OK), or InvalidArgument for bad options
+// (naming the flag), or a registration refused for good (an id in use).
+absl::Status RunDaemon(const DaemonOptions& options, const LineSink& log);
+
+}  // namespace muonmesh::worker
