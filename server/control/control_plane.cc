@@ -1,0 +1,60 @@
+#include "server/control/control_plane.h"
+
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace muonmesh::coordinator {
+
+absl::StatusOr<std::unique_ptr<ControlPlane>> ControlPlane::Start(
+    const ControlPlaneOptions& options) {
+  if (options.data_dir.empty()) return absl::InvalidArgumentError("--data-dir: required");
+  std::error_code ec;
+  std::filesystem::create_directories(options.data_dir, ec);
+  if (ec || !std::filesystem::is_directory(options.data_dir, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--data-dir ", options.data_dir, ": not a folder we can create or use"));
+  }
+  absl::StatusOr<std::unique_ptr<JobStore>> store =
+      JobStore::Open((std::filesystem::path(options.data_dir) / "state.db").string());
+  if (!store.ok()) return store.status();
+  std::unique_ptr<ControlPlane> plane(new ControlPlane(options, *std::move(store)));
+  plane->manager_.Recover();
+  plane->lease_thread_ = std::thread(&ControlPlane::ExpireLeases, plane.get());
+  return plane;
+}
+
+ControlPlane::ControlPlane(const ControlPlaneOptions& options, std::unique_ptr<JobStore> store)
+    : store_(std::move(store)),
+      fleet_(&clock_, options.lease_ttl, options.heartbeat_interval),
+      manager_(store_.get(), &fleet_, &rendezvous_, &clock_,
+               JobManagerOptions{options.collective_timeout}),
+      jobs_service_(&manager_, store_.get()),
+      fleet_service_(&fleet_, &manager_),
+      store_service_(&rendezvous_) {}
+
+ControlPlane::~ControlPlane() { Shutdown(); }
+
+std::vector<grpc::Service*> ControlPlane::services() {
+  return {&jobs_service_, &fleet_service_, &store_service_};
+}
+
+void ControlPlane::ExpireLeases() {
+  while (!stopping_.load()) {
+    absl::SleepFor(absl::Milliseconds(200));
+    std::vector<Fleet::Lost> lost = fleet_.Expire();
+    if (!lost.empty()) manager_.OnWorkersLost(lost);
+  }
+}
+
+void ControlPlane::Shutdown() {
+  if (stopping_.exchange(true)) return;
+  fleet_.Shutdown();
+  rendezvous_.Shutdown();
+  manager_.Shutdown();
+  if (lease_thread_.joinable()) lease_thread_.join();
+}
+
+}  // namespace muonmesh::coordinator

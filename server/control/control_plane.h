@@ -1,0 +1,65 @@
+#pragma once
+
+// Everything the coordinator serves beyond the Planner: the durable job
+// store, the fleet, the rendezvous store, the job manager, their gRPC
+// services, and the thread that expires leases. CoordinatorServer owns one
+// and registers its services.
+//
+// Thread-safe; Shutdown() wakes every waiting stream and stops the lease
+// thread.
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/impl/service_type.h"
+#include "server/control/fleet.h"
+#include "server/control/fleet_service.h"
+#include "server/control/job_manager.h"
+#include "server/control/jobs_service.h"
+#include "server/control/rendezvous.h"
+#include "server/control/store_service.h"
+#include "server/state/job_store.h"
+
+namespace muonmesh::coordinator {
+
+struct ControlPlaneOptions {
+  // Folder of the durable state (state.db); created if missing.
+  std::string data_dir;
+  absl::Duration lease_ttl = absl::Seconds(10);
+  absl::Duration heartbeat_interval = absl::Seconds(2);
+  absl::Duration collective_timeout = absl::Seconds(60);
+};
+
+class ControlPlane {
+ public:
+  // Opens the state under data_dir and recovers jobs a previous life left
+  // running. InvalidArgument naming the folder or file when it cannot.
+  static absl::StatusOr<std::unique_ptr<ControlPlane>> Start(const ControlPlaneOptions& options);
+  ~ControlPlane();
+
+  // The services to register with the gRPC server.
+  std::vector<grpc::Service*> services();
+  void Shutdown();
+
+ private:
+  ControlPlane(const ControlPlaneOptions& options, std::unique_ptr<JobStore> store);
+  void ExpireLeases();
+
+  SystemClock clock_;
+  std::unique_ptr<JobStore> store_;
+  Fleet fleet_;
+  Rendezvous rendezvous_;
+  JobManager manager_;
+  JobsService jobs_service_;
+  FleetService fleet_service_;
+  StoreService store_service_;
+  std::atomic<bool> stopping_{false};
+  std::thread lease_thread_;
+};
+
+}  // namespace muonmesh::coordinator

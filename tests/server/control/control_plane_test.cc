@@ -1,0 +1,313 @@
+// The control plane end to end in one process: a real gRPC server with the
+// Jobs, Fleet and Store services on 127.0.0.1:0, real worker daemons (on
+// threads) that register, take assignments and train over Gloo, and clients
+// through the generated stubs. The final weights of a job run through the
+// coordinator are byte-identical to the standalone launcher's.
+
+#include "server/control/control_plane.h"
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "muonmesh/v1/fleet.grpc.pb.h"
+#include "muonmesh/v1/jobs.grpc.pb.h"
+#include "proto/io/message_file.h"
+#include "worker/daemon.h"
+#include "worker/standalone.h"
+
+namespace muonmesh::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Fresh(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/control_plane_" + name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// An mlp job; paths absolute under `dir`.
+std::string JobYaml(const std::string& dir, const std::string& name, int world, int steps,
+                    const std::string& strategy = "optim_grads_params") {
+  return absl::StrCat("name: ", name, "\nworld_size: ", world,
+                      "\nparallelism: {data_parallel_sharding_strategy: ", strategy, "}\n",
+                      "model: {mlp: {dims: [6, 16, 16, 3]}}\ninit: {seed: 5}\n"
+                      "data: {teacher: {seed: 21, samples: 256}}\n"
+                      "optimizer: {adamw: {eps: 0.05}}\n"
+                      "training: {steps: ", steps, ", global_batch_size: 24}\n",
+                      "output: {dir: ", dir, "/", name, ", export: ", dir, "/", name,
+                      "/final.safetensors}\n");
+}
+
+v1::JobSpec Spec(const std::string& yaml) {
+  v1::JobSpec spec;
+  absl::Status st = protoio::ParseMessageText(yaml, "job", &spec);
+  EXPECT_TRUE(st.ok()) << st;
+  return spec;
+}
+
+class ControlPlaneTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = Fresh(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    ControlPlaneOptions options;
+    options.data_dir = dir_ + "/state";
+    options.collective_timeout = absl::Seconds(20);
+    absl::StatusOr<std::unique_ptr<ControlPlane>> plane = ControlPlane::Start(options);
+    ASSERT_TRUE(plane.ok()) << plane.status();
+    plane_ = *std::move(plane);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    for (grpc::Service* s : plane_->services()) builder.RegisterService(s);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    address_ = absl::StrCat("127.0.0.1:", port_);
+    auto channel = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+    jobs_ = v1::Jobs::NewStub(channel);
+    fleet_ = v1::Fleet::NewStub(channel);
+  }
+  void TearDown() override {
+    stop_ = true;
+    for (std::thread& t : daemons_) t.join();
+    plane_->Shutdown();
+    server_->Shutdown(std::chrono::system_clock::now());
+  }
+
+  void StartWorkers(int n) {
+    for (int i = 0; i < n; ++i) {
+      const int id = static_cast<int>(daemons_.size());
+      daemons_.emplace_back([this, id] {
+        worker::DaemonOptions o;
+        o.coordinator = address_;
+        o.worker_id = absl::StrCat("w", id);
+        o.memory_budget_bytes = int64_t{1} << 30;
+        o.stop = &stop_;
+        absl::Status st = worker::RunDaemon(o, [](const std::string&) {});
+        EXPECT_TRUE(st.ok()) << st;
+      });
+    }
+  }
+
+  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const std::string& request_id = "") {
+    v1::SubmitJobRequest request;
+    request.set_request_id(request_id);
+    *request.mutable_spec() = spec;
+    v1::SubmitJobResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    grpc::Status s = jobs_->SubmitJob(&context, request, &response);
+    if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+    return response.job();
+  }
+
+  // Every event of the job from `from`, until it ends or `seconds` pass.
+  std::vector<v1::JobEvent> Watch(const std::string& id, int64_t from, int seconds = 120) {
+    v1::WatchJobRequest request;
+    request.set_job_id(id);
+    request.set_from_index(from);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
+    auto reader = jobs_->WatchJob(&context, request);
+    std::vector<v1::JobEvent> events;
+    v1::JobEvent e;
+    while (reader->Read(&e)) events.push_back(e);
+    reader->Finish();
+    return events;
+  }
+
+  v1::Job Get(const std::string& id) {
+    v1::GetJobRequest request;
+    request.set_job_id(id);
+    v1::Job job;
+    grpc::ClientContext context;
+    EXPECT_TRUE(jobs_->GetJob(&context, request, &job).ok());
+    return job;
+  }
+
+  std::vector<v1::Worker> Workers() {
+    v1::ListWorkersResponse response;
+    grpc::ClientContext context;
+    EXPECT_TRUE(fleet_->ListWorkers(&context, {}, &response).ok());
+    return {response.workers().begin(), response.workers().end()};
+  }
+
+  std::string dir_;
+  std::unique_ptr<ControlPlane> plane_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::string address_;
+  std::unique_ptr<v1::Jobs::Stub> jobs_;
+  std::unique_ptr<v1::Fleet::Stub> fleet_;
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> daemons_;
+};
+
+TEST_F(ControlPlaneTest, AJobRunsToTheStandaloneLaunchersExactWeights) {
+  StartWorkers(2);
+  absl::StatusOr<v1::Job> job = Submit(Spec(JobYaml(dir_, "hfsdp", 2, 6)), "req-1");
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::vector<v1::JobEvent> events = Watch(job->id(), 0);
+  ASSERT_FALSE(events.empty());
+  std::vector<v1::JobState> states;
+  int steps = 0;
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(events[i].index(), static_cast<int64_t>(i + 1)) << "gapless from 1";
+    if (events[i].has_state_change()) states.push_back(events[i].state_change().state());
+    if (events[i].has_step()) {
+      EXPECT_EQ(events[i].step().step(), steps++);
+      EXPECT_TRUE(std::isfinite(events[i].step().loss()));
+    }
+  }
+  EXPECT_EQ(steps, 6);
+  EXPECT_THAT(states, ::testing::ElementsAre(v1::JOB_STATE_PENDING, v1::JOB_STATE_RUNNING,
+                                             v1::JOB_STATE_SUCCEEDED));
+  const v1::Job done = Get(job->id());
+  EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.steps_done(), 6);
+
+  // Watching again from the middle resumes without gaps or duplicates.
+  const std::vector<v1::JobEvent> tail = Watch(job->id(), 4);
+  ASSERT_EQ(tail.size(), events.size() - 3);
+  EXPECT_EQ(tail.front().index(), 4);
+
+  // The same job through the standalone launcher, two ranks on threads.
+  const std::string alone = Fresh("standalone_twin");
+  const std::string file = alone + "/job.yaml";
+  std::ofstream(file) << JobYaml(alone, "hfsdp", 2, 6);
+  std::filesystem::create_directories(alone + "/store");
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      worker::StandaloneOptions o;
+      o.job_path = file;
+      o.rank = r;
+      o.world_size = 2;
+      o.store_dir = alone + "/store";
+      o.memory_budget_bytes = int64_t{1} << 30;
+      absl::Status st = worker::RunStandalone(o, [](const std::string&) {});
+      EXPECT_TRUE(st.ok()) << st;
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  const std::string served = ReadAll(dir_ + "/hfsdp/final.safetensors");
+  ASSERT_FALSE(served.empty());
+  EXPECT_EQ(served, ReadAll(alone + "/hfsdp/final.safetensors"));
+}
+
+TEST_F(ControlPlaneTest, ARepeatedRequestIdMakesOneJob) {
+  const v1::JobSpec spec = Spec(JobYaml(dir_, "once", 2, 2));
+  absl::StatusOr<v1::Job> a = Submit(spec, "same");
+  absl::StatusOr<v1::Job> b = Submit(spec, "same");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->id(), b->id());
+  v1::JobSpec other = spec;
+  other.mutable_training()->set_steps(3);
+  EXPECT_EQ(Submit(other, "same").status().code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST_F(ControlPlaneTest, InvalidJobsGetEveryViolationAndCreateNothing) {
+  v1::JobSpec spec = Spec(JobYaml(dir_, "bad", 4, 2));
+  spec.mutable_parallelism()->set_num_distributed_optimizer_instances(3);
+  spec.mutable_training()->set_global_batch_size(10);
+  spec.mutable_output()->set_dir("relative/out");
+  absl::StatusOr<v1::Job> job = Submit(spec);
+  ASSERT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(job.status().message()),
+              HasSubstr("spec.parallelism.num_distributed_optimizer_instances"));
+  EXPECT_THAT(std::string(job.status().message()), HasSubstr("spec.training.global_batch_size"));
+  EXPECT_THAT(std::string(job.status().message()), HasSubstr("spec.output.dir"));
+  v1::ListJobsResponse list;
+  grpc::ClientContext context;
+  ASSERT_TRUE(jobs_->ListJobs(&context, {}, &list).ok());
+  EXPECT_EQ(list.jobs_size(), 0);
+  v1::GetJobRequest unknown;
+  unknown.set_job_id("j-404");
+  v1::Job nothing;
+  grpc::ClientContext c2;
+  EXPECT_EQ(jobs_->GetJob(&c2, unknown, &nothing).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(ControlPlaneTest, TwoJobsRunSideBySideAndABigOneWaitsForWorkers) {
+  StartWorkers(2);
+  absl::StatusOr<v1::Job> big = Submit(Spec(JobYaml(dir_, "big", 3, 2)));
+  absl::StatusOr<v1::Job> a = Submit(Spec(JobYaml(dir_, "a", 1, 3)));
+  absl::StatusOr<v1::Job> b = Submit(Spec(JobYaml(dir_, "b", 1, 3)));
+  ASSERT_TRUE(big.ok() && a.ok() && b.ok());
+  // The two small jobs do not wait behind the big one, and run at once.
+  std::vector<v1::JobEvent> ea = Watch(a->id(), 0);
+  std::vector<v1::JobEvent> eb = Watch(b->id(), 0);
+  EXPECT_EQ(Get(a->id()).state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(Get(b->id()).state(), v1::JOB_STATE_SUCCEEDED);
+  const v1::Job ja = Get(a->id());
+  const v1::Job jb = Get(b->id());
+  ASSERT_EQ(ja.worker_ids_size(), 1);
+  ASSERT_EQ(jb.worker_ids_size(), 1);
+  EXPECT_NE(ja.worker_ids(0), jb.worker_ids(0));
+  EXPECT_EQ(Get(big->id()).state(), v1::JOB_STATE_PENDING);
+  // A third worker joins: the big job starts and ends.
+  StartWorkers(1);
+  Watch(big->id(), 0);
+  EXPECT_EQ(Get(big->id()).state(), v1::JOB_STATE_SUCCEEDED);
+}
+
+TEST_F(ControlPlaneTest, CancelStopsTheRanksAndFreesTheWorkers) {
+  StartWorkers(2);
+  absl::StatusOr<v1::Job> job = Submit(Spec(JobYaml(dir_, "long", 2, 100000)));
+  ASSERT_TRUE(job.ok());
+  // Wait for the first step, then cancel.
+  for (int i = 0; i < 600 && Get(job->id()).steps_done() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_GT(Get(job->id()).steps_done(), 0);
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(job->id());
+  cancel.set_reason("test");
+  v1::Job cancelled;
+  grpc::ClientContext context;
+  ASSERT_TRUE(jobs_->CancelJob(&context, cancel, &cancelled).ok());
+  EXPECT_EQ(cancelled.state(), v1::JOB_STATE_CANCELLED);
+  const absl::Time start = absl::Now();
+  bool idle = false;
+  while (!idle && absl::Now() - start < absl::Seconds(10)) {
+    idle = true;
+    for (const v1::Worker& w : Workers()) idle = idle && w.state() == v1::WORKER_STATE_IDLE;
+    if (!idle) absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(idle) << "workers still busy after 10 s";
+  std::printf("workers idle %.2f s after the cancel\n", absl::ToDoubleSeconds(absl::Now() - start));
+  // The freed workers take the next job.
+  absl::StatusOr<v1::Job> next = Submit(Spec(JobYaml(dir_, "next", 2, 2)));
+  ASSERT_TRUE(next.ok());
+  Watch(next->id(), 0);
+  EXPECT_EQ(Get(next->id()).state(), v1::JOB_STATE_SUCCEEDED);
+  // Cancelling a finished job is refused; cancelling twice answers the same.
+  grpc::ClientContext c2;
+  cancel.set_job_id(next->id());
+  EXPECT_EQ(jobs_->CancelJob(&c2, cancel, &cancelled).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+}  // namespace
+}  // namespace muonmesh::coordinator
