@@ -1,0 +1,206 @@
+#include "client/coordinator_client.h"
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "proto/io/message_file.h"
+
+namespace muonmesh {
+namespace {
+
+namespace fs = std::filesystem;
+
+void SetDeadline(grpc::ClientContext& c, absl::Duration d) {
+  c.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d));
+}
+
+std::string Absolute(const fs::path& base, const std::string& path) {
+  if (path.empty()) return path;
+  const fs::path p(path);
+  return (p.is_absolute() ? p : fs::absolute(base / p)).lexically_normal().string();
+}
+
+}  // namespace
+
+CoordinatorClient::CoordinatorClient(std::string address, CoordinatorClientOptions options)
+    : address_(std::move(address)), options_(options) {
+  auto channel = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+  jobs_ = v1::Jobs::NewStub(channel);
+  fleet_ = v1::Fleet::NewStub(channel);
+}
+
+absl::Status CoordinatorClient::Error(const grpc::Status& s, const std::string& what) const {
+  if (s.ok()) return absl::OkStatus();
+  const auto code = static_cast<absl::StatusCode>(s.error_code());
+  if (code == absl::StatusCode::kUnavailable) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach the coordinator at ", address_, ": ", s.error_message()));
+  }
+  if (code == absl::StatusCode::kDeadlineExceeded) {
+    return absl::DeadlineExceededError(absl::StrCat(what, ": no answer from ", address_,
+                                                    " before the deadline"));
+  }
+  return absl::Status(code, s.error_message());
+}
+
+absl::StatusOr<v1::SubmitJobResponse> CoordinatorClient::Submit(const v1::JobSpec& spec,
+                                                                const std::string& request_id) {
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = spec;
+  request.set_request_id(request_id);
+  v1::SubmitJobResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context, options_.timeout);
+  if (absl::Status s = Error(jobs_->SubmitJob(&context, request, &response), "submit"); !s.ok()) {
+    return s;
+  }
+  return response;
+}
+
+absl::StatusOr<v1::Job> CoordinatorClient::Get(const std::string& job_id) {
+  v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  v1::Job job;
+  grpc::ClientContext context;
+  SetDeadline(context, options_.timeout);
+  if (absl::Status s = Error(jobs_->GetJob(&context, request, &job), "status"); !s.ok()) return s;
+  return job;
+}
+
+absl::StatusOr<std::vector<v1::Job>> CoordinatorClient::List(
+    const std::vector<v1::JobState>& states, const std::string& name) {
+  std::vector<v1::Job> out;
+  std::string token;
+  do {
+    v1::ListJobsRequest request;
+    for (v1::JobState s : states) request.add_states(s);
+    request.set_name(name);
+    request.set_page_size(1000);
+    request.set_page_token(token);
+    v1::ListJobsResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context, options_.timeout);
+    if (absl::Status s = Error(jobs_->ListJobs(&context, request, &response), "list"); !s.ok()) {
+      return s;
+    }
+    for (v1::Job& j : *response.mutable_jobs()) out.push_back(std::move(j));
+    token = response.next_page_token();
+  } while (!token.empty());
+  return out;
+}
+
+absl::StatusOr<v1::Job> CoordinatorClient::Cancel(const std::string& job_id,
+                                                  const std::string& reason) {
+  v1::CancelJobRequest request;
+  request.set_job_id(job_id);
+  request.set_reason(reason);
+  v1::Job job;
+  grpc::ClientContext context;
+  SetDeadline(context, options_.timeout);
+  if (absl::Status s = Error(jobs_->CancelJob(&context, request, &job), "cancel"); !s.ok()) {
+    return s;
+  }
+  return job;
+}
+
+absl::StatusOr<std::vector<v1::StepRecord>> CoordinatorClient::Metrics(const std::string& job_id,
+                                                                       int64_t first, int64_t last,
+                                                                       bool all_ranks) {
+  std::vector<v1::StepRecord> out;
+  std::string token;
+  do {
+    v1::GetJobMetricsRequest request;
+    request.set_job_id(job_id);
+    request.set_first_step(first);
+    request.set_last_step(last < 0 ? 0 : last);
+    request.set_all_ranks(all_ranks);
+    request.set_page_token(token);
+    v1::GetJobMetricsResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context, options_.timeout);
+    if (absl::Status s = Error(jobs_->GetJobMetrics(&context, request, &response), "metrics");
+        !s.ok()) {
+      return s;
+    }
+    for (v1::StepRecord& r : *response.mutable_records()) out.push_back(std::move(r));
+    token = response.next_page_token();
+  } while (!token.empty());
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::Worker>> CoordinatorClient::Workers() {
+  v1::ListWorkersResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context, options_.timeout);
+  if (absl::Status s = Error(fleet_->ListWorkers(&context, {}, &response), "workers"); !s.ok()) {
+    return s;
+  }
+  return std::vector<v1::Worker>(response.workers().begin(), response.workers().end());
+}
+
+absl::Status CoordinatorClient::Watch(const std::string& job_id, int64_t from_index,
+                                      absl::Duration deadline,
+                                      const std::function<bool(const v1::JobEvent&)>& on_event) {
+  const auto end = std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline);
+  int64_t next = std::max<int64_t>(from_index, 1);
+  int retries = 0;
+  while (true) {
+    v1::WatchJobRequest request;
+    request.set_job_id(job_id);
+    request.set_from_index(next);
+    grpc::ClientContext context;
+    context.set_deadline(end);
+    auto reader = jobs_->WatchJob(&context, request);
+    v1::JobEvent e;
+    while (reader->Read(&e)) {
+      retries = 0;
+      next = e.index() + 1;
+      if (!on_event(e)) {
+        context.TryCancel();
+        reader->Finish();
+        return absl::OkStatus();
+      }
+    }
+    const grpc::Status s = reader->Finish();
+    if (s.ok()) return absl::OkStatus();  // the job ended
+    // Resume a broken stream (a coordinator restart, a network blip) a few
+    // times; anything else is the answer.
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE || ++retries > 20 ||
+        std::chrono::system_clock::now() >= end) {
+      return Error(s, "watch");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+}
+
+absl::StatusOr<v1::JobSpec> LoadJobForSubmit(const std::string& path) {
+  v1::JobSpec spec;
+  if (absl::Status s = protoio::LoadMessageFile(path, &spec); !s.ok()) return s;
+  const fs::path base = fs::absolute(fs::path(path)).parent_path();
+  if (spec.init().source_case() == v1::InitConfig::kSafetensors) {
+    spec.mutable_init()->set_safetensors(Absolute(base, spec.init().safetensors()));
+  }
+  if (spec.data().source_case() == v1::DataConfig::kSafetensors) {
+    spec.mutable_data()->set_safetensors(Absolute(base, spec.data().safetensors()));
+  }
+  v1::OutputConfig* out = spec.mutable_output();
+  out->set_dir(Absolute(base, out->dir().empty() ? absl::StrCat("runs/", spec.name()) : out->dir()));
+  if (!out->export_().empty()) out->set_export_(Absolute(base, out->export_()));
+  if (spec.model().kind_case() == v1::ModelConfig::kSynthetic &&
+      !spec.model().synthetic().has_model() && !spec.model().synthetic().spec().empty()) {
+    v1::SyntheticModel* s = spec.mutable_model()->mutable_synthetic();
+    s->set_spec(Absolute(base, s->spec()));
+    if (absl::Status st = protoio::LoadMessageFile(s->spec(), s->mutable_model()); !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat(path, ": model.synthetic.spec: ", st.message()));
+    }
+  }
+  return spec;
+}
+
+}  // namespace muonmesh
