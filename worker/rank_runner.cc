@@ -15,6 +15,7 @@
 #include "worker/io/safetensors.h"
 #include "worker/job/memory_budget.h"
 #include "worker/job/memory_estimate.h"
+#include "worker/step_log.h"
 #include "worker/workload_factory.h"
 
 namespace muonmesh::worker {
@@ -191,6 +192,9 @@ struct RunTotals {
 absl::Status TrainSteps(const ResolvedJob& job, Trainer& trainer, const RankOptions& options,
                         const RankHooks& hooks, RunTotals& totals) {
   const bool talk = options.rank == 0;
+  absl::StatusOr<std::unique_ptr<StepLog>> log =
+      StepLog::Open(job.output_dir, options.rank, options.attempt, options.resume);
+  if (!log.ok()) return log.status();
   for (int64_t s = trainer.steps_done(); s < job.steps; ++s) {
     if (s == options.fail_at_step && options.attempt == 0) {
       return absl::AbortedError(absl::StrCat("--fail-at-step ", s, ": failing on purpose"));
@@ -205,6 +209,7 @@ absl::Status TrainSteps(const ResolvedJob& job, Trainer& trainer, const RankOpti
       if (absl::StrContains(name, "muon_")) totals.muon_bytes += b;
     }
     if (talk) hooks.out(StepLine(s, *r));
+    if (absl::Status st = (*log)->Write(*r, took); !st.ok()) return st;
     if (hooks.on_step) {
       if (absl::Status st = hooks.on_step(*r, took); !st.ok()) return st;
     }

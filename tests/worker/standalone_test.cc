@@ -376,6 +376,36 @@ TEST(StandaloneTest, FinalWeightsMatchTheIndependentReference) {
   }
 }
 
+// Every rank appends its step records to <output.dir>/metrics/rank-R.jsonl:
+// one line per step, with the loss rank 0 printed.
+TEST(StandaloneTest, EveryRankWritesItsStepRecords) {
+  const std::string dir = Fresh("steplog");
+  Job job;
+  job.world = 2;
+  job.output_dir = dir + "/out";
+  const JobRun run = RunRanks(dir, WriteJob(dir, job), 2);
+  ExpectAllOk(run);
+  ASSERT_EQ(run.losses.size(), 5u);
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream in(dir + "/out/metrics/rank-" + std::to_string(r) + ".jsonl");
+    ASSERT_TRUE(in.good()) << "rank " << r;
+    std::string line;
+    int step = 0;
+    while (std::getline(in, line)) {
+      EXPECT_EQ(line.rfind("{\"step\": " + std::to_string(step) + ", ", 0), 0u) << line;
+      EXPECT_THAT(line, HasSubstr("\"rank\": " + std::to_string(r)));
+      EXPECT_THAT(line, HasSubstr("\"newton_schulz\": "));
+      EXPECT_THAT(line, HasSubstr("\"bytes_sent\": {\"grad_reduce_scatter\": "));
+      const size_t at = line.find("\"loss\": ");
+      ASSERT_NE(at, std::string::npos);
+      const double loss = std::stod(line.substr(at + 8));
+      EXPECT_NEAR(loss, run.losses[step], 1e-6 * std::abs(run.losses[step]) + 1e-12);
+      ++step;
+    }
+    EXPECT_EQ(step, 5) << "rank " << r;
+  }
+}
+
 TEST(StandaloneTest, DataFileWithTheWrongShapeIsAClearError) {
   const std::string dir = Fresh("badshape");
   std::vector<float> x(10 * 3), y(10 * 3);

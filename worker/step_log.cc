@@ -1,0 +1,103 @@
+#include "worker/step_log.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace muonmesh::worker {
+namespace {
+
+// JSON has no NaN or infinity: write them as null.
+std::string Number(double v) {
+  if (!std::isfinite(v)) return "null";
+  return absl::StrFormat("%.17g", v);
+}
+
+std::string Quoted(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      absl::StrAppendFormat(&out, "\\u%04x", static_cast<unsigned char>(c));
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+std::string StepJson(const StepReport& r, absl::Duration step_time, int32_t rank, int attempt) {
+  const PhaseTimes& t = r.times;
+  const std::pair<const char*, absl::Duration> phases[] = {
+      {"param_gather", t.param_gather},
+      {"forward_backward", t.forward_backward},
+      {"expert_dispatch", t.expert_dispatch},
+      {"grad_reduce", t.grad_reduce},
+      {"adamw", t.adamw},
+      {"muon_prepare", t.muon_prepare},
+      {"muon_gather", t.muon_gather},
+      {"newton_schulz", t.newton_schulz},
+      {"muon_scatter", t.muon_scatter},
+      {"muon_apply", t.muon_apply},
+      {"param_allgather_after_step", t.param_allgather_after_step}};
+  std::string out = absl::StrCat("{\"step\": ", r.step, ", \"attempt\": ", attempt,
+                                 ", \"rank\": ", rank, ", \"loss\": ", Number(r.loss),
+                                 ", \"step_seconds\": ", Number(absl::ToDoubleSeconds(step_time)),
+                                 ", \"phases\": {");
+  for (size_t i = 0; i < std::size(phases); ++i) {
+    absl::StrAppend(&out, i ? ", " : "", "\"", phases[i].first,
+                    "\": ", Number(absl::ToDoubleSeconds(phases[i].second)));
+  }
+  absl::StrAppend(&out, "}, \"bytes_sent\": {");
+  bool first = true;
+  for (const auto& [name, bytes] : r.bytes_sent) {
+    absl::StrAppend(&out, first ? "" : ", ", Quoted(name), ": ", bytes);
+    first = false;
+  }
+  absl::StrAppend(&out, "}, \"ns_flops\": ", Number(r.ns_flops), "}");
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<StepLog>> StepLog::Open(const std::string& output_dir,
+                                                       int32_t rank, int attempt, bool append) {
+  const std::filesystem::path dir = std::filesystem::path(output_dir) / "metrics";
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir.string(), ": cannot create: ", ec.message()));
+  }
+  const std::string path = (dir / absl::StrFormat("rank-%d.jsonl", rank)).string();
+  // Only a regular file (or nothing) may be opened for writing here.
+  const auto type = std::filesystem::symlink_status(path, ec).type();
+  if (type != std::filesystem::file_type::not_found &&
+      type != std::filesystem::file_type::regular) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": exists and is not a regular file; refusing to write it"));
+  }
+  std::FILE* file = std::fopen(path.c_str(), append ? "a" : "w");
+  if (file == nullptr) {
+    return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot open"));
+  }
+  return std::unique_ptr<StepLog>(new StepLog(path, file, rank, attempt));
+}
+
+StepLog::~StepLog() { std::fclose(file_); }
+
+absl::Status StepLog::Write(const StepReport& report, absl::Duration step_time) {
+  const std::string line = StepJson(report, step_time, rank_, attempt_) + "\n";
+  if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat(path_, ": cannot write"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace muonmesh::worker
