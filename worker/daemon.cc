@@ -21,6 +21,7 @@
 #include "worker/comm/grpc_store.h"
 #include "worker/job/job.h"
 #include "worker/job/memory_budget.h"
+#include "worker/worker_metrics.h"
 
 namespace muonmesh::worker {
 namespace {
@@ -43,8 +44,8 @@ struct RankTask {
 
 class Daemon {
  public:
-  Daemon(DaemonOptions options, LineSink log)
-      : options_(std::move(options)), log_(std::move(log)) {
+  Daemon(DaemonOptions options, LineSink log, std::unique_ptr<WorkerMetrics> metrics)
+      : options_(std::move(options)), log_(std::move(log)), metrics_(std::move(metrics)) {
     channel_ = grpc::CreateChannel(options_.coordinator, grpc::InsecureChannelCredentials());
     stub_ = v1::Fleet::NewStub(channel_);
   }
@@ -67,6 +68,7 @@ class Daemon {
 
   const DaemonOptions options_;
   const LineSink log_;
+  std::unique_ptr<WorkerMetrics> metrics_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Fleet::Stub> stub_;
   std::mutex mu_;
@@ -151,6 +153,9 @@ void Daemon::Report(const RankTask& task, int32_t rank, const absl::Status& resu
   } else {
     request.set_outcome(v1::ATTEMPT_OUTCOME_FAILED);
   }
+  metrics_->OnAttemptEnd(request.outcome() == v1::ATTEMPT_OUTCOME_SUCCEEDED ? "succeeded"
+                         : request.outcome() == v1::ATTEMPT_OUTCOME_STOPPED ? "stopped"
+                                                                             : "failed");
   request.set_code(static_cast<int32_t>(result.code()));
   request.set_message(std::string(result.message()).substr(0, 4096));
   v1::ReportAttemptResponse response;
@@ -192,6 +197,7 @@ void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
     RankHooks hooks;
     hooks.out = [&](const std::string& line) { log_(tag + line); };
     hooks.on_step = [&](const StepReport& r, absl::Duration took) -> absl::Status {
+      metrics_->OnStep(r, took);
       v1::ReportStepRequest request;
       request.set_worker_id(options_.worker_id);
       {
@@ -237,6 +243,7 @@ void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
     return RunRank(*job, *plan, nullptr, store, o, hooks);
   };
   absl::Status result;
+  metrics_->SetBusy(true);
   try {
     result = run();
   } catch (const std::bad_alloc&) {
@@ -244,6 +251,7 @@ void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
   }
   log_(tag + (result.ok() ? std::string("done") : absl::StrCat("ended: ", result.ToString())));
   Report(*task, rank, result);
+  metrics_->SetBusy(false);
 }
 
 void Daemon::JoinRank() {
@@ -328,7 +336,16 @@ absl::Status RunDaemon(const DaemonOptions& options, const LineSink& log) {
     ::gethostname(host, sizeof(host) - 1);
     o.worker_id = absl::StrCat(host, "/", o.device, "/", ::getpid());
   }
-  Daemon daemon(std::move(o), log);
+  std::unique_ptr<WorkerMetrics> metrics;
+  if (o.metrics_listen.empty()) {
+    metrics = std::make_unique<WorkerMetrics>();
+  } else {
+    absl::StatusOr<std::unique_ptr<WorkerMetrics>> served = WorkerMetrics::Serve(o.metrics_listen);
+    if (!served.ok()) return served.status();
+    metrics = *std::move(served);
+    log(absl::StrCat("serving metrics on port ", metrics->port(), " (/metrics)"));
+  }
+  Daemon daemon(std::move(o), log, std::move(metrics));
   return daemon.Run();
 }
 

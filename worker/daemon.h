@@ -31,6 +31,8 @@ struct DaemonOptions {
   std::string address = "127.0.0.1";
   // Host memory a rank may plan to use; 0: the machine's default.
   int64_t memory_budget_bytes = 0;
+  // HOST:PORT to serve Prometheus metrics on (/metrics); empty: none.
+  std::string metrics_listen;
   // Deadline of every unary call to the coordinator.
   absl::Duration rpc_timeout = absl::Seconds(10);
   // Set to stop: the daemon stops its rank (as a cancel would) and returns.

@@ -25,6 +25,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: muonmesh-worker --coordinator HOST:PORT [--device cpu|cuda:N] [--worker-id ID]\n"
     "                       [--address HOST] [--memory-budget SIZE]\n"
+    "                       [--metrics-listen HOST:PORT]\n"
     "       muonmesh-worker --standalone --job FILE --rank R --world-size W --store DIR\n"
     "                       [--hostname 127.0.0.1] [--timeout-seconds 60] [--attempt 0]\n"
     "                       [--resume] [--fail-at-step S] [--cuda-device N]\n"
@@ -35,7 +36,9 @@ constexpr const char* kUsage =
     "(as --worker-id, default <hostname>/<device>/<pid>; peers reach it at --address,\n"
     "default 127.0.0.1), keeps its lease with heartbeats, runs the ranks the coordinator\n"
     "assigns with the coordinator's plan and rendezvous, reports every step, and stops a\n"
-    "rank when its job is cancelled. It runs until SIGINT or SIGTERM.\n"
+    "rank when its job is cancelled. It runs until SIGINT or SIGTERM. With\n"
+    "--metrics-listen it serves Prometheus metrics at http://HOST:PORT/metrics (port 0\n"
+    "picks a free one and logs it).\n"
     "\n"
     "--standalone runs rank R of the job file (a JobSpec in YAML or JSON) to completion.\n"
     "All W ranks share --store (an existing folder, or one --create-store makes; use a\n"
@@ -113,6 +116,8 @@ std::string Parse(int argc, char** argv, Args& args) {
       args.daemon.device = value;
     } else if (arg == "--address") {
       args.daemon.address = value;
+    } else if (arg == "--metrics-listen") {
+      args.daemon.metrics_listen = value;
     } else if (arg == "--job") {
       s.job_path = value;
     } else if (arg == "--store") {

@@ -1,0 +1,78 @@
+// The worker's /metrics over real HTTP on loopback: the documented names,
+// values that follow the steps reported, and text that promtool accepts.
+
+#include "worker/worker_metrics.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/http_get.h"
+
+namespace muonmesh::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+StepReport Report(double loss) {
+  StepReport r;
+  r.loss = loss;
+  r.times.newton_schulz = absl::Milliseconds(3);
+  r.times.grad_reduce = absl::Milliseconds(1);
+  r.bytes_sent["param_allgather"] = 1000;
+  r.bytes_sent["expert/muon_gather"] = 24;
+  r.ns_flops = 5e6;
+  return r;
+}
+
+TEST(WorkerMetricsTest, ServesTheDocumentedMetrics) {
+  absl::StatusOr<std::unique_ptr<WorkerMetrics>> m = WorkerMetrics::Serve("127.0.0.1:0");
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_GT((*m)->port(), 0);
+  (*m)->SetBusy(true);
+  (*m)->OnStep(Report(0.5), absl::Milliseconds(20));
+  (*m)->OnStep(Report(0.25), absl::Milliseconds(30));
+  (*m)->OnAttemptEnd("succeeded");
+  std::string status;
+  const std::string text = testing::HttpGet((*m)->port(), "/metrics", &status);
+  EXPECT_THAT(status, HasSubstr("200"));
+  EXPECT_THAT(text, HasSubstr("muonmesh_worker_steps_total 2"));
+  EXPECT_THAT(text, HasSubstr("muonmesh_worker_loss 0.25"));
+  EXPECT_THAT(text, HasSubstr("muonmesh_worker_collective_bytes_total{collective=\"param_allgather\"} 2000"));
+  EXPECT_THAT(text, HasSubstr("muonmesh_worker_newton_schulz_flops_total 10000000"));
+  EXPECT_THAT(text, HasSubstr("muonmesh_worker_busy 1"));
+  EXPECT_THAT(text, HasSubstr("muonmesh_worker_attempts_total{outcome=\"succeeded\"} 1"));
+  EXPECT_THAT(text, HasSubstr("muonmesh_worker_step_duration_seconds_count{phase=\"step\"} 2"));
+  EXPECT_THAT(text, HasSubstr("muonmesh_worker_step_duration_seconds_sum{phase=\"step\"} 0.05"));
+
+  // promtool (Debian's prometheus package, installed by the test setup)
+  // checks the exposition format and naming conventions.
+  if (std::system("command -v promtool > /dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "promtool not installed";
+  }
+  const std::string file = ::testing::TempDir() + "/worker_metrics.txt";
+  std::ofstream(file) << text;
+  const std::string command = "promtool check metrics < " + file + " 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  const int rc = ::pclose(pipe);
+  EXPECT_EQ(rc, 0) << out;
+}
+
+TEST(WorkerMetricsTest, ABoundPortIsAClearError) {
+  absl::StatusOr<std::unique_ptr<WorkerMetrics>> first = WorkerMetrics::Serve("127.0.0.1:0");
+  ASSERT_TRUE(first.ok());
+  const std::string taken = "127.0.0.1:" + std::to_string((*first)->port());
+  absl::StatusOr<std::unique_ptr<WorkerMetrics>> second = WorkerMetrics::Serve(taken);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr(taken));
+}
+
+}  // namespace
+}  // namespace muonmesh::worker

@@ -1,0 +1,108 @@
+#include "worker/worker_metrics.h"
+
+#include <exception>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace muonmesh::worker {
+namespace {
+
+// 1 ms to ~65 s, doubling: steps of small tests and of large models.
+prometheus::Histogram::BucketBoundaries DurationBuckets() {
+  prometheus::Histogram::BucketBoundaries b;
+  for (double v = 0.001; v < 100; v *= 2) b.push_back(v);
+  return b;
+}
+
+}  // namespace
+
+WorkerMetrics::WorkerMetrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      step_duration_(prometheus::BuildHistogram()
+                         .Name("muonmesh_worker_step_duration_seconds")
+                         .Help("Wall time of each phase of a training step on this worker; "
+                               "phase=\"step\" is the whole step")
+                         .Register(*registry_)),
+      steps_(prometheus::BuildCounter()
+                 .Name("muonmesh_worker_steps_total")
+                 .Help("Training steps this worker finished")
+                 .Register(*registry_)
+                 .Add({})),
+      loss_(prometheus::BuildGauge()
+                .Name("muonmesh_worker_loss")
+                .Help("Global-batch loss of the last step this worker finished")
+                .Register(*registry_)
+                .Add({})),
+      collective_bytes_(prometheus::BuildCounter()
+                            .Name("muonmesh_worker_collective_bytes_total")
+                            .Help("Bytes this worker sent, per collective of the plan")
+                            .Register(*registry_)),
+      ns_flops_(prometheus::BuildCounter()
+                    .Name("muonmesh_worker_newton_schulz_flops_total")
+                    .Help("Newton-Schulz floating-point operations this worker ran")
+                    .Register(*registry_)
+                    .Add({})),
+      busy_(prometheus::BuildGauge()
+                .Name("muonmesh_worker_busy")
+                .Help("1 while this worker runs a rank of a job, else 0")
+                .Register(*registry_)
+                .Add({})),
+      attempts_(prometheus::BuildCounter()
+                    .Name("muonmesh_worker_attempts_total")
+                    .Help("Ranks this worker ran to their end, by outcome")
+                    .Register(*registry_)) {}
+
+absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Serve(const std::string& listen) {
+  auto metrics = std::make_unique<WorkerMetrics>();
+  try {
+    metrics->exposer_ = std::make_unique<prometheus::Exposer>(listen, 1);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("--metrics-listen ", listen, ": cannot serve metrics: ", e.what()));
+  }
+  metrics->exposer_->RegisterCollectable(metrics->registry_);
+  return metrics;
+}
+
+void WorkerMetrics::OnStep(const StepReport& r, absl::Duration step_time) {
+  static const prometheus::Histogram::BucketBoundaries kBuckets = DurationBuckets();
+  const PhaseTimes& t = r.times;
+  const std::pair<const char*, absl::Duration> phases[] = {
+      {"step", step_time},
+      {"param_gather", t.param_gather},
+      {"forward_backward", t.forward_backward},
+      {"expert_dispatch", t.expert_dispatch},
+      {"grad_reduce", t.grad_reduce},
+      {"adamw", t.adamw},
+      {"muon_prepare", t.muon_prepare},
+      {"muon_gather", t.muon_gather},
+      {"newton_schulz", t.newton_schulz},
+      {"muon_scatter", t.muon_scatter},
+      {"muon_apply", t.muon_apply},
+      {"param_allgather_after_step", t.param_allgather_after_step}};
+  for (const auto& [phase, d] : phases) {
+    step_duration_.Add({{"phase", phase}}, kBuckets).Observe(absl::ToDoubleSeconds(d));
+  }
+  steps_.Increment();
+  loss_.Set(r.loss);
+  for (const auto& [name, bytes] : r.bytes_sent) {
+    collective_bytes_.Add({{"collective", name}}).Increment(static_cast<double>(bytes));
+  }
+  ns_flops_.Increment(r.ns_flops);
+}
+
+void WorkerMetrics::SetBusy(bool busy) { busy_.Set(busy ? 1 : 0); }
+
+void WorkerMetrics::OnAttemptEnd(const std::string& outcome) {
+  attempts_.Add({{"outcome", outcome}}).Increment();
+}
+
+int WorkerMetrics::port() const {
+  if (exposer_ == nullptr) return 0;
+  const std::vector<int> ports = exposer_->GetListeningPorts();
+  return ports.empty() ? 0 : ports.front();
+}
+
+}  // namespace muonmesh::worker

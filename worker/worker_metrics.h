@@ -1,0 +1,61 @@
+#pragma once
+
+// The worker's Prometheus metrics (DESIGN.md §8), served at /metrics by the
+// daemon (--metrics-listen). Base units, _total counters, histograms for
+// durations, low-cardinality labels (a phase, a collective):
+//   muonmesh_worker_step_duration_seconds{phase}   histogram; phase "step"
+//                                                 is the whole step
+//   muonmesh_worker_steps_total                    counter
+//   muonmesh_worker_loss                           gauge, the last step's
+//   muonmesh_worker_collective_bytes_total{collective}  counter, bytes sent
+//   muonmesh_worker_newton_schulz_flops_total      counter
+//   muonmesh_worker_busy                           gauge, 1 while a rank runs
+//   muonmesh_worker_attempts_total{outcome}        counter
+//
+// Thread-safe (prometheus-cpp's metrics are).
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "worker/runtime/trainer.h"
+
+namespace muonmesh::worker {
+
+class WorkerMetrics {
+ public:
+  // Metrics without an endpoint (tests; a worker without --metrics-listen).
+  WorkerMetrics();
+  // Also serves them over HTTP on `listen` ("HOST:PORT"; port 0 picks one).
+  // Unavailable naming the address when it cannot be bound.
+  static absl::StatusOr<std::unique_ptr<WorkerMetrics>> Serve(const std::string& listen);
+
+  void OnStep(const StepReport& report, absl::Duration step_time);
+  void SetBusy(bool busy);
+  // "succeeded", "failed" or "stopped".
+  void OnAttemptEnd(const std::string& outcome);
+
+  // The bound port (0 without an endpoint).
+  int port() const;
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Histogram>& step_duration_;
+  prometheus::Counter& steps_;
+  prometheus::Gauge& loss_;
+  prometheus::Family<prometheus::Counter>& collective_bytes_;
+  prometheus::Counter& ns_flops_;
+  prometheus::Gauge& busy_;
+  prometheus::Family<prometheus::Counter>& attempts_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+};
+
+}  // namespace muonmesh::worker
