@@ -1,5 +1,6 @@
 #include "server/control/control_plane.h"
 
+#include <exception>
 #include <filesystem>
 #include <system_error>
 
@@ -21,6 +22,16 @@ absl::StatusOr<std::unique_ptr<ControlPlane>> ControlPlane::Start(
       JobStore::Open((std::filesystem::path(options.data_dir) / "state.db").string());
   if (!store.ok()) return store.status();
   std::unique_ptr<ControlPlane> plane(new ControlPlane(options, *std::move(store)));
+  if (!options.metrics_listen.empty()) {
+    try {
+      plane->exposer_ = std::make_unique<prometheus::Exposer>(options.metrics_listen, 1);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat("--metrics-listen ", options.metrics_listen,
+                                                 ": cannot serve metrics: ", e.what()));
+    }
+    plane->exposer_->RegisterCollectable(plane->metrics_);
+    plane->exposer_->RegisterCollectable(plane->metrics_->registry());
+  }
   plane->manager_.Recover();
   plane->lease_thread_ = std::thread(&ControlPlane::ExpireLeases, plane.get());
   return plane;
@@ -29,8 +40,10 @@ absl::StatusOr<std::unique_ptr<ControlPlane>> ControlPlane::Start(
 ControlPlane::ControlPlane(const ControlPlaneOptions& options, std::unique_ptr<JobStore> store)
     : store_(std::move(store)),
       fleet_(&clock_, options.lease_ttl, options.heartbeat_interval),
+      metrics_(std::make_shared<CoordinatorMetrics>(store_.get(), &fleet_)),
       manager_(store_.get(), &fleet_, &rendezvous_, &clock_,
-               JobManagerOptions{options.collective_timeout}),
+               JobManagerOptions{options.collective_timeout,
+                                 [m = metrics_.get()](double s) { m->OnStep(s); }}),
       jobs_service_(&manager_, store_.get()),
       fleet_service_(&fleet_, &manager_),
       store_service_(&rendezvous_) {}
@@ -39,6 +52,19 @@ ControlPlane::~ControlPlane() { Shutdown(); }
 
 std::vector<grpc::Service*> ControlPlane::services() {
   return {&jobs_service_, &fleet_service_, &store_service_};
+}
+
+std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+ControlPlane::interceptor_factories() {
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> out;
+  out.push_back(metrics_->InterceptorFactory());
+  return out;
+}
+
+int ControlPlane::metrics_port() const {
+  if (exposer_ == nullptr) return 0;
+  const std::vector<int> ports = exposer_->GetListeningPorts();
+  return ports.empty() ? 0 : ports.front();
 }
 
 void ControlPlane::ExpireLeases() {

@@ -17,6 +17,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/impl/service_type.h"
+#include "prometheus/exposer.h"
+#include "server/control/coordinator_metrics.h"
 #include "server/control/fleet.h"
 #include "server/control/fleet_service.h"
 #include "server/control/job_manager.h"
@@ -33,6 +35,8 @@ struct ControlPlaneOptions {
   absl::Duration lease_ttl = absl::Seconds(10);
   absl::Duration heartbeat_interval = absl::Seconds(2);
   absl::Duration collective_timeout = absl::Seconds(60);
+  // HOST:PORT for Prometheus metrics (/metrics); empty: none.
+  std::string metrics_listen;
 };
 
 class ControlPlane {
@@ -44,6 +48,11 @@ class ControlPlane {
 
   // The services to register with the gRPC server.
   std::vector<grpc::Service*> services();
+  // Interceptors to install in the server (RPC metrics).
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+  interceptor_factories();
+  // The metrics port (0 without --metrics-listen).
+  int metrics_port() const;
   void Shutdown();
 
  private:
@@ -54,10 +63,12 @@ class ControlPlane {
   std::unique_ptr<JobStore> store_;
   Fleet fleet_;
   Rendezvous rendezvous_;
+  std::shared_ptr<CoordinatorMetrics> metrics_;
   JobManager manager_;
   JobsService jobs_service_;
   FleetService fleet_service_;
   StoreService store_service_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
   std::atomic<bool> stopping_{false};
   std::thread lease_thread_;
 };

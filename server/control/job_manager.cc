@@ -248,6 +248,7 @@ void JobManager::Recover() {
 
 void JobManager::StepDone(const std::string& job_id, Attempt& a, int64_t step,
                           StepAggregate& agg) {
+  if (options_.on_step_done) options_.on_step_done(agg.slowest);
   v1::JobEvent event;
   *event.mutable_step() = agg.rank0;
   event.mutable_step()->set_step_seconds(agg.slowest);

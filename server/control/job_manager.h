@@ -44,6 +44,9 @@ namespace muonmesh::coordinator {
 struct JobManagerOptions {
   // Every collective's timeout in the workers (StartRank.collective_timeout_ms).
   absl::Duration collective_timeout = absl::Seconds(60);
+  // Called with the slowest rank's seconds whenever every rank finished a
+  // step (metrics). May be empty.
+  std::function<void(double)> on_step_done;
 };
 
 class JobManager {

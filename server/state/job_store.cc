@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <limits>
 #include <utility>
 
@@ -309,6 +310,13 @@ std::vector<v1::Job> JobStore::Unfinished() const {
     if (!IsFinal(row.job.state())) out.push_back(row.job);
   }
   return out;
+}
+
+std::vector<std::pair<v1::JobState, int64_t>> JobStore::CountByState() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<v1::JobState, int64_t> counts;
+  for (const Row& row : rows_) counts[row.job.state()] += 1;
+  return {counts.begin(), counts.end()};
 }
 
 absl::StatusOr<v1::JobEvent> JobStore::Append(const std::string& job_id, v1::JobEvent event,

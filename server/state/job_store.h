@@ -18,6 +18,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -65,6 +66,9 @@ class JobStore {
 
   // Jobs not in a final state, oldest first (scheduling order).
   std::vector<v1::Job> Unfinished() const;
+
+  // How many jobs are in each state (states with none are absent).
+  std::vector<std::pair<v1::JobState, int64_t>> CountByState() const;
 
   // Applies `update` to the job and appends `event` (its index and time set
   // here) in one transaction; returns the event as stored. NotFound for an

@@ -28,6 +28,7 @@
 #include "muonmesh/v1/fleet.grpc.pb.h"
 #include "muonmesh/v1/jobs.grpc.pb.h"
 #include "proto/io/message_file.h"
+#include "tests/testing/http_get.h"
 #include "worker/daemon.h"
 #include "worker/standalone.h"
 
@@ -75,12 +76,14 @@ class ControlPlaneTest : public ::testing::Test {
     ControlPlaneOptions options;
     options.data_dir = dir_ + "/state";
     options.collective_timeout = absl::Seconds(20);
+    options.metrics_listen = "127.0.0.1:0";
     absl::StatusOr<std::unique_ptr<ControlPlane>> plane = ControlPlane::Start(options);
     ASSERT_TRUE(plane.ok()) << plane.status();
     plane_ = *std::move(plane);
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     for (grpc::Service* s : plane_->services()) builder.RegisterService(s);
+    builder.experimental().SetInterceptorCreators(plane_->interceptor_factories());
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
     address_ = absl::StrCat("127.0.0.1:", port_);
@@ -93,6 +96,9 @@ class ControlPlaneTest : public ::testing::Test {
     for (std::thread& t : daemons_) t.join();
     plane_->Shutdown();
     server_->Shutdown(std::chrono::system_clock::now());
+    server_->Wait();
+    server_.reset();
+    plane_.reset();
   }
 
   void StartWorkers(int n) {
@@ -214,6 +220,19 @@ TEST_F(ControlPlaneTest, AJobRunsToTheStandaloneLaunchersExactWeights) {
   const std::string served = ReadAll(dir_ + "/hfsdp/final.safetensors");
   ASSERT_FALSE(served.empty());
   EXPECT_EQ(served, ReadAll(alone + "/hfsdp/final.safetensors"));
+
+  // The coordinator's metrics saw all of it.
+  const std::string text = testing::HttpGet(plane_->metrics_port(), "/metrics");
+  EXPECT_THAT(text, HasSubstr("muonmesh_jobs{state=\"SUCCEEDED\"} 1"));
+  EXPECT_THAT(text, HasSubstr("muonmesh_jobs{state=\"PENDING\"} 0"));
+  EXPECT_THAT(text, HasSubstr("muonmesh_workers{device=\"cpu\",state=\"IDLE\"} 2"));
+  EXPECT_THAT(text, HasSubstr("muonmesh_job_steps_total 6"));
+  EXPECT_THAT(text, HasSubstr("muonmesh_job_step_duration_seconds_count 6"));
+  EXPECT_THAT(text, HasSubstr("muonmesh_rpc_duration_seconds_count{code=\"OK\","
+                              "method=\"/muonmesh.v1.Jobs/SubmitJob\"} 1"));
+  // 6 steps of 2 ranks.
+  EXPECT_THAT(text, HasSubstr("muonmesh_rpc_duration_seconds_count{code=\"OK\","
+                              "method=\"/muonmesh.v1.Fleet/ReportStep\"} 12"));
 }
 
 TEST_F(ControlPlaneTest, ARepeatedRequestIdMakesOneJob) {

@@ -1,0 +1,151 @@
+#include "server/control/coordinator_metrics.h"
+
+#include <chrono>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/support/interceptor.h"
+#include "muonmesh/v1/jobs.pb.h"
+
+namespace muonmesh::coordinator {
+namespace {
+
+prometheus::Histogram::BucketBoundaries Buckets(double from, double to) {
+  prometheus::Histogram::BucketBoundaries b;
+  for (double v = from; v < to; v *= 2) b.push_back(v);
+  return b;
+}
+
+std::string StateName(v1::JobState s) {
+  std::string name = v1::JobState_Name(s);
+  return name.substr(std::string("JOB_STATE_").size());
+}
+
+prometheus::ClientMetric GaugeValue(double v) {
+  prometheus::ClientMetric m;
+  m.gauge.value = v;
+  return m;
+}
+
+// Times one RPC from its arrival to its status.
+class RpcTimer final : public grpc::experimental::Interceptor {
+ public:
+  RpcTimer(CoordinatorMetrics* metrics, std::string method)
+      : metrics_(*metrics), method_(std::move(method)),
+        start_(std::chrono::steady_clock::now()) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+      metrics_.OnRpc(method_, static_cast<int>(methods->GetSendStatus().error_code()), seconds);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  CoordinatorMetrics& metrics_;
+  std::string method_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+class RpcTimerFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit RpcTimerFactory(CoordinatorMetrics* metrics) : metrics_(metrics) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new RpcTimer(metrics_, info->method() != nullptr ? info->method() : "unknown");
+  }
+
+ private:
+  CoordinatorMetrics* metrics_;
+};
+
+const char* CodeName(int code) {
+  static const char* const kNames[] = {
+      "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+      "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+      "UNAUTHENTICATED"};
+  return code >= 0 && code < 17 ? kNames[code] : "UNKNOWN";
+}
+
+}  // namespace
+
+CoordinatorMetrics::CoordinatorMetrics(const JobStore* store, const Fleet* fleet)
+    : store_(*store),
+      fleet_(*fleet),
+      registry_(std::make_shared<prometheus::Registry>()),
+      rpc_duration_(prometheus::BuildHistogram()
+                        .Name("muonmesh_rpc_duration_seconds")
+                        .Help("Time the coordinator took to serve an RPC, by method and status "
+                              "code (streams: their whole life)")
+                        .Register(*registry_)),
+      steps_(prometheus::BuildCounter()
+                 .Name("muonmesh_job_steps_total")
+                 .Help("Training steps finished by every rank of a job")
+                 .Register(*registry_)
+                 .Add({})),
+      step_duration_(prometheus::BuildHistogram()
+                         .Name("muonmesh_job_step_duration_seconds")
+                         .Help("Wall time of a training step on its slowest rank")
+                         .Register(*registry_)
+                         .Add({}, Buckets(0.001, 100))) {}
+
+void CoordinatorMetrics::OnRpc(const std::string& method, int code, double seconds) {
+  static const prometheus::Histogram::BucketBoundaries kBuckets = Buckets(0.0001, 100);
+  rpc_duration_.Add({{"method", method}, {"code", CodeName(code)}}, kBuckets).Observe(seconds);
+}
+
+void CoordinatorMetrics::OnStep(double slowest_rank_seconds) {
+  steps_.Increment();
+  step_duration_.Observe(slowest_rank_seconds);
+}
+
+std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
+  prometheus::MetricFamily jobs{"muonmesh_jobs", "Jobs in each state",
+                                prometheus::MetricType::Gauge, {}};
+  std::map<v1::JobState, int64_t> by_state;
+  for (int s = v1::JOB_STATE_PENDING; s <= v1::JOB_STATE_CANCELLED; ++s) {
+    by_state[static_cast<v1::JobState>(s)] = 0;
+  }
+  prometheus::MetricFamily loss{"muonmesh_job_loss", "Last loss of each running job",
+                                prometheus::MetricType::Gauge, {}};
+  for (const auto& [state, count] : store_.CountByState()) by_state[state] = count;
+  for (const auto& [state, count] : by_state) {
+    prometheus::ClientMetric m = GaugeValue(static_cast<double>(count));
+    m.label = {{"state", StateName(state)}};
+    jobs.metric.push_back(std::move(m));
+  }
+  for (const v1::Job& job : store_.Unfinished()) {
+    if (job.state() != v1::JOB_STATE_RUNNING || job.steps_done() == 0) continue;
+    prometheus::ClientMetric m = GaugeValue(job.last_loss());
+    m.label = {{"job", job.id()}};
+    loss.metric.push_back(std::move(m));
+  }
+  prometheus::MetricFamily workers{"muonmesh_workers", "Registered workers by state and device",
+                                   prometheus::MetricType::Gauge, {}};
+  std::map<std::pair<std::string, std::string>, int64_t> counts;
+  for (const char* device : {"cpu", "cuda"}) {
+    for (const char* state : {"IDLE", "BUSY", "LOST"}) counts[{state, device}] = 0;
+  }
+  for (const v1::Worker& w : fleet_.List()) {
+    std::string state = v1::WorkerState_Name(w.state()).substr(std::string("WORKER_STATE_").size());
+    counts[{state, w.info().device()}] += 1;
+  }
+  for (const auto& [key, count] : counts) {
+    prometheus::ClientMetric m = GaugeValue(static_cast<double>(count));
+    m.label = {{"device", key.second}, {"state", key.first}};
+    workers.metric.push_back(std::move(m));
+  }
+  return {std::move(jobs), std::move(workers), std::move(loss)};
+}
+
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
+CoordinatorMetrics::InterceptorFactory() {
+  return std::make_unique<RpcTimerFactory>(this);
+}
+
+}  // namespace muonmesh::coordinator
