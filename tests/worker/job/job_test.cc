@@ -17,6 +17,7 @@
 #include "worker/math/adamw.h"
 #include "worker/math/muon.h"
 #include "worker/job/optimizer_rules.h"
+#include "proto/io/message_file.h"
 
 namespace muonmesh::worker {
 namespace {
@@ -680,6 +681,25 @@ TEST(JobTest, InlineSyntheticSpecNeedsNoFile) {
   job.mutable_model()->mutable_synthetic()->clear_model();
   EXPECT_THAT(std::string(ResolveJob(job, "").status().message()),
               HasSubstr("model.synthetic.spec: /nowhere/spec.json: no such file"));
+}
+
+// Every example under deploy/local/examples is a job that resolves, or a
+// model spec that loads.
+TEST(JobTest, EveryExampleIsAValidJobOrSpec) {
+  int jobs = 0;
+  for (const auto& entry : fs::directory_iterator(MUONMESH_EXAMPLES_DIR)) {
+    if (entry.path().extension() != ".yaml" && entry.path().extension() != ".json") continue;
+    SCOPED_TRACE(entry.path().string());
+    absl::StatusOr<v1::JobSpec> job = LoadJobFile(entry.path().string());
+    if (!job.ok()) {
+      v1::ModelSpec spec;
+      EXPECT_TRUE(protoio::LoadMessageFile(entry.path().string(), &spec).ok()) << job.status();
+      continue;
+    }
+    ++jobs;
+    EXPECT_THAT(ValidateJob(*job), IsEmpty());
+  }
+  EXPECT_GE(jobs, 7);
 }
 
 TEST(JobTest, MissingJobFileIsNotFound) {
