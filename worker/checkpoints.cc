@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +15,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+
+#include <zlib.h>
 
 namespace muonmesh::worker {
 namespace {
@@ -61,6 +65,26 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
   return Sync(std::filesystem::path(path).parent_path().string(), /*folder=*/true);
 }
 
+std::string RankFile(int64_t rank) { return absl::StrFormat("rank-%05d.safetensors", rank); }
+
+absl::StatusOr<Digest> DigestOf(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot open"));
+  Digest d;
+  uLong crc = crc32(0L, Z_NULL, 0);
+  std::vector<unsigned char> buf(size_t{1} << 20);
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) {
+    crc = crc32(crc, buf.data(), static_cast<uInt>(n));
+    d.size += static_cast<int64_t>(n);
+  }
+  const bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  if (failed) return absl::DataLossError(absl::StrCat(path, ": read failed"));
+  d.crc32 = static_cast<uint32_t>(crc);
+  return d;
+}
+
 absl::Status SaveCheckpoint(Trainer& trainer, const std::string& output_dir, int64_t world_size,
                             int32_t rank) {
   const int64_t step = trainer.steps_done();
@@ -68,15 +92,22 @@ absl::Status SaveCheckpoint(Trainer& trainer, const std::string& output_dir, int
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat(dir, ": cannot create: ", ec.message()));
-  absl::Status st =
-      trainer.SaveShards(absl::StrFormat("%s/rank-%05d.safetensors", dir, rank));
+  absl::Status st = trainer.SaveShards(absl::StrCat(dir, "/", RankFile(rank)));
   if (!st.ok()) return Annotate(st, "saving a checkpoint");
   st = trainer.Barrier();
   if (!st.ok()) return Annotate(st, "waiting for every rank's checkpoint");
   if (rank != 0) return absl::OkStatus();
-  st = WriteFileAtomically(dir + "/COMPLETE",
-                           absl::StrCat("step ", step, "\nworld_size ", world_size,
-                                        "\nlayout ", trainer.LayoutFingerprint(), "\n"));
+  // The manifest: every rank's file with its size and CRC-32, so that a
+  // resume can tell a damaged checkpoint from a good one.
+  std::string manifest = absl::StrCat("step ", step, "\nworld_size ", world_size, "\nlayout ",
+                                      trainer.LayoutFingerprint(), "\n");
+  for (int64_t r = 0; r < world_size; ++r) {
+    const std::string file = RankFile(r);
+    absl::StatusOr<Digest> d = DigestOf(absl::StrCat(dir, "/", file));
+    if (!d.ok()) return Annotate(d.status(), "checking the checkpoint's files");
+    absl::StrAppendFormat(&manifest, "file %s %d %08x\n", file, d->size, d->crc32);
+  }
+  st = WriteFileAtomically(dir + "/COMPLETE", manifest);
   if (!st.ok()) return st;
   // Keep the two newest complete checkpoints; drop everything older.
   std::vector<int64_t> complete;
@@ -100,6 +131,74 @@ absl::Status SaveCheckpoint(Trainer& trainer, const std::string& output_dir, int
 
 std::string CheckpointDir(const std::string& output_dir, int64_t step) {
   return absl::StrFormat("%s/checkpoints/step-%08d", output_dir, step);
+}
+
+namespace {
+
+// Why the checkpoint in `dir` cannot be resumed from, or "" if it can.
+std::string CheckpointProblem(const std::string& dir, int64_t world_size) {
+  std::ifstream in(dir + "/COMPLETE");
+  if (!in) return "no COMPLETE marker (a partial checkpoint)";
+  std::string line;
+  int64_t manifest_world = -1;
+  std::vector<std::string> files;
+  while (std::getline(in, line)) {
+    std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (f.size() == 2 && f[0] == "world_size" && !absl::SimpleAtoi(f[1], &manifest_world)) {
+      return "COMPLETE: a bad world_size line";
+    }
+    if (f.empty() || f[0] != "file") continue;
+    int64_t size = 0;
+    uint32_t crc = 0;
+    if (f.size() != 4 || !absl::SimpleAtoi(f[2], &size) || !absl::SimpleHexAtoi(f[3], &crc)) {
+      return absl::StrCat("COMPLETE: a bad line '", line.substr(0, 80), "'");
+    }
+    absl::StatusOr<Digest> d = DigestOf(absl::StrCat(dir, "/", f[1]));
+    if (!d.ok()) return std::string(d.status().message());
+    if (d->size != size) {
+      return absl::StrCat(f[1], ": ", d->size, " bytes, the manifest says ", size);
+    }
+    if (d->crc32 != crc) {
+      return absl::StrFormat("%s: CRC-32 %08x, the manifest says %08x (damaged)", f[1], d->crc32,
+                             crc);
+    }
+    files.push_back(f[1]);
+  }
+  if (manifest_world != world_size) {
+    return absl::StrCat("written by a job of ", manifest_world, " ranks, this one has ",
+                        world_size);
+  }
+  if (static_cast<int64_t>(files.size()) != world_size) {
+    return absl::StrCat("COMPLETE lists ", files.size(), " files with checksums, expected ",
+                        world_size, " (written by an older muonmesh?)");
+  }
+  return "";
+}
+
+}  // namespace
+
+CheckpointChoice NewestValidCheckpoint(const std::string& output_dir, int64_t world_size) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(output_dir + "/checkpoints", ec)) {
+    int64_t s = 0;
+    const std::string name = entry.path().filename().string();
+    if (absl::StartsWith(name, "step-") && absl::SimpleAtoi(name.substr(5), &s)) {
+      steps.push_back(s);
+    }
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  CheckpointChoice choice;
+  for (int64_t s : steps) {
+    const std::string problem = CheckpointProblem(CheckpointDir(output_dir, s), world_size);
+    if (problem.empty()) {
+      choice.step = s;
+      return choice;
+    }
+    choice.skipped.push_back(absl::StrCat("step ", s, ": ", problem));
+  }
+  return choice;
 }
 
 std::optional<int64_t> NewestCheckpoint(const std::string& output_dir) {

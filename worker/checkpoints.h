@@ -2,26 +2,53 @@
 
 // Checkpoints of a job on disk. They live in
 // `<output.dir>/checkpoints/step-NNNNNNNN/`: one shard file per rank
-// (`rank-RRRRR.safetensors`, Trainer::SaveShards) and a `COMPLETE` marker
-// that rank 0 writes once every rank has saved. Folders without the marker
-// are partial and never resumed from; rank 0 keeps the two newest complete
-// checkpoints and removes older folders.
+// (`rank-RRRRR.safetensors`, Trainer::SaveShards, written to a temporary file,
+// synced and renamed) and a `COMPLETE` manifest that rank 0 writes (the same
+// way) once every rank has saved: the step, the world size, the layout's
+// fingerprint and every rank file's size and CRC-32. A resume takes the newest
+// checkpoint whose manifest is there and whose files all match it; one that
+// is partial or damaged is skipped for the one before, with the reason.
+// Rank 0 keeps the two newest complete checkpoints and removes older
+// folders, so a failed write (a full or read-only disk) leaves the previous
+// checkpoint as it was.
 //
 // Free functions; a Trainer is driven by one thread, so is SaveCheckpoint.
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "worker/runtime/trainer.h"
 
 namespace muonmesh::worker {
 
 std::string CheckpointDir(const std::string& output_dir, int64_t step);
 
-// The newest complete checkpoint's step under `output_dir`, if any.
+// The newest complete checkpoint's step under `output_dir`, if any (the
+// marker alone: NewestValidCheckpoint also checks the files).
 std::optional<int64_t> NewestCheckpoint(const std::string& output_dir);
+
+// The newest checkpoint a job of `world_size` ranks can resume from: its
+// manifest exists and lists every rank's file with the size and CRC-32 the
+// file has now. `skipped` says why each newer one was passed over.
+struct CheckpointChoice {
+  std::optional<int64_t> step;
+  std::vector<std::string> skipped;
+};
+CheckpointChoice NewestValidCheckpoint(const std::string& output_dir, int64_t world_size);
+
+// A file's size and CRC-32 (zlib's).
+struct Digest {
+  int64_t size = 0;
+  uint32_t crc32 = 0;
+};
+absl::StatusOr<Digest> DigestOf(const std::string& path);
+
+// "rank-RRRRR.safetensors".
+std::string RankFile(int64_t rank);
 
 // A collective: every rank saves its shards at the trainer's current step;
 // after a barrier rank 0 marks the checkpoint complete and prunes older

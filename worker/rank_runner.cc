@@ -158,13 +158,17 @@ absl::Status StartFromCheckpoints(const ResolvedJob& job, Trainer& trainer,
     }
     return absl::OkStatus();
   }
-  const std::optional<int64_t> from = NewestCheckpoint(job.output_dir);
+  const CheckpointChoice choice = NewestValidCheckpoint(job.output_dir, job.world_size);
+  if (talk) {
+    for (const std::string& why : choice.skipped) out(absl::StrCat("resume: skipping ", why));
+  }
+  const std::optional<int64_t> from = choice.step;
   if (!from.has_value()) {
     if (talk) out("resume: no complete checkpoint yet; starting at step 0");
     return absl::OkStatus();
   }
-  const std::string file = absl::StrFormat("%s/rank-%05d.safetensors",
-                                           CheckpointDir(job.output_dir, *from), options.rank);
+  const std::string file =
+      absl::StrCat(CheckpointDir(job.output_dir, *from), "/", RankFile(options.rank));
   if (absl::Status st = trainer.LoadShards(file); !st.ok()) return Annotate(st, "resuming");
   if (talk) out(absl::StrCat("resume: from the checkpoint at step ", *from));
   return absl::OkStatus();
