@@ -153,7 +153,8 @@ void Daemon::Report(const RankTask& task, int32_t rank, const absl::Status& resu
   } else {
     request.set_outcome(v1::ATTEMPT_OUTCOME_FAILED);
   }
-  metrics_->OnAttemptEnd(request.outcome() == v1::ATTEMPT_OUTCOME_SUCCEEDED ? "succeeded"
+  metrics_->OnAttemptEnd(task.job_id,
+                         request.outcome() == v1::ATTEMPT_OUTCOME_SUCCEEDED ? "succeeded"
                          : request.outcome() == v1::ATTEMPT_OUTCOME_STOPPED ? "stopped"
                                                                              : "failed");
   request.set_code(static_cast<int32_t>(result.code()));
@@ -197,7 +198,7 @@ void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
     RankHooks hooks;
     hooks.out = [&](const std::string& line) { log_(tag + line); };
     hooks.on_step = [&](const StepReport& r, absl::Duration took) -> absl::Status {
-      metrics_->OnStep(r, took);
+      metrics_->OnStep(task->job_id, r, took);
       v1::ReportStepRequest request;
       request.set_worker_id(options_.worker_id);
       {

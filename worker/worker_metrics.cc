@@ -1,6 +1,7 @@
 #include "worker/worker_metrics.h"
 
 #include <exception>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -28,13 +29,11 @@ WorkerMetrics::WorkerMetrics()
       steps_(prometheus::BuildCounter()
                  .Name("muonmesh_worker_steps_total")
                  .Help("Training steps this worker finished")
-                 .Register(*registry_)
-                 .Add({})),
+                 .Register(*registry_)),
       loss_(prometheus::BuildGauge()
                 .Name("muonmesh_worker_loss")
                 .Help("Global-batch loss of the last step this worker finished")
-                .Register(*registry_)
-                .Add({})),
+                .Register(*registry_)),
       collective_bytes_(prometheus::BuildCounter()
                             .Name("muonmesh_worker_collective_bytes_total")
                             .Help("Bytes this worker sent, per collective of the plan")
@@ -42,8 +41,7 @@ WorkerMetrics::WorkerMetrics()
       ns_flops_(prometheus::BuildCounter()
                     .Name("muonmesh_worker_newton_schulz_flops_total")
                     .Help("Newton-Schulz floating-point operations this worker ran")
-                    .Register(*registry_)
-                    .Add({})),
+                    .Register(*registry_)),
       busy_(prometheus::BuildGauge()
                 .Name("muonmesh_worker_busy")
                 .Help("1 while this worker runs a rank of a job, else 0")
@@ -66,7 +64,8 @@ absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Serve(const std::s
   return metrics;
 }
 
-void WorkerMetrics::OnStep(const StepReport& r, absl::Duration step_time) {
+void WorkerMetrics::OnStep(const std::string& job, const StepReport& r,
+                           absl::Duration step_time) {
   static const prometheus::Histogram::BucketBoundaries kBuckets = DurationBuckets();
   const PhaseTimes& t = r.times;
   const std::pair<const char*, absl::Duration> phases[] = {
@@ -82,21 +81,43 @@ void WorkerMetrics::OnStep(const StepReport& r, absl::Duration step_time) {
       {"muon_scatter", t.muon_scatter},
       {"muon_apply", t.muon_apply},
       {"param_allgather_after_step", t.param_allgather_after_step}};
+  std::lock_guard<std::mutex> lock(mu_);
+  JobSeries& series = series_[job];
   for (const auto& [phase, d] : phases) {
-    step_duration_.Add({{"phase", phase}}, kBuckets).Observe(absl::ToDoubleSeconds(d));
+    prometheus::Histogram& h = step_duration_.Add({{"job", job}, {"phase", phase}}, kBuckets);
+    h.Observe(absl::ToDoubleSeconds(d));
+    series.histograms.insert(&h);
   }
-  steps_.Increment();
-  loss_.Set(r.loss);
+  prometheus::Counter& steps = steps_.Add({{"job", job}});
+  steps.Increment();
+  prometheus::Gauge& loss = loss_.Add({{"job", job}});
+  loss.Set(r.loss);
+  prometheus::Counter& flops = ns_flops_.Add({{"job", job}});
+  flops.Increment(r.ns_flops);
+  series.steps = &steps;
+  series.loss = &loss;
+  series.flops = &flops;
   for (const auto& [name, bytes] : r.bytes_sent) {
-    collective_bytes_.Add({{"collective", name}}).Increment(static_cast<double>(bytes));
+    prometheus::Counter& c = collective_bytes_.Add({{"job", job}, {"collective", name}});
+    c.Increment(static_cast<double>(bytes));
+    series.bytes.insert(&c);
   }
-  ns_flops_.Increment(r.ns_flops);
 }
 
 void WorkerMetrics::SetBusy(bool busy) { busy_.Set(busy ? 1 : 0); }
 
-void WorkerMetrics::OnAttemptEnd(const std::string& outcome) {
+void WorkerMetrics::OnAttemptEnd(const std::string& job, const std::string& outcome) {
   attempts_.Add({{"outcome", outcome}}).Increment();
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = series_.find(job);
+  if (it == series_.end()) return;
+  JobSeries& s = it->second;
+  for (prometheus::Histogram* h : s.histograms) step_duration_.Remove(h);
+  for (prometheus::Counter* c : s.bytes) collective_bytes_.Remove(c);
+  if (s.steps != nullptr) steps_.Remove(s.steps);
+  if (s.loss != nullptr) loss_.Remove(s.loss);
+  if (s.flops != nullptr) ns_flops_.Remove(s.flops);
+  series_.erase(it);
 }
 
 int WorkerMetrics::port() const {

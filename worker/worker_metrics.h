@@ -2,19 +2,24 @@
 
 // The worker's Prometheus metrics (DESIGN.md §8), served at /metrics by the
 // daemon (--metrics-listen). Base units, _total counters, histograms for
-// durations, low-cardinality labels (a phase, a collective):
-//   muonmesh_worker_step_duration_seconds{phase}   histogram; phase "step"
-//                                                 is the whole step
-//   muonmesh_worker_steps_total                    counter
-//   muonmesh_worker_loss                           gauge, the last step's
-//   muonmesh_worker_collective_bytes_total{collective}  counter, bytes sent
-//   muonmesh_worker_newton_schulz_flops_total      counter
+// durations, low-cardinality labels (a phase, a collective, and the job the
+// worker runs: one at a time, and a job's series are dropped when its rank
+// ends, so a worker exports one job's series at most):
+//   muonmesh_worker_step_duration_seconds{job, phase}  histogram; phase
+//                                                 "step" is the whole step
+//   muonmesh_worker_steps_total{job}               counter
+//   muonmesh_worker_loss{job}                      gauge, the last step's
+//   muonmesh_worker_collective_bytes_total{job, collective}  counter, bytes sent
+//   muonmesh_worker_newton_schulz_flops_total{job} counter
 //   muonmesh_worker_busy                           gauge, 1 while a rank runs
 //   muonmesh_worker_attempts_total{outcome}        counter
 //
 // Thread-safe (prometheus-cpp's metrics are).
 
+#include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -37,10 +42,10 @@ class WorkerMetrics {
   // Unavailable naming the address when it cannot be bound.
   static absl::StatusOr<std::unique_ptr<WorkerMetrics>> Serve(const std::string& listen);
 
-  void OnStep(const StepReport& report, absl::Duration step_time);
+  void OnStep(const std::string& job, const StepReport& report, absl::Duration step_time);
   void SetBusy(bool busy);
-  // "succeeded", "failed" or "stopped".
-  void OnAttemptEnd(const std::string& outcome);
+  // "succeeded", "failed" or "stopped"; drops the job's series.
+  void OnAttemptEnd(const std::string& job, const std::string& outcome);
 
   // The bound port (0 without an endpoint).
   int port() const;
@@ -49,12 +54,22 @@ class WorkerMetrics {
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Histogram>& step_duration_;
-  prometheus::Counter& steps_;
-  prometheus::Gauge& loss_;
+  prometheus::Family<prometheus::Counter>& steps_;
+  prometheus::Family<prometheus::Gauge>& loss_;
   prometheus::Family<prometheus::Counter>& collective_bytes_;
-  prometheus::Counter& ns_flops_;
+  prometheus::Family<prometheus::Counter>& ns_flops_;
   prometheus::Gauge& busy_;
   prometheus::Family<prometheus::Counter>& attempts_;
+  // The series of each job, to drop when its rank ends.
+  struct JobSeries {
+    std::set<prometheus::Histogram*> histograms;
+    std::set<prometheus::Counter*> bytes;
+    prometheus::Counter* steps = nullptr;
+    prometheus::Gauge* loss = nullptr;
+    prometheus::Counter* flops = nullptr;
+  };
+  std::mutex mu_;
+  std::map<std::string, JobSeries> series_;
   std::unique_ptr<prometheus::Exposer> exposer_;
 };
 

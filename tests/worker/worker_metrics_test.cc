@@ -40,20 +40,28 @@ TEST(WorkerMetricsTest, ServesTheDocumentedMetrics) {
   ASSERT_TRUE(m.ok()) << m.status();
   ASSERT_GT((*m)->port(), 0);
   (*m)->SetBusy(true);
-  (*m)->OnStep(Report(0.5), absl::Milliseconds(20));
-  (*m)->OnStep(Report(0.25), absl::Milliseconds(30));
-  (*m)->OnAttemptEnd("succeeded");
+  (*m)->OnStep("j-1", Report(0.5), absl::Milliseconds(20));
+  (*m)->OnStep("j-1", Report(0.25), absl::Milliseconds(30));
+  (*m)->OnAttemptEnd("j-0", "succeeded");
   std::string status;
   const std::string text = testing::HttpGet((*m)->port(), "/metrics", &status);
   EXPECT_THAT(status, HasSubstr("200"));
-  EXPECT_THAT(text, HasSubstr("muonmesh_worker_steps_total 2"));
-  EXPECT_THAT(text, HasSubstr("muonmesh_worker_loss 0.25"));
-  EXPECT_THAT(text, HasSubstr("muonmesh_worker_collective_bytes_total{collective=\"param_allgather\"} 2000"));
-  EXPECT_THAT(text, HasSubstr("muonmesh_worker_newton_schulz_flops_total 10000000"));
+  EXPECT_THAT(text, HasSubstr("muonmesh_worker_steps_total{job=\"j-1\"} 2"));
+  EXPECT_THAT(text, HasSubstr("muonmesh_worker_loss{job=\"j-1\"} 0.25"));
+  EXPECT_THAT(text, HasSubstr("muonmesh_worker_collective_bytes_total{collective=\"param_allgather\""
+                              ",job=\"j-1\"} 2000"));
+  EXPECT_THAT(text, HasSubstr("muonmesh_worker_newton_schulz_flops_total{job=\"j-1\"} 10000000"));
   EXPECT_THAT(text, HasSubstr("muonmesh_worker_busy 1"));
   EXPECT_THAT(text, HasSubstr("muonmesh_worker_attempts_total{outcome=\"succeeded\"} 1"));
-  EXPECT_THAT(text, HasSubstr("muonmesh_worker_step_duration_seconds_count{phase=\"step\"} 2"));
-  EXPECT_THAT(text, HasSubstr("muonmesh_worker_step_duration_seconds_sum{phase=\"step\"} 0.05"));
+  EXPECT_THAT(text,
+              HasSubstr("muonmesh_worker_step_duration_seconds_count{job=\"j-1\",phase=\"step\"} 2"));
+  EXPECT_THAT(text,
+              HasSubstr("muonmesh_worker_step_duration_seconds_sum{job=\"j-1\",phase=\"step\"} 0.05"));
+
+  // A job's series go when its rank ends.
+  (*m)->OnAttemptEnd("j-1", "stopped");
+  EXPECT_THAT(testing::HttpGet((*m)->port(), "/metrics"),
+              ::testing::Not(HasSubstr("job=\"j-1\"")));
 
   // promtool (Debian's prometheus package, installed by the test setup)
   // checks the exposition format and naming conventions.
