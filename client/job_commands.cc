@@ -1,0 +1,300 @@
+#include "client/job_commands.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace muonmesh::cli {
+namespace {
+
+std::string StateName(v1::JobState s) {
+  return v1::JobState_Name(s).substr(std::string("JOB_STATE_").size());
+}
+
+std::string Json(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  return out;
+}
+
+int Fail(const absl::Status& s, Streams io) {
+  io.err << "muonmeshctl: " << s.message() << "\n";
+  return ExitCode(s);
+}
+
+std::string Time(int64_t unix_ms) {
+  if (unix_ms == 0) return "-";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(unix_ms),
+                          absl::LocalTimeZone());
+}
+
+std::string Duration(double seconds) {
+  if (!(seconds > 0)) return "-";
+  const int64_t s = static_cast<int64_t>(std::llround(seconds));
+  return absl::StrFormat("%d:%02d:%02d", s / 3600, (s / 60) % 60, s % 60);
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+const std::vector<std::pair<const char*, double (v1::PhaseSeconds::*)() const>>& Phases() {
+  static const auto* phases =
+      new std::vector<std::pair<const char*, double (v1::PhaseSeconds::*)() const>>{
+          {"param_gather", &v1::PhaseSeconds::param_gather},
+          {"forward_backward", &v1::PhaseSeconds::forward_backward},
+          {"expert_dispatch", &v1::PhaseSeconds::expert_dispatch},
+          {"grad_reduce", &v1::PhaseSeconds::grad_reduce},
+          {"adamw", &v1::PhaseSeconds::adamw},
+          {"muon_prepare", &v1::PhaseSeconds::muon_prepare},
+          {"muon_gather", &v1::PhaseSeconds::muon_gather},
+          {"newton_schulz", &v1::PhaseSeconds::newton_schulz},
+          {"muon_scatter", &v1::PhaseSeconds::muon_scatter},
+          {"muon_apply", &v1::PhaseSeconds::muon_apply},
+          {"param_allgather_after_step", &v1::PhaseSeconds::param_allgather_after_step}};
+  return *phases;
+}
+
+}  // namespace
+
+int ExitCode(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk:
+      return kExitOk;
+    case absl::StatusCode::kInvalidArgument:
+      return kExitInvalid;
+    case absl::StatusCode::kUnavailable:
+      return kExitUnreachable;
+    case absl::StatusCode::kDeadlineExceeded:
+      return kExitDeadline;
+    default:
+      return kExitRefused;
+  }
+}
+
+int Submit(CoordinatorClient& client, const std::string& file, const std::string& request_id,
+           Streams io) {
+  absl::StatusOr<v1::JobSpec> spec = LoadJobForSubmit(file);
+  if (!spec.ok()) {
+    io.err << "muonmeshctl: " << spec.status().message() << "\n";
+    return kExitUsage;
+  }
+  absl::StatusOr<v1::SubmitJobResponse> r = client.Submit(*spec, request_id);
+  if (!r.ok()) return Fail(r.status(), io);
+  io.err << (r->created() ? "submitted " : "already submitted (same request id) ")
+         << r->job().name() << ": " << StateName(r->job().state()) << ", "
+         << r->job().reason() << "\n";
+  io.out << r->job().id() << "\n";
+  return kExitOk;
+}
+
+int Status(CoordinatorClient& client, const std::string& job_id, bool json, Streams io) {
+  absl::StatusOr<v1::Job> job = client.Get(job_id);
+  if (!job.ok()) return Fail(job.status(), io);
+  if (json) {
+    io.out << Json(*job) << "\n";
+    return kExitOk;
+  }
+  io.out << absl::StrFormat(
+      "job        %s (%s)\nstate      %s: %s\nsteps      %d of %d\nloss       %s\n"
+      "step time  %s\nETA        %s\nattempt    %d\nworkers    %s\nsubmitted  %s\n"
+      "started    %s\nfinished   %s\n",
+      job->id(), job->name(), StateName(job->state()), job->reason(), job->steps_done(),
+      job->steps_total(),
+      std::isfinite(job->last_loss()) ? absl::StrFormat("%.6e", job->last_loss()) : "-",
+      job->step_seconds() > 0 ? absl::StrFormat("%.3f s", job->step_seconds()) : "-",
+      Duration(job->eta_seconds()), job->attempt(),
+      job->worker_ids().empty() ? "-" : absl::StrJoin(job->worker_ids(), ", "),
+      Time(job->submitted_unix_ms()), Time(job->started_unix_ms()),
+      Time(job->finished_unix_ms()));
+  return kExitOk;
+}
+
+int List(CoordinatorClient& client, const std::string& states, const std::string& name,
+         bool json, Streams io) {
+  std::vector<v1::JobState> filter;
+  for (absl::string_view s : absl::StrSplit(states, ',', absl::SkipEmpty())) {
+    v1::JobState state;
+    if (!v1::JobState_Parse(absl::StrCat("JOB_STATE_", absl::AsciiStrToUpper(s)), &state)) {
+      io.err << "muonmeshctl: --state: unknown state '" << s
+             << "' (pending, running, restarting, succeeded, failed, cancelled)\n";
+      return kExitUsage;
+    }
+    filter.push_back(state);
+  }
+  absl::StatusOr<std::vector<v1::Job>> jobs = client.List(filter, name);
+  if (!jobs.ok()) return Fail(jobs.status(), io);
+  if (json) {
+    v1::ListJobsResponse all;
+    for (const v1::Job& j : *jobs) *all.add_jobs() = j;
+    io.out << Json(all) << "\n";
+    return kExitOk;
+  }
+  io.out << absl::StrFormat("%-10s %-24s %-11s %13s %12s  %s\n", "JOB", "NAME", "STATE", "STEPS",
+                            "LOSS", "SUBMITTED");
+  for (const v1::Job& j : *jobs) {
+    io.out << absl::StrFormat(
+        "%-10s %-24s %-11s %13s %12s  %s\n", j.id(), j.name().substr(0, 24),
+        StateName(j.state()), absl::StrCat(j.steps_done(), "/", j.steps_total()),
+        std::isfinite(j.last_loss()) ? absl::StrFormat("%.4e", j.last_loss()) : "-",
+        Time(j.submitted_unix_ms()));
+  }
+  return kExitOk;
+}
+
+int Watch(CoordinatorClient& client, const std::string& job_id, int64_t from_index, Streams io) {
+  absl::StatusOr<v1::Job> job = client.Get(job_id);
+  if (!job.ok()) return Fail(job.status(), io);
+  const int64_t total = job->steps_total();
+  v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
+  bool bar_open = false;
+  auto end_bar = [&] {
+    if (bar_open) io.out << "\n";
+    bar_open = false;
+  };
+  absl::Status st = client.Watch(job_id, from_index, absl::Hours(24 * 365), [&](const v1::JobEvent& e) {
+    if (e.has_state_change()) {
+      end_bar();
+      last = e.state_change().state();
+      io.out << "[" << e.index() << "] " << StateName(last) << ": " << e.state_change().reason()
+             << "\n";
+    } else if (e.has_step()) {
+      const v1::StepRecord& r = e.step();
+      const double eta = r.step_seconds() * static_cast<double>(total - r.step() - 1);
+      if (io.terminal) {
+        constexpr int kWidth = 30;
+        const int filled =
+            total > 0 ? static_cast<int>(kWidth * (r.step() + 1) / std::max<int64_t>(total, 1)) : 0;
+        io.out << "\r[" << std::string(filled, '#') << std::string(kWidth - filled, '.') << "] "
+               << absl::StrFormat("step %d/%d  loss %.4e  %.3f s/step  ETA %s   ", r.step() + 1,
+                                  total, r.loss(), r.step_seconds(), Duration(eta))
+               << std::flush;
+        bar_open = true;
+      } else {
+        io.out << absl::StrFormat("[%d] step %d  loss %.6e  %.3f s  ETA %s\n", e.index(),
+                                  r.step(), r.loss(), r.step_seconds(), Duration(eta));
+      }
+    }
+    return true;
+  });
+  end_bar();
+  if (!st.ok()) return Fail(st, io);
+  if (last == v1::JOB_STATE_FAILED || last == v1::JOB_STATE_CANCELLED) return kExitJobFailed;
+  return kExitOk;
+}
+
+int Metrics(CoordinatorClient& client, const std::string& job_id, const std::string& format,
+            bool summary, bool all_ranks, Streams io) {
+  if (format != "table" && format != "json" && format != "csv") {
+    io.err << "muonmeshctl: --format: '" << format << "' is not table, json or csv\n";
+    return kExitUsage;
+  }
+  absl::StatusOr<std::vector<v1::StepRecord>> records = client.Metrics(job_id, 0, -1, all_ranks);
+  if (!records.ok()) return Fail(records.status(), io);
+  if (format == "json") {
+    v1::GetJobMetricsResponse all;
+    for (const v1::StepRecord& r : *records) *all.add_records() = r;
+    io.out << Json(all) << "\n";
+    return kExitOk;
+  }
+  if (format == "csv") {
+    io.out << "step,rank,attempt,loss,step_seconds";
+    for (const auto& [name, get] : Phases()) io.out << "," << name;
+    io.out << ",bytes_sent,ns_flops\n";
+    for (const v1::StepRecord& r : *records) {
+      int64_t bytes = 0;
+      for (const auto& [name, b] : r.bytes_sent()) bytes += b;
+      io.out << absl::StrFormat("%d,%d,%d,%.9g,%.6f", r.step(), r.rank(), r.attempt(), r.loss(),
+                                r.step_seconds());
+      for (const auto& [name, get] : Phases()) {
+        io.out << absl::StrFormat(",%.6f", (r.phases().*get)());
+      }
+      io.out << absl::StrFormat(",%d,%.6g\n", bytes, r.ns_flops());
+    }
+    return kExitOk;
+  }
+  io.out << absl::StrFormat("%6s %4s %13s %9s %9s %9s %9s %9s %12s\n", "STEP", "RANK", "LOSS",
+                            "STEP ms", "GATHER", "FWD/BWD", "REDUCE", "MUON", "SENT B");
+  for (const v1::StepRecord& r : *records) {
+    const v1::PhaseSeconds& p = r.phases();
+    const double muon = p.muon_prepare() + p.muon_gather() + p.newton_schulz() +
+                        p.muon_scatter() + p.muon_apply();
+    int64_t bytes = 0;
+    for (const auto& [name, b] : r.bytes_sent()) bytes += b;
+    io.out << absl::StrFormat("%6d %4d %13.6e %9.2f %9.2f %9.2f %9.2f %9.2f %12d\n", r.step(),
+                              r.rank(), r.loss(), 1e3 * r.step_seconds(),
+                              1e3 * p.param_gather(), 1e3 * p.forward_backward(),
+                              1e3 * p.grad_reduce(), 1e3 * muon, bytes);
+  }
+  if (!summary || records->empty()) return kExitOk;
+  std::vector<double> step;
+  std::map<std::string, std::vector<double>> phase;
+  std::map<std::string, int64_t> bytes;
+  double flops = 0;
+  double seconds = 0;
+  for (const v1::StepRecord& r : *records) {
+    step.push_back(r.step_seconds());
+    for (const auto& [name, get] : Phases()) phase[name].push_back((r.phases().*get)());
+    for (const auto& [name, b] : r.bytes_sent()) bytes[name] += b;
+    flops += r.ns_flops();
+    seconds += r.phases().newton_schulz();
+  }
+  io.out << absl::StrFormat("\n%d records; median step %.2f ms; first loss %.6e, last %.6e\n",
+                            records->size(), 1e3 * Median(step), records->front().loss(),
+                            records->back().loss());
+  io.out << "median ms per phase:";
+  for (const auto& [name, get] : Phases()) {
+    io.out << absl::StrFormat(" %s %.2f", name, 1e3 * Median(phase[name]));
+  }
+  io.out << "\nbytes sent per collective:";
+  for (const auto& [name, b] : bytes) io.out << " " << name << " " << b;
+  io.out << absl::StrFormat("\nNewton-Schulz: %.3g FLOP in %.3f s (%.2f GFLOP/s)\n", flops,
+                            seconds, seconds > 0 ? flops / seconds / 1e9 : 0.0);
+  return kExitOk;
+}
+
+int Cancel(CoordinatorClient& client, const std::string& job_id, const std::string& reason,
+           Streams io) {
+  absl::StatusOr<v1::Job> job = client.Cancel(job_id, reason);
+  if (!job.ok()) return Fail(job.status(), io);
+  io.out << job->id() << " " << StateName(job->state()) << ": " << job->reason() << "\n";
+  return kExitOk;
+}
+
+int Workers(CoordinatorClient& client, bool json, Streams io) {
+  absl::StatusOr<std::vector<v1::Worker>> workers = client.Workers();
+  if (!workers.ok()) return Fail(workers.status(), io);
+  if (json) {
+    v1::ListWorkersResponse all;
+    for (const v1::Worker& w : *workers) *all.add_workers() = w;
+    io.out << Json(all) << "\n";
+    return kExitOk;
+  }
+  io.out << absl::StrFormat("%-28s %-6s %-6s %-22s %10s  %s\n", "WORKER", "DEVICE", "STATE",
+                            "ADDRESS", "MEMORY", "JOB/RANK");
+  for (const v1::Worker& w : *workers) {
+    const std::string state =
+        v1::WorkerState_Name(w.state()).substr(std::string("WORKER_STATE_").size());
+    io.out << absl::StrFormat(
+        "%-28s %-6s %-6s %-22s %9.1fG  %s\n", w.info().worker_id(), w.info().device(), state,
+        w.info().address(), static_cast<double>(w.info().memory_bytes()) / (1 << 30),
+        w.job_id().empty() ? std::string("-") : absl::StrCat(w.job_id(), "/", w.rank()));
+  }
+  return kExitOk;
+}
+
+}  // namespace muonmesh::cli

@@ -1,0 +1,55 @@
+#pragma once
+
+// muonmeshctl's job commands on the client library: submit, status, list,
+// watch, metrics, cancel, workers. Each prints to the given streams and
+// returns the process exit code (see ExitCode). Flag parsing stays in
+// muonmeshctl_main.cc.
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "client/coordinator_client.h"
+
+namespace muonmesh::cli {
+
+// Exit codes of muonmeshctl, which scripts rely on.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitInvalid = 1;      // the config or job is invalid
+inline constexpr int kExitUsage = 2;        // usage error, or a file that does not load
+inline constexpr int kExitUnreachable = 3;  // the coordinator cannot be reached
+inline constexpr int kExitDeadline = 4;     // no answer before the deadline
+inline constexpr int kExitRefused = 5;      // the coordinator refused or failed the call
+inline constexpr int kExitJobFailed = 6;    // watch: the job ended FAILED or CANCELLED
+
+// The exit code for a failed call: INVALID_ARGUMENT kExitInvalid,
+// UNAVAILABLE kExitUnreachable, DEADLINE_EXCEEDED kExitDeadline, anything
+// else (NOT_FOUND, RESOURCE_EXHAUSTED, ...) kExitRefused.
+int ExitCode(const absl::Status& status);
+
+struct Streams {
+  std::ostream& out;
+  std::ostream& err;
+  // Live progress bars instead of one line per event.
+  bool terminal = false;
+};
+
+int Submit(CoordinatorClient& client, const std::string& file, const std::string& request_id,
+           Streams io);
+int Status(CoordinatorClient& client, const std::string& job_id, bool json, Streams io);
+int List(CoordinatorClient& client, const std::string& states, const std::string& name,
+         bool json, Streams io);
+// Follows the job to its end; exits kExitJobFailed when it ends FAILED or
+// CANCELLED.
+int Watch(CoordinatorClient& client, const std::string& job_id, int64_t from_index, Streams io);
+// format: "table" (default), "json" or "csv"; `summary` adds medians and
+// totals after the table.
+int Metrics(CoordinatorClient& client, const std::string& job_id, const std::string& format,
+            bool summary, bool all_ranks, Streams io);
+int Cancel(CoordinatorClient& client, const std::string& job_id, const std::string& reason,
+           Streams io);
+int Workers(CoordinatorClient& client, bool json, Streams io);
+
+}  // namespace muonmesh::cli
