@@ -163,22 +163,23 @@ int Fail(const std::string& who, const absl::Status& st) {
   return 1;
 }
 
+std::atomic<bool> g_stop{false};
+
+// May run on any thread: libraries such as OpenBLAS start threads before
+// main, with the stop signals unblocked, so blocking them and calling
+// sigwait() would leave those threads to take the default action (death).
+// Setting a lock-free atomic is async-signal-safe; the daemon polls it.
+extern "C" void OnStopSignal(int) { g_stop.store(true); }
+
 int RunDaemonMode(const Args& args) {
-  // Stop signals wait for sigwait() on a thread of their own (blocked before
-  // any other thread exists, so every thread inherits the mask).
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  struct sigaction action {};
+  action.sa_handler = OnStopSignal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
   signal(SIGPIPE, SIG_IGN);
-  static std::atomic<bool> stop{false};
-  std::thread stopper([&stop_signals] {
-    int number = 0;
-    sigwait(&stop_signals, &number);
-    stop = true;
-  });
-  stopper.detach();
+  static_assert(std::atomic<bool>::is_always_lock_free);
+  std::atomic<bool>& stop = g_stop;
   muonmesh::worker::DaemonOptions options = args.daemon;
   options.stop = &stop;
   std::mutex log_mu;
