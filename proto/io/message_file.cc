@@ -1,26 +1,16 @@
 #include "proto/io/message_file.h"
 
-// Only yaml-cpp's event parser: its Node API costs ~350 bytes per node and
-// its LoadAll loops forever on input such as "{a: 1}, b" (yaml-cpp 0.7).
-#include <yaml-cpp/depthguard.h>
-#include <yaml-cpp/eventhandler.h>
-#include <yaml-cpp/exceptions.h>
-#include <yaml-cpp/mark.h>
-#include <yaml-cpp/parser.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <filesystem>
-#include <istream>
 #include <limits>
 #include <new>
-#include <streambuf>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -34,6 +24,9 @@
 #include "absl/strings/string_view.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
+#include "proto/io/document.h"
+#include "proto/io/json_reader.h"
+#include "proto/io/yaml_reader.h"
 
 namespace muonmesh::protoio {
 namespace {
@@ -44,171 +37,18 @@ using google::protobuf::FieldDescriptor;
 using google::protobuf::Message;
 using google::protobuf::OneofDescriptor;
 using google::protobuf::Reflection;
+using internal::Document;
+using internal::Location;
+using internal::Node;
 
 // Scalar values longer than this are cut in error messages, so one bad
 // 10 MB string does not produce a 10 MB error.
 constexpr std::size_t kMaxQuotedBytes = 48;
 
-// Lets yaml-cpp read `text` in place: its API takes an istream, and copying a
-// document of up to kMaxFileBytes just to wrap it would double peak memory.
-class StringViewStreamBuf : public std::streambuf {
- public:
-  explicit StringViewStreamBuf(absl::string_view text) {
-    char* begin = const_cast<char*>(text.data());  // never written: get area
-    setg(begin, begin, begin + text.size());
-  }
-};
-
 std::string Quote(absl::string_view s) {
   if (s.size() <= kMaxQuotedBytes) return absl::StrCat("\"", absl::CHexEscape(s), "\"");
   return absl::StrCat("\"", absl::CHexEscape(s.substr(0, kMaxQuotedBytes)), "...\"");
 }
-
-// One node of a parsed YAML document, owned by the deque that
-// DocumentBuilder fills. A YAML alias is a second pointer to the anchored node, so the nodes form a
-// DAG (a cycle, when an alias sits inside its own anchor).
-struct YamlNode {
-  enum Kind : std::uint8_t { kNull, kScalar, kSequence, kMap };
-
-  bool is_null() const { return kind == kNull; }
-  bool is_scalar() const { return kind == kScalar; }
-  bool is_sequence() const { return kind == kSequence; }
-  bool is_map() const { return kind == kMap; }
-
-  Kind kind = kNull;
-  // A scalar written without quotes or tag. Only plain scalars may be
-  // booleans, as in JSON.
-  bool plain = false;
-  YAML::Mark mark;
-  std::string scalar;
-  // Sequence items, or mapping keys and values interleaved.
-  std::vector<const YamlNode*> children;
-};
-
-std::string Describe(const YamlNode& node) {
-  switch (node.kind) {
-    case YamlNode::kMap:
-      return "a mapping";
-    case YamlNode::kSequence:
-      return "a sequence";
-    case YamlNode::kScalar:
-      return absl::StrCat("the scalar ", Quote(node.scalar));
-    case YamlNode::kNull:
-      break;
-  }
-  return "null";
-}
-
-// Thrown by DocumentBuilder through yaml-cpp's parser, which is exception
-// safe (it reports its own errors by throwing).
-struct TooManyNodes {
-  YAML::Mark mark;
-};
-
-// Builds the YamlNode tree of one document from yaml-cpp's parse events.
-class DocumentBuilder : public YAML::EventHandler {
- public:
-  explicit DocumentBuilder(std::deque<YamlNode>* nodes) : nodes_(*nodes) {}
-
-  const YamlNode* root() const { return root_; }
-
-  void OnDocumentStart(const YAML::Mark&) override {}
-  void OnDocumentEnd() override {}
-  void OnNull(const YAML::Mark& mark, YAML::anchor_t anchor) override {
-    Attach(New(YamlNode::kNull, mark), anchor);
-  }
-  void OnAlias(const YAML::Mark& mark, YAML::anchor_t anchor) override {
-    // yaml-cpp numbers anchors 1, 2, ... in order of definition and rejects
-    // undefined aliases itself; check anyway rather than trust.
-    if (anchor == 0 || anchor > anchors_.size()) {
-      throw YAML::ParserException(mark, "alias to an undefined anchor");
-    }
-    Charge(mark);
-    Attach(anchors_[anchor - 1], YAML::NullAnchor);
-  }
-  void OnScalar(const YAML::Mark& mark, const std::string& tag, YAML::anchor_t anchor,
-                const std::string& value) override {
-    YamlNode* node = New(YamlNode::kScalar, mark);
-    node->plain = tag == "?";  // yaml-cpp's tag for plain scalars; "!" if quoted
-    node->scalar = value;
-    Attach(node, anchor);
-  }
-  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t anchor,
-                       YAML::EmitterStyle::value) override {
-    Open(New(YamlNode::kSequence, mark), anchor);
-  }
-  void OnSequenceEnd() override { Close(); }
-  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t anchor,
-                  YAML::EmitterStyle::value) override {
-    Open(New(YamlNode::kMap, mark), anchor);
-  }
-  void OnMapEnd() override { Close(); }
-
- private:
-  void Charge(const YAML::Mark& mark) {
-    if (++events_ > kMaxNodes) throw TooManyNodes{mark};
-  }
-
-  YamlNode* New(YamlNode::Kind kind, const YAML::Mark& mark) {
-    Charge(mark);
-    YamlNode& node = nodes_.emplace_back();
-    node.kind = kind;
-    node.mark = mark;
-    return &node;
-  }
-
-  void Attach(const YamlNode* node, YAML::anchor_t anchor) {
-    if (anchor != YAML::NullAnchor) {
-      if (anchors_.size() < anchor) anchors_.resize(anchor, nullptr);
-      anchors_[anchor - 1] = node;
-    }
-    if (open_.empty()) {
-      root_ = node;
-    } else {
-      open_.back()->children.push_back(node);
-    }
-  }
-
-  void Open(YamlNode* node, YAML::anchor_t anchor) {
-    Attach(node, anchor);
-    open_.push_back(node);
-  }
-
-  void Close() {
-    if (open_.empty()) {  // yaml-cpp never does this; popping would be UB
-      throw YAML::ParserException(YAML::Mark::null_mark(), "unbalanced end of a collection");
-    }
-    open_.pop_back();
-  }
-
-  std::deque<YamlNode>& nodes_;
-  const YamlNode* root_ = nullptr;
-  std::vector<YamlNode*> open_;               // containers being filled
-  std::vector<const YamlNode*> anchors_;      // anchor id - 1 -> node
-  std::size_t events_ = 0;
-};
-
-// Counts documents after the first without keeping anything.
-class DocumentSkipper : public YAML::EventHandler {
- public:
-  const YAML::Mark& start() const { return start_; }
-
-  void OnDocumentStart(const YAML::Mark& mark) override { start_ = mark; }
-  void OnDocumentEnd() override {}
-  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
-  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
-  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
-                const std::string&) override {}
-  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
-                       YAML::EmitterStyle::value) override {}
-  void OnSequenceEnd() override {}
-  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
-                  YAML::EmitterStyle::value) override {}
-  void OnMapEnd() override {}
-
- private:
-  YAML::Mark start_ = YAML::Mark::null_mark();
-};
 
 std::string TypeName(const FieldDescriptor& field) {
   switch (field.cpp_type()) {
@@ -316,6 +156,15 @@ bool IsValidUtf8(absl::string_view s) {
   return true;
 }
 
+// A quoted scalar in a numeric field is a type error, as in a typed
+// language: "4" is a string. (proto3 JSON quotes int64s, but job files and
+// specs are written by hand, where quotes are a mistake worth naming.)
+std::string QuotedNumberReason(absl::string_view what, absl::string_view type_name,
+                               absl::string_view text) {
+  return absl::StrCat("expected ", what, " (", type_name, "), got the string ", Quote(text),
+                      "; write numbers without quotes");
+}
+
 // Parses a decimal integer `[-+]?[0-9]+` in [-max_negative, max_positive]
 // into its two's complement bits. Working on the magnitude in uint64 keeps
 // every int32/int64/uint32/uint64 bound representable.
@@ -401,167 +250,181 @@ class PathScope {
   std::size_t size_;
 };
 
-std::string FormatLocation(absl::string_view source, const YAML::Mark& mark) {
-  if (mark.is_null()) return std::string(source);
-  return absl::StrCat(source, ":", mark.line + 1, ":", mark.column + 1);
-}
-
-absl::Status LocatedError(absl::string_view source, const YAML::Mark& mark,
-                          absl::string_view path, absl::string_view reason) {
-  std::string text = FormatLocation(source, mark);
-  text += ": ";
-  if (!path.empty()) absl::StrAppend(&text, path, ": ");
-  text.append(reason.data(), reason.size());
-  return absl::InvalidArgumentError(text);
-}
-
-// Walks one parsed YAML document and fills a message through reflection.
-// Tracks the field path for errors, the nesting depth, and a node budget:
-// YAML aliases let a small document name the same subtree many times (or
-// itself), and the walk must stay linear in the input size.
+// Walks one parsed document and fills a message through reflection. Tracks
+// the field path for errors, the nesting depth, and a node budget: YAML
+// aliases let a small document name the same subtree many times (or
+// itself), and the walk must stay linear in the input size. Nodes are
+// passed by index, resolved (aliases replaced by what they name).
 class MessageFiller {
  public:
-  MessageFiller(absl::string_view source, std::size_t node_budget)
-      : source_(source), nodes_left_(node_budget) {}
+  MessageFiller(const Document& doc, absl::string_view source, std::size_t node_budget)
+      : doc_(doc), source_(source), nodes_left_(node_budget) {}
 
-  absl::Status FillMessage(const YamlNode& node, int depth, Message* msg) {
+  absl::Status FillMessage(std::uint32_t index, int depth, Message* msg) {
+    const Node& node = doc_[index];
     const Descriptor& type = *msg->GetDescriptor();
     if (!node.is_map()) {
-      return Error(node.mark, absl::StrCat("expected a mapping (", type.full_name(),
-                                             "), got ", Describe(node)));
+      return Error(node, absl::StrCat("expected a mapping (", type.full_name(), "), got ",
+                                      Describe(node)));
     }
     if (absl::Status s = Enter(node, depth); !s.ok()) return s;
 
-    absl::flat_hash_map<int, YAML::Mark> seen;  // field number -> key mark
+    absl::flat_hash_map<int, Location> seen;  // field number -> key location
     absl::flat_hash_map<const OneofDescriptor*, const FieldDescriptor*> oneof_set;
-    for (std::size_t i = 0; i + 1 < node.children.size(); i += 2) {
-      const YamlNode& key = *node.children[i];
-      const YamlNode& value = *node.children[i + 1];
+    for (std::uint32_t k = index + 1; k < node.size;) {
+      const std::uint32_t v = doc_.Next(k);
+      if (v >= node.size) break;  // readers always pair keys with values
+      const Node& key = doc_[doc_.Resolve(k)];
+      const std::uint32_t value_index = doc_.Resolve(v);
+      const Node& value = doc_[value_index];
+      k = doc_.Next(v);
       if (!key.is_scalar()) {
-        return Error(key.mark, absl::StrCat("expected a field name, got ", Describe(key)));
+        return Error(key, absl::StrCat("expected a field name, got ", Describe(key)));
       }
-      const std::string& name = key.scalar;
-      PathScope scope(path_, PathScope::kField,
-                      absl::CHexEscape(absl::string_view(name).substr(0, kMaxQuotedBytes)));
-      const FieldDescriptor* field = type.FindFieldByName(name);
-      if (field == nullptr) return Error(key.mark, UnknownFieldReason(type, name));
-      if (auto [first, inserted] = seen.try_emplace(field->number(), key.mark); !inserted) {
-        return Error(key.mark, absl::StrCat("duplicate key ", Quote(name), " (first at ",
-                                              first->second.line + 1, ":",
-                                              first->second.column + 1, ")"));
+      const absl::string_view name = doc_.Scalar(key);
+      PathScope scope(path_, PathScope::kField, absl::CHexEscape(name.substr(0, kMaxQuotedBytes)));
+      const FieldDescriptor* field = type.FindFieldByName(std::string(name));
+      if (field == nullptr) return Error(key, UnknownFieldReason(type, name));
+      if (auto [first, inserted] = seen.try_emplace(field->number(), key.where); !inserted) {
+        return Error(key, absl::StrCat("duplicate key ", Quote(name), " (first at ",
+                                       first->second.line + 1, ":", first->second.column + 1,
+                                       ")"));
       }
       if (value.is_null()) continue;  // "not set"
       if (const OneofDescriptor* oneof = field->real_containing_oneof(); oneof != nullptr) {
         auto [other, inserted] = oneof_set.try_emplace(oneof, field);
         if (!inserted) {
-          return Error(key.mark,
+          return Error(key,
                        absl::StrCat("fields \"", other->second->name(), "\" and \"",
                                     field->name(), "\" are both set, but they belong to oneof \"",
                                     oneof->name(), "\"; set only one"));
         }
       }
-      if (absl::Status s = FillField(value, *field, depth, msg); !s.ok()) return s;
+      if (absl::Status s = FillField(value_index, *field, depth, msg); !s.ok()) return s;
     }
     return absl::OkStatus();
   }
 
  private:
-  absl::Status Error(const YAML::Mark& mark, absl::string_view reason) const {
-    return LocatedError(source_, mark, path_, reason);
+  absl::Status Error(const Node& node, absl::string_view reason) const {
+    return internal::LocatedError(source_, &node.where, path_, reason);
+  }
+
+  std::string Describe(const Node& node) const {
+    switch (node.kind) {
+      case Node::kMap:
+        return "a mapping";
+      case Node::kSequence:
+        return "a sequence";
+      case Node::kScalar:
+        return absl::StrCat("the scalar ", Quote(doc_.Scalar(node)));
+      case Node::kNull:
+      case Node::kAlias:  // never: nodes come here resolved
+        break;
+    }
+    return "null";
   }
 
   // Charges one node to the budget and checks the depth of a container.
-  absl::Status Enter(const YamlNode& node, int depth) {
+  absl::Status Enter(const Node& node, int depth) {
     if (depth > kMaxNestingDepth) {
-      return Error(node.mark,
-                   absl::StrCat("nesting deeper than ", kMaxNestingDepth, " levels"));
+      return Error(node, absl::StrCat("nesting deeper than ", kMaxNestingDepth, " levels"));
     }
     return Charge(node);
   }
 
-  absl::Status Charge(const YamlNode& node) {
+  absl::Status Charge(const Node& node) {
     if (nodes_left_ == 0) {
-      return Error(node.mark, "document expands to too many nodes (YAML aliases?)");
+      return Error(node, "document expands to too many nodes (YAML aliases?)");
     }
     --nodes_left_;
     return absl::OkStatus();
   }
 
-  // `value` is not null. `depth` is the depth of the mapping holding it.
-  absl::Status FillField(const YamlNode& value, const FieldDescriptor& field, int depth,
+  // `index` is not null. `depth` is the depth of the mapping holding it.
+  absl::Status FillField(std::uint32_t index, const FieldDescriptor& field, int depth,
                          Message* msg) {
-    if (field.is_map()) return FillMap(value, field, depth + 1, msg);
-    if (field.is_repeated()) return FillRepeated(value, field, depth + 1, msg);
+    if (field.is_map()) return FillMap(index, field, depth + 1, msg);
+    if (field.is_repeated()) return FillRepeated(index, field, depth + 1, msg);
     if (field.cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
-      return FillSubmessage(value, field, depth + 1, msg);
+      return FillSubmessage(index, field, depth + 1, msg);
     }
-    return FillScalar(value, field, msg);
+    return FillScalar(doc_[index], field, /*is_map_key=*/false, msg);
   }
 
-  // Fills the message `field` of `msg` from `value` (singular, or a new
+  // Fills the message `field` of `msg` from node `index` (singular, or a new
   // element of a repeated field). Checks the kind before creating anything,
   // so the error names the field's type.
-  absl::Status FillSubmessage(const YamlNode& value, const FieldDescriptor& field, int depth,
+  absl::Status FillSubmessage(std::uint32_t index, const FieldDescriptor& field, int depth,
                               Message* msg) {
+    const Node& value = doc_[index];
     if (!value.is_map()) {
-      return Error(value.mark,
+      return Error(value,
                    absl::StrCat("expected a mapping (", TypeName(field), "), got ", Describe(value)));
     }
     const Reflection& r = *msg->GetReflection();
-    return FillMessage(value, depth,
+    return FillMessage(index, depth,
                        field.is_repeated() ? r.AddMessage(msg, &field) : r.MutableMessage(msg, &field));
   }
 
-  absl::Status FillRepeated(const YamlNode& value, const FieldDescriptor& field, int depth,
+  absl::Status FillRepeated(std::uint32_t index, const FieldDescriptor& field, int depth,
                             Message* msg) {
+    const Node& value = doc_[index];
     if (!value.is_sequence()) {
-      return Error(value.mark, absl::StrCat("expected a sequence (repeated ", TypeName(field),
-                                              "), got ", Describe(value)));
+      return Error(value, absl::StrCat("expected a sequence (repeated ", TypeName(field),
+                                       "), got ", Describe(value)));
     }
     if (absl::Status s = Enter(value, depth); !s.ok()) return s;
-    std::size_t index = 0;
-    for (const YamlNode* item : value.children) {
-      const YamlNode& element = *item;
-      PathScope scope(path_, PathScope::kIndex, absl::StrCat("[", index++, "]"));
+    std::size_t position = 0;
+    for (std::uint32_t i = index + 1; i < value.size; i = doc_.Next(i)) {
+      const std::uint32_t element_index = doc_.Resolve(i);
+      const Node& element = doc_[element_index];
+      PathScope scope(path_, PathScope::kIndex, absl::StrCat("[", position++, "]"));
       if (element.is_null()) {
-        return Error(element.mark, "null is not allowed in a repeated field");
+        return Error(element, "null is not allowed in a repeated field");
       }
       absl::Status s = field.cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE
-                           ? FillSubmessage(element, field, depth + 1, msg)
-                           : FillScalar(element, field, msg);
+                           ? FillSubmessage(element_index, field, depth + 1, msg)
+                           : FillScalar(element, field, /*is_map_key=*/false, msg);
       if (!s.ok()) return s;
     }
     return absl::OkStatus();
   }
 
-  absl::Status FillMap(const YamlNode& value, const FieldDescriptor& field, int depth,
+  absl::Status FillMap(std::uint32_t index, const FieldDescriptor& field, int depth,
                        Message* msg) {
+    const Node& value = doc_[index];
     if (!value.is_map()) {
-      return Error(value.mark, absl::StrCat("expected a mapping (map field), got ",
-                                              Describe(value)));
+      return Error(value, absl::StrCat("expected a mapping (map field), got ", Describe(value)));
     }
     if (absl::Status s = Enter(value, depth); !s.ok()) return s;
     const Reflection& reflection = *msg->GetReflection();
     const FieldDescriptor& key_field = *field.message_type()->map_key();
     const FieldDescriptor& value_field = *field.message_type()->map_value();
-    absl::flat_hash_map<std::string, YAML::Mark> seen;  // canonical key -> mark
-    for (std::size_t i = 0; i + 1 < value.children.size(); i += 2) {
-      const YamlNode& key = *value.children[i];
-      const YamlNode& item = *value.children[i + 1];
+    absl::flat_hash_map<std::string, Location> seen;  // canonical key -> location
+    for (std::uint32_t k = index + 1; k < value.size;) {
+      const std::uint32_t v = doc_.Next(k);
+      if (v >= value.size) break;
+      const Node& key = doc_[doc_.Resolve(k)];
+      const std::uint32_t item_index = doc_.Resolve(v);
+      const Node& item = doc_[item_index];
+      k = doc_.Next(v);
       if (!key.is_scalar()) {
-        return Error(key.mark, absl::StrCat("expected a scalar map key, got ", Describe(key)));
+        return Error(key, absl::StrCat("expected a scalar map key, got ", Describe(key)));
       }
-      PathScope scope(path_, PathScope::kIndex, absl::StrCat("[", Quote(key.scalar), "]"));
+      PathScope scope(path_, PathScope::kIndex, absl::StrCat("[", Quote(doc_.Scalar(key)), "]"));
       Message* entry = reflection.AddMessage(msg, &field);
-      if (absl::Status s = FillScalar(key, key_field, entry); !s.ok()) return s;
-      if (auto [first, inserted] = seen.try_emplace(CanonicalKey(*entry, key_field), key.mark);
-          !inserted) {
-        return Error(key.mark, absl::StrCat("duplicate key ", Quote(key.scalar), " (first at ",
-                                              first->second.line + 1, ":",
-                                              first->second.column + 1, ")"));
+      if (absl::Status s = FillScalar(key, key_field, /*is_map_key=*/true, entry); !s.ok()) {
+        return s;
       }
-      if (item.is_null()) return Error(item.mark, "null is not allowed as a map value");
-      if (absl::Status s = FillField(item, value_field, depth, entry); !s.ok()) return s;
+      if (auto [first, inserted] = seen.try_emplace(CanonicalKey(*entry, key_field), key.where);
+          !inserted) {
+        return Error(key, absl::StrCat("duplicate key ", Quote(doc_.Scalar(key)), " (first at ",
+                                       first->second.line + 1, ":", first->second.column + 1,
+                                       ")"));
+      }
+      if (item.is_null()) return Error(item, "null is not allowed as a map value");
+      if (absl::Status s = FillField(item_index, value_field, depth, entry); !s.ok()) return s;
     }
     return absl::OkStatus();
   }
@@ -585,22 +448,30 @@ class MessageFiller {
     }
   }
 
-  // Sets a singular scalar field, or appends to a repeated one.
-  absl::Status FillScalar(const YamlNode& node, const FieldDescriptor& field, Message* msg) {
+  // Sets a singular scalar field, or appends to a repeated one. Map keys
+  // may be quoted whatever their type: JSON quotes every key, and proto3
+  // JSON writes map<int64, V> keys as "7".
+  absl::Status FillScalar(const Node& node, const FieldDescriptor& field, bool is_map_key,
+                          Message* msg) {
     if (!node.is_scalar()) {
-      return Error(node.mark,
+      return Error(node,
                    absl::StrCat("expected a scalar (", TypeName(field), "), got ", Describe(node)));
     }
     if (absl::Status s = Charge(node); !s.ok()) return s;
     const Reflection& r = *msg->GetReflection();
     const bool repeated = field.is_repeated();
-    const std::string& text = node.scalar;
+    const absl::string_view text = doc_.Scalar(node);
+    const bool number_quoted = !node.plain && !is_map_key;
     std::string why;
     switch (field.cpp_type()) {
       case FieldDescriptor::CPPTYPE_INT32:
       case FieldDescriptor::CPPTYPE_INT64:
       case FieldDescriptor::CPPTYPE_UINT32:
       case FieldDescriptor::CPPTYPE_UINT64: {
+        if (number_quoted) {
+          why = QuotedNumberReason("an integer", field.type_name(), text);
+          break;
+        }
         std::uint64_t bits = 0;
         switch (field.cpp_type()) {
           case FieldDescriptor::CPPTYPE_INT32:
@@ -631,6 +502,10 @@ class MessageFiller {
       }
       case FieldDescriptor::CPPTYPE_DOUBLE:
       case FieldDescriptor::CPPTYPE_FLOAT: {
+        if (number_quoted) {
+          why = QuotedNumberReason("a finite number", field.type_name(), text);
+          break;
+        }
         const bool is_float = field.cpp_type() == FieldDescriptor::CPPTYPE_FLOAT;
         double v = 0;
         why = ParseDouble(text, field.type_name(),
@@ -648,7 +523,7 @@ class MessageFiller {
       }
       case FieldDescriptor::CPPTYPE_BOOL: {
         // Only JSON's spellings: YAML 1.1's yes/no/on/off are a known trap.
-        if (!node.plain || (text != "true" && text != "false")) {
+        if (number_quoted || (text != "true" && text != "false")) {
           why = absl::StrCat("expected true or false, got ",
                              node.plain ? "" : "the quoted string ", Quote(text));
           break;
@@ -657,7 +532,7 @@ class MessageFiller {
         break;
       }
       case FieldDescriptor::CPPTYPE_ENUM: {
-        const EnumValueDescriptor* v = field.enum_type()->FindValueByName(text);
+        const EnumValueDescriptor* v = field.enum_type()->FindValueByName(std::string(text));
         if (std::uint64_t bits = 0;
             v == nullptr &&
             ParseInteger(text, "int32", INT32_MAX, std::uint64_t{INT32_MAX} + 1, &bits).empty()) {
@@ -689,7 +564,7 @@ class MessageFiller {
           why = "string is not valid UTF-8";
           break;
         } else {
-          value = text;
+          value = std::string(text);
         }
         repeated ? r.AddString(msg, &field, std::move(value))
                  : r.SetString(msg, &field, std::move(value));
@@ -699,33 +574,70 @@ class MessageFiller {
         why = absl::StrCat("expected a mapping (", TypeName(field), ")");  // unreachable
         break;
     }
-    if (!why.empty()) return Error(node.mark, why);
+    if (!why.empty()) return Error(node, why);
     return absl::OkStatus();
   }
 
+  const Document& doc_;
   absl::string_view source_;
   std::string path_;  // of the node being filled, e.g. "units[3].params"
   std::size_t nodes_left_;
 };
 
-absl::Status ParseDocument(absl::string_view text, absl::string_view source, Message* msg) {
-  StringViewStreamBuf buffer(text);
-  std::istream stream(&buffer);
-  YAML::Parser parser(stream);
-  std::deque<YamlNode> nodes;  // stable addresses for the node pointers
-  DocumentBuilder builder(&nodes);
-  if (!parser.HandleNextDocument(builder)) return absl::OkStatus();  // empty
-  // One more document at most: yaml-cpp 0.7 can report "documents" forever
-  // after a stray token, as in "{a: 1}, b".
-  if (DocumentSkipper skipper; parser.HandleNextDocument(skipper)) {
-    return LocatedError(source, skipper.start(), "",
-                        "content after the end of the document (one YAML document per file)");
+// Where the text ends, for errors about a document with nothing in it.
+Location EndOf(absl::string_view text) {
+  Location end;
+  const std::size_t last_break = text.rfind('\n');
+  end.line = static_cast<std::uint32_t>(std::count(text.begin(), text.end(), '\n'));
+  end.column = static_cast<std::uint32_t>(
+      last_break == absl::string_view::npos ? text.size() : text.size() - last_break - 1);
+  return end;
+}
+
+// Reads `text` into `*doc` (JSON through our reader, the rest and what is
+// not JSON after all through yaml-cpp). Returns InvalidArgument, located,
+// for syntax errors and limits, and for a document with nothing in it.
+absl::Status ReadDocument(absl::string_view text, absl::string_view source,
+                          std::optional<Document>* doc) {
+  const internal::ReadLimits limits;
+  absl::Status json_error;
+  if (internal::LooksLikeJson(text)) {
+    switch (internal::ReadJson(text, source, limits, &doc->emplace(text), &json_error)) {
+      case internal::JsonVerdict::kRead:
+        return absl::OkStatus();
+      case internal::JsonVerdict::kRefused:
+        return json_error;
+      case internal::JsonVerdict::kNotJson:
+        break;  // YAML flow style, as in "{name: x}", or a mistake
+    }
   }
-  const YamlNode* root = builder.root();
-  if (root == nullptr || root->is_null()) return absl::OkStatus();  // "---" or "~"
+  bool lookahead_exceeded = false;
+  absl::Status status =
+      internal::ReadYaml(text, source, limits, &doc->emplace(text), &lookahead_exceeded);
+  if (!status.ok()) {
+    // yaml-cpp names mistakes as before, except where the document is too
+    // large for it: then the JSON mistake says more.
+    if (lookahead_exceeded && !json_error.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          json_error.message(), " (and it is too large to read as YAML: ", status.message(), ")"));
+    }
+    return status;
+  }
+  const Document& read = **doc;
+  if (read.size() == 0 || read[Document::kRoot].is_null()) {
+    const Location where = read.size() == 0 ? EndOf(text) : read[Document::kRoot].where;
+    return internal::LocatedError(source, &where, "",
+                                  "empty document (nothing but comments, null or ---)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseDocument(absl::string_view text, absl::string_view source, Message* msg) {
+  std::optional<Document> doc;
+  if (absl::Status s = ReadDocument(text, source, &doc); !s.ok()) return s;
   // Aliases may repeat subtrees; let them at most double the work.
-  MessageFiller filler(source, 2 * nodes.size() + 1024);
-  return filler.FillMessage(*root, 1, msg);
+  MessageFiller filler(*doc, source, 2 * std::size_t{doc->size()} + 1024);
+  return filler.FillMessage(Document::kRoot, 1, msg);
 }
 
 }  // namespace
@@ -743,18 +655,10 @@ absl::Status ParseMessageText(std::string_view text_in, std::string_view source_
                                                    kMaxFileBytes));
   }
   absl::Status status;
-  // yaml-cpp reports syntax errors (and its own depth limit) by throwing;
-  // nothing may escape to callers, which are RPC handlers and CLIs.
+  // The readers report yaml-cpp's errors as statuses; nothing may escape to
+  // callers, which are RPC handlers and CLIs.
   try {
     status = ParseDocument(text, source_name, msg);
-  } catch (const TooManyNodes& e) {
-    status = LocatedError(source_name, e.mark, "",
-                          absl::StrCat("more than ", kMaxNodes, " YAML nodes"));
-  } catch (const YAML::DeepRecursion& e) {
-    status = LocatedError(source_name, e.mark, "",
-                          absl::StrCat("nesting deeper than ", kMaxNestingDepth, " levels"));
-  } catch (const YAML::Exception& e) {
-    status = LocatedError(source_name, e.mark, "", absl::StrCat("syntax error: ", e.msg));
   } catch (const std::bad_alloc&) {
     status = absl::ResourceExhaustedError(
         absl::StrCat(source_name, ": out of memory while parsing"));
@@ -780,8 +684,8 @@ absl::Status LoadMessageFile(const std::string& path, google::protobuf::Message*
   if (!std::filesystem::is_regular_file(st)) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
   }
-  if (const std::uintmax_t size = std::filesystem::file_size(path, ec);
-      !ec && size > kMaxFileBytes) {
+  const std::uintmax_t size = std::filesystem::file_size(path, ec);
+  if (!ec && size > kMaxFileBytes) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": file is ", size,
                                                    " bytes, larger than the limit of ",
                                                    kMaxFileBytes));
@@ -793,10 +697,13 @@ absl::Status LoadMessageFile(const std::string& path, google::protobuf::Message*
         absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
   }
   // Read up to one byte past the limit, rather than trusting the size from
-  // stat, so a file that grows meanwhile is still caught.
+  // stat, so a file that grows meanwhile is still caught. Reserving the
+  // size stat gave keeps the text at one copy (growth by doubling would
+  // briefly hold three).
   std::string text;
   absl::Status status;
   try {
+    if (!ec) text.reserve(static_cast<std::size_t>(size) + 1);
     char chunk[1 << 16];
     while (text.size() <= kMaxFileBytes) {
       const std::size_t n = std::fread(chunk, 1, sizeof(chunk), file);
