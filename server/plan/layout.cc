@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "server/plan/validate.h"
 
 namespace muonmesh::plan {
 namespace {
@@ -155,6 +156,27 @@ int64_t SearchShardSize(FillFn fill, std::span<const LayoutTensor> tensors, int6
 }
 
 }  // namespace
+
+UnitTensors SplitUnit(const UnitSpec& unit, int64_t ep) {
+  UnitTensors out;
+  for (size_t i = 0; i < unit.params.size(); ++i) {
+    const ParamSpec& p = unit.params[i];
+    LayoutTensor t;
+    t.param = static_cast<int32_t>(i);
+    const int64_t copies = p.expert ? p.shape[0] / ep : 1;
+    const int64_t numel = NumElements(p) / (p.expert ? p.shape[0] : 1);
+    if (p.optimizer == "muon") {
+      const MatrixView mv = AsMatrix(p);
+      t.rows = copies * mv.rows;
+      t.row_len = mv.cols;
+    } else {
+      t.rows = copies * numel;
+      t.row_len = 1;
+    }
+    (p.expert ? out.expert : out.dense).push_back(t);
+  }
+  return out;
+}
 
 absl::StatusOr<UnitLayout> LayoutUnit(std::span<const LayoutTensor> tensors,
                                       int64_t num_shards) {

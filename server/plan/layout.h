@@ -20,11 +20,22 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "server/plan/types.h"
 
 namespace muonmesh::plan {
+
+// The tensors of one unit as each mesh lays them out: Muon matrices as
+// their rows, element-wise tensors as one-element rows; an expert stack
+// contributes its E/EP local experts, one after another. Assumes a
+// validated spec.
+struct UnitTensors {
+  std::vector<LayoutTensor> dense;
+  std::vector<LayoutTensor> expert;
+};
+UnitTensors SplitUnit(const UnitSpec& unit, int64_t ep);
 
 // Fails (InvalidArgument) only for num_shards < 1 or a tensor with a
 // non-positive size.

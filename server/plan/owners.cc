@@ -1,8 +1,11 @@
 #include "server/plan/owners.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <numeric>
 #include <set>
+#include <unordered_map>
 #include <utility>
 
 namespace muonmesh::plan {
@@ -34,6 +37,13 @@ class Assignment {
   }
   double load(int32_t p) const { return load_[p]; }
   int32_t LeastLoaded() const { return by_load_.begin()->second; }
+  // The lowest load of a position other than `p` (+inf in a domain of one).
+  double LeastLoadExcept(int32_t p) const {
+    for (auto it = by_load_.begin(); it != by_load_.end(); ++it) {
+      if (it->second != p) return it->first;
+    }
+    return std::numeric_limits<double>::infinity();
+  }
   // Highest load; the lowest position among equals.
   int32_t MostLoaded() const {
     const double top = by_load_.rbegin()->first;
@@ -86,8 +96,38 @@ class Assignment {
   std::vector<std::vector<int32_t>> owned_;
 };
 
+// Counts refinement work against its budget (see RefineWorkBudget) and
+// passes it on to the cancel token.
+class WorkMeter {
+ public:
+  WorkMeter(int64_t budget, CancelToken* cancel) : budget_(budget), cancel_(cancel) {}
+
+  // Spends `n` units; false, spending nothing, when that would exceed the
+  // budget or the plan is cancelled: the search must stop.
+  bool Spend(int64_t n) {
+    if (stopped()) return false;
+    if (spent_ + n > budget_) {
+      exhausted_ = true;
+      return false;
+    }
+    spent_ += n;
+    return !(cancel_ != nullptr && cancel_->Tick(n));
+  }
+  bool stopped() const { return exhausted_ || cancelled(); }
+  bool exhausted() const { return exhausted_; }
+  bool cancelled() const { return cancel_ != nullptr && cancel_->cancelled(); }
+  int64_t spent() const { return spent_; }
+
+ private:
+  int64_t budget_;
+  CancelToken* cancel_;
+  int64_t spent_ = 0;
+  bool exhausted_ = false;
+};
+
 // Longest processing time first, onto the position that completes earliest.
-void Lpt(Assignment& a, const DomainPlan& d) {
+// False when cancelled.
+bool Lpt(Assignment& a, const DomainPlan& d, CancelToken* cancel) {
   std::vector<int32_t> order(d.matrices.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) {
@@ -96,7 +136,9 @@ void Lpt(Assignment& a, const DomainPlan& d) {
   for (int32_t j : order) {
     int32_t best = -1;
     double best_finish = 0;
+    int64_t candidates = 0;
     a.ForEachCandidate(j, [&](int32_t p) {
+      ++candidates;
       const double finish = a.load(p) + a.Cost(d.matrices[j], p);
       if (best < 0 || finish < best_finish || (finish == best_finish && p < best)) {
         best = p;
@@ -104,70 +146,218 @@ void Lpt(Assignment& a, const DomainPlan& d) {
       }
     });
     a.Assign(j, best);
+    if (cancel != nullptr && cancel->Tick(candidates)) return false;
   }
+  return true;
+}
+
+// The matrices of position `top`, largest first (ties: lower index).
+std::vector<int32_t> LargestFirst(const Assignment& a, const DomainPlan& d, int32_t top) {
+  std::vector<int32_t> mine = a.owned(top);
+  std::sort(mine.begin(), mine.end(), [&](int32_t x, int32_t y) {
+    if (d.matrices[x].cost_flops != d.matrices[y].cost_flops)
+      return d.matrices[x].cost_flops > d.matrices[y].cost_flops;
+    return x < y;
+  });
+  return mine;
+}
+
+// Moves the first matrix of `mine` (largest first) that some other position
+// finishes below `limit` to the position that finishes it earliest. True
+// when one moved.
+bool TryMove(Assignment& a, const DomainPlan& d, int32_t top, double limit,
+             const std::vector<int32_t>& mine, WorkMeter& meter) {
+  // No position finishes j before the least loaded one does at j's lowest
+  // cost (rounding is monotonic), so most matrices are ruled out without
+  // evaluating a single candidate.
+  const double least = a.LeastLoadExcept(top);
+  for (int32_t j : mine) {
+    if (least + d.matrices[j].min_cost >= limit) continue;
+    int32_t target = -1;
+    double target_finish = limit;
+    a.ForEachCandidate(j, [&](int32_t p) {
+      if (p == top || !meter.Spend(1)) return;
+      const double finish = a.load(p) + a.Cost(d.matrices[j], p);
+      if (finish < target_finish) {
+        target = p;
+        target_finish = finish;
+      }
+    });
+    if (meter.stopped()) return false;
+    if (target >= 0) {
+      a.Assign(j, target);
+      return true;
+    }
+  }
+  return false;
+}
+
+// The matrices of one swap partner b of the busiest position t, to tell in
+// O(log k) whether any of them could take the place of a matrix leaving t:
+// their costs on t ascending, with the running maximum of their costs on b.
+// A swap of j (on t) with i (on b) needs Cost(i, t) below what t can take
+// and Cost(i, b) above what b must shed.
+class SwapIndex {
+ public:
+  SwapIndex(const Assignment& a, const DomainPlan& d, int32_t top, int32_t b) {
+    std::vector<std::pair<double, double>> costs;
+    costs.reserve(a.owned(b).size());
+    for (int32_t i : a.owned(b)) {
+      costs.push_back({a.Cost(d.matrices[i], top), a.Cost(d.matrices[i], b)});
+    }
+    std::sort(costs.begin(), costs.end());
+    double best = -std::numeric_limits<double>::infinity();
+    for (const auto& [on_top, on_b] : costs) {
+      on_top_.push_back(on_top);
+      best = std::max(best, on_b);
+      best_on_b_.push_back(best);
+    }
+  }
+
+  // False only when no matrix i of b has Cost(i, t) < max_on_top and
+  // Cost(i, b) > min_on_b. The bounds come from differences of loads of
+  // magnitude `scale`; a margin far above their rounding error lets every
+  // doubtful case through to the caller's exact test.
+  bool MayHave(double max_on_top, double min_on_b, double scale) const {
+    const double margin = 1e-12 * scale;
+    const size_t below = static_cast<size_t>(
+        std::lower_bound(on_top_.begin(), on_top_.end(), max_on_top + margin) - on_top_.begin());
+    return below > 0 && best_on_b_[below - 1] > min_on_b - margin;
+  }
+
+ private:
+  std::vector<double> on_top_;
+  std::vector<double> best_on_b_;
+};
+
+// Swaps a matrix of `mine` with one of a position it may go to (its
+// candidates) when both loads end below `limit`; the first such pair in
+// scan order (matrices of `mine`, then candidates, then the partner's
+// matrices in the order it got them). A SwapIndex per partner skips the
+// partners where no pair can work, which is nearly all of them. True when
+// one swapped.
+bool TrySwap(Assignment& a, const DomainPlan& d, int32_t top, double limit,
+             const std::vector<int32_t>& mine, WorkMeter& meter) {
+  std::unordered_map<int32_t, SwapIndex> index;  // partners seen this step
+  for (int32_t j : mine) {
+    std::vector<int32_t> partners;
+    a.ForEachCandidate(j, [&](int32_t p) { partners.push_back(p); });
+    for (const int32_t b : partners) {
+      if (b == top) continue;
+      auto it = index.find(b);
+      if (it == index.end()) {
+        if (!meter.Spend(static_cast<int64_t>(a.owned(b).size()) + 1)) return false;
+        it = index.try_emplace(b, a, d, top, b).first;
+      }
+      if (!meter.Spend(1)) return false;
+      const double j_off = a.load(top) - a.Cost(d.matrices[j], top);
+      const double j_on = a.load(b) + a.Cost(d.matrices[j], b);
+      const double scale = std::abs(limit) + std::abs(j_off) + std::abs(j_on);
+      if (!it->second.MayHave(limit - j_off, j_on - limit, scale)) continue;
+      for (int32_t i : a.owned(b)) {
+        if (!meter.Spend(1)) return false;
+        const double new_top = j_off + a.Cost(d.matrices[i], top);
+        const double new_b = j_on - a.Cost(d.matrices[i], b);
+        if (std::max(new_top, new_b) < limit) {
+          // Returns at once: Assign changes the list being iterated.
+          a.Assign(j, b);
+          a.Assign(i, top);
+          return true;
+        }
+      }
+    }
+  }
+  return false;
 }
 
 // Moves or swaps matrices off the busiest position while that strictly lowers
 // its load below the current makespan. Each accepted step lowers the sorted
-// load vector lexicographically, so the loop ends; the cap bounds the time.
-void Refine(Assignment& a, const DomainPlan& d) {
+// load vector lexicographically, so the loop ends; the step cap and the work
+// budget bound the time.
+void Refine(Assignment& a, const DomainPlan& d, WorkMeter& meter) {
   const double kEps = 1e-9;
   const size_t max_steps = 20 * d.matrices.size() + 100;
   for (size_t step = 0; step < max_steps; ++step) {
     const int32_t top = a.MostLoaded();
-    const double makespan = a.load(top);
-    const double limit = makespan * (1 - kEps);
-    bool moved = false;
-    // Moves, largest matrices first.
-    std::vector<int32_t> mine = a.owned(top);
-    std::sort(mine.begin(), mine.end(), [&](int32_t x, int32_t y) {
-      if (d.matrices[x].cost_flops != d.matrices[y].cost_flops)
-        return d.matrices[x].cost_flops > d.matrices[y].cost_flops;
-      return x < y;
-    });
-    for (int32_t j : mine) {
-      int32_t target = -1;
-      double target_finish = limit;
-      a.ForEachCandidate(j, [&](int32_t p) {
-        if (p == top) return;
-        const double finish = a.load(p) + a.Cost(d.matrices[j], p);
-        if (finish < target_finish) {
-          target = p;
-          target_finish = finish;
-        }
-      });
-      if (target >= 0) {
-        a.Assign(j, target);
-        moved = true;
-        break;
-      }
-    }
-    if (moved) continue;
-    // Swaps with the positions a matrix leaving `top` may go to (its
-    // holders; every position in small domains).
-    for (int32_t j : mine) {
-      std::vector<int32_t> partners;
-      a.ForEachCandidate(j, [&](int32_t p) { partners.push_back(p); });
-      for (const int32_t b : partners) {
-        if (b == top) continue;
-        const double j_off = a.load(top) - a.Cost(d.matrices[j], top);
-        const double j_on = a.load(b) + a.Cost(d.matrices[j], b);
-        for (int32_t i : a.owned(b)) {
-          const double new_top = j_off + a.Cost(d.matrices[i], top);
-          const double new_b = j_on - a.Cost(d.matrices[i], b);
-          if (std::max(new_top, new_b) < limit) {
-            a.Assign(j, b);
-            a.Assign(i, top);
-            moved = true;
-            break;
-          }
-        }
-        if (moved) break;
-      }
-      if (moved) break;
-    }
-    if (!moved) return;
+    const double limit = a.load(top) * (1 - kEps);
+    if (!meter.Spend(static_cast<int64_t>(a.owned(top).size()))) return;
+    const std::vector<int32_t> mine = LargestFirst(a, d, top);
+    if (TryMove(a, d, top, limit, mine, meter)) continue;
+    if (meter.stopped()) return;
+    if (!TrySwap(a, d, top, limit, mine, meter)) return;
   }
+}
+
+// Each matrix's cost at its best holder, the domain's makespan lower bound
+// and the exchange with every owner at its best holder.
+void SetLowerBounds(double w, int64_t bpe, DomainPlan& d) {
+  std::vector<double> min_costs;
+  min_costs.reserve(d.matrices.size());
+  d.exchange_lower_bound_bytes = 0;
+  for (MatrixPlan& m : d.matrices) {
+    int64_t best_rows = 0;
+    for (const Holder& h : m.holders) best_rows = std::max(best_rows, h.row_count);
+    const int64_t min_bytes = 2 * (m.rows - best_rows) * m.cols * bpe;
+    m.min_cost = m.cost_flops + w * static_cast<double>(min_bytes);
+    m.owner = -1;
+    min_costs.push_back(m.min_cost);
+    d.exchange_lower_bound_bytes += min_bytes;
+  }
+  d.lower_bound = MakespanLowerBound(min_costs, d.size);
+}
+
+// Everyone gathers every matrix (no scatter: each keeps its own rows), in
+// O(matrices x holders + positions) rather than matrices x positions: a
+// position receives all rows of all matrices less the rows it holds.
+void AllGather(double w, int64_t bpe, DomainPlan& d) {
+  double ns_flops = 0;
+  int64_t all_rows_bytes = 0;
+  for (MatrixPlan& m : d.matrices) {
+    const int64_t row_bytes = m.cols * bpe;
+    for (const Holder& h : m.holders) d.gather_bytes[h.position] -= h.row_count * row_bytes;
+    all_rows_bytes += m.rows * row_bytes;
+    // Holders tile the rows: together they hold each row once.
+    m.gather_bytes = (d.size - 1) * m.rows * row_bytes;
+    m.owner_cost = m.cost_flops;
+    d.exchange_bytes += m.gather_bytes;
+    ns_flops += m.cost_flops;
+  }
+  for (int32_t p = 0; p < d.size; ++p) {
+    d.gather_bytes[p] += all_rows_bytes;
+    d.ns_flops[p] = ns_flops;
+    d.load[p] = ns_flops + w * static_cast<double>(d.gather_bytes[p]);
+    d.owned[p] = static_cast<int32_t>(d.matrices.size());
+  }
+}
+
+// Runs an owner rule other than allgather. False when cancelled.
+bool AssignByRule(OwnerRule rule, Assignment& a, DomainPlan& d, CancelToken* cancel) {
+  const int64_t n = static_cast<int64_t>(d.matrices.size());
+  switch (rule) {
+    case OwnerRule::kLpt: {
+      if (!Lpt(a, d, cancel)) return false;
+      WorkMeter meter(RefineWorkBudget(n), cancel);
+      Refine(a, d, meter);
+      d.refine_work = meter.spent();
+      d.refine_budget_spent = meter.exhausted();
+      return !meter.cancelled();
+    }
+    case OwnerRule::kRoundRobin:
+      for (int64_t j = 0; j < n; ++j) a.Assign(static_cast<int32_t>(j), j % d.size);
+      return true;
+    case OwnerRule::kGreedyInOrder:
+      for (int64_t j = 0; j < n; ++j) {
+        int32_t best = -1;
+        for (const Holder& h : d.matrices[j].holders) {
+          if (best < 0 || a.load(h.position) < a.load(best)) best = h.position;
+        }
+        a.Assign(static_cast<int32_t>(j), best);
+      }
+      return true;
+    case OwnerRule::kAllGather:
+      break;
+  }
+  return true;
 }
 
 }  // namespace
@@ -176,6 +366,11 @@ double NewtonSchulzFlops(int64_t rows, int64_t cols, int64_t ns_steps) {
   const double m = static_cast<double>(std::min(rows, cols));
   const double n = static_cast<double>(std::max(rows, cols));
   return static_cast<double>(ns_steps) * (4 * m * m * n + 2 * m * m * m);
+}
+
+int64_t RefineWorkBudget(int64_t matrices) {
+  if (matrices <= kRefineFullMatrices) return kRefineWorkMax;
+  return std::max(kRefineWorkMin, kRefineWorkMax / matrices * kRefineFullMatrices);
 }
 
 double MakespanLowerBound(std::vector<double> costs, int64_t ranks) {
@@ -190,66 +385,22 @@ double MakespanLowerBound(std::vector<double> costs, int64_t ranks) {
   return bound;
 }
 
-void AssignOwners(OwnerRule rule, double w, int64_t bpe, DomainPlan* domain) {
+absl::Status AssignOwners(OwnerRule rule, double w, int64_t bpe, DomainPlan* domain,
+                          CancelToken* cancel) {
   DomainPlan& d = *domain;
-  const int64_t n = static_cast<int64_t>(d.matrices.size());
   d.load.assign(d.size, 0.0);
   d.ns_flops.assign(d.size, 0.0);
   d.gather_bytes.assign(d.size, 0);
   d.owned.assign(d.size, 0);
   d.exchange_bytes = 0;
-  d.exchange_lower_bound_bytes = 0;
-
-  std::vector<double> min_costs;
-  min_costs.reserve(n);
-  for (MatrixPlan& m : d.matrices) {
-    int64_t best_rows = 0;
-    for (const Holder& h : m.holders) best_rows = std::max(best_rows, h.row_count);
-    const int64_t min_bytes = 2 * (m.rows - best_rows) * m.cols * bpe;
-    m.min_cost = m.cost_flops + w * static_cast<double>(min_bytes);
-    m.owner = -1;
-    min_costs.push_back(m.min_cost);
-    d.exchange_lower_bound_bytes += min_bytes;
-  }
-  d.lower_bound = MakespanLowerBound(min_costs, d.size);
-
+  d.refine_work = 0;
+  d.refine_budget_spent = false;
+  SetLowerBounds(w, bpe, d);
   if (rule == OwnerRule::kAllGather) {
-    // Everyone gathers every matrix (no scatter: each keeps its own rows).
-    for (MatrixPlan& m : d.matrices) {
-      m.gather_bytes = 0;
-      for (int32_t p = 0; p < d.size; ++p) {
-        const int64_t bytes = (m.rows - HeldRows(m, p)) * m.cols * bpe;
-        d.load[p] += m.cost_flops + w * static_cast<double>(bytes);
-        d.ns_flops[p] += m.cost_flops;
-        d.gather_bytes[p] += bytes;
-        m.gather_bytes += bytes;
-      }
-      m.owner_cost = m.cost_flops;
-      d.exchange_bytes += m.gather_bytes;
-    }
-    for (int32_t p = 0; p < d.size; ++p) d.owned[p] = static_cast<int32_t>(n);
+    AllGather(w, bpe, d);
   } else {
     Assignment a(&d, w, bpe);
-    switch (rule) {
-      case OwnerRule::kLpt:
-        Lpt(a, d);
-        Refine(a, d);
-        break;
-      case OwnerRule::kRoundRobin:
-        for (int64_t j = 0; j < n; ++j) a.Assign(static_cast<int32_t>(j), j % d.size);
-        break;
-      case OwnerRule::kGreedyInOrder:
-        for (int64_t j = 0; j < n; ++j) {
-          int32_t best = -1;
-          for (const Holder& h : d.matrices[j].holders) {
-            if (best < 0 || a.load(h.position) < a.load(best)) best = h.position;
-          }
-          a.Assign(static_cast<int32_t>(j), best);
-        }
-        break;
-      case OwnerRule::kAllGather:
-        break;
-    }
+    if (!AssignByRule(rule, a, d, cancel)) return CancelToken::Status();
     for (MatrixPlan& m : d.matrices) {
       m.gather_bytes = a.GatherBytes(m, m.owner);
       m.owner_cost = a.Cost(m, m.owner);
@@ -261,6 +412,7 @@ void AssignOwners(OwnerRule rule, double w, int64_t bpe, DomainPlan* domain) {
     }
   }
   d.makespan = d.load.empty() ? 0 : *std::max_element(d.load.begin(), d.load.end());
+  return absl::OkStatus();
 }
 
 }  // namespace muonmesh::plan

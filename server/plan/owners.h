@@ -12,7 +12,7 @@
 //    loaded position overall (an owner may be a non-holder when that shortens
 //    the critical path; its extra bytes are counted), then a local-search
 //    refinement that moves or swaps matrices off the busiest position while
-//    that lowers the makespan.
+//    that lowers the makespan, within a work budget (RefineWorkBudget).
 //  - round_robin: matrix i (in spec order) to position i mod D.
 //  - greedy_in_order: in spec order, each to its least loaded holder (the
 //    rule of Megatron-LM #6425).
@@ -23,6 +23,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "server/plan/cancel.h"
 #include "server/plan/types.h"
 
 namespace muonmesh::plan {
@@ -35,11 +37,37 @@ double NewtonSchulzFlops(int64_t rows, int64_t cols, int64_t ns_steps);
 // than ranks).
 double MakespanLowerBound(std::vector<double> costs, int64_t ranks);
 
+// The refinement's work budget for a domain of `matrices` matrices, in work
+// units: one unit is one matrix's cost evaluated on one position (a move's
+// candidate, a swap partner's matrix indexed or scanned), or one matrix
+// listed when a step sorts the busiest position's matrices. A step can cost
+// O(n) units (swap partners are indexed by their matrices), and big domains
+// can take as many steps as matrices, so without a budget they take hours.
+// The budget is a count, not a clock: the same input stops at the same
+// point on every machine, and the plan stays deterministic. When it runs
+// out the search keeps the assignment it has (each accepted step lowered the
+// busiest load).
+//
+// kRefineWorkMax units for up to kRefineFullMatrices matrices, shrinking in
+// proportion beyond (kRefineWorkMax * kRefineFullMatrices / matrices, at
+// least kRefineWorkMin): each unit is slower in big domains, whose data no
+// longer fits in caches (~15 ns a unit at 5k matrices, ~200 ns at 400k),
+// and refinement has least to gain there, LPT being within one matrix of
+// the best load per position. Every public spec (GPT-2, Llama-3-8B,
+// DeepSeek-V3 at 8 to 2048 ranks) needs at most half of kRefineWorkMax and
+// is planned exactly as without a budget.
+inline constexpr int64_t kRefineWorkMax = int64_t{1} << 26;  // ~67M units
+inline constexpr int64_t kRefineFullMatrices = int64_t{1} << 14;
+inline constexpr int64_t kRefineWorkMin = int64_t{1} << 20;
+int64_t RefineWorkBudget(int64_t matrices);
+
 // Fills owner, owner_cost and gather_bytes of every matrix and the domain's
-// per-position loads, makespan, lower bound and exchange bytes. Expects
-// domain->size, each matrix's rows, cols, cost_flops and holders (ascending
-// positions, row ranges inside the matrix) to be set.
-void AssignOwners(OwnerRule rule, double comm_flops_per_byte, int64_t bytes_per_element,
-                  DomainPlan* domain);
+// per-position loads, makespan, lower bound, exchange bytes and refinement
+// work. Expects domain->size, each matrix's rows, cols, cost_flops and
+// holders (ascending positions, row ranges inside the matrix) to be set.
+// Ticks `cancel` (may be null) as it works; returns CancelToken::Status()
+// when that says stop, leaving the domain half assigned; otherwise OK.
+absl::Status AssignOwners(OwnerRule rule, double comm_flops_per_byte, int64_t bytes_per_element,
+                          DomainPlan* domain, CancelToken* cancel = nullptr);
 
 }  // namespace muonmesh::plan

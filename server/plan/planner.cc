@@ -8,38 +8,11 @@
 #include "server/plan/layout.h"
 #include "server/plan/mesh.h"
 #include "server/plan/owners.h"
+#include "server/plan/plan_size.h"
 #include "server/plan/validate.h"
 
 namespace muonmesh::plan {
 namespace {
-
-// The tensors of one unit as each mesh lays them out.
-struct UnitTensors {
-  std::vector<LayoutTensor> dense;
-  std::vector<LayoutTensor> expert;
-};
-
-UnitTensors SplitUnit(const UnitSpec& unit, int64_t ep) {
-  UnitTensors out;
-  for (size_t i = 0; i < unit.params.size(); ++i) {
-    const ParamSpec& p = unit.params[i];
-    LayoutTensor t;
-    t.param = static_cast<int32_t>(i);
-    // An expert stack contributes its E/EP local experts, one after another.
-    const int64_t copies = p.expert ? p.shape[0] / ep : 1;
-    const int64_t numel = NumElements(p) / (p.expert ? p.shape[0] : 1);
-    if (p.optimizer == "muon") {
-      const MatrixView mv = AsMatrix(p);
-      t.rows = copies * mv.rows;
-      t.row_len = mv.cols;
-    } else {
-      t.rows = copies * numel;
-      t.row_len = 1;
-    }
-    (p.expert ? out.expert : out.dense).push_back(t);
-  }
-  return out;
-}
 
 // Units of the same shapes (a model's repeated layers) share one layout.
 class LayoutCache {
@@ -162,13 +135,33 @@ void AppendRotated(std::vector<MatrixPlan> matrices, int64_t rotation, DomainPla
   }
 }
 
+// The matrices of every unit of one mesh rotated by one policy of
+// RotationChooser (`bytes_weight` < 0: no rotation), with the rotations.
+// False when cancelled.
+bool RotateUnits(const std::vector<std::vector<MatrixPlan>>& unit_matrices, double bytes_weight,
+                 CancelToken* cancel, DomainPlan* d, std::vector<int64_t>* rotations) {
+  rotations->assign(unit_matrices.size(), 0);
+  RotationChooser chooser(d->size, std::max(0.0, bytes_weight));
+  for (size_t u = 0; u < unit_matrices.size(); ++u) {
+    if (unit_matrices[u].empty()) continue;
+    if (bytes_weight >= 0) (*rotations)[u] = chooser.Choose(unit_matrices[u]);
+    AppendRotated(unit_matrices[u], (*rotations)[u], d);
+    if (cancel != nullptr && cancel->Tick(static_cast<int64_t>(unit_matrices[u].size()))) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // The owner plan of one mesh. Rotations come from a small portfolio of
 // policies (charge Newton-Schulz FLOPs only; FLOPs plus the best holder's
 // traffic; no rotation) and the plan with the lowest makespan wins, ties to
-// the earlier policy. Sets each unit's rotation for that mesh.
-DomainPlan PlanDomain(const ResolvedConfig& cfg, MeshKind mesh, int64_t domain_size,
-                      const std::vector<std::vector<MatrixPlan>>& unit_matrices,
-                      std::vector<UnitPlan>* units) {
+// the earlier policy. Sets each unit's rotation for that mesh. Cancelled
+// when `cancel` says so.
+absl::StatusOr<DomainPlan> PlanDomain(const ResolvedConfig& cfg, MeshKind mesh,
+                                      int64_t domain_size,
+                                      const std::vector<std::vector<MatrixPlan>>& unit_matrices,
+                                      CancelToken* cancel, std::vector<UnitPlan>* units) {
   const double traffic_weight =
       cfg.comm_flops_per_byte * static_cast<double>(cfg.bytes_per_element);
   const std::vector<double> policies = {0.0, traffic_weight, -1.0};  // -1: no rotation
@@ -178,14 +171,13 @@ DomainPlan PlanDomain(const ResolvedConfig& cfg, MeshKind mesh, int64_t domain_s
     DomainPlan d;
     d.mesh = mesh;
     d.size = domain_size;
-    std::vector<int64_t> rotations(unit_matrices.size(), 0);
-    RotationChooser chooser(domain_size, std::max(0.0, policies[i]));
-    for (size_t u = 0; u < unit_matrices.size(); ++u) {
-      if (unit_matrices[u].empty()) continue;
-      if (policies[i] >= 0) rotations[u] = chooser.Choose(unit_matrices[u]);
-      AppendRotated(unit_matrices[u], rotations[u], &d);
+    std::vector<int64_t> rotations;
+    if (!RotateUnits(unit_matrices, policies[i], cancel, &d, &rotations)) {
+      return CancelToken::Status();
     }
-    AssignOwners(cfg.owner_rule, cfg.comm_flops_per_byte, cfg.bytes_per_element, &d);
+    const absl::Status assigned =
+        AssignOwners(cfg.owner_rule, cfg.comm_flops_per_byte, cfg.bytes_per_element, &d, cancel);
+    if (!assigned.ok()) return assigned;
     if (i == 0 || d.makespan < best.makespan) {
       best = std::move(d);
       best_rotations = std::move(rotations);
@@ -291,125 +283,164 @@ std::string DomainName(const MeshGeometry& g, int32_t first_rank, int64_t ep) {
                       absl::StrJoin(fixed, ","), fixed.empty() ? "" : "]");
 }
 
+// The units of one mesh as the planner needs them after layout: each unit's
+// matrices (positions before rotation) and the buffer totals the collectives
+// are computed from.
+struct MeshUnits {
+  std::vector<std::vector<MatrixPlan>> matrices;  // per unit of the model
+  int64_t buffer = 0;    // padded unit buffers (D * S), summed
+  int64_t regather = 0;  // the same, weighted by each unit's gathers beyond the first
+  int64_t shard = 0;     // shard elements per position, all units
+  int64_t padding = 0;   // in one domain
+};
+
+// Lays out one unit's tensors of one mesh and lists its matrices.
+void AddUnit(const UnitSpec& spec, int32_t u, const std::vector<LayoutTensor>& tensors,
+             int64_t domain_size, const ResolvedConfig& cfg, LayoutCache& cache,
+             UnitLayout* layout, MeshUnits* mesh) {
+  const int64_t regathers = std::max<int64_t>(spec.gathers_per_step, 1) - 1;
+  *layout = cache.Get(tensors, domain_size);
+  mesh->matrices[u] = UnitMatrices(spec, u, *layout, cfg.ns_steps, cfg.ep);
+  mesh->shard += layout->shard_elements;
+  mesh->buffer += layout->shard_elements * layout->num_shards;
+  mesh->regather += regathers * layout->shard_elements * layout->num_shards;
+  mesh->padding += layout->padding_elements;
+}
+
+// Phase 1: every unit's layouts on both meshes, and its matrices. False
+// when cancelled.
+bool LayOutUnits(const PlanInput& input, const MeshGeometry& dense_g,
+                 const MeshGeometry& expert_g, CancelToken* cancel, Plan* plan,
+                 MeshUnits* dense, MeshUnits* expert) {
+  const ResolvedConfig& cfg = plan->config;
+  const size_t n_units = input.model.units.size();
+  dense->matrices.resize(n_units);
+  expert->matrices.resize(n_units);
+  LayoutCache cache;
+  for (size_t u = 0; u < n_units; ++u) {
+    const UnitSpec& spec = input.model.units[u];
+    for (const ParamSpec& p : spec.params) plan->parameters += NumElements(p);
+    const UnitTensors tensors = SplitUnit(spec, cfg.ep);
+    UnitPlan unit;
+    unit.name = spec.name;
+    const int32_t index = static_cast<int32_t>(u);
+    if (!tensors.dense.empty()) {
+      unit.has_dense = true;
+      AddUnit(spec, index, tensors.dense, dense_g.domain_size(), cfg, cache, &unit.dense, dense);
+    }
+    if (!tensors.expert.empty()) {
+      unit.has_expert = true;
+      plan->has_experts = true;
+      AddUnit(spec, index, tensors.expert, expert_g.domain_size(), cfg, cache, &unit.expert,
+              expert);
+    }
+    plan->units.push_back(std::move(unit));
+    // A unit's work grows with its tensors and the shards it is cut into.
+    const int64_t work = static_cast<int64_t>(spec.params.size()) + dense_g.domain_size() +
+                         (tensors.expert.empty() ? 0 : expert_g.domain_size());
+    if (cancel != nullptr && cancel->Tick(work)) return false;
+  }
+  // Every EP group lays out its own experts the same way.
+  plan->padding_elements = dense->padding + expert->padding * cfg.ep;
+  return true;
+}
+
+// Adds one position of a domain class (its load, and its shards of every
+// unit) to a rank's totals.
+void AddPosition(const DomainPlan& d, int32_t pos, int64_t shard, const MeshGeometry& g,
+                 RankSummary* rs) {
+  rs->load_flops += d.load[pos];
+  rs->ns_flops += d.ns_flops[pos];
+  rs->gather_bytes += d.gather_bytes[pos];
+  rs->owned_matrices += d.owned[pos];
+  rs->shard_elements += shard;
+  rs->param_shard_elements += shard * (g.domain_size() / g.param_shards());
+  rs->grad_shard_elements += shard * (g.domain_size() / g.grad_shards());
+}
+
+// Phase 3: the domains with their ranks, and each rank's totals.
+void SummarizeRanks(const MeshGeometry& dense_g, const MeshGeometry& expert_g,
+                    const MeshUnits& dense, const MeshUnits& expert, Plan* plan) {
+  const ResolvedConfig& cfg = plan->config;
+  const int64_t n_dense = dense_g.num_domains();
+  const int64_t n_expert = plan->has_experts ? expert_g.num_domains() : 0;
+  plan->domains.resize(n_dense + n_expert);
+  for (int64_t i = 0; i < n_dense + n_expert; ++i) {
+    Domain& dom = plan->domains[i];
+    dom.id = static_cast<int32_t>(i);
+    dom.mesh = i < n_dense ? MeshKind::kDense : MeshKind::kExpert;
+    dom.ranks.assign(i < n_dense ? dense_g.domain_size() : expert_g.domain_size(), -1);
+  }
+  plan->ranks.resize(cfg.world_size);
+  for (int32_t r = 0; r < cfg.world_size; ++r) {
+    RankSummary& rs = plan->ranks[r];
+    rs.rank = r;
+    const int32_t dpos = dense_g.PositionOf(r);
+    plan->domains[dense_g.DomainOf(r)].ranks[dpos] = r;
+    AddPosition(plan->dense, dpos, dense.shard, dense_g, &rs);
+    if (plan->has_experts) {
+      const int32_t epos = expert_g.PositionOf(r);
+      plan->domains[n_dense + expert_g.DomainOf(r)].ranks[epos] = r;
+      AddPosition(plan->expert, epos, expert.shard, expert_g, &rs);
+    }
+  }
+  for (Domain& dom : plan->domains) {
+    dom.name =
+        DomainName(dom.mesh == MeshKind::kDense ? dense_g : expert_g, dom.ranks[0], cfg.ep);
+  }
+}
+
 }  // namespace
 
-absl::StatusOr<Plan> ComputePlan(const PlanInput& input) {
+absl::StatusOr<Plan> ComputePlan(const PlanInput& input) { return ComputePlan(input, nullptr); }
+
+absl::StatusOr<Plan> ComputePlan(const PlanInput& input, CancelToken* cancel) {
   absl::StatusOr<ResolvedConfig> resolved = Resolve(input);
   if (!resolved.ok()) return resolved.status();
+  // Sized before anything is built, so that too big a plan costs little.
+  absl::StatusOr<PlanSize> size = EstimatePlanSize(input, cancel);
+  if (!size.ok()) return size.status();
+  if (const std::vector<FieldViolation> v = PlanSizeViolations(*size); !v.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrJoin(v, "; ", [](std::string* out, const FieldViolation& f) {
+          absl::StrAppend(out, f.field, ": ", f.description);
+        }));
+  }
   Plan plan;
   plan.config = *resolved;
   const ResolvedConfig& cfg = plan.config;
   const MeshGeometry dense_g = MeshGeometry::Dense(cfg);
   const MeshGeometry expert_g = MeshGeometry::Expert(cfg);
   plan.dense_axes = dense_g.axes();
-  plan.dense.mesh = MeshKind::kDense;
-  plan.dense.size = dense_g.domain_size();
-  plan.expert.mesh = MeshKind::kExpert;
-  plan.expert.size = expert_g.domain_size();
 
-  LayoutCache cache;
-  // Matrices of each unit before rotation, per mesh.
-  std::vector<std::vector<MatrixPlan>> dense_matrices(input.model.units.size());
-  std::vector<std::vector<MatrixPlan>> expert_matrices(input.model.units.size());
-  int64_t dense_buffer = 0;
-  int64_t expert_buffer = 0;
-  int64_t dense_regather = 0;
-  int64_t expert_regather = 0;
-  int64_t dense_shard = 0;
-  int64_t expert_shard = 0;
-  int64_t dense_padding = 0;
-  int64_t expert_padding = 0;
-  for (size_t u = 0; u < input.model.units.size(); ++u) {
-    const UnitSpec& spec = input.model.units[u];
-    for (const ParamSpec& p : spec.params) plan.parameters += NumElements(p);
-    const UnitTensors tensors = SplitUnit(spec, cfg.ep);
-    const int64_t regathers = std::max<int64_t>(spec.gathers_per_step, 1) - 1;
-    UnitPlan unit;
-    unit.name = spec.name;
-    if (!tensors.dense.empty()) {
-      unit.has_dense = true;
-      unit.dense = cache.Get(tensors.dense, dense_g.domain_size());
-      dense_matrices[u] =
-          UnitMatrices(spec, static_cast<int32_t>(u), unit.dense, cfg.ns_steps, cfg.ep);
-      dense_shard += unit.dense.shard_elements;
-      dense_buffer += unit.dense.shard_elements * unit.dense.num_shards;
-      dense_regather += regathers * unit.dense.shard_elements * unit.dense.num_shards;
-      dense_padding += unit.dense.padding_elements;
-    }
-    if (!tensors.expert.empty()) {
-      unit.has_expert = true;
-      plan.has_experts = true;
-      unit.expert = cache.Get(tensors.expert, expert_g.domain_size());
-      expert_matrices[u] =
-          UnitMatrices(spec, static_cast<int32_t>(u), unit.expert, cfg.ns_steps, cfg.ep);
-      expert_shard += unit.expert.shard_elements;
-      expert_buffer += unit.expert.shard_elements * unit.expert.num_shards;
-      expert_regather += regathers * unit.expert.shard_elements * unit.expert.num_shards;
-      // Every EP group lays out its own experts the same way.
-      expert_padding += unit.expert.padding_elements * cfg.ep;
-    }
-    plan.units.push_back(std::move(unit));
+  MeshUnits dense;
+  MeshUnits expert;
+  if (!LayOutUnits(input, dense_g, expert_g, cancel, &plan, &dense, &expert)) {
+    return CancelToken::Status();
   }
-  plan.padding_elements = dense_padding + expert_padding;
   if (plan.has_experts) plan.expert_axes = expert_g.axes();
 
+  absl::StatusOr<DomainPlan> dense_plan = PlanDomain(
+      cfg, MeshKind::kDense, dense_g.domain_size(), dense.matrices, cancel, &plan.units);
+  if (!dense_plan.ok()) return dense_plan.status();
+  plan.dense = *std::move(dense_plan);
+  dense.matrices.clear();
+  plan.expert.mesh = MeshKind::kExpert;
+  plan.expert.size = expert_g.domain_size();
+  if (plan.has_experts) {
+    absl::StatusOr<DomainPlan> expert_plan = PlanDomain(
+        cfg, MeshKind::kExpert, expert_g.domain_size(), expert.matrices, cancel, &plan.units);
+    if (!expert_plan.ok()) return expert_plan.status();
+    plan.expert = *std::move(expert_plan);
+  }
+
+  SummarizeRanks(dense_g, expert_g, dense, expert, &plan);
   const int64_t bpe = cfg.bytes_per_element;
-  plan.dense = PlanDomain(cfg, MeshKind::kDense, dense_g.domain_size(), dense_matrices,
-                          &plan.units);
+  AddMeshCollectives(dense_g, dense.buffer, dense.regather, bpe, &plan.collectives);
+  AddMuonCollectives(plan.dense, dense_g.num_domains(), cfg.owner_rule, &plan.collectives);
   if (plan.has_experts) {
-    plan.expert = PlanDomain(cfg, MeshKind::kExpert, expert_g.domain_size(), expert_matrices,
-                             &plan.units);
-  }
-
-  // Domains: dense first, then expert.
-  const int64_t world = cfg.world_size;
-  const int64_t n_dense = dense_g.num_domains();
-  const int64_t n_expert = plan.has_experts ? expert_g.num_domains() : 0;
-  plan.domains.resize(n_dense + n_expert);
-  for (int64_t i = 0; i < n_dense + n_expert; ++i) {
-    Domain& dom = plan.domains[i];
-    dom.id = static_cast<int32_t>(i);
-    dom.mesh = i < n_dense ? MeshKind::kDense : MeshKind::kExpert;
-    dom.ranks.assign(i < n_dense ? dense_g.domain_size() : expert_g.domain_size(), -1);
-  }
-  plan.ranks.resize(world);
-  const int64_t dense_k_param = dense_g.domain_size() / dense_g.param_shards();
-  const int64_t dense_k_grad = dense_g.domain_size() / dense_g.grad_shards();
-  const int64_t expert_k_param = expert_g.domain_size() / expert_g.param_shards();
-  const int64_t expert_k_grad = expert_g.domain_size() / expert_g.grad_shards();
-  for (int32_t r = 0; r < world; ++r) {
-    RankSummary& rs = plan.ranks[r];
-    rs.rank = r;
-    const int32_t dpos = dense_g.PositionOf(r);
-    plan.domains[dense_g.DomainOf(r)].ranks[dpos] = r;
-    rs.load_flops = plan.dense.load[dpos];
-    rs.ns_flops = plan.dense.ns_flops[dpos];
-    rs.gather_bytes = plan.dense.gather_bytes[dpos];
-    rs.owned_matrices = plan.dense.owned[dpos];
-    rs.shard_elements = dense_shard;
-    rs.param_shard_elements = dense_shard * dense_k_param;
-    rs.grad_shard_elements = dense_shard * dense_k_grad;
-    if (plan.has_experts) {
-      const int32_t epos = expert_g.PositionOf(r);
-      plan.domains[n_dense + expert_g.DomainOf(r)].ranks[epos] = r;
-      rs.load_flops += plan.expert.load[epos];
-      rs.ns_flops += plan.expert.ns_flops[epos];
-      rs.gather_bytes += plan.expert.gather_bytes[epos];
-      rs.owned_matrices += plan.expert.owned[epos];
-      rs.shard_elements += expert_shard;
-      rs.param_shard_elements += expert_shard * expert_k_param;
-      rs.grad_shard_elements += expert_shard * expert_k_grad;
-    }
-  }
-  for (Domain& dom : plan.domains) {
-    dom.name = DomainName(dom.mesh == MeshKind::kDense ? dense_g : expert_g, dom.ranks[0], cfg.ep);
-  }
-
-  AddMeshCollectives(dense_g, dense_buffer, dense_regather, bpe, &plan.collectives);
-  AddMuonCollectives(plan.dense, n_dense, cfg.owner_rule, &plan.collectives);
-  if (plan.has_experts) {
-    AddMeshCollectives(expert_g, expert_buffer, expert_regather, bpe, &plan.collectives);
-    AddMuonCollectives(plan.expert, n_expert, cfg.owner_rule, &plan.collectives);
+    AddMeshCollectives(expert_g, expert.buffer, expert.regather, bpe, &plan.collectives);
+    AddMuonCollectives(plan.expert, expert_g.num_domains(), cfg.owner_rule, &plan.collectives);
   }
   return plan;
 }

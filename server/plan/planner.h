@@ -8,12 +8,20 @@
 // and every run. Thread-compatible (no shared state).
 
 #include "absl/status/statusor.h"
+#include "server/plan/cancel.h"
 #include "server/plan/types.h"
 
 namespace muonmesh::plan {
 
-// InvalidArgument (listing every violation) when Validate() finds any.
+// InvalidArgument (listing every violation) when Validate() finds any. Its
+// time is bounded by the input's size (Validate's limits; the owner
+// refinement's work budget, owners.h).
 absl::StatusOr<Plan> ComputePlan(const PlanInput& input);
+
+// The same, ticking `cancel` as it works: CancelToken::Status() (Cancelled)
+// soon after the token says stop. A token that never says stop gives the
+// same plan as the overload above.
+absl::StatusOr<Plan> ComputePlan(const PlanInput& input, CancelToken* cancel);
 
 // Padding of Megatron-FSDP's LCM rule on the same units and domains, for
 // comparison.

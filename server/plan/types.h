@@ -175,6 +175,11 @@ struct DomainPlan {
   double lower_bound = 0;
   int64_t exchange_bytes = 0;              // whole domain, one step
   int64_t exchange_lower_bound_bytes = 0;  // owners at their best holders
+  // Work the lpt refinement spent (see RefineWorkBudget in owners.h), and
+  // whether it stopped because the budget ran out rather than because no
+  // move or swap helped any more.
+  int64_t refine_work = 0;
+  bool refine_budget_spent = false;
 };
 
 // ---------------------------------------------------------------- plan

@@ -1,19 +1,18 @@
 #include "server/plan/validate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
-#include <unordered_set>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "server/plan/mesh.h"
 
 namespace muonmesh::plan {
-namespace internal {
-ResolvedConfig ResolveUnchecked(const PlanInput& in);
-}  // namespace internal
 namespace {
 
 constexpr const char* kStrategyNames =
@@ -37,11 +36,32 @@ int64_t MulCapped(int64_t a, int64_t b, int64_t limit) {
   return a * b;
 }
 
+// Names seen so far, viewing the input's strings (no copies: specs may
+// hold a million of them).
+using NameSet = absl::flat_hash_set<absl::string_view>;
+
+// A name: non-empty, at most kMaxNameLength bytes, and, when `seen` is
+// given, not seen before. `what` says whose name it is ("unit"); `path()`
+// is the field's path, built only for a violation.
+template <typename PathFn>
+void CheckName(Violations& v, const PathFn& path, const std::string& name, const char* what,
+               NameSet* seen) {
+  if (name.empty()) {
+    v.Add(path(), absl::StrCat("empty ", what, " name"));
+  } else if (static_cast<int64_t>(name.size()) > kMaxNameLength) {
+    v.Add(path(), absl::StrCat(what, " name of ", name.size(), " bytes exceeds the limit of ",
+                               kMaxNameLength, " bytes: ", Quote(name)));
+  } else if (seen != nullptr && !seen->insert(name).second) {
+    v.Add(path(), absl::StrCat("duplicate ", what, " name ", Quote(name)));
+  }
+}
+
 // Validates a parallel size that must be 1 (unsupported). 0 means unset.
 void CheckUnsupported(Violations& v, const char* field, const char* what,
                       int64_t value) {
   if (value < 0) {
-    v.Add(absl::StrCat("parallelism.", field), absl::StrCat("must be >= 1, got ", value));
+    v.Add(absl::StrCat("parallelism.", field),
+          absl::StrCat("must be >= 1 (0 or unset: 1), got ", value));
   } else if (value > 1) {
     v.Add(absl::StrCat("parallelism.", field),
           absl::StrCat(what, " is not supported yet (got ", value,
@@ -49,123 +69,154 @@ void CheckUnsupported(Violations& v, const char* field, const char* what,
   }
 }
 
-struct ModelCounts {
-  int64_t dense_matrices = 0;
-  int64_t expert_matrices = 0;  // all experts of all stacks
-  int64_t dense_units = 0;      // units with dense parameters
-  int64_t expert_units = 0;     // units with expert parameters
+// The path of a parameter's field ("model.units[3].params[2]" + field),
+// built only when a violation needs it: checking a million parameters must
+// not build a million strings.
+struct ParamPath {
+  size_t unit;
+  size_t param;
+  std::string operator()(absl::string_view field = "") const {
+    return absl::StrCat("model.units[", unit, "].params[", param, "]", field);
+  }
 };
 
-ModelCounts CheckModel(const ModelSpec& model, int64_t ep, Violations& v) {
-  ModelCounts counts;
+// The shape of one parameter: its element count, or -1 when it is invalid
+// (violations added).
+int64_t CheckShape(const ParamSpec& p, const ParamPath& path, int64_t ep, Violations& v) {
+  if (p.shape.empty()) {
+    v.Add(path(".shape"), "empty shape: give at least one dimension");
+    return -1;
+  }
+  if (static_cast<int64_t>(p.shape.size()) > kMaxDims) {
+    v.Add(path(".shape"),
+          absl::StrCat(p.shape.size(), " dimensions exceed the limit of ", kMaxDims));
+    return -1;
+  }
+  bool dims_ok = true;
+  int64_t numel = 1;
+  for (size_t d = 0; d < p.shape.size(); ++d) {
+    if (p.shape[d] <= 0) {
+      v.Add(path(absl::StrCat(".shape[", d, "]")),
+            absl::StrCat("dimension must be positive, got ", p.shape[d]));
+      dims_ok = false;
+    } else if (numel >= 0) {
+      numel = MulCapped(numel, p.shape[d], kMaxModelElements);
+    }
+  }
+  if (!dims_ok) return -1;
+  if (numel < 0) {
+    v.Add(path(".shape"), absl::StrCat("more than ", kMaxModelElements, " elements (the limit)"));
+    return -1;
+  }
+  const bool muon = p.optimizer == "muon";
+  const size_t min_dims = (muon ? 2 : 1) + (p.expert ? 1 : 0);
+  if (p.shape.size() < min_dims) {
+    v.Add(path(".shape"),
+          muon ? absl::StrCat("Muon needs a matrix: a ",
+                              p.expert ? "stack [E, rows, cols]" : "tensor of >= 2 dims",
+                              ", got ", p.shape.size(), " dim(s); use adamw")
+               : "an expert stack needs [E, ...] with at least 2 dims");
+  } else if (p.expert && ep > 0 && p.shape[0] % ep != 0) {
+    v.Add(path(".shape[0]"),
+          absl::StrCat(p.shape[0], " experts do not divide over expert_model_parallel_size ", ep));
+  }
+  return numel;
+}
+
+// One parameter; adds its elements to *elements.
+void CheckParam(const ParamSpec& p, const ParamPath& path, int64_t ep, NameSet& names,
+                Violations& v, int64_t* elements) {
+  CheckName(v, [&] { return path(".name"); }, p.name, "parameter", &names);
+  if (p.optimizer != "muon" && p.optimizer != "adamw") {
+    v.Add(path(".optimizer"),
+          absl::StrCat("unknown optimizer ", Quote(p.optimizer), " (expected muon or adamw)"));
+  }
+  const int64_t numel = CheckShape(p, path, ep, v);
+  // Both below 2^50 (MulCapped): the sum cannot overflow before it is capped.
+  if (numel > 0) *elements = std::min(*elements + numel, kMaxModelElements + 1);
+}
+
+// The fields of one unit other than its parameters.
+void CheckUnitFields(const UnitSpec& unit, size_t u, NameSet& names, Violations& v) {
+  auto path = [u](absl::string_view field) { return absl::StrCat("model.units[", u, "]", field); };
+  CheckName(v, [&] { return path(".name"); }, unit.name, "unit", &names);
+  if (unit.params.empty()) v.Add(path(".params"), "the unit has no parameters");
+  if (unit.gathers_per_step < 0 || unit.gathers_per_step > kMaxGathersPerStep) {
+    v.Add(path(".gathers_per_step"),
+          absl::StrCat("must be in [1, ", kMaxGathersPerStep, "] (0 or unset: 1), got ",
+                       unit.gathers_per_step));
+  }
+}
+
+void CheckModel(const ModelSpec& model, int64_t ep, Violations& v) {
+  if (static_cast<int64_t>(model.name.size()) > kMaxNameLength) {
+    CheckName(v, [] { return std::string("model.name"); }, model.name, "model", nullptr);
+  }
   if (model.units.empty()) {
     v.Add("model.units", "the model has no units");
-    return counts;
+    return;
   }
   if (static_cast<int64_t>(model.units.size()) > kMaxUnits) {
     v.Add("model.units", absl::StrCat(model.units.size(), " units exceed the limit of ",
                                       kMaxUnits));
-    return counts;
+    return;
   }
-  std::unordered_set<std::string> unit_names;
-  std::unordered_set<std::string> param_names;
+  NameSet unit_names;
+  NameSet param_names;
+  unit_names.reserve(model.units.size());
   int64_t tensors = 0;
   int64_t elements = 0;
-  bool elements_overflow = false;
   for (size_t u = 0; u < model.units.size(); ++u) {
     const UnitSpec& unit = model.units[u];
-    const std::string upath = absl::StrCat("model.units[", u, "]");
-    if (unit.name.empty()) {
-      v.Add(upath + ".name", "empty unit name");
-    } else if (!unit_names.insert(unit.name).second) {
-      v.Add(upath + ".name", absl::StrCat("duplicate unit name '", unit.name, "'"));
-    }
-    if (unit.params.empty()) v.Add(upath + ".params", "the unit has no parameters");
-    if (unit.gathers_per_step < 0 || unit.gathers_per_step > kMaxGathersPerStep) {
-      v.Add(upath + ".gathers_per_step",
-            absl::StrCat(unit.gathers_per_step, " is not in [0, ", kMaxGathersPerStep,
-                         "] (0 means 1)"));
-    }
-    bool has_dense = false;
-    bool has_expert = false;
-    for (const ParamSpec& p : unit.params) (p.expert ? has_expert : has_dense) = true;
-    counts.dense_units += has_dense;
-    counts.expert_units += has_expert;
+    CheckUnitFields(unit, u, unit_names, v);
     tensors += static_cast<int64_t>(unit.params.size());
     if (tensors > kMaxTensors) {
-      v.Add(upath + ".params",
+      v.Add(absl::StrCat("model.units[", u, "].params"),
             absl::StrCat("the model has more than ", kMaxTensors, " tensors (the limit)"));
-      return counts;
+      return;
     }
     for (size_t i = 0; i < unit.params.size(); ++i) {
-      const ParamSpec& p = unit.params[i];
-      const std::string path = absl::StrCat(upath, ".params[", i, "]");
-      if (p.name.empty()) {
-        v.Add(path + ".name", "empty parameter name");
-      } else if (static_cast<int64_t>(p.name.size()) > kMaxNameLength) {
-        v.Add(path + ".name", absl::StrCat("name of ", p.name.size(),
-                                           " bytes exceeds the limit of ", kMaxNameLength));
-      } else if (!param_names.insert(p.name).second) {
-        v.Add(path + ".name", absl::StrCat("duplicate parameter name '", p.name, "'"));
-      }
-      const bool muon = p.optimizer == "muon";
-      if (!muon && p.optimizer != "adamw") {
-        v.Add(path + ".optimizer",
-              absl::StrCat("unknown optimizer '", p.optimizer, "' (expected muon or adamw)"));
-      }
-      if (p.shape.empty()) {
-        v.Add(path + ".shape", "empty shape: give at least one dimension");
-        continue;
-      }
-      if (static_cast<int64_t>(p.shape.size()) > kMaxDims) {
-        v.Add(path + ".shape", absl::StrCat(p.shape.size(), " dimensions exceed the limit of ",
-                                            kMaxDims));
-        continue;
-      }
-      bool dims_ok = true;
-      int64_t numel = 1;
-      for (size_t d = 0; d < p.shape.size(); ++d) {
-        if (p.shape[d] <= 0) {
-          v.Add(absl::StrCat(path, ".shape[", d, "]"),
-                absl::StrCat("dimension must be positive, got ", p.shape[d]));
-          dims_ok = false;
-        } else if (numel >= 0) {
-          numel = MulCapped(numel, p.shape[d], kMaxModelElements);
-        }
-      }
-      if (!dims_ok) continue;
-      if (numel < 0) {
-        v.Add(path + ".shape",
-              absl::StrCat("more than ", kMaxModelElements, " elements (the limit)"));
-        continue;
-      }
-      elements += numel;
-      if (elements > kMaxModelElements) elements_overflow = true;
-      const size_t min_dims = (muon ? 2 : 1) + (p.expert ? 1 : 0);
-      if (p.shape.size() < min_dims) {
-        v.Add(path + ".shape",
-              muon ? absl::StrCat("Muon needs a matrix: a ", p.expert ? "stack [E, rows, cols]"
-                                                                       : "tensor of >= 2 dims",
-                                  ", got ", p.shape.size(), " dim(s); use adamw")
-                   : "an expert stack needs [E, ...] with at least 2 dims");
-        continue;
-      }
-      if (p.expert) {
-        if (ep > 0 && p.shape[0] % ep != 0) {
-          v.Add(path + ".shape[0]",
-                absl::StrCat(p.shape[0], " experts do not divide over expert_model_parallel_size ",
-                             ep));
-        }
-        if (muon) counts.expert_matrices += p.shape[0];
-      } else if (muon) {
-        counts.dense_matrices += 1;
-      }
+      CheckParam(unit.params[i], ParamPath{u, i}, ep, param_names, v, &elements);
     }
   }
-  if (elements_overflow) {
+  if (elements > kMaxModelElements) {
     v.Add("model", absl::StrCat("more than ", kMaxModelElements, " parameters (the limit)"));
   }
-  return counts;
+}
+
+// Refuses plans whose layout shards or listed matrices pass the limits,
+// counted from the spec (PlanSize, plan_size.h, counts the rest exactly).
+void CheckCopies(const PlanInput& in, std::vector<FieldViolation>& out) {
+  const ResolvedConfig cfg = internal::ResolveUnchecked(in);
+  const MeshGeometry dense = MeshGeometry::Dense(cfg);
+  const MeshGeometry expert = MeshGeometry::Expert(cfg);
+  int64_t shards = 0;       // units <= 1e5, ranks <= 2^20: no overflow
+  double listed = 0;        // matrices once per domain that lists them
+  for (const UnitSpec& unit : in.model.units) {
+    bool has_dense = false;
+    bool has_expert = false;
+    for (const ParamSpec& p : unit.params) {
+      (p.expert ? has_expert : has_dense) = true;
+      if (p.optimizer != "muon") continue;
+      // Each EP group's domains list its own experts.
+      listed += p.expert ? static_cast<double>(p.shape[0]) * expert.num_domains() / cfg.ep
+                         : static_cast<double>(dense.num_domains());
+    }
+    shards += (has_dense ? dense.domain_size() : 0) + (has_expert ? expert.domain_size() : 0);
+  }
+  if (shards > kMaxLayoutShards) {
+    out.push_back({"world_size",
+                   absl::StrCat("the layout would cut ", in.model.units.size(), " units into ",
+                                shards, " shards in all (limit ", kMaxLayoutShards,
+                                "): use fewer ranks per optimizer domain or fewer units")});
+  }
+  if (listed > static_cast<double>(kMaxPlanMatrixEntries)) {
+    out.push_back({"world_size",
+                   absl::StrFormat("the plan would list %.0f matrix copies (limit %d): "
+                                   "replicated optimizer state on this many ranks; use a "
+                                   "sharded strategy or fewer ranks",
+                                   listed, kMaxPlanMatrixEntries)});
+  }
 }
 
 }  // namespace
@@ -199,15 +250,15 @@ std::vector<FieldViolation> Validate(const PlanInput& in) {
     inner = ParseStrategy(par.data_parallel_sharding_strategy);
     if (!inner) {
       v.Add("parallelism.data_parallel_sharding_strategy",
-            absl::StrCat("unknown strategy '", par.data_parallel_sharding_strategy,
-                         "' (expected one of ", kStrategyNames, ")"));
+            absl::StrCat("unknown strategy ", Quote(par.data_parallel_sharding_strategy),
+                         " (expected one of ", kStrategyNames, ")"));
     }
   }
   const int64_t instances =
       par.num_distributed_optimizer_instances == 0 ? 1 : par.num_distributed_optimizer_instances;
   if (instances < 1) {
     v.Add("parallelism.num_distributed_optimizer_instances",
-          absl::StrCat("must be >= 1, got ", instances));
+          absl::StrCat("must be >= 1 (0 or unset: 1), got ", instances));
   } else if (w_ok && w % instances != 0) {
     v.Add("parallelism.num_distributed_optimizer_instances",
           absl::StrCat(instances, " does not divide world_size ", w));
@@ -215,18 +266,19 @@ std::vector<FieldViolation> Validate(const PlanInput& in) {
   if (!par.outer_dp_sharding_strategy.empty()) {
     if (!ParseStrategy(par.outer_dp_sharding_strategy)) {
       v.Add("parallelism.outer_dp_sharding_strategy",
-            absl::StrCat("unknown strategy '", par.outer_dp_sharding_strategy,
-                         "' (expected one of ", kStrategyNames, ")"));
+            absl::StrCat("unknown strategy ", Quote(par.outer_dp_sharding_strategy),
+                         " (expected one of ", kStrategyNames, ")"));
     } else if (instances == 1) {
       v.Add("parallelism.outer_dp_sharding_strategy",
-            absl::StrCat("set to '", par.outer_dp_sharding_strategy,
-                         "' but num_distributed_optimizer_instances is 1: the outer axis "
+            absl::StrCat("set to ", Quote(par.outer_dp_sharding_strategy),
+                         " but num_distributed_optimizer_instances is 1: the outer axis "
                          "exists only when it is > 1"));
     }
   }
   const int64_t ep = par.expert_model_parallel_size == 0 ? 1 : par.expert_model_parallel_size;
   if (ep < 1) {
-    v.Add("parallelism.expert_model_parallel_size", absl::StrCat("must be >= 1, got ", ep));
+    v.Add("parallelism.expert_model_parallel_size",
+          absl::StrCat("must be >= 1 (0 or unset: 1), got ", ep));
   } else if (w_ok && w % ep != 0) {
     v.Add("parallelism.expert_model_parallel_size",
           absl::StrCat(ep, " does not divide world_size ", w));
@@ -240,51 +292,35 @@ std::vector<FieldViolation> Validate(const PlanInput& in) {
   const PlanOptions& opt = in.options;
   if (!opt.owner_assignment.empty() && !ParseOwnerRule(opt.owner_assignment)) {
     v.Add("options.owner_assignment",
-          absl::StrCat("unknown rule '", opt.owner_assignment,
-                       "' (expected lpt, round_robin, allgather or greedy_in_order)"));
+          absl::StrCat("unknown rule ", Quote(opt.owner_assignment),
+                       " (expected lpt, round_robin, allgather or greedy_in_order)"));
   }
   if (opt.ns_steps < 0 || opt.ns_steps > kMaxNsSteps) {
-    v.Add("options.ns_steps", absl::StrCat("must be in [1, ", kMaxNsSteps, "], got ",
-                                           opt.ns_steps));
+    v.Add("options.ns_steps", absl::StrCat("must be in [1, ", kMaxNsSteps,
+                                           "] (0 or unset: 5), got ", opt.ns_steps));
   }
   if (!opt.device.empty() && opt.device != "cpu" && opt.device != "cuda") {
-    v.Add("options.device", absl::StrCat("unknown device '", opt.device,
-                                         "' (expected cpu or cuda)"));
+    v.Add("options.device", absl::StrCat("unknown device ", Quote(opt.device),
+                                         " (expected cpu or cuda; empty or unset: cuda)"));
   }
   if (!std::isfinite(opt.comm_flops_per_byte) || opt.comm_flops_per_byte < 0) {
     v.Add("options.comm_flops_per_byte",
-          absl::StrCat("must be a finite number >= 0, got ", opt.comm_flops_per_byte));
+          absl::StrCat("must be a finite number >= 0 (0 or unset: the device's default), got ",
+                       opt.comm_flops_per_byte));
   }
 
-  const ModelCounts counts = CheckModel(in.model, ep >= 1 ? ep : 0, v);
+  CheckModel(in.model, ep >= 1 ? ep : 0, v);
   std::vector<FieldViolation> out = v.Take();
-  if (out.empty()) {
-    // The size of the answer: every domain lists its matrices.
-    const ResolvedConfig cfg = internal::ResolveUnchecked(in);
-    const MeshGeometry dense = MeshGeometry::Dense(cfg);
-    const MeshGeometry expert = MeshGeometry::Expert(cfg);
-    const int64_t dense_domains = dense.num_domains();
-    const int64_t expert_domains_per_group = expert.num_domains() / ep;
-    // Both factors are bounded (units <= 1e5, ranks <= 2^20): no overflow.
-    const int64_t shards = counts.dense_units * dense.domain_size() +
-                           counts.expert_units * expert.domain_size();
-    if (shards > kMaxLayoutShards) {
-      out.push_back({"world_size",
-                     absl::StrCat("the layout would cut ", in.model.units.size(), " units into ",
-                                  shards, " shards in all (limit ", kMaxLayoutShards,
-                                  "): use fewer ranks per optimizer domain or fewer units")});
-    }
-    const double entries = static_cast<double>(counts.dense_matrices) * dense_domains +
-                           static_cast<double>(counts.expert_matrices) * expert_domains_per_group;
-    if (entries > static_cast<double>(kMaxPlanMatrixEntries)) {
-      out.push_back({"world_size",
-                     absl::StrCat("the plan would list ", static_cast<int64_t>(entries),
-                                  " matrix copies (limit ", kMaxPlanMatrixEntries,
-                                  "): replicated optimizer state on this many ranks; use a "
-                                  "sharded strategy or fewer ranks")});
-    }
-  }
+  if (out.empty()) CheckCopies(in, out);
   return out;
+}
+
+std::string Quote(absl::string_view text) {
+  if (static_cast<int64_t>(text.size()) <= kMaxQuotedBytes) return absl::StrCat("'", text, "'");
+  size_t cut = kMaxQuotedBytes;
+  // Back up to the start of a UTF-8 sequence (never inside a character).
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return absl::StrCat("'", text.substr(0, cut), "...' (", text.size(), " bytes)");
 }
 
 absl::StatusOr<ResolvedConfig> Resolve(const PlanInput& in) {

@@ -1,8 +1,10 @@
 #include "server/plan/owners.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <random>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -67,7 +69,7 @@ TEST(OwnersTest, LptWithRefinementIsWithinFourThirdsOfOptimal) {
     std::vector<double> costs;
     for (int j = 0; j < n; ++j) costs.push_back(static_cast<double>(1 + rng() % 50));
     DomainPlan d = Replicated(costs, ranks);
-    AssignOwners(OwnerRule::kLpt, 1.0, 4, &d);
+    ASSERT_TRUE(AssignOwners(OwnerRule::kLpt, 1.0, 4, &d).ok());
     const double opt = BruteForceMakespan(costs, ranks);
     EXPECT_LE(d.makespan, opt * 4.0 / 3.0 + 1e-9) << "trial " << trial;
     EXPECT_GE(d.makespan, d.lower_bound - 1e-9);
@@ -90,7 +92,7 @@ TEST(OwnersTest, LoadsAreTheSumsOfOwnedCostsAndOwnersHoldRowsOrPayForThem) {
     d.matrices.push_back(m);
   }
   for (OwnerRule rule : {OwnerRule::kLpt, OwnerRule::kRoundRobin, OwnerRule::kGreedyInOrder}) {
-    AssignOwners(rule, w, bpe, &d);
+    ASSERT_TRUE(AssignOwners(rule, w, bpe, &d).ok());
     std::vector<double> load(3, 0);
     for (const MatrixPlan& m : d.matrices) {
       ASSERT_GE(m.owner, 0);
@@ -106,7 +108,7 @@ TEST(OwnersTest, LoadsAreTheSumsOfOwnedCostsAndOwnersHoldRowsOrPayForThem) {
     EXPECT_DOUBLE_EQ(d.makespan, *std::max_element(load.begin(), load.end()));
   }
   // Round-robin: matrix j on position j mod 3.
-  AssignOwners(OwnerRule::kRoundRobin, w, bpe, &d);
+  ASSERT_TRUE(AssignOwners(OwnerRule::kRoundRobin, w, bpe, &d).ok());
   for (int j = 0; j < 3; ++j) EXPECT_EQ(d.matrices[j].owner, j % 3);
 }
 
@@ -119,7 +121,7 @@ TEST(OwnersTest, ExchangeLowerBoundUsesTheLargestHolder) {
   m.cost_flops = 5;
   m.holders = {{0, 0, 4}, {1, 4, 6}};
   d.matrices.push_back(m);
-  AssignOwners(OwnerRule::kLpt, 1.0, 4, &d);
+  ASSERT_TRUE(AssignOwners(OwnerRule::kLpt, 1.0, 4, &d).ok());
   // Best holder keeps 6 rows; 4 rows of 3 floats travel in and out.
   EXPECT_EQ(d.exchange_lower_bound_bytes, 2 * 4 * 3 * 4);
   EXPECT_EQ(d.matrices[0].owner, 1);
@@ -136,7 +138,7 @@ TEST(OwnersTest, AllGatherEveryoneComputesEverything) {
   m.holders = {{0, 0, 4}, {1, 4, 6}};
   d.matrices.push_back(m);
   d.matrices.push_back(m);
-  AssignOwners(OwnerRule::kAllGather, 2.0, 4, &d);
+  ASSERT_TRUE(AssignOwners(OwnerRule::kAllGather, 2.0, 4, &d).ok());
   // Position 0 receives 6 rows of each matrix, position 1 receives 4.
   EXPECT_DOUBLE_EQ(d.load[0], 2 * (100 + 2.0 * 6 * 3 * 4));
   EXPECT_DOUBLE_EQ(d.load[1], 2 * (100 + 2.0 * 4 * 3 * 4));
@@ -157,14 +159,104 @@ TEST(OwnersTest, OverloadedHolderHandsWorkToANonHolderWhenThatShortensTheMakespa
     m.holders = {{0, 0, 2}};
     d.matrices.push_back(m);
   }
-  AssignOwners(OwnerRule::kLpt, 1.0, 4, &d);
+  ASSERT_TRUE(AssignOwners(OwnerRule::kLpt, 1.0, 4, &d).ok());
   int on_one = 0;
   for (const MatrixPlan& m : d.matrices) on_one += m.owner == 1;
   EXPECT_EQ(on_one, 2);
   EXPECT_DOUBLE_EQ(d.load[1], 2 * (1000 + 2 * 2 * 2 * 4));
   // With bytes that cost more than the work, nothing moves.
-  AssignOwners(OwnerRule::kLpt, 1e6, 4, &d);
+  ASSERT_TRUE(AssignOwners(OwnerRule::kLpt, 1e6, 4, &d).ok());
   for (const MatrixPlan& m : d.matrices) EXPECT_EQ(m.owner, 0);
+}
+
+// The documented formula, by hand: 2^26 up to 2^14 matrices, then
+// floor(2^26 / n) * 2^14, at least 2^20.
+TEST(OwnersTest, RefineWorkBudgetFollowsItsFormula) {
+  EXPECT_EQ(RefineWorkBudget(0), 67108864);
+  EXPECT_EQ(RefineWorkBudget(16384), 67108864);
+  EXPECT_EQ(RefineWorkBudget(16385), 4095 * 16384);
+  EXPECT_EQ(RefineWorkBudget(400000), 167 * 16384);
+  EXPECT_EQ(RefineWorkBudget(int64_t{1} << 30), 1048576);
+}
+
+// `units` layers of `per_unit` [64, 64] matrices laid out over `positions`
+// positions the way the row-aligned layout does: each layer's rows in order,
+// cut into equal runs, so a matrix spreads over a few neighbouring positions.
+DomainPlan Layered(int64_t units, int64_t per_unit, int32_t positions) {
+  DomainPlan d;
+  d.size = positions;
+  const int64_t rows = 64;
+  const int64_t unit_rows = per_unit * rows;
+  const int64_t shard = (unit_rows + positions - 1) / positions;
+  for (int64_t u = 0; u < units; ++u) {
+    const int64_t rotation = (u * 37) % positions;  // as the planner rotates layers
+    for (int64_t k = 0; k < per_unit; ++k) {
+      MatrixPlan m;
+      m.unit = static_cast<int32_t>(u);
+      m.param = static_cast<int32_t>(k);
+      m.rows = rows;
+      m.cols = 64;
+      m.cost_flops = NewtonSchulzFlops(rows, 64, 5);
+      for (int64_t r = k * rows; r < (k + 1) * rows;) {
+        const int64_t s = r / shard;
+        const int64_t end = std::min((s + 1) * shard, (k + 1) * rows);
+        m.holders.push_back(
+            {static_cast<int32_t>((s + rotation) % positions), r - k * rows, end - r});
+        r = end;
+      }
+      std::sort(m.holders.begin(), m.holders.end(),
+                [](const Holder& a, const Holder& b) { return a.position < b.position; });
+      d.matrices.push_back(std::move(m));
+    }
+  }
+  return d;
+}
+
+// 400,000 matrices on 128 positions (40,000 layers of ten): the refinement
+// stops within its budget and the plan is complete and consistent.
+TEST(OwnersTest, RefinementOfAHugeDomainStaysWithinItsBudget) {
+  DomainPlan d = Layered(40'000, 10, 128);
+  ASSERT_EQ(d.matrices.size(), 400'000u);
+  ASSERT_TRUE(AssignOwners(OwnerRule::kLpt, 1e4, 4, &d).ok());
+  EXPECT_GT(d.refine_work, 0);
+  EXPECT_LE(d.refine_work, RefineWorkBudget(400'000));
+  std::vector<double> load(128, 0);
+  for (const MatrixPlan& m : d.matrices) {
+    ASSERT_GE(m.owner, 0);
+    ASSERT_LT(m.owner, 128);
+    load[m.owner] += m.owner_cost;
+  }
+  for (int p = 0; p < 128; ++p) EXPECT_NEAR(d.load[p], load[p], 1e-9 * load[p]);
+  EXPECT_DOUBLE_EQ(d.makespan, *std::max_element(load.begin(), load.end()));
+  EXPECT_GE(d.makespan, d.lower_bound);
+}
+
+// A token that never stops changes nothing; one that stops ends the
+// assignment with Cancelled and is not asked again.
+TEST(OwnersTest, CancelTokenStopsTheAssignment) {
+  const DomainPlan original = Layered(200, 10, 128);
+  DomainPlan plain = original;
+  ASSERT_TRUE(AssignOwners(OwnerRule::kLpt, 1e4, 4, &plain).ok());
+  DomainPlan with_token = original;
+  CancelToken never([] { return false; }, 1);
+  ASSERT_TRUE(AssignOwners(OwnerRule::kLpt, 1e4, 4, &with_token, &never).ok());
+  for (size_t j = 0; j < plain.matrices.size(); ++j) {
+    ASSERT_EQ(with_token.matrices[j].owner, plain.matrices[j].owner) << j;
+  }
+  EXPECT_EQ(with_token.refine_work, plain.refine_work);
+
+  for (int stop_at : {1, 3, 50}) {
+    SCOPED_TRACE(stop_at);
+    DomainPlan d = original;
+    int polls = 0;
+    CancelToken token([&] { return ++polls >= stop_at; }, 1000);
+    const absl::Status st = AssignOwners(OwnerRule::kLpt, 1e4, 4, &d, &token);
+    EXPECT_EQ(st.code(), absl::StatusCode::kCancelled) << st;
+    EXPECT_EQ(polls, stop_at);
+    EXPECT_TRUE(token.cancelled());
+    EXPECT_TRUE(token.Tick(1'000'000));  // sticky
+    EXPECT_EQ(polls, stop_at);
+  }
 }
 
 }  // namespace

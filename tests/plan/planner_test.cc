@@ -289,6 +289,34 @@ TEST(PlannerTest, CollectiveBytesByFormula) {
   }
 }
 
+// A token that never stops gives the same plan; one that stops gives
+// Cancelled, wherever in the planner it is when it stops.
+TEST(PlannerTest, CancelTokenStopsThePlan) {
+  const PlanInput in = Input(SmallMoe(), kConfigs[9]);
+  absl::StatusOr<Plan> plain = ComputePlan(in);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  CancelToken never([] { return false; }, 1);
+  absl::StatusOr<Plan> ticked = ComputePlan(in, &never);
+  ASSERT_TRUE(ticked.ok()) << ticked.status();
+  v1::Plan a, b;
+  PlanToProto(in, *plain, true, &a);
+  PlanToProto(in, *ticked, true, &b);
+  EXPECT_EQ(a.SerializeAsString(), b.SerializeAsString());
+
+  // Polled once per tick: stopping at the k-th poll stops in every phase.
+  int polls_in_full_plan = 0;
+  CancelToken count([&] { return ++polls_in_full_plan < 0; }, 1);
+  ASSERT_TRUE(ComputePlan(in, &count).ok());
+  ASSERT_GT(polls_in_full_plan, 10);
+  for (int stop_at : {1, polls_in_full_plan / 3, polls_in_full_plan - 1}) {
+    SCOPED_TRACE(stop_at);
+    int polls = 0;
+    CancelToken token([&] { return ++polls >= stop_at; }, 1);
+    EXPECT_EQ(ComputePlan(in, &token).status().code(), absl::StatusCode::kCancelled);
+    EXPECT_EQ(polls, stop_at);
+  }
+}
+
 // The real specs: invariants, and no more padding than Megatron's rule.
 TEST(PlannerTest, RealSpecsHoldInvariants) {
   const struct {

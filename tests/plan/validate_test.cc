@@ -59,7 +59,11 @@ INSTANTIATE_TEST_SUITE_P(
              "parallelism.outer_dp_sharding_strategy", "unknown strategy 'hsdp'"},
         Case{"InstancesBelowOne",
              [](PlanInput& in) { in.parallelism.num_distributed_optimizer_instances = -2; },
-             "parallelism.num_distributed_optimizer_instances", "must be >= 1"},
+             "parallelism.num_distributed_optimizer_instances",
+             "must be >= 1 (0 or unset: 1), got -2"},
+        Case{"EpBelowOne",
+             [](PlanInput& in) { in.parallelism.expert_model_parallel_size = -2; },
+             "parallelism.expert_model_parallel_size", "must be >= 1 (0 or unset: 1), got -2"},
         Case{"InstancesDoNotDivide",
              [](PlanInput& in) { in.parallelism.num_distributed_optimizer_instances = 3; },
              "parallelism.num_distributed_optimizer_instances", "3 does not divide world_size 8"},
@@ -110,10 +114,10 @@ INSTANTIATE_TEST_SUITE_P(
              "model.units[0].params", "no parameters"},
         Case{"GathersPerStepOutOfRange",
              [](PlanInput& in) { in.model.units[0].gathers_per_step = 9; },
-             "model.units[0].gathers_per_step", "9 is not in [0, 8]"},
+             "model.units[0].gathers_per_step", "must be in [1, 8] (0 or unset: 1), got 9"},
         Case{"GathersPerStepNegative",
              [](PlanInput& in) { in.model.units[0].gathers_per_step = -1; },
-             "model.units[0].gathers_per_step", "-1 is not in [0, 8]"},
+             "model.units[0].gathers_per_step", "must be in [1, 8] (0 or unset: 1), got -1"},
         Case{"WorldZero", [](PlanInput& in) { in.world_size = 0; }, "world_size",
              "must be >= 1"},
         Case{"WorldAbsurd", [](PlanInput& in) { in.world_size = int64_t{1} << 40; },
@@ -127,7 +131,23 @@ INSTANTIATE_TEST_SUITE_P(
              [](PlanInput& in) { in.model.units[0].params[0].shape.assign(9, 2); },
              "model.units[0].params[0].shape", "9 dimensions exceed"},
         Case{"NsStepsOutOfRange", [](PlanInput& in) { in.options.ns_steps = 101; },
-             "options.ns_steps", "must be in [1, 100]"},
+             "options.ns_steps", "must be in [1, 100] (0 or unset: 5), got 101"},
+        Case{"NsStepsNegative", [](PlanInput& in) { in.options.ns_steps = -1; },
+             "options.ns_steps", "must be in [1, 100] (0 or unset: 5), got -1"},
+        Case{"ModelNameTooLong", [](PlanInput& in) { in.model.name = std::string(1025, 'm'); },
+             "model.name", "model name of 1025 bytes exceeds the limit of 1024 bytes"},
+        Case{"UnitNameTooLong",
+             [](PlanInput& in) { in.model.units[0].name = std::string(1025, 'u'); },
+             "model.units[0].name", "unit name of 1025 bytes exceeds the limit of 1024 bytes"},
+        Case{"ParamNameTooLong",
+             [](PlanInput& in) { in.model.units[0].params[1].name = std::string(1025, 'p'); },
+             "model.units[0].params[1].name",
+             "parameter name of 1025 bytes exceeds the limit of 1024 bytes"},
+        Case{"DuplicateUnitName",
+             [](PlanInput& in) {
+               in.model.units.push_back({"layers.0", {{"other.w", {4, 4}, "muon", false}}});
+             },
+             "model.units[1].name", "duplicate unit name 'layers.0'"},
         Case{"UnknownOwnerRule", [](PlanInput& in) { in.options.owner_assignment = "best"; },
              "options.owner_assignment", "unknown rule 'best'"},
         Case{"UnknownDevice", [](PlanInput& in) { in.options.device = "tpu"; },
@@ -175,6 +195,58 @@ TEST(ValidateTest, ReportsEveryViolationAtOnce) {
   absl::StatusOr<ResolvedConfig> r = Resolve(in);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("3 does not divide world_size 8"));
+}
+
+// Names and other strings of any length are quoted cut: a 10 MB name must
+// not come back as 10 MB of messages.
+TEST(ValidateTest, HugeStringsAreNeverEchoedWhole) {
+  const std::string huge(10 << 20, 'x');
+  PlanInput in = ValidInput();
+  in.model.name = huge;
+  in.model.units[0].name = huge;
+  in.model.units[0].params[0].name = huge;
+  in.model.units[0].params[1].optimizer = huge;
+  in.parallelism.data_parallel_sharding_strategy = huge;
+  in.options.owner_assignment = huge;
+  in.options.device = huge;
+  const std::vector<FieldViolation> v = Validate(in);
+  EXPECT_EQ(v.size(), 7u);
+  for (const FieldViolation& f : v) {
+    SCOPED_TRACE(f.field);
+    // The longest fixed text of these messages is under 150 bytes.
+    EXPECT_LE(f.description.size(), 150u + kMaxQuotedBytes);
+  }
+  absl::StatusOr<ResolvedConfig> r = Resolve(in);
+  EXPECT_LE(r.status().message().size(), 7 * (200u + kMaxQuotedBytes));
+}
+
+TEST(ValidateTest, QuoteCutsLongTextOnACharacterBoundary) {
+  EXPECT_EQ(Quote("short"), "'short'");
+  const std::string exact(kMaxQuotedBytes, 'a');
+  EXPECT_EQ(Quote(exact), "'" + exact + "'");
+  // 100 three-byte characters: 21 of them (63 bytes) fit in 64 bytes.
+  std::string euros;
+  for (int i = 0; i < 100; ++i) euros += "\xE2\x82\xAC";
+  std::string expected = "'";
+  for (int i = 0; i < 21; ++i) expected += "\xE2\x82\xAC";
+  expected += "...' (300 bytes)";
+  EXPECT_EQ(Quote(euros), expected);
+}
+
+TEST(ValidateTest, ZeroMeansUnsetEverywhere) {
+  PlanInput in = ValidInput();
+  in.parallelism.num_distributed_optimizer_instances = 0;
+  in.parallelism.expert_model_parallel_size = 0;
+  in.parallelism.tensor_model_parallel_size = 0;
+  in.options.ns_steps = 0;
+  in.options.comm_flops_per_byte = 0;
+  in.model.units[0].gathers_per_step = 0;
+  absl::StatusOr<ResolvedConfig> r = Resolve(in);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->instances, 1);
+  EXPECT_EQ(r->ep, 1);
+  EXPECT_EQ(r->ns_steps, 5);
+  EXPECT_EQ(r->comm_flops_per_byte, 1e4);  // cuda, the default device
 }
 
 TEST(ValidateTest, DefaultsResolveToZero3WithLpt) {
