@@ -1,10 +1,15 @@
 // muonmeshctl: the command-line client of the coordinator (DESIGN.md §1).
 //
-// Exit codes, which scripts rely on:
+// Exit codes, which scripts rely on (kExitCodes, shown by every --help):
 //   0  success
 //   1  the config is invalid (violations on stderr, one per line)
 //   2  usage error, or a spec file that does not load
-//   3  the coordinator cannot be reached or the RPC failed
+//   3  the coordinator cannot be reached (UNAVAILABLE: down, refused, stopping)
+//   4  the deadline (--timeout) expired before the answer came
+//   5  the coordinator refused or failed the call (RESOURCE_EXHAUSTED: too big
+//      or too busy; INTERNAL; any other error)
+
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
@@ -22,6 +27,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "client/coordinator_client.h"
+#include "client/job_commands.h"
 #include "client/json_writer.h"
 #include "client/plan_table.h"
 #include "client/planner_client.h"
@@ -34,7 +41,9 @@ namespace {
 constexpr int kExitOk = 0;
 constexpr int kExitInvalidConfig = 1;
 constexpr int kExitUsage = 2;
-constexpr int kExitRpc = 3;
+constexpr int kExitUnreachable = 3;
+constexpr int kExitDeadline = 4;
+constexpr int kExitRefused = 5;
 
 constexpr const char* kDefaultCoordinator = "127.0.0.1:50051";
 constexpr const char* kCoordinatorEnv = "MUONMESH_COORDINATOR";
@@ -177,7 +186,7 @@ void AddConfigFlags(FlagParser& parser, ConfigFlags* f) {
   parser.String("--spec", "FILE", "model spec (ModelSpec as YAML or JSON); required", &f->spec);
   parser.Int("--world-size", "W", "number of ranks; required", &f->world_size);
   parser.Int("--instances", "I",
-             "num_distributed_optimizer_instances (>1 adds the dp_outer axis; default 1)",
+             "num_distributed_optimizer_instances, >= 1 (>1 adds the dp_outer axis; default 1)",
              &f->instances);
   parser.String("--strategy", "S",
                 "data_parallel_sharding_strategy: no_shard | optim | optim_grads | "
@@ -186,7 +195,7 @@ void AddConfigFlags(FlagParser& parser, ConfigFlags* f) {
   parser.String("--outer-strategy", "S",
                 "outer_dp_sharding_strategy (only with --instances > 1; default optim)",
                 &f->outer_strategy);
-  parser.Int("--ep", "E", "expert_model_parallel_size (default 1)", &f->ep);
+  parser.Int("--ep", "E", "expert_model_parallel_size, >= 1 (default 1)", &f->ep);
 }
 
 void AddConnectionFlags(FlagParser& parser, ConfigFlags* f) {
@@ -198,6 +207,16 @@ void AddConnectionFlags(FlagParser& parser, ConfigFlags* f) {
   parser.Bool("--json", "print the answer as JSON on stdout", &f->json);
 }
 
+// The API cannot tell 0 from unset (proto3), so 0 would silently mean the
+// default; an explicit 0 is refused here, naming the flag. Other values,
+// negative ones included, are the coordinator's to validate.
+absl::Status CheckNotZero(const FlagParser& parser, const char* flag, int64_t value,
+                          int64_t fallback) {
+  if (!parser.Seen(flag) || value != 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(flag, ": must be >= 1, got 0 (omit ", flag,
+                                                 " for the default, ", fallback, ")"));
+}
+
 // Checks what the parser cannot: required flags and local ranges. The
 // config itself is the coordinator's to validate.
 absl::Status CheckConfigFlags(const FlagParser& parser, ConfigFlags* f) {
@@ -205,6 +224,8 @@ absl::Status CheckConfigFlags(const FlagParser& parser, ConfigFlags* f) {
   if (!parser.Seen("--world-size")) {
     return absl::InvalidArgumentError("missing required flag --world-size");
   }
+  if (absl::Status st = CheckNotZero(parser, "--instances", f->instances, 1); !st.ok()) return st;
+  if (absl::Status st = CheckNotZero(parser, "--ep", f->ep, 1); !st.ok()) return st;
   if (f->timeout_seconds <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--timeout: must be a positive number of seconds, got ", f->timeout_seconds));
@@ -238,15 +259,32 @@ void FillParallelism(const ConfigFlags& f, v1::ParallelismConfig* p) {
   p->set_expert_model_parallel_size(f.ep);
 }
 
-// Prints an RPC error; violations (InvalidArgument) are the user's to fix.
+// Prints an RPC error and returns its exit code; violations
+// (InvalidArgument) are the user's to fix.
 int ReportError(const std::string& command, const absl::Status& status) {
   if (status.code() == absl::StatusCode::kInvalidArgument) {
     std::cerr << status.message() << "\n";
     return kExitInvalidConfig;
   }
   std::cerr << "muonmeshctl " << command << ": " << status.message() << "\n";
-  return kExitRpc;
+  switch (status.code()) {
+    case absl::StatusCode::kUnavailable:
+      return kExitUnreachable;
+    case absl::StatusCode::kDeadlineExceeded:
+      return kExitDeadline;
+    default:
+      return kExitRefused;
+  }
 }
+
+constexpr const char* kExitCodes =
+    "Exit codes:\n"
+    "  0  ok\n"
+    "  1  invalid config (every violation on stderr, one per line)\n"
+    "  2  usage error, or a spec file that does not load\n"
+    "  3  coordinator unreachable (down, refused, shutting down)\n"
+    "  4  deadline (--timeout) expired before the answer\n"
+    "  5  refused or failed by the coordinator (plan too large, server busy, internal error)\n";
 
 constexpr const char* kValidateSynopsis =
     "--spec FILE --world-size W [--instances I] [--strategy S] [--outer-strategy S] [--ep E] "
@@ -262,7 +300,7 @@ int RunValidate(const std::vector<std::string>& args) {
   bool help = false;
   if (absl::Status st = parser.Parse(args, &help); !st.ok()) return UsageError("validate", st);
   if (help) {
-    std::cout << parser.Usage(kValidateSynopsis);
+    std::cout << parser.Usage(kValidateSynopsis) << "\n" << kExitCodes;
     return kExitOk;
   }
   if (absl::Status st = CheckConfigFlags(parser, &f); !st.ok()) return UsageError("validate", st);
@@ -303,7 +341,8 @@ int RunPlan(const std::vector<std::string>& args) {
   AddConfigFlags(parser, &f);
   parser.String("--owner-rule", "R", "owner assignment: lpt (default) | round_robin | allgather",
                 &owner_rule);
-  parser.Int("--ns-steps", "T", "Newton-Schulz steps in the cost model (default 5)", &ns_steps);
+  parser.Int("--ns-steps", "T", "Newton-Schulz steps in the cost model, 1 to 100 (default 5)",
+             &ns_steps);
   parser.String("--device", "cpu|cuda", "device whose cost model to use (default cuda)", &device);
   parser.Bool("--include-shards", "also return every shard's segments (JSON only; large)",
               &include_shards);
@@ -311,10 +350,13 @@ int RunPlan(const std::vector<std::string>& args) {
   bool help = false;
   if (absl::Status st = parser.Parse(args, &help); !st.ok()) return UsageError("plan", st);
   if (help) {
-    std::cout << parser.Usage(kPlanSynopsis);
+    std::cout << parser.Usage(kPlanSynopsis) << "\n" << kExitCodes;
     return kExitOk;
   }
   if (absl::Status st = CheckConfigFlags(parser, &f); !st.ok()) return UsageError("plan", st);
+  if (absl::Status st = CheckNotZero(parser, "--ns-steps", ns_steps, 5); !st.ok()) {
+    return UsageError("plan", st);
+  }
   if (ns_steps < std::numeric_limits<int32_t>::min() ||
       ns_steps > std::numeric_limits<int32_t>::max()) {
     return UsageError("plan", absl::InvalidArgumentError(
@@ -347,33 +389,165 @@ int RunPlan(const std::vector<std::string>& args) {
   return kExitOk;
 }
 
-constexpr const char* kHelp =
+// ---------------------------------------------------------------- jobs
+
+// A job command: one positional argument (the job file or job id) and the
+// connection flags plus `extra`.
+struct JobCommand {
+  const char* name;
+  const char* positional;  // "FILE", "JOB", or nullptr for none
+  const char* synopsis;
+};
+
+// Parses `args` for `command`: the positional first (when the command takes
+// one), then flags. Returns kExitOk to go on, or the exit code to return.
+int ParseJobCommand(const JobCommand& command, const std::vector<std::string>& args,
+                    FlagParser& parser, ConfigFlags* f, std::string* positional) {
+  AddConnectionFlags(parser, f);
+  std::vector<std::string> flags = args;
+  if (command.positional != nullptr && !flags.empty() && !absl::StartsWith(flags[0], "-")) {
+    *positional = flags[0];
+    flags.erase(flags.begin());
+  }
+  bool help = false;
+  if (absl::Status st = parser.Parse(flags, &help); !st.ok()) {
+    return UsageError(command.name, st);
+  }
+  if (help) {
+    std::cout << parser.Usage(command.synopsis) << "\n" << kExitCodes
+              << "  6  watch: the job ended FAILED or CANCELLED\n";
+    return -1;
+  }
+  if (command.positional != nullptr && positional->empty()) {
+    return UsageError(command.name, absl::InvalidArgumentError(absl::StrCat(
+                                        "missing ", command.positional)));
+  }
+  if (f->timeout_seconds <= 0) {
+    return UsageError(command.name,
+                      absl::InvalidArgumentError("--timeout: must be a positive number"));
+  }
+  if (f->coordinator.empty()) {
+    const char* env = std::getenv(kCoordinatorEnv);
+    f->coordinator = env != nullptr && *env != '\0' ? env : kDefaultCoordinator;
+  }
+  return kExitOk;
+}
+
+int RunJobCommand(const std::string& name, const std::vector<std::string>& args) {
+  static const JobCommand kCommands[] = {
+      {"submit", "FILE",
+       "FILE [--request-id ID] [--coordinator ADDR] [--timeout SECONDS]\n\n"
+       "Submits the job file (YAML or JSON). Relative paths in it are made absolute against\n"
+       "its folder, output.dir defaults to <its folder>/runs/<name>, and a synthetic model's\n"
+       "spec file is sent inline. Prints the job id alone on the last line of stdout.\n"
+       "Repeating a submit with the same --request-id makes one job."},
+      {"status", "JOB", "JOB [--json] [--coordinator ADDR]\n\nThe job's state, progress and timing."},
+      {"list", nullptr,
+       "[--state S[,S...]] [--name NAME] [--json] [--coordinator ADDR]\n\n"
+       "Jobs, newest first (states: pending, running, restarting, succeeded, failed, "
+       "cancelled)."},
+      {"watch", "JOB",
+       "JOB [--from INDEX] [--coordinator ADDR]\n\n"
+       "Follows the job to its end: every state change, and every step's loss, time and ETA\n"
+       "(a live progress bar on a terminal). Resumes from event INDEX (default: the first)."},
+      {"metrics", "JOB",
+       "JOB [--format table|json|csv] [--summary] [--all-ranks] [--coordinator ADDR]\n\n"
+       "The job's per-step records: loss, step time and every phase, bytes sent, Newton-Schulz\n"
+       "FLOPs (rank 0's, or every rank's with --all-ranks); --summary adds medians and totals."},
+      {"cancel", "JOB", "JOB [--reason TEXT] [--coordinator ADDR]\n\nStops the job; its workers are freed."},
+      {"workers", nullptr, "[--json] [--coordinator ADDR]\n\nThe registered workers."}};
+  const JobCommand* command = nullptr;
+  for (const JobCommand& c : kCommands) {
+    if (name == c.name) command = &c;
+  }
+  if (command == nullptr) return -2;
+  ConfigFlags f;
+  FlagParser parser(name);
+  std::string positional, request_id, states, job_name, reason, format = "table";
+  int64_t from = 0;
+  bool summary = false, all_ranks = false;
+  if (name == "submit") parser.String("--request-id", "ID", "idempotency key (<= 128 bytes)", &request_id);
+  if (name == "list") {
+    parser.String("--state", "S", "only jobs in these states (comma-separated)", &states);
+    parser.String("--name", "NAME", "only jobs of this name", &job_name);
+  }
+  if (name == "watch") parser.Int("--from", "INDEX", "first event to show (default 1)", &from);
+  if (name == "metrics") {
+    parser.String("--format", "F", "table (default), json or csv", &format);
+    parser.Bool("--summary", "add medians and totals", &summary);
+    parser.Bool("--all-ranks", "every rank's records, not rank 0's", &all_ranks);
+  }
+  if (name == "cancel") parser.String("--reason", "TEXT", "recorded with the cancel", &reason);
+  if (const int code = ParseJobCommand(*command, args, parser, &f, &positional); code != kExitOk) {
+    return code < 0 ? kExitOk : code;
+  }
+  CoordinatorClient client(f.coordinator, {absl::Seconds(f.timeout_seconds)});
+  cli::Streams io{std::cout, std::cerr, isatty(STDOUT_FILENO) != 0};
+  if (name == "submit") return cli::Submit(client, positional, request_id, io);
+  if (name == "status") return cli::Status(client, positional, f.json, io);
+  if (name == "list") return cli::List(client, states, job_name, f.json, io);
+  if (name == "watch") return cli::Watch(client, positional, from, io);
+  if (name == "metrics") return cli::Metrics(client, positional, format, summary, all_ranks, io);
+  if (name == "cancel") return cli::Cancel(client, positional, reason, io);
+  return cli::Workers(client, f.json, io);
+}
+
+constexpr const char* kHelpHead =
     "muonmeshctl: command-line client of the muonmesh coordinator.\n"
     "\n"
     "Usage: muonmeshctl <command> [flags]\n"
     "\n"
     "Commands:\n"
+    "  submit     submit a job file; prints the job id\n"
+    "  status     a job's state, progress and timing\n"
+    "  list       jobs, newest first\n"
+    "  watch      follow a job to its end (steps, loss, ETA)\n"
+    "  metrics    a job's per-step records (table, JSON or CSV)\n"
+    "  cancel     stop a job\n"
+    "  workers    the registered workers\n"
     "  validate   check a parallelism config against a model spec\n"
     "  plan       compute the mesh, shard layout and Muon owner ranks\n"
     "  help       show this help\n"
     "\n"
-    "Run 'muonmeshctl <command> --help' for a command's flags.\n"
-    "Exit codes: 0 ok, 1 invalid config, 2 usage error or bad spec file,\n"
-    "3 coordinator unreachable or RPC error.\n";
+    "Run 'muonmeshctl <command> --help' for a command's flags. --coordinator and --timeout\n"
+    "may also come before the command name.\n"
+    "\n";
+
+std::string Help() { return absl::StrCat(kHelpHead, kExitCodes); }
 
 int Main(int argc, char** argv) {
   if (argc < 2) {
-    std::cerr << kHelp;
+    std::cerr << Help();
     return kExitUsage;
   }
-  const std::string command = argv[1];
-  const std::vector<std::string> args(argv + 2, argv + argc);
+  // Shared flags may come before the command (as kubectl and docker take
+  // theirs): move them after it.
+  std::vector<std::string> all(argv + 1, argv + argc);
+  std::vector<std::string> leading;
+  while (!all.empty() && (all[0] == "--coordinator" || all[0] == "--timeout") &&
+         all.size() >= 2) {
+    leading.insert(leading.end(), all.begin(), all.begin() + 2);
+    all.erase(all.begin(), all.begin() + 2);
+  }
+  while (!all.empty() &&
+         (absl::StartsWith(all[0], "--coordinator=") || absl::StartsWith(all[0], "--timeout="))) {
+    leading.push_back(all[0]);
+    all.erase(all.begin());
+  }
+  if (all.empty()) {
+    std::cerr << Help();
+    return kExitUsage;
+  }
+  const std::string command = all[0];
+  std::vector<std::string> args(all.begin() + 1, all.end());
+  args.insert(args.end(), leading.begin(), leading.end());
   if (command == "help" || command == "--help" || command == "-h") {
-    std::cout << kHelp;
+    std::cout << Help();
     return kExitOk;
   }
   if (command == "validate") return RunValidate(args);
   if (command == "plan") return RunPlan(args);
+  if (const int code = RunJobCommand(command, args); code != -2) return code;
   std::cerr << "muonmeshctl: unknown command '" << command << "'\n"
             << "Run 'muonmeshctl help' for the list of commands.\n";
   return kExitUsage;

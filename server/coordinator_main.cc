@@ -5,6 +5,9 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -16,14 +19,36 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "server/coordinator_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "HOST:PORT to serve on; port 0 picks a free port (printed when ready)");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(5),
-          "on SIGINT/SIGTERM, how long calls in flight may finish before they are cancelled");
+          "on SIGINT/SIGTERM, how long calls in flight may finish before they are cancelled "
+          "(plans being computed are cancelled at once); a second signal exits at once (code 1)");
+ABSL_FLAG(std::string, data_dir, "",
+          "folder of the durable state (state.db: jobs, events, step records); created if "
+          "missing. Empty: $HOME/.local/state/muonmesh (./muonmesh-state without HOME). "
+          "'none' serves the Planner only (no Jobs, Fleet or Store)");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT to serve Prometheus metrics on (http://HOST:PORT/metrics); port 0 picks "
+          "one (printed when ready); empty: no metrics endpoint");
+ABSL_FLAG(absl::Duration, lease_ttl, absl::Seconds(10),
+          "how long a worker may go without a heartbeat before it counts as lost (its job "
+          "attempt fails and restarts if it may); workers heartbeat every lease_ttl / 5");
+ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(60),
+          "the timeout of every collective in the workers of a job (a stalled peer is caught "
+          "after at most this long)");
+ABSL_FLAG(int64_t, max_concurrent_plans, 4,
+          "PlanLayout calls computed at once; more are refused with RESOURCE_EXHAUSTED (>= 1)");
+ABSL_FLAG(int64_t, plan_memory_mib, 4096,
+          "memory, in MiB, that the PlanLayout calls computed at once may hold together, by each "
+          "call's estimate from its spec (request, planner working set, answer); a call that "
+          "would pass it is refused with RESOURCE_EXHAUSTED (>= 1)");
 
 namespace {
 
@@ -44,14 +69,90 @@ void PrintHelp() {
   }
 }
 
+// The flags as server options. InvalidArgument naming a flag out of range.
+absl::Status OptionsFromFlags(muonmesh::CoordinatorServerOptions* options) {
+  options->listen = absl::GetFlag(FLAGS_listen);
+  const int64_t plans = absl::GetFlag(FLAGS_max_concurrent_plans);
+  const int64_t mib = absl::GetFlag(FLAGS_plan_memory_mib);
+  if (plans < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_concurrent_plans must be >= 1, got ",
+                                                   plans));
+  }
+  // 2^40 MiB is a petabyte: more is a typo, and would overflow bytes.
+  if (mib < 1 || mib > (int64_t{1} << 40)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--plan_memory_mib must be in [1, 2^40], got ", mib));
+  }
+  options->planner.admission = {.max_calls = plans, .max_bytes = mib << 20};
+  std::string data_dir = absl::GetFlag(FLAGS_data_dir);
+  if (data_dir.empty()) {
+    const char* home = std::getenv("HOME");
+    data_dir = home != nullptr && *home != '\0' ? absl::StrCat(home, "/.local/state/muonmesh")
+                                                : std::string("muonmesh-state");
+  }
+  if (data_dir != "none") options->control.data_dir = data_dir;
+  options->control.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  const absl::Duration ttl = absl::GetFlag(FLAGS_lease_ttl);
+  const absl::Duration collective = absl::GetFlag(FLAGS_collective_timeout);
+  if (ttl < absl::Milliseconds(500) || ttl > absl::Hours(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--lease_ttl must be in [500ms, 1h], got ", absl::FormatDuration(ttl)));
+  }
+  if (collective < absl::Seconds(1) || collective > absl::Hours(24)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--collective_timeout must be in [1s, 24h], got ", absl::FormatDuration(collective)));
+  }
+  options->control.lease_ttl = ttl;
+  options->control.heartbeat_interval = ttl / 5;
+  options->control.collective_timeout = collective;
+  return absl::OkStatus();
+}
+
+// Runs on its own thread with the stop signals blocked everywhere: the first
+// SIGINT/SIGTERM shuts the server down (on a helper thread, as Shutdown
+// blocks until calls end), a second one exits at once with code 1. Returns
+// when `done` is set after the server has stopped.
+// Stop signals that reached a thread which does not block them: libraries
+// loaded with the binary (OpenBLAS) start threads before main blocks the
+// signals, and without a handler the kernel would kill the process there.
+// The handler only records the signal (async-signal-safe); StopOnSignals
+// polls it beside sigtimedwait.
+std::atomic<int> g_unblocked_signal{0};
+extern "C" void RecordStopSignal(int signal_number) { g_unblocked_signal.store(signal_number); }
+
+void StopOnSignals(const sigset_t& signals, absl::Duration grace,
+                   muonmesh::CoordinatorServer& server, const std::atomic<bool>& done) {
+  std::thread shutdown;
+  // A short timeout, so that `done` is seen soon after a clean stop.
+  const timespec poll = {0, 100'000'000};
+  while (!done.load()) {
+    int signal_number = sigtimedwait(&signals, nullptr, &poll);
+    if (signal_number < 0) signal_number = g_unblocked_signal.exchange(0);
+    if (signal_number <= 0) continue;  // timeout or EINTR
+    const char* name = signal_number == SIGINT ? "SIGINT" : "SIGTERM";
+    if (shutdown.joinable()) {
+      std::cerr << "muonmesh-coordinator: " << name << " again, exiting now" << std::endl;
+      std::_Exit(1);
+    }
+    std::cerr << "muonmesh-coordinator: " << name << ", shutting down (grace "
+              << absl::FormatDuration(grace) << "; a second signal exits at once)" << std::endl;
+    shutdown = std::thread([&server, grace] { server.Shutdown(grace); });
+  }
+  if (shutdown.joinable()) shutdown.join();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "the muonmesh control plane (gRPC: muonmesh.v1.Planner, grpc.health.v1, reflection).\n"
-      "Usage: muonmesh-coordinator [--listen HOST:PORT] [--shutdown_grace 5s]\n"
+      "the muonmesh control plane (gRPC: muonmesh.v1.Planner, Jobs, Fleet, Store,\n"
+      "grpc.health.v1, reflection; Prometheus metrics over HTTP).\n"
+      "Usage: muonmesh-coordinator [--listen HOST:PORT] [--data_dir DIR] [--metrics_listen "
+      "HOST:PORT]\n"
+      "       [--lease_ttl 10s] [--collective_timeout 60s] [--shutdown_grace 5s]\n"
+      "       [--max_concurrent_plans 4] [--plan_memory_mib 4096]\n"
       "Prints 'muonmesh-coordinator listening on HOST:PORT' when ready; stops on SIGINT or "
-      "SIGTERM.");
+      "SIGTERM\n(exit code 0), at once on a second one (exit code 1).");
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h" || arg == "--helpfull" || arg == "-help") {
@@ -64,10 +165,15 @@ int main(int argc, char** argv) {
     std::cerr << "muonmesh-coordinator: unexpected argument '" << rest[1] << "' (see --help)\n";
     return 2;
   }
+  muonmesh::CoordinatorServerOptions options;
+  if (absl::Status st = OptionsFromFlags(&options); !st.ok()) {
+    std::cerr << "muonmesh-coordinator: " << st.message() << " (see --help)\n";
+    return 2;
+  }
 
   // Block the stop signals before any thread exists: every thread gRPC
-  // starts inherits the mask, so the signals wait for sigwait() below, which
-  // runs outside signal context and may call anything (a handler could only
+  // starts inherits the mask, so the signals wait for StopOnSignals' thread,
+  // which runs outside signal context and may call anything (a handler could only
   // call async-signal-safe functions, and Shutdown is not one).
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
@@ -77,11 +183,14 @@ int main(int argc, char** argv) {
     std::cerr << "muonmesh-coordinator: pthread_sigmask: " << std::strerror(err) << "\n";
     return 1;
   }
+  struct sigaction record {};
+  record.sa_handler = RecordStopSignal;
+  sigemptyset(&record.sa_mask);
+  sigaction(SIGINT, &record, nullptr);
+  sigaction(SIGTERM, &record, nullptr);
   // A client that hangs up mid-write must not kill the server.
   signal(SIGPIPE, SIG_IGN);
 
-  muonmesh::CoordinatorServerOptions options;
-  options.listen = absl::GetFlag(FLAGS_listen);
   absl::StatusOr<std::unique_ptr<muonmesh::CoordinatorServer>> server =
       muonmesh::CoordinatorServer::Start(options);
   if (!server.ok()) {
@@ -89,18 +198,20 @@ int main(int argc, char** argv) {
     return 1;
   }
   // Scripts and tests wait for this exact line (and read the port from it).
+  if ((*server)->control() != nullptr) {
+    std::cerr << "muonmesh-coordinator: state in " << options.control.data_dir << std::endl;
+    if (const int port = (*server)->control()->metrics_port(); port > 0) {
+      std::cout << "muonmesh-coordinator metrics on port " << port << std::endl;
+    }
+  }
   std::cout << "muonmesh-coordinator listening on " << (*server)->address() << std::endl;
 
   const absl::Duration grace = absl::GetFlag(FLAGS_shutdown_grace);
-  std::thread stopper([&stop_signals, &server, grace] {
-    int signal_number = 0;
-    sigwait(&stop_signals, &signal_number);
-    std::cerr << "muonmesh-coordinator: " << (signal_number == SIGINT ? "SIGINT" : "SIGTERM")
-              << ", shutting down (grace " << absl::FormatDuration(grace) << ")\n";
-    (*server)->Shutdown(grace);
-  });
+  std::atomic<bool> done{false};
+  std::thread stopper([&] { StopOnSignals(stop_signals, grace, **server, done); });
   // Returns only after Shutdown, which only the stopper calls.
   (*server)->Wait();
+  done.store(true);
   stopper.join();
   return 0;
 }

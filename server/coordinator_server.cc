@@ -29,7 +29,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
-  std::unique_ptr<CoordinatorServer> self(new CoordinatorServer());
+  std::unique_ptr<CoordinatorServer> self(new CoordinatorServer(options.planner));
+  if (!options.control.data_dir.empty()) {
+    absl::StatusOr<std::unique_ptr<coordinator::ControlPlane>> control =
+        coordinator::ControlPlane::Start(options.control);
+    if (!control.ok()) return control.status();
+    self->control_ = *std::move(control);
+  }
   grpc::ServerBuilder builder;
   // TLS comes with non-loopback deployments (DESIGN.md §7).
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &self->port_);
@@ -39,6 +45,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   // coordinator bind the same port and silently take half the calls.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(&self->planner_);
+  if (self->control_ != nullptr) {
+    for (grpc::Service* service : self->control_->services()) builder.RegisterService(service);
+    builder.experimental().SetInterceptorCreators(self->control_->interceptor_factories());
+  }
   self->server_ = builder.BuildAndStart();
   if (self->server_ == nullptr || self->port_ == 0) {
     return absl::UnavailableError(
@@ -49,6 +59,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   // too so that probes can ask for the Planner specifically.
   if (grpc::HealthCheckServiceInterface* health = self->server_->GetHealthCheckService()) {
     health->SetServingStatus(v1::Planner::service_full_name(), true);
+    if (self->control_ != nullptr) {
+      health->SetServingStatus(v1::Jobs::service_full_name(), true);
+      health->SetServingStatus(v1::Fleet::service_full_name(), true);
+      health->SetServingStatus(v1::Store::service_full_name(), true);
+    }
   }
   return self;
 }
@@ -66,6 +81,10 @@ void CoordinatorServer::Shutdown(absl::Duration grace) {
   if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
     health->Shutdown();
   }
+  planner_.CancelAll();
+  // Wakes the streams waiting for events and assignments, so that they end
+  // now rather than at the grace deadline.
+  if (control_ != nullptr) control_->Shutdown();
   server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(grace));
 }
 

@@ -1,8 +1,9 @@
 #pragma once
 
-// The coordinator's gRPC server: owns the services and the grpc::Server that
-// serves them, with the settings every coordinator shares (message size
-// limits, grpc.health.v1, reflection). muonmesh-coordinator is a flag-parsing
+// The coordinator's gRPC server: owns the services (the Planner and, with a
+// data folder, the control plane's Jobs, Fleet and Store) and the
+// grpc::Server that serves them, with the settings every coordinator shares
+// (message size limits, grpc.health.v1, reflection, RPC metrics). muonmesh-coordinator is a flag-parsing
 // shell around it; tests start it in-process on 127.0.0.1:0.
 //
 // Thread-safe: Shutdown() may be called from any thread (typically a signal
@@ -14,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/server.h"
+#include "server/control/control_plane.h"
 #include "server/planner_service.h"
 
 namespace muonmesh {
@@ -22,6 +24,11 @@ struct CoordinatorServerOptions {
   // HOST:PORT (IPv6 hosts in brackets). Port 0 picks a free port; port()
   // tells which.
   std::string listen = "127.0.0.1:50051";
+  // Limits of the Planner's plan calls (concurrency, memory).
+  PlannerServiceOptions planner;
+  // The control plane (Jobs, Fleet, Store; durable state, leases, metrics).
+  // Without a data_dir the coordinator serves the Planner only.
+  coordinator::ControlPlaneOptions control;
 };
 
 class CoordinatorServer {
@@ -40,17 +47,24 @@ class CoordinatorServer {
   // HOST:PORT with the bound port, e.g. "127.0.0.1:41234".
   const std::string& address() const { return address_; }
 
-  // Stops accepting calls, reports NOT_SERVING to health checks, and lets
-  // calls in flight finish for up to `grace` before cancelling them.
-  // Idempotent.
+  // Stops accepting calls, reports NOT_SERVING to health checks, stops the
+  // plans being computed at once (PlannerService::CancelAll: they are pure
+  // computations, and a big one would otherwise hold the server), and lets
+  // other calls in flight finish for up to `grace` before cancelling them.
+  // Returns when every call has ended. Idempotent.
   void Shutdown(absl::Duration grace);
   // Blocks until the server has shut down.
   void Wait();
 
+  const PlannerService& planner() const { return planner_; }
+  // The control plane, or null when it was not asked for.
+  coordinator::ControlPlane* control() const { return control_.get(); }
+
  private:
-  CoordinatorServer() = default;
+  explicit CoordinatorServer(const PlannerServiceOptions& planner) : planner_(planner) {}
 
   PlannerService planner_;
+  std::unique_ptr<coordinator::ControlPlane> control_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::string address_;

@@ -1,46 +1,71 @@
 #!/usr/bin/env bash
-# The main job: installs dependencies, builds, then
-#  1. starts a local coordinator on a free loopback port and asks it, through
-#     muonmeshctl, for the plan of the training job below (the MLP of
-#     DESIGN.md §2 on 4 ranks as HFSDP);
-#  2. trains that job on a local CPU cluster: 4 muonmesh-worker processes on
-#     loopback (Gloo), printing the loss of every step and exporting the
-#     final weights to runs/mlp-hfsdp/final.safetensors.
+# The main job: installs dependencies, builds, then runs the service on this
+# machine and trains a job through it:
+#  1. starts muonmesh-coordinator on a free loopback port (state in a
+#     temporary folder) and 4 muonmesh-worker daemons that register with it;
+#  2. prints, through muonmeshctl, the plan of the example job's model (the
+#     MLP of DESIGN.md §2 on 4 ranks as HFSDP);
+#  3. submits deploy/local/examples/mlp-hfsdp.yaml, watches it to the end
+#     (every step's loss and time), prints its step records and a summary,
+#     and the fleet;
+#  4. stops everything it started. The final weights are in
+#     deploy/local/examples/runs/mlp-hfsdp/final.safetensors.
 #
-#   deploy/local/run-example.sh [extra muonmeshctl plan flags...]
+#   deploy/local/run-example.sh [JOB.yaml]
 #
 # MUONMESH_BUILD_DIR overrides the build folder (default build/).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
+job=${1:-deploy/local/examples/mlp-hfsdp.yaml}
 
 build_dir=${MUONMESH_BUILD_DIR:-build}
 deploy/local/build.sh --target muonmesh-coordinator muonmeshctl muonmesh-worker >/dev/null
 
 coordinator="$build_dir/server/muonmesh-coordinator"
+worker="$build_dir/worker/muonmesh-worker"
 ctl="$build_dir/client/muonmeshctl"
-log=$(mktemp)
-"$coordinator" --listen 127.0.0.1:0 >"$log" 2>&1 &
-pid=$!
-trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -f "$log"' EXIT
+work=$(mktemp -d "${TMPDIR:-/tmp}/muonmesh-example.XXXXXX")
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
 
+"$coordinator" --listen 127.0.0.1:0 --data_dir "$work/state" >"$work/coordinator.log" 2>&1 &
+pids+=($!)
 # Wait (bounded) for "muonmesh-coordinator listening on HOST:PORT".
 address=""
 for _ in $(seq 100); do
-  address=$(sed -n 's/^muonmesh-coordinator listening on //p' "$log" | head -n 1)
+  address=$(sed -n 's/^muonmesh-coordinator listening on //p' "$work/coordinator.log" | head -n 1)
   [[ -n "$address" ]] && break
-  kill -0 "$pid" 2>/dev/null || { cat "$log" >&2; exit 1; }
+  kill -0 "${pids[0]}" 2>/dev/null || { cat "$work/coordinator.log" >&2; exit 1; }
   sleep 0.1
 done
-[[ -n "$address" ]] || { echo "coordinator did not start within 10 s" >&2; cat "$log" >&2; exit 1; }
+[[ -n "$address" ]] || { echo "coordinator did not start within 10 s" >&2; exit 1; }
 echo "coordinator at $address"
 
-# The plan of the example job's model (its spec file, as muonmesh-worker
-# builds it from model.mlp.dims).
-"$ctl" plan --coordinator "$address" --spec deploy/local/examples/mlp-32-64-64-8.yaml \
-  --world-size 4 --instances 2 --device cpu "$@"
+# Four CPU workers on this machine, each with a quarter of the default budget.
+budget=$(awk '/MemTotal/ {printf "%dKiB", $2 * 0.8 / 4}' /proc/meminfo)
+for i in 0 1 2 3; do
+  "$worker" --coordinator "$address" --worker-id "local-$i" --memory-budget "$budget" \
+    >"$work/worker-$i.log" 2>&1 &
+  pids+=($!)
+done
 
+export MUONMESH_COORDINATOR=$address
 echo
-echo "training deploy/local/examples/mlp-hfsdp.yaml on 4 local CPU ranks"
-MUONMESH_BUILD_DIR="$build_dir" deploy/local/run-job.sh deploy/local/examples/mlp-hfsdp.yaml
+"$ctl" plan --spec deploy/local/examples/mlp-32-64-64-8.yaml --world-size 4 --instances 2 \
+  --device cpu
+echo
+id=$("$ctl" submit "$job" | tail -n 1)
+echo "submitted $job as $id"
+"$ctl" watch "$id"
+echo
+"$ctl" metrics "$id" --summary
+echo
+"$ctl" workers
+"$ctl" status "$id" | grep -q SUCCEEDED || { echo "the job did not succeed" >&2; exit 1; }

@@ -11,13 +11,17 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
@@ -179,15 +183,80 @@ int FreePort() {
   return port;
 }
 
+// CPU seconds (user + system) that process `pid` has used so far, from
+// /proc/PID/stat; -1 when it cannot be read.
+double CpuSeconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Fields after the command name (which may hold spaces), from field 3 on.
+  const size_t close_paren = stat.rfind(')');
+  if (close_paren == std::string::npos) return -1;
+  std::vector<std::string> fields = absl::StrSplit(stat.substr(close_paren + 2), ' ');
+  int64_t utime = 0;
+  int64_t stime = 0;
+  // utime and stime are fields 14 and 15 of the line: 11 and 12 after it.
+  if (fields.size() < 13 || !absl::SimpleAtoi(fields[11], &utime) ||
+      !absl::SimpleAtoi(fields[12], &stime)) {
+    return -1;
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// Peak resident memory of process `pid` (VmHWM in /proc/PID/status) in
+// bytes; -1 when it cannot be read.
+int64_t PeakRssBytes(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);) {
+    if (!absl::StartsWith(line, "VmHWM:")) continue;
+    int64_t kb = 0;
+    std::string value(absl::StripAsciiWhitespace(line.substr(6)));
+    value = value.substr(0, value.find(' '));
+    return absl::SimpleAtoi(value, &kb) ? kb * 1024 : -1;
+  }
+  return -1;
+}
+
+// A spec of `units` layers of `per_unit` [rows, cols] Muon matrices, as JSON.
+std::string LayersSpec(int units, int per_unit, int64_t rows, int64_t cols) {
+  std::string json = "{\"name\": \"layers\", \"units\": [";
+  for (int u = 0; u < units; ++u) {
+    absl::StrAppend(&json, u == 0 ? "" : ",", "\n{\"name\": \"u", u, "\", \"params\": [");
+    for (int k = 0; k < per_unit; ++k) {
+      absl::StrAppend(&json, k == 0 ? "" : ", ", "{\"name\": \"u", u, ".w", k,
+                      "\", \"shape\": [", rows, ", ", cols, "], \"optimizer\": \"muon\"}");
+    }
+    json += "]}";
+  }
+  return json + "]}\n";
+}
+
+// Waits (bounded) until process `pid` has used `seconds` more CPU than
+// `since`; false if it never does.
+bool WaitForCpu(pid_t pid, double since, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(180);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (CpuSeconds(pid) >= since + seconds) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
 class MuonmeshCtlTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { StartCoordinator({}); }
+
+  // Starts the coordinator on 127.0.0.1:0 with `flags`, stopping the one
+  // running (if any) first.
+  void StartCoordinator(const std::vector<std::string>& flags) {
+    if (coordinator_ > 0) StopCoordinator(SIGTERM);
+    if (coordinator_out_ >= 0) close(coordinator_out_);
     int out_pipe[2];
     ASSERT_EQ(pipe2(out_pipe, O_CLOEXEC), 0);
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, out_pipe[1], STDOUT_FILENO);
     std::vector<std::string> argv = {MUONMESH_COORDINATOR_BIN, "--listen", "127.0.0.1:0"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
     const int err = posix_spawn(&coordinator_, argv[0].c_str(), &actions, nullptr,
                                 testing::CStrings(argv).data(), environ);
     posix_spawn_file_actions_destroy(&actions);
@@ -218,6 +287,7 @@ class MuonmeshCtlTest : public ::testing::Test {
   void TearDown() override {
     if (coordinator_ > 0) StopCoordinator(SIGTERM);
     if (coordinator_out_ >= 0) close(coordinator_out_);
+    coordinator_out_ = -1;
   }
 
   // Sends `signal` and expects a clean, prompt exit.
@@ -391,7 +461,7 @@ TEST_F(MuonmeshCtlTest, RefusedCoordinatorExits3NamingTheAddress) {
 
 // A coordinator that accepts connections and never answers: the call ends at
 // its deadline, not at gRPC's own (much longer) connect timeouts.
-TEST_F(MuonmeshCtlTest, SilentCoordinatorExits3AtTheDeadline) {
+TEST_F(MuonmeshCtlTest, SilentCoordinatorExits4AtTheDeadline) {
   REQUIRE_GPT2();
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -405,7 +475,7 @@ TEST_F(MuonmeshCtlTest, SilentCoordinatorExits3AtTheDeadline) {
   const ProcessResult r = Ctl({"validate", "--spec", Gpt2Spec(), "--world-size", "8",
                                "--coordinator", silent, "--timeout", "2"});
   close(fd);
-  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_EQ(r.exit_code, 4) << r.err;
   EXPECT_THAT(r.err, HasSubstr(silent));
   EXPECT_GE(r.seconds, 1.5);
   EXPECT_LT(r.seconds, 15);
@@ -428,6 +498,14 @@ TEST_F(MuonmeshCtlTest, UsageErrorsExit2NamingTheFlag) {
        "--ns-steps"},
       {{"plan", "--json=yes"}, "--json takes no value"},
       {{"plan", "stray"}, "unexpected argument 'stray'"},
+      // proto3 cannot tell 0 from unset: an explicit 0 would silently mean
+      // the default.
+      {{"plan", "--spec", "x.json", "--world-size", "8", "--instances", "0"},
+       "--instances: must be >= 1, got 0 (omit --instances for the default, 1)"},
+      {{"validate", "--spec", "x.json", "--world-size", "8", "--ep=0"},
+       "--ep: must be >= 1, got 0 (omit --ep for the default, 1)"},
+      {{"plan", "--spec", "x.json", "--world-size", "8", "--ns-steps", "0"},
+       "--ns-steps: must be >= 1, got 0 (omit --ns-steps for the default, 5)"},
       {{"frobnicate"}, "unknown command 'frobnicate'"},
       {{}, "Usage: muonmeshctl"},
   };
@@ -444,27 +522,154 @@ TEST_F(MuonmeshCtlTest, HelpExits0) {
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_THAT(help.out, HasSubstr("validate"));
   EXPECT_THAT(help.out, HasSubstr("plan"));
+  for (const char* code : {"0  ok", "1  invalid config", "2  usage error", "3  coordinator unreachable",
+                           "4  deadline", "5  refused or failed"}) {
+    EXPECT_THAT(help.out, HasSubstr(code));
+  }
   const ProcessResult plan_help = Ctl({"plan", "--help"});
   EXPECT_EQ(plan_help.exit_code, 0);
   for (const char* flag : {"--spec FILE", "--world-size W", "--owner-rule R", "--ns-steps T",
                            "--include-shards", "--timeout SECONDS", "--json"}) {
     EXPECT_THAT(plan_help.out, HasSubstr(flag));
   }
+  EXPECT_THAT(plan_help.out, HasSubstr("Exit codes:"));
   const ProcessResult validate_help = Ctl({"validate", "-h"});
   EXPECT_EQ(validate_help.exit_code, 0);
   EXPECT_THAT(validate_help.out, HasSubstr("--instances I"));
+  EXPECT_THAT(validate_help.out, HasSubstr("4  deadline"));
 }
 
 TEST_F(MuonmeshCtlTest, CoordinatorHelpAndBadFlags) {
   const ProcessResult help = testing::Run({MUONMESH_COORDINATOR_BIN, "--help"}, kCallBound);
   EXPECT_EQ(help.exit_code, 0) << help.err;
-  EXPECT_THAT(help.out, HasSubstr("--listen"));
-  EXPECT_THAT(help.out, HasSubstr("--shutdown_grace"));
+  for (const char* flag :
+       {"--listen", "--shutdown_grace", "--max_concurrent_plans", "--plan_memory_mib"}) {
+    EXPECT_THAT(help.out, HasSubstr(flag));
+  }
+  for (const char* bad : {"--max_concurrent_plans=0", "--plan_memory_mib=-1"}) {
+    const ProcessResult r = testing::Run({MUONMESH_COORDINATOR_BIN, bad}, kCallBound);
+    EXPECT_EQ(r.exit_code, 2) << bad;
+    EXPECT_THAT(r.err, HasSubstr(std::string(bad).substr(0, std::string(bad).find('='))));
+  }
   // The port our fixture's coordinator holds cannot be taken twice.
   const ProcessResult taken =
       testing::Run({MUONMESH_COORDINATOR_BIN, "--listen", address_}, kCallBound);
   EXPECT_EQ(taken.exit_code, 1);
   EXPECT_THAT(taken.err, HasSubstr("cannot listen on " + address_));
+}
+
+TEST_F(MuonmeshCtlTest, EmptyOrNullSpecIsAFileError) {
+  for (const auto& [name, text] : {std::pair{"empty.yaml", ""}, std::pair{"null.yaml", "null\n"},
+                                   std::pair{"blank.json", "  \n"}}) {
+    SCOPED_TRACE(name);
+    const std::string path = WriteTempFile(name, text);
+    const ProcessResult r =
+        Ctl({"plan", "--spec", path, "--world-size", "8", "--coordinator", address_});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr(path));
+  }
+}
+
+// The coordinator answers RESOURCE_EXHAUSTED (the answer would be too
+// large): refused, exit code 5, not "unreachable".
+TEST_F(MuonmeshCtlTest, RefusedPlanExits5) {
+  REQUIRE_GPT2();
+  const ProcessResult r = Gpt2("plan", "262144", {"--strategy", "no_shard"});
+  EXPECT_EQ(r.exit_code, 5) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("server limit 256 MiB"));
+  EXPECT_THAT(r.err, HasSubstr(address_));
+}
+
+// A 10 MB unit name: invalid config, reported in a few hundred bytes.
+TEST_F(MuonmeshCtlTest, HugeNamesAreRefusedWithoutEchoingThem) {
+  const std::string path = WriteTempFile(
+      "huge_name.json", absl::StrCat("{\"name\": \"m\", \"units\": [{\"name\": \"",
+                                     std::string(10 << 20, 'u'),
+                                     "\", \"params\": [{\"name\": \"w\", \"shape\": [4, 4], "
+                                     "\"optimizer\": \"muon\"}]}]}\n"));
+  for (const char* command : {"validate", "plan"}) {
+    SCOPED_TRACE(command);
+    const ProcessResult r =
+        Ctl({command, "--spec", path, "--world-size", "8", "--coordinator", address_});
+    EXPECT_EQ(r.exit_code, 1) << r.err.substr(0, 2000);
+    EXPECT_THAT(r.err, HasSubstr("model.units[0].name: unit name of 10485760 bytes exceeds the "
+                                 "limit of 1024 bytes"));
+    EXPECT_LT(r.err.size() + r.out.size(), 2048u);
+  }
+}
+
+// 1000 layers of one [2^20, 2^20] matrix on 16384 ranks (16M holder
+// entries): refused from the spec's counts before planning, costing the
+// coordinator little memory and CPU; 900 pass the planner's own limit but
+// not the answer's.
+TEST_F(MuonmeshCtlTest, PlansTooBigAreRefusedBeforePlanning) {
+  const std::string spec1000 =
+      WriteTempFile("huge1000.json", LayersSpec(1000, 1, int64_t{1} << 20, int64_t{1} << 20));
+  const std::string spec900 =
+      WriteTempFile("huge900.json", LayersSpec(900, 1, int64_t{1} << 20, int64_t{1} << 20));
+  const double cpu_before = CpuSeconds(coordinator_);
+  ASSERT_GE(cpu_before, 0);
+  ProcessResult r = Ctl({"plan", "--spec", spec1000, "--world-size", "16384", "--coordinator",
+                         address_});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("world_size: planning would take about"));
+  r = Ctl({"plan", "--spec", spec900, "--world-size", "16384", "--coordinator", address_});
+  EXPECT_EQ(r.exit_code, 5) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("server limit 256 MiB"));
+  // Planning either would take over a GB and seconds of CPU.
+  EXPECT_LT(CpuSeconds(coordinator_) - cpu_before, 1.0);
+  const int64_t peak = PeakRssBytes(coordinator_);
+  ASSERT_GT(peak, 0);
+  EXPECT_LT(peak, int64_t{300} << 20);
+}
+
+// 40,000 layers of ten [64, 64] Muon matrices (a 23 MB spec) on 128 ranks:
+// seconds of planning. A client that gives up after 1 s leaves the server
+// idle: it uses under 0.5 s of CPU in the 2 s after the client's deadline.
+TEST_F(MuonmeshCtlTest, PlanWhoseClientGivesUpLeavesTheServerIdle) {
+  const std::string spec = WriteTempFile("layers40k.json", LayersSpec(40'000, 10, 64, 64));
+  const double cpu_before = CpuSeconds(coordinator_);
+  const ProcessResult r = Ctl({"plan", "--spec", spec, "--world-size", "128", "--timeout", "1",
+                               "--coordinator", address_});
+  const double cpu_at_deadline = CpuSeconds(coordinator_);
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("Deadline"));
+  // The server did receive and work on the call.
+  EXPECT_GT(cpu_at_deadline - cpu_before, 0.02);
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  EXPECT_LT(CpuSeconds(coordinator_) - cpu_at_deadline, 0.5);
+  // And it serves the next call.
+  if (HaveGpt2()) {
+    EXPECT_EQ(Gpt2("plan", "8").exit_code, 0);
+  }
+}
+
+// SIGINT while the coordinator plans: it cancels the plan and exits 0
+// within its grace period; the client is told the coordinator is going
+// away (unreachable, exit code 3).
+TEST_F(MuonmeshCtlTest, SigintDuringAPlanExitsWithinTheGrace) {
+  ASSERT_NO_FATAL_FAILURE(StartCoordinator({"--shutdown_grace", "10s"}));
+  const std::string spec = WriteTempFile("layers40k.json", LayersSpec(40'000, 10, 64, 64));
+  const double cpu_before = CpuSeconds(coordinator_);
+  ProcessResult client;
+  std::thread call([&] {
+    client = Ctl({"plan", "--spec", spec, "--world-size", "128", "--timeout", "120",
+                  "--coordinator", address_});
+  });
+  // Planning has begun once the server has used a second of CPU: receiving
+  // and checking the request takes well under that.
+  const bool busy = WaitForCpu(coordinator_, cpu_before, 1.0);
+  kill(coordinator_, SIGINT);
+  bool timed_out = false;
+  const int code = testing::WaitOrKill(
+      coordinator_, std::chrono::steady_clock::now() + std::chrono::seconds(10), &timed_out);
+  coordinator_ = -1;
+  call.join();
+  ASSERT_TRUE(busy) << "the coordinator never started planning";
+  EXPECT_FALSE(timed_out) << "the coordinator outlived its 10 s grace";
+  EXPECT_EQ(code, 0);
+  EXPECT_EQ(client.exit_code, 3) << client.err;
+  EXPECT_THAT(client.err, HasSubstr("shutting down"));
 }
 
 TEST_F(MuonmeshCtlTest, CoordinatorStopsCleanlyOnSigint) { StopCoordinator(SIGINT); }

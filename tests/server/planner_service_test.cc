@@ -10,6 +10,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -26,7 +27,9 @@
 #include "muonmesh/v1/planner.grpc.pb.h"
 #include "proto/io/message_file.h"
 #include "server/coordinator_server.h"
+#include "server/plan/plan_size.h"
 #include "server/plan/validate.h"
+#include "server/plan_convert.h"
 #include "server/rpc_status.h"
 
 #if MUONMESH_HAVE_HEALTH_PROTO
@@ -46,9 +49,17 @@ std::string SpecPath(const std::string& name) {
 
 class PlannerServiceTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { StartServer({}); }
+
+  // (Re)starts the server with these planner limits.
+  void StartServer(const PlannerServiceOptions& planner) {
+    if (server_ != nullptr) {
+      server_->Shutdown(absl::ZeroDuration());
+      server_->Wait();
+    }
     CoordinatorServerOptions options;
     options.listen = "127.0.0.1:0";
+    options.planner = planner;
     absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -92,8 +103,8 @@ class PlannerServiceTest : public ::testing::Test {
     return stub_->ValidateConfig(&context, request, response);
   }
 
-  // A small valid call: the server is alive and answering correctly.
-  void ExpectServing() {
+  // A small valid plan request.
+  static v1::PlanLayoutRequest SmallRequest() {
     v1::PlanLayoutRequest request;
     v1::ParamSpec* p = request.mutable_model()->add_units()->add_params();
     request.mutable_model()->mutable_units(0)->set_name("u");
@@ -102,10 +113,25 @@ class PlannerServiceTest : public ::testing::Test {
     p->add_shape(32);
     p->set_optimizer("muon");
     request.set_world_size(4);
+    return request;
+  }
+
+  // A small valid call: the server is alive and answering correctly.
+  void ExpectServing() {
     v1::PlanLayoutResponse response;
-    const grpc::Status status = Plan(request, &response);
+    const grpc::Status status = Plan(SmallRequest(), &response);
     ASSERT_TRUE(status.ok()) << status.error_message();
     EXPECT_EQ(response.plan().ranks_size(), 4);
+  }
+
+  // Waits (bounded) until the server computes `n` plans.
+  void WaitForPlansInFlight(int64_t n) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (server_->planner().plans_in_flight() != n &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_EQ(server_->planner().plans_in_flight(), n);
   }
 
   // google.rpc.Status from the trailer, parsed here rather than with the
@@ -446,6 +472,184 @@ TEST_F(PlannerServiceTest, ReflectionListsTheServices) {
   while (stream->Read(&reply)) {
   }
   EXPECT_TRUE(stream->Finish().ok());
+}
+
+// Layers of ten [64, 64] Muon matrices on 128 ranks: seconds of owner
+// refinement for 4000 layers, long enough to be seen in flight and stopped.
+v1::PlanLayoutRequest SlowRequest(int units = 4000) {
+  v1::PlanLayoutRequest request;
+  request.set_world_size(128);
+  for (int u = 0; u < units; ++u) {
+    v1::UnitSpec* unit = request.mutable_model()->add_units();
+    unit->set_name(absl::StrCat("u", u));
+    for (int k = 0; k < 10; ++k) {
+      v1::ParamSpec* p = unit->add_params();
+      p->set_name(absl::StrCat("u", u, ".w", k));
+      p->add_shape(64);
+      p->add_shape(64);
+      p->set_optimizer("muon");
+    }
+  }
+  return request;
+}
+
+// A plan call on its own thread, cancellable by the test.
+class BackgroundPlan {
+ public:
+  BackgroundPlan(v1::Planner::Stub* stub, const v1::PlanLayoutRequest& request) {
+    context_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(300));
+    thread_ = std::thread([this, stub, &request] {
+      status_ = stub->PlanLayout(&context_, request, &response_);
+    });
+  }
+  ~BackgroundPlan() { Cancel(); }
+  // Cancels the call (if still running) and waits for its status.
+  const grpc::Status& Cancel() {
+    if (thread_.joinable()) {
+      context_.TryCancel();
+      thread_.join();
+    }
+    return status_;
+  }
+  // Waits for the call's own end.
+  const grpc::Status& Finish() {
+    if (thread_.joinable()) thread_.join();
+    return status_;
+  }
+
+ private:
+  grpc::ClientContext context_;
+  v1::PlanLayoutResponse response_;
+  grpc::Status status_;
+  std::thread thread_;
+};
+
+// N plans in flight, and an N+1st is refused at once; ValidateConfig and,
+// once a plan ends, plans are served again.
+TEST_F(PlannerServiceTest, PlansBeyondTheConcurrencyLimitAreRefused) {
+  StartServer({.admission = {.max_calls = 2, .max_bytes = int64_t{64} << 30}});
+  const v1::PlanLayoutRequest slow = SlowRequest();
+  BackgroundPlan first(stub_.get(), slow);
+  BackgroundPlan second(stub_.get(), slow);
+  WaitForPlansInFlight(2);
+
+  v1::PlanLayoutResponse response;
+  const grpc::Status refused = Plan(SmallRequest(), &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  EXPECT_THAT(refused.error_message(), HasSubstr("--max_concurrent_plans"));
+  v1::ValidateConfigRequest validate;
+  *validate.mutable_model() = SmallRequest().model();
+  validate.set_world_size(4);
+  v1::ValidateConfigResponse violations;
+  EXPECT_TRUE(Validate(validate, &violations).ok());
+
+  // A client that cancels frees its place.
+  EXPECT_EQ(first.Cancel().error_code(), grpc::StatusCode::CANCELLED);
+  WaitForPlansInFlight(1);
+  ExpectServing();
+  EXPECT_EQ(second.Cancel().error_code(), grpc::StatusCode::CANCELLED);
+  WaitForPlansInFlight(0);
+}
+
+// Each call's memory estimate counts against the server's budget: a plan
+// bigger than the whole budget is refused outright, one that would pass it
+// with the plans in flight is refused until they end; small ones still fit.
+TEST_F(PlannerServiceTest, PlansBeyondTheMemoryBudgetAreRefused) {
+  const v1::PlanLayoutRequest slow = SlowRequest();
+  const plan::PlanInput input = PlanInputFromProto(slow);
+  absl::StatusOr<plan::PlanSize> size = plan::EstimatePlanSize(input);
+  ASSERT_TRUE(size.ok()) << size.status();
+  const double bytes = PlanCallBytes(*size, static_cast<double>(slow.ByteSizeLong()),
+                                     ResponseBytesBound(input, *size, false));
+
+  StartServer({.admission = {.max_calls = 8, .max_bytes = static_cast<int64_t>(bytes / 2)}});
+  v1::PlanLayoutResponse response;
+  grpc::Status status = Plan(slow, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("more than the server allows"));
+
+  StartServer({.admission = {.max_calls = 8, .max_bytes = static_cast<int64_t>(bytes * 1.5)}});
+  BackgroundPlan first(stub_.get(), slow);
+  WaitForPlansInFlight(1);
+  status = Plan(slow, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("--plan_memory_mib"));
+  ExpectServing();
+  EXPECT_EQ(first.Cancel().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+// Shutdown stops a plan at once: with a grace far longer than the plan, the
+// plan would otherwise finish and answer OK.
+TEST_F(PlannerServiceTest, ShutdownCancelsPlansInFlight) {
+  const v1::PlanLayoutRequest slow = SlowRequest();
+  BackgroundPlan plan(stub_.get(), slow);
+  WaitForPlansInFlight(1);
+  server_->Shutdown(absl::Seconds(300));
+  server_->Wait();
+  const grpc::Status& status = plan.Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("shutting down"));
+  server_ = nullptr;
+}
+
+// Plans too big to build or to answer are refused from their counts, before
+// planning, with the field or the limit named; ValidateConfig lists the
+// planner's own size limit like any violation.
+TEST_F(PlannerServiceTest, PlansTooBigAreRefusedBeforePlanning) {
+  // 1000 (then 900) layers of one [2^20, 2^20] matrix on 16384 ranks: each
+  // matrix is cut into 16384 row runs.
+  auto huge = [](int units) {
+    v1::PlanLayoutRequest r;
+    r.set_world_size(16384);
+    for (int u = 0; u < units; ++u) {
+      v1::UnitSpec* unit = r.mutable_model()->add_units();
+      unit->set_name(absl::StrCat("u", u));
+      v1::ParamSpec* p = unit->add_params();
+      p->set_name(absl::StrCat("u", u, ".w"));
+      p->add_shape(int64_t{1} << 20);
+      p->add_shape(int64_t{1} << 20);
+      p->set_optimizer("muon");
+    }
+    return r;
+  };
+  v1::PlanLayoutResponse response;
+  grpc::Status status = Plan(huge(1000), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(DetailFields(status), UnorderedElementsAre("world_size"));
+  EXPECT_THAT(status.error_message(), HasSubstr("planning would take about"));
+  // Within the planner's limit, but 900 x 16384 holders are ~340 MiB of answer.
+  status = Plan(huge(900), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("server limit 256 MiB"));
+
+  v1::ValidateConfigRequest validate;
+  *validate.mutable_model() = huge(1000).model();
+  validate.set_world_size(16384);
+  v1::ValidateConfigResponse violations;
+  ASSERT_TRUE(Validate(validate, &violations).ok());
+  ASSERT_EQ(violations.violations_size(), 1);
+  EXPECT_EQ(violations.violations(0).field(), "world_size");
+  EXPECT_EQ(server_->planner().plans_in_flight(), 0);
+  ExpectServing();
+}
+
+// A 10 MB unit name is refused, and never echoed whole.
+TEST_F(PlannerServiceTest, HugeNamesAreRefusedWithoutEchoingThem) {
+  v1::PlanLayoutRequest request = SmallRequest();
+  request.mutable_model()->mutable_units(0)->set_name(std::string(10 << 20, 'u'));
+  v1::PlanLayoutResponse response;
+  const grpc::Status status = Plan(request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(DetailFields(status), UnorderedElementsAre("model.units[0].name"));
+  EXPECT_THAT(status.error_message(), HasSubstr("unit name of 10485760 bytes exceeds the limit"));
+  EXPECT_LT(status.error_message().size(), 1024u);
+  v1::ValidateConfigRequest validate;
+  *validate.mutable_model() = request.model();
+  validate.set_world_size(4);
+  v1::ValidateConfigResponse violations;
+  ASSERT_TRUE(Validate(validate, &violations).ok());
+  ASSERT_EQ(violations.violations_size(), 1);
+  EXPECT_LT(violations.violations(0).description().size(), 1024u);
 }
 
 TEST_F(PlannerServiceTest, SecondServerCannotTakeABoundPort) {
