@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "server/coordinator_server.h"
 
@@ -52,6 +53,31 @@ ABSL_FLAG(int64_t, plan_memory_mib, 4096,
 
 namespace {
 
+// A flag name as users write it: "data-dir" for absl's "data_dir" (the
+// worker and muonmeshctl spell their flags with dashes too).
+std::string Dashed(absl::string_view name) {
+  std::string out(name);
+  std::replace(out.begin(), out.end(), '_', '-');
+  return out;
+}
+
+// absl accepts only the names as declared: rewrites "--data-dir[=V]" to
+// "--data_dir[=V]" so both spellings work. Stops at "--", after which
+// everything is positional.
+std::vector<std::string> UnderscoreFlagNames(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (std::size_t i = 1; i < args.size(); ++i) {
+    std::string& arg = args[i];
+    if (arg == "--") break;
+    if (arg.size() < 3 || arg[0] != '-') continue;
+    const std::size_t begin = arg[1] == '-' ? 2 : 1;
+    const std::size_t end = std::min(arg.find('='), arg.size());
+    std::replace(arg.begin() + static_cast<std::ptrdiff_t>(begin),
+                 arg.begin() + static_cast<std::ptrdiff_t>(end), '-', '_');
+  }
+  return args;
+}
+
 // Usage and this file's flags, sorted. absl's own --help lists flags only
 // from files named after the program and exits 1; asking for help is not an
 // error, and gRPC's or absl's internal flags are noise here.
@@ -64,7 +90,7 @@ void PrintHelp() {
   std::sort(flags.begin(), flags.end(),
             [](const auto* a, const auto* b) { return a->Name() < b->Name(); });
   for (const absl::CommandLineFlag* flag : flags) {
-    std::cout << "  --" << flag->Name() << " (default " << flag->DefaultValue() << ")\n      "
+    std::cout << "  --" << Dashed(flag->Name()) << " (default " << flag->DefaultValue() << ")\n      "
               << flag->Help() << "\n";
   }
 }
@@ -75,13 +101,13 @@ absl::Status OptionsFromFlags(muonmesh::CoordinatorServerOptions* options) {
   const int64_t plans = absl::GetFlag(FLAGS_max_concurrent_plans);
   const int64_t mib = absl::GetFlag(FLAGS_plan_memory_mib);
   if (plans < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--max_concurrent_plans must be >= 1, got ",
+    return absl::InvalidArgumentError(absl::StrCat("--max-concurrent-plans must be >= 1, got ",
                                                    plans));
   }
   // 2^40 MiB is a petabyte: more is a typo, and would overflow bytes.
   if (mib < 1 || mib > (int64_t{1} << 40)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--plan_memory_mib must be in [1, 2^40], got ", mib));
+        absl::StrCat("--plan-memory-mib must be in [1, 2^40], got ", mib));
   }
   options->planner.admission = {.max_calls = plans, .max_bytes = mib << 20};
   std::string data_dir = absl::GetFlag(FLAGS_data_dir);
@@ -96,11 +122,11 @@ absl::Status OptionsFromFlags(muonmesh::CoordinatorServerOptions* options) {
   const absl::Duration collective = absl::GetFlag(FLAGS_collective_timeout);
   if (ttl < absl::Milliseconds(500) || ttl > absl::Hours(1)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--lease_ttl must be in [500ms, 1h], got ", absl::FormatDuration(ttl)));
+        absl::StrCat("--lease-ttl must be in [500ms, 1h], got ", absl::FormatDuration(ttl)));
   }
   if (collective < absl::Seconds(1) || collective > absl::Hours(24)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--collective_timeout must be in [1s, 24h], got ", absl::FormatDuration(collective)));
+        "--collective-timeout must be in [1s, 24h], got ", absl::FormatDuration(collective)));
   }
   options->control.lease_ttl = ttl;
   options->control.heartbeat_interval = ttl / 5;
@@ -147,10 +173,11 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "the muonmesh control plane (gRPC: muonmesh.v1.Planner, Jobs, Fleet, Store,\n"
       "grpc.health.v1, reflection; Prometheus metrics over HTTP).\n"
-      "Usage: muonmesh-coordinator [--listen HOST:PORT] [--data_dir DIR] [--metrics_listen "
+      "Usage: muonmesh-coordinator [--listen HOST:PORT] [--data-dir DIR] [--metrics-listen "
       "HOST:PORT]\n"
-      "       [--lease_ttl 10s] [--collective_timeout 60s] [--shutdown_grace 5s]\n"
-      "       [--max_concurrent_plans 4] [--plan_memory_mib 4096]\n"
+      "       [--lease-ttl 10s] [--collective-timeout 60s] [--shutdown-grace 5s]\n"
+      "       [--max-concurrent-plans 4] [--plan-memory-mib 4096]\n"
+      "Flag names may be written with '-' or '_' (--data-dir or --data_dir).\n"
       "Prints 'muonmesh-coordinator listening on HOST:PORT' when ready; stops on SIGINT or "
       "SIGTERM\n(exit code 0), at once on a second one (exit code 1).");
   for (int i = 1; i < argc; ++i) {
@@ -160,7 +187,25 @@ int main(int argc, char** argv) {
       return 0;
     }
   }
-  const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  std::vector<std::string> args = UnderscoreFlagNames(argc, argv);
+  // absl exits 1 on an unknown flag; a usage error is 2 here, as in muonmeshctl.
+  for (std::size_t i = 1; i < args.size() && args[i] != "--"; ++i) {
+    const std::string& arg = args[i];
+    if (arg.size() < 2 || arg[0] != '-') continue;
+    const absl::string_view name = absl::string_view(arg)
+                                       .substr(arg[1] == '-' ? 2 : 1)
+                                       .substr(0, arg.find('=') == std::string::npos
+                                                      ? std::string::npos
+                                                      : arg.find('=') - (arg[1] == '-' ? 2 : 1));
+    if (absl::FindCommandLineFlag(name) == nullptr) {
+      std::cerr << "muonmesh-coordinator: unknown flag --" << Dashed(name) << " (see --help)\n";
+      return 2;
+    }
+  }
+  std::vector<char*> arg_ptrs;
+  for (std::string& arg : args) arg_ptrs.push_back(arg.data());
+  const std::vector<char*> rest =
+      absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
   if (rest.size() > 1) {
     std::cerr << "muonmesh-coordinator: unexpected argument '" << rest[1] << "' (see --help)\n";
     return 2;

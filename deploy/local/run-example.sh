@@ -35,7 +35,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$coordinator" --listen 127.0.0.1:0 --data_dir "$work/state" >"$work/coordinator.log" 2>&1 &
+"$coordinator" --listen 127.0.0.1:0 --data-dir "$work/state" >"$work/coordinator.log" 2>&1 &
 pids+=($!)
 # Wait (bounded) for "muonmesh-coordinator listening on HOST:PORT".
 address=""

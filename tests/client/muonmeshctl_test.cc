@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cstdint>
@@ -543,14 +544,23 @@ TEST_F(MuonmeshCtlTest, CoordinatorHelpAndBadFlags) {
   const ProcessResult help = testing::Run({MUONMESH_COORDINATOR_BIN, "--help"}, kCallBound);
   EXPECT_EQ(help.exit_code, 0) << help.err;
   for (const char* flag :
-       {"--listen", "--shutdown_grace", "--max_concurrent_plans", "--plan_memory_mib"}) {
+       {"--listen", "--shutdown-grace", "--max-concurrent-plans", "--plan-memory-mib",
+        "--data-dir", "--metrics-listen", "--lease-ttl", "--collective-timeout"}) {
     EXPECT_THAT(help.out, HasSubstr(flag));
   }
-  for (const char* bad : {"--max_concurrent_plans=0", "--plan_memory_mib=-1"}) {
+  // Either spelling of a name reaches the flag; errors name it with dashes.
+  for (const char* bad : {"--max_concurrent_plans=0", "--max-concurrent-plans=0",
+                          "--plan-memory-mib=-1", "--lease-ttl=1ms"}) {
     const ProcessResult r = testing::Run({MUONMESH_COORDINATOR_BIN, bad}, kCallBound);
     EXPECT_EQ(r.exit_code, 2) << bad;
-    EXPECT_THAT(r.err, HasSubstr(std::string(bad).substr(0, std::string(bad).find('='))));
+    std::string name = std::string(bad).substr(0, std::string(bad).find('='));
+    std::replace(name.begin(), name.end(), '_', '-');
+    EXPECT_THAT(r.err, HasSubstr(name)) << bad;
   }
+  const ProcessResult unknown =
+      testing::Run({MUONMESH_COORDINATOR_BIN, "--data-dri", "/tmp"}, kCallBound);
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_THAT(unknown.err, HasSubstr("unknown flag --data-dri"));
   // The port our fixture's coordinator holds cannot be taken twice.
   const ProcessResult taken =
       testing::Run({MUONMESH_COORDINATOR_BIN, "--listen", address_}, kCallBound);
@@ -648,7 +658,7 @@ TEST_F(MuonmeshCtlTest, PlanWhoseClientGivesUpLeavesTheServerIdle) {
 // within its grace period; the client is told the coordinator is going
 // away (unreachable, exit code 3).
 TEST_F(MuonmeshCtlTest, SigintDuringAPlanExitsWithinTheGrace) {
-  ASSERT_NO_FATAL_FAILURE(StartCoordinator({"--shutdown_grace", "10s"}));
+  ASSERT_NO_FATAL_FAILURE(StartCoordinator({"--shutdown-grace", "10s"}));
   const std::string spec = WriteTempFile("layers40k.json", LayersSpec(40'000, 10, 64, 64));
   const double cpu_before = CpuSeconds(coordinator_);
   ProcessResult client;

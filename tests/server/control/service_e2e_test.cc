@@ -93,8 +93,8 @@ class ServiceTest : public ::testing::Test {
     dir_ = Fresh(::testing::UnitTest::GetInstance()->current_test_info()->name());
     coordinator_ = std::make_unique<Background>(
         std::vector<std::string>{MUONMESH_COORDINATOR_BIN, "--listen", "127.0.0.1:0",
-                                 "--data_dir", dir_ + "/state", "--lease_ttl", "3s",
-                                 "--collective_timeout", "20s"},
+                                 "--data-dir", dir_ + "/state", "--lease-ttl", "3s",
+                                 "--collective-timeout", "20s"},
         dir_ + "/coordinator.log");
     ASSERT_TRUE(coordinator_->WaitForLog("listening on", kStart)) << coordinator_->Log();
     const std::string log = coordinator_->Log();
