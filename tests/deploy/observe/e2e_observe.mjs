@@ -1,0 +1,428 @@
+#!/usr/bin/env node
+// End to end, on loopback, in bounded time: a real Prometheus (Debian's
+// `prometheus`) scrapes a live coordinator and live workers, with
+// deploy/prometheus's scrape jobs and rules, during a training job. Then:
+//   1. `promtool check metrics` passes on a live scrape of the coordinator
+//      and of a worker in the middle of the job;
+//   2. every query of the Grafana dashboard (and its `job` variable)
+//      returns data through Prometheus's HTTP API, with $job set to the job;
+//   3. every rule parses and evaluates (the API answers each expression;
+//      /api/v1/rules reports every rule healthy) and the recording rule has
+//      data;
+//   4. killing a worker makes MuonmeshWorkerLost fire;
+//   5. each panel's series are drawn into a PNG report (report_png.py,
+//      matplotlib from Debian's python3-matplotlib), for a reviewer without
+//      a Grafana.
+// The coordinator runs as uid 10001 (the images' user) when this runs as
+// root, with its state in a folder only that user owns.
+//
+//   e2e_observe.mjs --coordinator BIN --worker BIN --ctl BIN --modules DIR
+//                   [--out DIR] [--workers 2] [--timeout 300] [--steps 60]
+//                   [--dims 256,512,512,256] [--no-job] [--no-report]
+// DIR (--modules) holds node_modules from install_node_deps.sh. --out keeps
+// the logs, the Prometheus answers (results.json) and report.png (default: a
+// temporary folder, removed on success). --no-job skips the training job
+// and checks the rest (scrapes, rules, the lost worker). Exit 0: all passed;
+// 1: a check failed (named on stderr); 2: usage; 77: prometheus or promtool
+// is missing.
+
+import { createRequire } from 'node:module';
+import { spawn, spawnSync } from 'node:child_process';
+import fs from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+
+const here = path.dirname(new URL(import.meta.url).pathname);
+const root = path.resolve(here, '../../..');
+const rulesFile = path.join(root, 'deploy/prometheus/muonmesh.rules.yml');
+const configFile = path.join(root, 'deploy/prometheus/prometheus.yml');
+const dashboardFile = path.join(root, 'deploy/grafana/muonmesh-dashboard.json');
+
+// ------------------------------------------------------------------ options
+
+function parseArgs(argv) {
+  const o = { workers: 2, timeout: 300, steps: 60, dims: '256,512,512,256', job: true, report: true };
+  for (let i = 0; i < argv.length; i++) {
+    const flag = argv[i];
+    if (flag === '--no-job') { o.job = false; continue; }
+    if (flag === '--no-report') { o.report = false; continue; }
+    const value = argv[++i];
+    if (value === undefined) usage(`${flag} needs a value`);
+    const key = flag.replace(/^--/, '');
+    if (!['coordinator', 'worker', 'ctl', 'modules', 'out', 'workers', 'timeout', 'steps', 'dims'].includes(key)) {
+      usage(`unknown flag ${flag}`);
+    }
+    o[key] = ['workers', 'timeout', 'steps'].includes(key) ? Number(value) : value;
+  }
+  for (const need of ['coordinator', 'worker', 'modules']) if (!o[need]) usage(`--${need} is required`);
+  if (o.job && !o.ctl) usage('--ctl is required (or --no-job)');
+  return o;
+}
+
+function usage(problem) {
+  console.error(`e2e_observe.mjs: ${problem}\nsee the header of ${path.join(here, 'e2e_observe.mjs')}`);
+  process.exit(2);
+}
+
+const opts = parseArgs(process.argv.slice(2));
+const require = createRequire(path.join(path.resolve(opts.modules), 'package.json'));
+const YAML = require('yaml');
+
+for (const tool of ['prometheus', 'promtool']) {
+  if (spawnSync('sh', ['-c', `command -v ${tool}`]).status !== 0) {
+    console.error(`SKIP: ${tool} is not installed (Debian package prometheus)`);
+    process.exit(77);
+  }
+}
+
+// --out is emptied first (a coordinator state left from an earlier run
+// would hold its jobs), but only if it is empty or an earlier run's.
+const out = opts.out ? path.resolve(opts.out) : fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-observe-'));
+const marker = path.join(out, '.e2e-observe');
+if (fs.existsSync(out) && fs.readdirSync(out).length > 0) {
+  if (!fs.existsSync(marker)) usage(`--out ${out} is neither empty nor an earlier run's folder`);
+  fs.rmSync(out, { recursive: true, force: true });
+}
+fs.mkdirSync(out, { recursive: true });
+fs.writeFileSync(marker, '');
+const started = Date.now();
+const deadline = started + opts.timeout * 1000;
+const log = (m) => console.log(`[${((Date.now() - started) / 1000).toFixed(1)}s] ${m}`);
+
+// ------------------------------------------------------------ processes
+
+const children = [];
+
+function start(name, argv, { uid } = {}) {
+  const file = fs.openSync(path.join(out, `${name}.log`), 'w');
+  const command = uid !== undefined
+    ? ['setpriv', `--reuid=${uid}`, `--regid=${uid}`, '--clear-groups', ...argv] : argv;
+  const child = spawn(command[0], command.slice(1), { stdio: ['ignore', file, file] });
+  child.name = name;
+  child.exited = new Promise((resolve) => child.on('exit', (code, signal) => resolve({ code, signal })));
+  children.push(child);
+  log(`started ${name} (pid ${child.pid}): ${argv.join(' ')}`);
+  return child;
+}
+
+async function stopAll() {
+  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGTERM');
+  const grace = new Promise((r) => setTimeout(r, 8000));
+  await Promise.race([Promise.all(children.map((c) => c.exited)), grace]);
+  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function until(what, probe, { timeoutMs = 60000, everyMs = 500 } = {}) {
+  const end = Math.min(Date.now() + timeoutMs, deadline);
+  let last;
+  while (Date.now() < end) {
+    try {
+      const value = await probe();
+      if (value) return value;
+    } catch (e) {
+      last = e;
+    }
+    await sleep(everyMs);
+  }
+  throw new Error(`timed out waiting for ${what}${last ? ` (last error: ${last.message})` : ''}`);
+}
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const server = net.createServer();
+    server.on('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const { port } = server.address();
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+function logOf(name) {
+  try {
+    return fs.readFileSync(path.join(out, `${name}.log`), 'utf8');
+  } catch {
+    return '';
+  }
+}
+
+// --------------------------------------------------------------- checks
+
+const failures = [];
+function fail(message) {
+  failures.push(message);
+  console.error(`FAIL: ${message}`);
+}
+
+async function httpText(url) {
+  const r = await fetch(url, { signal: AbortSignal.timeout(5000) });
+  if (!r.ok) throw new Error(`${url}: HTTP ${r.status}`);
+  return r.text();
+}
+
+function promtoolCheckMetrics(name, text) {
+  fs.writeFileSync(path.join(out, `${name}.metrics.txt`), text);
+  const r = spawnSync('promtool', ['check', 'metrics'], { input: text, encoding: 'utf8' });
+  if (r.status !== 0) fail(`promtool check metrics rejects the scrape of ${name}: ${(r.stdout + r.stderr).trim()}`);
+  else log(`promtool check metrics: ${name} OK`);
+}
+
+// Where the coordinator serves gRPC and /metrics, and Prometheus its API.
+const ports = { coordinator: null, coordinatorMetrics: null };
+let prom;
+async function api(pathAndQuery) {
+  const r = await fetch(`http://127.0.0.1:${prom}${pathAndQuery}`, { signal: AbortSignal.timeout(10000) });
+  const body = await r.json();
+  if (body.status !== 'success') throw new Error(`${pathAndQuery}: ${body.errorType}: ${body.error}`);
+  return body.data;
+}
+
+const query = (expr, time) => api(`/api/v1/query?query=${encodeURIComponent(expr)}${time ? `&time=${time}` : ''}`);
+const queryRange = (expr, from, to, step) => api(`/api/v1/query_range?query=${encodeURIComponent(expr)}` +
+  `&start=${from}&end=${to}&step=${step}`);
+
+const hasFiniteValue = (series) => series.some((s) => (s.values ?? [s.value]).some(([, v]) => Number.isFinite(Number(v))));
+
+// The coordinator's flags as the manifests and images pass them, checked
+// against its --help first: a renamed flag fails here, by name, and not as
+// a crash loop in a cluster.
+function checkFlags(binary, flags) {
+  const help = spawnSync(binary, ['--help'], { encoding: 'utf8' });
+  const text = `${help.stdout}${help.stderr}`;
+  for (const f of flags) {
+    if (!text.includes(f)) fail(`${path.basename(binary)} --help does not list ${f}, which deploy/k8s and docker/ pass it`);
+  }
+}
+
+// ------------------------------------------------------------------ main
+
+async function main() {
+  checkFlags(opts.coordinator, ['--listen', '--data-dir', '--metrics-listen', '--shutdown-grace']);
+  checkFlags(opts.worker, ['--coordinator', '--device', '--worker-id', '--address', '--memory-budget', '--metrics-listen']);
+  if (failures.length > 0) throw new Error('the binaries do not take the flags the deployment passes');
+
+  // 1. The coordinator, as the images' user when we can.
+  const stateDir = path.join(out, 'state');
+  fs.mkdirSync(stateDir, { recursive: true });
+  const asImageUser = process.getuid() === 0 && spawnSync('sh', ['-c', 'command -v setpriv']).status === 0;
+  if (asImageUser) {
+    fs.chownSync(stateDir, 10001, 10001);
+    fs.chmodSync(stateDir, 0o750);
+    fs.chmodSync(out, 0o755);
+  }
+  const coordinatorMetrics = await freePort();
+  ports.coordinatorMetrics = coordinatorMetrics;
+  start('coordinator', [opts.coordinator, '--listen', '127.0.0.1:0', '--data-dir', stateDir,
+    '--metrics-listen', `127.0.0.1:${coordinatorMetrics}`, '--shutdown-grace', '2s'],
+  asImageUser ? { uid: 10001 } : {});
+  const address = await until('the coordinator to listen', () => {
+    const m = /muonmesh-coordinator listening on (\S+)/.exec(logOf('coordinator'));
+    if (!m && children[0].exitCode !== null) throw new Error(`the coordinator exited: ${logOf('coordinator')}`);
+    return m?.[1];
+  }, { timeoutMs: 20000 });
+  ports.coordinator = address;
+  log(`coordinator at ${address}${asImageUser ? ' (uid 10001)' : ''}`);
+
+  // 2. Workers.
+  const workerPorts = [];
+  const workers = [];
+  for (let i = 0; i < opts.workers; i++) {
+    const port = await freePort();
+    workerPorts.push(port);
+    workers.push(start(`worker-${i}`, [opts.worker, '--coordinator', address, '--device', 'cpu',
+      '--worker-id', `e2e-worker-${i}`, '--address', '127.0.0.1', '--memory-budget', '2GiB',
+      '--metrics-listen', `127.0.0.1:${port}`]));
+  }
+  for (const port of [coordinatorMetrics, ...workerPorts]) {
+    await until(`/metrics on port ${port}`, () => httpText(`http://127.0.0.1:${port}/metrics`), { timeoutMs: 20000 });
+  }
+  promtoolCheckMetrics('coordinator', await httpText(`http://127.0.0.1:${coordinatorMetrics}/metrics`));
+
+  // 3. Prometheus with deploy/prometheus's scrape jobs (names, honor_labels)
+  // pointed at these processes, and its rules; 1 s intervals to be quick.
+  prom = await freePort();
+  const config = YAML.parse(fs.readFileSync(configFile, 'utf8'));
+  config.global = { ...config.global, scrape_interval: '1s', scrape_timeout: '1s', evaluation_interval: '1s' };
+  config.rule_files = [rulesFile];
+  for (const job of config.scrape_configs) {
+    delete job.file_sd_configs;
+    const ports = job.job_name === 'muonmesh-coordinator' ? [coordinatorMetrics] : workerPorts;
+    job.static_configs = [{ targets: ports.map((p) => `127.0.0.1:${p}`) }];
+  }
+  fs.writeFileSync(path.join(out, 'prometheus.yml'), YAML.stringify(config));
+  start('prometheus', ['prometheus', `--config.file=${path.join(out, 'prometheus.yml')}`,
+    `--storage.tsdb.path=${path.join(out, 'tsdb')}`, `--web.listen-address=127.0.0.1:${prom}`,
+    '--storage.tsdb.retention.time=1d', '--log.level=warn']);
+  await until('Prometheus to be ready', () => httpText(`http://127.0.0.1:${prom}/-/ready`), { timeoutMs: 30000 });
+  await until('every target up', async () => {
+    const up = await query('up');
+    return up.result.length === opts.workers + 1 && up.result.every((s) => s.value[1] === '1');
+  }, { timeoutMs: 30000 });
+  log(`Prometheus at 127.0.0.1:${prom} scrapes ${opts.workers + 1} targets`);
+  const t0 = Date.now() / 1000;
+
+  // 4. A job, scraped while it runs.
+  let jobId = null;
+  if (opts.job) jobId = await runJob(workerPorts);
+
+  // 5. Dashboard queries, rules, the recording rule.
+  await sleep(3000);
+  const t1 = Date.now() / 1000;
+  const results = { jobId, from: t0, to: t1, panels: [], rules: [], alerts: [] };
+  if (jobId) await checkDashboard(results, jobId, t0, t1);
+  await checkRules(results, t0, t1, jobId !== null);
+
+  // 6. A worker dies: its lease expires and MuonmeshWorkerLost fires.
+  const victim = workers[workers.length - 1];
+  victim.kill('SIGKILL');
+  log(`killed ${victim.name}; waiting for MuonmeshWorkerLost`);
+  try {
+    const alert = await until('MuonmeshWorkerLost to fire', async () => {
+      const { alerts } = await api('/api/v1/alerts');
+      return alerts.find((a) => a.labels.alertname === 'MuonmeshWorkerLost' && a.state === 'firing');
+    }, { timeoutMs: 60000, everyMs: 1000 });
+    log(`MuonmeshWorkerLost fires: ${alert.annotations.summary}`);
+  } catch (e) {
+    fail(`MuonmeshWorkerLost did not fire after a worker was killed: ${e.message}`);
+  }
+  results.alerts = (await api('/api/v1/alerts')).alerts;
+  results.lost = await queryRange('sum by (state) (muonmesh_workers)', t0, Date.now() / 1000, 1);
+
+  fs.writeFileSync(path.join(out, 'results.json'), JSON.stringify(results, null, 1));
+  if (opts.report) report();
+}
+
+async function runJob(workerPorts) {
+  const [d0, ...dims] = opts.dims.split(',').map(Number);
+  const job = {
+    name: 'e2e-observe',
+    world_size: Math.min(opts.workers, 2),
+    device: 'cpu',
+    parallelism: { data_parallel_sharding_strategy: 'optim_grads_params' },
+    model: { mlp: { dims: [d0, ...dims] } },
+    init: { seed: 7 },
+    data: { teacher: { seed: 11, samples: 4096 } },
+    optimizer: { muon: { lr: 0.02, momentum: 0.95 }, adamw: { lr: 0.001 } },
+    training: { steps: opts.steps, global_batch_size: 64 },
+    output: { dir: path.join(out, 'runs/e2e-observe') },
+  };
+  const finished = 'sum(muonmesh_jobs{state=~"SUCCEEDED|FAILED|CANCELLED"})';
+  const before = Number((await query(finished)).result[0]?.value[1] ?? 0);
+  const jobFile = path.join(out, 'job.yaml');
+  fs.writeFileSync(jobFile, YAML.stringify(job));
+  const submit = spawnSync(opts.ctl, ['submit', jobFile, '--coordinator', ports.coordinator], { encoding: 'utf8', timeout: 30000 });
+  fs.writeFileSync(path.join(out, 'submit.log'), `${submit.stdout}${submit.stderr}`);
+  if (submit.status !== 0) throw new Error(`muonmeshctl submit failed (${submit.status}): ${submit.stdout}${submit.stderr}`);
+  const jobId = submit.stdout.trim().split('\n').pop().trim();
+  log(`submitted job ${jobId}`);
+
+  // promtool on a worker's scrape that holds the job's series.
+  let checked = false;
+  await until(`job ${jobId} to finish`, async () => {
+    if (!checked) {
+      for (const [i, port] of workerPorts.entries()) {
+        const text = await httpText(`http://127.0.0.1:${port}/metrics`).catch(() => '');
+        if (text.includes(`muonmesh_worker_steps_total{job="${jobId}"`)) {
+          promtoolCheckMetrics(`worker-${i}`, text);
+          promtoolCheckMetrics('coordinator-during-job', await httpText(`http://127.0.0.1:${ports.coordinatorMetrics}/metrics`));
+          checked = true;
+          break;
+        }
+      }
+    }
+    const done = await query(finished);
+    return Number(done.result[0]?.value[1] ?? 0) > before;
+  }, { timeoutMs: Math.max(10000, deadline - Date.now() - 90000), everyMs: 500 });
+  if (!checked) fail(`no worker scrape caught job ${jobId}'s series while it ran (make it longer: --steps)`);
+  const state = await query(`muonmesh_jobs{state="SUCCEEDED"}`);
+  if (Number(state.result[0]?.value[1] ?? 0) < 1) fail(`job ${jobId} did not succeed (see ${out}/*.log)`);
+  log(`job ${jobId} finished`);
+  return jobId;
+}
+
+const escapeRegex = (s) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+
+async function checkDashboard(results, jobId, t0, t1) {
+  const dash = JSON.parse(fs.readFileSync(dashboardFile, 'utf8'));
+  const variable = dash.templating.list.find((v) => v.name === 'job');
+  const metric = /label_values\(\s*([^,]+),\s*job\s*\)/.exec(variable.definition)[1];
+  const values = await api(`/api/v1/label/job/values?match[]=${encodeURIComponent(metric)}&start=${t0}&end=${t1}`);
+  if (!values.includes(jobId)) fail(`dashboard variable "job" (label_values(${metric}, job)) lacks ${jobId}: ${values}`);
+  const substitute = (expr) => expr
+    .replace(/\$__rate_interval|\$\{__rate_interval\}/g, '5s')
+    .replace(/\$__interval|\$\{__interval\}/g, '1s')
+    .replace(/\$\{job(?::\w+)?\}|\$job\b/g, escapeRegex(jobId));
+  for (const panel of dash.panels.flatMap((p) => [p, ...(p.panels ?? [])]).filter((p) => p.type !== 'row')) {
+    const entry = { title: panel.title, unit: panel.fieldConfig?.defaults?.unit, targets: [] };
+    for (const t of panel.targets ?? []) {
+      const expr = substitute(t.expr);
+      try {
+        const data = await queryRange(expr, t0, t1, 1);
+        entry.targets.push({ refId: t.refId, legend: t.legendFormat, expr, result: data.result });
+        if (!hasFiniteValue(data.result)) fail(`dashboard panel "${panel.title}" query ${t.refId} returns no data: ${expr}`);
+      } catch (e) {
+        fail(`dashboard panel "${panel.title}" query ${t.refId} fails: ${e.message}`);
+      }
+    }
+    results.panels.push(entry);
+  }
+  log(`evaluated ${results.panels.length} dashboard panels`);
+}
+
+async function checkRules(results, t0, t1, hadJob) {
+  const groups = YAML.parse(fs.readFileSync(rulesFile, 'utf8')).groups;
+  for (const rule of groups.flatMap((g) => g.rules)) {
+    const name = rule.alert ?? rule.record;
+    try {
+      const data = await queryRange(rule.expr, t0, t1, 1);
+      results.rules.push({ name, expr: rule.expr, series: data.result.length });
+      if (rule.record && hadJob && !hasFiniteValue(data.result)) fail(`recording rule ${name} has no data`);
+    } catch (e) {
+      fail(`rule ${name} does not evaluate: ${e.message}`);
+    }
+  }
+  const { groups: loaded } = await api('/api/v1/rules');
+  const count = loaded.flatMap((g) => g.rules).length;
+  const expected = groups.flatMap((g) => g.rules).length;
+  if (count !== expected) fail(`Prometheus loaded ${count} rules, the rules file has ${expected}`);
+  for (const r of loaded.flatMap((g) => g.rules)) {
+    if (r.health !== 'ok') fail(`Prometheus reports rule ${r.name} ${r.health}: ${r.lastError}`);
+  }
+  if (hadJob) {
+    const recorded = await queryRange('job:muonmesh_worker_step_seconds:max_rank_mean5m', t0, t1, 1);
+    if (!hasFiniteValue(recorded.result)) fail('job:muonmesh_worker_step_seconds:max_rank_mean5m was never recorded');
+  }
+  log(`evaluated ${results.rules.length} rules; Prometheus reports ${count} loaded`);
+}
+
+function report() {
+  const python = fs.existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
+  const png = path.join(out, 'report.png');
+  const r = spawnSync(python, [path.join(here, 'report_png.py'), path.join(out, 'results.json'), png],
+    { encoding: 'utf8', timeout: 120000 });
+  if (r.status !== 0) fail(`report_png.py failed: ${r.stdout}${r.stderr} (needs Debian's python3-matplotlib)`);
+  else log(`report: ${png}`);
+}
+
+const timer = setTimeout(async () => {
+  fail(`the test ran past --timeout ${opts.timeout}s`);
+  await stopAll();
+  process.exit(1);
+}, opts.timeout * 1000 + 15000);
+
+try {
+  await main();
+} catch (e) {
+  fail(e.message);
+}
+await stopAll();
+clearTimeout(timer);
+if (failures.length > 0) {
+  console.error(`e2e_observe: ${failures.length} problem(s); logs and answers in ${out}`);
+  process.exit(1);
+}
+console.log(`e2e_observe: OK (${((Date.now() - started) / 1000).toFixed(0)} s; ${out})`);
+if (!opts.out) fs.rmSync(out, { recursive: true, force: true });
