@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <map>
 #include <utility>
 
@@ -102,7 +103,54 @@ int Submit(CoordinatorClient& client, const std::string& file, const std::string
   return kExitOk;
 }
 
+namespace {
+
+// `status` without a job: how many jobs are in each state and how many
+// workers of each device kind are in each state.
+int Overview(CoordinatorClient& client, bool json, Streams io) {
+  absl::StatusOr<std::vector<v1::Job>> jobs = client.List({}, "");
+  if (!jobs.ok()) return Fail(jobs.status(), io);
+  absl::StatusOr<std::vector<v1::Worker>> workers = client.Workers();
+  if (!workers.ok()) return Fail(workers.status(), io);
+  std::map<std::string, int64_t> job_states;
+  for (const v1::Job& j : *jobs) ++job_states[StateName(j.state())];
+  std::map<std::string, std::map<std::string, int64_t>> worker_states;  // device -> state -> n
+  for (const v1::Worker& w : *workers) {
+    ++worker_states[w.info().device()]
+                   [v1::WorkerState_Name(w.state()).substr(std::string("WORKER_STATE_").size())];
+  }
+  auto counts = [](const std::map<std::string, int64_t>& m, const char* sep, const char* quote) {
+    std::vector<std::string> parts;
+    for (const auto& [k, n] : m) parts.push_back(absl::StrCat(quote, k, quote, sep, n));
+    return parts;
+  };
+  if (json) {
+    std::vector<std::string> devices;
+    for (const auto& [device, states] : worker_states) {
+      devices.push_back(
+          absl::StrCat("\"", device, "\":{", absl::StrJoin(counts(states, ":", "\""), ","), "}"));
+    }
+    io.out << "{\"coordinator\":\"" << client.address() << "\",\"jobs\":{"
+           << absl::StrJoin(counts(job_states, ":", "\""), ",") << "},\"workers\":{"
+           << absl::StrJoin(devices, ",") << "}}\n";
+    return kExitOk;
+  }
+  io.out << "coordinator  " << client.address() << "\n";
+  io.out << "jobs         " << jobs->size();
+  if (!job_states.empty()) io.out << " (" << absl::StrJoin(counts(job_states, " ", ""), ", ") << ")";
+  io.out << "\n";
+  io.out << "workers      " << workers->size() << "\n";
+  for (const auto& [device, states] : worker_states) {
+    io.out << "  " << absl::StrFormat("%-10s ", device)
+           << absl::StrJoin(counts(states, " ", ""), ", ") << "\n";
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
 int Status(CoordinatorClient& client, const std::string& job_id, bool json, Streams io) {
+  if (job_id.empty()) return Overview(client, json, io);
   absl::StatusOr<v1::Job> job = client.Get(job_id);
   if (!job.ok()) return Fail(job.status(), io);
   if (json) {
@@ -166,6 +214,10 @@ int Watch(CoordinatorClient& client, const std::string& job_id, int64_t from_ind
     if (bar_open) io.out << "\n";
     bar_open = false;
   };
+  // The ETA takes the median of the last steps (as the coordinator's job
+  // status does), so one slow step does not swing it.
+  constexpr std::size_t kRecent = 16;
+  std::deque<double> recent;
   absl::Status st = client.Watch(job_id, from_index, absl::Hours(24 * 365), [&](const v1::JobEvent& e) {
     if (e.has_state_change()) {
       end_bar();
@@ -174,7 +226,11 @@ int Watch(CoordinatorClient& client, const std::string& job_id, int64_t from_ind
              << "\n";
     } else if (e.has_step()) {
       const v1::StepRecord& r = e.step();
-      const double eta = r.step_seconds() * static_cast<double>(total - r.step() - 1);
+      recent.push_back(r.step_seconds());
+      if (recent.size() > kRecent) recent.pop_front();
+      std::vector<double> sorted(recent.begin(), recent.end());
+      std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+      const double eta = sorted[sorted.size() / 2] * static_cast<double>(total - r.step() - 1);
       if (io.terminal) {
         constexpr int kWidth = 30;
         const int filled =

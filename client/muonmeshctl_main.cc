@@ -397,6 +397,7 @@ struct JobCommand {
   const char* name;
   const char* positional;  // "FILE", "JOB", or nullptr for none
   const char* synopsis;
+  bool positional_optional = false;
 };
 
 // Parses `args` for `command`: the positional first (when the command takes
@@ -418,7 +419,7 @@ int ParseJobCommand(const JobCommand& command, const std::vector<std::string>& a
               << "  6  watch: the job ended FAILED or CANCELLED\n";
     return -1;
   }
-  if (command.positional != nullptr && positional->empty()) {
+  if (command.positional != nullptr && !command.positional_optional && positional->empty()) {
     return UsageError(command.name, absl::InvalidArgumentError(absl::StrCat(
                                         "missing ", command.positional)));
   }
@@ -441,7 +442,11 @@ int RunJobCommand(const std::string& name, const std::vector<std::string>& args)
        "its folder, output.dir defaults to <its folder>/runs/<name>, and a synthetic model's\n"
        "spec file is sent inline. Prints the job id alone on the last line of stdout.\n"
        "Repeating a submit with the same --request-id makes one job."},
-      {"status", "JOB", "JOB [--json] [--coordinator ADDR]\n\nThe job's state, progress and timing."},
+      {"status", "JOB",
+       "[JOB] [--json] [--coordinator ADDR]\n\n"
+       "The job's state, progress and timing; without JOB, how many jobs are in each state\n"
+       "and how many workers of each device are idle, busy or lost.",
+       /*positional_optional=*/true},
       {"list", nullptr,
        "[--state S[,S...]] [--name NAME] [--json] [--coordinator ADDR]\n\n"
        "Jobs, newest first (states: pending, running, restarting, succeeded, failed, "
@@ -499,7 +504,7 @@ constexpr const char* kHelpHead =
     "\n"
     "Commands:\n"
     "  submit     submit a job file; prints the job id\n"
-    "  status     a job's state, progress and timing\n"
+    "  status     a job's state, progress and timing (no JOB: jobs and workers by state)\n"
     "  list       jobs, newest first\n"
     "  watch      follow a job to its end (steps, loss, ETA)\n"
     "  metrics    a job's per-step records (table, JSON or CSV)\n"

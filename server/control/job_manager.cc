@@ -249,6 +249,13 @@ void JobManager::Recover() {
 void JobManager::StepDone(const std::string& job_id, Attempt& a, int64_t step,
                           StepAggregate& agg) {
   if (options_.on_step_done) options_.on_step_done(agg.slowest);
+  // A cancelled job's ranks finish the steps they had begun (the records are
+  // kept), but its event log ends with CANCELLED: a watcher has seen the
+  // last event, and the job's progress stays as it was when cancelled.
+  if (a.cancelled) {
+    absl::StatusOr<v1::Job> job = store_.Get(job_id);
+    if (job.ok() && IsFinal(job->state())) return;
+  }
   v1::JobEvent event;
   *event.mutable_step() = agg.rank0;
   event.mutable_step()->set_step_seconds(agg.slowest);

@@ -16,7 +16,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/coordinator_client.h"
 #include "gmock/gmock.h"
@@ -204,6 +207,171 @@ TEST_F(ServiceTest, SigtermStopsTheCoordinatorAndWorkersCleanly) {
   EXPECT_EQ(workers_[0]->Wait(std::chrono::seconds(10)), 0) << workers_[0]->Log();
   coordinator_->Signal(SIGTERM);
   EXPECT_EQ(coordinator_->Wait(std::chrono::seconds(10)), 0) << coordinator_->Log();
+}
+
+// muonmeshctl against the same processes: what a user types.
+class MuonmeshctlTest : public ServiceTest {
+ protected:
+  testing::ProcessResult Ctl(std::vector<std::string> args) {
+    args.insert(args.begin(), MUONMESHCTL_BIN);
+    return testing::Run(std::move(args), std::chrono::seconds(120),
+                        {"MUONMESH_COORDINATOR=" + address_});
+  }
+  // Polls `args` until its stdout holds `text` (10 s at most).
+  bool EventuallyPrints(const std::vector<std::string>& args, const std::string& text) {
+    for (int i = 0; i < 200; ++i) {
+      if (Ctl(args).out.find(text) != std::string::npos) return true;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return false;
+  }
+};
+
+std::vector<std::string> Lines(const std::string& text) {
+  return absl::StrSplit(text, '\n', absl::SkipEmpty());
+}
+
+TEST_F(MuonmeshctlTest, SubmitWatchStatusMetricsAndListFollowOneJob) {
+  StartWorker("w0");
+  StartWorker("w1");
+  JobText j{"ctl", 2};
+  const std::string file = WriteJob(dir_, j, dir_ + "/out");
+  const testing::ProcessResult first = Ctl({"submit", file, "--request-id", "req-1"});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const std::string id = Lines(first.out).back();
+  EXPECT_THAT(first.err, HasSubstr("submitted ctl"));
+  // The same request id makes no second job.
+  const testing::ProcessResult again = Ctl({"submit", file, "--request-id", "req-1"});
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(Lines(again.out).back(), id);
+  EXPECT_THAT(again.err, HasSubstr("already submitted"));
+
+  const testing::ProcessResult watch = Ctl({"watch", id});
+  ASSERT_EQ(watch.exit_code, 0) << watch.err << Logs();
+  // Every step once, in order, then the end; event indices without gaps.
+  const std::vector<std::string> events = Lines(watch.out);
+  std::vector<int64_t> steps;
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_TRUE(absl::StartsWith(events[i], absl::StrCat("[", i + 1, "] "))) << events[i];
+    const size_t at = events[i].find("] step ");
+    if (at != std::string::npos) steps.push_back(std::stoll(events[i].substr(at + 7)));
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
+  EXPECT_THAT(events.back(), HasSubstr("SUCCEEDED"));
+  // Resumed from an index: exactly the tail of the full stream.
+  const testing::ProcessResult resumed = Ctl({"watch", id, "--from", "5"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_EQ(Lines(resumed.out),
+            std::vector<std::string>(events.begin() + 4, events.end()));
+
+  const testing::ProcessResult status = Ctl({"status", id});
+  ASSERT_EQ(status.exit_code, 0) << status.err;
+  EXPECT_THAT(status.out, HasSubstr("SUCCEEDED"));
+  EXPECT_THAT(status.out, HasSubstr("steps      6 of 6"));
+
+  // CSV: a header, then one row per step of rank 0, or per step and rank.
+  const testing::ProcessResult csv = Ctl({"metrics", id, "--format", "csv"});
+  ASSERT_EQ(csv.exit_code, 0) << csv.err;
+  const std::vector<std::string> rows = Lines(csv.out);
+  ASSERT_EQ(rows.size(), 7u) << csv.out;
+  EXPECT_TRUE(absl::StartsWith(rows[0], "step,rank,attempt,loss,step_seconds")) << rows[0];
+  for (int step = 0; step < 6; ++step) {
+    EXPECT_TRUE(absl::StartsWith(rows[step + 1], absl::StrCat(step, ",0,0,"))) << rows[step + 1];
+  }
+  const testing::ProcessResult all = Ctl({"metrics", id, "--format", "csv", "--all-ranks"});
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  EXPECT_EQ(Lines(all.out).size(), 13u);
+  // The loss the watch printed for the last step is the one the records hold.
+  const std::vector<std::string> last = absl::StrSplit(rows[6], ',');
+  EXPECT_THAT(events[events.size() - 2],
+              HasSubstr(absl::StrFormat("loss %.6e", std::stod(last[3]))));
+
+  const testing::ProcessResult list = Ctl({"list", "--state", "succeeded"});
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  EXPECT_EQ(Lines(list.out).size(), 2u) << list.out;
+  EXPECT_THAT(list.out, HasSubstr(id));
+  const testing::ProcessResult none = Ctl({"list", "--state", "failed"});
+  EXPECT_EQ(Lines(none.out).size(), 1u) << none.out;
+
+  const testing::ProcessResult overview = Ctl({"status"});
+  ASSERT_EQ(overview.exit_code, 0) << overview.err;
+  EXPECT_THAT(overview.out, HasSubstr("jobs         1 (SUCCEEDED 1)"));
+  EXPECT_THAT(overview.out, HasSubstr("IDLE 2"));
+  // The coordinator flag may also come before the command.
+  const testing::ProcessResult before = testing::Run(
+      {MUONMESHCTL_BIN, "--coordinator", address_, "workers"}, std::chrono::seconds(30));
+  ASSERT_EQ(before.exit_code, 0) << before.err;
+  EXPECT_EQ(Lines(before.out).size(), 3u) << before.out;
+}
+
+TEST_F(MuonmeshctlTest, CancelEndsTheWatchWithCode6AndFreesTheWorkers) {
+  StartWorker("w0");
+  StartWorker("w1");
+  JobText j{"long", 2};
+  j.steps = 1000000;
+  const testing::ProcessResult submit = Ctl({"submit", WriteJob(dir_, j, dir_ + "/out")});
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const std::string id = Lines(submit.out).back();
+  ASSERT_TRUE(EventuallyPrints({"workers"}, absl::StrCat(id, "/1"))) << Logs();
+  const testing::ProcessResult cancel = Ctl({"cancel", id, "--reason", "enough"});
+  ASSERT_EQ(cancel.exit_code, 0) << cancel.err;
+  const testing::ProcessResult watch = Ctl({"watch", id});
+  EXPECT_EQ(watch.exit_code, 6) << watch.out << watch.err;
+  EXPECT_THAT(Lines(watch.out).back(), HasSubstr("CANCELLED: cancelled: enough"));
+  // Both workers go back to idle, and a second cancel changes nothing.
+  ASSERT_TRUE(EventuallyPrints({"status"}, "IDLE 2")) << Ctl({"workers"}).out << Logs();
+  const testing::ProcessResult twice = Ctl({"cancel", id});
+  EXPECT_EQ(twice.exit_code, 0) << twice.err;
+  // Steps its ranks finished after the cancel add no events after CANCELLED.
+  const testing::ProcessResult after = Ctl({"status", id});
+  EXPECT_THAT(after.out, HasSubstr("CANCELLED: cancelled: enough"));
+  EXPECT_THAT(after.out, HasSubstr("ETA        -"));
+  EXPECT_EQ(Ctl({"watch", id}).out, watch.out);
+}
+
+TEST_F(MuonmeshctlTest, BadInputGetsAClearErrorAndTheRightCode) {
+  StartWorker("w0");
+  // No such job, for every command that takes one: refused (5), naming it.
+  for (const char* command : {"status", "watch", "metrics", "cancel"}) {
+    const testing::ProcessResult r = Ctl({command, "j-404"});
+    EXPECT_EQ(r.exit_code, 5) << command << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr("no job 'j-404'")) << command;
+  }
+  // A file that does not parse: a usage error naming the file and line.
+  const std::string bad = dir_ + "/bad.yaml";
+  std::ofstream(bad) << "name: x\nworld_size: [2\n";
+  testing::ProcessResult r = Ctl({"submit", bad});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr(bad + ":"));
+  // An unknown field is named.
+  const std::string unknown = dir_ + "/unknown.yaml";
+  std::ofstream(unknown) << "name: x\nworld_size: 1\nwrold: 2\n";
+  r = Ctl({"submit", unknown});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("wrold"));
+  // A job the planner refuses: every violation with its field path (1).
+  JobText invalid{"invalid", 3};
+  invalid.parallelism = "{data_parallel_sharding_strategy: optim_grads_params, "
+                        "num_distributed_optimizer_instances: 2}";
+  invalid.steps = 0;
+  r = Ctl({"submit", WriteJob(dir_, invalid, dir_ + "/out")});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("num_distributed_optimizer_instances"));
+  EXPECT_THAT(r.err, HasSubstr("training.steps"));
+  // Nothing was created by any of them.
+  EXPECT_EQ(Lines(Ctl({"list"}).out).size(), 1u);
+  // A job wider than the fleet is accepted and waits for workers.
+  JobText wide{"wide", 24};
+  wide.parallelism = "{data_parallel_sharding_strategy: no_shard}";
+  r = Ctl({"submit", WriteJob(dir_, wide, dir_ + "/out")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(Ctl({"status", Lines(r.out).back()}).out,
+              HasSubstr("PENDING: waiting for 24 idle cpu workers"));
+  // A coordinator that is not there: 3, naming the address.
+  r = testing::Run({MUONMESHCTL_BIN, "status", "--coordinator", "127.0.0.1:1"},
+                   std::chrono::seconds(30));
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("127.0.0.1:1"));
 }
 
 }  // namespace
