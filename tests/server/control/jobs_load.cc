@@ -1,10 +1,12 @@
 // Load generator for the coordinator's read path: N concurrent clients, each
-// with its own channel, calling GetJob, ListJobs and GetJobMetrics (last 16
-// steps) in turn on one job for a fixed time. Prints calls, calls per second
+// with its own channel, calling GetJob, ListJobs and GetJobMetrics (a page of
+// 16 step records) in turn on one job for a fixed time: as fast as each can
+// (closed loop), or each at --rate calls per second on a fixed schedule. Prints calls, calls per second
 // and latency percentiles per method and overall, one `key=value` line each,
 // for tests/server/control/load_benchmark.sh.
 //
 //   jobs_load --coordinator HOST:PORT --job J [--clients 64] [--seconds 10]
+//             [--rate CALLS_PER_SECOND_PER_CLIENT (0: as fast as it can)]
 
 #include <algorithm>
 #include <atomic>
@@ -44,6 +46,7 @@ int main(int argc, char** argv) {
   std::string job;
   int64_t clients = 64;
   int64_t seconds = 10;
+  double rate = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const std::string value = argv[i + 1];
@@ -51,10 +54,11 @@ int main(int argc, char** argv) {
     else if (flag == "--job") job = value;
     else if (flag == "--clients") (void)absl::SimpleAtoi(value, &clients);
     else if (flag == "--seconds") (void)absl::SimpleAtoi(value, &seconds);
+    else if (flag == "--rate") (void)absl::SimpleAtod(value, &rate);
   }
-  if (address.empty() || job.empty() || clients < 1 || seconds < 1) {
+  if (address.empty() || job.empty() || clients < 1 || seconds < 1 || !(rate >= 0)) {
     std::fprintf(stderr, "usage: jobs_load --coordinator HOST:PORT --job J [--clients 64] "
-                         "[--seconds 10]\n");
+                         "[--seconds 10] [--rate 0]\n");
     return 2;
   }
   const char* kMethods[] = {"GetJob", "ListJobs", "GetJobMetrics"};
@@ -67,7 +71,16 @@ int main(int argc, char** argv) {
       args.SetInt("grpc.use_local_subchannel_pool", 1);  // one connection per client
       auto stub = muonmesh::v1::Jobs::NewStub(
           grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+      // Paced clients start spread over one period, so calls do not come in bursts.
+      const auto period = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(rate > 0 ? 1.0 / rate : 0.0));
+      auto next = std::chrono::steady_clock::now() + period * c / clients;
       for (int64_t n = 0; std::chrono::steady_clock::now() < end; ++n) {
+        if (rate > 0) {
+          std::this_thread::sleep_until(next);
+          next += period;
+          if (std::chrono::steady_clock::now() >= end) break;
+        }
         const char* method = kMethods[(n + c) % 3];
         grpc::ClientContext context;
         context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
