@@ -10,7 +10,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
-#include "server/rpc_status.h"
+#include "proto/rpc/rpc_status.h"
 
 namespace muonmesh {
 namespace {

@@ -10,11 +10,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "server/plan/cancel.h"
-#include "server/plan/planner.h"
-#include "server/plan/validate.h"
-#include "server/plan_convert.h"
-#include "server/rpc_status.h"
+#include "plan/cancel.h"
+#include "plan/planner.h"
+#include "plan/validate.h"
+#include "proto/convert/plan_convert.h"
+#include "proto/rpc/rpc_status.h"
 
 namespace muonmesh {
 namespace {

@@ -17,8 +17,8 @@
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/status.h"
 #include "muonmesh/v1/planner.grpc.pb.h"
-#include "server/plan/plan_size.h"
-#include "server/plan/types.h"
+#include "plan/plan_size.h"
+#include "plan/types.h"
 #include "server/plan_admission.h"
 
 namespace muonmesh {

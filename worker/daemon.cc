@@ -17,7 +17,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "muonmesh/v1/fleet.grpc.pb.h"
-#include "server/exec_plan_convert.h"
+#include "proto/convert/exec_plan_convert.h"
 #include "worker/comm/grpc_store.h"
 #include "worker/job/job.h"
 #include "worker/job/memory_budget.h"

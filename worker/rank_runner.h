@@ -21,7 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "server/plan/types.h"
+#include "plan/types.h"
 #include "worker/comm/store.h"
 #include "worker/job/job.h"
 #include "worker/model/workload.h"

@@ -7,7 +7,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "server/plan/planner.h"
+#include "plan/planner.h"
 #include "worker/comm/file_store.h"
 #include "worker/job/job.h"
 #include "worker/job/optimizer_rules.h"

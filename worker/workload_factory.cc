@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/plan_convert.h"
+#include "proto/convert/plan_convert.h"
 #include "worker/io/safetensors.h"
 #include "worker/model/mlp.h"
 #include "worker/model/moe_mlp.h"

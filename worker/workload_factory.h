@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/plan/types.h"
+#include "plan/types.h"
 #include "worker/job/job.h"
 #include "worker/model/workload.h"
 #include "worker/runtime/device.h"

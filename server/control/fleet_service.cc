@@ -1,6 +1,6 @@
 #include "server/control/fleet_service.h"
 
-#include "server/rpc_status.h"
+#include "proto/rpc/rpc_status.h"
 
 namespace muonmesh::coordinator {
 

@@ -8,10 +8,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/exec_plan_convert.h"
-#include "server/plan/planner.h"
-#include "server/plan/validate.h"
-#include "server/plan_convert.h"
+#include "proto/convert/exec_plan_convert.h"
+#include "plan/planner.h"
+#include "plan/validate.h"
+#include "proto/convert/plan_convert.h"
 #include "worker/job/job.h"
 #include "worker/job/optimizer_rules.h"
 #include "worker/model/mlp.h"

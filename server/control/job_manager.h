@@ -36,7 +36,7 @@
 #include "muonmesh/v1/jobs.pb.h"
 #include "server/control/fleet.h"
 #include "server/control/rendezvous.h"
-#include "server/plan/types.h"
+#include "plan/types.h"
 #include "server/state/job_store.h"
 
 namespace muonmesh::coordinator {

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "server/rpc_status.h"
+#include "proto/rpc/rpc_status.h"
 
 namespace muonmesh::coordinator {
 namespace {

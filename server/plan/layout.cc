@@ -1,4 +1,4 @@
-#include "server/plan/layout.h"
+#include "plan/layout.h"
 
 #include <algorithm>
 #include <map>
@@ -6,7 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "server/plan/validate.h"
+#include "plan/validate.h"
 
 namespace muonmesh::plan {
 namespace {

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/plan/types.h"
+#include "plan/types.h"
 
 namespace muonmesh::plan {
 

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "server/plan/types.h"
+#include "plan/types.h"
 
 namespace muonmesh::plan {
 

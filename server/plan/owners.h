@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "server/plan/cancel.h"
-#include "server/plan/types.h"
+#include "plan/cancel.h"
+#include "plan/types.h"
 
 namespace muonmesh::plan {
 

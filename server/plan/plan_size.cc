@@ -1,12 +1,12 @@
-#include "server/plan/plan_size.h"
+#include "plan/plan_size.h"
 
 #include <map>
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "server/plan/layout.h"
-#include "server/plan/mesh.h"
-#include "server/plan/validate.h"
+#include "plan/layout.h"
+#include "plan/mesh.h"
+#include "plan/validate.h"
 
 namespace muonmesh::plan {
 namespace {

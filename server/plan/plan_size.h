@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/plan/cancel.h"
-#include "server/plan/types.h"
+#include "plan/cancel.h"
+#include "plan/types.h"
 
 namespace muonmesh::plan {
 

@@ -1,15 +1,15 @@
-#include "server/plan/planner.h"
+#include "plan/planner.h"
 
 #include <algorithm>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/plan/layout.h"
-#include "server/plan/mesh.h"
-#include "server/plan/owners.h"
-#include "server/plan/plan_size.h"
-#include "server/plan/validate.h"
+#include "plan/layout.h"
+#include "plan/mesh.h"
+#include "plan/owners.h"
+#include "plan/plan_size.h"
+#include "plan/validate.h"
 
 namespace muonmesh::plan {
 namespace {

@@ -8,8 +8,8 @@
 // and every run. Thread-compatible (no shared state).
 
 #include "absl/status/statusor.h"
-#include "server/plan/cancel.h"
-#include "server/plan/types.h"
+#include "plan/cancel.h"
+#include "plan/types.h"
 
 namespace muonmesh::plan {
 

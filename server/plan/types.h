@@ -3,7 +3,7 @@
 // Value types of the planner: its input (model spec, parallelism config,
 // options) and its output (meshes, layouts, owners, loads, bytes). Plain
 // structs with no behaviour; the planner is pure C++ and knows nothing of
-// protobuf or gRPC (server/plan_convert.h translates at the edge).
+// protobuf or gRPC (proto/convert/plan_convert.h translates at the edge).
 
 #include <cstdint>
 #include <string>

@@ -1,4 +1,4 @@
-#include "server/plan/validate.h"
+#include "plan/validate.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "server/plan/mesh.h"
+#include "plan/mesh.h"
 
 namespace muonmesh::plan {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "server/plan/types.h"
+#include "plan/types.h"
 
 namespace muonmesh::plan {
 

@@ -1,4 +1,4 @@
-#include "server/plan/layout.h"
+#include "plan/layout.h"
 
 #include <algorithm>
 #include <random>

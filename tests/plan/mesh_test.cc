@@ -1,4 +1,4 @@
-#include "server/plan/mesh.h"
+#include "plan/mesh.h"
 
 #include <set>
 

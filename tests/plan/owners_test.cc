@@ -1,4 +1,4 @@
-#include "server/plan/owners.h"
+#include "plan/owners.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "server/plan/plan_size.h"
+#include "plan/plan_size.h"
 
 #include <string>
 #include <tuple>
@@ -7,9 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/plan/planner.h"
-#include "server/plan/validate.h"
-#include "server/plan_convert.h"
+#include "plan/planner.h"
+#include "plan/validate.h"
+#include "proto/convert/plan_convert.h"
 #include "tests/plan/spec_loader.h"
 
 namespace muonmesh::plan {

@@ -15,7 +15,7 @@
 
 #include "absl/strings/str_format.h"
 #include "benchmark/benchmark.h"
-#include "server/plan/planner.h"
+#include "plan/planner.h"
 #include "tests/plan/spec_loader.h"
 
 namespace muonmesh {

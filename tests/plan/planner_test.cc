@@ -1,4 +1,4 @@
-#include "server/plan/planner.h"
+#include "plan/planner.h"
 
 #include <algorithm>
 #include <map>
@@ -6,8 +6,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/plan/mesh.h"
-#include "server/plan_convert.h"
+#include "plan/mesh.h"
+#include "proto/convert/plan_convert.h"
 #include "tests/plan/spec_loader.h"
 
 namespace muonmesh::plan {

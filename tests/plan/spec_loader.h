@@ -7,8 +7,8 @@
 #include "absl/status/statusor.h"
 #include "muonmesh/v1/config.pb.h"
 #include "proto/io/message_file.h"
-#include "server/plan/types.h"
-#include "server/plan_convert.h"
+#include "plan/types.h"
+#include "proto/convert/plan_convert.h"
 
 namespace muonmesh::testing {
 

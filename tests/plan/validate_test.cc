@@ -1,4 +1,4 @@
-#include "server/plan/validate.h"
+#include "plan/validate.h"
 
 #include <functional>
 

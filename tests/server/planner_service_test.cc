@@ -27,10 +27,10 @@
 #include "muonmesh/v1/planner.grpc.pb.h"
 #include "proto/io/message_file.h"
 #include "server/coordinator_server.h"
-#include "server/plan/plan_size.h"
-#include "server/plan/validate.h"
-#include "server/plan_convert.h"
-#include "server/rpc_status.h"
+#include "plan/plan_size.h"
+#include "plan/validate.h"
+#include "proto/convert/plan_convert.h"
+#include "proto/rpc/rpc_status.h"
 
 #if MUONMESH_HAVE_HEALTH_PROTO
 #include "grpc/health/v1/health.grpc.pb.h"

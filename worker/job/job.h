@@ -52,7 +52,7 @@
 
 #include "absl/status/statusor.h"
 #include "muonmesh/v1/config.pb.h"
-#include "server/plan/types.h"
+#include "plan/types.h"
 #include "worker/math/types.h"
 
 namespace muonmesh::worker {

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/plan/mesh.h"
+#include "plan/mesh.h"
 #include "worker/job/memory_budget.h"
 
 namespace muonmesh::worker {

@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "server/plan/types.h"
+#include "plan/types.h"
 #include "worker/job/job.h"
 
 namespace muonmesh::worker {

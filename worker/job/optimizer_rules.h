@@ -21,7 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "server/plan/types.h"
+#include "plan/types.h"
 
 namespace re2 {
 class RE2;

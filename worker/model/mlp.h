@@ -46,7 +46,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "server/plan/types.h"
+#include "plan/types.h"
 #include "worker/model/workload.h"
 
 namespace muonmesh::worker {

@@ -4,7 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "muonmesh/v1/config.pb.h"
 #include "proto/io/message_file.h"
-#include "server/plan_convert.h"
+#include "proto/convert/plan_convert.h"
 #include "worker/model/synthetic.h"
 
 namespace muonmesh::worker {

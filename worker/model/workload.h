@@ -33,7 +33,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "server/plan/types.h"
+#include "plan/types.h"
 #include "worker/comm/types.h"
 
 namespace muonmesh::worker {

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "server/plan/mesh.h"
+#include "plan/mesh.h"
 
 namespace muonmesh::worker {
 

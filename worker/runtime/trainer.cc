@@ -10,9 +10,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "server/plan/mesh.h"
-#include "server/plan/owners.h"
-#include "server/plan/validate.h"
+#include "plan/mesh.h"
+#include "plan/owners.h"
+#include "plan/validate.h"
 #include "worker/io/safetensors.h"
 #include "worker/runtime/groups.h"
 

@@ -38,7 +38,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/plan/types.h"
+#include "plan/types.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/store.h"
 #include "worker/math/newton_schulz.h"

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "server/plan/planner.h"
+#include "plan/planner.h"
 #include "tests/worker/ns_reference.h"
 #include "worker/math/adamw.h"
 #include "worker/math/muon.h"

@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
-#include "server/plan/planner.h"
+#include "plan/planner.h"
 #include "worker/comm/file_store.h"
 #include "worker/comm/inprocess_communicator.h"
 #include "worker/io/safetensors.h"

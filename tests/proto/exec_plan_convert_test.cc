@@ -2,14 +2,14 @@
 // v1::ExecutionPlan field by field, for real models under several configs,
 // and a damaged message is refused naming the field.
 
-#include "server/exec_plan_convert.h"
+#include "proto/convert/exec_plan_convert.h"
 
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/plan/planner.h"
+#include "plan/planner.h"
 #include "tests/plan/spec_loader.h"
 
 namespace muonmesh {

@@ -1,4 +1,4 @@
-#include "server/exec_plan_convert.h"
+#include "proto/convert/exec_plan_convert.h"
 
 #include <cstdint>
 #include <utility>

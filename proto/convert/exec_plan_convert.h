@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "muonmesh/v1/execution_plan.pb.h"
-#include "server/plan/types.h"
+#include "plan/types.h"
 
 namespace muonmesh {
 

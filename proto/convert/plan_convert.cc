@@ -1,10 +1,10 @@
-#include "server/plan_convert.h"
+#include "proto/convert/plan_convert.h"
 
 #include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "server/plan/mesh.h"
+#include "plan/mesh.h"
 
 namespace muonmesh {
 namespace {

@@ -1,4 +1,4 @@
-#include "server/rpc_status.h"
+#include "proto/rpc/rpc_status.h"
 
 #include <string>
 #include <utility>

@@ -1,10 +1,10 @@
 #pragma once
 
 // Translation between the API messages (muonmesh.v1) and the planner's value
-// types, kept at the edge so that server/plan/ stays free of protobuf.
+// types, kept at the edge so that the planner (server/plan/) stays free of protobuf.
 
 #include "muonmesh/v1/planner.pb.h"
-#include "server/plan/types.h"
+#include "plan/types.h"
 
 namespace muonmesh {
 
