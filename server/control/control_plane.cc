@@ -18,10 +18,13 @@ absl::StatusOr<std::unique_ptr<ControlPlane>> ControlPlane::Start(
     return absl::InvalidArgumentError(
         absl::StrCat("--data-dir ", options.data_dir, ": not a folder we can create or use"));
   }
+  absl::StatusOr<std::unique_ptr<DataDirLock>> lock = DataDirLock::Acquire(options.data_dir);
+  if (!lock.ok()) return lock.status();
   absl::StatusOr<std::unique_ptr<JobStore>> store =
       JobStore::Open((std::filesystem::path(options.data_dir) / "state.db").string());
   if (!store.ok()) return store.status();
-  std::unique_ptr<ControlPlane> plane(new ControlPlane(options, *std::move(store)));
+  std::unique_ptr<ControlPlane> plane(
+      new ControlPlane(options, *std::move(lock), *std::move(store)));
   if (!options.metrics_listen.empty()) {
     try {
       plane->exposer_ = std::make_unique<prometheus::Exposer>(options.metrics_listen, 1);
@@ -37,8 +40,10 @@ absl::StatusOr<std::unique_ptr<ControlPlane>> ControlPlane::Start(
   return plane;
 }
 
-ControlPlane::ControlPlane(const ControlPlaneOptions& options, std::unique_ptr<JobStore> store)
-    : store_(std::move(store)),
+ControlPlane::ControlPlane(const ControlPlaneOptions& options, std::unique_ptr<DataDirLock> lock,
+                           std::unique_ptr<JobStore> store)
+    : lock_(std::move(lock)),
+      store_(std::move(store)),
       fleet_(&clock_, options.lease_ttl, options.heartbeat_interval),
       metrics_(std::make_shared<CoordinatorMetrics>(store_.get(), &fleet_)),
       manager_(store_.get(), &fleet_, &rendezvous_, &clock_,

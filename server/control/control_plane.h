@@ -25,6 +25,7 @@
 #include "server/control/jobs_service.h"
 #include "server/control/rendezvous.h"
 #include "server/control/store_service.h"
+#include "server/state/data_dir_lock.h"
 #include "server/state/job_store.h"
 
 namespace muonmesh::coordinator {
@@ -41,8 +42,10 @@ struct ControlPlaneOptions {
 
 class ControlPlane {
  public:
-  // Opens the state under data_dir and recovers jobs a previous life left
-  // running. InvalidArgument naming the folder or file when it cannot.
+  // Locks data_dir (one coordinator per folder: FailedPrecondition naming
+  // the other's pid), opens the state under it and recovers jobs a previous
+  // life left running. InvalidArgument naming the folder or file when it
+  // cannot.
   static absl::StatusOr<std::unique_ptr<ControlPlane>> Start(const ControlPlaneOptions& options);
   ~ControlPlane();
 
@@ -56,9 +59,12 @@ class ControlPlane {
   void Shutdown();
 
  private:
-  ControlPlane(const ControlPlaneOptions& options, std::unique_ptr<JobStore> store);
+  ControlPlane(const ControlPlaneOptions& options, std::unique_ptr<DataDirLock> lock,
+               std::unique_ptr<JobStore> store);
   void ExpireLeases();
 
+  // First member: taken before the store opens, released after it closes.
+  std::unique_ptr<DataDirLock> lock_;
   SystemClock clock_;
   std::unique_ptr<JobStore> store_;
   Fleet fleet_;

@@ -209,6 +209,34 @@ TEST_F(ServiceTest, SigtermStopsTheCoordinatorAndWorkersCleanly) {
   EXPECT_EQ(coordinator_->Wait(std::chrono::seconds(10)), 0) << coordinator_->Log();
 }
 
+TEST_F(ServiceTest, OneDataFolderServesOneCoordinatorAndOutlivesIt) {
+  // A job to find again after a restart (no worker: it stays pending).
+  absl::StatusOr<v1::JobSpec> spec = LoadJobForSubmit(WriteJob(dir_, JobText{"kept", 2}, dir_ + "/out"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<v1::SubmitJobResponse> r = client_->Submit(*spec, "");
+  ASSERT_TRUE(r.ok()) << r.status();
+  // A second coordinator on the same folder is refused, naming the holder.
+  const std::vector<std::string> again = {MUONMESH_COORDINATOR_BIN, "--listen", "127.0.0.1:0",
+                                          "--data-dir", dir_ + "/state"};
+  testing::ProcessResult second = testing::Run(again, kStart);
+  EXPECT_EQ(second.exit_code, 1) << second.err;
+  EXPECT_THAT(second.err, HasSubstr(absl::StrCat("in use by another coordinator (pid ",
+                                                 coordinator_->pid(), ")")));
+  // Once the first is gone, even by SIGKILL, the folder is free again and
+  // the job is still there.
+  coordinator_->Signal(SIGKILL);
+  coordinator_->Wait(std::chrono::seconds(10));
+  Background third(again, dir_ + "/third.log");
+  ASSERT_TRUE(third.WaitForLog("listening on", kStart)) << third.Log();
+  const std::string log = third.Log();
+  const size_t at = log.find("listening on ") + 13;
+  CoordinatorClient client(log.substr(at, log.find('\n', at) - at));
+  absl::StatusOr<v1::Job> job = client.Get(r->job().id());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->name(), "kept");
+  EXPECT_EQ(job->state(), v1::JOB_STATE_PENDING);
+}
+
 // muonmeshctl against the same processes: what a user types.
 class MuonmeshctlTest : public ServiceTest {
  protected:
