@@ -256,7 +256,8 @@ class MuonmeshCtlTest : public ::testing::Test {
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, out_pipe[1], STDOUT_FILENO);
-    std::vector<std::string> argv = {MUONMESH_COORDINATOR_BIN, "--listen", "127.0.0.1:0"};
+    std::vector<std::string> argv = {MUONMESH_COORDINATOR_BIN, "--listen", "127.0.0.1:0",
+                                     "--data-dir", "none"};
     argv.insert(argv.end(), flags.begin(), flags.end());
     const int err = posix_spawn(&coordinator_, argv[0].c_str(), &actions, nullptr,
                                 testing::CStrings(argv).data(), environ);
@@ -563,7 +564,8 @@ TEST_F(MuonmeshCtlTest, CoordinatorHelpAndBadFlags) {
   EXPECT_THAT(unknown.err, HasSubstr("unknown flag --data-dri"));
   // The port our fixture's coordinator holds cannot be taken twice.
   const ProcessResult taken =
-      testing::Run({MUONMESH_COORDINATOR_BIN, "--listen", address_}, kCallBound);
+      testing::Run({MUONMESH_COORDINATOR_BIN, "--listen", address_, "--data-dir", "none"},
+                   kCallBound);
   EXPECT_EQ(taken.exit_code, 1);
   EXPECT_THAT(taken.err, HasSubstr("cannot listen on " + address_));
 }

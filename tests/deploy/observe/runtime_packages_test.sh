@@ -30,9 +30,10 @@ while read -r package; do
 done <"$work/packages"
 
 # A copy of one of the binary's libraries, outside any package, found first.
-lib=$(ldd "$1" | awk '/=> \// && $1 ~ /^libz\.so/ {print $3; exit}')
+# (awk reads to the end: exiting early would fail ldd with SIGPIPE under pipefail)
+lib=$(ldd "$1" | awk '/=> \// && $1 ~ /^libz\.so/ && !found {print $3; found = 1}')
 if [[ -z "$lib" ]]; then
-  lib=$(ldd "$1" | awk '/=> \// && $1 !~ /^lib(c|m|gcc_s|stdc\+\+)\.so/ {print $3; exit}')
+  lib=$(ldd "$1" | awk '/=> \// && $1 !~ /^lib(c|m|gcc_s|stdc\+\+)\.so/ && !found {print $3; found = 1}')
 fi
 mkdir "$work/lib"
 cp "$lib" "$work/lib/"
