@@ -23,6 +23,10 @@
 #include "absl/time/clock.h"
 #include "client/coordinator_client.h"
 #include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "muonmesh/v1/fleet.grpc.pb.h"
+#include "muonmesh/v1/jobs.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/testing/background.h"
 #include "tests/testing/subprocess.h"
@@ -235,6 +239,66 @@ TEST_F(ServiceTest, OneDataFolderServesOneCoordinatorAndOutlivesIt) {
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->name(), "kept");
   EXPECT_EQ(job->state(), v1::JOB_STATE_PENDING);
+}
+
+TEST_F(ServiceTest, BadRequestsGetTheRightCodeAndCreateNothing) {
+  StartWorker("w0");
+  auto channel = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+  auto jobs = v1::Jobs::NewStub(channel);
+  auto fleet = v1::Fleet::NewStub(channel);
+  auto call = [](auto&& rpc) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    return rpc(&context);
+  };
+  absl::StatusOr<v1::JobSpec> spec = LoadJobForSubmit(WriteJob(dir_, JobText{"ok", 1}, dir_ + "/out"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  v1::SubmitJobResponse submitted;
+  // Over the coordinator's 64 MiB request limit: refused by the transport.
+  v1::SubmitJobRequest huge;
+  *huge.mutable_spec() = *spec;
+  huge.mutable_spec()->set_name(std::string(65 << 20, 'x'));
+  grpc::Status s = call([&](grpc::ClientContext* c) { return jobs->SubmitJob(c, huge, &submitted); });
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  // A long name under the limit: refused by validation, without echoing it.
+  huge.mutable_spec()->set_name(std::string(1 << 20, 'x'));
+  s = call([&](grpc::ClientContext* c) { return jobs->SubmitJob(c, huge, &submitted); });
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("spec.name"));
+  EXPECT_LT(s.error_message().size(), 4096u);
+  // An over-long request id.
+  v1::SubmitJobRequest long_id;
+  *long_id.mutable_spec() = *spec;
+  long_id.set_request_id(std::string(200, 'r'));
+  s = call([&](grpc::ClientContext* c) { return jobs->SubmitJob(c, long_id, &submitted); });
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("request_id"));
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(call([&](grpc::ClientContext* c) { return jobs->ListJobs(c, {}, &list); }).ok());
+  EXPECT_EQ(list.jobs_size(), 0);
+
+  // A second worker under a live worker's id, and calls with a stale lease.
+  v1::RegisterRequest twice;
+  twice.mutable_info()->set_worker_id("w0");
+  twice.mutable_info()->set_device("cpu");
+  twice.mutable_info()->set_address("127.0.0.1");
+  v1::RegisterResponse registered;
+  s = call([&](grpc::ClientContext* c) { return fleet->Register(c, twice, &registered); });
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS) << s.error_message();
+  v1::HeartbeatRequest stale;
+  stale.set_worker_id("w0");
+  stale.set_lease_id("not-the-lease");
+  v1::HeartbeatResponse beat;
+  s = call([&](grpc::ClientContext* c) { return fleet->Heartbeat(c, stale, &beat); });
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  stale.set_worker_id("nobody");
+  s = call([&](grpc::ClientContext* c) { return fleet->Heartbeat(c, stale, &beat); });
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  // The real w0 is still registered and idle, and the service still serves.
+  absl::StatusOr<std::vector<v1::Worker>> workers = client_->Workers();
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  ASSERT_EQ(workers->size(), 1u);
+  EXPECT_EQ((*workers)[0].state(), v1::WORKER_STATE_IDLE);
 }
 
 // muonmeshctl against the same processes: what a user types.
