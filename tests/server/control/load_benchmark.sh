@@ -9,10 +9,13 @@
 # side, and the figure is the median over the rounds, all from one run.
 #
 #   tests/server/control/load_benchmark.sh [--clients 64] [--seconds 10]
-#       [--rate 0] [--rounds 3] [--dims 64,512,512,64]
+#       [--rate 0] [--rounds 3] [--dims 64,512,512,64] [--pin]
 #
 # --rate: calls per second of each client on a fixed schedule (0, the
-# default: each as fast as it can, which measures saturation).
+# default: each as fast as it can, which measures saturation). --pin puts
+# the workers on the last core and the coordinator and the clients on the
+# others (taskset), as a deployment puts them on different machines: what is
+# left is the interference through the kernel, loopback and memory.
 #
 # Needs the build (deploy/local/build.sh) in ${MUONMESH_BUILD_DIR:-build}.
 # Not part of the test suite: its figures go to BENCHMARKS.md.
@@ -25,6 +28,7 @@ seconds=10
 dims=64,512,512,64
 rate=0
 rounds=3
+pin=0
 while (($#)); do
   case $1 in
     --clients) clients=$2; shift 2 ;;
@@ -32,7 +36,8 @@ while (($#)); do
     --dims) dims=$2; shift 2 ;;
     --rate) rate=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --pin) pin=1; shift ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "load_benchmark.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -45,6 +50,15 @@ for bin in "$coordinator" "$worker" "$ctl" "$load"; do
   [[ -x $bin ]] || { echo "load_benchmark.sh: $bin is missing: build first" >&2; exit 2; }
 done
 
+serve=()
+train=()
+if ((pin)); then
+  last=$(($(nproc) - 1))
+  ((last >= 1)) || { echo "load_benchmark.sh: --pin needs 2 cores or more" >&2; exit 2; }
+  serve=(taskset -c "0-$((last - 1))")
+  train=(taskset -c "$last")
+fi
+
 work=$(mktemp -d "${TMPDIR:-/tmp}/muonmesh-load.XXXXXX")
 pids=()
 cleanup() {
@@ -54,7 +68,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$coordinator" --listen 127.0.0.1:0 --data-dir "$work/state" >"$work/coordinator.log" 2>&1 &
+"${serve[@]}" "$coordinator" --listen 127.0.0.1:0 --data-dir "$work/state" >"$work/coordinator.log" 2>&1 &
 pids+=($!)
 address=""
 for _ in $(seq 100); do
@@ -65,7 +79,7 @@ done
 [[ -n $address ]] || { cat "$work/coordinator.log" >&2; exit 1; }
 export MUONMESH_COORDINATOR=$address
 for i in 0 1 2 3; do
-  "$worker" --coordinator "$address" --worker-id "load-$i" --memory-budget 1GiB \
+  "${train[@]}" "$worker" --coordinator "$address" --worker-id "load-$i" --memory-budget 1GiB \
     >"$work/worker-$i.log" 2>&1 &
   pids+=($!)
 done
@@ -106,7 +120,7 @@ marks=("$(steps_done)")
 for ((r = 0; r < rounds; ++r)); do
   sleep "$seconds"
   marks+=("$(steps_done)")
-  "$load" --coordinator "$address" --job "$job" --clients "$clients" --seconds "$seconds" \
+  "${serve[@]}" "$load" --coordinator "$address" --job "$job" --clients "$clients" --seconds "$seconds" \
     --rate "$rate" >"$work/load-$r.txt"
   marks+=("$(steps_done)")
 done
@@ -115,7 +129,7 @@ marks+=("$(steps_done)")
 "$ctl" cancel "$job" >/dev/null
 
 echo "load benchmark: $clients clients (rate ${rate}/s each, 0: unpaced) x ${seconds} s," \
-  "$rounds rounds, on $(nproc) cores; 4 CPU workers, mlp [$dims]"
+  "$rounds rounds, on $(nproc) cores$( ((pin)) && echo " (workers pinned to core $last, the rest to 0-$((last - 1)))"); 4 CPU workers, mlp [$dims]"
 for ((r = 0; r < rounds; ++r)); do
   sed "s/^/round=$r /" "$work/load-$r.txt"
 done
