@@ -62,7 +62,17 @@ std::string StepJson(const StepReport& r, absl::Duration step_time, int32_t rank
     absl::StrAppend(&out, first ? "" : ", ", Quoted(name), ": ", bytes);
     first = false;
   }
-  absl::StrAppend(&out, "}, \"ns_flops\": ", Number(r.ns_flops), "}");
+  absl::StrAppend(&out, "}, \"ns_flops\": ", Number(r.ns_flops),
+                  ", \"muon_exchange_calls\": ", r.muon_exchange_calls, ", \"muon_rounds\": [");
+  for (size_t i = 0; i < r.muon_rounds.size(); ++i) {
+    const MuonRound& m = r.muon_rounds[i];
+    absl::StrAppend(&out, i ? ", " : "", "{\"wave\": ", m.wave, ", \"units\": [", m.first_unit,
+                    ", ", m.end_unit, "], \"domain\": ", Quoted(m.domain),
+                    ", \"ns_flops\": ", Number(m.ns_flops), ", \"sent_bytes\": ", m.sent_bytes,
+                    ", \"recv_bytes\": ", m.recv_bytes,
+                    ", \"wait_ms\": ", Number(absl::ToDoubleMilliseconds(m.wait)), "}");
+  }
+  absl::StrAppend(&out, "]}");
   return out;
 }
 

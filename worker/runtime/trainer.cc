@@ -15,6 +15,7 @@
 #include "plan/validate.h"
 #include "worker/io/safetensors.h"
 #include "worker/runtime/groups.h"
+#include "worker/runtime/muon_schedule.h"
 
 namespace muonmesh::worker {
 namespace {
@@ -34,13 +35,17 @@ struct Run {
   int64_t rows = 0;
 };
 
-// The unit's Muon exchange, fixed by the plan: buffers are laid out by peer
-// position, then by matrix order, so both sides agree without talking.
+// The unit's part of its wave's Muon exchange, fixed by the plan: runs are
+// grouped by peer position, then in matrix order, so both sides agree
+// without talking. A wave's exchange buffer holds, for each position, the
+// runs of every unit of the wave in unit order.
 struct Exchange {
   std::vector<int64_t> send_counts;  // floats to each position (the gather)
   std::vector<int64_t> recv_counts;  // floats from each position
-  std::vector<Run> send;             // my rows, in send-buffer order
-  std::vector<Run> recv;             // rows I receive, in receive-buffer order
+  std::vector<Run> send;             // my rows, grouped by position
+  std::vector<Run> recv;             // rows I receive, grouped by position
+  std::vector<size_t> send_first;    // per position + 1: its first run in `send`
+  std::vector<size_t> recv_first;    // per position + 1: its first run in `recv`
   int64_t send_total = 0;
   int64_t recv_total = 0;
 };
@@ -81,8 +86,9 @@ struct UnitState {
   // Impl::rows, whether I orthogonalize the matrix, and then (during Muon()
   // only: allocated there and freed at its end) the whole matrix.
   std::vector<LocalRows> mine;
-  std::vector<int64_t> rows_offset;
+  std::vector<int64_t> rows_offset;  // within this unit's part of Impl::rows
   int64_t rows_total = 0;
+  int64_t rows_base = 0;             // where this unit's part starts, during its wave
   std::vector<bool> holds;
   std::vector<DeviceBuffer> whole;
   Exchange exchange;
@@ -123,10 +129,16 @@ struct Trainer::Impl {
   DeviceBuffer full;                         // one unit-mesh padded buffer, D * S
   DeviceBuffer scalar;  // two floats: the loss and the non-finite flag, all-reduced
 
-  // Exchange scratch of the optimizer phase (freed at the end of each step).
+  // The Muon phase's waves (muon_schedule.h) and, per wave, the indices
+  // into `units` of its units' states, dense before expert for each unit.
+  std::vector<MuonWave> waves;
+  std::vector<std::vector<int32_t>> wave_states;
+
+  // Exchange scratch of the optimizer phase, sized for the largest wave
+  // (freed at the end of each step).
   DeviceBuffer send;
   DeviceBuffer recv;
-  DeviceBuffer rows;  // u rows, then O rows, of my shard's matrices
+  DeviceBuffer rows;  // u rows, then O rows, of my shard's matrices in the wave
 
   // Makes `b` hold at least `count` floats (contents are not kept).
   absl::Status Reserve(DeviceBuffer& b, int64_t count) {
@@ -268,23 +280,27 @@ struct Trainer::Impl {
 
   // Fixes the unit's Muon exchange from the plan (once, at creation).
   void PlanMuon(UnitState& u) const;
-  absl::Status Muon(UnitState& u, StepReport* report);
+  // The Muon update of every matrix of wave `w`'s units: momentum, one
+  // gather exchange per mesh, Newton-Schulz on all I own, one scatter
+  // exchange per mesh, the update. Appends the wave's round to the report.
+  absl::Status MuonWaveStep(int32_t w, StepReport* report);
 };
 
 namespace {
 
 // Copies between an exchange buffer and per-matrix storage, run by run, on
-// `dev`: `to_buffer` packs, otherwise unpacks. `at(i, row)` is the matrix side.
+// `dev`: `to_buffer` packs, otherwise unpacks; advances `*buffer` past the
+// runs. `at(i, row)` is the matrix side.
 template <typename At>
-absl::Status Walk(Device& dev, const std::vector<Run>& runs, const std::vector<int32_t>& matrices,
-                  const std::vector<plan::MatrixPlan>& all, float* buffer, bool to_buffer,
-                  At at) {
-  for (const Run& r : runs) {
-    const int64_t n = r.rows * all[matrices[r.matrix]].cols;
-    float* other = at(r.matrix, r.row_start);
-    absl::Status st = to_buffer ? dev.Copy(buffer, other, n) : dev.Copy(other, buffer, n);
+absl::Status Walk(Device& dev, const Run* first, const Run* last,
+                  const std::vector<int32_t>& matrices, const std::vector<plan::MatrixPlan>& all,
+                  float** buffer, bool to_buffer, At at) {
+  for (const Run* r = first; r != last; ++r) {
+    const int64_t n = r->rows * all[matrices[r->matrix]].cols;
+    float* other = at(r->matrix, r->row_start);
+    absl::Status st = to_buffer ? dev.Copy(*buffer, other, n) : dev.Copy(other, *buffer, n);
     if (!st.ok()) return st;
-    buffer += n;
+    *buffer += n;
   }
   return absl::OkStatus();
 }
@@ -315,6 +331,8 @@ void Trainer::Impl::PlanMuon(UnitState& u) const {
   ex.send_counts.assign(domain_size, 0);
   ex.recv_counts.assign(domain_size, 0);
   for (int32_t q = 0; q < domain_size; ++q) {
+    ex.send_first.push_back(ex.send.size());
+    ex.recv_first.push_back(ex.recv.size());
     for (size_t i = 0; i < n; ++i) {
       const plan::MatrixPlan& m = all[u.matrices[i]];
       if (u.mine[i].row_count > 0 && (everyone || m.owner == q)) {
@@ -331,136 +349,237 @@ void Trainer::Impl::PlanMuon(UnitState& u) const {
     ex.send_total += ex.send_counts[q];
     ex.recv_total += ex.recv_counts[q];
   }
+  ex.send_first.push_back(ex.send.size());
+  ex.recv_first.push_back(ex.recv.size());
 }
 
-absl::Status Trainer::Impl::Muon(UnitState& u, StepReport* report) {
-  if (u.matrices.empty()) return absl::OkStatus();
-  const plan::UnitLayout& l = *u.layout;
-  MeshState& mesh = *u.mesh;
-  comm::Communicator& domain_comm = *mesh.domain_comm;
-  const std::vector<plan::MatrixPlan>& all = mesh.domain->matrices;
+absl::Status Trainer::Impl::MuonWaveStep(int32_t w, StepReport* report) {
+  const std::vector<int32_t>& ids = wave_states[w];
   const bool everyone = plan->config.owner_rule == plan::OwnerRule::kAllGather;
-  float* p = u.param.data() + (mesh.position % mesh.k) * l.shard_elements;
-  const Exchange& ex = u.exchange;
-  // u / O rows of matrix i starting at matrix row `row` (within my rows).
-  auto my_rows = [&](int32_t i, int64_t row) {
-    return rows.data() + u.rows_offset[i] + (row - u.mine[i].row_start) * all[u.matrices[i]].cols;
+  MuonRound round;
+  round.wave = w;
+  round.first_unit = waves[w].first_unit;
+  round.end_unit = waves[w].end_unit;
+  auto matrices_of = [&](const UnitState& u) -> const std::vector<plan::MatrixPlan>& {
+    return u.mesh->domain->matrices;
   };
-  auto whole_rows = [&](int32_t i, int64_t row) {
-    return u.whole[i].data() + row * all[u.matrices[i]].cols;
+  auto my_rows = [&](const UnitState& u) {
+    return [&](int32_t i, int64_t row) {
+      return rows.data() + u.rows_base + u.rows_offset[i] +
+             (row - u.mine[i].row_start) * matrices_of(u)[u.matrices[i]].cols;
+    };
   };
+  auto whole_rows = [&](UnitState& u) {
+    return [&](int32_t i, int64_t row) {
+      return u.whole[i].data() + row * matrices_of(u)[u.matrices[i]].cols;
+    };
+  };
+  // The whole matrices live for this wave only, whatever path it leaves by.
+  struct FreeWhole {
+    Impl& m;
+    const std::vector<int32_t>& ids;
+    ~FreeWhole() {
+      for (int32_t id : ids) {
+        for (DeviceBuffer& b : m.units[id].whole) b.Reset();
+      }
+    }
+  } free_whole{*this, ids};
 
-  // 1. Momentum and the Nesterov input on my rows.
+  // 1. Momentum and the Nesterov input on my rows of every unit of the wave.
   absl::Time t0 = absl::Now();
-  if (absl::Status st = Reserve(rows, u.rows_total); !st.ok()) return st;
-  for (size_t i = 0; i < u.matrices.size(); ++i) {
-    const int64_t n = u.mine[i].row_count * all[u.matrices[i]].cols;
-    if (n == 0) continue;
-    absl::Status st = dev->MuonPrepare(options.muon, u.grad.data() + u.mine[i].offset,
-                                       u.state1.data() + u.mine[i].offset,
-                                       rows.data() + u.rows_offset[i], n);
-    if (!st.ok()) return st;
+  int64_t rows_needed = 0;
+  for (int32_t id : ids) {
+    units[id].rows_base = rows_needed;
+    rows_needed += units[id].rows_total;
+  }
+  if (absl::Status st = Reserve(rows, rows_needed); !st.ok()) return st;
+  for (int32_t id : ids) {
+    UnitState& u = units[id];
+    for (size_t i = 0; i < u.matrices.size(); ++i) {
+      const int64_t n = u.mine[i].row_count * matrices_of(u)[u.matrices[i]].cols;
+      if (n == 0) continue;
+      absl::Status st = dev->MuonPrepare(options.muon, u.grad.data() + u.mine[i].offset,
+                                         u.state1.data() + u.mine[i].offset,
+                                         rows.data() + u.rows_base + u.rows_offset[i], n);
+      if (!st.ok()) return st;
+    }
+  }
+  // The whole matrices I orthogonalize (the exchange fills every row).
+  for (int32_t id : ids) {
+    UnitState& u = units[id];
+    for (size_t i = 0; i < u.matrices.size(); ++i) {
+      if (!u.holds[i]) continue;
+      const plan::MatrixPlan& m = matrices_of(u)[u.matrices[i]];
+      absl::StatusOr<DeviceBuffer> b = dev->AllocateZeroed(m.rows * m.cols);
+      if (!b.ok()) return b.status();
+      u.whole[i] = *std::move(b);
+    }
   }
   report->times.muon_prepare += absl::Now() - t0;
 
-  // The whole matrices I orthogonalize, for this unit's update only (the
-  // exchange below fills every row).
-  auto free_whole = [&] {
-    for (DeviceBuffer& w : u.whole) w.Reset();
+  // The wave's units on each mesh, in wave order; their part of the send and
+  // receive buffers (the dense mesh's first).
+  struct MeshPart {
+    MeshState* mesh = nullptr;
+    std::vector<int32_t> ids;
+    std::vector<int64_t> send_counts, recv_counts;
+    int64_t send_base = 0, recv_base = 0, send_total = 0, recv_total = 0;
   };
-  for (size_t i = 0; i < u.matrices.size(); ++i) {
-    if (!u.holds[i]) continue;
-    absl::StatusOr<DeviceBuffer> w =
-        dev->AllocateZeroed(all[u.matrices[i]].rows * all[u.matrices[i]].cols);
-    if (!w.ok()) {
-      free_whole();
-      return w.status();
+  std::vector<MeshPart> parts;
+  int64_t send_needed = 0, recv_needed = 0;
+  for (MeshState* mesh : {&dense, &expert}) {
+    MeshPart part;
+    part.mesh = mesh;
+    for (int32_t id : ids) {
+      if (units[id].mesh == mesh && !units[id].matrices.empty()) part.ids.push_back(id);
     }
-    u.whole[i] = *std::move(w);
+    if (part.ids.empty()) continue;
+    part.send_counts.assign(mesh->domain_size, 0);
+    part.recv_counts.assign(mesh->domain_size, 0);
+    for (int32_t id : part.ids) {
+      const Exchange& ex = units[id].exchange;
+      for (int64_t q = 0; q < mesh->domain_size; ++q) {
+        part.send_counts[q] += ex.send_counts[q];
+        part.recv_counts[q] += ex.recv_counts[q];
+      }
+      part.send_total += ex.send_total;
+      part.recv_total += ex.recv_total;
+    }
+    part.send_base = send_needed;
+    part.recv_base = recv_needed;
+    send_needed += part.send_total;
+    recv_needed += part.recv_total;
+    round.domain += absl::StrCat(round.domain.empty() ? "" : "+",
+                                 mesh->kind == plan::MeshKind::kDense ? "dense" : "expert");
+    parts.push_back(std::move(part));
   }
+  if (absl::Status st = Reserve(send, send_needed); !st.ok()) return st;
+  if (absl::Status st = Reserve(recv, recv_needed); !st.ok()) return st;
 
-  // 2. One exchange: my rows to each matrix's owner (to everyone for the
-  // allgather baseline), assembled into whole matrices there.
+  // Packs (or unpacks) one mesh's buffer: for each position, every unit's
+  // runs for it in wave order. `send_side`: my rows; otherwise whole rows.
+  auto walk = [&](const MeshPart& part, float* buffer, bool send_side, bool to_buffer) {
+    for (int64_t q = 0; q < part.mesh->domain_size; ++q) {
+      for (int32_t id : part.ids) {
+        UnitState& u = units[id];
+        const Exchange& ex = u.exchange;
+        const std::vector<Run>& runs = send_side ? ex.send : ex.recv;
+        const std::vector<size_t>& first = send_side ? ex.send_first : ex.recv_first;
+        absl::Status st =
+            send_side
+                ? Walk(*dev, runs.data() + first[q], runs.data() + first[q + 1], u.matrices,
+                       matrices_of(u), &buffer, to_buffer, my_rows(u))
+                : Walk(*dev, runs.data() + first[q], runs.data() + first[q + 1], u.matrices,
+                       matrices_of(u), &buffer, to_buffer, whole_rows(u));
+        if (!st.ok()) return st;
+      }
+    }
+    return absl::OkStatus();
+  };
+  // One exchange on the part's domain, counted in the report and the round.
+  auto exchange = [&](const MeshPart& part, const std::string& name, const float* from,
+                      const std::vector<int64_t>& from_counts, float* to,
+                      const std::vector<int64_t>& to_counts, int64_t to_total) {
+    comm::Communicator& c = *part.mesh->domain_comm;
+    const int64_t before = c.stats().total_bytes_sent();
+    const absl::Time start = absl::Now();
+    absl::Status st = Counted(c, part.mesh->bytes_prefix + name, report, [&] {
+      return c.AllToAllV(from, from_counts, to, to_counts, options.collective);
+    });
+    round.wait += absl::Now() - start;
+    round.sent_bytes += c.stats().total_bytes_sent() - before;
+    round.recv_bytes += to_total * static_cast<int64_t>(sizeof(float));
+    ++report->muon_exchange_calls;
+    return st;
+  };
+
+  // 2. The gathers: my rows to each matrix's owner (to everyone for the
+  // allgather baseline), one exchange per mesh, assembled into whole
+  // matrices there.
   t0 = absl::Now();
-  absl::Status st = Reserve(send, ex.send_total);
-  if (st.ok()) st = Reserve(recv, ex.recv_total);
-  if (st.ok()) st = Walk(*dev, ex.send, u.matrices, all, send.data(), /*to_buffer=*/true, my_rows);
-  if (!st.ok()) {
-    free_whole();
-    return st;
-  }
-  st = Counted(domain_comm,
-                            mesh.bytes_prefix + (everyone ? "muon_allgather" : "muon_gather"),
-                            report, [&] {
-    return domain_comm.AllToAllV(send.data(), ex.send_counts, recv.data(), ex.recv_counts,
-                                 options.collective);
-  });
-  if (st.ok()) {
-    st = Walk(*dev, ex.recv, u.matrices, all, recv.data(), /*to_buffer=*/false, whole_rows);
-  }
-  if (!st.ok()) {
-    free_whole();
-    return st;
+  for (const MeshPart& part : parts) {
+    float* out = send.data() + part.send_base;
+    float* in = recv.data() + part.recv_base;
+    absl::Status st = walk(part, out, /*send_side=*/true, /*to_buffer=*/true);
+    if (st.ok()) {
+      st = exchange(part, everyone ? "muon_allgather" : "muon_gather", out, part.send_counts, in,
+                    part.recv_counts, part.recv_total);
+    }
+    if (st.ok()) st = walk(part, in, /*send_side=*/false, /*to_buffer=*/false);
+    if (!st.ok()) return st;
   }
   report->times.muon_gather += absl::Now() - t0;
 
-  // 3. Newton-Schulz on every whole matrix I hold.
+  // 3. Newton-Schulz on every whole matrix I hold, on both meshes.
   t0 = absl::Now();
-  for (size_t i = 0; i < u.matrices.size(); ++i) {
-    if (!u.holds[i]) continue;
-    const plan::MatrixPlan& m = all[u.matrices[i]];
-    st = dev->NewtonSchulz(u.whole[i].data(), m.rows, m.cols, options.muon.ns);
-    if (!st.ok()) {
-      free_whole();
-      return absl::Status(st.code(), absl::StrCat("Newton-Schulz on ",
-                                                  plan->units[u.unit].name, ": ", st.message()));
+  for (int32_t id : ids) {
+    UnitState& u = units[id];
+    for (size_t i = 0; i < u.matrices.size(); ++i) {
+      if (!u.holds[i]) continue;
+      const plan::MatrixPlan& m = matrices_of(u)[u.matrices[i]];
+      absl::Status st = dev->NewtonSchulz(u.whole[i].data(), m.rows, m.cols, options.muon.ns);
+      if (!st.ok()) {
+        return absl::Status(st.code(), absl::StrCat("Newton-Schulz on ", plan->units[u.unit].name,
+                                                    ": ", st.message()));
+      }
+      round.ns_flops += plan::NewtonSchulzFlops(m.rows, m.cols, options.muon.ns.steps);
     }
-    report->ns_flops += plan::NewtonSchulzFlops(m.rows, m.cols, options.muon.ns.steps);
   }
+  report->ns_flops += round.ns_flops;
   report->times.newton_schulz += absl::Now() - t0;
 
   // 4. Back: the reverse exchange carries O rows to their holders; the
   // allgather baseline takes its rows from its own result.
   t0 = absl::Now();
-  if (everyone) {
-    for (size_t i = 0; i < u.matrices.size(); ++i) {
-      const int64_t n = u.mine[i].row_count * all[u.matrices[i]].cols;
-      if (n == 0) continue;
-      const float* from = whole_rows(static_cast<int32_t>(i), u.mine[i].row_start);
-      st = dev->Copy(rows.data() + u.rows_offset[i], from, n);
-      if (!st.ok()) break;
+  for (const MeshPart& part : parts) {
+    if (everyone) {
+      for (int32_t id : part.ids) {
+        UnitState& u = units[id];
+        for (size_t i = 0; i < u.matrices.size(); ++i) {
+          const int64_t n = u.mine[i].row_count * matrices_of(u)[u.matrices[i]].cols;
+          if (n == 0) continue;
+          const int32_t m = static_cast<int32_t>(i);
+          absl::Status st =
+              dev->Copy(my_rows(u)(m, u.mine[i].row_start), whole_rows(u)(m, u.mine[i].row_start), n);
+          if (!st.ok()) return st;
+        }
+      }
+      continue;
     }
-  } else {
-    st = Walk(*dev, ex.recv, u.matrices, all, recv.data(), /*to_buffer=*/true, whole_rows);
+    float* out = send.data() + part.send_base;
+    float* in = recv.data() + part.recv_base;
+    absl::Status st = walk(part, in, /*send_side=*/false, /*to_buffer=*/true);
     if (st.ok()) {
-      st = Counted(domain_comm, mesh.bytes_prefix + "muon_scatter", report, [&] {
-        return domain_comm.AllToAllV(recv.data(), ex.recv_counts, send.data(), ex.send_counts,
-                                     options.collective);
-      });
+      st = exchange(part, "muon_scatter", in, part.recv_counts, out, part.send_counts,
+                    part.send_total);
     }
-    if (st.ok()) {
-      st = Walk(*dev, ex.send, u.matrices, all, send.data(), /*to_buffer=*/false, my_rows);
-    }
+    if (st.ok()) st = walk(part, out, /*send_side=*/true, /*to_buffer=*/false);
+    if (!st.ok()) return st;
   }
-  free_whole();
-  if (!st.ok()) return st;
   report->times.muon_scatter += absl::Now() - t0;
 
   // 5. Momentum, weight decay and the update on my rows.
   t0 = absl::Now();
-  for (size_t i = 0; i < u.matrices.size(); ++i) {
-    const plan::MatrixPlan& m = all[u.matrices[i]];
-    const int64_t n = u.mine[i].row_count * m.cols;
-    if (n == 0) continue;
-    st = dev->MuonApply(options.muon, m.rows, m.cols, u.grad.data() + u.mine[i].offset,
-                        rows.data() + u.rows_offset[i], u.state1.data() + u.mine[i].offset,
-                        p + u.mine[i].offset, n);
-    if (!st.ok()) {
-      return absl::Status(st.code(), absl::StrCat("Muon update of ", plan->units[u.unit].name,
-                                                  ": ", st.message()));
+  for (int32_t id : ids) {
+    UnitState& u = units[id];
+    const plan::UnitLayout& l = *u.layout;
+    float* p = u.param.data() + (u.mesh->position % u.mesh->k) * l.shard_elements;
+    for (size_t i = 0; i < u.matrices.size(); ++i) {
+      const plan::MatrixPlan& m = matrices_of(u)[u.matrices[i]];
+      const int64_t n = u.mine[i].row_count * m.cols;
+      if (n == 0) continue;
+      absl::Status st = dev->MuonApply(options.muon, m.rows, m.cols,
+                                       u.grad.data() + u.mine[i].offset,
+                                       rows.data() + u.rows_base + u.rows_offset[i],
+                                       u.state1.data() + u.mine[i].offset, p + u.mine[i].offset, n);
+      if (!st.ok()) {
+        return absl::Status(st.code(), absl::StrCat("Muon update of ", plan->units[u.unit].name,
+                                                    ": ", st.message()));
+      }
     }
   }
   report->times.muon_apply += absl::Now() - t0;
+  report->muon_rounds.push_back(std::move(round));
   return absl::OkStatus();
 }
 
@@ -907,6 +1026,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
       impl->units.push_back(std::move(st));
     }
   }
+  const int64_t budget = options.muon_buffer_bytes == 0 ? DefaultMuonBufferBytes(*impl->plan)
+                                                        : options.muon_buffer_bytes;
+  impl->waves = PlanMuonWaves(*impl->plan, budget);
+  for (const MuonWave& w : impl->waves) {
+    std::vector<int32_t>& ids = impl->wave_states.emplace_back();
+    for (int32_t u = w.first_unit; u < w.end_unit; ++u) {
+      for (int32_t id : impl->states_of[u]) ids.push_back(id);
+    }
+  }
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
 
@@ -959,12 +1087,16 @@ absl::StatusOr<StepReport> Trainer::Step() {
   report.loss = pair[0];
   report.times.grad_reduce += absl::Now() - t0;
 
+  // The optimizer: AdamW on every element-wise tensor (no communication),
+  // then Muon wave by wave (muon_schedule.h).
+  t0 = absl::Now();
   for (UnitState& u : m.units) {
-    t0 = absl::Now();
     st = m.AdamW(u, step_);
     if (!st.ok()) return st;
-    report.times.adamw += absl::Now() - t0;
-    st = m.Muon(u, &report);
+  }
+  report.times.adamw += absl::Now() - t0;
+  for (int32_t w = 0; w < static_cast<int32_t>(m.waves.size()); ++w) {
+    st = m.MuonWaveStep(w, &report);
     if (!st.ok()) return st;
   }
 

@@ -7,11 +7,13 @@
 //   2. forward/backward on this rank's slice of the global batch;
 //   3. reduce gradients per axis (reduce-scatter down the shard order,
 //      all-reduce over replicas, averaging) into this rank's optimizer shard;
-//   4. AdamW on element-wise tensors; Muon on matrices: momentum and the
-//      Nesterov input on the local rows, one batched exchange per unit to
-//      the owners, Newton-Schulz on the owner, one exchange back, update;
-//      or the allgather baseline (everyone gathers and orthogonalizes every
-//      matrix and keeps its rows);
+//   4. AdamW on element-wise tensors; Muon on matrices, in waves of units
+//      whose owner buffers fit a budget (muon_schedule.h): momentum and the
+//      Nesterov input on the local rows, one exchange per mesh domain for
+//      the whole wave to the owners, Newton-Schulz on everything this rank
+//      owns in the wave (dense and expert), one exchange back per domain,
+//      update; or the allgather baseline (everyone gathers and
+//      orthogonalizes every matrix and keeps its rows);
 //   5. gather the updated optimizer shards back into the parameter shard
 //      where parameters are replicated but the optimizer state is sharded.
 //
@@ -65,6 +67,11 @@ struct TrainerOptions {
   uint64_t init_seed = 0;
   // When set, initial parameters (flat spec order) instead of the seed.
   const std::vector<std::vector<float>>* initial_parameters = nullptr;
+  // Bytes the Muon phase may hold for the owners' buffers of one wave
+  // (muon_schedule.h): 0, the default, is DefaultMuonBufferBytes (what the
+  // step already holds for its largest unit); negative: one wave for the
+  // whole model.
+  int64_t muon_buffer_bytes = 0;
 };
 
 // Wall time of each phase of one step on this rank. The parameter gathers
@@ -85,6 +92,19 @@ struct PhaseTimes {
   absl::Duration param_allgather_after_step;
 };
 
+// One round of the Muon phase: the exchanges, Newton-Schulz and updates of
+// one wave of units (muon_schedule.h), as this rank ran it.
+struct MuonRound {
+  int32_t wave = 0;
+  int32_t first_unit = 0;  // spec units [first_unit, end_unit)
+  int32_t end_unit = 0;
+  std::string domain;      // the meshes whose domains exchanged: "dense", "expert", "dense+expert"
+  double ns_flops = 0;     // Newton-Schulz FLOPs this rank ran in the round
+  int64_t sent_bytes = 0;  // by this rank in the round's exchanges
+  int64_t recv_bytes = 0;
+  absl::Duration wait;     // in the round's exchange calls (waiting for peers included)
+};
+
 struct StepReport {
   int64_t step = 0;           // 0-based
   double loss = 0;            // global-batch mean, the same on every rank
@@ -95,6 +115,10 @@ struct StepReport {
   // expert_dispatch for the token exchanges of expert parallelism.
   std::map<std::string, int64_t> bytes_sent;
   double ns_flops = 0;        // Newton-Schulz FLOPs run on this rank
+  // The Muon phase, round by round in execution order, and the number of
+  // exchange calls it made (at most two per mesh per round).
+  std::vector<MuonRound> muon_rounds;
+  int32_t muon_exchange_calls = 0;
 };
 
 class Trainer {

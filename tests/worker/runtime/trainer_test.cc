@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "plan/owners.h"
 #include "plan/planner.h"
 #include "worker/comm/file_store.h"
 #include "worker/comm/inprocess_communicator.h"
@@ -121,6 +122,10 @@ struct RunResult {
   std::vector<std::vector<float>> weights;
   std::map<std::string, int64_t> bytes;  // summed over ranks and steps
   plan::Plan plan;
+  // Per rank, its last step's Muon rounds, exchange calls and NS FLOPs.
+  std::vector<std::vector<MuonRound>> rounds;
+  std::vector<int32_t> exchange_calls;
+  std::vector<double> ns_flops;
 };
 
 // Checkpoint hooks of a run: ranks load their shards from `load_dir` before
@@ -130,7 +135,8 @@ struct Checkpoints {
   std::string save_dir;
 };
 
-RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpoints& ck = {}) {
+RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpoints& ck = {},
+                 int64_t muon_buffer_bytes = 0) {
   const std::unique_ptr<Workload> model = MakeWorkload(c.moe);
   plan::PlanInput in;
   in.model = model->spec();
@@ -147,7 +153,8 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
   result.plan = *plan;
 
   const std::string dir = ::testing::TempDir() + "/trainer_store_" + c.name + "_" + rule +
-                          (ck.load_dir.empty() ? "" : "_resumed");
+                          (ck.load_dir.empty() ? "" : "_resumed") + "_" +
+                          std::to_string(muon_buffer_bytes);
   std::filesystem::remove_all(dir);
   absl::StatusOr<std::unique_ptr<comm::FileStore>> store = comm::FileStore::Open(dir);
   EXPECT_TRUE(store.ok()) << store.status();
@@ -157,6 +164,9 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
   std::vector<std::map<std::string, int64_t>> bytes(c.world);
   std::vector<absl::Status> status(c.world);
   std::vector<std::vector<float>> weights;
+  result.rounds.resize(c.world);
+  result.exchange_calls.resize(c.world);
+  result.ns_flops.resize(c.world);
   for (int32_t r = 0; r < c.world; ++r) {
     threads.emplace_back([&, r] {
       const std::unique_ptr<Workload> local = MakeWorkload(c.moe);
@@ -178,6 +188,7 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
       o.adamw.eps = 0.05;
       o.global_batch_size = 24;
       o.init_seed = 3;
+      o.muon_buffer_bytes = muon_buffer_bytes;
       absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(*plan, local.get(), r, o);
       if (!t.ok()) {
         status[r] = t.status();
@@ -196,6 +207,9 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
         }
         losses[r].push_back(rep->loss);
         for (const auto& [k, v] : rep->bytes_sent) bytes[r][k] += v;
+        result.rounds[r] = rep->muon_rounds;
+        result.exchange_calls[r] = rep->muon_exchange_calls;
+        result.ns_flops[r] = rep->ns_flops;
       }
       if (!ck.save_dir.empty()) {
         status[r] = (*t)->SaveShards(ck.save_dir + file);
@@ -254,6 +268,81 @@ TEST_P(TrainerConfigTest, OwnerBasedAndAllgatherEndBitIdentical) {
               0)
         << "param " << p;
   }
+}
+
+// The Muon phase in waves: one wave for the whole model, one per unit
+// (a budget of one byte), or the default budget, end with the same weights
+// bit for bit; a wave makes one round with one gather and one scatter
+// exchange per mesh; the rounds hold all the Newton-Schulz work, each matrix
+// orthogonalized once per copy of the optimizer state, and the busiest
+// rank's work in one wave is the plan's busiest rank.
+TEST_P(TrainerConfigTest, MuonWavesOfAnyBudgetEndBitIdentical) {
+  const Config& c = GetParam();
+  const RunResult one = RunJob(c, "lpt", 3, {}, /*muon_buffer_bytes=*/-1);
+  const RunResult per_unit = RunJob(c, "lpt", 3, {}, /*muon_buffer_bytes=*/1);
+  const RunResult by_default = RunJob(c, "lpt", 3);
+  for (const RunResult* other : {&per_unit, &by_default}) {
+    ASSERT_EQ(other->weights.size(), one.weights.size());
+    for (size_t p = 0; p < one.weights.size(); ++p) {
+      ASSERT_EQ(other->weights[p].size(), one.weights[p].size());
+      EXPECT_EQ(std::memcmp(other->weights[p].data(), one.weights[p].data(),
+                            sizeof(float) * one.weights[p].size()),
+                0)
+          << "param " << p;
+    }
+  }
+  // From the model spec: units with Muon matrices, the meshes they are on,
+  // and the Newton-Schulz work of one copy of every matrix.
+  const std::unique_ptr<Workload> model = MakeWorkload(c.moe);
+  const plan::ModelSpec& spec = model->spec();
+  int muon_units = 0;
+  bool dense_muon = false, expert_muon = false;
+  double dense_flops = 0, expert_flops = 0;
+  for (const plan::UnitSpec& u : spec.units) {
+    bool any = false;
+    for (const plan::ParamSpec& p : u.params) {
+      if (p.optimizer != "muon") continue;
+      any = true;
+      if (p.expert) {
+        expert_muon = true;
+        expert_flops += static_cast<double>(p.shape[0]) *
+                        plan::NewtonSchulzFlops(p.shape[1], p.shape[2], 5);
+      } else {
+        dense_muon = true;
+        int64_t cols = 1;
+        for (size_t d = 1; d < p.shape.size(); ++d) cols *= p.shape[d];
+        dense_flops += plan::NewtonSchulzFlops(p.shape[0], cols, 5);
+      }
+    }
+    muon_units += any ? 1 : 0;
+  }
+  // Copies of the optimizer state (DESIGN.md §3): a sharded inner strategy
+  // splits one copy over the W/I ranks of an instance, and over all W when
+  // the outer strategy shards too; no_shard keeps one per rank. Experts
+  // follow the inner strategy over their W/EP expert-data-parallel ranks.
+  const bool sharded = std::string(c.inner) != "no_shard";
+  const int64_t dense_domain =
+      sharded ? c.world / c.instances * (std::string(c.outer) == "optim" ? c.instances : 1) : 1;
+  const int64_t expert_domain = sharded ? c.world / c.ep : 1;
+  const double total = static_cast<double>(c.world / dense_domain) * dense_flops +
+                       static_cast<double>(c.world / c.ep / expert_domain) * expert_flops;
+  const int meshes = (dense_muon ? 1 : 0) + (expert_muon ? 1 : 0);
+  double busiest = 0, sum = 0, planned_busiest = 0;
+  for (int32_t r = 0; r < c.world; ++r) {
+    ASSERT_EQ(one.rounds[r].size(), 1u) << "rank " << r;
+    EXPECT_EQ(one.exchange_calls[r], 2 * meshes) << "rank " << r;
+    EXPECT_EQ(per_unit.rounds[r].size(), static_cast<size_t>(muon_units)) << "rank " << r;
+    EXPECT_EQ(per_unit.exchange_calls[r], 2 * muon_units) << "rank " << r;
+    double in_rounds = 0;
+    for (const MuonRound& round : per_unit.rounds[r]) in_rounds += round.ns_flops;
+    EXPECT_DOUBLE_EQ(in_rounds, per_unit.ns_flops[r]);
+    EXPECT_DOUBLE_EQ(one.rounds[r][0].ns_flops, one.ns_flops[r]);
+    busiest = std::max(busiest, one.rounds[r][0].ns_flops);
+    sum += one.ns_flops[r];
+    planned_busiest = std::max(planned_busiest, one.plan.ranks[r].ns_flops);
+  }
+  EXPECT_NEAR(sum, total, 1e-9 * total);
+  EXPECT_NEAR(busiest, planned_busiest, 1e-9 * planned_busiest);
 }
 
 TEST_P(TrainerConfigTest, MuonTrafficIsWhatThePlanSays) {

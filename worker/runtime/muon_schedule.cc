@@ -1,0 +1,69 @@
+#include "worker/runtime/muon_schedule.h"
+
+#include <algorithm>
+
+namespace muonmesh::worker {
+namespace {
+
+// Adds, per unit, the busiest position's bytes on one mesh's domain.
+void AddDomain(const plan::DomainPlan& domain, bool everyone, std::vector<int64_t>* bytes) {
+  const size_t units = bytes->size();
+  // elements[u][p]: 2 x owned + 2 x held by position p in unit u.
+  std::vector<std::vector<int64_t>> elements(units, std::vector<int64_t>(domain.size, 0));
+  for (const plan::MatrixPlan& m : domain.matrices) {
+    std::vector<int64_t>& e = elements[m.unit];
+    const int64_t whole = m.rows * m.cols;
+    if (everyone) {
+      for (int64_t& p : e) p += 2 * whole;
+    } else if (m.owner >= 0) {
+      e[m.owner] += 2 * whole;
+    }
+    for (const plan::Holder& h : m.holders) e[h.position] += 2 * h.row_count * m.cols;
+  }
+  for (size_t u = 0; u < units; ++u) {
+    const auto busiest = std::max_element(elements[u].begin(), elements[u].end());
+    if (busiest != elements[u].end()) (*bytes)[u] += *busiest * static_cast<int64_t>(sizeof(float));
+  }
+}
+
+}  // namespace
+
+std::vector<int64_t> MuonUnitBytes(const plan::Plan& plan) {
+  std::vector<int64_t> bytes(plan.units.size(), 0);
+  const bool everyone = plan.config.owner_rule == plan::OwnerRule::kAllGather;
+  AddDomain(plan.dense, everyone, &bytes);
+  if (plan.has_experts) AddDomain(plan.expert, everyone, &bytes);
+  return bytes;
+}
+
+std::vector<MuonWave> PlanMuonWaves(const plan::Plan& plan, int64_t budget_bytes) {
+  std::vector<bool> has_muon(plan.units.size(), false);
+  for (const plan::DomainPlan* d : {&plan.dense, &plan.expert}) {
+    for (const plan::MatrixPlan& m : d->matrices) has_muon[m.unit] = true;
+  }
+  const std::vector<int64_t> bytes = MuonUnitBytes(plan);
+  std::vector<MuonWave> waves;
+  for (int32_t u = 0; u < static_cast<int32_t>(plan.units.size()); ++u) {
+    if (!has_muon[u]) continue;
+    const bool fits = !waves.empty() &&
+                      (budget_bytes <= 0 || waves.back().bytes + bytes[u] <= budget_bytes);
+    if (fits) {
+      waves.back().end_unit = u + 1;
+      waves.back().bytes += bytes[u];
+    } else {
+      waves.push_back({u, u + 1, bytes[u]});
+    }
+  }
+  return waves;
+}
+
+int64_t DefaultMuonBufferBytes(const plan::Plan& plan) {
+  int64_t largest = 0;
+  for (const plan::UnitPlan& u : plan.units) {
+    if (u.has_dense) largest = std::max(largest, u.dense.num_shards * u.dense.shard_elements);
+    if (u.has_expert) largest = std::max(largest, u.expert.num_shards * u.expert.shard_elements);
+  }
+  return largest * static_cast<int64_t>(sizeof(float));
+}
+
+}  // namespace muonmesh::worker

@@ -1,0 +1,51 @@
+#pragma once
+
+// How the Muon phase of a step is cut into waves (DESIGN.md §5): consecutive
+// spec units whose owners' buffers fit a memory budget run as one round:
+// one gather exchange per mesh domain for all of them, Newton-Schulz on
+// every matrix a rank owns in the round (dense and expert alike), one
+// scatter exchange per domain, then the updates. With one wave the
+// critical path is the busiest rank's Newton-Schulz work over the whole
+// model and all its domains; with several, the sum over waves of each
+// wave's busiest rank.
+//
+// Pure functions of the plan, so every rank cuts the same waves without
+// talking (the exchanges of a wave must hold the same units on every rank).
+
+#include <cstdint>
+#include <vector>
+
+#include "plan/types.h"
+
+namespace muonmesh::worker {
+
+// Spec units [first_unit, end_unit) and what they need.
+struct MuonWave {
+  int32_t first_unit = 0;
+  int32_t end_unit = 0;
+  // The most buffer bytes any position needs for this wave (see
+  // MuonUnitBytes), summed over the units.
+  int64_t bytes = 0;
+};
+
+// Per spec unit: the most bytes a position of each mesh needs for its Muon
+// exchange, dense and expert added (a rank is on both meshes): the whole
+// matrices it orthogonalizes and their receive buffer (2 x owned), its own
+// u rows and their send buffer (2 x held), fp32. Every matrix counts as
+// owned under the allgather rule.
+std::vector<int64_t> MuonUnitBytes(const plan::Plan& plan);
+
+// Cuts the units with Muon matrices into waves, greedily in spec order, each
+// at most `budget_bytes` (a unit over the budget alone makes a wave of its
+// own); budget 0 or less puts everything in one wave. Units without Muon
+// matrices belong to no wave. Empty when the model has no Muon matrix.
+std::vector<MuonWave> PlanMuonWaves(const plan::Plan& plan, int64_t budget_bytes);
+
+// The default budget: the size of the largest unit's whole gradients on
+// either mesh (D x S floats), which the step holds during forward and
+// backward beside the padded gather buffer and which is free again by the
+// optimizer phase; the gather buffer stays allocated, so the Muon phase
+// peaks where the backward pass already did.
+int64_t DefaultMuonBufferBytes(const plan::Plan& plan);
+
+}  // namespace muonmesh::worker
