@@ -46,6 +46,7 @@ training: {steps: $steps, global_batch_size: $world}
 output: {dir: $work/out-$rule, export: ""}
 JOB
   local pids=()
+  mkdir -p "$work/store-$rule"
   for ((r = 0; r < world; ++r)); do
     "$worker" --standalone --job "$work/$rule.yaml" --rank "$r" --world-size "$world" \
       --store "$work/store-$rule" --timeout-seconds 600 >"$work/$rule.rank$r.out" 2>&1 &

@@ -580,6 +580,13 @@ absl::Status Trainer::Impl::MuonWaveStep(int32_t w, StepReport* report) {
   }
   report->times.muon_apply += absl::Now() - t0;
   report->muon_rounds.push_back(std::move(round));
+  // The next wave sizes its own scratch: keeping this one's would hold the
+  // largest of each buffer over all waves, more than any one wave needs.
+  if (waves.size() > 1) {
+    send.Reset();
+    recv.Reset();
+    rows.Reset();
+  }
   return absl::OkStatus();
 }
 
