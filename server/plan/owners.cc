@@ -8,6 +8,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace muonmesh::plan {
 namespace {
 
@@ -18,82 +20,157 @@ int64_t HeldRows(const MatrixPlan& m, int32_t position) {
   return (it != m.holders.end() && it->position == position) ? it->row_count : 0;
 }
 
-// State of one assignment: loads per position, an ordered index of loads for
-// the least and most loaded positions, and the matrices each position owns.
-class Assignment {
+int64_t GatherBytesAt(const MatrixPlan& m, int32_t p, int64_t bpe) {
+  return 2 * (m.rows - HeldRows(m, p)) * m.cols * bpe;
+}
+
+// State of one joint assignment over classes of domains (see
+// AssignOwnersJointly): each rank's joint load, an ordered index of them for
+// the busiest rank, and per class, each position's finish (the joint load of
+// its busiest rank, what a matrix placed there adds to), an ordered index of
+// finishes for the least loaded position, and the matrices each position
+// owns. With one class of one rank a position, a position's finish is its
+// load, and this is the plain single-domain assignment.
+class JointAssignment {
  public:
   static constexpr int64_t kScanAllPositions = 64;
 
-  Assignment(DomainPlan* domain, double w, int64_t bpe)
-      : d_(*domain), w_(w), bpe_(bpe), load_(d_.size, 0.0), owned_(d_.size) {
-    for (int32_t p = 0; p < d_.size; ++p) by_load_.insert({0.0, p});
+  JointAssignment(const std::vector<DomainClass>& classes, int64_t world, double w, int64_t bpe)
+      : classes_(classes), w_(w), bpe_(bpe), load_(world, 0.0) {
+    const size_t n = classes_.size();
+    position_.assign(n, std::vector<int32_t>(world, -1));
+    finish_.resize(n);
+    by_finish_.resize(n);
+    owned_.resize(n);
+    mark_.resize(n);
+    for (size_t c = 0; c < n; ++c) {
+      const int64_t size = classes_[c].plan->size;
+      finish_[c].assign(size, 0.0);
+      owned_[c].resize(size);
+      mark_[c].assign(size, -1);
+      for (int32_t p = 0; p < size; ++p) {
+        by_finish_[c].insert({0.0, p});
+        for (int32_t r : classes_[c].ranks[p]) position_[c][r] = p;
+      }
+    }
+    for (int32_t r = 0; r < world; ++r) by_load_.insert({0.0, r});
   }
 
-  int64_t GatherBytes(const MatrixPlan& m, int32_t p) const {
-    return 2 * (m.rows - HeldRows(m, p)) * m.cols * bpe_;
-  }
+  int num_classes() const { return static_cast<int>(classes_.size()); }
+  DomainPlan& plan(int c) const { return *classes_[c].plan; }
+  int64_t size(int c) const { return classes_[c].plan->size; }
   double Cost(const MatrixPlan& m, int32_t p) const {
-    return m.cost_flops + w_ * static_cast<double>(GatherBytes(m, p));
+    return m.cost_flops + w_ * static_cast<double>(GatherBytesAt(m, p, bpe_));
   }
-  double load(int32_t p) const { return load_[p]; }
-  int32_t LeastLoaded() const { return by_load_.begin()->second; }
-  // The lowest load of a position other than `p` (+inf in a domain of one).
-  double LeastLoadExcept(int32_t p) const {
-    for (auto it = by_load_.begin(); it != by_load_.end(); ++it) {
+  double finish(int c, int32_t p) const { return finish_[c][p]; }
+  double rank_load(int32_t r) const { return load_[r]; }
+  int32_t PositionOf(int c, int32_t r) const { return position_[c][r]; }
+  int32_t LeastLoaded(int c) const { return by_finish_[c].begin()->second; }
+  // The lowest finish of a position of class c other than `p` (+inf in a
+  // domain of one).
+  double LeastLoadExcept(int c, int32_t p) const {
+    for (auto it = by_finish_[c].begin(); it != by_finish_[c].end(); ++it) {
       if (it->second != p) return it->first;
     }
     return std::numeric_limits<double>::infinity();
   }
-  // Highest load; the lowest position among equals.
-  int32_t MostLoaded() const {
+  // The rank with the highest joint load; the lowest rank among equals.
+  int32_t MostLoadedRank() const {
     const double top = by_load_.rbegin()->first;
     return by_load_.lower_bound({top, -1})->second;
   }
-  const std::vector<int32_t>& owned(int32_t p) const { return owned_[p]; }
+  const std::vector<int32_t>& owned(int c, int32_t p) const { return owned_[c][p]; }
 
-  void Assign(int32_t j, int32_t p) {
-    MatrixPlan& m = d_.matrices[j];
-    if (m.owner >= 0) Unassign(j);
+  void Assign(int c, int32_t j, int32_t p) {
+    MatrixPlan& m = plan(c).matrices[j];
+    if (m.owner >= 0) Unassign(c, j);
     m.owner = p;
-    SetLoad(p, load_[p] + Cost(m, p));
-    owned_[p].push_back(j);
+    Shift(c, p, Cost(m, p));
+    owned_[c][p].push_back(j);
   }
 
-  // Candidate owners of matrix j: its holders and the least loaded position
-  // (every position in small domains, where the scan is cheap).
+  // Candidate owners of matrix j of class c: its holders and the least
+  // loaded position (every position in small domains, where the scan is
+  // cheap).
   template <typename Fn>
-  void ForEachCandidate(int32_t j, Fn fn) const {
-    const MatrixPlan& m = d_.matrices[j];
-    if (d_.size <= kScanAllPositions) {
-      for (int32_t p = 0; p < d_.size; ++p) fn(p);
+  void ForEachCandidate(int c, int32_t j, Fn fn) const {
+    const MatrixPlan& m = plan(c).matrices[j];
+    if (size(c) <= kScanAllPositions) {
+      for (int32_t p = 0; p < size(c); ++p) fn(p);
       return;
     }
     for (const Holder& h : m.holders) fn(h.position);
-    const int32_t least = LeastLoaded();
+    const int32_t least = LeastLoaded(c);
     if (HeldRows(m, least) == 0) fn(least);
   }
 
  private:
-  void Unassign(int32_t j) {
-    MatrixPlan& m = d_.matrices[j];
+  void Unassign(int c, int32_t j) {
+    MatrixPlan& m = plan(c).matrices[j];
     const int32_t p = m.owner;
-    SetLoad(p, load_[p] - Cost(m, p));
-    auto& list = owned_[p];
+    Shift(c, p, -Cost(m, p));
+    auto& list = owned_[c][p];
     list.erase(std::find(list.begin(), list.end(), j));
     m.owner = -1;
   }
-  void SetLoad(int32_t p, double value) {
-    by_load_.erase({load_[p], p});
-    load_[p] = value;
-    by_load_.insert({value, p});
+
+  // Adds `delta` to every rank of position p of class c, then recomputes the
+  // finish of every position (of every class) that holds one of them.
+  void Shift(int c, int32_t p, double delta) {
+    const std::vector<int32_t>& ranks = classes_[c].ranks[p];
+    for (int32_t r : ranks) {
+      by_load_.erase({load_[r], r});
+      load_[r] += delta;
+      by_load_.insert({load_[r], r});
+    }
+    ++stamp_;
+    for (int c2 = 0; c2 < num_classes(); ++c2) {
+      for (int32_t r : ranks) {
+        const int32_t q = position_[c2][r];
+        if (mark_[c2][q] == stamp_) continue;
+        mark_[c2][q] = stamp_;
+        double top = -std::numeric_limits<double>::infinity();
+        for (int32_t s : classes_[c2].ranks[q]) top = std::max(top, load_[s]);
+        by_finish_[c2].erase({finish_[c2][q], q});
+        finish_[c2][q] = top;
+        by_finish_[c2].insert({top, q});
+      }
+    }
   }
 
-  DomainPlan& d_;
+  const std::vector<DomainClass>& classes_;
   double w_;
   int64_t bpe_;
-  std::vector<double> load_;
+  std::vector<double> load_;  // per rank
   std::set<std::pair<double, int32_t>> by_load_;
-  std::vector<std::vector<int32_t>> owned_;
+  std::vector<std::vector<int32_t>> position_;  // [class][rank]
+  std::vector<std::vector<double>> finish_;     // [class][position]
+  std::vector<std::set<std::pair<double, int32_t>>> by_finish_;
+  std::vector<std::vector<std::vector<int32_t>>> owned_;  // [class][position]
+  std::vector<std::vector<int64_t>> mark_;  // [class][position]: last Shift that saw it
+  int64_t stamp_ = 0;
+};
+
+// One class of a JointAssignment seen as a single domain whose position
+// loads are their finishes: what the move and swap searches work on.
+class ClassView {
+ public:
+  ClassView(JointAssignment& a, int c) : a_(a), c_(c) {}
+
+  const DomainPlan& plan() const { return a_.plan(c_); }
+  double Cost(const MatrixPlan& m, int32_t p) const { return a_.Cost(m, p); }
+  double load(int32_t p) const { return a_.finish(c_, p); }
+  double LeastLoadExcept(int32_t p) const { return a_.LeastLoadExcept(c_, p); }
+  const std::vector<int32_t>& owned(int32_t p) const { return a_.owned(c_, p); }
+  void Assign(int32_t j, int32_t p) { a_.Assign(c_, j, p); }
+  template <typename Fn>
+  void ForEachCandidate(int32_t j, Fn fn) const {
+    a_.ForEachCandidate(c_, j, fn);
+  }
+
+ private:
+  JointAssignment& a_;
+  int c_;
 };
 
 // Counts refinement work against its budget (see RefineWorkBudget) and
@@ -125,34 +202,48 @@ class WorkMeter {
   bool exhausted_ = false;
 };
 
-// Longest processing time first, onto the position that completes earliest.
+// Longest processing time first over the matrices of every class, each onto
+// the position of its class whose busiest rank completes it earliest.
 // False when cancelled.
-bool Lpt(Assignment& a, const DomainPlan& d, CancelToken* cancel) {
-  std::vector<int32_t> order(d.matrices.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) {
-    return d.matrices[x].min_cost > d.matrices[y].min_cost;
-  });
-  for (int32_t j : order) {
+bool Lpt(JointAssignment& a, CancelToken* cancel) {
+  struct Item {
+    int c;
+    int32_t j;
+    double cost;
+  };
+  std::vector<Item> order;
+  for (int c = 0; c < a.num_classes(); ++c) {
+    const std::vector<MatrixPlan>& ms = a.plan(c).matrices;
+    for (size_t j = 0; j < ms.size(); ++j) {
+      order.push_back({c, static_cast<int32_t>(j), ms[j].min_cost});
+    }
+  }
+  // Stable: ties keep class, then matrix order.
+  std::stable_sort(order.begin(), order.end(),
+                   [](const Item& x, const Item& y) { return x.cost > y.cost; });
+  for (const Item& item : order) {
+    ClassView v(a, item.c);
+    const MatrixPlan& m = v.plan().matrices[item.j];
     int32_t best = -1;
     double best_finish = 0;
     int64_t candidates = 0;
-    a.ForEachCandidate(j, [&](int32_t p) {
+    v.ForEachCandidate(item.j, [&](int32_t p) {
       ++candidates;
-      const double finish = a.load(p) + a.Cost(d.matrices[j], p);
+      const double finish = v.load(p) + v.Cost(m, p);
       if (best < 0 || finish < best_finish || (finish == best_finish && p < best)) {
         best = p;
         best_finish = finish;
       }
     });
-    a.Assign(j, best);
+    v.Assign(item.j, best);
     if (cancel != nullptr && cancel->Tick(candidates)) return false;
   }
   return true;
 }
 
 // The matrices of position `top`, largest first (ties: lower index).
-std::vector<int32_t> LargestFirst(const Assignment& a, const DomainPlan& d, int32_t top) {
+std::vector<int32_t> LargestFirst(const ClassView& a, int32_t top) {
+  const DomainPlan& d = a.plan();
   std::vector<int32_t> mine = a.owned(top);
   std::sort(mine.begin(), mine.end(), [&](int32_t x, int32_t y) {
     if (d.matrices[x].cost_flops != d.matrices[y].cost_flops)
@@ -165,8 +256,9 @@ std::vector<int32_t> LargestFirst(const Assignment& a, const DomainPlan& d, int3
 // Moves the first matrix of `mine` (largest first) that some other position
 // finishes below `limit` to the position that finishes it earliest. True
 // when one moved.
-bool TryMove(Assignment& a, const DomainPlan& d, int32_t top, double limit,
-             const std::vector<int32_t>& mine, WorkMeter& meter) {
+bool TryMove(ClassView& a, int32_t top, double limit, const std::vector<int32_t>& mine,
+             WorkMeter& meter) {
+  const DomainPlan& d = a.plan();
   // No position finishes j before the least loaded one does at j's lowest
   // cost (rounding is monotonic), so most matrices are ruled out without
   // evaluating a single candidate.
@@ -199,7 +291,8 @@ bool TryMove(Assignment& a, const DomainPlan& d, int32_t top, double limit,
 // and Cost(i, b) above what b must shed.
 class SwapIndex {
  public:
-  SwapIndex(const Assignment& a, const DomainPlan& d, int32_t top, int32_t b) {
+  SwapIndex(const ClassView& a, int32_t top, int32_t b) {
+    const DomainPlan& d = a.plan();
     std::vector<std::pair<double, double>> costs;
     costs.reserve(a.owned(b).size());
     for (int32_t i : a.owned(b)) {
@@ -236,8 +329,9 @@ class SwapIndex {
 // matrices in the order it got them). A SwapIndex per partner skips the
 // partners where no pair can work, which is nearly all of them. True when
 // one swapped.
-bool TrySwap(Assignment& a, const DomainPlan& d, int32_t top, double limit,
-             const std::vector<int32_t>& mine, WorkMeter& meter) {
+bool TrySwap(ClassView& a, int32_t top, double limit, const std::vector<int32_t>& mine,
+             WorkMeter& meter) {
+  const DomainPlan& d = a.plan();
   std::unordered_map<int32_t, SwapIndex> index;  // partners seen this step
   for (int32_t j : mine) {
     std::vector<int32_t> partners;
@@ -247,7 +341,7 @@ bool TrySwap(Assignment& a, const DomainPlan& d, int32_t top, double limit,
       auto it = index.find(b);
       if (it == index.end()) {
         if (!meter.Spend(static_cast<int64_t>(a.owned(b).size()) + 1)) return false;
-        it = index.try_emplace(b, a, d, top, b).first;
+        it = index.try_emplace(b, a, top, b).first;
       }
       if (!meter.Spend(1)) return false;
       const double j_off = a.load(top) - a.Cost(d.matrices[j], top);
@@ -270,21 +364,40 @@ bool TrySwap(Assignment& a, const DomainPlan& d, int32_t top, double limit,
   return false;
 }
 
-// Moves or swaps matrices off the busiest position while that strictly lowers
-// its load below the current makespan. Each accepted step lowers the sorted
-// load vector lexicographically, so the loop ends; the step cap and the work
-// budget bound the time.
-void Refine(Assignment& a, const DomainPlan& d, WorkMeter& meter) {
+// Moves or swaps matrices off the positions of the busiest rank (in any
+// class) while that strictly lowers its joint load below the current
+// makespan: a move or swap in class c shifts every rank of the positions it
+// touches by the same amount, so a position's finish (its busiest rank) is
+// its load as the single-domain search sees it. Each accepted step lowers
+// the sorted vector of rank loads lexicographically (the busiest rank drops,
+// every rank it raises stays below the old maximum), so the loop ends; the
+// step cap and the work budget bound the time.
+void Refine(JointAssignment& a, size_t matrices, WorkMeter& meter) {
   const double kEps = 1e-9;
-  const size_t max_steps = 20 * d.matrices.size() + 100;
+  const size_t max_steps = 20 * matrices + 100;
+  const int classes = a.num_classes();
+  std::vector<ClassView> views;
+  for (int c = 0; c < classes; ++c) views.emplace_back(a, c);
   for (size_t step = 0; step < max_steps; ++step) {
-    const int32_t top = a.MostLoaded();
-    const double limit = a.load(top) * (1 - kEps);
-    if (!meter.Spend(static_cast<int64_t>(a.owned(top).size()))) return;
-    const std::vector<int32_t> mine = LargestFirst(a, d, top);
-    if (TryMove(a, d, top, limit, mine, meter)) continue;
-    if (meter.stopped()) return;
-    if (!TrySwap(a, d, top, limit, mine, meter)) return;
+    const int32_t rank = a.MostLoadedRank();
+    const double limit = a.rank_load(rank) * (1 - kEps);
+    std::vector<int32_t> top(classes);
+    std::vector<std::vector<int32_t>> mine(classes);
+    for (int c = 0; c < classes; ++c) {
+      top[c] = a.PositionOf(c, rank);
+      if (!meter.Spend(static_cast<int64_t>(a.owned(c, top[c]).size()))) return;
+      mine[c] = LargestFirst(views[c], top[c]);
+    }
+    bool improved = false;
+    for (int c = 0; c < classes && !improved; ++c) {
+      improved = TryMove(views[c], top[c], limit, mine[c], meter);
+      if (meter.stopped()) return;
+    }
+    for (int c = 0; c < classes && !improved; ++c) {
+      improved = TrySwap(views[c], top[c], limit, mine[c], meter);
+      if (meter.stopped()) return;
+    }
+    if (!improved) return;
   }
 }
 
@@ -330,34 +443,94 @@ void AllGather(double w, int64_t bpe, DomainPlan& d) {
   }
 }
 
-// Runs an owner rule other than allgather. False when cancelled.
-bool AssignByRule(OwnerRule rule, Assignment& a, DomainPlan& d, CancelToken* cancel) {
+// round_robin or greedy_in_order on one class on its own (its own loads,
+// one rank a position, as Megatron-LM #6425 balances a domain).
+void AssignOneClassByRule(OwnerRule rule, double w, int64_t bpe, DomainPlan& d) {
+  std::vector<DomainClass> alone(1);
+  alone[0].plan = &d;
+  alone[0].ranks.resize(d.size);
+  for (int32_t p = 0; p < d.size; ++p) alone[0].ranks[p] = {p};
+  JointAssignment a(alone, d.size, w, bpe);
   const int64_t n = static_cast<int64_t>(d.matrices.size());
-  switch (rule) {
-    case OwnerRule::kLpt: {
-      if (!Lpt(a, d, cancel)) return false;
-      WorkMeter meter(RefineWorkBudget(n), cancel);
-      Refine(a, d, meter);
-      d.refine_work = meter.spent();
-      d.refine_budget_spent = meter.exhausted();
-      return !meter.cancelled();
-    }
-    case OwnerRule::kRoundRobin:
-      for (int64_t j = 0; j < n; ++j) a.Assign(static_cast<int32_t>(j), j % d.size);
-      return true;
-    case OwnerRule::kGreedyInOrder:
-      for (int64_t j = 0; j < n; ++j) {
-        int32_t best = -1;
-        for (const Holder& h : d.matrices[j].holders) {
-          if (best < 0 || a.load(h.position) < a.load(best)) best = h.position;
-        }
-        a.Assign(static_cast<int32_t>(j), best);
+  for (int64_t j = 0; j < n; ++j) {
+    int32_t best = static_cast<int32_t>(j % d.size);  // round_robin
+    if (rule == OwnerRule::kGreedyInOrder) {
+      best = -1;
+      for (const Holder& h : d.matrices[j].holders) {
+        if (best < 0 || a.finish(0, h.position) < a.finish(0, best)) best = h.position;
       }
-      return true;
-    case OwnerRule::kAllGather:
-      break;
+    }
+    a.Assign(0, static_cast<int32_t>(j), best);
   }
-  return true;
+}
+
+// Joint lpt with its refinement; sets every class's refinement work. False
+// when cancelled.
+bool AssignLpt(double w, int64_t bpe, int64_t world, const std::vector<DomainClass>& classes,
+               CancelToken* cancel) {
+  JointAssignment a(classes, world, w, bpe);
+  if (!Lpt(a, cancel)) return false;
+  size_t n = 0;
+  for (const DomainClass& c : classes) n += c.plan->matrices.size();
+  WorkMeter meter(RefineWorkBudget(static_cast<int64_t>(n)), cancel);
+  Refine(a, n, meter);
+  for (const DomainClass& c : classes) {
+    c.plan->refine_work = meter.spent();
+    c.plan->refine_budget_spent = meter.exhausted();
+  }
+  return !meter.cancelled();
+}
+
+// Per-position loads, makespan and exchange of a domain from its owners.
+void SumOwnedCosts(double w, int64_t bpe, DomainPlan& d) {
+  for (MatrixPlan& m : d.matrices) {
+    m.gather_bytes = GatherBytesAt(m, m.owner, bpe);
+    m.owner_cost = m.cost_flops + w * static_cast<double>(m.gather_bytes);
+    d.load[m.owner] += m.owner_cost;
+    d.ns_flops[m.owner] += m.cost_flops;
+    d.gather_bytes[m.owner] += m.gather_bytes;
+    d.owned[m.owner] += 1;
+    d.exchange_bytes += m.gather_bytes;
+  }
+}
+
+void ResetDomain(double w, int64_t bpe, DomainPlan& d) {
+  d.load.assign(d.size, 0.0);
+  d.ns_flops.assign(d.size, 0.0);
+  d.gather_bytes.assign(d.size, 0);
+  d.owned.assign(d.size, 0);
+  d.exchange_bytes = 0;
+  d.refine_work = 0;
+  d.refine_budget_spent = false;
+  SetLowerBounds(w, bpe, d);
+}
+
+// InvalidArgument unless every class puts every rank of the world at exactly
+// one of its positions, the same number of ranks at each.
+absl::Status CheckClasses(int64_t world, const std::vector<DomainClass>& classes) {
+  for (size_t c = 0; c < classes.size(); ++c) {
+    const DomainClass& cl = classes[c];
+    if (cl.plan == nullptr || static_cast<int64_t>(cl.ranks.size()) != cl.plan->size ||
+        cl.plan->size < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("class ", c, ": one rank list a position"));
+    }
+    std::vector<int> seen(world, 0);
+    for (const std::vector<int32_t>& ranks : cl.ranks) {
+      if (ranks.size() != cl.ranks[0].size()) {
+        return absl::InvalidArgumentError(absl::StrCat("class ", c, ": uneven positions"));
+      }
+      for (int32_t r : ranks) {
+        if (r < 0 || r >= world || seen[r]++ > 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("class ", c, ": rank ", r, " missing from the world or repeated"));
+        }
+      }
+    }
+    if (static_cast<int64_t>(cl.ranks.size() * cl.ranks[0].size()) != world) {
+      return absl::InvalidArgumentError(absl::StrCat("class ", c, ": does not cover the world"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -387,32 +560,258 @@ double MakespanLowerBound(std::vector<double> costs, int64_t ranks) {
 
 absl::Status AssignOwners(OwnerRule rule, double w, int64_t bpe, DomainPlan* domain,
                           CancelToken* cancel) {
-  DomainPlan& d = *domain;
-  d.load.assign(d.size, 0.0);
-  d.ns_flops.assign(d.size, 0.0);
-  d.gather_bytes.assign(d.size, 0);
-  d.owned.assign(d.size, 0);
-  d.exchange_bytes = 0;
-  d.refine_work = 0;
-  d.refine_budget_spent = false;
-  SetLowerBounds(w, bpe, d);
-  if (rule == OwnerRule::kAllGather) {
-    AllGather(w, bpe, d);
-  } else {
-    Assignment a(&d, w, bpe);
-    if (!AssignByRule(rule, a, d, cancel)) return CancelToken::Status();
-    for (MatrixPlan& m : d.matrices) {
-      m.gather_bytes = a.GatherBytes(m, m.owner);
-      m.owner_cost = a.Cost(m, m.owner);
-      d.load[m.owner] += m.owner_cost;
-      d.ns_flops[m.owner] += m.cost_flops;
-      d.gather_bytes[m.owner] += m.gather_bytes;
-      d.owned[m.owner] += 1;
-      d.exchange_bytes += m.gather_bytes;
+  std::vector<DomainClass> alone(1);
+  alone[0].plan = domain;
+  alone[0].ranks.resize(std::max<int64_t>(domain->size, 0));
+  for (int32_t p = 0; p < domain->size; ++p) alone[0].ranks[p] = {p};
+  return AssignOwnersJointly(rule, w, bpe, domain->size, alone, cancel).status();
+}
+
+absl::StatusOr<std::vector<double>> AssignOwnersJointly(OwnerRule rule, double w, int64_t bpe,
+                                                        int64_t world,
+                                                        const std::vector<DomainClass>& classes,
+                                                        CancelToken* cancel) {
+  if (absl::Status st = CheckClasses(world, classes); !st.ok()) return st;
+  for (const DomainClass& c : classes) ResetDomain(w, bpe, *c.plan);
+  if (rule == OwnerRule::kLpt) {
+    if (!AssignLpt(w, bpe, world, classes, cancel)) return CancelToken::Status();
+  }
+  for (const DomainClass& c : classes) {
+    DomainPlan& d = *c.plan;
+    if (rule == OwnerRule::kAllGather) {
+      AllGather(w, bpe, d);
+    } else {
+      if (rule != OwnerRule::kLpt) AssignOneClassByRule(rule, w, bpe, d);
+      SumOwnedCosts(w, bpe, d);
+    }
+    d.makespan = d.load.empty() ? 0 : *std::max_element(d.load.begin(), d.load.end());
+  }
+  // Each rank's joint load, summed afresh from the final loads.
+  std::vector<double> rank_load(world, 0.0);
+  for (const DomainClass& c : classes) {
+    for (size_t p = 0; p < c.ranks.size(); ++p) {
+      for (int32_t r : c.ranks[p]) rank_load[r] += c.plan->load[p];
     }
   }
-  d.makespan = d.load.empty() ? 0 : *std::max_element(d.load.begin(), d.load.end());
-  return absl::OkStatus();
+  return rank_load;
+}
+
+double JointLowerBound(int64_t world, const std::vector<DomainClass>& classes) {
+  double bound = 0;
+  double total = 0;
+  for (const DomainClass& c : classes) {
+    bound = std::max(bound, c.plan->lower_bound);
+    double sum = 0;
+    for (const MatrixPlan& m : c.plan->matrices) sum += m.min_cost;
+    const size_t domains = c.ranks.empty() ? 0 : c.ranks[0].size();
+    total += sum * static_cast<double>(domains);
+  }
+  return std::max(bound, total / static_cast<double>(world));
+}
+
+namespace {
+
+// Martello-Toth L2 on sizes sorted ascending, with their prefix sums; at
+// most kMaxThresholds thresholds K tried (any K gives a valid bound).
+class BinPacking {
+ public:
+  static constexpr size_t kMaxThresholds = 256;
+
+  explicit BinPacking(std::vector<double> sizes) : sizes_(std::move(sizes)) {
+    std::sort(sizes_.begin(), sizes_.end());
+    prefix_.assign(sizes_.size() + 1, 0.0);
+    for (size_t i = 0; i < sizes_.size(); ++i) prefix_[i + 1] = prefix_[i] + sizes_[i];
+  }
+
+  // For each threshold K in [0, C/2]: J1 = sizes > C - K (each alone in a
+  // bin, and no size >= K fits beside it), J2 = sizes in (C/2, C - K] (one
+  // a bin), J3 = sizes in [K, C/2], which fill what J2's bins leave and then
+  // whole bins: |J1| + |J2| + ceil((sum J3 - (|J2| C - sum J2)) / C).
+  int64_t Bins(double c) const {
+    if (sizes_.empty()) return 0;
+    const size_t half = Above(c / 2);  // first index with size > C/2
+    std::vector<double> ks = {0.0};
+    const size_t step = std::max<size_t>(1, half / kMaxThresholds);
+    for (size_t i = 0; i < half; i += step) {
+      if (sizes_[i] != ks.back()) ks.push_back(sizes_[i]);
+    }
+    int64_t best = 0;
+    const size_t n = sizes_.size();
+    for (double k : ks) {
+      const size_t j1 = Above(c - k);   // sizes > C - K from here
+      const size_t j3 = AtLeast(k);     // sizes >= K from here up to half
+      const double n2 = static_cast<double>(j1 - half);
+      const double sum2 = prefix_[j1] - prefix_[half];
+      const double sum3 = prefix_[half] - prefix_[j3];
+      // Rounded down a little: the bound stays a bound despite sums' rounding.
+      const double spill = (sum3 - (n2 * c - sum2)) / c - 1e-9;
+      const int64_t extra = spill > 0 ? static_cast<int64_t>(std::ceil(spill)) : 0;
+      best = std::max(best, static_cast<int64_t>(n - half) + extra);
+    }
+    return best;
+  }
+
+ private:
+  size_t Above(double x) const {
+    return static_cast<size_t>(std::upper_bound(sizes_.begin(), sizes_.end(), x) -
+                               sizes_.begin());
+  }
+  size_t AtLeast(double x) const {
+    return static_cast<size_t>(std::lower_bound(sizes_.begin(), sizes_.end(), x) -
+                               sizes_.begin());
+  }
+  std::vector<double> sizes_;
+  std::vector<double> prefix_;
+};
+
+// The largest C in [lo, hi] (by bisection) for which `packing` needs more
+// than `bins` bins: no plan of `bins` positions finishes by C. `lo` when
+// none is found.
+double BinPackingBound(const BinPacking& packing, int64_t bins, double lo, double hi) {
+  double found = lo;
+  for (int i = 0; i < 40 && hi > lo * (1 + 1e-6); ++i) {
+    const double mid = 0.5 * (lo + hi);
+    if (packing.Bins(mid) > bins) {
+      found = lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return found;
+}
+
+// The Lagrangian bound of StrongJointLowerBound: exponentiated-gradient
+// steps on the rank weights, keeping the best value.
+double LagrangianBound(double w, int64_t bpe, int64_t world,
+                       const std::vector<DomainClass>& classes, int64_t max_work,
+                       CancelToken* cancel) {
+  int64_t per_pass = 1;
+  for (const DomainClass& c : classes) {
+    const int64_t copies = c.ranks.empty() ? 0 : static_cast<int64_t>(c.ranks[0].size());
+    per_pass += c.plan->size * copies;
+    for (const MatrixPlan& m : c.plan->matrices) {
+      per_pass += copies * (1 + static_cast<int64_t>(m.holders.size()));
+    }
+  }
+  const int64_t passes = std::clamp<int64_t>(max_work / per_pass, 4, 400);
+  std::vector<double> y(world, 1.0 / static_cast<double>(world));
+  std::vector<double> charged(world);
+  double best = 0;
+  for (int64_t pass = 0; pass < passes; ++pass) {
+    std::fill(charged.begin(), charged.end(), 0.0);
+    double value = 0;
+    for (const DomainClass& c : classes) {
+      const size_t copies = c.ranks.empty() ? 0 : c.ranks[0].size();
+      for (size_t k = 0; k < copies; ++k) {
+        // The cheapest weight in this copy's domain, for non-holders.
+        int32_t low = c.ranks[0][k];
+        for (const std::vector<int32_t>& at : c.ranks) {
+          if (y[at[k]] < y[low] || (y[at[k]] == y[low] && at[k] < low)) low = at[k];
+        }
+        for (const MatrixPlan& m : c.plan->matrices) {
+          const double anywhere =
+              m.cost_flops + w * 2.0 * static_cast<double>(m.rows * m.cols * bpe);
+          double v = y[low] * anywhere;
+          int32_t at = low;
+          double cost = anywhere;
+          for (const Holder& h : m.holders) {
+            const int32_t r = c.ranks[h.position][k];
+            const double here =
+                m.cost_flops + w * static_cast<double>(GatherBytesAt(m, h.position, bpe));
+            if (y[r] * here < v) {
+              v = y[r] * here;
+              at = r;
+              cost = here;
+            }
+          }
+          value += v;
+          charged[at] += cost;
+        }
+      }
+    }
+    best = std::max(best, value);
+    if (cancel != nullptr && cancel->Tick(per_pass)) break;
+    // Raise the weights of the ranks the relaxed choice overloads.
+    double mean = 0;
+    for (double l : charged) mean += l;
+    mean /= static_cast<double>(world);
+    if (mean <= 0) break;
+    const double eta = 1.0 / std::sqrt(static_cast<double>(pass + 1));
+    double sum = 0;
+    for (int32_t r = 0; r < world; ++r) {
+      y[r] *= std::exp(eta * std::min(charged[r] / mean, 50.0));
+      sum += y[r];
+    }
+    for (double& v : y) v /= sum;
+  }
+  return best;
+}
+
+}  // namespace
+
+int64_t BinPackingLowerBound(std::vector<double> sizes, double capacity) {
+  return BinPacking(std::move(sizes)).Bins(capacity);
+}
+
+double PigeonholeLowerBound(std::vector<double> costs, int64_t ranks) {
+  std::sort(costs.begin(), costs.end(), std::greater<>());
+  std::vector<double> prefix(costs.size() + 1, 0.0);
+  for (size_t i = 0; i < costs.size(); ++i) prefix[i + 1] = prefix[i] + costs[i];
+  double bound = costs.empty() ? 0 : costs[0];
+  const size_t m = static_cast<size_t>(std::max<int64_t>(ranks, 1));
+  // The top k m + 1 are costs[0 .. k m]; the k + 1 smallest of them are
+  // costs[k m - k .. k m].
+  for (size_t k = 1; k * m + 1 <= costs.size(); ++k) {
+    bound = std::max(bound, prefix[k * m + 1] - prefix[k * m - k]);
+  }
+  return bound;
+}
+
+double StrongJointLowerBound(double w, int64_t bpe, int64_t world,
+                             const std::vector<DomainClass>& classes, int64_t max_work,
+                             CancelToken* cancel) {
+  double bound = JointLowerBound(world, classes);
+  double makespan = 0;  // an upper end for the bisections
+  std::vector<double> rank_load(world, 0.0);
+  for (const DomainClass& c : classes) {
+    for (size_t p = 0; p < c.ranks.size(); ++p) {
+      for (int32_t r : c.ranks[p]) rank_load[r] += c.plan->load[p];
+    }
+  }
+  for (double l : rank_load) makespan = std::max(makespan, l);
+  const double hi = std::max(makespan, bound);
+  // 1. Each class on its own positions: bin packing and pigeonhole.
+  std::vector<double> own(classes.size());  // a bound on some position's load
+  std::vector<double> total(classes.size());  // one domain's best-holder costs
+  std::vector<double> all;  // every copy of every matrix
+  for (size_t i = 0; i < classes.size(); ++i) {
+    const DomainClass& c = classes[i];
+    std::vector<double> sizes;
+    for (const MatrixPlan& m : c.plan->matrices) sizes.push_back(m.min_cost);
+    for (double x : sizes) total[i] += x;
+    const size_t copies = c.ranks.empty() ? 0 : c.ranks[0].size();
+    for (size_t k = 0; k < copies; ++k) all.insert(all.end(), sizes.begin(), sizes.end());
+    own[i] = std::max(c.plan->lower_bound, PigeonholeLowerBound(sizes, c.plan->size));
+    own[i] = std::max(own[i], BinPackingBound(BinPacking(std::move(sizes)), c.plan->size,
+                                              own[i], std::max(hi, own[i])));
+    bound = std::max(bound, own[i]);
+  }
+  // 2. Every copy on every rank.
+  bound = std::max(bound, PigeonholeLowerBound(all, world));
+  bound = std::max(bound, BinPackingBound(BinPacking(std::move(all)), world, bound, hi));
+  // 3. Across classes: some position of class i has load >= own[i]; each of
+  // its ranks also holds a position of class j, whose load is at least
+  // total[j] less what the other D_j - 1 positions can take (T each):
+  // T >= own[i] + total[j] - (D_j - 1) T.
+  for (size_t i = 0; i < classes.size(); ++i) {
+    for (size_t j = 0; j < classes.size(); ++j) {
+      if (i == j) continue;
+      bound = std::max(bound, (own[i] + total[j]) / static_cast<double>(classes[j].plan->size));
+    }
+  }
+  if (cancel != nullptr && cancel->Tick(static_cast<int64_t>(world))) return bound;
+  // 4. The Lagrangian bound.
+  return std::max(bound, LagrangianBound(w, bpe, world, classes, max_work, cancel));
 }
 
 }  // namespace muonmesh::plan

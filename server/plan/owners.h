@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "plan/cancel.h"
 #include "plan/types.h"
 
@@ -67,7 +68,85 @@ int64_t RefineWorkBudget(int64_t matrices);
 // holders (ascending positions, row ranges inside the matrix) to be set.
 // Ticks `cancel` (may be null) as it works; returns CancelToken::Status()
 // when that says stop, leaving the domain half assigned; otherwise OK.
+// The same as AssignOwnersJointly with this one class, one rank a position.
 absl::Status AssignOwners(OwnerRule rule, double comm_flops_per_byte, int64_t bytes_per_element,
                           DomainPlan* domain, CancelToken* cancel = nullptr);
+
+// One class of identical domains in a joint assignment (all dense domains,
+// or all expert domains): its plan, by position, and for each position the
+// ranks that run that position's share (one rank per domain of the class).
+// Every rank of the world sits at exactly one position of every class.
+struct DomainClass {
+  DomainPlan* plan = nullptr;
+  std::vector<std::vector<int32_t>> ranks;  // per position
+};
+
+// Owner assignment of several classes at once, for the runtime's one Muon
+// schedule over all units and both meshes: a rank does the Newton-Schulz
+// work of every position it holds in every class in the same step, so the
+// critical path is
+//     max over ranks r of  sum over classes c of  load_c(position of r in c)
+// (the joint makespan; with one wave of units, as the runtime runs by
+// default; with several waves it is the sum over waves of that maximum).
+// lpt balances exactly that: all matrices of all classes, longest first,
+// each restricted to the positions of its own class, to the position whose
+// busiest rank finishes it earliest; then the refinement moves or swaps
+// matrices off the positions of the busiest rank, in whichever class helps.
+// The other rules assign each class on its own, as AssignOwners does.
+//
+// Fills every class's plan as AssignOwners does (its per-position loads are
+// its own share; refine_work and refine_budget_spent are the joint search's,
+// the same in every class) and returns the joint load of every rank.
+// Cancelled as AssignOwners; InvalidArgument when a class's rank lists do
+// not cover the world once.
+absl::StatusOr<std::vector<double>> AssignOwnersJointly(OwnerRule rule,
+                                                        double comm_flops_per_byte,
+                                                        int64_t bytes_per_element,
+                                                        int64_t world_size,
+                                                        const std::vector<DomainClass>& classes,
+                                                        CancelToken* cancel = nullptr);
+
+// The joint lower bound of DESIGN.md §4: max(each class's lower bound,
+// sum over classes of (domains of the class x its best-holder costs) /
+// world size). Expects the classes' lower bounds and min costs filled (by
+// AssignOwnersJointly).
+double JointLowerBound(int64_t world_size, const std::vector<DomainClass>& classes);
+
+// A stronger certified lower bound on the joint makespan, for when the plan
+// is far from JointLowerBound and a user must know whether the plan or the
+// bound is loose: the largest of
+//  - JointLowerBound;
+//  - a Lagrangian (LP dual) bound: for any weights y >= 0 over the ranks
+//    summing to 1, every plan has
+//        makespan >= sum_r y_r load_r >= sum over matrix copies j of
+//                    min over the ranks r that may own j of y_r cost(j, r),
+//    since each copy lands on one rank at its cost there (dropping the rule
+//    that a class's domains share positions only lowers the right side).
+//    The weights come from a fixed number of exponentiated-gradient steps
+//    (the loads of the relaxed choice are a supergradient); any y is valid;
+//  - a bin-packing bound (Martello and Toth's L2) on the copies' best-holder
+//    costs, over all ranks and over each class's positions: if L2 says more
+//    than `ranks` bins of capacity C are needed, no plan finishes by C;
+//  - PigeonholeLowerBound, over each class's positions and over all ranks;
+//  - across two classes i, j: a position of class i carries at least its
+//    class bound B_i, and each of its ranks also carries a position of class
+//    j, which is left at least class j's total less what its other D_j - 1
+//    positions take (T each): T >= (B_i + total_j) / D_j;
+// Deterministic; its work is bounded by `max_work` cost evaluations (at
+// least a few passes); ticks `cancel` and returns what it has when that
+// says stop. Expects the classes assigned (AssignOwnersJointly).
+double StrongJointLowerBound(double comm_flops_per_byte, int64_t bytes_per_element,
+                             int64_t world_size, const std::vector<DomainClass>& classes,
+                             int64_t max_work = int64_t{1} << 25, CancelToken* cancel = nullptr);
+
+// For costs sorted descending p_1 >= p_2 >= ... on `ranks` positions: the
+// top k ranks + 1 costs put k + 1 of them on one position, so the makespan
+// is at least the sum of the k + 1 smallest of them, for every k >= 1
+// (k = 1 is p_m + p_{m+1}); and at least the largest cost.
+double PigeonholeLowerBound(std::vector<double> costs, int64_t ranks);
+
+// Martello-Toth L2 for bin packing: a lower bound on the bins of capacity
+// `capacity` that `sizes` need. Sizes above the capacity count one bin each.
+int64_t BinPackingLowerBound(std::vector<double> sizes, double capacity);
 
 }  // namespace muonmesh::plan

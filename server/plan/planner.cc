@@ -153,42 +153,79 @@ bool RotateUnits(const std::vector<std::vector<MatrixPlan>>& unit_matrices, doub
   return true;
 }
 
-// The owner plan of one mesh. Rotations come from a small portfolio of
-// policies (charge Newton-Schulz FLOPs only; FLOPs plus the best holder's
-// traffic; no rotation) and the plan with the lowest makespan wins, ties to
-// the earlier policy. Sets each unit's rotation for that mesh. Cancelled
-// when `cancel` says so.
-absl::StatusOr<DomainPlan> PlanDomain(const ResolvedConfig& cfg, MeshKind mesh,
-                                      int64_t domain_size,
-                                      const std::vector<std::vector<MatrixPlan>>& unit_matrices,
-                                      CancelToken* cancel, std::vector<UnitPlan>* units) {
+// Per position of one mesh's domains, the ranks at that position (one per
+// domain, ascending).
+std::vector<std::vector<int32_t>> RanksByPosition(const MeshGeometry& g) {
+  std::vector<std::vector<int32_t>> out(g.domain_size());
+  for (int32_t r = 0; r < g.world_size(); ++r) out[g.PositionOf(r)].push_back(r);
+  return out;
+}
+
+// The ratio of joint makespan to joint lower bound above which the planner
+// computes the stronger bound, and that bound's work budget.
+constexpr double kStrongBoundAbove = 1.05;
+constexpr int64_t kStrongBoundWork = int64_t{1} << 25;
+
+// One mesh to plan owners on: its geometry and its units' matrices.
+struct OwnerMesh {
+  MeshKind kind;
+  const MeshGeometry* geometry;
+  const std::vector<std::vector<MatrixPlan>>* unit_matrices;
+};
+
+// The owner plans of every mesh, assigned jointly (AssignOwnersJointly: a
+// rank's load is summed over both meshes, as the runtime's one Muon schedule
+// runs them). Rotations come from a small portfolio of policies, the same
+// for every mesh (charge Newton-Schulz FLOPs only; FLOPs plus the best
+// holder's traffic; no rotation), and the plan with the lowest joint makespan
+// wins, ties to the earlier policy. Sets each unit's rotations, the meshes'
+// domain plans and the joint makespan and lower bound. Cancelled when
+// `cancel` says so.
+absl::Status PlanOwners(const ResolvedConfig& cfg, const std::vector<OwnerMesh>& meshes,
+                        CancelToken* cancel, Plan* plan) {
   const double traffic_weight =
       cfg.comm_flops_per_byte * static_cast<double>(cfg.bytes_per_element);
   const std::vector<double> policies = {0.0, traffic_weight, -1.0};  // -1: no rotation
-  DomainPlan best;
-  std::vector<int64_t> best_rotations;
+  const size_t n = meshes.size();
+  std::vector<std::vector<std::vector<int32_t>>> ranks(n);
+  for (size_t m = 0; m < n; ++m) ranks[m] = RanksByPosition(*meshes[m].geometry);
+  std::vector<DomainPlan> best(n);
+  std::vector<std::vector<int64_t>> best_rotations(n);
+  double best_makespan = 0;
   for (size_t i = 0; i < policies.size(); ++i) {
-    DomainPlan d;
-    d.mesh = mesh;
-    d.size = domain_size;
-    std::vector<int64_t> rotations;
-    if (!RotateUnits(unit_matrices, policies[i], cancel, &d, &rotations)) {
-      return CancelToken::Status();
+    std::vector<DomainPlan> d(n);
+    std::vector<std::vector<int64_t>> rotations(n);
+    std::vector<DomainClass> classes(n);
+    for (size_t m = 0; m < n; ++m) {
+      d[m].mesh = meshes[m].kind;
+      d[m].size = meshes[m].geometry->domain_size();
+      if (!RotateUnits(*meshes[m].unit_matrices, policies[i], cancel, &d[m], &rotations[m])) {
+        return CancelToken::Status();
+      }
+      classes[m] = DomainClass{&d[m], ranks[m]};
     }
-    const absl::Status assigned =
-        AssignOwners(cfg.owner_rule, cfg.comm_flops_per_byte, cfg.bytes_per_element, &d, cancel);
-    if (!assigned.ok()) return assigned;
-    if (i == 0 || d.makespan < best.makespan) {
+    absl::StatusOr<std::vector<double>> loads =
+        AssignOwnersJointly(cfg.owner_rule, cfg.comm_flops_per_byte, cfg.bytes_per_element,
+                            cfg.world_size, classes, cancel);
+    if (!loads.ok()) return loads.status();
+    const double makespan = loads->empty() ? 0 : *std::max_element(loads->begin(), loads->end());
+    if (i == 0) plan->joint_lower_bound = JointLowerBound(cfg.world_size, classes);
+    if (i == 0 || makespan < best_makespan) {
       best = std::move(d);
       best_rotations = std::move(rotations);
+      best_makespan = makespan;
     }
-    if (best.makespan <= best.lower_bound) break;  // cannot do better
+    if (best_makespan <= plan->joint_lower_bound) break;  // cannot do better
   }
-  for (size_t u = 0; u < units->size(); ++u) {
-    UnitLayout& layout = mesh == MeshKind::kDense ? (*units)[u].dense : (*units)[u].expert;
-    layout.rotation = best_rotations[u];
+  for (size_t m = 0; m < n; ++m) {
+    for (size_t u = 0; u < plan->units.size(); ++u) {
+      UnitPlan& unit = plan->units[u];
+      (meshes[m].kind == MeshKind::kDense ? unit.dense : unit.expert).rotation =
+          best_rotations[m][u];
+    }
+    (meshes[m].kind == MeshKind::kDense ? plan->dense : plan->expert) = std::move(best[m]);
   }
-  return best;
+  return absl::OkStatus();
 }
 
 std::string AxisLabel(const MeshGeometry& g, const std::vector<int>& axes) {
@@ -390,6 +427,39 @@ void SummarizeRanks(const MeshGeometry& dense_g, const MeshGeometry& expert_g,
   }
 }
 
+// The joint makespan: the busiest rank's load summed over its domains (the
+// rank summaries' load_flops), and its rank, the lowest among equals.
+void SetJointMakespan(Plan* plan) {
+  plan->joint_makespan = 0;
+  plan->joint_critical_rank = 0;
+  for (const RankSummary& r : plan->ranks) {
+    if (r.load_flops > plan->joint_makespan) {
+      plan->joint_makespan = r.load_flops;
+      plan->joint_critical_rank = r.rank;
+    }
+  }
+}
+
+// Where the joint makespan is over 1.05 x the joint lower bound, a stronger
+// certified bound (StrongJointLowerBound) says whether the plan or the bound
+// is loose; elsewhere the joint bound stands. Cancelled when `cancel` says.
+absl::Status SetStrongBound(const MeshGeometry& dense_g, const MeshGeometry& expert_g,
+                            CancelToken* cancel, Plan* plan) {
+  plan->joint_strong_lower_bound = plan->joint_lower_bound;
+  if (plan->joint_makespan <= kStrongBoundAbove * plan->joint_lower_bound) {
+    return absl::OkStatus();
+  }
+  std::vector<DomainClass> classes = {{&plan->dense, RanksByPosition(dense_g)}};
+  if (plan->has_experts) classes.push_back({&plan->expert, RanksByPosition(expert_g)});
+  const ResolvedConfig& cfg = plan->config;
+  plan->joint_strong_lower_bound =
+      std::min(plan->joint_makespan,
+               StrongJointLowerBound(cfg.comm_flops_per_byte, cfg.bytes_per_element,
+                                     cfg.world_size, classes, kStrongBoundWork, cancel));
+  if (cancel != nullptr && cancel->cancelled()) return CancelToken::Status();
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<Plan> ComputePlan(const PlanInput& input) { return ComputePlan(input, nullptr); }
@@ -420,21 +490,17 @@ absl::StatusOr<Plan> ComputePlan(const PlanInput& input, CancelToken* cancel) {
   }
   if (plan.has_experts) plan.expert_axes = expert_g.axes();
 
-  absl::StatusOr<DomainPlan> dense_plan = PlanDomain(
-      cfg, MeshKind::kDense, dense_g.domain_size(), dense.matrices, cancel, &plan.units);
-  if (!dense_plan.ok()) return dense_plan.status();
-  plan.dense = *std::move(dense_plan);
-  dense.matrices.clear();
   plan.expert.mesh = MeshKind::kExpert;
   plan.expert.size = expert_g.domain_size();
-  if (plan.has_experts) {
-    absl::StatusOr<DomainPlan> expert_plan = PlanDomain(
-        cfg, MeshKind::kExpert, expert_g.domain_size(), expert.matrices, cancel, &plan.units);
-    if (!expert_plan.ok()) return expert_plan.status();
-    plan.expert = *std::move(expert_plan);
-  }
+  std::vector<OwnerMesh> meshes = {{MeshKind::kDense, &dense_g, &dense.matrices}};
+  if (plan.has_experts) meshes.push_back({MeshKind::kExpert, &expert_g, &expert.matrices});
+  if (absl::Status st = PlanOwners(cfg, meshes, cancel, &plan); !st.ok()) return st;
+  dense.matrices.clear();
+  expert.matrices.clear();
 
   SummarizeRanks(dense_g, expert_g, dense, expert, &plan);
+  SetJointMakespan(&plan);
+  if (absl::Status st = SetStrongBound(dense_g, expert_g, cancel, &plan); !st.ok()) return st;
   const int64_t bpe = cfg.bytes_per_element;
   AddMeshCollectives(dense_g, dense.buffer, dense.regather, bpe, &plan.collectives);
   AddMuonCollectives(plan.dense, dense_g.num_domains(), cfg.owner_rule, &plan.collectives);

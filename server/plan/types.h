@@ -234,6 +234,20 @@ struct Plan {
   std::vector<CollectiveBytes> collectives;
   int64_t parameters = 0;
   int64_t padding_elements = 0;
+  // The Muon phase's critical path as the runtime executes it, one schedule
+  // over all units and both meshes in one wave of units (DESIGN.md §4-§5):
+  // the largest load of a rank summed over every domain it belongs to
+  // (ranks[r].load_flops), in flop-equivalents. With several waves of units
+  // it would be the sum over waves of that maximum.
+  double joint_makespan = 0;
+  int32_t joint_critical_rank = 0;  // a rank with that load, the lowest
+  // max(each mesh's lower_bound, sum of all domains' best-holder costs /
+  // world size): no owner assignment has a smaller joint makespan.
+  double joint_lower_bound = 0;
+  // A stronger certified lower bound (owners.h, StrongJointLowerBound),
+  // computed only where joint_makespan exceeds 1.05 x joint_lower_bound;
+  // otherwise equal to joint_lower_bound.
+  double joint_strong_lower_bound = 0;
 };
 
 }  // namespace muonmesh::plan

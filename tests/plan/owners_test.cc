@@ -261,3 +261,113 @@ TEST(OwnersTest, CancelTokenStopsTheAssignment) {
 
 }  // namespace
 }  // namespace muonmesh::plan
+
+namespace muonmesh::plan {
+namespace {
+
+// Joint assignment of two classes on 4 ranks: a dense class of 4 positions
+// (rank r at position r) and an expert class of 2 positions, each run by 2
+// ranks (position q by ranks 2q and 2q + 1, as EP = 2 lays them out).
+// Every matrix is held in full by every position (no traffic), so the joint
+// optimum is a brute force over owners.
+struct JointCase {
+  DomainPlan dense;
+  DomainPlan expert;
+  std::vector<DomainClass> Classes() {
+    return {{&dense, {{0}, {1}, {2}, {3}}}, {&expert, {{0, 1}, {2, 3}}}};
+  }
+};
+
+double BruteForceJoint(const std::vector<double>& dense, const std::vector<double>& expert) {
+  const size_t n = dense.size() + expert.size();
+  std::vector<int> owner(n, 0);
+  double best = 1e300;
+  std::function<void(size_t)> go = [&](size_t j) {
+    if (j == n) {
+      std::vector<double> load(4, 0);
+      for (size_t i = 0; i < dense.size(); ++i) load[owner[i]] += dense[i];
+      for (size_t i = 0; i < expert.size(); ++i) {
+        const int q = owner[dense.size() + i];
+        load[2 * q] += expert[i];
+        load[2 * q + 1] += expert[i];
+      }
+      best = std::min(best, *std::max_element(load.begin(), load.end()));
+      return;
+    }
+    const int positions = j < dense.size() ? 4 : 2;
+    for (int p = 0; p < positions; ++p) {
+      owner[j] = p;
+      go(j + 1);
+    }
+  };
+  go(0);
+  return best;
+}
+
+TEST(JointOwnersTest, BoundsHoldAndLptIsNearTheBruteForceOptimum) {
+  std::mt19937_64 rng(11);
+  double worst = 1;
+  for (int trial = 0; trial < 150; ++trial) {
+    std::vector<double> dense_costs, expert_costs;
+    const int nd = 1 + static_cast<int>(rng() % 6);
+    const int ne = 1 + static_cast<int>(rng() % 5);
+    for (int j = 0; j < nd; ++j) dense_costs.push_back(static_cast<double>(1 + rng() % 40));
+    for (int j = 0; j < ne; ++j) expert_costs.push_back(static_cast<double>(1 + rng() % 40));
+    JointCase c{Replicated(dense_costs, 4), Replicated(expert_costs, 2)};
+    std::vector<DomainClass> classes = c.Classes();
+    absl::StatusOr<std::vector<double>> loads =
+        AssignOwnersJointly(OwnerRule::kLpt, 1.0, 4, 4, classes);
+    ASSERT_TRUE(loads.ok()) << loads.status();
+    // Rank loads by hand from the owners.
+    std::vector<double> mine(4, 0);
+    for (const MatrixPlan& m : c.dense.matrices) mine[m.owner] += m.cost_flops;
+    for (const MatrixPlan& m : c.expert.matrices) {
+      mine[2 * m.owner] += m.cost_flops;
+      mine[2 * m.owner + 1] += m.cost_flops;
+    }
+    for (int r = 0; r < 4; ++r) EXPECT_DOUBLE_EQ((*loads)[r], mine[r]);
+    const double makespan = *std::max_element(mine.begin(), mine.end());
+    const double opt = BruteForceJoint(dense_costs, expert_costs);
+    // The joint bound by its formula: max(class bounds, (dense + 2 expert) / 4).
+    double total = 0;
+    for (double x : dense_costs) total += x;
+    for (double x : expert_costs) total += 2 * x;
+    const double joint = std::max({MakespanLowerBound(dense_costs, 4),
+                                   MakespanLowerBound(expert_costs, 2), total / 4});
+    EXPECT_DOUBLE_EQ(JointLowerBound(4, classes), joint);
+    const double strong = StrongJointLowerBound(1.0, 4, 4, classes);
+    EXPECT_GE(strong, joint);
+    EXPECT_LE(strong, opt * (1 + 1e-12)) << "trial " << trial << ": not a bound";
+    EXPECT_GE(makespan, opt);
+    EXPECT_LE(makespan, opt * 4.0 / 3.0 + 1e-9) << "trial " << trial;
+    worst = std::max(worst, makespan / opt);
+  }
+  RecordProperty("worst_over_optimum", std::to_string(worst));
+}
+
+TEST(JointOwnersTest, PigeonholeAndBinPackingBoundsByHand) {
+  // Top 2*3+1 = 7 of nine costs on 3 ranks: 3 of them share a rank; the
+  // three smallest of the top seven are 5 + 5 + 4.
+  EXPECT_DOUBLE_EQ(PigeonholeLowerBound({9, 8, 7, 6, 5, 5, 4, 1, 1}, 3), 14);
+  EXPECT_DOUBLE_EQ(PigeonholeLowerBound({3, 3}, 4), 3);
+  // 237 items of 12 and 79 of 7 on bins of 18.9: no 7 fits beside a 12, and
+  // the 7s fill ceil(553 / 18.9) = 30 more bins.
+  std::vector<double> sizes(237, 12.0);
+  sizes.insert(sizes.end(), 79, 7.0);
+  EXPECT_EQ(BinPackingLowerBound(sizes, 18.9), 237 + 30);
+  // With room for a 7 beside each 12, L2 needs only the 12s' bins.
+  EXPECT_EQ(BinPackingLowerBound(sizes, 19.0), 237);
+}
+
+TEST(JointOwnersTest, ClassesMustCoverTheWorldOnce) {
+  DomainPlan d = Replicated({1, 2}, 2);
+  std::vector<DomainClass> twice = {{&d, {{0}, {0}}}};
+  EXPECT_EQ(AssignOwnersJointly(OwnerRule::kLpt, 1, 4, 2, twice).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<DomainClass> short_of_one = {{&d, {{0}, {1}}}};
+  EXPECT_EQ(AssignOwnersJointly(OwnerRule::kLpt, 1, 4, 3, short_of_one).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace muonmesh::plan
