@@ -1,14 +1,25 @@
 // Planner benchmark: plan quality on the real specs (padding against
 // Megatron's LCM rule, makespan against the lower bound for our owner rule
-// beside #6425's in-order greedy and round-robin), then plan time and memory.
+// beside #6425's in-order greedy and round-robin, and the joint makespan of
+// the runtime's one Muon schedule against the joint lower bound), the joint
+// ratio over generated model shapes (tests/plan/shape_generator.h) at 8, 64
+// and 512 ranks with their plan times, then plan time and memory.
 //
-//   build/tests/plan/planner_benchmark [--benchmark_filter=...]
+//   build/tests/plan/planner_benchmark [--shapes=N] [--list_shapes]
+//                                      [--benchmark_filter=...]
 //
-// The quality table is exact (no timing); the benchmarks time ComputePlan.
+// The quality tables are exact (no timing); the shape sweep times each plan
+// once; the benchmarks time ComputePlan.
 
 #include <sys/resource.h>
 
+#include <cmath>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -16,6 +27,7 @@
 #include "absl/strings/str_format.h"
 #include "benchmark/benchmark.h"
 #include "plan/planner.h"
+#include "tests/plan/shape_generator.h"
 #include "tests/plan/spec_loader.h"
 
 namespace muonmesh {
@@ -56,6 +68,80 @@ double WorstRatio(const plan::Plan& p) {
   return r;
 }
 
+double JointRatio(const plan::Plan& p) {
+  return p.joint_lower_bound > 0 ? p.joint_makespan / p.joint_lower_bound : 1.0;
+}
+double StrongRatio(const plan::Plan& p) {
+  return p.joint_strong_lower_bound > 0 ? p.joint_makespan / p.joint_strong_lower_bound : 1.0;
+}
+
+// The q-quantile of `v` (nearest rank: the smallest value with at least
+// q of the values at or below it).
+double Quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t k = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
+  return v[std::min(v.size(), std::max<size_t>(k, 1)) - 1];
+}
+
+// The joint ratio of lpt plans over `shapes` generated shapes (seeds 0..N-1)
+// at 8, 64 and 512 ranks, each plan timed once.
+void PrintGeneratedShapes(int shapes, bool list) {
+  std::printf("Generated shapes: %d seeds (tests/plan/shape_generator.h), lpt, cuda cost model\n",
+              shapes);
+  std::printf("%6s | %6s %8s %8s %8s %6s %6s | %8s %8s | %9s %9s\n", "ranks", "plans", "worst",
+              "p95", "median", ">1.05", ">1.10", "strong", "worst s.", "plan p50", "plan max");
+  for (const int64_t world : {int64_t{8}, int64_t{64}, int64_t{512}}) {
+    std::vector<double> ratios;
+    std::vector<double> strong;
+    std::vector<double> seconds;
+    std::string worst_shape;
+    double worst = 0;
+    int over5 = 0, over10 = 0, failed = 0;
+    for (int seed = 0; seed < shapes; ++seed) {
+      const testing::GeneratedShape shape = testing::GenerateShape(seed);
+      const plan::PlanInput in = testing::InputFor(shape, world);
+      const auto start = std::chrono::steady_clock::now();
+      absl::StatusOr<plan::Plan> p = plan::ComputePlan(in);
+      const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+      if (!p.ok()) {
+        ++failed;
+        std::printf("  %s at %lld: %s\n", shape.description.c_str(),
+                    static_cast<long long>(world), std::string(p.status().message()).c_str());
+        continue;
+      }
+      const double r = JointRatio(*p);
+      const double s = StrongRatio(*p);
+      ratios.push_back(r);
+      strong.push_back(s);
+      seconds.push_back(took.count());
+      over5 += r > 1.05;
+      over10 += r > 1.10;
+      if (r > worst) {
+        worst = r;
+        worst_shape = shape.description;
+      }
+      if (list) {
+        std::printf("  %4lld ep%-3lld %.4f %.4f (domains %.4f) %7.1f ms  %s\n",
+                    static_cast<long long>(world),
+                    static_cast<long long>(in.parallelism.expert_model_parallel_size), r, s,
+                    WorstRatio(*p), 1e3 * took.count(), shape.description.c_str());
+      }
+    }
+    std::printf("%6lld | %6zu %8.4f %8.4f %8.4f %6d %6d | %8.4f %8.4f | %7.1fms %7.1fms\n",
+                static_cast<long long>(world), ratios.size(), worst, Quantile(ratios, 0.95),
+                Quantile(ratios, 0.5), over5, over10, Quantile(strong, 0.95),
+                strong.empty() ? 0.0 : *std::max_element(strong.begin(), strong.end()),
+                1e3 * Quantile(seconds, 0.5),
+                seconds.empty() ? 0.0 : 1e3 * *std::max_element(seconds.begin(), seconds.end()));
+    std::printf("         worst: %s%s\n", worst_shape.c_str(),
+                failed > 0 ? " (some plans failed, above)" : "");
+  }
+  std::printf(
+      "(joint makespan / joint lower bound; strong: p95 and worst of joint makespan / the\n"
+      " stronger certified bound, computed where the ratio exceeds 1.05)\n\n");
+}
+
 struct Case {
   std::string model;
   int64_t world;
@@ -75,8 +161,9 @@ void PrintQualityTable(int64_t instances, const std::string& device) {
   std::printf("Plan quality: inner optim_grads_params, I=%lld%s, %s cost model, T=5\n",
               static_cast<long long>(instances), instances > 1 ? " (HFSDP)" : " (ZeRO-3)",
               device.c_str());
-  std::printf("%-12s %6s %4s | %9s %9s %7s | %8s %8s %8s\n", "model", "ranks", "ep",
-              "pad ours%", "pad lcm%", "ours/lcm", "lpt", "greedy", "rrobin");
+  std::printf("%-12s %6s %4s | %9s %9s %7s | %8s %8s %8s | %8s %8s\n", "model", "ranks", "ep",
+              "pad ours%", "pad lcm%", "ours/lcm", "lpt", "greedy", "rrobin", "joint",
+              "strong");
   for (const Case& c : Cases()) {
     std::map<std::string, double> ratio;
     plan::Plan lpt;
@@ -94,13 +181,17 @@ void PrintQualityTable(int64_t instances, const std::string& device) {
     const int64_t lcm =
         plan::MegatronPaddingElements(Input(c.model, c.world, c.ep, instances, "lpt", device));
     const double params = static_cast<double>(lpt.parameters);
-    std::printf("%-12s %6lld %4lld | %9.4f %9.4f %7.3f | %8.4f %8.4f %8.4f\n", c.model.c_str(),
-                static_cast<long long>(c.world), static_cast<long long>(c.ep),
+    std::printf("%-12s %6lld %4lld | %9.4f %9.4f %7.3f | %8.4f %8.4f %8.4f | %8.4f %8.4f\n",
+                c.model.c_str(), static_cast<long long>(c.world), static_cast<long long>(c.ep),
                 100.0 * lpt.padding_elements / params, 100.0 * lcm / params,
                 lcm > 0 ? static_cast<double>(lpt.padding_elements) / lcm : 0.0, ratio["lpt"],
-                ratio["greedy_in_order"], ratio["round_robin"]);
+                ratio["greedy_in_order"], ratio["round_robin"], JointRatio(lpt),
+                StrongRatio(lpt));
   }
-  std::printf("(makespan / lower bound of the worst domain; pad = padding / parameters)\n\n");
+  std::printf(
+      "(lpt/greedy/rrobin: makespan / lower bound of the worst domain; joint: lpt's joint\n"
+      " makespan, max over ranks of the load summed over its domains, / the joint lower bound;\n"
+      " strong: the same over the stronger certified bound; pad = padding / parameters)\n\n");
 }
 
 // Every power of two from 8 to 4096 ranks (ZeRO-3, lpt): where the targets
@@ -162,6 +253,13 @@ void Register() {
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
+  int shapes = 60;
+  bool list = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--shapes=", 9) == 0) shapes = std::atoi(argv[i] + 9);
+    if (std::strcmp(argv[i], "--list_shapes") == 0) list = true;
+  }
+  muonmesh::PrintGeneratedShapes(shapes, list);
   muonmesh::PrintQualityTable(1, "cuda");
   muonmesh::PrintQualityTable(2, "cuda");
   muonmesh::PrintQualityTable(1, "cpu");

@@ -1,0 +1,208 @@
+// The planner on generated model shapes (tests/plan/shape_generator.h): the
+// joint makespan of the runtime's one Muon schedule (max over ranks of the
+// load summed over every domain the rank belongs to) against the joint lower
+// bound, both recomputed here from the plan's holders and owners by the
+// formulas of DESIGN.md §4, and the plan's invariants.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "plan/planner.h"
+#include "tests/plan/shape_generator.h"
+
+namespace muonmesh::plan {
+namespace {
+
+using testing::GeneratedShape;
+using testing::GenerateShape;
+using testing::InputFor;
+
+// T (4 m^2 n + 2 m^3), m = min, n = max, by hand.
+double NsFlops(int64_t rows, int64_t cols, int64_t steps) {
+  const double m = static_cast<double>(std::min(rows, cols));
+  const double n = static_cast<double>(std::max(rows, cols));
+  return static_cast<double>(steps) * (4 * m * m * n + 2 * m * m * m);
+}
+
+struct Checked {
+  double joint_makespan = 0;
+  double joint_bound = 0;
+};
+
+// Checks one plan's owner invariants and returns its joint makespan and
+// joint lower bound, both computed here.
+Checked CheckPlan(const Plan& p) {
+  Checked out;
+  const double w = p.config.comm_flops_per_byte;
+  const int64_t bpe = p.config.bytes_per_element;
+  const int64_t world = p.config.world_size;
+  std::vector<double> rank_load(world, 0.0);
+  double total = 0;
+  std::set<MeshKind> meshes_seen;
+  for (const DomainPlan* d : {&p.dense, &p.expert}) {
+    if (d == &p.expert && !p.has_experts) continue;
+    SCOPED_TRACE(d == &p.dense ? "dense" : "expert");
+    std::vector<double> load(d->size, 0.0);
+    std::vector<double> min_costs;
+    for (const MatrixPlan& m : d->matrices) {
+      // Exactly one owner, inside the domain; holders tile the rows.
+      EXPECT_GE(m.owner, 0);
+      EXPECT_LT(m.owner, d->size);
+      if (m.owner < 0 || m.owner >= d->size) continue;
+      int64_t rows = 0, held_by_owner = 0, best = 0;
+      for (const Holder& h : m.holders) {
+        rows += h.row_count;
+        best = std::max(best, h.row_count);
+        if (h.position == m.owner) held_by_owner = h.row_count;
+      }
+      EXPECT_EQ(rows, m.rows);
+      const double flops = NsFlops(m.rows, m.cols, p.config.ns_steps);
+      EXPECT_DOUBLE_EQ(m.cost_flops, flops);
+      const double cost = flops + w * 2.0 * static_cast<double>((m.rows - held_by_owner) * m.cols * bpe);
+      EXPECT_DOUBLE_EQ(m.owner_cost, cost);
+      load[m.owner] += cost;
+      min_costs.push_back(flops + w * 2.0 * static_cast<double>((m.rows - best) * m.cols * bpe));
+    }
+    // Loads are the sums of the owned costs.
+    for (int64_t q = 0; q < d->size; ++q) {
+      EXPECT_NEAR(d->load[q], load[q], 1e-9 * std::max(1.0, load[q])) << "position " << q;
+    }
+    // This mesh's bound: max(largest, total / D, p_D + p_{D+1}).
+    std::sort(min_costs.begin(), min_costs.end(), std::greater<>());
+    double sum = 0;
+    for (double c : min_costs) sum += c;
+    const auto positions = static_cast<size_t>(d->size);
+    double bound = min_costs.empty() ? 0 : std::max(min_costs[0], sum / d->size);
+    if (min_costs.size() > positions) {
+      bound = std::max(bound, min_costs[positions - 1] + min_costs[positions]);
+    }
+    out.joint_bound = std::max(out.joint_bound, bound);
+    // Every rank sits at one position of one domain of this mesh.
+    std::vector<int> seen(world, 0);
+    int64_t domains = 0;
+    for (const Domain& dom : p.domains) {
+      if (dom.mesh != d->mesh) continue;
+      ++domains;
+      EXPECT_EQ(static_cast<int64_t>(dom.ranks.size()), d->size);
+      for (size_t q = 0; q < dom.ranks.size(); ++q) {
+        ++seen[dom.ranks[q]];
+        rank_load[dom.ranks[q]] += load[q];
+      }
+    }
+    for (int64_t r = 0; r < world; ++r) EXPECT_EQ(seen[r], 1) << "rank " << r;
+    total += sum * static_cast<double>(domains);
+  }
+  out.joint_bound = std::max(out.joint_bound, total / static_cast<double>(world));
+  for (int64_t r = 0; r < world; ++r) {
+    EXPECT_NEAR(p.ranks[r].load_flops, rank_load[r], 1e-9 * std::max(1.0, rank_load[r]));
+    out.joint_makespan = std::max(out.joint_makespan, rank_load[r]);
+  }
+  return out;
+}
+
+struct Sweep {
+  int64_t world;
+  int shapes;
+};
+
+// Muon matrices a rank's domains hold (one expert domain's experts).
+int64_t MatricesPerDomain(const PlanInput& in) {
+  int64_t n = 0;
+  for (const UnitSpec& u : in.model.units) {
+    for (const ParamSpec& p : u.params) {
+      if (p.optimizer != "muon") continue;
+      n += p.expert ? p.shape[0] / in.parallelism.expert_model_parallel_size : 1;
+    }
+  }
+  return n;
+}
+
+// The shapes of a sweep the test plans: up to 2,500 matrices, which keeps
+// it to seconds; planner_benchmark plans them all.
+std::vector<std::pair<GeneratedShape, PlanInput>> Shapes(const Sweep& sweep) {
+  std::vector<std::pair<GeneratedShape, PlanInput>> out;
+  for (int seed = 0; seed < sweep.shapes; ++seed) {
+    GeneratedShape shape = GenerateShape(seed);
+    PlanInput in = InputFor(shape, sweep.world);
+    if (MatricesPerDomain(in) <= 2500) out.emplace_back(std::move(shape), std::move(in));
+  }
+  return out;
+}
+
+class GeneratedShapesTest : public ::testing::TestWithParam<Sweep> {};
+
+// Every plan keeps its invariants; its joint makespan and joint lower bound
+// are the ones recomputed here; the stronger bound lies between the joint
+// bound and the makespan. The ratio is held under a ceiling above today's
+// worst (1.37 at 64 ranks): a regression guard, not the issue's target
+// (see DISABLED_MeetsTheIssueTarget below).
+TEST_P(GeneratedShapesTest, PlansKeepTheirInvariantsAndBounds) {
+  const auto shapes = Shapes(GetParam());
+  ASSERT_GE(shapes.size(), 10u);
+  for (const auto& [shape, in] : shapes) {
+    SCOPED_TRACE(shape.description);
+    absl::StatusOr<Plan> p = ComputePlan(in);
+    ASSERT_TRUE(p.ok()) << p.status();
+    const Checked c = CheckPlan(*p);
+    EXPECT_NEAR(p->joint_makespan, c.joint_makespan, 1e-9 * c.joint_makespan);
+    EXPECT_NEAR(p->joint_lower_bound, c.joint_bound, 1e-9 * c.joint_bound);
+    EXPECT_GE(p->joint_strong_lower_bound, c.joint_bound * (1 - 1e-12));
+    EXPECT_LE(p->joint_strong_lower_bound, c.joint_makespan * (1 + 1e-12));
+    EXPECT_LE(c.joint_makespan / c.joint_bound, 1.40);
+  }
+}
+
+// The target of issue 10: joint makespan / joint lower bound <= 1.10 on
+// every shape (or the stronger certified bound shows no plan does 1.10)
+// and <= 1.05 on at least 95 % of them. NOT MET yet (planner_benchmark,
+// BENCHMARKS.md: 12, 29 and 21 of 60 shapes above 1.05 at 8, 64 and 512
+// ranks); run with --gtest_also_run_disabled_tests.
+TEST_P(GeneratedShapesTest, DISABLED_MeetsTheIssueTarget) {
+  std::vector<double> ratios;
+  for (const auto& [shape, in] : Shapes(GetParam())) {
+    SCOPED_TRACE(shape.description);
+    absl::StatusOr<Plan> p = ComputePlan(in);
+    ASSERT_TRUE(p.ok()) << p.status();
+    const Checked c = CheckPlan(*p);
+    const double ratio = c.joint_makespan / c.joint_bound;
+    ratios.push_back(ratio);
+    if (ratio > 1.10) {
+      EXPECT_LE(c.joint_makespan / p->joint_strong_lower_bound, 1.10) << "ratio " << ratio;
+    }
+  }
+  const auto within =
+      std::count_if(ratios.begin(), ratios.end(), [](double r) { return r <= 1.05; });
+  EXPECT_GE(static_cast<double>(within), 0.95 * static_cast<double>(ratios.size()))
+      << within << " of " << ratios.size() << " within 1.05";
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, GeneratedShapesTest,
+                         ::testing::Values(Sweep{8, 50}, Sweep{64, 50}, Sweep{512, 20}),
+                         [](const ::testing::TestParamInfo<Sweep>& info) {
+                           return absl::StrCat("W", info.param.world);
+                         });
+
+// The generator is seeded: the same seed, the same shape.
+TEST(ShapeGeneratorTest, SameSeedSameShape) {
+  for (int seed : {0, 7, 41}) {
+    const GeneratedShape a = GenerateShape(seed);
+    const GeneratedShape b = GenerateShape(seed);
+    EXPECT_EQ(a.description, b.description);
+    ASSERT_EQ(a.model.units.size(), b.model.units.size());
+    for (size_t u = 0; u < a.model.units.size(); ++u) {
+      ASSERT_EQ(a.model.units[u].params.size(), b.model.units[u].params.size());
+      for (size_t k = 0; k < a.model.units[u].params.size(); ++k) {
+        EXPECT_EQ(a.model.units[u].params[k].shape, b.model.units[u].params[k].shape);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace muonmesh::plan
