@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <thread>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -134,11 +135,6 @@ struct Trainer::Impl {
   std::vector<MuonWave> waves;
   std::vector<std::vector<int32_t>> wave_states;
 
-  // Exchange scratch of the optimizer phase, sized for the largest wave
-  // (freed at the end of each step).
-  DeviceBuffer send;
-  DeviceBuffer recv;
-  DeviceBuffer rows;  // u rows, then O rows, of my shard's matrices in the wave
 
   // Makes `b` hold at least `count` floats (contents are not kept).
   absl::Status Reserve(DeviceBuffer& b, int64_t count) {
@@ -280,10 +276,19 @@ struct Trainer::Impl {
 
   // Fixes the unit's Muon exchange from the plan (once, at creation).
   void PlanMuon(UnitState& u) const;
-  // The Muon update of every matrix of wave `w`'s units: momentum, one
-  // gather exchange per mesh, Newton-Schulz on all I own, one scatter
-  // exchange per mesh, the update. Appends the wave's round to the report.
-  absl::Status MuonWaveStep(int32_t w, StepReport* report);
+  // The optimizer phase: AdamW, then the Muon waves (muon_schedule.h), each
+  // a WaveRun: momentum, one gather exchange per mesh, Newton-Schulz on all
+  // I own, one scatter exchange per mesh, the update; with
+  // TrainerOptions::muon_overlap the next wave's gather runs while this
+  // one's Newton-Schulz does. Appends each wave's round to the report.
+  struct WaveRun;
+  absl::Status Optimize(int64_t step, StepReport* report);
+  // Whether a wave's gather runs beside the previous wave's Newton-Schulz:
+  // asked for, and the device's calls are safe from two threads (the
+  // CPU's are; the same on every rank of a job, which share a device kind).
+  bool Overlaps() const {
+    return options.muon_overlap && dev->memory_space() == comm::MemorySpace::kHost;
+  }
 };
 
 namespace {
@@ -353,72 +358,15 @@ void Trainer::Impl::PlanMuon(UnitState& u) const {
   ex.recv_first.push_back(ex.recv.size());
 }
 
-absl::Status Trainer::Impl::MuonWaveStep(int32_t w, StepReport* report) {
-  const std::vector<int32_t>& ids = wave_states[w];
-  const bool everyone = plan->config.owner_rule == plan::OwnerRule::kAllGather;
+// One wave of the Muon phase in flight: its units, its own scratch, what it
+// has done so far. Owns the whole matrices of its units until destroyed.
+struct Trainer::Impl::WaveRun {
+  Impl& m;
+  int32_t wave = 0;
+  std::vector<int32_t> ids;
   MuonRound round;
-  round.wave = w;
-  round.first_unit = waves[w].first_unit;
-  round.end_unit = waves[w].end_unit;
-  auto matrices_of = [&](const UnitState& u) -> const std::vector<plan::MatrixPlan>& {
-    return u.mesh->domain->matrices;
-  };
-  auto my_rows = [&](const UnitState& u) {
-    return [&](int32_t i, int64_t row) {
-      return rows.data() + u.rows_base + u.rows_offset[i] +
-             (row - u.mine[i].row_start) * matrices_of(u)[u.matrices[i]].cols;
-    };
-  };
-  auto whole_rows = [&](UnitState& u) {
-    return [&](int32_t i, int64_t row) {
-      return u.whole[i].data() + row * matrices_of(u)[u.matrices[i]].cols;
-    };
-  };
-  // The whole matrices live for this wave only, whatever path it leaves by.
-  struct FreeWhole {
-    Impl& m;
-    const std::vector<int32_t>& ids;
-    ~FreeWhole() {
-      for (int32_t id : ids) {
-        for (DeviceBuffer& b : m.units[id].whole) b.Reset();
-      }
-    }
-  } free_whole{*this, ids};
-
-  // 1. Momentum and the Nesterov input on my rows of every unit of the wave.
-  absl::Time t0 = absl::Now();
-  int64_t rows_needed = 0;
-  for (int32_t id : ids) {
-    units[id].rows_base = rows_needed;
-    rows_needed += units[id].rows_total;
-  }
-  if (absl::Status st = Reserve(rows, rows_needed); !st.ok()) return st;
-  for (int32_t id : ids) {
-    UnitState& u = units[id];
-    for (size_t i = 0; i < u.matrices.size(); ++i) {
-      const int64_t n = u.mine[i].row_count * matrices_of(u)[u.matrices[i]].cols;
-      if (n == 0) continue;
-      absl::Status st = dev->MuonPrepare(options.muon, u.grad.data() + u.mine[i].offset,
-                                         u.state1.data() + u.mine[i].offset,
-                                         rows.data() + u.rows_base + u.rows_offset[i], n);
-      if (!st.ok()) return st;
-    }
-  }
-  // The whole matrices I orthogonalize (the exchange fills every row).
-  for (int32_t id : ids) {
-    UnitState& u = units[id];
-    for (size_t i = 0; i < u.matrices.size(); ++i) {
-      if (!u.holds[i]) continue;
-      const plan::MatrixPlan& m = matrices_of(u)[u.matrices[i]];
-      absl::StatusOr<DeviceBuffer> b = dev->AllocateZeroed(m.rows * m.cols);
-      if (!b.ok()) return b.status();
-      u.whole[i] = *std::move(b);
-    }
-  }
-  report->times.muon_prepare += absl::Now() - t0;
-
-  // The wave's units on each mesh, in wave order; their part of the send and
-  // receive buffers (the dense mesh's first).
+  // The wave's units on each mesh, in wave order, and their part of the send
+  // and receive buffers (the dense mesh's first).
   struct MeshPart {
     MeshState* mesh = nullptr;
     std::vector<int32_t> ids;
@@ -426,18 +374,134 @@ absl::Status Trainer::Impl::MuonWaveStep(int32_t w, StepReport* report) {
     int64_t send_base = 0, recv_base = 0, send_total = 0, recv_total = 0;
   };
   std::vector<MeshPart> parts;
+  DeviceBuffer rows;  // u rows, then O rows, of my shard's matrices in the wave
+  DeviceBuffer send;
+  DeviceBuffer recv;
+  // What the gather stage adds to the step's report; merged by Finish (the
+  // gather may run on another thread than the step's).
+  StepReport gathered;
+
+  WaveRun(Impl& impl, int32_t w) : m(impl), wave(w), ids(impl.wave_states[w]) {
+    round.wave = w;
+    round.first_unit = impl.waves[w].first_unit;
+    round.end_unit = impl.waves[w].end_unit;
+  }
+  ~WaveRun() {
+    for (int32_t id : ids) {
+      for (DeviceBuffer& b : m.units[id].whole) b.Reset();
+    }
+  }
+  WaveRun(const WaveRun&) = delete;
+  WaveRun& operator=(const WaveRun&) = delete;
+
+  static const std::vector<plan::MatrixPlan>& MatricesOf(const UnitState& u) {
+    return u.mesh->domain->matrices;
+  }
+  // Matrix i's u / O rows from matrix row `row` (within my rows).
+  auto MyRows(const UnitState& u) {
+    return [this, &u](int32_t i, int64_t row) {
+      return rows.data() + u.rows_base + u.rows_offset[i] +
+             (row - u.mine[i].row_start) * MatricesOf(u)[u.matrices[i]].cols;
+    };
+  }
+  static auto WholeRows(UnitState& u) {
+    return [&u](int32_t i, int64_t row) {
+      return u.whole[i].data() + row * MatricesOf(u)[u.matrices[i]].cols;
+    };
+  }
+
+  // Packs (or unpacks) one mesh's buffer: for each position, every unit's
+  // runs for it in wave order. `send_side`: my rows; otherwise whole rows.
+  absl::Status Walk(const MeshPart& part, float* buffer, bool send_side, bool to_buffer) {
+    for (int64_t q = 0; q < part.mesh->domain_size; ++q) {
+      for (int32_t id : part.ids) {
+        UnitState& u = m.units[id];
+        const Exchange& ex = u.exchange;
+        const std::vector<Run>& runs = send_side ? ex.send : ex.recv;
+        const std::vector<size_t>& first = send_side ? ex.send_first : ex.recv_first;
+        absl::Status st =
+            send_side ? worker::Walk(*m.dev, runs.data() + first[q], runs.data() + first[q + 1],
+                                     u.matrices, MatricesOf(u), &buffer, to_buffer, MyRows(u))
+                      : worker::Walk(*m.dev, runs.data() + first[q], runs.data() + first[q + 1],
+                                     u.matrices, MatricesOf(u), &buffer, to_buffer, WholeRows(u));
+        if (!st.ok()) return st;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // One exchange on the part's domain, counted in `report` and the round.
+  absl::Status AllToAll(const MeshPart& part, const std::string& name, const float* from,
+                        const std::vector<int64_t>& from_counts, float* to,
+                        const std::vector<int64_t>& to_counts, int64_t to_total,
+                        StepReport* report) {
+    comm::Communicator& c = *part.mesh->domain_comm;
+    const int64_t before = c.stats().total_bytes_sent();
+    const absl::Time start = absl::Now();
+    absl::Status st = m.Counted(c, part.mesh->bytes_prefix + name, report, [&] {
+      return c.AllToAllV(from, from_counts, to, to_counts, m.options.collective);
+    });
+    round.wait += absl::Now() - start;
+    round.sent_bytes += c.stats().total_bytes_sent() - before;
+    round.recv_bytes += to_total * static_cast<int64_t>(sizeof(float));
+    ++report->muon_exchange_calls;
+    return st;
+  }
+
+  // Stage 1: momentum and the Nesterov input on my rows, the whole matrices
+  // I orthogonalize, and the gathers (one exchange per mesh) that fill them.
+  absl::Status Gather();
+  // Stage 2: Newton-Schulz on everything I own in the wave, then (after
+  // `before_scatter`, which joins the next wave's gather: the exchanges
+  // share the domain groups) the scatters and the updates.
+  absl::Status Finish(StepReport* report, const std::function<void()>& before_scatter);
+};
+
+absl::Status Trainer::Impl::WaveRun::Gather() {
+  const bool everyone = m.plan->config.owner_rule == plan::OwnerRule::kAllGather;
+  StepReport* report = &gathered;
+  absl::Time t0 = absl::Now();
+  int64_t rows_needed = 0;
+  for (int32_t id : ids) {
+    m.units[id].rows_base = rows_needed;
+    rows_needed += m.units[id].rows_total;
+  }
+  if (absl::Status st = m.Reserve(rows, rows_needed); !st.ok()) return st;
+  for (int32_t id : ids) {
+    UnitState& u = m.units[id];
+    for (size_t i = 0; i < u.matrices.size(); ++i) {
+      const int64_t n = u.mine[i].row_count * MatricesOf(u)[u.matrices[i]].cols;
+      if (n == 0) continue;
+      absl::Status st = m.dev->MuonPrepare(m.options.muon, u.grad.data() + u.mine[i].offset,
+                                           u.state1.data() + u.mine[i].offset,
+                                           rows.data() + u.rows_base + u.rows_offset[i], n);
+      if (!st.ok()) return st;
+    }
+  }
+  for (int32_t id : ids) {
+    UnitState& u = m.units[id];
+    for (size_t i = 0; i < u.matrices.size(); ++i) {
+      if (!u.holds[i]) continue;
+      const plan::MatrixPlan& mp = MatricesOf(u)[u.matrices[i]];
+      absl::StatusOr<DeviceBuffer> b = m.dev->AllocateZeroed(mp.rows * mp.cols);
+      if (!b.ok()) return b.status();
+      u.whole[i] = *std::move(b);
+    }
+  }
+  report->times.muon_prepare += absl::Now() - t0;
+
   int64_t send_needed = 0, recv_needed = 0;
-  for (MeshState* mesh : {&dense, &expert}) {
+  for (MeshState* mesh : {&m.dense, &m.expert}) {
     MeshPart part;
     part.mesh = mesh;
     for (int32_t id : ids) {
-      if (units[id].mesh == mesh && !units[id].matrices.empty()) part.ids.push_back(id);
+      if (m.units[id].mesh == mesh && !m.units[id].matrices.empty()) part.ids.push_back(id);
     }
     if (part.ids.empty()) continue;
     part.send_counts.assign(mesh->domain_size, 0);
     part.recv_counts.assign(mesh->domain_size, 0);
     for (int32_t id : part.ids) {
-      const Exchange& ex = units[id].exchange;
+      const Exchange& ex = m.units[id].exchange;
       for (int64_t q = 0; q < mesh->domain_size; ++q) {
         part.send_counts[q] += ex.send_counts[q];
         part.recv_counts[q] += ex.recv_counts[q];
@@ -453,94 +517,70 @@ absl::Status Trainer::Impl::MuonWaveStep(int32_t w, StepReport* report) {
                                  mesh->kind == plan::MeshKind::kDense ? "dense" : "expert");
     parts.push_back(std::move(part));
   }
-  if (absl::Status st = Reserve(send, send_needed); !st.ok()) return st;
-  if (absl::Status st = Reserve(recv, recv_needed); !st.ok()) return st;
+  if (absl::Status st = m.Reserve(send, send_needed); !st.ok()) return st;
+  if (absl::Status st = m.Reserve(recv, recv_needed); !st.ok()) return st;
 
-  // Packs (or unpacks) one mesh's buffer: for each position, every unit's
-  // runs for it in wave order. `send_side`: my rows; otherwise whole rows.
-  auto walk = [&](const MeshPart& part, float* buffer, bool send_side, bool to_buffer) {
-    for (int64_t q = 0; q < part.mesh->domain_size; ++q) {
-      for (int32_t id : part.ids) {
-        UnitState& u = units[id];
-        const Exchange& ex = u.exchange;
-        const std::vector<Run>& runs = send_side ? ex.send : ex.recv;
-        const std::vector<size_t>& first = send_side ? ex.send_first : ex.recv_first;
-        absl::Status st =
-            send_side
-                ? Walk(*dev, runs.data() + first[q], runs.data() + first[q + 1], u.matrices,
-                       matrices_of(u), &buffer, to_buffer, my_rows(u))
-                : Walk(*dev, runs.data() + first[q], runs.data() + first[q + 1], u.matrices,
-                       matrices_of(u), &buffer, to_buffer, whole_rows(u));
-        if (!st.ok()) return st;
-      }
-    }
-    return absl::OkStatus();
-  };
-  // One exchange on the part's domain, counted in the report and the round.
-  auto exchange = [&](const MeshPart& part, const std::string& name, const float* from,
-                      const std::vector<int64_t>& from_counts, float* to,
-                      const std::vector<int64_t>& to_counts, int64_t to_total) {
-    comm::Communicator& c = *part.mesh->domain_comm;
-    const int64_t before = c.stats().total_bytes_sent();
-    const absl::Time start = absl::Now();
-    absl::Status st = Counted(c, part.mesh->bytes_prefix + name, report, [&] {
-      return c.AllToAllV(from, from_counts, to, to_counts, options.collective);
-    });
-    round.wait += absl::Now() - start;
-    round.sent_bytes += c.stats().total_bytes_sent() - before;
-    round.recv_bytes += to_total * static_cast<int64_t>(sizeof(float));
-    ++report->muon_exchange_calls;
-    return st;
-  };
-
-  // 2. The gathers: my rows to each matrix's owner (to everyone for the
-  // allgather baseline), one exchange per mesh, assembled into whole
-  // matrices there.
+  // My rows to each matrix's owner (to everyone for the allgather
+  // baseline), one exchange per mesh, assembled into whole matrices there.
   t0 = absl::Now();
   for (const MeshPart& part : parts) {
     float* out = send.data() + part.send_base;
     float* in = recv.data() + part.recv_base;
-    absl::Status st = walk(part, out, /*send_side=*/true, /*to_buffer=*/true);
+    absl::Status st = Walk(part, out, /*send_side=*/true, /*to_buffer=*/true);
     if (st.ok()) {
-      st = exchange(part, everyone ? "muon_allgather" : "muon_gather", out, part.send_counts, in,
-                    part.recv_counts, part.recv_total);
+      st = AllToAll(part, everyone ? "muon_allgather" : "muon_gather", out, part.send_counts, in,
+                    part.recv_counts, part.recv_total, report);
     }
-    if (st.ok()) st = walk(part, in, /*send_side=*/false, /*to_buffer=*/false);
+    if (st.ok()) st = Walk(part, in, /*send_side=*/false, /*to_buffer=*/false);
     if (!st.ok()) return st;
   }
   report->times.muon_gather += absl::Now() - t0;
+  return absl::OkStatus();
+}
 
-  // 3. Newton-Schulz on every whole matrix I hold, on both meshes.
-  t0 = absl::Now();
-  for (int32_t id : ids) {
-    UnitState& u = units[id];
-    for (size_t i = 0; i < u.matrices.size(); ++i) {
+absl::Status Trainer::Impl::WaveRun::Finish(StepReport* report,
+                                            const std::function<void()>& before_scatter) {
+  const bool everyone = m.plan->config.owner_rule == plan::OwnerRule::kAllGather;
+  // What the gather stage counted.
+  report->times.muon_prepare += gathered.times.muon_prepare;
+  report->times.muon_gather += gathered.times.muon_gather;
+  report->muon_exchange_calls += gathered.muon_exchange_calls;
+  for (const auto& [name, bytes] : gathered.bytes_sent) report->bytes_sent[name] += bytes;
+
+  // Newton-Schulz on every whole matrix I hold, on both meshes.
+  absl::Time t0 = absl::Now();
+  absl::Status st;
+  for (size_t k = 0; k < ids.size() && st.ok(); ++k) {
+    UnitState& u = m.units[ids[k]];
+    for (size_t i = 0; i < u.matrices.size() && st.ok(); ++i) {
       if (!u.holds[i]) continue;
-      const plan::MatrixPlan& m = matrices_of(u)[u.matrices[i]];
-      absl::Status st = dev->NewtonSchulz(u.whole[i].data(), m.rows, m.cols, options.muon.ns);
+      const plan::MatrixPlan& mp = MatricesOf(u)[u.matrices[i]];
+      st = m.dev->NewtonSchulz(u.whole[i].data(), mp.rows, mp.cols, m.options.muon.ns);
       if (!st.ok()) {
-        return absl::Status(st.code(), absl::StrCat("Newton-Schulz on ", plan->units[u.unit].name,
-                                                    ": ", st.message()));
+        st = absl::Status(st.code(), absl::StrCat("Newton-Schulz on ", m.plan->units[u.unit].name,
+                                                  ": ", st.message()));
       }
-      round.ns_flops += plan::NewtonSchulzFlops(m.rows, m.cols, options.muon.ns.steps);
+      round.ns_flops += plan::NewtonSchulzFlops(mp.rows, mp.cols, m.options.muon.ns.steps);
     }
   }
   report->ns_flops += round.ns_flops;
   report->times.newton_schulz += absl::Now() - t0;
+  before_scatter();
+  if (!st.ok()) return st;
 
-  // 4. Back: the reverse exchange carries O rows to their holders; the
+  // Back: the reverse exchange carries O rows to their holders; the
   // allgather baseline takes its rows from its own result.
   t0 = absl::Now();
   for (const MeshPart& part : parts) {
     if (everyone) {
       for (int32_t id : part.ids) {
-        UnitState& u = units[id];
+        UnitState& u = m.units[id];
         for (size_t i = 0; i < u.matrices.size(); ++i) {
-          const int64_t n = u.mine[i].row_count * matrices_of(u)[u.matrices[i]].cols;
+          const int64_t n = u.mine[i].row_count * MatricesOf(u)[u.matrices[i]].cols;
           if (n == 0) continue;
-          const int32_t m = static_cast<int32_t>(i);
-          absl::Status st =
-              dev->Copy(my_rows(u)(m, u.mine[i].row_start), whole_rows(u)(m, u.mine[i].row_start), n);
+          const int32_t j = static_cast<int32_t>(i);
+          st = m.dev->Copy(MyRows(u)(j, u.mine[i].row_start),
+                           WholeRows(u)(j, u.mine[i].row_start), n);
           if (!st.ok()) return st;
         }
       }
@@ -548,44 +588,87 @@ absl::Status Trainer::Impl::MuonWaveStep(int32_t w, StepReport* report) {
     }
     float* out = send.data() + part.send_base;
     float* in = recv.data() + part.recv_base;
-    absl::Status st = walk(part, in, /*send_side=*/false, /*to_buffer=*/true);
+    st = Walk(part, in, /*send_side=*/false, /*to_buffer=*/true);
     if (st.ok()) {
-      st = exchange(part, "muon_scatter", in, part.recv_counts, out, part.send_counts,
-                    part.send_total);
+      st = AllToAll(part, "muon_scatter", in, part.recv_counts, out, part.send_counts,
+                    part.send_total, report);
     }
-    if (st.ok()) st = walk(part, out, /*send_side=*/true, /*to_buffer=*/false);
+    if (st.ok()) st = Walk(part, out, /*send_side=*/true, /*to_buffer=*/false);
     if (!st.ok()) return st;
   }
   report->times.muon_scatter += absl::Now() - t0;
 
-  // 5. Momentum, weight decay and the update on my rows.
+  // Momentum, weight decay and the update on my rows.
   t0 = absl::Now();
   for (int32_t id : ids) {
-    UnitState& u = units[id];
+    UnitState& u = m.units[id];
     const plan::UnitLayout& l = *u.layout;
     float* p = u.param.data() + (u.mesh->position % u.mesh->k) * l.shard_elements;
     for (size_t i = 0; i < u.matrices.size(); ++i) {
-      const plan::MatrixPlan& m = matrices_of(u)[u.matrices[i]];
-      const int64_t n = u.mine[i].row_count * m.cols;
+      const plan::MatrixPlan& mp = MatricesOf(u)[u.matrices[i]];
+      const int64_t n = u.mine[i].row_count * mp.cols;
       if (n == 0) continue;
-      absl::Status st = dev->MuonApply(options.muon, m.rows, m.cols,
-                                       u.grad.data() + u.mine[i].offset,
-                                       rows.data() + u.rows_base + u.rows_offset[i],
-                                       u.state1.data() + u.mine[i].offset, p + u.mine[i].offset, n);
+      st = m.dev->MuonApply(m.options.muon, mp.rows, mp.cols, u.grad.data() + u.mine[i].offset,
+                            rows.data() + u.rows_base + u.rows_offset[i],
+                            u.state1.data() + u.mine[i].offset, p + u.mine[i].offset, n);
       if (!st.ok()) {
-        return absl::Status(st.code(), absl::StrCat("Muon update of ", plan->units[u.unit].name,
+        return absl::Status(st.code(), absl::StrCat("Muon update of ", m.plan->units[u.unit].name,
                                                     ": ", st.message()));
       }
     }
   }
   report->times.muon_apply += absl::Now() - t0;
   report->muon_rounds.push_back(std::move(round));
-  // The next wave sizes its own scratch: keeping this one's would hold the
-  // largest of each buffer over all waves, more than any one wave needs.
-  if (waves.size() > 1) {
-    send.Reset();
-    recv.Reset();
-    rows.Reset();
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Impl::Optimize(int64_t step, StepReport* report) {
+  // A wave's gather may run on a helper thread while this thread works on
+  // the previous wave's Newton-Schulz (or, for the first wave, on AdamW):
+  // the device's calls must be safe from two threads, which the CPU's are.
+  const bool overlap = Overlaps() && !waves.empty();
+  std::unique_ptr<WaveRun> next;
+  absl::Status next_status;
+  std::thread gatherer;
+  auto start = [&](int32_t w) {
+    next = std::make_unique<WaveRun>(*this, w);
+    if (overlap) {
+      gatherer = std::thread([&, run = next.get()] { next_status = run->Gather(); });
+    } else {
+      next_status = next->Gather();
+    }
+  };
+  auto join = [&] {
+    if (gatherer.joinable()) gatherer.join();
+  };
+  // Joins the helper thread on every path out of here.
+  struct Joiner {
+    std::thread& t;
+    ~Joiner() {
+      if (t.joinable()) t.join();
+    }
+  } joiner{gatherer};
+
+  if (overlap) start(0);
+  absl::Time t0 = absl::Now();
+  absl::Status st;
+  for (UnitState& u : units) {
+    st = AdamW(u, step);
+    if (!st.ok()) break;
+  }
+  report->times.adamw += absl::Now() - t0;
+  if (!overlap && !waves.empty() && st.ok()) start(0);
+  join();
+  if (!st.ok()) return st;
+  for (int32_t w = 0; w < static_cast<int32_t>(waves.size()); ++w) {
+    if (!next_status.ok()) return next_status;
+    std::unique_ptr<WaveRun> run = std::move(next);
+    const bool more = w + 1 < static_cast<int32_t>(waves.size());
+    if (more && overlap) start(w + 1);
+    st = run->Finish(report, join);
+    if (!st.ok()) return st;
+    run.reset();  // frees its whole matrices and scratch before the next wave's are used
+    if (more && !overlap) start(w + 1);
   }
   return absl::OkStatus();
 }
@@ -1033,8 +1116,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
       impl->units.push_back(std::move(st));
     }
   }
-  const int64_t budget = options.muon_buffer_bytes == 0 ? DefaultMuonBufferBytes(*impl->plan)
-                                                        : options.muon_buffer_bytes;
+  int64_t budget = options.muon_buffer_bytes == 0 ? DefaultMuonBufferBytes(*impl->plan)
+                                                  : options.muon_buffer_bytes;
+  // With overlap two waves are in flight at once: each gets half.
+  if (impl->Overlaps() && budget > 1) budget /= 2;
   impl->waves = PlanMuonWaves(*impl->plan, budget);
   for (const MuonWave& w : impl->waves) {
     std::vector<int32_t>& ids = impl->wave_states.emplace_back();
@@ -1094,18 +1179,8 @@ absl::StatusOr<StepReport> Trainer::Step() {
   report.loss = pair[0];
   report.times.grad_reduce += absl::Now() - t0;
 
-  // The optimizer: AdamW on every element-wise tensor (no communication),
-  // then Muon wave by wave (muon_schedule.h).
-  t0 = absl::Now();
-  for (UnitState& u : m.units) {
-    st = m.AdamW(u, step_);
-    if (!st.ok()) return st;
-  }
-  report.times.adamw += absl::Now() - t0;
-  for (int32_t w = 0; w < static_cast<int32_t>(m.waves.size()); ++w) {
-    st = m.MuonWaveStep(w, &report);
-    if (!st.ok()) return st;
-  }
+  st = m.Optimize(step_, &report);
+  if (!st.ok()) return st;
 
   t0 = absl::Now();
   for (UnitState& u : m.units) {
@@ -1120,12 +1195,6 @@ absl::StatusOr<StepReport> Trainer::Step() {
     if (!st.ok()) return st;
   }
   report.times.param_allgather_after_step = absl::Now() - t0;
-  // The Muon exchange buffers are free until the next optimizer phase: give
-  // them back, so they do not add to the next forward/backward's peak (the
-  // whole gradients and the reduce buffer of the largest unit).
-  m.send.Reset();
-  m.recv.Reset();
-  m.rows.Reset();
   ++step_;
   return report;
 }

@@ -72,6 +72,11 @@ struct TrainerOptions {
   // step already holds for its largest unit); negative: one wave for the
   // whole model.
   int64_t muon_buffer_bytes = 0;
+  // Run each Muon wave's gather exchange beside the previous wave's
+  // Newton-Schulz (and the first wave's beside AdamW), on a second thread;
+  // two waves are then in flight, so each gets half the budget. Host
+  // devices only (ignored elsewhere).
+  bool muon_overlap = true;
 };
 
 // Wall time of each phase of one step on this rank. The parameter gathers

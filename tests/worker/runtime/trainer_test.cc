@@ -136,7 +136,7 @@ struct Checkpoints {
 };
 
 RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpoints& ck = {},
-                 int64_t muon_buffer_bytes = 0) {
+                 int64_t muon_buffer_bytes = 0, bool muon_overlap = true) {
   const std::unique_ptr<Workload> model = MakeWorkload(c.moe);
   plan::PlanInput in;
   in.model = model->spec();
@@ -154,7 +154,7 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
 
   const std::string dir = ::testing::TempDir() + "/trainer_store_" + c.name + "_" + rule +
                           (ck.load_dir.empty() ? "" : "_resumed") + "_" +
-                          std::to_string(muon_buffer_bytes);
+                          std::to_string(muon_buffer_bytes) + (muon_overlap ? "" : "_serial");
   std::filesystem::remove_all(dir);
   absl::StatusOr<std::unique_ptr<comm::FileStore>> store = comm::FileStore::Open(dir);
   EXPECT_TRUE(store.ok()) << store.status();
@@ -189,6 +189,7 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
       o.global_batch_size = 24;
       o.init_seed = 3;
       o.muon_buffer_bytes = muon_buffer_bytes;
+      o.muon_overlap = muon_overlap;
       absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(*plan, local.get(), r, o);
       if (!t.ok()) {
         status[r] = t.status();
@@ -271,8 +272,9 @@ TEST_P(TrainerConfigTest, OwnerBasedAndAllgatherEndBitIdentical) {
 }
 
 // The Muon phase in waves: one wave for the whole model, one per unit
-// (a budget of one byte), or the default budget, end with the same weights
-// bit for bit; a wave makes one round with one gather and one scatter
+// (a budget of one byte), or the default budget, with or without the next
+// wave's gather overlapping this one's Newton-Schulz, end with the same
+// weights bit for bit; a wave makes one round with one gather and one scatter
 // exchange per mesh; the rounds hold all the Newton-Schulz work, each matrix
 // orthogonalized once per copy of the optimizer state, and the busiest
 // rank's work in one wave is the plan's busiest rank.
@@ -281,7 +283,10 @@ TEST_P(TrainerConfigTest, MuonWavesOfAnyBudgetEndBitIdentical) {
   const RunResult one = RunJob(c, "lpt", 3, {}, /*muon_buffer_bytes=*/-1);
   const RunResult per_unit = RunJob(c, "lpt", 3, {}, /*muon_buffer_bytes=*/1);
   const RunResult by_default = RunJob(c, "lpt", 3);
-  for (const RunResult* other : {&per_unit, &by_default}) {
+  // One unit per wave, each wave's gather beside the previous one's
+  // Newton-Schulz, against the same waves run one after the other.
+  const RunResult serial = RunJob(c, "lpt", 3, {}, /*muon_buffer_bytes=*/1, /*muon_overlap=*/false);
+  for (const RunResult* other : {&per_unit, &by_default, &serial}) {
     ASSERT_EQ(other->weights.size(), one.weights.size());
     for (size_t p = 0; p < one.weights.size(); ++p) {
       ASSERT_EQ(other->weights[p].size(), one.weights[p].size());
@@ -333,6 +338,7 @@ TEST_P(TrainerConfigTest, MuonWavesOfAnyBudgetEndBitIdentical) {
     EXPECT_EQ(one.exchange_calls[r], 2 * meshes) << "rank " << r;
     EXPECT_EQ(per_unit.rounds[r].size(), static_cast<size_t>(muon_units)) << "rank " << r;
     EXPECT_EQ(per_unit.exchange_calls[r], 2 * muon_units) << "rank " << r;
+    EXPECT_EQ(serial.exchange_calls[r], 2 * muon_units) << "rank " << r;
     double in_rounds = 0;
     for (const MuonRound& round : per_unit.rounds[r]) in_rounds += round.ns_flops;
     EXPECT_DOUBLE_EQ(in_rounds, per_unit.ns_flops[r]);
