@@ -135,6 +135,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const ResolvedJob& job,
   topts.collective.timeout = options.timeout;
   topts.group_prefix = options.group_prefix;
   topts.muon = job.muon;
+  topts.muon_buffer_bytes = job.muon_buffer_bytes;
   topts.adamw = job.adamw;
   topts.global_batch_size = job.global_batch_size;
   topts.init_seed = job.init_seed.value_or(0);

@@ -183,6 +183,11 @@ void CheckOptimizer(const v1::OptimizerConfig& opt, Violations& v) {
           absl::StrCat("unknown rule ", Quoted(rule),
                        " (expected lpt, round_robin, allgather or greedy_in_order)"));
   }
+  if (opt.muon_buffer_bytes() < -1) {
+    v.Add("optimizer.muon_buffer_bytes",
+          absl::StrCat("must be -1 (one wave), 0 (the default) or a byte count, got ",
+                       opt.muon_buffer_bytes()));
+  }
   if (static_cast<size_t>(opt.rules_size()) > kMaxOptimizerRules) {
     v.Add("optimizer.rules",
           absl::StrCat(opt.rules_size(), " rules exceed the limit of ", kMaxOptimizerRules));
@@ -498,6 +503,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
   r.parallelism = ParallelismFromProto(job.parallelism());
   r.owner_assignment =
       job.optimizer().owner_assignment().empty() ? "lpt" : job.optimizer().owner_assignment();
+  r.muon_buffer_bytes = job.optimizer().muon_buffer_bytes();
   r.muon = MuonFromProto(job.optimizer().muon());
   r.adamw = AdamWFromProto(job.optimizer().adamw());
   for (const v1::OptimizerRule& rule : job.optimizer().rules()) {

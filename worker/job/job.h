@@ -78,6 +78,7 @@ struct ResolvedJob {
   // As given in the file; plan::Resolve applies its defaults.
   plan::ParallelismConfig parallelism;
   std::string owner_assignment;  // lpt | round_robin | allgather | greedy_in_order
+  int64_t muon_buffer_bytes = 0;  // optimizer.muon_buffer_bytes (TrainerOptions)
 
   math::MuonOptions muon;
   math::AdamWOptions adamw;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "plan/mesh.h"
 #include "worker/job/memory_budget.h"
+#include "worker/runtime/muon_schedule.h"
 
 namespace muonmesh::worker {
 namespace {
@@ -109,13 +110,14 @@ std::string ModelField(const ResolvedJob& job) {
 struct MeshMemory {
   double shards = 0;           // (k + 3) S summed over units
   double largest_gather = 0;   // max D S: one unit's gathered buffer
-  double largest_muon = 0;     // max over units of 2 S + 3 * owned whole matrices
+  std::vector<double> muon;    // per unit: 2 S + 3 * owned whole matrices
   double largest_ns = 0;       // Newton-Schulz workspace of the largest owned matrix
 };
 
 MeshMemory MeshPart(const plan::Plan& plan, const plan::MeshGeometry& g,
                     const plan::DomainPlan& domain, bool dense, int32_t rank) {
   MeshMemory out;
+  out.muon.assign(plan.units.size(), 0.0);
   const int32_t position = g.PositionOf(rank);
   const bool everyone = plan.config.owner_rule == plan::OwnerRule::kAllGather;
   std::map<int32_t, double> owned;  // unit -> elements of the whole matrices owned
@@ -138,9 +140,28 @@ MeshMemory MeshPart(const plan::Plan& plan, const plan::MeshGeometry& g,
         std::max(out.largest_gather, kFloat * static_cast<double>(l.num_shards) * s);
     auto it = owned.find(static_cast<int32_t>(u));
     const double whole = it == owned.end() ? 0 : it->second;
-    out.largest_muon = std::max(out.largest_muon, kFloat * (2 * s + 3 * whole));
+    out.muon[u] = kFloat * (2 * s + 3 * whole);
   }
   return out;
+}
+
+// The Muon phase's peak on this rank: the waves the trainer cuts (two in
+// flight on the CPU, where each wave's gather overlaps the previous one's
+// Newton-Schulz), each holding its units' per-unit bytes.
+double MuonPhaseBytes(const plan::Plan& plan, int64_t requested, const std::vector<double>& muon) {
+  const std::vector<MuonWave> waves =
+      PlanMuonWaves(plan, WaveBudget(plan, requested, /*overlap=*/true));
+  std::vector<double> per_wave;
+  for (const MuonWave& w : waves) {
+    double bytes = 0;
+    for (int32_t u = w.first_unit; u < w.end_unit; ++u) bytes += muon[u];
+    per_wave.push_back(bytes);
+  }
+  double peak = 0;
+  for (size_t w = 0; w < per_wave.size(); ++w) {
+    peak = std::max(peak, per_wave[w] + (w + 1 < per_wave.size() ? per_wave[w + 1] : 0.0));
+  }
+  return peak;
 }
 
 // Elements of one unit's tensors: as this rank holds them (local experts),
@@ -209,15 +230,16 @@ MemoryEstimate EstimateRankMemory(const ResolvedJob& job, const plan::Plan& plan
                                     /*dense=*/false, rank);
       total.shards += e.shards;
       total.largest_gather = std::max(total.largest_gather, e.largest_gather);
-      total.largest_muon = std::max(total.largest_muon, e.largest_muon);
+      for (size_t u = 0; u < total.muon.size(); ++u) total.muon[u] += e.muon[u];
       total.largest_ns = std::max(total.largest_ns, e.largest_ns);
     }
     shards.push_back(
         {model, "this rank's shards: parameters, gradient, two optimizer states", total.shards});
     step = {{model, "one unit's gathered buffer", total.largest_gather},
             {model, "one unit's parameters and gradients", 2 * kFloat * unit_local},
-            {model, "Muon exchange and the whole matrices this rank orthogonalizes",
-             total.largest_muon},
+            {"optimizer.muon_buffer_bytes",
+             "Muon exchange and the whole matrices this rank orthogonalizes, per wave",
+             MuonPhaseBytes(plan, job.muon_buffer_bytes, total.muon)},
             {model, "Newton-Schulz workspace of the largest matrix", total.largest_ns}};
   }
   std::vector<MemoryItem> init;

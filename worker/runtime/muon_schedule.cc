@@ -66,4 +66,10 @@ int64_t DefaultMuonBufferBytes(const plan::Plan& plan) {
   return largest * static_cast<int64_t>(sizeof(float));
 }
 
+int64_t WaveBudget(const plan::Plan& plan, int64_t requested, bool overlap) {
+  int64_t budget = requested == 0 ? DefaultMuonBufferBytes(plan) : requested;
+  if (overlap && budget > 1) budget /= 2;
+  return budget;
+}
+
 }  // namespace muonmesh::worker

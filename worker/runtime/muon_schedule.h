@@ -48,4 +48,9 @@ std::vector<MuonWave> PlanMuonWaves(const plan::Plan& plan, int64_t budget_bytes
 // peaks where the backward pass already did.
 int64_t DefaultMuonBufferBytes(const plan::Plan& plan);
 
+// The budget each wave gets: `requested` (TrainerOptions::muon_buffer_bytes:
+// 0 the default above, negative one wave), halved when `overlap` keeps two
+// waves in flight.
+int64_t WaveBudget(const plan::Plan& plan, int64_t requested, bool overlap);
+
 }  // namespace muonmesh::worker

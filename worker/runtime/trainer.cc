@@ -1116,11 +1116,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
       impl->units.push_back(std::move(st));
     }
   }
-  int64_t budget = options.muon_buffer_bytes == 0 ? DefaultMuonBufferBytes(*impl->plan)
-                                                  : options.muon_buffer_bytes;
-  // With overlap two waves are in flight at once: each gets half.
-  if (impl->Overlaps() && budget > 1) budget /= 2;
-  impl->waves = PlanMuonWaves(*impl->plan, budget);
+  impl->waves = PlanMuonWaves(
+      *impl->plan, WaveBudget(*impl->plan, options.muon_buffer_bytes, impl->Overlaps()));
   for (const MuonWave& w : impl->waves) {
     std::vector<int32_t>& ids = impl->wave_states.emplace_back();
     for (int32_t u = w.first_unit; u < w.end_unit; ++u) {
