@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <set>
 #include <unordered_map>
@@ -202,15 +203,16 @@ class WorkMeter {
   bool exhausted_ = false;
 };
 
-// Longest processing time first over the matrices of every class, each onto
-// the position of its class whose busiest rank completes it earliest.
-// False when cancelled.
-bool Lpt(JointAssignment& a, CancelToken* cancel) {
-  struct Item {
-    int c;
-    int32_t j;
-    double cost;
-  };
+// One matrix of one class, by its cost at its best holder.
+struct Item {
+  int c;
+  int32_t j;
+  double cost;
+};
+
+// Every matrix of every class, longest first (stable: ties keep class, then
+// matrix order).
+std::vector<Item> LongestFirst(const JointAssignment& a) {
   std::vector<Item> order;
   for (int c = 0; c < a.num_classes(); ++c) {
     const std::vector<MatrixPlan>& ms = a.plan(c).matrices;
@@ -218,27 +220,53 @@ bool Lpt(JointAssignment& a, CancelToken* cancel) {
       order.push_back({c, static_cast<int32_t>(j), ms[j].min_cost});
     }
   }
-  // Stable: ties keep class, then matrix order.
   std::stable_sort(order.begin(), order.end(),
                    [](const Item& x, const Item& y) { return x.cost > y.cost; });
+  return order;
+}
+
+enum class Placed { kAll, kOverCap, kCancelled };
+
+// Places the matrices of `order` on empty positions. With cap = +inf, each
+// onto the position of its class whose busiest rank completes it earliest
+// (longest processing time first). With a finite cap, each onto the
+// cheapest position whose busiest rank completes it within the cap (ties:
+// earliest, or with `best_fit` the latest, then lowest position), so that
+// matrices stay with their holders while the cap allows; kOverCap, at once,
+// when one fits nowhere.
+// Ties break by lower position; `work` counts the candidates evaluated.
+Placed Place(JointAssignment& a, const std::vector<Item>& order, double cap, bool best_fit,
+             CancelToken* cancel, int64_t* work) {
+  const bool lpt = std::isinf(cap);
   for (const Item& item : order) {
     ClassView v(a, item.c);
     const MatrixPlan& m = v.plan().matrices[item.j];
     int32_t best = -1;
     double best_finish = 0;
+    double best_cost = 0;
     int64_t candidates = 0;
     v.ForEachCandidate(item.j, [&](int32_t p) {
       ++candidates;
-      const double finish = v.load(p) + v.Cost(m, p);
-      if (best < 0 || finish < best_finish || (finish == best_finish && p < best)) {
+      const double cost = v.Cost(m, p);
+      const double finish = v.load(p) + cost;
+      if (!lpt && finish > cap) return;
+      const bool fits_better = best_fit ? finish > best_finish : finish < best_finish;
+      const bool better =
+          best < 0 || (lpt ? finish < best_finish
+                           : (cost < best_cost || (cost == best_cost && fits_better))) ||
+          (finish == best_finish && (lpt || cost == best_cost) && p < best);
+      if (better) {
         best = p;
         best_finish = finish;
+        best_cost = cost;
       }
     });
+    *work += candidates;
+    if (best < 0) return Placed::kOverCap;
     v.Assign(item.j, best);
-    if (cancel != nullptr && cancel->Tick(candidates)) return false;
+    if (cancel != nullptr && cancel->Tick(candidates)) return Placed::kCancelled;
   }
-  return true;
+  return Placed::kAll;
 }
 
 // The matrices of position `top`, largest first (ties: lower index).
@@ -466,14 +494,79 @@ void AssignOneClassByRule(OwnerRule rule, double w, int64_t bpe, DomainPlan& d) 
 
 // Joint lpt with its refinement; sets every class's refinement work. False
 // when cancelled.
+// The owners of every class's matrices, to keep the best of several tries.
+using Owners = std::vector<std::vector<int32_t>>;
+
+Owners SaveOwners(const std::vector<DomainClass>& classes) {
+  Owners out;
+  for (const DomainClass& c : classes) {
+    out.emplace_back();
+    for (const MatrixPlan& m : c.plan->matrices) out.back().push_back(m.owner);
+  }
+  return out;
+}
+
+void ClearOwners(const std::vector<DomainClass>& classes) {
+  for (const DomainClass& c : classes) {
+    for (MatrixPlan& m : c.plan->matrices) m.owner = -1;
+  }
+}
+
+double Busiest(const JointAssignment& a, int64_t world) {
+  double top = 0;
+  for (int32_t r = 0; r < world; ++r) top = std::max(top, a.rank_load(r));
+  return top;
+}
+
+// Joint lpt, then capped placements by bisection on the cap between the
+// joint lower bound and the best makespan so far (within kPackWork
+// candidate evaluations), then the refinement of the best. Sets every
+// class's refinement work. False when cancelled.
 bool AssignLpt(double w, int64_t bpe, int64_t world, const std::vector<DomainClass>& classes,
                CancelToken* cancel) {
-  JointAssignment a(classes, world, w, bpe);
-  if (!Lpt(a, cancel)) return false;
+  constexpr int64_t kPackWork = int64_t{1} << 23;
+  constexpr int kMaxPacks = 14;
+  auto a = std::make_unique<JointAssignment>(classes, world, w, bpe);
+  const std::vector<Item> order = LongestFirst(*a);
+  int64_t work = 0;
+  if (Place(*a, order, std::numeric_limits<double>::infinity(), false, cancel, &work) !=
+      Placed::kAll) {
+    return false;
+  }
+  const int64_t per_pack = std::max<int64_t>(work, 1);
+  double best = Busiest(*a, world);
+  Owners best_owners = SaveOwners(classes);
+  double lo = JointLowerBound(world, classes);
+  for (int i = 0; i < kMaxPacks && work + per_pack <= kPackWork && best > lo * (1 + 1e-3); ++i) {
+    const double cap = 0.5 * (lo + best);
+    Placed placed = Placed::kOverCap;
+    // Earliest fit spreads the work; best fit keeps whole positions free
+    // for what comes later (a rank's other domain, say).
+    for (const bool best_fit : {false, true}) {
+      if (placed != Placed::kOverCap || (best_fit && work + per_pack > kPackWork)) break;
+      ClearOwners(classes);
+      a = std::make_unique<JointAssignment>(classes, world, w, bpe);
+      placed = Place(*a, order, cap, best_fit, cancel, &work);
+    }
+    if (placed == Placed::kCancelled) return false;
+    if (placed == Placed::kOverCap) {
+      lo = cap;
+      continue;
+    }
+    best = Busiest(*a, world);
+    best_owners = SaveOwners(classes);
+  }
+  ClearOwners(classes);
+  a = std::make_unique<JointAssignment>(classes, world, w, bpe);
+  for (size_t c = 0; c < classes.size(); ++c) {
+    for (size_t j = 0; j < best_owners[c].size(); ++j) {
+      a->Assign(static_cast<int>(c), static_cast<int32_t>(j), best_owners[c][j]);
+    }
+  }
   size_t n = 0;
   for (const DomainClass& c : classes) n += c.plan->matrices.size();
   WorkMeter meter(RefineWorkBudget(static_cast<int64_t>(n)), cancel);
-  Refine(a, n, meter);
+  Refine(*a, n, meter);
   for (const DomainClass& c : classes) {
     c.plan->refine_work = meter.spent();
     c.plan->refine_budget_spent = meter.exhausted();
@@ -626,7 +719,8 @@ class BinPacking {
   // For each threshold K in [0, C/2]: J1 = sizes > C - K (each alone in a
   // bin, and no size >= K fits beside it), J2 = sizes in (C/2, C - K] (one
   // a bin), J3 = sizes in [K, C/2], which fill what J2's bins leave and then
-  // whole bins: |J1| + |J2| + ceil((sum J3 - (|J2| C - sum J2)) / C).
+  // whole bins: |J1| + |J2| + ceil((sum J3 - (|J2| C - sum J2)) / C); or, by
+  // count, + ceil((|J3| - |J2| floor(C / 2K)) / floor(C / K)).
   int64_t Bins(double c) const {
     if (sizes_.empty()) return 0;
     const size_t half = Above(c / 2);  // first index with size > C/2
@@ -645,7 +739,17 @@ class BinPacking {
       const double sum3 = prefix_[half] - prefix_[j3];
       // Rounded down a little: the bound stays a bound despite sums' rounding.
       const double spill = (sum3 - (n2 * c - sum2)) / c - 1e-9;
-      const int64_t extra = spill > 0 ? static_cast<int64_t>(std::ceil(spill)) : 0;
+      int64_t extra = spill > 0 ? static_cast<int64_t>(std::ceil(spill)) : 0;
+      // By count: a bin holds at most floor(C / K) sizes >= K, a bin of J2
+      // (more than C/2 taken) at most floor(C / 2K); rounded up a little.
+      if (k > 0) {
+        const double per_bin = std::floor(c / k * (1 + 1e-12));
+        const double beside_j2 = std::floor(c / (2 * k) * (1 + 1e-12));
+        const double left = static_cast<double>(half - j3) - n2 * beside_j2;
+        if (left > 0 && per_bin >= 1) {
+          extra = std::max(extra, static_cast<int64_t>(std::ceil(left / per_bin)));
+        }
+      }
       best = std::max(best, static_cast<int64_t>(n - half) + extra);
     }
     return best;

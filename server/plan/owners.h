@@ -145,7 +145,8 @@ double StrongJointLowerBound(double comm_flops_per_byte, int64_t bytes_per_eleme
 // (k = 1 is p_m + p_{m+1}); and at least the largest cost.
 double PigeonholeLowerBound(std::vector<double> costs, int64_t ranks);
 
-// Martello-Toth L2 for bin packing: a lower bound on the bins of capacity
+// Martello-Toth L2 for bin packing, with a count form (no bin holds more
+// than floor(C / K) sizes >= K): a lower bound on the bins of capacity
 // `capacity` that `sizes` need. Sizes above the capacity count one bin each.
 int64_t BinPackingLowerBound(std::vector<double> sizes, double capacity);
 

@@ -351,12 +351,18 @@ TEST(JointOwnersTest, PigeonholeAndBinPackingBoundsByHand) {
   EXPECT_DOUBLE_EQ(PigeonholeLowerBound({9, 8, 7, 6, 5, 5, 4, 1, 1}, 3), 14);
   EXPECT_DOUBLE_EQ(PigeonholeLowerBound({3, 3}, 4), 3);
   // 237 items of 12 and 79 of 7 on bins of 18.9: no 7 fits beside a 12, and
-  // the 7s fill ceil(553 / 18.9) = 30 more bins.
+  // no three 7s share a bin: the 7s fill ceil(79 / 2) = 40 more bins.
   std::vector<double> sizes(237, 12.0);
   sizes.insert(sizes.end(), 79, 7.0);
-  EXPECT_EQ(BinPackingLowerBound(sizes, 18.9), 237 + 30);
+  EXPECT_EQ(BinPackingLowerBound(sizes, 18.9), 237 + 40);
   // With room for a 7 beside each 12, L2 needs only the 12s' bins.
   EXPECT_EQ(BinPackingLowerBound(sizes, 19.0), 237);
+  // 42 items of 14.9 and 56 of 6 on bins of 17.9: no 6 beside a 14.9, and
+  // at most two 6s a bin: 42 + 28 (by size only 42 + ceil(336 / 17.9) = 61).
+  std::vector<double> big_small(42, 14.9);
+  big_small.insert(big_small.end(), 56, 6.0);
+  EXPECT_EQ(BinPackingLowerBound(big_small, 17.9), 42 + 28);
+  EXPECT_EQ(BinPackingLowerBound(big_small, 18.0), 42 + 19);
 }
 
 TEST(JointOwnersTest, ClassesMustCoverTheWorldOnce) {
