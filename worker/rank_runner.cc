@@ -84,6 +84,15 @@ void PrintPlan(const ResolvedJob& job, const plan::Plan& plan, const LineSink& o
   out(absl::StrFormat("plan: %d bytes per step in all collectives, Muon exchange %d bytes "
                       "(lower bound %d)",
                       planned, exchange, bound));
+  out(absl::StrFormat("plan: Muon critical path %.4g flop-equivalents (rank %d), joint lower "
+                      "bound %.4g (%.4fx)%s",
+                      plan.joint_makespan, plan.joint_critical_rank, plan.joint_lower_bound,
+                      plan.joint_lower_bound > 0 ? plan.joint_makespan / plan.joint_lower_bound : 1.0,
+                      plan.joint_strong_lower_bound > plan.joint_lower_bound
+                          ? absl::StrFormat(", certified bound %.4g (%.4fx)",
+                                            plan.joint_strong_lower_bound,
+                                            plan.joint_makespan / plan.joint_strong_lower_bound)
+                          : ""));
   out(absl::StrFormat("job %s: %d ranks, %s, %d steps, global batch %d", job.name,
                       job.world_size, job.owner_assignment, job.steps, job.global_batch_size));
 }

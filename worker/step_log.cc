@@ -68,7 +68,10 @@ std::string StepJson(const StepReport& r, absl::Duration step_time, int32_t rank
     const MuonRound& m = r.muon_rounds[i];
     absl::StrAppend(&out, i ? ", " : "", "{\"wave\": ", m.wave, ", \"units\": [", m.first_unit,
                     ", ", m.end_unit, "], \"domain\": ", Quoted(m.domain),
-                    ", \"ns_flops\": ", Number(m.ns_flops), ", \"sent_bytes\": ", m.sent_bytes,
+                    ", \"ns_flops\": ", Number(m.ns_flops),
+                    ", \"planned_ns_flops\": ", Number(m.planned_ns_flops),
+                    ", \"planned_critical_ns_flops\": ", Number(m.planned_critical_ns_flops),
+                    ", \"sent_bytes\": ", m.sent_bytes,
                     ", \"recv_bytes\": ", m.recv_bytes,
                     ", \"wait_ms\": ", Number(absl::ToDoubleMilliseconds(m.wait)), "}");
   }

@@ -5,7 +5,8 @@
 //   {"step": 3, "attempt": 0, "rank": 1, "loss": 0.0123, "step_seconds": 0.041,
 //    "phases": {"param_gather": ..., ...}, "bytes_sent": {"param_allgather": ...},
 //    "ns_flops": 1.2e9, "muon_exchange_calls": 2, "muon_rounds": [{"wave": 0,
-//    "units": [0, 3], "domain": "dense", "ns_flops": 1.2e9, "sent_bytes": ...,
+//    "units": [0, 3], "domain": "dense", "ns_flops": 1.2e9, "planned_ns_flops": 1.2e9,
+//    "planned_critical_ns_flops": 1.3e9, "sent_bytes": ...,
 //    "recv_bytes": ..., "wait_ms": 0.4}]}   (rounds in execution order)
 // A fresh run truncates the file; a resumed run appends to it, so a step a
 // failed attempt ran before its last checkpoint may appear twice (the later

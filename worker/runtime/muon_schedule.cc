@@ -66,6 +66,35 @@ int64_t DefaultMuonBufferBytes(const plan::Plan& plan) {
   return largest * static_cast<int64_t>(sizeof(float));
 }
 
+std::vector<std::vector<double>> PlannedWaveNsFlops(const plan::Plan& plan,
+                                                    const std::vector<MuonWave>& waves) {
+  int64_t world = 0;
+  for (const plan::Domain& d : plan.domains) {
+    for (int32_t r : d.ranks) world = std::max<int64_t>(world, r + 1);
+  }
+  std::vector<int32_t> wave_of(plan.units.size(), -1);
+  for (size_t w = 0; w < waves.size(); ++w) {
+    for (int32_t u = waves[w].first_unit; u < waves[w].end_unit; ++u) {
+      wave_of[u] = static_cast<int32_t>(w);
+    }
+  }
+  std::vector<std::vector<double>> out(waves.size(), std::vector<double>(world, 0.0));
+  const bool everyone = plan.config.owner_rule == plan::OwnerRule::kAllGather;
+  for (const plan::Domain& d : plan.domains) {
+    const plan::DomainPlan& owners = d.mesh == plan::MeshKind::kDense ? plan.dense : plan.expert;
+    for (const plan::MatrixPlan& m : owners.matrices) {
+      const int32_t w = wave_of[m.unit];
+      if (w < 0) continue;
+      if (everyone) {
+        for (int32_t r : d.ranks) out[w][r] += m.cost_flops;
+      } else if (m.owner >= 0 && m.owner < static_cast<int32_t>(d.ranks.size())) {
+        out[w][d.ranks[m.owner]] += m.cost_flops;
+      }
+    }
+  }
+  return out;
+}
+
 int64_t WaveBudget(const plan::Plan& plan, int64_t requested, bool overlap) {
   int64_t budget = requested == 0 ? DefaultMuonBufferBytes(plan) : requested;
   if (overlap && budget > 1) budget /= 2;

@@ -48,6 +48,14 @@ std::vector<MuonWave> PlanMuonWaves(const plan::Plan& plan, int64_t budget_bytes
 // peaks where the backward pass already did.
 int64_t DefaultMuonBufferBytes(const plan::Plan& plan);
 
+// What the plan says each rank computes in each wave: [wave][rank], the
+// Newton-Schulz FLOPs of the matrices its positions own in the wave's units
+// over every domain it belongs to (every matrix of its domains under the
+// allgather rule). The critical path of the executed schedule is the sum
+// over waves of each wave's largest entry.
+std::vector<std::vector<double>> PlannedWaveNsFlops(const plan::Plan& plan,
+                                                    const std::vector<MuonWave>& waves);
+
 // The budget each wave gets: `requested` (TrainerOptions::muon_buffer_bytes:
 // 0 the default above, negative one wave), halved when `overlap` keeps two
 // waves in flight.

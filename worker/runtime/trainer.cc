@@ -134,6 +134,8 @@ struct Trainer::Impl {
   // into `units` of its units' states, dense before expert for each unit.
   std::vector<MuonWave> waves;
   std::vector<std::vector<int32_t>> wave_states;
+  // Per wave: the plan's Newton-Schulz FLOPs for this rank and the busiest.
+  std::vector<std::pair<double, double>> planned_ns;
 
 
   // Makes `b` hold at least `count` floats (contents are not kept).
@@ -385,6 +387,8 @@ struct Trainer::Impl::WaveRun {
     round.wave = w;
     round.first_unit = impl.waves[w].first_unit;
     round.end_unit = impl.waves[w].end_unit;
+    round.planned_ns_flops = impl.planned_ns[w].first;
+    round.planned_critical_ns_flops = impl.planned_ns[w].second;
   }
   ~WaveRun() {
     for (int32_t id : ids) {
@@ -1118,6 +1122,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
   }
   impl->waves = PlanMuonWaves(
       *impl->plan, WaveBudget(*impl->plan, options.muon_buffer_bytes, impl->Overlaps()));
+  for (const std::vector<double>& per_rank : PlannedWaveNsFlops(*impl->plan, impl->waves)) {
+    impl->planned_ns.push_back(
+        {per_rank[rank], *std::max_element(per_rank.begin(), per_rank.end())});
+  }
   for (const MuonWave& w : impl->waves) {
     std::vector<int32_t>& ids = impl->wave_states.emplace_back();
     for (int32_t u = w.first_unit; u < w.end_unit; ++u) {

@@ -105,6 +105,10 @@ struct MuonRound {
   int32_t end_unit = 0;
   std::string domain;      // the meshes whose domains exchanged: "dense", "expert", "dense+expert"
   double ns_flops = 0;     // Newton-Schulz FLOPs this rank ran in the round
+  // What the plan says: this rank's share, and the busiest rank's (the
+  // round's part of the planned critical path; PlannedWaveNsFlops).
+  double planned_ns_flops = 0;
+  double planned_critical_ns_flops = 0;
   int64_t sent_bytes = 0;  // by this rank in the round's exchanges
   int64_t recv_bytes = 0;
   absl::Duration wait;     // in the round's exchange calls (waiting for peers included)

@@ -340,7 +340,11 @@ TEST_P(TrainerConfigTest, MuonWavesOfAnyBudgetEndBitIdentical) {
     EXPECT_EQ(per_unit.exchange_calls[r], 2 * muon_units) << "rank " << r;
     EXPECT_EQ(serial.exchange_calls[r], 2 * muon_units) << "rank " << r;
     double in_rounds = 0;
-    for (const MuonRound& round : per_unit.rounds[r]) in_rounds += round.ns_flops;
+    for (const MuonRound& round : per_unit.rounds[r]) {
+      in_rounds += round.ns_flops;
+      // The executed work of each round is what the plan gave this rank.
+      EXPECT_DOUBLE_EQ(round.ns_flops, round.planned_ns_flops) << "rank " << r;
+    }
     EXPECT_DOUBLE_EQ(in_rounds, per_unit.ns_flops[r]);
     EXPECT_DOUBLE_EQ(one.rounds[r][0].ns_flops, one.ns_flops[r]);
     busiest = std::max(busiest, one.rounds[r][0].ns_flops);
@@ -349,6 +353,15 @@ TEST_P(TrainerConfigTest, MuonWavesOfAnyBudgetEndBitIdentical) {
   }
   EXPECT_NEAR(sum, total, 1e-9 * total);
   EXPECT_NEAR(busiest, planned_busiest, 1e-9 * planned_busiest);
+  // Per round, the busiest rank's executed work is the planned critical
+  // path's share of that round.
+  for (size_t k = 0; k < per_unit.rounds[0].size(); ++k) {
+    double executed = 0;
+    for (int32_t r = 0; r < c.world; ++r) {
+      executed = std::max(executed, per_unit.rounds[r][k].ns_flops);
+    }
+    EXPECT_DOUBLE_EQ(executed, per_unit.rounds[0][k].planned_critical_ns_flops) << "round " << k;
+  }
 }
 
 TEST_P(TrainerConfigTest, MuonTrafficIsWhatThePlanSays) {
