@@ -15,6 +15,7 @@
 #include "worker/io/safetensors.h"
 #include "worker/job/memory_budget.h"
 #include "worker/job/memory_estimate.h"
+#include "worker/runtime/muon_schedule.h"
 #include "worker/step_log.h"
 #include "worker/workload_factory.h"
 
@@ -93,6 +94,13 @@ void PrintPlan(const ResolvedJob& job, const plan::Plan& plan, const LineSink& o
                                             plan.joint_strong_lower_bound,
                                             plan.joint_makespan / plan.joint_strong_lower_bound)
                           : ""));
+  const int64_t waves =
+      static_cast<int64_t>(PlanMuonWaves(plan, WaveBudget(job.muon_buffer_bytes,
+                                                          job.device == "cpu"))
+                               .size());
+  out(absl::StrFormat("plan: Muon phase in %d wave(s) (optimizer.muon_buffer_bytes %d; %d keeps "
+                      "it within the backward pass's memory peak)",
+                      waves, job.muon_buffer_bytes, BackwardPeakMuonBufferBytes(plan)));
   out(absl::StrFormat("job %s: %d ranks, %s, %d steps, global batch %d", job.name,
                       job.world_size, job.owner_assignment, job.steps, job.global_batch_size));
 }

@@ -183,9 +183,9 @@ void CheckOptimizer(const v1::OptimizerConfig& opt, Violations& v) {
           absl::StrCat("unknown rule ", Quoted(rule),
                        " (expected lpt, round_robin, allgather or greedy_in_order)"));
   }
-  if (opt.muon_buffer_bytes() < -1) {
+  if (opt.muon_buffer_bytes() < 0) {
     v.Add("optimizer.muon_buffer_bytes",
-          absl::StrCat("must be -1 (one wave), 0 (the default) or a byte count, got ",
+          absl::StrCat("must be >= 0 (0, the default: one wave for the whole model), got ",
                        opt.muon_buffer_bytes()));
   }
   if (static_cast<size_t>(opt.rules_size()) > kMaxOptimizerRules) {

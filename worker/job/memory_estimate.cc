@@ -150,7 +150,7 @@ MeshMemory MeshPart(const plan::Plan& plan, const plan::MeshGeometry& g,
 // Newton-Schulz), each holding its units' per-unit bytes.
 double MuonPhaseBytes(const plan::Plan& plan, int64_t requested, const std::vector<double>& muon) {
   const std::vector<MuonWave> waves =
-      PlanMuonWaves(plan, WaveBudget(plan, requested, /*overlap=*/true));
+      PlanMuonWaves(plan, WaveBudget(requested, /*overlap=*/true));
   std::vector<double> per_wave;
   for (const MuonWave& w : waves) {
     double bytes = 0;

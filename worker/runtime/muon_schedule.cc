@@ -57,7 +57,7 @@ std::vector<MuonWave> PlanMuonWaves(const plan::Plan& plan, int64_t budget_bytes
   return waves;
 }
 
-int64_t DefaultMuonBufferBytes(const plan::Plan& plan) {
+int64_t BackwardPeakMuonBufferBytes(const plan::Plan& plan) {
   int64_t largest = 0;
   for (const plan::UnitPlan& u : plan.units) {
     if (u.has_dense) largest = std::max(largest, u.dense.num_shards * u.dense.shard_elements);
@@ -95,10 +95,9 @@ std::vector<std::vector<double>> PlannedWaveNsFlops(const plan::Plan& plan,
   return out;
 }
 
-int64_t WaveBudget(const plan::Plan& plan, int64_t requested, bool overlap) {
-  int64_t budget = requested == 0 ? DefaultMuonBufferBytes(plan) : requested;
-  if (overlap && budget > 1) budget /= 2;
-  return budget;
+int64_t WaveBudget(int64_t requested, bool overlap) {
+  if (requested <= 0) return 0;
+  return overlap && requested > 1 ? requested / 2 : requested;
 }
 
 }  // namespace muonmesh::worker

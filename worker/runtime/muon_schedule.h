@@ -41,12 +41,14 @@ std::vector<int64_t> MuonUnitBytes(const plan::Plan& plan);
 // matrices belong to no wave. Empty when the model has no Muon matrix.
 std::vector<MuonWave> PlanMuonWaves(const plan::Plan& plan, int64_t budget_bytes);
 
-// The default budget: the size of the largest unit's whole gradients on
-// either mesh (D x S floats), which the step holds during forward and
-// backward beside the padded gather buffer and which is free again by the
-// optimizer phase; the gather buffer stays allocated, so the Muon phase
-// peaks where the backward pass already did.
-int64_t DefaultMuonBufferBytes(const plan::Plan& plan);
+// A budget that keeps the Muon phase within the step's backward-pass peak:
+// the size of the largest unit's whole gradients on either mesh (D x S
+// floats), which the step holds during the backward pass beside the padded
+// gather buffer and which is free again by the optimizer phase. Not the
+// default (one wave is: cutting the model into waves makes the critical
+// path the sum of each wave's busiest rank); a suggestion for jobs short of
+// memory, printed by the memory check.
+int64_t BackwardPeakMuonBufferBytes(const plan::Plan& plan);
 
 // What the plan says each rank computes in each wave: [wave][rank], the
 // Newton-Schulz FLOPs of the matrices its positions own in the wave's units
@@ -56,9 +58,9 @@ int64_t DefaultMuonBufferBytes(const plan::Plan& plan);
 std::vector<std::vector<double>> PlannedWaveNsFlops(const plan::Plan& plan,
                                                     const std::vector<MuonWave>& waves);
 
-// The budget each wave gets: `requested` (TrainerOptions::muon_buffer_bytes:
-// 0 the default above, negative one wave), halved when `overlap` keeps two
-// waves in flight.
-int64_t WaveBudget(const plan::Plan& plan, int64_t requested, bool overlap);
+// The budget each wave gets: `requested` (TrainerOptions::muon_buffer_bytes;
+// 0 or less: no budget, one wave), halved when `overlap` keeps two waves in
+// flight.
+int64_t WaveBudget(int64_t requested, bool overlap);
 
 }  // namespace muonmesh::worker

@@ -1121,7 +1121,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
     }
   }
   impl->waves = PlanMuonWaves(
-      *impl->plan, WaveBudget(*impl->plan, options.muon_buffer_bytes, impl->Overlaps()));
+      *impl->plan, WaveBudget(options.muon_buffer_bytes, impl->Overlaps()));
   for (const std::vector<double>& per_rank : PlannedWaveNsFlops(*impl->plan, impl->waves)) {
     impl->planned_ns.push_back(
         {per_rank[rank], *std::max_element(per_rank.begin(), per_rank.end())});

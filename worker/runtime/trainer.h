@@ -67,10 +67,9 @@ struct TrainerOptions {
   uint64_t init_seed = 0;
   // When set, initial parameters (flat spec order) instead of the seed.
   const std::vector<std::vector<float>>* initial_parameters = nullptr;
-  // Bytes the Muon phase may hold for the owners' buffers of one wave
-  // (muon_schedule.h): 0, the default, is DefaultMuonBufferBytes (what the
-  // step already holds for its largest unit); negative: one wave for the
-  // whole model.
+  // Bytes the Muon phase may hold for the owners' buffers (muon_schedule.h):
+  // the units are cut into waves that fit. 0, the default: no budget, one
+  // wave for the whole model (the shortest critical path).
   int64_t muon_buffer_bytes = 0;
   // Run each Muon wave's gather exchange beside the previous wave's
   // Newton-Schulz (and the first wave's beside AdamW), on a second thread;

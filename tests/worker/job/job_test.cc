@@ -372,8 +372,8 @@ std::vector<BrokenJob> BrokenJobs() {
       {"OwnerRuleUnknown", [](J& j) { j.mutable_optimizer()->set_owner_assignment("random"); },
        "optimizer.owner_assignment", "unknown rule 'random'"},
       {"MuonBufferBelowMinusOne",
-       [](J& j) { j.mutable_optimizer()->set_muon_buffer_bytes(-2); },
-       "optimizer.muon_buffer_bytes", "must be -1 (one wave), 0 (the default) or a byte count"},
+       [](J& j) { j.mutable_optimizer()->set_muon_buffer_bytes(-1); },
+       "optimizer.muon_buffer_bytes", "must be >= 0 (0, the default: one wave"},
       {"RuleBadRegex",
        [](J& j) {
          auto* r = j.mutable_optimizer()->add_rules();

@@ -5,6 +5,7 @@
 // workload (tested on its own in tests/worker/model) with its experts on the
 // expert mesh.
 
+#include "worker/runtime/muon_schedule.h"
 #include "worker/runtime/trainer.h"
 
 #include <cmath>
@@ -280,9 +281,10 @@ TEST_P(TrainerConfigTest, OwnerBasedAndAllgatherEndBitIdentical) {
 // rank's work in one wave is the plan's busiest rank.
 TEST_P(TrainerConfigTest, MuonWavesOfAnyBudgetEndBitIdentical) {
   const Config& c = GetParam();
-  const RunResult one = RunJob(c, "lpt", 3, {}, /*muon_buffer_bytes=*/-1);
+  const RunResult one = RunJob(c, "lpt", 3);
   const RunResult per_unit = RunJob(c, "lpt", 3, {}, /*muon_buffer_bytes=*/1);
-  const RunResult by_default = RunJob(c, "lpt", 3);
+  const RunResult by_default =
+      RunJob(c, "lpt", 3, {}, BackwardPeakMuonBufferBytes(one.plan));
   // One unit per wave, each wave's gather beside the previous one's
   // Newton-Schulz, against the same waves run one after the other.
   const RunResult serial = RunJob(c, "lpt", 3, {}, /*muon_buffer_bytes=*/1, /*muon_overlap=*/false);
