@@ -82,6 +82,19 @@ class JointAssignment {
   }
   const std::vector<int32_t>& owned(int c, int32_t p) const { return owned_[c][p]; }
 
+  // How far adding `cost` to position p of class c would raise the finishes
+  // of the other classes' positions its ranks sit at (summed; 0 when each
+  // such rank stays under its busiest peer there).
+  double RaiseElsewhere(int c, int32_t p, double cost) const {
+    double raise = 0;
+    for (int32_t r : classes_[c].ranks[p]) {
+      for (int c2 = 0; c2 < num_classes(); ++c2) {
+        if (c2 != c) raise += std::max(0.0, load_[r] + cost - finish_[c2][position_[c2][r]]);
+      }
+    }
+    return raise;
+  }
+
   void Assign(int c, int32_t j, int32_t p) {
     MatrixPlan& m = plan(c).matrices[j];
     if (m.owner >= 0) Unassign(c, j);
@@ -235,21 +248,32 @@ enum class Placed { kAll, kOverCap, kCancelled };
 // matrices stay with their holders while the cap allows; kOverCap, at once,
 // when one fits nowhere.
 // Ties break by lower position; `work` counts the candidates evaluated.
-Placed Place(JointAssignment& a, const std::vector<Item>& order, double cap, bool best_fit,
+enum class Fit { kEarliest, kBest, kGrouped };
+
+Placed Place(JointAssignment& a, const std::vector<Item>& order, double cap, Fit fit,
              CancelToken* cancel, int64_t* work) {
   const bool lpt = std::isinf(cap);
+  const bool best_fit = fit == Fit::kBest;
   for (const Item& item : order) {
     ClassView v(a, item.c);
     const MatrixPlan& m = v.plan().matrices[item.j];
     int32_t best = -1;
     double best_finish = 0;
     double best_cost = 0;
+    bool best_raises = false;
     int64_t candidates = 0;
     v.ForEachCandidate(item.j, [&](int32_t p) {
       ++candidates;
       const double cost = v.Cost(m, p);
       const double finish = v.load(p) + cost;
       if (!lpt && finish > cap) return;
+      // Grouped: first the positions that leave the other classes'
+      // finishes where they are.
+      const bool raises = fit == Fit::kGrouped && a.RaiseElsewhere(item.c, p, cost) > 0;
+      if (best >= 0 && raises != best_raises) {
+        if (raises) return;
+        best = -1;
+      }
       const bool fits_better = best_fit ? finish > best_finish : finish < best_finish;
       const bool better =
           best < 0 || (lpt ? finish < best_finish
@@ -259,6 +283,7 @@ Placed Place(JointAssignment& a, const std::vector<Item>& order, double cap, boo
         best = p;
         best_finish = finish;
         best_cost = cost;
+        best_raises = raises;
       }
     });
     *work += candidates;
@@ -529,7 +554,7 @@ bool AssignLpt(double w, int64_t bpe, int64_t world, const std::vector<DomainCla
   auto a = std::make_unique<JointAssignment>(classes, world, w, bpe);
   const std::vector<Item> order = LongestFirst(*a);
   int64_t work = 0;
-  if (Place(*a, order, std::numeric_limits<double>::infinity(), false, cancel, &work) !=
+  if (Place(*a, order, std::numeric_limits<double>::infinity(), Fit::kEarliest, cancel, &work) !=
       Placed::kAll) {
     return false;
   }
@@ -541,12 +566,14 @@ bool AssignLpt(double w, int64_t bpe, int64_t world, const std::vector<DomainCla
     const double cap = 0.5 * (lo + best);
     Placed placed = Placed::kOverCap;
     // Earliest fit spreads the work; best fit keeps whole positions free
-    // for what comes later (a rank's other domain, say).
-    for (const bool best_fit : {false, true}) {
-      if (placed != Placed::kOverCap || (best_fit && work + per_pack > kPackWork)) break;
+    // for what comes later; grouped fit keeps a rank's other domains free.
+    for (const Fit fit : {Fit::kEarliest, Fit::kGrouped, Fit::kBest}) {
+      if (placed != Placed::kOverCap || (fit != Fit::kEarliest && work + per_pack > kPackWork)) {
+        break;
+      }
       ClearOwners(classes);
       a = std::make_unique<JointAssignment>(classes, world, w, bpe);
-      placed = Place(*a, order, cap, best_fit, cancel, &work);
+      placed = Place(*a, order, cap, fit, cancel, &work);
     }
     if (placed == Placed::kCancelled) return false;
     if (placed == Placed::kOverCap) {
@@ -851,6 +878,105 @@ double LagrangianBound(double w, int64_t bpe, int64_t world,
   return best;
 }
 
+// The group bound of StrongJointLowerBound for classes a (positions run by
+// several ranks each: a group) and b: T is infeasible when, for some sizes
+// theta (of b's copies) and k (of a's matrices), no spreading of b's copies
+// of at least theta over the groups leaves room for a's matrices.
+class GroupBound {
+ public:
+  static constexpr size_t kCandidates = 24;
+  static constexpr int64_t kMaxDp = int64_t{1} << 20;
+
+  GroupBound(const DomainClass& a, const DomainClass& b) {
+    groups_ = a.plan->size;
+    ranks_ = a.ranks.empty() ? 1 : static_cast<int64_t>(a.ranks[0].size());
+    for (const MatrixPlan& m : a.plan->matrices) a_.push_back(m.min_cost);
+    const size_t copies = b.ranks.empty() ? 0 : b.ranks[0].size();
+    for (const MatrixPlan& m : b.plan->matrices) {
+      for (size_t k = 0; k < copies; ++k) b_.push_back(m.min_cost);
+    }
+    std::sort(a_.begin(), a_.end());
+    std::sort(b_.begin(), b_.end());
+    for (double x : a_) area_ += x;
+  }
+
+  // True when no plan finishes by T (see StrongJointLowerBound).
+  bool Infeasible(double t) const {
+    if (a_.empty() || b_.empty() || ranks_ < 2) return false;
+    for (double theta : Candidates(b_)) {
+      if (theta <= 0) continue;
+      // Copies of at least theta, and the level units they need: a group
+      // at level l (its busiest rank holds l of them) takes R l of them.
+      const int64_t n = AtLeast(b_, theta);
+      const int64_t units = (n + ranks_ - 1) / ranks_;
+      const int64_t levels = static_cast<int64_t>(std::floor(t / theta));
+      if (units > groups_ * levels) return true;  // the copies alone do not fit
+      // By area: the groups leave at most Q T - theta U for a's matrices.
+      if (static_cast<double>(groups_) * t - theta * static_cast<double>(units) <
+          area_ * (1 - 1e-12)) {
+        return true;
+      }
+      if (groups_ * (units + 1) * (levels + 1) > kMaxDp) continue;
+      for (double k : Candidates(a_)) {
+        if (k > 0 && MostSlots(t, theta, k, units, levels) < AtLeast(a_, k)) return true;
+      }
+    }
+    return false;
+  }
+
+ private:
+  static int64_t AtLeast(const std::vector<double>& sorted, double x) {
+    return static_cast<int64_t>(sorted.end() -
+                                std::lower_bound(sorted.begin(), sorted.end(), x));
+  }
+
+  // Up to kCandidates of the distinct sizes, evenly spread, the extremes in.
+  static std::vector<double> Candidates(const std::vector<double>& sorted) {
+    std::vector<double> distinct;
+    for (double x : sorted) {
+      if (distinct.empty() || x != distinct.back()) distinct.push_back(x);
+    }
+    if (distinct.size() <= kCandidates) return distinct;
+    std::vector<double> out;
+    for (size_t i = 0; i < kCandidates; ++i) {
+      out.push_back(distinct[i * (distinct.size() - 1) / (kCandidates - 1)]);
+    }
+    return out;
+  }
+
+  // The most matrices of at least k the groups can take, over every choice
+  // of levels with at least `units` level units in all: a group at level l
+  // takes floor((T - l theta) / k), rounded up a little. A knapsack, by DP.
+  int64_t MostSlots(double t, double theta, double k, int64_t units, int64_t levels) const {
+    constexpr int64_t kNone = std::numeric_limits<int64_t>::min() / 4;
+    std::vector<int64_t> slots(levels + 1);
+    for (int64_t l = 0; l <= levels; ++l) {
+      const double room = t - static_cast<double>(l) * theta;
+      slots[l] = static_cast<int64_t>(std::floor(room / k * (1 + 1e-12)));
+    }
+    std::vector<int64_t> best(units + 1, kNone);
+    best[0] = 0;
+    for (int64_t g = 0; g < groups_; ++g) {
+      std::vector<int64_t> next(units + 1, kNone);
+      for (int64_t u = 0; u <= units; ++u) {
+        if (best[u] == kNone) continue;
+        for (int64_t l = 0; l <= levels; ++l) {
+          const int64_t v = std::min(units, u + l);
+          next[v] = std::max(next[v], best[u] + slots[l]);
+        }
+      }
+      best = std::move(next);
+    }
+    return best[units];
+  }
+
+  int64_t groups_ = 0;
+  int64_t ranks_ = 1;
+  std::vector<double> a_;
+  std::vector<double> b_;
+  double area_ = 0;
+};
+
 }  // namespace
 
 int64_t BinPackingLowerBound(std::vector<double> sizes, double capacity) {
@@ -913,8 +1039,23 @@ double StrongJointLowerBound(double w, int64_t bpe, int64_t world,
       bound = std::max(bound, (own[i] + total[j]) / static_cast<double>(classes[j].plan->size));
     }
   }
+  // 4. Groups: positions of one class run by several ranks, and the other
+  // class's copies on those ranks.
+  for (size_t i = 0; i < classes.size(); ++i) {
+    for (size_t j = 0; j < classes.size(); ++j) {
+      if (i == j) continue;
+      const GroupBound group(classes[i], classes[j]);
+      double lo = bound;
+      double up = std::max(hi, bound);
+      for (int step = 0; step < 30 && up > lo * (1 + 1e-6); ++step) {
+        const double mid = 0.5 * (lo + up);
+        (group.Infeasible(mid) ? lo : up) = mid;
+      }
+      bound = std::max(bound, lo);
+    }
+  }
   if (cancel != nullptr && cancel->Tick(static_cast<int64_t>(world))) return bound;
-  // 4. The Lagrangian bound.
+  // 5. The Lagrangian bound.
   return std::max(bound, LagrangianBound(w, bpe, world, classes, max_work, cancel));
 }
 

@@ -132,6 +132,16 @@ double JointLowerBound(int64_t world_size, const std::vector<DomainClass>& class
 //    class bound B_i, and each of its ranks also carries a position of class
 //    j, which is left at least class j's total less what its other D_j - 1
 //    positions take (T each): T >= (B_i + total_j) / D_j;
+//  - groups: where class a's positions are each run by R > 1 ranks (expert
+//    positions, one rank per EP group), a position's load lands on all R.
+//    Take class b's copies of at least theta (n of them): a group whose
+//    ranks hold x of them has a rank holding ceil(x / R) of them, so its
+//    a-load is at most T - ceil(x / R) theta, and the levels
+//    l_q = ceil(x_q / R) of the groups add up to at least ceil(n / R). T is
+//    infeasible when, for every such choice of levels, a's matrices do not
+//    fit: by area (their best-holder costs exceed Q T - theta ceil(n / R))
+//    or by count (more of them of at least k than the most
+//    sum_q floor((T - l_q theta) / k) over the choices, a small knapsack);
 // Deterministic; its work is bounded by `max_work` cost evaluations (at
 // least a few passes); ticks `cancel` and returns what it has when that
 // says stop. Expects the classes assigned (AssignOwnersJointly).

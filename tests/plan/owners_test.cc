@@ -377,3 +377,27 @@ TEST(JointOwnersTest, ClassesMustCoverTheWorldOnce) {
 
 }  // namespace
 }  // namespace muonmesh::plan
+
+namespace muonmesh::plan {
+namespace {
+
+// Two dense matrices of 5 on 4 ranks, five expert matrices of 2 on two
+// positions of two ranks each (EP = 2). By hand: a rank holding a 5 leaves
+// its expert position room for one 2 below 8; the other position takes at
+// most three below 8 (four at 8): 1 + 3 < 5, so no plan finishes below 8,
+// and 8 is reached (both 5s on one position's two ranks). The joint bound
+// is only max(5, 5, (10 + 2 * 10) / 4) = 7.5.
+TEST(JointOwnersTest, StrongBoundIsExactWhereTheJointBoundIsLoose) {
+  JointCase c{Replicated({5, 5}, 4), Replicated({2, 2, 2, 2, 2}, 2)};
+  std::vector<DomainClass> classes = c.Classes();
+  absl::StatusOr<std::vector<double>> loads =
+      AssignOwnersJointly(OwnerRule::kLpt, 1.0, 4, 4, classes);
+  ASSERT_TRUE(loads.ok());
+  EXPECT_DOUBLE_EQ(JointLowerBound(4, classes), 7.5);
+  EXPECT_NEAR(StrongJointLowerBound(1.0, 4, 4, classes), 8.0, 1e-4);
+  EXPECT_DOUBLE_EQ(*std::max_element(loads->begin(), loads->end()), 8.0);
+  EXPECT_DOUBLE_EQ(BruteForceJoint({5, 5}, {2, 2, 2, 2, 2}), 8.0);
+}
+
+}  // namespace
+}  // namespace muonmesh::plan
