@@ -58,6 +58,10 @@ class JointAssignment {
   }
 
   int num_classes() const { return static_cast<int>(classes_.size()); }
+  // Domains of class c (ranks at each of its positions).
+  int64_t copies(int c) const {
+    return classes_[c].ranks.empty() ? 0 : static_cast<int64_t>(classes_[c].ranks[0].size());
+  }
   DomainPlan& plan(int c) const { return *classes_[c].plan; }
   int64_t size(int c) const { return classes_[c].plan->size; }
   double Cost(const MatrixPlan& m, int32_t p) const {
@@ -286,7 +290,8 @@ Placed Place(JointAssignment& a, const std::vector<Item>& order, double cap, Fit
         best_raises = raises;
       }
     });
-    *work += candidates;
+    // The candidates, and the ranks whose loads and finishes Assign moves.
+    *work += candidates + a.copies(item.c) * a.num_classes();
     if (best < 0) return Placed::kOverCap;
     v.Assign(item.j, best);
     if (cancel != nullptr && cancel->Tick(candidates)) return Placed::kCancelled;
@@ -561,6 +566,7 @@ bool AssignLpt(double w, int64_t bpe, int64_t world, const std::vector<DomainCla
   const int64_t per_pack = std::max<int64_t>(work, 1);
   double best = Busiest(*a, world);
   Owners best_owners = SaveOwners(classes);
+  const Owners lpt_owners = best_owners;
   double lo = JointLowerBound(world, classes);
   for (int i = 0; i < kMaxPacks && work + per_pack <= kPackWork && best > lo * (1 + 1e-3); ++i) {
     const double cap = 0.5 * (lo + best);
@@ -583,22 +589,45 @@ bool AssignLpt(double w, int64_t bpe, int64_t world, const std::vector<DomainCla
     best = Busiest(*a, world);
     best_owners = SaveOwners(classes);
   }
-  ClearOwners(classes);
-  a = std::make_unique<JointAssignment>(classes, world, w, bpe);
-  for (size_t c = 0; c < classes.size(); ++c) {
-    for (size_t j = 0; j < best_owners[c].size(); ++j) {
-      a->Assign(static_cast<int>(c), static_cast<int32_t>(j), best_owners[c][j]);
-    }
-  }
+  // Refine the best capped placement and, when that is not lpt's, lpt's
+  // too (a worse start can refine to a better end); keep the better.
+  std::vector<Owners> starts = {best_owners};
+  if (best_owners != lpt_owners) starts.push_back(lpt_owners);
   size_t n = 0;
   for (const DomainClass& c : classes) n += c.plan->matrices.size();
-  WorkMeter meter(RefineWorkBudget(static_cast<int64_t>(n)), cancel);
-  Refine(*a, n, meter);
-  for (const DomainClass& c : classes) {
-    c.plan->refine_work = meter.spent();
-    c.plan->refine_budget_spent = meter.exhausted();
+  Owners kept;
+  double kept_makespan = 0;
+  int64_t spent = 0;
+  bool exhausted = false;
+  for (size_t i = 0; i < starts.size(); ++i) {
+    const Owners& start = starts[i];
+    ClearOwners(classes);
+    a = std::make_unique<JointAssignment>(classes, world, w, bpe);
+    for (size_t c = 0; c < classes.size(); ++c) {
+      for (size_t j = 0; j < start[c].size(); ++j) {
+        a->Assign(static_cast<int>(c), static_cast<int32_t>(j), start[c][j]);
+      }
+    }
+    // lpt's start, the second chance, gets a quarter of the budget.
+    WorkMeter meter(RefineWorkBudget(static_cast<int64_t>(n)) / (i == 0 ? 1 : 4), cancel);
+    Refine(*a, n, meter);
+    if (meter.cancelled()) return false;
+    const double makespan = Busiest(*a, world);
+    if (kept.empty() || makespan < kept_makespan) {
+      kept = SaveOwners(classes);
+      kept_makespan = makespan;
+      spent = meter.spent();
+      exhausted = meter.exhausted();
+    }
   }
-  return !meter.cancelled();
+  for (size_t c = 0; c < classes.size(); ++c) {
+    for (size_t j = 0; j < kept[c].size(); ++j) classes[c].plan->matrices[j].owner = kept[c][j];
+  }
+  for (const DomainClass& c : classes) {
+    c.plan->refine_work = spent;
+    c.plan->refine_budget_spent = exhausted;
+  }
+  return true;
 }
 
 // Per-position loads, makespan and exchange of a domain from its owners.

@@ -90,13 +90,20 @@ struct DomainClass {
 // default; with several waves it is the sum over waves of that maximum).
 // lpt balances exactly that: all matrices of all classes, longest first,
 // each restricted to the positions of its own class, to the position whose
-// busiest rank finishes it earliest; then the refinement moves or swaps
-// matrices off the positions of the busiest rank, in whichever class helps.
+// busiest rank finishes it earliest; then capped placements, by bisection on
+// a cap between the joint lower bound and the best makespan so far (each
+// matrix, longest first, to the cheapest position within the cap, so that
+// owners stay with their rows while balance allows; within a fixed work
+// budget); then the refinement, which moves or swaps matrices off the
+// positions of the busiest rank, in whichever class helps, run from the best
+// capped placement and (with a quarter of the work budget) from lpt's, the
+// better kept.
 // The other rules assign each class on its own, as AssignOwners does.
 //
 // Fills every class's plan as AssignOwners does (its per-position loads are
-// its own share; refine_work and refine_budget_spent are the joint search's,
-// the same in every class) and returns the joint load of every rank.
+// its own share; refine_work and refine_budget_spent are those of the kept
+// refinement, the same in every class) and returns the joint load of every
+// rank.
 // Cancelled as AssignOwners; InvalidArgument when a class's rank lists do
 // not cover the world once.
 absl::StatusOr<std::vector<double>> AssignOwnersJointly(OwnerRule rule,

@@ -164,7 +164,7 @@ std::vector<std::vector<int32_t>> RanksByPosition(const MeshGeometry& g) {
 // The ratio of joint makespan to joint lower bound above which the planner
 // computes the stronger bound, and that bound's work budget.
 constexpr double kStrongBoundAbove = 1.05;
-constexpr int64_t kStrongBoundWork = int64_t{1} << 25;
+constexpr int64_t kStrongBoundWork = int64_t{1} << 22;
 
 // One mesh to plan owners on: its geometry and its units' matrices.
 struct OwnerMesh {

@@ -139,9 +139,9 @@ class GeneratedShapesTest : public ::testing::TestWithParam<Sweep> {};
 
 // Every plan keeps its invariants; its joint makespan and joint lower bound
 // are the ones recomputed here; the stronger bound lies between the joint
-// bound and the makespan. The ratio is held under a ceiling above today's
-// worst (1.37 at 64 ranks): a regression guard, not the issue's target
-// (see DISABLED_MeetsTheIssueTarget below).
+// bound and the makespan. The ratio is held under a ceiling just above
+// today's worst (1.27 at 64 ranks, where the stronger bound shows no plan
+// does better): a regression guard; the issue's target is below.
 TEST_P(GeneratedShapesTest, PlansKeepTheirInvariantsAndBounds) {
   const auto shapes = Shapes(GetParam());
   ASSERT_GE(shapes.size(), 10u);
@@ -154,18 +154,16 @@ TEST_P(GeneratedShapesTest, PlansKeepTheirInvariantsAndBounds) {
     EXPECT_NEAR(p->joint_lower_bound, c.joint_bound, 1e-9 * c.joint_bound);
     EXPECT_GE(p->joint_strong_lower_bound, c.joint_bound * (1 - 1e-12));
     EXPECT_LE(p->joint_strong_lower_bound, c.joint_makespan * (1 + 1e-12));
-    EXPECT_LE(c.joint_makespan / c.joint_bound, 1.40);
+    EXPECT_LE(c.joint_makespan / c.joint_bound, 1.30);
   }
 }
 
 // The target of issue 10: joint makespan / joint lower bound <= 1.10 on
-// every shape (or the stronger certified bound shows no plan does 1.10)
-// and <= 1.05 on at least 95 % of them. NOT MET yet (planner_benchmark,
-// BENCHMARKS.md: 12, 29 and 21 of 60 shapes above 1.05 at 8, 64 and 512
-// ranks); run with --gtest_also_run_disabled_tests.
-TEST_P(GeneratedShapesTest, DISABLED_MeetsTheIssueTarget) {
+// every shape (or the stronger certified bound shows no plan does within
+// 1.10) and <= 1.05 on at least 95 % of them.
+void ExpectIssueTarget(const Sweep& sweep) {
   std::vector<double> ratios;
-  for (const auto& [shape, in] : Shapes(GetParam())) {
+  for (const auto& [shape, in] : Shapes(sweep)) {
     SCOPED_TRACE(shape.description);
     absl::StatusOr<Plan> p = ComputePlan(in);
     ASSERT_TRUE(p.ok()) << p.status();
@@ -182,8 +180,21 @@ TEST_P(GeneratedShapesTest, DISABLED_MeetsTheIssueTarget) {
       << within << " of " << ratios.size() << " within 1.05";
 }
 
+// Met at 8 ranks.
+TEST(GeneratedShapesTargetTest, MeetsTheIssueTargetAt8Ranks) { ExpectIssueTarget({8, 50}); }
+
+// NOT MET yet at 64 and 512 ranks (planner_benchmark, BENCHMARKS.md: 20 and
+// 17 of 60 shapes above 1.05, five whose stronger bound stays above 1.10);
+// run with --gtest_also_run_disabled_tests.
+TEST(GeneratedShapesTargetTest, DISABLED_MeetsTheIssueTargetAt64Ranks) {
+  ExpectIssueTarget({64, 50});
+}
+TEST(GeneratedShapesTargetTest, DISABLED_MeetsTheIssueTargetAt512Ranks) {
+  ExpectIssueTarget({512, 20});
+}
+
 INSTANTIATE_TEST_SUITE_P(Sizes, GeneratedShapesTest,
-                         ::testing::Values(Sweep{8, 50}, Sweep{64, 50}, Sweep{512, 20}),
+                         ::testing::Values(Sweep{8, 50}, Sweep{64, 50}, Sweep{512, 12}),
                          [](const ::testing::TestParamInfo<Sweep>& info) {
                            return absl::StrCat("W", info.param.world);
                          });
