@@ -268,6 +268,19 @@ std::string FormatPlanTable(const std::string& model_name, const v1::Plan& plan)
   }
   summary.Add({first ? "Muon makespan" : "",
                absl::StrFormat("worst: %.4f x lower bound", s.makespan_over_lower_bound())});
+  if (s.joint_lower_bound() > 0) {
+    // What the runtime's one Muon schedule runs: a rank's load over all its domains.
+    std::string joint = absl::StrFormat(
+        "%s (rank %d) / joint lower bound %s = %.4f", FormatFlops(s.joint_makespan()),
+        s.joint_critical_rank(), FormatFlops(s.joint_lower_bound()),
+        s.joint_makespan() / s.joint_lower_bound());
+    if (s.joint_strong_lower_bound() > s.joint_lower_bound()) {
+      absl::StrAppend(&joint, absl::StrFormat("; / certified bound %s = %.4f",
+                                              FormatFlops(s.joint_strong_lower_bound()),
+                                              s.joint_makespan() / s.joint_strong_lower_bound()));
+    }
+    summary.Add({"Muon critical path", joint});
+  }
   summary.Add(
       {"Muon exchange",
        absl::StrCat(FormatBytes(static_cast<double>(s.muon_exchange_bytes())),

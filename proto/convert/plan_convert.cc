@@ -223,6 +223,10 @@ void PlanToProto(const plan::PlanInput& input, const plan::Plan& p, bool include
     exchange_bound += dp.exchange_lower_bound_bytes;
   }
   s->set_makespan_over_lower_bound(worst);
+  s->set_joint_makespan(p.joint_makespan);
+  s->set_joint_lower_bound(p.joint_lower_bound);
+  s->set_joint_strong_lower_bound(p.joint_strong_lower_bound);
+  s->set_joint_critical_rank(p.joint_critical_rank);
   s->set_muon_exchange_bytes(exchange);
   s->set_muon_exchange_lower_bound_bytes(exchange_bound);
 }

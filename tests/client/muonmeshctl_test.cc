@@ -348,7 +348,8 @@ TEST_F(MuonmeshCtlTest, PlanJsonHasTheDocumentedKeys) {
         "\"row_start\": 0,",  "\"row_count\": ",        "\"ranks\": [",
         "\"rank\": 0,",       "\"load_flops\": ",       "\"shard_elements\": ",
         "\"summary\": {",     "\"padding_fraction\": ", "\"makespan_over_lower_bound\": ",
-        "\"dim_names\": [",   "\"placements\": ["}) {
+        "\"dim_names\": [",   "\"placements\": [",   "\"joint_makespan\": ",
+        "\"joint_lower_bound\": "}) {
     EXPECT_TRUE(absl::StrContains(r.out, key)) << key;  // not HasSubstr: 100 KiB of output
   }
   // A timing would break byte-identical output.
@@ -363,7 +364,8 @@ TEST_F(MuonmeshCtlTest, PlanTableShowsMeshPlacementsAndPadding) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   for (const char* text :
        {"gpt2-124m", "dense mesh", "(dp_outer=2, dp_shard=4)", "HFSDP", "Partial(avg)", "padding",
-        "Muon makespan", "Muon exchange", "param_allgather", "most loaded"}) {
+        "Muon makespan", "Muon critical path", "Muon exchange", "param_allgather",
+        "most loaded"}) {
     EXPECT_THAT(r.out, HasSubstr(text));
   }
 }
