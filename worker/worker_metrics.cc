@@ -42,6 +42,19 @@ WorkerMetrics::WorkerMetrics()
                     .Name("muonmesh_worker_newton_schulz_flops_total")
                     .Help("Newton-Schulz floating-point operations this worker ran")
                     .Register(*registry_)),
+      optimizer_seconds_(
+          prometheus::BuildCounter()
+              .Name("muonmesh_worker_optimizer_seconds_total")
+              .Help("Time of the optimizer phase of this worker's steps: its phase timers "
+                    "summed (adamw, muon_prepare, muon_gather, newton_schulz, muon_scatter, "
+                    "muon_apply, param_allgather_after_step)")
+              .Register(*registry_)),
+      exchange_wait_(
+          prometheus::BuildCounter()
+              .Name("muonmesh_worker_muon_exchange_wait_seconds_total")
+              .Help("Time the Muon rounds of this worker's steps spent in their exchange "
+                    "calls, waiting for peers included")
+              .Register(*registry_)),
       busy_(prometheus::BuildGauge()
                 .Name("muonmesh_worker_busy")
                 .Help("1 while this worker runs a rank of a job, else 0")
@@ -97,6 +110,16 @@ void WorkerMetrics::OnStep(const std::string& job, const StepReport& r,
   series.steps = &steps;
   series.loss = &loss;
   series.flops = &flops;
+  const absl::Duration optimizer = t.adamw + t.muon_prepare + t.muon_gather + t.newton_schulz +
+                                   t.muon_scatter + t.muon_apply + t.param_allgather_after_step;
+  prometheus::Counter& optimizer_seconds = optimizer_seconds_.Add({{"job", job}});
+  optimizer_seconds.Increment(absl::ToDoubleSeconds(optimizer));
+  series.optimizer = &optimizer_seconds;
+  absl::Duration wait;
+  for (const MuonRound& round : r.muon_rounds) wait += round.wait;
+  prometheus::Counter& exchange_wait = exchange_wait_.Add({{"job", job}});
+  exchange_wait.Increment(absl::ToDoubleSeconds(wait));
+  series.exchange_wait = &exchange_wait;
   for (const auto& [name, bytes] : r.bytes_sent) {
     prometheus::Counter& c = collective_bytes_.Add({{"job", job}, {"collective", name}});
     c.Increment(static_cast<double>(bytes));
@@ -117,6 +140,8 @@ void WorkerMetrics::OnAttemptEnd(const std::string& job, const std::string& outc
   if (s.steps != nullptr) steps_.Remove(s.steps);
   if (s.loss != nullptr) loss_.Remove(s.loss);
   if (s.flops != nullptr) ns_flops_.Remove(s.flops);
+  if (s.optimizer != nullptr) optimizer_seconds_.Remove(s.optimizer);
+  if (s.exchange_wait != nullptr) exchange_wait_.Remove(s.exchange_wait);
   series_.erase(it);
 }
 

@@ -11,6 +11,15 @@
 //   muonmesh_worker_loss{job}                      gauge, the last step's
 //   muonmesh_worker_collective_bytes_total{job, collective}  counter, bytes sent
 //   muonmesh_worker_newton_schulz_flops_total{job} counter
+//   muonmesh_worker_optimizer_seconds_total{job}   counter, the optimizer
+//                                                 phase's time (its phase
+//                                                 timers summed: adamw, muon_*,
+//                                                 newton_schulz,
+//                                                 param_allgather_after_step)
+//   muonmesh_worker_muon_exchange_wait_seconds_total{job}  counter, time the
+//                                                 Muon rounds spent in their
+//                                                 exchange calls (waiting for
+//                                                 peers included)
 //   muonmesh_worker_busy                           gauge, 1 while a rank runs
 //   muonmesh_worker_attempts_total{outcome}        counter
 //
@@ -58,6 +67,8 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Gauge>& loss_;
   prometheus::Family<prometheus::Counter>& collective_bytes_;
   prometheus::Family<prometheus::Counter>& ns_flops_;
+  prometheus::Family<prometheus::Counter>& optimizer_seconds_;
+  prometheus::Family<prometheus::Counter>& exchange_wait_;
   prometheus::Gauge& busy_;
   prometheus::Family<prometheus::Counter>& attempts_;
   // The series of each job, to drop when its rank ends.
@@ -67,6 +78,8 @@ class WorkerMetrics {
     prometheus::Counter* steps = nullptr;
     prometheus::Gauge* loss = nullptr;
     prometheus::Counter* flops = nullptr;
+    prometheus::Counter* optimizer = nullptr;
+    prometheus::Counter* exchange_wait = nullptr;
   };
   std::mutex mu_;
   std::map<std::string, JobSeries> series_;

@@ -3,6 +3,7 @@
 
 #include "worker/worker_metrics.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -19,15 +20,45 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// Every phase timer set, to distinct values (the optimizer phase's in
+// whole milliseconds, the others far larger so that counting one of them
+// would show); two Muon rounds with their exchange waits.
 StepReport Report(double loss) {
   StepReport r;
   r.loss = loss;
-  r.times.newton_schulz = absl::Milliseconds(3);
-  r.times.grad_reduce = absl::Milliseconds(1);
+  r.times.param_gather = absl::Seconds(100);
+  r.times.forward_backward = absl::Seconds(200);
+  r.times.expert_dispatch = absl::Seconds(300);
+  r.times.grad_reduce = absl::Seconds(400);
+  r.times.adamw = absl::Milliseconds(1);
+  r.times.muon_prepare = absl::Milliseconds(2);
+  r.times.muon_gather = absl::Milliseconds(4);
+  r.times.newton_schulz = absl::Milliseconds(8);
+  r.times.muon_scatter = absl::Milliseconds(16);
+  r.times.muon_apply = absl::Milliseconds(32);
+  r.times.param_allgather_after_step = absl::Milliseconds(64);
   r.bytes_sent["param_allgather"] = 1000;
   r.bytes_sent["expert/muon_gather"] = 24;
   r.ns_flops = 5e6;
+  MuonRound dense;
+  dense.domain = "dense";
+  dense.wait = absl::Milliseconds(3);
+  MuonRound both;
+  both.wave = 1;
+  both.domain = "dense+expert";
+  both.wait = absl::Milliseconds(5);
+  r.muon_rounds = {dense, both};
+  r.muon_exchange_calls = 6;
   return r;
+}
+
+// The value of the sample `series` (name and labels, as exposed) in `text`;
+// NaN if absent.
+double Sample(const std::string& text, const std::string& series) {
+  const std::string prefix = "\n" + series + " ";
+  const size_t at = text.find(prefix);
+  if (at == std::string::npos) return std::nan("");
+  return std::strtod(text.c_str() + at + prefix.size(), nullptr);
 }
 
 TEST(WorkerMetricsTest, ServesTheDocumentedMetrics) {
@@ -51,6 +82,12 @@ TEST(WorkerMetricsTest, ServesTheDocumentedMetrics) {
   EXPECT_THAT(text, HasSubstr("muonmesh_worker_collective_bytes_total{collective=\"param_allgather\""
                               ",job=\"j-1\"} 2000"));
   EXPECT_THAT(text, HasSubstr("muonmesh_worker_newton_schulz_flops_total{job=\"j-1\"} 10000000"));
+  // The optimizer phase: adamw .. param_allgather_after_step, 1+2+...+64 ms
+  // a step, twice; the Muon rounds' exchange waits: 3+5 ms a step, twice.
+  EXPECT_NEAR(Sample(text, "muonmesh_worker_optimizer_seconds_total{job=\"j-1\"}"), 2 * 0.127,
+              1e-12);
+  EXPECT_NEAR(Sample(text, "muonmesh_worker_muon_exchange_wait_seconds_total{job=\"j-1\"}"),
+              2 * 0.008, 1e-12);
   EXPECT_THAT(text, HasSubstr("muonmesh_worker_busy 1"));
   EXPECT_THAT(text, HasSubstr("muonmesh_worker_attempts_total{outcome=\"succeeded\"} 1"));
   EXPECT_THAT(text,
