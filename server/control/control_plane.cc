@@ -47,8 +47,13 @@ ControlPlane::ControlPlane(const ControlPlaneOptions& options, std::unique_ptr<D
       fleet_(&clock_, options.lease_ttl, options.heartbeat_interval),
       metrics_(std::make_shared<CoordinatorMetrics>(store_.get(), &fleet_)),
       manager_(store_.get(), &fleet_, &rendezvous_, &clock_,
-               JobManagerOptions{options.collective_timeout,
-                                 [m = metrics_.get()](double s) { m->OnStep(s); }}),
+               JobManagerOptions{
+                   options.collective_timeout,
+                   [m = metrics_.get()](double s) { m->OnStep(s); },
+                   [m = metrics_.get()](const std::string& job, double flops) {
+                     m->OnAttemptPlanned(job, flops);
+                   },
+                   [m = metrics_.get()](const std::string& job) { m->OnAttemptDone(job); }}),
       jobs_service_(&manager_, store_.get()),
       fleet_service_(&fleet_, &manager_),
       store_service_(&rendezvous_) {}

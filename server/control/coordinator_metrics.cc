@@ -104,6 +104,16 @@ void CoordinatorMetrics::OnStep(double slowest_rank_seconds) {
   step_duration_.Observe(slowest_rank_seconds);
 }
 
+void CoordinatorMetrics::OnAttemptPlanned(const std::string& job_id, double critical_path_flops) {
+  std::lock_guard<std::mutex> lock(mu_);
+  critical_path_[job_id] = critical_path_flops;
+}
+
+void CoordinatorMetrics::OnAttemptDone(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  critical_path_.erase(job_id);
+}
+
 std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
   prometheus::MetricFamily jobs{"muonmesh_jobs", "Jobs in each state",
                                 prometheus::MetricType::Gauge, {}};
@@ -119,8 +129,25 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
     m.label = {{"state", StateName(state)}};
     jobs.metric.push_back(std::move(m));
   }
+  prometheus::MetricFamily critical_path{
+      "muonmesh_job_planned_critical_path_flops",
+      "Planned critical path of each running job: the Newton-Schulz FLOPs per step of the "
+      "busiest rank in its attempt's plan",
+      prometheus::MetricType::Gauge,
+      {}};
+  std::map<std::string, double> planned;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    planned = critical_path_;
+  }
   for (const v1::Job& job : store_.Unfinished()) {
-    if (job.state() != v1::JOB_STATE_RUNNING || job.steps_done() == 0) continue;
+    if (job.state() != v1::JOB_STATE_RUNNING) continue;
+    if (auto it = planned.find(job.id()); it != planned.end()) {
+      prometheus::ClientMetric m = GaugeValue(it->second);
+      m.label = {{"job", job.id()}};
+      critical_path.metric.push_back(std::move(m));
+    }
+    if (job.steps_done() == 0) continue;
     prometheus::ClientMetric m = GaugeValue(job.last_loss());
     m.label = {{"job", job.id()}};
     loss.metric.push_back(std::move(m));
@@ -140,7 +167,7 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
     m.label = {{"device", key.second}, {"state", key.first}};
     workers.metric.push_back(std::move(m));
   }
-  return {std::move(jobs), std::move(workers), std::move(loss)};
+  return {std::move(jobs), std::move(workers), std::move(loss), std::move(critical_path)};
 }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>

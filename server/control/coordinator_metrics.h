@@ -10,12 +10,20 @@
 //   muonmesh_job_step_duration_seconds           histogram, a step's slowest
 //                                                rank
 //   muonmesh_rpc_duration_seconds{method, code}  histogram, every RPC served
-// The gauges are computed when scraped, from the job store and the fleet;
+//   muonmesh_job_planned_critical_path_flops{job}  gauge, each running job's
+//                                                planned critical path: the
+//                                                Newton-Schulz FLOPs per step
+//                                                of its plan's busiest rank
+// The gauges are computed when scraped, from the job store and the fleet
+// (the planned critical path from what OnAttemptPlanned recorded, for the
+// jobs the store has RUNNING);
 // the RPC histogram is fed by a server interceptor (InterceptorFactory).
 //
 // Thread-safe.
 
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -40,6 +48,10 @@ class CoordinatorMetrics final : public prometheus::Collectable {
 
   void OnRpc(const std::string& method, int code, double seconds);
   void OnStep(double slowest_rank_seconds);
+  // The plan of a job's new attempt, and the end of that attempt
+  // (JobManagerOptions::on_attempt_planned, on_attempt_done).
+  void OnAttemptPlanned(const std::string& job_id, double critical_path_flops);
+  void OnAttemptDone(const std::string& job_id);
 
   // What an Exposer registers: this and the registry of counters.
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
@@ -54,6 +66,8 @@ class CoordinatorMetrics final : public prometheus::Collectable {
   prometheus::Family<prometheus::Histogram>& rpc_duration_;
   prometheus::Counter& steps_;
   prometheus::Histogram& step_duration_;
+  mutable std::mutex mu_;
+  std::map<std::string, double> critical_path_;  // job id -> its attempt's plan
 };
 
 }  // namespace muonmesh::coordinator

@@ -191,6 +191,13 @@ bool JobManager::TryStart(const v1::Job& job) {
                       attempt);
     return true;
   }
+  if (options_.on_attempt_planned) {
+    double critical_path = 0;
+    for (const plan::RankSummary& r : plan->ranks) {
+      critical_path = std::max(critical_path, r.ns_flops);
+    }
+    options_.on_attempt_planned(job.id(), critical_path);
+  }
   v1::ExecutionPlan exec = PlanToExec(*plan);
   const std::string fingerprint = PlanFingerprint(exec);
   Attempt& a = active_[job.id()];
@@ -329,6 +336,7 @@ void JobManager::MaybeFinish(const std::string& job_id) {
   const Attempt done = std::move(a);
   active_.erase(it);
   rendezvous_.DropJob(job_id);
+  if (options_.on_attempt_done) options_.on_attempt_done(job_id);
   absl::StatusOr<v1::Job> job = store_.Get(job_id);
   if (!job.ok() || IsFinal(job->state())) return;  // cancelled: already final
   if (done.failure.empty()) {

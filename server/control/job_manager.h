@@ -47,6 +47,12 @@ struct JobManagerOptions {
   // Called with the slowest rank's seconds whenever every rank finished a
   // step (metrics). May be empty.
   std::function<void(double)> on_step_done;
+  // Called when an attempt of a job starts, with its plan's critical path
+  // (the busiest rank's Newton-Schulz FLOPs per step: the largest
+  // plan.ranks[r].ns_flops), and when that attempt ends (metrics). May be
+  // empty.
+  std::function<void(const std::string& job_id, double critical_path_flops)> on_attempt_planned;
+  std::function<void(const std::string& job_id)> on_attempt_done;
 };
 
 class JobManager {

@@ -1,0 +1,213 @@
+// The coordinator's planned-critical-path gauge through the real job
+// manager, job store and fleet (no worker processes: attempts start and end
+// by calling the manager as the Fleet service would). The expected values
+// are Newton-Schulz FLOP counts worked out by hand from the matrix shapes,
+// not taken from the planner.
+
+#include "server/control/coordinator_metrics.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "prometheus/text_serializer.h"
+#include "proto/io/message_file.h"
+#include "server/control/job_manager.h"
+
+namespace muonmesh::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Pair;
+using ::testing::UnorderedElementsAre;
+
+class FakeClock final : public Clock {
+ public:
+  absl::Time Now() override { return absl::FromUnixSeconds(1'000'000); }
+};
+
+constexpr char kGauge[] = "muonmesh_job_planned_critical_path_flops";
+
+// One mlp layer's weight [rows, cols] under Newton-Schulz, by hand: every
+// iteration forms A = X X^T (2 m m n), B = b A + c A A (2 m^3) and
+// X = a X + B X (2 m m n) on the short side m and the long side n.
+double NsFlops(double rows, double cols, double steps) {
+  const double m = std::min(rows, cols);
+  const double n = std::max(rows, cols);
+  return steps * (2 * m * m * n + 2 * m * m * m + 2 * m * m * n);
+}
+
+class CoordinatorMetricsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto store = JobStore::Open(":memory:");
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = *std::move(store);
+    fleet_ = std::make_unique<Fleet>(&clock_, absl::Seconds(60), absl::Seconds(5));
+    metrics_ = std::make_unique<CoordinatorMetrics>(store_.get(), fleet_.get());
+    JobManagerOptions options;
+    CoordinatorMetrics* m = metrics_.get();
+    options.on_attempt_planned = [m](const std::string& job, double flops) {
+      m->OnAttemptPlanned(job, flops);
+    };
+    options.on_attempt_done = [m](const std::string& job) { m->OnAttemptDone(job); };
+    manager_ = std::make_unique<JobManager>(store_.get(), fleet_.get(), &rendezvous_, &clock_,
+                                            options);
+  }
+
+  void AddWorker(const std::string& id) {
+    v1::WorkerInfo info;
+    info.set_worker_id(id);
+    info.set_device("cpu");
+    info.set_address("127.0.0.1");
+    info.set_memory_bytes(int64_t{1} << 30);
+    info.set_version("test");
+    ASSERT_TRUE(fleet_->Register(info).ok());
+    manager_->Schedule();
+  }
+
+  std::string Submit(const std::string& name, int world, const std::string& dims,
+                     int max_restarts = 0) {
+    const std::string yaml = absl::StrCat(
+        "name: ", name, "\nworld_size: ", world,
+        "\nparallelism: {data_parallel_sharding_strategy: optim_grads_params}\n"
+        "model: {mlp: {dims: [", dims, "]}}\ninit: {seed: 5}\n"
+        "data: {teacher: {seed: 21, samples: 64}}\n"
+        "optimizer: {muon: {ns_steps: 3}}\n"
+        "training: {steps: 4, global_batch_size: 8, max_restarts: ", max_restarts, "}\n",
+        "output: {dir: /tmp/coordinator_metrics_test/", name, "}\n");
+    v1::JobSpec spec;
+    absl::Status parsed = protoio::ParseMessageText(yaml, "job", &spec);
+    EXPECT_TRUE(parsed.ok()) << parsed;
+    std::vector<plan::FieldViolation> violations;
+    absl::StatusOr<JobStore::Submitted> s = manager_->Submit(name, spec, &violations);
+    for (const plan::FieldViolation& v : violations) {
+      ADD_FAILURE() << name << ": " << v.field << ": " << v.description;
+    }
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? s->job.id() : "";
+  }
+
+  void EndRank(const std::string& worker, const std::string& job, int32_t attempt, int32_t rank,
+               v1::AttemptOutcome outcome) {
+    v1::ReportAttemptRequest end;
+    end.set_worker_id(worker);
+    end.set_job_id(job);
+    end.set_attempt(attempt);
+    end.set_rank(rank);
+    end.set_outcome(outcome);
+    end.set_message("test");
+    ASSERT_TRUE(manager_->OnAttemptEnd(worker, end).ok());
+  }
+
+  v1::JobState State(const std::string& job) {
+    absl::StatusOr<v1::Job> j = store_->Get(job);
+    return j.ok() ? j->state() : v1::JOB_STATE_UNSPECIFIED;
+  }
+
+  // The gauge's samples by job, as a scrape would see them.
+  std::map<std::string, double> Planned() {
+    std::map<std::string, double> out;
+    for (const prometheus::MetricFamily& f : metrics_->Collect()) {
+      if (f.name != kGauge) continue;
+      EXPECT_EQ(f.type, prometheus::MetricType::Gauge);
+      for (const prometheus::ClientMetric& m : f.metric) {
+        EXPECT_EQ(m.label.size(), 1u);
+        if (m.label.size() == 1 && m.label[0].name == "job") {
+          out[m.label[0].value] = m.gauge.value;
+        }
+      }
+    }
+    return out;
+  }
+
+  FakeClock clock_;
+  Rendezvous rendezvous_;
+  std::unique_ptr<JobStore> store_;
+  std::unique_ptr<Fleet> fleet_;
+  std::unique_ptr<CoordinatorMetrics> metrics_;
+  std::unique_ptr<JobManager> manager_;
+};
+
+TEST_F(CoordinatorMetricsTest, PlannedCriticalPathWhileEachJobRuns) {
+  AddWorker("w0");
+  // One rank owns both weights of mlp 6-16-3 ([16, 6] and [3, 16]).
+  const std::string one = Submit("one", 1, "6, 16, 3");
+  ASSERT_EQ(State(one), v1::JOB_STATE_RUNNING);
+  const double one_path = NsFlops(16, 6, 3) + NsFlops(3, 16, 3);
+  EXPECT_EQ(one_path, 3 * (4 * 36 * 16 + 2 * 216) + 3 * (4 * 9 * 16 + 2 * 27));
+  EXPECT_THAT(Planned(), UnorderedElementsAre(Pair(one, one_path)));
+
+  // A job waiting for workers has no planned path.
+  const std::string two = Submit("two", 2, "16, 16, 16");
+  ASSERT_EQ(State(two), v1::JOB_STATE_PENDING);
+  EXPECT_THAT(Planned(), UnorderedElementsAre(Pair(one, one_path)));
+
+  // Two equal [16, 16] weights on two ranks: the busiest rank owns one.
+  AddWorker("w1");
+  AddWorker("w2");
+  ASSERT_EQ(State(two), v1::JOB_STATE_RUNNING);
+  const double two_path = NsFlops(16, 16, 3);
+  EXPECT_EQ(two_path, 3 * 6 * 4096);
+  EXPECT_THAT(Planned(), UnorderedElementsAre(Pair(one, one_path), Pair(two, two_path)));
+
+  // Its series goes when the job ends.
+  EndRank("w0", one, 0, 0, v1::ATTEMPT_OUTCOME_SUCCEEDED);
+  ASSERT_EQ(State(one), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_THAT(Planned(), UnorderedElementsAre(Pair(two, two_path)));
+
+  // And when it is cancelled, at once (its ranks have not ended yet).
+  ASSERT_TRUE(manager_->Cancel(two, "test").ok());
+  EXPECT_THAT(Planned(), UnorderedElementsAre());
+  EndRank("w1", two, 0, 0, v1::ATTEMPT_OUTCOME_STOPPED);
+  EndRank("w2", two, 0, 1, v1::ATTEMPT_OUTCOME_STOPPED);
+  EXPECT_THAT(Planned(), UnorderedElementsAre());
+}
+
+TEST_F(CoordinatorMetricsTest, ARestartedJobIsPlannedAgainAndAFailedOneDropped) {
+  // One worker: a failed attempt waits (RESTARTING) until it is idle again.
+  AddWorker("w0");
+  const std::string job = Submit("again", 1, "6, 16, 3", /*max_restarts=*/1);
+  const double path = NsFlops(16, 6, 3) + NsFlops(3, 16, 3);
+  EXPECT_THAT(Planned(), UnorderedElementsAre(Pair(job, path)));
+  // Attempt 0 fails; the worker is released and attempt 1 starts on it.
+  EndRank("w0", job, 0, 0, v1::ATTEMPT_OUTCOME_FAILED);
+  ASSERT_EQ(State(job), v1::JOB_STATE_RUNNING);
+  ASSERT_EQ(store_->Get(job)->attempt(), 1);
+  EXPECT_THAT(Planned(), UnorderedElementsAre(Pair(job, path)));
+  // Attempt 1 fails too; no restarts remain.
+  EndRank("w0", job, 1, 0, v1::ATTEMPT_OUTCOME_FAILED);
+  ASSERT_EQ(State(job), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(Planned(), UnorderedElementsAre());
+}
+
+TEST_F(CoordinatorMetricsTest, TheScrapePassesPromtool) {
+  AddWorker("w0");
+  const std::string job = Submit("scraped", 1, "6, 16, 3");
+  const std::string text = prometheus::TextSerializer().Serialize(metrics_->Collect());
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("# TYPE ", kGauge, " gauge")));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat(kGauge, "{job=\"", job, "\"} ")));
+  if (std::system("command -v promtool > /dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "promtool not installed";
+  }
+  const std::string file = ::testing::TempDir() + "/coordinator_metrics.txt";
+  std::ofstream(file) << text;
+  FILE* pipe = ::popen(("promtool check metrics < " + file + " 2>&1").c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  EXPECT_EQ(::pclose(pipe), 0) << out << "\n" << text;
+}
+
+}  // namespace
+}  // namespace muonmesh::coordinator
