@@ -184,7 +184,7 @@ void ExpectIssueTarget(const Sweep& sweep) {
 TEST(GeneratedShapesTargetTest, MeetsTheIssueTargetAt8Ranks) { ExpectIssueTarget({8, 50}); }
 
 // NOT MET yet at 64 and 512 ranks (planner_benchmark, BENCHMARKS.md: 20 and
-// 17 of 60 shapes above 1.05, five whose stronger bound stays above 1.10);
+// 16 of 60 shapes above 1.05, five whose stronger bound stays above 1.10);
 // run with --gtest_also_run_disabled_tests.
 TEST(GeneratedShapesTargetTest, DISABLED_MeetsTheIssueTargetAt64Ranks) {
   ExpectIssueTarget({64, 50});
