@@ -13,6 +13,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libsqlite3-dev libyaml-cpp-dev libabsl-dev libre2-dev
   prometheus  # promtool and a real Prometheus server for tests
+  python3-matplotlib  # the observe e2e test's PNG report (tests/deploy/observe/report_png.py)
 )
 
 missing=()

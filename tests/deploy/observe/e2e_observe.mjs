@@ -10,7 +10,10 @@
 //      /api/v1/rules reports every rule healthy) and the recording rule has
 //      data;
 //   4. killing a worker makes MuonmeshWorkerLost fire;
-//   5. each panel's series are drawn into a PNG report (report_png.py,
+//   5. the planned critical path the coordinator exports for the job
+//      (muonmesh_job_planned_critical_path_flops) equals the executed one
+//      (the busiest worker's Newton-Schulz FLOPs per step);
+//   6. each panel's series are drawn into a PNG report (report_png.py,
 //      matplotlib from Debian's python3-matplotlib), for a reviewer without
 //      a Grafana.
 // The coordinator runs as uid 10001 (the images' user) when this runs as
@@ -24,7 +27,8 @@
 // temporary folder, removed on success). --no-job skips the training job
 // and checks the rest (scrapes, rules, the lost worker). Exit 0: all passed;
 // 1: a check failed (named on stderr); 2: usage; 77: prometheus or promtool
-// is missing.
+// is missing, or every check passed but the report could not be drawn
+// because python3 or its matplotlib is missing (--no-report: not drawn).
 
 import { createRequire } from 'node:module';
 import { spawn, spawnSync } from 'node:child_process';
@@ -73,6 +77,22 @@ for (const tool of ['prometheus', 'promtool']) {
   if (spawnSync('sh', ['-c', `command -v ${tool}`]).status !== 0) {
     console.error(`SKIP: ${tool} is not installed (Debian package prometheus)`);
     process.exit(77);
+  }
+}
+
+// The report's Python: $MUONMESH_PYTHON, else Debian's, where
+// python3-matplotlib installs. Without matplotlib the checks still run; a
+// run that passes them then exits 77 (skipped), as the report is part of
+// the test.
+const python = process.env.MUONMESH_PYTHON ||
+  (fs.existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3');
+let reportMissing = null;
+if (opts.report) {
+  const probe = spawnSync(python, ['-c', 'import matplotlib'], { encoding: 'utf8' });
+  if (probe.status !== 0) {
+    reportMissing = `${python} cannot import matplotlib (Debian: apt-get install python3-matplotlib): ` +
+      `${(probe.error?.message ?? probe.stderr ?? '').trim().split('\n').pop()}`;
+    console.error(`WARNING: no PNG report: ${reportMissing}`);
   }
 }
 
@@ -273,6 +293,7 @@ async function main() {
   const t1 = Date.now() / 1000;
   const results = { jobId, from: t0, to: t1, panels: [], rules: [], alerts: [] };
   if (jobId) await checkDashboard(results, jobId, t0, t1);
+  if (jobId) await checkCriticalPath(results, jobId, t0, t1);
   await checkRules(results, t0, t1, jobId !== null);
 
   // 6. A worker dies: its lease expires and MuonmeshWorkerLost fires.
@@ -292,7 +313,7 @@ async function main() {
   results.lost = await queryRange('sum by (state) (muonmesh_workers)', t0, Date.now() / 1000, 1);
 
   fs.writeFileSync(path.join(out, 'results.json'), JSON.stringify(results, null, 1));
-  if (opts.report) report();
+  if (opts.report && !reportMissing) report();
 }
 
 async function runJob(workerPorts) {
@@ -355,8 +376,17 @@ async function checkDashboard(results, jobId, t0, t1) {
     .replace(/\$__rate_interval|\$\{__rate_interval\}/g, '5s')
     .replace(/\$__interval|\$\{__interval\}/g, '1s')
     .replace(/\$\{job(?::\w+)?\}|\$job\b/g, escapeRegex(jobId));
-  for (const panel of dash.panels.flatMap((p) => [p, ...(p.panels ?? [])]).filter((p) => p.type !== 'row')) {
-    const entry = { title: panel.title, unit: panel.fieldConfig?.defaults?.unit, targets: [] };
+  let row = '';
+  for (const panel of dash.panels.flatMap((p) => [p, ...(p.panels ?? [])])) {
+    if (panel.type === 'row') {
+      row = panel.title;
+      continue;
+    }
+    const defaults = panel.fieldConfig?.defaults ?? {};
+    const entry = {
+      row, title: panel.title, unit: defaults.unit, axisLabel: defaults.custom?.axisLabel,
+      stacked: defaults.custom?.stacking?.mode === 'normal', overrides: panel.fieldConfig?.overrides ?? [], targets: [],
+    };
     for (const t of panel.targets ?? []) {
       const expr = substitute(t.expr);
       try {
@@ -370,6 +400,33 @@ async function checkDashboard(results, jobId, t0, t1) {
     results.panels.push(entry);
   }
   log(`evaluated ${results.panels.length} dashboard panels`);
+}
+
+// The coordinator's plan and the workers' execution agree on the Muon
+// critical path: at every instant both are known, the planned FLOPs per step
+// of the busiest rank equal the largest FLOPs per step a worker ran (both
+// sides' counters advance once a step, so the rate ratio is exact).
+async function checkCriticalPath(results, jobId, t0, t1) {
+  const job = escapeRegex(jobId);
+  const planned = await queryRange(`max(muonmesh_job_planned_critical_path_flops{job=~"${job}"})`, t0, t1, 1);
+  const executed = await queryRange(`max(rate(muonmesh_worker_newton_schulz_flops_total{job=~"${job}"}[5s])` +
+    ` / rate(muonmesh_worker_steps_total{job=~"${job}"}[5s]))`, t0, t1, 1);
+  const byTime = new Map((executed.result[0]?.values ?? []).map(([t, v]) => [t, Number(v)]));
+  const pairs = (planned.result[0]?.values ?? [])
+    .map(([t, v]) => [Number(v), byTime.get(t)])
+    .filter(([p, e]) => Number.isFinite(p) && Number.isFinite(e));
+  results.criticalPath = pairs;
+  if (pairs.length === 0) {
+    fail(`no instant has both the planned and the executed critical path of job ${jobId}`);
+    return;
+  }
+  const off = pairs.filter(([p, e]) => !(p > 0) || Math.abs(p - e) > 1e-6 * p);
+  if (off.length > 0) {
+    fail(`planned critical path of job ${jobId} differs from the executed one at ${off.length} of ` +
+      `${pairs.length} instants (planned, executed): ${JSON.stringify(off.slice(0, 3))}`);
+  } else {
+    log(`critical path: planned ${pairs[0][0]} FLOPs per step = executed, at ${pairs.length} instants`);
+  }
 }
 
 async function checkRules(results, t0, t1, hadJob) {
@@ -399,7 +456,6 @@ async function checkRules(results, t0, t1, hadJob) {
 }
 
 function report() {
-  const python = fs.existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
   const png = path.join(out, 'report.png');
   const r = spawnSync(python, [path.join(here, 'report_png.py'), path.join(out, 'results.json'), png],
     { encoding: 'utf8', timeout: 120000 });
@@ -423,6 +479,10 @@ clearTimeout(timer);
 if (failures.length > 0) {
   console.error(`e2e_observe: ${failures.length} problem(s); logs and answers in ${out}`);
   process.exit(1);
+}
+if (reportMissing) {
+  console.error(`SKIP: every check passed, but the PNG report was not drawn: ${reportMissing}`);
+  process.exit(77);
 }
 console.log(`e2e_observe: OK (${((Date.now() - started) / 1000).toFixed(0)} s; ${out})`);
 if (!opts.out) fs.rmSync(out, { recursive: true, force: true });
