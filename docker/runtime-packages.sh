@@ -17,7 +17,11 @@ set -euo pipefail
 allowed=()
 while (($# > 0)) && [[ "$1" == --allow-unowned ]]; do
   (($# >= 2)) || { echo "usage: $0 [--allow-unowned DIR]... BINARY..." >&2; exit 2; }
+  # The directory as given and as resolved: ldd may print either
+  # /usr/local/cuda/lib/... or /usr/local/cuda-13.0/lib/... for one library.
   allowed+=("${2%/}/")
+  resolved=$(readlink -f "$2" 2>/dev/null || true)
+  [[ -n "$resolved" && "$resolved/" != "${2%/}/" ]] && allowed+=("$resolved/")
   shift 2
 done
 if (($# == 0)); then

@@ -43,3 +43,12 @@ fi
 grep -q "$work/lib/$(basename "$lib")" "$work/err" ||
   fail "runtime-packages.sh did not name the unowned library: $(cat "$work/err")"
 echo "OK: an unowned $(basename "$lib") is refused by name"
+
+# Allowed by a symlink to its directory while ldd prints the resolved path
+# (CI's /usr/local/cuda -> /usr/local/cuda-13.0): still allowed.
+ln -s "$work/lib" "$work/link"
+LD_LIBRARY_PATH="$work/lib" "$script" --allow-unowned /usr/local/cuda --allow-unowned "$work/link" "$1" >/dev/null 2>"$work/err" ||
+  fail "runtime-packages.sh refused $(basename "$lib") under an allowed directory reached by a symlink: $(cat "$work/err")"
+grep -q "is owned by no package (allowed)" "$work/err" ||
+  fail "runtime-packages.sh did not say it allowed $(basename "$lib"): $(cat "$work/err")"
+echo "OK: an unowned library under an allowed directory's target is allowed"
