@@ -10,6 +10,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "proto/io/message_file.h"
+#include "proto/support/status_macros.h"
 
 namespace muonmesh {
 namespace {
@@ -57,9 +58,7 @@ absl::StatusOr<v1::SubmitJobResponse> CoordinatorClient::Submit(const v1::JobSpe
   v1::SubmitJobResponse response;
   grpc::ClientContext context;
   SetDeadline(context, options_.timeout);
-  if (absl::Status s = Error(jobs_->SubmitJob(&context, request, &response), "submit"); !s.ok()) {
-    return s;
-  }
+  MUONMESH_RETURN_IF_ERROR(Error(jobs_->SubmitJob(&context, request, &response), "submit"));
   return response;
 }
 
@@ -69,7 +68,7 @@ absl::StatusOr<v1::Job> CoordinatorClient::Get(const std::string& job_id) {
   v1::Job job;
   grpc::ClientContext context;
   SetDeadline(context, options_.timeout);
-  if (absl::Status s = Error(jobs_->GetJob(&context, request, &job), "status"); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(Error(jobs_->GetJob(&context, request, &job), "status"));
   return job;
 }
 
@@ -86,9 +85,7 @@ absl::StatusOr<std::vector<v1::Job>> CoordinatorClient::List(
     v1::ListJobsResponse response;
     grpc::ClientContext context;
     SetDeadline(context, options_.timeout);
-    if (absl::Status s = Error(jobs_->ListJobs(&context, request, &response), "list"); !s.ok()) {
-      return s;
-    }
+    MUONMESH_RETURN_IF_ERROR(Error(jobs_->ListJobs(&context, request, &response), "list"));
     for (v1::Job& j : *response.mutable_jobs()) out.push_back(std::move(j));
     token = response.next_page_token();
   } while (!token.empty());
@@ -103,9 +100,7 @@ absl::StatusOr<v1::Job> CoordinatorClient::Cancel(const std::string& job_id,
   v1::Job job;
   grpc::ClientContext context;
   SetDeadline(context, options_.timeout);
-  if (absl::Status s = Error(jobs_->CancelJob(&context, request, &job), "cancel"); !s.ok()) {
-    return s;
-  }
+  MUONMESH_RETURN_IF_ERROR(Error(jobs_->CancelJob(&context, request, &job), "cancel"));
   return job;
 }
 
@@ -181,7 +176,7 @@ absl::Status CoordinatorClient::Watch(const std::string& job_id, int64_t from_in
 
 absl::StatusOr<v1::JobSpec> LoadJobForSubmit(const std::string& path) {
   v1::JobSpec spec;
-  if (absl::Status s = protoio::LoadMessageFile(path, &spec); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(protoio::LoadMessageFile(path, &spec));
   const fs::path base = fs::absolute(fs::path(path)).parent_path();
   if (spec.init().source_case() == v1::InitConfig::kSafetensors) {
     spec.mutable_init()->set_safetensors(Absolute(base, spec.init().safetensors()));
@@ -196,9 +191,8 @@ absl::StatusOr<v1::JobSpec> LoadJobForSubmit(const std::string& path) {
       !spec.model().synthetic().has_model() && !spec.model().synthetic().spec().empty()) {
     v1::SyntheticModel* s = spec.mutable_model()->mutable_synthetic();
     s->set_spec(Absolute(base, s->spec()));
-    if (absl::Status st = protoio::LoadMessageFile(s->spec(), s->mutable_model()); !st.ok()) {
-      return absl::Status(st.code(), absl::StrCat(path, ": model.synthetic.spec: ", st.message()));
-    }
+    MUONMESH_RETURN_IF_ERROR(protoio::LoadMessageFile(s->spec(), s->mutable_model()), path,
+                             ": model.synthetic.spec");
   }
   return spec;
 }

@@ -34,6 +34,7 @@
 #include "client/planner_client.h"
 #include "muonmesh/v1/planner.pb.h"
 #include "proto/io/message_file.h"
+#include "proto/support/status_macros.h"
 
 namespace muonmesh {
 namespace {
@@ -224,8 +225,8 @@ absl::Status CheckConfigFlags(const FlagParser& parser, ConfigFlags* f) {
   if (!parser.Seen("--world-size")) {
     return absl::InvalidArgumentError("missing required flag --world-size");
   }
-  if (absl::Status st = CheckNotZero(parser, "--instances", f->instances, 1); !st.ok()) return st;
-  if (absl::Status st = CheckNotZero(parser, "--ep", f->ep, 1); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(CheckNotZero(parser, "--instances", f->instances, 1));
+  MUONMESH_RETURN_IF_ERROR(CheckNotZero(parser, "--ep", f->ep, 1));
   if (f->timeout_seconds <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--timeout: must be a positive number of seconds, got ", f->timeout_seconds));

@@ -11,6 +11,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "proto/rpc/rpc_status.h"
+#include "proto/support/status_macros.h"
 
 namespace muonmesh {
 namespace {
@@ -30,7 +31,7 @@ absl::StatusOr<Response> Finish(const grpc::Status& status, const std::string& a
       !rpc::ViolationsFromGrpcStatus(status).empty()) {
     return error;
   }
-  return absl::Status(error.code(), absl::StrCat("coordinator ", address, ": ", error.message()));
+  return AnnotateStatus(error, absl::StrCat("coordinator ", address));
 }
 
 // Calls without an end are not allowed (STYLE.md: every wait is bounded);

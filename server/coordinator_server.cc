@@ -11,6 +11,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "proto/support/status_macros.h"
 
 namespace muonmesh {
 
@@ -33,7 +34,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (!options.control.data_dir.empty()) {
     absl::StatusOr<std::unique_ptr<coordinator::ControlPlane>> control =
         coordinator::ControlPlane::Start(options.control);
-    if (!control.ok()) return control.status();
+    MUONMESH_RETURN_IF_ERROR(control.status());
     self->control_ = *std::move(control);
   }
   grpc::ServerBuilder builder;

@@ -15,6 +15,7 @@
 #include "plan/validate.h"
 #include "proto/convert/plan_convert.h"
 #include "proto/rpc/rpc_status.h"
+#include "proto/support/status_macros.h"
 
 namespace muonmesh {
 namespace {
@@ -39,7 +40,7 @@ absl::StatusOr<std::vector<rpc::FieldViolation>> CheckInput(const plan::PlanInpu
   std::vector<plan::FieldViolation> found = plan::Validate(input);
   if (found.empty()) {
     absl::StatusOr<plan::PlanSize> sized = plan::EstimatePlanSize(input, cancel);
-    if (!sized.ok()) return sized.status();
+    MUONMESH_RETURN_IF_ERROR(sized.status());
     *size = *sized;
     found = plan::PlanSizeViolations(*size);
   }

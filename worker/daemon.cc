@@ -18,6 +18,7 @@
 #include "grpcpp/security/credentials.h"
 #include "muonmesh/v1/fleet.grpc.pb.h"
 #include "proto/convert/exec_plan_convert.h"
+#include "proto/support/status_macros.h"
 #include "worker/comm/grpc_store.h"
 #include "worker/job/job.h"
 #include "worker/job/memory_budget.h"
@@ -173,13 +174,13 @@ void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
   const std::string tag = absl::StrCat("[", task->job_id, " rank ", rank, "] ");
   auto run = [&]() -> absl::Status {
     absl::StatusOr<ResolvedJob> job = ResolveJob(start.spec(), "");
-    if (!job.ok()) return job.status();
+    MUONMESH_RETURN_IF_ERROR(job.status());
     if (PlanFingerprint(start.plan()) != start.plan_fingerprint()) {
       return absl::InvalidArgumentError(
           "the assignment's plan does not match its fingerprint; refusing to run it");
     }
     absl::StatusOr<plan::Plan> plan = PlanFromExec(start.plan());
-    if (!plan.ok()) return plan.status();
+    MUONMESH_RETURN_IF_ERROR(plan.status());
     comm::GrpcStore store(channel_, task->job_id, task->attempt);
     RankOptions o;
     o.rank = rank;
@@ -230,7 +231,7 @@ void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
       grpc::ClientContext context;
       SetDeadline(context);
       absl::Status s = FromGrpc(stub_->ReportStep(&context, request, &response), "report a step");
-      if (!s.ok()) return s;
+      MUONMESH_RETURN_IF_ERROR(s);
       if (response.stop()) {
         task->stop = true;
         return absl::CancelledError(absl::StrCat("stopped by the coordinator after step ", r.step));
@@ -342,7 +343,7 @@ absl::Status RunDaemon(const DaemonOptions& options, const LineSink& log) {
     metrics = std::make_unique<WorkerMetrics>();
   } else {
     absl::StatusOr<std::unique_ptr<WorkerMetrics>> served = WorkerMetrics::Serve(o.metrics_listen);
-    if (!served.ok()) return served.status();
+    MUONMESH_RETURN_IF_ERROR(served.status());
     metrics = *std::move(served);
     log(absl::StrCat("serving metrics on port ", metrics->port(), " (/metrics)"));
   }

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "plan/planner.h"
+#include "proto/support/status_macros.h"
 #include "worker/comm/file_store.h"
 #include "worker/job/job.h"
 #include "worker/job/optimizer_rules.h"
@@ -16,13 +17,9 @@
 namespace muonmesh::worker {
 namespace {
 
-absl::Status Annotate(const absl::Status& st, const std::string& where) {
-  return absl::Status(st.code(), absl::StrCat(where, ": ", st.message()));
-}
-
 absl::StatusOr<ResolvedJob> LoadJob(const std::string& job_path) {
   absl::StatusOr<v1::JobSpec> spec = LoadJobFile(job_path);
-  if (!spec.ok()) return spec.status();
+  MUONMESH_RETURN_IF_ERROR(spec.status());
   const std::string job_dir = std::filesystem::path(job_path).parent_path().string();
   return ResolveJob(*spec, job_dir.empty() ? "." : job_dir);
 }
@@ -31,7 +28,7 @@ absl::StatusOr<ResolvedJob> LoadJob(const std::string& job_path) {
 
 absl::Status DescribeJob(const std::string& job_path, const LineSink& out) {
   absl::StatusOr<ResolvedJob> job = LoadJob(job_path);
-  if (!job.ok()) return job.status();
+  MUONMESH_RETURN_IF_ERROR(job.status());
   out(absl::StrCat("name=", job->name));
   out(absl::StrCat("device=", job->device));
   out(absl::StrCat("world_size=", job->world_size));
@@ -61,7 +58,7 @@ absl::Status CheckRankOptions(const StandaloneOptions& options, const ResolvedJo
 absl::StatusOr<plan::Plan> PlanJob(const ResolvedJob& job, plan::ModelSpec spec) {
   absl::StatusOr<plan::ModelSpec> model =
       ApplyOptimizerRules(std::move(spec), job.optimizer_rules);
-  if (!model.ok()) return model.status();
+  MUONMESH_RETURN_IF_ERROR(model.status());
   plan::PlanInput input;
   input.model = *std::move(model);
   input.world_size = job.world_size;
@@ -70,7 +67,7 @@ absl::StatusOr<plan::Plan> PlanJob(const ResolvedJob& job, plan::ModelSpec spec)
   input.options.ns_steps = job.muon.ns.steps;
   input.options.device = job.device;
   absl::StatusOr<plan::Plan> plan = plan::ComputePlan(input);
-  if (!plan.ok()) return Annotate(plan.status(), "the planner rejects the job");
+  MUONMESH_RETURN_IF_ERROR(plan.status(), "the planner rejects the job");
   return plan;
 }
 
@@ -99,15 +96,15 @@ bool IsLoopback(const std::string& host) {
 
 absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out) {
   absl::StatusOr<ResolvedJob> job = LoadJob(options.job_path);
-  if (!job.ok()) return job.status();
-  if (absl::Status st = CheckRankOptions(options, *job); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(job.status());
+  MUONMESH_RETURN_IF_ERROR(CheckRankOptions(options, *job));
   std::unique_ptr<Workload> early;
   absl::StatusOr<plan::ModelSpec> spec = ModelSpecOf(*job, &early);
-  if (!spec.ok()) return spec.status();
+  MUONMESH_RETURN_IF_ERROR(spec.status());
   absl::StatusOr<plan::Plan> plan = PlanJob(*job, *std::move(spec));
-  if (!plan.ok()) return plan.status();
+  MUONMESH_RETURN_IF_ERROR(plan.status());
   absl::StatusOr<std::unique_ptr<comm::FileStore>> store = OpenStore(options);
-  if (!store.ok()) return store.status();
+  MUONMESH_RETURN_IF_ERROR(store.status());
 
   RankOptions rank;
   rank.rank = options.rank;

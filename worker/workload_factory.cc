@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "proto/convert/plan_convert.h"
+#include "proto/support/status_macros.h"
 #include "worker/io/safetensors.h"
 #include "worker/model/mlp.h"
 #include "worker/model/moe_mlp.h"
@@ -26,10 +27,6 @@
 namespace muonmesh::worker {
 namespace {
 
-absl::Status Annotate(const absl::Status& st, const std::string& where) {
-  return absl::Status(st.code(), absl::StrCat(where, ": ", st.message()));
-}
-
 struct Dataset {
   std::vector<float> x;
   std::vector<float> y;
@@ -40,7 +37,7 @@ struct Dataset {
 absl::StatusOr<Dataset> ReadDataset(const std::string& path, int64_t d_in, int64_t d_out,
                                     const char* model) {
   absl::StatusOr<std::vector<io::Tensor>> tensors = io::ReadSafetensors(path);
-  if (!tensors.ok()) return tensors.status();
+  MUONMESH_RETURN_IF_ERROR(tensors.status());
   std::map<std::string, io::Tensor*> by_name;
   for (io::Tensor& t : *tensors) by_name[t.name] = &t;
   for (const char* name : {"x", "y"}) {
@@ -67,9 +64,9 @@ absl::StatusOr<Dataset> ReadDataset(const std::string& path, int64_t d_in, int64
 absl::StatusOr<std::unique_ptr<Workload>> MlpFromFile(const std::vector<int64_t>& dims,
                                                       const std::string& path) {
   absl::StatusOr<Dataset> data = ReadDataset(path, dims.front(), dims.back(), "model.mlp.dims");
-  if (!data.ok()) return data.status();
+  MUONMESH_RETURN_IF_ERROR(data.status());
   absl::StatusOr<Mlp> mlp = Mlp::Create(dims, std::move(data->x), std::move(data->y));
-  if (!mlp.ok()) return Annotate(mlp.status(), path);
+  MUONMESH_RETURN_IF_ERROR(mlp.status(), path);
   return std::unique_ptr<Workload>(new Mlp(*std::move(mlp)));
 }
 
@@ -79,14 +76,14 @@ absl::StatusOr<std::unique_ptr<Workload>> MakeMoeMlp(const ResolvedJob& job) {
   if (job.data_safetensors.empty()) {
     absl::StatusOr<MoeMlp> moe =
         MoeMlp::FromTeacher(dims, job.teacher_seed.value_or(0), job.teacher_samples);
-    if (!moe.ok()) return moe.status();
+    MUONMESH_RETURN_IF_ERROR(moe.status());
     return std::unique_ptr<Workload>(new MoeMlp(*std::move(moe)));
   }
   absl::StatusOr<Dataset> data =
       ReadDataset(job.data_safetensors, dims.d_in, dims.d_out, "model.moe_mlp");
-  if (!data.ok()) return data.status();
+  MUONMESH_RETURN_IF_ERROR(data.status());
   absl::StatusOr<MoeMlp> moe = MoeMlp::Create(dims, std::move(data->x), std::move(data->y));
-  if (!moe.ok()) return Annotate(moe.status(), job.data_safetensors);
+  MUONMESH_RETURN_IF_ERROR(moe.status(), job.data_safetensors);
   return std::unique_ptr<Workload>(new MoeMlp(*std::move(moe)));
 }
 
@@ -98,7 +95,7 @@ absl::StatusOr<std::unique_ptr<Workload>> MakeWorkload(const ResolvedJob& job) {
       if (!job.data_safetensors.empty()) return MlpFromFile(job.mlp_dims, job.data_safetensors);
       absl::StatusOr<Mlp> mlp =
           Mlp::FromTeacher(job.mlp_dims, job.teacher_seed.value_or(0), job.teacher_samples);
-      if (!mlp.ok()) return mlp.status();
+      MUONMESH_RETURN_IF_ERROR(mlp.status());
       return std::unique_ptr<Workload>(new Mlp(*std::move(mlp)));
     }
     case ResolvedJob::ModelKind::kSynthetic: {
@@ -109,7 +106,7 @@ absl::StatusOr<std::unique_ptr<Workload>> MakeWorkload(const ResolvedJob& job) {
                                   job.init_seed.value_or(0))
               : Synthetic::FromSpecFile(job.synthetic_spec_path, job.synthetic_scale, ep,
                                         job.init_seed.value_or(0));
-      if (!s.ok()) return s.status();
+      MUONMESH_RETURN_IF_ERROR(s.status());
       return std::unique_ptr<Workload>(new Synthetic(*std::move(s)));
     }
     case ResolvedJob::ModelKind::kMoeMlp:
@@ -142,7 +139,7 @@ absl::StatusOr<std::unique_ptr<Device>> MakeDevice(const ResolvedJob& job, int32
     ordinal = rank % count;
   }
   absl::StatusOr<std::unique_ptr<Device>> d = MakeCudaDevice(ordinal);
-  if (!d.ok()) return Annotate(d.status(), "device 'cuda'");
+  MUONMESH_RETURN_IF_ERROR(d.status(), "device 'cuda'");
   return d;
 #else
   (void)rank;
@@ -160,18 +157,18 @@ absl::StatusOr<std::unique_ptr<Workload>> OnGpu(const ResolvedJob& job,
   if (job.model_kind == ResolvedJob::ModelKind::kSynthetic) {
     auto* s = static_cast<Synthetic*>(workload.get());
     absl::StatusOr<std::unique_ptr<CudaSynthetic>> gpu = CudaSynthetic::Create(std::move(*s));
-    if (!gpu.ok()) return gpu.status();
+    MUONMESH_RETURN_IF_ERROR(gpu.status());
     return std::unique_ptr<Workload>(std::move(*gpu));
   }
   if (job.model_kind == ResolvedJob::ModelKind::kMlp) {
     auto* m = static_cast<Mlp*>(workload.get());
     absl::StatusOr<std::unique_ptr<CudaMlp>> gpu = CudaMlp::Create(std::move(*m));
-    if (!gpu.ok()) return gpu.status();
+    MUONMESH_RETURN_IF_ERROR(gpu.status());
     return std::unique_ptr<Workload>(std::move(*gpu));
   }
   auto* moe = static_cast<MoeMlp*>(workload.get());
   absl::StatusOr<std::unique_ptr<CudaMoeMlp>> gpu = CudaMoeMlp::Create(std::move(*moe));
-  if (!gpu.ok()) return gpu.status();
+  MUONMESH_RETURN_IF_ERROR(gpu.status());
   return std::unique_ptr<Workload>(std::move(*gpu));
 #else
   (void)job;
@@ -183,7 +180,7 @@ absl::StatusOr<std::unique_ptr<Workload>> OnGpu(const ResolvedJob& job,
 absl::StatusOr<std::vector<std::vector<float>>> InitialFromFile(const plan::ModelSpec& spec,
                                                                 const std::string& path) {
   absl::StatusOr<std::vector<io::Tensor>> tensors = io::ReadSafetensors(path);
-  if (!tensors.ok()) return tensors.status();
+  MUONMESH_RETURN_IF_ERROR(tensors.status());
   std::map<std::string, io::Tensor*> by_name;
   for (io::Tensor& t : *tensors) by_name[t.name] = &t;
   std::vector<std::vector<float>> out;
@@ -218,7 +215,7 @@ absl::StatusOr<plan::ModelSpec> ModelSpecOf(const ResolvedJob& job,
                          job.moe.num_experts(), job.moe.d_out()});
     case ResolvedJob::ModelKind::kSynthetic: {
       absl::StatusOr<std::unique_ptr<Workload>> w = MakeWorkload(job);
-      if (!w.ok()) return w.status();
+      MUONMESH_RETURN_IF_ERROR(w.status());
       *synthetic = *std::move(w);
       return (*synthetic)->spec();
     }

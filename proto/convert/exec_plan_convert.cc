@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "proto/support/status_macros.h"
 
 namespace muonmesh {
 namespace {
@@ -93,7 +94,7 @@ absl::StatusOr<plan::MeshAxis> AxisFrom(const v1::ExecAxis& a, const std::string
   absl::StatusOr<plan::Placement> o =
       EnumIn<plan::Placement>(a.optimizer(), 3, field + ".optimizer");
   for (const absl::Status& st : {s.status(), p.status(), g.status(), o.status()}) {
-    if (!st.ok()) return st;
+    MUONMESH_RETURN_IF_ERROR(st);
   }
   out.strategy = *s;
   out.placements = {*p, *g, *o};
@@ -146,7 +147,7 @@ absl::StatusOr<plan::DomainPlan> DomainPlanFrom(const v1::ExecDomainPlan& d,
                                                 const std::string& field) {
   plan::DomainPlan out;
   absl::StatusOr<plan::MeshKind> mesh = EnumIn<plan::MeshKind>(d.mesh(), 2, field + ".mesh");
-  if (!mesh.ok()) return mesh.status();
+  MUONMESH_RETURN_IF_ERROR(mesh.status());
   out.mesh = *mesh;
   out.size = d.size();
   for (int i = 0; i < d.matrices_size(); ++i) {
@@ -193,7 +194,7 @@ absl::StatusOr<plan::ResolvedConfig> ConfigFrom(const v1::ExecConfig& c) {
   absl::StatusOr<plan::OwnerRule> rule =
       EnumIn<plan::OwnerRule>(c.owner_rule(), 4, "config.owner_rule");
   for (const absl::Status& st : {inner.status(), outer.status(), rule.status()}) {
-    if (!st.ok()) return st;
+    MUONMESH_RETURN_IF_ERROR(st);
   }
   if (out.world_size < 1 || out.instances < 1 || out.ep < 1) {
     return absl::InvalidArgumentError("config: world_size, instances and ep must be >= 1");
@@ -266,17 +267,17 @@ v1::ExecutionPlan PlanToExec(const plan::Plan& p) {
 absl::StatusOr<plan::Plan> PlanFromExec(const v1::ExecutionPlan& x) {
   plan::Plan p;
   absl::StatusOr<plan::ResolvedConfig> config = ConfigFrom(x.config());
-  if (!config.ok()) return config.status();
+  MUONMESH_RETURN_IF_ERROR(config.status());
   p.config = *config;
   for (int i = 0; i < x.dense_axes_size(); ++i) {
     absl::StatusOr<plan::MeshAxis> a = AxisFrom(x.dense_axes(i), absl::StrCat("dense_axes[", i, "]"));
-    if (!a.ok()) return a.status();
+    MUONMESH_RETURN_IF_ERROR(a.status());
     p.dense_axes.push_back(*std::move(a));
   }
   for (int i = 0; i < x.expert_axes_size(); ++i) {
     absl::StatusOr<plan::MeshAxis> a =
         AxisFrom(x.expert_axes(i), absl::StrCat("expert_axes[", i, "]"));
-    if (!a.ok()) return a.status();
+    MUONMESH_RETURN_IF_ERROR(a.status());
     p.expert_axes.push_back(*std::move(a));
   }
   p.has_experts = x.has_experts();
@@ -288,26 +289,26 @@ absl::StatusOr<plan::Plan> PlanFromExec(const v1::ExecutionPlan& x) {
     unit.has_expert = u.has_expert();
     if (unit.has_dense) {
       absl::StatusOr<plan::UnitLayout> l = LayoutFrom(u.dense(), absl::StrCat("units[", i, "].dense"));
-      if (!l.ok()) return l.status();
+      MUONMESH_RETURN_IF_ERROR(l.status());
       unit.dense = *std::move(l);
     }
     if (unit.has_expert) {
       absl::StatusOr<plan::UnitLayout> l =
           LayoutFrom(u.expert(), absl::StrCat("units[", i, "].expert"));
-      if (!l.ok()) return l.status();
+      MUONMESH_RETURN_IF_ERROR(l.status());
       unit.expert = *std::move(l);
     }
     p.units.push_back(std::move(unit));
   }
   absl::StatusOr<plan::DomainPlan> dense = DomainPlanFrom(x.dense(), "dense");
-  if (!dense.ok()) return dense.status();
+  MUONMESH_RETURN_IF_ERROR(dense.status());
   p.dense = *std::move(dense);
   absl::StatusOr<plan::DomainPlan> expert = DomainPlanFrom(x.expert(), "expert");
-  if (!expert.ok()) return expert.status();
+  MUONMESH_RETURN_IF_ERROR(expert.status());
   p.expert = *std::move(expert);
   for (const v1::ExecDomain& d : x.domains()) {
     absl::StatusOr<plan::MeshKind> mesh = EnumIn<plan::MeshKind>(d.mesh(), 2, "domains.mesh");
-    if (!mesh.ok()) return mesh.status();
+    MUONMESH_RETURN_IF_ERROR(mesh.status());
     p.domains.push_back({d.id(), *mesh, d.name(), {d.ranks().begin(), d.ranks().end()}});
   }
   for (const v1::ExecRank& r : x.ranks()) {
@@ -317,7 +318,7 @@ absl::StatusOr<plan::Plan> PlanFromExec(const v1::ExecutionPlan& x) {
   }
   for (const v1::ExecCollective& c : x.collectives()) {
     absl::StatusOr<plan::MeshKind> mesh = EnumIn<plan::MeshKind>(c.mesh(), 2, "collectives.mesh");
-    if (!mesh.ok()) return mesh.status();
+    MUONMESH_RETURN_IF_ERROR(mesh.status());
     p.collectives.push_back({c.name(), *mesh, c.axis(), c.bytes_per_step(), c.max_rank_bytes()});
   }
   p.parameters = x.parameters();

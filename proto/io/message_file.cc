@@ -27,6 +27,7 @@
 #include "proto/io/document.h"
 #include "proto/io/json_reader.h"
 #include "proto/io/yaml_reader.h"
+#include "proto/support/status_macros.h"
 
 namespace muonmesh::protoio {
 namespace {
@@ -267,7 +268,7 @@ class MessageFiller {
       return Error(node, absl::StrCat("expected a mapping (", type.full_name(), "), got ",
                                       Describe(node)));
     }
-    if (absl::Status s = Enter(node, depth); !s.ok()) return s;
+    MUONMESH_RETURN_IF_ERROR(Enter(node, depth));
 
     absl::flat_hash_map<int, Location> seen;  // field number -> key location
     absl::flat_hash_map<const OneofDescriptor*, const FieldDescriptor*> oneof_set;
@@ -300,7 +301,7 @@ class MessageFiller {
                                     oneof->name(), "\"; set only one"));
         }
       }
-      if (absl::Status s = FillField(value_index, *field, depth, msg); !s.ok()) return s;
+      MUONMESH_RETURN_IF_ERROR(FillField(value_index, *field, depth, msg));
     }
     return absl::OkStatus();
   }
@@ -374,7 +375,7 @@ class MessageFiller {
       return Error(value, absl::StrCat("expected a sequence (repeated ", TypeName(field),
                                        "), got ", Describe(value)));
     }
-    if (absl::Status s = Enter(value, depth); !s.ok()) return s;
+    MUONMESH_RETURN_IF_ERROR(Enter(value, depth));
     std::size_t position = 0;
     for (std::uint32_t i = index + 1; i < value.size; i = doc_.Next(i)) {
       const std::uint32_t element_index = doc_.Resolve(i);
@@ -386,7 +387,7 @@ class MessageFiller {
       absl::Status s = field.cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE
                            ? FillSubmessage(element_index, field, depth + 1, msg)
                            : FillScalar(element, field, /*is_map_key=*/false, msg);
-      if (!s.ok()) return s;
+      MUONMESH_RETURN_IF_ERROR(s);
     }
     return absl::OkStatus();
   }
@@ -397,7 +398,7 @@ class MessageFiller {
     if (!value.is_map()) {
       return Error(value, absl::StrCat("expected a mapping (map field), got ", Describe(value)));
     }
-    if (absl::Status s = Enter(value, depth); !s.ok()) return s;
+    MUONMESH_RETURN_IF_ERROR(Enter(value, depth));
     const Reflection& reflection = *msg->GetReflection();
     const FieldDescriptor& key_field = *field.message_type()->map_key();
     const FieldDescriptor& value_field = *field.message_type()->map_value();
@@ -414,9 +415,7 @@ class MessageFiller {
       }
       PathScope scope(path_, PathScope::kIndex, absl::StrCat("[", Quote(doc_.Scalar(key)), "]"));
       Message* entry = reflection.AddMessage(msg, &field);
-      if (absl::Status s = FillScalar(key, key_field, /*is_map_key=*/true, entry); !s.ok()) {
-        return s;
-      }
+      MUONMESH_RETURN_IF_ERROR(FillScalar(key, key_field, /*is_map_key=*/true, entry));
       if (auto [first, inserted] = seen.try_emplace(CanonicalKey(*entry, key_field), key.where);
           !inserted) {
         return Error(key, absl::StrCat("duplicate key ", Quote(doc_.Scalar(key)), " (first at ",
@@ -424,7 +423,7 @@ class MessageFiller {
                                        ")"));
       }
       if (item.is_null()) return Error(item, "null is not allowed as a map value");
-      if (absl::Status s = FillField(item_index, value_field, depth, entry); !s.ok()) return s;
+      MUONMESH_RETURN_IF_ERROR(FillField(item_index, value_field, depth, entry));
     }
     return absl::OkStatus();
   }
@@ -457,7 +456,7 @@ class MessageFiller {
       return Error(node,
                    absl::StrCat("expected a scalar (", TypeName(field), "), got ", Describe(node)));
     }
-    if (absl::Status s = Charge(node); !s.ok()) return s;
+    MUONMESH_RETURN_IF_ERROR(Charge(node));
     const Reflection& r = *msg->GetReflection();
     const bool repeated = field.is_repeated();
     const absl::string_view text = doc_.Scalar(node);
@@ -634,7 +633,7 @@ absl::Status ReadDocument(absl::string_view text, absl::string_view source,
 
 absl::Status ParseDocument(absl::string_view text, absl::string_view source, Message* msg) {
   std::optional<Document> doc;
-  if (absl::Status s = ReadDocument(text, source, &doc); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(ReadDocument(text, source, &doc));
   // Aliases may repeat subtrees; let them at most double the work.
   MessageFiller filler(*doc, source, 2 * std::size_t{doc->size()} + 1024);
   return filler.FillMessage(Document::kRoot, 1, msg);
@@ -718,7 +717,7 @@ absl::Status LoadMessageFile(const std::string& path, google::protobuf::Message*
     status = absl::ResourceExhaustedError(absl::StrCat(path, ": out of memory while reading"));
   }
   std::fclose(file);
-  if (!status.ok()) return status;
+  MUONMESH_RETURN_IF_ERROR(status);
   if (text.size() > kMaxFileBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": file is larger than the limit of ", kMaxFileBytes));

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "proto/support/status_macros.h"
 
 namespace muonmesh::coordinator {
 
@@ -19,10 +20,10 @@ absl::StatusOr<std::unique_ptr<ControlPlane>> ControlPlane::Start(
         absl::StrCat("--data-dir ", options.data_dir, ": not a folder we can create or use"));
   }
   absl::StatusOr<std::unique_ptr<DataDirLock>> lock = DataDirLock::Acquire(options.data_dir);
-  if (!lock.ok()) return lock.status();
+  MUONMESH_RETURN_IF_ERROR(lock.status());
   absl::StatusOr<std::unique_ptr<JobStore>> store =
       JobStore::Open((std::filesystem::path(options.data_dir) / "state.db").string());
-  if (!store.ok()) return store.status();
+  MUONMESH_RETURN_IF_ERROR(store.status());
   std::unique_ptr<ControlPlane> plane(
       new ControlPlane(options, *std::move(lock), *std::move(store)));
   if (!options.metrics_listen.empty()) {

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "proto/support/status_macros.h"
 
 namespace muonmesh::coordinator {
 namespace {
@@ -86,7 +87,7 @@ absl::Status Fleet::CheckLeaseLocked(const std::string& worker_id,
 
 absl::Status Fleet::Heartbeat(const std::string& worker_id, const std::string& lease_id) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (absl::Status s = CheckLeaseLocked(worker_id, lease_id); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(CheckLeaseLocked(worker_id, lease_id));
   workers_[worker_id].last_heartbeat = clock_.Now();
   return absl::OkStatus();
 }
@@ -165,7 +166,7 @@ absl::StatusOr<std::optional<v1::Assignment>> Fleet::Next(
   const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(wait);
   while (true) {
     if (shutdown_) return absl::CancelledError("the coordinator is shutting down");
-    if (absl::Status s = CheckLeaseLocked(worker_id, lease_id); !s.ok()) return s;
+    MUONMESH_RETURN_IF_ERROR(CheckLeaseLocked(worker_id, lease_id));
     Entry& e = workers_[worker_id];
     if (!e.outbox.empty()) {
       v1::Assignment a = std::move(e.outbox.front());

@@ -12,6 +12,7 @@
 #include "plan/planner.h"
 #include "plan/validate.h"
 #include "proto/convert/plan_convert.h"
+#include "proto/support/status_macros.h"
 #include "worker/job/job.h"
 #include "worker/job/optimizer_rules.h"
 #include "worker/model/mlp.h"
@@ -84,13 +85,13 @@ absl::StatusOr<plan::ModelSpec> ModelOf(const v1::JobSpec& spec) {
 
 absl::StatusOr<plan::PlanInput> PlanInputOf(const v1::JobSpec& spec) {
   absl::StatusOr<plan::ModelSpec> model = ModelOf(spec);
-  if (!model.ok()) return model.status();
+  MUONMESH_RETURN_IF_ERROR(model.status());
   std::vector<std::pair<std::string, std::string>> rules;
   for (const v1::OptimizerRule& r : spec.optimizer().rules()) {
     rules.emplace_back(r.pattern(), r.optimizer());
   }
   absl::StatusOr<plan::ModelSpec> ruled = worker::ApplyOptimizerRules(*std::move(model), rules);
-  if (!ruled.ok()) return ruled.status();
+  MUONMESH_RETURN_IF_ERROR(ruled.status());
   plan::PlanInput input;
   input.model = *std::move(ruled);
   input.world_size = spec.world_size();
@@ -295,7 +296,7 @@ absl::Status JobManager::OnStep(const std::string& worker_id, const std::string&
         "worker ", worker_id, " does not run rank ", rank, " of attempt ", record.attempt(),
         " of job ", job_id));
   }
-  if (absl::Status s = store_.PutStep(job_id, record); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(store_.PutStep(job_id, record));
   *stop = a.cancelled && record.step() >= a.stop_at_step;
   if (!*stop) a.max_continued_step = std::max(a.max_continued_step, record.step());
   StepAggregate& agg = a.steps[record.step()];
@@ -414,7 +415,7 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id, const std:
   {
     std::lock_guard<std::mutex> lock(mu_);
     absl::StatusOr<v1::Job> job = store_.Get(job_id);
-    if (!job.ok()) return job.status();
+    MUONMESH_RETURN_IF_ERROR(job.status());
     if (job->state() == v1::JOB_STATE_CANCELLED) return job;
     if (IsFinal(job->state())) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -436,7 +437,7 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id, const std:
     }
     absl::StatusOr<v1::JobEvent> e =
         ChangeState(job_id, v1::JOB_STATE_CANCELLED, why, job->attempt());
-    if (!e.ok()) return e.status();
+    MUONMESH_RETURN_IF_ERROR(e.status());
   }
   return store_.Get(job_id);
 }

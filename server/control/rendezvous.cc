@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "proto/support/status_macros.h"
 
 namespace muonmesh::coordinator {
 namespace {
@@ -30,7 +31,7 @@ absl::Status Rendezvous::CheckKey(const std::string& key) const {
 
 absl::Status Rendezvous::Set(const RendezvousScope& scope, const std::string& key,
                              std::string value) {
-  if (absl::Status s = CheckKey(key); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(CheckKey(key));
   if (value.size() > kMaxValueBytes) {
     return absl::InvalidArgumentError(absl::StrCat("store: value of ", value.size(),
                                                    " bytes exceeds the limit of ",
@@ -76,7 +77,7 @@ absl::Status Rendezvous::WaitUntil(std::unique_lock<std::mutex>& lock,
 
 absl::StatusOr<std::string> Rendezvous::Get(const RendezvousScope& scope, const std::string& key,
                                             absl::Duration timeout, const Cancelled& cancelled) {
-  if (absl::Status s = CheckKey(key); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(CheckKey(key));
   std::unique_lock<std::mutex> lock(mu_);
   const std::string* found = nullptr;
   auto ready = [&] {
@@ -98,7 +99,7 @@ absl::StatusOr<std::string> Rendezvous::Get(const RendezvousScope& scope, const 
 absl::Status Rendezvous::Wait(const RendezvousScope& scope, const std::vector<std::string>& keys,
                               absl::Duration timeout, const Cancelled& cancelled) {
   for (const std::string& key : keys) {
-    if (absl::Status s = CheckKey(key); !s.ok()) return s;
+    MUONMESH_RETURN_IF_ERROR(CheckKey(key));
   }
   std::unique_lock<std::mutex> lock(mu_);
   std::vector<std::string> missing;
@@ -118,7 +119,7 @@ absl::Status Rendezvous::Wait(const RendezvousScope& scope, const std::vector<st
 
 absl::StatusOr<int64_t> Rendezvous::Add(const RendezvousScope& scope, const std::string& key,
                                         int64_t delta) {
-  if (absl::Status s = CheckKey(key); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(CheckKey(key));
   std::lock_guard<std::mutex> lock(mu_);
   auto& space = keys_[scope];
   int64_t value = 0;

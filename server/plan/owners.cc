@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/support/status_macros.h"
 
 namespace muonmesh::plan {
 namespace {
@@ -720,7 +721,7 @@ absl::StatusOr<std::vector<double>> AssignOwnersJointly(OwnerRule rule, double w
                                                         int64_t world,
                                                         const std::vector<DomainClass>& classes,
                                                         CancelToken* cancel) {
-  if (absl::Status st = CheckClasses(world, classes); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(CheckClasses(world, classes));
   for (const DomainClass& c : classes) ResetDomain(w, bpe, *c.plan);
   if (rule == OwnerRule::kLpt) {
     if (!AssignLpt(w, bpe, world, classes, cancel)) return CancelToken::Status();

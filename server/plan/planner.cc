@@ -10,6 +10,7 @@
 #include "plan/owners.h"
 #include "plan/plan_size.h"
 #include "plan/validate.h"
+#include "proto/support/status_macros.h"
 
 namespace muonmesh::plan {
 namespace {
@@ -207,7 +208,7 @@ absl::Status PlanOwners(const ResolvedConfig& cfg, const std::vector<OwnerMesh>&
     absl::StatusOr<std::vector<double>> loads =
         AssignOwnersJointly(cfg.owner_rule, cfg.comm_flops_per_byte, cfg.bytes_per_element,
                             cfg.world_size, classes, cancel);
-    if (!loads.ok()) return loads.status();
+    MUONMESH_RETURN_IF_ERROR(loads.status());
     const double makespan = loads->empty() ? 0 : *std::max_element(loads->begin(), loads->end());
     if (i == 0) plan->joint_lower_bound = JointLowerBound(cfg.world_size, classes);
     if (i == 0 || makespan < best_makespan) {
@@ -466,10 +467,10 @@ absl::StatusOr<Plan> ComputePlan(const PlanInput& input) { return ComputePlan(in
 
 absl::StatusOr<Plan> ComputePlan(const PlanInput& input, CancelToken* cancel) {
   absl::StatusOr<ResolvedConfig> resolved = Resolve(input);
-  if (!resolved.ok()) return resolved.status();
+  MUONMESH_RETURN_IF_ERROR(resolved.status());
   // Sized before anything is built, so that too big a plan costs little.
   absl::StatusOr<PlanSize> size = EstimatePlanSize(input, cancel);
-  if (!size.ok()) return size.status();
+  MUONMESH_RETURN_IF_ERROR(size.status());
   if (const std::vector<FieldViolation> v = PlanSizeViolations(*size); !v.empty()) {
     return absl::InvalidArgumentError(
         absl::StrJoin(v, "; ", [](std::string* out, const FieldViolation& f) {
@@ -494,13 +495,13 @@ absl::StatusOr<Plan> ComputePlan(const PlanInput& input, CancelToken* cancel) {
   plan.expert.size = expert_g.domain_size();
   std::vector<OwnerMesh> meshes = {{MeshKind::kDense, &dense_g, &dense.matrices}};
   if (plan.has_experts) meshes.push_back({MeshKind::kExpert, &expert_g, &expert.matrices});
-  if (absl::Status st = PlanOwners(cfg, meshes, cancel, &plan); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(PlanOwners(cfg, meshes, cancel, &plan));
   dense.matrices.clear();
   expert.matrices.clear();
 
   SummarizeRanks(dense_g, expert_g, dense, expert, &plan);
   SetJointMakespan(&plan);
-  if (absl::Status st = SetStrongBound(dense_g, expert_g, cancel, &plan); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(SetStrongBound(dense_g, expert_g, cancel, &plan));
   const int64_t bpe = cfg.bytes_per_element;
   AddMeshCollectives(dense_g, dense.buffer, dense.regather, bpe, &plan.collectives);
   AddMuonCollectives(plan.dense, dense_g.num_domains(), cfg.owner_rule, &plan.collectives);
@@ -511,9 +512,9 @@ absl::StatusOr<Plan> ComputePlan(const PlanInput& input, CancelToken* cancel) {
   return plan;
 }
 
-int64_t MegatronPaddingElements(const PlanInput& input) {
+absl::StatusOr<int64_t> MegatronPaddingElements(const PlanInput& input) {
   absl::StatusOr<ResolvedConfig> cfg = Resolve(input);
-  if (!cfg.ok()) return -1;
+  MUONMESH_RETURN_IF_ERROR(cfg.status());
   const int64_t dense_d = MeshGeometry::Dense(*cfg).domain_size();
   const int64_t expert_d = MeshGeometry::Expert(*cfg).domain_size();
   int64_t padding = 0;

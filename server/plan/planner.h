@@ -24,7 +24,7 @@ absl::StatusOr<Plan> ComputePlan(const PlanInput& input);
 absl::StatusOr<Plan> ComputePlan(const PlanInput& input, CancelToken* cancel);
 
 // Padding of Megatron-FSDP's LCM rule on the same units and domains, for
-// comparison.
-int64_t MegatronPaddingElements(const PlanInput& input);
+// comparison; the config's errors when it does not resolve.
+absl::StatusOr<int64_t> MegatronPaddingElements(const PlanInput& input);
 
 }  // namespace muonmesh::plan

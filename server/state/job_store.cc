@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "proto/support/status_macros.h"
 
 namespace muonmesh::coordinator {
 namespace {
@@ -169,7 +170,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
       }
     } else {
       Statement put(db, "INSERT INTO meta(key, value) VALUES('schema', ?)");
-      if (absl::Status s = put.Text(1, kSchemaVersion).Run("write schema"); !s.ok()) return s;
+      MUONMESH_RETURN_IF_ERROR(put.Text(1, kSchemaVersion).Run("write schema"));
     }
   }
   if (absl::Status s = store->Load(); !s.ok()) {
@@ -237,7 +238,7 @@ absl::StatusOr<JobStore::Submitted> JobStore::Submit(const std::string& request_
   event.mutable_state_change()->set_reason(reason);
 
   Transaction tx(db_);
-  if (absl::Status s = tx.Begun(); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(tx.Begun());
   Statement insert(db_, "INSERT INTO jobs(seq, id, request_id, job) VALUES(?, ?, ?, ?)");
   if (absl::Status s =
           insert.Int(1, row.seq).Text(2, job.id()).Text(3, request_id).Blob(4, Serialized(job))
@@ -250,7 +251,7 @@ absl::StatusOr<JobStore::Submitted> JobStore::Submit(const std::string& request_
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = tx.Commit(); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(tx.Commit());
   ++next_seq_;
   by_id_[job.id()] = rows_.size();
   if (!request_id.empty()) by_request_[request_id] = rows_.size();
@@ -269,7 +270,7 @@ absl::StatusOr<const JobStore::Row*> JobStore::Find(const std::string& job_id) c
 absl::StatusOr<v1::Job> JobStore::Get(const std::string& job_id) const {
   std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<const Row*> row = Find(job_id);
-  if (!row.ok()) return row.status();
+  MUONMESH_RETURN_IF_ERROR(row.status());
   return (*row)->job;
 }
 
@@ -324,7 +325,7 @@ absl::StatusOr<v1::JobEvent> JobStore::Append(const std::string& job_id, v1::Job
                                               const std::function<void(v1::Job&)>& update) {
   std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<const Row*> found = Find(job_id);
-  if (!found.ok()) return found.status();
+  MUONMESH_RETURN_IF_ERROR(found.status());
   const Row& row = **found;
   v1::Job job = row.job;
   if (update) update(job);
@@ -333,18 +334,16 @@ absl::StatusOr<v1::JobEvent> JobStore::Append(const std::string& job_id, v1::Job
   job.set_last_event_index(event.index());
 
   Transaction tx(db_);
-  if (absl::Status s = tx.Begun(); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(tx.Begun());
   Statement write(db_, "UPDATE jobs SET job = ? WHERE seq = ?");
-  if (absl::Status s = write.Blob(1, Serialized(job)).Int(2, row.seq).Run("update job"); !s.ok()) {
-    return s;
-  }
+  MUONMESH_RETURN_IF_ERROR(write.Blob(1, Serialized(job)).Int(2, row.seq).Run("update job"));
   Statement ev(db_, "INSERT INTO events(seq, idx, event) VALUES(?, ?, ?)");
   if (absl::Status s =
           ev.Int(1, row.seq).Int(2, event.index()).Blob(3, Serialized(event)).Run("insert event");
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = tx.Commit(); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(tx.Commit());
   rows_[by_id_.at(job_id)].job = std::move(job);
   return event;
 }
@@ -354,7 +353,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(const std::string& jo
                                                            int32_t limit) const {
   std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<const Row*> row = Find(job_id);
-  if (!row.ok()) return row.status();
+  MUONMESH_RETURN_IF_ERROR(row.status());
   Statement q(db_, "SELECT event FROM events WHERE seq = ? AND idx >= ? ORDER BY idx LIMIT ?");
   q.Int(1, (*row)->seq).Int(2, from_index).Int(3, std::max(limit, 1));
   std::vector<v1::JobEvent> out;
@@ -372,7 +371,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(const std::string& jo
 absl::Status JobStore::PutStep(const std::string& job_id, const v1::StepRecord& record) {
   std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<const Row*> row = Find(job_id);
-  if (!row.ok()) return row.status();
+  MUONMESH_RETURN_IF_ERROR(row.status());
   Statement put(db_,
                 "INSERT OR REPLACE INTO steps(seq, step, rank, record) VALUES(?, ?, ?, ?)");
   return put.Int(1, (*row)->seq)
@@ -401,7 +400,7 @@ absl::StatusOr<JobStore::StepPage> JobStore::Steps(const std::string& job_id, in
   const int32_t want = PageSize(page_size, kDefaultStepPage, kMaxStepPage);
   std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<const Row*> row = Find(job_id);
-  if (!row.ok()) return row.status();
+  MUONMESH_RETURN_IF_ERROR(row.status());
   Statement q(db_,
               "SELECT record FROM steps WHERE seq = ?1 AND (step, rank) >= (?2, ?3)"
               " AND step >= ?4 AND (?5 < 0 OR step <= ?5) AND (?6 < 0 OR rank = ?6)"

@@ -183,8 +183,14 @@ void PrintQualityTable(int64_t instances, const std::string& device) {
       ratio[rule] = WorstRatio(*p);
       if (rule == "lpt") lpt = *std::move(p);
     }
-    const int64_t lcm =
+    absl::StatusOr<int64_t> lcm_or =
         plan::MegatronPaddingElements(Input(c.model, c.world, c.ep, instances, "lpt", device));
+    if (!lcm_or.ok()) {
+      std::printf("%-12s %6lld: LCM padding: %s\n", c.model.c_str(), static_cast<long long>(c.world),
+                  std::string(lcm_or.status().message()).c_str());
+      return;
+    }
+    const int64_t lcm = *lcm_or;
     const double params = static_cast<double>(lpt.parameters);
     std::printf("%-12s %6lld %4lld | %9.4f %9.4f %7.3f | %8.4f %8.4f %8.4f | %8.4f %8.4f\n",
                 c.model.c_str(), static_cast<long long>(c.world), static_cast<long long>(c.ep),

@@ -95,7 +95,9 @@ void CheckInvariants(const PlanInput& in, const Plan& p) {
     }
   }
   EXPECT_EQ(p.parameters, params);
-  EXPECT_LE(p.padding_elements, MegatronPaddingElements(in));
+  absl::StatusOr<int64_t> lcm_padding = MegatronPaddingElements(in);
+  ASSERT_TRUE(lcm_padding.ok()) << lcm_padding.status();
+  EXPECT_LE(p.padding_elements, *lcm_padding);
 
   // Every element of every tensor in exactly one shard of each domain: each
   // unit layout (shared by the domains of its mesh) tiles every tensor's rows.

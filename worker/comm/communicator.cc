@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/support/status_macros.h"
 
 namespace muonmesh::comm {
 namespace {
@@ -115,7 +116,7 @@ absl::Status Communicator::Run(Collective collective, int64_t bytes_sent,
   absl::Status status = hook(start + options.timeout);
   const absl::Duration elapsed = absl::Now() - start;
   if (!status.ok()) {
-    status = absl::Status(status.code(), absl::StrCat(context(), ": ", status.message()));
+    status = AnnotateStatus(status, context());
   }
   bool newly_broken = false;
   {
@@ -137,10 +138,10 @@ absl::Status Communicator::Run(Collective collective, int64_t bytes_sent,
 
 absl::Status Communicator::AllGather(const float* in, int64_t count, float* out,
                                      const CollectiveOptions& options) {
-  if (absl::Status s = CheckTimeout(options); !s.ok()) return s;
-  if (absl::Status s = CheckCount("all_gather count", count, size_); !s.ok()) return s;
-  if (absl::Status s = CheckBuffer("all_gather input", in, count); !s.ok()) return s;
-  if (absl::Status s = CheckBuffer("all_gather output", out, count); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(CheckTimeout(options));
+  MUONMESH_RETURN_IF_ERROR(CheckCount("all_gather count", count, size_));
+  MUONMESH_RETURN_IF_ERROR(CheckBuffer("all_gather input", in, count));
+  MUONMESH_RETURN_IF_ERROR(CheckBuffer("all_gather output", out, count));
   const int64_t bytes = (size_ - 1) * count * kFloatBytes;
   return Run(Collective::kAllGather, bytes, options, [&](absl::Time deadline) {
     return count == 0 ? absl::OkStatus() : DoAllGather(in, count, out, deadline);
@@ -149,10 +150,10 @@ absl::Status Communicator::AllGather(const float* in, int64_t count, float* out,
 
 absl::Status Communicator::ReduceScatter(const float* in, float* out, int64_t count, ReduceOp op,
                                          const CollectiveOptions& options) {
-  if (absl::Status s = CheckTimeout(options); !s.ok()) return s;
-  if (absl::Status s = CheckCount("reduce_scatter count", count, size_); !s.ok()) return s;
-  if (absl::Status s = CheckBuffer("reduce_scatter input", in, count); !s.ok()) return s;
-  if (absl::Status s = CheckBuffer("reduce_scatter output", out, count); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(CheckTimeout(options));
+  MUONMESH_RETURN_IF_ERROR(CheckCount("reduce_scatter count", count, size_));
+  MUONMESH_RETURN_IF_ERROR(CheckBuffer("reduce_scatter input", in, count));
+  MUONMESH_RETURN_IF_ERROR(CheckBuffer("reduce_scatter output", out, count));
   const int64_t bytes = (size_ - 1) * count * kFloatBytes;
   return Run(Collective::kReduceScatter, bytes, options, [&](absl::Time deadline) {
     return count == 0 ? absl::OkStatus() : DoReduceScatter(in, out, count, op, deadline);
@@ -161,9 +162,9 @@ absl::Status Communicator::ReduceScatter(const float* in, float* out, int64_t co
 
 absl::Status Communicator::AllReduce(float* inout, int64_t count, ReduceOp op,
                                      const CollectiveOptions& options) {
-  if (absl::Status s = CheckTimeout(options); !s.ok()) return s;
-  if (absl::Status s = CheckCount("all_reduce count", count, size_); !s.ok()) return s;
-  if (absl::Status s = CheckBuffer("all_reduce buffer", inout, count); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(CheckTimeout(options));
+  MUONMESH_RETURN_IF_ERROR(CheckCount("all_reduce count", count, size_));
+  MUONMESH_RETURN_IF_ERROR(CheckBuffer("all_reduce buffer", inout, count));
   const int64_t chunk = count / size_ + (rank_ < count % size_ ? 1 : 0);
   const int64_t bytes = (count - chunk + (size_ - 1) * chunk) * kFloatBytes;
   return Run(Collective::kAllReduce, bytes, options, [&](absl::Time deadline) {
@@ -173,13 +174,13 @@ absl::Status Communicator::AllReduce(float* inout, int64_t count, ReduceOp op,
 
 absl::Status Communicator::Broadcast(float* inout, int64_t count, int root,
                                      const CollectiveOptions& options) {
-  if (absl::Status s = CheckTimeout(options); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(CheckTimeout(options));
   if (root < 0 || root >= size_) {
     return absl::InvalidArgumentError(
         absl::StrCat("broadcast root ", root, " is not a rank of a group of ", size_));
   }
-  if (absl::Status s = CheckCount("broadcast count", count, size_); !s.ok()) return s;
-  if (absl::Status s = CheckBuffer("broadcast buffer", inout, count); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(CheckCount("broadcast count", count, size_));
+  MUONMESH_RETURN_IF_ERROR(CheckBuffer("broadcast buffer", inout, count));
   const bool last_in_chain = (rank_ - root + size_) % size_ == size_ - 1;
   const int64_t bytes = last_in_chain ? 0 : count * kFloatBytes;
   return Run(Collective::kBroadcast, bytes, options, [&](absl::Time deadline) {
@@ -190,7 +191,7 @@ absl::Status Communicator::Broadcast(float* inout, int64_t count, int root,
 absl::Status Communicator::AllToAllV(const float* send, absl::Span<const int64_t> send_counts,
                                      float* recv, absl::Span<const int64_t> recv_counts,
                                      const CollectiveOptions& options) {
-  if (absl::Status s = CheckTimeout(options); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(CheckTimeout(options));
   if (static_cast<int64_t>(send_counts.size()) != size_ ||
       static_cast<int64_t>(recv_counts.size()) != size_) {
     return absl::InvalidArgumentError(
@@ -217,19 +218,15 @@ absl::Status Communicator::AllToAllV(const float* send, absl::Span<const int64_t
         "all_to_all_v: rank ", rank_, " sends itself ", send_counts[rank_],
         " floats but expects ", recv_counts[rank_]));
   }
-  if (absl::Status s = CheckBuffer("all_to_all_v send buffer", send, send_total); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckBuffer("all_to_all_v recv buffer", recv, recv_total); !s.ok()) {
-    return s;
-  }
+  MUONMESH_RETURN_IF_ERROR(CheckBuffer("all_to_all_v send buffer", send, send_total));
+  MUONMESH_RETURN_IF_ERROR(CheckBuffer("all_to_all_v recv buffer", recv, recv_total));
   return Run(Collective::kAllToAllV, bytes, options, [&](absl::Time deadline) {
     return DoAllToAllV(send, send_counts, recv, recv_counts, deadline);
   });
 }
 
 absl::Status Communicator::Barrier(const CollectiveOptions& options) {
-  if (absl::Status s = CheckTimeout(options); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(CheckTimeout(options));
   return Run(Collective::kBarrier, 0, options,
              [&](absl::Time deadline) { return DoBarrier(deadline); });
 }

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "proto/support/status_macros.h"
 
 namespace muonmesh::comm {
 namespace {
@@ -111,7 +112,7 @@ absl::StatusOr<std::optional<std::string>> FileStore::TryRead(const std::string&
 
 absl::Status FileStore::Set(absl::string_view key, absl::string_view value) {
   absl::StatusOr<std::string> path = PathFor(key);
-  if (!path.ok()) return path.status();
+  MUONMESH_RETURN_IF_ERROR(path.status());
 
   // A name no other writer (thread or process) can pick.
   static std::atomic<uint64_t> counter{0};
@@ -143,7 +144,7 @@ absl::Status FileStore::Set(absl::string_view key, absl::string_view value) {
         absl::StrCat("FileStore: publishing key '", key, "': ", ErrnoText(link_error)));
   }
   absl::StatusOr<std::optional<std::string>> existing = TryRead(*path);
-  if (!existing.ok()) return existing.status();
+  MUONMESH_RETURN_IF_ERROR(existing.status());
   if (existing->has_value() && **existing == value) return absl::OkStatus();
   return absl::AlreadyExistsError(
       absl::StrCat("FileStore: key '", key, "' is already set to a different value (keys are "
@@ -152,12 +153,12 @@ absl::Status FileStore::Set(absl::string_view key, absl::string_view value) {
 
 absl::StatusOr<std::string> FileStore::Get(absl::string_view key, absl::Duration timeout) {
   absl::StatusOr<std::string> path = PathFor(key);
-  if (!path.ok()) return path.status();
+  MUONMESH_RETURN_IF_ERROR(path.status());
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration delay = kFirstPoll;
   while (true) {
     absl::StatusOr<std::optional<std::string>> value = TryRead(*path);
-    if (!value.ok()) return value.status();
+    MUONMESH_RETURN_IF_ERROR(value.status());
     if (value->has_value()) return std::move(**value);
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
@@ -173,7 +174,7 @@ absl::Status FileStore::Wait(absl::Span<const std::string> keys, absl::Duration 
   paths.reserve(keys.size());
   for (const std::string& key : keys) {
     absl::StatusOr<std::string> path = PathFor(key);
-    if (!path.ok()) return path.status();
+    MUONMESH_RETURN_IF_ERROR(path.status());
     paths.push_back(*std::move(path));
   }
   const absl::Time deadline = absl::Now() + timeout;

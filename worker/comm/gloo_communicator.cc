@@ -24,6 +24,7 @@
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/store.h"
 #include "gloo/transport/tcp/device.h"
+#include "proto/support/status_macros.h"
 #include "worker/comm/reduce.h"
 
 namespace muonmesh::comm {
@@ -190,7 +191,7 @@ absl::Status GlooCommunicator::DoAllGather(const float* in, int64_t count, float
     return absl::OkStatus();
   }
   absl::StatusOr<std::chrono::milliseconds> timeout = Remaining(deadline);
-  if (!timeout.ok()) return timeout.status();
+  MUONMESH_RETURN_IF_ERROR(timeout.status());
   return GuardGloo([&] {
     gloo::AllgatherOptions opts(context_);
     // Without an input Gloo works in place: `out` already holds our part.
@@ -208,7 +209,7 @@ absl::Status GlooCommunicator::DoReduceScatter(const float* in, float* out, int6
     parts[0] = in;
   } else {
     absl::StatusOr<std::chrono::milliseconds> timeout = Remaining(deadline);
-    if (!timeout.ok()) return timeout.status();
+    MUONMESH_RETURN_IF_ERROR(timeout.status());
     // Chunk q of every rank's input lands at scratch_[q * count]: what a
     // ring reduce-scatter sends, (n-1) * count floats per rank.
     scratch_.resize(static_cast<size_t>(size() * count));
@@ -219,7 +220,7 @@ absl::Status GlooCommunicator::DoReduceScatter(const float* in, float* out, int6
       opts.setTimeout(*timeout);
       gloo::alltoall(opts);
     });
-    if (!status.ok()) return status;
+    MUONMESH_RETURN_IF_ERROR(status);
     for (int q = 0; q < size(); ++q) parts[q] = scratch_.data() + q * count;
   }
   // Reads only scratch_ (or, alone, `in`), so `out` may alias `in`.
@@ -241,7 +242,7 @@ absl::Status GlooCommunicator::DoAllReduce(float* inout, int64_t count, ReduceOp
   // Reduce-scatter of the chunks: chunk q of inout goes to rank q; we get
   // our chunk from everyone, in rank order.
   absl::StatusOr<std::chrono::milliseconds> timeout = Remaining(deadline);
-  if (!timeout.ok()) return timeout.status();
+  MUONMESH_RETURN_IF_ERROR(timeout.status());
   scratch_.resize(static_cast<size_t>(std::max<int64_t>(1, size() * mine)));
   absl::Status status = GuardGloo([&] {
     gloo::AlltoallvOptions opts(context_);
@@ -250,7 +251,7 @@ absl::Status GlooCommunicator::DoAllReduce(float* inout, int64_t count, ReduceOp
     opts.setTimeout(*timeout);
     gloo::alltoallv(opts);
   });
-  if (!status.ok()) return status;
+  MUONMESH_RETURN_IF_ERROR(status);
   std::vector<const float*> parts(size());
   for (int q = 0; q < size(); ++q) parts[q] = scratch_.data() + q * mine;
   internal::ReduceInRankOrder(parts, mine, op,
@@ -258,7 +259,7 @@ absl::Status GlooCommunicator::DoAllReduce(float* inout, int64_t count, ReduceOp
 
   // All-gather of the reduced chunks, in place.
   timeout = Remaining(deadline);
-  if (!timeout.ok()) return timeout.status();
+  MUONMESH_RETURN_IF_ERROR(timeout.status());
   return GuardGloo([&] {
     gloo::AllgathervOptions opts(context_);
     opts.setOutput(inout, std::vector<size_t>(chunk.begin(), chunk.end()));
@@ -271,7 +272,7 @@ absl::Status GlooCommunicator::DoBroadcast(float* inout, int64_t count, int root
                                            absl::Time deadline) {
   if (size() == 1) return absl::OkStatus();
   absl::StatusOr<std::chrono::milliseconds> timeout = Remaining(deadline);
-  if (!timeout.ok()) return timeout.status();
+  MUONMESH_RETURN_IF_ERROR(timeout.status());
   return GuardGloo([&] {
     gloo::BroadcastOptions opts(context_);
     opts.setOutput(inout, count);  // the root sends from it in place
@@ -290,7 +291,7 @@ absl::Status GlooCommunicator::DoAllToAllV(const float* send,
     return absl::OkStatus();
   }
   absl::StatusOr<std::chrono::milliseconds> timeout = Remaining(deadline);
-  if (!timeout.ok()) return timeout.status();
+  MUONMESH_RETURN_IF_ERROR(timeout.status());
   // Even with all counts zero every rank must take part: Gloo exchanges
   // (empty) messages with every peer.
   return GuardGloo([&] {
@@ -305,7 +306,7 @@ absl::Status GlooCommunicator::DoAllToAllV(const float* send,
 absl::Status GlooCommunicator::DoBarrier(absl::Time deadline) {
   if (size() == 1) return absl::OkStatus();
   absl::StatusOr<std::chrono::milliseconds> timeout = Remaining(deadline);
-  if (!timeout.ok()) return timeout.status();
+  MUONMESH_RETURN_IF_ERROR(timeout.status());
   return GuardGloo([&] {
     gloo::BarrierOptions opts(context_);
     opts.setTimeout(*timeout);
@@ -350,17 +351,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
     // than the exception Gloo rethrew for it.
     const absl::Status store_error = adapter.first_error();
     const absl::Status& cause = store_error.ok() ? status : store_error;
-    return absl::Status(cause.code(),
-                        absl::StrCat(where(), ": rendezvous failed: ", cause.message()));
+    return AnnotateStatus(cause, absl::StrCat(where(), ": rendezvous failed"));
   }
 
   auto communicator = std::make_unique<GlooCommunicator>(group_name, rank, size,
                                                          std::move(device), std::move(context));
-  status = communicator->ConnectBarrier(deadline);
-  if (!status.ok()) {
-    return absl::Status(status.code(), absl::StrCat(where(), ": connect barrier failed: ",
-                                                    status.message()));
-  }
+  MUONMESH_RETURN_IF_ERROR(communicator->ConnectBarrier(deadline), where(),
+                           ": connect barrier failed");
   return std::unique_ptr<Communicator>(std::move(communicator));
 }
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/client_context.h"
+#include "proto/support/status_macros.h"
 
 namespace muonmesh::comm {
 namespace {
@@ -46,9 +47,7 @@ absl::StatusOr<std::string> GrpcStore::Get(absl::string_view key, absl::Duration
   v1::StoreGetResponse response;
   grpc::ClientContext context;
   SetDeadline(context, timeout + kRpcSlack);
-  if (absl::Status s = FromGrpc(stub_->Get(&context, request, &response), "get"); !s.ok()) {
-    return s;
-  }
+  MUONMESH_RETURN_IF_ERROR(FromGrpc(stub_->Get(&context, request, &response), "get"));
   return std::move(*response.mutable_value());
 }
 

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "proto/support/status_macros.h"
 #include "worker/comm/reduce.h"
 
 namespace muonmesh::comm {
@@ -320,7 +321,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateInProcessCommunicator(
   }
   absl::StatusOr<std::shared_ptr<InProcessGroup>> joined =
       JoinInProcessGroup(*options.hub, group_name, rank, size);
-  if (!joined.ok()) return joined.status();
+  MUONMESH_RETURN_IF_ERROR(joined.status());
   std::shared_ptr<InProcessGroup> group = *std::move(joined);
   {
     InProcessGroup& g = *group;

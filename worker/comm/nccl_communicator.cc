@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "proto/support/status_macros.h"
 #include "worker/comm/nccl_checks.h"
 
 namespace muonmesh::comm {
@@ -211,7 +212,7 @@ absl::Status NcclCommunicator::DoAllToAllV(const float* send,
     }
   }
   keep_first(ncclGroupEnd(), "ncclGroupEnd()", __LINE__);
-  if (!status.ok()) return status;
+  MUONMESH_RETURN_IF_ERROR(status);
   return WaitForStream(deadline);
 }
 
@@ -241,19 +242,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
   ncclUniqueId id;
   if (rank == 0) {
     MUONMESH_NCCL_CHECK(ncclGetUniqueId(&id));
-    absl::Status published =
-        store.Set(key, absl::string_view(reinterpret_cast<const char*>(&id), sizeof(id)));
-    if (!published.ok()) {
-      return absl::Status(published.code(), absl::StrCat(where(), ": publishing the unique id: ",
-                                                         published.message()));
-    }
+    MUONMESH_RETURN_IF_ERROR(
+        store.Set(key, absl::string_view(reinterpret_cast<const char*>(&id), sizeof(id))),
+        where(), ": publishing the unique id");
   } else {
     absl::StatusOr<std::string> value = store.Get(key, options.connect_timeout);
-    if (!value.ok()) {
-      return absl::Status(value.status().code(),
-                          absl::StrCat(where(), ": waiting for the unique id: ",
-                                       value.status().message()));
-    }
+    MUONMESH_RETURN_IF_ERROR(value.status(), where(), ": waiting for the unique id");
     if (value->size() != sizeof(id)) {
       return absl::InternalError(absl::StrCat(where(), ": unique id of ", value->size(),
                                               " bytes in the store, expected ", sizeof(id)));
@@ -262,9 +256,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
   }
 
   auto communicator = std::make_unique<NcclCommunicator>(group_name, rank, size, device);
-  if (absl::Status s = communicator->Init(id, deadline); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat(where(), ": ", s.message()));
-  }
+  MUONMESH_RETURN_IF_ERROR(communicator->Init(id, deadline), where());
   return std::unique_ptr<Communicator>(std::move(communicator));
 }
 

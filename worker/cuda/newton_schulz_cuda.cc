@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "proto/support/status_macros.h"
 #include "worker/cuda/cuda_checks.h"
 #include "worker/cuda/ns_kernels.h"
 #include "worker/math/ns_coefficients.h"
@@ -66,7 +67,7 @@ absl::StatusOr<std::unique_ptr<CudaNewtonSchulz>> CudaNewtonSchulz::Create(cudaS
   void* pinned = nullptr;
   MUONMESH_CUDA_CHECK(cudaMallocHost(&pinned, 2 * sizeof(double)));
   ns->host_sums_ = static_cast<double*>(pinned);
-  if (absl::Status s = ns->scratch_.Reserve(kScratchDoubles * sizeof(double)); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(ns->scratch_.Reserve(kScratchDoubles * sizeof(double)));
   return ns;
 }
 
@@ -83,36 +84,33 @@ size_t CudaNewtonSchulz::workspace_bytes() const {
 }
 
 absl::Status CudaNewtonSchulz::Reserve(int64_t rows, int64_t cols) {
-  if (absl::Status s = CheckShape(rows, cols); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(CheckShape(rows, cols));
   const size_t m = static_cast<size_t>(std::min(rows, cols));
   const size_t n = static_cast<size_t>(std::max(rows, cols));
   for (auto [buffer, bytes] :
        {std::pair{&x_, m * n * sizeof(float)}, std::pair{&xb_, m * n * sizeof(__nv_bfloat16)},
         std::pair{&ab_, m * m * sizeof(__nv_bfloat16)},
         std::pair{&bb_, m * m * sizeof(__nv_bfloat16)}}) {
-    if (absl::Status s = buffer->Reserve(bytes); !s.ok()) return s;
+    MUONMESH_RETURN_IF_ERROR(buffer->Reserve(bytes));
   }
   return absl::OkStatus();
 }
 
 absl::Status CudaNewtonSchulz::Run(float* x, int64_t rows, int64_t cols,
                                    const math::NsOptions& options) {
-  if (absl::Status s = math::ValidateNsOptions(options); !s.ok()) return s;
-  if (absl::Status s = CheckShape(rows, cols); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(math::ValidateNsOptions(options));
+  MUONMESH_RETURN_IF_ERROR(CheckShape(rows, cols));
   return RunValidated(x, rows, cols, options);
 }
 
 absl::Status CudaNewtonSchulz::RunBatched(float* x, int64_t count, int64_t rows, int64_t cols,
                                           const math::NsOptions& options) {
-  if (absl::Status s = math::ValidateNsOptions(options); !s.ok()) return s;
-  if (absl::Status s = CheckShape(rows, cols); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(math::ValidateNsOptions(options));
+  MUONMESH_RETURN_IF_ERROR(CheckShape(rows, cols));
   if (count < 0) return absl::InvalidArgumentError("CUDA Newton-Schulz: negative batch count");
   const int64_t size = rows * cols;
   for (int64_t e = 0; e < count; ++e) {
-    if (absl::Status s = RunValidated(x + e * size, rows, cols, options); !s.ok()) {
-      return absl::Status(s.code(), "batch matrix " + std::to_string(e) + ": " +
-                                        std::string(s.message()));
-    }
+    MUONMESH_RETURN_IF_ERROR(RunValidated(x + e * size, rows, cols, options), "batch matrix ", e);
   }
   return absl::OkStatus();
 }
@@ -120,7 +118,7 @@ absl::Status CudaNewtonSchulz::RunBatched(float* x, int64_t count, int64_t rows,
 absl::Status CudaNewtonSchulz::RunValidated(float* x, int64_t rows, int64_t cols,
                                             const math::NsOptions& options) {
   if (rows == 0 || cols == 0) return absl::OkStatus();
-  if (absl::Status s = Reserve(rows, cols); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(Reserve(rows, cols));
 
   const bool transpose = rows > cols;
   const int64_t m = std::min(rows, cols);

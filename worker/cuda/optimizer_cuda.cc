@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "proto/support/status_macros.h"
 #include "worker/cuda/cuda_checks.h"
 #include "worker/cuda/optimizer_kernels.h"
 #include "worker/math/adamw.h"
@@ -51,7 +52,7 @@ absl::StatusOr<int64_t> CudaOptimizer::FirstBad(int64_t count, Launch check) {
 absl::Status CudaOptimizer::AdamWStep(const math::AdamWOptions& options, int64_t step,
                                       const float* grad, float* exp_avg, float* exp_avg_sq,
                                       float* param, int64_t count) {
-  if (absl::Status s = math::ValidateAdamWOptions(options); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(math::ValidateAdamWOptions(options));
   if (step < 1) {
     return absl::InvalidArgumentError(absl::StrCat("adamw: step ", step, " < 1 (t is 1-based)"));
   }
@@ -66,7 +67,7 @@ absl::Status CudaOptimizer::AdamWStep(const math::AdamWOptions& options, int64_t
     return internal::LaunchAdamW(k, grad, exp_avg, exp_avg_sq, param, count, false, device_flag_,
                                  stream_);
   });
-  if (!bad.ok()) return bad.status();
+  MUONMESH_RETURN_IF_ERROR(bad.status());
   if (*bad < count) {
     return absl::InvalidArgumentError(absl::StrCat(
         "AdamWStep: step refused, element ", *bad, " has a non-finite gradient or result"));
@@ -98,7 +99,7 @@ internal::MuonScalars MuonScalarsOf(const math::MuonOptions& o, int64_t rows, in
 
 absl::Status CudaOptimizer::MuonPrepare(const math::MuonOptions& options, const float* grad,
                                         const float* momentum, float* update, int64_t count) {
-  if (absl::Status s = math::ValidateMuonOptions(options); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(math::ValidateMuonOptions(options));
   if (count < 0) return absl::InvalidArgumentError("MuonPrepare: negative count");
   if (count == 0) return absl::OkStatus();
   const internal::MuonScalars k = MuonScalarsOf(options, 0, 0);
@@ -106,7 +107,7 @@ absl::Status CudaOptimizer::MuonPrepare(const math::MuonOptions& options, const 
     return internal::LaunchMuonPrepare(k, grad, momentum, update, count, false, device_flag_,
                                        stream_);
   });
-  if (!bad.ok()) return bad.status();
+  MUONMESH_RETURN_IF_ERROR(bad.status());
   if (*bad < count) {
     return absl::InvalidArgumentError(absl::StrCat(
         "MuonPrepare: NaN or infinity in grad or the momentum buffer (element ", *bad, ")"));
@@ -120,7 +121,7 @@ absl::Status CudaOptimizer::MuonApply(const math::MuonOptions& options, int64_t 
                                       int64_t cols, const float* grad,
                                       const float* orthogonalized, float* momentum, float* param,
                                       int64_t count) {
-  if (absl::Status s = math::ValidateMuonOptions(options); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(math::ValidateMuonOptions(options));
   if (rows <= 0 || cols <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("MuonApply: matrix shape ", rows, " x ", cols, " is not positive"));
@@ -135,7 +136,7 @@ absl::Status CudaOptimizer::MuonApply(const math::MuonOptions& options, int64_t 
     return internal::LaunchMuonApply(k, grad, orthogonalized, momentum, param, count, false,
                                      device_flag_, stream_);
   });
-  if (!bad.ok()) return bad.status();
+  MUONMESH_RETURN_IF_ERROR(bad.status());
   if (*bad < count) {
     return absl::InvalidArgumentError(absl::StrCat(
         "MuonApply: step refused, element ", *bad, " has a non-finite update or result"));

@@ -23,6 +23,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "proto/support/status_macros.h"
 
 namespace muonmesh::io {
 namespace {
@@ -264,11 +265,11 @@ class HeaderParser {
       tensor_ = &entry.name;
       absl::Status s = ParseTensor(&entry);
       tensor_ = nullptr;
-      if (!s.ok()) return s;
+      MUONMESH_RETURN_IF_ERROR(s);
       entries->push_back(std::move(entry));
       return absl::OkStatus();
     });
-    if (!status.ok()) return status;
+    MUONMESH_RETURN_IF_ERROR(status);
     SkipWhitespace();  // writers pad the header with spaces
     if (pos_ != text_.size())
       return Error(absl::StrCat("unexpected ", Got(), " after the header object"));
@@ -321,7 +322,7 @@ class HeaderParser {
       if (c < 0x20) return Error("control character in a string (escape it)");
       if (c == '\\') {
         absl::Status s = ParseEscape(&out);
-        if (!s.ok()) return s;
+        MUONMESH_RETURN_IF_ERROR(s);
         continue;
       }
       const size_t n = Utf8SequenceLength(text_, pos_);
@@ -450,12 +451,12 @@ class HeaderParser {
         return Error(absl::StrCat("expected a quoted key, got ", Got()));
       const size_t key_pos = pos_;
       absl::StatusOr<std::string> key = ParseString();
-      if (!key.ok()) return key.status();
+      MUONMESH_RETURN_IF_ERROR(key.status());
       SkipWhitespace();
       if (AtEnd() || Peek() != ':') return Error(absl::StrCat("expected ':', got ", Got()));
       ++pos_;
       absl::Status s = on_member(*std::move(key), key_pos);
-      if (!s.ok()) return s;
+      MUONMESH_RETURN_IF_ERROR(s);
       SkipWhitespace();
       if (!AtEnd() && Peek() == ',') {
         ++pos_;
@@ -484,7 +485,7 @@ class HeaderParser {
     }
     for (size_t index = 0;; ++index) {
       absl::Status s = on_element(index);
-      if (!s.ok()) return s;
+      MUONMESH_RETURN_IF_ERROR(s);
       SkipWhitespace();
       if (!AtEnd() && Peek() == ',') {
         ++pos_;
@@ -509,7 +510,7 @@ class HeaderParser {
         return Error(absl::StrCat("__metadata__ values must be strings, got ", Got()));
       }
       absl::StatusOr<std::string> value = ParseString();
-      if (!value.ok()) return value.status();
+      MUONMESH_RETURN_IF_ERROR(value.status());
       if (metadata_ != nullptr) (*metadata_)[key] = *std::move(value);
       return absl::OkStatus();
     });
@@ -525,7 +526,7 @@ class HeaderParser {
         have_dtype = true;
         const size_t value_pos = pos_;
         absl::StatusOr<std::string> dtype = ParseString();
-        if (!dtype.ok()) return dtype.status();
+        MUONMESH_RETURN_IF_ERROR(dtype.status());
         if (*dtype == "F32") {
           entry->dtype = Dtype::kF32;
         } else if (*dtype == "F16") {
@@ -547,7 +548,7 @@ class HeaderParser {
             return Error(absl::StrCat("more than ", kMaxSafetensorsDims, " dimensions"));
           }
           absl::StatusOr<int64_t> dim = ParseNonNegative("a dimension");
-          if (!dim.ok()) return dim.status();
+          MUONMESH_RETURN_IF_ERROR(dim.status());
           entry->shape.push_back(*dim);
           return absl::OkStatus();
         });
@@ -561,12 +562,12 @@ class HeaderParser {
         absl::Status s = ParseArray("data_offsets", [&](size_t index) -> absl::Status {
           if (index >= 2) return Error("data_offsets must be [begin, end]: too many values");
           absl::StatusOr<int64_t> v = ParseNonNegative("a data offset");
-          if (!v.ok()) return v.status();
+          MUONMESH_RETURN_IF_ERROR(v.status());
           offsets[index] = *v;
           count = index + 1;
           return absl::OkStatus();
         });
-        if (!s.ok()) return s;
+        MUONMESH_RETURN_IF_ERROR(s);
         if (count != 2) return ErrorAt(value_pos, "data_offsets must be [begin, end]");
         if (offsets[0] > offsets[1]) {
           return ErrorAt(value_pos, absl::StrCat("data_offsets [", offsets[0], ", ", offsets[1],
@@ -579,7 +580,7 @@ class HeaderParser {
       return ErrorAt(key_pos, absl::StrCat("unknown key ", QuoteName(key),
                                            " (expected dtype, shape, data_offsets)"));
     });
-    if (!status.ok()) return status;
+    MUONMESH_RETURN_IF_ERROR(status);
     for (auto [have, key] : {std::pair{have_dtype, "dtype"}, std::pair{have_shape, "shape"},
                              std::pair{have_offsets, "data_offsets"}}) {
       if (!have) return Error(absl::StrCat("missing key \"", key, "\""));
@@ -871,16 +872,14 @@ absl::StatusOr<std::vector<Tensor>> ReadSafetensors(const std::string& path,
 
   try {
     std::string header(static_cast<size_t>(header_bytes), '\0');
-    if (absl::Status s = ReadExactly(fd.get(), 8, header.data(), header_bytes, path); !s.ok()) {
-      return s;
-    }
+    MUONMESH_RETURN_IF_ERROR(ReadExactly(fd.get(), 8, header.data(), header_bytes, path));
     std::vector<Entry> entries;
     std::map<std::string, std::string> parsed_metadata;
     HeaderParser parser(header, path);
     parser.set_metadata(&parsed_metadata);
-    if (absl::Status s = parser.Parse(&entries); !s.ok()) return s;
+    MUONMESH_RETURN_IF_ERROR(parser.Parse(&entries));
     header = std::string();
-    if (absl::Status s = CheckRanges(path, buffer_bytes, &entries); !s.ok()) return s;
+    MUONMESH_RETURN_IF_ERROR(CheckRanges(path, buffer_bytes, &entries));
 
     std::vector<Tensor> tensors;
     tensors.reserve(entries.size());
@@ -890,9 +889,7 @@ absl::StatusOr<std::vector<Tensor>> ReadSafetensors(const std::string& path,
       t.name = std::move(e.name);
       t.shape = std::move(e.shape);
       t.data.resize(static_cast<size_t>(e.elements));
-      if (absl::Status s = ReadElements(fd.get(), data_start, e, t.data.data(), path); !s.ok()) {
-        return s;
-      }
+      MUONMESH_RETURN_IF_ERROR(ReadElements(fd.get(), data_start, e, t.data.data(), path));
       tensors.push_back(std::move(t));
     }
     if (metadata != nullptr) *metadata = std::move(parsed_metadata);
@@ -913,14 +910,14 @@ absl::Status WriteSafetensors(const std::string& path, absl::Span<const TensorVi
   // The data checks first, so that a bad list writes nothing at all.
   std::vector<uint64_t> bytes;
   absl::StatusOr<std::string> header = BuildHeader(path, tensors, metadata, &bytes);
-  if (!header.ok()) return header.status();
+  MUONMESH_RETURN_IF_ERROR(header.status());
   absl::StatusOr<std::unique_ptr<SafetensorsWriter>> writer =
       SafetensorsWriter::Create(path, std::move(entries), metadata);
-  if (!writer.ok()) return writer.status();
+  MUONMESH_RETURN_IF_ERROR(writer.status());
   for (size_t i = 0; i < tensors.size(); ++i) {
     const size_t count = static_cast<size_t>(bytes[i] / kBytesPerElement);
     absl::Status st = (*writer)->Append(absl::MakeConstSpan(tensors[i].data, count));
-    if (!st.ok()) return st;
+    MUONMESH_RETURN_IF_ERROR(st);
   }
   return (*writer)->Finish();
 }
@@ -933,8 +930,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   std::vector<uint64_t> bytes;
   absl::StatusOr<std::string> header =
       BuildHeader(path, views, metadata, &bytes, /*require_data=*/false);
-  if (!header.ok()) return header.status();
-  if (absl::Status s = CheckReplaceable(path); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(header.status());
+  MUONMESH_RETURN_IF_ERROR(CheckReplaceable(path));
 
   std::string temp;
   int raw_fd = -1;
@@ -955,7 +952,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
       !s.ok()) {
     return s;  // the destructor removes the temporary file
   }
-  if (absl::Status s = WriteAll(w->fd_, header->data(), header->size(), temp); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(WriteAll(w->fd_, header->data(), header->size(), temp));
   return w;
 }
 
@@ -988,7 +985,7 @@ absl::Status SafetensorsWriter::Append(absl::Span<const float> data) {
   }
   const char* src = reinterpret_cast<const char*>(data.data());
   if constexpr (std::endian::native == std::endian::little) {
-    if (absl::Status s = WriteAll(fd_, src, bytes_[next_], temp_); !s.ok()) return s;
+    MUONMESH_RETURN_IF_ERROR(WriteAll(fd_, src, bytes_[next_], temp_));
   } else {
     std::vector<float> chunk;
     for (size_t at = 0; at < data.size(); at += size_t{1} << 16) {

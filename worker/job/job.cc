@@ -14,6 +14,7 @@
 #include "proto/io/message_file.h"
 #include "plan/validate.h"
 #include "proto/convert/plan_convert.h"
+#include "proto/support/status_macros.h"
 #include "worker/job/optimizer_rules.h"
 #include "worker/math/adamw.h"
 #include "worker/math/muon.h"
@@ -439,7 +440,7 @@ std::string JoinViolations(const std::vector<plan::FieldViolation>& violations) 
 
 absl::StatusOr<v1::JobSpec> LoadJobFile(const std::string& path) {
   v1::JobSpec job;
-  if (absl::Status s = protoio::LoadMessageFile(path, &job); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(protoio::LoadMessageFile(path, &job));
   return job;
 }
 
@@ -553,7 +554,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
 
 absl::StatusOr<ResolvedJob> LoadResolvedJob(const std::string& path) {
   absl::StatusOr<v1::JobSpec> job = LoadJobFile(path);
-  if (!job.ok()) return job.status();
+  MUONMESH_RETURN_IF_ERROR(job.status());
   absl::StatusOr<ResolvedJob> resolved = ResolveJob(*job, fs::path(path).parent_path().string());
   if (!resolved.ok()) {
     return absl::Status(resolved.status().code(),

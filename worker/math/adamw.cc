@@ -4,6 +4,7 @@
 #include <cstddef>
 
 #include "absl/strings/str_cat.h"
+#include "proto/support/status_macros.h"
 
 namespace muonmesh::math {
 namespace {
@@ -35,7 +36,7 @@ bool Finite(const Moments& r) {
 absl::Status AdamWStep(const AdamWOptions& options, int64_t step, absl::Span<const float> grad,
                        absl::Span<float> exp_avg, absl::Span<float> exp_avg_sq,
                        absl::Span<float> param) {
-  if (absl::Status s = ValidateAdamWOptions(options); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(ValidateAdamWOptions(options));
   if (step < 1) {
     return absl::InvalidArgumentError(absl::StrCat("adamw: step ", step, " < 1 (t is 1-based)"));
   }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "proto/support/status_macros.h"
 #include "worker/math/ns_coefficients.h"
 
 namespace muonmesh::math {
@@ -54,7 +55,7 @@ absl::Status CheckSizes(const char* what, std::initializer_list<size_t> sizes) {
 
 absl::Status MuonPrepare(const MuonOptions& options, absl::Span<const float> grad,
                          absl::Span<const float> momentum, absl::Span<float> update) {
-  if (absl::Status s = ValidateMuonOptions(options); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(ValidateMuonOptions(options));
   if (absl::Status s = CheckSizes("MuonPrepare", {grad.size(), momentum.size(), update.size()});
       !s.ok()) {
     return s;
@@ -75,7 +76,7 @@ absl::Status MuonPrepare(const MuonOptions& options, absl::Span<const float> gra
 absl::Status MuonApply(const MuonOptions& options, int64_t rows, int64_t cols,
                        absl::Span<const float> grad, absl::Span<const float> orthogonalized,
                        absl::Span<float> momentum, absl::Span<float> param) {
-  if (absl::Status s = ValidateMuonOptions(options); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(ValidateMuonOptions(options));
   if (rows <= 0 || cols <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("MuonApply: matrix shape ", rows, " x ", cols, " is not positive"));

@@ -3,6 +3,7 @@
 // the elementwise phases do not.
 
 #include "absl/strings/str_cat.h"
+#include "proto/support/status_macros.h"
 #include "worker/math/muon.h"
 
 namespace muonmesh::math {
@@ -30,8 +31,8 @@ absl::Status Muon::StepBatched(const MuonOptions& options, int64_t count, int64_
     return absl::ResourceExhaustedError("Muon: cannot allocate the update buffer");
   }
   absl::Span<float> u(update_.data(), total);
-  if (absl::Status s = MuonPrepare(options, grad, momentum, u); !s.ok()) return s;
-  if (absl::Status s = ns_.RunBatched(u.data(), count, rows, cols, options.ns); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(MuonPrepare(options, grad, momentum, u));
+  MUONMESH_RETURN_IF_ERROR(ns_.RunBatched(u.data(), count, rows, cols, options.ns));
   return MuonApply(options, rows, cols, grad, u, momentum, param);
 }
 

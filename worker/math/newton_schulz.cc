@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/support/status_macros.h"
 #include "worker/math/ns_coefficients.h"
 
 namespace muonmesh::math {
@@ -99,7 +100,7 @@ void MirrorUpperToLower(float* a, int64_t m) {
 }  // namespace
 
 absl::Status NewtonSchulz::Reserve(int64_t rows, int64_t cols) {
-  if (absl::Status s = CheckShape(rows, cols); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(CheckShape(rows, cols));
   const size_t m = static_cast<size_t>(std::min(rows, cols));
   const size_t n = static_cast<size_t>(std::max(rows, cols));
   if (m != 0 && n > SIZE_MAX / sizeof(float) / m) {
@@ -117,15 +118,15 @@ size_t NewtonSchulz::workspace_bytes() const {
 }
 
 absl::Status NewtonSchulz::Run(float* x, int64_t rows, int64_t cols, const NsOptions& options) {
-  if (absl::Status s = ValidateNsOptions(options); !s.ok()) return s;
-  if (absl::Status s = CheckShape(rows, cols); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(ValidateNsOptions(options));
+  MUONMESH_RETURN_IF_ERROR(CheckShape(rows, cols));
   return RunValidated(x, rows, cols, options);
 }
 
 absl::Status NewtonSchulz::RunBatched(float* x, int64_t count, int64_t rows, int64_t cols,
                                       const NsOptions& options) {
-  if (absl::Status s = ValidateNsOptions(options); !s.ok()) return s;
-  if (absl::Status s = CheckShape(rows, cols); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(ValidateNsOptions(options));
+  MUONMESH_RETURN_IF_ERROR(CheckShape(rows, cols));
   if (count < 0) return absl::InvalidArgumentError("Newton-Schulz: negative batch count");
   const size_t size = static_cast<size_t>(rows) * static_cast<size_t>(cols);
   // All inputs are checked before any is written (all or nothing on input).
@@ -136,9 +137,7 @@ absl::Status NewtonSchulz::RunBatched(float* x, int64_t count, int64_t rows, int
     }
   }
   for (int64_t e = 0; e < count; ++e) {
-    if (absl::Status s = RunValidated(x + e * size, rows, cols, options); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("batch matrix ", e, ": ", s.message()));
-    }
+    MUONMESH_RETURN_IF_ERROR(RunValidated(x + e * size, rows, cols, options), "batch matrix ", e);
   }
   return absl::OkStatus();
 }
@@ -146,7 +145,7 @@ absl::Status NewtonSchulz::RunBatched(float* x, int64_t count, int64_t rows, int
 absl::Status NewtonSchulz::RunValidated(float* x, int64_t rows, int64_t cols,
                                         const NsOptions& options) {
   if (rows == 0 || cols == 0) return absl::OkStatus();
-  if (absl::Status s = Reserve(rows, cols); !s.ok()) return s;
+  MUONMESH_RETURN_IF_ERROR(Reserve(rows, cols));
 
   const bool transpose = rows > cols;
   const int64_t m = std::min(rows, cols);

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/support/status_macros.h"
 #include "worker/model/checks.h"
 #include "worker/model/rng.h"
 
@@ -83,7 +84,7 @@ absl::Status ValidateMlpDims(absl::Span<const int64_t> dims) {
 }
 
 absl::StatusOr<plan::ModelSpec> MlpSpec(absl::Span<const int64_t> dims) {
-  if (absl::Status st = ValidateMlpDims(dims); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(ValidateMlpDims(dims));
   plan::ModelSpec spec;
   spec.name = "mlp";
   for (int64_t i = 0; i < NumLayers(dims); ++i) {
@@ -125,7 +126,7 @@ void InitLayer(absl::Span<const int64_t> dims, uint64_t seed, int64_t i, float* 
 
 absl::StatusOr<std::vector<std::vector<float>>> MlpInitialParams(absl::Span<const int64_t> dims,
                                                                  uint64_t seed) {
-  if (absl::Status st = ValidateMlpDims(dims); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(ValidateMlpDims(dims));
   std::vector<std::vector<float>> params;
   for (int64_t i = 0; i < NumLayers(dims); ++i) {
     std::vector<float> w(static_cast<size_t>(dims[i + 1] * dims[i]));
@@ -140,7 +141,7 @@ absl::StatusOr<std::vector<std::vector<float>>> MlpInitialParams(absl::Span<cons
 absl::StatusOr<std::vector<float>> MlpForward(absl::Span<const int64_t> dims,
                                               absl::Span<const float* const> params,
                                               absl::Span<const float> x, int64_t n) {
-  if (absl::Status st = ValidateMlpDims(dims); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(ValidateMlpDims(dims));
   if (absl::Status st = CheckPointers(dims, params.size(), AnyNull(params), "mlp params");
       !st.ok()) {
     return st;
@@ -170,7 +171,7 @@ absl::StatusOr<std::vector<float>> MlpForward(absl::Span<const int64_t> dims,
                                               absl::Span<const std::vector<float>> params,
                                               absl::Span<const float> x, int64_t n) {
   absl::StatusOr<plan::ModelSpec> spec = MlpSpec(dims);
-  if (!spec.ok()) return spec.status();
+  MUONMESH_RETURN_IF_ERROR(spec.status());
   std::vector<const float*> ptrs;
   size_t index = 0;
   for (const plan::UnitSpec& unit : spec->units) {
@@ -208,7 +209,7 @@ Mlp::Mlp(std::vector<int64_t> dims, std::vector<float> x, std::vector<float> y,
 absl::StatusOr<Mlp> Mlp::Create(std::vector<int64_t> dims, std::vector<float> x,
                                 std::vector<float> y) {
   absl::StatusOr<plan::ModelSpec> spec = MlpSpec(dims);
-  if (!spec.ok()) return spec.status();
+  MUONMESH_RETURN_IF_ERROR(spec.status());
   const int64_t d_in = dims.front();
   const int64_t d_out = dims.back();
   const int64_t x_size = static_cast<int64_t>(x.size());
@@ -227,14 +228,14 @@ absl::StatusOr<Mlp> Mlp::Create(std::vector<int64_t> dims, std::vector<float> x,
                                                    " elements, expected N * d_out = ", n, " * ",
                                                    d_out, " = ", n * d_out));
   }
-  if (absl::Status st = CheckFinite(x, "mlp data: x"); !st.ok()) return st;
-  if (absl::Status st = CheckFinite(y, "mlp data: y"); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(CheckFinite(x, "mlp data: x"));
+  MUONMESH_RETURN_IF_ERROR(CheckFinite(y, "mlp data: y"));
   return Mlp(std::move(dims), std::move(x), std::move(y), *std::move(spec));
 }
 
 absl::StatusOr<Mlp> Mlp::FromTeacher(std::vector<int64_t> dims, uint64_t teacher_seed,
                                      int64_t samples) {
-  if (absl::Status st = ValidateMlpDims(dims); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(ValidateMlpDims(dims));
   const int64_t d_in = dims.front();
   const int64_t d_out = dims.back();
   if (samples < 1 || samples > kMlpMaxDataElements / std::max(d_in, d_out)) {
@@ -246,10 +247,10 @@ absl::StatusOr<Mlp> Mlp::FromTeacher(std::vector<int64_t> dims, uint64_t teacher
   UniformStream(teacher_seed, kTeacherInputStream).Fill(0, samples * d_in, 1.0, x.data());
   absl::StatusOr<std::vector<std::vector<float>>> teacher =
       MlpInitialParams(dims, teacher_seed + 1);
-  if (!teacher.ok()) return teacher.status();
+  MUONMESH_RETURN_IF_ERROR(teacher.status());
   absl::StatusOr<std::vector<float>> y =
       MlpForward(dims, absl::MakeConstSpan(*teacher), x, samples);
-  if (!y.ok()) return y.status();
+  MUONMESH_RETURN_IF_ERROR(y.status());
   return Create(std::move(dims), std::move(x), *std::move(y));
 }
 
@@ -259,7 +260,7 @@ absl::Status Mlp::Initialize(uint64_t seed, absl::Span<float* const> params) con
     return st;
   }
   absl::StatusOr<std::vector<std::vector<float>>> init = MlpInitialParams(dims_, seed);
-  if (!init.ok()) return init.status();
+  MUONMESH_RETURN_IF_ERROR(init.status());
   for (size_t i = 0; i < init->size(); ++i) {
     std::copy((*init)[i].begin(), (*init)[i].end(), params[i]);
   }
@@ -351,10 +352,8 @@ absl::StatusOr<double> Mlp::ForwardBackward(int64_t /*step*/, absl::Span<const f
       !st.ok()) {
     return st;
   }
-  if (absl::Status st = CheckPointers(dims_, grads.size(), AnyNull(grads), "mlp grads"); !st.ok()) {
-    return st;
-  }
-  if (absl::Status st = CheckSamples(samples); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(CheckPointers(dims_, grads.size(), AnyNull(grads), "mlp grads"));
+  MUONMESH_RETURN_IF_ERROR(CheckSamples(samples));
 
   const int64_t n = static_cast<int64_t>(samples.size());
   const int64_t layers = NumLayers(dims_);
@@ -387,7 +386,7 @@ absl::StatusOr<double> Mlp::ForwardBackward(int64_t /*step*/, absl::Span<const f
 
 absl::StatusOr<double> Mlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& units,
                                                   absl::Span<const int64_t> samples) {
-  if (absl::Status st = CheckSamples(samples); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(CheckSamples(samples));
   const int64_t n = static_cast<int64_t>(samples.size());
   const int64_t layers = NumLayers(dims_);
   const int64_t d_in = dims_.front();
@@ -397,7 +396,7 @@ absl::StatusOr<double> Mlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& 
   // Acquires layer i's whole tensors (W_i, b_i), checked; released on error.
   auto acquire = [&](int64_t i) -> absl::StatusOr<absl::Span<const float* const>> {
     absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(static_cast<int>(i));
-    if (!p.ok()) return p.status();
+    MUONMESH_RETURN_IF_ERROR(p.status());
     if (p->size() != 2 || AnyNull(*p)) {
       units.Release(static_cast<int>(i));
       return absl::InvalidArgumentError(absl::StrCat(
@@ -415,7 +414,7 @@ absl::StatusOr<double> Mlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& 
   absl::Span<const float* const> held;  // the last layer's, kept into the backward pass
   for (int64_t i = 0; i < layers; ++i) {
     absl::StatusOr<absl::Span<const float* const>> p = acquire(i);
-    if (!p.ok()) return p.status();
+    MUONMESH_RETURN_IF_ERROR(p.status());
     LinearForward(n, dims_[i], dims_[i + 1], act_ptrs_[i], (*p)[0], (*p)[1],
                   /*activate=*/i + 1 < layers, act_ptrs_[i + 1]);
     if (i + 1 < layers) {
@@ -437,7 +436,7 @@ absl::StatusOr<double> Mlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& 
     absl::Span<const float* const> p = held;
     if (i + 1 < layers) {
       absl::StatusOr<absl::Span<const float* const>> again = acquire(i);
-      if (!again.ok()) return again.status();
+      MUONMESH_RETURN_IF_ERROR(again.status());
       p = *again;
     }
     absl::StatusOr<absl::Span<float* const>> g = units.GradientBuffers(u);

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/support/status_macros.h"
 #include "worker/cuda/cuda_checks.h"
 #include "worker/cuda/mlp_kernels.h"
 #include "worker/cuda/row_major_gemm.h"
@@ -17,7 +18,7 @@ absl::StatusOr<std::unique_ptr<CudaMlp>> CudaMlp::Create(Mlp mlp) {
     return absl::FailedPreconditionError("mlp on cuda: no CUDA device");
   }
   std::unique_ptr<CudaMlp> w(new CudaMlp(std::move(mlp)));
-  if (absl::Status st = w->Init(); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(w->Init());
   return w;
 }
 
@@ -63,11 +64,11 @@ absl::Status CudaMlp::Reserve(int64_t n) {
     return absl::OkStatus();
   };
   for (size_t i = 0; i < dims_.size(); ++i) {
-    if (absl::Status st = grow(&acts_[i], sizeof(float) * n * dims_[i]); !st.ok()) return st;
+    MUONMESH_RETURN_IF_ERROR(grow(&acts_[i], sizeof(float) * n * dims_[i]));
   }
-  if (absl::Status st = grow(&rows_, sizeof(int64_t) * n); !st.ok()) return st;
-  if (absl::Status st = grow(&delta_, sizeof(float) * n * max_dim); !st.ok()) return st;
-  if (absl::Status st = grow(&delta_next_, sizeof(float) * n * max_dim); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(grow(&rows_, sizeof(int64_t) * n));
+  MUONMESH_RETURN_IF_ERROR(grow(&delta_, sizeof(float) * n * max_dim));
+  MUONMESH_RETURN_IF_ERROR(grow(&delta_next_, sizeof(float) * n * max_dim));
   capacity_ = n;
   return absl::OkStatus();
 }
@@ -89,13 +90,11 @@ absl::Status CudaMlp::Backward(int64_t i, int64_t n, const float* weight, const 
   const int64_t width = dims_[i + 1];
   const float* h = acts_[i];
   // dW_i = delta^T h_i [width, in]; db_i = column sums of delta.
-  if (absl::Status st = Gemm(true, false, width, in, n, delta, h, dw); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(Gemm(true, false, width, in, n, delta, h, dw));
   MUONMESH_CUDA_CHECK(cuda::internal::LaunchColumnSums(delta, n, width, db, stream_));
   if (i > 0) {
     // dL/dh_i = delta W_i [n, in], through tanh.
-    if (absl::Status st = Gemm(false, false, n, in, width, delta, weight, delta_next); !st.ok()) {
-      return st;
-    }
+    MUONMESH_RETURN_IF_ERROR(Gemm(false, false, n, in, width, delta, weight, delta_next));
     MUONMESH_CUDA_CHECK(cuda::internal::LaunchTanhBackward(delta_next, h, n * in, stream_));
   }
   MUONMESH_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -114,7 +113,7 @@ absl::StatusOr<double> CudaMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAcce
   const int64_t n = static_cast<int64_t>(samples.size());
   const int64_t layers = static_cast<int64_t>(dims_.size()) - 1;
   const int64_t d_out = dims_.back();
-  if (absl::Status st = Reserve(n); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(Reserve(n));
   MUONMESH_CUDA_CHECK(cudaMemcpyAsync(rows_, samples.data(), sizeof(int64_t) * n,
                                       cudaMemcpyHostToDevice, stream_));
   MUONMESH_CUDA_CHECK(
@@ -122,7 +121,7 @@ absl::StatusOr<double> CudaMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAcce
 
   auto acquire = [&](int64_t i) -> absl::StatusOr<absl::Span<const float* const>> {
     absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(static_cast<int>(i));
-    if (!p.ok()) return p.status();
+    MUONMESH_RETURN_IF_ERROR(p.status());
     if (p->size() != 2) {
       units.Release(static_cast<int>(i));
       return absl::InvalidArgumentError(
@@ -135,7 +134,7 @@ absl::StatusOr<double> CudaMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAcce
   absl::Span<const float* const> held;
   for (int64_t i = 0; i < layers; ++i) {
     absl::StatusOr<absl::Span<const float* const>> p = acquire(i);
-    if (!p.ok()) return p.status();
+    MUONMESH_RETURN_IF_ERROR(p.status());
     absl::Status st = Gemm(false, true, n, dims_[i + 1], dims_[i], acts_[i], (*p)[0], acts_[i + 1]);
     if (st.ok()) {
       const cudaError_t e = cuda::internal::LaunchBiasActivate(acts_[i + 1], (*p)[1], n,
@@ -185,7 +184,7 @@ absl::StatusOr<double> CudaMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAcce
     absl::Span<const float* const> p = held;
     if (i + 1 < layers) {
       absl::StatusOr<absl::Span<const float* const>> again = acquire(i);
-      if (!again.ok()) return again.status();
+      MUONMESH_RETURN_IF_ERROR(again.status());
       p = *again;
     }
     absl::StatusOr<absl::Span<float* const>> g = units.GradientBuffers(u);

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/support/status_macros.h"
 #include "worker/model/checks.h"
 #include "worker/model/rng.h"
 
@@ -143,7 +144,7 @@ absl::Status ValidateMoeMlpDims(const MoeMlpDims& d) {
 }
 
 absl::StatusOr<plan::ModelSpec> MoeMlpSpec(const MoeMlpDims& d) {
-  if (absl::Status st = ValidateMoeMlpDims(d); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(ValidateMoeMlpDims(d));
   const std::vector<std::vector<int64_t>> shapes = Shapes(d);
   plan::ModelSpec spec;
   spec.name = "moe_mlp";
@@ -165,7 +166,7 @@ absl::StatusOr<plan::ModelSpec> MoeMlpSpec(const MoeMlpDims& d) {
 
 absl::StatusOr<std::vector<std::vector<float>>> MoeMlpInitialParams(const MoeMlpDims& d,
                                                                     uint64_t seed) {
-  if (absl::Status st = ValidateMoeMlpDims(d); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(ValidateMoeMlpDims(d));
   std::vector<std::vector<float>> out;
   const std::vector<std::vector<int64_t>> shapes = Shapes(d);
   for (int p = 0; p < kNumParams; ++p) {
@@ -225,7 +226,7 @@ MoeMlp::MoeMlp(const MoeMlpDims& dims, std::vector<float> x, std::vector<float> 
 absl::StatusOr<MoeMlp> MoeMlp::Create(const MoeMlpDims& dims, std::vector<float> x,
                                       std::vector<float> y) {
   absl::StatusOr<plan::ModelSpec> spec = MoeMlpSpec(dims);
-  if (!spec.ok()) return spec.status();
+  MUONMESH_RETURN_IF_ERROR(spec.status());
   const int64_t x_size = static_cast<int64_t>(x.size());
   if (x_size == 0 || x_size % dims.d_in != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -243,14 +244,14 @@ absl::StatusOr<MoeMlp> MoeMlp::Create(const MoeMlpDims& dims, std::vector<float>
                                                    " elements, expected N * d_out = ", n, " * ",
                                                    dims.d_out, " = ", n * dims.d_out));
   }
-  if (absl::Status st = CheckFinite(x, "moe_mlp data: x"); !st.ok()) return st;
-  if (absl::Status st = CheckFinite(y, "moe_mlp data: y"); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(CheckFinite(x, "moe_mlp data: x"));
+  MUONMESH_RETURN_IF_ERROR(CheckFinite(y, "moe_mlp data: y"));
   return MoeMlp(dims, std::move(x), std::move(y), *std::move(spec));
 }
 
 absl::StatusOr<MoeMlp> MoeMlp::FromTeacher(const MoeMlpDims& dims, uint64_t teacher_seed,
                                            int64_t samples) {
-  if (absl::Status st = ValidateMoeMlpDims(dims); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(ValidateMoeMlpDims(dims));
   const int64_t limit =
       std::min(kMoeMaxSamplesPerCall,
                kMoeMaxElements / std::max(dims.d_in, std::max(dims.d_model, dims.d_out)));
@@ -262,14 +263,14 @@ absl::StatusOr<MoeMlp> MoeMlp::FromTeacher(const MoeMlpDims& dims, uint64_t teac
   UniformStream(teacher_seed, kTeacherInputStream).Fill(0, samples * dims.d_in, 1.0, x.data());
   absl::StatusOr<std::vector<std::vector<float>>> teacher =
       MoeMlpInitialParams(dims, teacher_seed + 1);
-  if (!teacher.ok()) return teacher.status();
+  MUONMESH_RETURN_IF_ERROR(teacher.status());
   absl::StatusOr<MoeMlp> probe =
       Create(dims, x, std::vector<float>(static_cast<size_t>(samples * dims.d_out), 0.0f));
-  if (!probe.ok()) return probe.status();
+  MUONMESH_RETURN_IF_ERROR(probe.status());
   std::vector<const float*> ptrs;
   for (const std::vector<float>& t : *teacher) ptrs.push_back(t.data());
   absl::StatusOr<std::vector<float>> y = probe->Forward(ptrs, samples);
-  if (!y.ok()) return y.status();
+  MUONMESH_RETURN_IF_ERROR(y.status());
   return Create(dims, std::move(x), *std::move(y));
 }
 
@@ -317,16 +318,16 @@ absl::Status MoeMlp::CheckSamples(absl::Span<const int64_t> samples) const {
 
 absl::StatusOr<std::vector<float>> MoeMlp::Forward(absl::Span<const float* const> params,
                                                    int64_t n) {
-  if (absl::Status st = CheckTensors(params, "params"); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(CheckTensors(params, "params"));
   if (n < 1 || n > num_samples_) {
     return absl::InvalidArgumentError(
         absl::StrCat("moe_mlp forward: n = ", n, " is not in [1, ", num_samples_, "]"));
   }
   std::vector<int64_t> samples(static_cast<size_t>(n));
   for (int64_t s = 0; s < n; ++s) samples[s] = s;
-  if (absl::Status st = CheckSamples(samples); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(CheckSamples(samples));
   WholeAccess units(params, {});
-  if (absl::Status st = ForwardPass(units, samples); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(ForwardPass(units, samples));
   units.Release(2);
   return std::vector<float>(y_out_.begin(), y_out_.begin() + n * dims_.d_out);
 }
@@ -335,7 +336,7 @@ absl::StatusOr<double> MoeMlp::ForwardBackward(int64_t step,
                                                absl::Span<const float* const> params,
                                                absl::Span<const int64_t> samples,
                                                absl::Span<float* const> grads) {
-  if (absl::Status st = CheckTensors(params, "params"); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(CheckTensors(params, "params"));
   if (grads.size() != kNumParams || AnyNull(grads)) {
     return absl::InvalidArgumentError(absl::StrCat("moe_mlp: grads must be ", kNumParams,
                                                    " non-null tensors, got ", grads.size()));
@@ -365,9 +366,9 @@ absl::Status MoeMlp::ForwardPass(UnitAccess& units, absl::Span<const int64_t> sa
   }
   {
     absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(0);
-    if (!p.ok()) return p.status();
+    MUONMESH_RETURN_IF_ERROR(p.status());
     Held held(units, 0);
-    if (absl::Status st = CheckUnitTensors(*p, 0, "parameters"); !st.ok()) return st;
+    MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(*p, 0, "parameters"));
     h_.resize(n * d);
     Gemm(false, true, n, d, d_in, 1.0f, xs_.data(), (*p)[0], 0.0f, h_.data());
     for (int64_t s = 0; s < n; ++s) {
@@ -377,9 +378,9 @@ absl::Status MoeMlp::ForwardPass(UnitAccess& units, absl::Span<const int64_t> sa
 
   // Router, dispatch, experts, combine.
   absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(1);
-  if (!p.ok()) return p.status();
+  MUONMESH_RETURN_IF_ERROR(p.status());
   Held held1(units, 1);
-  if (absl::Status st = CheckUnitTensors(*p, 1, "parameters"); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(*p, 1, "parameters"));
   const float* w_router = (*p)[0];
   const float* w1 = (*p)[1];
   const float* w2 = (*p)[2];
@@ -493,7 +494,7 @@ absl::Status MoeMlp::ForwardPass(UnitAccess& units, absl::Span<const int64_t> sa
 
   // Output layer (stays acquired for the backward pass).
   absl::StatusOr<absl::Span<const float* const>> out = units.Acquire(2);
-  if (!out.ok()) return out.status();
+  MUONMESH_RETURN_IF_ERROR(out.status());
   if (absl::Status st = CheckUnitTensors(*out, 2, "parameters"); !st.ok()) {
     units.Release(2);
     return st;
@@ -509,8 +510,8 @@ absl::Status MoeMlp::ForwardPass(UnitAccess& units, absl::Span<const int64_t> sa
 
 absl::StatusOr<double> MoeMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& units,
                                                      absl::Span<const int64_t> samples) {
-  if (absl::Status st = CheckSamples(samples); !st.ok()) return st;
-  if (absl::Status st = ForwardPass(units, samples); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(CheckSamples(samples));
+  MUONMESH_RETURN_IF_ERROR(ForwardPass(units, samples));
   const int64_t n = static_cast<int64_t>(samples.size());
   const int64_t d_in = dims_.d_in;
   const int64_t d = dims_.d_model;
@@ -539,20 +540,20 @@ absl::StatusOr<double> MoeMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAcces
   std::vector<float> dz(n * d);
   {
     absl::StatusOr<absl::Span<float* const>> g = units.GradientBuffers(2);
-    if (!g.ok()) return g.status();
-    if (absl::Status st = CheckUnitTensors(*g, 2, "gradients"); !st.ok()) return st;
+    MUONMESH_RETURN_IF_ERROR(g.status());
+    MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(*g, 2, "gradients"));
     Gemm(true, false, d_out, d, n, 1.0f, dy.data(), z_.data(), 0.0f, (*g)[0]);
     ColumnSums(dy.data(), n, d_out, (*g)[1]);
     Gemm(false, false, n, d, d_out, 1.0f, dy.data(), w_out, 0.0f, dz.data());
-    if (absl::Status st = units.Commit(2); !st.ok()) return st;
+    MUONMESH_RETURN_IF_ERROR(units.Commit(2));
   }
   held2.Release();
 
   // Mixture of experts.
   absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(1);
-  if (!p.ok()) return p.status();
+  MUONMESH_RETURN_IF_ERROR(p.status());
   Held held1(units, 1);
-  if (absl::Status st = CheckUnitTensors(*p, 1, "parameters"); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(*p, 1, "parameters"));
   const float* w_router = (*p)[0];
   const float* w1 = (*p)[1];
   const float* w2 = (*p)[2];
@@ -580,8 +581,8 @@ absl::StatusOr<double> MoeMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAcces
     return st;
   }
   absl::StatusOr<absl::Span<float* const>> g = units.GradientBuffers(1);
-  if (!g.ok()) return g.status();
-  if (absl::Status st = CheckUnitTensors(*g, 1, "gradients"); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(g.status());
+  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(*g, 1, "gradients"));
   float* gw_router = (*g)[0];
   float* gw1 = (*g)[1];
   float* gw2 = (*g)[2];
@@ -630,18 +631,18 @@ absl::StatusOr<double> MoeMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAcces
   RouterLogitGradient(g_.data(), routing_, dgate.data(), n, e_total, dlogits.data());
   Gemm(true, false, e_total, d, n, 1.0f, dlogits.data(), h_.data(), 0.0f, gw_router);
   Gemm(false, false, n, d, e_total, 1.0f, dlogits.data(), w_router, 1.0f, dh.data());
-  if (absl::Status st = units.Commit(1); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(units.Commit(1));
   held1.Release();
 
   // Input layer: through tanh, then its gradients (its parameters are not
   // needed).
   for (int64_t k = 0; k < n * d; ++k) dh[k] *= 1.0f - h_[k] * h_[k];
   absl::StatusOr<absl::Span<float* const>> g0 = units.GradientBuffers(0);
-  if (!g0.ok()) return g0.status();
-  if (absl::Status st = CheckUnitTensors(*g0, 0, "gradients"); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(g0.status());
+  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(*g0, 0, "gradients"));
   Gemm(true, false, d, d_in, n, 1.0f, dh.data(), xs_.data(), 0.0f, (*g0)[0]);
   ColumnSums(dh.data(), n, d, (*g0)[1]);
-  if (absl::Status st = units.Commit(0); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(units.Commit(0));
   return loss_sum / denom;
 }
 

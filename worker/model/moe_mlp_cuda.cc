@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/support/status_macros.h"
 #include "worker/cuda/cuda_checks.h"
 #include "worker/cuda/mlp_kernels.h"
 #include "worker/cuda/row_major_gemm.h"
@@ -39,13 +40,6 @@ class DevArray {
 };
 
 using Held = HeldUnit;
-
-
-#define MUONMESH_RETURN_IF_ERROR(expr)      \
-  do {                                      \
-    const absl::Status muonmesh_st_ = (expr); \
-    if (!muonmesh_st_.ok()) return muonmesh_st_; \
-  } while (0)
 
 // A launch error with the call site's file:line.
 #define MUONMESH_LAUNCH(expr) MUONMESH_CUDA_CHECK(expr)
@@ -192,7 +186,7 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
   // Input layer.
   {
     absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(0);
-    if (!p.ok()) return p.status();
+    MUONMESH_RETURN_IF_ERROR(p.status());
     Held held(units, 0);
     SyncOnExit synced(stream_);
     MUONMESH_RETURN_IF_ERROR(Expect(*p, 2, 0, "parameters"));
@@ -204,7 +198,7 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
 
   // Router (on the host, in double, as the CPU), dispatch, experts, combine.
   absl::StatusOr<absl::Span<const float* const>> p1 = units.Acquire(1);
-  if (!p1.ok()) return p1.status();
+  MUONMESH_RETURN_IF_ERROR(p1.status());
   Held held1(units, 1);
   SyncOnExit synced1(stream_);
   MUONMESH_RETURN_IF_ERROR(Expect(*p1, 3, 1, "parameters"));
@@ -332,7 +326,7 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
 
   // Output layer, loss and dL/dy.
   absl::StatusOr<absl::Span<const float* const>> p2 = units.Acquire(2);
-  if (!p2.ok()) return p2.status();
+  MUONMESH_RETURN_IF_ERROR(p2.status());
   Held held2(units, 2);
   SyncOnExit synced2(stream_);
   MUONMESH_RETURN_IF_ERROR(Expect(*p2, 2, 2, "parameters"));
@@ -351,7 +345,7 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
   for (double v : partial) loss_sum += v;
   {
     absl::StatusOr<absl::Span<float* const>> g2 = units.GradientBuffers(2);
-    if (!g2.ok()) return g2.status();
+    MUONMESH_RETURN_IF_ERROR(g2.status());
     MUONMESH_RETURN_IF_ERROR(Expect(*g2, 2, 2, "gradients"));
     MUONMESH_RETURN_IF_ERROR(
         Gemm(true, false, d_out, d, n, 1.0f, s.dy.get(), s.z.get(), 0.0f, (*g2)[0]));
@@ -365,7 +359,7 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
 
   // Mixture of experts, backward.
   p1 = units.Acquire(1);
-  if (!p1.ok()) return p1.status();
+  MUONMESH_RETURN_IF_ERROR(p1.status());
   Held again(units, 1);
   SyncOnExit synced_again(stream_);
   MUONMESH_RETURN_IF_ERROR(Expect(*p1, 3, 1, "parameters"));
@@ -382,7 +376,7 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
   MUONMESH_RETURN_IF_ERROR(
       units.ExchangeTokens(s.send.get(), send_counts, s.recv.get(), recv_counts));
   absl::StatusOr<absl::Span<float* const>> g1 = units.GradientBuffers(1);
-  if (!g1.ok()) return g1.status();
+  MUONMESH_RETURN_IF_ERROR(g1.status());
   MUONMESH_RETURN_IF_ERROR(Expect(*g1, 3, 1, "gradients"));
   float* gw_router = (*g1)[0];
   float* gw1 = (*g1)[1];
@@ -437,7 +431,7 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
   // Input layer: through tanh, then its gradients.
   MUONMESH_LAUNCH(k::LaunchTanhBackward(s.dh.get(), s.h.get(), n * d, stream_));
   absl::StatusOr<absl::Span<float* const>> g0 = units.GradientBuffers(0);
-  if (!g0.ok()) return g0.status();
+  MUONMESH_RETURN_IF_ERROR(g0.status());
   MUONMESH_RETURN_IF_ERROR(Expect(*g0, 2, 0, "gradients"));
   MUONMESH_RETURN_IF_ERROR(
       Gemm(true, false, d, d_in, n, 1.0f, s.dh.get(), s.xs.get(), 0.0f, (*g0)[0]));

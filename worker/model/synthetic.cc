@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/support/status_macros.h"
 #include "worker/model/checks.h"
 #include "worker/model/rng.h"
 
@@ -95,7 +96,7 @@ Synthetic::Synthetic(plan::ModelSpec spec, uint64_t gradient_seed)
 absl::StatusOr<Synthetic> Synthetic::Create(const plan::ModelSpec& spec, double scale,
                                             int64_t expert_divisor, uint64_t gradient_seed) {
   absl::StatusOr<plan::ModelSpec> scaled = ScaleModelSpec(spec, scale, expert_divisor);
-  if (!scaled.ok()) return scaled.status();
+  MUONMESH_RETURN_IF_ERROR(scaled.status());
   return Synthetic(*std::move(scaled), gradient_seed);
 }
 
@@ -109,9 +110,7 @@ absl::Status Synthetic::CheckTensors(size_t count, bool any_null, const char* wh
 }
 
 absl::Status Synthetic::Initialize(uint64_t seed, absl::Span<float* const> params) const {
-  if (absl::Status st = CheckTensors(params.size(), AnyNull(params), "synthetic init"); !st.ok()) {
-    return st;
-  }
+  MUONMESH_RETURN_IF_ERROR(CheckTensors(params.size(), AnyNull(params), "synthetic init"));
   for (size_t p = 0; p < elements_.size(); ++p) {
     UniformStream(seed, kSyntheticInitStream + p).Fill(0, elements_[p], kInitScale, params[p]);
   }
@@ -129,9 +128,7 @@ absl::StatusOr<double> Synthetic::ForwardBackward(int64_t step,
       !st.ok()) {
     return st;
   }
-  if (absl::Status st = CheckTensors(grads.size(), AnyNull(grads), "synthetic grads"); !st.ok()) {
-    return st;
-  }
+  MUONMESH_RETURN_IF_ERROR(CheckTensors(grads.size(), AnyNull(grads), "synthetic grads"));
   if (samples.empty()) return absl::InvalidArgumentError("synthetic: empty sample list");
   for (size_t j = 0; j < samples.size(); ++j) {
     if (samples[j] != 0) {
@@ -152,7 +149,7 @@ absl::StatusOr<double> Synthetic::ForwardBackward(int64_t step,
 absl::StatusOr<double> Synthetic::ForwardBackwardByUnit(int64_t step, UnitAccess& units,
                                                         absl::Span<const int64_t> samples) {
   const int64_t ep = units.expert_parallel_size();
-  if (absl::Status st = CheckByUnitCall(step, samples, ep); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(CheckByUnitCall(step, samples, ep));
   const uint64_t seed = gradient_seed_ ^ (static_cast<uint64_t>(step) * kSplitMix64Gamma);
   double sum = 0.0;
   size_t p = 0;  // flat index of the unit's first parameter
@@ -162,10 +159,10 @@ absl::StatusOr<double> Synthetic::ForwardBackwardByUnit(int64_t step, UnitAccess
     // its forward pass: acquire it (the traffic the plan counts) and let it
     // go before the gradients are written, so that the two never coexist.
     absl::StatusOr<absl::Span<const float* const>> params = units.Acquire(static_cast<int>(u));
-    if (!params.ok()) return params.status();
+    MUONMESH_RETURN_IF_ERROR(params.status());
     units.Release(static_cast<int>(u));
     absl::StatusOr<absl::Span<float* const>> grads = units.GradientBuffers(static_cast<int>(u));
-    if (!grads.ok()) return grads.status();
+    MUONMESH_RETURN_IF_ERROR(grads.status());
     if (grads->size() != count || AnyNull(*grads)) {
       return absl::InvalidArgumentError(absl::StrCat("synthetic: unit ", u, " has ",
                                                      grads->size(), " gradient buffers, expected ",
@@ -191,7 +188,7 @@ absl::StatusOr<double> Synthetic::ForwardBackwardByUnit(int64_t step, UnitAccess
         for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(chunk[i]) * chunk[i];
       }
     }
-    if (absl::Status st = units.Commit(static_cast<int>(u)); !st.ok()) return st;
+    MUONMESH_RETURN_IF_ERROR(units.Commit(static_cast<int>(u)));
   }
   return 0.5 * sum / static_cast<double>(total_elements_);
 }

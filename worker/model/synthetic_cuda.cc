@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/support/status_macros.h"
 #include "worker/cuda/cuda_checks.h"
 #include "worker/cuda/ns_kernels.h"
 #include "worker/cuda/uniform_kernels.h"
@@ -75,7 +76,7 @@ absl::StatusOr<double> CudaSynthetic::ForwardBackwardByUnit(int64_t step, UnitAc
                                                             absl::Span<const int64_t> samples) {
   const plan::ModelSpec& spec = cpu_.spec();
   const int64_t ep = units.expert_parallel_size();
-  if (absl::Status st = cpu_.CheckByUnitCall(step, samples, ep); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(cpu_.CheckByUnitCall(step, samples, ep));
   const std::vector<int64_t>& elements = cpu_.param_elements();
   const uint64_t seed =
       cpu_.gradient_seed() ^ (static_cast<uint64_t>(step) * kSplitMix64Gamma);
@@ -84,10 +85,10 @@ absl::StatusOr<double> CudaSynthetic::ForwardBackwardByUnit(int64_t step, UnitAc
   for (size_t u = 0; u < spec.units.size(); ++u) {
     const size_t count = spec.units[u].params.size();
     absl::StatusOr<absl::Span<const float* const>> params = units.Acquire(static_cast<int>(u));
-    if (!params.ok()) return params.status();
+    MUONMESH_RETURN_IF_ERROR(params.status());
     units.Release(static_cast<int>(u));
     absl::StatusOr<absl::Span<float* const>> grads = units.GradientBuffers(static_cast<int>(u));
-    if (!grads.ok()) return grads.status();
+    MUONMESH_RETURN_IF_ERROR(grads.status());
     if (grads->size() != count) {
       return absl::InvalidArgumentError(absl::StrCat("synthetic: unit ", u, " has ",
                                                      grads->size(),
@@ -103,7 +104,7 @@ absl::StatusOr<double> CudaSynthetic::ForwardBackwardByUnit(int64_t step, UnitAc
           stream_));
       if (!split) {
         absl::StatusOr<double> s = SumSquares((*grads)[j], local);
-        if (!s.ok()) return s.status();
+        MUONMESH_RETURN_IF_ERROR(s.status());
         sum += *s;
         continue;
       }
@@ -113,12 +114,12 @@ absl::StatusOr<double> CudaSynthetic::ForwardBackwardByUnit(int64_t step, UnitAc
         MUONMESH_CUDA_CHECK(cuda::internal::LaunchUniformFill(
             key, static_cast<uint64_t>(k), n, kSyntheticGradientScale, scratch_, stream_));
         absl::StatusOr<double> s = SumSquares(scratch_, n);
-        if (!s.ok()) return s.status();
+        MUONMESH_RETURN_IF_ERROR(s.status());
         sum += *s;
       }
     }
     MUONMESH_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    if (absl::Status st = units.Commit(static_cast<int>(u)); !st.ok()) return st;
+    MUONMESH_RETURN_IF_ERROR(units.Commit(static_cast<int>(u)));
   }
   return 0.5 * sum / static_cast<double>(cpu_.total_elements());
 }

@@ -5,6 +5,7 @@
 #include "muonmesh/v1/config.pb.h"
 #include "proto/io/message_file.h"
 #include "proto/convert/plan_convert.h"
+#include "proto/support/status_macros.h"
 #include "worker/model/synthetic.h"
 
 namespace muonmesh::worker {
@@ -12,7 +13,7 @@ namespace muonmesh::worker {
 absl::StatusOr<Synthetic> Synthetic::FromSpecFile(const std::string& path, double scale,
                                                   int64_t expert_divisor, uint64_t gradient_seed) {
   v1::ModelSpec proto;
-  if (absl::Status st = protoio::LoadMessageFile(path, &proto); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(protoio::LoadMessageFile(path, &proto));
   absl::StatusOr<Synthetic> out =
       Create(ModelFromProto(proto), scale, expert_divisor, gradient_seed);
   if (!out.ok()) {

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "proto/support/status_macros.h"
 
 namespace muonmesh::worker {
 
@@ -103,8 +104,7 @@ absl::Status Workload::InitializeUnit(uint64_t seed, int unit,
       ptrs.push_back(all.back().data());
     }
   }
-  if (absl::Status st = Initialize(seed, absl::MakeSpan(ptrs)); !st.ok())
-    return st;
+  MUONMESH_RETURN_IF_ERROR(Initialize(seed, absl::MakeSpan(ptrs)));
   for (size_t j = 0; j < params.size(); ++j) {
     std::copy(all[first + j].begin(), all[first + j].end(), params[j]);
   }

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/support/status_macros.h"
 #include "worker/cuda/cuda_checks.h"
 #include "worker/cuda/newton_schulz_cuda.h"
 #include "worker/cuda/optimizer_cuda.h"
@@ -75,7 +76,7 @@ class CudaDevice final : public Device {
   }
   absl::StatusOr<bool> AllFinite(const float* x, int64_t count) override {
     absl::StatusOr<int64_t> first = optimizer_->FirstNonFinite(x, count);
-    if (!first.ok()) return first.status();
+    MUONMESH_RETURN_IF_ERROR(first.status());
     return *first >= count;
   }
   absl::Status NewtonSchulz(float* x, int64_t rows, int64_t cols,
@@ -92,7 +93,7 @@ class CudaDevice final : public Device {
   }
   // Waits for the commit pass an optimizer call queued.
   absl::Status Done(absl::Status st) {
-    if (!st.ok()) return st;
+    MUONMESH_RETURN_IF_ERROR(st);
     MUONMESH_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return absl::OkStatus();
   }

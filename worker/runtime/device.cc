@@ -1,11 +1,12 @@
 #include "worker/runtime/device.h"
+#include "proto/support/status_macros.h"
 
 namespace muonmesh::worker {
 
 absl::StatusOr<DeviceBuffer> Device::AllocateZeroed(int64_t count) {
   absl::StatusOr<DeviceBuffer> b = Allocate(count);
-  if (!b.ok()) return b.status();
-  if (absl::Status st = Fill(b->data(), count, 0.0f); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(b.status());
+  MUONMESH_RETURN_IF_ERROR(Fill(b->data(), count, 0.0f));
   return b;
 }
 

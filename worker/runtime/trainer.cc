@@ -14,6 +14,7 @@
 #include "plan/mesh.h"
 #include "plan/owners.h"
 #include "plan/validate.h"
+#include "proto/support/status_macros.h"
 #include "worker/io/safetensors.h"
 #include "worker/runtime/groups.h"
 #include "worker/runtime/muon_schedule.h"
@@ -143,7 +144,7 @@ struct Trainer::Impl {
     if (b.size() >= count && !b.empty()) return absl::OkStatus();
     b.Reset();
     absl::StatusOr<DeviceBuffer> fresh = dev->Allocate(std::max<int64_t>(count, 1));
-    if (!fresh.ok()) return fresh.status();
+    MUONMESH_RETURN_IF_ERROR(fresh.status());
     b = *std::move(fresh);
     return absl::OkStatus();
   }
@@ -189,18 +190,16 @@ struct Trainer::Impl {
     MeshState& mesh = *u.mesh;
     const int64_t s = l.shard_elements;
     const int64_t n = l.num_shards * s;
-    if (absl::Status st = Reserve(full, n); !st.ok()) return st;
+    MUONMESH_RETURN_IF_ERROR(Reserve(full, n));
     if (mesh.k == mesh.domain_size) {
-      if (absl::Status st = dev->Copy(full.data(), u.param.data(), u.param.size()); !st.ok()) {
-        return st;
-      }
+      MUONMESH_RETURN_IF_ERROR(dev->Copy(full.data(), u.param.data(), u.param.size()));
     } else {
       absl::Status st = Counted(*mesh.gather_comm, mesh.bytes_prefix + name, report,
                                 [&] {
         return mesh.gather_comm->AllGather(u.param.data(), mesh.k * s, full.data(),
                                            options.collective);
       });
-      if (!st.ok()) return st;
+      MUONMESH_RETURN_IF_ERROR(st);
     }
     for (int64_t q = 0; q < l.num_shards; ++q) {
       const int64_t shard = (q - l.rotation + l.num_shards) % l.num_shards;
@@ -209,7 +208,7 @@ struct Trainer::Impl {
         const int64_t len = l.tensors[seg.tensor].row_len;
         absl::Status st = dev->Copy(dst[u.local[seg.tensor]] + seg.row_start * len,
                                     full.data() + q * s + seg.offset, seg.row_count * len);
-        if (!st.ok()) return st;
+        MUONMESH_RETURN_IF_ERROR(st);
       }
     }
     return absl::OkStatus();
@@ -221,8 +220,8 @@ struct Trainer::Impl {
     const plan::UnitLayout& l = *u.layout;
     const int64_t s = l.shard_elements;
     int64_t m = l.num_shards * s;
-    if (absl::Status st = Reserve(full, m); !st.ok()) return st;
-    if (absl::Status st = dev->Fill(full.data(), m, 0.0f); !st.ok()) return st;
+    MUONMESH_RETURN_IF_ERROR(Reserve(full, m));
+    MUONMESH_RETURN_IF_ERROR(dev->Fill(full.data(), m, 0.0f));
     for (int64_t q = 0; q < l.num_shards; ++q) {
       const int64_t shard = (q - l.rotation + l.num_shards) % l.num_shards;
       for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
@@ -231,7 +230,7 @@ struct Trainer::Impl {
         absl::Status st = dev->Copy(full.data() + q * s + seg.offset,
                                     src[u.local[seg.tensor]] + seg.row_start * len,
                                     seg.row_count * len);
-        if (!st.ok()) return st;
+        MUONMESH_RETURN_IF_ERROR(st);
       }
     }
     // Reduce-scatters in place (each level's output is my chunk of its
@@ -244,7 +243,7 @@ struct Trainer::Impl {
       absl::Status st = Counted(*c, mesh.bytes_prefix + "grad_reduce_scatter", report, [&] {
         return c->ReduceScatter(cur, mine, out, comm::ReduceOp::kAvg, options.collective);
       });
-      if (!st.ok()) return st;
+      MUONMESH_RETURN_IF_ERROR(st);
       cur = mine;
       m = out;
     }
@@ -252,7 +251,7 @@ struct Trainer::Impl {
       absl::Status st = Counted(*c, mesh.bytes_prefix + "grad_allreduce", report, [&] {
         return c->AllReduce(cur, m, comm::ReduceOp::kAvg, options.collective);
       });
-      if (!st.ok()) return st;
+      MUONMESH_RETURN_IF_ERROR(st);
     }
     return dev->Copy(u.grad.data(), cur, s);
   }
@@ -265,13 +264,10 @@ struct Trainer::Impl {
       const plan::Segment& seg = l.segments[i];
       if (u.muon[seg.tensor]) continue;
       const int64_t n = seg.row_count * l.tensors[seg.tensor].row_len;
-      absl::Status st = dev->AdamWStep(options.adamw, step + 1, u.grad.data() + seg.offset,
-                                       u.state1.data() + seg.offset,
-                                       u.state2.data() + seg.offset, p + seg.offset, n);
-      if (!st.ok()) {
-        return absl::Status(st.code(),
-                            absl::StrCat("AdamW on ", plan->units[u.unit].name, ": ", st.message()));
-      }
+      MUONMESH_RETURN_IF_ERROR(dev->AdamWStep(options.adamw, step + 1, u.grad.data() + seg.offset,
+                                              u.state1.data() + seg.offset,
+                                              u.state2.data() + seg.offset, p + seg.offset, n),
+                               "AdamW on ", plan->units[u.unit].name);
     }
     return absl::OkStatus();
   }
@@ -306,7 +302,7 @@ absl::Status Walk(Device& dev, const Run* first, const Run* last,
     const int64_t n = r->rows * all[matrices[r->matrix]].cols;
     float* other = at(r->matrix, r->row_start);
     absl::Status st = to_buffer ? dev.Copy(*buffer, other, n) : dev.Copy(other, *buffer, n);
-    if (!st.ok()) return st;
+    MUONMESH_RETURN_IF_ERROR(st);
     *buffer += n;
   }
   return absl::OkStatus();
@@ -428,7 +424,7 @@ struct Trainer::Impl::WaveRun {
                                      u.matrices, MatricesOf(u), &buffer, to_buffer, MyRows(u))
                       : worker::Walk(*m.dev, runs.data() + first[q], runs.data() + first[q + 1],
                                      u.matrices, MatricesOf(u), &buffer, to_buffer, WholeRows(u));
-        if (!st.ok()) return st;
+        MUONMESH_RETURN_IF_ERROR(st);
       }
     }
     return absl::OkStatus();
@@ -470,7 +466,7 @@ absl::Status Trainer::Impl::WaveRun::Gather() {
     m.units[id].rows_base = rows_needed;
     rows_needed += m.units[id].rows_total;
   }
-  if (absl::Status st = m.Reserve(rows, rows_needed); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(m.Reserve(rows, rows_needed));
   for (int32_t id : ids) {
     UnitState& u = m.units[id];
     for (size_t i = 0; i < u.matrices.size(); ++i) {
@@ -479,7 +475,7 @@ absl::Status Trainer::Impl::WaveRun::Gather() {
       absl::Status st = m.dev->MuonPrepare(m.options.muon, u.grad.data() + u.mine[i].offset,
                                            u.state1.data() + u.mine[i].offset,
                                            rows.data() + u.rows_base + u.rows_offset[i], n);
-      if (!st.ok()) return st;
+      MUONMESH_RETURN_IF_ERROR(st);
     }
   }
   for (int32_t id : ids) {
@@ -488,7 +484,7 @@ absl::Status Trainer::Impl::WaveRun::Gather() {
       if (!u.holds[i]) continue;
       const plan::MatrixPlan& mp = MatricesOf(u)[u.matrices[i]];
       absl::StatusOr<DeviceBuffer> b = m.dev->AllocateZeroed(mp.rows * mp.cols);
-      if (!b.ok()) return b.status();
+      MUONMESH_RETURN_IF_ERROR(b.status());
       u.whole[i] = *std::move(b);
     }
   }
@@ -521,8 +517,8 @@ absl::Status Trainer::Impl::WaveRun::Gather() {
                                  mesh->kind == plan::MeshKind::kDense ? "dense" : "expert");
     parts.push_back(std::move(part));
   }
-  if (absl::Status st = m.Reserve(send, send_needed); !st.ok()) return st;
-  if (absl::Status st = m.Reserve(recv, recv_needed); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(m.Reserve(send, send_needed));
+  MUONMESH_RETURN_IF_ERROR(m.Reserve(recv, recv_needed));
 
   // My rows to each matrix's owner (to everyone for the allgather
   // baseline), one exchange per mesh, assembled into whole matrices there.
@@ -536,7 +532,7 @@ absl::Status Trainer::Impl::WaveRun::Gather() {
                     part.recv_counts, part.recv_total, report);
     }
     if (st.ok()) st = Walk(part, in, /*send_side=*/false, /*to_buffer=*/false);
-    if (!st.ok()) return st;
+    MUONMESH_RETURN_IF_ERROR(st);
   }
   report->times.muon_gather += absl::Now() - t0;
   return absl::OkStatus();
@@ -561,8 +557,7 @@ absl::Status Trainer::Impl::WaveRun::Finish(StepReport* report,
       const plan::MatrixPlan& mp = MatricesOf(u)[u.matrices[i]];
       st = m.dev->NewtonSchulz(u.whole[i].data(), mp.rows, mp.cols, m.options.muon.ns);
       if (!st.ok()) {
-        st = absl::Status(st.code(), absl::StrCat("Newton-Schulz on ", m.plan->units[u.unit].name,
-                                                  ": ", st.message()));
+        st = AnnotateStatus(st, absl::StrCat("Newton-Schulz on ", m.plan->units[u.unit].name));
       }
       round.ns_flops += plan::NewtonSchulzFlops(mp.rows, mp.cols, m.options.muon.ns.steps);
     }
@@ -570,7 +565,7 @@ absl::Status Trainer::Impl::WaveRun::Finish(StepReport* report,
   report->ns_flops += round.ns_flops;
   report->times.newton_schulz += absl::Now() - t0;
   before_scatter();
-  if (!st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(st);
 
   // Back: the reverse exchange carries O rows to their holders; the
   // allgather baseline takes its rows from its own result.
@@ -585,7 +580,7 @@ absl::Status Trainer::Impl::WaveRun::Finish(StepReport* report,
           const int32_t j = static_cast<int32_t>(i);
           st = m.dev->Copy(MyRows(u)(j, u.mine[i].row_start),
                            WholeRows(u)(j, u.mine[i].row_start), n);
-          if (!st.ok()) return st;
+          MUONMESH_RETURN_IF_ERROR(st);
         }
       }
       continue;
@@ -598,7 +593,7 @@ absl::Status Trainer::Impl::WaveRun::Finish(StepReport* report,
                     part.send_total, report);
     }
     if (st.ok()) st = Walk(part, out, /*send_side=*/true, /*to_buffer=*/false);
-    if (!st.ok()) return st;
+    MUONMESH_RETURN_IF_ERROR(st);
   }
   report->times.muon_scatter += absl::Now() - t0;
 
@@ -615,10 +610,7 @@ absl::Status Trainer::Impl::WaveRun::Finish(StepReport* report,
       st = m.dev->MuonApply(m.options.muon, mp.rows, mp.cols, u.grad.data() + u.mine[i].offset,
                             rows.data() + u.rows_base + u.rows_offset[i],
                             u.state1.data() + u.mine[i].offset, p + u.mine[i].offset, n);
-      if (!st.ok()) {
-        return absl::Status(st.code(), absl::StrCat("Muon update of ", m.plan->units[u.unit].name,
-                                                    ": ", st.message()));
-      }
+      MUONMESH_RETURN_IF_ERROR(st, "Muon update of ", m.plan->units[u.unit].name);
     }
   }
   report->times.muon_apply += absl::Now() - t0;
@@ -663,14 +655,14 @@ absl::Status Trainer::Impl::Optimize(int64_t step, StepReport* report) {
   report->times.adamw += absl::Now() - t0;
   if (!overlap && !waves.empty() && st.ok()) start(0);
   join();
-  if (!st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(st);
   for (int32_t w = 0; w < static_cast<int32_t>(waves.size()); ++w) {
-    if (!next_status.ok()) return next_status;
+    MUONMESH_RETURN_IF_ERROR(next_status);
     std::unique_ptr<WaveRun> run = std::move(next);
     const bool more = w + 1 < static_cast<int32_t>(waves.size());
     if (more && overlap) start(w + 1);
     st = run->Finish(report, join);
-    if (!st.ok()) return st;
+    MUONMESH_RETURN_IF_ERROR(st);
     run.reset();  // frees its whole matrices and scratch before the next wave's are used
     if (more && !overlap) start(w + 1);
   }
@@ -688,14 +680,14 @@ class Trainer::UnitStream final : public UnitAccess {
       : m_(m), report_(report), slots_(m.states_of.size()) {}
 
   absl::StatusOr<absl::Span<const float* const>> Acquire(int unit) override {
-    if (absl::Status st = CheckUnit(unit, "Acquire"); !st.ok()) return st;
+    MUONMESH_RETURN_IF_ERROR(CheckUnit(unit, "Acquire"));
     Slot& slot = slots_[unit];
     if (slot.acquired) {
       return absl::FailedPreconditionError(
           absl::StrCat("Acquire(", unit, "): the unit is already acquired"));
     }
     const absl::Time t0 = absl::Now();
-    if (absl::Status st = Allocate(unit, slot.params, slot.param_ptrs); !st.ok()) return st;
+    MUONMESH_RETURN_IF_ERROR(Allocate(unit, slot.params, slot.param_ptrs));
     slot.const_ptrs.assign(slot.param_ptrs.begin(), slot.param_ptrs.end());
     if (m_.states_of[unit].empty()) {
       for (int32_t j = 0; j < m_.unit_count[unit]; ++j) {
@@ -734,20 +726,20 @@ class Trainer::UnitStream final : public UnitAccess {
   }
 
   absl::StatusOr<absl::Span<float* const>> GradientBuffers(int unit) override {
-    if (absl::Status st = CheckUnit(unit, "GradientBuffers"); !st.ok()) return st;
+    MUONMESH_RETURN_IF_ERROR(CheckUnit(unit, "GradientBuffers"));
     Slot& slot = slots_[unit];
     if (slot.committed) {
       return absl::FailedPreconditionError(
           absl::StrCat("GradientBuffers(", unit, "): the unit is already committed"));
     }
     if (slot.grads.empty()) {
-      if (absl::Status st = Allocate(unit, slot.grads, slot.grad_ptrs); !st.ok()) return st;
+      MUONMESH_RETURN_IF_ERROR(Allocate(unit, slot.grads, slot.grad_ptrs));
     }
     return absl::MakeConstSpan(slot.grad_ptrs);
   }
 
   absl::Status Commit(int unit) override {
-    if (absl::Status st = CheckUnit(unit, "Commit"); !st.ok()) return st;
+    MUONMESH_RETURN_IF_ERROR(CheckUnit(unit, "Commit"));
     Slot& slot = slots_[unit];
     if (slot.committed) {
       return absl::FailedPreconditionError(
@@ -761,7 +753,7 @@ class Trainer::UnitStream final : public UnitAccess {
     std::vector<const float*> src(slot.grad_ptrs.begin(), slot.grad_ptrs.end());
     for (int32_t state : m_.states_of[unit]) {
       absl::Status st = m_.ReduceUnit(m_.units[state], report_, src.data());
-      if (!st.ok()) return st;
+      MUONMESH_RETURN_IF_ERROR(st);
     }
     Free(slot.grads, slot.grad_ptrs);
     slot.committed = true;
@@ -877,17 +869,17 @@ absl::Status JoinMesh(const plan::MeshGeometry& geometry, int32_t rank,
                             std::pair{&groups.param_gather, &mesh->gather_comm},
                             std::pair{&groups.param_group, &mesh->group_comm}}) {
     absl::StatusOr<CommPtr> c = join(*spec);
-    if (!c.ok()) return c.status();
+    MUONMESH_RETURN_IF_ERROR(c.status());
     *slot = *std::move(c);
   }
   for (const GroupSpec& g : groups.reduce_scatter) {
     absl::StatusOr<CommPtr> c = join(g);
-    if (!c.ok()) return c.status();
+    MUONMESH_RETURN_IF_ERROR(c.status());
     mesh->reduce_scatter_comms.push_back(*std::move(c));
   }
   for (const GroupSpec& g : groups.all_reduce) {
     absl::StatusOr<CommPtr> c = join(g);
-    if (!c.ok()) return c.status();
+    MUONMESH_RETURN_IF_ERROR(c.status());
     mesh->all_reduce_comms.push_back(*std::move(c));
   }
   mesh->kind = geometry.kind();
@@ -975,7 +967,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
   absl::StatusOr<CommPtr> c = comm::CreateGroup(
       options.backend, *options.store, WorldGroup(world, rank, options.group_prefix).name, rank,
       static_cast<int>(world), options.group_options);
-  if (!c.ok()) return c.status();
+  MUONMESH_RETURN_IF_ERROR(c.status());
   impl->world_comm = *std::move(c);
   if (impl->world_comm->memory_space() != dev.memory_space()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -985,7 +977,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
   }
   {
     absl::StatusOr<DeviceBuffer> scalar = dev.Allocate(2);
-    if (!scalar.ok()) return scalar.status();
+    MUONMESH_RETURN_IF_ERROR(scalar.status());
     impl->scalar = *std::move(scalar);
   }
   if (absl::Status st = JoinMesh(plan::MeshGeometry::Dense(plan.config), rank, options,
@@ -1003,7 +995,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
       const GroupSpec g = TokenGroup(ep, rank, options.group_prefix);
       c = comm::CreateGroup(options.backend, *options.store, g.name, g.rank_in_group, g.size(),
                             options.group_options);
-      if (!c.ok()) return c.status();
+      MUONMESH_RETURN_IF_ERROR(c.status());
       impl->ep_comm = *std::move(c);
     }
   }
@@ -1066,7 +1058,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
   const MatrixIndex expert_matrices = index(impl->plan_copy.expert);
   for (size_t u = 0; u < plan.units.size(); ++u) {
     std::vector<std::vector<float>> whole;
-    if (absl::Status init_st = initial_unit(u, whole); !init_st.ok()) return init_st;
+    MUONMESH_RETURN_IF_ERROR(initial_unit(u, whole));
     if (!plan.units[u].has_dense && !plan.units[u].has_expert) {
       impl->frozen[u] = std::move(whole);
       continue;
@@ -1096,7 +1088,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
       for (auto [buffer, count] : {std::pair{&st.param, mesh->k * s}, std::pair{&st.grad, s},
                                    std::pair{&st.state1, s}, std::pair{&st.state2, s}}) {
         absl::StatusOr<DeviceBuffer> b = dev.AllocateZeroed(count);
-        if (!b.ok()) return b.status();
+        MUONMESH_RETURN_IF_ERROR(b.status());
         *buffer = *std::move(b);
       }
       // My parameter shard: the shards at positions of my parameter group.
@@ -1112,7 +1104,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
               whole[st.local[seg.tensor]].data() + st.whole_offset[seg.tensor] +
                   seg.row_start * len,
               seg.row_count * len);
-          if (!copied.ok()) return copied;
+          MUONMESH_RETURN_IF_ERROR(copied);
         }
       }
       impl->PlanMuon(st);
@@ -1154,8 +1146,8 @@ absl::StatusOr<StepReport> Trainer::Step() {
   UnitStream stream(m, &report);
   absl::StatusOr<double> loss = m.workload->ForwardBackwardByUnit(step_, stream, samples);
   stream.ReleaseAll();
-  if (!loss.ok()) return loss.status();
-  if (absl::Status st = stream.CheckAllCommitted(); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(loss.status());
+  MUONMESH_RETURN_IF_ERROR(stream.CheckAllCommitted());
   report.times.forward_backward = (absl::Now() - t0) - report.times.param_gather -
                                   report.times.grad_reduce - report.times.expert_dispatch;
 
@@ -1166,7 +1158,7 @@ absl::StatusOr<StepReport> Trainer::Step() {
   float pair[2] = {static_cast<float>(*loss), 0.0f};
   for (const UnitState& u : m.units) {
     absl::StatusOr<bool> finite = m.dev->AllFinite(u.grad.data(), u.grad.size());
-    if (!finite.ok()) return finite.status();
+    MUONMESH_RETURN_IF_ERROR(finite.status());
     if (!*finite) pair[1] = 1.0f;
   }
   absl::Status st = m.dev->CopyFromHost(m.scalar.data(), pair, 2);
@@ -1174,7 +1166,7 @@ absl::StatusOr<StepReport> Trainer::Step() {
     st = m.world_comm->AllReduce(m.scalar.data(), 2, comm::ReduceOp::kAvg, m.options.collective);
   }
   if (st.ok()) st = m.dev->CopyToHost(pair, m.scalar.data(), 2);
-  if (!st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(st);
   if (pair[1] != 0.0f) {
     return absl::InvalidArgumentError(absl::StrCat(
         "step ", step_, " refused: a reduced gradient is NaN or infinite (on ",
@@ -1185,7 +1177,7 @@ absl::StatusOr<StepReport> Trainer::Step() {
   report.times.grad_reduce += absl::Now() - t0;
 
   st = m.Optimize(step_, &report);
-  if (!st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(st);
 
   t0 = absl::Now();
   for (UnitState& u : m.units) {
@@ -1197,7 +1189,7 @@ absl::StatusOr<StepReport> Trainer::Step() {
       return mesh.group_comm->AllGather(u.param.data() + (mesh.position % mesh.k) * s, s,
                                         u.param.data(), m.options.collective);
     });
-    if (!st.ok()) return st;
+    MUONMESH_RETURN_IF_ERROR(st);
   }
   report.times.param_allgather_after_step = absl::Now() - t0;
   ++step_;
@@ -1210,7 +1202,7 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::GatherParameters() {
     all[flat] = std::move(tensor);
     return absl::OkStatus();
   });
-  if (!st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(st);
   return all;
 }
 
@@ -1224,13 +1216,13 @@ absl::Status Trainer::GatherParameters(const ParameterSink& sink) {
       for (int32_t j = 0; j < m.unit_count[u]; ++j) {
         const int flat = m.unit_base[u] + j;
         absl::Status st = sink(flat, std::move(out[flat]));
-        if (!st.ok()) return st;
+        MUONMESH_RETURN_IF_ERROR(st);
       }
       return absl::OkStatus();
     };
     if (m.states_of[u].empty()) {
       for (int32_t j = 0; j < m.unit_count[u]; ++j) out[m.unit_base[u] + j] = m.frozen[u][j];
-      if (absl::Status st = hand_over(); !st.ok()) return st;
+      MUONMESH_RETURN_IF_ERROR(hand_over());
       continue;
     }
     // My part of each tensor (the whole of a dense one, my EP group's
@@ -1251,13 +1243,13 @@ absl::Status Trainer::GatherParameters(const ParameterSink& sink) {
         continue;
       }
       absl::StatusOr<DeviceBuffer> b = dev.Allocate(m.local_sizes[flat]);
-      if (!b.ok()) return b.status();
+      MUONMESH_RETURN_IF_ERROR(b.status());
       mine.push_back(*std::move(b));
       ptrs.push_back(mine.back().data());
     }
     for (int32_t state : m.states_of[u]) {
       absl::Status st = m.GatherUnit(m.units[state], nullptr, ptrs.data());
-      if (!st.ok()) return st;
+      MUONMESH_RETURN_IF_ERROR(st);
     }
     for (int32_t j = 0; j < m.unit_count[u]; ++j) {
       const size_t flat = static_cast<size_t>(m.unit_base[u] + j);
@@ -1267,17 +1259,17 @@ absl::Status Trainer::GatherParameters(const ParameterSink& sink) {
       DeviceBuffer stack;
       if (m.is_expert[flat] && m.ep_comm != nullptr) {
         absl::StatusOr<DeviceBuffer> b = dev.Allocate(m.param_sizes[flat]);
-        if (!b.ok()) return b.status();
+        MUONMESH_RETURN_IF_ERROR(b.status());
         stack = *std::move(b);
         absl::Status st = m.ep_comm->AllGather(mine[j].data(), m.local_sizes[flat], stack.data(),
                                                m.options.collective);
-        if (!st.ok()) return st;
+        MUONMESH_RETURN_IF_ERROR(st);
         from = stack.data();
       }
       absl::Status st = dev.CopyToHost(out[flat].data(), from, m.param_sizes[flat]);
-      if (!st.ok()) return st;
+      MUONMESH_RETURN_IF_ERROR(st);
     }
-    if (absl::Status st = hand_over(); !st.ok()) return st;
+    MUONMESH_RETURN_IF_ERROR(hand_over());
   }
   return absl::OkStatus();
 }
@@ -1340,7 +1332,7 @@ absl::Status Trainer::SaveShards(const std::string& path) const {
       if (!on_host) {
         host.emplace_back(static_cast<size_t>(v->size()));
         absl::Status st = impl_->dev->CopyToHost(host.back().data(), v->data(), v->size());
-        if (!st.ok()) return st;
+        MUONMESH_RETURN_IF_ERROR(st);
         data = host.back().data();
       }
       views.push_back({ShardTensorName(u, what), {v->size()}, data});
@@ -1358,7 +1350,7 @@ absl::Status Trainer::SaveShards(const std::string& path) const {
 absl::Status Trainer::LoadShards(const std::string& path) {
   std::map<std::string, std::string> metadata;
   absl::StatusOr<std::vector<io::Tensor>> tensors = io::ReadSafetensors(path, &metadata);
-  if (!tensors.ok()) return tensors.status();
+  MUONMESH_RETURN_IF_ERROR(tensors.status());
   auto expect = [&](const std::string& key, const std::string& want) -> absl::Status {
     auto it = metadata.find(key);
     if (it == metadata.end()) {
@@ -1376,7 +1368,7 @@ absl::Status Trainer::LoadShards(const std::string& path) {
         {"world_size", absl::StrCat(impl_->world)},
         {"rank", absl::StrCat(impl_->rank)},
         {"layout", LayoutFingerprint()}}) {
-    if (absl::Status st = expect(key, want); !st.ok()) return st;
+    MUONMESH_RETURN_IF_ERROR(expect(key, want));
   }
   int64_t step = 0;
   if (!absl::SimpleAtoi(metadata["step"], &step) || step < 0) {
@@ -1409,7 +1401,7 @@ absl::Status Trainer::LoadShards(const std::string& path) {
   }
   for (auto& [from, to] : copies) {
     absl::Status st = impl_->dev->CopyFromHost(to->data(), from->data.data(), to->size());
-    if (!st.ok()) return st;
+    MUONMESH_RETURN_IF_ERROR(st);
   }
   step_ = step;
   return absl::OkStatus();
