@@ -1168,7 +1168,10 @@ absl::StatusOr<StepReport> Trainer::Step() {
   if (st.ok()) st = m.dev->CopyToHost(pair, m.scalar.data(), 2);
   MUONMESH_RETURN_IF_ERROR(st);
   if (pair[1] != 0.0f) {
-    return absl::InvalidArgumentError(absl::StrCat(
+    // FailedPrecondition, not InvalidArgument (kept for bad configuration):
+    // the training state cannot take this step until someone changes it
+    // (a lower learning rate, an earlier checkpoint).
+    return absl::FailedPreconditionError(absl::StrCat(
         "step ", step_, " refused: a reduced gradient is NaN or infinite (on ",
         pair[1] * static_cast<float>(m.world), " of ", m.world,
         " ranks); weights and optimizer state are unchanged"));

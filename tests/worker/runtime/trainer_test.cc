@@ -615,7 +615,7 @@ TEST(TrainerTest, ANonFiniteGradientOnOneRankRefusesTheStepOnEveryRank) {
   for (auto& t : threads) t.join();
   for (int r = 0; r < 2; ++r) {
     // At once and on both ranks, not after the collective timeout.
-    EXPECT_EQ(refused[r].code(), absl::StatusCode::kInvalidArgument) << "rank " << r;
+    EXPECT_EQ(refused[r].code(), absl::StatusCode::kFailedPrecondition) << "rank " << r;
     EXPECT_NE(refused[r].message().find("NaN or infinite (on 1 of 2 ranks)"), std::string::npos)
         << refused[r];
     EXPECT_EQ(after[r], before[r]) << "rank " << r << " changed its weights";
