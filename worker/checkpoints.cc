@@ -16,15 +16,37 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "proto/support/status_macros.h"
 
 #include <zlib.h>
 
 namespace muonmesh::worker {
 namespace {
 
-absl::Status Annotate(const absl::Status& st, const std::string& where) {
-  return absl::Status(st.code(), absl::StrCat(where, ": ", st.message()));
+// A `step-NNNNNNNN` folder under `<output.dir>/checkpoints` and whether its
+// COMPLETE marker is there (an unreadable folder lists as nothing).
+struct StepFolder {
+  int64_t step = 0;
+  std::filesystem::path path;
+  bool complete = false;
+};
+std::vector<StepFolder> StepFolders(const std::string& output_dir) {
+  std::vector<StepFolder> folders;
+  std::error_code ec;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(output_dir + "/checkpoints", ec)) {
+    int64_t s = 0;
+    const std::string name = entry.path().filename().string();
+    if (!absl::StartsWith(name, "step-") || !absl::SimpleAtoi(name.substr(5), &s)) continue;
+    std::error_code exists_ec;
+    folders.push_back({s, entry.path(), std::filesystem::exists(entry.path() / "COMPLETE", exists_ec)});
+  }
+  return folders;
 }
+
+}  // namespace
+
+namespace {
 
 // fsync of a file or folder; best effort for folders some file systems
 // refuse to sync.
@@ -59,7 +81,7 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
     f.flush();
     if (!f) return absl::InternalError(absl::StrCat(temp, ": cannot write"));
   }
-  if (absl::Status st = Sync(temp, /*folder=*/false); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(Sync(temp, /*folder=*/false));
   std::filesystem::rename(temp, path, ec);
   if (ec) return absl::InternalError(absl::StrCat(path, ": cannot rename into place: ", ec.message()));
   return Sync(std::filesystem::path(path).parent_path().string(), /*folder=*/true);
@@ -93,9 +115,9 @@ absl::Status SaveCheckpoint(Trainer& trainer, const std::string& output_dir, int
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat(dir, ": cannot create: ", ec.message()));
   absl::Status st = trainer.SaveShards(absl::StrCat(dir, "/", RankFile(rank)));
-  if (!st.ok()) return Annotate(st, "saving a checkpoint");
+  MUONMESH_RETURN_IF_ERROR(st, "saving a checkpoint");
   st = trainer.Barrier();
-  if (!st.ok()) return Annotate(st, "waiting for every rank's checkpoint");
+  MUONMESH_RETURN_IF_ERROR(st, "waiting for every rank's checkpoint");
   if (rank != 0) return absl::OkStatus();
   // The manifest: every rank's file with its size and CRC-32, so that a
   // resume can tell a damaged checkpoint from a good one.
@@ -104,28 +126,30 @@ absl::Status SaveCheckpoint(Trainer& trainer, const std::string& output_dir, int
   for (int64_t r = 0; r < world_size; ++r) {
     const std::string file = RankFile(r);
     absl::StatusOr<Digest> d = DigestOf(absl::StrCat(dir, "/", file));
-    if (!d.ok()) return Annotate(d.status(), "checking the checkpoint's files");
+    MUONMESH_RETURN_IF_ERROR(d.status(), "checking the checkpoint's files");
     absl::StrAppendFormat(&manifest, "file %s %d %08x\n", file, d->size, d->crc32);
   }
-  st = WriteFileAtomically(dir + "/COMPLETE", manifest);
-  if (!st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(WriteFileAtomically(dir + "/COMPLETE", manifest));
+  return absl::OkStatus();
+}
+
+absl::Status PruneCheckpoints(const std::string& output_dir) {
   // Keep the two newest complete checkpoints; drop everything older.
+  const std::vector<StepFolder> all = StepFolders(output_dir);
   std::vector<int64_t> complete;
-  std::vector<std::pair<int64_t, std::filesystem::path>> all;
-  for (const auto& entry :
-       std::filesystem::directory_iterator(output_dir + "/checkpoints", ec)) {
-    int64_t s = 0;
-    const std::string name = entry.path().filename().string();
-    if (!absl::StartsWith(name, "step-") || !absl::SimpleAtoi(name.substr(5), &s)) continue;
-    all.push_back({s, entry.path()});
-    if (std::filesystem::exists(entry.path() / "COMPLETE")) complete.push_back(s);
+  for (const StepFolder& f : all) {
+    if (f.complete) complete.push_back(f.step);
   }
   std::sort(complete.rbegin(), complete.rend());
-  if (complete.size() > 2) {
-    for (const auto& [s, path] : all) {
-      if (s < complete[1]) std::filesystem::remove_all(path, ec);
-    }
+  if (complete.size() <= 2) return absl::OkStatus();
+  std::string failed;
+  for (const StepFolder& f : all) {
+    if (f.step >= complete[1]) continue;
+    std::error_code ec;
+    std::filesystem::remove_all(f.path, ec);
+    if (ec) absl::StrAppend(&failed, failed.empty() ? "" : "; ", f.path.string(), ": ", ec.message());
   }
+  if (!failed.empty()) return absl::InternalError(absl::StrCat("cannot remove ", failed));
   return absl::OkStatus();
 }
 
@@ -179,15 +203,7 @@ std::string CheckpointProblem(const std::string& dir, int64_t world_size) {
 
 CheckpointChoice NewestValidCheckpoint(const std::string& output_dir, int64_t world_size) {
   std::vector<int64_t> steps;
-  std::error_code ec;
-  for (const auto& entry :
-       std::filesystem::directory_iterator(output_dir + "/checkpoints", ec)) {
-    int64_t s = 0;
-    const std::string name = entry.path().filename().string();
-    if (absl::StartsWith(name, "step-") && absl::SimpleAtoi(name.substr(5), &s)) {
-      steps.push_back(s);
-    }
-  }
+  for (const StepFolder& f : StepFolders(output_dir)) steps.push_back(f.step);
   std::sort(steps.rbegin(), steps.rend());
   CheckpointChoice choice;
   for (int64_t s : steps) {
@@ -203,13 +219,8 @@ CheckpointChoice NewestValidCheckpoint(const std::string& output_dir, int64_t wo
 
 std::optional<int64_t> NewestCheckpoint(const std::string& output_dir) {
   std::optional<int64_t> newest;
-  std::error_code ec;
-  for (const auto& entry :
-       std::filesystem::directory_iterator(output_dir + "/checkpoints", ec)) {
-    int64_t s = 0;
-    const std::string name = entry.path().filename().string();
-    if (!absl::StartsWith(name, "step-") || !absl::SimpleAtoi(name.substr(5), &s)) continue;
-    if (std::filesystem::exists(entry.path() / "COMPLETE", ec)) newest = std::max(newest.value_or(s), s);
+  for (const StepFolder& f : StepFolders(output_dir)) {
+    if (f.complete) newest = std::max(newest.value_or(f.step), f.step);
   }
   return newest;
 }

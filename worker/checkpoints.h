@@ -8,9 +8,9 @@
 // fingerprint and every rank file's size and CRC-32. A resume takes the newest
 // checkpoint whose manifest is there and whose files all match it; one that
 // is partial or damaged is skipped for the one before, with the reason.
-// Rank 0 keeps the two newest complete checkpoints and removes older
-// folders, so a failed write (a full or read-only disk) leaves the previous
-// checkpoint as it was.
+// Rank 0 then keeps the two newest complete checkpoints and removes older
+// folders (PruneCheckpoints), so a failed write (a full or read-only disk)
+// leaves the previous checkpoint as it was.
 //
 // Free functions; a Trainer is driven by one thread, so is SaveCheckpoint.
 
@@ -51,10 +51,15 @@ absl::StatusOr<Digest> DigestOf(const std::string& path);
 std::string RankFile(int64_t rank);
 
 // A collective: every rank saves its shards at the trainer's current step;
-// after a barrier rank 0 marks the checkpoint complete and prunes older
-// ones. Errors name the file or the phase (saving, waiting for the others).
+// after a barrier rank 0 marks the checkpoint complete. Errors name the file
+// or the phase (saving, waiting for the others).
 absl::Status SaveCheckpoint(Trainer& trainer, const std::string& output_dir, int64_t world_size,
                             int32_t rank);
+
+// Rank 0, after SaveCheckpoint: removes the checkpoint folders older than the
+// second newest complete one. A folder it cannot remove is named in the error
+// (the new checkpoint stays valid; the caller warns and trains on).
+absl::Status PruneCheckpoints(const std::string& output_dir);
 
 // Writes `text` to `path` atomically and durably: a temporary file, synced,
 // renamed over `path`, then the folder synced. FailedPrecondition, writing

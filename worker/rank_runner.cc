@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "proto/support/status_macros.h"
 #include "worker/checkpoints.h"
 #include "worker/io/safetensors.h"
 #include "worker/job/memory_budget.h"
@@ -21,10 +22,6 @@
 
 namespace muonmesh::worker {
 namespace {
-
-absl::Status Annotate(const absl::Status& st, const std::string& where) {
-  return absl::Status(st.code(), absl::StrCat(where, ": ", st.message()));
-}
 
 std::string Ms(absl::Duration d) { return absl::StrFormat("%.1f", absl::ToDoubleMilliseconds(d)); }
 
@@ -57,7 +54,7 @@ absl::StatusOr<double> CheckMemory(const RankOptions& options, const ResolvedJob
   const MemoryEstimate estimate = EstimateRankMemory(
       job, plan, options.rank,
       {FileBytes(job.data_safetensors), FileBytes(job.init_safetensors)});
-  if (absl::Status st = CheckMemoryBudget(estimate, budget, options.rank); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(CheckMemoryBudget(estimate, budget, options.rank));
   return estimate.peak_bytes;
 }
 
@@ -117,15 +114,15 @@ absl::StatusOr<Engine> MakeEngine(const ResolvedJob& job, const RankOptions& opt
   // The device first: a GPU workload generates on the GPU made current here.
   absl::StatusOr<std::unique_ptr<Device>> device =
       MakeDevice(job, options.rank, options.cuda_device);
-  if (!device.ok()) return device.status();
+  MUONMESH_RETURN_IF_ERROR(device.status());
   e.device = *std::move(device);
   absl::StatusOr<std::unique_ptr<Workload>> workload =
       early != nullptr ? std::move(early) : MakeWorkload(job);
-  if (!workload.ok()) return workload.status();
-  if (absl::Status st = CheckBatchFitsData(job, **workload); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(workload.status());
+  MUONMESH_RETURN_IF_ERROR(CheckBatchFitsData(job, **workload));
   if (job.device == "cuda") {
     workload = OnGpu(job, *std::move(workload));
-    if (!workload.ok()) return workload.status();
+    MUONMESH_RETURN_IF_ERROR(workload.status());
   }
   e.workload = *std::move(workload);
   return e;
@@ -141,7 +138,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const ResolvedJob& job,
   if (!job.init_safetensors.empty()) {
     absl::StatusOr<std::vector<std::vector<float>>> init =
         InitialFromFile(engine.workload->spec(), job.init_safetensors);
-    if (!init.ok()) return init.status();
+    MUONMESH_RETURN_IF_ERROR(init.status());
     initial = *std::move(init);
     topts.initial_parameters = &initial;
   }
@@ -187,7 +184,7 @@ absl::Status StartFromCheckpoints(const ResolvedJob& job, Trainer& trainer,
   }
   const std::string file =
       absl::StrCat(CheckpointDir(job.output_dir, *from), "/", RankFile(options.rank));
-  if (absl::Status st = trainer.LoadShards(file); !st.ok()) return Annotate(st, "resuming");
+  MUONMESH_RETURN_IF_ERROR(trainer.LoadShards(file), "resuming");
   if (talk) out(absl::StrCat("resume: from the checkpoint at step ", *from));
   return absl::OkStatus();
 }
@@ -216,14 +213,14 @@ absl::Status TrainSteps(const ResolvedJob& job, Trainer& trainer, const RankOpti
   const bool talk = options.rank == 0;
   absl::StatusOr<std::unique_ptr<StepLog>> log =
       StepLog::Open(job.output_dir, options.rank, options.attempt, options.resume);
-  if (!log.ok()) return log.status();
+  MUONMESH_RETURN_IF_ERROR(log.status());
   for (int64_t s = trainer.steps_done(); s < job.steps; ++s) {
     if (s == options.fail_at_step && options.attempt == 0) {
       return absl::AbortedError(absl::StrCat("--fail-at-step ", s, ": failing on purpose"));
     }
     const absl::Time start = absl::Now();
     absl::StatusOr<StepReport> r = trainer.Step();
-    if (!r.ok()) return Annotate(r.status(), absl::StrCat("step ", s));
+    MUONMESH_RETURN_IF_ERROR(r.status(), absl::StrCat("step ", s));
     const absl::Duration took = absl::Now() - start;
     totals.optimizer_ms.push_back(absl::ToDoubleMilliseconds(OptimizerTime(r->times)));
     for (const auto& [name, b] : r->bytes_sent) {
@@ -231,13 +228,18 @@ absl::Status TrainSteps(const ResolvedJob& job, Trainer& trainer, const RankOpti
       if (absl::StrContains(name, "muon_")) totals.muon_bytes += b;
     }
     if (talk) hooks.out(StepLine(s, *r));
-    if (absl::Status st = (*log)->Write(*r, took); !st.ok()) return st;
+    MUONMESH_RETURN_IF_ERROR((*log)->Write(*r, took));
     if (hooks.on_step) {
-      if (absl::Status st = hooks.on_step(*r, took); !st.ok()) return st;
+      MUONMESH_RETURN_IF_ERROR(hooks.on_step(*r, took));
     }
     if (job.checkpoint_every > 0 && (s + 1) % job.checkpoint_every == 0) {
-      absl::Status st = SaveCheckpoint(trainer, job.output_dir, job.world_size, options.rank);
-      if (!st.ok()) return st;
+      MUONMESH_RETURN_IF_ERROR(
+          SaveCheckpoint(trainer, job.output_dir, job.world_size, options.rank));
+      if (options.rank == 0) {
+        if (absl::Status pruned = PruneCheckpoints(job.output_dir); !pruned.ok()) {
+          hooks.out(absl::StrCat("warning: pruning old checkpoints: ", pruned.message()));
+        }
+      }
       if (talk) {
         hooks.out(absl::StrCat("checkpoint: step ", s + 1, " in ",
                                CheckpointDir(job.output_dir, s + 1)));
@@ -262,16 +264,16 @@ absl::Status ExportWeights(const ResolvedJob& job, Trainer& trainer, const Workl
     if (!parent.empty()) std::filesystem::create_directories(parent, ec);
     absl::StatusOr<std::unique_ptr<io::SafetensorsWriter>> w =
         io::SafetensorsWriter::Create(job.export_path, std::move(entries));
-    if (!w.ok()) return w.status();
+    MUONMESH_RETURN_IF_ERROR(w.status());
     writer = *std::move(w);
   }
   absl::Status gathered = trainer.GatherParameters(
       [&](int /*flat*/, std::vector<float>&& tensor) -> absl::Status {
         return writer == nullptr ? absl::OkStatus() : writer->Append(tensor);
       });
-  if (!gathered.ok()) return Annotate(gathered, "gathering the final weights");
+  MUONMESH_RETURN_IF_ERROR(gathered, "gathering the final weights");
   if (writer == nullptr) return absl::OkStatus();
-  if (absl::Status st = writer->Finish(); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(writer->Finish());
   out(absl::StrCat("wrote ", job.export_path));
   return absl::OkStatus();
 }
@@ -285,18 +287,18 @@ absl::Status RunRank(const ResolvedJob& job, const plan::Plan& plan,
   RankHooks h = hooks;
   h.out = out;
   absl::StatusOr<double> estimated_peak = CheckMemory(options, job, plan);
-  if (!estimated_peak.ok()) return estimated_peak.status();
+  MUONMESH_RETURN_IF_ERROR(estimated_peak.status());
   absl::StatusOr<Engine> engine = MakeEngine(job, options, std::move(workload));
-  if (!engine.ok()) return engine.status();
+  MUONMESH_RETURN_IF_ERROR(engine.status());
   if (options.rank == 0) PrintPlan(job, plan, out);
   absl::StatusOr<std::unique_ptr<Trainer>> trainer =
       MakeTrainer(job, plan, *engine, store, options);
-  if (!trainer.ok()) return trainer.status();
-  if (absl::Status st = StartFromCheckpoints(job, **trainer, options, out); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(trainer.status());
+  MUONMESH_RETURN_IF_ERROR(StartFromCheckpoints(job, **trainer, options, out));
 
   const int64_t first_step = (*trainer)->steps_done();
   RunTotals totals;
-  if (absl::Status st = TrainSteps(job, **trainer, options, h, totals); !st.ok()) return st;
+  MUONMESH_RETURN_IF_ERROR(TrainSteps(job, **trainer, options, h, totals));
 
   // One machine-readable line per rank (benchmarks aggregate them).
   std::vector<double> sorted = totals.optimizer_ms;
