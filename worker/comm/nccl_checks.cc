@@ -22,20 +22,4 @@ absl::Status NcclErrorToStatus(ncclResult_t result, const char* expr, const char
   }
 }
 
-absl::Status CudaErrorToStatus(cudaError_t error, const char* expr, const char* file, int line) {
-  const std::string message = absl::StrCat(file, ":", line, ": ", expr, ": ",
-                                           cudaGetErrorName(error), " (",
-                                           cudaGetErrorString(error), ")");
-  switch (error) {
-    case cudaErrorMemoryAllocation:
-      return absl::ResourceExhaustedError(message);
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorInvalidDevice:
-      return absl::FailedPreconditionError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
-
 }  // namespace muonmesh::comm::internal

@@ -11,18 +11,18 @@
 // is not an error: with non-blocking communicators it means "queued; poll
 // ncclCommGetAsyncError". Codes: ncclSystemError and ncclRemoteError (a peer
 // or the network failed) -> Unavailable; ncclInvalidArgument and
-// ncclInvalidUsage -> InvalidArgument; CUDA out of memory -> ResourceExhausted;
-// no device / driver too old -> FailedPrecondition; anything else -> Internal.
+// ncclInvalidUsage -> InvalidArgument; anything else -> Internal. CUDA errors
+// go through cuda::CudaErrorToStatus (worker/cuda/cuda_error.h).
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include "absl/status/status.h"
+#include "worker/cuda/cuda_error.h"
 
 namespace muonmesh::comm::internal {
 
 absl::Status NcclErrorToStatus(ncclResult_t result, const char* expr, const char* file, int line);
-absl::Status CudaErrorToStatus(cudaError_t error, const char* expr, const char* file, int line);
 
 }  // namespace muonmesh::comm::internal
 
@@ -39,7 +39,7 @@ absl::Status CudaErrorToStatus(cudaError_t error, const char* expr, const char* 
   do {                                                                                   \
     const cudaError_t muonmesh_comm_cuda_error_ = (expr);                                \
     if (muonmesh_comm_cuda_error_ != cudaSuccess) {                                      \
-      return ::muonmesh::comm::internal::CudaErrorToStatus(muonmesh_comm_cuda_error_,    \
-                                                           #expr, __FILE__, __LINE__);   \
+      return ::muonmesh::cuda::CudaErrorToStatus(muonmesh_comm_cuda_error_, #expr,       \
+                                                 __FILE__, __LINE__);                    \
     }                                                                                    \
   } while (0)

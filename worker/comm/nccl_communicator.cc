@@ -14,7 +14,7 @@
 namespace muonmesh::comm {
 namespace {
 
-using internal::CudaErrorToStatus;
+using cuda::CudaErrorToStatus;
 using internal::NcclErrorToStatus;
 
 // How long the destructor lets ncclCommFinalize flush before aborting.

@@ -11,25 +11,6 @@ std::string Where(const char* expr, const char* file, int line) {
 
 }  // namespace
 
-absl::Status CudaErrorToStatus(cudaError_t error, const char* expr, const char* file, int line) {
-  // Clear the runtime's last error (non-sticky ones), so that a handled
-  // failure is not reported again by the next launch's cudaGetLastError.
-  cudaGetLastError();
-  const std::string message = Where(expr, file, line) + cudaGetErrorName(error) + " (" +
-                              cudaGetErrorString(error) + ")";
-  switch (error) {
-    case cudaErrorMemoryAllocation:
-      return absl::ResourceExhaustedError(message);
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorNoKernelImageForDevice:
-    case cudaErrorInvalidDevice:
-      return absl::FailedPreconditionError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
-
 absl::Status CublasErrorToStatus(cublasStatus_t error, const char* expr, const char* file,
                                  int line) {
   const std::string message = Where(expr, file, line) + cublasGetStatusName(error) + " (" +

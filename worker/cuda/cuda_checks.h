@@ -14,10 +14,10 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/status/status.h"
+#include "worker/cuda/cuda_error.h"
 
 namespace muonmesh::cuda {
 
-absl::Status CudaErrorToStatus(cudaError_t error, const char* expr, const char* file, int line);
 absl::Status CublasErrorToStatus(cublasStatus_t error, const char* expr, const char* file,
                                  int line);
 
