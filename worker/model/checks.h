@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -23,6 +24,27 @@ inline absl::Status CheckFinite(absl::Span<const float> values, const char* what
     if (!std::isfinite(values[k])) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, "[", k, "] is not finite (", values[k], ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The sample list a workload's ForwardBackward* takes: not empty, at most
+// `max_per_call` indices, each in [0, num_samples). InvalidArgument errors
+// that start with `workload` ("mlp: samples[3] = 9 is outside [0, 8)").
+inline absl::Status CheckSampleList(const char* workload, absl::Span<const int64_t> samples,
+                                    int64_t num_samples, int64_t max_per_call) {
+  if (samples.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(workload, ": empty sample list"));
+  }
+  if (static_cast<int64_t>(samples.size()) > max_per_call) {
+    return absl::InvalidArgumentError(absl::StrCat(workload, ": ", samples.size(),
+                                                   " samples in one call exceed ", max_per_call));
+  }
+  for (size_t j = 0; j < samples.size(); ++j) {
+    if (samples[j] < 0 || samples[j] >= num_samples) {
+      return absl::InvalidArgumentError(absl::StrCat(workload, ": samples[", j, "] = ", samples[j],
+                                                     " is outside [0, ", num_samples, ")"));
     }
   }
   return absl::OkStatus();

@@ -290,18 +290,7 @@ void Mlp::Reserve(int64_t n) {
 }
 
 absl::Status Mlp::CheckSamples(absl::Span<const int64_t> samples) const {
-  if (samples.empty()) return absl::InvalidArgumentError("mlp: empty sample list");
-  if (samples.size() > static_cast<size_t>(INT_MAX)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("mlp: ", samples.size(), " samples in one call exceed ", INT_MAX));
-  }
-  for (size_t j = 0; j < samples.size(); ++j) {
-    if (samples[j] < 0 || samples[j] >= num_samples_) {
-      return absl::InvalidArgumentError(absl::StrCat("mlp: samples[", j, "] = ", samples[j],
-                                                     " is outside [0, ", num_samples_, ")"));
-    }
-  }
-  return absl::OkStatus();
+  return internal::CheckSampleList("mlp", samples, num_samples_, INT_MAX);
 }
 
 double Mlp::LossAndOutputDelta(absl::Span<const int64_t> samples) {

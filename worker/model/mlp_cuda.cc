@@ -1,6 +1,7 @@
 #include "worker/model/mlp_cuda.h"
 
 #include <algorithm>
+#include <climits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +9,7 @@
 #include "worker/cuda/cuda_checks.h"
 #include "worker/cuda/mlp_kernels.h"
 #include "worker/cuda/row_major_gemm.h"
+#include "worker/model/checks.h"
 
 namespace muonmesh::worker {
 
@@ -103,13 +105,7 @@ absl::Status CudaMlp::Backward(int64_t i, int64_t n, const float* weight, const 
 
 absl::StatusOr<double> CudaMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& units,
                                                       absl::Span<const int64_t> samples) {
-  if (samples.empty()) return absl::InvalidArgumentError("mlp: empty sample list");
-  for (size_t j = 0; j < samples.size(); ++j) {
-    if (samples[j] < 0 || samples[j] >= cpu_.num_samples()) {
-      return absl::InvalidArgumentError(absl::StrCat("mlp: samples[", j, "] = ", samples[j],
-                                                     " is outside [0, ", cpu_.num_samples(), ")"));
-    }
-  }
+  MUONMESH_RETURN_IF_ERROR(internal::CheckSampleList("mlp", samples, cpu_.num_samples(), INT_MAX));
   const int64_t n = static_cast<int64_t>(samples.size());
   const int64_t layers = static_cast<int64_t>(dims_.size()) - 1;
   const int64_t d_out = dims_.back();

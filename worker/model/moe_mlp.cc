@@ -301,19 +301,7 @@ absl::Status MoeMlp::InitializeUnit(uint64_t seed, int unit,
 }
 
 absl::Status MoeMlp::CheckSamples(absl::Span<const int64_t> samples) const {
-  if (samples.empty()) return absl::InvalidArgumentError("moe_mlp: empty sample list");
-  if (static_cast<int64_t>(samples.size()) > kMoeMaxSamplesPerCall) {
-    return absl::InvalidArgumentError(absl::StrCat("moe_mlp: ", samples.size(),
-                                                   " samples in one call exceed ",
-                                                   kMoeMaxSamplesPerCall));
-  }
-  for (size_t j = 0; j < samples.size(); ++j) {
-    if (samples[j] < 0 || samples[j] >= num_samples_) {
-      return absl::InvalidArgumentError(absl::StrCat("moe_mlp: samples[", j, "] = ", samples[j],
-                                                     " is outside [0, ", num_samples_, ")"));
-    }
-  }
-  return absl::OkStatus();
+  return internal::CheckSampleList("moe_mlp", samples, num_samples_, kMoeMaxSamplesPerCall);
 }
 
 absl::StatusOr<std::vector<float>> MoeMlp::Forward(absl::Span<const float* const> params,

@@ -9,6 +9,7 @@
 #include "worker/cuda/cuda_checks.h"
 #include "worker/cuda/mlp_kernels.h"
 #include "worker/cuda/row_major_gemm.h"
+#include "worker/model/checks.h"
 
 namespace muonmesh::worker {
 namespace {
@@ -134,19 +135,8 @@ absl::StatusOr<double> CudaMoeMlp::ForwardBackward(int64_t, absl::Span<const flo
 
 absl::StatusOr<double> CudaMoeMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& units,
                                                          absl::Span<const int64_t> samples) {
-  if (samples.empty()) return absl::InvalidArgumentError("moe_mlp: empty sample list");
-  if (static_cast<int64_t>(samples.size()) > kMoeMaxSamplesPerCall) {
-    return absl::InvalidArgumentError(absl::StrCat("moe_mlp: ", samples.size(),
-                                                   " samples in one call exceed ",
-                                                   kMoeMaxSamplesPerCall));
-  }
-  for (size_t j = 0; j < samples.size(); ++j) {
-    if (samples[j] < 0 || samples[j] >= cpu_.num_samples()) {
-      return absl::InvalidArgumentError(absl::StrCat("moe_mlp: samples[", j, "] = ", samples[j],
-                                                     " is outside [0, ", cpu_.num_samples(),
-                                                     ")"));
-    }
-  }
+  MUONMESH_RETURN_IF_ERROR(
+      internal::CheckSampleList("moe_mlp", samples, cpu_.num_samples(), kMoeMaxSamplesPerCall));
   return Run(units, samples);
 }
 

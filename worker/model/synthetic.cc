@@ -1,6 +1,7 @@
 #include "worker/model/synthetic.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <utility>
 
@@ -129,13 +130,7 @@ absl::StatusOr<double> Synthetic::ForwardBackward(int64_t step,
     return st;
   }
   MUONMESH_RETURN_IF_ERROR(CheckTensors(grads.size(), AnyNull(grads), "synthetic grads"));
-  if (samples.empty()) return absl::InvalidArgumentError("synthetic: empty sample list");
-  for (size_t j = 0; j < samples.size(); ++j) {
-    if (samples[j] != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("synthetic: samples[", j, "] = ", samples[j], " is outside [0, 1)"));
-    }
-  }
+  MUONMESH_RETURN_IF_ERROR(internal::CheckSampleList("synthetic", samples, 1, INT_MAX));
   const uint64_t seed = gradient_seed_ ^ (static_cast<uint64_t>(step) * kSplitMix64Gamma);
   double sum = 0.0;
   for (size_t p = 0; p < elements_.size(); ++p) {
