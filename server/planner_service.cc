@@ -44,11 +44,7 @@ absl::StatusOr<std::vector<rpc::FieldViolation>> CheckInput(const plan::PlanInpu
     *size = *sized;
     found = plan::PlanSizeViolations(*size);
   }
-  std::vector<rpc::FieldViolation> out;
-  for (plan::FieldViolation& v : found) {
-    out.push_back({std::move(v.field), std::move(v.description)});
-  }
-  return out;
+  return found;
 }
 
 grpc::Status InvalidConfig(const std::vector<rpc::FieldViolation>& violations) {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace muonmesh::plan {
@@ -63,6 +64,23 @@ struct PlanInput {
 struct FieldViolation {
   std::string field;
   std::string description;
+
+  bool operator==(const FieldViolation&) const = default;
+};
+
+// Collects FieldViolations: every check adds what it finds, and the caller
+// reports them all at once.
+class Violations {
+ public:
+  void Add(std::string field, std::string description) {
+    list_.push_back({std::move(field), std::move(description)});
+  }
+  bool empty() const { return list_.empty(); }
+  size_t size() const { return list_.size(); }
+  std::vector<FieldViolation> Take() { return std::move(list_); }
+
+ private:
+  std::vector<FieldViolation> list_;
 };
 
 // ---------------------------------------------------------------- vocabulary

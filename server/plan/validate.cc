@@ -18,17 +18,6 @@ namespace {
 constexpr const char* kStrategyNames =
     "no_shard, optim, optim_grads, optim_grads_params";
 
-class Violations {
- public:
-  void Add(std::string field, std::string description) {
-    list_.push_back({std::move(field), std::move(description)});
-  }
-  std::vector<FieldViolation> Take() { return std::move(list_); }
-
- private:
-  std::vector<FieldViolation> list_;
-};
-
 // a * b, or -1 when it would exceed `limit`.
 int64_t MulCapped(int64_t a, int64_t b, int64_t limit) {
   if (a < 0 || b < 0) return -1;

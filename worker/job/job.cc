@@ -34,25 +34,12 @@ constexpr double kAdamWBeta2 = 0.999;
 constexpr double kAdamWEps = 1e-8;
 constexpr int kMaxNsSteps = 100;
 
-class Violations {
- public:
-  void Add(std::string field, std::string description) {
-    list_.push_back({std::move(field), std::move(description)});
-  }
-  bool empty() const { return list_.empty(); }
-  size_t size() const { return list_.size(); }
-  std::vector<plan::FieldViolation> Take() { return std::move(list_); }
-
- private:
-  std::vector<plan::FieldViolation> list_;
-};
+using plan::Violations;
 
 template <typename T>
 T Or(T value, T fallback) {
   return value == T{} ? fallback : value;
 }
-
-std::string Quoted(std::string_view s) { return absl::StrCat("'", std::string(s), "'"); }
 
 bool IsNameChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
@@ -72,12 +59,12 @@ void CheckName(const std::string& name, Violations& v) {
   for (char c : name) {
     if (!IsNameChar(c)) {
       v.Add("name", absl::StrCat("must match [A-Za-z0-9._-]+ (it names the output folder), got ",
-                                 Quoted(name)));
+                                 plan::Quote(name)));
       return;
     }
   }
   if (name == "." || name == "..") {
-    v.Add("name", absl::StrCat(Quoted(name), " cannot name a folder"));
+    v.Add("name", absl::StrCat(plan::Quote(name), " cannot name a folder"));
   }
 }
 
@@ -139,13 +126,13 @@ void CheckMuon(const v1::MuonConfig& m, Violations& v) {
   CheckNonNegative("optimizer.muon.weight_decay", m.weight_decay(), v);
   CheckDecayProduct("optimizer.muon.weight_decay", Or(m.lr(), kMuonLr), m.weight_decay(), v);
   if (!m.scale().empty() && m.scale() != "original" && m.scale() != "match_rms_adamw") {
-    v.Add("optimizer.muon.scale", absl::StrCat("unknown scale ", Quoted(m.scale()),
+    v.Add("optimizer.muon.scale", absl::StrCat("unknown scale ", plan::Quote(m.scale()),
                                                " (expected original or match_rms_adamw)"));
   }
   if (!m.coefficients().empty() && m.coefficients() != "quintic" &&
       m.coefficients() != "polar_express") {
     v.Add("optimizer.muon.coefficients",
-          absl::StrCat("unknown coefficients ", Quoted(m.coefficients()),
+          absl::StrCat("unknown coefficients ", plan::Quote(m.coefficients()),
                        " (expected quintic or polar_express)"));
   }
   // The numerics' own check, as a safety net: anything it refuses that the
@@ -181,7 +168,7 @@ void CheckOptimizer(const v1::OptimizerConfig& opt, Violations& v) {
   if (!rule.empty() && rule != "lpt" && rule != "round_robin" && rule != "allgather" &&
       rule != "greedy_in_order") {
     v.Add("optimizer.owner_assignment",
-          absl::StrCat("unknown rule ", Quoted(rule),
+          absl::StrCat("unknown rule ", plan::Quote(rule),
                        " (expected lpt, round_robin, allgather or greedy_in_order)"));
   }
   if (opt.muon_buffer_bytes() < 0) {
@@ -204,13 +191,13 @@ void CheckOptimizer(const v1::OptimizerConfig& opt, Violations& v) {
                                             " bytes exceeds the limit of ", kMaxRulePatternLength));
     } else if (absl::StatusOr<std::unique_ptr<re2::RE2>> re = CompileRulePattern(r.pattern());
                !re.ok()) {
-      v.Add(path + ".pattern", absl::StrCat("invalid regular expression ", Quoted(r.pattern()),
+      v.Add(path + ".pattern", absl::StrCat("invalid regular expression ", plan::Quote(r.pattern()),
                                             " (RE2 syntax): ", re.status().message()));
     }
     if (r.optimizer() != "muon" && r.optimizer() != "adamw") {
       v.Add(path + ".optimizer", r.optimizer().empty()
                                      ? std::string("required: muon or adamw")
-                                     : absl::StrCat("unknown optimizer ", Quoted(r.optimizer()),
+                                     : absl::StrCat("unknown optimizer ", plan::Quote(r.optimizer()),
                                                     " (expected muon or adamw)"));
     }
   }
@@ -457,7 +444,7 @@ std::vector<plan::FieldViolation> ValidateJob(const v1::JobSpec& job) {
   }
   if (!job.device().empty() && job.device() != "cpu" && job.device() != "cuda") {
     v.Add("device",
-          absl::StrCat("unknown device ", Quoted(job.device()), " (expected cpu or cuda)"));
+          absl::StrCat("unknown device ", plan::Quote(job.device()), " (expected cpu or cuda)"));
   }
   CheckParallelism(job, v);
   CheckModel(job, v);
