@@ -61,7 +61,7 @@ void LayoutToProto(const plan::UnitSpec& spec, const plan::UnitLayout& layout,
   if (!include_shards) return;
   // In position order: position p holds layout shard (p - rotation) mod D.
   for (int64_t p = 0; p < layout.num_shards; ++p) {
-    const int64_t s = (p - layout.rotation + layout.num_shards) % layout.num_shards;
+    const int64_t s = layout.ShardAt(p);
     v1::ShardLayout* shard = out->add_shards();
     for (int64_t i = layout.shard_begin[s]; i < layout.shard_begin[s + 1]; ++i) {
       const plan::Segment& seg = layout.segments[i];

@@ -154,6 +154,13 @@ struct UnitLayout {
   // gathered buffers are cyclic shifts of the layout (tensors are always
   // assembled from their row runs, so a wrap costs nothing).
   int64_t rotation = 0;
+
+  // The layout shard held at domain `position`, and the other way round
+  // (both in [0, num_shards) for arguments in that range).
+  int64_t ShardAt(int64_t position) const {
+    return ((position - rotation) % num_shards + num_shards) % num_shards;
+  }
+  int64_t PositionOf(int64_t shard) const { return (shard + rotation) % num_shards; }
 };
 
 // ---------------------------------------------------------------- owners

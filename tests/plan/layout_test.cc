@@ -171,3 +171,30 @@ TEST(LayoutTest, MegatronLcmRuleByHand) {
 
 }  // namespace
 }  // namespace muonmesh::plan
+
+namespace muonmesh::plan {
+namespace {
+
+// The rotation's two directions, against the definition in types.h:
+// shard k lives at position (k + rotation) mod D.
+TEST(UnitLayoutRotationTest, ShardAtAndPositionOfFollowTheDefinition) {
+  for (int64_t d : {1, 2, 3, 7, 8}) {
+    for (int64_t rotation = 0; rotation < d; ++rotation) {
+      UnitLayout l;
+      l.num_shards = d;
+      l.rotation = rotation;
+      std::vector<int> seen(static_cast<size_t>(d), 0);
+      for (int64_t k = 0; k < d; ++k) {
+        int64_t position = k;
+        for (int64_t r = 0; r < rotation; ++r) position = position + 1 == d ? 0 : position + 1;
+        EXPECT_EQ(l.PositionOf(k), position) << "D=" << d << " rotation=" << rotation;
+        EXPECT_EQ(l.ShardAt(position), k) << "D=" << d << " rotation=" << rotation;
+        ++seen[static_cast<size_t>(l.ShardAt(k))];
+      }
+      for (int c : seen) EXPECT_EQ(c, 1);  // every shard at exactly one position
+    }
+  }
+}
+
+}  // namespace
+}  // namespace muonmesh::plan

@@ -151,7 +151,7 @@ struct Trainer::Impl {
 
   static int64_t MyShard(const UnitState& u) {
     const plan::UnitLayout& l = *u.layout;
-    return (u.mesh->position - l.rotation + l.num_shards) % l.num_shards;
+    return l.ShardAt(u.mesh->position);
   }
 
   // Rows of matrix `m` in my shard (row_start relative to the matrix: an
@@ -202,7 +202,7 @@ struct Trainer::Impl {
       MUONMESH_RETURN_IF_ERROR(st);
     }
     for (int64_t q = 0; q < l.num_shards; ++q) {
-      const int64_t shard = (q - l.rotation + l.num_shards) % l.num_shards;
+      const int64_t shard = l.ShardAt(q);
       for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
         const plan::Segment& seg = l.segments[i];
         const int64_t len = l.tensors[seg.tensor].row_len;
@@ -223,7 +223,7 @@ struct Trainer::Impl {
     MUONMESH_RETURN_IF_ERROR(Reserve(full, m));
     MUONMESH_RETURN_IF_ERROR(dev->Fill(full.data(), m, 0.0f));
     for (int64_t q = 0; q < l.num_shards; ++q) {
-      const int64_t shard = (q - l.rotation + l.num_shards) % l.num_shards;
+      const int64_t shard = l.ShardAt(q);
       for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
         const plan::Segment& seg = l.segments[i];
         const int64_t len = l.tensors[seg.tensor].row_len;
@@ -1095,7 +1095,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
       const int64_t first = (mesh->position / mesh->k) * mesh->k;
       const plan::UnitLayout& l = *st.layout;
       for (int64_t j = 0; j < mesh->k; ++j) {
-        const int64_t shard = (first + j - l.rotation + l.num_shards) % l.num_shards;
+        const int64_t shard = l.ShardAt(first + j);
         for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
           const plan::Segment& seg = l.segments[i];
           const int64_t len = l.tensors[seg.tensor].row_len;
