@@ -64,9 +64,8 @@ std::vector<MatrixPlan> UnitMatrices(const UnitSpec& unit, int32_t u, const Unit
       const int64_t lo = e * mv.rows;
       const int64_t hi = lo + mv.rows;
       for (const Holder& h : held[t]) {
-        const int64_t a = std::max(lo, h.row_start);
-        const int64_t b = std::min(hi, h.row_start + h.row_count);
-        if (a < b) m.holders.push_back(Holder{h.position, a - lo, b - a});
+        const RowRange r = IntersectRows(lo, hi, h.row_start, h.row_count);
+        if (r.count > 0) m.holders.push_back(Holder{h.position, r.start - lo, r.count});
       }
       out.push_back(std::move(m));
     }

@@ -163,6 +163,18 @@ struct UnitLayout {
   int64_t PositionOf(int64_t shard) const { return (shard + rotation) % num_shards; }
 };
 
+// The rows that [start, start + count) shares with [lo, hi): a start and a
+// count, the count 0 when they share none.
+struct RowRange {
+  int64_t start = 0;
+  int64_t count = 0;
+};
+inline RowRange IntersectRows(int64_t lo, int64_t hi, int64_t start, int64_t count) {
+  const int64_t a = lo > start ? lo : start;
+  const int64_t b = hi < start + count ? hi : start + count;
+  return a < b ? RowRange{a, b - a} : RowRange{a, 0};
+}
+
 // ---------------------------------------------------------------- owners
 
 struct Holder {

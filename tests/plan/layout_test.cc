@@ -198,3 +198,33 @@ TEST(UnitLayoutRotationTest, ShardAtAndPositionOfFollowTheDefinition) {
 
 }  // namespace
 }  // namespace muonmesh::plan
+
+namespace muonmesh::plan {
+namespace {
+
+// Against a row-by-row count on small ranges.
+TEST(IntersectRowsTest, MatchesCountingRowByRow) {
+  for (int64_t lo = 0; lo < 6; ++lo) {
+    for (int64_t hi = lo; hi < 8; ++hi) {
+      for (int64_t start = 0; start < 8; ++start) {
+        for (int64_t count = 0; count < 6; ++count) {
+          int64_t first = -1, n = 0;
+          for (int64_t row = start; row < start + count; ++row) {
+            if (row >= lo && row < hi) {
+              if (first < 0) first = row;
+              ++n;
+            }
+          }
+          const RowRange r = IntersectRows(lo, hi, start, count);
+          EXPECT_EQ(r.count, n) << lo << " " << hi << " " << start << " " << count;
+          if (n > 0) {
+            EXPECT_EQ(r.start, first);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace muonmesh::plan

@@ -164,10 +164,10 @@ struct Trainer::Impl {
     for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
       const plan::Segment& seg = l.segments[i];
       if (l.tensors[seg.tensor].param != m.param) continue;
-      const int64_t a = std::max(lo, seg.row_start);
-      const int64_t b = std::min(hi, seg.row_start + seg.row_count);
-      if (a >= b) continue;
-      return {seg.offset + (a - seg.row_start) * l.tensors[seg.tensor].row_len, a - lo, b - a};
+      const plan::RowRange r = plan::IntersectRows(lo, hi, seg.row_start, seg.row_count);
+      if (r.count == 0) continue;
+      return {seg.offset + (r.start - seg.row_start) * l.tensors[seg.tensor].row_len,
+              r.start - lo, r.count};
     }
     return {};
   }
