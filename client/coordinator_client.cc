@@ -119,10 +119,7 @@ absl::StatusOr<std::vector<v1::StepRecord>> CoordinatorClient::Metrics(const std
     v1::GetJobMetricsResponse response;
     grpc::ClientContext context;
     SetDeadline(context, options_.timeout);
-    if (absl::Status s = Error(jobs_->GetJobMetrics(&context, request, &response), "metrics");
-        !s.ok()) {
-      return s;
-    }
+    MUONMESH_RETURN_IF_ERROR(Error(jobs_->GetJobMetrics(&context, request, &response), "metrics"));
     for (v1::StepRecord& r : *response.mutable_records()) out.push_back(std::move(r));
     token = response.next_page_token();
   } while (!token.empty());

@@ -39,7 +39,8 @@ std::vector<StepFolder> StepFolders(const std::string& output_dir) {
     const std::string name = entry.path().filename().string();
     if (!absl::StartsWith(name, "step-") || !absl::SimpleAtoi(name.substr(5), &s)) continue;
     std::error_code exists_ec;
-    folders.push_back({s, entry.path(), std::filesystem::exists(entry.path() / "COMPLETE", exists_ec)});
+    folders.push_back(
+        {s, entry.path(), std::filesystem::exists(entry.path() / "COMPLETE", exists_ec)});
   }
   return folders;
 }

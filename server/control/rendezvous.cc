@@ -88,11 +88,8 @@ absl::StatusOr<std::string> Rendezvous::Get(const RendezvousScope& scope, const 
     found = &it->second;
     return true;
   };
-  if (absl::Status s = WaitUntil(lock, ready, timeout, cancelled,
-                                 absl::StrCat("key '", Short(key), "'"));
-      !s.ok()) {
-    return s;
-  }
+  MUONMESH_RETURN_IF_ERROR(
+      WaitUntil(lock, ready, timeout, cancelled, absl::StrCat("key '", Short(key), "'")));
   return *found;
 }
 

@@ -247,10 +247,8 @@ absl::StatusOr<JobStore::Submitted> JobStore::Submit(const std::string& request_
     return s;
   }
   Statement ev(db_, "INSERT INTO events(seq, idx, event) VALUES(?, ?, ?)");
-  if (absl::Status s = ev.Int(1, row.seq).Int(2, 1).Blob(3, Serialized(event)).Run("insert event");
-      !s.ok()) {
-    return s;
-  }
+  MUONMESH_RETURN_IF_ERROR(
+      ev.Int(1, row.seq).Int(2, 1).Blob(3, Serialized(event)).Run("insert event"));
   MUONMESH_RETURN_IF_ERROR(tx.Commit());
   ++next_seq_;
   by_id_[job.id()] = rows_.size();

@@ -800,11 +800,8 @@ std::string TempPathFor(const std::string& path, uint64_t attempt) {
 absl::Status ReadElements(int fd, uint64_t data_start, const Entry& e, float* out,
                           const std::string& path) {
   if (e.dtype == Dtype::kF32) {
-    if (absl::Status s = ReadExactly(fd, data_start + e.begin, reinterpret_cast<char*>(out),
-                                     e.end - e.begin, path);
-        !s.ok()) {
-      return s;
-    }
+    MUONMESH_RETURN_IF_ERROR(
+        ReadExactly(fd, data_start + e.begin, reinterpret_cast<char*>(out), e.end - e.begin, path));
     if constexpr (std::endian::native == std::endian::big) ByteSwapFloats(out, e.elements);
     return absl::OkStatus();
   }
@@ -812,11 +809,8 @@ absl::Status ReadElements(int fd, uint64_t data_start, const Entry& e, float* ou
   std::vector<unsigned char> staging(static_cast<size_t>(std::min(e.elements, kChunk) * 2));
   for (uint64_t done = 0; done < e.elements;) {
     const uint64_t n = std::min(kChunk, e.elements - done);
-    if (absl::Status s = ReadExactly(fd, data_start + e.begin + 2 * done,
-                                     reinterpret_cast<char*>(staging.data()), 2 * n, path);
-        !s.ok()) {
-      return s;
-    }
+    MUONMESH_RETURN_IF_ERROR(ReadExactly(fd, data_start + e.begin + 2 * done,
+                                         reinterpret_cast<char*>(staging.data()), 2 * n, path));
     for (uint64_t i = 0; i < n; ++i) {
       // Little-endian in the file, whatever the host.
       const auto v = static_cast<uint16_t>(staging[2 * i] | (staging[2 * i + 1] << 8));
@@ -852,10 +846,8 @@ absl::StatusOr<std::vector<Tensor>> ReadSafetensors(const std::string& path,
                      " bytes is too short for a safetensors file (8-byte header length)"));
   }
   unsigned char length_bytes[8];
-  if (absl::Status s = ReadExactly(fd.get(), 0, reinterpret_cast<char*>(length_bytes), 8, path);
-      !s.ok()) {
-    return s;
-  }
+  MUONMESH_RETURN_IF_ERROR(
+      ReadExactly(fd.get(), 0, reinterpret_cast<char*>(length_bytes), 8, path));
   uint64_t header_bytes = 0;
   for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | length_bytes[i];
   if (header_bytes > kMaxSafetensorsHeaderBytes) {
@@ -992,11 +984,8 @@ absl::Status SafetensorsWriter::Append(absl::Span<const float> data) {
       const size_t count = std::min(data.size() - at, size_t{1} << 16);
       chunk.assign(data.data() + at, data.data() + at + count);
       ByteSwapFloats(chunk.data(), count);
-      if (absl::Status s = WriteAll(fd_, reinterpret_cast<const char*>(chunk.data()),
-                                    count * kBytesPerElement, temp_);
-          !s.ok()) {
-        return s;
-      }
+      MUONMESH_RETURN_IF_ERROR(WriteAll(fd_, reinterpret_cast<const char*>(chunk.data()),
+                                        count * kBytesPerElement, temp_));
     }
   }
   ++next_;

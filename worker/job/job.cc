@@ -195,10 +195,10 @@ void CheckOptimizer(const v1::OptimizerConfig& opt, Violations& v) {
                                             " (RE2 syntax): ", re.status().message()));
     }
     if (r.optimizer() != "muon" && r.optimizer() != "adamw") {
-      v.Add(path + ".optimizer", r.optimizer().empty()
-                                     ? std::string("required: muon or adamw")
-                                     : absl::StrCat("unknown optimizer ", plan::Quote(r.optimizer()),
-                                                    " (expected muon or adamw)"));
+      v.Add(path + ".optimizer",
+            r.optimizer().empty() ? std::string("required: muon or adamw")
+                                  : absl::StrCat("unknown optimizer ", plan::Quote(r.optimizer()),
+                                                 " (expected muon or adamw)"));
     }
   }
 }

@@ -142,10 +142,7 @@ absl::StatusOr<std::vector<float>> MlpForward(absl::Span<const int64_t> dims,
                                               absl::Span<const float* const> params,
                                               absl::Span<const float> x, int64_t n) {
   MUONMESH_RETURN_IF_ERROR(ValidateMlpDims(dims));
-  if (absl::Status st = CheckPointers(dims, params.size(), AnyNull(params), "mlp params");
-      !st.ok()) {
-    return st;
-  }
+  MUONMESH_RETURN_IF_ERROR(CheckPointers(dims, params.size(), AnyNull(params), "mlp params"));
   if (n < 1 || n > INT_MAX) {
     return absl::InvalidArgumentError(
         absl::StrCat("mlp forward: n = ", n, " is not in [1, ", INT_MAX, "]"));
@@ -255,10 +252,7 @@ absl::StatusOr<Mlp> Mlp::FromTeacher(std::vector<int64_t> dims, uint64_t teacher
 }
 
 absl::Status Mlp::Initialize(uint64_t seed, absl::Span<float* const> params) const {
-  if (absl::Status st = CheckPointers(dims_, params.size(), AnyNull(params), "mlp init");
-      !st.ok()) {
-    return st;
-  }
+  MUONMESH_RETURN_IF_ERROR(CheckPointers(dims_, params.size(), AnyNull(params), "mlp init"));
   absl::StatusOr<std::vector<std::vector<float>>> init = MlpInitialParams(dims_, seed);
   MUONMESH_RETURN_IF_ERROR(init.status());
   for (size_t i = 0; i < init->size(); ++i) {
@@ -337,10 +331,7 @@ void Mlp::LayerBackward(int64_t i, int64_t n, const float* weight, const float* 
 absl::StatusOr<double> Mlp::ForwardBackward(int64_t /*step*/, absl::Span<const float* const> params,
                                             absl::Span<const int64_t> samples,
                                             absl::Span<float* const> grads) {
-  if (absl::Status st = CheckPointers(dims_, params.size(), AnyNull(params), "mlp params");
-      !st.ok()) {
-    return st;
-  }
+  MUONMESH_RETURN_IF_ERROR(CheckPointers(dims_, params.size(), AnyNull(params), "mlp params"));
   MUONMESH_RETURN_IF_ERROR(CheckPointers(dims_, grads.size(), AnyNull(grads), "mlp grads"));
   MUONMESH_RETURN_IF_ERROR(CheckSamples(samples));
 

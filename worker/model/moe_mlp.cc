@@ -388,10 +388,7 @@ absl::Status MoeMlp::ForwardPass(UnitAccess& units, absl::Span<const int64_t> sa
   std::vector<float> count_send(ep), count_recv(ep);
   for (int q = 0; q < ep; ++q) count_send[q] = static_cast<float>(send_tokens_[q]);
   const std::vector<int64_t> ones(ep, 1);
-  if (absl::Status st = units.ExchangeTokens(count_send.data(), ones, count_recv.data(), ones);
-      !st.ok()) {
-    return st;
-  }
+  MUONMESH_RETURN_IF_ERROR(units.ExchangeTokens(count_send.data(), ones, count_recv.data(), ones));
   recv_tokens_.assign(ep, 0);
   int64_t received = 0;
   for (int q = 0; q < ep; ++q) {

@@ -125,10 +125,7 @@ absl::StatusOr<double> Synthetic::ForwardBackward(int64_t step,
   if (step < 0) {
     return absl::InvalidArgumentError(absl::StrCat("synthetic: step ", step, " is negative"));
   }
-  if (absl::Status st = CheckTensors(params.size(), AnyNull(params), "synthetic params");
-      !st.ok()) {
-    return st;
-  }
+  MUONMESH_RETURN_IF_ERROR(CheckTensors(params.size(), AnyNull(params), "synthetic params"));
   MUONMESH_RETURN_IF_ERROR(CheckTensors(grads.size(), AnyNull(grads), "synthetic grads"));
   MUONMESH_RETURN_IF_ERROR(internal::CheckSampleList("synthetic", samples, 1, INT_MAX));
   const uint64_t seed = gradient_seed_ ^ (static_cast<uint64_t>(step) * kSplitMix64Gamma);

@@ -980,17 +980,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
     MUONMESH_RETURN_IF_ERROR(scalar.status());
     impl->scalar = *std::move(scalar);
   }
-  if (absl::Status st = JoinMesh(plan::MeshGeometry::Dense(plan.config), rank, options,
-                                 &impl->dense);
-      !st.ok()) {
-    return st;
-  }
+  MUONMESH_RETURN_IF_ERROR(
+      JoinMesh(plan::MeshGeometry::Dense(plan.config), rank, options, &impl->dense));
   if (plan.has_experts) {
-    if (absl::Status st = JoinMesh(plan::MeshGeometry::Expert(plan.config), rank, options,
-                                   &impl->expert);
-        !st.ok()) {
-      return st;
-    }
+    MUONMESH_RETURN_IF_ERROR(
+        JoinMesh(plan::MeshGeometry::Expert(plan.config), rank, options, &impl->expert));
     if (ep > 1) {
       const GroupSpec g = TokenGroup(ep, rank, options.group_prefix);
       c = comm::CreateGroup(options.backend, *options.store, g.name, g.rank_in_group, g.size(),
