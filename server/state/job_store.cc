@@ -240,12 +240,11 @@ absl::StatusOr<JobStore::Submitted> JobStore::Submit(const std::string& request_
   Transaction tx(db_);
   MUONMESH_RETURN_IF_ERROR(tx.Begun());
   Statement insert(db_, "INSERT INTO jobs(seq, id, request_id, job) VALUES(?, ?, ?, ?)");
-  if (absl::Status s =
-          insert.Int(1, row.seq).Text(2, job.id()).Text(3, request_id).Blob(4, Serialized(job))
-              .Run("insert job");
-      !s.ok()) {
-    return s;
-  }
+  MUONMESH_RETURN_IF_ERROR(insert.Int(1, row.seq)
+                               .Text(2, job.id())
+                               .Text(3, request_id)
+                               .Blob(4, Serialized(job))
+                               .Run("insert job"));
   Statement ev(db_, "INSERT INTO events(seq, idx, event) VALUES(?, ?, ?)");
   MUONMESH_RETURN_IF_ERROR(
       ev.Int(1, row.seq).Int(2, 1).Blob(3, Serialized(event)).Run("insert event"));
@@ -336,11 +335,8 @@ absl::StatusOr<v1::JobEvent> JobStore::Append(const std::string& job_id, v1::Job
   Statement write(db_, "UPDATE jobs SET job = ? WHERE seq = ?");
   MUONMESH_RETURN_IF_ERROR(write.Blob(1, Serialized(job)).Int(2, row.seq).Run("update job"));
   Statement ev(db_, "INSERT INTO events(seq, idx, event) VALUES(?, ?, ?)");
-  if (absl::Status s =
-          ev.Int(1, row.seq).Int(2, event.index()).Blob(3, Serialized(event)).Run("insert event");
-      !s.ok()) {
-    return s;
-  }
+  MUONMESH_RETURN_IF_ERROR(
+      ev.Int(1, row.seq).Int(2, event.index()).Blob(3, Serialized(event)).Run("insert event"));
   MUONMESH_RETURN_IF_ERROR(tx.Commit());
   rows_[by_id_.at(job_id)].job = std::move(job);
   return event;

@@ -413,11 +413,8 @@ absl::Status MoeMlp::ForwardPass(UnitAccess& units, absl::Span<const int64_t> sa
     send_[j * row] = static_cast<float>(expert[s] % local);
     std::copy_n(h_.data() + s * d, d, send_.data() + j * row + 1);
   }
-  if (absl::Status st =
-          units.ExchangeTokens(send_.data(), send_counts, recv_.data(), recv_counts);
-      !st.ok()) {
-    return st;
-  }
+  MUONMESH_RETURN_IF_ERROR(
+      units.ExchangeTokens(send_.data(), send_counts, recv_.data(), recv_counts));
 
   // Expert side: group the received tokens by local expert.
   ex_local_.resize(received);
@@ -461,11 +458,8 @@ absl::Status MoeMlp::ForwardPass(UnitAccess& units, absl::Span<const int64_t> sa
     send_counts[q] = send_tokens_[q] * d;
     recv_counts[q] = recv_tokens_[q] * d;
   }
-  if (absl::Status st =
-          units.ExchangeTokens(recv_.data(), recv_counts, send_.data(), send_counts);
-      !st.ok()) {
-    return st;
-  }
+  MUONMESH_RETURN_IF_ERROR(
+      units.ExchangeTokens(recv_.data(), recv_counts, send_.data(), send_counts));
   held1.Release();
   o_.resize(n * d);
   z_.resize(n * d);
@@ -560,11 +554,8 @@ absl::StatusOr<double> MoeMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAcces
     const int64_t s = order[j];
     for (int64_t k = 0; k < d; ++k) send_[j * d + k] = routing_.gate[s] * dz[s * d + k];
   }
-  if (absl::Status st =
-          units.ExchangeTokens(send_.data(), send_counts, recv_.data(), recv_counts);
-      !st.ok()) {
-    return st;
-  }
+  MUONMESH_RETURN_IF_ERROR(
+      units.ExchangeTokens(send_.data(), send_counts, recv_.data(), recv_counts));
   absl::StatusOr<absl::Span<float* const>> g = units.GradientBuffers(1);
   MUONMESH_RETURN_IF_ERROR(g.status());
   MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(*g, 1, "gradients"));
@@ -601,11 +592,8 @@ absl::StatusOr<double> MoeMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAcces
   for (int64_t i = 0; i < received; ++i) {
     std::copy_n(ex_do.data() + i * d, d, recv_.data() + static_cast<int64_t>(ex_order_[i]) * d);
   }
-  if (absl::Status st =
-          units.ExchangeTokens(recv_.data(), recv_counts, send_.data(), send_counts);
-      !st.ok()) {
-    return st;
-  }
+  MUONMESH_RETURN_IF_ERROR(
+      units.ExchangeTokens(recv_.data(), recv_counts, send_.data(), send_counts));
   std::vector<float> dh(dz);
   for (int64_t j = 0; j < n; ++j) {
     const int64_t s = order[j];
