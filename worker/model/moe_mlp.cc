@@ -335,50 +335,54 @@ absl::StatusOr<double> MoeMlp::ForwardBackward(int64_t step,
 
 absl::Status MoeMlp::ForwardPass(UnitAccess& units, absl::Span<const int64_t> samples) {
   const int64_t n = static_cast<int64_t>(samples.size());
+  const int ep = units.expert_parallel_size();
+  if (ep < 1 || dims_.num_experts % ep != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("moe_mlp: num_experts ", dims_.num_experts,
+                                                   " does not split over ", ep,
+                                                   " expert-parallel groups"));
+  }
+  MUONMESH_RETURN_IF_ERROR(InputLayer(units, samples));
+  {
+    absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(1);
+    MUONMESH_RETURN_IF_ERROR(p.status());
+    Held held1(units, 1);
+    MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(*p, 1, "parameters"));
+    MUONMESH_RETURN_IF_ERROR(DispatchTokens(units, n, (*p)[0]));
+    RunExperts((*p)[1], (*p)[2]);
+    MUONMESH_RETURN_IF_ERROR(CombineExpertOutputs(units, n));
+  }
+  return OutputLayer(units, n);
+}
+
+absl::Status MoeMlp::InputLayer(UnitAccess& units, absl::Span<const int64_t> samples) {
+  const int64_t n = static_cast<int64_t>(samples.size());
   const int64_t d_in = dims_.d_in;
   const int64_t d = dims_.d_model;
-  const int64_t de = dims_.d_expert;
-  const int64_t e_total = dims_.num_experts;
-  const int64_t d_out = dims_.d_out;
-  const int ep = units.expert_parallel_size();
-  if (ep < 1 || e_total % ep != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "moe_mlp: num_experts ", e_total, " does not split over ", ep, " expert-parallel groups"));
-  }
-  const int64_t local = e_total / ep;
-
-  // Input layer.
   xs_.resize(n * d_in);
   for (int64_t s = 0; s < n; ++s) {
     std::copy_n(x_.data() + samples[s] * d_in, d_in, xs_.data() + s * d_in);
   }
-  {
-    absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(0);
-    MUONMESH_RETURN_IF_ERROR(p.status());
-    Held held(units, 0);
-    MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(*p, 0, "parameters"));
-    h_.resize(n * d);
-    Gemm(false, true, n, d, d_in, 1.0f, xs_.data(), (*p)[0], 0.0f, h_.data());
-    for (int64_t s = 0; s < n; ++s) {
-      for (int64_t j = 0; j < d; ++j) h_[s * d + j] = std::tanh(h_[s * d + j] + (*p)[1][j]);
-    }
-  }
-
-  // Router, dispatch, experts, combine.
-  absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(1);
+  absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(0);
   MUONMESH_RETURN_IF_ERROR(p.status());
-  Held held1(units, 1);
-  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(*p, 1, "parameters"));
-  const float* w_router = (*p)[0];
-  const float* w1 = (*p)[1];
-  const float* w2 = (*p)[2];
+  Held held(units, 0);
+  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(*p, 0, "parameters"));
+  h_.resize(n * d);
+  Gemm(false, true, n, d, d_in, 1.0f, xs_.data(), (*p)[0], 0.0f, h_.data());
+  for (int64_t s = 0; s < n; ++s) {
+    for (int64_t j = 0; j < d; ++j) h_[s * d + j] = std::tanh(h_[s * d + j] + (*p)[1][j]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoeMlp::DispatchTokens(UnitAccess& units, int64_t n, const float* w_router) {
+  const int64_t d = dims_.d_model;
+  const int64_t e_total = dims_.num_experts;
+  const int ep = units.expert_parallel_size();
+  const int64_t local = e_total / ep;
   g_.resize(n * e_total);
   Gemm(false, true, n, e_total, d, 1.0f, h_.data(), w_router, 0.0f, g_.data());
   RouteTokens(g_.data(), n, e_total, &routing_);
   const std::vector<int64_t>& per_expert = routing_.per_expert;
-  const std::vector<int32_t>& expert = routing_.expert;
-  const std::vector<float>& gate = routing_.gate;
-  const std::vector<int64_t>& order = routing_.order;
   send_tokens_.assign(ep, 0);
   for (int q = 0; q < ep; ++q) {
     send_tokens_[q] = per_expert[(q + 1) * local] - per_expert[q * local];
@@ -409,8 +413,8 @@ absl::Status MoeMlp::ForwardPass(UnitAccess& units, absl::Span<const int64_t> sa
   send_.resize(std::max<int64_t>(n * row, 1));
   recv_.resize(std::max<int64_t>(received * row, 1));
   for (int64_t j = 0; j < n; ++j) {
-    const int64_t s = order[j];
-    send_[j * row] = static_cast<float>(expert[s] % local);
+    const int64_t s = routing_.order[j];
+    send_[j * row] = static_cast<float>(routing_.expert[s] % local);
     std::copy_n(h_.data() + s * d, d, send_.data() + j * row + 1);
   }
   MUONMESH_RETURN_IF_ERROR(
@@ -430,17 +434,23 @@ absl::Status MoeMlp::ForwardPass(UnitAccess& units, absl::Span<const int64_t> sa
   }
   for (int64_t l = 0; l < local; ++l) ex_begin_[l + 1] += ex_begin_[l];
   ex_order_.resize(received);
-  {
-    std::vector<int64_t> next(ex_begin_.begin(), ex_begin_.end() - 1);
-    for (int64_t r = 0; r < received; ++r) ex_order_[next[ex_local_[r]]++] = static_cast<int32_t>(r);
-  }
+  std::vector<int64_t> next(ex_begin_.begin(), ex_begin_.end() - 1);
+  for (int64_t r = 0; r < received; ++r) ex_order_[next[ex_local_[r]]++] = static_cast<int32_t>(r);
   ex_h_.resize(std::max<int64_t>(received * d, 1));
-  ex_a_.resize(std::max<int64_t>(received * de, 1));
-  std::vector<float> ex_o(std::max<int64_t>(received * d, 1));
   for (int64_t i = 0; i < received; ++i) {
     std::copy_n(recv_.data() + static_cast<int64_t>(ex_order_[i]) * row + 1, d,
                 ex_h_.data() + i * d);
   }
+  return absl::OkStatus();
+}
+
+void MoeMlp::RunExperts(const float* w1, const float* w2) {
+  const int64_t d = dims_.d_model;
+  const int64_t de = dims_.d_expert;
+  const int64_t local = static_cast<int64_t>(ex_begin_.size()) - 1;
+  const int64_t received = static_cast<int64_t>(ex_local_.size());
+  ex_a_.resize(std::max<int64_t>(received * de, 1));
+  std::vector<float> ex_o(std::max<int64_t>(received * d, 1));
   for (int64_t l = 0; l < local; ++l) {
     const int64_t b = ex_begin_[l];
     const int64_t c = ex_begin_[l + 1] - b;
@@ -454,24 +464,35 @@ absl::Status MoeMlp::ForwardPass(UnitAccess& units, absl::Span<const int64_t> sa
   for (int64_t i = 0; i < received; ++i) {
     std::copy_n(ex_o.data() + i * d, d, recv_.data() + static_cast<int64_t>(ex_order_[i]) * d);
   }
+}
+
+absl::Status MoeMlp::CombineExpertOutputs(UnitAccess& units, int64_t n) {
+  const int64_t d = dims_.d_model;
+  const int ep = units.expert_parallel_size();
+  std::vector<int64_t> send_counts(ep), recv_counts(ep);
   for (int q = 0; q < ep; ++q) {
     send_counts[q] = send_tokens_[q] * d;
     recv_counts[q] = recv_tokens_[q] * d;
   }
   MUONMESH_RETURN_IF_ERROR(
       units.ExchangeTokens(recv_.data(), recv_counts, send_.data(), send_counts));
-  held1.Release();
   o_.resize(n * d);
   z_.resize(n * d);
   for (int64_t j = 0; j < n; ++j) {
-    const int64_t s = order[j];
-    std::copy_n(send_.data() + j * d, d, o_.data() + s * d);
+    std::copy_n(send_.data() + j * d, d, o_.data() + routing_.order[j] * d);
   }
   for (int64_t s = 0; s < n; ++s) {
-    for (int64_t k = 0; k < d; ++k) z_[s * d + k] = h_[s * d + k] + gate[s] * o_[s * d + k];
+    for (int64_t k = 0; k < d; ++k) {
+      z_[s * d + k] = h_[s * d + k] + routing_.gate[s] * o_[s * d + k];
+    }
   }
+  return absl::OkStatus();
+}
 
-  // Output layer (stays acquired for the backward pass).
+absl::Status MoeMlp::OutputLayer(UnitAccess& units, int64_t n) {
+  const int64_t d = dims_.d_model;
+  const int64_t d_out = dims_.d_out;
+  // Stays acquired for the backward pass.
   absl::StatusOr<absl::Span<const float* const>> out = units.Acquire(2);
   MUONMESH_RETURN_IF_ERROR(out.status());
   if (absl::Status st = CheckUnitTensors(*out, 2, "parameters"); !st.ok()) {
@@ -492,18 +513,33 @@ absl::StatusOr<double> MoeMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAcces
   MUONMESH_RETURN_IF_ERROR(CheckSamples(samples));
   MUONMESH_RETURN_IF_ERROR(ForwardPass(units, samples));
   const int64_t n = static_cast<int64_t>(samples.size());
-  const int64_t d_in = dims_.d_in;
-  const int64_t d = dims_.d_model;
-  const int64_t de = dims_.d_expert;
-  const int64_t e_total = dims_.num_experts;
-  const int64_t d_out = dims_.d_out;
-  const int ep = units.expert_parallel_size();
-  const int64_t local = e_total / ep;
-  const int64_t received = static_cast<int64_t>(ex_local_.size());
+  std::vector<float> dz;
+  absl::StatusOr<double> loss = OutputBackward(units, samples, &dz);
+  MUONMESH_RETURN_IF_ERROR(loss.status());
+  std::vector<float> dh;
+  MUONMESH_RETURN_IF_ERROR(ExpertsBackward(units, n, dz, &dh));
 
-  // Output layer: loss, dL/dy, its gradients, dL/dz.
+  // Input layer: through tanh, then its gradients (its parameters are not
+  // needed).
+  const int64_t d = dims_.d_model;
+  for (int64_t k = 0; k < n * d; ++k) dh[k] *= 1.0f - h_[k] * h_[k];
+  absl::StatusOr<absl::Span<float* const>> g0 = units.GradientBuffers(0);
+  MUONMESH_RETURN_IF_ERROR(g0.status());
+  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(*g0, 0, "gradients"));
+  Gemm(true, false, d, dims_.d_in, n, 1.0f, dh.data(), xs_.data(), 0.0f, (*g0)[0]);
+  ColumnSums(dh.data(), n, d, (*g0)[1]);
+  MUONMESH_RETURN_IF_ERROR(units.Commit(0));
+  return *loss;
+}
+
+absl::StatusOr<double> MoeMlp::OutputBackward(UnitAccess& units,
+                                              absl::Span<const int64_t> samples,
+                                              std::vector<float>* dz) {
+  const int64_t n = static_cast<int64_t>(samples.size());
+  const int64_t d = dims_.d_model;
+  const int64_t d_out = dims_.d_out;
+  // Loss, dL/dy, the output layer's gradients, dL/dz.
   Held held2(units, 2);  // acquired by ForwardPass
-  const float* w_out = out_params_[0];
   const double denom = static_cast<double>(n) * static_cast<double>(d_out);
   double loss_sum = 0.0;
   std::vector<float> dy(n * d_out);
@@ -516,26 +552,26 @@ absl::StatusOr<double> MoeMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAcces
       dy[s * d_out + o] = static_cast<float>(diff * 2.0 / denom);
     }
   }
-  std::vector<float> dz(n * d);
-  {
-    absl::StatusOr<absl::Span<float* const>> g = units.GradientBuffers(2);
-    MUONMESH_RETURN_IF_ERROR(g.status());
-    MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(*g, 2, "gradients"));
-    Gemm(true, false, d_out, d, n, 1.0f, dy.data(), z_.data(), 0.0f, (*g)[0]);
-    ColumnSums(dy.data(), n, d_out, (*g)[1]);
-    Gemm(false, false, n, d, d_out, 1.0f, dy.data(), w_out, 0.0f, dz.data());
-    MUONMESH_RETURN_IF_ERROR(units.Commit(2));
-  }
-  held2.Release();
+  dz->assign(n * d, 0.0f);
+  absl::StatusOr<absl::Span<float* const>> g = units.GradientBuffers(2);
+  MUONMESH_RETURN_IF_ERROR(g.status());
+  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(*g, 2, "gradients"));
+  Gemm(true, false, d_out, d, n, 1.0f, dy.data(), z_.data(), 0.0f, (*g)[0]);
+  ColumnSums(dy.data(), n, d_out, (*g)[1]);
+  Gemm(false, false, n, d, d_out, 1.0f, dy.data(), out_params_[0], 0.0f, dz->data());
+  MUONMESH_RETURN_IF_ERROR(units.Commit(2));
+  return loss_sum / denom;
+}
 
-  // Mixture of experts.
+absl::Status MoeMlp::ExpertsBackward(UnitAccess& units, int64_t n, const std::vector<float>& dz,
+                                     std::vector<float>* dh) {
+  const int64_t d = dims_.d_model;
+  const int64_t e_total = dims_.num_experts;
+  const int ep = units.expert_parallel_size();
   absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(1);
   MUONMESH_RETURN_IF_ERROR(p.status());
   Held held1(units, 1);
   MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(*p, 1, "parameters"));
-  const float* w_router = (*p)[0];
-  const float* w1 = (*p)[1];
-  const float* w2 = (*p)[2];
   std::vector<double> dgate(n);
   for (int64_t s = 0; s < n; ++s) {
     double sum = 0.0;
@@ -559,9 +595,27 @@ absl::StatusOr<double> MoeMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAcces
   absl::StatusOr<absl::Span<float* const>> g = units.GradientBuffers(1);
   MUONMESH_RETURN_IF_ERROR(g.status());
   MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(*g, 1, "gradients"));
-  float* gw_router = (*g)[0];
-  float* gw1 = (*g)[1];
-  float* gw2 = (*g)[2];
+  ExpertGradients(ep, (*p)[1], (*p)[2], (*g)[1], (*g)[2]);
+  MUONMESH_RETURN_IF_ERROR(
+      units.ExchangeTokens(recv_.data(), recv_counts, send_.data(), send_counts));
+  *dh = dz;
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t s = order[j];
+    for (int64_t k = 0; k < d; ++k) (*dh)[s * d + k] += send_[j * d + k];
+  }
+  // Router: dL/dlogit_j = g_e (delta_je - g_j) dL/dg_e.
+  std::vector<float> dlogits(n * e_total);
+  RouterLogitGradient(g_.data(), routing_, dgate.data(), n, e_total, dlogits.data());
+  Gemm(true, false, e_total, d, n, 1.0f, dlogits.data(), h_.data(), 0.0f, (*g)[0]);
+  Gemm(false, false, n, d, e_total, 1.0f, dlogits.data(), (*p)[0], 1.0f, dh->data());
+  return units.Commit(1);
+}
+
+void MoeMlp::ExpertGradients(int ep, const float* w1, const float* w2, float* gw1, float* gw2) {
+  const int64_t d = dims_.d_model;
+  const int64_t de = dims_.d_expert;
+  const int64_t local = static_cast<int64_t>(ex_begin_.size()) - 1;
+  const int64_t received = static_cast<int64_t>(ex_local_.size());
   // Expert gradients are with respect to the mean loss of the EP ranks.
   const float alpha = 1.0f / static_cast<float>(ep);
   std::vector<float> ex_do(std::max<int64_t>(received * d, 1));
@@ -592,31 +646,6 @@ absl::StatusOr<double> MoeMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAcces
   for (int64_t i = 0; i < received; ++i) {
     std::copy_n(ex_do.data() + i * d, d, recv_.data() + static_cast<int64_t>(ex_order_[i]) * d);
   }
-  MUONMESH_RETURN_IF_ERROR(
-      units.ExchangeTokens(recv_.data(), recv_counts, send_.data(), send_counts));
-  std::vector<float> dh(dz);
-  for (int64_t j = 0; j < n; ++j) {
-    const int64_t s = order[j];
-    for (int64_t k = 0; k < d; ++k) dh[s * d + k] += send_[j * d + k];
-  }
-  // Router: dL/dlogit_j = g_e (delta_je - g_j) dL/dg_e.
-  std::vector<float> dlogits(n * e_total);
-  RouterLogitGradient(g_.data(), routing_, dgate.data(), n, e_total, dlogits.data());
-  Gemm(true, false, e_total, d, n, 1.0f, dlogits.data(), h_.data(), 0.0f, gw_router);
-  Gemm(false, false, n, d, e_total, 1.0f, dlogits.data(), w_router, 1.0f, dh.data());
-  MUONMESH_RETURN_IF_ERROR(units.Commit(1));
-  held1.Release();
-
-  // Input layer: through tanh, then its gradients (its parameters are not
-  // needed).
-  for (int64_t k = 0; k < n * d; ++k) dh[k] *= 1.0f - h_[k] * h_[k];
-  absl::StatusOr<absl::Span<float* const>> g0 = units.GradientBuffers(0);
-  MUONMESH_RETURN_IF_ERROR(g0.status());
-  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(*g0, 0, "gradients"));
-  Gemm(true, false, d, d_in, n, 1.0f, dh.data(), xs_.data(), 0.0f, (*g0)[0]);
-  ColumnSums(dh.data(), n, d, (*g0)[1]);
-  MUONMESH_RETURN_IF_ERROR(units.Commit(0));
-  return loss_sum / denom;
 }
 
 }  // namespace muonmesh::worker

@@ -163,6 +163,23 @@ class MoeMlp final : public Workload {
   // acquired on success); fills the scratch below. Releases what it holds
   // on error.
   absl::Status ForwardPass(UnitAccess& units, absl::Span<const int64_t> samples);
+  // Its phases: the input layer (h), routing and sending the tokens to their
+  // experts' ranks (grouped there by local expert), the experts, their
+  // outputs sent back and gated (o, z), and the output layer (y).
+  absl::Status InputLayer(UnitAccess& units, absl::Span<const int64_t> samples);
+  absl::Status DispatchTokens(UnitAccess& units, int64_t n, const float* w_router);
+  void RunExperts(const float* w1, const float* w2);
+  absl::Status CombineExpertOutputs(UnitAccess& units, int64_t n);
+  absl::Status OutputLayer(UnitAccess& units, int64_t n);
+
+  // The backward pass after ForwardPass, by unit: the loss and the output
+  // layer's gradients (dL/dz out), then the mixture's (dL/dh out, the
+  // tokens' gradients travelling back to their ranks), the experts' own.
+  absl::StatusOr<double> OutputBackward(UnitAccess& units, absl::Span<const int64_t> samples,
+                                        std::vector<float>* dz);
+  absl::Status ExpertsBackward(UnitAccess& units, int64_t n, const std::vector<float>& dz,
+                               std::vector<float>* dh);
+  void ExpertGradients(int ep, const float* w1, const float* w2, float* gw1, float* gw2);
 
   MoeMlpDims dims_;
   std::vector<float> x_;
