@@ -234,6 +234,103 @@ std::string ParseDouble(absl::string_view text, absl::string_view type_name,
 
 // Appends one step to a field path for as long as it is alive: a field name
 // (after a '.'), an index "[3]" or a map key "[\"k\"]".
+// Each of these sets a singular scalar field from `text`, or appends it to
+// a repeated one, and returns "" or why `text` is no value of the field.
+std::string SetInteger(absl::string_view text, const FieldDescriptor& field, Message* msg) {
+  const Reflection& r = *msg->GetReflection();
+  const bool repeated = field.is_repeated();
+  std::uint64_t bits = 0;
+  std::string why;
+  switch (field.cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT32:
+      why = ParseInteger(text, "int32", INT32_MAX, std::uint64_t{INT32_MAX} + 1, &bits);
+      if (!why.empty()) break;
+      repeated ? r.AddInt32(msg, &field, static_cast<std::int32_t>(bits))
+               : r.SetInt32(msg, &field, static_cast<std::int32_t>(bits));
+      break;
+    case FieldDescriptor::CPPTYPE_INT64:
+      why = ParseInteger(text, "int64", INT64_MAX, std::uint64_t{INT64_MAX} + 1, &bits);
+      if (!why.empty()) break;
+      repeated ? r.AddInt64(msg, &field, static_cast<std::int64_t>(bits))
+               : r.SetInt64(msg, &field, static_cast<std::int64_t>(bits));
+      break;
+    case FieldDescriptor::CPPTYPE_UINT32:
+      why = ParseInteger(text, "uint32", UINT32_MAX, 0, &bits);
+      if (!why.empty()) break;
+      repeated ? r.AddUInt32(msg, &field, static_cast<std::uint32_t>(bits))
+               : r.SetUInt32(msg, &field, static_cast<std::uint32_t>(bits));
+      break;
+    default:
+      why = ParseInteger(text, "uint64", UINT64_MAX, 0, &bits);
+      if (!why.empty()) break;
+      repeated ? r.AddUInt64(msg, &field, bits) : r.SetUInt64(msg, &field, bits);
+      break;
+  }
+  return why;
+}
+
+std::string SetFloating(absl::string_view text, const FieldDescriptor& field, Message* msg) {
+  const Reflection& r = *msg->GetReflection();
+  const bool repeated = field.is_repeated();
+  const bool is_float = field.cpp_type() == FieldDescriptor::CPPTYPE_FLOAT;
+  double v = 0;
+  std::string why = ParseDouble(text, field.type_name(),
+                                is_float ? std::numeric_limits<float>::max()
+                                         : std::numeric_limits<double>::max(),
+                                &v);
+  if (!why.empty()) return why;
+  if (is_float) {
+    const auto f = static_cast<float>(v);
+    repeated ? r.AddFloat(msg, &field, f) : r.SetFloat(msg, &field, f);
+  } else {
+    repeated ? r.AddDouble(msg, &field, v) : r.SetDouble(msg, &field, v);
+  }
+  return "";
+}
+
+// An enum by name or, as proto3 JSON allows, by number.
+std::string SetEnum(absl::string_view text, const FieldDescriptor& field, Message* msg) {
+  const EnumValueDescriptor* v = field.enum_type()->FindValueByName(std::string(text));
+  if (std::uint64_t bits = 0;
+      v == nullptr &&
+      ParseInteger(text, "int32", INT32_MAX, std::uint64_t{INT32_MAX} + 1, &bits).empty()) {
+    v = field.enum_type()->FindValueByNumber(static_cast<std::int32_t>(bits));
+  }
+  if (v == nullptr) {
+    std::vector<std::string> names;
+    for (int i = 0; i < field.enum_type()->value_count(); ++i) {
+      names.push_back(field.enum_type()->value(i)->name());
+    }
+    std::string why = absl::StrCat("unknown value ", Quote(text), " for ", TypeName(field));
+    if (const std::string s = ClosestName(text, names); !s.empty()) {
+      absl::StrAppend(&why, "; did you mean \"", s, "\"?");
+    }
+    return why;
+  }
+  const Reflection& r = *msg->GetReflection();
+  field.is_repeated() ? r.AddEnum(msg, &field, v) : r.SetEnum(msg, &field, v);
+  return "";
+}
+
+// A string (valid UTF-8) or bytes (base64, as proto3 JSON writes them,
+// either alphabet).
+std::string SetString(absl::string_view text, const FieldDescriptor& field, Message* msg) {
+  std::string value;
+  if (field.type() == FieldDescriptor::TYPE_BYTES) {
+    if (!absl::Base64Unescape(text, &value) && !absl::WebSafeBase64Unescape(text, &value)) {
+      return absl::StrCat("expected base64 (bytes), got ", Quote(text));
+    }
+  } else if (!IsValidUtf8(text)) {
+    return "string is not valid UTF-8";
+  } else {
+    value = std::string(text);
+  }
+  const Reflection& r = *msg->GetReflection();
+  field.is_repeated() ? r.AddString(msg, &field, std::move(value))
+                      : r.SetString(msg, &field, std::move(value));
+  return "";
+}
+
 class PathScope {
  public:
   enum Kind { kField, kIndex };
@@ -457,8 +554,6 @@ class MessageFiller {
                    absl::StrCat("expected a scalar (", TypeName(field), "), got ", Describe(node)));
     }
     MUONMESH_RETURN_IF_ERROR(Charge(node));
-    const Reflection& r = *msg->GetReflection();
-    const bool repeated = field.is_repeated();
     const absl::string_view text = doc_.Scalar(node);
     const bool number_quoted = !node.plain && !is_map_key;
     std::string why;
@@ -466,109 +561,32 @@ class MessageFiller {
       case FieldDescriptor::CPPTYPE_INT32:
       case FieldDescriptor::CPPTYPE_INT64:
       case FieldDescriptor::CPPTYPE_UINT32:
-      case FieldDescriptor::CPPTYPE_UINT64: {
-        if (number_quoted) {
-          why = QuotedNumberReason("an integer", field.type_name(), text);
-          break;
-        }
-        std::uint64_t bits = 0;
-        switch (field.cpp_type()) {
-          case FieldDescriptor::CPPTYPE_INT32:
-            why = ParseInteger(text, "int32", INT32_MAX, std::uint64_t{INT32_MAX} + 1, &bits);
-            if (!why.empty()) break;
-            repeated ? r.AddInt32(msg, &field, static_cast<std::int32_t>(bits))
-                     : r.SetInt32(msg, &field, static_cast<std::int32_t>(bits));
-            break;
-          case FieldDescriptor::CPPTYPE_INT64:
-            why = ParseInteger(text, "int64", INT64_MAX, std::uint64_t{INT64_MAX} + 1, &bits);
-            if (!why.empty()) break;
-            repeated ? r.AddInt64(msg, &field, static_cast<std::int64_t>(bits))
-                     : r.SetInt64(msg, &field, static_cast<std::int64_t>(bits));
-            break;
-          case FieldDescriptor::CPPTYPE_UINT32:
-            why = ParseInteger(text, "uint32", UINT32_MAX, 0, &bits);
-            if (!why.empty()) break;
-            repeated ? r.AddUInt32(msg, &field, static_cast<std::uint32_t>(bits))
-                     : r.SetUInt32(msg, &field, static_cast<std::uint32_t>(bits));
-            break;
-          default:
-            why = ParseInteger(text, "uint64", UINT64_MAX, 0, &bits);
-            if (!why.empty()) break;
-            repeated ? r.AddUInt64(msg, &field, bits) : r.SetUInt64(msg, &field, bits);
-            break;
-        }
+      case FieldDescriptor::CPPTYPE_UINT64:
+        why = number_quoted ? QuotedNumberReason("an integer", field.type_name(), text)
+                            : SetInteger(text, field, msg);
         break;
-      }
       case FieldDescriptor::CPPTYPE_DOUBLE:
-      case FieldDescriptor::CPPTYPE_FLOAT: {
-        if (number_quoted) {
-          why = QuotedNumberReason("a finite number", field.type_name(), text);
-          break;
-        }
-        const bool is_float = field.cpp_type() == FieldDescriptor::CPPTYPE_FLOAT;
-        double v = 0;
-        why = ParseDouble(text, field.type_name(),
-                          is_float ? std::numeric_limits<float>::max()
-                                   : std::numeric_limits<double>::max(),
-                          &v);
-        if (!why.empty()) break;
-        if (is_float) {
-          const auto f = static_cast<float>(v);
-          repeated ? r.AddFloat(msg, &field, f) : r.SetFloat(msg, &field, f);
-        } else {
-          repeated ? r.AddDouble(msg, &field, v) : r.SetDouble(msg, &field, v);
-        }
+      case FieldDescriptor::CPPTYPE_FLOAT:
+        why = number_quoted ? QuotedNumberReason("a finite number", field.type_name(), text)
+                            : SetFloating(text, field, msg);
         break;
-      }
-      case FieldDescriptor::CPPTYPE_BOOL: {
+      case FieldDescriptor::CPPTYPE_BOOL:
         // Only JSON's spellings: YAML 1.1's yes/no/on/off are a known trap.
         if (number_quoted || (text != "true" && text != "false")) {
           why = absl::StrCat("expected true or false, got ",
                              node.plain ? "" : "the quoted string ", Quote(text));
-          break;
-        }
-        repeated ? r.AddBool(msg, &field, text == "true") : r.SetBool(msg, &field, text == "true");
-        break;
-      }
-      case FieldDescriptor::CPPTYPE_ENUM: {
-        const EnumValueDescriptor* v = field.enum_type()->FindValueByName(std::string(text));
-        if (std::uint64_t bits = 0;
-            v == nullptr &&
-            ParseInteger(text, "int32", INT32_MAX, std::uint64_t{INT32_MAX} + 1, &bits).empty()) {
-          v = field.enum_type()->FindValueByNumber(static_cast<std::int32_t>(bits));
-        }
-        if (v == nullptr) {
-          std::vector<std::string> names;
-          for (int i = 0; i < field.enum_type()->value_count(); ++i) {
-            names.push_back(field.enum_type()->value(i)->name());
-          }
-          why = absl::StrCat("unknown value ", Quote(text), " for ", TypeName(field));
-          if (const std::string s = ClosestName(text, names); !s.empty()) {
-            absl::StrAppend(&why, "; did you mean \"", s, "\"?");
-          }
-          break;
-        }
-        repeated ? r.AddEnum(msg, &field, v) : r.SetEnum(msg, &field, v);
-        break;
-      }
-      case FieldDescriptor::CPPTYPE_STRING: {
-        std::string value;
-        if (field.type() == FieldDescriptor::TYPE_BYTES) {
-          // proto3 JSON writes bytes as base64 (either alphabet).
-          if (!absl::Base64Unescape(text, &value) && !absl::WebSafeBase64Unescape(text, &value)) {
-            why = absl::StrCat("expected base64 (bytes), got ", Quote(text));
-            break;
-          }
-        } else if (!IsValidUtf8(text)) {
-          why = "string is not valid UTF-8";
-          break;
+        } else if (field.is_repeated()) {
+          msg->GetReflection()->AddBool(msg, &field, text == "true");
         } else {
-          value = std::string(text);
+          msg->GetReflection()->SetBool(msg, &field, text == "true");
         }
-        repeated ? r.AddString(msg, &field, std::move(value))
-                 : r.SetString(msg, &field, std::move(value));
         break;
-      }
+      case FieldDescriptor::CPPTYPE_ENUM:
+        why = SetEnum(text, field, msg);
+        break;
+      case FieldDescriptor::CPPTYPE_STRING:
+        why = SetString(text, field, msg);
+        break;
       case FieldDescriptor::CPPTYPE_MESSAGE:
         why = absl::StrCat("expected a mapping (", TypeName(field), ")");  // unreachable
         break;
