@@ -206,10 +206,11 @@ std::string FormatCount(int64_t n) {
   return negative ? "-" + out : out;
 }
 
-std::string FormatPlanTable(const std::string& model_name, const v1::Plan& plan) {
+namespace {
+
+// Strategy, owners and the two meshes.
+std::string HeadSection(const v1::Plan& plan) {
   const v1::PlanSummary& s = plan.summary();
-  std::string out = absl::StrCat("Plan: ", model_name.empty() ? "(unnamed model)" : model_name,
-                                 " on ", plan.world_size(), " ranks\n");
   TextTable head("ll");
   head.Add({"strategy", StrategyLine(plan)});
   head.Add({"owners", absl::StrFormat("%s, %d Newton-Schulz steps, %s per byte of owner traffic",
@@ -224,9 +225,11 @@ std::string FormatPlanTable(const std::string& model_name, const v1::Plan& plan)
   } else {
     head.Add({"expert mesh", "none (no expert parameters)"});
   }
-  absl::StrAppend(&out, head.Render(2));
+  return head.Render(2);
+}
 
-  absl::StrAppend(&out, "\nPer-axis placements (parameter, gradient, optimizer state)\n");
+std::string PlacementsSection(const v1::Plan& plan) {
+  std::string out = "\nPer-axis placements (parameter, gradient, optimizer state)\n";
   TextTable placements("llrllll");
   placements.Add({"mesh", "axis", "size", "strategy", "param", "grad", "optimizer"});
   for (const v1::AxisPlacement& p : plan.placements()) {
@@ -234,12 +237,14 @@ std::string FormatPlanTable(const std::string& model_name, const v1::Plan& plan)
                     p.optimizer()});
   }
   absl::StrAppend(&out, placements.Render(2));
+  return out;
+}
 
-  absl::StrAppend(&out, "\nSummary\n");
-  TextTable summary("ll");
-  summary.Add({"parameters", FormatCount(s.parameters())});
-  summary.Add({"padding", absl::StrCat(FormatCount(s.padding_elements()), " elements (",
-                                       Percent(s.padding_fraction()), " of parameters)")});
+// The summary's Muon rows: each mesh's makespan against its bound, the
+// worst, and the joint critical path against the joint bounds.
+void AddMuonRows(const v1::Plan& plan, TextTable* summary_table) {
+  const v1::PlanSummary& s = plan.summary();
+  TextTable& summary = *summary_table;
   // Domains of one mesh share one owner assignment: report each mesh once.
   std::map<std::string, std::vector<const v1::DomainSummary*>> by_mesh;
   for (const v1::DomainSummary& d : s.domains()) {
@@ -281,6 +286,16 @@ std::string FormatPlanTable(const std::string& model_name, const v1::Plan& plan)
     }
     summary.Add({"Muon critical path", joint});
   }
+}
+
+std::string SummarySection(const v1::Plan& plan) {
+  const v1::PlanSummary& s = plan.summary();
+  std::string out = "\nSummary\n";
+  TextTable summary("ll");
+  summary.Add({"parameters", FormatCount(s.parameters())});
+  summary.Add({"padding", absl::StrCat(FormatCount(s.padding_elements()), " elements (",
+                                       Percent(s.padding_fraction()), " of parameters)")});
+  AddMuonRows(plan, &summary);
   summary.Add(
       {"Muon exchange",
        absl::StrCat(FormatBytes(static_cast<double>(s.muon_exchange_bytes())),
@@ -289,7 +304,10 @@ std::string FormatPlanTable(const std::string& model_name, const v1::Plan& plan)
   summary.Add({"bytes per step", absl::StrCat(FormatBytes(static_cast<double>(s.bytes_per_step())),
                                               " in all collectives (all ranks together)")});
   absl::StrAppend(&out, summary.Render(2));
+  return out;
+}
 
+std::string CollectivesSection(const v1::Plan& plan) {
   TextTable collectives("lllrr");
   collectives.Add({"collective", "mesh", "axis", "per step", "max per rank"});
   for (const v1::CollectiveBytes& c : plan.collectives()) {
@@ -297,8 +315,16 @@ std::string FormatPlanTable(const std::string& model_name, const v1::Plan& plan)
                      FormatBytes(static_cast<double>(c.bytes_per_step())),
                      FormatBytes(static_cast<double>(c.max_rank_bytes()))});
   }
-  absl::StrAppend(&out, collectives.Render(4));
+  return collectives.Render(4);
+}
 
+}  // namespace
+
+std::string FormatPlanTable(const std::string& model_name, const v1::Plan& plan) {
+  std::string out = absl::StrCat("Plan: ", model_name.empty() ? "(unnamed model)" : model_name,
+                                 " on ", plan.world_size(), " ranks\n");
+  absl::StrAppend(&out, HeadSection(plan), PlacementsSection(plan), SummarySection(plan),
+                  CollectivesSection(plan));
   AppendRanks(plan, &out);
   return out;
 }
