@@ -54,7 +54,8 @@ ControlPlane::ControlPlane(const ControlPlaneOptions& options, std::unique_ptr<D
                    [m = metrics_.get()](const std::string& job, double flops) {
                      m->OnAttemptPlanned(job, flops);
                    },
-                   [m = metrics_.get()](const std::string& job) { m->OnAttemptDone(job); }}),
+                   [m = metrics_.get()](const std::string& job) { m->OnAttemptDone(job); },
+                   [m = metrics_.get()](const std::string&, double s) { m->OnRecovered(s); }}),
       jobs_service_(&manager_, store_.get()),
       fleet_service_(&fleet_, &manager_),
       store_service_(&rendezvous_) {}

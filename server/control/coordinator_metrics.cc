@@ -92,7 +92,14 @@ CoordinatorMetrics::CoordinatorMetrics(const JobStore* store, const Fleet* fleet
                          .Name("muonmesh_job_step_duration_seconds")
                          .Help("Wall time of a training step on its slowest rank")
                          .Register(*registry_)
-                         .Add({}, Buckets(0.001, 100))) {}
+                         .Add({}, Buckets(0.001, 100))),
+      recovery_(prometheus::BuildHistogram()
+                    .Name("muonmesh_job_recovery_seconds")
+                    .Help("Time from a fault (a rank failed or lost its lease, the coordinator "
+                          "restarted) to the first step every rank of the restarted job "
+                          "finished")
+                    .Register(*registry_)
+                    .Add({}, Buckets(0.1, 10000))) {}
 
 void CoordinatorMetrics::OnRpc(const std::string& method, int code, double seconds) {
   static const prometheus::Histogram::BucketBoundaries kBuckets = Buckets(0.0001, 100);
@@ -103,6 +110,8 @@ void CoordinatorMetrics::OnStep(double slowest_rank_seconds) {
   steps_.Increment();
   step_duration_.Observe(slowest_rank_seconds);
 }
+
+void CoordinatorMetrics::OnRecovered(double seconds) { recovery_.Observe(seconds); }
 
 void CoordinatorMetrics::OnAttemptPlanned(const std::string& job_id, double critical_path_flops) {
   std::lock_guard<std::mutex> lock(mu_);

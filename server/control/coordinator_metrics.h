@@ -14,6 +14,12 @@
 //                                                planned critical path: the
 //                                                Newton-Schulz FLOPs per step
 //                                                of its plan's busiest rank
+//   muonmesh_job_recovery_seconds                histogram, from a fault
+//                                                (a rank failed or lost its
+//                                                lease, the coordinator
+//                                                restarted) to the first step
+//                                                every rank of the restarted
+//                                                job finished
 // The gauges are computed when scraped, from the job store and the fleet
 // (the planned critical path from what OnAttemptPlanned recorded, for the
 // jobs the store has RUNNING);
@@ -52,6 +58,8 @@ class CoordinatorMetrics final : public prometheus::Collectable {
   // (JobManagerOptions::on_attempt_planned, on_attempt_done).
   void OnAttemptPlanned(const std::string& job_id, double critical_path_flops);
   void OnAttemptDone(const std::string& job_id);
+  // JobManagerOptions::on_recovered.
+  void OnRecovered(double seconds);
 
   // What an Exposer registers: this and the registry of counters.
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
@@ -66,6 +74,7 @@ class CoordinatorMetrics final : public prometheus::Collectable {
   prometheus::Family<prometheus::Histogram>& rpc_duration_;
   prometheus::Counter& steps_;
   prometheus::Histogram& step_duration_;
+  prometheus::Histogram& recovery_;
   mutable std::mutex mu_;
   std::map<std::string, double> critical_path_;  // job id -> its attempt's plan
 };

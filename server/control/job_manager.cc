@@ -97,6 +97,7 @@ absl::StatusOr<plan::PlanInput> PlanInputOf(const v1::JobSpec& spec) {
   input.world_size = spec.world_size();
   input.parallelism = ParallelismFromProto(spec.parallelism());
   input.options.owner_assignment = spec.optimizer().owner_assignment();
+  input.options.muon_replica_split = spec.optimizer().muon_replica_split();
   input.options.ns_steps = spec.optimizer().muon().ns_steps();
   input.options.device = spec.device().empty() ? "cpu" : spec.device();
   return input;
@@ -242,6 +243,10 @@ void JobManager::Recover() {
   for (const v1::Job& job : store_.Unfinished()) {
     if (job.state() != v1::JOB_STATE_RUNNING) continue;
     if (job.attempt() < job.spec().training().max_restarts()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        recovering_[job.id()] = clock_.Now();
+      }
       (void)ChangeState(job.id(), v1::JOB_STATE_RESTARTING,
                         "the coordinator restarted; resuming from the newest checkpoint",
                         job.attempt());
@@ -257,6 +262,12 @@ void JobManager::Recover() {
 void JobManager::StepDone(const std::string& job_id, Attempt& a, int64_t step,
                           StepAggregate& agg) {
   if (options_.on_step_done) options_.on_step_done(agg.slowest);
+  if (auto r = recovering_.find(job_id); r != recovering_.end()) {
+    if (options_.on_recovered) {
+      options_.on_recovered(job_id, absl::ToDoubleSeconds(clock_.Now() - r->second));
+    }
+    recovering_.erase(r);
+  }
   // A cancelled job's ranks finish the steps they had begun (the records are
   // kept), but its event log ends with CANCELLED: a watcher has seen the
   // last event, and the job's progress stays as it was when cancelled.
@@ -315,6 +326,7 @@ void JobManager::FailRank(const std::string& job_id, Attempt& a, int32_t rank,
   a.outcome[rank] = kFailed;
   if (!a.failure.empty()) return;
   a.failure = absl::StrCat("rank ", rank, " (worker ", a.workers[rank], "): ", why);
+  a.failed_at = clock_.Now();
   // The others cannot go on without it: tell them to stop (they end at their
   // next step report, or when a collective with the lost rank times out).
   for (size_t r = 0; r < a.workers.size(); ++r) {
@@ -345,6 +357,7 @@ void JobManager::MaybeFinish(const std::string& job_id) {
     return;
   }
   if (done.attempt < job->spec().training().max_restarts()) {
+    recovering_[job_id] = done.failed_at;
     (void)ChangeState(job_id, v1::JOB_STATE_RESTARTING,
                       absl::StrCat("attempt ", done.attempt, " failed: ", done.failure,
                                    "; restarting from the newest checkpoint"),
@@ -416,6 +429,7 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id, const std:
     std::lock_guard<std::mutex> lock(mu_);
     absl::StatusOr<v1::Job> job = store_.Get(job_id);
     MUONMESH_RETURN_IF_ERROR(job.status());
+    recovering_.erase(job_id);
     if (job->state() == v1::JOB_STATE_CANCELLED) return job;
     if (IsFinal(job->state())) {
       return absl::FailedPreconditionError(absl::StrCat(

@@ -53,6 +53,10 @@ struct JobManagerOptions {
   // empty.
   std::function<void(const std::string& job_id, double critical_path_flops)> on_attempt_planned;
   std::function<void(const std::string& job_id)> on_attempt_done;
+  // Called when every rank of a restarted job finished the first step after
+  // a fault, with the seconds since the fault was detected (a rank's failure
+  // or lost lease, or the coordinator's own restart). May be empty.
+  std::function<void(const std::string& job_id, double seconds)> on_recovered;
 };
 
 class JobManager {
@@ -115,6 +119,7 @@ class JobManager {
     bool cancelled = false;
     int64_t stop_at_step = INT64_MAX;
     std::string failure;  // the first failure
+    absl::Time failed_at;  // when it was detected
     std::deque<double> recent_seconds;
   };
 
@@ -140,6 +145,9 @@ class JobManager {
 
   std::mutex mu_;
   std::map<std::string, Attempt> active_;  // job id -> its running attempt
+  // Restarted jobs whose new attempt has not finished a step yet -> when the
+  // fault that ended the previous one was detected.
+  std::map<std::string, absl::Time> recovering_;
 
   std::mutex events_mu_;
   std::condition_variable events_cv_;

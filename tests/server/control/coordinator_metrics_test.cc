@@ -32,7 +32,11 @@ using ::testing::UnorderedElementsAre;
 
 class FakeClock final : public Clock {
  public:
-  absl::Time Now() override { return absl::FromUnixSeconds(1'000'000); }
+  absl::Time Now() override { return now_; }
+  void Advance(absl::Duration d) { now_ += d; }
+
+ private:
+  absl::Time now_ = absl::FromUnixSeconds(1'000'000);
 };
 
 constexpr char kGauge[] = "muonmesh_job_planned_critical_path_flops";
@@ -60,6 +64,7 @@ class CoordinatorMetricsTest : public ::testing::Test {
       m->OnAttemptPlanned(job, flops);
     };
     options.on_attempt_done = [m](const std::string& job) { m->OnAttemptDone(job); };
+    options.on_recovered = [m](const std::string&, double s) { m->OnRecovered(s); };
     manager_ = std::make_unique<JobManager>(store_.get(), fleet_.get(), &rendezvous_, &clock_,
                                             options);
   }
@@ -188,6 +193,50 @@ TEST_F(CoordinatorMetricsTest, ARestartedJobIsPlannedAgainAndAFailedOneDropped) 
   EndRank("w0", job, 1, 0, v1::ATTEMPT_OUTCOME_FAILED);
   ASSERT_EQ(State(job), v1::JOB_STATE_FAILED);
   EXPECT_THAT(Planned(), UnorderedElementsAre());
+}
+
+// Every rank's record of `step` of the job's attempt.
+void ReportStep(JobManager& manager, const std::vector<std::string>& workers,
+                const std::string& job, int32_t attempt, int64_t step) {
+  for (size_t r = 0; r < workers.size(); ++r) {
+    v1::StepRecord record;
+    record.set_rank(static_cast<int32_t>(r));
+    record.set_attempt(attempt);
+    record.set_step(step);
+    record.set_loss(1.0);
+    record.set_step_seconds(0.01);
+    bool stop = false;
+    ASSERT_TRUE(manager.OnStep(workers[r], job, record, &stop).ok());
+  }
+}
+
+TEST_F(CoordinatorMetricsTest, RecoveryTimeRunsFromTheFaultToTheFirstStepAfterIt) {
+  const auto recovery = [&] {
+    for (const prometheus::MetricFamily& f : metrics_->registry()->Collect()) {
+      if (f.name == "muonmesh_job_recovery_seconds") return f.metric.at(0).histogram;
+    }
+    ADD_FAILURE() << "no muonmesh_job_recovery_seconds";
+    return prometheus::ClientMetric::Histogram{};
+  };
+  AddWorker("w0");
+  const std::string job = Submit("recovers", 1, "6, 16, 3", /*max_restarts=*/1);
+  ASSERT_EQ(State(job), v1::JOB_STATE_RUNNING);
+  // Steps without a fault are no recovery.
+  ReportStep(*manager_, {"w0"}, job, 0, 0);
+  EXPECT_EQ(recovery().sample_count, 0u);
+  // The rank fails 2 s later; attempt 1 starts at once on the same worker
+  // and finishes its first step 7.5 s after the failure.
+  clock_.Advance(absl::Seconds(2));
+  EndRank("w0", job, 0, 0, v1::ATTEMPT_OUTCOME_FAILED);
+  ASSERT_EQ(store_->Get(job)->attempt(), 1);
+  clock_.Advance(absl::Milliseconds(7500));
+  ReportStep(*manager_, {"w0"}, job, 1, 0);
+  EXPECT_EQ(recovery().sample_count, 1u);
+  EXPECT_DOUBLE_EQ(recovery().sample_sum, 7.5);
+  // Only the first step after the fault counts.
+  clock_.Advance(absl::Seconds(1));
+  ReportStep(*manager_, {"w0"}, job, 1, 1);
+  EXPECT_EQ(recovery().sample_count, 1u);
 }
 
 TEST_F(CoordinatorMetricsTest, TheScrapePassesPromtool) {
