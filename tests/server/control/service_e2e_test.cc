@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/coordinator_client.h"
@@ -203,6 +204,182 @@ TEST_F(ServiceTest, AKilledWorkerRestartsTheJobFromItsCheckpoint) {
   // Resumed bit for bit: the same weights as a run that never failed.
   RunStandalone(WriteJob(dir_, j, dir_ + "/alone"), 2, dir_ + "/store");
   EXPECT_EQ(ReadAll(dir_ + "/served/final.safetensors"), ReadAll(dir_ + "/alone/final.safetensors"));
+}
+
+// The reasons of the job's state changes, in order, from its event log.
+std::vector<std::string> StateReasons(CoordinatorClient& client, const std::string& id) {
+  std::vector<std::string> reasons;
+  absl::Status watched = client.Watch(id, 0, absl::Minutes(1), [&](const v1::JobEvent& e) {
+    if (e.has_state_change()) {
+      reasons.push_back(absl::StrCat(v1::JobState_Name(e.state_change().state()), ": ",
+                                     e.state_change().reason()));
+    }
+    return true;
+  });
+  EXPECT_TRUE(watched.ok()) << watched;
+  return reasons;
+}
+
+TEST_F(ServiceTest, AStoppedWorkerIsCaughtByItsLeaseAndTheJobResumesExactly) {
+  for (int i = 0; i < 3; ++i) StartWorker(absl::StrCat("w", i));
+  JobText j{"stopped", 2};
+  j.steps = 60;
+  j.checkpoint_every = 5;
+  j.max_restarts = 1;
+  absl::StatusOr<v1::JobSpec> spec = LoadJobForSubmit(WriteJob(dir_, j, dir_ + "/served"));
+  ASSERT_TRUE(spec.ok());
+  absl::StatusOr<v1::SubmitJobResponse> r = client_->Submit(*spec, "");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::string id = r->job().id();
+  std::string victim;
+  for (int i = 0; i < 3000 && victim.empty(); ++i) {
+    absl::StatusOr<v1::Job> job = client_->Get(id);
+    if (job.ok() && job->steps_done() >= 7 && job->worker_ids_size() == 2) {
+      victim = job->worker_ids(0);
+    } else {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
+  ASSERT_FALSE(victim.empty()) << Logs();
+  // Frozen, not dead: its sockets stay open and nothing tells its peer. The
+  // lease (3 s here) catches it; the peer's collective times out or is told
+  // to stop; the job resumes from its checkpoint on the two others.
+  Background& frozen = *workers_[victim.back() - '0'];
+  frozen.Signal(SIGSTOP);
+  const absl::Time stopped = absl::Now();
+  absl::Status watched =
+      client_->Watch(id, 0, absl::Minutes(3), [](const v1::JobEvent&) { return true; });
+  frozen.Signal(SIGCONT);
+  ASSERT_TRUE(watched.ok()) << watched;
+  absl::StatusOr<v1::Job> done = client_->Get(id);
+  ASSERT_TRUE(done.ok());
+  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->reason() << "\n" << Logs();
+  EXPECT_EQ(done->attempt(), 1);
+  EXPECT_THAT(done->worker_ids(), ::testing::Not(::testing::Contains(victim)));
+  const std::vector<std::string> reasons = StateReasons(*client_, id);
+  EXPECT_THAT(reasons, ::testing::Contains(HasSubstr(
+                           absl::StrCat("worker ", victim, "): the worker was lost (no heartbeat)"))))
+      << absl::StrJoin(reasons, "\n");
+  // Bounded by the lease and the collective timeout (20 s), never a hang.
+  EXPECT_LT(absl::Now() - stopped, absl::Seconds(150));
+  RunStandalone(WriteJob(dir_, j, dir_ + "/alone"), 2, dir_ + "/store");
+  EXPECT_EQ(ReadAll(dir_ + "/served/final.safetensors"), ReadAll(dir_ + "/alone/final.safetensors"));
+}
+
+TEST_F(ServiceTest, AFailedCheckpointWriteFailsTheJobAndKeepsTheOneBefore) {
+  StartWorker("w0");
+  StartWorker("w1");
+  JobText j{"unwritable", 2};
+  j.steps = 300;
+  j.checkpoint_every = 100;
+  // Once the job runs (its fresh start clears old checkpoints first), the
+  // folder of the second checkpoint cannot be made: a file holds its name
+  // (a full or read-only disk fails the same call; as root a read-only mode
+  // would not stop the write).
+  const std::string out = dir_ + "/served";
+  absl::StatusOr<v1::JobSpec> spec = LoadJobForSubmit(WriteJob(dir_, j, out));
+  ASSERT_TRUE(spec.ok());
+  absl::StatusOr<v1::SubmitJobResponse> r = client_->Submit(*spec, "");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::string id = r->job().id();
+  bool blocked = false;
+  for (int i = 0; i < 3000 && !blocked; ++i) {
+    absl::StatusOr<v1::Job> job = client_->Get(id);
+    if (job.ok() && job->steps_done() >= 1) {
+      ASSERT_LT(job->steps_done(), 150) << "the job ran past the first checkpoint too fast";
+      std::filesystem::create_directories(out + "/checkpoints");
+      std::ofstream(out + "/checkpoints/step-00000200") << "in the way";
+      blocked = std::filesystem::is_regular_file(out + "/checkpoints/step-00000200");
+    } else {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+  ASSERT_TRUE(blocked) << Logs();
+  absl::Status watched =
+      client_->Watch(id, 0, absl::Minutes(3), [](const v1::JobEvent&) { return true; });
+  ASSERT_TRUE(watched.ok()) << watched;
+  absl::StatusOr<v1::Job> done = client_->Get(id);
+  ASSERT_TRUE(done.ok());
+  ASSERT_EQ(done->state(), v1::JOB_STATE_FAILED) << Logs();
+  EXPECT_THAT(done->reason(), HasSubstr("step-00000200")) << done->reason();
+  EXPECT_EQ(done->steps_done(), 200) << done->reason();
+  // The checkpoint before it is complete and loadable: a resumed run of the
+  // same job, once the way is clear, ends where an uninterrupted one does.
+  std::filesystem::remove(out + "/checkpoints/step-00000200");
+  EXPECT_TRUE(std::filesystem::exists(out + "/checkpoints/step-00000100/COMPLETE"));
+  j.max_restarts = 0;
+  const std::string resumed = dir_ + "/resumed";
+  std::filesystem::create_directories(resumed);
+  std::filesystem::copy(out + "/checkpoints", resumed + "/checkpoints",
+                        std::filesystem::copy_options::recursive);
+  const std::string job = WriteJob(dir_, j, resumed);
+  std::vector<std::thread> ranks;
+  std::vector<muonmesh::testing::ProcessResult> results(2);
+  std::filesystem::create_directories(dir_ + "/store-resumed");
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.emplace_back([&, rank] {
+      results[rank] = muonmesh::testing::Run(
+          {MUONMESH_WORKER_BIN, "--standalone", "--job", job, "--rank", std::to_string(rank),
+           "--world-size", "2", "--store", dir_ + "/store-resumed", "--memory-budget", "1GiB",
+           "--resume"},
+          std::chrono::seconds(120));
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  ASSERT_EQ(results[0].exit_code, 0) << results[0].err;
+  EXPECT_THAT(results[0].err + results[0].out, HasSubstr("resume: from the checkpoint at step 100")) << results[0].err;
+  RunStandalone(WriteJob(dir_, j, dir_ + "/alone"), 2, dir_ + "/store");
+  EXPECT_EQ(ReadAll(resumed + "/final.safetensors"), ReadAll(dir_ + "/alone/final.safetensors"));
+}
+
+TEST_F(ServiceTest, ACoordinatorKilledRightAfterAcknowledgingSubmitsLosesNone) {
+  StartWorker("w0");
+  StartWorker("w1");
+  constexpr int kJobs = 4;
+  std::vector<std::string> ids;
+  for (int i = 0; i < kJobs; ++i) {
+    JobText j{absl::StrCat("kept", i), 2};
+    j.steps = 20;
+    j.checkpoint_every = 5;
+    j.max_restarts = 1;
+    absl::StatusOr<v1::JobSpec> spec =
+        LoadJobForSubmit(WriteJob(dir_, j, absl::StrCat(dir_, "/out", i)));
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    absl::StatusOr<v1::SubmitJobResponse> r = client_->Submit(*spec, absl::StrCat("req-", i));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ids.push_back(r->job().id());
+  }
+  // Acknowledged: now the coordinator dies without a chance to write more.
+  coordinator_->Signal(SIGKILL);
+  coordinator_->Wait(std::chrono::seconds(10));
+  // The same address, so the workers find it again by themselves.
+  Background again({MUONMESH_COORDINATOR_BIN, "--listen", address_, "--data-dir", dir_ + "/state",
+                    "--lease-ttl", "3s", "--collective-timeout", "20s"},
+                   dir_ + "/coordinator-again.log");
+  ASSERT_TRUE(again.WaitForLog("listening on", kStart)) << again.Log();
+  CoordinatorClient client(address_);
+  for (int i = 0; i < kJobs; ++i) {
+    absl::Status watched =
+        client.Watch(ids[i], 0, absl::Minutes(3), [](const v1::JobEvent&) { return true; });
+    ASSERT_TRUE(watched.ok()) << watched << "\n" << again.Log() << Logs();
+    absl::StatusOr<v1::Job> job = client.Get(ids[i]);
+    ASSERT_TRUE(job.ok()) << job.status();
+    EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << ids[i] << ": " << job->reason();
+    EXPECT_EQ(job->steps_done(), 20);
+    // A repeated submit finds the same job: the request id was kept too.
+    JobText j{absl::StrCat("kept", i), 2};
+    j.steps = 20;
+    j.checkpoint_every = 5;
+    j.max_restarts = 1;
+    absl::StatusOr<v1::JobSpec> spec =
+        LoadJobForSubmit(WriteJob(dir_, j, absl::StrCat(dir_, "/out", i)));
+    absl::StatusOr<v1::SubmitJobResponse> r = client.Submit(*spec, absl::StrCat("req-", i));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->job().id(), ids[i]);
+  }
+  absl::StatusOr<std::vector<v1::Job>> all = client.List({}, "");
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->size(), static_cast<size_t>(kJobs));
 }
 
 TEST_F(ServiceTest, SigtermStopsTheCoordinatorAndWorkersCleanly) {
