@@ -72,9 +72,11 @@ absl::Status CheckBatchFitsData(const ResolvedJob& job, const Workload& workload
 void PrintPlan(const ResolvedJob& job, const plan::Plan& plan, const LineSink& out) {
   int64_t planned = 0;
   for (const plan::CollectiveBytes& c : plan.collectives) planned += c.bytes_per_step;
-  // Every domain of a mesh moves the same bytes.
-  int64_t exchange = plan.dense.exchange_bytes * (job.world_size / plan.dense.size);
-  int64_t bound = plan.dense.exchange_lower_bound_bytes * (job.world_size / plan.dense.size);
+  // Every domain of a mesh moves the same bytes; under the HSDP replica
+  // split, every set of replica domains.
+  const int64_t dense_sets = job.world_size / plan.dense.size / plan.dense.replicas;
+  int64_t exchange = plan.dense.exchange_bytes * dense_sets;
+  int64_t bound = plan.dense.exchange_lower_bound_bytes * dense_sets;
   if (plan.has_experts) {
     exchange += plan.expert.exchange_bytes * (job.world_size / plan.expert.size);
     bound += plan.expert.exchange_lower_bound_bytes * (job.world_size / plan.expert.size);
@@ -91,6 +93,15 @@ void PrintPlan(const ResolvedJob& job, const plan::Plan& plan, const LineSink& o
                                             plan.joint_strong_lower_bound,
                                             plan.joint_makespan / plan.joint_strong_lower_bound)
                           : ""));
+  if (plan.joint_makespan_split > 0) {
+    out(absl::StrFormat(
+        "plan: HSDP replica split %s (optimizer.muon_replica_split %s): Muon critical path "
+        "%.4g split%s",
+        plan.dense.replicas > 1 ? "on" : "off", job.muon_replica_split, plan.joint_makespan_split,
+        plan.joint_makespan_unsplit > 0
+            ? absl::StrFormat(", %.4g unsplit", plan.joint_makespan_unsplit)
+            : ""));
+  }
   const int64_t waves =
       static_cast<int64_t>(PlanMuonWaves(plan, WaveBudget(job.muon_buffer_bytes,
                                                           job.device == "cpu"))

@@ -64,6 +64,7 @@ absl::StatusOr<plan::Plan> PlanJob(const ResolvedJob& job, plan::ModelSpec spec)
   input.world_size = job.world_size;
   input.parallelism = job.parallelism;
   input.options.owner_assignment = job.owner_assignment;
+  input.options.muon_replica_split = job.muon_replica_split;
   input.options.ns_steps = job.muon.ns.steps;
   input.options.device = job.device;
   absl::StatusOr<plan::Plan> plan = plan::ComputePlan(input);

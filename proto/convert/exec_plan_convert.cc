@@ -71,7 +71,9 @@ void DomainPlanTo(const plan::DomainPlan& d, v1::ExecDomainPlan* out) {
     x->set_owner(m.owner);
     x->set_owner_cost(m.owner_cost);
     x->set_gather_bytes(m.gather_bytes);
+    x->set_replica(m.replica);
   }
+  out->set_replicas(d.replicas);
   for (double v : d.load) out->add_load(v);
   for (double v : d.ns_flops) out->add_ns_flops(v);
   for (int64_t v : d.gather_bytes) out->add_gather_bytes(v);
@@ -171,7 +173,18 @@ absl::StatusOr<plan::DomainPlan> DomainPlanFrom(const v1::ExecDomainPlan& d,
     m.owner = x.owner();
     m.owner_cost = x.owner_cost();
     m.gather_bytes = x.gather_bytes();
+    m.replica = x.replica();
+    // A replica only under the split (replicas > 1), and one of them.
+    if (m.replica < -1 || m.replica >= (d.replicas() > 1 ? d.replicas() : 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".matrices[", i, "].replica: ", m.replica, " is not a replica"));
+    }
     out.matrices.push_back(std::move(m));
+  }
+  out.replicas = d.replicas() == 0 ? 1 : d.replicas();
+  if (out.replicas < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".replicas: must be >= 1, got ", d.replicas()));
   }
   out.load.assign(d.load().begin(), d.load().end());
   out.ns_flops.assign(d.ns_flops().begin(), d.ns_flops().end());
@@ -193,7 +206,9 @@ absl::StatusOr<plan::ResolvedConfig> ConfigFrom(const v1::ExecConfig& c) {
   absl::StatusOr<plan::Strategy> outer = EnumIn<plan::Strategy>(c.outer(), 4, "config.outer");
   absl::StatusOr<plan::OwnerRule> rule =
       EnumIn<plan::OwnerRule>(c.owner_rule(), 4, "config.owner_rule");
-  for (const absl::Status& st : {inner.status(), outer.status(), rule.status()}) {
+  absl::StatusOr<plan::ReplicaSplit> split =
+      EnumIn<plan::ReplicaSplit>(c.replica_split(), 3, "config.replica_split");
+  for (const absl::Status& st : {inner.status(), outer.status(), rule.status(), split.status()}) {
     MUONMESH_RETURN_IF_ERROR(st);
   }
   if (out.world_size < 1 || out.instances < 1 || out.ep < 1) {
@@ -202,6 +217,7 @@ absl::StatusOr<plan::ResolvedConfig> ConfigFrom(const v1::ExecConfig& c) {
   out.inner = *inner;
   out.outer = *outer;
   out.owner_rule = *rule;
+  out.replica_split = *split;
   out.ns_steps = c.ns_steps();
   out.comm_flops_per_byte = c.comm_flops_per_byte();
   out.bytes_per_element = c.bytes_per_element();
@@ -219,6 +235,7 @@ v1::ExecutionPlan PlanToExec(const plan::Plan& p) {
   c->set_inner(static_cast<v1::ExecStrategy>(p.config.inner));
   c->set_outer(static_cast<v1::ExecStrategy>(p.config.outer));
   c->set_owner_rule(static_cast<v1::ExecOwnerRule>(p.config.owner_rule));
+  c->set_replica_split(static_cast<int32_t>(p.config.replica_split));
   c->set_ns_steps(p.config.ns_steps);
   c->set_comm_flops_per_byte(p.config.comm_flops_per_byte);
   c->set_bytes_per_element(p.config.bytes_per_element);
@@ -250,6 +267,7 @@ v1::ExecutionPlan PlanToExec(const plan::Plan& p) {
     x->set_grad_shard_elements(r.grad_shard_elements);
     x->set_gather_bytes(r.gather_bytes);
     x->set_owned_matrices(r.owned_matrices);
+    x->set_replica_exchange_bytes(r.replica_exchange_bytes);
   }
   for (const plan::CollectiveBytes& cb : p.collectives) {
     v1::ExecCollective* x = out.add_collectives();
@@ -314,7 +332,7 @@ absl::StatusOr<plan::Plan> PlanFromExec(const v1::ExecutionPlan& x) {
   for (const v1::ExecRank& r : x.ranks()) {
     p.ranks.push_back({r.rank(), r.load_flops(), r.ns_flops(), r.shard_elements(),
                        r.param_shard_elements(), r.grad_shard_elements(), r.gather_bytes(),
-                       r.owned_matrices()});
+                       r.owned_matrices(), r.replica_exchange_bytes()});
   }
   for (const v1::ExecCollective& c : x.collectives()) {
     absl::StatusOr<plan::MeshKind> mesh = EnumIn<plan::MeshKind>(c.mesh(), 2, "collectives.mesh");

@@ -15,6 +15,7 @@ plan::PlanOptions OptionsFromProto(const v1::PlanOptions& o) {
   out.ns_steps = o.ns_steps();
   out.device = o.device();
   out.comm_flops_per_byte = o.comm_flops_per_byte();
+  out.muon_replica_split = o.muon_replica_split();
   return out;
 }
 
@@ -74,9 +75,13 @@ void LayoutToProto(const plan::UnitSpec& spec, const plan::UnitLayout& layout,
   }
 }
 
-// Expands one class of identical domains into each of its domains.
+// Expands one class of identical domains into each of its domains. With the
+// replica split, a matrix's owner is the rank at its owner position in the
+// replica that orthogonalizes it (the same dp_shard coordinate, since the
+// outer axis replicates: rank = replica x W/I + that coordinate).
 void MatricesToProto(const plan::PlanInput& input, const plan::Plan& p,
                      const plan::DomainPlan& dp, v1::Plan* out) {
+  const int64_t inner = p.config.world_size / std::max<int64_t>(p.config.instances, 1);
   for (const plan::Domain& dom : p.domains) {
     if (dom.mesh != dp.mesh) continue;
     // The EP group of this domain decides which experts its local ones are.
@@ -93,7 +98,12 @@ void MatricesToProto(const plan::PlanInput& input, const plan::Plan& p,
       o->set_rows(m.rows);
       o->set_cols(m.cols);
       o->set_domain(dom.id);
-      o->set_owner(m.owner >= 0 ? dom.ranks[m.owner] : -1);
+      int32_t owner = m.owner >= 0 ? dom.ranks[m.owner] : -1;
+      if (m.replica >= 0 && owner >= 0) {
+        owner = static_cast<int32_t>(m.replica * inner + owner % inner);
+      }
+      o->set_owner(owner);
+      o->set_replica(m.replica);
       o->set_cost_flops(m.cost_flops);
       o->set_owner_cost(m.owner_cost);
       o->set_gather_bytes(m.gather_bytes);
@@ -187,6 +197,7 @@ void PlanToProto(const plan::PlanInput& input, const plan::Plan& p, bool include
     o->set_grad_shard_elements(r.grad_shard_elements);
     o->set_gather_bytes(r.gather_bytes);
     o->set_owned_matrices(r.owned_matrices);
+    o->set_replica_exchange_bytes(r.replica_exchange_bytes);
   }
   int64_t total_bytes = 0;
   for (const plan::CollectiveBytes& c : p.collectives) {
@@ -219,14 +230,22 @@ void PlanToProto(const plan::PlanInput& input, const plan::Plan& p, bool include
     ds->set_lower_bound(dp.lower_bound);
     ds->set_matrices(static_cast<int32_t>(dp.matrices.size()));
     if (dp.lower_bound > 0) worst = std::max(worst, dp.makespan / dp.lower_bound);
-    exchange += dp.exchange_bytes;
-    exchange_bound += dp.exchange_lower_bound_bytes;
+    // Under the replica split a set of replica domains gathers each matrix
+    // once: its exchange counts with the set's first domain (replica 0).
+    const int64_t inner = p.config.world_size / std::max<int64_t>(p.config.instances, 1);
+    if (dp.replicas <= 1 || d.ranks[0] / inner == 0) {
+      exchange += dp.exchange_bytes;
+      exchange_bound += dp.exchange_lower_bound_bytes;
+    }
   }
   s->set_makespan_over_lower_bound(worst);
   s->set_joint_makespan(p.joint_makespan);
   s->set_joint_lower_bound(p.joint_lower_bound);
   s->set_joint_strong_lower_bound(p.joint_strong_lower_bound);
   s->set_joint_critical_rank(p.joint_critical_rank);
+  s->set_muon_replica_split(p.dense.replicas > 1);
+  s->set_joint_makespan_unsplit(p.joint_makespan_unsplit);
+  s->set_joint_makespan_split(p.joint_makespan_split);
   s->set_muon_exchange_bytes(exchange);
   s->set_muon_exchange_lower_bound_bytes(exchange_bound);
 }

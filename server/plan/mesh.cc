@@ -83,6 +83,25 @@ std::string OwnerRuleName(OwnerRule r) {
   return std::string(kOwnerRules[static_cast<int>(r)].second);
 }
 
+std::optional<ReplicaSplit> ParseReplicaSplit(std::string_view name) {
+  if (name == "auto") return ReplicaSplit::kAuto;
+  if (name == "on") return ReplicaSplit::kOn;
+  if (name == "off") return ReplicaSplit::kOff;
+  return std::nullopt;
+}
+
+std::string ReplicaSplitName(ReplicaSplit s) {
+  switch (s) {
+    case ReplicaSplit::kAuto:
+      return "auto";
+    case ReplicaSplit::kOn:
+      return "on";
+    case ReplicaSplit::kOff:
+      return "off";
+  }
+  return "?";
+}
+
 namespace {
 
 MeshAxis MakeAxis(std::string name, int64_t size, Strategy s) {

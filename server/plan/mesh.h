@@ -20,6 +20,9 @@ std::string PlacementName(Placement p);
 std::string MeshName(MeshKind m);
 std::optional<OwnerRule> ParseOwnerRule(std::string_view name);
 std::string OwnerRuleName(OwnerRule r);
+// "auto" | "on" | "off" (types.h, ReplicaSplit).
+std::optional<ReplicaSplit> ParseReplicaSplit(std::string_view name);
+std::string ReplicaSplitName(ReplicaSplit s);
 
 // The per-axis placement table of DESIGN.md §3.
 AxisPlacements PlacementsOf(Strategy s);

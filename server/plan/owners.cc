@@ -37,8 +37,12 @@ class JointAssignment {
  public:
   static constexpr int64_t kScanAllPositions = 64;
 
-  JointAssignment(const std::vector<DomainClass>& classes, int64_t world, double w, int64_t bpe)
+  // `base` (null: none): per rank, load outside the classes that it
+  // carries whatever the assignment (AssignOwnersJointly).
+  JointAssignment(const std::vector<DomainClass>& classes, int64_t world, double w, int64_t bpe,
+                  const std::vector<double>* base = nullptr)
       : classes_(classes), w_(w), bpe_(bpe), load_(world, 0.0) {
+    if (base != nullptr) load_ = *base;
     const size_t n = classes_.size();
     position_.assign(n, std::vector<int32_t>(world, -1));
     finish_.resize(n);
@@ -51,11 +55,14 @@ class JointAssignment {
       owned_[c].resize(size);
       mark_[c].assign(size, -1);
       for (int32_t p = 0; p < size; ++p) {
-        by_finish_[c].insert({0.0, p});
-        for (int32_t r : classes_[c].ranks[p]) position_[c][r] = p;
+        for (int32_t r : classes_[c].ranks[p]) {
+          position_[c][r] = p;
+          finish_[c][p] = std::max(finish_[c][p], load_[r]);
+        }
+        by_finish_[c].insert({finish_[c][p], p});
       }
     }
-    for (int32_t r = 0; r < world; ++r) by_load_.insert({0.0, r});
+    for (int32_t r = 0; r < world; ++r) by_load_.insert({load_[r], r});
   }
 
   int num_classes() const { return static_cast<int>(classes_.size()); }
@@ -554,10 +561,10 @@ double Busiest(const JointAssignment& a, int64_t world) {
 // candidate evaluations), then the refinement of the best. Sets every
 // class's refinement work. False when cancelled.
 bool AssignLpt(double w, int64_t bpe, int64_t world, const std::vector<DomainClass>& classes,
-               CancelToken* cancel) {
+               const std::vector<double>* base, CancelToken* cancel) {
   constexpr int64_t kPackWork = int64_t{1} << 23;
   constexpr int kMaxPacks = 14;
-  auto a = std::make_unique<JointAssignment>(classes, world, w, bpe);
+  auto a = std::make_unique<JointAssignment>(classes, world, w, bpe, base);
   const std::vector<Item> order = LongestFirst(*a);
   int64_t work = 0;
   if (Place(*a, order, std::numeric_limits<double>::infinity(), Fit::kEarliest, cancel, &work) !=
@@ -568,7 +575,7 @@ bool AssignLpt(double w, int64_t bpe, int64_t world, const std::vector<DomainCla
   double best = Busiest(*a, world);
   Owners best_owners = SaveOwners(classes);
   const Owners lpt_owners = best_owners;
-  double lo = JointLowerBound(world, classes);
+  double lo = JointLowerBound(world, classes, base);
   for (int i = 0; i < kMaxPacks && work + per_pack <= kPackWork && best > lo * (1 + 1e-3); ++i) {
     const double cap = 0.5 * (lo + best);
     Placed placed = Placed::kOverCap;
@@ -579,7 +586,7 @@ bool AssignLpt(double w, int64_t bpe, int64_t world, const std::vector<DomainCla
         break;
       }
       ClearOwners(classes);
-      a = std::make_unique<JointAssignment>(classes, world, w, bpe);
+      a = std::make_unique<JointAssignment>(classes, world, w, bpe, base);
       placed = Place(*a, order, cap, fit, cancel, &work);
     }
     if (placed == Placed::kCancelled) return false;
@@ -603,7 +610,7 @@ bool AssignLpt(double w, int64_t bpe, int64_t world, const std::vector<DomainCla
   for (size_t i = 0; i < starts.size(); ++i) {
     const Owners& start = starts[i];
     ClearOwners(classes);
-    a = std::make_unique<JointAssignment>(classes, world, w, bpe);
+    a = std::make_unique<JointAssignment>(classes, world, w, bpe, base);
     for (size_t c = 0; c < classes.size(); ++c) {
       for (size_t j = 0; j < start[c].size(); ++j) {
         a->Assign(static_cast<int>(c), static_cast<int32_t>(j), start[c][j]);
@@ -720,11 +727,15 @@ absl::Status AssignOwners(OwnerRule rule, double w, int64_t bpe, DomainPlan* dom
 absl::StatusOr<std::vector<double>> AssignOwnersJointly(OwnerRule rule, double w, int64_t bpe,
                                                         int64_t world,
                                                         const std::vector<DomainClass>& classes,
-                                                        CancelToken* cancel) {
+                                                        CancelToken* cancel,
+                                                        const std::vector<double>* base_load) {
   MUONMESH_RETURN_IF_ERROR(CheckClasses(world, classes));
+  if (base_load != nullptr && static_cast<int64_t>(base_load->size()) != world) {
+    return absl::InvalidArgumentError("base load: one entry a rank");
+  }
   for (const DomainClass& c : classes) ResetDomain(w, bpe, *c.plan);
   if (rule == OwnerRule::kLpt) {
-    if (!AssignLpt(w, bpe, world, classes, cancel)) return CancelToken::Status();
+    if (!AssignLpt(w, bpe, world, classes, base_load, cancel)) return CancelToken::Status();
   }
   for (const DomainClass& c : classes) {
     DomainPlan& d = *c.plan;
@@ -737,7 +748,8 @@ absl::StatusOr<std::vector<double>> AssignOwnersJointly(OwnerRule rule, double w
     d.makespan = d.load.empty() ? 0 : *std::max_element(d.load.begin(), d.load.end());
   }
   // Each rank's joint load, summed afresh from the final loads.
-  std::vector<double> rank_load(world, 0.0);
+  std::vector<double> rank_load =
+      base_load != nullptr ? *base_load : std::vector<double>(world, 0.0);
   for (const DomainClass& c : classes) {
     for (size_t p = 0; p < c.ranks.size(); ++p) {
       for (int32_t r : c.ranks[p]) rank_load[r] += c.plan->load[p];
@@ -746,9 +758,38 @@ absl::StatusOr<std::vector<double>> AssignOwnersJointly(OwnerRule rule, double w
   return rank_load;
 }
 
-double JointLowerBound(int64_t world, const std::vector<DomainClass>& classes) {
+ReplicaExchange ReplicaExchangeBytes(const DomainPlan& d, int64_t bpe) {
+  ReplicaExchange out;
+  if (d.replicas <= 1) return out;
+  const int64_t n = d.replicas * d.size;
+  std::vector<int64_t> mine(n, 0);       // rows of one's own replica's matrices
+  std::vector<int64_t> held(d.size, 0);  // rows of every matrix, per position
+  for (const MatrixPlan& m : d.matrices) {
+    for (const Holder& h : m.holders) {
+      const int64_t bytes = h.row_count * m.cols * bpe;
+      held[h.position] += bytes;
+      if (m.replica >= 0) mine[m.replica * d.size + h.position] += bytes;
+    }
+  }
+  out.sent.resize(n);
+  out.recv.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    out.sent[i] = (d.replicas - 1) * mine[i];
+    out.recv[i] = held[i % d.size] - mine[i];
+  }
+  return out;
+}
+
+double JointLowerBound(int64_t world, const std::vector<DomainClass>& classes,
+                       const std::vector<double>* base_load) {
   double bound = 0;
   double total = 0;
+  if (base_load != nullptr) {
+    for (double b : *base_load) {
+      bound = std::max(bound, b);
+      total += b;
+    }
+  }
   for (const DomainClass& c : classes) {
     bound = std::max(bound, c.plan->lower_bound);
     double sum = 0;

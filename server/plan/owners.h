@@ -100,24 +100,29 @@ struct DomainClass {
 // better kept.
 // The other rules assign each class on its own, as AssignOwners does.
 //
+// `base_load` (null: none) is per rank the work outside the classes that
+// the rank carries whatever the assignment (the HSDP replica split's
+// exchange, planner.cc): lpt starts each rank's load from it, so it
+// balances around it, and the returned loads include it.
+//
 // Fills every class's plan as AssignOwners does (its per-position loads are
 // its own share; refine_work and refine_budget_spent are those of the kept
 // refinement, the same in every class) and returns the joint load of every
 // rank.
 // Cancelled as AssignOwners; InvalidArgument when a class's rank lists do
-// not cover the world once.
-absl::StatusOr<std::vector<double>> AssignOwnersJointly(OwnerRule rule,
-                                                        double comm_flops_per_byte,
-                                                        int64_t bytes_per_element,
-                                                        int64_t world_size,
-                                                        const std::vector<DomainClass>& classes,
-                                                        CancelToken* cancel = nullptr);
+// not cover the world once, or base_load has not one entry a rank.
+absl::StatusOr<std::vector<double>> AssignOwnersJointly(
+    OwnerRule rule, double comm_flops_per_byte, int64_t bytes_per_element, int64_t world_size,
+    const std::vector<DomainClass>& classes, CancelToken* cancel = nullptr,
+    const std::vector<double>* base_load = nullptr);
 
 // The joint lower bound of DESIGN.md §4: max(each class's lower bound,
 // sum over classes of (domains of the class x its best-holder costs) /
-// world size). Expects the classes' lower bounds and min costs filled (by
-// AssignOwnersJointly).
-double JointLowerBound(int64_t world_size, const std::vector<DomainClass>& classes);
+// world size). With a base load (AssignOwnersJointly), also the largest
+// base, and the bases' sum joins the total. Expects the classes' lower
+// bounds and min costs filled (by AssignOwnersJointly).
+double JointLowerBound(int64_t world_size, const std::vector<DomainClass>& classes,
+                       const std::vector<double>* base_load = nullptr);
 
 // A stronger certified lower bound on the joint makespan, for when the plan
 // is far from JointLowerBound and a user must know whether the plan or the
@@ -155,6 +160,20 @@ double JointLowerBound(int64_t world_size, const std::vector<DomainClass>& class
 double StrongJointLowerBound(double comm_flops_per_byte, int64_t bytes_per_element,
                              int64_t world_size, const std::vector<DomainClass>& classes,
                              int64_t max_work = int64_t{1} << 25, CancelToken* cancel = nullptr);
+
+// The replica split's exchange over dp_outer, for a domain plan with
+// replicas > 1 (types.h, DomainPlan): after the owners' scatters, the rank
+// at (replica o, position q) holds the orthogonalized rows of its shard for
+// the matrices replica o orthogonalized, and sends them to each of the
+// other I - 1 replicas' rank at q; it receives its rows of every other
+// matrix from the replica that orthogonalized it. Per (replica, position),
+// replica-major: sent = (I - 1) x its rows of its replica's matrices,
+// received = its rows of the others', in bytes. Empty for replicas <= 1.
+struct ReplicaExchange {
+  std::vector<int64_t> sent;
+  std::vector<int64_t> recv;
+};
+ReplicaExchange ReplicaExchangeBytes(const DomainPlan& domain, int64_t bytes_per_element);
 
 // For costs sorted descending p_1 >= p_2 >= ... on `ranks` positions: the
 // top k ranks + 1 costs put k + 1 of them on one position, so the makespan

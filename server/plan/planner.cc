@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -161,6 +162,118 @@ std::vector<std::vector<int32_t>> RanksByPosition(const MeshGeometry& g) {
   return out;
 }
 
+// Whether the replicas of dp_outer can split the dense Muon work (types.h,
+// ReplicaSplit): several optimizer instances on an outer axis that
+// replicates the optimizer state (HSDP), and an owner rule (the allgather
+// baseline orthogonalizes everything everywhere by definition).
+bool SplitCanRun(const ResolvedConfig& cfg) {
+  return cfg.instances > 1 && PlacementsOf(cfg.outer).optimizer == Placement::kReplicate &&
+         cfg.owner_rule != OwnerRule::kAllGather;
+}
+
+// The index of a rank's entry in a dense domain plan's per-position vectors:
+// its position, and with the replica split its replica's block before it.
+int64_t DenseIndex(const DomainPlan& d, const MeshGeometry& g, int32_t rank) {
+  const int64_t replica = d.replicas > 1 ? g.Coords(rank)[0] : 0;
+  return replica * d.size + g.PositionOf(rank);
+}
+
+// The dense class of the replica split (types.h, DomainPlan): the I replica
+// domains of one set of replicas as one class of I x D positions, position
+// o * D + p standing for position p of replica o and run by the ranks there
+// (one per set of replicas). A matrix is held at its positions in every
+// replica (the replicas hold the same rows), so its owner cost at o * D + p
+// is its cost at p, and it is assigned once per set: its owner's replica
+// orthogonalizes it for all of them. Owners carry over from `dense` where it
+// is split already (for the stronger bound).
+struct SplitClass {
+  DomainPlan plan;
+  std::vector<std::vector<int32_t>> ranks;
+};
+
+SplitClass MakeSplitClass(const DomainPlan& dense, const MeshGeometry& g, int64_t instances) {
+  const int64_t d = dense.size;
+  SplitClass s;
+  s.plan.mesh = MeshKind::kDense;
+  s.plan.size = d * instances;
+  s.plan.matrices.reserve(dense.matrices.size());
+  for (const MatrixPlan& m : dense.matrices) {
+    MatrixPlan x = m;
+    x.holders.clear();
+    for (int64_t o = 0; o < instances; ++o) {
+      for (const Holder& h : m.holders) {
+        x.holders.push_back({static_cast<int32_t>(o * d + h.position), h.row_start, h.row_count});
+      }
+    }
+    x.owner = m.replica >= 0 ? static_cast<int32_t>(m.replica * d + m.owner) : -1;
+    x.replica = -1;
+    s.plan.matrices.push_back(std::move(x));
+  }
+  if (dense.replicas == instances) {
+    s.plan.load = dense.load;
+    s.plan.ns_flops = dense.ns_flops;
+    s.plan.gather_bytes = dense.gather_bytes;
+    s.plan.owned = dense.owned;
+    s.plan.makespan = dense.makespan;
+    s.plan.lower_bound = dense.lower_bound;
+  }
+  s.ranks.resize(s.plan.size);
+  for (int32_t r = 0; r < g.world_size(); ++r) {
+    s.ranks[g.Coords(r)[0] * d + g.PositionOf(r)].push_back(r);
+  }
+  return s;
+}
+
+// Folds the split class's assignment into the dense plan (holders at their
+// positions in one replica; each matrix's owner position and replica; the
+// per-(replica, position) vectors), then adds the replica exchange to the
+// loads (ReplicaExchangeBytes times w) and sets the makespan from them.
+void FoldSplit(DomainPlan&& split, int64_t instances, double w, int64_t bpe, DomainPlan* dense) {
+  const int64_t d = dense->size;
+  for (size_t j = 0; j < dense->matrices.size(); ++j) {
+    MatrixPlan& m = dense->matrices[j];
+    const MatrixPlan& x = split.matrices[j];
+    m.owner = static_cast<int32_t>(x.owner % d);
+    m.replica = static_cast<int32_t>(x.owner / d);
+    m.owner_cost = x.owner_cost;
+    m.gather_bytes = x.gather_bytes;
+    m.min_cost = x.min_cost;
+  }
+  dense->replicas = instances;
+  dense->load = std::move(split.load);
+  dense->ns_flops = std::move(split.ns_flops);
+  dense->gather_bytes = std::move(split.gather_bytes);
+  dense->owned = std::move(split.owned);
+  dense->lower_bound = split.lower_bound;
+  dense->exchange_bytes = split.exchange_bytes;
+  dense->exchange_lower_bound_bytes = split.exchange_lower_bound_bytes;
+  dense->refine_work = split.refine_work;
+  dense->refine_budget_spent = split.refine_budget_spent;
+  const ReplicaExchange ex = ReplicaExchangeBytes(*dense, bpe);
+  for (size_t i = 0; i < dense->load.size(); ++i) {
+    dense->load[i] += w * static_cast<double>(ex.sent[i] + ex.recv[i]);
+  }
+  dense->makespan =
+      dense->load.empty() ? 0 : *std::max_element(dense->load.begin(), dense->load.end());
+}
+
+// Per rank, the least replica exchange it carries under the split, in
+// flop-equivalents: w x its rows of every dense Muon matrix (sent when its
+// replica orthogonalized the matrix, received otherwise; with I > 2 it
+// sends its replica's rows I - 1 times, so more).
+std::vector<double> SplitBaseLoad(const DomainPlan& dense, const MeshGeometry& g, double w,
+                                  int64_t bpe) {
+  std::vector<double> held(dense.size, 0.0);
+  for (const MatrixPlan& m : dense.matrices) {
+    for (const Holder& h : m.holders) {
+      held[h.position] += static_cast<double>(h.row_count * m.cols * bpe);
+    }
+  }
+  std::vector<double> base(g.world_size());
+  for (int32_t r = 0; r < g.world_size(); ++r) base[r] = w * held[g.PositionOf(r)];
+  return base;
+}
+
 // The ratio of joint makespan to joint lower bound above which the planner
 // computes the stronger bound, and that bound's work budget.
 constexpr double kStrongBoundAbove = 1.05;
@@ -173,57 +286,128 @@ struct OwnerMesh {
   const std::vector<std::vector<MatrixPlan>>* unit_matrices;
 };
 
+// Owner plans of every mesh: the domain plans, each unit's rotations, the
+// joint makespan (the busiest rank's load over its domains) and the joint
+// lower bound.
+struct OwnerPlans {
+  std::vector<DomainPlan> domains;
+  std::vector<std::vector<int64_t>> rotations;
+  double makespan = 0;
+  double lower_bound = 0;
+};
+
 // The owner plans of every mesh, assigned jointly (AssignOwnersJointly: a
 // rank's load is summed over both meshes, as the runtime's one Muon schedule
-// runs them). Rotations come from a small portfolio of policies, the same
-// for every mesh (charge Newton-Schulz FLOPs only; FLOPs plus the best
-// holder's traffic; no rotation), and the plan with the lowest joint makespan
-// wins, ties to the earlier policy. Sets each unit's rotations, the meshes'
-// domain plans and the joint makespan and lower bound. Cancelled when
-// `cancel` says so.
-absl::Status PlanOwners(const ResolvedConfig& cfg, const std::vector<OwnerMesh>& meshes,
-                        CancelToken* cancel, Plan* plan) {
-  const double traffic_weight =
-      cfg.comm_flops_per_byte * static_cast<double>(cfg.bytes_per_element);
+// runs them), with the dense mesh's replicas split (`split`: its class is
+// the SplitClass, then folded back) or not. Rotations come from a small
+// portfolio of policies, the same for every mesh (charge Newton-Schulz
+// FLOPs only; FLOPs plus the best holder's traffic; no rotation), and the
+// plan with the lowest joint makespan wins, ties to the earlier policy.
+// Cancelled when `cancel` says so.
+absl::StatusOr<OwnerPlans> PlanOwnersOnce(const ResolvedConfig& cfg,
+                                          const std::vector<OwnerMesh>& meshes, bool split,
+                                          CancelToken* cancel) {
+  const double w = cfg.comm_flops_per_byte;
+  const double traffic_weight = w * static_cast<double>(cfg.bytes_per_element);
   const std::vector<double> policies = {0.0, traffic_weight, -1.0};  // -1: no rotation
   const size_t n = meshes.size();
   std::vector<std::vector<std::vector<int32_t>>> ranks(n);
   for (size_t m = 0; m < n; ++m) ranks[m] = RanksByPosition(*meshes[m].geometry);
-  std::vector<DomainPlan> best(n);
-  std::vector<std::vector<int64_t>> best_rotations(n);
-  double best_makespan = 0;
+  OwnerPlans best;
+  double lower_bound = 0;  // the first policy's, as the joint lower bound
   for (size_t i = 0; i < policies.size(); ++i) {
-    std::vector<DomainPlan> d(n);
-    std::vector<std::vector<int64_t>> rotations(n);
+    OwnerPlans p;
+    p.domains.resize(n);
+    p.rotations.resize(n);
     std::vector<DomainClass> classes(n);
+    std::optional<SplitClass> split_class;
+    size_t split_mesh = n;
     for (size_t m = 0; m < n; ++m) {
-      d[m].mesh = meshes[m].kind;
-      d[m].size = meshes[m].geometry->domain_size();
-      if (!RotateUnits(*meshes[m].unit_matrices, policies[i], cancel, &d[m], &rotations[m])) {
+      DomainPlan& d = p.domains[m];
+      d.mesh = meshes[m].kind;
+      d.size = meshes[m].geometry->domain_size();
+      if (!RotateUnits(*meshes[m].unit_matrices, policies[i], cancel, &d, &p.rotations[m])) {
         return CancelToken::Status();
       }
-      classes[m] = DomainClass{&d[m], ranks[m]};
+      if (split && meshes[m].kind == MeshKind::kDense) {
+        split_class = MakeSplitClass(d, *meshes[m].geometry, cfg.instances);
+        split_mesh = m;
+        classes[m] = DomainClass{&split_class->plan, split_class->ranks};
+      } else {
+        classes[m] = DomainClass{&d, ranks[m]};
+      }
     }
-    absl::StatusOr<std::vector<double>> loads =
-        AssignOwnersJointly(cfg.owner_rule, cfg.comm_flops_per_byte, cfg.bytes_per_element,
-                            cfg.world_size, classes, cancel);
+    // Under the split every rank carries its replica exchange, at least its
+    // rows of every matrix once (exactly that with I = 2;
+    // ReplicaExchangeBytes): the assignment balances around it, and the
+    // bound counts it.
+    std::vector<double> base;
+    if (split_class.has_value()) {
+      base = SplitBaseLoad(p.domains[split_mesh], *meshes[split_mesh].geometry, w,
+                           cfg.bytes_per_element);
+    }
+    const std::vector<double>* base_load = base.empty() ? nullptr : &base;
+    absl::StatusOr<std::vector<double>> loads = AssignOwnersJointly(
+        cfg.owner_rule, w, cfg.bytes_per_element, cfg.world_size, classes, cancel, base_load);
     MUONMESH_RETURN_IF_ERROR(loads.status());
-    const double makespan = loads->empty() ? 0 : *std::max_element(loads->begin(), loads->end());
-    if (i == 0) plan->joint_lower_bound = JointLowerBound(cfg.world_size, classes);
-    if (i == 0 || makespan < best_makespan) {
-      best = std::move(d);
-      best_rotations = std::move(rotations);
-      best_makespan = makespan;
+    if (i == 0) lower_bound = JointLowerBound(cfg.world_size, classes, base_load);
+    if (split_class.has_value()) {
+      // The exact exchange joins the dense loads; the ranks' loads are
+      // summed afresh from the folded plans.
+      FoldSplit(std::move(split_class->plan), cfg.instances, w, cfg.bytes_per_element,
+                &p.domains[split_mesh]);
+      loads->assign(cfg.world_size, 0.0);
+      for (size_t m = 0; m < n; ++m) {
+        const std::vector<std::vector<int32_t>>& at =
+            m == split_mesh ? split_class->ranks : ranks[m];
+        for (size_t q = 0; q < at.size(); ++q) {
+          for (int32_t r : at[q]) (*loads)[r] += p.domains[m].load[q];
+        }
+      }
     }
-    if (best_makespan <= plan->joint_lower_bound) break;  // cannot do better
+    p.makespan = loads->empty() ? 0 : *std::max_element(loads->begin(), loads->end());
+    if (i == 0 || p.makespan < best.makespan) best = std::move(p);
+    if (best.makespan <= lower_bound) break;  // cannot do better
   }
-  for (size_t m = 0; m < n; ++m) {
+  best.lower_bound = lower_bound;
+  return best;
+}
+
+// The owner plans of every mesh (PlanOwnersOnce), with the replica split
+// as the config rules (types.h, ReplicaSplit). The auto rule: plan both
+// ways and split only when the split plan's joint makespan (its replica
+// exchange's bytes counted at comm_flops_per_byte) is strictly shorter,
+// since the split adds an exchange round. Sets each unit's rotations, the
+// meshes' domain plans, the joint lower bound and both candidates'
+// makespans. Cancelled when `cancel` says so.
+absl::Status PlanOwners(const ResolvedConfig& cfg, const std::vector<OwnerMesh>& meshes,
+                        CancelToken* cancel, Plan* plan) {
+  const bool can_split = SplitCanRun(cfg);
+  std::optional<OwnerPlans> unsplit;
+  std::optional<OwnerPlans> split;
+  if (!can_split || cfg.replica_split != ReplicaSplit::kOn) {
+    absl::StatusOr<OwnerPlans> p = PlanOwnersOnce(cfg, meshes, /*split=*/false, cancel);
+    MUONMESH_RETURN_IF_ERROR(p.status());
+    unsplit = *std::move(p);
+  }
+  if (can_split && cfg.replica_split != ReplicaSplit::kOff) {
+    absl::StatusOr<OwnerPlans> p = PlanOwnersOnce(cfg, meshes, /*split=*/true, cancel);
+    MUONMESH_RETURN_IF_ERROR(p.status());
+    split = *std::move(p);
+  }
+  plan->joint_makespan_unsplit = unsplit.has_value() ? unsplit->makespan : 0;
+  plan->joint_makespan_split = split.has_value() ? split->makespan : 0;
+  const bool use_split =
+      split.has_value() && (!unsplit.has_value() || split->makespan < unsplit->makespan);
+  OwnerPlans& best = use_split ? *split : *unsplit;
+  plan->joint_lower_bound = best.lower_bound;
+  for (size_t m = 0; m < meshes.size(); ++m) {
     for (size_t u = 0; u < plan->units.size(); ++u) {
       UnitPlan& unit = plan->units[u];
       (meshes[m].kind == MeshKind::kDense ? unit.dense : unit.expert).rotation =
-          best_rotations[m][u];
+          best.rotations[m][u];
     }
-    (meshes[m].kind == MeshKind::kDense ? plan->dense : plan->expert) = std::move(best[m]);
+    (meshes[m].kind == MeshKind::kDense ? plan->dense : plan->expert) = std::move(best.domains[m]);
   }
   return absl::OkStatus();
 }
@@ -288,16 +472,31 @@ void AddMeshCollectives(const MeshGeometry& g, int64_t buffer, int64_t regather,
   add("param_allgather_after_step", AxisLabel(g, minor_axes), (k - 1) * m);
 }
 
-void AddMuonCollectives(const DomainPlan& d, int64_t domains, OwnerRule rule,
+// The Muon exchanges of one class of domains. With the replica split
+// (d.replicas > 1) each set of I replica domains gathers every matrix once
+// (d.exchange_bytes is the set's), and the replicas exchange their results
+// over dp_outer (ReplicaExchangeBytes).
+void AddMuonCollectives(const DomainPlan& d, int64_t domains, OwnerRule rule, int64_t bpe,
                         std::vector<CollectiveBytes>* out) {
-  if (d.matrices.empty() || d.exchange_bytes == 0) return;
-  const int64_t max_rank = *std::max_element(d.gather_bytes.begin(), d.gather_bytes.end());
-  if (rule == OwnerRule::kAllGather) {
-    out->push_back({"muon_allgather", d.mesh, "domain", d.exchange_bytes * domains, max_rank});
-    return;
+  if (d.matrices.empty()) return;
+  const int64_t sets = domains / std::max<int64_t>(d.replicas, 1);
+  if (d.exchange_bytes > 0) {
+    const int64_t max_rank = *std::max_element(d.gather_bytes.begin(), d.gather_bytes.end());
+    if (rule == OwnerRule::kAllGather) {
+      out->push_back({"muon_allgather", d.mesh, "domain", d.exchange_bytes * domains, max_rank});
+      return;
+    }
+    out->push_back({"muon_gather", d.mesh, "domain", d.exchange_bytes / 2 * sets, max_rank / 2});
+    out->push_back({"muon_scatter", d.mesh, "domain", d.exchange_bytes / 2 * sets, max_rank / 2});
   }
-  out->push_back({"muon_gather", d.mesh, "domain", d.exchange_bytes / 2 * domains, max_rank / 2});
-  out->push_back({"muon_scatter", d.mesh, "domain", d.exchange_bytes / 2 * domains, max_rank / 2});
+  if (d.replicas > 1) {
+    const ReplicaExchange ex = ReplicaExchangeBytes(d, bpe);
+    int64_t total = 0;
+    for (int64_t b : ex.sent) total += b;
+    const int64_t max_rank = *std::max_element(ex.sent.begin(), ex.sent.end());
+    if (total > 0)
+      out->push_back({"muon_replica_exchange", d.mesh, "dp_outer", total * sets, max_rank});
+  }
 }
 
 std::string DomainName(const MeshGeometry& g, int32_t first_rank, int64_t ep) {
@@ -382,14 +581,14 @@ bool LayOutUnits(const PlanInput& input, const MeshGeometry& dense_g,
   return true;
 }
 
-// Adds one position of a domain class (its load, and its shards of every
-// unit) to a rank's totals.
-void AddPosition(const DomainPlan& d, int32_t pos, int64_t shard, const MeshGeometry& g,
+// Adds one position of a domain class (its load at entry `at` of its
+// per-position vectors, and its shards of every unit) to a rank's totals.
+void AddPosition(const DomainPlan& d, int64_t at, int64_t shard, const MeshGeometry& g,
                  RankSummary* rs) {
-  rs->load_flops += d.load[pos];
-  rs->ns_flops += d.ns_flops[pos];
-  rs->gather_bytes += d.gather_bytes[pos];
-  rs->owned_matrices += d.owned[pos];
+  rs->load_flops += d.load[at];
+  rs->ns_flops += d.ns_flops[at];
+  rs->gather_bytes += d.gather_bytes[at];
+  rs->owned_matrices += d.owned[at];
   rs->shard_elements += shard;
   rs->param_shard_elements += shard * (g.domain_size() / g.param_shards());
   rs->grad_shard_elements += shard * (g.domain_size() / g.grad_shards());
@@ -409,12 +608,15 @@ void SummarizeRanks(const MeshGeometry& dense_g, const MeshGeometry& expert_g,
     dom.ranks.assign(i < n_dense ? dense_g.domain_size() : expert_g.domain_size(), -1);
   }
   plan->ranks.resize(cfg.world_size);
+  const ReplicaExchange ex = ReplicaExchangeBytes(plan->dense, cfg.bytes_per_element);
   for (int32_t r = 0; r < cfg.world_size; ++r) {
     RankSummary& rs = plan->ranks[r];
     rs.rank = r;
     const int32_t dpos = dense_g.PositionOf(r);
     plan->domains[dense_g.DomainOf(r)].ranks[dpos] = r;
-    AddPosition(plan->dense, dpos, dense.shard, dense_g, &rs);
+    const int64_t at = DenseIndex(plan->dense, dense_g, r);
+    AddPosition(plan->dense, at, dense.shard, dense_g, &rs);
+    if (!ex.sent.empty()) rs.replica_exchange_bytes = ex.sent[at] + ex.recv[at];
     if (plan->has_experts) {
       const int32_t epos = expert_g.PositionOf(r);
       plan->domains[n_dense + expert_g.DomainOf(r)].ranks[epos] = r;
@@ -449,13 +651,21 @@ absl::Status SetStrongBound(const MeshGeometry& dense_g, const MeshGeometry& exp
   if (plan->joint_makespan <= kStrongBoundAbove * plan->joint_lower_bound) {
     return absl::OkStatus();
   }
+  std::optional<SplitClass> split;
   std::vector<DomainClass> classes = {{&plan->dense, RanksByPosition(dense_g)}};
+  if (plan->dense.replicas > 1) {
+    split = MakeSplitClass(plan->dense, dense_g, plan->dense.replicas);
+    classes[0] = {&split->plan, split->ranks};
+  }
   if (plan->has_experts) classes.push_back({&plan->expert, RanksByPosition(expert_g)});
   const ResolvedConfig& cfg = plan->config;
+  // It does not count the split's replica exchange, which the joint bound
+  // does: the larger of the two stands.
+  const double strong =
+      StrongJointLowerBound(cfg.comm_flops_per_byte, cfg.bytes_per_element, cfg.world_size,
+                            classes, kStrongBoundWork, cancel);
   plan->joint_strong_lower_bound =
-      std::min(plan->joint_makespan,
-               StrongJointLowerBound(cfg.comm_flops_per_byte, cfg.bytes_per_element,
-                                     cfg.world_size, classes, kStrongBoundWork, cancel));
+      std::max(plan->joint_lower_bound, std::min(plan->joint_makespan, strong));
   if (cancel != nullptr && cancel->cancelled()) return CancelToken::Status();
   return absl::OkStatus();
 }
@@ -503,10 +713,10 @@ absl::StatusOr<Plan> ComputePlan(const PlanInput& input, CancelToken* cancel) {
   MUONMESH_RETURN_IF_ERROR(SetStrongBound(dense_g, expert_g, cancel, &plan));
   const int64_t bpe = cfg.bytes_per_element;
   AddMeshCollectives(dense_g, dense.buffer, dense.regather, bpe, &plan.collectives);
-  AddMuonCollectives(plan.dense, dense_g.num_domains(), cfg.owner_rule, &plan.collectives);
+  AddMuonCollectives(plan.dense, dense_g.num_domains(), cfg.owner_rule, bpe, &plan.collectives);
   if (plan.has_experts) {
     AddMeshCollectives(expert_g, expert.buffer, expert.regather, bpe, &plan.collectives);
-    AddMuonCollectives(plan.expert, expert_g.num_domains(), cfg.owner_rule, &plan.collectives);
+    AddMuonCollectives(plan.expert, expert_g.num_domains(), cfg.owner_rule, bpe, &plan.collectives);
   }
   return plan;
 }

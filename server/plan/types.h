@@ -50,6 +50,8 @@ struct PlanOptions {
   int64_t ns_steps = 0;          // default 5
   std::string device;            // cuda (default) | cpu
   double comm_flops_per_byte = 0;  // default by device
+  // The HSDP replica split (ReplicaSplit): auto (default) | on | off.
+  std::string muon_replica_split;
 };
 
 struct PlanInput {
@@ -89,6 +91,15 @@ enum class Strategy { kNoShard, kOptim, kOptimGrads, kOptimGradsParams };
 enum class Placement { kReplicate, kShard, kPartialAvg };
 enum class OwnerRule { kLpt, kRoundRobin, kAllGather, kGreedyInOrder };
 enum class MeshKind { kDense, kExpert };
+// Whether the replicas of a replicated outer axis (HSDP: dp_outer with
+// no_shard, I > 1) split the Muon matrices of their dense domains: each
+// replica orthogonalizes its share and the replicas exchange the results
+// over dp_outer (README, "Running jobs"). kAuto splits when the cost model
+// says the split plan's joint makespan (the replica exchange's bytes
+// counted) is shorter than the unsplit one's; kOn splits wherever a split
+// can run (an owner rule, not allgather, and a replicated dp_outer axis);
+// kOff never.
+enum class ReplicaSplit { kAuto, kOn, kOff };
 
 // Placements of (parameter, gradient, optimizer state) on one mesh axis.
 struct AxisPlacements {
@@ -112,6 +123,7 @@ struct ResolvedConfig {
   Strategy inner = Strategy::kOptimGradsParams;
   Strategy outer = Strategy::kNoShard;  // meaningful when instances > 1
   OwnerRule owner_rule = OwnerRule::kLpt;
+  ReplicaSplit replica_split = ReplicaSplit::kAuto;
   int64_t ns_steps = 5;
   double comm_flops_per_byte = 0;
   int64_t bytes_per_element = 4;  // fp32 parameters, gradients and updates
@@ -194,15 +206,29 @@ struct MatrixPlan {
   double min_cost = 0;          // cost_flops + w * bytes at the best holder
   std::vector<Holder> holders;  // ascending position
   int32_t owner = -1;           // position; -1 for the allgather rule (everyone)
+  // With the replica split (DomainPlan::replicas > 1): the replica (dp_outer
+  // coordinate) whose rank at `owner` orthogonalizes the matrix for every
+  // replica; -1 without the split (each replica's owner does its own).
+  int32_t replica = -1;
   double owner_cost = 0;
   int64_t gather_bytes = 0;     // bytes the owner receives plus sends back
 };
 
 // Owner assignment of one class of identical domains (all dense domains share
 // one, all expert domains share one): positions, not ranks.
+//
+// With the replica split (replicas > 1, dense only) the I replica domains of
+// one set of replicas share the matrices: each matrix is orthogonalized once
+// for the set, by the rank at its owner position in its `replica`, and the
+// per-position vectors have one entry per (replica, position), replica-major
+// (index replica * size + position); `load` then includes the replica
+// exchange's bytes (ReplicaExchangeBytes, owners.h) times comm_flops_per_byte,
+// and makespan, lower_bound and the exchange bytes describe the set's
+// I x size positions.
 struct DomainPlan {
   MeshKind mesh = MeshKind::kDense;
   int64_t size = 1;
+  int64_t replicas = 1;
   std::vector<MatrixPlan> matrices;
   std::vector<double> load;      // per position, flop-equivalents
   std::vector<double> ns_flops;  // per position
@@ -245,6 +271,8 @@ struct RankSummary {
   int64_t grad_shard_elements = 0;
   int64_t gather_bytes = 0;
   int32_t owned_matrices = 0;
+  // The replica split's exchange over dp_outer: bytes sent plus received.
+  int64_t replica_exchange_bytes = 0;
 };
 
 struct CollectiveBytes {
@@ -279,12 +307,21 @@ struct Plan {
   double joint_makespan = 0;
   int32_t joint_critical_rank = 0;  // a rank with that load, the lowest
   // max(each mesh's lower_bound, sum of all domains' best-holder costs /
-  // world size): no owner assignment has a smaller joint makespan.
+  // world size): no owner assignment has a smaller joint makespan. Under the
+  // replica split it is the split family's: the dense matrices once per set
+  // of replicas over its I x D positions, and each rank's least replica
+  // exchange (its rows of every dense matrix, once) as a load no split
+  // avoids (planner.cc, SplitBaseLoad).
   double joint_lower_bound = 0;
   // A stronger certified lower bound (owners.h, StrongJointLowerBound),
   // computed only where joint_makespan exceeds 1.05 x joint_lower_bound;
   // otherwise equal to joint_lower_bound.
   double joint_strong_lower_bound = 0;
+  // The replica split (ReplicaSplit): the joint makespan of the plan without
+  // it and with it, each 0 where it was not planned (the split cannot run,
+  // or the config rules one out). dense.replicas > 1 says which runs.
+  double joint_makespan_unsplit = 0;
+  double joint_makespan_split = 0;
 };
 
 }  // namespace muonmesh::plan

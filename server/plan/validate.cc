@@ -284,6 +284,11 @@ std::vector<FieldViolation> Validate(const PlanInput& in) {
           absl::StrCat("unknown rule ", Quote(opt.owner_assignment),
                        " (expected lpt, round_robin, allgather or greedy_in_order)"));
   }
+  if (!opt.muon_replica_split.empty() && !ParseReplicaSplit(opt.muon_replica_split)) {
+    v.Add("options.muon_replica_split",
+          absl::StrCat("unknown value ", Quote(opt.muon_replica_split),
+                       " (expected auto, on or off; empty or unset: auto)"));
+  }
   if (opt.ns_steps < 0 || opt.ns_steps > kMaxNsSteps) {
     v.Add("options.ns_steps", absl::StrCat("must be in [1, ", kMaxNsSteps,
                                            "] (0 or unset: 5), got ", opt.ns_steps));
@@ -342,6 +347,9 @@ ResolvedConfig ResolveUnchecked(const PlanInput& in) {
   }
   const PlanOptions& opt = in.options;
   if (!opt.owner_assignment.empty()) cfg.owner_rule = *ParseOwnerRule(opt.owner_assignment);
+  if (!opt.muon_replica_split.empty()) {
+    cfg.replica_split = *ParseReplicaSplit(opt.muon_replica_split);
+  }
   cfg.ns_steps = opt.ns_steps == 0 ? 5 : opt.ns_steps;
   // FLOPs one byte of owner traffic is worth: Newton-Schulz throughput over
   // link bandwidth. H200 (~500 TFLOP/s bf16 effective) over a 400 Gb/s NIC

@@ -2,7 +2,8 @@
 // joint makespan of the runtime's one Muon schedule (max over ranks of the
 // load summed over every domain the rank belongs to) against the joint lower
 // bound, both recomputed here from the plan's holders and owners by the
-// formulas of DESIGN.md §4, and the plan's invariants.
+// formulas of DESIGN.md §4 (and, where the HSDP replicas split the dense
+// work, README's replica exchange), and the plan's invariants.
 
 #include <algorithm>
 #include <cstdint>
@@ -42,43 +43,71 @@ Checked CheckPlan(const Plan& p) {
   const double w = p.config.comm_flops_per_byte;
   const int64_t bpe = p.config.bytes_per_element;
   const int64_t world = p.config.world_size;
+  const int64_t per_replica = world / p.config.instances;  // ranks a dp_outer coordinate has
   std::vector<double> rank_load(world, 0.0);
   double total = 0;
   std::set<MeshKind> meshes_seen;
   for (const DomainPlan* d : {&p.dense, &p.expert}) {
     if (d == &p.expert && !p.has_experts) continue;
     SCOPED_TRACE(d == &p.dense ? "dense" : "expert");
-    std::vector<double> load(d->size, 0.0);
+    // Under the HSDP replica split (dense only) a set of I replica domains
+    // shares the matrices: one entry per (replica, position), each matrix
+    // once per set, and every rank swaps its rows over dp_outer: it sends
+    // its rows of its replica's matrices to the I - 1 others and receives
+    // its rows of the rest.
+    const int64_t replicas = d->replicas;
+    EXPECT_TRUE(replicas == 1 || (d == &p.dense && replicas == p.config.instances));
+    const int64_t entries = replicas * d->size;
+    std::vector<double> load(entries, 0.0);
+    std::vector<int64_t> held(d->size, 0);
+    std::vector<int64_t> own_replica(entries, 0);
     std::vector<double> min_costs;
     for (const MatrixPlan& m : d->matrices) {
-      // Exactly one owner, inside the domain; holders tile the rows.
+      // Exactly one owner, inside the domain (and one replica under the
+      // split); holders tile the rows.
       EXPECT_GE(m.owner, 0);
       EXPECT_LT(m.owner, d->size);
       if (m.owner < 0 || m.owner >= d->size) continue;
+      const int64_t replica = replicas > 1 ? m.replica : 0;
+      EXPECT_EQ(m.replica, replicas > 1 ? replica : -1);
+      if (replica < 0 || replica >= replicas) continue;
       int64_t rows = 0, held_by_owner = 0, best = 0;
       for (const Holder& h : m.holders) {
         rows += h.row_count;
         best = std::max(best, h.row_count);
         if (h.position == m.owner) held_by_owner = h.row_count;
+        held[h.position] += h.row_count * m.cols * bpe;
+        own_replica[replica * d->size + h.position] += h.row_count * m.cols * bpe;
       }
       EXPECT_EQ(rows, m.rows);
       const double flops = NsFlops(m.rows, m.cols, p.config.ns_steps);
       EXPECT_DOUBLE_EQ(m.cost_flops, flops);
       const double cost = flops + w * 2.0 * static_cast<double>((m.rows - held_by_owner) * m.cols * bpe);
       EXPECT_DOUBLE_EQ(m.owner_cost, cost);
-      load[m.owner] += cost;
+      load[replica * d->size + m.owner] += cost;
       min_costs.push_back(flops + w * 2.0 * static_cast<double>((m.rows - best) * m.cols * bpe));
     }
-    // Loads are the sums of the owned costs.
-    for (int64_t q = 0; q < d->size; ++q) {
-      EXPECT_NEAR(d->load[q], load[q], 1e-9 * std::max(1.0, load[q])) << "position " << q;
+    if (replicas > 1) {
+      for (int64_t i = 0; i < entries; ++i) {
+        const int64_t sent = (replicas - 1) * own_replica[i];
+        const int64_t received = held[i % d->size] - own_replica[i];
+        load[i] += w * static_cast<double>(sent + received);
+      }
     }
-    // This mesh's bound: max(largest, total / D, p_D + p_{D+1}).
+    // Loads are the sums of the owned costs (and the replica exchange).
+    EXPECT_EQ(static_cast<int64_t>(d->load.size()), entries);
+    if (static_cast<int64_t>(d->load.size()) != entries) continue;
+    for (int64_t q = 0; q < entries; ++q) {
+      EXPECT_NEAR(d->load[q], load[q], 1e-9 * std::max(1.0, load[q])) << "entry " << q;
+    }
+    // This mesh's bound: max(largest, total / D, p_D + p_{D+1}), with the
+    // I x D positions of a set of replicas under the split.
     std::sort(min_costs.begin(), min_costs.end(), std::greater<>());
     double sum = 0;
     for (double c : min_costs) sum += c;
-    const auto positions = static_cast<size_t>(d->size);
-    double bound = min_costs.empty() ? 0 : std::max(min_costs[0], sum / d->size);
+    const auto positions = static_cast<size_t>(entries);
+    double bound =
+        min_costs.empty() ? 0 : std::max(min_costs[0], sum / static_cast<double>(entries));
     if (min_costs.size() > positions) {
       bound = std::max(bound, min_costs[positions - 1] + min_costs[positions]);
     }
@@ -91,12 +120,25 @@ Checked CheckPlan(const Plan& p) {
       ++domains;
       EXPECT_EQ(static_cast<int64_t>(dom.ranks.size()), d->size);
       for (size_t q = 0; q < dom.ranks.size(); ++q) {
+        const int64_t replica = replicas > 1 ? dom.ranks[q] / per_replica : 0;
         ++seen[dom.ranks[q]];
-        rank_load[dom.ranks[q]] += load[q];
+        rank_load[dom.ranks[q]] += load[replica * d->size + static_cast<int64_t>(q)];
       }
     }
     for (int64_t r = 0; r < world; ++r) EXPECT_EQ(seen[r], 1) << "rank " << r;
-    total += sum * static_cast<double>(domains);
+    total += sum * static_cast<double>(domains / replicas);
+    // Under the split each rank sends or receives each of its rows at
+    // least once, whatever the assignment: a load no plan avoids.
+    if (replicas > 1) {
+      for (const Domain& dom : p.domains) {
+        if (dom.mesh != d->mesh) continue;
+        for (size_t q = 0; q < dom.ranks.size(); ++q) {
+          const double base = w * static_cast<double>(held[q]);
+          total += base;
+          out.joint_bound = std::max(out.joint_bound, base);
+        }
+      }
+    }
   }
   out.joint_bound = std::max(out.joint_bound, total / static_cast<double>(world));
   for (int64_t r = 0; r < world; ++r) {

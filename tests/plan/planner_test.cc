@@ -41,6 +41,7 @@ struct Config {
   int64_t instances;
   const char* outer;
   int64_t ep;
+  const char* replica_split = "";  // optimizer.muon_replica_split
 };
 
 void PrintTo(const Config& c, std::ostream* os) { *os << c.name; }
@@ -56,6 +57,9 @@ const Config kConfigs[] = {
     {"hfsdp", 8, "optim_grads_params", 2, "optim", 4},
     {"outer_zero3", 8, "optim", 2, "optim_grads_params", 8},
     {"many_ranks", 64, "optim_grads_params", 1, "", 8},
+    {"hsdp_split", 8, "optim_grads_params", 2, "no_shard", 2, "on"},
+    {"hsdp_split_i4_ep1", 16, "optim_grads_params", 4, "no_shard", 1, "on"},
+    {"hsdp_over_ddp_split", 8, "no_shard", 2, "no_shard", 4, "on"},
 };
 
 PlanInput Input(const ModelSpec& model, const Config& c, const char* rule = "lpt") {
@@ -67,6 +71,7 @@ PlanInput Input(const ModelSpec& model, const Config& c, const char* rule = "lpt
   in.parallelism.outer_dp_sharding_strategy = c.outer;
   in.parallelism.expert_model_parallel_size = c.ep;
   in.options.owner_assignment = rule;
+  in.options.muon_replica_split = c.replica_split;
   return in;
 }
 
@@ -133,12 +138,19 @@ void CheckInvariants(const PlanInput& in, const Plan& p) {
     return out;
   }();
   std::map<std::string, int> copies;  // matrix name -> domains listing it
+  // Under the replica split a matrix's owner may sit in another replica: it
+  // holds the rows of the holder with its dp_shard coordinate (r mod W/I).
+  const int64_t inner = cfg.world_size / cfg.instances;
   for (const v1::Matrix& m : proto.matrices()) {
     std::vector<std::pair<int64_t, int64_t>> ranges;
     bool owner_holds = false;
     for (const v1::Holder& h : m.holders()) {
       ranges.push_back({h.row_start(), h.row_count()});
-      owner_holds = owner_holds || h.rank() == m.owner();
+      owner_holds = owner_holds || h.rank() == m.owner() ||
+                    (m.replica() >= 0 && h.rank() % inner == m.owner() % inner);
+    }
+    if (m.replica() >= 0) {
+      EXPECT_EQ(m.owner() / inner, m.replica()) << m.name();
     }
     ExpectTiles(ranges, m.rows(), m.name());
     ASSERT_GE(m.owner(), 0) << m.name();
@@ -170,7 +182,16 @@ void CheckInvariants(const PlanInput& in, const Plan& p) {
     }
   }
   EXPECT_EQ(static_cast<int>(copies.size()), expected_names);
-  // Rank loads add up to the domain loads.
+  // Rank loads add up to the domain loads (under the replica split, the
+  // dense loads are those of a set of I replica domains).
+  const bool can_split = cfg.instances > 1 && cfg.outer == Strategy::kNoShard &&
+                         cfg.owner_rule != OwnerRule::kAllGather;
+  if (!can_split || in.options.muon_replica_split == "off") {
+    EXPECT_EQ(p.dense.replicas, 1);
+  }
+  if (can_split && in.options.muon_replica_split == "on") {
+    EXPECT_EQ(p.dense.replicas, cfg.instances);
+  }
   double dense_total = 0;
   for (double l : p.dense.load) dense_total += l;
   double expert_total = 0;
@@ -178,8 +199,28 @@ void CheckInvariants(const PlanInput& in, const Plan& p) {
   double rank_total = 0;
   for (const RankSummary& r : p.ranks) rank_total += r.load_flops;
   EXPECT_NEAR(rank_total,
-              dense_total * dense_domains + expert_total * (p.has_experts ? cfg.ep * expert_domains : 0),
+              dense_total * static_cast<double>(dense_domains / p.dense.replicas) +
+                  expert_total * (p.has_experts ? cfg.ep * expert_domains : 0),
               1e-6 * std::max(1.0, rank_total));
+  // Newton-Schulz work: each dense matrix once per domain, or once per set
+  // of replica domains under the split.
+  double dense_ns = 0;
+  for (const MatrixPlan& m : p.dense.matrices) dense_ns += m.cost_flops;
+  double expert_ns = 0;
+  for (const MatrixPlan& m : p.expert.matrices) expert_ns += m.cost_flops;
+  double rank_ns = 0;
+  for (const RankSummary& r : p.ranks) rank_ns += r.ns_flops;
+  if (cfg.owner_rule != OwnerRule::kAllGather) {
+    EXPECT_NEAR(rank_ns,
+                dense_ns * static_cast<double>(dense_domains / p.dense.replicas) +
+                    expert_ns * (p.has_experts ? cfg.ep * expert_domains : 0),
+                1e-6 * std::max(1.0, rank_ns));
+  }
+  // The joint makespan is the busiest rank's load, and never below its bound.
+  double busiest = 0;
+  for (const RankSummary& r : p.ranks) busiest = std::max(busiest, r.load_flops);
+  EXPECT_DOUBLE_EQ(p.joint_makespan, busiest);
+  EXPECT_GE(p.joint_makespan, p.joint_lower_bound * (1 - 1e-12));
 }
 
 class PlannerConfigTest : public ::testing::TestWithParam<Config> {};

@@ -44,6 +44,7 @@ void ExpectSameLayout(const plan::UnitLayout& a, const plan::UnitLayout& b) {
 void ExpectSameDomainPlan(const plan::DomainPlan& a, const plan::DomainPlan& b) {
   EXPECT_EQ(a.mesh, b.mesh);
   EXPECT_EQ(a.size, b.size);
+  EXPECT_EQ(a.replicas, b.replicas);
   ASSERT_EQ(a.matrices.size(), b.matrices.size());
   for (size_t i = 0; i < a.matrices.size(); ++i) {
     const plan::MatrixPlan& x = a.matrices[i];
@@ -64,6 +65,7 @@ void ExpectSameDomainPlan(const plan::DomainPlan& a, const plan::DomainPlan& b) 
     EXPECT_EQ(x.owner, y.owner);
     EXPECT_EQ(x.owner_cost, y.owner_cost);
     EXPECT_EQ(x.gather_bytes, y.gather_bytes);
+    EXPECT_EQ(x.replica, y.replica);
   }
   EXPECT_EQ(a.load, b.load);
   EXPECT_EQ(a.ns_flops, b.ns_flops);
@@ -94,6 +96,7 @@ void ExpectSamePlan(const plan::Plan& a, const plan::Plan& b) {
   EXPECT_EQ(a.config.inner, b.config.inner);
   EXPECT_EQ(a.config.outer, b.config.outer);
   EXPECT_EQ(a.config.owner_rule, b.config.owner_rule);
+  EXPECT_EQ(a.config.replica_split, b.config.replica_split);
   EXPECT_EQ(a.config.ns_steps, b.config.ns_steps);
   EXPECT_EQ(a.config.comm_flops_per_byte, b.config.comm_flops_per_byte);
   EXPECT_EQ(a.config.bytes_per_element, b.config.bytes_per_element);
@@ -127,6 +130,7 @@ void ExpectSamePlan(const plan::Plan& a, const plan::Plan& b) {
     EXPECT_EQ(a.ranks[i].grad_shard_elements, b.ranks[i].grad_shard_elements);
     EXPECT_EQ(a.ranks[i].gather_bytes, b.ranks[i].gather_bytes);
     EXPECT_EQ(a.ranks[i].owned_matrices, b.ranks[i].owned_matrices);
+    EXPECT_EQ(a.ranks[i].replica_exchange_bytes, b.ranks[i].replica_exchange_bytes);
   }
   ASSERT_EQ(a.collectives.size(), b.collectives.size());
   for (size_t i = 0; i < a.collectives.size(); ++i) {
@@ -147,13 +151,18 @@ struct Case {
   int64_t instances;
   int64_t ep;
   const char* rule;
+  const char* outer = "";
+  const char* replica_split = "";
 };
 
 TEST(ExecPlanConvertTest, PlansOfRealModelsRoundTripFieldByField) {
-  for (const Case& c : std::vector<Case>{{"gpt2-124m", 8, "optim_grads_params", 2, 1, "lpt"},
-                                         {"gpt2-124m", 4, "no_shard", 1, 1, "allgather"},
-                                         {"llama3-8b", 16, "optim", 1, 1, "round_robin"},
-                                         {"deepseek-v3", 8, "optim_grads_params", 1, 8, "lpt"}}) {
+  for (const Case& c :
+       std::vector<Case>{{"gpt2-124m", 8, "optim_grads_params", 2, 1, "lpt"},
+                         {"gpt2-124m", 4, "no_shard", 1, 1, "allgather"},
+                         {"llama3-8b", 16, "optim", 1, 1, "round_robin"},
+                         {"deepseek-v3", 8, "optim_grads_params", 1, 8, "lpt"},
+                         // HSDP with the replica split.
+                         {"gpt2-124m", 8, "optim_grads_params", 2, 1, "lpt", "no_shard", "on"}}) {
     SCOPED_TRACE(::testing::Message() << c.spec << " W=" << c.world << " " << c.strategy);
     absl::StatusOr<plan::ModelSpec> spec = testing::LoadSpec(c.spec);
     ASSERT_TRUE(spec.ok()) << spec.status();
@@ -163,7 +172,9 @@ TEST(ExecPlanConvertTest, PlansOfRealModelsRoundTripFieldByField) {
     input.parallelism.data_parallel_sharding_strategy = c.strategy;
     input.parallelism.num_distributed_optimizer_instances = c.instances;
     input.parallelism.expert_model_parallel_size = c.ep;
+    input.parallelism.outer_dp_sharding_strategy = c.outer;
     input.options.owner_assignment = c.rule;
+    input.options.muon_replica_split = c.replica_split;
     absl::StatusOr<plan::Plan> original = plan::ComputePlan(input);
     ASSERT_TRUE(original.ok()) << original.status();
     const v1::ExecutionPlan exec = PlanToExec(*original);
@@ -204,6 +215,13 @@ TEST(ExecPlanConvertTest, DamagedPlansAreRefusedNamingTheField) {
   bad = good;
   bad.mutable_config()->set_owner_rule(static_cast<v1::ExecOwnerRule>(9));
   EXPECT_THAT(std::string(PlanFromExec(bad).status().message()), HasSubstr("config.owner_rule"));
+  bad = good;
+  bad.mutable_dense()->mutable_matrices(0)->set_replica(0);  // no split: -1 only
+  EXPECT_THAT(std::string(PlanFromExec(bad).status().message()),
+              HasSubstr("dense.matrices[0].replica"));
+  bad = good;
+  bad.mutable_config()->set_replica_split(7);
+  EXPECT_THAT(std::string(PlanFromExec(bad).status().message()), HasSubstr("config.replica_split"));
   bad = good;
   bad.mutable_dense()->mutable_matrices(0)->add_holder_row_start(1);
   EXPECT_THAT(std::string(PlanFromExec(bad).status().message()),

@@ -171,6 +171,12 @@ void CheckOptimizer(const v1::OptimizerConfig& opt, Violations& v) {
           absl::StrCat("unknown rule ", plan::Quote(rule),
                        " (expected lpt, round_robin, allgather or greedy_in_order)"));
   }
+  const std::string& split = opt.muon_replica_split();
+  if (!split.empty() && split != "auto" && split != "on" && split != "off") {
+    v.Add("optimizer.muon_replica_split",
+          absl::StrCat("unknown value ", plan::Quote(split),
+                       " (expected auto, on or off; empty or unset: auto)"));
+  }
   if (opt.muon_buffer_bytes() < 0) {
     v.Add("optimizer.muon_buffer_bytes",
           absl::StrCat("must be >= 0 (0, the default: one wave for the whole model), got ",
@@ -492,6 +498,8 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
   r.owner_assignment =
       job.optimizer().owner_assignment().empty() ? "lpt" : job.optimizer().owner_assignment();
   r.muon_buffer_bytes = job.optimizer().muon_buffer_bytes();
+  r.muon_replica_split =
+      job.optimizer().muon_replica_split().empty() ? "auto" : job.optimizer().muon_replica_split();
   r.muon = MuonFromProto(job.optimizer().muon());
   r.adamw = AdamWFromProto(job.optimizer().adamw());
   for (const v1::OptimizerRule& rule : job.optimizer().rules()) {

@@ -14,6 +14,7 @@
 //   optimizer.adamw             lr 1e-3, beta1 0.9, beta2 0.999, eps 1e-8 (only when unset: an
 //                               explicit eps must be > 0), weight_decay 0
 //   optimizer.owner_assignment  lpt
+//   optimizer.muon_replica_split auto
 //   model.synthetic.scale       1 (full size)
 //   init                        seed 0 when neither seed nor safetensors is given
 //   data                        teacher {seed: 0, samples: 4096} when nothing is given
@@ -79,6 +80,7 @@ struct ResolvedJob {
   plan::ParallelismConfig parallelism;
   std::string owner_assignment;  // lpt | round_robin | allgather | greedy_in_order
   int64_t muon_buffer_bytes = 0;  // optimizer.muon_buffer_bytes (TrainerOptions)
+  std::string muon_replica_split;  // optimizer.muon_replica_split: auto | on | off
 
   math::MuonOptions muon;
   math::AdamWOptions adamw;

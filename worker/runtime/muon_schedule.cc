@@ -5,20 +5,33 @@
 namespace muonmesh::worker {
 namespace {
 
-// Adds, per unit, the busiest position's bytes on one mesh's domain.
+// Adds, per unit, the busiest position's bytes on one mesh's domain. Under
+// the replica split (domain.replicas > 1) each (replica, position) counts
+// apart: whole matrices only for its replica's matrices, and the replica
+// exchange's send and receive buffers ((I - 1) x its rows of its replica's
+// matrices, and its rows of the others').
 void AddDomain(const plan::DomainPlan& domain, bool everyone, std::vector<int64_t>* bytes) {
   const size_t units = bytes->size();
-  // elements[u][p]: 2 x owned + 2 x held by position p in unit u.
-  std::vector<std::vector<int64_t>> elements(units, std::vector<int64_t>(domain.size, 0));
+  const int64_t replicas = std::max<int64_t>(domain.replicas, 1);
+  const int64_t n = replicas * domain.size;
+  // elements[u][i]: 2 x owned + 2 x held (+ the replica exchange) by entry i in unit u.
+  std::vector<std::vector<int64_t>> elements(units, std::vector<int64_t>(n, 0));
   for (const plan::MatrixPlan& m : domain.matrices) {
     std::vector<int64_t>& e = elements[m.unit];
     const int64_t whole = m.rows * m.cols;
     if (everyone) {
       for (int64_t& p : e) p += 2 * whole;
     } else if (m.owner >= 0) {
-      e[m.owner] += 2 * whole;
+      e[std::max(m.replica, 0) * domain.size + m.owner] += 2 * whole;
     }
-    for (const plan::Holder& h : m.holders) e[h.position] += 2 * h.row_count * m.cols;
+    for (const plan::Holder& h : m.holders) {
+      for (int64_t o = 0; o < replicas; ++o) {
+        const int64_t rows = h.row_count * m.cols;
+        e[o * domain.size + h.position] += 2 * rows;
+        if (replicas > 1)
+          e[o * domain.size + h.position] += m.replica == o ? (replicas - 1) * rows : rows;
+      }
+    }
   }
   for (size_t u = 0; u < units; ++u) {
     const auto busiest = std::max_element(elements[u].begin(), elements[u].end());
@@ -80,13 +93,19 @@ std::vector<std::vector<double>> PlannedWaveNsFlops(const plan::Plan& plan,
   }
   std::vector<std::vector<double>> out(waves.size(), std::vector<double>(world, 0.0));
   const bool everyone = plan.config.owner_rule == plan::OwnerRule::kAllGather;
+  // Ranks per dp_outer coordinate: a dense domain's replica is its ranks'.
+  const int64_t inner = plan.config.world_size / std::max<int64_t>(plan.config.instances, 1);
   for (const plan::Domain& d : plan.domains) {
     const plan::DomainPlan& owners = d.mesh == plan::MeshKind::kDense ? plan.dense : plan.expert;
+    const int32_t replica =
+        owners.replicas > 1 && !d.ranks.empty() ? static_cast<int32_t>(d.ranks[0] / inner) : -1;
     for (const plan::MatrixPlan& m : owners.matrices) {
       const int32_t w = wave_of[m.unit];
       if (w < 0) continue;
       if (everyone) {
         for (int32_t r : d.ranks) out[w][r] += m.cost_flops;
+      } else if (m.replica != replica) {
+        continue;  // another replica orthogonalizes it (the replica split)
       } else if (m.owner >= 0 && m.owner < static_cast<int32_t>(d.ranks.size())) {
         out[w][d.ranks[m.owner]] += m.cost_flops;
       }

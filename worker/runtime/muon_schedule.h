@@ -31,8 +31,10 @@ struct MuonWave {
 // Per spec unit: the most bytes a position of each mesh needs for its Muon
 // exchange, dense and expert added (a rank is on both meshes): the whole
 // matrices it orthogonalizes and their receive buffer (2 x owned), its own
-// u rows and their send buffer (2 x held), fp32. Every matrix counts as
-// owned under the allgather rule.
+// u rows and their send buffer (2 x held), fp32; under the HSDP replica
+// split only its replica's matrices count as owned, and the replica
+// exchange's buffers count too. Every matrix counts as owned under the
+// allgather rule.
 std::vector<int64_t> MuonUnitBytes(const plan::Plan& plan);
 
 // Cuts the units with Muon matrices into waves, greedily in spec order, each
@@ -53,8 +55,9 @@ int64_t BackwardPeakMuonBufferBytes(const plan::Plan& plan);
 // What the plan says each rank computes in each wave: [wave][rank], the
 // Newton-Schulz FLOPs of the matrices its positions own in the wave's units
 // over every domain it belongs to (every matrix of its domains under the
-// allgather rule). The critical path of the executed schedule is the sum
-// over waves of each wave's largest entry.
+// allgather rule; under the HSDP replica split only its replica's
+// matrices). The critical path of the executed schedule is the sum over
+// waves of each wave's largest entry.
 std::vector<std::vector<double>> PlannedWaveNsFlops(const plan::Plan& plan,
                                                     const std::vector<MuonWave>& waves);
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -59,6 +60,12 @@ struct MeshState {
   int64_t domain_size = 1;                   // D
   int64_t k = 1;                             // optimizer shards per parameter shard
   int32_t position = 0;
+  // Under the HSDP replica split (the dense mesh, domain->replicas > 1): my
+  // replica (dp_outer coordinate) and the group of the ranks that hold my
+  // shards in every replica, ordered by replica (one of all_reduce_comms);
+  // -1 and null otherwise.
+  int32_t replica = -1;
+  comm::Communicator* replica_comm = nullptr;
   std::string bytes_prefix;                  // "" dense, "expert/" expert
   std::unique_ptr<comm::Communicator> domain_comm;
   std::unique_ptr<comm::Communicator> gather_comm;
@@ -272,6 +279,10 @@ struct Trainer::Impl {
     return absl::OkStatus();
   }
 
+  // Finds the dense mesh's replica group under the HSDP replica split
+  // (MeshState::replica_comm); nothing to do without the split. Internal
+  // when the groups do not match the plan.
+  absl::Status JoinReplicas();
   // Fixes the unit's Muon exchange from the plan (once, at creation).
   void PlanMuon(UnitState& u) const;
   // The optimizer phase: AdamW, then the Muon waves (muon_schedule.h), each
@@ -310,9 +321,33 @@ absl::Status Walk(Device& dev, const Run* first, const Run* last,
 
 }  // namespace
 
+absl::Status Trainer::Impl::JoinReplicas() {
+  const int64_t replicas = plan->dense.replicas;
+  if (replicas <= 1) return absl::OkStatus();
+  // The outer axis replicates the optimizer state, so its group is the
+  // first all-reduce group (groups.h: one per replicated axis, in axis
+  // order), ordered by dp_outer coordinate.
+  const int32_t replica = plan::MeshGeometry::Dense(plan->config).Coords(rank)[0];
+  if (dense.all_reduce_comms.empty() || dense.all_reduce_comms[0]->size() != replicas ||
+      dense.all_reduce_comms[0]->rank() != replica) {
+    return absl::InternalError(
+        absl::StrCat("the plan splits the Muon work over ", replicas, " replicas, but rank ", rank,
+                     " has no dp_outer group of that size at place ", replica));
+  }
+  dense.replica = replica;
+  dense.replica_comm = dense.all_reduce_comms[0].get();
+  return absl::OkStatus();
+}
+
 void Trainer::Impl::PlanMuon(UnitState& u) const {
   const std::vector<plan::MatrixPlan>& all = u.mesh->domain->matrices;
   const bool everyone = plan->config.owner_rule == plan::OwnerRule::kAllGather;
+  // Under the replica split my domain orthogonalizes only my replica's
+  // matrices (the others' results arrive over dp_outer).
+  const int32_t replica = u.mesh->replica;
+  auto ours = [replica](const plan::MatrixPlan& m) {
+    return m.replica < 0 || m.replica == replica;
+  };
   const int64_t domain_size = u.mesh->domain_size;
   const int32_t position = u.mesh->position;
   const size_t n = u.matrices.size();
@@ -327,7 +362,7 @@ void Trainer::Impl::PlanMuon(UnitState& u) const {
     u.mine[i] = Mine(u, m);
     u.rows_offset[i] = u.rows_total;
     u.rows_total += u.mine[i].row_count * m.cols;
-    u.holds[i] = everyone || m.owner == position;
+    u.holds[i] = everyone || (m.owner == position && ours(m));
   }
   Exchange& ex = u.exchange;
   ex = Exchange{};
@@ -338,7 +373,7 @@ void Trainer::Impl::PlanMuon(UnitState& u) const {
     ex.recv_first.push_back(ex.recv.size());
     for (size_t i = 0; i < n; ++i) {
       const plan::MatrixPlan& m = all[u.matrices[i]];
-      if (u.mine[i].row_count > 0 && (everyone || m.owner == q)) {
+      if (u.mine[i].row_count > 0 && (everyone || (m.owner == q && ours(m)))) {
         ex.send.push_back({static_cast<int32_t>(i), u.mine[i].row_start, u.mine[i].row_count});
         ex.send_counts[q] += u.mine[i].row_count * m.cols;
       }
@@ -453,8 +488,15 @@ struct Trainer::Impl::WaveRun {
   absl::Status Gather();
   // Stage 2: Newton-Schulz on everything I own in the wave, then (after
   // `before_scatter`, which joins the next wave's gather: the exchanges
-  // share the domain groups) the scatters and the updates.
+  // share the domain groups) the scatters, the replica exchange (under the
+  // HSDP replica split) and the updates.
   absl::Status Finish(StepReport* report, const std::function<void()>& before_scatter);
+  // Under the HSDP replica split, after the scatters: my O rows of my
+  // replica's matrices to the rank holding my shards in each other replica,
+  // and theirs of the other matrices back, in one exchange over dp_outer
+  // (ReplicaExchangeBytes, server/plan/owners.h), counted in `report` as
+  // muon_replica_exchange and in `replica_round`.
+  absl::Status ExchangeReplicas(const MeshPart& part, StepReport* report, MuonRound* replica_round);
 };
 
 absl::Status Trainer::Impl::WaveRun::Gather() {
@@ -595,6 +637,12 @@ absl::Status Trainer::Impl::WaveRun::Finish(StepReport* report,
     if (st.ok()) st = Walk(part, out, /*send_side=*/true, /*to_buffer=*/false);
     MUONMESH_RETURN_IF_ERROR(st);
   }
+  std::optional<MuonRound> replica_round;
+  for (const MeshPart& part : parts) {
+    if (part.mesh->replica_comm == nullptr) continue;
+    replica_round.emplace();
+    MUONMESH_RETURN_IF_ERROR(ExchangeReplicas(part, report, &*replica_round));
+  }
   report->times.muon_scatter += absl::Now() - t0;
 
   // Momentum, weight decay and the update on my rows.
@@ -615,6 +663,79 @@ absl::Status Trainer::Impl::WaveRun::Finish(StepReport* report,
   }
   report->times.muon_apply += absl::Now() - t0;
   report->muon_rounds.push_back(std::move(round));
+  if (replica_round.has_value()) report->muon_rounds.push_back(*std::move(replica_round));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Impl::WaveRun::ExchangeReplicas(const MeshPart& part, StepReport* report,
+                                                      MuonRound* replica_round) {
+  comm::Communicator& c = *part.mesh->replica_comm;
+  const int32_t me = part.mesh->replica;
+  const int replicas = c.size();
+  // My rows of every matrix of the wave on this mesh, by the replica that
+  // orthogonalized it, in wave and matrix order (the same on every replica:
+  // the ranks of the group hold the same rows).
+  struct Rows {
+    float* at;
+    int64_t n;
+  };
+  std::vector<std::vector<Rows>> by_replica(replicas);
+  std::vector<int64_t> totals(replicas, 0);
+  for (int32_t id : part.ids) {
+    UnitState& u = m.units[id];
+    for (size_t i = 0; i < u.matrices.size(); ++i) {
+      const plan::MatrixPlan& mp = MatricesOf(u)[u.matrices[i]];
+      const int64_t n = u.mine[i].row_count * mp.cols;
+      if (n == 0) continue;
+      if (mp.replica < 0 || mp.replica >= replicas) {
+        return absl::InternalError(absl::StrCat("matrix of ", m.plan->units[u.unit].name,
+                                                " has no replica under the replica split"));
+      }
+      by_replica[mp.replica].push_back({rows.data() + u.rows_base + u.rows_offset[i], n});
+      totals[mp.replica] += n;
+    }
+  }
+  std::vector<int64_t> send_counts(replicas, 0), recv_counts(replicas, 0);
+  int64_t recv_total = 0;
+  for (int q = 0; q < replicas; ++q) {
+    if (q == me) continue;
+    send_counts[q] = totals[me];
+    recv_counts[q] = totals[q];
+    recv_total += totals[q];
+  }
+  MUONMESH_RETURN_IF_ERROR(m.Reserve(send, totals[me] * (replicas - 1)));
+  MUONMESH_RETURN_IF_ERROR(m.Reserve(recv, recv_total));
+  // The same rows to every other replica.
+  float* out = send.data();
+  for (int q = 0; q < replicas; ++q) {
+    if (q == me) continue;
+    for (const Rows& r : by_replica[me]) {
+      MUONMESH_RETURN_IF_ERROR(m.dev->Copy(out, r.at, r.n));
+      out += r.n;
+    }
+  }
+  replica_round->wave = wave;
+  replica_round->first_unit = round.first_unit;
+  replica_round->end_unit = round.end_unit;
+  replica_round->domain = "dp_outer";
+  const int64_t before = c.stats().total_bytes_sent();
+  const absl::Time start = absl::Now();
+  absl::Status st = m.Counted(c, part.mesh->bytes_prefix + "muon_replica_exchange", report, [&] {
+    return c.AllToAllV(send.data(), send_counts, recv.data(), recv_counts, m.options.collective);
+  });
+  replica_round->wait += absl::Now() - start;
+  replica_round->sent_bytes += c.stats().total_bytes_sent() - before;
+  replica_round->recv_bytes += recv_total * static_cast<int64_t>(sizeof(float));
+  ++report->muon_exchange_calls;
+  MUONMESH_RETURN_IF_ERROR(st, "the replica exchange over dp_outer");
+  const float* in = recv.data();
+  for (int q = 0; q < replicas; ++q) {
+    if (q == me) continue;
+    for (const Rows& r : by_replica[q]) {
+      MUONMESH_RETURN_IF_ERROR(m.dev->Copy(r.at, in, r.n));
+      in += r.n;
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -982,6 +1103,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
   }
   MUONMESH_RETURN_IF_ERROR(
       JoinMesh(plan::MeshGeometry::Dense(plan.config), rank, options, &impl->dense));
+  MUONMESH_RETURN_IF_ERROR(impl->JoinReplicas());
   if (plan.has_experts) {
     MUONMESH_RETURN_IF_ERROR(
         JoinMesh(plan::MeshGeometry::Expert(plan.config), rank, options, &impl->expert));

@@ -13,7 +13,11 @@
 //      the whole wave to the owners, Newton-Schulz on everything this rank
 //      owns in the wave (dense and expert), one exchange back per domain,
 //      update; or the allgather baseline (everyone gathers and
-//      orthogonalizes every matrix and keeps its rows);
+//      orthogonalizes every matrix and keeps its rows). Under the HSDP
+//      replica split (plan.dense.replicas > 1) my domain orthogonalizes
+//      only my replica's dense matrices, and after the scatters one
+//      exchange over dp_outer per wave swaps the results with the ranks
+//      holding my shards in the other replicas;
 //   5. gather the updated optimizer shards back into the parameter shard
 //      where parameters are replicated but the optimizer state is sharded.
 //
@@ -91,18 +95,22 @@ struct PhaseTimes {
   absl::Duration muon_prepare;
   absl::Duration muon_gather;        // exchange to the owners
   absl::Duration newton_schulz;
-  absl::Duration muon_scatter;       // exchange back
+  absl::Duration muon_scatter;       // exchange back, and the HSDP replica split's
   absl::Duration muon_apply;
   absl::Duration param_allgather_after_step;
 };
 
 // One round of the Muon phase: the exchanges, Newton-Schulz and updates of
-// one wave of units (muon_schedule.h), as this rank ran it.
+// one wave of units (muon_schedule.h), as this rank ran it; under the HSDP
+// replica split, a wave with dense matrices is followed by a round on
+// "dp_outer" (its replica exchange: no Newton-Schulz, its bytes and wait).
 struct MuonRound {
   int32_t wave = 0;
   int32_t first_unit = 0;  // spec units [first_unit, end_unit)
   int32_t end_unit = 0;
-  std::string domain;      // the meshes whose domains exchanged: "dense", "expert", "dense+expert"
+  // The meshes whose domains exchanged: "dense", "expert", "dense+expert";
+  // or "dp_outer" for the replica split's exchange.
+  std::string domain;
   double ns_flops = 0;     // Newton-Schulz FLOPs this rank ran in the round
   // What the plan says: this rank's share, and the busiest rank's (the
   // round's part of the planned critical path; PlannedWaveNsFlops).
@@ -124,7 +132,8 @@ struct StepReport {
   std::map<std::string, int64_t> bytes_sent;
   double ns_flops = 0;        // Newton-Schulz FLOPs run on this rank
   // The Muon phase, round by round in execution order, and the number of
-  // exchange calls it made (at most two per mesh per round).
+  // exchange calls it made (at most two per mesh per wave, and one per
+  // dp_outer round).
   std::vector<MuonRound> muon_rounds;
   int32_t muon_exchange_calls = 0;
 };

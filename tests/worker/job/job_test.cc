@@ -374,6 +374,9 @@ std::vector<BrokenJob> BrokenJobs() {
       {"MuonBufferBelowMinusOne",
        [](J& j) { j.mutable_optimizer()->set_muon_buffer_bytes(-1); },
        "optimizer.muon_buffer_bytes", "must be >= 0 (0, the default: one wave"},
+      {"MuonReplicaSplitUnknown",
+       [](J& j) { j.mutable_optimizer()->set_muon_replica_split("always"); },
+       "optimizer.muon_replica_split", "unknown value 'always' (expected auto, on or off"},
       {"RuleBadRegex",
        [](J& j) {
          auto* r = j.mutable_optimizer()->add_rules();

@@ -120,7 +120,8 @@ void PrintTo(const Config& c, std::ostream* os) { *os << c.name; }
 
 struct RunResult {
   std::vector<double> losses;
-  std::vector<std::vector<float>> weights;
+  std::vector<std::vector<float>> weights;       // as rank 0 gathers them
+  std::vector<std::vector<float>> last_weights;  // as the last rank does (its own replica)
   std::map<std::string, int64_t> bytes;  // summed over ranks and steps
   plan::Plan plan;
   // Per rank, its last step's Muon rounds, exchange calls and NS FLOPs.
@@ -137,7 +138,8 @@ struct Checkpoints {
 };
 
 RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpoints& ck = {},
-                 int64_t muon_buffer_bytes = 0, bool muon_overlap = true) {
+                 int64_t muon_buffer_bytes = 0, bool muon_overlap = true,
+                 const char* replica_split = "") {
   const std::unique_ptr<Workload> model = MakeWorkload(c.moe);
   plan::PlanInput in;
   in.model = model->spec();
@@ -148,6 +150,7 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
   in.parallelism.outer_dp_sharding_strategy = c.outer;
   in.options.owner_assignment = rule;
   in.options.device = "cpu";
+  in.options.muon_replica_split = replica_split;
   absl::StatusOr<plan::Plan> plan = plan::ComputePlan(in);
   EXPECT_TRUE(plan.ok()) << plan.status();
   RunResult result;
@@ -155,7 +158,8 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
 
   const std::string dir = ::testing::TempDir() + "/trainer_store_" + c.name + "_" + rule +
                           (ck.load_dir.empty() ? "" : "_resumed") + "_" +
-                          std::to_string(muon_buffer_bytes) + (muon_overlap ? "" : "_serial");
+                          std::to_string(muon_buffer_bytes) + (muon_overlap ? "" : "_serial") +
+                          (*replica_split != '\0' ? std::string("_split_") + replica_split : "");
   std::filesystem::remove_all(dir);
   absl::StatusOr<std::unique_ptr<comm::FileStore>> store = comm::FileStore::Open(dir);
   EXPECT_TRUE(store.ok()) << store.status();
@@ -165,6 +169,7 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
   std::vector<std::map<std::string, int64_t>> bytes(c.world);
   std::vector<absl::Status> status(c.world);
   std::vector<std::vector<float>> weights;
+  std::vector<std::vector<float>> last_weights;
   result.rounds.resize(c.world);
   result.exchange_calls.resize(c.world);
   result.ns_flops.resize(c.world);
@@ -223,6 +228,7 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
         return;
       }
       if (r == 0) weights = *w;
+      if (r == c.world - 1) last_weights = *w;
     });
   }
   for (auto& t : threads) t.join();
@@ -235,6 +241,7 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
   }
   result.losses = losses[0];
   result.weights = weights;
+  result.last_weights = last_weights;
   return result;
 }
 
@@ -621,6 +628,149 @@ TEST(TrainerTest, ANonFiniteGradientOnOneRankRefusesTheStepOnEveryRank) {
     EXPECT_EQ(after[r], before[r]) << "rank " << r << " changed its weights";
   }
 }
+
+// The HSDP replica split (optimizer.muon_replica_split, server/plan/types.h
+// ReplicaSplit): the dp_outer replicas share the dense Newton-Schulz work
+// and exchange the results. Forced on, in one wave or one wave per unit, the
+// weights end bit for bit as with it off; it runs exactly where the
+// optimizer state is replicated on dp_outer (HSDP), and there each dense
+// matrix is orthogonalized once per set of I replica domains instead of
+// once per domain, and each wave with dense matrices adds one exchange
+// round on "dp_outer" (after its gather and scatter), which moves what the
+// plan says and, independently, I - 1 copies of every dense Muon matrix per
+// set of replicas.
+class ReplicaSplitTest : public ::testing::TestWithParam<Config> {};
+
+TEST_P(ReplicaSplitTest, SplitAndUnsplitEndBitIdentical) {
+  const Config& c = GetParam();
+  const int steps = 3;
+  const RunResult off = RunJob(c, "lpt", steps, {}, 0, true, "off");
+  const RunResult on = RunJob(c, "lpt", steps, {}, 0, true, "on");
+  const RunResult on_per_unit = RunJob(c, "lpt", steps, {}, /*muon_buffer_bytes=*/1, true, "on");
+  // As the first and the last rank see them (replicas 0 and I - 1).
+  for (const RunResult* other : {&on, &on_per_unit}) {
+    for (const auto& [mine, theirs] : {std::pair{&other->weights, &off.weights},
+                                       std::pair{&other->last_weights, &off.weights}}) {
+      ASSERT_EQ(mine->size(), theirs->size());
+      for (size_t p = 0; p < theirs->size(); ++p) {
+        ASSERT_EQ((*mine)[p].size(), (*theirs)[p].size());
+        EXPECT_EQ(std::memcmp((*mine)[p].data(), (*theirs)[p].data(),
+                              sizeof(float) * (*theirs)[p].size()),
+                  0)
+            << "param " << p;
+      }
+    }
+  }
+  const bool splits = c.instances > 1 && std::string(c.outer) == "no_shard";
+  ASSERT_EQ(on.plan.dense.replicas, splits ? c.instances : 1);
+  EXPECT_EQ(off.plan.dense.replicas, 1);
+
+  // From the model spec: one copy of every dense and expert matrix's
+  // Newton-Schulz work, the dense matrices' elements, and the units with
+  // dense Muon matrices.
+  const std::unique_ptr<Workload> model = MakeWorkload(c.moe);
+  double dense_flops = 0, expert_flops = 0;
+  int64_t dense_elements = 0;
+  int dense_units = 0, muon_units = 0;
+  for (const plan::UnitSpec& u : model->spec().units) {
+    bool dense = false, any = false;
+    for (const plan::ParamSpec& p : u.params) {
+      if (p.optimizer != "muon") continue;
+      any = true;
+      if (p.expert) {
+        expert_flops +=
+            static_cast<double>(p.shape[0]) * plan::NewtonSchulzFlops(p.shape[1], p.shape[2], 5);
+        continue;
+      }
+      dense = true;
+      int64_t cols = 1;
+      for (size_t d = 1; d < p.shape.size(); ++d) cols *= p.shape[d];
+      dense_flops += plan::NewtonSchulzFlops(p.shape[0], cols, 5);
+      dense_elements += p.shape[0] * cols;
+    }
+    dense_units += dense ? 1 : 0;
+    muon_units += any ? 1 : 0;
+  }
+  // Dense domains (DESIGN.md §3): an instance's W/I ranks when the inner
+  // strategy shards, all W when the outer shards too, one rank under
+  // no_shard. Experts: W/EP expert-data-parallel ranks, or one.
+  const bool sharded = std::string(c.inner) != "no_shard";
+  const int64_t dense_domain =
+      sharded ? c.world / c.instances * (std::string(c.outer) == "optim" ? c.instances : 1) : 1;
+  const int64_t dense_domains = c.world / dense_domain;
+  const int64_t expert_domain = sharded ? c.world / c.ep : 1;
+  const double experts = static_cast<double>(c.world / c.ep / expert_domain) * expert_flops;
+  const int64_t sets = splits ? dense_domains / c.instances : dense_domains;
+  double off_total = 0, on_total = 0;
+  for (int32_t r = 0; r < c.world; ++r) {
+    off_total += off.ns_flops[r];
+    on_total += on.ns_flops[r];
+  }
+  const double want_off = static_cast<double>(dense_domains) * dense_flops + experts;
+  const double want_on = static_cast<double>(sets) * dense_flops + experts;
+  EXPECT_NEAR(off_total, want_off, 1e-9 * want_off);
+  EXPECT_NEAR(on_total, want_on, 1e-9 * want_on);
+
+  // The rounds: one per wave, and under the split one more on dp_outer for
+  // each wave with dense matrices, right after it.
+  const int meshes = (dense_flops > 0 ? 1 : 0) + (expert_flops > 0 ? 1 : 0);
+  for (int32_t r = 0; r < c.world; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    ASSERT_EQ(on.rounds[r].size(), splits ? 2u : 1u);
+    EXPECT_EQ(on.exchange_calls[r], 2 * meshes + (splits ? 1 : 0));
+    EXPECT_NE(on.rounds[r][0].domain, "dp_outer");
+    EXPECT_DOUBLE_EQ(on.rounds[r][0].ns_flops, on.plan.ranks[r].ns_flops);
+    if (splits) {
+      const MuonRound& x = on.rounds[r][1];
+      EXPECT_EQ(x.domain, "dp_outer");
+      EXPECT_EQ(x.wave, 0);
+      EXPECT_EQ(x.ns_flops, 0.0);
+      EXPECT_EQ(x.sent_bytes + x.recv_bytes, on.plan.ranks[r].replica_exchange_bytes);
+    }
+    int replica_rounds = 0;
+    for (const MuonRound& x : on_per_unit.rounds[r]) replica_rounds += x.domain == "dp_outer";
+    EXPECT_EQ(replica_rounds, splits ? dense_units : 0);
+    EXPECT_EQ(on_per_unit.rounds[r].size(), static_cast<size_t>(muon_units + replica_rounds));
+  }
+  int64_t planned = 0;
+  for (const plan::CollectiveBytes& x : on.plan.collectives) {
+    if (x.name == "muon_replica_exchange") planned += x.bytes_per_step;
+  }
+  const int64_t by_formula =
+      splits ? (c.instances - 1) * sets * dense_elements * static_cast<int64_t>(sizeof(float)) : 0;
+  EXPECT_EQ(planned, by_formula);
+  auto sent = [](const RunResult& run) {
+    auto it = run.bytes.find("muon_replica_exchange");
+    return it == run.bytes.end() ? int64_t{0} : it->second;
+  };
+  EXPECT_EQ(sent(on), by_formula * steps);
+  EXPECT_EQ(sent(on_per_unit), by_formula * steps);
+  EXPECT_EQ(sent(off), 0);
+  // And every collective of the split run, the owners' exchanges included,
+  // moves what the plan says.
+  std::map<std::string, int64_t> all_planned;
+  for (const plan::CollectiveBytes& x : on.plan.collectives) {
+    all_planned[(x.mesh == plan::MeshKind::kExpert ? "expert/" : "") + x.name] +=
+        x.bytes_per_step * steps;
+  }
+  std::map<std::string, int64_t> counted = on.bytes;
+  counted.erase("expert_dispatch");
+  for (auto it = counted.begin(); it != counted.end();) {
+    it = it->second == 0 ? counted.erase(it) : std::next(it);
+  }
+  EXPECT_EQ(counted, all_planned);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Hsdp, ReplicaSplitTest,
+    ::testing::Values(Config{"hsdp", 4, "optim_grads_params", 2, "no_shard"},
+                      Config{"hsdp_w8_i4", 8, "optim_grads_params", 4, "no_shard"},
+                      Config{"hsdp_over_ddp", 4, "no_shard", 2, "no_shard"},
+                      Config{"hfsdp", 4, "optim_grads_params", 2, "optim"},
+                      Config{"moe_ep1_hsdp", 4, "optim_grads_params", 2, "no_shard", 1, true},
+                      Config{"moe_ep2_hsdp", 4, "optim_grads_params", 2, "no_shard", 2, true},
+                      Config{"moe_ep2_hfsdp", 4, "optim_grads_params", 2, "optim", 2, true}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 INSTANTIATE_TEST_SUITE_P(
     Configs, TrainerConfigTest,
