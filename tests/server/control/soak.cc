@@ -1,0 +1,322 @@
+// The soak run of the faults issue (not a test of the suite: run it with
+// tests/server/control/soak.sh). On loopback it starts a coordinator and W
+// worker daemons, submits J jobs, and while they run kills a busy worker
+// every few seconds (SIGKILL; the same id comes back a moment later) and
+// the coordinator once (it comes back on the same address and data folder).
+// Then it checks that every acknowledged job is still there and final,
+// SUCCEEDED or FAILED with a reason, and prints the counts and the time from
+// each fault to the first step of the affected job's next attempt (as the
+// job's event log stamps it), median and worst.
+//
+//   soak COORDINATOR_BIN WORKER_BIN WORK_DIR [--jobs J] [--workers W]
+//        [--seconds LIMIT] [--seed S]
+//
+// Exits 0 when nothing was lost and every job ended in time, 1 otherwise.
+
+#include <signal.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "client/coordinator_client.h"
+#include "tests/testing/background.h"
+
+namespace muonmesh {
+namespace {
+
+using testing::Background;
+
+struct Options {
+  std::string coordinator_bin, worker_bin, work;
+  int jobs = 20;
+  int workers = 6;
+  int seconds = 600;
+  uint32_t seed = 1;
+};
+
+// A fault and the jobs it hit: (job id, the attempt that was running).
+struct Fault {
+  std::string what;
+  absl::Time at;
+  std::vector<std::pair<std::string, int32_t>> hit;
+};
+
+bool IsFinal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
+         s == v1::JOB_STATE_CANCELLED;
+}
+
+class Soak {
+ public:
+  explicit Soak(Options o) : o_(std::move(o)), rng_(o_.seed) {}
+
+  int Run() {
+    std::filesystem::remove_all(o_.work);
+    std::filesystem::create_directories(o_.work);
+    if (!StartCoordinator("127.0.0.1:0")) return 1;
+    client_ = std::make_unique<CoordinatorClient>(address_);
+    for (int i = 0; i < o_.workers; ++i) StartWorker(i);
+    if (!SubmitAll()) return 1;
+
+    const absl::Time end = absl::Now() + absl::Seconds(o_.seconds);
+    bool coordinator_killed = false;
+    std::map<int, absl::Time> comes_back;  // killed worker -> when to restart it
+    while (absl::Now() < end && !AllFinal()) {
+      absl::SleepFor(absl::Milliseconds(std::uniform_int_distribution<int>(1000, 3000)(rng_)));
+      for (auto it = comes_back.begin(); it != comes_back.end();) {
+        if (absl::Now() < it->second) {
+          ++it;
+          continue;
+        }
+        StartWorker(it->first);
+        it = comes_back.erase(it);
+      }
+      const int finished = Finished();
+      if (!coordinator_killed && finished >= o_.jobs / 3) {
+        KillCoordinator();
+        coordinator_killed = true;
+        continue;
+      }
+      if (std::optional<int> w = BusyWorker(); w && comes_back.count(*w) == 0) {
+        KillWorker(*w);
+        comes_back[*w] = absl::Now() + absl::Seconds(1);
+      }
+    }
+    for (const auto& [w, when] : comes_back) StartWorker(w);
+    while (absl::Now() < end && !AllFinal()) absl::SleepFor(absl::Milliseconds(200));
+    return Report(coordinator_killed);
+  }
+
+ private:
+  bool StartCoordinator(const std::string& listen) {
+    coordinator_ = std::make_unique<Background>(
+        std::vector<std::string>{o_.coordinator_bin, "--listen", listen, "--data-dir",
+                                 o_.work + "/state", "--lease-ttl", "3s",
+                                 "--collective-timeout", "10s"},
+        absl::StrCat(o_.work, "/coordinator-", starts_++, ".log"));
+    if (!coordinator_->WaitForLog("listening on", std::chrono::seconds(30))) {
+      std::cerr << "soak: the coordinator did not start:\n" << coordinator_->Log();
+      return false;
+    }
+    const std::string log = coordinator_->Log();
+    const size_t at = log.find("listening on ") + 13;
+    address_ = log.substr(at, log.find('\n', at) - at);
+    return true;
+  }
+
+  void StartWorker(int i) {
+    workers_[i] = std::make_unique<Background>(
+        std::vector<std::string>{o_.worker_bin, "--coordinator", address_, "--worker-id",
+                                 absl::StrCat("w", i), "--memory-budget", "512MiB"},
+        absl::StrCat(o_.work, "/w", i, "-", worker_starts_++, ".log"));
+  }
+
+  bool SubmitAll() {
+    std::uniform_int_distribution<int> steps(30, 90);
+    for (int i = 0; i < o_.jobs; ++i) {
+      const int world = i % 4 == 3 ? 3 : 2;
+      const std::string dir = absl::StrCat(o_.work, "/jobs/", i);
+      std::filesystem::create_directories(dir);
+      const std::string file = dir + "/job.yaml";
+      std::ofstream(file) << "name: soak-" << i << "\nworld_size: " << world
+                          << "\nparallelism: {data_parallel_sharding_strategy: optim_grads_params}"
+                          << "\nmodel: {mlp: {dims: [16, 64, 64, 8]}}\ninit: {seed: " << i
+                          << "}\ndata: {teacher: {seed: 7, samples: 192}}\n"
+                          << "training: {steps: " << steps(rng_)
+                          << ", global_batch_size: 24, checkpoint_every: 5, max_restarts: 6}\n"
+                          << "output: {dir: " << dir << "/out}\n";
+      absl::StatusOr<v1::JobSpec> spec = LoadJobForSubmit(file);
+      if (!spec.ok()) {
+        std::cerr << "soak: " << spec.status() << "\n";
+        return false;
+      }
+      absl::StatusOr<v1::SubmitJobResponse> r = client_->Submit(*spec, absl::StrCat("soak-", i));
+      if (!r.ok()) {
+        std::cerr << "soak: submit " << i << ": " << r.status() << "\n";
+        return false;
+      }
+      ids_.push_back(r->job().id());
+    }
+    std::cout << "soak: " << ids_.size() << " jobs submitted and acknowledged\n";
+    return true;
+  }
+
+  std::vector<v1::Job> Jobs() {
+    std::vector<v1::Job> jobs;
+    for (const std::string& id : ids_) {
+      absl::StatusOr<v1::Job> j = client_->Get(id);
+      if (j.ok()) jobs.push_back(*j);
+    }
+    return jobs;
+  }
+
+  int Finished() {
+    int n = 0;
+    for (const v1::Job& j : Jobs()) n += IsFinal(j.state()) ? 1 : 0;
+    return n;
+  }
+
+  bool AllFinal() {
+    const std::vector<v1::Job> jobs = Jobs();
+    return jobs.size() == ids_.size() &&
+           std::all_of(jobs.begin(), jobs.end(), [](const v1::Job& j) { return IsFinal(j.state()); });
+  }
+
+  // A worker that runs a rank of a running job, picked at random.
+  std::optional<int> BusyWorker() {
+    std::vector<int> busy;
+    for (const v1::Job& j : Jobs()) {
+      if (j.state() != v1::JOB_STATE_RUNNING) continue;
+      for (const std::string& w : j.worker_ids()) {
+        int i = 0;
+        if (absl::SimpleAtoi(w.substr(1), &i) && workers_[i] != nullptr) busy.push_back(i);
+      }
+    }
+    if (busy.empty()) return std::nullopt;
+    return busy[std::uniform_int_distribution<size_t>(0, busy.size() - 1)(rng_)];
+  }
+
+  Fault Hits(const std::string& what, const std::string& worker) {
+    Fault f{what, absl::Now(), {}};
+    for (const v1::Job& j : Jobs()) {
+      if (j.state() != v1::JOB_STATE_RUNNING) continue;
+      const bool on_it = worker.empty() || std::find(j.worker_ids().begin(), j.worker_ids().end(),
+                                                     worker) != j.worker_ids().end();
+      if (on_it) f.hit.push_back({j.id(), j.attempt()});
+    }
+    return f;
+  }
+
+  void KillWorker(int i) {
+    Fault f = Hits(absl::StrCat("worker w", i, " killed"), absl::StrCat("w", i));
+    workers_[i]->Signal(SIGKILL);
+    workers_[i]->Wait(std::chrono::seconds(10));
+    f.at = absl::Now();
+    faults_.push_back(std::move(f));
+  }
+
+  void KillCoordinator() {
+    Fault f = Hits("coordinator killed", "");
+    coordinator_->Signal(SIGKILL);
+    coordinator_->Wait(std::chrono::seconds(10));
+    f.at = absl::Now();
+    faults_.push_back(std::move(f));
+    if (!StartCoordinator(address_)) std::cerr << "soak: the coordinator did not come back\n";
+    client_ = std::make_unique<CoordinatorClient>(address_);
+  }
+
+  // When the job's first step of an attempt after `attempt` was recorded.
+  std::optional<absl::Time> FirstStepAfter(const std::string& id, int32_t attempt) {
+    std::optional<absl::Time> first;
+    (void)client_->Watch(id, 0, absl::Seconds(30), [&](const v1::JobEvent& e) {
+      if (e.has_step() && e.step().attempt() > attempt) {
+        first = absl::FromUnixMillis(e.unix_ms());
+        return false;
+      }
+      return true;
+    });
+    return first;
+  }
+
+  int Report(bool coordinator_killed) {
+    int status = 0;
+    const std::vector<v1::Job> jobs = Jobs();
+    std::map<std::string, int> by_state;
+    for (const v1::Job& j : jobs) {
+      by_state[v1::JobState_Name(j.state())] += 1;
+      if (!IsFinal(j.state())) status = 1;
+      if (j.state() != v1::JOB_STATE_SUCCEEDED) {
+        std::cout << "soak: " << j.id() << " " << v1::JobState_Name(j.state()) << ": "
+                  << j.reason() << "\n";
+        if (j.reason().empty()) status = 1;
+      }
+    }
+    std::cout << "soak: " << jobs.size() << " of " << ids_.size() << " acknowledged jobs found";
+    for (const auto& [state, n] : by_state) std::cout << ", " << n << " " << state;
+    std::cout << "\n";
+    if (jobs.size() != ids_.size()) status = 1;
+
+    std::vector<double> recovery;
+    int restarts = 0, no_restart = 0;
+    for (const Fault& f : faults_) {
+      for (const auto& [id, attempt] : f.hit) {
+        ++restarts;
+        if (std::optional<absl::Time> t = FirstStepAfter(id, attempt)) {
+          recovery.push_back(absl::ToDoubleSeconds(*t - f.at));
+        } else {
+          ++no_restart;  // it had finished its last step, or failed for good
+        }
+      }
+    }
+    int worker_faults = 0;
+    for (const Fault& f : faults_) worker_faults += f.what == "coordinator killed" ? 0 : 1;
+    std::cout << "soak: faults: " << worker_faults << " workers killed, coordinator killed "
+              << (coordinator_killed ? 1 : 0) << " time; " << restarts
+              << " running attempts hit, " << recovery.size() << " resumed, " << no_restart
+              << " without a later step\n";
+    if (!recovery.empty()) {
+      std::sort(recovery.begin(), recovery.end());
+      std::cout << absl::StrFormat(
+          "soak: fault to first step after it: median %.1f s, worst %.1f s (%d resumes)\n",
+          recovery[recovery.size() / 2], recovery.back(), static_cast<int>(recovery.size()));
+    }
+    std::cout << "soak: " << (status == 0 ? "OK" : "FAILED") << "\n";
+    return status;
+  }
+
+  Options o_;
+  std::mt19937 rng_;
+  std::unique_ptr<Background> coordinator_;
+  std::map<int, std::unique_ptr<Background>> workers_;
+  std::unique_ptr<CoordinatorClient> client_;
+  std::string address_;
+  std::vector<std::string> ids_;
+  std::vector<Fault> faults_;
+  int starts_ = 0;
+  int worker_starts_ = 0;
+};
+
+}  // namespace
+}  // namespace muonmesh
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    std::cerr << "usage: soak COORDINATOR_BIN WORKER_BIN WORK_DIR [--jobs J] [--workers W] "
+                 "[--seconds LIMIT] [--seed S]\n";
+    return 2;
+  }
+  muonmesh::Options o{argv[1], argv[2], argv[3]};
+  for (int i = 4; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    int value = 0;
+    if (!absl::SimpleAtoi(argv[i + 1], &value) || value < 1) {
+      std::cerr << "soak: " << flag << " takes a positive whole number\n";
+      return 2;
+    }
+    if (flag == "--jobs") {
+      o.jobs = value;
+    } else if (flag == "--workers") {
+      o.workers = value;
+    } else if (flag == "--seconds") {
+      o.seconds = value;
+    } else if (flag == "--seed") {
+      o.seed = static_cast<uint32_t>(value);
+    } else {
+      std::cerr << "soak: unknown flag " << flag << "\n";
+      return 2;
+    }
+  }
+  return muonmesh::Soak(o).Run();
+}
