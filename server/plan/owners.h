@@ -100,10 +100,11 @@ struct DomainClass {
 // better kept.
 // The other rules assign each class on its own, as AssignOwners does.
 //
-// `base_load` (null: none) is per rank the work outside the classes that
-// the rank carries whatever the assignment (the HSDP replica split's
-// exchange, planner.cc): lpt starts each rank's load from it, so it
-// balances around it, and the returned loads include it.
+// `base_load` (null: none) is per rank work outside the classes that the
+// assignment balances around (the HSDP replica split's exchange, planner.cc
+// SplitBaseLoad): lpt starts each rank's load from it, and the returned
+// loads include it. JointLowerBound counts its sum and its largest entry,
+// so those must bound what every plan carries.
 //
 // Fills every class's plan as AssignOwners does (its per-position loads are
 // its own share; refine_work and refine_budget_spent are those of the kept

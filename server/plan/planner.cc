@@ -257,20 +257,25 @@ void FoldSplit(DomainPlan&& split, int64_t instances, double w, int64_t bpe, Dom
       dense->load.empty() ? 0 : *std::max_element(dense->load.begin(), dense->load.end());
 }
 
-// Per rank, the least replica exchange it carries under the split, in
-// flop-equivalents: w x its rows of every dense Muon matrix (sent when its
-// replica orthogonalized the matrix, received otherwise; with I > 2 it
-// sends its replica's rows I - 1 times, so more).
+// Per rank, its replica exchange under the split as the assignment counts
+// it, in flop-equivalents: the I ranks holding one shard send and receive,
+// together, 2 (I - 1) x its rows of every dense Muon matrix, whichever
+// replica orthogonalizes each (ReplicaExchangeBytes: I - 1 copies out of the
+// orthogonalizing replica, one into each other), so each is charged the mean,
+// w x 2 (I - 1) / I x its rows: exact for I = 2, and with I > 2 its share of
+// an exact total and at most the exchange of the busiest of the I (so as
+// lower bounds, the sum and the largest stand).
 std::vector<double> SplitBaseLoad(const DomainPlan& dense, const MeshGeometry& g, double w,
-                                  int64_t bpe) {
+                                  int64_t bpe, int64_t instances) {
   std::vector<double> held(dense.size, 0.0);
   for (const MatrixPlan& m : dense.matrices) {
     for (const Holder& h : m.holders) {
       held[h.position] += static_cast<double>(h.row_count * m.cols * bpe);
     }
   }
+  const double share = 2.0 * static_cast<double>(instances - 1) / static_cast<double>(instances);
   std::vector<double> base(g.world_size());
-  for (int32_t r = 0; r < g.world_size(); ++r) base[r] = w * held[g.PositionOf(r)];
+  for (int32_t r = 0; r < g.world_size(); ++r) base[r] = w * share * held[g.PositionOf(r)];
   return base;
 }
 
@@ -337,14 +342,13 @@ absl::StatusOr<OwnerPlans> PlanOwnersOnce(const ResolvedConfig& cfg,
         classes[m] = DomainClass{&d, ranks[m]};
       }
     }
-    // Under the split every rank carries its replica exchange, at least its
-    // rows of every matrix once (exactly that with I = 2;
-    // ReplicaExchangeBytes): the assignment balances around it, and the
-    // bound counts it.
+    // Under the split every rank carries its replica exchange
+    // (SplitBaseLoad): the assignment balances around it, and the bound
+    // counts it.
     std::vector<double> base;
     if (split_class.has_value()) {
       base = SplitBaseLoad(p.domains[split_mesh], *meshes[split_mesh].geometry, w,
-                           cfg.bytes_per_element);
+                           cfg.bytes_per_element, cfg.instances);
     }
     const std::vector<double>* base_load = base.empty() ? nullptr : &base;
     absl::StatusOr<std::vector<double>> loads = AssignOwnersJointly(

@@ -309,9 +309,8 @@ struct Plan {
   // max(each mesh's lower_bound, sum of all domains' best-holder costs /
   // world size): no owner assignment has a smaller joint makespan. Under the
   // replica split it is the split family's: the dense matrices once per set
-  // of replicas over its I x D positions, and each rank's least replica
-  // exchange (its rows of every dense matrix, once) as a load no split
-  // avoids (planner.cc, SplitBaseLoad).
+  // of replicas over its I x D positions, and the replica exchange, whose
+  // total no split avoids (planner.cc, SplitBaseLoad).
   double joint_lower_bound = 0;
   // A stronger certified lower bound (owners.h, StrongJointLowerBound),
   // computed only where joint_makespan exceeds 1.05 x joint_lower_bound;

@@ -127,13 +127,15 @@ Checked CheckPlan(const Plan& p) {
     }
     for (int64_t r = 0; r < world; ++r) EXPECT_EQ(seen[r], 1) << "rank " << r;
     total += sum * static_cast<double>(domains / replicas);
-    // Under the split each rank sends or receives each of its rows at
-    // least once, whatever the assignment: a load no plan avoids.
+    // Under the split the I ranks holding a shard send and receive, over
+    // dp_outer, 2 (I - 1) x its rows whatever the assignment: the total
+    // counts it, and the busiest of them carries at least the mean.
     if (replicas > 1) {
+      const double share = 2.0 * static_cast<double>(replicas - 1) / static_cast<double>(replicas);
       for (const Domain& dom : p.domains) {
         if (dom.mesh != d->mesh) continue;
         for (size_t q = 0; q < dom.ranks.size(); ++q) {
-          const double base = w * static_cast<double>(held[q]);
+          const double base = w * share * static_cast<double>(held[q]);
           total += base;
           out.joint_bound = std::max(out.joint_bound, base);
         }
