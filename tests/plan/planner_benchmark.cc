@@ -7,6 +7,7 @@
 //
 //   build/tests/plan/planner_benchmark [--shapes=N] [--list_shapes]
 //                                      [--benchmark_filter=...]
+//   build/tests/plan/planner_benchmark --replica_split_only   (the HSDP split table alone)
 //
 // The quality tables are exact (no timing); the shape sweep times each plan
 // once; the benchmarks time ComputePlan.
@@ -226,6 +227,52 @@ void PrintSweep(const std::string& device) {
   std::printf("\n");
 }
 
+// The HSDP replica split (outer no_shard, I replicas of ZeRO-3 domains):
+// the joint makespan planned without and with it, what auto picks, the
+// split plan's busiest rank's exchange over dp_outer and the joint ratio of
+// the plan that runs.
+void PrintReplicaSplitTable(const std::string& device) {
+  std::printf("HSDP replica split: inner optim_grads_params, outer no_shard, lpt, %s cost model\n",
+              device.c_str());
+  std::printf("%-12s %6s %4s %3s | %12s %12s %7s | %5s | %9s | %8s %8s\n", "model", "ranks", "ep",
+              "I", "unsplit", "split", "ratio", "auto", "xchg MiB", "joint", "time s");
+  const struct {
+    const char* model;
+    int64_t world, ep, instances;
+  } cases[] = {{"gpt2-124m", 64, 1, 2},    {"gpt2-124m", 64, 1, 8},  {"llama3-8b", 64, 1, 2},
+               {"llama3-8b", 64, 1, 8},    {"llama3-8b", 512, 1, 8}, {"deepseek-v3", 64, 8, 2},
+               {"deepseek-v3", 512, 64, 8}};
+  for (const auto& c : cases) {
+    plan::PlanInput in = Input(c.model, c.world, c.ep, c.instances, "lpt", device);
+    in.parallelism.outer_dp_sharding_strategy = "no_shard";
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<plan::Plan> p = plan::ComputePlan(in);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!p.ok()) {
+      std::printf("%s at %lld: %s\n", c.model, static_cast<long long>(c.world),
+                  std::string(p.status().message()).c_str());
+      continue;
+    }
+    int64_t exchange = 0;
+    for (const plan::RankSummary& r : p->ranks) {
+      exchange = std::max(exchange, r.replica_exchange_bytes);
+    }
+    std::printf("%-12s %6lld %4lld %3lld | %12.4g %12.4g %7.3f | %5s | %9.1f | %8.4f %8.2f\n",
+                c.model, static_cast<long long>(c.world), static_cast<long long>(c.ep),
+                static_cast<long long>(c.instances), p->joint_makespan_unsplit,
+                p->joint_makespan_split, p->joint_makespan_split / p->joint_makespan_unsplit,
+                p->dense.replicas > 1 ? "split" : "off", static_cast<double>(exchange) / (1 << 20),
+                JointRatio(*p), seconds);
+  }
+  std::printf(
+      "(unsplit / split: joint makespan, the busiest rank's Newton-Schulz FLOPs plus\n"
+      " comm_flops_per_byte x its bytes, each plan made; ratio: split / unsplit; auto: what\n"
+      " muon_replica_split auto runs; xchg: the split plan's busiest rank's dp_outer bytes,\n"
+      " sent + received, per step; joint: makespan / joint lower bound of the plan that runs;\n"
+      " time: both plans)\n\n");
+}
+
 long MaxRssMiB() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
@@ -269,11 +316,17 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--shapes=", 9) == 0) shapes = std::atoi(argv[i] + 9);
     if (std::strcmp(argv[i], "--list_shapes") == 0) list = true;
+    if (std::strcmp(argv[i], "--replica_split_only") == 0) {
+      muonmesh::PrintReplicaSplitTable("cuda");
+      muonmesh::PrintReplicaSplitTable("cpu");
+      return 0;
+    }
   }
   muonmesh::PrintGeneratedShapes(shapes, list);
   muonmesh::PrintQualityTable(1, "cuda");
   muonmesh::PrintQualityTable(2, "cuda");
   muonmesh::PrintQualityTable(1, "cpu");
+  muonmesh::PrintReplicaSplitTable("cuda");
   muonmesh::PrintSweep("cuda");
   muonmesh::Register();
   benchmark::RunSpecifiedBenchmarks();
