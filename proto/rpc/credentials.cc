@@ -1,0 +1,265 @@
+#include "proto/rpc/credentials.h"
+
+#include <openssl/asn1.h>
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "grpcpp/create_channel.h"
+#include "proto/support/status_macros.h"
+
+namespace muonmesh::rpc {
+namespace {
+
+// A certificate bundle or key is a few KiB; more is the wrong file.
+constexpr std::size_t kMaxPemBytes = 1 << 20;
+constexpr std::size_t kMaxTokenFileBytes = 64 << 10;
+
+constexpr char kCaName[] = "--tls-ca (MUONMESH_TLS_CA)";
+constexpr char kCertName[] = "--tls-cert (MUONMESH_TLS_CERT)";
+constexpr char kKeyName[] = "--tls-key (MUONMESH_TLS_KEY)";
+constexpr char kTokenFileName[] = "--token-file (MUONMESH_TOKEN_FILE)";
+
+std::string Env(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? std::string(value) : std::string();
+}
+
+// At most `limit` bytes of `path`; NotFound / InvalidArgument naming `flag`.
+absl::StatusOr<std::string> ReadSmallFile(absl::string_view flag, const std::string& path,
+                                          std::size_t limit) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(flag, " ", path, ": cannot open the file"));
+  std::string text;
+  text.resize(limit + 1);
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad()) return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, ": cannot read"));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  if (text.size() > limit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " ", path, ": larger than ", limit, " bytes; not the right file?"));
+  }
+  return text;
+}
+
+struct BioFree {
+  void operator()(BIO* b) const { BIO_free(b); }
+};
+struct X509Free {
+  void operator()(X509* x) const { X509_free(x); }
+};
+struct KeyFree {
+  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
+};
+
+std::unique_ptr<BIO, BioFree> MemoryBio(const std::string& text) {
+  return std::unique_ptr<BIO, BioFree>(BIO_new_mem_buf(text.data(), static_cast<int>(text.size())));
+}
+
+// OpenSSL would prompt on the terminal for an encrypted key's passphrase;
+// a server or a daemon has no one to answer.
+int NoPassphrase(char*, int, int, void*) { return 0; }
+
+std::string FormatTime(const ASN1_TIME* t) {
+  std::tm tm{};
+  if (t == nullptr || ASN1_TIME_to_tm(t, &tm) != 1) return "an unreadable time";
+  return absl::StrFormat("%04d-%02d-%02d %02d:%02d:%02d UTC", tm.tm_year + 1900, tm.tm_mon + 1,
+                         tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
+}
+
+std::string Subject(X509* cert) {
+  std::unique_ptr<BIO, BioFree> out(BIO_new(BIO_s_mem()));
+  if (out == nullptr) return "?";
+  X509_NAME_print_ex(out.get(), X509_get_subject_name(cert), 0, XN_FLAG_RFC2253);
+  char* data = nullptr;
+  const long n = BIO_get_mem_data(out.get(), &data);
+  return n > 0 ? std::string(data, static_cast<std::size_t>(n)) : std::string("(empty)");
+}
+
+}  // namespace
+
+ClientSecurityOptions WithEnvironment(ClientSecurityOptions options) {
+  if (options.tls_ca.empty()) options.tls_ca = Env(kTlsCaEnv);
+  if (options.tls_cert.empty()) options.tls_cert = Env(kTlsCertEnv);
+  if (options.tls_key.empty()) options.tls_key = Env(kTlsKeyEnv);
+  if (options.tls_server_name.empty()) options.tls_server_name = Env(kTlsServerNameEnv);
+  if (options.token_file.empty()) options.token_file = Env(kTokenFileEnv);
+  if (options.token_file.empty() && options.token.empty()) options.token = Env(kTokenEnv);
+  return options;
+}
+
+absl::StatusOr<std::string> ReadPemFile(absl::string_view flag, const std::string& path) {
+  absl::StatusOr<std::string> text = ReadSmallFile(flag, path, kMaxPemBytes);
+  MUONMESH_RETURN_IF_ERROR(text.status());
+  if (!absl::StrContains(*text, "-----BEGIN ")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " ", path, ": not a PEM file (no '-----BEGIN' line)"));
+  }
+  return text;
+}
+
+absl::StatusOr<PemFile> LoadPemFile(absl::string_view flag, const std::string& path) {
+  absl::StatusOr<std::string> text = ReadPemFile(flag, path);
+  MUONMESH_RETURN_IF_ERROR(text.status());
+  return PemFile{std::string(flag), path, *std::move(text)};
+}
+
+absl::StatusOr<std::string> CheckCertificate(const PemFile& cert, const PemFile& key) {
+  std::unique_ptr<BIO, BioFree> cert_bio = MemoryBio(cert.text);
+  std::unique_ptr<X509, X509Free> x509(
+      cert_bio != nullptr ? PEM_read_bio_X509(cert_bio.get(), nullptr, NoPassphrase, nullptr)
+                          : nullptr);
+  if (x509 == nullptr) {
+    ERR_clear_error();
+    return absl::InvalidArgumentError(
+        absl::StrCat(cert.flag, " ", cert.path, ": holds no readable PEM certificate"));
+  }
+  if (X509_cmp_current_time(X509_get0_notAfter(x509.get())) < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(cert.flag, " ", cert.path, ": the certificate expired on ",
+                     FormatTime(X509_get0_notAfter(x509.get()))));
+  }
+  if (X509_cmp_current_time(X509_get0_notBefore(x509.get())) > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(cert.flag, " ", cert.path, ": the certificate is not valid before ",
+                     FormatTime(X509_get0_notBefore(x509.get()))));
+  }
+  if (!key.text.empty()) {
+    std::unique_ptr<BIO, BioFree> key_bio = MemoryBio(key.text);
+    std::unique_ptr<EVP_PKEY, KeyFree> pkey(
+        key_bio != nullptr
+            ? PEM_read_bio_PrivateKey(key_bio.get(), nullptr, NoPassphrase, nullptr)
+            : nullptr);
+    if (pkey == nullptr) {
+      ERR_clear_error();
+      return absl::InvalidArgumentError(absl::StrCat(
+          key.flag, " ", key.path,
+          ": holds no readable private key (PEM, not encrypted with a passphrase)"));
+    }
+    if (X509_check_private_key(x509.get(), pkey.get()) != 1) {
+      ERR_clear_error();
+      return absl::InvalidArgumentError(absl::StrCat(key.flag, " ", key.path,
+                                                     ": is not the key of the certificate in ",
+                                                     cert.flag, " ", cert.path));
+    }
+  }
+  return absl::StrCat("subject ", Subject(x509.get()), ", expires ",
+                      FormatTime(X509_get0_notAfter(x509.get())));
+}
+
+absl::Status CheckToken(absl::string_view token) {
+  if (token.size() < kMinTokenLength || token.size() > kMaxTokenLength) {
+    return absl::InvalidArgumentError(absl::StrCat("a token must have ", kMinTokenLength, " to ",
+                                                   kMaxTokenLength, " characters, this one has ",
+                                                   token.size()));
+  }
+  for (const char c : token) {
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError(
+          "a token may hold only visible ASCII characters (no spaces or control characters)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadTokenFile(absl::string_view flag, const std::string& path) {
+  absl::StatusOr<std::string> text = ReadSmallFile(flag, path, kMaxTokenFileBytes);
+  MUONMESH_RETURN_IF_ERROR(text.status());
+  absl::string_view first(*text);
+  first = first.substr(0, first.find('\n'));
+  const std::string token(absl::StripAsciiWhitespace(first));
+  if (token.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " ", path, ": the first line is empty (it must hold the token)"));
+  }
+  if (token.find_first_of(" \t") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, " ", path,
+        ": the first line holds more than one word; a client's token file holds the token "
+        "alone (the coordinator's --tokens-file, 'ROLE TOKEN' per line, is another format)"));
+  }
+  MUONMESH_RETURN_IF_ERROR(CheckToken(token), flag, " ", path);
+  return token;
+}
+
+absl::StatusOr<ChannelSecurity> LoadChannelSecurity(const ClientSecurityOptions& options) {
+  ChannelSecurity out;
+  const bool has_token = !options.token_file.empty() || !options.token.empty();
+  if (options.tls_ca.empty()) {
+    if (!options.tls_cert.empty() || !options.tls_key.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kCertName, " and ", kKeyName, " need ", kCaName,
+          ": a client certificate is only presented over TLS"));
+    }
+    if (has_token) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a token (--token-file, MUONMESH_TOKEN_FILE or MUONMESH_TOKEN) needs TLS: give ",
+          kCaName, ", the CA of the coordinator's certificate; tokens are never sent in "
+          "plaintext"));
+    }
+    return out;
+  }
+  absl::StatusOr<std::string> ca = ReadPemFile(kCaName, options.tls_ca);
+  MUONMESH_RETURN_IF_ERROR(ca.status());
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = *std::move(ca);
+  if (options.tls_cert.empty() != options.tls_key.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("give both ", kCertName, " and ", kKeyName,
+                                                   " (a client certificate and its key), or "
+                                                   "neither"));
+  }
+  if (!options.tls_cert.empty()) {
+    absl::StatusOr<PemFile> cert = LoadPemFile(kCertName, options.tls_cert);
+    MUONMESH_RETURN_IF_ERROR(cert.status());
+    absl::StatusOr<PemFile> key = LoadPemFile(kKeyName, options.tls_key);
+    MUONMESH_RETURN_IF_ERROR(key.status());
+    MUONMESH_RETURN_IF_ERROR(CheckCertificate(*cert, *key).status());
+    ssl.pem_cert_chain = std::move(cert->text);
+    ssl.pem_private_key = std::move(key->text);
+    out.client_certificate = true;
+  }
+  out.credentials = grpc::SslCredentials(ssl);
+  out.tls = true;
+  out.tls_server_name = options.tls_server_name;
+  if (has_token) {
+    std::string token = options.token;
+    if (!options.token_file.empty()) {
+      absl::StatusOr<std::string> read = ReadTokenFile(kTokenFileName, options.token_file);
+      MUONMESH_RETURN_IF_ERROR(read.status());
+      token = *std::move(read);
+    } else {
+      MUONMESH_RETURN_IF_ERROR(CheckToken(token), kTokenEnv);
+    }
+    // "authorization: Bearer TOKEN" on every call; gRPC sends call
+    // credentials only over a channel with privacy and integrity.
+    out.credentials = grpc::CompositeChannelCredentials(out.credentials,
+                                                        grpc::AccessTokenCredentials(token));
+    out.token = true;
+  }
+  return out;
+}
+
+std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address,
+                                             const ChannelSecurity& security,
+                                             grpc::ChannelArguments args) {
+  if (!security.tls_server_name.empty()) args.SetSslTargetNameOverride(security.tls_server_name);
+  return grpc::CreateCustomChannel(
+      address,
+      security.credentials != nullptr ? security.credentials : grpc::InsecureChannelCredentials(),
+      args);
+}
+
+}  // namespace muonmesh::rpc

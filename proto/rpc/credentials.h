@@ -1,0 +1,122 @@
+#pragma once
+
+// What a gRPC client of the coordinator (muonmeshctl, the client library,
+// the worker daemon) needs to reach a coordinator that serves TLS and checks
+// bearer tokens (README "Security"): the files and variables that name the
+// CA, the client certificate and the token, loaded into channel credentials.
+// The PEM and token helpers are shared with the coordinator's side
+// (server/auth/), which may include proto/ but not the other way round.
+//
+// Nothing here logs, and no error message quotes a key or a token: errors
+// name the flag (or variable) and the file.
+//
+// Stateless free functions; any thread may call them.
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+
+namespace muonmesh::rpc {
+
+// Environment variables read when the matching flag is not given.
+inline constexpr char kTlsCaEnv[] = "MUONMESH_TLS_CA";
+inline constexpr char kTlsCertEnv[] = "MUONMESH_TLS_CERT";
+inline constexpr char kTlsKeyEnv[] = "MUONMESH_TLS_KEY";
+inline constexpr char kTlsServerNameEnv[] = "MUONMESH_TLS_SERVER_NAME";
+inline constexpr char kTokenEnv[] = "MUONMESH_TOKEN";
+inline constexpr char kTokenFileEnv[] = "MUONMESH_TOKEN_FILE";
+
+// A bearer token is 16 to 4096 visible ASCII characters (0x21-0x7e): it
+// travels in an HTTP/2 header, and a short one can be guessed.
+inline constexpr std::size_t kMinTokenLength = 16;
+inline constexpr std::size_t kMaxTokenLength = 4096;
+
+// The client's security settings, as flags give them; empty means "not
+// given" (then WithEnvironment may fill them).
+struct ClientSecurityOptions {
+  // PEM file of the CA that signed the coordinator's certificate. Given:
+  // the channel uses TLS and checks the server against it. Empty: plaintext.
+  std::string tls_ca;
+  // PEM client certificate and its key, presented for mutual TLS (workers:
+  // the coordinator requires one for Fleet and Store when it has a CA).
+  std::string tls_cert;
+  std::string tls_key;
+  // The name the server's certificate must carry, when it differs from the
+  // host of the address (e.g. an IP address or a port-forward).
+  std::string tls_server_name;
+  // File whose first line is the bearer token.
+  std::string token_file;
+  // The token itself: only from MUONMESH_TOKEN (a token on a command line
+  // would show in `ps`).
+  std::string token;
+};
+
+// `options` with each empty field taken from its environment variable
+// (MUONMESH_TLS_CA, _CERT, _KEY, _SERVER_NAME, MUONMESH_TOKEN_FILE, and
+// MUONMESH_TOKEN when no token file is named anywhere).
+ClientSecurityOptions WithEnvironment(ClientSecurityOptions options);
+
+// Loaded credentials for a channel: plaintext when `credentials` is null.
+struct ChannelSecurity {
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  std::string tls_server_name;
+  bool tls = false;
+  bool client_certificate = false;
+  bool token = false;
+};
+
+// Reads the files and builds the credentials: TLS with the CA, the client
+// certificate when given, and the token as a per-call "authorization:
+// Bearer" header. InvalidArgument naming the flag and file when one cannot
+// be read or is not PEM, when a certificate comes without its key (or the
+// reverse), or when a token is given without TLS (tokens never travel in
+// plaintext).
+absl::StatusOr<ChannelSecurity> LoadChannelSecurity(const ClientSecurityOptions& options);
+
+// A channel to `address` with `security` (plaintext when it has no
+// credentials) and `args` (the target name override is added to them).
+std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address,
+                                             const ChannelSecurity& security,
+                                             grpc::ChannelArguments args = {});
+
+// The text of a PEM file. `flag` names where the path came from
+// ("--tls-cert") for the error: NotFound / InvalidArgument naming the flag
+// and the path, never the contents.
+absl::StatusOr<std::string> ReadPemFile(absl::string_view flag, const std::string& path);
+
+// The first line of a token file, trimmed. InvalidArgument naming `flag` and
+// the path when the file cannot be read, is empty, or the token is not a
+// valid token (CheckToken); the message never contains the token.
+absl::StatusOr<std::string> ReadTokenFile(absl::string_view flag, const std::string& path);
+
+// A PEM file as read: where its path came from (a flag or a variable), the
+// path, and its text.
+struct PemFile {
+  std::string flag;
+  std::string path;
+  std::string text;
+};
+
+// Reads `path` for `flag` (ReadPemFile).
+absl::StatusOr<PemFile> LoadPemFile(absl::string_view flag, const std::string& path);
+
+// Checks a certificate (the first one of `cert`, a chain may follow) and,
+// when `key` has text, that the key is the certificate's. Returns a line
+// for the log: "subject CN=..., expires 2027-01-01 00:00:00 UTC" (a
+// certificate is public; the key is never described). InvalidArgument
+// naming the flags and files when the certificate or key does not parse or
+// they do not belong together; FailedPrecondition when the certificate has
+// expired or is not valid yet.
+absl::StatusOr<std::string> CheckCertificate(const PemFile& cert, const PemFile& key);
+
+// OK when `token` has kMinTokenLength..kMaxTokenLength visible ASCII
+// characters; InvalidArgument saying which rule it breaks (not quoting it).
+absl::Status CheckToken(absl::string_view token);
+
+}  // namespace muonmesh::rpc

@@ -1,0 +1,183 @@
+#include "server/auth/server_security.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "proto/rpc/credentials.h"
+#include "proto/support/status_macros.h"
+
+namespace muonmesh::auth {
+namespace {
+
+constexpr char kCertName[] = "--tls-cert";
+constexpr char kKeyName[] = "--tls-key";
+constexpr char kCaName[] = "--tls-ca";
+
+std::string Env(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? std::string(value) : std::string();
+}
+
+// A warning when a secret file can be read by every user. (Group-readable
+// is normal: Kubernetes mounts Secrets 0440 for the pod's fsGroup.)
+void NoteOpenMode(absl::string_view flag, const std::string& path, std::vector<std::string>* notes) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return;
+  if ((st.st_mode & S_IRWXO) != 0) {
+    notes->push_back(absl::StrFormat(
+        "WARNING: %s %s can be read by every user (mode %04o); chmod 600 it", flag, path,
+        st.st_mode & 07777));
+  }
+}
+
+// The host of HOST:PORT, without IPv6 brackets.
+absl::string_view HostOf(absl::string_view listen) {
+  const std::size_t colon = listen.rfind(':');
+  absl::string_view host = colon == absl::string_view::npos ? listen : listen.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
+}  // namespace
+
+ServerSecurityOptions WithEnvironment(ServerSecurityOptions options) {
+  if (options.tls_cert.empty()) options.tls_cert = Env(kTlsCertEnv);
+  if (options.tls_key.empty()) options.tls_key = Env(kTlsKeyEnv);
+  if (options.tls_ca.empty()) options.tls_ca = Env(kTlsCaEnv);
+  if (options.tokens_file.empty()) options.tokens_file = Env(kTokensFileEnv);
+  return options;
+}
+
+bool IsLoopbackHost(absl::string_view host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (absl::EqualsIgnoreCase(host, "localhost")) return true;
+  const std::string text(host);
+  in_addr v4{};
+  if (inet_pton(AF_INET, text.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (inet_pton(AF_INET6, text.c_str(), &v6) == 1) {
+    if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+absl::StatusOr<std::unique_ptr<ServerSecurity>> ServerSecurity::Load(
+    const ServerSecurityOptions& options, absl::string_view listen, LineSink log) {
+  std::unique_ptr<ServerSecurity> self(new ServerSecurity());
+  std::vector<std::string>& notes = self->notes_;
+  const bool has_cert = !options.tls_cert.empty();
+  if (has_cert != !options.tls_key.empty()) {
+    return absl::InvalidArgumentError(
+        "give both --tls-cert and --tls-key (the coordinator's certificate and its key), or "
+        "neither");
+  }
+  if (!has_cert && !options.tls_ca.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-ca (client certificates) needs --tls-cert and --tls-key: mutual TLS is TLS first");
+  }
+  if (!has_cert && !options.tokens_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tokens-file needs --tls-cert and --tls-key: bearer tokens are never accepted in "
+        "plaintext");
+  }
+  const bool loopback = IsLoopbackHost(HostOf(listen));
+  const bool protected_port = has_cert && !options.tokens_file.empty();
+  if (!loopback && !protected_port && !options.insecure) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--listen ", listen,
+        " is not a loopback address, and without TLS and tokens (--tls-cert, --tls-key, "
+        "--tokens-file) anyone who reaches it could submit jobs, read them and join the fleet; "
+        "give them, listen on 127.0.0.1, or pass --insecure to serve it unprotected anyway"));
+  }
+
+  if (!has_cert) {
+    self->credentials_ = grpc::InsecureServerCredentials();
+    if (loopback) {
+      notes.push_back(absl::StrCat(
+          "no TLS and no tokens: serving ", listen,
+          " on loopback only, where every local user may call every method (give --tls-cert, "
+          "--tls-key and --tokens-file to serve other hosts)"));
+    } else {
+      notes.push_back(absl::StrCat(
+          "WARNING: --insecure: serving ", listen,
+          " WITHOUT TLS OR TOKENS. Anyone who can reach this port can submit and cancel jobs, "
+          "read every job, and register as a worker to receive jobs and rendezvous keys. Use "
+          "this only on a network you fully trust."));
+    }
+    return self;
+  }
+
+  absl::StatusOr<rpc::PemFile> cert = rpc::LoadPemFile(kCertName, options.tls_cert);
+  MUONMESH_RETURN_IF_ERROR(cert.status());
+  absl::StatusOr<rpc::PemFile> key = rpc::LoadPemFile(kKeyName, options.tls_key);
+  MUONMESH_RETURN_IF_ERROR(key.status());
+  absl::StatusOr<std::string> described = rpc::CheckCertificate(*cert, *key);
+  MUONMESH_RETURN_IF_ERROR(described.status());
+  notes.push_back(absl::StrCat("TLS on ", listen, ": certificate ", *described));
+  NoteOpenMode(kKeyName, options.tls_key, &notes);
+
+  grpc::SslServerCredentialsOptions ssl(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  if (!options.tls_ca.empty()) {
+    absl::StatusOr<rpc::PemFile> ca = rpc::LoadPemFile(kCaName, options.tls_ca);
+    MUONMESH_RETURN_IF_ERROR(ca.status());
+    absl::StatusOr<std::string> ca_described = rpc::CheckCertificate(*ca, rpc::PemFile{});
+    MUONMESH_RETURN_IF_ERROR(ca_described.status());
+    // Requested, not required, at the handshake: viewers and submitters
+    // connect without one. A certificate that is presented must verify; the
+    // AuthProcessor requires one for Fleet and Store.
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY;
+    ssl.pem_root_certs = std::move(ca->text);
+    self->client_ca_ = true;
+    notes.push_back(absl::StrCat("mutual TLS: Fleet and Store need a client certificate signed "
+                                 "by the CA in ",
+                                 options.tls_ca, " (", *ca_described, ")"));
+  } else {
+    notes.push_back(
+        "no --tls-ca: clients are not asked for certificates; Fleet and Store rely on worker "
+        "tokens alone");
+  }
+  ssl.pem_key_cert_pairs.push_back({std::move(key->text), std::move(cert->text)});
+  self->credentials_ = grpc::SslServerCredentials(ssl);
+  self->tls_ = true;
+
+  std::shared_ptr<const TokenTable> tokens;
+  if (!options.tokens_file.empty()) {
+    absl::StatusOr<TokenTable> table = TokenTable::Load(options.tokens_file);
+    MUONMESH_RETURN_IF_ERROR(table.status());
+    notes.push_back(absl::StrCat("tokens: ", table->size(), " from ", options.tokens_file, " (",
+                                 table->Summary(), "); grpc.health.v1 needs none"));
+    NoteOpenMode("--tokens-file", options.tokens_file, &notes);
+    tokens = std::make_shared<const TokenTable>(*std::move(table));
+    self->tokens_ = true;
+  } else {
+    notes.push_back(absl::StrCat("no --tokens-file: whoever reaches ", listen,
+                                 " may call every method",
+                                 self->client_ca_ ? " but Fleet and Store" : ""));
+    if (!loopback) {
+      notes.push_back(absl::StrCat("WARNING: --insecure: serving ", listen,
+                                   " without tokens; anyone who can reach it can submit and "
+                                   "cancel jobs"));
+    }
+  }
+  if (self->tokens_ || self->client_ca_) {
+    self->credentials_->SetAuthMetadataProcessor(std::make_shared<AuthProcessor>(
+        std::move(tokens),
+        AccessPolicyOptions{.tokens = self->tokens_, .client_ca = self->client_ca_},
+        std::move(log)));
+  }
+  return self;
+}
+
+}  // namespace muonmesh::auth
