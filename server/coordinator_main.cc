@@ -44,6 +44,21 @@ ABSL_FLAG(absl::Duration, lease_ttl, absl::Seconds(10),
 ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(60),
           "the timeout of every collective in the workers of a job (a stalled peer is caught "
           "after at most this long)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate (chain) to serve TLS with; needs --tls-key. Default "
+          "$MUONMESH_TLS_CERT. Without TLS and tokens only a loopback --listen is served");
+ABSL_FLAG(std::string, tls_key, "",
+          "PEM private key of --tls-cert (unencrypted; keep it mode 600). Default "
+          "$MUONMESH_TLS_KEY");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA for mutual TLS: clients may present a certificate it signed, and Fleet and "
+          "Store (worker traffic) require one. Default $MUONMESH_TLS_CA");
+ABSL_FLAG(std::string, tokens_file, "",
+          "bearer tokens and their roles (viewer, submitter, worker, admin), one 'ROLE TOKEN' "
+          "or 'ROLE sha256:HEX' per line; needs TLS. Default $MUONMESH_TOKENS_FILE");
+ABSL_FLAG(bool, insecure, false,
+          "serve a non-loopback --listen without TLS and tokens anyway (logged as a warning); "
+          "without it such an address is refused");
 ABSL_FLAG(int64_t, max_concurrent_plans, 4,
           "PlanLayout calls computed at once; more are refused with RESOURCE_EXHAUSTED (>= 1)");
 ABSL_FLAG(int64_t, plan_memory_mib, 4096,
@@ -98,6 +113,16 @@ void PrintHelp() {
 // The flags as server options. InvalidArgument naming a flag out of range.
 absl::Status OptionsFromFlags(muonmesh::CoordinatorServerOptions* options) {
   options->listen = absl::GetFlag(FLAGS_listen);
+  options->security = muonmesh::auth::WithEnvironment({
+      .tls_cert = absl::GetFlag(FLAGS_tls_cert),
+      .tls_key = absl::GetFlag(FLAGS_tls_key),
+      .tls_ca = absl::GetFlag(FLAGS_tls_ca),
+      .tokens_file = absl::GetFlag(FLAGS_tokens_file),
+      .insecure = absl::GetFlag(FLAGS_insecure),
+  });
+  options->log = [](const std::string& line) {
+    std::cerr << "muonmesh-coordinator: " << line << std::endl;
+  };
   const int64_t plans = absl::GetFlag(FLAGS_max_concurrent_plans);
   const int64_t mib = absl::GetFlag(FLAGS_plan_memory_mib);
   if (plans < 1) {
@@ -177,6 +202,7 @@ int main(int argc, char** argv) {
       "HOST:PORT]\n"
       "       [--lease-ttl 10s] [--collective-timeout 60s] [--shutdown-grace 5s]\n"
       "       [--max-concurrent-plans 4] [--plan-memory-mib 4096]\n"
+      "       [--tls-cert FILE --tls-key FILE [--tls-ca FILE] --tokens-file FILE] [--insecure]\n"
       "Flag names may be written with '-' or '_' (--data-dir or --data_dir).\n"
       "Prints 'muonmesh-coordinator listening on HOST:PORT' when ready; stops on SIGINT or "
       "SIGTERM\n(exit code 0), at once on a second one (exit code 1).");
@@ -241,6 +267,9 @@ int main(int argc, char** argv) {
   if (!server.ok()) {
     std::cerr << "muonmesh-coordinator: " << server.status().message() << "\n";
     return 1;
+  }
+  for (const std::string& note : (*server)->security_notes()) {
+    std::cerr << "muonmesh-coordinator: " << note << std::endl;
   }
   // Scripts and tests wait for this exact line (and read the port from it).
   if ((*server)->control() != nullptr) {

@@ -24,6 +24,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
         absl::StrCat("listen address '", listen, "' is not HOST:PORT"));
   }
 
+  absl::StatusOr<std::unique_ptr<auth::ServerSecurity>> security =
+      auth::ServerSecurity::Load(options.security, listen, options.log);
+  MUONMESH_RETURN_IF_ERROR(security.status());
+
   // Both are process-wide switches read when a server is built, so they must
   // be set before the builder exists. The health service needs at least one
   // sync service, which the Planner is.
@@ -31,6 +35,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
   std::unique_ptr<CoordinatorServer> self(new CoordinatorServer(options.planner));
+  self->security_ = *std::move(security);
   if (!options.control.data_dir.empty()) {
     absl::StatusOr<std::unique_ptr<coordinator::ControlPlane>> control =
         coordinator::ControlPlane::Start(options.control);
@@ -38,8 +43,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     self->control_ = *std::move(control);
   }
   grpc::ServerBuilder builder;
-  // TLS comes with non-loopback deployments (DESIGN.md §7).
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &self->port_);
+  // TLS (and the AuthProcessor that checks every call) or plaintext on
+  // loopback (DESIGN.md §7).
+  builder.AddListeningPort(listen, self->security_->credentials(), &self->port_);
   builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
   builder.SetMaxSendMessageSize(kMaxResponseBytes);
   // gRPC sets SO_REUSEPORT by default on Linux, which lets a second

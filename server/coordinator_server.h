@@ -3,7 +3,9 @@
 // The coordinator's gRPC server: owns the services (the Planner and, with a
 // data folder, the control plane's Jobs, Fleet and Store) and the
 // grpc::Server that serves them, with the settings every coordinator shares
-// (message size limits, grpc.health.v1, reflection, RPC metrics). muonmesh-coordinator is a flag-parsing
+// (message size limits, grpc.health.v1, reflection, RPC metrics, and the
+// port's protection: TLS, mutual TLS, bearer tokens, loopback only without
+// them; server/auth/). muonmesh-coordinator is a flag-parsing
 // shell around it; tests start it in-process on 127.0.0.1:0.
 //
 // Thread-safe: Shutdown() may be called from any thread (typically a signal
@@ -11,10 +13,12 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/server.h"
+#include "server/auth/server_security.h"
 #include "server/control/control_plane.h"
 #include "server/planner_service.h"
 
@@ -29,12 +33,23 @@ struct CoordinatorServerOptions {
   // The control plane (Jobs, Fleet, Store; durable state, leases, metrics).
   // Without a data_dir the coordinator serves the Planner only.
   coordinator::ControlPlaneOptions control;
+  // TLS, mutual TLS and tokens (server/auth/server_security.h). Left empty:
+  // plaintext, and `listen` must be a loopback address unless
+  // security.insecure.
+  auth::ServerSecurityOptions security;
+  // Where refused calls are reported (method, code, role; never a token).
+  // Null: nowhere.
+  auth::LineSink log;
 };
 
 class CoordinatorServer {
  public:
-  // Binds and starts serving. InvalidArgument if `listen` is not HOST:PORT;
-  // Unavailable if the address cannot be bound (in use, no such interface).
+  // Binds and starts serving. InvalidArgument if `listen` is not HOST:PORT
+  // or a security file is unreadable, mismatched or missing its pair;
+  // FailedPrecondition for a non-loopback `listen` without TLS and tokens
+  // (unless security.insecure); Unavailable if the address cannot be bound
+  // (in use, no such interface). The security files are checked before the
+  // data folder is touched.
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
       const CoordinatorServerOptions& options);
 
@@ -46,6 +61,8 @@ class CoordinatorServer {
   int port() const { return port_; }
   // HOST:PORT with the bound port, e.g. "127.0.0.1:41234".
   const std::string& address() const { return address_; }
+  // What to log at start about the port's protection (never a secret).
+  const std::vector<std::string>& security_notes() const { return security_->notes(); }
 
   // Stops accepting calls, reports NOT_SERVING to health checks, stops the
   // plans being computed at once (PlannerService::CancelAll: they are pure
@@ -64,6 +81,7 @@ class CoordinatorServer {
   explicit CoordinatorServer(const PlannerServiceOptions& planner) : planner_(planner) {}
 
   PlannerService planner_;
+  std::unique_ptr<auth::ServerSecurity> security_;
   std::unique_ptr<coordinator::ControlPlane> control_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
