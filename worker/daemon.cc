@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
@@ -20,6 +21,7 @@
 #include "proto/convert/exec_plan_convert.h"
 #include "proto/support/status_macros.h"
 #include "worker/comm/grpc_store.h"
+#include "worker/job/allowed_dirs.h"
 #include "worker/job/job.h"
 #include "worker/job/memory_budget.h"
 #include "worker/worker_metrics.h"
@@ -45,9 +47,10 @@ struct RankTask {
 
 class Daemon {
  public:
-  Daemon(DaemonOptions options, LineSink log, std::unique_ptr<WorkerMetrics> metrics)
+  Daemon(DaemonOptions options, const rpc::ChannelSecurity& security, LineSink log,
+         std::unique_ptr<WorkerMetrics> metrics)
       : options_(std::move(options)), log_(std::move(log)), metrics_(std::move(metrics)) {
-    channel_ = grpc::CreateChannel(options_.coordinator, grpc::InsecureChannelCredentials());
+    channel_ = rpc::CreateChannel(options_.coordinator, security);
     stub_ = v1::Fleet::NewStub(channel_);
   }
 
@@ -101,9 +104,11 @@ absl::Status Daemon::Register() {
                         " (", lease_id_, ")"));
       return absl::OkStatus();
     }
-    // Bad input will not get better; anything else (a coordinator not up
-    // yet, an old lease not expired yet) may.
-    if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+    // Bad input and refused credentials will not get better; anything else
+    // (a coordinator not up yet, an old lease not expired yet) may.
+    if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+        s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+        s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
       return FromGrpc(s, "registering");
     }
     log_(absl::StrCat("cannot register yet (", s.error_message(), "); retrying"));
@@ -173,8 +178,13 @@ void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
   const int32_t rank = start.rank();
   const std::string tag = absl::StrCat("[", task->job_id, " rank ", rank, "] ");
   auto run = [&]() -> absl::Status {
+    // The job came from whoever may submit: its paths stay in the folders
+    // the operator allows, checked before ResolveJob looks at them and again
+    // with the defaults it fills in.
+    MUONMESH_RETURN_IF_ERROR(CheckJobPathsAllowed(start.spec(), options_.allowed_dirs));
     absl::StatusOr<ResolvedJob> job = ResolveJob(start.spec(), "");
     MUONMESH_RETURN_IF_ERROR(job.status());
+    MUONMESH_RETURN_IF_ERROR(CheckJobPathsAllowed(*job, options_.allowed_dirs));
     if (PlanFingerprint(start.plan()) != start.plan_fingerprint()) {
       return absl::InvalidArgumentError(
           "the assignment's plan does not match its fingerprint; refusing to run it");
@@ -338,6 +348,20 @@ absl::Status RunDaemon(const DaemonOptions& options, const LineSink& log) {
     ::gethostname(host, sizeof(host) - 1);
     o.worker_id = absl::StrCat(host, "/", o.device, "/", ::getpid());
   }
+  absl::StatusOr<rpc::ChannelSecurity> security = rpc::LoadChannelSecurity(o.security);
+  MUONMESH_RETURN_IF_ERROR(security.status());
+  absl::StatusOr<std::vector<std::string>> allowed = ResolveAllowedDirs(o.allowed_dirs);
+  MUONMESH_RETURN_IF_ERROR(allowed.status());
+  o.allowed_dirs = *std::move(allowed);
+  log(o.allowed_dirs.empty()
+          ? std::string("no --allowed-dirs: job files may read and write wherever this user can")
+          : absl::StrCat("job files may read and write only under ",
+                         absl::StrJoin(o.allowed_dirs, ", ")));
+  log(security->tls ? absl::StrCat("TLS to ", o.coordinator,
+                                   security->client_certificate ? ", with a client certificate"
+                                                                : ", without a client certificate",
+                                   security->token ? ", with a token" : ", without a token")
+                    : absl::StrCat("plaintext to ", o.coordinator, " (no --tls-ca)"));
   std::unique_ptr<WorkerMetrics> metrics;
   if (o.metrics_listen.empty()) {
     metrics = std::make_unique<WorkerMetrics>();
@@ -347,7 +371,7 @@ absl::Status RunDaemon(const DaemonOptions& options, const LineSink& log) {
     metrics = *std::move(served);
     log(absl::StrCat("serving metrics on port ", metrics->port(), " (/metrics)"));
   }
-  Daemon daemon(std::move(o), log, std::move(metrics));
+  Daemon daemon(std::move(o), *security, log, std::move(metrics));
   return daemon.Run();
 }
 

@@ -15,9 +15,11 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "proto/rpc/credentials.h"
 #include "worker/rank_runner.h"
 
 namespace muonmesh::worker {
@@ -33,6 +35,13 @@ struct DaemonOptions {
   int64_t memory_budget_bytes = 0;
   // HOST:PORT to serve Prometheus metrics on (/metrics); empty: none.
   std::string metrics_listen;
+  // TLS, client certificate and token for the coordinator
+  // (proto/rpc/credentials.h; flags already merged with the environment).
+  // Empty: plaintext.
+  rpc::ClientSecurityOptions security;
+  // The only folders job files may make this worker read or write
+  // (worker/job/allowed_dirs.h); empty: no restriction.
+  std::vector<std::string> allowed_dirs;
   // Deadline of every unary call to the coordinator.
   absl::Duration rpc_timeout = absl::Seconds(10);
   // Set to stop: the daemon stops its rank (as a cancel would) and returns.
@@ -40,7 +49,9 @@ struct DaemonOptions {
 };
 
 // Returns when `stop` is set (OK), or InvalidArgument for bad options
-// (naming the flag), or a registration refused for good (an id in use).
+// (naming the flag: a security file that cannot be read, an allowed folder
+// that does not exist), or a registration refused for good (an id in use,
+// credentials the coordinator does not accept).
 absl::Status RunDaemon(const DaemonOptions& options, const LineSink& log);
 
 }  // namespace muonmesh::worker

@@ -16,6 +16,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "proto/rpc/credentials.h"
 #include "worker/daemon.h"
 #include "worker/job/memory_budget.h"
 #include "worker/standalone.h"
@@ -25,7 +27,9 @@ namespace {
 constexpr const char* kUsage =
     "usage: muonmesh-worker --coordinator HOST:PORT [--device cpu|cuda:N] [--worker-id ID]\n"
     "                       [--address HOST] [--memory-budget SIZE]\n"
-    "                       [--metrics-listen HOST:PORT]\n"
+    "                       [--metrics-listen HOST:PORT] [--allowed-dirs DIR[,DIR...]]\n"
+    "                       [--tls-ca FILE [--tls-cert FILE --tls-key FILE]\n"
+    "                        [--token-file FILE] [--tls-server-name NAME]]\n"
     "       muonmesh-worker --standalone --job FILE --rank R --world-size W --store DIR\n"
     "                       [--hostname 127.0.0.1] [--timeout-seconds 60] [--attempt 0]\n"
     "                       [--resume] [--fail-at-step S] [--cuda-device N]\n"
@@ -39,6 +43,15 @@ constexpr const char* kUsage =
     "rank when its job is cancelled. It runs until SIGINT or SIGTERM. With\n"
     "--metrics-listen it serves Prometheus metrics at http://HOST:PORT/metrics (port 0\n"
     "picks a free one and logs it).\n"
+    "--allowed-dirs names the only folders a job's paths (init/data safetensors, the\n"
+    "synthetic spec, output.dir with its checkpoints and metrics, output.export) may use,\n"
+    "after symbolic links and '..' are resolved; other jobs fail naming the field and path.\n"
+    "--tls-ca (default $MUONMESH_TLS_CA) makes it talk TLS to the coordinator, trusting\n"
+    "certificates that CA signed; --tls-cert/--tls-key ($MUONMESH_TLS_CERT/_KEY) are its\n"
+    "client certificate (mutual TLS: a coordinator with a CA requires one for Fleet and\n"
+    "Store); --token-file ($MUONMESH_TOKEN_FILE, or the token in $MUONMESH_TOKEN) its\n"
+    "bearer token (role worker); --tls-server-name ($MUONMESH_TLS_SERVER_NAME) the name the\n"
+    "coordinator's certificate must carry when it differs from the address's host.\n"
     "\n"
     "--standalone runs rank R of the job file (a JobSpec in YAML or JSON) to completion.\n"
     "All W ranks share --store (an existing folder, or one --create-store makes; use a\n"
@@ -118,6 +131,20 @@ std::string Parse(int argc, char** argv, Args& args) {
       args.daemon.address = value;
     } else if (arg == "--metrics-listen") {
       args.daemon.metrics_listen = value;
+    } else if (arg == "--allowed-dirs") {
+      for (absl::string_view dir : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+        args.daemon.allowed_dirs.emplace_back(dir);
+      }
+    } else if (arg == "--tls-ca") {
+      args.daemon.security.tls_ca = value;
+    } else if (arg == "--tls-cert") {
+      args.daemon.security.tls_cert = value;
+    } else if (arg == "--tls-key") {
+      args.daemon.security.tls_key = value;
+    } else if (arg == "--tls-server-name") {
+      args.daemon.security.tls_server_name = value;
+    } else if (arg == "--token-file") {
+      args.daemon.security.token_file = value;
     } else if (arg == "--job") {
       s.job_path = value;
     } else if (arg == "--store") {
@@ -181,6 +208,7 @@ int RunDaemonMode(const Args& args) {
   static_assert(std::atomic<bool>::is_always_lock_free);
   std::atomic<bool>& stop = g_stop;
   muonmesh::worker::DaemonOptions options = args.daemon;
+  options.security = muonmesh::rpc::WithEnvironment(options.security);
   options.stop = &stop;
   std::mutex log_mu;
   absl::Status st = muonmesh::worker::RunDaemon(options, [&](const std::string& line) {
