@@ -31,7 +31,7 @@ std::string Absolute(const fs::path& base, const std::string& path) {
 
 CoordinatorClient::CoordinatorClient(std::string address, CoordinatorClientOptions options)
     : address_(std::move(address)), options_(options) {
-  auto channel = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+  auto channel = rpc::CreateChannel(address_, options_.security);
   jobs_ = v1::Jobs::NewStub(channel);
   fleet_ = v1::Fleet::NewStub(channel);
 }

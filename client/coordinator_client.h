@@ -16,11 +16,15 @@
 #include "absl/time/time.h"
 #include "muonmesh/v1/fleet.grpc.pb.h"
 #include "muonmesh/v1/jobs.grpc.pb.h"
+#include "proto/rpc/credentials.h"
 
 namespace muonmesh {
 
 struct CoordinatorClientOptions {
   absl::Duration timeout = absl::Seconds(30);
+  // TLS, client certificate and token (rpc::LoadChannelSecurity); default:
+  // plaintext.
+  rpc::ChannelSecurity security;
 };
 
 class CoordinatorClient {

@@ -181,6 +181,7 @@ struct ConfigFlags {
   std::string coordinator;
   int64_t timeout_seconds = 60;
   bool json = false;
+  rpc::ClientSecurityOptions security;
 };
 
 void AddConfigFlags(FlagParser& parser, ConfigFlags* f) {
@@ -206,6 +207,31 @@ void AddConnectionFlags(FlagParser& parser, ConfigFlags* f) {
                 &f->coordinator);
   parser.Int("--timeout", "SECONDS", "deadline of the call (default 60)", &f->timeout_seconds);
   parser.Bool("--json", "print the answer as JSON on stdout", &f->json);
+  parser.String("--tls-ca", "FILE",
+                absl::StrCat("talk TLS, trusting the coordinator's certificate if this CA "
+                             "signed it (default $", rpc::kTlsCaEnv, ")"),
+                &f->security.tls_ca);
+  parser.String("--tls-cert", "FILE",
+                absl::StrCat("client certificate for mutual TLS (default $", rpc::kTlsCertEnv,
+                             ")"),
+                &f->security.tls_cert);
+  parser.String("--tls-key", "FILE",
+                absl::StrCat("its private key (default $", rpc::kTlsKeyEnv, ")"),
+                &f->security.tls_key);
+  parser.String("--tls-server-name", "NAME",
+                absl::StrCat("the name the coordinator's certificate must carry, when not the "
+                             "address's host (default $", rpc::kTlsServerNameEnv, ")"),
+                &f->security.tls_server_name);
+  parser.String("--token-file", "FILE",
+                absl::StrCat("file whose first line is the bearer token (default $",
+                             rpc::kTokenFileEnv, ", else the token in $", rpc::kTokenEnv, ")"),
+                &f->security.token_file);
+}
+
+// The connection's TLS and token from the flags and the environment; an
+// InvalidArgument naming the flag or file is a usage error.
+absl::StatusOr<rpc::ChannelSecurity> Security(const ConfigFlags& f) {
+  return rpc::LoadChannelSecurity(rpc::WithEnvironment(f.security));
 }
 
 // The API cannot tell 0 from unset (proto3), so 0 would silently mean the
@@ -285,7 +311,8 @@ constexpr const char* kExitCodes =
     "  2  usage error, or a spec file that does not load\n"
     "  3  coordinator unreachable (down, refused, shutting down)\n"
     "  4  deadline (--timeout) expired before the answer\n"
-    "  5  refused or failed by the coordinator (plan too large, server busy, internal error)\n";
+    "  5  refused or failed by the coordinator (no or unknown token, role not allowed, plan\n"
+    "     too large, server busy, internal error)\n";
 
 constexpr const char* kValidateSynopsis =
     "--spec FILE --world-size W [--instances I] [--strategy S] [--outer-strategy S] [--ep E] "
@@ -311,7 +338,10 @@ int RunValidate(const std::vector<std::string>& args) {
   request.set_world_size(f.world_size);
   FillParallelism(f, request.mutable_parallelism());
 
-  PlannerClient client(f.coordinator, {.timeout = absl::Seconds(f.timeout_seconds)});
+  absl::StatusOr<rpc::ChannelSecurity> security = Security(f);
+  if (!security.ok()) return UsageError("validate", security.status());
+  PlannerClient client(f.coordinator,
+                       {.timeout = absl::Seconds(f.timeout_seconds), .security = *security});
   absl::StatusOr<v1::ValidateConfigResponse> response = client.Validate(request);
   if (!response.ok()) return ReportError("validate", response.status());
   if (f.json) std::cout << ToJson(*response) << "\n";
@@ -373,7 +403,10 @@ int RunPlan(const std::vector<std::string>& args) {
   request.mutable_options()->set_device(device);
   request.set_include_shards(include_shards);
 
-  PlannerClient client(f.coordinator, {.timeout = absl::Seconds(f.timeout_seconds)});
+  absl::StatusOr<rpc::ChannelSecurity> security = Security(f);
+  if (!security.ok()) return UsageError("plan", security.status());
+  PlannerClient client(f.coordinator,
+                       {.timeout = absl::Seconds(f.timeout_seconds), .security = *security});
   absl::StatusOr<v1::PlanLayoutResponse> response = client.Plan(request);
   if (!response.ok()) return ReportError("plan", response.status());
   v1::Plan* plan = response->mutable_plan();
@@ -487,7 +520,9 @@ int RunJobCommand(const std::string& name, const std::vector<std::string>& args)
   if (const int code = ParseJobCommand(*command, args, parser, &f, &positional); code != kExitOk) {
     return code < 0 ? kExitOk : code;
   }
-  CoordinatorClient client(f.coordinator, {absl::Seconds(f.timeout_seconds)});
+  absl::StatusOr<rpc::ChannelSecurity> security = Security(f);
+  if (!security.ok()) return UsageError(name, security.status());
+  CoordinatorClient client(f.coordinator, {absl::Seconds(f.timeout_seconds), *security});
   cli::Streams io{std::cout, std::cerr, isatty(STDOUT_FILENO) != 0};
   if (name == "submit") return cli::Submit(client, positional, request_id, io);
   if (name == "status") return cli::Status(client, positional, f.json, io);
@@ -515,8 +550,11 @@ constexpr const char* kHelpHead =
     "  plan       compute the mesh, shard layout and Muon owner ranks\n"
     "  help       show this help\n"
     "\n"
-    "Run 'muonmeshctl <command> --help' for a command's flags. --coordinator and --timeout\n"
-    "may also come before the command name.\n"
+    "Run 'muonmeshctl <command> --help' for a command's flags. The connection flags\n"
+    "(--coordinator, --timeout, --tls-ca, --tls-cert, --tls-key, --tls-server-name,\n"
+    "--token-file) may also come before the command name. A coordinator with TLS and\n"
+    "tokens needs --tls-ca and a token (README \"Security\"): set MUONMESH_TLS_CA and\n"
+    "MUONMESH_TOKEN_FILE once instead of repeating them.\n"
     "\n";
 
 std::string Help() { return absl::StrCat(kHelpHead, kExitCodes); }
@@ -530,15 +568,25 @@ int Main(int argc, char** argv) {
   // theirs): move them after it.
   std::vector<std::string> all(argv + 1, argv + argc);
   std::vector<std::string> leading;
-  while (!all.empty() && (all[0] == "--coordinator" || all[0] == "--timeout") &&
-         all.size() >= 2) {
-    leading.insert(leading.end(), all.begin(), all.begin() + 2);
-    all.erase(all.begin(), all.begin() + 2);
-  }
-  while (!all.empty() &&
-         (absl::StartsWith(all[0], "--coordinator=") || absl::StartsWith(all[0], "--timeout="))) {
-    leading.push_back(all[0]);
-    all.erase(all.begin());
+  static const char* const kShared[] = {"--coordinator", "--timeout",  "--tls-ca",
+                                        "--tls-cert",    "--tls-key",  "--tls-server-name",
+                                        "--token-file"};
+  auto shared = [](const std::string& arg, bool with_value) {
+    for (const char* flag : kShared) {
+      if (with_value ? absl::StartsWith(arg, absl::StrCat(flag, "=")) : arg == flag) return true;
+    }
+    return false;
+  };
+  while (!all.empty()) {
+    if (shared(all[0], false) && all.size() >= 2) {
+      leading.insert(leading.end(), all.begin(), all.begin() + 2);
+      all.erase(all.begin(), all.begin() + 2);
+    } else if (shared(all[0], true)) {
+      leading.push_back(all[0]);
+      all.erase(all.begin());
+    } else {
+      break;
+    }
   }
   if (all.empty()) {
     std::cerr << Help();

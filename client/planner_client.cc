@@ -48,8 +48,7 @@ PlannerClient::PlannerClient(std::string address, PlannerClientOptions options)
     : address_(std::move(address)), options_(options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxReceiveBytes);
-  stub_ = v1::Planner::NewStub(
-      grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+  stub_ = v1::Planner::NewStub(rpc::CreateChannel(address_, options_.security, args));
 }
 
 absl::StatusOr<v1::ValidateConfigResponse> PlannerClient::Validate(

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "muonmesh/v1/planner.grpc.pb.h"
+#include "proto/rpc/credentials.h"
 
 namespace muonmesh {
 
@@ -18,6 +19,9 @@ struct PlannerClientOptions {
   // Deadline of each call. A coordinator that cannot be reached fails the
   // call with UNAVAILABLE or DEADLINE_EXCEEDED within it.
   absl::Duration timeout = absl::Seconds(60);
+  // TLS, client certificate and token (rpc::LoadChannelSecurity); default:
+  // plaintext.
+  rpc::ChannelSecurity security;
 };
 
 class PlannerClient {
