@@ -12,6 +12,8 @@ packages=(
   prometheus-cpp-dev libgloo-dev libopenblas-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libsqlite3-dev libyaml-cpp-dev libabsl-dev libre2-dev
+  libssl-dev  # SHA-256 of tokens, certificate checks (gRPC links it too)
+  openssl  # the security tests make their certificates with it
   prometheus  # promtool and a real Prometheus server for tests
   python3-matplotlib  # the observe e2e test's PNG report (tests/deploy/observe/report_png.py)
 )
