@@ -56,6 +56,12 @@ absl::StatusOr<Fleet::Lease> Fleet::Register(const v1::WorkerInfo& info) {
   if (it == workers_.end() && workers_.size() >= kMaxWorkers) {
     return absl::ResourceExhaustedError(absl::StrCat("the fleet has ", kMaxWorkers, " workers"));
   }
+  // A new process under the id of one whose lease ran out: the old one is
+  // gone, and so is the rank it ran, even if Expire has not looked yet.
+  if (it != workers_.end() && it->second.state != v1::WORKER_STATE_LOST &&
+      !it->second.job_id.empty()) {
+    lost_on_register_.push_back({id, it->second.job_id});
+  }
   Entry& e = workers_[id];
   e = Entry();
   e.info = info;
@@ -95,6 +101,7 @@ absl::Status Fleet::Heartbeat(const std::string& worker_id, const std::string& l
 std::vector<Fleet::Lost> Fleet::Expire() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<Lost> lost;
+  lost.swap(lost_on_register_);
   for (auto& [id, e] : workers_) {
     if (e.state == v1::WORKER_STATE_LOST || Live(e)) continue;
     lost.push_back({id, e.job_id});

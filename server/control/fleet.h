@@ -66,7 +66,8 @@ class Fleet {
   absl::Status CheckLease(const std::string& worker_id, const std::string& lease_id) const;
 
   // Marks every worker whose lease ran out LOST and returns them (with the
-  // job and rank they held, if any).
+  // job and rank they held, if any), and those that registered again after
+  // their lease ran out but before this call (their old job is lost too).
   struct Lost {
     std::string worker_id;
     std::string job_id;
@@ -117,6 +118,10 @@ class Fleet {
   mutable std::mutex mu_;
   std::condition_variable changed_;
   std::map<std::string, Entry> workers_;
+  // Workers whose lease ran out while they held a job and who registered
+  // again before Expire noticed: lost all the same, reported by the next
+  // Expire.
+  std::vector<Lost> lost_on_register_;
   int64_t next_order_ = 0;
   int64_t next_lease_ = 1;
   bool shutdown_ = false;

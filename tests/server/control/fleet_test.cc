@@ -103,6 +103,22 @@ TEST_F(FleetTest, ExpireReportsEachLostWorkerOnceWithItsJob) {
   EXPECT_TRUE(fleet_.Expire().empty());
 }
 
+TEST_F(FleetTest, AWorkerBackBeforeExpireLooksStillLosesItsOldJob) {
+  ASSERT_TRUE(fleet_.Register(Info("a")).ok());
+  ASSERT_TRUE(fleet_.Take("cpu", 1, "j-3").has_value());
+  // Killed; a new process under the same id registers as soon as the old
+  // lease has run out, before the sweep that would have seen it.
+  clock_.Advance(absl::Seconds(11));
+  ASSERT_TRUE(fleet_.Register(Info("a")).ok());
+  std::vector<Fleet::Lost> lost = fleet_.Expire();
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].worker_id, "a");
+  EXPECT_EQ(lost[0].job_id, "j-3");
+  EXPECT_TRUE(fleet_.Expire().empty());
+  // The new process is idle and can be taken again.
+  EXPECT_TRUE(fleet_.Take("cpu", 1, "j-4").has_value());
+}
+
 TEST_F(FleetTest, GangsAreAllOrNothingOfOneDeviceInRegistrationOrder) {
   for (const char* id : {"c1", "g1", "c2", "c3"}) {
     ASSERT_TRUE(fleet_.Register(Info(id, id[0] == 'g' ? "cuda" : "cpu")).ok());
