@@ -1,7 +1,8 @@
 // The soak run of the faults issue (not a test of the suite: run it with
 // tests/server/control/soak.sh). On loopback it starts a coordinator and W
 // worker daemons, submits J jobs, and while they run kills a busy worker
-// every few seconds (SIGKILL; the same id comes back a moment later) and
+// every few seconds (SIGKILL; the same id comes back a moment later; as
+// many kills as jobs) and
 // the coordinator once (it comes back on the same address and data folder).
 // Then it checks that every acknowledged job is still there and final,
 // SUCCEEDED or FAILED with a reason, and prints the counts and the time from
@@ -89,7 +90,11 @@ class Soak {
         coordinator_killed = true;
         continue;
       }
-      if (std::optional<int> w = BusyWorker(); w && comes_back.count(*w) == 0) {
+      // At most one worker kill per job, so that the run ends (every fault
+      // costs its job a restart, and the jobs have max_restarts 6).
+      if (std::optional<int> w = BusyWorker();
+          w && comes_back.count(*w) == 0 && worker_kills_ < o_.jobs) {
+        ++worker_kills_;
         KillWorker(*w);
         comes_back[*w] = absl::Now() + absl::Seconds(1);
       }
@@ -285,6 +290,7 @@ class Soak {
   std::vector<std::string> ids_;
   std::vector<Fault> faults_;
   int starts_ = 0;
+  int worker_kills_ = 0;
   int worker_starts_ = 0;
 };
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The soak run (bounded, loopback only): a coordinator and 6 worker daemons,
-# 20 jobs submitted, a busy worker killed every 1-3 s (it comes back a
+# 20 jobs submitted, a busy worker killed every 1-3 s, 20 times (it comes back a
 # second later) and the coordinator killed once (it comes back on the same
 # address and data folder). Prints the jobs by final state, the reasons of
 # those that did not succeed, the faults, and the time from each fault to
