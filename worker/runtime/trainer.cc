@@ -107,6 +107,9 @@ int64_t Elements(const plan::ParamSpec& p) { return plan::NumElements(p); }
 
 }  // namespace
 
+// A mesh's Muon matrices by (unit, parameter), as indices into its plan.
+using MatrixIndex = std::map<std::pair<int32_t, int32_t>, std::vector<int32_t>>;
+
 struct Trainer::Impl {
   const plan::Plan* plan = nullptr;  // copied below; points into `plan_copy`
   plan::Plan plan_copy;
@@ -278,6 +281,17 @@ struct Trainer::Impl {
     }
     return absl::OkStatus();
   }
+
+  // Trainer::Create's phases, in order: the process groups (world, meshes,
+  // replicas, tokens) and the loss buffer; each parameter's size and the
+  // initial parameters' shapes; each unit's shard state on each mesh, from
+  // its whole initial tensors; the Muon waves and their planned figures.
+  absl::Status JoinGroups();
+  absl::Status IndexParameters();
+  absl::Status InitialUnit(size_t u, std::vector<std::vector<float>>& whole) const;
+  absl::Status AddUnitState(size_t u, MeshState* mesh, const MatrixIndex& matrices,
+                            const std::vector<std::vector<float>>& whole);
+  void PlanWaves();
 
   // Finds the dense mesh's replica group under the HSDP replica split
   // (MeshState::replica_comm); nothing to do without the split. Internal
@@ -1024,14 +1038,16 @@ GroupSpec TokenGroup(int64_t ep, int32_t rank, const std::string& prefix) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
-                                                         Workload* workload, int32_t rank,
-                                                         const TrainerOptions& options) {
+namespace {
+
+// What Trainer::Create checks before it builds anything.
+absl::Status CheckCreateArguments(const plan::Plan& plan, const Workload& workload, int32_t rank,
+                                  const TrainerOptions& options) {
   if (options.store == nullptr) return absl::InvalidArgumentError("TrainerOptions.store is null");
   if (options.device == nullptr) {
     return absl::InvalidArgumentError("TrainerOptions.device is null");
   }
-  const plan::ModelSpec& spec = workload->spec();
+  const plan::ModelSpec& spec = workload.spec();
   if (spec.units.size() != plan.units.size()) {
     return absl::InvalidArgumentError(absl::StrCat("the plan has ", plan.units.size(),
                                                    " units but the workload has ",
@@ -1062,184 +1078,201 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
       }
     }
   }
+  if (workload.memory_space() != options.device->memory_space()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the workload ", spec.name, " computes in ",
+        comm::MemorySpaceName(workload.memory_space()), " memory, the device ",
+        options.device->name(), " holds ",
+        comm::MemorySpaceName(options.device->memory_space()), " memory"));
+  }
+  return absl::OkStatus();
+}
 
+// Each mesh's Muon matrices by (unit, parameter): an expert stack has one
+// per local expert, in expert order.
+MatrixIndex IndexMatrices(const plan::DomainPlan& d) {
+  MatrixIndex of;
+  for (size_t j = 0; j < d.matrices.size(); ++j) {
+    of[{d.matrices[j].unit, d.matrices[j].param}].push_back(static_cast<int32_t>(j));
+  }
+  return of;
+}
+
+}  // namespace
+
+absl::Status Trainer::Impl::JoinGroups() {
+  // The world, the dense mesh, and with experts the expert mesh and the
+  // token exchange.
+  absl::StatusOr<CommPtr> c = comm::CreateGroup(
+      options.backend, *options.store, WorldGroup(world, rank, options.group_prefix).name, rank,
+      static_cast<int>(world), options.group_options);
+  MUONMESH_RETURN_IF_ERROR(c.status());
+  world_comm = *std::move(c);
+  if (world_comm->memory_space() != dev->memory_space()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backend ", comm::BackendName(options.backend), " works on ",
+        comm::MemorySpaceName(world_comm->memory_space()), " memory, the device ", dev->name(),
+        " holds ", comm::MemorySpaceName(dev->memory_space()), " memory"));
+  }
+  absl::StatusOr<DeviceBuffer> two = dev->Allocate(2);
+  MUONMESH_RETURN_IF_ERROR(two.status());
+  scalar = *std::move(two);
+  MUONMESH_RETURN_IF_ERROR(
+      JoinMesh(plan::MeshGeometry::Dense(plan->config), rank, options, &dense));
+  MUONMESH_RETURN_IF_ERROR(JoinReplicas());
+  if (!plan->has_experts) return absl::OkStatus();
+  MUONMESH_RETURN_IF_ERROR(
+      JoinMesh(plan::MeshGeometry::Expert(plan->config), rank, options, &expert));
+  if (ep > 1) {
+    const GroupSpec g = TokenGroup(ep, rank, options.group_prefix);
+    c = comm::CreateGroup(options.backend, *options.store, g.name, g.rank_in_group, g.size(),
+                          options.group_options);
+    MUONMESH_RETURN_IF_ERROR(c.status());
+    ep_comm = *std::move(c);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Impl::IndexParameters() {
+  for (const plan::UnitSpec& u : workload->spec().units) {
+    unit_base.push_back(static_cast<int32_t>(param_sizes.size()));
+    unit_count.push_back(static_cast<int32_t>(u.params.size()));
+    for (const plan::ParamSpec& p : u.params) {
+      param_sizes.push_back(Elements(p));
+      local_sizes.push_back(p.expert ? Elements(p) / ep : Elements(p));
+      is_expert.push_back(p.expert);
+    }
+  }
+  if (options.initial_parameters == nullptr) return absl::OkStatus();
+  const auto& init = *options.initial_parameters;
+  if (init.size() != param_sizes.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("initial parameters: ", init.size(),
+                                                   " tensors for a model of ",
+                                                   param_sizes.size()));
+  }
+  for (size_t i = 0; i < init.size(); ++i) {
+    if (static_cast<int64_t>(init[i].size()) != param_sizes[i]) {
+      return absl::InvalidArgumentError(absl::StrCat("initial parameters: tensor ", i, " has ",
+                                                     init[i].size(), " elements, expected ",
+                                                     param_sizes[i]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// One unit's whole initial tensors at a time (never the whole model).
+absl::Status Trainer::Impl::InitialUnit(size_t u, std::vector<std::vector<float>>& whole) const {
+  whole.assign(unit_count[u], {});
+  std::vector<float*> ptrs;
+  for (int32_t j = 0; j < unit_count[u]; ++j) {
+    const size_t flat = static_cast<size_t>(unit_base[u] + j);
+    if (options.initial_parameters != nullptr) {
+      whole[j] = (*options.initial_parameters)[flat];
+    } else {
+      whole[j].assign(param_sizes[flat], 0.0f);
+    }
+    ptrs.push_back(whole[j].data());
+  }
+  if (options.initial_parameters != nullptr) return absl::OkStatus();
+  return workload->InitializeUnit(options.init_seed, static_cast<int>(u), absl::MakeSpan(ptrs));
+}
+
+absl::Status Trainer::Impl::AddUnitState(size_t u, MeshState* mesh, const MatrixIndex& matrices,
+                                         const std::vector<std::vector<float>>& whole) {
+  UnitState st;
+  st.unit = static_cast<int32_t>(u);
+  st.mesh = mesh;
+  st.layout = mesh == &dense ? &plan_copy.units[u].dense : &plan_copy.units[u].expert;
+  for (const plan::LayoutTensor& t : st.layout->tensors) {
+    const size_t flat = static_cast<size_t>(unit_base[u] + t.param);
+    st.flat.push_back(static_cast<int32_t>(flat));
+    st.local.push_back(t.param);
+    st.whole_offset.push_back(is_expert[flat] ? ep_index * local_sizes[flat] : 0);
+    // The plan decides (job rules may override the spec's optimizer).
+    auto it = matrices.find({static_cast<int32_t>(u), t.param});
+    st.muon.push_back(it != matrices.end());
+    if (it != matrices.end()) {
+      st.matrices.insert(st.matrices.end(), it->second.begin(), it->second.end());
+    }
+  }
+  const int64_t s = st.layout->shard_elements;
+  for (auto [buffer, count] : {std::pair{&st.param, mesh->k * s}, std::pair{&st.grad, s},
+                               std::pair{&st.state1, s}, std::pair{&st.state2, s}}) {
+    absl::StatusOr<DeviceBuffer> b = dev->AllocateZeroed(count);
+    MUONMESH_RETURN_IF_ERROR(b.status());
+    *buffer = *std::move(b);
+  }
+  // My parameter shard: the shards at positions of my parameter group.
+  const int64_t first = (mesh->position / mesh->k) * mesh->k;
+  const plan::UnitLayout& l = *st.layout;
+  for (int64_t j = 0; j < mesh->k; ++j) {
+    const int64_t shard = l.ShardAt(first + j);
+    for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
+      const plan::Segment& seg = l.segments[i];
+      const int64_t len = l.tensors[seg.tensor].row_len;
+      MUONMESH_RETURN_IF_ERROR(dev->CopyFromHost(
+          st.param.data() + j * s + seg.offset,
+          whole[st.local[seg.tensor]].data() + st.whole_offset[seg.tensor] + seg.row_start * len,
+          seg.row_count * len));
+    }
+  }
+  PlanMuon(st);
+  states_of[u].push_back(static_cast<int32_t>(units.size()));
+  units.push_back(std::move(st));
+  return absl::OkStatus();
+}
+
+void Trainer::Impl::PlanWaves() {
+  waves = PlanMuonWaves(*plan, WaveBudget(options.muon_buffer_bytes, Overlaps()));
+  for (const std::vector<double>& per_rank : PlannedWaveNsFlops(*plan, waves)) {
+    planned_ns.push_back({per_rank[rank], *std::max_element(per_rank.begin(), per_rank.end())});
+  }
+  for (const MuonWave& w : waves) {
+    std::vector<int32_t>& ids = wave_states.emplace_back();
+    for (int32_t u = w.first_unit; u < w.end_unit; ++u) {
+      for (int32_t id : states_of[u]) ids.push_back(id);
+    }
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
+                                                         Workload* workload, int32_t rank,
+                                                         const TrainerOptions& options) {
+  MUONMESH_RETURN_IF_ERROR(CheckCreateArguments(plan, *workload, rank, options));
   auto impl = std::make_unique<Impl>();
   impl->plan_copy = plan;
   impl->plan = &impl->plan_copy;
   impl->workload = workload;
   impl->options = options;
   impl->rank = rank;
-  impl->world = world;
-  impl->ep = ep;
-  impl->ep_index = static_cast<int32_t>(rank % ep);
+  impl->world = plan.config.world_size;
+  impl->ep = std::max<int64_t>(1, plan.config.ep);
+  impl->ep_index = static_cast<int32_t>(rank % impl->ep);
   impl->dense.domain = &impl->plan_copy.dense;
   impl->expert.domain = &impl->plan_copy.expert;
   impl->dev = options.device;
-  Device& dev = *impl->dev;
-  if (workload->memory_space() != dev.memory_space()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the workload ", spec.name, " computes in ",
-        comm::MemorySpaceName(workload->memory_space()), " memory, the device ", dev.name(),
-        " holds ", comm::MemorySpaceName(dev.memory_space()), " memory"));
-  }
+  MUONMESH_RETURN_IF_ERROR(impl->JoinGroups());
+  MUONMESH_RETURN_IF_ERROR(impl->IndexParameters());
 
-  // Process groups: the world, the dense mesh, and with experts the expert
-  // mesh and the token exchange.
-  absl::StatusOr<CommPtr> c = comm::CreateGroup(
-      options.backend, *options.store, WorldGroup(world, rank, options.group_prefix).name, rank,
-      static_cast<int>(world), options.group_options);
-  MUONMESH_RETURN_IF_ERROR(c.status());
-  impl->world_comm = *std::move(c);
-  if (impl->world_comm->memory_space() != dev.memory_space()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "backend ", comm::BackendName(options.backend), " works on ",
-        comm::MemorySpaceName(impl->world_comm->memory_space()), " memory, the device ",
-        dev.name(), " holds ", comm::MemorySpaceName(dev.memory_space()), " memory"));
-  }
-  {
-    absl::StatusOr<DeviceBuffer> scalar = dev.Allocate(2);
-    MUONMESH_RETURN_IF_ERROR(scalar.status());
-    impl->scalar = *std::move(scalar);
-  }
-  MUONMESH_RETURN_IF_ERROR(
-      JoinMesh(plan::MeshGeometry::Dense(plan.config), rank, options, &impl->dense));
-  MUONMESH_RETURN_IF_ERROR(impl->JoinReplicas());
-  if (plan.has_experts) {
-    MUONMESH_RETURN_IF_ERROR(
-        JoinMesh(plan::MeshGeometry::Expert(plan.config), rank, options, &impl->expert));
-    if (ep > 1) {
-      const GroupSpec g = TokenGroup(ep, rank, options.group_prefix);
-      c = comm::CreateGroup(options.backend, *options.store, g.name, g.rank_in_group, g.size(),
-                            options.group_options);
-      MUONMESH_RETURN_IF_ERROR(c.status());
-      impl->ep_comm = *std::move(c);
-    }
-  }
-
-  // Sizes, and the initial parameters' shape checks.
-  for (const plan::UnitSpec& u : spec.units) {
-    impl->unit_base.push_back(static_cast<int32_t>(impl->param_sizes.size()));
-    impl->unit_count.push_back(static_cast<int32_t>(u.params.size()));
-    for (const plan::ParamSpec& p : u.params) {
-      impl->param_sizes.push_back(Elements(p));
-      impl->local_sizes.push_back(p.expert ? Elements(p) / ep : Elements(p));
-      impl->is_expert.push_back(p.expert);
-    }
-  }
-  if (options.initial_parameters != nullptr) {
-    const auto& init = *options.initial_parameters;
-    if (init.size() != impl->param_sizes.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("initial parameters: ", init.size(),
-                                                     " tensors for a model of ",
-                                                     impl->param_sizes.size()));
-    }
-    for (size_t i = 0; i < init.size(); ++i) {
-      if (static_cast<int64_t>(init[i].size()) != impl->param_sizes[i]) {
-        return absl::InvalidArgumentError(absl::StrCat("initial parameters: tensor ", i, " has ",
-                                                       init[i].size(), " elements, expected ",
-                                                       impl->param_sizes[i]));
-      }
-    }
-  }
-  // One unit's whole initial tensors at a time (never the whole model).
-  auto initial_unit = [&](size_t u, std::vector<std::vector<float>>& whole) -> absl::Status {
-    whole.assign(impl->unit_count[u], {});
-    std::vector<float*> ptrs;
-    for (int32_t j = 0; j < impl->unit_count[u]; ++j) {
-      const size_t flat = static_cast<size_t>(impl->unit_base[u] + j);
-      if (options.initial_parameters != nullptr) {
-        whole[j] = (*options.initial_parameters)[flat];
-      } else {
-        whole[j].assign(impl->param_sizes[flat], 0.0f);
-      }
-      ptrs.push_back(whole[j].data());
-    }
-    if (options.initial_parameters != nullptr) return absl::OkStatus();
-    return workload->InitializeUnit(options.init_seed, static_cast<int>(u), absl::MakeSpan(ptrs));
-  };
-  impl->states_of.assign(spec.units.size(), {});
-  impl->frozen.resize(spec.units.size());
-
-  // Each mesh's Muon matrices by (unit, parameter): an expert stack has one
-  // per local expert, in expert order.
-  using MatrixIndex = std::map<std::pair<int32_t, int32_t>, std::vector<int32_t>>;
-  auto index = [](const plan::DomainPlan& d) {
-    MatrixIndex of;
-    for (size_t j = 0; j < d.matrices.size(); ++j) {
-      of[{d.matrices[j].unit, d.matrices[j].param}].push_back(static_cast<int32_t>(j));
-    }
-    return of;
-  };
-  const MatrixIndex dense_matrices = index(impl->plan_copy.dense);
-  const MatrixIndex expert_matrices = index(impl->plan_copy.expert);
+  impl->states_of.assign(plan.units.size(), {});
+  impl->frozen.resize(plan.units.size());
+  const MatrixIndex dense_matrices = IndexMatrices(impl->plan_copy.dense);
+  const MatrixIndex expert_matrices = IndexMatrices(impl->plan_copy.expert);
   for (size_t u = 0; u < plan.units.size(); ++u) {
     std::vector<std::vector<float>> whole;
-    MUONMESH_RETURN_IF_ERROR(initial_unit(u, whole));
+    MUONMESH_RETURN_IF_ERROR(impl->InitialUnit(u, whole));
     if (!plan.units[u].has_dense && !plan.units[u].has_expert) {
       impl->frozen[u] = std::move(whole);
       continue;
     }
-    for (MeshState* mesh : {&impl->dense, &impl->expert}) {
-      const bool is_dense = mesh == &impl->dense;
-      if (!(is_dense ? plan.units[u].has_dense : plan.units[u].has_expert)) continue;
-      UnitState st;
-      st.unit = static_cast<int32_t>(u);
-      st.mesh = mesh;
-      st.layout = is_dense ? &impl->plan_copy.units[u].dense : &impl->plan_copy.units[u].expert;
-      for (const plan::LayoutTensor& t : st.layout->tensors) {
-        const size_t flat = static_cast<size_t>(impl->unit_base[u] + t.param);
-        st.flat.push_back(static_cast<int32_t>(flat));
-        st.local.push_back(t.param);
-        st.whole_offset.push_back(impl->is_expert[flat] ? impl->ep_index * impl->local_sizes[flat]
-                                                        : 0);
-        // The plan decides (job rules may override the spec's optimizer).
-        const auto& of = is_dense ? dense_matrices : expert_matrices;
-        auto it = of.find({static_cast<int32_t>(u), t.param});
-        st.muon.push_back(it != of.end());
-        if (it != of.end()) {
-          st.matrices.insert(st.matrices.end(), it->second.begin(), it->second.end());
-        }
-      }
-      const int64_t s = st.layout->shard_elements;
-      for (auto [buffer, count] : {std::pair{&st.param, mesh->k * s}, std::pair{&st.grad, s},
-                                   std::pair{&st.state1, s}, std::pair{&st.state2, s}}) {
-        absl::StatusOr<DeviceBuffer> b = dev.AllocateZeroed(count);
-        MUONMESH_RETURN_IF_ERROR(b.status());
-        *buffer = *std::move(b);
-      }
-      // My parameter shard: the shards at positions of my parameter group.
-      const int64_t first = (mesh->position / mesh->k) * mesh->k;
-      const plan::UnitLayout& l = *st.layout;
-      for (int64_t j = 0; j < mesh->k; ++j) {
-        const int64_t shard = l.ShardAt(first + j);
-        for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
-          const plan::Segment& seg = l.segments[i];
-          const int64_t len = l.tensors[seg.tensor].row_len;
-          absl::Status copied = dev.CopyFromHost(
-              st.param.data() + j * s + seg.offset,
-              whole[st.local[seg.tensor]].data() + st.whole_offset[seg.tensor] +
-                  seg.row_start * len,
-              seg.row_count * len);
-          MUONMESH_RETURN_IF_ERROR(copied);
-        }
-      }
-      impl->PlanMuon(st);
-      impl->states_of[u].push_back(static_cast<int32_t>(impl->units.size()));
-      impl->units.push_back(std::move(st));
+    if (plan.units[u].has_dense) {
+      MUONMESH_RETURN_IF_ERROR(impl->AddUnitState(u, &impl->dense, dense_matrices, whole));
+    }
+    if (plan.units[u].has_expert) {
+      MUONMESH_RETURN_IF_ERROR(impl->AddUnitState(u, &impl->expert, expert_matrices, whole));
     }
   }
-  impl->waves = PlanMuonWaves(
-      *impl->plan, WaveBudget(options.muon_buffer_bytes, impl->Overlaps()));
-  for (const std::vector<double>& per_rank : PlannedWaveNsFlops(*impl->plan, impl->waves)) {
-    impl->planned_ns.push_back(
-        {per_rank[rank], *std::max_element(per_rank.begin(), per_rank.end())});
-  }
-  for (const MuonWave& w : impl->waves) {
-    std::vector<int32_t>& ids = impl->wave_states.emplace_back();
-    for (int32_t u = w.first_unit; u < w.end_unit; ++u) {
-      for (int32_t id : impl->states_of[u]) ids.push_back(id);
-    }
-  }
+  impl->PlanWaves();
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
 
