@@ -14,7 +14,8 @@ void AddDomain(const plan::DomainPlan& domain, bool everyone, std::vector<int64_
   const size_t units = bytes->size();
   const int64_t replicas = std::max<int64_t>(domain.replicas, 1);
   const int64_t n = replicas * domain.size;
-  // elements[u][i]: 2 x owned + 2 x held (+ the replica exchange) by entry i in unit u.
+  // elements[u][i]: 2 x owned + 2 x held (+ the replica exchange) by entry
+  // i (replica-major) in unit u.
   std::vector<std::vector<int64_t>> elements(units, std::vector<int64_t>(n, 0));
   for (const plan::MatrixPlan& m : domain.matrices) {
     std::vector<int64_t>& e = elements[m.unit];
@@ -28,8 +29,9 @@ void AddDomain(const plan::DomainPlan& domain, bool everyone, std::vector<int64_
       for (int64_t o = 0; o < replicas; ++o) {
         const int64_t rows = h.row_count * m.cols;
         e[o * domain.size + h.position] += 2 * rows;
-        if (replicas > 1)
+        if (replicas > 1) {
           e[o * domain.size + h.position] += m.replica == o ? (replicas - 1) * rows : rows;
+        }
       }
     }
   }
