@@ -31,12 +31,6 @@ int64_t PeakRssBytes() {
   return static_cast<int64_t>(u.ru_maxrss) * 1024;
 }
 
-// The optimizer step: AdamW, Muon (all phases) and the after-step gather.
-absl::Duration OptimizerTime(const PhaseTimes& t) {
-  return t.adamw + t.muon_prepare + t.muon_gather + t.newton_schulz + t.muon_scatter +
-         t.muon_apply + t.param_allgather_after_step;
-}
-
 int64_t FileBytes(const std::string& path) {
   std::error_code ec;
   const std::uintmax_t size = path.empty() ? 0 : std::filesystem::file_size(path, ec);

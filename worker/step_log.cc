@@ -34,25 +34,32 @@ std::string Quoted(const std::string& s) {
 
 }  // namespace
 
+std::vector<std::pair<const char*, absl::Duration>> NamedPhases(const PhaseTimes& t) {
+  return {{"param_gather", t.param_gather},
+          {"forward_backward", t.forward_backward},
+          {"expert_dispatch", t.expert_dispatch},
+          {"grad_reduce", t.grad_reduce},
+          {"adamw", t.adamw},
+          {"muon_prepare", t.muon_prepare},
+          {"muon_gather", t.muon_gather},
+          {"newton_schulz", t.newton_schulz},
+          {"muon_scatter", t.muon_scatter},
+          {"muon_apply", t.muon_apply},
+          {"param_allgather_after_step", t.param_allgather_after_step}};
+}
+
+absl::Duration OptimizerTime(const PhaseTimes& t) {
+  return t.adamw + t.muon_prepare + t.muon_gather + t.newton_schulz + t.muon_scatter +
+         t.muon_apply + t.param_allgather_after_step;
+}
+
 std::string StepJson(const StepReport& r, absl::Duration step_time, int32_t rank, int attempt) {
-  const PhaseTimes& t = r.times;
-  const std::pair<const char*, absl::Duration> phases[] = {
-      {"param_gather", t.param_gather},
-      {"forward_backward", t.forward_backward},
-      {"expert_dispatch", t.expert_dispatch},
-      {"grad_reduce", t.grad_reduce},
-      {"adamw", t.adamw},
-      {"muon_prepare", t.muon_prepare},
-      {"muon_gather", t.muon_gather},
-      {"newton_schulz", t.newton_schulz},
-      {"muon_scatter", t.muon_scatter},
-      {"muon_apply", t.muon_apply},
-      {"param_allgather_after_step", t.param_allgather_after_step}};
+  const std::vector<std::pair<const char*, absl::Duration>> phases = NamedPhases(r.times);
   std::string out = absl::StrCat("{\"step\": ", r.step, ", \"attempt\": ", attempt,
                                  ", \"rank\": ", rank, ", \"loss\": ", Number(r.loss),
                                  ", \"step_seconds\": ", Number(absl::ToDoubleSeconds(step_time)),
                                  ", \"phases\": {");
-  for (size_t i = 0; i < std::size(phases); ++i) {
+  for (size_t i = 0; i < phases.size(); ++i) {
     absl::StrAppend(&out, i ? ", " : "", "\"", phases[i].first,
                     "\": ", Number(absl::ToDoubleSeconds(phases[i].second)));
   }

@@ -17,6 +17,8 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -43,6 +45,13 @@ class StepLog {
   int32_t rank_;
   int attempt_;
 };
+
+// A step's phases in the order it runs them, under the names the JSON lines
+// and the workers' metrics use.
+std::vector<std::pair<const char*, absl::Duration>> NamedPhases(const PhaseTimes& t);
+
+// The optimizer step: AdamW, Muon (all phases) and the after-step gather.
+absl::Duration OptimizerTime(const PhaseTimes& t);
 
 // The JSON object of one step, without the newline (for tests and other
 // sinks).

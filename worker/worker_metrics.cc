@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/step_log.h"
 
 namespace muonmesh::worker {
 namespace {
@@ -80,20 +81,8 @@ absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Serve(const std::s
 void WorkerMetrics::OnStep(const std::string& job, const StepReport& r,
                            absl::Duration step_time) {
   static const prometheus::Histogram::BucketBoundaries kBuckets = DurationBuckets();
-  const PhaseTimes& t = r.times;
-  const std::pair<const char*, absl::Duration> phases[] = {
-      {"step", step_time},
-      {"param_gather", t.param_gather},
-      {"forward_backward", t.forward_backward},
-      {"expert_dispatch", t.expert_dispatch},
-      {"grad_reduce", t.grad_reduce},
-      {"adamw", t.adamw},
-      {"muon_prepare", t.muon_prepare},
-      {"muon_gather", t.muon_gather},
-      {"newton_schulz", t.newton_schulz},
-      {"muon_scatter", t.muon_scatter},
-      {"muon_apply", t.muon_apply},
-      {"param_allgather_after_step", t.param_allgather_after_step}};
+  std::vector<std::pair<const char*, absl::Duration>> phases = NamedPhases(r.times);
+  phases.insert(phases.begin(), {"step", step_time});
   std::lock_guard<std::mutex> lock(mu_);
   JobSeries& series = series_[job];
   for (const auto& [phase, d] : phases) {
@@ -110,8 +99,7 @@ void WorkerMetrics::OnStep(const std::string& job, const StepReport& r,
   series.steps = &steps;
   series.loss = &loss;
   series.flops = &flops;
-  const absl::Duration optimizer = t.adamw + t.muon_prepare + t.muon_gather + t.newton_schulz +
-                                   t.muon_scatter + t.muon_apply + t.param_allgather_after_step;
+  const absl::Duration optimizer = OptimizerTime(r.times);
   prometheus::Counter& optimizer_seconds = optimizer_seconds_.Add({{"job", job}});
   optimizer_seconds.Increment(absl::ToDoubleSeconds(optimizer));
   series.optimizer = &optimizer_seconds;
