@@ -223,8 +223,11 @@ MatrixView AsMatrix(const ParamSpec& p) {
   return {p.shape[first], cols};
 }
 
-std::vector<FieldViolation> Validate(const PlanInput& in) {
-  Violations v;
+namespace {
+
+// world_size and the parallelism section; returns the expert-parallel size
+// (1 when unset, below 1 when invalid).
+int64_t CheckParallelism(const PlanInput& in, Violations& v) {
   const int64_t w = in.world_size;
   const bool w_ok = w >= 1 && w <= kMaxWorldSize;
   if (w < 1) {
@@ -277,8 +280,10 @@ std::vector<FieldViolation> Validate(const PlanInput& in) {
   CheckUnsupported(v, "pipeline_model_parallel_size", "pipeline parallelism",
                    par.pipeline_model_parallel_size);
   CheckUnsupported(v, "context_parallel_size", "context parallelism", par.context_parallel_size);
+  return ep;
+}
 
-  const PlanOptions& opt = in.options;
+void CheckOptions(const PlanOptions& opt, Violations& v) {
   if (!opt.owner_assignment.empty() && !ParseOwnerRule(opt.owner_assignment)) {
     v.Add("options.owner_assignment",
           absl::StrCat("unknown rule ", Quote(opt.owner_assignment),
@@ -302,7 +307,14 @@ std::vector<FieldViolation> Validate(const PlanInput& in) {
           absl::StrCat("must be a finite number >= 0 (0 or unset: the device's default), got ",
                        opt.comm_flops_per_byte));
   }
+}
 
+}  // namespace
+
+std::vector<FieldViolation> Validate(const PlanInput& in) {
+  Violations v;
+  const int64_t ep = CheckParallelism(in, v);
+  CheckOptions(in.options, v);
   CheckModel(in.model, ep >= 1 ? ep : 0, v);
   std::vector<FieldViolation> out = v.Take();
   if (out.empty()) CheckCopies(in, out);
