@@ -103,7 +103,7 @@ void MatricesToProto(const plan::PlanInput& input, const plan::Plan& p,
         owner = static_cast<int32_t>(m.replica * inner + owner % inner);
       }
       o->set_owner(owner);
-      o->set_replica(m.replica);
+      if (m.replica >= 0) o->set_replica(m.replica);
       o->set_cost_flops(m.cost_flops);
       o->set_owner_cost(m.owner_cost);
       o->set_gather_bytes(m.gather_bytes);
@@ -162,31 +162,10 @@ plan::PlanInput PlanInputFromProto(const v1::ValidateConfigRequest& request) {
   return InputFrom(request);
 }
 
-void PlanToProto(const plan::PlanInput& input, const plan::Plan& p, bool include_shards,
-                 v1::Plan* out) {
-  out->set_world_size(p.config.world_size);
-  MeshToProto(p.dense_axes, plan::MeshKind::kDense, out);
-  if (p.has_experts) MeshToProto(p.expert_axes, plan::MeshKind::kExpert, out);
-  for (const plan::Domain& d : p.domains) {
-    v1::Domain* o = out->add_domains();
-    o->set_id(d.id);
-    o->set_name(d.name);
-    o->set_mesh(plan::MeshName(d.mesh));
-    o->mutable_ranks()->Assign(d.ranks.begin(), d.ranks.end());
-  }
-  for (size_t u = 0; u < p.units.size(); ++u) {
-    const plan::UnitPlan& unit = p.units[u];
-    if (unit.has_dense) {
-      LayoutToProto(input.model.units[u], unit.dense, plan::MeshKind::kDense, include_shards,
-                    out->add_units());
-    }
-    if (unit.has_expert) {
-      LayoutToProto(input.model.units[u], unit.expert, plan::MeshKind::kExpert, include_shards,
-                    out->add_units());
-    }
-  }
-  MatricesToProto(input, p, p.dense, out);
-  if (p.has_experts) MatricesToProto(input, p, p.expert, out);
+namespace {
+
+// The per-rank loads and the bytes of each collective.
+void RanksAndCollectivesToProto(const plan::Plan& p, v1::Plan* out) {
   for (const plan::RankSummary& r : p.ranks) {
     v1::RankLoad* o = out->add_ranks();
     o->set_rank(r.rank);
@@ -199,7 +178,6 @@ void PlanToProto(const plan::PlanInput& input, const plan::Plan& p, bool include
     o->set_owned_matrices(r.owned_matrices);
     o->set_replica_exchange_bytes(r.replica_exchange_bytes);
   }
-  int64_t total_bytes = 0;
   for (const plan::CollectiveBytes& c : p.collectives) {
     v1::CollectiveBytes* o = out->add_collectives();
     o->set_name(c.name);
@@ -207,9 +185,14 @@ void PlanToProto(const plan::PlanInput& input, const plan::Plan& p, bool include
     o->set_axis(c.axis);
     o->set_bytes_per_step(c.bytes_per_step);
     o->set_max_rank_bytes(c.max_rank_bytes);
-    total_bytes += c.bytes_per_step;
   }
-  v1::PlanSummary* s = out->mutable_summary();
+}
+
+// The summary: sizes, the cost model, each domain's makespan and bound,
+// the joint figures and the Muon exchange.
+void SummaryToProto(const plan::Plan& p, v1::PlanSummary* s) {
+  int64_t total_bytes = 0;
+  for (const plan::CollectiveBytes& c : p.collectives) total_bytes += c.bytes_per_step;
   s->set_parameters(p.parameters);
   s->set_padding_elements(p.padding_elements);
   s->set_padding_fraction(p.parameters > 0 ? static_cast<double>(p.padding_elements) /
@@ -248,6 +231,37 @@ void PlanToProto(const plan::PlanInput& input, const plan::Plan& p, bool include
   s->set_joint_makespan_split(p.joint_makespan_split);
   s->set_muon_exchange_bytes(exchange);
   s->set_muon_exchange_lower_bound_bytes(exchange_bound);
+}
+
+}  // namespace
+
+void PlanToProto(const plan::PlanInput& input, const plan::Plan& p, bool include_shards,
+                 v1::Plan* out) {
+  out->set_world_size(p.config.world_size);
+  MeshToProto(p.dense_axes, plan::MeshKind::kDense, out);
+  if (p.has_experts) MeshToProto(p.expert_axes, plan::MeshKind::kExpert, out);
+  for (const plan::Domain& d : p.domains) {
+    v1::Domain* o = out->add_domains();
+    o->set_id(d.id);
+    o->set_name(d.name);
+    o->set_mesh(plan::MeshName(d.mesh));
+    o->mutable_ranks()->Assign(d.ranks.begin(), d.ranks.end());
+  }
+  for (size_t u = 0; u < p.units.size(); ++u) {
+    const plan::UnitPlan& unit = p.units[u];
+    if (unit.has_dense) {
+      LayoutToProto(input.model.units[u], unit.dense, plan::MeshKind::kDense, include_shards,
+                    out->add_units());
+    }
+    if (unit.has_expert) {
+      LayoutToProto(input.model.units[u], unit.expert, plan::MeshKind::kExpert, include_shards,
+                    out->add_units());
+    }
+  }
+  MatricesToProto(input, p, p.dense, out);
+  if (p.has_experts) MatricesToProto(input, p, p.expert, out);
+  RanksAndCollectivesToProto(p, out);
+  SummaryToProto(p, out->mutable_summary());
 }
 
 }  // namespace muonmesh
