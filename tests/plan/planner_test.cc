@@ -147,9 +147,9 @@ void CheckInvariants(const PlanInput& in, const Plan& p) {
     for (const v1::Holder& h : m.holders()) {
       ranges.push_back({h.row_start(), h.row_count()});
       owner_holds = owner_holds || h.rank() == m.owner() ||
-                    (m.replica() >= 0 && h.rank() % inner == m.owner() % inner);
+                    (m.has_replica() && h.rank() % inner == m.owner() % inner);
     }
-    if (m.replica() >= 0) {
+    if (m.has_replica()) {
       EXPECT_EQ(m.owner() / inner, m.replica()) << m.name();
     }
     ExpectTiles(ranges, m.rows(), m.name());
