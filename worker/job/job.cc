@@ -460,34 +460,75 @@ std::vector<plan::FieldViolation> ValidateJob(const v1::JobSpec& job) {
   return v.Take();
 }
 
-absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string& job_dir) {
-  std::vector<plan::FieldViolation> violations = ValidateJob(job);
-  Violations files;
-  const std::string init_path = job.init().source_case() == v1::InitConfig::kSafetensors
-                                    ? ResolvePath(job_dir, job.init().safetensors())
-                                    : std::string();
-  const std::string data_path = job.data().source_case() == v1::DataConfig::kSafetensors
-                                    ? ResolvePath(job_dir, job.data().safetensors())
-                                    : std::string();
-  const bool inline_spec = job.model().kind_case() == v1::ModelConfig::kSynthetic &&
-                           job.model().synthetic().has_model();
-  const std::string spec_path = job.model().kind_case() == v1::ModelConfig::kSynthetic
-                                    ? ResolvePath(job_dir, job.model().synthetic().spec())
-                                    : std::string();
-  if (!init_path.empty()) CheckInputFile("init.safetensors", init_path, files);
-  if (!data_path.empty()) CheckInputFile("data.safetensors", data_path, files);
-  if (!spec_path.empty() && !inline_spec) {
-    CheckInputFile("model.synthetic.spec", spec_path, files);
+namespace {
+
+// A job's paths, resolved against its file's folder ("" when not used).
+struct JobPaths {
+  std::string init, data, spec, output_dir, export_path;
+  bool inline_spec = false;  // model.synthetic.model given: no spec file
+};
+
+JobPaths ResolveJobPaths(const v1::JobSpec& job, const std::string& job_dir) {
+  JobPaths p;
+  if (job.init().source_case() == v1::InitConfig::kSafetensors) {
+    p.init = ResolvePath(job_dir, job.init().safetensors());
   }
-  const std::string output_dir = ResolvePath(
+  if (job.data().source_case() == v1::DataConfig::kSafetensors) {
+    p.data = ResolvePath(job_dir, job.data().safetensors());
+  }
+  if (job.model().kind_case() == v1::ModelConfig::kSynthetic) {
+    p.inline_spec = job.model().synthetic().has_model();
+    p.spec = ResolvePath(job_dir, job.model().synthetic().spec());
+  }
+  p.output_dir = ResolvePath(
       job_dir, job.output().dir().empty() ? absl::StrCat("runs/", job.name()) : job.output().dir());
-  const std::string export_path = job.output().export_().empty()
-                                      ? (fs::path(output_dir) / "final.safetensors").string()
-                                      : ResolvePath(job_dir, job.output().export_());
+  p.export_path = job.output().export_().empty()
+                      ? (fs::path(p.output_dir) / "final.safetensors").string()
+                      : ResolvePath(job_dir, job.output().export_());
+  return p;
+}
+
+// Inputs that must be readable files, outputs that must be writable.
+void CheckJobPaths(const JobPaths& p, std::vector<plan::FieldViolation>& violations) {
+  Violations files;
+  if (!p.init.empty()) CheckInputFile("init.safetensors", p.init, files);
+  if (!p.data.empty()) CheckInputFile("data.safetensors", p.data, files);
+  if (!p.spec.empty() && !p.inline_spec) CheckInputFile("model.synthetic.spec", p.spec, files);
   for (plan::FieldViolation& f : files.Take()) violations.push_back(std::move(f));
-  for (plan::FieldViolation& f : CheckOutputPaths(output_dir, export_path)) {
+  for (plan::FieldViolation& f : CheckOutputPaths(p.output_dir, p.export_path)) {
     violations.push_back(std::move(f));
   }
+}
+
+// The model section of a validated job.
+absl::Status ResolveModel(const v1::JobSpec& job, const JobPaths& paths, ResolvedJob& r) {
+  switch (job.model().kind_case()) {
+    case v1::ModelConfig::kMlp:
+      r.model_kind = ResolvedJob::ModelKind::kMlp;
+      r.mlp_dims.assign(job.model().mlp().dims().begin(), job.model().mlp().dims().end());
+      return absl::OkStatus();
+    case v1::ModelConfig::kMoeMlp:
+      r.model_kind = ResolvedJob::ModelKind::kMoeMlp;
+      r.moe = job.model().moe_mlp();
+      return absl::OkStatus();
+    case v1::ModelConfig::kSynthetic:
+      r.model_kind = ResolvedJob::ModelKind::kSynthetic;
+      r.synthetic_spec_path = paths.spec;
+      if (paths.inline_spec) r.synthetic_model = job.model().synthetic().model();
+      r.synthetic_scale = Or(job.model().synthetic().scale(), 1.0);
+      return absl::OkStatus();
+    case v1::ModelConfig::KIND_NOT_SET:
+      break;
+  }
+  return absl::InternalError("ResolveJob: a job without a model passed validation");
+}
+
+}  // namespace
+
+absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string& job_dir) {
+  std::vector<plan::FieldViolation> violations = ValidateJob(job);
+  const JobPaths paths = ResolveJobPaths(job, job_dir);
+  CheckJobPaths(paths, violations);
   if (!violations.empty()) return absl::InvalidArgumentError(JoinViolations(violations));
 
   ResolvedJob r;
@@ -506,32 +547,15 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
     r.optimizer_rules.emplace_back(rule.pattern(), rule.optimizer());
   }
 
-  switch (job.model().kind_case()) {
-    case v1::ModelConfig::kMlp:
-      r.model_kind = ResolvedJob::ModelKind::kMlp;
-      r.mlp_dims.assign(job.model().mlp().dims().begin(), job.model().mlp().dims().end());
-      break;
-    case v1::ModelConfig::kMoeMlp:
-      r.model_kind = ResolvedJob::ModelKind::kMoeMlp;
-      r.moe = job.model().moe_mlp();
-      break;
-    case v1::ModelConfig::kSynthetic:
-      r.model_kind = ResolvedJob::ModelKind::kSynthetic;
-      r.synthetic_spec_path = spec_path;
-      if (inline_spec) r.synthetic_model = job.model().synthetic().model();
-      r.synthetic_scale = Or(job.model().synthetic().scale(), 1.0);
-      break;
-    case v1::ModelConfig::KIND_NOT_SET:
-      return absl::InternalError("ResolveJob: a job without a model passed validation");
-  }
+  MUONMESH_RETURN_IF_ERROR(ResolveModel(job, paths, r));
 
   if (job.init().source_case() == v1::InitConfig::kSafetensors) {
-    r.init_safetensors = init_path;
+    r.init_safetensors = paths.init;
   } else {
     r.init_seed = job.init().seed();  // 0 when init is not given
   }
   if (job.data().source_case() == v1::DataConfig::kSafetensors) {
-    r.data_safetensors = data_path;
+    r.data_safetensors = paths.data;
   } else {
     r.teacher_seed = job.data().teacher().seed();  // 0 when data is not given
     r.teacher_samples = Or(job.data().teacher().samples(), kDefaultTeacherSamples);
@@ -542,8 +566,8 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
   r.checkpoint_every = job.training().checkpoint_every();
   r.max_restarts = job.training().max_restarts();
 
-  r.output_dir = output_dir;
-  r.export_path = export_path;
+  r.output_dir = paths.output_dir;
+  r.export_path = paths.export_path;
   return r;
 }
 
@@ -551,10 +575,7 @@ absl::StatusOr<ResolvedJob> LoadResolvedJob(const std::string& path) {
   absl::StatusOr<v1::JobSpec> job = LoadJobFile(path);
   MUONMESH_RETURN_IF_ERROR(job.status());
   absl::StatusOr<ResolvedJob> resolved = ResolveJob(*job, fs::path(path).parent_path().string());
-  if (!resolved.ok()) {
-    return absl::Status(resolved.status().code(),
-                        absl::StrCat(path, ": ", std::string(resolved.status().message())));
-  }
+  MUONMESH_RETURN_IF_ERROR(resolved.status(), path);
   return resolved;
 }
 
