@@ -73,10 +73,12 @@ bool IsLoopbackHost(absl::string_view host) {
   return false;
 }
 
-absl::StatusOr<std::unique_ptr<ServerSecurity>> ServerSecurity::Load(
-    const ServerSecurityOptions& options, absl::string_view listen, LineSink log) {
-  std::unique_ptr<ServerSecurity> self(new ServerSecurity());
-  std::vector<std::string>& notes = self->notes_;
+namespace {
+
+// The flags that only make sense together, and a non-loopback address only
+// with TLS and tokens (or --insecure).
+absl::Status CheckCombination(const ServerSecurityOptions& options, absl::string_view listen,
+                              bool loopback) {
   const bool has_cert = !options.tls_cert.empty();
   if (has_cert != !options.tls_key.empty()) {
     return absl::InvalidArgumentError(
@@ -92,7 +94,6 @@ absl::StatusOr<std::unique_ptr<ServerSecurity>> ServerSecurity::Load(
         "--tokens-file needs --tls-cert and --tls-key: bearer tokens are never accepted in "
         "plaintext");
   }
-  const bool loopback = IsLoopbackHost(HostOf(listen));
   const bool protected_port = has_cert && !options.tokens_file.empty();
   if (!loopback && !protected_port && !options.insecure) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -101,8 +102,57 @@ absl::StatusOr<std::unique_ptr<ServerSecurity>> ServerSecurity::Load(
         "--tokens-file) anyone who reaches it could submit jobs, read them and join the fleet; "
         "give them, listen on 127.0.0.1, or pass --insecure to serve it unprotected anyway"));
   }
+  return absl::OkStatus();
+}
 
-  if (!has_cert) {
+// The certificate, its key and, with --tls-ca, the CA that client
+// certificates must verify against; notes what it loaded.
+absl::StatusOr<grpc::SslServerCredentialsOptions> LoadSsl(const ServerSecurityOptions& options,
+                                                          absl::string_view listen,
+                                                          std::vector<std::string>& notes,
+                                                          bool* client_ca) {
+  absl::StatusOr<rpc::PemFile> cert = rpc::LoadPemFile(kCertName, options.tls_cert);
+  MUONMESH_RETURN_IF_ERROR(cert.status());
+  absl::StatusOr<rpc::PemFile> key = rpc::LoadPemFile(kKeyName, options.tls_key);
+  MUONMESH_RETURN_IF_ERROR(key.status());
+  absl::StatusOr<std::string> described = rpc::CheckCertificate(*cert, *key);
+  MUONMESH_RETURN_IF_ERROR(described.status());
+  notes.push_back(absl::StrCat("TLS on ", listen, ": certificate ", *described));
+  NoteOpenMode(kKeyName, options.tls_key, &notes);
+
+  grpc::SslServerCredentialsOptions ssl(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  *client_ca = !options.tls_ca.empty();
+  if (*client_ca) {
+    absl::StatusOr<rpc::PemFile> ca = rpc::LoadPemFile(kCaName, options.tls_ca);
+    MUONMESH_RETURN_IF_ERROR(ca.status());
+    absl::StatusOr<std::string> ca_described = rpc::CheckCertificate(*ca, rpc::PemFile{});
+    MUONMESH_RETURN_IF_ERROR(ca_described.status());
+    // Requested, not required, at the handshake: viewers and submitters
+    // connect without one. A certificate that is presented must verify; the
+    // AuthProcessor requires one for Fleet and Store.
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY;
+    ssl.pem_root_certs = std::move(ca->text);
+    notes.push_back(absl::StrCat("mutual TLS: Fleet and Store need a client certificate signed "
+                                 "by the CA in ",
+                                 options.tls_ca, " (", *ca_described, ")"));
+  } else {
+    notes.push_back(
+        "no --tls-ca: clients are not asked for certificates; Fleet and Store rely on worker "
+        "tokens alone");
+  }
+  ssl.pem_key_cert_pairs.push_back({std::move(key->text), std::move(cert->text)});
+  return ssl;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ServerSecurity>> ServerSecurity::Load(
+    const ServerSecurityOptions& options, absl::string_view listen, LineSink log) {
+  const bool loopback = IsLoopbackHost(HostOf(listen));
+  MUONMESH_RETURN_IF_ERROR(CheckCombination(options, listen, loopback));
+  std::unique_ptr<ServerSecurity> self(new ServerSecurity());
+  std::vector<std::string>& notes = self->notes_;
+  if (options.tls_cert.empty()) {
     self->credentials_ = grpc::InsecureServerCredentials();
     if (loopback) {
       notes.push_back(absl::StrCat(
@@ -119,37 +169,10 @@ absl::StatusOr<std::unique_ptr<ServerSecurity>> ServerSecurity::Load(
     return self;
   }
 
-  absl::StatusOr<rpc::PemFile> cert = rpc::LoadPemFile(kCertName, options.tls_cert);
-  MUONMESH_RETURN_IF_ERROR(cert.status());
-  absl::StatusOr<rpc::PemFile> key = rpc::LoadPemFile(kKeyName, options.tls_key);
-  MUONMESH_RETURN_IF_ERROR(key.status());
-  absl::StatusOr<std::string> described = rpc::CheckCertificate(*cert, *key);
-  MUONMESH_RETURN_IF_ERROR(described.status());
-  notes.push_back(absl::StrCat("TLS on ", listen, ": certificate ", *described));
-  NoteOpenMode(kKeyName, options.tls_key, &notes);
-
-  grpc::SslServerCredentialsOptions ssl(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
-  if (!options.tls_ca.empty()) {
-    absl::StatusOr<rpc::PemFile> ca = rpc::LoadPemFile(kCaName, options.tls_ca);
-    MUONMESH_RETURN_IF_ERROR(ca.status());
-    absl::StatusOr<std::string> ca_described = rpc::CheckCertificate(*ca, rpc::PemFile{});
-    MUONMESH_RETURN_IF_ERROR(ca_described.status());
-    // Requested, not required, at the handshake: viewers and submitters
-    // connect without one. A certificate that is presented must verify; the
-    // AuthProcessor requires one for Fleet and Store.
-    ssl.client_certificate_request = GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY;
-    ssl.pem_root_certs = std::move(ca->text);
-    self->client_ca_ = true;
-    notes.push_back(absl::StrCat("mutual TLS: Fleet and Store need a client certificate signed "
-                                 "by the CA in ",
-                                 options.tls_ca, " (", *ca_described, ")"));
-  } else {
-    notes.push_back(
-        "no --tls-ca: clients are not asked for certificates; Fleet and Store rely on worker "
-        "tokens alone");
-  }
-  ssl.pem_key_cert_pairs.push_back({std::move(key->text), std::move(cert->text)});
-  self->credentials_ = grpc::SslServerCredentials(ssl);
+  absl::StatusOr<grpc::SslServerCredentialsOptions> ssl =
+      LoadSsl(options, listen, notes, &self->client_ca_);
+  MUONMESH_RETURN_IF_ERROR(ssl.status());
+  self->credentials_ = grpc::SslServerCredentials(*ssl);
   self->tls_ = true;
 
   std::shared_ptr<const TokenTable> tokens;
