@@ -174,6 +174,52 @@ void Daemon::Report(const RankTask& task, int32_t rank, const absl::Status& resu
   }
 }
 
+// The coordinator's record of a rank's step.
+v1::StepRecord StepRecordOf(const StepReport& r, int32_t rank, int32_t attempt,
+                            absl::Duration took) {
+  v1::StepRecord rec;
+  rec.set_step(r.step);
+  rec.set_rank(rank);
+  rec.set_attempt(attempt);
+  rec.set_loss(r.loss);
+  rec.set_step_seconds(absl::ToDoubleSeconds(took));
+  rec.set_ns_flops(r.ns_flops);
+  v1::PhaseSeconds* p = rec.mutable_phases();
+  p->set_param_gather(absl::ToDoubleSeconds(r.times.param_gather));
+  p->set_forward_backward(absl::ToDoubleSeconds(r.times.forward_backward));
+  p->set_expert_dispatch(absl::ToDoubleSeconds(r.times.expert_dispatch));
+  p->set_grad_reduce(absl::ToDoubleSeconds(r.times.grad_reduce));
+  p->set_adamw(absl::ToDoubleSeconds(r.times.adamw));
+  p->set_muon_prepare(absl::ToDoubleSeconds(r.times.muon_prepare));
+  p->set_muon_gather(absl::ToDoubleSeconds(r.times.muon_gather));
+  p->set_newton_schulz(absl::ToDoubleSeconds(r.times.newton_schulz));
+  p->set_muon_scatter(absl::ToDoubleSeconds(r.times.muon_scatter));
+  p->set_muon_apply(absl::ToDoubleSeconds(r.times.muon_apply));
+  p->set_param_allgather_after_step(absl::ToDoubleSeconds(r.times.param_allgather_after_step));
+  for (const auto& [name, bytes] : r.bytes_sent) (*rec.mutable_bytes_sent())[name] = bytes;
+  return rec;
+}
+
+// How this daemon runs the rank of an assignment.
+RankOptions RankOptionsFor(const v1::StartRank& start, int32_t attempt,
+                           const DaemonOptions& options) {
+  RankOptions o;
+  o.rank = start.rank();
+  o.attempt = attempt;
+  o.group_prefix = start.store_prefix();
+  o.hostname = options.address;
+  o.timeout = absl::Milliseconds(std::max<int64_t>(1000, start.collective_timeout_ms()));
+  o.resume = start.resume();
+  int ordinal = -1;
+  if (absl::StartsWith(options.device, "cuda:")) {
+    (void)absl::SimpleAtoi(options.device.substr(5), &ordinal);
+  }
+  o.cuda_device = ordinal;
+  o.memory_budget_bytes = start.memory_budget_bytes() > 0 ? start.memory_budget_bytes()
+                                                          : options.memory_budget_bytes;
+  return o;
+}
+
 void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
   const int32_t rank = start.rank();
   const std::string tag = absl::StrCat("[", task->job_id, " rank ", rank, "] ");
@@ -192,20 +238,7 @@ void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
     absl::StatusOr<plan::Plan> plan = PlanFromExec(start.plan());
     MUONMESH_RETURN_IF_ERROR(plan.status());
     comm::GrpcStore store(channel_, task->job_id, task->attempt);
-    RankOptions o;
-    o.rank = rank;
-    o.attempt = task->attempt;
-    o.group_prefix = start.store_prefix();
-    o.hostname = options_.address;
-    o.timeout = absl::Milliseconds(std::max<int64_t>(1000, start.collective_timeout_ms()));
-    o.resume = start.resume();
-    int ordinal = -1;
-    if (absl::StartsWith(options_.device, "cuda:")) {
-      (void)absl::SimpleAtoi(options_.device.substr(5), &ordinal);
-    }
-    o.cuda_device = ordinal;
-    o.memory_budget_bytes = start.memory_budget_bytes() > 0 ? start.memory_budget_bytes()
-                                                            : options_.memory_budget_bytes;
+    const RankOptions o = RankOptionsFor(start, task->attempt, options_);
     RankHooks hooks;
     hooks.out = [&](const std::string& line) { log_(tag + line); };
     hooks.on_step = [&](const StepReport& r, absl::Duration took) -> absl::Status {
@@ -217,26 +250,7 @@ void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
         request.set_lease_id(lease_id_);
       }
       request.set_job_id(task->job_id);
-      v1::StepRecord* rec = request.mutable_record();
-      rec->set_step(r.step);
-      rec->set_rank(rank);
-      rec->set_attempt(task->attempt);
-      rec->set_loss(r.loss);
-      rec->set_step_seconds(absl::ToDoubleSeconds(took));
-      rec->set_ns_flops(r.ns_flops);
-      v1::PhaseSeconds* p = rec->mutable_phases();
-      p->set_param_gather(absl::ToDoubleSeconds(r.times.param_gather));
-      p->set_forward_backward(absl::ToDoubleSeconds(r.times.forward_backward));
-      p->set_expert_dispatch(absl::ToDoubleSeconds(r.times.expert_dispatch));
-      p->set_grad_reduce(absl::ToDoubleSeconds(r.times.grad_reduce));
-      p->set_adamw(absl::ToDoubleSeconds(r.times.adamw));
-      p->set_muon_prepare(absl::ToDoubleSeconds(r.times.muon_prepare));
-      p->set_muon_gather(absl::ToDoubleSeconds(r.times.muon_gather));
-      p->set_newton_schulz(absl::ToDoubleSeconds(r.times.newton_schulz));
-      p->set_muon_scatter(absl::ToDoubleSeconds(r.times.muon_scatter));
-      p->set_muon_apply(absl::ToDoubleSeconds(r.times.muon_apply));
-      p->set_param_allgather_after_step(absl::ToDoubleSeconds(r.times.param_allgather_after_step));
-      for (const auto& [name, bytes] : r.bytes_sent) (*rec->mutable_bytes_sent())[name] = bytes;
+      *request.mutable_record() = StepRecordOf(r, rank, task->attempt, took);
       v1::ReportStepResponse response;
       grpc::ClientContext context;
       SetDeadline(context);
