@@ -10,6 +10,7 @@
 #include <iostream>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -92,6 +93,77 @@ struct Args {
   bool have_rank = false;
 };
 
+// A daemon flag with its value: nullopt if `arg` is none, else "" or the
+// problem.
+std::optional<std::string> ParseDaemonFlag(const std::string& arg, const std::string& value,
+                                           muonmesh::worker::DaemonOptions& d) {
+  if (arg == "--worker-id") {
+    d.worker_id = value;
+  } else if (arg == "--device") {
+    d.device = value;
+  } else if (arg == "--address") {
+    d.address = value;
+  } else if (arg == "--metrics-listen") {
+    d.metrics_listen = value;
+  } else if (arg == "--allowed-dirs") {
+    for (absl::string_view dir : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+      d.allowed_dirs.emplace_back(dir);
+    }
+  } else if (arg == "--tls-ca") {
+    d.security.tls_ca = value;
+  } else if (arg == "--tls-cert") {
+    d.security.tls_cert = value;
+  } else if (arg == "--tls-key") {
+    d.security.tls_key = value;
+  } else if (arg == "--tls-server-name") {
+    d.security.tls_server_name = value;
+  } else if (arg == "--token-file") {
+    d.security.token_file = value;
+  } else {
+    return std::nullopt;
+  }
+  return "";
+}
+
+// The same for a --standalone flag.
+std::optional<std::string> ParseStandaloneFlag(const std::string& arg, const std::string& value,
+                                               Args& args) {
+  muonmesh::worker::StandaloneOptions& s = args.standalone;
+  int64_t number = 0;
+  const bool numeric = absl::SimpleAtoi(value, &number);
+  if (arg == "--job") {
+    s.job_path = value;
+  } else if (arg == "--store") {
+    s.store_dir = value;
+  } else if (arg == "--hostname") {
+    s.hostname = value;
+  } else if (arg == "--rank") {
+    if (!numeric) return absl::StrCat("--rank: not an integer: '", value, "'");
+    s.rank = static_cast<int32_t>(number);
+    args.have_rank = true;
+  } else if (arg == "--world-size") {
+    if (!numeric) return absl::StrCat("--world-size: not an integer: '", value, "'");
+    s.world_size = number;
+  } else if (arg == "--timeout-seconds") {
+    if (!numeric || number < 1) {
+      return absl::StrCat("--timeout-seconds: not a positive integer: '", value, "'");
+    }
+    s.timeout = absl::Seconds(number);
+  } else if (arg == "--cuda-device") {
+    if (!numeric || number < 0) return absl::StrCat("--cuda-device: not a GPU number: '", value, "'");
+    s.cuda_device = static_cast<int>(number);
+  } else if (arg == "--fail-at-step") {
+    if (!numeric || number < 0) return absl::StrCat("--fail-at-step: not a step number: '", value, "'");
+    s.fail_at_step = number;
+  } else if (arg == "--attempt") {
+    if (!numeric || number < 0) return absl::StrCat("--attempt: bad value '", value, "'");
+    s.attempt = static_cast<int>(number);
+  } else {
+    return std::nullopt;
+  }
+  return "";
+}
+
 // Parses argv into `args`; returns "" or the usage problem.
 std::string Parse(int argc, char** argv, Args& args) {
   auto set_mode = [&](Mode m) {
@@ -99,7 +171,6 @@ std::string Parse(int argc, char** argv, Args& args) {
     args.mode = m;
     return true;
   };
-  muonmesh::worker::StandaloneOptions& s = args.standalone;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--standalone" || arg == "--describe") {
@@ -108,75 +179,24 @@ std::string Parse(int argc, char** argv, Args& args) {
       }
       continue;
     }
-    if (arg == "--resume") {
-      s.resume = true;
-      continue;
-    }
-    if (arg == "--create-store") {
-      s.create_store = true;
+    if (arg == "--resume" || arg == "--create-store") {
+      (arg == "--resume" ? args.standalone.resume : args.standalone.create_store) = true;
       continue;
     }
     if (i + 1 >= argc) return absl::StrCat(arg, " needs a value");
     const std::string value = argv[++i];
-    int64_t number = 0;
-    const bool numeric = absl::SimpleAtoi(value, &number);
     if (arg == "--coordinator") {
       if (!set_mode(Mode::kDaemon)) return "give one of --coordinator, --standalone and --describe";
       args.daemon.coordinator = value;
-    } else if (arg == "--worker-id") {
-      args.daemon.worker_id = value;
-    } else if (arg == "--device") {
-      args.daemon.device = value;
-    } else if (arg == "--address") {
-      args.daemon.address = value;
-    } else if (arg == "--metrics-listen") {
-      args.daemon.metrics_listen = value;
-    } else if (arg == "--allowed-dirs") {
-      for (absl::string_view dir : absl::StrSplit(value, ',', absl::SkipEmpty())) {
-        args.daemon.allowed_dirs.emplace_back(dir);
-      }
-    } else if (arg == "--tls-ca") {
-      args.daemon.security.tls_ca = value;
-    } else if (arg == "--tls-cert") {
-      args.daemon.security.tls_cert = value;
-    } else if (arg == "--tls-key") {
-      args.daemon.security.tls_key = value;
-    } else if (arg == "--tls-server-name") {
-      args.daemon.security.tls_server_name = value;
-    } else if (arg == "--token-file") {
-      args.daemon.security.token_file = value;
-    } else if (arg == "--job") {
-      s.job_path = value;
-    } else if (arg == "--store") {
-      s.store_dir = value;
-    } else if (arg == "--hostname") {
-      s.hostname = value;
-    } else if (arg == "--rank") {
-      if (!numeric) return absl::StrCat("--rank: not an integer: '", value, "'");
-      s.rank = static_cast<int32_t>(number);
-      args.have_rank = true;
-    } else if (arg == "--world-size") {
-      if (!numeric) return absl::StrCat("--world-size: not an integer: '", value, "'");
-      s.world_size = number;
-    } else if (arg == "--timeout-seconds") {
-      if (!numeric || number < 1) {
-        return absl::StrCat("--timeout-seconds: not a positive integer: '", value, "'");
-      }
-      s.timeout = absl::Seconds(number);
-    } else if (arg == "--cuda-device") {
-      if (!numeric || number < 0) return absl::StrCat("--cuda-device: not a GPU number: '", value, "'");
-      s.cuda_device = static_cast<int>(number);
-    } else if (arg == "--fail-at-step") {
-      if (!numeric || number < 0) return absl::StrCat("--fail-at-step: not a step number: '", value, "'");
-      s.fail_at_step = number;
-    } else if (arg == "--attempt") {
-      if (!numeric || number < 0) return absl::StrCat("--attempt: bad value '", value, "'");
-      s.attempt = static_cast<int>(number);
     } else if (arg == "--memory-budget") {
       absl::StatusOr<int64_t> bytes = muonmesh::worker::ParseByteSize(value);
       if (!bytes.ok()) return absl::StrCat("--memory-budget: ", bytes.status().message());
-      s.memory_budget_bytes = *bytes;
+      args.standalone.memory_budget_bytes = *bytes;
       args.daemon.memory_budget_bytes = *bytes;
+    } else if (std::optional<std::string> d = ParseDaemonFlag(arg, value, args.daemon)) {
+      if (!d->empty()) return *d;
+    } else if (std::optional<std::string> s = ParseStandaloneFlag(arg, value, args)) {
+      if (!s->empty()) return *s;
     } else {
       return absl::StrCat("unknown flag ", arg);
     }
