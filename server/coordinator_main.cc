@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -194,7 +195,9 @@ void StopOnSignals(const sigset_t& signals, absl::Duration grace,
 
 }  // namespace
 
-int main(int argc, char** argv) {
+// Parses the command line into `options`: 0 to go on, else the exit code
+// (0 after --help, 2 on a usage error, which it has printed).
+std::optional<int> ParseFlags(int argc, char** argv, muonmesh::CoordinatorServerOptions* options) {
   absl::SetProgramUsageMessage(
       "the muonmesh control plane (gRPC: muonmesh.v1.Planner, Jobs, Fleet, Store,\n"
       "grpc.health.v1, reflection; Prometheus metrics over HTTP).\n"
@@ -236,23 +239,27 @@ int main(int argc, char** argv) {
     std::cerr << "muonmesh-coordinator: unexpected argument '" << rest[1] << "' (see --help)\n";
     return 2;
   }
-  muonmesh::CoordinatorServerOptions options;
-  if (absl::Status st = OptionsFromFlags(&options); !st.ok()) {
+  if (absl::Status st = OptionsFromFlags(options); !st.ok()) {
     std::cerr << "muonmesh-coordinator: " << st.message() << " (see --help)\n";
     return 2;
   }
+  return std::nullopt;
+}
 
+// Blocks SIGINT and SIGTERM in every thread to come (StopOnSignals waits
+// for them), records a second one at once, and ignores SIGPIPE; false when
+// the mask cannot be set.
+bool SetUpSignals(sigset_t* stop_signals) {
   // Block the stop signals before any thread exists: every thread gRPC
   // starts inherits the mask, so the signals wait for StopOnSignals' thread,
   // which runs outside signal context and may call anything (a handler could only
   // call async-signal-safe functions, and Shutdown is not one).
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  if (const int err = pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr); err != 0) {
+  sigemptyset(stop_signals);
+  sigaddset(stop_signals, SIGINT);
+  sigaddset(stop_signals, SIGTERM);
+  if (const int err = pthread_sigmask(SIG_BLOCK, stop_signals, nullptr); err != 0) {
     std::cerr << "muonmesh-coordinator: pthread_sigmask: " << std::strerror(err) << "\n";
-    return 1;
+    return false;
   }
   struct sigaction record {};
   record.sa_handler = RecordStopSignal;
@@ -261,6 +268,14 @@ int main(int argc, char** argv) {
   sigaction(SIGTERM, &record, nullptr);
   // A client that hangs up mid-write must not kill the server.
   signal(SIGPIPE, SIG_IGN);
+  return true;
+}
+
+int main(int argc, char** argv) {
+  muonmesh::CoordinatorServerOptions options;
+  if (std::optional<int> exit_code = ParseFlags(argc, argv, &options)) return *exit_code;
+  sigset_t stop_signals;
+  if (!SetUpSignals(&stop_signals)) return 1;
 
   absl::StatusOr<std::unique_ptr<muonmesh::CoordinatorServer>> server =
       muonmesh::CoordinatorServer::Start(options);
