@@ -511,6 +511,11 @@ struct Trainer::Impl::WaveRun {
   // (ReplicaExchangeBytes, server/plan/owners.h), counted in `report` as
   // muon_replica_exchange and in `replica_round`.
   absl::Status ExchangeReplicas(const MeshPart& part, StepReport* report, MuonRound* replica_round);
+  // Finish's stages: Newton-Schulz on the whole matrices I hold (up to the
+  // first error), the scatters back, the updates.
+  absl::Status OrthogonalizeHeld(StepReport* report);
+  absl::Status Scatter(StepReport* report);
+  absl::Status ApplyUpdates();
 };
 
 absl::Status Trainer::Impl::WaveRun::Gather() {
@@ -596,15 +601,37 @@ absl::Status Trainer::Impl::WaveRun::Gather() {
 
 absl::Status Trainer::Impl::WaveRun::Finish(StepReport* report,
                                             const std::function<void()>& before_scatter) {
-  const bool everyone = m.plan->config.owner_rule == plan::OwnerRule::kAllGather;
   // What the gather stage counted.
   report->times.muon_prepare += gathered.times.muon_prepare;
   report->times.muon_gather += gathered.times.muon_gather;
   report->muon_exchange_calls += gathered.muon_exchange_calls;
   for (const auto& [name, bytes] : gathered.bytes_sent) report->bytes_sent[name] += bytes;
 
-  // Newton-Schulz on every whole matrix I hold, on both meshes.
+  const absl::Status orthogonalized = OrthogonalizeHeld(report);
+  before_scatter();
+  MUONMESH_RETURN_IF_ERROR(orthogonalized);
+
   absl::Time t0 = absl::Now();
+  MUONMESH_RETURN_IF_ERROR(Scatter(report));
+  std::optional<MuonRound> replica_round;
+  for (const MeshPart& part : parts) {
+    if (part.mesh->replica_comm == nullptr) continue;
+    replica_round.emplace();
+    MUONMESH_RETURN_IF_ERROR(ExchangeReplicas(part, report, &*replica_round));
+  }
+  report->times.muon_scatter += absl::Now() - t0;
+
+  t0 = absl::Now();
+  MUONMESH_RETURN_IF_ERROR(ApplyUpdates());
+  report->times.muon_apply += absl::Now() - t0;
+  report->muon_rounds.push_back(std::move(round));
+  if (replica_round.has_value()) report->muon_rounds.push_back(*std::move(replica_round));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Impl::WaveRun::OrthogonalizeHeld(StepReport* report) {
+  // Newton-Schulz on every whole matrix I hold, on both meshes.
+  const absl::Time t0 = absl::Now();
   absl::Status st;
   for (size_t k = 0; k < ids.size() && st.ok(); ++k) {
     UnitState& u = m.units[ids[k]];
@@ -620,12 +647,14 @@ absl::Status Trainer::Impl::WaveRun::Finish(StepReport* report,
   }
   report->ns_flops += round.ns_flops;
   report->times.newton_schulz += absl::Now() - t0;
-  before_scatter();
-  MUONMESH_RETURN_IF_ERROR(st);
+  return st;
+}
 
+absl::Status Trainer::Impl::WaveRun::Scatter(StepReport* report) {
+  const bool everyone = m.plan->config.owner_rule == plan::OwnerRule::kAllGather;
+  absl::Status st;
   // Back: the reverse exchange carries O rows to their holders; the
   // allgather baseline takes its rows from its own result.
-  t0 = absl::Now();
   for (const MeshPart& part : parts) {
     if (everyone) {
       for (int32_t id : part.ids) {
@@ -651,16 +680,12 @@ absl::Status Trainer::Impl::WaveRun::Finish(StepReport* report,
     if (st.ok()) st = Walk(part, out, /*send_side=*/true, /*to_buffer=*/false);
     MUONMESH_RETURN_IF_ERROR(st);
   }
-  std::optional<MuonRound> replica_round;
-  for (const MeshPart& part : parts) {
-    if (part.mesh->replica_comm == nullptr) continue;
-    replica_round.emplace();
-    MUONMESH_RETURN_IF_ERROR(ExchangeReplicas(part, report, &*replica_round));
-  }
-  report->times.muon_scatter += absl::Now() - t0;
+  return absl::OkStatus();
+}
 
+absl::Status Trainer::Impl::WaveRun::ApplyUpdates() {
+  absl::Status st;
   // Momentum, weight decay and the update on my rows.
-  t0 = absl::Now();
   for (int32_t id : ids) {
     UnitState& u = m.units[id];
     const plan::UnitLayout& l = *u.layout;
@@ -675,9 +700,6 @@ absl::Status Trainer::Impl::WaveRun::Finish(StepReport* report,
       MUONMESH_RETURN_IF_ERROR(st, "Muon update of ", m.plan->units[u.unit].name);
     }
   }
-  report->times.muon_apply += absl::Now() - t0;
-  report->muon_rounds.push_back(std::move(round));
-  if (replica_round.has_value()) report->muon_rounds.push_back(*std::move(replica_round));
   return absl::OkStatus();
 }
 
