@@ -39,12 +39,13 @@
 namespace muonmesh {
 namespace {
 
-constexpr int kExitOk = 0;
-constexpr int kExitInvalidConfig = 1;
-constexpr int kExitUsage = 2;
-constexpr int kExitUnreachable = 3;
-constexpr int kExitDeadline = 4;
-constexpr int kExitRefused = 5;
+// The exit codes of every command (client/job_commands.h).
+using cli::kExitDeadline;
+using cli::kExitOk;
+using cli::kExitRefused;
+using cli::kExitUnreachable;
+using cli::kExitUsage;
+constexpr int kExitInvalidConfig = cli::kExitInvalid;
 
 constexpr const char* kDefaultCoordinator = "127.0.0.1:50051";
 constexpr const char* kCoordinatorEnv = "MUONMESH_COORDINATOR";
@@ -294,14 +295,7 @@ int ReportError(const std::string& command, const absl::Status& status) {
     return kExitInvalidConfig;
   }
   std::cerr << "muonmeshctl " << command << ": " << status.message() << "\n";
-  switch (status.code()) {
-    case absl::StatusCode::kUnavailable:
-      return kExitUnreachable;
-    case absl::StatusCode::kDeadlineExceeded:
-      return kExitDeadline;
-    default:
-      return kExitRefused;
-  }
+  return cli::ExitCode(status);
 }
 
 constexpr const char* kExitCodes =
