@@ -34,6 +34,7 @@
 #include "client/planner_client.h"
 #include "muonmesh/v1/planner.pb.h"
 #include "proto/io/message_file.h"
+#include "proto/support/flag_parser.h"
 #include "proto/support/status_macros.h"
 
 namespace muonmesh {
@@ -51,123 +52,6 @@ constexpr const char* kDefaultCoordinator = "127.0.0.1:50051";
 constexpr const char* kCoordinatorEnv = "MUONMESH_COORDINATOR";
 
 // ---------------------------------------------------------------- argv
-
-// A deliberately small parser: `--name value` or `--name=value`, booleans
-// take no value, no positional arguments. Each subcommand declares its
-// flags; errors name the offending flag.
-class FlagParser {
- public:
-  explicit FlagParser(std::string command) : command_(std::move(command)) {}
-
-  void String(std::string name, std::string value_name, std::string help, std::string* out) {
-    flags_.push_back({std::move(name), std::move(value_name), std::move(help), out});
-  }
-  void Int(std::string name, std::string value_name, std::string help, int64_t* out) {
-    flags_.push_back({std::move(name), std::move(value_name), std::move(help), out});
-  }
-  void Bool(std::string name, std::string help, bool* out) {
-    flags_.push_back({std::move(name), "", std::move(help), out});
-  }
-
-  // Parses args; sets *help when --help/-h is among them (then nothing else
-  // is checked). InvalidArgument naming the flag on any error.
-  absl::Status Parse(const std::vector<std::string>& args, bool* help) {
-    *help = false;
-    for (const std::string& a : args) {
-      if (a == "--help" || a == "-h") {
-        *help = true;
-        return absl::OkStatus();
-      }
-    }
-    for (size_t i = 0; i < args.size(); ++i) {
-      const std::string& arg = args[i];
-      if (!absl::StartsWith(arg, "--")) {
-        return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'"));
-      }
-      std::string name = arg;
-      std::string value;
-      bool has_value = false;
-      if (const size_t eq = arg.find('='); eq != std::string::npos) {
-        name = arg.substr(0, eq);
-        value = arg.substr(eq + 1);
-        has_value = true;
-      }
-      Flag* flag = Find(name);
-      if (flag == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat("unknown flag ", name));
-      }
-      if (std::holds_alternative<bool*>(flag->target)) {
-        if (has_value) {
-          return absl::InvalidArgumentError(absl::StrCat(name, " takes no value"));
-        }
-        *std::get<bool*>(flag->target) = true;
-        flag->seen = true;
-        continue;
-      }
-      if (!has_value) {
-        // "--spec --json" is a forgotten value, not a file named "--json".
-        if (i + 1 >= args.size() || absl::StartsWith(args[i + 1], "--")) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(name, " needs a value (", name, " ", flag->value_name, ")"));
-        }
-        value = args[++i];
-      }
-      if (auto* s = std::get_if<std::string*>(&flag->target)) {
-        **s = value;
-      } else if (auto* n = std::get_if<int64_t*>(&flag->target)) {
-        if (!absl::SimpleAtoi(value, *n)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(name, ": '", value, "' is not an integer"));
-        }
-      }
-      flag->seen = true;
-    }
-    return absl::OkStatus();
-  }
-
-  bool Seen(const std::string& name) const {
-    for (const Flag& f : flags_) {
-      if (f.name == name) return f.seen;
-    }
-    return false;
-  }
-
-  std::string Usage(const std::string& synopsis) const {
-    std::string out = absl::StrCat("Usage: muonmeshctl ", command_, " ", synopsis, "\n\nFlags:\n");
-    size_t width = 0;
-    for (const Flag& f : flags_) width = std::max(width, Left(f).size());
-    for (const Flag& f : flags_) {
-      const std::string left = Left(f);
-      absl::StrAppend(&out, "  ", left, std::string(width - left.size() + 2, ' '), f.help, "\n");
-    }
-    absl::StrAppend(&out, "  --help", std::string(width > 4 ? width - 4 : 2, ' '),
-                    "show this help\n");
-    return out;
-  }
-
- private:
-  struct Flag {
-    std::string name;
-    std::string value_name;
-    std::string help;
-    std::variant<std::string*, int64_t*, bool*> target;
-    bool seen = false;
-  };
-
-  static std::string Left(const Flag& f) {
-    return f.value_name.empty() ? f.name : absl::StrCat(f.name, " ", f.value_name);
-  }
-
-  Flag* Find(const std::string& name) {
-    for (Flag& f : flags_) {
-      if (f.name == name) return &f;
-    }
-    return nullptr;
-  }
-
-  std::string command_;
-  std::vector<Flag> flags_;
-};
 
 // ---------------------------------------------------------------- commands
 
@@ -316,7 +200,7 @@ constexpr const char* kValidateSynopsis =
 
 int RunValidate(const std::vector<std::string>& args) {
   ConfigFlags f;
-  FlagParser parser("validate");
+  FlagParser parser("muonmeshctl validate");
   AddConfigFlags(parser, &f);
   AddConnectionFlags(parser, &f);
   bool help = false;
@@ -362,7 +246,7 @@ int RunPlan(const std::vector<std::string>& args) {
   int64_t ns_steps = 0;
   std::string device;
   bool include_shards = false;
-  FlagParser parser("plan");
+  FlagParser parser("muonmeshctl plan");
   AddConfigFlags(parser, &f);
   parser.String("--owner-rule", "R", "owner assignment: lpt (default) | round_robin | allgather",
                 &owner_rule);
@@ -495,7 +379,7 @@ int RunJobCommand(const std::string& name, const std::vector<std::string>& args)
   }
   if (command == nullptr) return -2;
   ConfigFlags f;
-  FlagParser parser(name);
+  FlagParser parser(absl::StrCat("muonmeshctl ", name));
   std::string positional, request_id, states, job_name, reason, format = "table";
   int64_t from = 0;
   bool summary = false, all_ranks = false;

@@ -10,7 +10,6 @@
 #include <iostream>
 #include <mutex>
 #include <new>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -19,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "proto/rpc/credentials.h"
+#include "proto/support/flag_parser.h"
 #include "worker/daemon.h"
 #include "worker/job/memory_budget.h"
 #include "worker/standalone.h"
@@ -93,114 +93,76 @@ struct Args {
   bool have_rank = false;
 };
 
-// A daemon flag with its value: nullopt if `arg` is none, else "" or the
-// problem.
-std::optional<std::string> ParseDaemonFlag(const std::string& arg, const std::string& value,
-                                           muonmesh::worker::DaemonOptions& d) {
-  if (arg == "--worker-id") {
-    d.worker_id = value;
-  } else if (arg == "--device") {
-    d.device = value;
-  } else if (arg == "--address") {
-    d.address = value;
-  } else if (arg == "--metrics-listen") {
-    d.metrics_listen = value;
-  } else if (arg == "--allowed-dirs") {
-    for (absl::string_view dir : absl::StrSplit(value, ',', absl::SkipEmpty())) {
-      d.allowed_dirs.emplace_back(dir);
-    }
-  } else if (arg == "--tls-ca") {
-    d.security.tls_ca = value;
-  } else if (arg == "--tls-cert") {
-    d.security.tls_cert = value;
-  } else if (arg == "--tls-key") {
-    d.security.tls_key = value;
-  } else if (arg == "--tls-server-name") {
-    d.security.tls_server_name = value;
-  } else if (arg == "--token-file") {
-    d.security.token_file = value;
-  } else {
-    return std::nullopt;
-  }
-  return "";
-}
-
-// The same for a --standalone flag.
-std::optional<std::string> ParseStandaloneFlag(const std::string& arg, const std::string& value,
-                                               Args& args) {
-  muonmesh::worker::StandaloneOptions& s = args.standalone;
-  int64_t number = 0;
-  const bool numeric = absl::SimpleAtoi(value, &number);
-  if (arg == "--job") {
-    s.job_path = value;
-  } else if (arg == "--store") {
-    s.store_dir = value;
-  } else if (arg == "--hostname") {
-    s.hostname = value;
-  } else if (arg == "--rank") {
-    if (!numeric) return absl::StrCat("--rank: not an integer: '", value, "'");
-    s.rank = static_cast<int32_t>(number);
-    args.have_rank = true;
-  } else if (arg == "--world-size") {
-    if (!numeric) return absl::StrCat("--world-size: not an integer: '", value, "'");
-    s.world_size = number;
-  } else if (arg == "--timeout-seconds") {
-    if (!numeric || number < 1) {
-      return absl::StrCat("--timeout-seconds: not a positive integer: '", value, "'");
-    }
-    s.timeout = absl::Seconds(number);
-  } else if (arg == "--cuda-device") {
-    if (!numeric || number < 0) return absl::StrCat("--cuda-device: not a GPU number: '", value, "'");
-    s.cuda_device = static_cast<int>(number);
-  } else if (arg == "--fail-at-step") {
-    if (!numeric || number < 0) return absl::StrCat("--fail-at-step: not a step number: '", value, "'");
-    s.fail_at_step = number;
-  } else if (arg == "--attempt") {
-    if (!numeric || number < 0) return absl::StrCat("--attempt: bad value '", value, "'");
-    s.attempt = static_cast<int>(number);
-  } else {
-    return std::nullopt;
-  }
-  return "";
-}
-
-// Parses argv into `args`; returns "" or the usage problem.
+// Parses argv into `args`; returns "" or the usage problem (kUsage
+// documents the flags).
 std::string Parse(int argc, char** argv, Args& args) {
-  auto set_mode = [&](Mode m) {
-    if (args.mode != Mode::kNone && args.mode != m) return false;
-    args.mode = m;
-    return true;
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--standalone" || arg == "--describe") {
-      if (!set_mode(arg == "--standalone" ? Mode::kStandalone : Mode::kDescribe)) {
-        return "give one of --coordinator, --standalone and --describe";
-      }
-      continue;
-    }
-    if (arg == "--resume" || arg == "--create-store") {
-      (arg == "--resume" ? args.standalone.resume : args.standalone.create_store) = true;
-      continue;
-    }
-    if (i + 1 >= argc) return absl::StrCat(arg, " needs a value");
-    const std::string value = argv[++i];
-    if (arg == "--coordinator") {
-      if (!set_mode(Mode::kDaemon)) return "give one of --coordinator, --standalone and --describe";
-      args.daemon.coordinator = value;
-    } else if (arg == "--memory-budget") {
-      absl::StatusOr<int64_t> bytes = muonmesh::worker::ParseByteSize(value);
-      if (!bytes.ok()) return absl::StrCat("--memory-budget: ", bytes.status().message());
-      args.standalone.memory_budget_bytes = *bytes;
-      args.daemon.memory_budget_bytes = *bytes;
-    } else if (std::optional<std::string> d = ParseDaemonFlag(arg, value, args.daemon)) {
-      if (!d->empty()) return *d;
-    } else if (std::optional<std::string> s = ParseStandaloneFlag(arg, value, args)) {
-      if (!s->empty()) return *s;
-    } else {
-      return absl::StrCat("unknown flag ", arg);
-    }
+  muonmesh::worker::DaemonOptions& d = args.daemon;
+  muonmesh::worker::StandaloneOptions& s = args.standalone;
+  muonmesh::FlagParser p("muonmesh-worker");
+  bool standalone = false, describe = false;
+  std::string allowed_dirs, memory_budget;
+  int64_t rank = 0, timeout = 0, cuda_device = 0, fail_at_step = 0, attempt = 0;
+  p.String("--coordinator", "HOST:PORT", "", &d.coordinator);
+  p.String("--worker-id", "ID", "", &d.worker_id);
+  p.String("--device", "cpu|cuda:N", "", &d.device);
+  p.String("--address", "HOST", "", &d.address);
+  p.String("--metrics-listen", "HOST:PORT", "", &d.metrics_listen);
+  p.String("--allowed-dirs", "DIR[,DIR...]", "", &allowed_dirs);
+  p.String("--tls-ca", "FILE", "", &d.security.tls_ca);
+  p.String("--tls-cert", "FILE", "", &d.security.tls_cert);
+  p.String("--tls-key", "FILE", "", &d.security.tls_key);
+  p.String("--tls-server-name", "NAME", "", &d.security.tls_server_name);
+  p.String("--token-file", "FILE", "", &d.security.token_file);
+  p.String("--memory-budget", "SIZE", "", &memory_budget);
+  p.Bool("--standalone", "", &standalone);
+  p.Bool("--describe", "", &describe);
+  p.Bool("--resume", "", &s.resume);
+  p.Bool("--create-store", "", &s.create_store);
+  p.String("--job", "FILE", "", &s.job_path);
+  p.String("--store", "DIR", "", &s.store_dir);
+  p.String("--hostname", "HOST", "", &s.hostname);
+  p.Int("--rank", "R", "", &rank);
+  p.Int("--world-size", "W", "", &s.world_size);
+  p.Int("--timeout-seconds", "S", "", &timeout);
+  p.Int("--cuda-device", "N", "", &cuda_device);
+  p.Int("--fail-at-step", "S", "", &fail_at_step);
+  p.Int("--attempt", "A", "", &attempt);
+  bool help = false;
+  if (absl::Status st = p.Parse(std::vector<std::string>(argv + 1, argv + argc), &help);
+      !st.ok()) {
+    return std::string(st.message());
   }
+  if (p.Seen("--coordinator") + standalone + describe > 1) {
+    return "give one of --coordinator, --standalone and --describe";
+  }
+  args.mode = p.Seen("--coordinator") ? Mode::kDaemon
+              : standalone            ? Mode::kStandalone
+              : describe              ? Mode::kDescribe
+                                      : Mode::kNone;
+  for (absl::string_view dir : absl::StrSplit(allowed_dirs, ',', absl::SkipEmpty())) {
+    d.allowed_dirs.emplace_back(dir);
+  }
+  if (p.Seen("--memory-budget")) {
+    absl::StatusOr<int64_t> bytes = muonmesh::worker::ParseByteSize(memory_budget);
+    if (!bytes.ok()) return absl::StrCat("--memory-budget: ", bytes.status().message());
+    s.memory_budget_bytes = d.memory_budget_bytes = *bytes;
+  }
+  args.have_rank = p.Seen("--rank");
+  s.rank = static_cast<int32_t>(rank);
+  if (p.Seen("--timeout-seconds")) {
+    if (timeout < 1) return absl::StrCat("--timeout-seconds: not a positive integer: ", timeout);
+    s.timeout = absl::Seconds(timeout);
+  }
+  if (p.Seen("--cuda-device")) {
+    if (cuda_device < 0) return absl::StrCat("--cuda-device: not a GPU number: ", cuda_device);
+    s.cuda_device = static_cast<int>(cuda_device);
+  }
+  if (p.Seen("--fail-at-step")) {
+    if (fail_at_step < 0) return absl::StrCat("--fail-at-step: not a step number: ", fail_at_step);
+    s.fail_at_step = fail_at_step;
+  }
+  if (attempt < 0) return absl::StrCat("--attempt: bad value ", attempt);
+  s.attempt = static_cast<int>(attempt);
   return "";
 }
 

@@ -315,6 +315,39 @@ TEST(StandaloneTest, CudaJobsSayWhatCannotRunHere) {
 #endif
 }
 
+// Usage errors exit 2 and name the flag, before anything runs.
+TEST(StandaloneTest, UsageErrorsNameTheFlagAndExit2) {
+  const struct {
+    std::vector<std::string> args;
+    std::string says;
+  } cases[] = {
+      {{"--stanalone"}, "unknown flag --stanalone"},
+      {{"--standalone", "--rank", "one"}, "--rank: 'one' is not an integer"},
+      {{"--standalone", "--job"}, "--job needs a value"},
+      {{"--standalone", "--resume=yes"}, "--resume takes no value"},
+      {{"--standalone", "--describe"}, "give one of --coordinator, --standalone and --describe"},
+      {{"--coordinator", "127.0.0.1:1", "--standalone"},
+       "give one of --coordinator, --standalone and --describe"},
+      {{"--standalone", "--timeout-seconds", "0"}, "--timeout-seconds: not a positive integer"},
+      {{"--standalone", "--memory-budget", "lots"}, "--memory-budget:"},
+      {{"--standalone", "--job", "j.yaml", "--store", "s", "--world-size", "2"},
+       "--rank is required"},
+      {{}, "give --coordinator, --standalone or --describe"},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> argv = {MUONMESH_WORKER_BINARY};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    const ProcessResult r = muonmesh::testing::Run(argv, kTimeout);
+    EXPECT_EQ(r.exit_code, 2) << c.says << "\n" << r.err;
+    EXPECT_THAT(r.err, HasSubstr(c.says));
+    EXPECT_THAT(r.err, HasSubstr("usage: muonmesh-worker"));
+  }
+  // --help is no error.
+  const ProcessResult help = muonmesh::testing::Run({MUONMESH_WORKER_BINARY, "--help"}, kTimeout);
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_THAT(help.out, HasSubstr("--allowed-dirs"));
+}
+
 TEST(StandaloneTest, WorldSizeThreeWithEmptyShards) {
   // Tiny layers on 3 ranks: uneven shards and matrices straddling ranks; the
   // 2-row output layer leaves some shards empty.

@@ -1,0 +1,137 @@
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace muonmesh {
+
+// The command-line parser of muonmesh's own binaries (muonmeshctl's commands
+// and muonmesh-worker; the coordinator uses Abseil's flags).
+//
+// A deliberately small parser: `--name value` or `--name=value`, booleans
+// take no value, no positional arguments. Each subcommand declares its
+// flags; errors name the offending flag.
+class FlagParser {
+ public:
+  explicit FlagParser(std::string program) : program_(std::move(program)) {}
+
+  void String(std::string name, std::string value_name, std::string help, std::string* out) {
+    flags_.push_back({std::move(name), std::move(value_name), std::move(help), out});
+  }
+  void Int(std::string name, std::string value_name, std::string help, int64_t* out) {
+    flags_.push_back({std::move(name), std::move(value_name), std::move(help), out});
+  }
+  void Bool(std::string name, std::string help, bool* out) {
+    flags_.push_back({std::move(name), "", std::move(help), out});
+  }
+
+  // Parses args; sets *help when --help/-h is among them (then nothing else
+  // is checked). InvalidArgument naming the flag on any error.
+  absl::Status Parse(const std::vector<std::string>& args, bool* help) {
+    *help = false;
+    for (const std::string& a : args) {
+      if (a == "--help" || a == "-h") {
+        *help = true;
+        return absl::OkStatus();
+      }
+    }
+    for (size_t i = 0; i < args.size(); ++i) {
+      const std::string& arg = args[i];
+      if (!absl::StartsWith(arg, "--")) {
+        return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'"));
+      }
+      std::string name = arg;
+      std::string value;
+      bool has_value = false;
+      if (const size_t eq = arg.find('='); eq != std::string::npos) {
+        name = arg.substr(0, eq);
+        value = arg.substr(eq + 1);
+        has_value = true;
+      }
+      Flag* flag = Find(name);
+      if (flag == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat("unknown flag ", name));
+      }
+      if (std::holds_alternative<bool*>(flag->target)) {
+        if (has_value) {
+          return absl::InvalidArgumentError(absl::StrCat(name, " takes no value"));
+        }
+        *std::get<bool*>(flag->target) = true;
+        flag->seen = true;
+        continue;
+      }
+      if (!has_value) {
+        // "--spec --json" is a forgotten value, not a file named "--json".
+        if (i + 1 >= args.size() || absl::StartsWith(args[i + 1], "--")) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(name, " needs a value (", name, " ", flag->value_name, ")"));
+        }
+        value = args[++i];
+      }
+      if (auto* s = std::get_if<std::string*>(&flag->target)) {
+        **s = value;
+      } else if (auto* n = std::get_if<int64_t*>(&flag->target)) {
+        if (!absl::SimpleAtoi(value, *n)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(name, ": '", value, "' is not an integer"));
+        }
+      }
+      flag->seen = true;
+    }
+    return absl::OkStatus();
+  }
+
+  bool Seen(const std::string& name) const {
+    for (const Flag& f : flags_) {
+      if (f.name == name) return f.seen;
+    }
+    return false;
+  }
+
+  std::string Usage(const std::string& synopsis) const {
+    std::string out = absl::StrCat("Usage: ", program_, " ", synopsis, "\n\nFlags:\n");
+    size_t width = 0;
+    for (const Flag& f : flags_) width = std::max(width, Left(f).size());
+    for (const Flag& f : flags_) {
+      const std::string left = Left(f);
+      absl::StrAppend(&out, "  ", left, std::string(width - left.size() + 2, ' '), f.help, "\n");
+    }
+    absl::StrAppend(&out, "  --help", std::string(width > 4 ? width - 4 : 2, ' '),
+                    "show this help\n");
+    return out;
+  }
+
+ private:
+  struct Flag {
+    std::string name;
+    std::string value_name;
+    std::string help;
+    std::variant<std::string*, int64_t*, bool*> target;
+    bool seen = false;
+  };
+
+  static std::string Left(const Flag& f) {
+    return f.value_name.empty() ? f.name : absl::StrCat(f.name, " ", f.value_name);
+  }
+
+  Flag* Find(const std::string& name) {
+    for (Flag& f : flags_) {
+      if (f.name == name) return &f;
+    }
+    return nullptr;
+  }
+
+  std::string program_;
+  std::vector<Flag> flags_;
+};
+
+}  // namespace muonmesh
