@@ -25,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/shared_specs.h"
 #include "tests/testing/subprocess.h"
 
 namespace muonmesh {
@@ -38,7 +39,6 @@ constexpr std::chrono::seconds kCallBound(60);
 
 std::string Gpt2Spec() { return std::string(MUONMESH_SHARED_DIR) + "/specs/gpt2-124m.json"; }
 
-bool HaveGpt2() { return std::ifstream(Gpt2Spec()).good(); }
 
 std::string WriteTempFile(const std::string& name, const std::string& text) {
   const std::string path = ::testing::TempDir() + "/muonmeshctl_test_" + name;
@@ -322,8 +322,7 @@ class MuonmeshCtlTest : public ::testing::Test {
   std::string address_;
 };
 
-#define REQUIRE_GPT2() \
-  if (!HaveGpt2()) GTEST_SKIP() << Gpt2Spec() << " not found"
+#define REQUIRE_GPT2() ASSERT_TRUE(muonmesh::testing::SharedSpecExists(Gpt2Spec()))
 
 TEST_F(MuonmeshCtlTest, PlanJsonIsByteIdenticalAcrossRuns) {
   REQUIRE_GPT2();
@@ -653,9 +652,8 @@ TEST_F(MuonmeshCtlTest, PlanWhoseClientGivesUpLeavesTheServerIdle) {
   std::this_thread::sleep_for(std::chrono::seconds(2));
   EXPECT_LT(CpuSeconds(coordinator_) - cpu_at_deadline, 0.5);
   // And it serves the next call.
-  if (HaveGpt2()) {
-    EXPECT_EQ(Gpt2("plan", "8").exit_code, 0);
-  }
+  ASSERT_TRUE(muonmesh::testing::SharedSpecExists(Gpt2Spec()));
+  EXPECT_EQ(Gpt2("plan", "8").exit_code, 0);
 }
 
 // SIGINT while the coordinator plans: it cancels the plan and exits 0

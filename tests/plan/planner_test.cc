@@ -324,12 +324,15 @@ TEST(PlannerTest, CollectiveBytesByFormula) {
   ModelSpec odd;
   odd.units.push_back({"u", {{"w", {3, 3}, "muon", false}}});
   absl::StatusOr<Plan> p = ComputePlan(Input(odd, {"x", 4, "no_shard", 1, "", 1}));
-  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE(p.ok()) << p.status();
+  int found = 0;
   for (const CollectiveBytes& c : p->collectives) {
     if (c.name == "grad_allreduce") {
       EXPECT_EQ(c.bytes_per_step, 2 * 3 * 9 * 4);
+      ++found;
     }
   }
+  EXPECT_EQ(found, 1) << "no grad_allreduce entry in the plan";
 }
 
 // A token that never stops gives the same plan; one that stops gives
@@ -372,7 +375,7 @@ TEST(PlannerTest, RealSpecsHoldInvariants) {
   for (const auto& c : cases) {
     SCOPED_TRACE(std::string(c.spec) + " at " + std::to_string(c.world));
     absl::StatusOr<ModelSpec> spec = testing::LoadSpec(c.spec);
-    if (!spec.ok()) GTEST_SKIP() << "spec not found: " << spec.status();
+    ASSERT_TRUE(spec.ok()) << "spec not found: " << spec.status();
     PlanInput in;
     in.model = *spec;
     in.world_size = c.world;

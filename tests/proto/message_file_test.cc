@@ -20,6 +20,7 @@
 #include "google/protobuf/wrappers.pb.h"
 #include "gtest/gtest.h"
 #include "muonmesh/v1/config.pb.h"
+#include "tests/testing/shared_specs.h"
 
 namespace muonmesh::protoio {
 namespace {
@@ -627,7 +628,7 @@ class RealSpecTest : public ::testing::TestWithParam<SpecCase> {};
 
 TEST_P(RealSpecTest, LoadsWithExpectedTensorCount) {
   const std::string path = SpecPath(GetParam().name);
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is absent";
+  ASSERT_TRUE(muonmesh::testing::SharedSpecExists(path));
   muonmesh::v1::ModelSpec spec;
   const absl::Status status = LoadMessageFile(path, &spec);
   ASSERT_TRUE(status.ok()) << status;
@@ -657,7 +658,7 @@ INSTANTIATE_TEST_SUITE_P(Specs, RealSpecTest,
 
 TEST(RealSpecTest, Gpt2FirstTensorShape) {
   const std::string path = SpecPath("gpt2-124m");
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is absent";
+  ASSERT_TRUE(muonmesh::testing::SharedSpecExists(path));
   muonmesh::v1::ModelSpec spec;
   ASSERT_TRUE(LoadMessageFile(path, &spec).ok());
   const muonmesh::v1::ParamSpec& wte = spec.units(0).params(0);
@@ -758,7 +759,7 @@ void ExpectEveryPrefixBehaves(std::string_view text, std::size_t samples,
 
 TEST(TruncationTest, JsonSpecPrefixes) {
   const std::string path = SpecPath("gpt2-124m");
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is absent";
+  ASSERT_TRUE(muonmesh::testing::SharedSpecExists(path));
   std::ifstream file(path, std::ios::binary);
   const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
   ASSERT_GT(text.size(), 1000u);

@@ -123,6 +123,7 @@ class ServiceTest : public ::testing::Test {
   v1::Job SubmitAndWatch(const std::string& file) {
     absl::StatusOr<v1::JobSpec> spec = LoadJobForSubmit(file);
     EXPECT_TRUE(spec.ok()) << spec.status();
+    if (!spec.ok()) return v1::Job();
     absl::StatusOr<v1::SubmitJobResponse> r = client_->Submit(*spec, "");
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) return v1::Job();

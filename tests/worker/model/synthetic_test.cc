@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/model/rng.h"
+#include "tests/testing/shared_specs.h"
 
 namespace muonmesh::worker {
 namespace {
@@ -89,7 +90,7 @@ TEST(SyntheticTest, ScalesEveryDimAndRoundsExpertsUpToTheDivisor) {
 
 TEST(SyntheticTest, Gpt2SpecScalesToExpectedShapes) {
   const std::string path = SpecPath("gpt2-124m");
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no " << path;
+  ASSERT_TRUE(muonmesh::testing::SharedSpecExists(path));
   absl::StatusOr<Synthetic> w = Synthetic::FromSpecFile(path, 0.125, 1, 0);
   ASSERT_TRUE(w.ok()) << w.status();
   const plan::ModelSpec& spec = w->spec();
@@ -137,7 +138,7 @@ TEST(SyntheticTest, Gpt2SpecScalesToExpectedShapes) {
 
 TEST(SyntheticTest, DeepSeekExpertsStayDivisible) {
   const std::string path = SpecPath("deepseek-v3");
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no " << path;
+  ASSERT_TRUE(muonmesh::testing::SharedSpecExists(path));
   for (int64_t divisor : {1, 2, 4, 8}) {
     absl::StatusOr<Synthetic> w = Synthetic::FromSpecFile(path, 0.01, divisor, 0);
     ASSERT_TRUE(w.ok()) << w.status();
