@@ -244,6 +244,8 @@ int RunPlan(const std::vector<std::string>& args) {
   ConfigFlags f;
   std::string owner_rule;
   int64_t ns_steps = 0;
+  std::string ns_algorithm;
+  std::string ns_coefficients;
   std::string device;
   bool include_shards = false;
   FlagParser parser("muonmeshctl plan");
@@ -252,6 +254,14 @@ int RunPlan(const std::vector<std::string>& args) {
                 &owner_rule);
   parser.Int("--ns-steps", "T", "Newton-Schulz steps in the cost model, 1 to 100 (default 5)",
              &ns_steps);
+  parser.String("--ns-algorithm", "A",
+                "Newton-Schulz form the cost model charges: auto (default: per matrix, the "
+                "cheaper) | standard | gram (cpu only)",
+                &ns_algorithm);
+  parser.String("--ns-coefficients", "C",
+                "Newton-Schulz coefficients: quintic (default) | polar_express (they set where "
+                "the Gram form restarts)",
+                &ns_coefficients);
   parser.String("--device", "cpu|cuda", "device whose cost model to use (default cuda)", &device);
   parser.Bool("--include-shards", "also return every shard's segments (JSON only; large)",
               &include_shards);
@@ -278,6 +288,8 @@ int RunPlan(const std::vector<std::string>& args) {
   FillParallelism(f, request.mutable_parallelism());
   request.mutable_options()->set_owner_assignment(owner_rule);
   request.mutable_options()->set_ns_steps(static_cast<int32_t>(ns_steps));
+  request.mutable_options()->set_ns_algorithm(ns_algorithm);
+  request.mutable_options()->set_ns_coefficients(ns_coefficients);
   request.mutable_options()->set_device(device);
   request.set_include_shards(include_shards);
 

@@ -66,6 +66,10 @@ absl::StatusOr<plan::Plan> PlanJob(const ResolvedJob& job, plan::ModelSpec spec)
   input.options.owner_assignment = job.owner_assignment;
   input.options.muon_replica_split = job.muon_replica_split;
   input.options.ns_steps = job.muon.ns.steps;
+  input.options.ns_algorithm = plan::NsAlgorithmName(job.muon.ns.algorithm);
+  input.options.ns_coefficients = job.muon.ns.coefficients == math::NsCoefficients::kPolarExpress
+                                      ? "polar_express"
+                                      : "quintic";
   input.options.device = job.device;
   absl::StatusOr<plan::Plan> plan = plan::ComputePlan(input);
   MUONMESH_RETURN_IF_ERROR(plan.status(), "the planner rejects the job");

@@ -208,7 +208,12 @@ absl::StatusOr<plan::ResolvedConfig> ConfigFrom(const v1::ExecConfig& c) {
       EnumIn<plan::OwnerRule>(c.owner_rule(), 4, "config.owner_rule");
   absl::StatusOr<plan::ReplicaSplit> split =
       EnumIn<plan::ReplicaSplit>(c.replica_split(), 3, "config.replica_split");
-  for (const absl::Status& st : {inner.status(), outer.status(), rule.status(), split.status()}) {
+  absl::StatusOr<plan::NsAlgorithm> algorithm =
+      EnumIn<plan::NsAlgorithm>(c.ns_algorithm(), 3, "config.ns_algorithm");
+  absl::StatusOr<plan::NsTable> table =
+      EnumIn<plan::NsTable>(c.ns_coefficients(), 2, "config.ns_coefficients");
+  for (const absl::Status& st : {inner.status(), outer.status(), rule.status(), split.status(),
+                                 algorithm.status(), table.status()}) {
     MUONMESH_RETURN_IF_ERROR(st);
   }
   if (out.world_size < 1 || out.instances < 1 || out.ep < 1) {
@@ -218,6 +223,8 @@ absl::StatusOr<plan::ResolvedConfig> ConfigFrom(const v1::ExecConfig& c) {
   out.outer = *outer;
   out.owner_rule = *rule;
   out.replica_split = *split;
+  out.ns_algorithm = *algorithm;
+  out.ns_table = *table;
   out.ns_steps = c.ns_steps();
   out.comm_flops_per_byte = c.comm_flops_per_byte();
   out.bytes_per_element = c.bytes_per_element();
@@ -237,6 +244,8 @@ v1::ExecutionPlan PlanToExec(const plan::Plan& p) {
   c->set_owner_rule(static_cast<v1::ExecOwnerRule>(p.config.owner_rule));
   c->set_replica_split(static_cast<int32_t>(p.config.replica_split));
   c->set_ns_steps(p.config.ns_steps);
+  c->set_ns_algorithm(static_cast<int32_t>(p.config.ns_algorithm));
+  c->set_ns_coefficients(static_cast<int32_t>(p.config.ns_table));
   c->set_comm_flops_per_byte(p.config.comm_flops_per_byte);
   c->set_bytes_per_element(p.config.bytes_per_element);
   for (const plan::MeshAxis& a : p.dense_axes) AxisTo(a, out.add_dense_axes());

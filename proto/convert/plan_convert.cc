@@ -16,6 +16,8 @@ plan::PlanOptions OptionsFromProto(const v1::PlanOptions& o) {
   out.device = o.device();
   out.comm_flops_per_byte = o.comm_flops_per_byte();
   out.muon_replica_split = o.muon_replica_split();
+  out.ns_algorithm = o.ns_algorithm();
+  out.ns_coefficients = o.ns_coefficients();
   return out;
 }
 

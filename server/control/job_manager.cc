@@ -99,6 +99,8 @@ absl::StatusOr<plan::PlanInput> PlanInputOf(const v1::JobSpec& spec) {
   input.options.owner_assignment = spec.optimizer().owner_assignment();
   input.options.muon_replica_split = spec.optimizer().muon_replica_split();
   input.options.ns_steps = spec.optimizer().muon().ns_steps();
+  input.options.ns_algorithm = spec.optimizer().muon().ns_algorithm();
+  input.options.ns_coefficients = spec.optimizer().muon().coefficients();
   input.options.device = spec.device().empty() ? "cpu" : spec.device();
   return input;
 }

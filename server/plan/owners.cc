@@ -693,9 +693,7 @@ absl::Status CheckClasses(int64_t world, const std::vector<DomainClass>& classes
 }  // namespace
 
 double NewtonSchulzFlops(int64_t rows, int64_t cols, int64_t ns_steps) {
-  const double m = static_cast<double>(std::min(rows, cols));
-  const double n = static_cast<double>(std::max(rows, cols));
-  return static_cast<double>(ns_steps) * (4 * m * m * n + 2 * m * m * m);
+  return StandardNsFlops(rows, cols, ns_steps);
 }
 
 int64_t RefineWorkBudget(int64_t matrices) {

@@ -30,7 +30,9 @@
 
 namespace muonmesh::plan {
 
-// T (4 m^2 n + 2 m^3) with m = min(rows, cols), n = max(rows, cols).
+// The standard form's FLOPs, T (4 m^2 n + 2 m^3) with m = min(rows, cols),
+// n = max(rows, cols) (plan::StandardNsFlops); matrices are charged NsFlops
+// of the form that runs (ns_cost.h).
 double NewtonSchulzFlops(int64_t rows, int64_t cols, int64_t ns_steps);
 
 // max(largest cost, total / ranks, p_k + p_{k+1}) for costs sorted

@@ -39,7 +39,7 @@ class LayoutCache {
 // The Muon matrices of one unit's layout with their holders, positions in
 // layout-shard order (before rotation).
 std::vector<MatrixPlan> UnitMatrices(const UnitSpec& unit, int32_t u, const UnitLayout& layout,
-                                     int64_t ns_steps, int64_t ep) {
+                                     const ResolvedConfig& cfg) {
   std::vector<std::vector<Holder>> held(layout.tensors.size());
   for (int64_t pos = 0; pos < layout.num_shards; ++pos) {
     for (int64_t s = layout.shard_begin[pos]; s < layout.shard_begin[pos + 1]; ++s) {
@@ -53,7 +53,7 @@ std::vector<MatrixPlan> UnitMatrices(const UnitSpec& unit, int32_t u, const Unit
     const ParamSpec& p = unit.params[layout.tensors[t].param];
     if (p.optimizer != "muon") continue;
     const MatrixView mv = AsMatrix(p);
-    const int64_t experts = p.expert ? p.shape[0] / ep : 1;
+    const int64_t experts = p.expert ? p.shape[0] / cfg.ep : 1;
     for (int64_t e = 0; e < experts; ++e) {
       MatrixPlan m;
       m.unit = u;
@@ -61,7 +61,7 @@ std::vector<MatrixPlan> UnitMatrices(const UnitSpec& unit, int32_t u, const Unit
       m.expert = p.expert ? static_cast<int32_t>(e) : -1;
       m.rows = mv.rows;
       m.cols = mv.cols;
-      m.cost_flops = NewtonSchulzFlops(mv.rows, mv.cols, ns_steps);
+      m.cost_flops = NsFlops(cfg.ns_algorithm, mv.rows, mv.cols, cfg.ns_steps, cfg.ns_table);
       const int64_t lo = e * mv.rows;
       const int64_t hi = lo + mv.rows;
       for (const Holder& h : held[t]) {
@@ -540,7 +540,7 @@ void AddUnit(const UnitSpec& spec, int32_t u, const std::vector<LayoutTensor>& t
              UnitLayout* layout, MeshUnits* mesh) {
   const int64_t regathers = std::max<int64_t>(spec.gathers_per_step, 1) - 1;
   *layout = cache.Get(tensors, domain_size);
-  mesh->matrices[u] = UnitMatrices(spec, u, *layout, cfg.ns_steps, cfg.ep);
+  mesh->matrices[u] = UnitMatrices(spec, u, *layout, cfg);
   mesh->shard += layout->shard_elements;
   mesh->buffer += layout->shard_elements * layout->num_shards;
   mesh->regather += regathers * layout->shard_elements * layout->num_shards;

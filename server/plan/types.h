@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "plan/ns_cost.h"
+
 namespace muonmesh::plan {
 
 // ---------------------------------------------------------------- input
@@ -52,6 +54,10 @@ struct PlanOptions {
   double comm_flops_per_byte = 0;  // default by device
   // The HSDP replica split (ReplicaSplit): auto (default) | on | off.
   std::string muon_replica_split;
+  // Newton-Schulz form (plan/ns_cost.h): auto (default) | standard | gram.
+  std::string ns_algorithm;
+  // Newton-Schulz coefficients: quintic (default) | polar_express.
+  std::string ns_coefficients;
 };
 
 struct PlanInput {
@@ -125,6 +131,9 @@ struct ResolvedConfig {
   OwnerRule owner_rule = OwnerRule::kLpt;
   ReplicaSplit replica_split = ReplicaSplit::kAuto;
   int64_t ns_steps = 5;
+  // Resolved: on cuda, auto is the standard form (no Gram kernel there yet).
+  NsAlgorithm ns_algorithm = NsAlgorithm::kAuto;
+  NsTable ns_table = NsTable::kQuintic;
   double comm_flops_per_byte = 0;
   int64_t bytes_per_element = 4;  // fp32 parameters, gradients and updates
 };
@@ -202,7 +211,7 @@ struct MatrixPlan {
   int32_t expert = -1;  // local expert index within the EP group, -1 if dense
   int64_t rows = 0;
   int64_t cols = 0;
-  double cost_flops = 0;        // T (4 m^2 n + 2 m^3)
+  double cost_flops = 0;        // NsFlops of the form that runs (ns_cost.h)
   double min_cost = 0;          // cost_flops + w * bytes at the best holder
   std::vector<Holder> holders;  // ascending position
   int32_t owner = -1;           // position; -1 for the allgather rule (everyone)

@@ -302,6 +302,21 @@ void CheckOptions(const PlanOptions& opt, Violations& v) {
     v.Add("options.device", absl::StrCat("unknown device ", Quote(opt.device),
                                          " (expected cpu or cuda; empty or unset: cuda)"));
   }
+  if (NsTable table; !ParseNsTable(opt.ns_coefficients, &table)) {
+    v.Add("options.ns_coefficients",
+          absl::StrCat("unknown coefficients ", Quote(opt.ns_coefficients),
+                       " (expected quintic or polar_express; empty or unset: quintic)"));
+  }
+  NsAlgorithm algorithm;
+  if (!ParseNsAlgorithm(opt.ns_algorithm, &algorithm)) {
+    v.Add("options.ns_algorithm", absl::StrCat("unknown form ", Quote(opt.ns_algorithm),
+                                               " (expected auto, standard or gram; empty or "
+                                               "unset: auto)"));
+  } else if (algorithm == NsAlgorithm::kGram && opt.device != "cpu") {
+    v.Add("options.ns_algorithm",
+          "gram runs on the CPU only for now (the CUDA kernels run the standard form); use "
+          "auto or standard on cuda");
+  }
   if (!std::isfinite(opt.comm_flops_per_byte) || opt.comm_flops_per_byte < 0) {
     v.Add("options.comm_flops_per_byte",
           absl::StrCat("must be a finite number >= 0 (0 or unset: the device's default), got ",
@@ -363,6 +378,10 @@ ResolvedConfig ResolveUnchecked(const PlanInput& in) {
     cfg.replica_split = *ParseReplicaSplit(opt.muon_replica_split);
   }
   cfg.ns_steps = opt.ns_steps == 0 ? 5 : opt.ns_steps;
+  ParseNsAlgorithm(opt.ns_algorithm, &cfg.ns_algorithm);
+  ParseNsTable(opt.ns_coefficients, &cfg.ns_table);
+  // The CUDA kernels run the standard form only: auto means standard there.
+  if (opt.device != "cpu") cfg.ns_algorithm = NsAlgorithm::kStandard;
   // FLOPs one byte of owner traffic is worth: Newton-Schulz throughput over
   // link bandwidth. H200 (~500 TFLOP/s bf16 effective) over a 400 Gb/s NIC
   // (50 GB/s) is ~1e4; a CPU core with OpenBLAS (~50 GFLOP/s) over Gloo on

@@ -1,10 +1,13 @@
 // Newton-Schulz (worker/math/newton_schulz.h) against plain OpenBLAS sgemm,
 // in one process so the ratio of their FLOP/s is meaningful.
 //
-//   BM_NewtonSchulz/<rows>/<cols>: 5 quintic iterations, FLOPS counted as
-//       T (4 m^2 n + 2 m^3), m = min(rows, cols): what the iteration costs as
-//       dense products (symmetry makes the real work smaller; that is the
-//       point of counting it this way).
+//   BM_NewtonSchulz/<rows>/<cols>: 5 quintic iterations in the standard
+//       form, FLOPS counted as T (4 m^2 n + 2 m^3), m = min(rows, cols): what
+//       the iteration costs as dense products (symmetry makes the real work
+//       smaller; that is the point of counting it this way).
+//   BM_NewtonSchulzGram/<rows>/<cols>: the same orthogonalisation in the
+//       Gram form (plan/ns_cost.h), FLOPS counted the same standard way, so
+//       its figure is the effective rate a user sees.
 //   BM_Sgemm/<m>/<n>/<k>: C = A B, FLOPS = 2 m n k. For an m x n
 //       Newton-Schulz the comparison is m/m/n, the shape of X X^T.
 //
@@ -23,6 +26,7 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -61,13 +65,14 @@ class WallClock {
   double seconds_ = 0.0;
 };
 
-void BM_NewtonSchulz(benchmark::State& state) {
+void RunNewtonSchulz(benchmark::State& state, plan::NsAlgorithm algorithm) {
   const int64_t rows = state.range(0), cols = state.range(1);
   const std::vector<float> input = Filled(static_cast<size_t>(rows * cols), 1);
   std::vector<float> x = input;
   NewtonSchulz ns;
   NsOptions options;
   options.steps = kSteps;
+  options.algorithm = algorithm;
   // Warm-up, untimed: the first call touches the freshly allocated workspace
   // (page faults) and OpenBLAS's buffers. The runtime keeps one NewtonSchulz
   // across steps, so the steady state is what counts.
@@ -92,6 +97,13 @@ void BM_NewtonSchulz(benchmark::State& state) {
   }
   state.counters["FLOPS"] =
       wall.Rate(NewtonSchulzFlops(rows, cols, kSteps) * static_cast<double>(state.iterations()));
+}
+
+void BM_NewtonSchulz(benchmark::State& state) {
+  RunNewtonSchulz(state, plan::NsAlgorithm::kStandard);
+}
+void BM_NewtonSchulzGram(benchmark::State& state) {
+  RunNewtonSchulz(state, plan::NsAlgorithm::kGram);
 }
 
 void BM_Sgemm(benchmark::State& state) {
@@ -119,11 +131,14 @@ void BM_Sgemm(benchmark::State& state) {
 
 // {rows, cols} of each Newton-Schulz shape; its GEMM is m/m/n.
 const std::vector<std::pair<int64_t, int64_t>> kShapes = {
-    {768, 3072}, {1024, 1024}, {1024, 4096}, {4096, 4096}};
+    {768, 3072}, {1024, 1024}, {1024, 4096}, {1024, 8192}, {4096, 4096}};
 
 void RegisterAll() {
   for (const auto& [rows, cols] : kShapes) {
     benchmark::RegisterBenchmark("BM_NewtonSchulz", BM_NewtonSchulz)
+        ->Args({rows, cols})
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("BM_NewtonSchulzGram", BM_NewtonSchulzGram)
         ->Args({rows, cols})
         ->Unit(benchmark::kMillisecond);
     const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
@@ -145,7 +160,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
     for (const Run& run : runs) {
       auto it = run.counters.find("FLOPS");
       if (it != run.counters.end() && run.run_type == Run::RT_Iteration && !run.error_occurred) {
-        flops_[run.benchmark_name()].push_back(it->second.value);
+        flops_[run.run_name.str()].push_back(it->second.value);
       }
     }
     ConsoleReporter::ReportRuns(runs);
@@ -153,12 +168,11 @@ class RatioReporter : public benchmark::ConsoleReporter {
 
   void Finalize() override {
     ConsoleReporter::Finalize();
-    std::printf("\n%-28s %-26s %22s %22s %15s\n", "Newton-Schulz", "sgemm (X X^T shape)",
+    std::printf("\n%-32s %-26s %22s %22s %15s\n", "Newton-Schulz", "sgemm (X X^T shape)",
                 "NS GFLOP/s best/med", "sgemm GFLOP/s best/med", "ratio best/med");
-    for (const auto& [rows, cols] : kShapes) {
+    for (const auto& [form, rows, cols] : Rows()) {
       const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
-      const std::string ns =
-          "BM_NewtonSchulz/" + std::to_string(rows) + "/" + std::to_string(cols);
+      const std::string ns = form + std::to_string(rows) + "/" + std::to_string(cols);
       const std::string gemm = "BM_Sgemm/" + std::to_string(m) + "/" + std::to_string(m) + "/" +
                                std::to_string(n);
       if (!flops_.count(ns) || !flops_.count(gemm)) continue;
@@ -166,13 +180,22 @@ class RatioReporter : public benchmark::ConsoleReporter {
       const std::vector<double>& b = flops_[gemm];
       const double ns_best = *std::max_element(a.begin(), a.end());
       const double gemm_best = *std::max_element(b.begin(), b.end());
-      std::printf("%-28s %-26s %10.1f / %-9.1f %10.1f / %-9.1f %6.3f / %-6.3f\n", ns.c_str(),
+      std::printf("%-32s %-26s %10.1f / %-9.1f %10.1f / %-9.1f %6.3f / %-6.3f\n", ns.c_str(),
                   gemm.c_str(), ns_best / 1e9, Median(a) / 1e9, gemm_best / 1e9, Median(b) / 1e9,
                   ns_best / gemm_best, Median(a) / Median(b));
     }
   }
 
  private:
+  // Each form on each shape, the standard form first.
+  static std::vector<std::tuple<std::string, int64_t, int64_t>> Rows() {
+    std::vector<std::tuple<std::string, int64_t, int64_t>> rows;
+    for (const char* form : {"BM_NewtonSchulz/", "BM_NewtonSchulzGram/"}) {
+      for (const auto& [r, c] : kShapes) rows.emplace_back(form, r, c);
+    }
+    return rows;
+  }
+
   static double Median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     const size_t h = v.size() / 2;

@@ -1,6 +1,8 @@
 #include "worker/math/newton_schulz.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -25,17 +27,60 @@ struct Shape {
   int64_t cols;
 };
 
-NsOptions Quintic(int steps = 5) {
+NsOptions Quintic(int steps = 5, plan::NsAlgorithm algorithm = plan::NsAlgorithm::kStandard) {
   NsOptions o;
   o.steps = steps;
+  o.algorithm = algorithm;
   return o;
 }
 
-NsOptions PolarExpress(int steps) {
+NsOptions PolarExpress(int steps, plan::NsAlgorithm algorithm = plan::NsAlgorithm::kStandard) {
   NsOptions o;
   o.steps = steps;
   o.coefficients = NsCoefficients::kPolarExpress;
+  o.algorithm = algorithm;
   return o;
+}
+
+constexpr plan::NsAlgorithm kGram = plan::NsAlgorithm::kGram;
+
+// Rows of a k x n matrix with orthonormal rows (k <= n): Gaussian rows,
+// orthogonalised by modified Gram-Schmidt twice, in double.
+testing::Mat OrthonormalRows(int64_t k, int64_t n, uint64_t seed) {
+  const std::vector<float> g = Gaussian(k * n, seed);
+  testing::Mat q = testing::FromFloats(g, k, n);
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int64_t i = 0; i < k; ++i) {
+      for (int64_t j = 0; j < i; ++j) {
+        double dot = 0;
+        for (int64_t c = 0; c < n; ++c) dot += q(i, c) * q(j, c);
+        for (int64_t c = 0; c < n; ++c) q(i, c) -= dot * q(j, c);
+      }
+      double norm = 0;
+      for (int64_t c = 0; c < n; ++c) norm += q(i, c) * q(i, c);
+      norm = std::sqrt(norm);
+      for (int64_t c = 0; c < n; ++c) q(i, c) /= norm;
+    }
+  }
+  return q;
+}
+
+// A rows x cols float matrix U diag(sv) V^T with random orthonormal U and V
+// and the given singular values (min(rows, cols) of them).
+std::vector<float> WithSingularValues(int64_t rows, int64_t cols, const std::vector<double>& sv,
+                                      uint64_t seed) {
+  const int64_t m = std::min(rows, cols);
+  const testing::Mat u = OrthonormalRows(m, rows, seed);      // columns of U, as rows
+  const testing::Mat v = OrthonormalRows(m, cols, seed + 1);  // columns of V, as rows
+  std::vector<float> x(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) {
+      double sum = 0;
+      for (int64_t k = 0; k < m; ++k) sum += u(k, i) * sv[k] * v(k, j);
+      x[static_cast<size_t>(i * cols + j)] = static_cast<float>(sum);
+    }
+  }
+  return x;
 }
 
 // The fp32 OpenBLAS kernel against the plain fp64 loops of ns_reference.h.
@@ -70,6 +115,169 @@ TEST(NewtonSchulzTest, MatchesFp64Reference) {
                   options.steps, err);
     }
   }
+}
+
+// The Gram form against the fp64 reference of the *standard* iteration:
+// aspect ratios 1:1 to 1:16, wide and tall, quintic and Polar Express (5 and
+// past the table), on Gaussian, ill-conditioned (singular values spread
+// geometrically over 1e-6 .. 1) and rank-deficient inputs.
+TEST(NewtonSchulzGramTest, MatchesTheStandardFp64Reference) {
+  const Shape shapes[] = {{32, 32}, {32, 64}, {16, 64}, {16, 128}, {8, 128},
+                          {64, 16}, {128, 8}, {24, 200}, {48, 96}};
+  NewtonSchulz ns;
+  uint64_t seed = 500;
+  double worst = 0;
+  for (const Shape& s : shapes) {
+    const int64_t m = std::min(s.rows, s.cols);
+    for (int input = 0; input < 3; ++input) {
+      std::vector<float> x;
+      if (input == 0) {
+        x = Gaussian(s.rows * s.cols, seed++);
+      } else {
+        std::vector<double> sv(static_cast<size_t>(m));
+        for (int64_t k = 0; k < m; ++k) {
+          sv[k] = m == 1 ? 1.0 : std::pow(1e-6, static_cast<double>(k) / (m - 1));
+          if (input == 2 && k >= m / 2) sv[k] = 0.0;  // rank m / 2
+        }
+        x = WithSingularValues(s.rows, s.cols, sv, seed++);
+      }
+      for (int variant = 0; variant < 3; ++variant) {
+        const NsOptions options = variant == 0   ? Quintic(5, kGram)
+                                  : variant == 1 ? PolarExpress(5, kGram)
+                                                 : PolarExpress(10, kGram);
+        const std::vector<Triple> coeffs =
+            variant == 0 ? std::vector<Triple>{kQuintic} : kPolarExpress;
+        std::vector<float> y = x;
+        ASSERT_TRUE(ns.Run(y.data(), s.rows, s.cols, options).ok());
+        NsOptions standard_options = options;
+        standard_options.algorithm = plan::NsAlgorithm::kStandard;
+        std::vector<float> z = x;
+        ASSERT_TRUE(ns.Run(z.data(), s.rows, s.cols, standard_options).ok());
+        const testing::Mat ref =
+            ReferenceNewtonSchulz(testing::FromFloats(x, s.rows, s.cols), options.steps, coeffs);
+        const double err = RelativeFrobenius(y, ref);
+        const double standard_err = RelativeFrobenius(z, ref);
+        worst = std::max(worst, err);
+        // 1e-4; where the standard form's own fp32 rounding is already near
+        // that (10 Polar Express iterations on ill-conditioned inputs reach
+        // 3e-4), no worse than 1.5 times it.
+        EXPECT_LE(err, std::max(1e-4, 1.5 * standard_err))
+            << s.rows << "x" << s.cols << " input " << input << " variant " << variant
+            << " (standard form: " << standard_err << ")";
+      }
+    }
+  }
+  std::printf("Gram form fp32 vs standard fp64: worst rel err %.2e\n", worst);
+}
+
+// The restart is what keeps the Gram form accurate: the same ill-conditioned
+// inputs, once through the form as it runs and once through a copy of its
+// recurrence written here in fp32 without restarts, against the fp64
+// reference (printed): restarted, it stays within 1.5x of the standard
+// form's own fp32 error (or 1e-4); without restarts it is 100x worse.
+TEST(NewtonSchulzGramTest, RestartBoundsTheDrift) {
+  const int64_t m = 48, n = 192;
+  std::vector<double> sv(m);
+  for (int64_t k = 0; k < m; ++k) sv[k] = std::pow(1e-6, static_cast<double>(k) / (m - 1));
+  const std::vector<float> x = WithSingularValues(m, n, sv, 77);
+  const testing::Mat ref = ReferenceNewtonSchulz(testing::FromFloats(x, m, n), 8, kPolarExpress);
+  std::vector<float> y = x, z = x;
+  NewtonSchulz ns;
+  ASSERT_TRUE(ns.Run(y.data(), m, n, PolarExpress(8, kGram)).ok());
+  const double restarted = RelativeFrobenius(y, ref);
+  ASSERT_TRUE(ns.Run(z.data(), m, n, PolarExpress(8)).ok());
+  const double standard = RelativeFrobenius(z, ref);
+
+  // The recurrence without restarts, in float loops.
+  double norm = 0;
+  for (float v : x) norm += static_cast<double>(v) * v;
+  norm = std::sqrt(norm);
+  std::vector<float> x0(x.size());
+  for (size_t i = 0; i < x.size(); ++i) x0[i] = static_cast<float>(x[i] / norm);
+  auto mul = [](const std::vector<float>& a, const std::vector<float>& b, int64_t r, int64_t k,
+                int64_t c) {
+    std::vector<float> out(static_cast<size_t>(r * c), 0.0f);
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = 0; j < k; ++j)
+        for (int64_t l = 0; l < c; ++l) out[i * c + l] += a[i * k + j] * b[j * c + l];
+    return out;
+  };
+  std::vector<float> r = mul(x0, TransposedFloats(x0, m, n), m, n, m);
+  std::vector<float> q(static_cast<size_t>(m * m), 0.0f);
+  for (int64_t i = 0; i < m; ++i) q[i * m + i] = 1.0f;
+  for (int t = 0; t < 8; ++t) {
+    const Triple k = kPolarExpress[std::min<size_t>(t, kPolarExpress.size() - 1)];
+    const std::vector<float> r2 = mul(r, r, m, m, m);
+    std::vector<float> p(r.size());
+    for (size_t i = 0; i < p.size(); ++i) {
+      p[i] = static_cast<float>(k[1] * r[i] + k[2] * r2[i]);
+    }
+    for (int64_t i = 0; i < m; ++i) p[i * m + i] += static_cast<float>(k[0]);
+    q = mul(p, q, m, m, m);
+    r = mul(mul(p, p, m, m, m), r, m, m, m);
+  }
+  const double drifted = RelativeFrobenius(mul(q, x0, m, m, n), ref);
+  std::printf("8 Polar Express steps, 48x192, sv 1e-6..1: Gram restarted %.2e, never "
+              "restarted %.2e; standard form %.2e\n",
+              restarted, drifted, standard);
+  EXPECT_LE(restarted, std::max(1e-4, 1.5 * standard));
+  EXPECT_LT(100 * restarted, drifted);
+}
+
+TEST(NewtonSchulzGramTest, BatchedEqualsPerMatrixBitForBit) {
+  for (const Shape s : {Shape{12, 60}, Shape{60, 12}, Shape{20, 20}}) {
+    const int64_t count = 4;
+    const int64_t size = s.rows * s.cols;
+    const std::vector<float> stack = Gaussian(count * size, 41);
+    for (const NsOptions& options : {Quintic(5, kGram), PolarExpress(9, kGram)}) {
+      std::vector<float> batched = stack;
+      NewtonSchulz ns_batched;
+      std::vector<float> big = Gaussian(50 * 90, 6);
+      ASSERT_TRUE(ns_batched.Run(big.data(), 50, 90, options).ok());
+      ASSERT_TRUE(ns_batched.RunBatched(batched.data(), count, s.rows, s.cols, options).ok());
+      for (int64_t e = 0; e < count; ++e) {
+        NewtonSchulz ns_single;
+        std::vector<float> one(stack.begin() + e * size, stack.begin() + (e + 1) * size);
+        ASSERT_TRUE(ns_single.Run(one.data(), s.rows, s.cols, options).ok());
+        EXPECT_EQ(0, std::memcmp(one.data(), batched.data() + e * size, size * sizeof(float)))
+            << "matrix " << e << " of " << s.rows << "x" << s.cols;
+      }
+    }
+  }
+}
+
+// auto runs exactly what its choice (plan::ChooseNsForm) names: bit for bit
+// the Gram form on a wide matrix and the standard form on a square one.
+TEST(NewtonSchulzGramTest, AutoRunsTheChosenForm) {
+  NewtonSchulz ns;
+  for (const Shape s : {Shape{16, 128}, Shape{128, 16}, Shape{40, 40}}) {
+    const std::vector<float> x = Gaussian(s.rows * s.cols, 3);
+    const plan::NsAlgorithm chosen = plan::ChooseNsForm(plan::NsAlgorithm::kAuto, s.rows, s.cols, 5, plan::NsTable::kQuintic);
+    EXPECT_EQ(chosen, s.rows == s.cols ? plan::NsAlgorithm::kStandard : kGram);
+    std::vector<float> automatic = x, fixed = x;
+    ASSERT_TRUE(ns.Run(automatic.data(), s.rows, s.cols, Quintic(5, plan::NsAlgorithm::kAuto)).ok());
+    ASSERT_TRUE(ns.Run(fixed.data(), s.rows, s.cols, Quintic(5, chosen)).ok());
+    EXPECT_EQ(automatic, fixed) << s.rows << "x" << s.cols;
+    // And the two forms differ in their rounding, so the check means something.
+    std::vector<float> other = x;
+    const plan::NsAlgorithm other_form =
+        chosen == kGram ? plan::NsAlgorithm::kStandard : kGram;
+    ASSERT_TRUE(ns.Run(other.data(), s.rows, s.cols, Quintic(5, other_form)).ok());
+    EXPECT_NE(automatic, other) << s.rows << "x" << s.cols;
+  }
+}
+
+TEST(NewtonSchulzGramTest, TransposeCommutesAndZeroStaysZero) {
+  NewtonSchulz ns;
+  const std::vector<float> x = Gaussian(20 * 70, 8);
+  std::vector<float> y = x;
+  std::vector<float> yt = TransposedFloats(x, 20, 70);
+  ASSERT_TRUE(ns.Run(y.data(), 20, 70, Quintic(5, kGram)).ok());
+  ASSERT_TRUE(ns.Run(yt.data(), 70, 20, Quintic(5, kGram)).ok());
+  EXPECT_EQ(TransposedFloats(y, 20, 70), yt);
+  std::vector<float> zero(20 * 70, 0.0f);
+  ASSERT_TRUE(ns.Run(zero.data(), 20, 70, Quintic(5, kGram)).ok());
+  EXPECT_EQ(zero, std::vector<float>(20 * 70, 0.0f));
 }
 
 TEST(NewtonSchulzTest, BatchedEqualsPerMatrixBitForBit) {
@@ -274,6 +482,7 @@ TEST(NewtonSchulzTest, CoefficientChoices) {
   NsOptions as_table;
   as_table.coefficients = NsCoefficients::kTable;
   as_table.table = {{3.4445, -4.7750, 2.0315}};
+  as_table.algorithm = plan::NsAlgorithm::kStandard;
   ASSERT_TRUE(ns.Run(table.data(), 12, 20, as_table).ok());
   EXPECT_EQ(quintic, table);  // one row, repeated: the quintic, bit for bit
   ASSERT_TRUE(ns.Run(polar.data(), 12, 20, PolarExpress(5)).ok());
@@ -293,9 +502,11 @@ TEST(NewtonSchulzTest, ReserveAvoidsGrowth) {
   NewtonSchulz ns;
   ASSERT_TRUE(ns.Reserve(30, 80).ok());
   const size_t bytes = ns.workspace_bytes();
-  EXPECT_EQ(bytes, (2 * 30 * 80 + 2 * 30 * 30) * sizeof(float));
+  // Both forms' buffers: two m x n, four m x m.
+  EXPECT_EQ(bytes, (2 * 30 * 80 + 4 * 30 * 30) * sizeof(float));
   std::vector<float> x = Gaussian(80 * 30, 1);
   ASSERT_TRUE(ns.Run(x.data(), 80, 30, Quintic()).ok());  // other orientation
+  ASSERT_TRUE(ns.Run(x.data(), 80, 30, Quintic(5, kGram)).ok());
   ASSERT_TRUE(ns.Run(x.data(), 20, 40, Quintic()).ok());  // smaller
   EXPECT_EQ(ns.workspace_bytes(), bytes);
 }

@@ -101,6 +101,7 @@ math::MuonOptions MuonFromProto(const v1::MuonConfig& m) {
   o.ns.steps = Or(m.ns_steps(), kNsSteps);
   o.ns.coefficients = m.coefficients() == "polar_express" ? math::NsCoefficients::kPolarExpress
                                                           : math::NsCoefficients::kQuintic;
+  plan::ParseNsAlgorithm(m.ns_algorithm(), &o.ns.algorithm);  // checked by CheckMuon
   return o;
 }
 
@@ -134,6 +135,11 @@ void CheckMuon(const v1::MuonConfig& m, Violations& v) {
     v.Add("optimizer.muon.coefficients",
           absl::StrCat("unknown coefficients ", plan::Quote(m.coefficients()),
                        " (expected quintic or polar_express)"));
+  }
+  if (plan::NsAlgorithm algorithm; !plan::ParseNsAlgorithm(m.ns_algorithm(), &algorithm)) {
+    v.Add("optimizer.muon.ns_algorithm",
+          absl::StrCat("unknown form ", plan::Quote(m.ns_algorithm()),
+                       " (expected auto, standard or gram; unset: auto)"));
   }
   // The numerics' own check, as a safety net: anything it refuses that the
   // checks above let through is reported too, rather than failing at step 1.
@@ -447,6 +453,11 @@ std::vector<plan::FieldViolation> ValidateJob(const v1::JobSpec& job) {
   } else if (job.world_size() > kMaxJobWorldSize) {
     v.Add("world_size",
           absl::StrCat(job.world_size(), " exceeds the limit of ", kMaxJobWorldSize, " ranks"));
+  }
+  if (job.device() == "cuda" && job.optimizer().muon().ns_algorithm() == "gram") {
+    v.Add("optimizer.muon.ns_algorithm",
+          "gram runs on the CPU only for now (the CUDA kernels run the standard form); use auto "
+          "or standard with device cuda");
   }
   if (!job.device().empty() && job.device() != "cpu" && job.device() != "cuda") {
     v.Add("device",

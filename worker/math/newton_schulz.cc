@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/support/status_macros.h"
+#include "plan/ns_cost.h"
 #include "worker/math/ns_coefficients.h"
 
 namespace muonmesh::math {
@@ -97,6 +98,17 @@ void MirrorUpperToLower(float* a, int64_t m) {
   }
 }
 
+// out (upper triangle) = a I + b A + c A A for the full symmetric m x m A:
+// A A = A A^T is a rank-k update.
+void PolynomialOf(const float* a, int64_t m, const NsCoefficientSet& k, float* out) {
+  const int im = static_cast<int>(m);
+  std::memcpy(out, a, static_cast<size_t>(m) * static_cast<size_t>(m) * sizeof(float));
+  cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, im, im, static_cast<float>(k.c), a, im,
+              static_cast<float>(k.b), out, im);
+  const float ka = static_cast<float>(k.a);
+  for (int64_t i = 0; i < m; ++i) out[i * m + i] += ka;
+}
+
 }  // namespace
 
 absl::Status NewtonSchulz::Reserve(int64_t rows, int64_t cols) {
@@ -106,7 +118,8 @@ absl::Status NewtonSchulz::Reserve(int64_t rows, int64_t cols) {
   if (m != 0 && n > SIZE_MAX / sizeof(float) / m) {
     return absl::ResourceExhaustedError("Newton-Schulz: workspace size overflows");
   }
-  if (!x0_.Reserve(m * n) || !x1_.Reserve(m * n) || !a_.Reserve(m * m) || !b_.Reserve(m * m)) {
+  if (!x0_.Reserve(m * n) || !x1_.Reserve(m * n) || !a_.Reserve(m * m) || !b_.Reserve(m * m) ||
+      !q_.Reserve(m * m) || !c_.Reserve(m * m)) {
     return absl::ResourceExhaustedError(
         absl::StrCat("Newton-Schulz: cannot allocate the workspace for ", rows, " x ", cols));
   }
@@ -114,7 +127,9 @@ absl::Status NewtonSchulz::Reserve(int64_t rows, int64_t cols) {
 }
 
 size_t NewtonSchulz::workspace_bytes() const {
-  return (x0_.capacity() + x1_.capacity() + a_.capacity() + b_.capacity()) * sizeof(float);
+  return (x0_.capacity() + x1_.capacity() + a_.capacity() + b_.capacity() + q_.capacity() +
+          c_.capacity()) *
+         sizeof(float);
 }
 
 absl::Status NewtonSchulz::Run(float* x, int64_t rows, int64_t cols, const NsOptions& options) {
@@ -145,6 +160,7 @@ absl::Status NewtonSchulz::RunBatched(float* x, int64_t count, int64_t rows, int
 absl::Status NewtonSchulz::RunValidated(float* x, int64_t rows, int64_t cols,
                                         const NsOptions& options) {
   if (rows == 0 || cols == 0) return absl::OkStatus();
+  const bool gram = NsFormFor(options, rows, cols) == plan::NsAlgorithm::kGram;
   MUONMESH_RETURN_IF_ERROR(Reserve(rows, cols));
 
   const bool transpose = rows > cols;
@@ -152,9 +168,6 @@ absl::Status NewtonSchulz::RunValidated(float* x, int64_t rows, int64_t cols,
   const int64_t n = std::max(rows, cols);
   const size_t mn = static_cast<size_t>(m) * static_cast<size_t>(n);
   float* xa = x0_.data();
-  float* xb = x1_.data();
-  float* a = a_.data();
-  float* b = b_.data();
 
   // Lay the working m x n matrix out first, so that x and x^T give identical
   // bits from here on.
@@ -170,6 +183,24 @@ absl::Status NewtonSchulz::RunValidated(float* x, int64_t rows, int64_t cols,
   const double inv_norm = 1.0 / std::max(std::sqrt(sum_squares), options.eps);
   for (size_t i = 0; i < mn; ++i) xa[i] = static_cast<float>(xa[i] * inv_norm);
 
+  const float* result = gram ? IterateGram(m, n, options) : IterateStandard(m, n, options);
+  if (!AllFinite(result, mn)) {
+    return absl::InvalidArgumentError(
+        "Newton-Schulz: the iteration produced a NaN or infinity (diverging coefficients?)");
+  }
+  if (transpose) {
+    TransposeCopy(result, m, n, x);
+  } else {
+    std::memcpy(x, result, mn * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+const float* NewtonSchulz::IterateStandard(int64_t m, int64_t n, const NsOptions& options) {
+  float* xa = x0_.data();
+  float* xb = x1_.data();
+  float* a = a_.data();
+  float* b = b_.data();
   const int im = static_cast<int>(m);
   const int in = static_cast<int>(n);
   for (int t = 0; t < options.steps; ++t) {
@@ -179,26 +210,67 @@ absl::Status NewtonSchulz::RunValidated(float* x, int64_t rows, int64_t cols,
     cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, im, in, 1.0f, xa, in, 0.0f, a, im);
     MirrorUpperToLower(a, m);
     // B = b A + c A A^T (= c A A: A is symmetric), upper triangle.
-    std::memcpy(b, a, static_cast<size_t>(m) * static_cast<size_t>(m) * sizeof(float));
-    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, im, im, static_cast<float>(k.c), a, im,
-                static_cast<float>(k.b), b, im);
-    // a X + B X = (B + a I) X: no copy of X into the output buffer.
-    const float ka = static_cast<float>(k.a);
-    for (int64_t i = 0; i < m; ++i) b[i * m + i] += ka;
+    PolynomialOf(a, m, k, b);
     cblas_ssymm(CblasRowMajor, CblasLeft, CblasUpper, im, in, 1.0f, b, im, xa, in, 0.0f, xb, in);
     std::swap(xa, xb);
   }
+  return xa;
+}
 
-  if (!AllFinite(xa, mn)) {
-    return absl::InvalidArgumentError(
-        "Newton-Schulz: the iteration produced a NaN or infinity (diverging coefficients?)");
+// The Gram form (plan/ns_cost.h): R, P, Q and a scratch matrix are m x m and
+// kept full (the products read them as general matrices); every product of
+// two of them is a product of commuting symmetric matrices, and P^2 = P P^T
+// is a rank-k update. X_0 stays in x0_ until a restart replaces it with
+// Q X_0; the result lands in x1_ (or x0_ after an odd number of restarts).
+const float* NewtonSchulz::IterateGram(int64_t m, int64_t n, const NsOptions& options) {
+  float* x_start = x0_.data();
+  float* x_other = x1_.data();
+  float* r = a_.data();
+  float* p = b_.data();
+  float* q = q_.data();
+  float* scratch = c_.data();
+  const int im = static_cast<int>(m);
+  const int in = static_cast<int>(n);
+  const size_t mm = static_cast<size_t>(m) * static_cast<size_t>(m);
+  const auto lead = [&](int64_t t) { return NsCoefficientsForStep(options, static_cast<int>(t)).a; };
+  bool q_is_identity = true;
+  for (int t = 0; t < options.steps; ++t) {
+    if (plan::GramStartsAt(t, lead)) {
+      if (t > 0) {  // restart: X = Q X_0 becomes the new X_0
+        cblas_ssymm(CblasRowMajor, CblasLeft, CblasUpper, im, in, 1.0f, q, im, x_start, in, 0.0f,
+                    x_other, in);
+        std::swap(x_start, x_other);
+      }
+      cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, im, in, 1.0f, x_start, in, 0.0f, r, im);
+      MirrorUpperToLower(r, m);
+      q_is_identity = true;
+    }
+    const NsCoefficientSet k = NsCoefficientsForStep(options, t);
+    PolynomialOf(r, m, k, p);  // P = a I + b R + c R^2, upper triangle
+    MirrorUpperToLower(p, m);
+    if (q_is_identity) {
+      std::memcpy(q, p, mm * sizeof(float));
+      q_is_identity = false;
+    } else {
+      cblas_ssymm(CblasRowMajor, CblasLeft, CblasUpper, im, im, 1.0f, p, im, q, im, 0.0f, scratch,
+                  im);
+      std::swap(q, scratch);
+    }
+    // R is needed again unless this is the last iteration or the next one
+    // restarts from a fresh X X^T.
+    const bool restarts_next = plan::GramStartsAt(t + 1, lead);
+    if (t + 1 < options.steps && !restarts_next) {
+      // R <- P^2 R: P^2 = P P^T (upper triangle) into scratch, then P^2 R.
+      cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, im, im, 1.0f, p, im, 0.0f, scratch, im);
+      cblas_ssymm(CblasRowMajor, CblasLeft, CblasUpper, im, im, 1.0f, scratch, im, r, im, 0.0f, p,
+                  im);
+      std::swap(r, p);
+    }
   }
-  if (transpose) {
-    TransposeCopy(xa, m, n, x);
-  } else {
-    std::memcpy(x, xa, mn * sizeof(float));
-  }
-  return absl::OkStatus();
+  // X_T = Q X_0.
+  cblas_ssymm(CblasRowMajor, CblasLeft, CblasUpper, im, in, 1.0f, q, im, x_start, in, 0.0f,
+              x_other, in);
+  return x_other;
 }
 
 }  // namespace muonmesh::math

@@ -2,8 +2,8 @@
 
 // Newton-Schulz orthogonalisation on the CPU: fp32 through OpenBLAS.
 //
-// NewtonSchulz holds the workspace of the iteration (two m x n buffers and two
-// m x m buffers for m = min(rows, cols), n = max(rows, cols)). It grows to the
+// NewtonSchulz holds the workspace of the iteration (two m x n buffers and
+// four m x m buffers for m = min(rows, cols), n = max(rows, cols)). It grows to the
 // largest shape it has seen (or was told with Reserve) and is then reused, so a
 // call on a shape that fits does no heap allocation. One instance per thread:
 // Run is not safe to call concurrently on one object. OpenBLAS threads inside
@@ -18,6 +18,13 @@
 // input (for a fixed OpenBLAS build and thread count), and NS(x^T) is exactly
 // NS(x)^T because the transposed input is laid out identically before any
 // arithmetic.
+//
+// NsOptions::algorithm picks the Gram form instead (plan/ns_cost.h: the
+// iteration on the m x m matrices X X^T and Q with X_k = Q X_0, restarted
+// from a fresh X X^T as plan::GramStartsAt says); kAuto takes it where it
+// needs fewer FLOPs (NsFormFor: wide matrices, beyond 1:1.5 at 5 quintic
+// iterations), which is what the planner charges the owner. Same properties: deterministic, exact
+// under transposition, batched equal to per-matrix.
 
 #include <cstddef>
 #include <cstdint>
@@ -85,11 +92,17 @@ class NewtonSchulz {
 
  private:
   absl::Status RunValidated(float* x, int64_t rows, int64_t cols, const NsOptions& options);
+  // The iterations on the normalised m x n matrix in x0_; return where the
+  // result is (x0_ or x1_).
+  const float* IterateStandard(int64_t m, int64_t n, const NsOptions& options);
+  const float* IterateGram(int64_t m, int64_t n, const NsOptions& options);
 
   internal::AlignedFloats x0_;  // m x n, ping
   internal::AlignedFloats x1_;  // m x n, pong
   internal::AlignedFloats a_;   // m x m, X X^T (made full before A A)
   internal::AlignedFloats b_;   // m x m, upper triangle of b A + c A A + a I
+  internal::AlignedFloats q_;   // m x m, Gram form: Q
+  internal::AlignedFloats c_;   // m x m, Gram form: scratch
 };
 
 }  // namespace muonmesh::math

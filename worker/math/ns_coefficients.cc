@@ -53,10 +53,23 @@ NsCoefficientSet NsCoefficientsForStep(const NsOptions& options, int step) {
   return kQuinticCoefficients;
 }
 
+plan::NsAlgorithm NsFormFor(const NsOptions& options, int64_t rows, int64_t cols) {
+  return plan::ChooseNsForm(options.algorithm, rows, cols, options.steps, [&](int64_t t) {
+    return NsCoefficientsForStep(options, static_cast<int>(t)).a;
+  });
+}
+
+double NsFlopsFor(const NsOptions& options, int64_t rows, int64_t cols) {
+  if (NsFormFor(options, rows, cols) == plan::NsAlgorithm::kStandard) {
+    return plan::StandardNsFlops(rows, cols, options.steps);
+  }
+  return plan::GramNsFlops(rows, cols, options.steps, [&](int64_t t) {
+    return NsCoefficientsForStep(options, static_cast<int>(t)).a;
+  });
+}
+
 double NewtonSchulzFlops(int64_t rows, int64_t cols, int steps) {
-  const double m = static_cast<double>(std::min(rows, cols));
-  const double n = static_cast<double>(std::max(rows, cols));
-  return steps * (4.0 * m * m * n + 2.0 * m * m * m);
+  return plan::StandardNsFlops(rows, cols, steps);
 }
 
 }  // namespace muonmesh::math

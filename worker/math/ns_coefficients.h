@@ -12,18 +12,10 @@
 
 namespace muonmesh::math {
 
-inline constexpr NsCoefficientSet kQuinticCoefficients{3.4445, -4.7750, 2.0315};
-
-inline constexpr std::array<NsCoefficientSet, 8> kPolarExpressCoefficients{{
-    {8.2051, -22.9019, 16.4607},
-    {4.0664, -2.8612, 0.5184},
-    {3.9096, -2.8234, 0.5250},
-    {3.2856, -2.4153, 0.4853},
-    {2.2779, -1.6198, 0.3985},
-    {1.8726, -1.2307, 0.3585},
-    {1.8564, -1.2132, 0.3568},
-    {1.8750, -1.2500, 0.3750},
-}};
+// The tables live with the cost model, which needs their leading
+// coefficients (plan/ns_cost.h).
+using plan::kPolarExpressCoefficients;
+using plan::kQuinticCoefficients;
 
 // OK, or InvalidArgument naming the field: steps outside [1, 100], eps not
 // positive and finite, an empty table with kTable, non-finite coefficients.
@@ -31,6 +23,12 @@ absl::Status ValidateNsOptions(const NsOptions& options);
 
 // Coefficients of iteration `step` (0-based). Expects validated options.
 NsCoefficientSet NsCoefficientsForStep(const NsOptions& options, int step);
+
+// The form options.algorithm runs on a rows x cols matrix (plan::ChooseNsForm
+// with these options' coefficients), and its FLOPs as the planner counts
+// them. Expects validated options.
+plan::NsAlgorithm NsFormFor(const NsOptions& options, int64_t rows, int64_t cols);
+double NsFlopsFor(const NsOptions& options, int64_t rows, int64_t cols);
 
 // T (4 m^2 n + 2 m^3) with m = min(rows, cols), n = max(rows, cols): the
 // FLOPs of T iterations counted as dense products (DESIGN.md section 4).

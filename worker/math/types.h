@@ -7,14 +7,12 @@
 #include <cstdint>
 #include <vector>
 
+#include "plan/ns_cost.h"
+
 namespace muonmesh::math {
 
 // One Newton-Schulz iteration X <- a X + (b A + c A^2) X with A = X X^T.
-struct NsCoefficientSet {
-  double a = 0.0;
-  double b = 0.0;
-  double c = 0.0;
-};
+using NsCoefficientSet = plan::NsCoefficientSet;
 
 enum class NsCoefficients {
   // (3.4445, -4.7750, 2.0315) on every iteration (Keller Jordan's quintic,
@@ -35,6 +33,9 @@ struct NsOptions {
   std::vector<NsCoefficientSet> table;
   // X is divided by max(||X||_F, eps) before the first iteration.
   double eps = 1e-7;
+  // Standard or Gram form (plan/ns_cost.h); auto: per matrix, the one with
+  // fewer FLOPs.
+  plan::NsAlgorithm algorithm = plan::NsAlgorithm::kAuto;
 };
 
 // How Muon scales the orthogonalised update of a rows x cols matrix

@@ -17,6 +17,7 @@
 #include "plan/validate.h"
 #include "proto/support/status_macros.h"
 #include "worker/io/safetensors.h"
+#include "worker/math/ns_coefficients.h"
 #include "worker/runtime/groups.h"
 #include "worker/runtime/muon_schedule.h"
 
@@ -642,7 +643,7 @@ absl::Status Trainer::Impl::WaveRun::OrthogonalizeHeld(StepReport* report) {
       if (!st.ok()) {
         st = AnnotateStatus(st, absl::StrCat("Newton-Schulz on ", m.plan->units[u.unit].name));
       }
-      round.ns_flops += plan::NewtonSchulzFlops(mp.rows, mp.cols, m.options.muon.ns.steps);
+      round.ns_flops += math::NsFlopsFor(m.options.muon.ns, mp.rows, mp.cols);
     }
   }
   report->ns_flops += round.ns_flops;
@@ -1266,6 +1267,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
   impl->plan = &impl->plan_copy;
   impl->workload = workload;
   impl->options = options;
+  // The Newton-Schulz form the planner charged the owners for runs.
+  impl->options.muon.ns.algorithm = plan.config.ns_algorithm;
   impl->rank = rank;
   impl->world = plan.config.world_size;
   impl->ep = std::max<int64_t>(1, plan.config.ep);

@@ -65,7 +65,7 @@ struct TrainerOptions {
   // Prefix of every group name: unique per job attempt.
   std::string group_prefix = "job";
   comm::CollectiveOptions collective;
-  math::MuonOptions muon;
+  math::MuonOptions muon;  // its ns.algorithm is ignored: the plan's (config.ns_algorithm) runs
   math::AdamWOptions adamw;
   int64_t global_batch_size = 1;
   uint64_t init_seed = 0;

@@ -334,6 +334,15 @@ std::vector<BrokenJob> BrokenJobs() {
       {"MuonCoefficientsUnknown",
        [](J& j) { j.mutable_optimizer()->mutable_muon()->set_coefficients("cubic"); },
        "optimizer.muon.coefficients", "unknown coefficients 'cubic'"},
+      {"MuonNsAlgorithmUnknown",
+       [](J& j) { j.mutable_optimizer()->mutable_muon()->set_ns_algorithm("fast"); },
+       "optimizer.muon.ns_algorithm", "unknown form 'fast'"},
+      {"MuonGramOnCuda",
+       [](J& j) {
+         j.set_device("cuda");
+         j.mutable_optimizer()->mutable_muon()->set_ns_algorithm("gram");
+       },
+       "optimizer.muon.ns_algorithm", "CPU only"},
       {"AdamWLrNegative", [](J& j) { j.mutable_optimizer()->mutable_adamw()->set_lr(-1); },
        "optimizer.adamw.lr", ">= 0"},
       {"AdamWBeta1One", [](J& j) { j.mutable_optimizer()->mutable_adamw()->set_beta1(1.0); },

@@ -1,9 +1,11 @@
 // The engine under every parallelism config, ranks as threads on the
-// in-process backend: the same job must give the 1-rank losses and weights,
-// and owner-based and allgather runs must end bit-identical. Dense configs
-// train a two-layer linear model written here; expert configs the moe_mlp
-// workload (tested on its own in tests/worker/model) with its experts on the
-// expert mesh.
+// in-process backend: every config must end where the independent
+// double-precision reference trainers (tests/worker/model/*reference_trainer.h,
+// no code shared with worker/) end, and give the 1-rank losses and weights;
+// owner-based and allgather runs must end bit-identical. Dense configs train
+// a two-layer linear model written here (the mlp workload for the reference
+// comparison); expert configs the moe_mlp workload (tested on its own in
+// tests/worker/model) with its experts on the expert mesh.
 
 #include "worker/runtime/muon_schedule.h"
 #include "worker/runtime/trainer.h"
@@ -20,6 +22,9 @@
 #include "worker/comm/file_store.h"
 #include "worker/comm/inprocess_communicator.h"
 #include "worker/io/safetensors.h"
+#include "tests/worker/model/moe_reference_trainer.h"
+#include "tests/worker/model/reference_trainer.h"
+#include "worker/model/mlp.h"
 #include "worker/model/moe_mlp.h"
 
 namespace muonmesh::worker {
@@ -106,12 +111,24 @@ struct Config {
   const char* outer;
   int64_t ep = 1;
   bool moe = false;
+  bool mlp = false;  // dense configs: the mlp workload instead of TwoLayerLinear
 };
 
-// d_in 5, d_model 8, d_expert 6, 4 experts, d_out 3; 64 teacher samples.
-std::unique_ptr<Workload> MakeWorkload(bool moe) {
+constexpr int64_t kTeacherSamples = 64;
+const std::vector<int64_t> kMlpDims = {6, 12, 5};
+constexpr MoeMlpDims kMoeDims = {5, 8, 6, 4, 3};
+
+// Dense: TwoLayerLinear, or the mlp workload [6, 12, 5] on 64 teacher
+// samples; expert: d_in 5, d_model 8, d_expert 6, 4 experts, d_out 3 on 64
+// teacher samples.
+std::unique_ptr<Workload> MakeWorkload(bool moe, bool mlp = false) {
+  if (!moe && mlp) {
+    absl::StatusOr<Mlp> m = Mlp::FromTeacher(kMlpDims, 21, kTeacherSamples);
+    EXPECT_TRUE(m.ok()) << m.status();
+    return std::make_unique<Mlp>(*std::move(m));
+  }
   if (!moe) return std::make_unique<TwoLayerLinear>();
-  absl::StatusOr<MoeMlp> m = MoeMlp::FromTeacher({5, 8, 6, 4, 3}, 21, 64);
+  absl::StatusOr<MoeMlp> m = MoeMlp::FromTeacher(kMoeDims, 21, kTeacherSamples);
   EXPECT_TRUE(m.ok()) << m.status();
   return std::make_unique<MoeMlp>(*std::move(m));
 }
@@ -140,7 +157,7 @@ struct Checkpoints {
 RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpoints& ck = {},
                  int64_t muon_buffer_bytes = 0, bool muon_overlap = true,
                  const char* replica_split = "") {
-  const std::unique_ptr<Workload> model = MakeWorkload(c.moe);
+  const std::unique_ptr<Workload> model = MakeWorkload(c.moe, c.mlp);
   plan::PlanInput in;
   in.model = model->spec();
   in.world_size = c.world;
@@ -152,8 +169,9 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
   in.options.device = "cpu";
   in.options.muon_replica_split = replica_split;
   absl::StatusOr<plan::Plan> plan = plan::ComputePlan(in);
-  EXPECT_TRUE(plan.ok()) << plan.status();
   RunResult result;
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  if (!plan.ok()) return result;
   result.plan = *plan;
 
   const std::string dir = ::testing::TempDir() + "/trainer_store_" + c.name + "_" + rule +
@@ -175,7 +193,7 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
   result.ns_flops.resize(c.world);
   for (int32_t r = 0; r < c.world; ++r) {
     threads.emplace_back([&, r] {
-      const std::unique_ptr<Workload> local = MakeWorkload(c.moe);
+      const std::unique_ptr<Workload> local = MakeWorkload(c.moe, c.mlp);
       const std::unique_ptr<Device> cpu = MakeCpuDevice();
       TrainerOptions o;
       o.device = cpu.get();
@@ -266,6 +284,68 @@ TEST_P(TrainerConfigTest, MatchesTheSingleRankRun) {
   }
 }
 
+// The sharded run against the independent reference (double precision,
+// plain loops) from the same initial weights (the run's own, gathered after
+// zero steps) on the workload's data: losses and final weights within fp32
+// rounding of 5 steps. The expert reference reports how close its routing
+// came to a tie; a comfortable gap means fp32 routes every sample alike.
+TEST_P(TrainerConfigTest, MatchesTheIndependentReference) {
+  Config c = GetParam();
+  c.mlp = true;
+  constexpr int kSteps = 5;
+  const RunResult start = RunJob(c, "lpt", /*steps=*/0);
+  const RunResult run = RunJob(c, "lpt", kSteps);
+  ASSERT_FALSE(start.weights.empty());
+  ASSERT_EQ(run.losses.size(), static_cast<size_t>(kSteps));
+  reference::Tensors init;
+  for (const auto& w : start.weights) init.emplace_back(w.begin(), w.end());
+  // The options RunJob gives the trainer.
+  reference::RefMuonOptions muon;
+  muon.lr = 0.02;
+  muon.momentum = 0.95;
+  muon.nesterov = true;
+  muon.weight_decay = 0.01;
+  reference::RefAdamWOptions adamw;
+  adamw.lr = 1e-3;
+  adamw.eps = 0.05;
+  constexpr int64_t kBatch = 24;
+  const std::unique_ptr<Workload> model = MakeWorkload(c.moe, c.mlp);
+  reference::RefTrainResult ref;
+  if (c.moe) {
+    const auto* moe = static_cast<const MoeMlp*>(model.get());
+    const std::vector<double> x(moe->x().begin(), moe->x().end());
+    const std::vector<double> y(moe->y().begin(), moe->y().end());
+    double gap = 0;
+    ref = reference::ReferenceTrainMoe({kMoeDims.d_in, kMoeDims.d_model, kMoeDims.d_expert,
+                                        kMoeDims.num_experts, kMoeDims.d_out},
+                                       init, x, y, kTeacherSamples, kSteps, kBatch, muon, adamw,
+                                       &gap);
+    ASSERT_GT(gap, 1e-4) << "a routing decision this close to a tie may differ in fp32";
+  } else {
+    const auto* mlp = static_cast<const Mlp*>(model.get());
+    const std::vector<double> x(mlp->x().begin(), mlp->x().end());
+    const std::vector<double> y(mlp->y().begin(), mlp->y().end());
+    ref = reference::ReferenceTrain(kMlpDims, init, x, y, kTeacherSamples, kSteps, kBatch, muon,
+                                    adamw);
+  }
+  ASSERT_EQ(ref.losses.size(), static_cast<size_t>(kSteps));
+  for (int s = 0; s < kSteps; ++s) {
+    EXPECT_NEAR(run.losses[s], ref.losses[s], 1e-5 * std::abs(ref.losses[s])) << "step " << s;
+  }
+  EXPECT_LT(ref.losses.back(), ref.losses.front());
+  ASSERT_EQ(run.weights.size(), ref.params.size());
+  double moved = 0;
+  for (size_t p = 0; p < ref.params.size(); ++p) {
+    ASSERT_EQ(run.weights[p].size(), ref.params[p].size()) << "param " << p;
+    for (size_t i = 0; i < ref.params[p].size(); ++i) {
+      EXPECT_NEAR(run.weights[p][i], ref.params[p][i], 1e-5) << "param " << p << " [" << i << "]";
+      moved = std::max(moved, std::abs(ref.params[p][i] - init[p][i]));
+    }
+  }
+  // The tolerance is far below what training moved the weights.
+  EXPECT_GT(moved, 1e-2);
+}
+
 TEST_P(TrainerConfigTest, OwnerBasedAndAllgatherEndBitIdentical) {
   const RunResult owners = RunJob(GetParam(), "lpt");
   const RunResult everyone = RunJob(GetParam(), "allgather");
@@ -307,7 +387,7 @@ TEST_P(TrainerConfigTest, MuonWavesOfAnyBudgetEndBitIdentical) {
   }
   // From the model spec: units with Muon matrices, the meshes they are on,
   // and the Newton-Schulz work of one copy of every matrix.
-  const std::unique_ptr<Workload> model = MakeWorkload(c.moe);
+  const std::unique_ptr<Workload> model = MakeWorkload(c.moe, c.mlp);
   const plan::ModelSpec& spec = model->spec();
   int muon_units = 0;
   bool dense_muon = false, expert_muon = false;
@@ -320,12 +400,12 @@ TEST_P(TrainerConfigTest, MuonWavesOfAnyBudgetEndBitIdentical) {
       if (p.expert) {
         expert_muon = true;
         expert_flops += static_cast<double>(p.shape[0]) *
-                        plan::NewtonSchulzFlops(p.shape[1], p.shape[2], 5);
+                        plan::NsFlops(plan::NsAlgorithm::kAuto, p.shape[1], p.shape[2], 5, plan::NsTable::kQuintic);
       } else {
         dense_muon = true;
         int64_t cols = 1;
         for (size_t d = 1; d < p.shape.size(); ++d) cols *= p.shape[d];
-        dense_flops += plan::NewtonSchulzFlops(p.shape[0], cols, 5);
+        dense_flops += plan::NsFlops(plan::NsAlgorithm::kAuto, p.shape[0], cols, 5, plan::NsTable::kQuintic);
       }
     }
     muon_units += any ? 1 : 0;
@@ -668,7 +748,7 @@ TEST_P(ReplicaSplitTest, SplitAndUnsplitEndBitIdentical) {
   // From the model spec: one copy of every dense and expert matrix's
   // Newton-Schulz work, the dense matrices' elements, and the units with
   // dense Muon matrices.
-  const std::unique_ptr<Workload> model = MakeWorkload(c.moe);
+  const std::unique_ptr<Workload> model = MakeWorkload(c.moe, c.mlp);
   double dense_flops = 0, expert_flops = 0;
   int64_t dense_elements = 0;
   int dense_units = 0, muon_units = 0;
@@ -679,13 +759,13 @@ TEST_P(ReplicaSplitTest, SplitAndUnsplitEndBitIdentical) {
       any = true;
       if (p.expert) {
         expert_flops +=
-            static_cast<double>(p.shape[0]) * plan::NewtonSchulzFlops(p.shape[1], p.shape[2], 5);
+            static_cast<double>(p.shape[0]) * plan::NsFlops(plan::NsAlgorithm::kAuto, p.shape[1], p.shape[2], 5, plan::NsTable::kQuintic);
         continue;
       }
       dense = true;
       int64_t cols = 1;
       for (size_t d = 1; d < p.shape.size(); ++d) cols *= p.shape[d];
-      dense_flops += plan::NewtonSchulzFlops(p.shape[0], cols, 5);
+      dense_flops += plan::NsFlops(plan::NsAlgorithm::kAuto, p.shape[0], cols, 5, plan::NsTable::kQuintic);
       dense_elements += p.shape[0] * cols;
     }
     dense_units += dense ? 1 : 0;
