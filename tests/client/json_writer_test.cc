@@ -90,7 +90,8 @@ TEST(JsonWriterTest, UnsetSubmessagesAndOptionalsAreLeftOut) {
       "  \"ns_steps\": 0,\n"
       "  \"weight_decay\": 0,\n"
       "  \"scale\": \"\",\n"
-      "  \"coefficients\": \"\"\n"
+      "  \"coefficients\": \"\",\n"
+      "  \"ns_algorithm\": \"\"\n"
       "}";
   EXPECT_EQ(ToJson(muon), unset);
   muon.set_nesterov(false);
@@ -102,7 +103,8 @@ TEST(JsonWriterTest, UnsetSubmessagesAndOptionalsAreLeftOut) {
             "  \"ns_steps\": 0,\n"
             "  \"weight_decay\": 0,\n"
             "  \"scale\": \"\",\n"
-            "  \"coefficients\": \"\"\n"
+            "  \"coefficients\": \"\",\n"
+            "  \"ns_algorithm\": \"\"\n"
             "}");
 
   // A oneof writes only its set member.

@@ -10,7 +10,8 @@
 //   parallelism.*               left as given: plan::Validate/Resolve apply the planner's
 //                               defaults (optim_grads_params, I = 1, EP = 1)
 //   optimizer.muon              lr 0.02, momentum 0.95, nesterov true, ns_steps 5,
-//                               weight_decay 0, scale original, coefficients quintic
+//                               weight_decay 0, scale original, coefficients quintic,
+//                               ns_algorithm auto
 //   optimizer.adamw             lr 1e-3, beta1 0.9, beta2 0.999, eps 1e-8 (only when unset: an
 //                               explicit eps must be > 0), weight_decay 0
 //   optimizer.owner_assignment  lpt

@@ -43,7 +43,8 @@ constexpr char kGauge[] = "muonmesh_job_planned_critical_path_flops";
 
 // One mlp layer's weight [rows, cols] under Newton-Schulz, by hand: every
 // iteration forms A = X X^T (2 m m n), B = b A + c A A (2 m^3) and
-// X = a X + B X (2 m m n) on the short side m and the long side n.
+// X = a X + B X (2 m m n) on the short side m and the long side n. The jobs
+// ask for the standard form (the Gram form's counts: tests/plan/ns_cost_test.cc).
 double NsFlops(double rows, double cols, double steps) {
   const double m = std::min(rows, cols);
   const double n = std::max(rows, cols);
@@ -87,7 +88,7 @@ class CoordinatorMetricsTest : public ::testing::Test {
         "\nparallelism: {data_parallel_sharding_strategy: optim_grads_params}\n"
         "model: {mlp: {dims: [", dims, "]}}\ninit: {seed: 5}\n"
         "data: {teacher: {seed: 21, samples: 64}}\n"
-        "optimizer: {muon: {ns_steps: 3}}\n"
+        "optimizer: {muon: {ns_steps: 3, ns_algorithm: standard}}\n"
         "training: {steps: 4, global_batch_size: 8, max_restarts: ", max_restarts, "}\n",
         "output: {dir: /tmp/coordinator_metrics_test/", name, "}\n");
     v1::JobSpec spec;
