@@ -146,8 +146,9 @@ TEST(NsCostTest, ThePlannerChargesTheFormThatRuns) {
     ASSERT_EQ(plan->dense.matrices.size(), 2u);
     for (const MatrixPlan& m : plan->dense.matrices) {
       const NsAlgorithm form = m.rows == m.cols ? c.square : c.wide;
-      const double want = form == NsAlgorithm::kGram ? GramNsFlops(m.rows, m.cols, 5, NsTable::kQuintic)
-                                                     : StandardNsFlops(m.rows, m.cols, 5);
+      const double want = form == NsAlgorithm::kGram
+                              ? GramNsFlops(m.rows, m.cols, 5, NsTable::kQuintic)
+                              : StandardNsFlops(m.rows, m.cols, 5);
       EXPECT_DOUBLE_EQ(m.cost_flops, want) << m.rows << "x" << m.cols;
     }
   }

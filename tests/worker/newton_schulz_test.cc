@@ -252,10 +252,12 @@ TEST(NewtonSchulzGramTest, AutoRunsTheChosenForm) {
   NewtonSchulz ns;
   for (const Shape s : {Shape{16, 128}, Shape{128, 16}, Shape{40, 40}}) {
     const std::vector<float> x = Gaussian(s.rows * s.cols, 3);
-    const plan::NsAlgorithm chosen = plan::ChooseNsForm(plan::NsAlgorithm::kAuto, s.rows, s.cols, 5, plan::NsTable::kQuintic);
+    const plan::NsAlgorithm chosen =
+        plan::ChooseNsForm(plan::NsAlgorithm::kAuto, s.rows, s.cols, 5, plan::NsTable::kQuintic);
     EXPECT_EQ(chosen, s.rows == s.cols ? plan::NsAlgorithm::kStandard : kGram);
     std::vector<float> automatic = x, fixed = x;
-    ASSERT_TRUE(ns.Run(automatic.data(), s.rows, s.cols, Quintic(5, plan::NsAlgorithm::kAuto)).ok());
+    ASSERT_TRUE(
+        ns.Run(automatic.data(), s.rows, s.cols, Quintic(5, plan::NsAlgorithm::kAuto)).ok());
     ASSERT_TRUE(ns.Run(fixed.data(), s.rows, s.cols, Quintic(5, chosen)).ok());
     EXPECT_EQ(automatic, fixed) << s.rows << "x" << s.cols;
     // And the two forms differ in their rounding, so the check means something.

@@ -76,6 +76,18 @@ absl::StatusOr<std::shared_ptr<internal::InProcessGroup>> JoinInProcessGroup(
   return group;
 }
 
+std::map<std::string, std::array<int64_t, kNumCollectives>> InProcessHub::TrafficBytes() const {
+  absl::MutexLock lock(&traffic_mu_);
+  return traffic_;
+}
+
+void InProcessHub::AddTraffic(const std::string& group, Collective collective, int64_t bytes) {
+  absl::MutexLock lock(&traffic_mu_);
+  auto [it, fresh] = traffic_.try_emplace(group);
+  if (fresh) it->second.fill(0);
+  it->second[static_cast<int>(collective)] += bytes;
+}
+
 namespace {
 
 using internal::InProcessGroup;
@@ -84,8 +96,10 @@ using internal::InProcessPost;
 class InProcessCommunicator final : public Communicator {
  public:
   InProcessCommunicator(std::string name, int rank, int size,
-                        std::shared_ptr<InProcessGroup> group)
-      : Communicator(std::move(name), rank, size), group_(std::move(group)) {}
+                        std::shared_ptr<InProcessGroup> group, std::shared_ptr<InProcessHub> hub)
+      : Communicator(std::move(name), rank, size),
+        group_(std::move(group)),
+        hub_(std::move(hub)) {}
 
   Backend backend() const override { return Backend::kInProcess; }
   MemorySpace memory_space() const override { return MemorySpace::kHost; }
@@ -113,7 +127,13 @@ class InProcessCommunicator final : public Communicator {
                            absl::Span<const int64_t> recv_counts, absl::Time deadline) override;
   absl::Status DoBarrier(absl::Time deadline) override;
 
+  // Counts `floats` read from other ranks' buffers (InProcessHub::TrafficBytes).
+  void Read(Collective collective, int64_t floats) {
+    if (floats > 0) hub_->AddTraffic(group_name(), collective, floats * int64_t{sizeof(float)});
+  }
+
   const std::shared_ptr<InProcessGroup> group_;
+  const std::shared_ptr<InProcessHub> hub_;
   int64_t sequence_ = 0;
   std::vector<float> scratch_;
 };
@@ -219,6 +239,7 @@ absl::Status InProcessCommunicator::DoAllGather(const float* in, int64_t count, 
         for (int q = 0; q < size(); ++q) {
           std::memcpy(scratch_.data() + q * count, posts[q].in, count * sizeof(float));
         }
+        Read(Collective::kAllGather, (size() - 1) * count);
         return absl::OkStatus();
       },
       [&] { std::memcpy(out, scratch_.data(), scratch_.size() * sizeof(float)); });
@@ -235,6 +256,7 @@ absl::Status InProcessCommunicator::DoReduceScatter(const float* in, float* out,
         for (int q = 0; q < size(); ++q) parts[q] = posts[q].in + rank() * count;
         scratch_.resize(static_cast<size_t>(count));
         internal::ReduceInRankOrder(parts, count, op, scratch_.data());
+        Read(Collective::kReduceScatter, (size() - 1) * count);
         return absl::OkStatus();
       },
       [&] { std::memcpy(out, scratch_.data(), count * sizeof(float)); });
@@ -251,6 +273,7 @@ absl::Status InProcessCommunicator::DoAllReduce(float* inout, int64_t count, Red
         for (int q = 0; q < size(); ++q) parts[q] = posts[q].in;
         scratch_.resize(static_cast<size_t>(count));
         internal::ReduceInRankOrder(parts, count, op, scratch_.data());
+        Read(Collective::kAllReduce, (size() - 1) * count);
         return absl::OkStatus();
       },
       [&] { std::memcpy(inout, scratch_.data(), count * sizeof(float)); });
@@ -264,7 +287,10 @@ absl::Status InProcessCommunicator::DoBroadcast(float* inout, int64_t count, int
   return Rendezvous(
       post, deadline,
       [&](const std::vector<InProcessPost>& posts) {
-        if (receiver) scratch_.assign(posts[root].in, posts[root].in + count);
+        if (receiver) {
+          scratch_.assign(posts[root].in, posts[root].in + count);
+          Read(Collective::kBroadcast, count);
+        }
         return absl::OkStatus();
       },
       [&] {
@@ -296,6 +322,7 @@ absl::Status InProcessCommunicator::DoAllToAllV(const float* send,
             std::memcpy(scratch_.data() + at, posts[q].in + offset,
                         recv_counts[q] * sizeof(float));
           }
+          if (q != rank()) Read(Collective::kAllToAllV, recv_counts[q]);
           at += recv_counts[q];
         }
         return absl::OkStatus();
@@ -346,7 +373,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateInProcessCommunicator(
     }
   }
   return std::unique_ptr<Communicator>(
-      new InProcessCommunicator(std::move(group_name), rank, size, std::move(group)));
+      new InProcessCommunicator(std::move(group_name), rank, size, std::move(group), options.hub));
 }
 
 }  // namespace muonmesh::comm

@@ -19,6 +19,8 @@
 // ranks waiting in, or later entering, any collective of the group get
 // Unavailable at once, as a real network backend's peers would.
 
+#include <array>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -45,12 +47,23 @@ class InProcessHub {
   InProcessHub(const InProcessHub&) = delete;
   InProcessHub& operator=(const InProcessHub&) = delete;
 
+  // The transport's own traffic, for tests: per group name and collective,
+  // the bytes the group's ranks copied out of *other* ranks' buffers in
+  // successful calls (what a network would have carried to them; a rank's
+  // own contribution never counts), summed over ranks and calls. Counted
+  // where the copies happen, independently of the front end's byte model.
+  std::map<std::string, std::array<int64_t, kNumCollectives>> TrafficBytes() const;
+  void AddTraffic(const std::string& group, Collective collective, int64_t bytes);
+
  private:
   friend absl::StatusOr<std::shared_ptr<internal::InProcessGroup>> JoinInProcessGroup(
       InProcessHub& hub, const std::string& name, int rank, int size);
 
   absl::Mutex mu_;
   std::map<std::string, std::weak_ptr<internal::InProcessGroup>> groups_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Mutex traffic_mu_;
+  std::map<std::string, std::array<int64_t, kNumCollectives>> traffic_
+      ABSL_GUARDED_BY(traffic_mu_);
 };
 
 // Joins `group_name` in options.hub as `rank` of `size` and waits up to

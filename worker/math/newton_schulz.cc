@@ -232,7 +232,9 @@ const float* NewtonSchulz::IterateGram(int64_t m, int64_t n, const NsOptions& op
   const int im = static_cast<int>(m);
   const int in = static_cast<int>(n);
   const size_t mm = static_cast<size_t>(m) * static_cast<size_t>(m);
-  const auto lead = [&](int64_t t) { return NsCoefficientsForStep(options, static_cast<int>(t)).a; };
+  const auto lead = [&](int64_t t) {
+    return NsCoefficientsForStep(options, static_cast<int>(t)).a;
+  };
   bool q_is_identity = true;
   for (int t = 0; t < options.steps; ++t) {
     if (plan::GramStartsAt(t, lead)) {

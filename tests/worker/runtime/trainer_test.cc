@@ -10,6 +10,7 @@
 #include "worker/runtime/muon_schedule.h"
 #include "worker/runtime/trainer.h"
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -140,6 +141,9 @@ struct RunResult {
   std::vector<std::vector<float>> weights;       // as rank 0 gathers them
   std::vector<std::vector<float>> last_weights;  // as the last rank does (its own replica)
   std::map<std::string, int64_t> bytes;  // summed over ranks and steps
+  // What the in-process transport copied between ranks, per group and
+  // collective (InProcessHub::TrafficBytes), over the whole run.
+  std::map<std::string, std::array<int64_t, comm::kNumCollectives>> wire;
   plan::Plan plan;
   // Per rank, its last step's Muon rounds, exchange calls and NS FLOPs.
   std::vector<std::vector<MuonRound>> rounds;
@@ -257,6 +261,7 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
     }
     for (const auto& [k, v] : bytes[r]) result.bytes[k] += v;
   }
+  result.wire = hub->TrafficBytes();
   result.losses = losses[0];
   result.weights = weights;
   result.last_weights = last_weights;
@@ -399,13 +404,15 @@ TEST_P(TrainerConfigTest, MuonWavesOfAnyBudgetEndBitIdentical) {
       any = true;
       if (p.expert) {
         expert_muon = true;
-        expert_flops += static_cast<double>(p.shape[0]) *
-                        plan::NsFlops(plan::NsAlgorithm::kAuto, p.shape[1], p.shape[2], 5, plan::NsTable::kQuintic);
+        expert_flops +=
+            static_cast<double>(p.shape[0]) * plan::NsFlops(plan::NsAlgorithm::kAuto, p.shape[1],
+                                                            p.shape[2], 5, plan::NsTable::kQuintic);
       } else {
         dense_muon = true;
         int64_t cols = 1;
         for (size_t d = 1; d < p.shape.size(); ++d) cols *= p.shape[d];
-        dense_flops += plan::NsFlops(plan::NsAlgorithm::kAuto, p.shape[0], cols, 5, plan::NsTable::kQuintic);
+        dense_flops +=
+            plan::NsFlops(plan::NsAlgorithm::kAuto, p.shape[0], cols, 5, plan::NsTable::kQuintic);
       }
     }
     muon_units += any ? 1 : 0;
@@ -497,6 +504,38 @@ TEST_P(TrainerConfigTest, EveryCollectiveMovesThePlannedBytes) {
       GetParam().world / GetParam().ep > 1) {
     EXPECT_GT(planned["expert/param_allgather_backward"], 0);
   }
+}
+
+// The same against real traffic: the bytes the transport copied from rank to
+// rank (counted where it copies, not by the communicators' byte model). The
+// Muon exchanges (all-to-alls outside the token-dispatch group) carry
+// exactly the plan's gather and scatter bytes; gradient reduce-scatters
+// exactly the plan's (nothing else reduce-scatters; the final
+// GatherParameters and the loss all-reduce are not planned, so all-gathers
+// and all-reduces are not compared).
+TEST_P(TrainerConfigTest, TheWireCarriesThePlannedMuonAndReduceScatterBytes) {
+  const int steps = 2;
+  const RunResult r = RunJob(GetParam(), "lpt", steps);
+  int64_t planned_muon = 0, planned_reduce_scatter = 0;
+  for (const plan::CollectiveBytes& c : r.plan.collectives) {
+    if (c.name == "muon_gather" || c.name == "muon_scatter" || c.name == "muon_replica_exchange") {
+      planned_muon += c.bytes_per_step * steps;
+    }
+    if (c.name == "grad_reduce_scatter") planned_reduce_scatter += c.bytes_per_step * steps;
+  }
+  int64_t wire_muon = 0, wire_reduce_scatter = 0;
+  for (const auto& [group, bytes] : r.wire) {
+    if (group.find("/dispatch/") == std::string::npos) {
+      wire_muon += bytes[static_cast<int>(comm::Collective::kAllToAllV)];
+    }
+    wire_reduce_scatter += bytes[static_cast<int>(comm::Collective::kReduceScatter)];
+  }
+  // Sharded optimizer state means owners, and owners mean exchanges.
+  if (std::string(GetParam().inner) != "no_shard") {
+    EXPECT_GT(wire_muon, 0);
+  }
+  EXPECT_EQ(wire_muon, planned_muon);
+  EXPECT_EQ(wire_reduce_scatter, planned_reduce_scatter);
 }
 
 TEST_P(TrainerConfigTest, ResumingFromSavedShardsContinuesBitForBit) {
@@ -759,13 +798,15 @@ TEST_P(ReplicaSplitTest, SplitAndUnsplitEndBitIdentical) {
       any = true;
       if (p.expert) {
         expert_flops +=
-            static_cast<double>(p.shape[0]) * plan::NsFlops(plan::NsAlgorithm::kAuto, p.shape[1], p.shape[2], 5, plan::NsTable::kQuintic);
+            static_cast<double>(p.shape[0]) * plan::NsFlops(plan::NsAlgorithm::kAuto, p.shape[1],
+                                                            p.shape[2], 5, plan::NsTable::kQuintic);
         continue;
       }
       dense = true;
       int64_t cols = 1;
       for (size_t d = 1; d < p.shape.size(); ++d) cols *= p.shape[d];
-      dense_flops += plan::NsFlops(plan::NsAlgorithm::kAuto, p.shape[0], cols, 5, plan::NsTable::kQuintic);
+      dense_flops +=
+          plan::NsFlops(plan::NsAlgorithm::kAuto, p.shape[0], cols, 5, plan::NsTable::kQuintic);
       dense_elements += p.shape[0] * cols;
     }
     dense_units += dense ? 1 : 0;
