@@ -1,10 +1,9 @@
-// muonmesh-coordinator: the gRPC control plane (DESIGN.md §1). Today it
-// serves the Planner; scheduling, rendezvous and metrics come later.
+// muonmesh-coordinator: the gRPC control plane (DESIGN.md §1): the Planner,
+// Jobs, Fleet and Store services, health, reflection and Prometheus metrics.
 
 #include <pthread.h>
 #include <signal.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -15,148 +14,149 @@
 #include <thread>
 #include <vector>
 
-#include "absl/flags/commandlineflag.h"
-#include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/reflection.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "proto/support/flag_parser.h"
 #include "server/coordinator_server.h"
-
-ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
-          "HOST:PORT to serve on; port 0 picks a free port (printed when ready)");
-ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(5),
-          "on SIGINT/SIGTERM, how long calls in flight may finish before they are cancelled "
-          "(plans being computed are cancelled at once); a second signal exits at once (code 1)");
-ABSL_FLAG(std::string, data_dir, "",
-          "folder of the durable state (state.db: jobs, events, step records); created if "
-          "missing. Empty: $HOME/.local/state/muonmesh (./muonmesh-state without HOME). "
-          "'none' serves the Planner only (no Jobs, Fleet or Store)");
-ABSL_FLAG(std::string, metrics_listen, "",
-          "HOST:PORT to serve Prometheus metrics on (http://HOST:PORT/metrics); port 0 picks "
-          "one (printed when ready); empty: no metrics endpoint");
-ABSL_FLAG(absl::Duration, lease_ttl, absl::Seconds(10),
-          "how long a worker may go without a heartbeat before it counts as lost (its job "
-          "attempt fails and restarts if it may); workers heartbeat every lease_ttl / 5");
-ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(60),
-          "the timeout of every collective in the workers of a job (a stalled peer is caught "
-          "after at most this long)");
-ABSL_FLAG(std::string, tls_cert, "",
-          "PEM certificate (chain) to serve TLS with; needs --tls-key. Default "
-          "$MUONMESH_TLS_CERT. Without TLS and tokens only a loopback --listen is served");
-ABSL_FLAG(std::string, tls_key, "",
-          "PEM private key of --tls-cert (unencrypted; keep it mode 600). Default "
-          "$MUONMESH_TLS_KEY");
-ABSL_FLAG(std::string, tls_ca, "",
-          "PEM CA for mutual TLS: clients may present a certificate it signed, and Fleet and "
-          "Store (worker traffic) require one. Default $MUONMESH_TLS_CA");
-ABSL_FLAG(std::string, tokens_file, "",
-          "bearer tokens and their roles (viewer, submitter, worker, admin), one 'ROLE TOKEN' "
-          "or 'ROLE sha256:HEX' per line; needs TLS. Default $MUONMESH_TOKENS_FILE");
-ABSL_FLAG(bool, insecure, false,
-          "serve a non-loopback --listen without TLS and tokens anyway (logged as a warning); "
-          "without it such an address is refused");
-ABSL_FLAG(int64_t, max_concurrent_plans, 4,
-          "PlanLayout calls computed at once; more are refused with RESOURCE_EXHAUSTED (>= 1)");
-ABSL_FLAG(int64_t, plan_memory_mib, 4096,
-          "memory, in MiB, that the PlanLayout calls computed at once may hold together, by each "
-          "call's estimate from its spec (request, planner working set, answer); a call that "
-          "would pass it is refused with RESOURCE_EXHAUSTED (>= 1)");
 
 namespace {
 
-// A flag name as users write it: "data-dir" for absl's "data_dir" (the
-// worker and muonmeshctl spell their flags with dashes too).
-std::string Dashed(absl::string_view name) {
-  std::string out(name);
-  std::replace(out.begin(), out.end(), '_', '-');
-  return out;
-}
+constexpr char kSynopsis[] =
+    "[--listen HOST:PORT] [--data-dir DIR] [--metrics-listen HOST:PORT]\n"
+    "       [--lease-ttl 10s] [--collective-timeout 60s] [--shutdown-grace 5s]\n"
+    "       [--max-concurrent-plans 4] [--plan-memory-mib 4096]\n"
+    "       [--tls-cert FILE --tls-key FILE [--tls-ca FILE] --tokens-file FILE] [--insecure]\n"
+    "\n"
+    "The muonmesh control plane (gRPC: muonmesh.v1.Planner, Jobs, Fleet, Store,\n"
+    "grpc.health.v1, reflection; Prometheus metrics over HTTP). Flag names may be written\n"
+    "with '-' or '_' (--data-dir or --data_dir). Prints 'muonmesh-coordinator listening on\n"
+    "HOST:PORT' when ready; stops on SIGINT or SIGTERM (exit code 0), at once on a second\n"
+    "one (exit code 1). Exit code 2: a usage error.";
 
-// absl accepts only the names as declared: rewrites "--data-dir[=V]" to
-// "--data_dir[=V]" so both spellings work. Stops at "--", after which
-// everything is positional.
-std::vector<std::string> UnderscoreFlagNames(int argc, char** argv) {
-  std::vector<std::string> args(argv, argv + argc);
-  for (std::size_t i = 1; i < args.size(); ++i) {
-    std::string& arg = args[i];
-    if (arg == "--") break;
-    if (arg.size() < 3 || arg[0] != '-') continue;
-    const std::size_t begin = arg[1] == '-' ? 2 : 1;
-    const std::size_t end = std::min(arg.find('='), arg.size());
-    std::replace(arg.begin() + static_cast<std::ptrdiff_t>(begin),
-                 arg.begin() + static_cast<std::ptrdiff_t>(end), '-', '_');
-  }
-  return args;
-}
+// The command line, with its defaults.
+struct Flags {
+  std::string listen = "127.0.0.1:50051";
+  absl::Duration shutdown_grace = absl::Seconds(5);
+  std::string data_dir;
+  std::string metrics_listen;
+  absl::Duration lease_ttl = absl::Seconds(10);
+  absl::Duration collective_timeout = absl::Seconds(60);
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_ca;
+  std::string tokens_file;
+  bool insecure = false;
+  int64_t max_concurrent_plans = 4;
+  int64_t plan_memory_mib = 4096;
+};
 
-// Usage and this file's flags, sorted. absl's own --help lists flags only
-// from files named after the program and exits 1; asking for help is not an
-// error, and gRPC's or absl's internal flags are noise here.
-void PrintHelp() {
-  std::cout << "muonmesh-coordinator: " << absl::ProgramUsageMessage() << "\n\nFlags:\n";
-  std::vector<absl::CommandLineFlag*> flags;
-  for (const auto& [name, flag] : absl::GetAllFlags()) {
-    if (absl::EndsWith(flag->Filename(), "coordinator_main.cc")) flags.push_back(flag);
-  }
-  std::sort(flags.begin(), flags.end(),
-            [](const auto* a, const auto* b) { return a->Name() < b->Name(); });
-  for (const absl::CommandLineFlag* flag : flags) {
-    std::cout << "  --" << Dashed(flag->Name()) << " (default " << flag->DefaultValue() << ")\n      "
-              << flag->Help() << "\n";
-  }
+void DeclareFlags(muonmesh::FlagParser& parser, Flags* f) {
+  parser.String("--listen", "HOST:PORT",
+                "to serve on; port 0 picks a free port (printed when ready). Default "
+                "127.0.0.1:50051",
+                &f->listen);
+  parser.String("--data-dir", "DIR",
+                "folder of the durable state (state.db: jobs, events, step records); created if "
+                "missing. Default $HOME/.local/state/muonmesh (./muonmesh-state without HOME); "
+                "'none' serves the Planner only (no Jobs, Fleet or Store)",
+                &f->data_dir);
+  parser.String("--metrics-listen", "HOST:PORT",
+                "to serve Prometheus metrics on (http://HOST:PORT/metrics); port 0 picks one "
+                "(printed when ready). Default: no metrics endpoint",
+                &f->metrics_listen);
+  parser.Duration("--lease-ttl", "D",
+                  "how long a worker may go without a heartbeat before it counts as lost (its "
+                  "job attempt fails and restarts if it may); workers heartbeat every "
+                  "lease-ttl / 5. In [500ms, 1h], default 10s",
+                  &f->lease_ttl);
+  parser.Duration("--collective-timeout", "D",
+                  "the timeout of every collective in the workers of a job (a stalled peer is "
+                  "caught after at most this long). In [1s, 24h], default 60s",
+                  &f->collective_timeout);
+  parser.Duration("--shutdown-grace", "D",
+                  "on SIGINT/SIGTERM, how long calls in flight may finish before they are "
+                  "cancelled (plans being computed are cancelled at once). Default 5s",
+                  &f->shutdown_grace);
+  parser.Int("--max-concurrent-plans", "N",
+             "PlanLayout calls computed at once; more are refused with RESOURCE_EXHAUSTED "
+             "(>= 1, default 4)",
+             &f->max_concurrent_plans);
+  parser.Int("--plan-memory-mib", "MIB",
+             "memory that the PlanLayout calls computed at once may hold together, by each "
+             "call's estimate from its spec; a call that would pass it is refused with "
+             "RESOURCE_EXHAUSTED (>= 1, default 4096)",
+             &f->plan_memory_mib);
+  parser.String("--tls-cert", "FILE",
+                "PEM certificate (chain) to serve TLS with; needs --tls-key. Default "
+                "$MUONMESH_TLS_CERT. Without TLS and tokens only a loopback --listen is served",
+                &f->tls_cert);
+  parser.String("--tls-key", "FILE",
+                "PEM private key of --tls-cert (unencrypted; keep it mode 600). Default "
+                "$MUONMESH_TLS_KEY",
+                &f->tls_key);
+  parser.String("--tls-ca", "FILE",
+                "PEM CA for mutual TLS: clients may present a certificate it signed, and Fleet "
+                "and Store (worker traffic) require one. Default $MUONMESH_TLS_CA",
+                &f->tls_ca);
+  parser.String("--tokens-file", "FILE",
+                "bearer tokens and their roles (viewer, submitter, worker, admin), one 'ROLE "
+                "TOKEN' or 'ROLE sha256:HEX' per line; needs TLS. Default $MUONMESH_TOKENS_FILE",
+                &f->tokens_file);
+  parser.Bool("--insecure",
+              "serve a non-loopback --listen without TLS and tokens anyway (logged as a "
+              "warning); without it such an address is refused",
+              &f->insecure);
 }
 
 // The flags as server options. InvalidArgument naming a flag out of range.
-absl::Status OptionsFromFlags(muonmesh::CoordinatorServerOptions* options) {
-  options->listen = absl::GetFlag(FLAGS_listen);
+absl::Status OptionsFromFlags(const Flags& f, muonmesh::CoordinatorServerOptions* options) {
+  options->listen = f.listen;
   options->security = muonmesh::auth::WithEnvironment({
-      .tls_cert = absl::GetFlag(FLAGS_tls_cert),
-      .tls_key = absl::GetFlag(FLAGS_tls_key),
-      .tls_ca = absl::GetFlag(FLAGS_tls_ca),
-      .tokens_file = absl::GetFlag(FLAGS_tokens_file),
-      .insecure = absl::GetFlag(FLAGS_insecure),
+      .tls_cert = f.tls_cert,
+      .tls_key = f.tls_key,
+      .tls_ca = f.tls_ca,
+      .tokens_file = f.tokens_file,
+      .insecure = f.insecure,
   });
   options->log = [](const std::string& line) {
     std::cerr << "muonmesh-coordinator: " << line << std::endl;
   };
-  const int64_t plans = absl::GetFlag(FLAGS_max_concurrent_plans);
-  const int64_t mib = absl::GetFlag(FLAGS_plan_memory_mib);
-  if (plans < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--max-concurrent-plans must be >= 1, got ",
-                                                   plans));
+  if (f.max_concurrent_plans < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-concurrent-plans must be >= 1, got ", f.max_concurrent_plans));
   }
   // 2^40 MiB is a petabyte: more is a typo, and would overflow bytes.
-  if (mib < 1 || mib > (int64_t{1} << 40)) {
+  if (f.plan_memory_mib < 1 || f.plan_memory_mib > (int64_t{1} << 40)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--plan-memory-mib must be in [1, 2^40], got ", mib));
+        absl::StrCat("--plan-memory-mib must be in [1, 2^40], got ", f.plan_memory_mib));
   }
-  options->planner.admission = {.max_calls = plans, .max_bytes = mib << 20};
-  std::string data_dir = absl::GetFlag(FLAGS_data_dir);
+  options->planner.admission = {.max_calls = f.max_concurrent_plans,
+                                .max_bytes = f.plan_memory_mib << 20};
+  std::string data_dir = f.data_dir;
   if (data_dir.empty()) {
     const char* home = std::getenv("HOME");
     data_dir = home != nullptr && *home != '\0' ? absl::StrCat(home, "/.local/state/muonmesh")
                                                 : std::string("muonmesh-state");
   }
   if (data_dir != "none") options->control.data_dir = data_dir;
-  options->control.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  const absl::Duration ttl = absl::GetFlag(FLAGS_lease_ttl);
-  const absl::Duration collective = absl::GetFlag(FLAGS_collective_timeout);
-  if (ttl < absl::Milliseconds(500) || ttl > absl::Hours(1)) {
+  options->control.metrics_listen = f.metrics_listen;
+  if (f.lease_ttl < absl::Milliseconds(500) || f.lease_ttl > absl::Hours(1)) {
+    return absl::InvalidArgumentError(absl::StrCat("--lease-ttl must be in [500ms, 1h], got ",
+                                                   absl::FormatDuration(f.lease_ttl)));
+  }
+  if (f.collective_timeout < absl::Seconds(1) || f.collective_timeout > absl::Hours(24)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--lease-ttl must be in [500ms, 1h], got ", absl::FormatDuration(ttl)));
+        absl::StrCat("--collective-timeout must be in [1s, 24h], got ",
+                     absl::FormatDuration(f.collective_timeout)));
   }
-  if (collective < absl::Seconds(1) || collective > absl::Hours(24)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--collective-timeout must be in [1s, 24h], got ", absl::FormatDuration(collective)));
+  if (f.shutdown_grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("--shutdown-grace must be >= 0, got ",
+                                                   absl::FormatDuration(f.shutdown_grace)));
   }
-  options->control.lease_ttl = ttl;
-  options->control.heartbeat_interval = ttl / 5;
-  options->control.collective_timeout = collective;
+  options->control.lease_ttl = f.lease_ttl;
+  options->control.heartbeat_interval = f.lease_ttl / 5;
+  options->control.collective_timeout = f.collective_timeout;
   return absl::OkStatus();
 }
 
@@ -195,51 +195,21 @@ void StopOnSignals(const sigset_t& signals, absl::Duration grace,
 
 }  // namespace
 
-// Parses the command line into `options`: 0 to go on, else the exit code
-// (0 after --help, 2 on a usage error, which it has printed).
-std::optional<int> ParseFlags(int argc, char** argv, muonmesh::CoordinatorServerOptions* options) {
-  absl::SetProgramUsageMessage(
-      "the muonmesh control plane (gRPC: muonmesh.v1.Planner, Jobs, Fleet, Store,\n"
-      "grpc.health.v1, reflection; Prometheus metrics over HTTP).\n"
-      "Usage: muonmesh-coordinator [--listen HOST:PORT] [--data-dir DIR] [--metrics-listen "
-      "HOST:PORT]\n"
-      "       [--lease-ttl 10s] [--collective-timeout 60s] [--shutdown-grace 5s]\n"
-      "       [--max-concurrent-plans 4] [--plan-memory-mib 4096]\n"
-      "       [--tls-cert FILE --tls-key FILE [--tls-ca FILE] --tokens-file FILE] [--insecure]\n"
-      "Flag names may be written with '-' or '_' (--data-dir or --data_dir).\n"
-      "Prints 'muonmesh-coordinator listening on HOST:PORT' when ready; stops on SIGINT or "
-      "SIGTERM\n(exit code 0), at once on a second one (exit code 1).");
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h" || arg == "--helpfull" || arg == "-help") {
-      PrintHelp();
-      return 0;
-    }
+// Parses the command line into `flags` and `options`: nullopt to go on,
+// else the exit code (0 after --help, 2 on a usage error, which it has
+// printed).
+std::optional<int> ParseFlags(int argc, char** argv, Flags* flags,
+                              muonmesh::CoordinatorServerOptions* options) {
+  muonmesh::FlagParser parser("muonmesh-coordinator");
+  DeclareFlags(parser, flags);
+  bool help = false;
+  absl::Status st = parser.Parse(std::vector<std::string>(argv + 1, argv + argc), &help);
+  if (help) {
+    std::cout << parser.Usage(kSynopsis);
+    return 0;
   }
-  std::vector<std::string> args = UnderscoreFlagNames(argc, argv);
-  // absl exits 1 on an unknown flag; a usage error is 2 here, as in muonmeshctl.
-  for (std::size_t i = 1; i < args.size() && args[i] != "--"; ++i) {
-    const std::string& arg = args[i];
-    if (arg.size() < 2 || arg[0] != '-') continue;
-    const absl::string_view name = absl::string_view(arg)
-                                       .substr(arg[1] == '-' ? 2 : 1)
-                                       .substr(0, arg.find('=') == std::string::npos
-                                                      ? std::string::npos
-                                                      : arg.find('=') - (arg[1] == '-' ? 2 : 1));
-    if (absl::FindCommandLineFlag(name) == nullptr) {
-      std::cerr << "muonmesh-coordinator: unknown flag --" << Dashed(name) << " (see --help)\n";
-      return 2;
-    }
-  }
-  std::vector<char*> arg_ptrs;
-  for (std::string& arg : args) arg_ptrs.push_back(arg.data());
-  const std::vector<char*> rest =
-      absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
-  if (rest.size() > 1) {
-    std::cerr << "muonmesh-coordinator: unexpected argument '" << rest[1] << "' (see --help)\n";
-    return 2;
-  }
-  if (absl::Status st = OptionsFromFlags(options); !st.ok()) {
+  if (st.ok()) st = OptionsFromFlags(*flags, options);
+  if (!st.ok()) {
     std::cerr << "muonmesh-coordinator: " << st.message() << " (see --help)\n";
     return 2;
   }
@@ -272,8 +242,9 @@ bool SetUpSignals(sigset_t* stop_signals) {
 }
 
 int main(int argc, char** argv) {
+  Flags flags;
   muonmesh::CoordinatorServerOptions options;
-  if (std::optional<int> exit_code = ParseFlags(argc, argv, &options)) return *exit_code;
+  if (std::optional<int> exit_code = ParseFlags(argc, argv, &flags, &options)) return *exit_code;
   sigset_t stop_signals;
   if (!SetUpSignals(&stop_signals)) return 1;
 
@@ -295,7 +266,7 @@ int main(int argc, char** argv) {
   }
   std::cout << "muonmesh-coordinator listening on " << (*server)->address() << std::endl;
 
-  const absl::Duration grace = absl::GetFlag(FLAGS_shutdown_grace);
+  const absl::Duration grace = flags.shutdown_grace;
   std::atomic<bool> done{false};
   std::thread stopper([&] { StopOnSignals(stop_signals, grace, **server, done); });
   // Returns only after Shutdown, which only the stopper calls.

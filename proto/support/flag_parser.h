@@ -11,15 +11,17 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 
 namespace muonmesh {
 
-// The command-line parser of muonmesh's own binaries (muonmeshctl's commands
-// and muonmesh-worker; the coordinator uses Abseil's flags).
+// The command-line parser of muonmesh's binaries (muonmeshctl's commands,
+// muonmesh-worker and muonmesh-coordinator).
 //
 // A deliberately small parser: `--name value` or `--name=value`, booleans
-// take no value, no positional arguments. Each subcommand declares its
-// flags; errors name the offending flag.
+// take no value, no positional arguments; a name may be written with '_'
+// for '-' (--data_dir is --data-dir). Each subcommand declares its flags
+// (with dashes); errors name the offending flag, with dashes.
 class FlagParser {
  public:
   explicit FlagParser(std::string program) : program_(std::move(program)) {}
@@ -28,6 +30,10 @@ class FlagParser {
     flags_.push_back({std::move(name), std::move(value_name), std::move(help), out});
   }
   void Int(std::string name, std::string value_name, std::string help, int64_t* out) {
+    flags_.push_back({std::move(name), std::move(value_name), std::move(help), out});
+  }
+  // Abseil's duration syntax: 10s, 500ms, 1h30m.
+  void Duration(std::string name, std::string value_name, std::string help, absl::Duration* out) {
     flags_.push_back({std::move(name), std::move(value_name), std::move(help), out});
   }
   void Bool(std::string name, std::string help, bool* out) {
@@ -57,6 +63,7 @@ class FlagParser {
         value = arg.substr(eq + 1);
         has_value = true;
       }
+      std::replace(name.begin() + 2, name.end(), '_', '-');
       Flag* flag = Find(name);
       if (flag == nullptr) {
         return absl::InvalidArgumentError(absl::StrCat("unknown flag ", name));
@@ -83,6 +90,11 @@ class FlagParser {
         if (!absl::SimpleAtoi(value, *n)) {
           return absl::InvalidArgumentError(
               absl::StrCat(name, ": '", value, "' is not an integer"));
+        }
+      } else if (auto* d = std::get_if<absl::Duration*>(&flag->target)) {
+        if (!absl::ParseDuration(value, *d)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              name, ": '", value, "' is not a duration (a number and a unit: 500ms, 10s, 2h)"));
         }
       }
       flag->seen = true;
@@ -115,7 +127,7 @@ class FlagParser {
     std::string name;
     std::string value_name;
     std::string help;
-    std::variant<std::string*, int64_t*, bool*> target;
+    std::variant<std::string*, int64_t*, absl::Duration*, bool*> target;
     bool seen = false;
   };
 
