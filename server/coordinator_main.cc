@@ -16,9 +16,12 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "proto/support/flag_parser.h"
+#include "proto/support/status_macros.h"
 #include "server/coordinator_server.h"
+#include "worker/job/allowed_dirs.h"
 
 namespace {
 
@@ -27,6 +30,7 @@ constexpr char kSynopsis[] =
     "       [--lease-ttl 10s] [--collective-timeout 60s] [--shutdown-grace 5s]\n"
     "       [--max-concurrent-plans 4] [--plan-memory-mib 4096]\n"
     "       [--tls-cert FILE --tls-key FILE [--tls-ca FILE] --tokens-file FILE] [--insecure]\n"
+    "       [--allowed-dirs DIR[,DIR...]]\n"
     "\n"
     "The muonmesh control plane (gRPC: muonmesh.v1.Planner, Jobs, Fleet, Store,\n"
     "grpc.health.v1, reflection; Prometheus metrics over HTTP). Flag names may be written\n"
@@ -49,6 +53,7 @@ struct Flags {
   bool insecure = false;
   int64_t max_concurrent_plans = 4;
   int64_t plan_memory_mib = 4096;
+  std::string allowed_dirs;
 };
 
 void DeclareFlags(muonmesh::FlagParser& parser, Flags* f) {
@@ -103,6 +108,11 @@ void DeclareFlags(muonmesh::FlagParser& parser, Flags* f) {
                 "bearer tokens and their roles (viewer, submitter, worker, admin), one 'ROLE "
                 "TOKEN' or 'ROLE sha256:HEX' per line; needs TLS. Default $MUONMESH_TOKENS_FILE",
                 &f->tokens_file);
+  parser.String("--allowed-dirs", "DIR[,DIR...]",
+                "existing folders that every path a submitted job file names (init, data, "
+                "spec, output, export) must lie in; others are refused with PERMISSION_DENIED. "
+                "Default: any (the workers' own --allowed-dirs still apply)",
+                &f->allowed_dirs);
   parser.Bool("--insecure",
               "serve a non-loopback --listen without TLS and tokens anyway (logged as a "
               "warning); without it such an address is refused",
@@ -153,6 +163,12 @@ absl::Status OptionsFromFlags(const Flags& f, muonmesh::CoordinatorServerOptions
   if (f.shutdown_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat("--shutdown-grace must be >= 0, got ",
                                                    absl::FormatDuration(f.shutdown_grace)));
+  }
+  if (!f.allowed_dirs.empty()) {
+    const std::vector<std::string> dirs = absl::StrSplit(f.allowed_dirs, ',', absl::SkipEmpty());
+    absl::StatusOr<std::vector<std::string>> allowed = muonmesh::worker::ResolveAllowedDirs(dirs);
+    MUONMESH_RETURN_IF_ERROR(allowed.status());
+    options->control.allowed_dirs = *std::move(allowed);
   }
   options->control.lease_ttl = f.lease_ttl;
   options->control.heartbeat_interval = f.lease_ttl / 5;

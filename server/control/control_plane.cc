@@ -55,7 +55,8 @@ ControlPlane::ControlPlane(const ControlPlaneOptions& options, std::unique_ptr<D
                      m->OnAttemptPlanned(job, flops);
                    },
                    [m = metrics_.get()](const std::string& job) { m->OnAttemptDone(job); },
-                   [m = metrics_.get()](const std::string&, double s) { m->OnRecovered(s); }}),
+                   [m = metrics_.get()](const std::string&, double s) { m->OnRecovered(s); },
+                   options.allowed_dirs}),
       jobs_service_(&manager_, store_.get()),
       fleet_service_(&fleet_, &manager_),
       store_service_(&rendezvous_) {}

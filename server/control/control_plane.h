@@ -38,6 +38,9 @@ struct ControlPlaneOptions {
   absl::Duration collective_timeout = absl::Seconds(60);
   // HOST:PORT for Prometheus metrics (/metrics); empty: none.
   std::string metrics_listen;
+  // Resolved folders (worker::ResolveAllowedDirs) the paths a submitted job
+  // names must lie in (JobManagerOptions::allowed_dirs); empty: any.
+  std::vector<std::string> allowed_dirs;
 };
 
 class ControlPlane {

@@ -13,6 +13,7 @@
 #include "plan/validate.h"
 #include "proto/convert/plan_convert.h"
 #include "proto/support/status_macros.h"
+#include "worker/job/allowed_dirs.h"
 #include "worker/job/job.h"
 #include "worker/job/optimizer_rules.h"
 #include "worker/model/mlp.h"
@@ -168,6 +169,7 @@ absl::StatusOr<JobStore::Submitted> JobManager::Submit(
     return absl::InvalidArgumentError(absl::StrCat("invalid job (", violations->size(),
                                                    " violation(s))"));
   }
+  MUONMESH_RETURN_IF_ERROR(worker::CheckJobPathsAllowed(spec, options_.allowed_dirs));
   absl::StatusOr<JobStore::Submitted> submitted = store_.Submit(
       request_id, spec,
       absl::StrCat("waiting for ", spec.world_size(), " idle ", DeviceOf(spec), " workers"),

@@ -57,6 +57,11 @@ struct JobManagerOptions {
   // a fault, with the seconds since the fault was detected (a rank's failure
   // or lost lease, or the coordinator's own restart). May be empty.
   std::function<void(const std::string& job_id, double seconds)> on_recovered;
+  // Resolved folders (worker::ResolveAllowedDirs) that every path a job file
+  // names must lie in, checked at Submit (PermissionDenied naming the
+  // fields; the workers check again, defaults included, with their own
+  // --allowed-dirs). Empty: no restriction.
+  std::vector<std::string> allowed_dirs;
 };
 
 class JobManager {

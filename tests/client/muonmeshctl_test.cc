@@ -552,7 +552,8 @@ TEST_F(MuonmeshCtlTest, CoordinatorHelpAndBadFlags) {
   }
   // Either spelling of a name reaches the flag; errors name it with dashes.
   for (const char* bad : {"--max_concurrent_plans=0", "--max-concurrent-plans=0",
-                          "--plan-memory-mib=-1", "--lease-ttl=1ms"}) {
+                          "--plan-memory-mib=-1", "--lease-ttl=1ms",
+                          "--allowed-dirs=/nonexistent-muonmesh-folder"}) {
     const ProcessResult r = testing::Run({MUONMESH_COORDINATOR_BIN, bad}, kCallBound);
     EXPECT_EQ(r.exit_code, 2) << bad;
     std::string name = std::string(bad).substr(0, std::string(bad).find('='));

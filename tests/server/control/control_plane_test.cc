@@ -30,6 +30,7 @@
 #include "proto/io/message_file.h"
 #include "tests/testing/http_get.h"
 #include "worker/daemon.h"
+#include "worker/job/allowed_dirs.h"
 #include "worker/standalone.h"
 
 namespace muonmesh::coordinator {
@@ -77,6 +78,7 @@ class ControlPlaneTest : public ::testing::Test {
     options.data_dir = dir_ + "/state";
     options.collective_timeout = absl::Seconds(20);
     options.metrics_listen = "127.0.0.1:0";
+    Configure(options);
     absl::StatusOr<std::unique_ptr<ControlPlane>> plane = ControlPlane::Start(options);
     ASSERT_TRUE(plane.ok()) << plane.status();
     plane_ = *std::move(plane);
@@ -91,6 +93,9 @@ class ControlPlaneTest : public ::testing::Test {
     jobs_ = v1::Jobs::NewStub(channel);
     fleet_ = v1::Fleet::NewStub(channel);
   }
+  // Changes the options before the control plane starts.
+  virtual void Configure(ControlPlaneOptions&) {}
+
   void TearDown() override {
     stop_ = true;
     for (std::thread& t : daemons_) t.join();
@@ -266,6 +271,34 @@ TEST_F(ControlPlaneTest, InvalidJobsGetEveryViolationAndCreateNothing) {
   v1::Job nothing;
   grpc::ClientContext c2;
   EXPECT_EQ(jobs_->GetJob(&c2, unknown, &nothing).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+// The coordinator's own allowed folders: a job file naming a path outside
+// them is refused at submit, naming the field, and nothing is created.
+class AllowedDirsTest : public ControlPlaneTest {
+ protected:
+  void Configure(ControlPlaneOptions& options) override {
+    std::filesystem::create_directories(dir_ + "/ok");
+    absl::StatusOr<std::vector<std::string>> allowed = worker::ResolveAllowedDirs({dir_ + "/ok"});
+    ASSERT_TRUE(allowed.ok()) << allowed.status();
+    options.allowed_dirs = *allowed;
+  }
+};
+
+TEST_F(AllowedDirsTest, AJobOutsideTheAllowedFoldersIsRefusedAndNothingIsCreated) {
+  absl::StatusOr<v1::Job> inside = Submit(Spec(JobYaml(dir_ + "/ok", "in", 1, 2)));
+  ASSERT_TRUE(inside.ok()) << inside.status();
+  absl::StatusOr<v1::Job> outside = Submit(Spec(JobYaml(dir_ + "/elsewhere", "out", 1, 2)));
+  ASSERT_EQ(outside.status().code(), absl::StatusCode::kPermissionDenied) << outside.status();
+  EXPECT_THAT(std::string(outside.status().message()), HasSubstr("output.dir"));
+  EXPECT_THAT(std::string(outside.status().message()), HasSubstr(dir_ + "/elsewhere/out"));
+  // ".." does not get out either.
+  absl::StatusOr<v1::Job> dotdot = Submit(Spec(JobYaml(dir_ + "/ok/..", "up", 1, 2)));
+  EXPECT_EQ(dotdot.status().code(), absl::StatusCode::kPermissionDenied) << dotdot.status();
+  v1::ListJobsResponse list;
+  grpc::ClientContext context;
+  ASSERT_TRUE(jobs_->ListJobs(&context, {}, &list).ok());
+  EXPECT_EQ(list.jobs_size(), 1);
 }
 
 TEST_F(ControlPlaneTest, TwoJobsRunSideBySideAndABigOneWaitsForWorkers) {
