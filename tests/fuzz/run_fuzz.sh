@@ -7,14 +7,18 @@
 # reproducer is kept under BUILD_DIR/findings/), 77 when clang or libFuzzer
 # is missing.
 #
-#   tests/fuzz/run_fuzz.sh [SECONDS=60] [BUILD_DIR=build/fuzz]
+#   tests/fuzz/run_fuzz.sh [SECONDS=60] [BUILD_DIR=build/fuzz] [TARGET...]
 #   tests/fuzz/run_fuzz.sh 600        # the long run: 10 minutes a target
+#
+# The test command's fuzz_short uses build/fuzz too: do not run both at once
+# on one tree (give the long run its own BUILD_DIR).
 set -euo pipefail
 
 seconds=${1:-60}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${2:-$root/build/fuzz}
 targets=(job_file_fuzz model_spec_fuzz safetensors_fuzz)
+if (($# > 2)); then targets=("${@:3}"); fi
 
 if ! command -v clang++ >/dev/null 2>&1; then
   echo "SKIP: clang++ is not installed (Debian: apt-get install clang)" >&2
@@ -40,7 +44,7 @@ cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" >"$build.build.log"
 work=$build/run
 rm -rf "$work"
 mkdir -p "$work"
-for t in "${targets[@]}"; do mkdir -p "$work/$t"; done
+for t in job_file_fuzz model_spec_fuzz safetensors_fuzz; do mkdir -p "$work/$t"; done
 cp "$root"/tests/fuzz/corpus/job_file/* "$work/job_file_fuzz/"
 cp "$root"/deploy/local/examples/*.yaml "$work/job_file_fuzz/"
 for f in "$root"/tests/fuzz/corpus/model_spec/* "$root"/deploy/local/examples/mlp-32-64-64-8.yaml \
