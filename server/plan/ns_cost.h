@@ -98,15 +98,28 @@ inline constexpr double kGramDriftLimit = 500.0;
 
 // Whether the Gram form (re)starts from a fresh X X^T at iteration `step`;
 // `a(t)` is iteration t's leading coefficient. Iteration 0 always starts.
+// The rule above one iteration at a time: Next(a_t), called for t = 0, 1,
+// ... in order, says whether iteration t (re)starts.
+class GramRestartRule {
+ public:
+  bool Next(double a) {
+    const double g = a * a;
+    const bool starts = first_ || growth_ * g > kGramDriftLimit;
+    first_ = false;
+    growth_ = starts ? g : growth_ * g;
+    return starts;
+  }
+
+ private:
+  bool first_ = true;
+  double growth_ = 1.0;
+};
+
 template <class LeadingCoefficient>
 bool GramStartsAt(int64_t step, LeadingCoefficient a) {
-  double growth = 1.0;
+  GramRestartRule rule;
   bool starts = true;
-  for (int64_t t = 0; t <= step; ++t) {
-    const double g = a(t) * a(t);
-    starts = t == 0 || growth * g > kGramDriftLimit;
-    growth = starts ? g : growth * g;
-  }
+  for (int64_t t = 0; t <= step; ++t) starts = rule.Next(a(t));
   return starts;
 }
 
@@ -121,15 +134,21 @@ double GramNsFlops(int64_t rows, int64_t cols, int64_t steps, LeadingCoefficient
   const double m = static_cast<double>(std::min(rows, cols));
   const double n = static_cast<double>(std::max(rows, cols));
   if (steps <= 0 || m == 0) return 0;
+  const auto segment = [&](int64_t length) {
+    return 4 * m * m * n + 2 * m * m * m * (length == 1 ? 1.0 : 4.0 * length - 3);
+  };
+  // One pass: a segment ends where the next one starts, or at the end.
+  GramRestartRule rule;
   double total = 0;
-  int64_t start = 0;
-  for (int64_t t = 1; t <= steps; ++t) {
-    if (t < steps && !GramStartsAt(t, a)) continue;
-    const int64_t length = t - start;
-    total += 4 * m * m * n + 2 * m * m * m * (length == 1 ? 1.0 : 4.0 * length - 3);
-    start = t;
+  int64_t length = 0;
+  for (int64_t t = 0; t < steps; ++t) {
+    if (rule.Next(a(t)) && length > 0) {
+      total += segment(length);
+      length = 0;
+    }
+    ++length;
   }
-  return total;
+  return total + segment(length);
 }
 
 inline double GramNsFlops(int64_t rows, int64_t cols, int64_t steps, NsTable table) {
@@ -154,11 +173,19 @@ inline NsAlgorithm ChooseNsForm(NsAlgorithm algorithm, int64_t rows, int64_t col
 }
 
 // FLOPs of the form that runs.
+template <class LeadingCoefficient>
+double NsFlops(NsAlgorithm algorithm, int64_t rows, int64_t cols, int64_t steps,
+               LeadingCoefficient a) {
+  const double standard = StandardNsFlops(rows, cols, steps);
+  if (algorithm == NsAlgorithm::kStandard) return standard;
+  const double gram = GramNsFlops(rows, cols, steps, a);
+  return algorithm == NsAlgorithm::kGram ? gram : std::min(gram, standard);
+}
+
 inline double NsFlops(NsAlgorithm algorithm, int64_t rows, int64_t cols, int64_t steps,
                       NsTable table) {
-  return ChooseNsForm(algorithm, rows, cols, steps, table) == NsAlgorithm::kGram
-             ? GramNsFlops(rows, cols, steps, table)
-             : StandardNsFlops(rows, cols, steps);
+  return NsFlops(algorithm, rows, cols, steps,
+                 [table](int64_t t) { return NsTableRow(table, t).a; });
 }
 
 // "auto" | "standard" | "gram".

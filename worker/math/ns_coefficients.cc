@@ -60,10 +60,7 @@ plan::NsAlgorithm NsFormFor(const NsOptions& options, int64_t rows, int64_t cols
 }
 
 double NsFlopsFor(const NsOptions& options, int64_t rows, int64_t cols) {
-  if (NsFormFor(options, rows, cols) == plan::NsAlgorithm::kStandard) {
-    return plan::StandardNsFlops(rows, cols, options.steps);
-  }
-  return plan::GramNsFlops(rows, cols, options.steps, [&](int64_t t) {
+  return plan::NsFlops(options.algorithm, rows, cols, options.steps, [&](int64_t t) {
     return NsCoefficientsForStep(options, static_cast<int>(t)).a;
   });
 }
