@@ -56,8 +56,7 @@ absl::Status CheckRankOptions(const StandaloneOptions& options, const ResolvedJo
 }
 
 absl::StatusOr<plan::Plan> PlanJob(const ResolvedJob& job, plan::ModelSpec spec) {
-  absl::StatusOr<plan::ModelSpec> model =
-      ApplyOptimizerRules(std::move(spec), job.optimizer_rules);
+  absl::StatusOr<plan::ModelSpec> model = ApplyOptimizerRules(std::move(spec), job.optimizer_rules);
   MUONMESH_RETURN_IF_ERROR(model.status());
   plan::PlanInput input;
   input.model = *std::move(model);
@@ -67,9 +66,9 @@ absl::StatusOr<plan::Plan> PlanJob(const ResolvedJob& job, plan::ModelSpec spec)
   input.options.muon_replica_split = job.muon_replica_split;
   input.options.ns_steps = job.muon.ns.steps;
   input.options.ns_algorithm = plan::NsAlgorithmName(job.muon.ns.algorithm);
-  input.options.ns_coefficients = job.muon.ns.coefficients == math::NsCoefficients::kPolarExpress
-                                      ? "polar_express"
-                                      : "quintic";
+  // A job file names its table (job.cc), so it always has a name here.
+  input.options.ns_coefficients = plan::NsTableName(
+      math::NsTableOf(job.muon.ns.coefficients).value_or(plan::NsTable::kQuintic));
   input.options.device = job.device;
   absl::StatusOr<plan::Plan> plan = plan::ComputePlan(input);
   MUONMESH_RETURN_IF_ERROR(plan.status(), "the planner rejects the job");

@@ -202,6 +202,18 @@ inline const char* NsAlgorithmName(NsAlgorithm algorithm) {
 }
 
 // Parses a config value; false for anything else. Empty means auto.
+// Why `algorithm` cannot run on `device` ("cpu" or "cuda"), or null when it
+// can: the CUDA kernels run the standard form only, so gram runs on the CPU
+// only for now. The planner and the job validator report this under their
+// own field names.
+inline const char* NsFormUnavailable(NsAlgorithm algorithm, std::string_view device) {
+  if (algorithm == NsAlgorithm::kGram && device != "cpu") {
+    return "gram runs on the CPU only for now (the CUDA kernels run the standard form); use "
+           "auto or standard on cuda";
+  }
+  return nullptr;
+}
+
 inline bool ParseNsAlgorithm(std::string_view text, NsAlgorithm* out) {
   if (text.empty() || text == "auto") {
     *out = NsAlgorithm::kAuto;

@@ -312,10 +312,9 @@ void CheckOptions(const PlanOptions& opt, Violations& v) {
     v.Add("options.ns_algorithm", absl::StrCat("unknown form ", Quote(opt.ns_algorithm),
                                                " (expected auto, standard or gram; empty or "
                                                "unset: auto)"));
-  } else if (algorithm == NsAlgorithm::kGram && opt.device != "cpu") {
-    v.Add("options.ns_algorithm",
-          "gram runs on the CPU only for now (the CUDA kernels run the standard form); use "
-          "auto or standard on cuda");
+  } else if (const char* why =
+                 NsFormUnavailable(algorithm, opt.device.empty() ? "cuda" : opt.device)) {
+    v.Add("options.ns_algorithm", why);
   }
   if (!std::isfinite(opt.comm_flops_per_byte) || opt.comm_flops_per_byte < 0) {
     v.Add("options.comm_flops_per_byte",

@@ -82,6 +82,33 @@ TEST(NsCostTest, ParsesAndNamesEveryValue) {
   EXPECT_FALSE(ParseNsAlgorithm("fast", &parsed));
 }
 
+// Only gram, and only off the CPU, is refused; both validators report this
+// one reason (BadSettingsNameTheField, job_test's MuonGramOnCuda).
+TEST(NsCostTest, OnlyGramOffTheCpuIsUnavailable) {
+  for (const char* device : {"cpu", "cuda"}) {
+    for (NsAlgorithm a : {NsAlgorithm::kAuto, NsAlgorithm::kStandard, NsAlgorithm::kGram}) {
+      const bool refused = a == NsAlgorithm::kGram && std::string(device) == "cuda";
+      const char* why = NsFormUnavailable(a, device);
+      EXPECT_EQ(why != nullptr, refused) << device << "/" << NsAlgorithmName(a);
+      if (why != nullptr) {
+        EXPECT_NE(std::string(why).find("CPU only"), std::string::npos);
+      }
+    }
+  }
+}
+
+TEST(NsCostTest, TableNamesRoundTrip) {
+  for (NsTable t : {NsTable::kQuintic, NsTable::kPolarExpress}) {
+    NsTable parsed = t == NsTable::kQuintic ? NsTable::kPolarExpress : NsTable::kQuintic;
+    ASSERT_TRUE(ParseNsTable(NsTableName(t), &parsed));
+    EXPECT_EQ(parsed, t);
+  }
+  NsTable parsed = NsTable::kPolarExpress;
+  EXPECT_TRUE(ParseNsTable("", &parsed));
+  EXPECT_EQ(parsed, NsTable::kQuintic);
+  EXPECT_FALSE(ParseNsTable("cubic", &parsed));
+}
+
 // On every Muon matrix of the three public specs, auto picks the Gram form
 // exactly when the long side exceeds 1.5 times the short one, and the specs
 // hold matrices of both kinds.

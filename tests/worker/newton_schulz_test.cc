@@ -480,6 +480,15 @@ TEST(NewtonSchulzTest, CoefficientChoices) {
   EXPECT_LT(dp, dq);
 }
 
+// A named table maps to the planner's name and back; a custom one has none.
+TEST(NewtonSchulzTest, NamedTablesMapToThePlannersNames) {
+  for (plan::NsTable t : {plan::NsTable::kQuintic, plan::NsTable::kPolarExpress}) {
+    EXPECT_EQ(NsTableOf(NsCoefficientsOf(t)), t);
+  }
+  EXPECT_EQ(NsCoefficientsOf(plan::NsTable::kPolarExpress), NsCoefficients::kPolarExpress);
+  EXPECT_EQ(NsTableOf(NsCoefficients::kTable), std::nullopt);
+}
+
 TEST(NewtonSchulzTest, ReserveAvoidsGrowth) {
   NewtonSchulz ns;
   ASSERT_TRUE(ns.Reserve(30, 80).ok());

@@ -99,8 +99,9 @@ math::MuonOptions MuonFromProto(const v1::MuonConfig& m) {
   o.scale =
       m.scale() == "match_rms_adamw" ? math::MuonScale::kMatchRmsAdamW : math::MuonScale::kOriginal;
   o.ns.steps = Or(m.ns_steps(), kNsSteps);
-  o.ns.coefficients = m.coefficients() == "polar_express" ? math::NsCoefficients::kPolarExpress
-                                                          : math::NsCoefficients::kQuintic;
+  plan::NsTable table = plan::NsTable::kQuintic;
+  plan::ParseNsTable(m.coefficients(), &table);  // checked by CheckMuon
+  o.ns.coefficients = math::NsCoefficientsOf(table);
   plan::ParseNsAlgorithm(m.ns_algorithm(), &o.ns.algorithm);  // checked by CheckMuon
   return o;
 }
@@ -130,8 +131,7 @@ void CheckMuon(const v1::MuonConfig& m, Violations& v) {
     v.Add("optimizer.muon.scale", absl::StrCat("unknown scale ", plan::Quote(m.scale()),
                                                " (expected original or match_rms_adamw)"));
   }
-  if (!m.coefficients().empty() && m.coefficients() != "quintic" &&
-      m.coefficients() != "polar_express") {
+  if (plan::NsTable table; !plan::ParseNsTable(m.coefficients(), &table)) {
     v.Add("optimizer.muon.coefficients",
           absl::StrCat("unknown coefficients ", plan::Quote(m.coefficients()),
                        " (expected quintic or polar_express)"));
@@ -454,10 +454,11 @@ std::vector<plan::FieldViolation> ValidateJob(const v1::JobSpec& job) {
     v.Add("world_size",
           absl::StrCat(job.world_size(), " exceeds the limit of ", kMaxJobWorldSize, " ranks"));
   }
-  if (job.device() == "cuda" && job.optimizer().muon().ns_algorithm() == "gram") {
-    v.Add("optimizer.muon.ns_algorithm",
-          "gram runs on the CPU only for now (the CUDA kernels run the standard form); use auto "
-          "or standard with device cuda");
+  if (plan::NsAlgorithm a; job.device() == "cuda" &&
+                           plan::ParseNsAlgorithm(job.optimizer().muon().ns_algorithm(), &a)) {
+    if (const char* why = plan::NsFormUnavailable(a, job.device())) {
+      v.Add("optimizer.muon.ns_algorithm", why);
+    }
   }
   if (!job.device().empty() && job.device() != "cpu" && job.device() != "cuda") {
     v.Add("device",

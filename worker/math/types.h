@@ -5,6 +5,7 @@
 // torch.optim's (Muon: torch.optim.Muon, AdamW: torch.optim.AdamW).
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "plan/ns_cost.h"
@@ -24,6 +25,24 @@ enum class NsCoefficients {
   // NsOptions::table, the last row repeating past its end.
   kTable,
 };
+
+// The named tables (plan::NsTable, what a job file names) and back; a
+// custom table (kTable) has no name and maps to nullopt.
+inline NsCoefficients NsCoefficientsOf(plan::NsTable table) {
+  return table == plan::NsTable::kPolarExpress ? NsCoefficients::kPolarExpress
+                                               : NsCoefficients::kQuintic;
+}
+inline std::optional<plan::NsTable> NsTableOf(NsCoefficients coefficients) {
+  switch (coefficients) {
+    case NsCoefficients::kQuintic:
+      return plan::NsTable::kQuintic;
+    case NsCoefficients::kPolarExpress:
+      return plan::NsTable::kPolarExpress;
+    case NsCoefficients::kTable:
+      break;
+  }
+  return std::nullopt;
+}
 
 struct NsOptions {
   // Iterations T; ValidateNsOptions accepts [1, 100].
