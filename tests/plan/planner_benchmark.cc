@@ -5,9 +5,11 @@
 // ratio over generated model shapes (tests/plan/shape_generator.h) at 8, 64
 // and 512 ranks with their plan times, then plan time and memory.
 //
-//   build/tests/plan/planner_benchmark [--shapes=N] [--list_shapes]
+//   build/tests/plan/planner_benchmark [--shapes=N] [--list_shapes] [--shapes_only]
+//                                      [--worlds=8,64,512]
 //                                      [--benchmark_filter=...]
 //   build/tests/plan/planner_benchmark --replica_split_only   (the HSDP split table alone)
+//   build/tests/plan/planner_benchmark --explain=SEED,WORLD   (one generated plan in detail)
 //
 // The quality tables are exact (no timing); the shape sweep times each plan
 // once; the benchmarks time ComputePlan.
@@ -87,13 +89,13 @@ double Quantile(std::vector<double> v, double q) {
 
 // The joint ratio of lpt plans over `shapes` generated shapes (seeds 0..N-1)
 // at 8, 64 and 512 ranks, each plan timed once.
-void PrintGeneratedShapes(int shapes, bool list) {
+void PrintGeneratedShapes(int shapes, bool list, const std::vector<int64_t>& worlds) {
   std::printf("Generated shapes: %d seeds (tests/plan/shape_generator.h), lpt, cuda cost model\n",
               shapes);
   std::printf("%6s | %6s %8s %8s %8s %6s %6s | %8s %8s %6s %6s | %9s %9s\n", "ranks", "plans",
               "worst", "p95", "median", ">1.05", ">1.10", "p95 s.", "worst s.", ">1.05s", ">1.10s",
               "plan p50", "plan max");
-  for (const int64_t world : {int64_t{8}, int64_t{64}, int64_t{512}}) {
+  for (const int64_t world : worlds) {
     std::vector<double> ratios;
     std::vector<double> strong;
     std::vector<double> seconds;
@@ -146,6 +148,44 @@ void PrintGeneratedShapes(int shapes, bool list) {
       "(joint makespan / joint lower bound; s.: joint makespan / the stronger certified\n"
       " bound, computed where the ratio exceeds 1.05: its p95, worst, and shapes above 1.05\n"
       " and 1.10, where no certificate shows that the plan is within that of the optimum)\n\n");
+}
+
+// One generated plan in detail: per position of each domain, its load over
+// the domain's lower bound and what it owns (matrix shape, owner cost over
+// its best-holder cost), to see where a plan loses against its bound.
+void Explain(int seed, int64_t world) {
+  const testing::GeneratedShape shape = testing::GenerateShape(seed);
+  const plan::PlanInput in = testing::InputFor(shape, world);
+  absl::StatusOr<plan::Plan> p = plan::ComputePlan(in);
+  if (!p.ok()) {
+    std::printf("%s\n", std::string(p.status().message()).c_str());
+    return;
+  }
+  std::printf("%s at %lld ranks, EP %lld: joint %.4f strong %.4f (bound %.4g)\n",
+              shape.description.c_str(), static_cast<long long>(world),
+              static_cast<long long>(in.parallelism.expert_model_parallel_size), JointRatio(*p),
+              StrongRatio(*p), p->joint_lower_bound);
+  for (const plan::DomainPlan* d : {&p->dense, &p->expert}) {
+    if (d->matrices.empty()) continue;
+    std::printf("%s domain: %zu matrices, %lld positions, makespan / joint bound %.4f\n",
+                d->mesh == plan::MeshKind::kDense ? "dense" : "expert", d->matrices.size(),
+                static_cast<long long>(d->load.size()), d->makespan / p->joint_lower_bound);
+    std::vector<std::vector<int32_t>> owned(d->load.size());
+    for (size_t j = 0; j < d->matrices.size(); ++j) {
+      const plan::MatrixPlan& m = d->matrices[j];
+      if (m.owner >= 0) owned[static_cast<size_t>(m.owner)].push_back(static_cast<int32_t>(j));
+    }
+    for (size_t q = 0; q < d->load.size(); ++q) {
+      std::printf("  %4zu %.4f:", q, d->load[q] / p->joint_lower_bound);
+      for (int32_t j : owned[q]) {
+        const plan::MatrixPlan& m = d->matrices[static_cast<size_t>(j)];
+        std::printf(" %lldx%lld %.3f/%.2f", static_cast<long long>(m.rows),
+                    static_cast<long long>(m.cols), m.owner_cost / p->joint_lower_bound,
+                    m.owner_cost / m.min_cost);
+      }
+      std::printf("\n");
+    }
+  }
 }
 
 struct Case {
@@ -313,16 +353,43 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   int shapes = 60;
   bool list = false;
+  bool shapes_only = false;
+  std::vector<int64_t> worlds = {8, 64, 512};
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--shapes=", 9) == 0) shapes = std::atoi(argv[i] + 9);
     if (std::strcmp(argv[i], "--list_shapes") == 0) list = true;
+    if (std::strcmp(argv[i], "--shapes_only") == 0) shapes_only = true;
+    if (std::strncmp(argv[i], "--worlds=", 9) == 0) {
+      worlds.clear();
+      for (const char* c = argv[i] + 9; *c != '\0';) {
+        char* end = nullptr;
+        const long long v = std::strtoll(c, &end, 10);
+        if (end == c || v < 1) {
+          std::fprintf(stderr, "--worlds=N[,N...] (e.g. --worlds=64,512)\n");
+          return 2;
+        }
+        worlds.push_back(v);
+        c = *end == ',' ? end + 1 : end;
+      }
+    }
+    if (std::strncmp(argv[i], "--explain=", 10) == 0) {
+      int seed = 0;
+      long long world = 0;
+      if (std::sscanf(argv[i] + 10, "%d,%lld", &seed, &world) != 2 || world < 1) {
+        std::fprintf(stderr, "--explain=SEED,WORLD (e.g. --explain=17,64)\n");
+        return 2;
+      }
+      muonmesh::Explain(seed, world);
+      return 0;
+    }
     if (std::strcmp(argv[i], "--replica_split_only") == 0) {
       muonmesh::PrintReplicaSplitTable("cuda");
       muonmesh::PrintReplicaSplitTable("cpu");
       return 0;
     }
   }
-  muonmesh::PrintGeneratedShapes(shapes, list);
+  muonmesh::PrintGeneratedShapes(shapes, list, worlds);
+  if (shapes_only) return 0;
   muonmesh::PrintQualityTable(1, "cuda");
   muonmesh::PrintQualityTable(2, "cuda");
   muonmesh::PrintQualityTable(1, "cpu");
