@@ -78,6 +78,8 @@ class JointAssignment {
   double finish(int c, int32_t p) const { return finish_[c][p]; }
   double rank_load(int32_t r) const { return load_[r]; }
   int32_t PositionOf(int c, int32_t r) const { return position_[c][r]; }
+  // The rank at position p of class c in its first domain.
+  int32_t RankAt(int c, int32_t p) const { return classes_[c].ranks[p][0]; }
   int32_t LeastLoaded(int c) const { return by_finish_[c].begin()->second; }
   // The lowest finish of a position of class c other than `p` (+inf in a
   // domain of one).
@@ -105,6 +107,29 @@ class JointAssignment {
       }
     }
     return raise;
+  }
+
+  // How much room taking `cost` off position p of class c would free in the
+  // other classes whose positions are run by several ranks (groups): for
+  // each of p's ranks that is the busiest of its group, how far the group's
+  // finish drops, times the group's ranks (each of them may then take that
+  // much more of the group's work). 0 when none of p's ranks tops a group.
+  // Expects one rank a position in class c.
+  double FreedInGroups(int c, int32_t p, double cost) const {
+    double freed = 0;
+    for (int32_t r : classes_[c].ranks[p]) {
+      for (int c2 = 0; c2 < num_classes(); ++c2) {
+        if (c2 == c || copies(c2) < 2) continue;
+        const int32_t q = position_[c2][r];
+        if (load_[r] < finish_[c2][q]) continue;
+        double next = load_[r] - cost;
+        for (int32_t s : classes_[c2].ranks[q]) {
+          if (s != r) next = std::max(next, load_[s]);
+        }
+        freed += (finish_[c2][q] - next) * static_cast<double>(copies(c2));
+      }
+    }
+    return freed;
   }
 
   void Assign(int c, int32_t j, int32_t p) {
@@ -467,6 +492,138 @@ void Refine(JointAssignment& a, size_t matrices, WorkMeter& meter) {
   }
 }
 
+// Levels the groups of the classes whose positions are run by several
+// ranks (expert positions, one rank per EP group): a group's finish is its
+// busiest rank's, so a rank that tops its group because of its share of a
+// one-rank-a-position class (dense) holds the whole group back. Moves such a
+// matrix to a position where it raises no group's finish (each of that
+// position's ranks stays at or below its group's busiest), when the room it
+// frees (FreedInGroups) exceeds what it costs more there; candidates as the
+// refinement's. The makespan never rises; the room lets a refinement after it
+// move the groups' own work where it was stuck. True when one moved.
+bool Level(JointAssignment& a, WorkMeter& meter) {
+  const double kEps = 1e-9;
+  bool moved = false;
+  for (int c = 0; c < a.num_classes(); ++c) {
+    if (a.copies(c) != 1) continue;
+    bool grouped = false;
+    for (int c2 = 0; c2 < a.num_classes(); ++c2) grouped |= c2 != c && a.copies(c2) > 1;
+    if (!grouped) continue;
+    ClassView v(a, c);
+    const DomainPlan& d = v.plan();
+    for (int32_t p = 0; p < a.size(c); ++p) {
+      if (!meter.Spend(static_cast<int64_t>(a.owned(c, p).size()) + 1)) return moved;
+      for (int32_t j : LargestFirst(v, p)) {
+        const MatrixPlan& m = d.matrices[j];
+        const double here = v.Cost(m, p);
+        const double freed = a.FreedInGroups(c, p, here);
+        if (freed <= kEps * here) continue;
+        int32_t best = -1;
+        double best_extra = freed;
+        int64_t candidates = 0;
+        v.ForEachCandidate(j, [&](int32_t q) {
+          ++candidates;
+          if (q == p) return;
+          const double cost = v.Cost(m, q);
+          const double extra = cost - here;
+          if (extra >= best_extra) return;
+          if (a.RaiseElsewhere(c, q, cost) > kEps * cost) return;
+          best = q;
+          best_extra = extra;
+        });
+        if (!meter.Spend(candidates)) return moved;
+        if (best >= 0) {
+          v.Assign(j, best);
+          moved = true;
+          break;  // p's matrices changed; its next ones wait for the next pass
+        }
+      }
+    }
+  }
+  return moved;
+}
+
+// A start that packs the one-rank-a-position classes (dense) into as few
+// groups of the grouped classes (expert positions) as it can, each rank up
+// to `level`: a group's ranks all carry the group's work, so dense work
+// spread thinly over many groups costs every one of them its busiest rank's
+// dense load, while dense work packed level in a few leaves the others free.
+// Groups are filled in order of the dense work whose best holders they hold
+// (largest first), matrices largest first, each to the cheapest rank of the
+// first group where it fits (ties: the fullest rank, then the lowest); one
+// that fits nowhere goes where it finishes earliest. The other classes are
+// then placed longest first onto the positions that finish them earliest.
+// False when there is no such pair of classes or `cancel` says stop.
+bool GroupPackedStart(JointAssignment& a, double level, double cap, CancelToken* cancel) {
+  int dense = -1, grouped = -1;
+  for (int c = 0; c < a.num_classes(); ++c) {
+    if (a.copies(c) == 1 && dense < 0) dense = c;
+    if (a.copies(c) > 1 && grouped < 0) grouped = c;
+  }
+  if (dense < 0 || grouped < 0) return false;
+  const DomainPlan& d = a.plan(dense);
+  // Group of each position of the dense class (its one rank's position in
+  // the grouped class), and the order to fill the groups in.
+  std::vector<int32_t> group_of(a.size(dense));
+  for (int32_t p = 0; p < a.size(dense); ++p) {
+    group_of[p] = a.PositionOf(grouped, a.RankAt(dense, p));
+  }
+  std::vector<double> held(a.size(grouped), 0.0);
+  for (const MatrixPlan& m : d.matrices) {
+    int32_t best = -1;
+    for (const Holder& h : m.holders) {
+      if (best < 0 || a.Cost(m, h.position) < a.Cost(m, best)) best = h.position;
+    }
+    if (best >= 0) held[group_of[best]] += m.min_cost;
+  }
+  std::vector<int32_t> rank_of_group(a.size(grouped));
+  {
+    std::vector<int32_t> order(a.size(grouped));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t x, int32_t y) { return held[x] > held[y]; });
+    for (size_t i = 0; i < order.size(); ++i) rank_of_group[order[i]] = static_cast<int32_t>(i);
+  }
+  std::vector<int32_t> items(d.matrices.size());
+  std::iota(items.begin(), items.end(), 0);
+  std::stable_sort(items.begin(), items.end(), [&](int32_t x, int32_t y) {
+    return d.matrices[x].min_cost > d.matrices[y].min_cost;
+  });
+  for (int32_t j : items) {
+    const MatrixPlan& m = d.matrices[j];
+    int32_t best = -1;
+    double best_cost = 0, best_load = 0;
+    int32_t fallback = -1;
+    double fallback_finish = 0;
+    for (int32_t p = 0; p < a.size(dense); ++p) {
+      const double cost = a.Cost(m, p);
+      const double load = a.finish(dense, p);
+      if (fallback < 0 || load + cost < fallback_finish) {
+        fallback = p;
+        fallback_finish = load + cost;
+      }
+      if (load + cost > level) continue;
+      const bool better =
+          best < 0 || rank_of_group[group_of[p]] < rank_of_group[group_of[best]] ||
+          (group_of[p] == group_of[best] &&
+           (cost < best_cost || (cost == best_cost && load > best_load)));
+      if (better) {
+        best = p;
+        best_cost = cost;
+        best_load = load;
+      }
+    }
+    a.Assign(dense, j, best >= 0 ? best : fallback);
+    if (cancel != nullptr && cancel->Tick(a.size(dense))) return false;
+  }
+  std::vector<Item> rest;
+  for (const Item& item : LongestFirst(a)) {
+    if (item.c != dense) rest.push_back(item);
+  }
+  int64_t work = 0;
+  return Place(a, rest, cap, Fit::kEarliest, cancel, &work) == Placed::kAll;
+}
+
 // Each matrix's cost at its best holder, the domain's makespan lower bound
 // and the exchange with every owner at its best holder.
 void SetLowerBounds(double w, int64_t bpe, DomainPlan& d) {
@@ -564,6 +721,7 @@ bool AssignLpt(double w, int64_t bpe, int64_t world, const std::vector<DomainCla
                const std::vector<double>* base, CancelToken* cancel) {
   constexpr int64_t kPackWork = int64_t{1} << 23;
   constexpr int kMaxPacks = 14;
+  constexpr int kLevelRounds = 8;
   auto a = std::make_unique<JointAssignment>(classes, world, w, bpe, base);
   const std::vector<Item> order = LongestFirst(*a);
   int64_t work = 0;
@@ -601,6 +759,27 @@ bool AssignLpt(double w, int64_t bpe, int64_t world, const std::vector<DomainCla
   // too (a worse start can refine to a better end); keep the better.
   std::vector<Owners> starts = {best_owners};
   if (best_owners != lpt_owners) starts.push_back(lpt_owners);
+  // Group-packed starts at a few levels: the largest dense matrix, and
+  // between it and the best makespan.
+  {
+    double largest = 0;
+    for (const DomainClass& c : classes) {
+      if (c.ranks.empty() || c.ranks[0].size() != 1) continue;
+      for (const MatrixPlan& m : c.plan->matrices) largest = std::max(largest, m.min_cost);
+    }
+    for (const double level : {largest, 0.5 * (largest + best), best}) {
+      if (largest <= 0) break;
+      ClearOwners(classes);
+      a = std::make_unique<JointAssignment>(classes, world, w, bpe, base);
+      if (cancel != nullptr && cancel->cancelled()) return false;
+      if (!GroupPackedStart(*a, level, best, cancel)) continue;
+      Owners start = SaveOwners(classes);
+      if (std::find(starts.begin(), starts.end(), start) == starts.end()) {
+        starts.push_back(std::move(start));
+      }
+    }
+    if (cancel != nullptr && cancel->cancelled()) return false;
+  }
   size_t n = 0;
   for (const DomainClass& c : classes) n += c.plan->matrices.size();
   Owners kept;
@@ -619,6 +798,12 @@ bool AssignLpt(double w, int64_t bpe, int64_t world, const std::vector<DomainCla
     // lpt's start, the second chance, gets a quarter of the budget.
     WorkMeter meter(RefineWorkBudget(static_cast<int64_t>(n)) / (i == 0 ? 1 : 4), cancel);
     Refine(*a, n, meter);
+    // Leveling the groups never raises the makespan and may let a further
+    // refinement lower it.
+    for (int round = 0; round < kLevelRounds && !meter.stopped(); ++round) {
+      if (!Level(*a, meter)) break;
+      Refine(*a, n, meter);
+    }
     if (meter.cancelled()) return false;
     const double makespan = Busiest(*a, world);
     if (kept.empty() || makespan < kept_makespan) {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -397,6 +398,42 @@ TEST(JointOwnersTest, StrongBoundIsExactWhereTheJointBoundIsLoose) {
   EXPECT_NEAR(StrongJointLowerBound(1.0, 4, 4, classes), 8.0, 1e-4);
   EXPECT_DOUBLE_EQ(*std::max_element(loads->begin(), loads->end()), 8.0);
   EXPECT_DOUBLE_EQ(BruteForceJoint({5, 5}, {2, 2, 2, 2, 2}), 8.0);
+}
+
+// 8 ranks; expert position 0 run by the even ranks, position 1 by the odd
+// ones. Four dense matrices of 10, held by positions 0-3 (two in each
+// group), and forty expert matrices of 1, twenty held by each expert
+// position; every matrix is 1 x 1, so away from its holder it costs
+// 2 x 4 bytes x 0.05 = 0.4 more (comm_flops_per_byte 0.05). At the holders every rank of both groups finishes at 10 + 20 = 30. Moving
+// the two dense matrices of group 1 onto free ranks of group 0 (10.4 each)
+// frees group 1 of dense work; then k expert matrices moving from group 0 to
+// group 1 (1.4 each) give max(30.4 - k, 20 + 1.4 k), 26.4 at k = 4, the
+// optimum (a group with any dense matrix has a rank at 10 or more, and one
+// with two dense matrices on a rank at 20; splitting them 2 / 2 gives 30).
+TEST(JointOwnersTest, DenseWorkIsPackedIntoOneGroupWhenThatFreesTheOther) {
+  auto held_by = [](double cost, int32_t position) {
+    MatrixPlan m;
+    m.rows = 1;
+    m.cols = 1;
+    m.cost_flops = cost;
+    m.holders.push_back({position, 0, 1});
+    return m;
+  };
+  DomainPlan dense;
+  dense.size = 8;
+  for (int32_t p = 0; p < 4; ++p) dense.matrices.push_back(held_by(10, p));
+  DomainPlan expert;
+  expert.size = 2;
+  for (int j = 0; j < 40; ++j) expert.matrices.push_back(held_by(1, j % 2));
+  std::vector<DomainClass> classes = {{&dense, {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}},
+                                      {&expert, {{0, 2, 4, 6}, {1, 3, 5, 7}}}};
+  absl::StatusOr<std::vector<double>> loads =
+      AssignOwnersJointly(OwnerRule::kLpt, 0.05, 4, 8, classes);
+  ASSERT_TRUE(loads.ok()) << loads.status();
+  EXPECT_NEAR(*std::max_element(loads->begin(), loads->end()), 26.4, 1e-9);
+  std::set<int32_t> groups;  // the expert position of each dense owner
+  for (const MatrixPlan& m : dense.matrices) groups.insert(m.owner % 2);
+  EXPECT_EQ(groups.size(), 1u);
 }
 
 }  // namespace

@@ -165,6 +165,35 @@ void Explain(int seed, int64_t world) {
               shape.description.c_str(), static_cast<long long>(world),
               static_cast<long long>(in.parallelism.expert_model_parallel_size), JointRatio(*p),
               StrongRatio(*p), p->joint_lower_bound);
+  // Each expert position's group: its expert load, and the largest and
+  // mean dense load of its ranks (the joint load of the group is the sum of
+  // the first two).
+  if (!p->expert.matrices.empty() && p->dense.replicas == 1) {
+    std::vector<double> dense_of(static_cast<size_t>(world), 0.0);
+    std::vector<std::vector<int32_t>> group(p->expert.load.size());
+    for (const plan::Domain& dom : p->domains) {
+      for (size_t q = 0; q < dom.ranks.size(); ++q) {
+        if (dom.mesh == plan::MeshKind::kDense) {
+          dense_of[static_cast<size_t>(dom.ranks[q])] = p->dense.load[q];
+        } else {
+          group[q].push_back(dom.ranks[q]);
+        }
+      }
+    }
+    std::printf("groups (expert position: expert load, max / mean dense of its ranks, ranks):\n");
+    for (size_t q = 0; q < group.size(); ++q) {
+      double top = 0, mean = 0;
+      for (int32_t r : group[q]) {
+        top = std::max(top, dense_of[static_cast<size_t>(r)]);
+        mean += dense_of[static_cast<size_t>(r)] / static_cast<double>(group[q].size());
+      }
+      const double b = p->joint_lower_bound;
+      std::printf("  %4zu %.4f + %.4f = %.4f (mean %.4f):", q, p->expert.load[q] / b, top / b,
+                  (p->expert.load[q] + top) / b, mean / b);
+      for (int32_t r : group[q]) std::printf(" %d", r);
+      std::printf("\n");
+    }
+  }
   for (const plan::DomainPlan* d : {&p->dense, &p->expert}) {
     if (d->matrices.empty()) continue;
     std::printf("%s domain: %zu matrices, %lld positions, makespan / joint bound %.4f\n",
