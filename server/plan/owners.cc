@@ -995,6 +995,63 @@ class BinPacking {
     std::sort(sizes_.begin(), sizes_.end());
     prefix_.assign(sizes_.size() + 1, 0.0);
     for (size_t i = 0; i < sizes_.size(); ++i) prefix_[i + 1] = prefix_[i] + sizes_[i];
+    // Thresholds for TwoSizesInfeasible: the largest distinct sizes, and
+    // others spread evenly over the rest.
+    std::vector<double> distinct;
+    for (double x : sizes_) {
+      if (x > 0 && (distinct.empty() || x != distinct.back())) distinct.push_back(x);
+    }
+    const size_t n = distinct.size();
+    for (size_t i = 0; i < std::min(n, kLargestThresholds); ++i) {
+      thresholds_.push_back(distinct[n - 1 - i]);
+    }
+    if (n > kLargestThresholds) {
+      const size_t rest = n - kLargestThresholds;
+      const size_t step = std::max<size_t>(1, rest / kSpreadThresholds);
+      for (size_t i = rest; i-- > 0;) {
+        if ((rest - 1 - i) % step == 0) thresholds_.push_back(distinct[i]);
+      }
+    }
+  }
+
+  // True when no `bins` bins of capacity C hold the sizes, by counting two
+  // kinds of them: for thresholds k1 > k2, n1 sizes of at least k1 and n2
+  // in [k2, k1). A bin holding u of the first kind (u <= U = floor(C / k1))
+  // has room for at most s(u) = floor((C - u k1) / k2) of the second, so the
+  // bins hold at most the largest sum of s(u_b) over bins b with the u_b
+  // adding up to n1; more than that many sizes in [k2, k1) cannot all fit.
+  // The largest sum, over fractional numbers of bins x_u >= 0 with
+  // sum x_u = bins and sum u x_u = n1 (a relaxation, so the test stays
+  // sound), mixes two values of u around n1 / bins; every pair is tried.
+  bool TwoSizesInfeasible(double c, int64_t bins) const {
+    const double m = static_cast<double>(bins);
+    for (size_t a = 0; a < thresholds_.size(); ++a) {
+      const double k1 = thresholds_[a];
+      const int64_t n1 = static_cast<int64_t>(sizes_.size() - AtLeast(k1));
+      const int64_t most = static_cast<int64_t>(std::floor(c / k1 * (1 + 1e-12)));
+      if (n1 > most * bins) return true;  // the first kind alone does not fit
+      if (most > kMaxPerBin) continue;
+      const double need = static_cast<double>(n1);
+      for (size_t b = a + 1; b < thresholds_.size(); ++b) {
+        const double k2 = thresholds_[b];
+        const double n2 = static_cast<double>(AtLeast(k1) - AtLeast(k2));
+        if (n2 <= 0) continue;
+        auto room = [&](int64_t u) {
+          return std::floor((c - static_cast<double>(u) * k1) / k2 * (1 + 1e-12));
+        };
+        double best = -1;
+        for (int64_t lo = 0; lo <= most; ++lo) {
+          for (int64_t hi = lo; hi <= most; ++hi) {
+            const double ulo = static_cast<double>(lo), uhi = static_cast<double>(hi);
+            if (ulo * m > need || uhi * m < need) continue;  // n1 / bins not between
+            const double x_hi = hi == lo ? m : (need - ulo * m) / (uhi - ulo);
+            best = std::max(best, (m - x_hi) * room(lo) + x_hi * room(hi));
+          }
+        }
+        if (best < n2) return true;
+      }
+    }
+    return false;
   }
 
   // For each threshold K in [0, C/2]: J1 = sizes > C - K (each alone in a
@@ -1045,8 +1102,12 @@ class BinPacking {
     return static_cast<size_t>(std::lower_bound(sizes_.begin(), sizes_.end(), x) -
                                sizes_.begin());
   }
+  static constexpr size_t kLargestThresholds = 8;
+  static constexpr size_t kSpreadThresholds = 16;
+  static constexpr int64_t kMaxPerBin = 32;
   std::vector<double> sizes_;
   std::vector<double> prefix_;
+  std::vector<double> thresholds_;  // descending
 };
 
 // The largest C in [lo, hi] (by bisection) for which `packing` needs more
@@ -1056,7 +1117,7 @@ double BinPackingBound(const BinPacking& packing, int64_t bins, double lo, doubl
   double found = lo;
   for (int i = 0; i < 40 && hi > lo * (1 + 1e-6); ++i) {
     const double mid = 0.5 * (lo + hi);
-    if (packing.Bins(mid) > bins) {
+    if (packing.Bins(mid) > bins || packing.TwoSizesInfeasible(mid, bins)) {
       found = lo = mid;
     } else {
       hi = mid;

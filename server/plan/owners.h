@@ -147,6 +147,10 @@ double JointLowerBound(int64_t world_size, const std::vector<DomainClass>& class
 //  - a bin-packing bound (Martello and Toth's L2) on the copies' best-holder
 //    costs, over all ranks and over each class's positions: if L2 says more
 //    than `ranks` bins of capacity C are needed, no plan finishes by C;
+//    likewise a count of two sizes k1 > k2: a bin with u copies of at least
+//    k1 has room for at most floor((C - u k1) / k2) of [k2, k1), so with
+//    the u adding up to the copies of at least k1, the bins hold too few
+//    of [k2, k1) (the best mix of u over the bins, relaxed to fractions);
 //  - PigeonholeLowerBound, over each class's positions and over all ranks;
 //  - across two classes i, j: a position of class i carries at least its
 //    class bound B_i, and each of its ranks also carries a position of class

@@ -400,6 +400,27 @@ TEST(JointOwnersTest, StrongBoundIsExactWhereTheJointBoundIsLoose) {
   EXPECT_DOUBLE_EQ(BruteForceJoint({5, 5}, {2, 2, 2, 2, 2}), 8.0);
 }
 
+// Seven matrices of 4.5 and six of 1.5 on 4 positions: the mean is 10.125,
+// and no other part of the plain bounds reaches it (pairs of 4.5 are 9; a
+// bin holds two of the 4.5s). Below 10.5 a position with two 4.5s has no
+// room for a 1.5 and the one position with a single 4.5 room for three, so
+// six do not fit; 10.5 is reached (9 + 1.5 three times, 4.5 + 3 x 1.5). The
+// two-size count of the strong bound finds exactly that.
+TEST(JointOwnersTest, StrongBoundCountsTwoSizesOfMatrices) {
+  std::vector<double> costs(7, 4.5);
+  costs.insert(costs.end(), 6, 1.5);
+  DomainPlan d = Replicated(costs, 4);
+  std::vector<DomainClass> classes = {{&d, {{0}, {1}, {2}, {3}}}};
+  absl::StatusOr<std::vector<double>> loads =
+      AssignOwnersJointly(OwnerRule::kLpt, 1.0, 4, 4, classes);
+  ASSERT_TRUE(loads.ok()) << loads.status();
+  EXPECT_DOUBLE_EQ(*std::max_element(loads->begin(), loads->end()), 10.5);
+  EXPECT_DOUBLE_EQ(JointLowerBound(4, classes), 10.125);
+  EXPECT_EQ(BinPackingLowerBound(costs, 10.4), 4);  // L2 alone does not see it
+  EXPECT_NEAR(StrongJointLowerBound(1.0, 4, 4, classes), 10.5, 1e-4);
+  EXPECT_DOUBLE_EQ(BruteForceMakespan(costs, 4), 10.5);
+}
+
 // 8 ranks; expert position 0 run by the even ranks, position 1 by the odd
 // ones. Four dense matrices of 10, held by positions 0-3 (two in each
 // group), and forty expert matrices of 1, twenty held by each expert
