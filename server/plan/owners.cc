@@ -722,6 +722,7 @@ bool AssignLpt(double w, int64_t bpe, int64_t world, const std::vector<DomainCla
   constexpr int64_t kPackWork = int64_t{1} << 23;
   constexpr int kMaxPacks = 14;
   constexpr int kLevelRounds = 8;
+  constexpr int kGroupLevels = 4;
   auto a = std::make_unique<JointAssignment>(classes, world, w, bpe, base);
   const std::vector<Item> order = LongestFirst(*a);
   int64_t work = 0;
@@ -767,12 +768,25 @@ bool AssignLpt(double w, int64_t bpe, int64_t world, const std::vector<DomainCla
       if (c.ranks.empty() || c.ranks[0].size() != 1) continue;
       for (const MatrixPlan& m : c.plan->matrices) largest = std::max(largest, m.min_cost);
     }
-    for (const double level : {largest, 0.5 * (largest + best), best}) {
+    std::vector<double> levels;
+    for (int k = 1; k <= kGroupLevels && k * largest < best; ++k) {
+      levels.push_back(k * largest * (1 + 1e-9));
+    }
+    levels.push_back(0.5 * (largest + best));
+    levels.push_back(best);
+    for (const double level : levels) {
       if (largest <= 0) break;
       ClearOwners(classes);
       a = std::make_unique<JointAssignment>(classes, world, w, bpe, base);
       if (cancel != nullptr && cancel->cancelled()) return false;
-      if (!GroupPackedStart(*a, level, best, cancel)) continue;
+      bool ok_start = false;
+      for (const double over : {1.0, 1.05, 1.1, 1.2, 1.4}) {
+        ClearOwners(classes);
+        a = std::make_unique<JointAssignment>(classes, world, w, bpe, base);
+        ok_start = GroupPackedStart(*a, level, best * over, cancel);
+        if (ok_start) break;
+      }
+      if (!ok_start) continue;
       Owners start = SaveOwners(classes);
       if (std::find(starts.begin(), starts.end(), start) == starts.end()) {
         starts.push_back(std::move(start));
