@@ -663,11 +663,24 @@ absl::Status SetStrongBound(const MeshGeometry& dense_g, const MeshGeometry& exp
   }
   if (plan->has_experts) classes.push_back({&plan->expert, RanksByPosition(expert_g)});
   const ResolvedConfig& cfg = plan->config;
-  // It does not count the split's replica exchange, which the joint bound
-  // does: the larger of the two stands.
+  // Under the replica split every rank also sends or receives each row of
+  // its shard over dp_outer at least once, whoever owns what (its rows of
+  // its replica's matrices go out, the others' come in:
+  // ReplicaExchangeBytes), so the least such exchange of any position joins
+  // the classes' bound.
+  double least_exchange = 0;
+  if (split.has_value()) {
+    std::vector<double> held(plan->dense.size, 0.0);
+    for (const MatrixPlan& m : plan->dense.matrices) {
+      for (const Holder& h : m.holders) {
+        held[h.position] += static_cast<double>(h.row_count * m.cols * cfg.bytes_per_element);
+      }
+    }
+    least_exchange = cfg.comm_flops_per_byte * *std::min_element(held.begin(), held.end());
+  }
   const double strong =
-      StrongJointLowerBound(cfg.comm_flops_per_byte, cfg.bytes_per_element, cfg.world_size,
-                            classes, kStrongBoundWork, cancel);
+      least_exchange + StrongJointLowerBound(cfg.comm_flops_per_byte, cfg.bytes_per_element,
+                                             cfg.world_size, classes, kStrongBoundWork, cancel);
   plan->joint_strong_lower_bound =
       std::max(plan->joint_lower_bound, std::min(plan->joint_makespan, strong));
   if (cancel != nullptr && cancel->cancelled()) return CancelToken::Status();

@@ -150,6 +150,28 @@ TEST(ReplicaSplitTest, AutoSplitsWhenTheCriticalPathIsShorter) {
   EXPECT_EQ(on->joint_makespan_unsplit, 0);
 }
 
+// Split on 4 ranks (2 replicas of 2 positions): two n x n matrices held by
+// position 0 and one 2n x n by position 1 (n^2 + n^2 and 2 n^2 elements).
+// Every rank sends or receives each row of its shard once, E = w x 2 n^2 x
+// 4 bytes, and some rank owns the 2n x n matrix, C2 = T (4 n^2 2n + 2 n^3) =
+// 10 T n^3: no plan beats C2 + E, which the plan reaches. The joint bound
+// only sees max(E, C2, (2C + C2) / 4 + E) = C2 at w = 100, so the strong
+// bound is computed; it counts the exchange and is exact.
+TEST(ReplicaSplitTest, StrongBoundCountsTheExchangeEveryRankCarries) {
+  PlanInput in = Hsdp(4, 2, "on", 100.0);
+  in.model.units[0].params = {{"a", {kN, kN}, "muon", false},
+                              {"b", {kN, kN}, "muon", false},
+                              {"c", {2 * kN, kN}, "muon", false}};
+  absl::StatusOr<Plan> p = ComputePlan(in);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->dense.replicas, 2);
+  const double c2 = 10.0 * 5 * kN * kN * kN;
+  const double exchange = 100.0 * 2 * kN * kN * kBytes;
+  EXPECT_DOUBLE_EQ(p->joint_makespan, c2 + exchange);
+  EXPECT_DOUBLE_EQ(p->joint_lower_bound, c2);
+  EXPECT_NEAR(p->joint_strong_lower_bound / (c2 + exchange), 1.0, 1e-5);
+}
+
 TEST(ReplicaSplitTest, NothingToSplitWithoutReplicatedOptimizerState) {
   // HFSDP shards the optimizer state over dp_outer; allgather has no owners;
   // one instance has no outer axis. "on" is then no error and no split.
