@@ -624,6 +624,37 @@ bool GroupPackedStart(JointAssignment& a, double level, double cap, CancelToken*
   return Place(a, rest, cap, Fit::kEarliest, cancel, &work) == Placed::kAll;
 }
 
+// A start for matrices that are dear to move: every matrix of the grouped
+// classes (expert) on its best holder, then the one-rank-a-position classes
+// (dense), longest first, each onto the position whose rank finishes it
+// earliest, so that the dense work fills what each group's own work leaves.
+// False when there is no grouped class or `cancel` says stop.
+bool HoldersFirstStart(JointAssignment& a, CancelToken* cancel) {
+  bool grouped = false;
+  for (int c = 0; c < a.num_classes(); ++c) {
+    if (a.copies(c) < 2) continue;
+    grouped = true;
+    const DomainPlan& d = a.plan(c);
+    for (size_t j = 0; j < d.matrices.size(); ++j) {
+      const MatrixPlan& m = d.matrices[j];
+      int32_t best = m.holders.empty() ? a.LeastLoaded(c) : m.holders[0].position;
+      for (const Holder& h : m.holders) {
+        if (a.Cost(m, h.position) < a.Cost(m, best)) best = h.position;
+      }
+      a.Assign(c, static_cast<int32_t>(j), best);
+    }
+    if (cancel != nullptr && cancel->Tick(static_cast<int64_t>(d.matrices.size()))) return false;
+  }
+  if (!grouped) return false;
+  std::vector<Item> rest;
+  for (const Item& item : LongestFirst(a)) {
+    if (a.copies(item.c) < 2) rest.push_back(item);
+  }
+  int64_t work = 0;
+  return Place(a, rest, std::numeric_limits<double>::infinity(), Fit::kEarliest, cancel, &work) ==
+         Placed::kAll;
+}
+
 // Each matrix's cost at its best holder, the domain's makespan lower bound
 // and the exchange with every owner at its best holder.
 void SetLowerBounds(double w, int64_t bpe, DomainPlan& d) {
@@ -787,6 +818,14 @@ bool AssignLpt(double w, int64_t bpe, int64_t world, const std::vector<DomainCla
         if (ok_start) break;
       }
       if (!ok_start) continue;
+      Owners start = SaveOwners(classes);
+      if (std::find(starts.begin(), starts.end(), start) == starts.end()) {
+        starts.push_back(std::move(start));
+      }
+    }
+    ClearOwners(classes);
+    a = std::make_unique<JointAssignment>(classes, world, w, bpe, base);
+    if (HoldersFirstStart(*a, cancel)) {
       Owners start = SaveOwners(classes);
       if (std::find(starts.begin(), starts.end(), start) == starts.end()) {
         starts.push_back(std::move(start));

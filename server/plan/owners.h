@@ -101,7 +101,9 @@ struct DomainClass {
 // capped placement and (with a quarter of the work budget each) from lpt's
 // and from group-packed starts (the one-rank-a-position class, dense, packed
 // level into as few groups of the other class's positions as it fits, then
-// the rest capped), the best kept. Each refinement alternates with leveling
+// the rest capped) and a holders-first start (every expert matrix on its
+// best holder, then the dense ones longest first where they finish
+// earliest: for expert matrices that are dear to move), the best kept. Each refinement alternates with leveling
 // the groups: a dense matrix that alone holds its group's busiest rank up
 // moves where it raises no group, when the room that frees exceeds its extra
 // cost, so that the next refinement can move the group's own work.
