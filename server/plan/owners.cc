@@ -554,7 +554,8 @@ bool Level(JointAssignment& a, WorkMeter& meter) {
 // that fits nowhere goes where it finishes earliest. The other classes are
 // then placed longest first onto the positions that finish them earliest.
 // False when there is no such pair of classes or `cancel` says stop.
-bool GroupPackedStart(JointAssignment& a, double level, double cap, CancelToken* cancel) {
+bool GroupPackedStart(JointAssignment& a, double level, double cap, CancelToken* cancel,
+                      int64_t* work) {
   int dense = -1, grouped = -1;
   for (int c = 0; c < a.num_classes(); ++c) {
     if (a.copies(c) == 1 && dense < 0) dense = c;
@@ -614,14 +615,14 @@ bool GroupPackedStart(JointAssignment& a, double level, double cap, CancelToken*
       }
     }
     a.Assign(dense, j, best >= 0 ? best : fallback);
+    *work += a.size(dense);
     if (cancel != nullptr && cancel->Tick(a.size(dense))) return false;
   }
   std::vector<Item> rest;
   for (const Item& item : LongestFirst(a)) {
     if (item.c != dense) rest.push_back(item);
   }
-  int64_t work = 0;
-  return Place(a, rest, cap, Fit::kEarliest, cancel, &work) == Placed::kAll;
+  return Place(a, rest, cap, Fit::kEarliest, cancel, work) == Placed::kAll;
 }
 
 // A start for matrices that are dear to move: every matrix of the grouped
@@ -720,6 +721,10 @@ void AssignOneClassByRule(OwnerRule rule, double w, int64_t bpe, DomainPlan& d) 
 
 // Joint lpt with its refinement; sets every class's refinement work. False
 // when cancelled.
+// Candidate evaluations the capped placements of one assignment may spend
+// (and, apart, its group-packed starts).
+constexpr int64_t kPackWork = int64_t{1} << 23;
+
 // The owners of every class's matrices, to keep the best of several tries.
 using Owners = std::vector<std::vector<int32_t>>;
 
@@ -744,16 +749,62 @@ double Busiest(const JointAssignment& a, int64_t world) {
   return top;
 }
 
+// The group-packed starts (GroupPackedStart) at levels 1 to kGroupLevels
+// times the largest dense matrix, halfway to `best` and at `best`, each with
+// the rest capped at `best` or up to 1.4 x it, and the holders-first start;
+// appended to `starts` when new. They share a quarter of kPackWork of
+// placement work (`per_pack`: what one placement of everything costs).
+// False when cancelled.
+bool AddGroupStarts(double w, int64_t bpe, int64_t world, const std::vector<DomainClass>& classes,
+                    const std::vector<double>* base, double best, int64_t per_pack,
+                    CancelToken* cancel, std::vector<Owners>* starts) {
+  constexpr int kGroupLevels = 4;
+  auto keep = [&] {
+    Owners start = SaveOwners(classes);
+    if (std::find(starts->begin(), starts->end(), start) == starts->end()) {
+      starts->push_back(std::move(start));
+    }
+  };
+  double largest = 0;
+  for (const DomainClass& c : classes) {
+    if (c.ranks.empty() || c.ranks[0].size() != 1) continue;
+    for (const MatrixPlan& m : c.plan->matrices) largest = std::max(largest, m.min_cost);
+  }
+  std::vector<double> levels;
+  for (int k = 1; k <= kGroupLevels && k * largest < best; ++k) {
+    levels.push_back(k * largest * (1 + 1e-9));
+  }
+  levels.push_back(0.5 * (largest + best));
+  levels.push_back(best);
+  int64_t work = 0;
+  for (const double level : levels) {
+    if (largest <= 0) break;
+    for (const double over : {1.0, 1.05, 1.1, 1.2, 1.4}) {
+      if (work + per_pack > kPackWork / 4) break;
+      ClearOwners(classes);
+      JointAssignment a(classes, world, w, bpe, base);
+      if (GroupPackedStart(a, level, best * over, cancel, &work)) {
+        keep();
+        break;
+      }
+      if (cancel != nullptr && cancel->cancelled()) return false;
+    }
+  }
+  ClearOwners(classes);
+  JointAssignment a(classes, world, w, bpe, base);
+  if (HoldersFirstStart(a, cancel)) keep();
+  return !(cancel != nullptr && cancel->cancelled());
+}
+
 // Joint lpt, then capped placements by bisection on the cap between the
 // joint lower bound and the best makespan so far (within kPackWork
 // candidate evaluations), then the refinement of the best. Sets every
 // class's refinement work. False when cancelled.
 bool AssignLpt(double w, int64_t bpe, int64_t world, const std::vector<DomainClass>& classes,
                const std::vector<double>* base, CancelToken* cancel) {
-  constexpr int64_t kPackWork = int64_t{1} << 23;
   constexpr int kMaxPacks = 14;
   constexpr int kLevelRounds = 8;
-  constexpr int kGroupLevels = 4;
+  constexpr double kTryMoreStartsAbove = 1.05;
   auto a = std::make_unique<JointAssignment>(classes, world, w, bpe, base);
   const std::vector<Item> order = LongestFirst(*a);
   int64_t work = 0;
@@ -788,59 +839,28 @@ bool AssignLpt(double w, int64_t bpe, int64_t world, const std::vector<DomainCla
     best_owners = SaveOwners(classes);
   }
   // Refine the best capped placement and, when that is not lpt's, lpt's
-  // too (a worse start can refine to a better end); keep the better.
+  // too (a worse start can refine to a better end), then, where both end
+  // over kTryMoreStartsAbove x the joint bound, the group-packed and
+  // holders-first starts; keep the best.
   std::vector<Owners> starts = {best_owners};
-  if (best_owners != lpt_owners) starts.push_back(lpt_owners);
-  // Group-packed starts at a few levels: the largest dense matrix, and
-  // between it and the best makespan.
-  {
-    double largest = 0;
-    for (const DomainClass& c : classes) {
-      if (c.ranks.empty() || c.ranks[0].size() != 1) continue;
-      for (const MatrixPlan& m : c.plan->matrices) largest = std::max(largest, m.min_cost);
-    }
-    std::vector<double> levels;
-    for (int k = 1; k <= kGroupLevels && k * largest < best; ++k) {
-      levels.push_back(k * largest * (1 + 1e-9));
-    }
-    levels.push_back(0.5 * (largest + best));
-    levels.push_back(best);
-    for (const double level : levels) {
-      if (largest <= 0) break;
-      ClearOwners(classes);
-      a = std::make_unique<JointAssignment>(classes, world, w, bpe, base);
-      if (cancel != nullptr && cancel->cancelled()) return false;
-      bool ok_start = false;
-      for (const double over : {1.0, 1.05, 1.1, 1.2, 1.4}) {
-        ClearOwners(classes);
-        a = std::make_unique<JointAssignment>(classes, world, w, bpe, base);
-        ok_start = GroupPackedStart(*a, level, best * over, cancel);
-        if (ok_start) break;
-      }
-      if (!ok_start) continue;
-      Owners start = SaveOwners(classes);
-      if (std::find(starts.begin(), starts.end(), start) == starts.end()) {
-        starts.push_back(std::move(start));
-      }
-    }
-    ClearOwners(classes);
-    a = std::make_unique<JointAssignment>(classes, world, w, bpe, base);
-    if (HoldersFirstStart(*a, cancel)) {
-      Owners start = SaveOwners(classes);
-      if (std::find(starts.begin(), starts.end(), start) == starts.end()) {
-        starts.push_back(std::move(start));
-      }
-    }
-    if (cancel != nullptr && cancel->cancelled()) return false;
-  }
+  const bool has_lpt_start = best_owners != lpt_owners;
+  if (has_lpt_start) starts.push_back(lpt_owners);
   size_t n = 0;
   for (const DomainClass& c : classes) n += c.plan->matrices.size();
   Owners kept;
   double kept_makespan = 0;
   int64_t spent = 0;
   bool exhausted = false;
-  for (size_t i = 0; i < starts.size(); ++i) {
-    const Owners& start = starts[i];
+  const size_t first_starts = starts.size();
+  const double bound = JointLowerBound(world, classes, base);
+  for (size_t i = 0;; ++i) {
+    // The other starts only where the first ones miss 1.05 x the bound.
+    if (i == first_starts && kept_makespan > bound * kTryMoreStartsAbove &&
+        !AddGroupStarts(w, bpe, world, classes, base, best, per_pack, cancel, &starts)) {
+      return false;
+    }
+    if (i >= starts.size()) break;
+    const Owners start = starts[i];
     ClearOwners(classes);
     a = std::make_unique<JointAssignment>(classes, world, w, bpe, base);
     for (size_t c = 0; c < classes.size(); ++c) {
@@ -848,8 +868,10 @@ bool AssignLpt(double w, int64_t bpe, int64_t world, const std::vector<DomainCla
         a->Assign(static_cast<int>(c), static_cast<int32_t>(j), start[c][j]);
       }
     }
-    // lpt's start, the second chance, gets a quarter of the budget.
-    WorkMeter meter(RefineWorkBudget(static_cast<int64_t>(n)) / (i == 0 ? 1 : 4), cancel);
+    // lpt's start, the second chance, gets a quarter of the budget, the
+    // group-packed and holders-first ones a thirty-second each.
+    const int64_t share = i == 0 ? 1 : (i == 1 && has_lpt_start ? 4 : 32);
+    WorkMeter meter(RefineWorkBudget(static_cast<int64_t>(n)) / share, cancel);
     Refine(*a, n, meter);
     // Leveling the groups never raises the makespan and may let a further
     // refinement lower it.
