@@ -9,7 +9,8 @@
 #     count them) against the plan's lower bound (its ring collectives plus
 #     the Muon exchange with every owner at its best holder);
 #   - peak RSS per rank against the bytes of its parameter, gradient and
-#     optimizer shards.
+#     optimizer shards, and against the worker's own memory estimate (the
+#     budget its memory check holds a job to: worker/job/memory_estimate.h).
 #
 #   tests/worker/optimizer_step_benchmark.sh [STEPS=3] [SCALE=1.0] [WORLD=4]
 #
@@ -89,7 +90,8 @@ awk -v m="$measured" -v p="$planned" -v e="$exchange" -v lb="$exchange_lb" 'BEGI
 for f in "$work"/lpt.rank*.out; do
   rss=$(field "$f" peak_rss_bytes)
   shards=$(field "$f" shard_bytes)
-  awk -v r="$rss" -v s="$shards" -v f="$(basename "$f" .out)" 'BEGIN {
-    printf "  %s: peak RSS %.1f MiB, shards %.1f MiB (%.2fx), RSS - 1.5 x shards = %.1f MiB\n",
-      f, r / 1048576, s / 1048576, r / s, (r - 1.5 * s) / 1048576 }'
+  estimate=$(field "$f" estimated_peak_bytes)
+  awk -v r="$rss" -v s="$shards" -v e="$estimate" -v f="$(basename "$f" .out)" 'BEGIN {
+    printf "  %s: peak RSS %.1f MiB, shards %.1f MiB (%.2fx), RSS - 1.5 x shards = %.1f MiB, the worker'"'"'s estimate %.1f MiB (peak %.2fx it)\n",
+      f, r / 1048576, s / 1048576, r / s, (r - 1.5 * s) / 1048576, e / 1048576, r / e }'
 done
