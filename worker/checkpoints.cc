@@ -84,7 +84,7 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
   }
   MUONMESH_RETURN_IF_ERROR(Sync(temp, /*folder=*/false));
   std::filesystem::rename(temp, path, ec);
-  if (ec) return absl::InternalError(absl::StrCat(path, ": cannot rename into place: ", ec.message()));
+  if (ec) return absl::ErrnoToStatus(ec.value(), absl::StrCat(path, ": cannot rename into place"));
   return Sync(std::filesystem::path(path).parent_path().string(), /*folder=*/true);
 }
 
@@ -114,7 +114,9 @@ absl::Status SaveCheckpoint(Trainer& trainer, const std::string& output_dir, int
   const std::string dir = CheckpointDir(output_dir, step);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat(dir, ": cannot create: ", ec.message()));
+  // The errno's code: a read-only folder is PERMISSION_DENIED, a full disk
+  // RESOURCE_EXHAUSTED, a read-only file system FAILED_PRECONDITION.
+  if (ec) return absl::ErrnoToStatus(ec.value(), absl::StrCat(dir, ": cannot create"));
   absl::Status st = trainer.SaveShards(absl::StrCat(dir, "/", RankFile(rank)));
   MUONMESH_RETURN_IF_ERROR(st, "saving a checkpoint");
   st = trainer.Barrier();

@@ -3,6 +3,8 @@
 // the plain-loop reference trainer, and bad jobs or a dying peer end with a
 // clear error and a non-zero exit, never a hang.
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -287,6 +289,82 @@ TEST(StandaloneTest, RestartFromACheckpointEndsBitIdentical) {
   for (size_t p = 0; p < a->size(); ++p) {
     EXPECT_EQ((*a)[p].data, (*c)[p].data) << (*a)[p].name;
   }
+}
+
+// A checkpoint folder made read-only: the job fails at its next checkpoint
+// naming the folder and why (PERMISSION_DENIED), the checkpoint before stays
+// complete, and once the folder is writable again a resume from it ends
+// with the weights of a run that never failed. As root a folder's mode
+// stops no write, so there the worker runs as nobody (setpriv), as a
+// worker on a read-only disk would meet it.
+TEST(StandaloneTest, AReadOnlyCheckpointFolderFailsTheJobAndKeepsTheLastCheckpoint) {
+  std::vector<std::string> as_user;
+  if (geteuid() == 0) {
+    if (!std::filesystem::exists("/usr/bin/setpriv")) {
+      GTEST_SKIP() << "root without /usr/bin/setpriv: no unprivileged user to run the worker as";
+    }
+    as_user = {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"};
+  }
+  namespace fs = std::filesystem;
+  const std::string dir = Fresh("read_only");
+  fs::permissions(dir, fs::perms::all);
+  int runs = 0;
+  auto run = [&](const std::string& job, std::vector<std::string> extra) {
+    const std::string store = dir + "/store-" + std::to_string(runs++);
+    fs::create_directories(store);
+    fs::permissions(store, fs::perms::all);
+    fs::permissions(job, fs::perms::owner_read | fs::perms::owner_write |
+                             fs::perms::group_read | fs::perms::others_read);
+    std::vector<std::string> argv = as_user;
+    for (const std::string& a : {std::string(MUONMESH_WORKER_BINARY), std::string("--standalone"),
+                                 std::string("--job"), job, std::string("--rank"),
+                                 std::string("0"), std::string("--world-size"), std::string("1"),
+                                 std::string("--store"), store}) {
+      argv.push_back(a);
+    }
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return muonmesh::testing::Run(argv, kTimeout);
+  };
+  Job job;
+  job.name = "read-only";
+  job.steps = 4;
+  job.checkpoint_every = 2;
+  job.output_dir = dir + "/out";
+  job.export_path = dir + "/out/final.safetensors";
+  const ProcessResult first = run(WriteJob(dir, job), {});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  ASSERT_TRUE(fs::exists(Checkpoint(job.output_dir, 4) + "/COMPLETE"));
+
+  const std::string checkpoints = job.output_dir + "/checkpoints";
+  fs::permissions(checkpoints, fs::perms::owner_read | fs::perms::owner_exec |
+                                   fs::perms::group_read | fs::perms::group_exec |
+                                   fs::perms::others_read | fs::perms::others_exec);
+  job.steps = 6;
+  const std::string path = WriteJob(dir, job);
+  const ProcessResult failed = run(path, {"--resume"});
+  EXPECT_NE(failed.exit_code, 0);
+  EXPECT_THAT(failed.out, HasSubstr("resume: from the checkpoint at step 4"));
+  EXPECT_THAT(failed.err, HasSubstr("PERMISSION_DENIED")) << failed.err;
+  EXPECT_THAT(failed.err, HasSubstr(Checkpoint(job.output_dir, 6) + ": cannot create"));
+  EXPECT_FALSE(fs::exists(Checkpoint(job.output_dir, 6)));
+  EXPECT_TRUE(fs::exists(Checkpoint(job.output_dir, 4) + "/COMPLETE"));
+  EXPECT_FALSE(fs::exists(job.export_path + ".tmp"));
+
+  fs::permissions(checkpoints, fs::perms::owner_write, fs::perm_options::add);
+  const ProcessResult resumed = run(path, {"--resume", "--attempt", "1"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_THAT(resumed.out, HasSubstr("resume: from the checkpoint at step 4"));
+
+  Job straight = job;
+  straight.output_dir = dir + "/straight";
+  straight.export_path = dir + "/straight/final.safetensors";
+  const ProcessResult once = run(WriteJob(dir, straight), {});
+  ASSERT_EQ(once.exit_code, 0) << once.err;
+  absl::StatusOr<std::vector<io::Tensor>> a = io::ReadSafetensors(straight.export_path);
+  absl::StatusOr<std::vector<io::Tensor>> b = io::ReadSafetensors(job.export_path);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  ASSERT_EQ(a->size(), b->size());
+  for (size_t p = 0; p < a->size(); ++p) EXPECT_EQ((*a)[p].data, (*b)[p].data) << (*a)[p].name;
 }
 
 // device: cuda jobs need muonmesh-worker-cuda (the CPU worker does not load

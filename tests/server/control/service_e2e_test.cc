@@ -276,7 +276,7 @@ TEST_F(ServiceTest, AFailedCheckpointWriteFailsTheJobAndKeepsTheOneBefore) {
   // Once the job runs (its fresh start clears old checkpoints first), the
   // folder of the second checkpoint cannot be made: a file holds its name
   // (a full or read-only disk fails the same call; as root a read-only mode
-  // would not stop the write).
+  // would not stop the write: standalone_test runs that case as nobody).
   const std::string out = dir_ + "/served";
   absl::StatusOr<v1::JobSpec> spec = LoadJobForSubmit(WriteJob(dir_, j, out));
   ASSERT_TRUE(spec.ok());
