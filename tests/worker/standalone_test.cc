@@ -308,6 +308,15 @@ TEST(StandaloneTest, AReadOnlyCheckpointFolderFailsTheJobAndKeepsTheLastCheckpoi
   namespace fs = std::filesystem;
   const std::string dir = Fresh("read_only");
   fs::permissions(dir, fs::perms::all);
+  // A copy nobody can run wherever the build lies (its libraries are the
+  // system's).
+  std::string worker = MUONMESH_WORKER_BINARY;
+  if (!as_user.empty()) {
+    worker = dir + "/muonmesh-worker";
+    fs::copy_file(MUONMESH_WORKER_BINARY, worker);
+    fs::permissions(worker, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                                fs::perms::others_read | fs::perms::others_exec);
+  }
   int runs = 0;
   auto run = [&](const std::string& job, std::vector<std::string> extra) {
     const std::string store = dir + "/store-" + std::to_string(runs++);
@@ -316,7 +325,7 @@ TEST(StandaloneTest, AReadOnlyCheckpointFolderFailsTheJobAndKeepsTheLastCheckpoi
     fs::permissions(job, fs::perms::owner_read | fs::perms::owner_write |
                              fs::perms::group_read | fs::perms::others_read);
     std::vector<std::string> argv = as_user;
-    for (const std::string& a : {std::string(MUONMESH_WORKER_BINARY), std::string("--standalone"),
+    for (const std::string& a : {worker, std::string("--standalone"),
                                  std::string("--job"), job, std::string("--rank"),
                                  std::string("0"), std::string("--world-size"), std::string("1"),
                                  std::string("--store"), store}) {
