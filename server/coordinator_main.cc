@@ -54,6 +54,7 @@ struct Flags {
   int64_t max_concurrent_plans = 4;
   int64_t plan_memory_mib = 4096;
   std::string allowed_dirs;
+  bool worker_ids_from_certificates = false;
 };
 
 void DeclareFlags(muonmesh::FlagParser& parser, Flags* f) {
@@ -113,6 +114,10 @@ void DeclareFlags(muonmesh::FlagParser& parser, Flags* f) {
                 "spec, output, export) must lie in; others are refused with PERMISSION_DENIED. "
                 "Default: any (the workers' own --allowed-dirs still apply)",
                 &f->allowed_dirs);
+  parser.Bool("--worker-ids-from-certificates",
+              "a worker's --worker-id must be the subject CN or a subjectAltName of its client "
+              "certificate, on every Fleet call (one certificate per worker); needs --tls-ca",
+              &f->worker_ids_from_certificates);
   parser.Bool("--insecure",
               "serve a non-loopback --listen without TLS and tokens anyway (logged as a "
               "warning); without it such an address is refused",
@@ -170,6 +175,12 @@ absl::Status OptionsFromFlags(const Flags& f, muonmesh::CoordinatorServerOptions
     MUONMESH_RETURN_IF_ERROR(allowed.status());
     options->control.allowed_dirs = *std::move(allowed);
   }
+  if (f.worker_ids_from_certificates && options->security.tls_ca.empty()) {
+    return absl::InvalidArgumentError(
+        "--worker-ids-from-certificates needs --tls-ca (mutual TLS: the certificates name the "
+        "workers)");
+  }
+  options->control.worker_ids_from_certificates = f.worker_ids_from_certificates;
   options->control.lease_ttl = f.lease_ttl;
   options->control.heartbeat_interval = f.lease_ttl / 5;
   options->control.collective_timeout = f.collective_timeout;

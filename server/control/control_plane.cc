@@ -58,7 +58,8 @@ ControlPlane::ControlPlane(const ControlPlaneOptions& options, std::unique_ptr<D
                    [m = metrics_.get()](const std::string&, double s) { m->OnRecovered(s); },
                    options.allowed_dirs}),
       jobs_service_(&manager_, store_.get()),
-      fleet_service_(&fleet_, &manager_),
+      fleet_service_(&fleet_, &manager_,
+                     {.worker_ids_from_certificates = options.worker_ids_from_certificates}),
       store_service_(&rendezvous_) {}
 
 ControlPlane::~ControlPlane() { Shutdown(); }

@@ -41,6 +41,9 @@ struct ControlPlaneOptions {
   // Resolved folders (worker::ResolveAllowedDirs) the paths a submitted job
   // names must lie in (JobManagerOptions::allowed_dirs); empty: any.
   std::vector<std::string> allowed_dirs;
+  // A worker's id must be named by its client certificate (its CN or a
+  // subjectAltName): FleetService. Needs mutual TLS.
+  bool worker_ids_from_certificates = false;
 };
 
 class ControlPlane {

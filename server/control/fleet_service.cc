@@ -1,11 +1,44 @@
 #include "server/control/fleet_service.h"
 
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "grpc/grpc_security_constants.h"
 #include "proto/rpc/rpc_status.h"
 
 namespace muonmesh::coordinator {
 
-grpc::Status FleetService::Register(grpc::ServerContext*, const v1::RegisterRequest* request,
+absl::Status CheckWorkerNamedBy(const std::string& worker_id,
+                                const std::vector<std::string>& names) {
+  if (std::find(names.begin(), names.end(), worker_id) != names.end()) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      "worker id '", worker_id, "' is not named by the client certificate it came with (",
+      names.empty() ? std::string("no names") : absl::StrJoin(names, ", "),
+      "): with --worker-ids-from-certificates a worker's --worker-id must be its "
+      "certificate's subject CN or one of its subjectAltNames"));
+}
+
+absl::Status FleetService::CheckIdentity(const grpc::ServerContext* context,
+                                         const std::string& worker_id) const {
+  if (!options_.worker_ids_from_certificates) return absl::OkStatus();
+  std::vector<std::string> names;
+  if (const std::shared_ptr<const grpc::AuthContext> auth = context->auth_context()) {
+    for (const char* property : {GRPC_X509_CN_PROPERTY_NAME, GRPC_X509_SAN_PROPERTY_NAME}) {
+      for (const grpc::string_ref& name : auth->FindPropertyValues(property)) {
+        names.emplace_back(name.data(), name.size());
+      }
+    }
+  }
+  return CheckWorkerNamedBy(worker_id, names);
+}
+
+grpc::Status FleetService::Register(grpc::ServerContext* context,
+                                    const v1::RegisterRequest* request,
                                     v1::RegisterResponse* response) {
+  if (absl::Status s = CheckIdentity(context, request->info().worker_id()); !s.ok()) {
+    return rpc::ToGrpcStatus(s);
+  }
   absl::StatusOr<Fleet::Lease> lease = fleet_.Register(request->info());
   if (!lease.ok()) return rpc::ToGrpcStatus(lease.status());
   response->set_lease_id(lease->lease_id);
@@ -15,14 +48,21 @@ grpc::Status FleetService::Register(grpc::ServerContext*, const v1::RegisterRequ
   return grpc::Status::OK;
 }
 
-grpc::Status FleetService::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+grpc::Status FleetService::Heartbeat(grpc::ServerContext* context,
+                                     const v1::HeartbeatRequest* request,
                                      v1::HeartbeatResponse*) {
+  if (absl::Status s = CheckIdentity(context, request->worker_id()); !s.ok()) {
+    return rpc::ToGrpcStatus(s);
+  }
   return rpc::ToGrpcStatus(fleet_.Heartbeat(request->worker_id(), request->lease_id()));
 }
 
 grpc::Status FleetService::Assignments(grpc::ServerContext* context,
                                        const v1::AssignmentsRequest* request,
                                        grpc::ServerWriter<v1::Assignment>* writer) {
+  if (absl::Status s = CheckIdentity(context, request->worker_id()); !s.ok()) {
+    return rpc::ToGrpcStatus(s);
+  }
   while (true) {
     absl::StatusOr<std::optional<v1::Assignment>> next =
         fleet_.Next(request->worker_id(), request->lease_id(), absl::Seconds(1),
@@ -34,8 +74,12 @@ grpc::Status FleetService::Assignments(grpc::ServerContext* context,
   }
 }
 
-grpc::Status FleetService::ReportStep(grpc::ServerContext*, const v1::ReportStepRequest* request,
+grpc::Status FleetService::ReportStep(grpc::ServerContext* context,
+                                      const v1::ReportStepRequest* request,
                                       v1::ReportStepResponse* response) {
+  if (absl::Status s = CheckIdentity(context, request->worker_id()); !s.ok()) {
+    return rpc::ToGrpcStatus(s);
+  }
   if (absl::Status s = fleet_.Heartbeat(request->worker_id(), request->lease_id()); !s.ok()) {
     return rpc::ToGrpcStatus(s);
   }
@@ -45,9 +89,12 @@ grpc::Status FleetService::ReportStep(grpc::ServerContext*, const v1::ReportStep
   return rpc::ToGrpcStatus(s);
 }
 
-grpc::Status FleetService::ReportAttempt(grpc::ServerContext*,
+grpc::Status FleetService::ReportAttempt(grpc::ServerContext* context,
                                          const v1::ReportAttemptRequest* request,
                                          v1::ReportAttemptResponse*) {
+  if (absl::Status s = CheckIdentity(context, request->worker_id()); !s.ok()) {
+    return rpc::ToGrpcStatus(s);
+  }
   if (absl::Status s = fleet_.CheckLease(request->worker_id(), request->lease_id()); !s.ok()) {
     // A stale worker's report still frees nothing: its rank was already
     // counted as lost.

@@ -2,10 +2,18 @@
 
 // The Fleet gRPC service (muonmesh.v1.Fleet): the edge workers talk to.
 // Every call but Register and ListWorkers carries the worker's lease; a
-// stale one is FAILED_PRECONDITION and the worker registers again.
+// stale one is FAILED_PRECONDITION and the worker registers again. With
+// worker_ids_from_certificates every call that names a worker must come
+// over a client certificate that names it too (its subject CN or a
+// subjectAltName), so that one worker's certificate cannot register, beat
+// or report as another: PERMISSION_DENIED otherwise.
 //
 // Stateless over the Fleet and JobManager it is given.
 
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
 #include "grpcpp/server_context.h"
 #include "muonmesh/v1/fleet.grpc.pb.h"
 #include "server/control/fleet.h"
@@ -13,9 +21,19 @@
 
 namespace muonmesh::coordinator {
 
+struct FleetServiceOptions {
+  bool worker_ids_from_certificates = false;
+};
+
+// OK when `names` (a client certificate's subject CN and subjectAltNames)
+// hold `worker_id`; PERMISSION_DENIED naming both otherwise.
+absl::Status CheckWorkerNamedBy(const std::string& worker_id,
+                                const std::vector<std::string>& names);
+
 class FleetService final : public v1::Fleet::Service {
  public:
-  FleetService(Fleet* fleet, JobManager* manager) : fleet_(*fleet), manager_(*manager) {}
+  FleetService(Fleet* fleet, JobManager* manager, FleetServiceOptions options = {})
+      : fleet_(*fleet), manager_(*manager), options_(options) {}
 
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
                         v1::RegisterResponse* response) override;
@@ -32,8 +50,14 @@ class FleetService final : public v1::Fleet::Service {
                            v1::ListWorkersResponse* response) override;
 
  private:
+  // OK unless worker_ids_from_certificates and the caller's certificate
+  // does not name `worker_id` (CheckWorkerNamedBy).
+  absl::Status CheckIdentity(const grpc::ServerContext* context,
+                             const std::string& worker_id) const;
+
   Fleet& fleet_;
   JobManager& manager_;
+  FleetServiceOptions options_;
 };
 
 }  // namespace muonmesh::coordinator

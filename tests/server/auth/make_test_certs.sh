@@ -5,6 +5,8 @@
 #   server.pem server.key         the coordinator: CN muonmesh-coordinator,
 #                                 subjectAltName IP 127.0.0.1 and localhost
 #   worker.pem worker.key         a worker's client certificate (clientAuth)
+#   worker-w7.pem worker-w7.key   one worker's own: CN w7, subjectAltName
+#                                 DNS w7.workers.test
 #   rogue-ca.pem, rogue-worker.pem rogue-worker.key
 #                                 a client certificate from another CA
 #
@@ -40,6 +42,10 @@ extendedKeyUsage=serverAuth
 keyUsage=critical,digitalSignature"
 leaf worker ca muonmesh-worker \
   "extendedKeyUsage=clientAuth
+keyUsage=critical,digitalSignature"
+leaf worker-w7 ca w7 \
+  "subjectAltName=DNS:w7.workers.test
+extendedKeyUsage=clientAuth
 keyUsage=critical,digitalSignature"
 ca rogue-ca "someone else's CA"
 leaf rogue-worker rogue-ca muonmesh-worker \

@@ -102,16 +102,20 @@ class SecurityTest : public ::testing::Test {
     // As the worker will see it (no "//", no link on the way), so that the
     // paths in its messages are the ones written here.
     dir_ = fs::canonical(dir_).string();
-    coordinator_ = std::make_unique<Background>(
-        std::vector<std::string>{MUONMESH_COORDINATOR_BIN, "--listen", "127.0.0.1:0",
-                                 "--data-dir", dir_ + "/state", "--lease-ttl", "3s",
-                                 "--collective-timeout", "20s", "--tls-cert", Cert("server.pem"),
-                                 "--tls-key", Cert("server.key"), "--tls-ca", Cert("ca.pem"),
-                                 "--tokens-file", Cert("tokens")},
-        dir_ + "/coordinator.log");
+    std::vector<std::string> argv = {MUONMESH_COORDINATOR_BIN, "--listen", "127.0.0.1:0",
+                                     "--data-dir", dir_ + "/state", "--lease-ttl", "3s",
+                                     "--collective-timeout", "20s", "--tls-cert", Cert("server.pem"),
+                                     "--tls-key", Cert("server.key"), "--tls-ca", Cert("ca.pem"),
+                                     "--tokens-file", Cert("tokens")};
+    const std::vector<std::string> extra = ExtraCoordinatorFlags();
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    coordinator_ = std::make_unique<Background>(argv, dir_ + "/coordinator.log");
     ASSERT_TRUE(coordinator_->WaitForLog("listening on", kStart)) << coordinator_->Log();
     address_ = ListeningAddress(*coordinator_);
   }
+
+  // Flags the coordinator starts with beyond the fixture's.
+  virtual std::vector<std::string> ExtraCoordinatorFlags() const { return {}; }
 
   // A channel to the coordinator over TLS (plaintext when `tls` is false)
   // with `token` (none when empty) and the worker's client certificate when
@@ -137,11 +141,12 @@ class SecurityTest : public ::testing::Test {
     return v1::Jobs::NewStub(channel)->ListJobs(&context, {}, &response);
   }
 
-  static grpc::Status Register(const std::shared_ptr<grpc::Channel>& channel) {
+  static grpc::Status Register(const std::shared_ptr<grpc::Channel>& channel,
+                               const std::string& worker_id = "intruder") {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
     v1::RegisterRequest request;
-    request.mutable_info()->set_worker_id("intruder");
+    request.mutable_info()->set_worker_id(worker_id);
     request.mutable_info()->set_device("cpu");
     request.mutable_info()->set_address("127.0.0.1");
     v1::RegisterResponse response;
@@ -408,6 +413,58 @@ TEST_F(SecurityTest, AJobOutsideTheAllowedFoldersIsRefused) {
   EXPECT_TRUE(fs::is_empty(dir_ + "/elsewhere"));
 }
 
+// With --worker-ids-from-certificates a worker's id must be named by its
+// own client certificate (worker-w7.pem: CN w7, subjectAltName
+// w7.workers.test); the shared certificate (CN muonmesh-worker) names no
+// worker id of these.
+class WorkerIdentityTest : public SecurityTest {
+ protected:
+  std::vector<std::string> ExtraCoordinatorFlags() const override {
+    return {"--worker-ids-from-certificates"};
+  }
+};
+
+TEST_F(WorkerIdentityTest, AWorkerRegistersOnlyUnderANameItsCertificateHolds) {
+  EXPECT_TRUE(Register(Channel(kWorkerToken, "worker-w7"), "w7").ok());
+  EXPECT_TRUE(Register(Channel(kWorkerToken, "worker-w7"), "w7.workers.test").ok());
+  grpc::Status s = Register(Channel(kWorkerToken, "worker-w7"), "w8");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("worker id 'w8' is not named by the client "
+                                           "certificate it came with (w7, w7.workers.test)"));
+  s = Register(Channel(kWorkerToken, "worker"), "w7");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("(muonmesh-worker)"));
+  // Later calls are held to the same name: another worker's heartbeat with
+  // w7's certificate is refused before its lease is looked at.
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    v1::HeartbeatRequest request;
+    request.set_worker_id("w8");
+    request.set_lease_id("any");
+    v1::HeartbeatResponse response;
+    s = v1::Fleet::NewStub(Channel(kWorkerToken, "worker-w7"))
+            ->Heartbeat(&context, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  }
+  // The daemons: w7 with its certificate gets in; w8 with w7's does not
+  // and says why.
+  StartWorker("w7", {"--tls-cert", Cert("worker-w7.pem"), "--tls-key", Cert("worker-w7.key"),
+                     "--token-file", Cert("worker.token")});
+  Background& impostor =
+      StartWorker("w8",
+                  {"--tls-cert", Cert("worker-w7.pem"), "--tls-key", Cert("worker-w7.key"),
+                   "--token-file", Cert("worker.token")},
+                  false);
+  EXPECT_TRUE(impostor.WaitForLog("is not named by the client certificate", kStart))
+      << impostor.Log();
+  ProcessResult r = Ctl({"workers"}, "viewer");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("w7"));
+  EXPECT_THAT(r.out, Not(HasSubstr("w8")));
+  ExpectNoSecretsInLogs();
+}
+
 // Without the fixture's coordinator: what the coordinator accepts to serve.
 TEST(CoordinatorExposureTest, NonLoopbackWithoutCredentialsIsRefused) {
   const std::string dir = absl::StrCat(::testing::TempDir(), "/security_e2e_exposure");
@@ -426,6 +483,12 @@ TEST(CoordinatorExposureTest, NonLoopbackWithoutCredentialsIsRefused) {
                    std::chrono::seconds(30));
   EXPECT_NE(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("bearer tokens are never accepted in plaintext"));
+  // Worker ids from certificates need certificates.
+  r = testing::Run({MUONMESH_COORDINATOR_BIN, "--listen", "127.0.0.1:0", "--data-dir", "none",
+                    "--worker-ids-from-certificates"},
+                   std::chrono::seconds(30));
+  EXPECT_NE(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--worker-ids-from-certificates needs --tls-ca"));
   // --insecure serves it, with a loud warning.
   Background insecure({MUONMESH_COORDINATOR_BIN, "--listen", "0.0.0.0:0", "--data-dir", "none",
                        "--insecure"},
