@@ -796,14 +796,65 @@ bool AddGroupStarts(double w, int64_t bpe, int64_t world, const std::vector<Doma
   return !(cancel != nullptr && cancel->cancelled());
 }
 
+// Assigns `start` on the empty assignment `a`, then refines it and levels
+// the groups in turns (levelling never raises the makespan and may let a
+// further refinement lower it) within `meter`'s budget; `n` matrices in all.
+void RefineFrom(const Owners& start, size_t n, JointAssignment& a, WorkMeter& meter) {
+  constexpr int kLevelRounds = 8;
+  for (size_t c = 0; c < start.size(); ++c) {
+    for (size_t j = 0; j < start[c].size(); ++j) {
+      a.Assign(static_cast<int>(c), static_cast<int32_t>(j), start[c][j]);
+    }
+  }
+  Refine(a, n, meter);
+  for (int round = 0; round < kLevelRounds && !meter.stopped(); ++round) {
+    if (!Level(a, meter)) break;
+    Refine(a, n, meter);
+  }
+}
+
+// The capped placements of AssignLpt: bisection on a cap between the joint
+// lower bound and `*best`, each placement of `order` (earliest, grouped,
+// then best fit) within the cap; a placement that fits lowers `*best` and
+// sets `*best_owners`. `*work` counts candidate evaluations, at most
+// kPackWork (`per_pack` a placement). False when cancelled.
+bool CappedPlacements(double w, int64_t bpe, int64_t world, const std::vector<DomainClass>& classes,
+                      const std::vector<double>* base, const std::vector<Item>& order,
+                      int64_t per_pack, CancelToken* cancel, int64_t* work, double* best,
+                      Owners* best_owners) {
+  constexpr int kMaxPacks = 14;
+  double lo = JointLowerBound(world, classes, base);
+  for (int i = 0; i < kMaxPacks && *work + per_pack <= kPackWork && *best > lo * (1 + 1e-3); ++i) {
+    const double cap = 0.5 * (lo + *best);
+    Placed placed = Placed::kOverCap;
+    std::unique_ptr<JointAssignment> a;
+    // Earliest fit spreads the work; best fit keeps whole positions free
+    // for what comes later; grouped fit keeps a rank's other domains free.
+    for (const Fit fit : {Fit::kEarliest, Fit::kGrouped, Fit::kBest}) {
+      if (placed != Placed::kOverCap || (fit != Fit::kEarliest && *work + per_pack > kPackWork)) {
+        break;
+      }
+      ClearOwners(classes);
+      a = std::make_unique<JointAssignment>(classes, world, w, bpe, base);
+      placed = Place(*a, order, cap, fit, cancel, work);
+    }
+    if (placed == Placed::kCancelled) return false;
+    if (placed == Placed::kOverCap) {
+      lo = cap;
+      continue;
+    }
+    *best = Busiest(*a, world);
+    *best_owners = SaveOwners(classes);
+  }
+  return true;
+}
+
 // Joint lpt, then capped placements by bisection on the cap between the
 // joint lower bound and the best makespan so far (within kPackWork
 // candidate evaluations), then the refinement of the best. Sets every
 // class's refinement work. False when cancelled.
 bool AssignLpt(double w, int64_t bpe, int64_t world, const std::vector<DomainClass>& classes,
                const std::vector<double>* base, CancelToken* cancel) {
-  constexpr int kMaxPacks = 14;
-  constexpr int kLevelRounds = 8;
   constexpr double kTryMoreStartsAbove = 1.05;
   auto a = std::make_unique<JointAssignment>(classes, world, w, bpe, base);
   const std::vector<Item> order = LongestFirst(*a);
@@ -816,27 +867,9 @@ bool AssignLpt(double w, int64_t bpe, int64_t world, const std::vector<DomainCla
   double best = Busiest(*a, world);
   Owners best_owners = SaveOwners(classes);
   const Owners lpt_owners = best_owners;
-  double lo = JointLowerBound(world, classes, base);
-  for (int i = 0; i < kMaxPacks && work + per_pack <= kPackWork && best > lo * (1 + 1e-3); ++i) {
-    const double cap = 0.5 * (lo + best);
-    Placed placed = Placed::kOverCap;
-    // Earliest fit spreads the work; best fit keeps whole positions free
-    // for what comes later; grouped fit keeps a rank's other domains free.
-    for (const Fit fit : {Fit::kEarliest, Fit::kGrouped, Fit::kBest}) {
-      if (placed != Placed::kOverCap || (fit != Fit::kEarliest && work + per_pack > kPackWork)) {
-        break;
-      }
-      ClearOwners(classes);
-      a = std::make_unique<JointAssignment>(classes, world, w, bpe, base);
-      placed = Place(*a, order, cap, fit, cancel, &work);
-    }
-    if (placed == Placed::kCancelled) return false;
-    if (placed == Placed::kOverCap) {
-      lo = cap;
-      continue;
-    }
-    best = Busiest(*a, world);
-    best_owners = SaveOwners(classes);
+  if (!CappedPlacements(w, bpe, world, classes, base, order, per_pack, cancel, &work, &best,
+                        &best_owners)) {
+    return false;
   }
   // Refine the best capped placement and, when that is not lpt's, lpt's
   // too (a worse start can refine to a better end), then, where both end
@@ -863,22 +896,11 @@ bool AssignLpt(double w, int64_t bpe, int64_t world, const std::vector<DomainCla
     const Owners start = starts[i];
     ClearOwners(classes);
     a = std::make_unique<JointAssignment>(classes, world, w, bpe, base);
-    for (size_t c = 0; c < classes.size(); ++c) {
-      for (size_t j = 0; j < start[c].size(); ++j) {
-        a->Assign(static_cast<int>(c), static_cast<int32_t>(j), start[c][j]);
-      }
-    }
     // lpt's start, the second chance, gets a quarter of the budget, the
     // group-packed and holders-first ones a thirty-second each.
     const int64_t share = i == 0 ? 1 : (i == 1 && has_lpt_start ? 4 : 32);
     WorkMeter meter(RefineWorkBudget(static_cast<int64_t>(n)) / share, cancel);
-    Refine(*a, n, meter);
-    // Leveling the groups never raises the makespan and may let a further
-    // refinement lower it.
-    for (int round = 0; round < kLevelRounds && !meter.stopped(); ++round) {
-      if (!Level(*a, meter)) break;
-      Refine(*a, n, meter);
-    }
+    RefineFrom(start, n, *a, meter);
     if (meter.cancelled()) return false;
     const double makespan = Busiest(*a, world);
     if (kept.empty() || makespan < kept_makespan) {
