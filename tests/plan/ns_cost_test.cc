@@ -7,6 +7,8 @@
 #include "plan/ns_cost.h"
 
 #include <algorithm>
+#include <initializer_list>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -69,17 +71,27 @@ TEST(NsCostTest, FixedFormsAreNeverSwapped) {
   EXPECT_DOUBLE_EQ(NsFlops(NsAlgorithm::kStandard, 8, 800, 5, kQ), StandardNsFlops(8, 800, 5));
 }
 
-TEST(NsCostTest, ParsesAndNamesEveryValue) {
-  for (NsAlgorithm a : {NsAlgorithm::kAuto, NsAlgorithm::kStandard, NsAlgorithm::kGram}) {
-    NsAlgorithm parsed = NsAlgorithm::kGram;
-    ASSERT_TRUE(ParseNsAlgorithm(NsAlgorithmName(a), &parsed));
-    EXPECT_EQ(parsed, a);
+// Every value's name parses back to it; the empty name is the default; any
+// other name is refused. For both enums.
+template <typename T, typename Parse, typename Name>
+void ExpectNamesRoundTrip(std::initializer_list<T> values, T by_default, Parse parse, Name name,
+                          std::initializer_list<const char*> unknown) {
+  for (T v : values) {
+    T parsed = v == by_default ? *std::prev(values.end()) : by_default;
+    ASSERT_TRUE(parse(name(v), &parsed)) << name(v);
+    EXPECT_EQ(parsed, v);
   }
-  NsAlgorithm parsed = NsAlgorithm::kGram;
-  EXPECT_TRUE(ParseNsAlgorithm("", &parsed));
-  EXPECT_EQ(parsed, NsAlgorithm::kAuto);
-  EXPECT_FALSE(ParseNsAlgorithm("Gram", &parsed));
-  EXPECT_FALSE(ParseNsAlgorithm("fast", &parsed));
+  T parsed = *std::prev(values.end());
+  EXPECT_TRUE(parse("", &parsed));
+  EXPECT_EQ(parsed, by_default);
+  for (const char* text : unknown) EXPECT_FALSE(parse(text, &parsed)) << text;
+}
+
+TEST(NsCostTest, ParsesAndNamesEveryValue) {
+  ExpectNamesRoundTrip({NsAlgorithm::kAuto, NsAlgorithm::kStandard, NsAlgorithm::kGram},
+                       NsAlgorithm::kAuto, ParseNsAlgorithm, NsAlgorithmName, {"Gram", "fast"});
+  ExpectNamesRoundTrip({NsTable::kQuintic, NsTable::kPolarExpress}, NsTable::kQuintic,
+                       ParseNsTable, NsTableName, {"cubic", "Quintic"});
 }
 
 // Only gram, and only off the CPU, is refused; both validators report this
@@ -95,18 +107,6 @@ TEST(NsCostTest, OnlyGramOffTheCpuIsUnavailable) {
       }
     }
   }
-}
-
-TEST(NsCostTest, TableNamesRoundTrip) {
-  for (NsTable t : {NsTable::kQuintic, NsTable::kPolarExpress}) {
-    NsTable parsed = t == NsTable::kQuintic ? NsTable::kPolarExpress : NsTable::kQuintic;
-    ASSERT_TRUE(ParseNsTable(NsTableName(t), &parsed));
-    EXPECT_EQ(parsed, t);
-  }
-  NsTable parsed = NsTable::kPolarExpress;
-  EXPECT_TRUE(ParseNsTable("", &parsed));
-  EXPECT_EQ(parsed, NsTable::kQuintic);
-  EXPECT_FALSE(ParseNsTable("cubic", &parsed));
 }
 
 // On every Muon matrix of the three public specs, auto picks the Gram form
