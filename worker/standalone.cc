@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "plan/planner.h"
+#include "plan/waves.h"
 #include "proto/support/status_macros.h"
 #include "worker/comm/file_store.h"
 #include "worker/job/job.h"
@@ -70,6 +71,9 @@ absl::StatusOr<plan::Plan> PlanJob(const ResolvedJob& job, plan::ModelSpec spec)
   input.options.ns_coefficients = plan::NsTableName(
       math::NsTableOf(job.muon.ns.coefficients).value_or(plan::NsTable::kQuintic));
   input.options.device = job.device;
+  // The waves the trainer will cut (it overlaps two on the CPU).
+  input.options.muon_wave_budget_bytes =
+      plan::WaveBudget(job.muon_buffer_bytes, job.device != "cuda");
   absl::StatusOr<plan::Plan> plan = plan::ComputePlan(input);
   MUONMESH_RETURN_IF_ERROR(plan.status(), "the planner rejects the job");
   return plan;

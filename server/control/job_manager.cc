@@ -11,6 +11,7 @@
 #include "proto/convert/exec_plan_convert.h"
 #include "plan/planner.h"
 #include "plan/validate.h"
+#include "plan/waves.h"
 #include "proto/convert/plan_convert.h"
 #include "proto/support/status_macros.h"
 #include "worker/job/allowed_dirs.h"
@@ -103,6 +104,9 @@ absl::StatusOr<plan::PlanInput> PlanInputOf(const v1::JobSpec& spec) {
   input.options.ns_algorithm = spec.optimizer().muon().ns_algorithm();
   input.options.ns_coefficients = spec.optimizer().muon().coefficients();
   input.options.device = spec.device().empty() ? "cpu" : spec.device();
+  // The waves the workers will cut (they overlap two on the CPU).
+  input.options.muon_wave_budget_bytes = plan::WaveBudget(
+      spec.optimizer().muon_buffer_bytes(), input.options.device != "cuda");
   return input;
 }
 

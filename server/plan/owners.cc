@@ -1038,6 +1038,21 @@ absl::StatusOr<std::vector<double>> AssignOwnersJointly(OwnerRule rule, double w
   return rank_load;
 }
 
+void SumOwnerLoads(double w, int64_t bpe, DomainPlan* domain) {
+  const int64_t work = domain->refine_work;
+  const bool spent = domain->refine_budget_spent;
+  std::vector<int32_t> owners;
+  owners.reserve(domain->matrices.size());
+  for (const MatrixPlan& m : domain->matrices) owners.push_back(m.owner);
+  ResetDomain(w, bpe, *domain);  // clears the owners
+  for (size_t j = 0; j < owners.size(); ++j) domain->matrices[j].owner = owners[j];
+  SumOwnedCosts(w, bpe, *domain);
+  domain->makespan =
+      domain->load.empty() ? 0 : *std::max_element(domain->load.begin(), domain->load.end());
+  domain->refine_work = work;
+  domain->refine_budget_spent = spent;
+}
+
 ReplicaExchange ReplicaExchangeBytes(const DomainPlan& d, int64_t bpe) {
   ReplicaExchange out;
   if (d.replicas <= 1) return out;

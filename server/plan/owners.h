@@ -126,6 +126,13 @@ absl::StatusOr<std::vector<double>> AssignOwnersJointly(
     const std::vector<DomainClass>& classes, CancelToken* cancel = nullptr,
     const std::vector<double>* base_load = nullptr);
 
+// Refills a domain's per-position loads, Newton-Schulz FLOPs, gather bytes,
+// owned counts, makespan and exchange bytes, and each matrix's owner cost
+// and gather bytes, from its matrices' owners (set elsewhere: the planner's
+// wave-by-wave balancing); its lower bounds and refinement work stay. Not
+// for the allgather rule (no owners).
+void SumOwnerLoads(double comm_flops_per_byte, int64_t bytes_per_element, DomainPlan* domain);
+
 // The joint lower bound of DESIGN.md §4: max(each class's lower bound,
 // sum over classes of (domains of the class x its best-holder costs) /
 // world size). With a base load (AssignOwnersJointly), also the largest

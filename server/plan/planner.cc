@@ -11,6 +11,7 @@
 #include "plan/owners.h"
 #include "plan/plan_size.h"
 #include "plan/validate.h"
+#include "plan/waves.h"
 #include "proto/support/status_macros.h"
 
 namespace muonmesh::plan {
@@ -646,6 +647,83 @@ void SetJointMakespan(Plan* plan) {
   }
 }
 
+// Balances the owners of one wave's units (AssignOwnersJointly on those
+// matrices alone, each mesh a class) and writes them into the plan.
+absl::Status BalanceWave(const ResolvedConfig& cfg, const MeshGeometry& dense_g,
+                         const MeshGeometry& expert_g, const MuonWave& wave, CancelToken* cancel,
+                         Plan* plan) {
+  std::vector<DomainPlan*> full = {&plan->dense};
+  if (plan->has_experts) full.push_back(&plan->expert);
+  std::vector<DomainPlan> part(full.size());
+  std::vector<std::vector<size_t>> index(full.size());
+  std::vector<DomainClass> classes;
+  for (size_t k = 0; k < full.size(); ++k) {
+    part[k].mesh = full[k]->mesh;
+    part[k].size = full[k]->size;
+    for (size_t j = 0; j < full[k]->matrices.size(); ++j) {
+      const MatrixPlan& m = full[k]->matrices[j];
+      if (m.unit < wave.first_unit || m.unit >= wave.end_unit) continue;
+      part[k].matrices.push_back(m);
+      part[k].matrices.back().owner = -1;  // AssignOwnersJointly takes them unassigned
+      index[k].push_back(j);
+    }
+  }
+  for (size_t k = 0; k < full.size(); ++k) {
+    if (part[k].matrices.empty()) continue;
+    classes.push_back({&part[k], RanksByPosition(full[k]->mesh == MeshKind::kDense ? dense_g
+                                                                                   : expert_g)});
+  }
+  if (classes.empty()) return absl::OkStatus();
+  absl::StatusOr<std::vector<double>> loads =
+      AssignOwnersJointly(cfg.owner_rule, cfg.comm_flops_per_byte, cfg.bytes_per_element,
+                          cfg.world_size, classes, cancel);
+  MUONMESH_RETURN_IF_ERROR(loads.status());
+  for (size_t k = 0; k < full.size(); ++k) {
+    for (size_t i = 0; i < index[k].size(); ++i) {
+      full[k]->matrices[index[k][i]].owner = part[k].matrices[i].owner;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// With a wave budget (PlanOptions::muon_wave_budget_bytes) the runtime cuts
+// the Muon phase into waves (plan/waves.h), and the critical path is the
+// sum over waves of each wave's busiest rank: the owners are balanced again
+// wave by wave (BalanceWave) and the cut made again from the new owners
+// (what a position must hold depends on what it owns), until the cut holds
+// or kWaveRounds have run; the runtime cuts the final plan the same way.
+// lpt only, and not under the replica split (its exchange is planned for
+// the whole model), where the whole model's owners stay.
+absl::Status BalanceWaves(const ResolvedConfig& cfg, const MeshGeometry& dense_g,
+                          const MeshGeometry& expert_g, CancelToken* cancel, Plan* plan) {
+  constexpr int kWaveRounds = 4;
+  if (cfg.muon_wave_budget_bytes <= 0 || cfg.owner_rule != OwnerRule::kLpt ||
+      plan->dense.replicas > 1) {
+    return absl::OkStatus();
+  }
+  auto same_cut = [](const std::vector<MuonWave>& a, const std::vector<MuonWave>& b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                      [](const MuonWave& x, const MuonWave& y) {
+                        return x.first_unit == y.first_unit && x.end_unit == y.end_unit;
+                      });
+  };
+  std::vector<MuonWave> balanced;
+  for (int round = 0; round < kWaveRounds; ++round) {
+    const std::vector<MuonWave> waves = PlanMuonWaves(*plan, cfg.muon_wave_budget_bytes);
+    if (waves.size() <= 1 || same_cut(waves, balanced)) break;
+    for (const MuonWave& wave : waves) {
+      MUONMESH_RETURN_IF_ERROR(BalanceWave(cfg, dense_g, expert_g, wave, cancel, plan));
+    }
+    balanced = waves;
+  }
+  if (balanced.empty()) return absl::OkStatus();
+  SumOwnerLoads(cfg.comm_flops_per_byte, cfg.bytes_per_element, &plan->dense);
+  if (plan->has_experts) {
+    SumOwnerLoads(cfg.comm_flops_per_byte, cfg.bytes_per_element, &plan->expert);
+  }
+  return absl::OkStatus();
+}
+
 // Where the joint makespan is over 1.05 x the joint lower bound, a stronger
 // certified bound (StrongJointLowerBound) says whether the plan or the bound
 // is loose; elsewhere the joint bound stands. Cancelled when `cancel` says.
@@ -722,6 +800,7 @@ absl::StatusOr<Plan> ComputePlan(const PlanInput& input, CancelToken* cancel) {
   std::vector<OwnerMesh> meshes = {{MeshKind::kDense, &dense_g, &dense.matrices}};
   if (plan.has_experts) meshes.push_back({MeshKind::kExpert, &expert_g, &expert.matrices});
   MUONMESH_RETURN_IF_ERROR(PlanOwners(cfg, meshes, cancel, &plan));
+  MUONMESH_RETURN_IF_ERROR(BalanceWaves(cfg, dense_g, expert_g, cancel, &plan));
   dense.matrices.clear();
   expert.matrices.clear();
 

@@ -58,6 +58,11 @@ struct PlanOptions {
   std::string ns_algorithm;
   // Newton-Schulz coefficients: quintic (default) | polar_express.
   std::string ns_coefficients;
+  // The bytes one wave of the Muon phase may hold for the owners' buffers,
+  // as the runtime budgets it (plan/waves.h, WaveBudget of the job's
+  // optimizer.muon_buffer_bytes); 0: one wave. With several waves lpt
+  // balances the owners wave by wave (planner.cc, BalanceWaves).
+  int64_t muon_wave_budget_bytes = 0;
 };
 
 struct PlanInput {
@@ -134,6 +139,7 @@ struct ResolvedConfig {
   // Resolved: on cuda, auto is the standard form (no Gram kernel there yet).
   NsAlgorithm ns_algorithm = NsAlgorithm::kAuto;
   NsTable ns_table = NsTable::kQuintic;
+  int64_t muon_wave_budget_bytes = 0;
   double comm_flops_per_byte = 0;
   int64_t bytes_per_element = 4;  // fp32 parameters, gradients and updates
 };

@@ -316,6 +316,10 @@ void CheckOptions(const PlanOptions& opt, Violations& v) {
                  NsFormUnavailable(algorithm, opt.device.empty() ? "cuda" : opt.device)) {
     v.Add("options.ns_algorithm", why);
   }
+  if (opt.muon_wave_budget_bytes < 0) {
+    v.Add("options.muon_wave_budget_bytes",
+          absl::StrCat("must be >= 0 (0: one wave), got ", opt.muon_wave_budget_bytes));
+  }
   if (!std::isfinite(opt.comm_flops_per_byte) || opt.comm_flops_per_byte < 0) {
     v.Add("options.comm_flops_per_byte",
           absl::StrCat("must be a finite number >= 0 (0 or unset: the device's default), got ",
@@ -379,6 +383,7 @@ ResolvedConfig ResolveUnchecked(const PlanInput& in) {
   cfg.ns_steps = opt.ns_steps == 0 ? 5 : opt.ns_steps;
   ParseNsAlgorithm(opt.ns_algorithm, &cfg.ns_algorithm);
   ParseNsTable(opt.ns_coefficients, &cfg.ns_table);
+  cfg.muon_wave_budget_bytes = opt.muon_wave_budget_bytes;
   // The CUDA kernels run the standard form only: auto means standard there.
   if (opt.device != "cpu") cfg.ns_algorithm = NsAlgorithm::kStandard;
   // FLOPs one byte of owner traffic is worth: Newton-Schulz throughput over

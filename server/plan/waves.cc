@@ -1,8 +1,8 @@
-#include "worker/runtime/muon_schedule.h"
+#include "plan/waves.h"
 
 #include <algorithm>
 
-namespace muonmesh::worker {
+namespace muonmesh::plan {
 namespace {
 
 // Adds, per unit, the busiest position's bytes on one mesh's domain. Under
@@ -10,14 +10,14 @@ namespace {
 // apart: whole matrices only for its replica's matrices, and the replica
 // exchange's send and receive buffers ((I - 1) x its rows of its replica's
 // matrices, and its rows of the others').
-void AddDomain(const plan::DomainPlan& domain, bool everyone, std::vector<int64_t>* bytes) {
+void AddDomain(const DomainPlan& domain, bool everyone, std::vector<int64_t>* bytes) {
   const size_t units = bytes->size();
   const int64_t replicas = std::max<int64_t>(domain.replicas, 1);
   const int64_t n = replicas * domain.size;
   // elements[u][i]: 2 x owned + 2 x held (+ the replica exchange) by entry
   // i (replica-major) in unit u.
   std::vector<std::vector<int64_t>> elements(units, std::vector<int64_t>(n, 0));
-  for (const plan::MatrixPlan& m : domain.matrices) {
+  for (const MatrixPlan& m : domain.matrices) {
     std::vector<int64_t>& e = elements[m.unit];
     const int64_t whole = m.rows * m.cols;
     if (everyone) {
@@ -25,7 +25,7 @@ void AddDomain(const plan::DomainPlan& domain, bool everyone, std::vector<int64_
     } else if (m.owner >= 0) {
       e[std::max(m.replica, 0) * domain.size + m.owner] += 2 * whole;
     }
-    for (const plan::Holder& h : m.holders) {
+    for (const Holder& h : m.holders) {
       for (int64_t o = 0; o < replicas; ++o) {
         const int64_t rows = h.row_count * m.cols;
         e[o * domain.size + h.position] += 2 * rows;
@@ -43,18 +43,18 @@ void AddDomain(const plan::DomainPlan& domain, bool everyone, std::vector<int64_
 
 }  // namespace
 
-std::vector<int64_t> MuonUnitBytes(const plan::Plan& plan) {
+std::vector<int64_t> MuonUnitBytes(const Plan& plan) {
   std::vector<int64_t> bytes(plan.units.size(), 0);
-  const bool everyone = plan.config.owner_rule == plan::OwnerRule::kAllGather;
+  const bool everyone = plan.config.owner_rule == OwnerRule::kAllGather;
   AddDomain(plan.dense, everyone, &bytes);
   if (plan.has_experts) AddDomain(plan.expert, everyone, &bytes);
   return bytes;
 }
 
-std::vector<MuonWave> PlanMuonWaves(const plan::Plan& plan, int64_t budget_bytes) {
+std::vector<MuonWave> PlanMuonWaves(const Plan& plan, int64_t budget_bytes) {
   std::vector<bool> has_muon(plan.units.size(), false);
-  for (const plan::DomainPlan* d : {&plan.dense, &plan.expert}) {
-    for (const plan::MatrixPlan& m : d->matrices) has_muon[m.unit] = true;
+  for (const DomainPlan* d : {&plan.dense, &plan.expert}) {
+    for (const MatrixPlan& m : d->matrices) has_muon[m.unit] = true;
   }
   const std::vector<int64_t> bytes = MuonUnitBytes(plan);
   std::vector<MuonWave> waves;
@@ -72,19 +72,19 @@ std::vector<MuonWave> PlanMuonWaves(const plan::Plan& plan, int64_t budget_bytes
   return waves;
 }
 
-int64_t BackwardPeakMuonBufferBytes(const plan::Plan& plan) {
+int64_t BackwardPeakMuonBufferBytes(const Plan& plan) {
   int64_t largest = 0;
-  for (const plan::UnitPlan& u : plan.units) {
+  for (const UnitPlan& u : plan.units) {
     if (u.has_dense) largest = std::max(largest, u.dense.num_shards * u.dense.shard_elements);
     if (u.has_expert) largest = std::max(largest, u.expert.num_shards * u.expert.shard_elements);
   }
   return largest * static_cast<int64_t>(sizeof(float));
 }
 
-std::vector<std::vector<double>> PlannedWaveNsFlops(const plan::Plan& plan,
+std::vector<std::vector<double>> PlannedWaveNsFlops(const Plan& plan,
                                                     const std::vector<MuonWave>& waves) {
   int64_t world = 0;
-  for (const plan::Domain& d : plan.domains) {
+  for (const Domain& d : plan.domains) {
     for (int32_t r : d.ranks) world = std::max<int64_t>(world, r + 1);
   }
   std::vector<int32_t> wave_of(plan.units.size(), -1);
@@ -94,14 +94,14 @@ std::vector<std::vector<double>> PlannedWaveNsFlops(const plan::Plan& plan,
     }
   }
   std::vector<std::vector<double>> out(waves.size(), std::vector<double>(world, 0.0));
-  const bool everyone = plan.config.owner_rule == plan::OwnerRule::kAllGather;
+  const bool everyone = plan.config.owner_rule == OwnerRule::kAllGather;
   // Ranks per dp_outer coordinate: a dense domain's replica is its ranks'.
   const int64_t inner = plan.config.world_size / std::max<int64_t>(plan.config.instances, 1);
-  for (const plan::Domain& d : plan.domains) {
-    const plan::DomainPlan& owners = d.mesh == plan::MeshKind::kDense ? plan.dense : plan.expert;
+  for (const Domain& d : plan.domains) {
+    const DomainPlan& owners = d.mesh == MeshKind::kDense ? plan.dense : plan.expert;
     const int32_t replica =
         owners.replicas > 1 && !d.ranks.empty() ? static_cast<int32_t>(d.ranks[0] / inner) : -1;
-    for (const plan::MatrixPlan& m : owners.matrices) {
+    for (const MatrixPlan& m : owners.matrices) {
       const int32_t w = wave_of[m.unit];
       if (w < 0) continue;
       if (everyone) {
@@ -121,4 +121,4 @@ int64_t WaveBudget(int64_t requested, bool overlap) {
   return overlap && requested > 1 ? requested / 2 : requested;
 }
 
-}  // namespace muonmesh::worker
+}  // namespace muonmesh::plan
