@@ -202,9 +202,13 @@ bool JobManager::TryStart(const v1::Job& job) {
     return true;
   }
   if (options_.on_attempt_planned) {
+    // What the workers will run: per wave (one unless the job sets
+    // optimizer.muon_buffer_bytes), the busiest rank's Newton-Schulz FLOPs.
     double critical_path = 0;
-    for (const plan::RankSummary& r : plan->ranks) {
-      critical_path = std::max(critical_path, r.ns_flops);
+    const std::vector<plan::MuonWave> waves =
+        plan::PlanMuonWaves(*plan, plan->config.muon_wave_budget_bytes);
+    for (const std::vector<double>& ranks : plan::PlannedWaveNsFlops(*plan, waves)) {
+      critical_path += ranks.empty() ? 0.0 : *std::max_element(ranks.begin(), ranks.end());
     }
     options_.on_attempt_planned(job.id(), critical_path);
   }

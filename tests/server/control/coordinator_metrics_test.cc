@@ -82,13 +82,14 @@ class CoordinatorMetricsTest : public ::testing::Test {
   }
 
   std::string Submit(const std::string& name, int world, const std::string& dims,
-                     int max_restarts = 0) {
+                     int max_restarts = 0, int64_t muon_buffer_bytes = 0) {
     const std::string yaml = absl::StrCat(
         "name: ", name, "\nworld_size: ", world,
         "\nparallelism: {data_parallel_sharding_strategy: optim_grads_params}\n"
         "model: {mlp: {dims: [", dims, "]}}\ninit: {seed: 5}\n"
         "data: {teacher: {seed: 21, samples: 64}}\n"
-        "optimizer: {muon: {ns_steps: 3, ns_algorithm: standard}}\n"
+        "optimizer: {muon: {ns_steps: 3, ns_algorithm: standard}, muon_buffer_bytes: ",
+        muon_buffer_bytes, "}\n"
         "training: {steps: 4, global_batch_size: 8, max_restarts: ", max_restarts, "}\n",
         "output: {dir: /tmp/coordinator_metrics_test/", name, "}\n");
     v1::JobSpec spec;
@@ -177,6 +178,18 @@ TEST_F(CoordinatorMetricsTest, PlannedCriticalPathWhileEachJobRuns) {
   EndRank("w1", two, 0, 0, v1::ATTEMPT_OUTCOME_STOPPED);
   EndRank("w2", two, 0, 1, v1::ATTEMPT_OUTCOME_STOPPED);
   EXPECT_THAT(Planned(), UnorderedElementsAre());
+}
+
+// With optimizer.muon_buffer_bytes the workers run the Muon phase in waves
+// (a unit over the budget alone is a wave), and the planned path is the sum
+// over waves of each wave's busiest rank: the two [16, 16] weights, one a
+// wave, are two matrices' work where one wave takes one.
+TEST_F(CoordinatorMetricsTest, PlannedCriticalPathAddsUpTheWaves) {
+  AddWorker("w0");
+  AddWorker("w1");
+  const std::string job = Submit("waves", 2, "16, 16, 16", 0, /*muon_buffer_bytes=*/1);
+  ASSERT_EQ(State(job), v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(Planned(), UnorderedElementsAre(Pair(job, 2 * NsFlops(16, 16, 3))));
 }
 
 TEST_F(CoordinatorMetricsTest, ARestartedJobIsPlannedAgainAndAFailedOneDropped) {
