@@ -10,6 +10,7 @@
 //                                      [--benchmark_filter=...]
 //   build/tests/plan/planner_benchmark --replica_split_only   (the HSDP split table alone)
 //   build/tests/plan/planner_benchmark --explain=SEED,WORLD   (one generated plan in detail)
+//   build/tests/plan/planner_benchmark --waves_only   (owners balanced per wave, public specs)
 //
 // The quality tables are exact (no timing); the shape sweep times each plan
 // once; the benchmarks time ComputePlan.
@@ -30,6 +31,7 @@
 #include "absl/strings/str_format.h"
 #include "benchmark/benchmark.h"
 #include "plan/planner.h"
+#include "plan/waves.h"
 #include "tests/plan/shape_generator.h"
 #include "tests/plan/spec_loader.h"
 
@@ -342,6 +344,50 @@ void PrintReplicaSplitTable(const std::string& device) {
       " time: both plans)\n\n");
 }
 
+// Owners balanced wave by wave (PlanOptions::muon_wave_budget_bytes): on the
+// public specs with the budget that keeps the Muon phase within the backward
+// pass's peak (BackwardPeakMuonBufferBytes, as the workers suggest it), the
+// executed critical path (the sum over waves of the busiest rank's
+// Newton-Schulz FLOPs) of the whole model's owners cut into those waves and
+// of the owners balanced per wave, the one-wave path, and both plan times.
+void PrintWaveTable() {
+  std::printf("Waves at the backward-peak budget: lpt, cuda cost model, ZeRO-3\n");
+  std::printf("%-12s %6s %4s | %6s | %12s %12s %7s | %12s | %8s %8s\n", "model", "ranks", "ep",
+              "waves", "whole", "per wave", "ratio", "one wave", "t whole", "t waves");
+  for (const Case& c : Cases()) {
+    plan::PlanInput in = Input(c.model, c.world, c.ep, 1, "lpt");
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<plan::Plan> whole = plan::ComputePlan(in);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (!whole.ok()) continue;
+    in.options.muon_wave_budget_bytes = plan::BackwardPeakMuonBufferBytes(*whole);
+    absl::StatusOr<plan::Plan> waved = plan::ComputePlan(in);
+    const auto t2 = std::chrono::steady_clock::now();
+    if (!waved.ok()) continue;
+    auto critical = [](const plan::Plan& p, const std::vector<plan::MuonWave>& waves) {
+      double sum = 0;
+      for (const std::vector<double>& r : plan::PlannedWaveNsFlops(p, waves)) {
+        sum += r.empty() ? 0.0 : *std::max_element(r.begin(), r.end());
+      }
+      return sum;
+    };
+    const int64_t budget = in.options.muon_wave_budget_bytes;
+    const std::vector<plan::MuonWave> cut = plan::PlanMuonWaves(*waved, budget);
+    const double before = critical(*whole, plan::PlanMuonWaves(*whole, budget));
+    const double after = critical(*waved, cut);
+    const double one = critical(*whole, plan::PlanMuonWaves(*whole, 0));
+    std::printf("%-12s %6lld %4lld | %6zu | %12.4g %12.4g %7.3f | %12.4g | %6.0fms %6.0fms\n",
+                c.model.c_str(), static_cast<long long>(c.world), static_cast<long long>(c.ep),
+                cut.size(), before, after, after / before, one,
+                std::chrono::duration<double, std::milli>(t1 - t0).count(),
+                std::chrono::duration<double, std::milli>(t2 - t1).count());
+  }
+  std::printf(
+      "(whole / per wave: the executed critical path in Newton-Schulz FLOPs, the sum over waves\n"
+      " of the busiest rank, with the whole model's owners and with owners balanced per wave;\n"
+      " one wave: the same with no budget; t: plan time without and with the budget)\n\n");
+}
+
 long MaxRssMiB() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
@@ -409,6 +455,10 @@ int main(int argc, char** argv) {
         return 2;
       }
       muonmesh::Explain(seed, world);
+      return 0;
+    }
+    if (std::strcmp(argv[i], "--waves_only") == 0) {
+      muonmesh::PrintWaveTable();
       return 0;
     }
     if (std::strcmp(argv[i], "--replica_split_only") == 0) {
