@@ -98,15 +98,17 @@ struct DomainClass {
 // owners stay with their rows while balance allows; within a fixed work
 // budget); then the refinement, which moves or swaps matrices off the
 // positions of the busiest rank, in whichever class helps, run from the best
-// capped placement and (with a quarter of the work budget each) from lpt's
-// and from group-packed starts (the one-rank-a-position class, dense, packed
+// capped placement and (with a quarter of the work budget) from lpt's; where
+// both end over 1.05 x the joint bound, also (with a thirty-second each)
+// from group-packed starts (the one-rank-a-position class, dense, packed
 // level into as few groups of the other class's positions as it fits, then
 // the rest capped) and a holders-first start (every expert matrix on its
 // best holder, then the dense ones longest first where they finish
-// earliest: for expert matrices that are dear to move), the best kept. Each refinement alternates with leveling
-// the groups: a dense matrix that alone holds its group's busiest rank up
-// moves where it raises no group, when the room that frees exceeds its extra
-// cost, so that the next refinement can move the group's own work.
+// earliest: for expert matrices that are dear to move); the best is kept.
+// Each refinement alternates with levelling the groups: a dense matrix that
+// alone holds its group's busiest rank up moves where it raises no group,
+// when the room that frees exceeds its extra cost, so that the next
+// refinement can move the group's own work.
 // The other rules assign each class on its own, as AssignOwners does.
 //
 // `base_load` (null: none) is per rank work outside the classes that the

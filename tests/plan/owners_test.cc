@@ -425,9 +425,10 @@ TEST(JointOwnersTest, StrongBoundCountsTwoSizesOfMatrices) {
 // ones. Four dense matrices of 10, held by positions 0-3 (two in each
 // group), and forty expert matrices of 1, twenty held by each expert
 // position; every matrix is 1 x 1, so away from its holder it costs
-// 2 x 4 bytes x 0.05 = 0.4 more (comm_flops_per_byte 0.05). At the holders every rank of both groups finishes at 10 + 20 = 30. Moving
-// the two dense matrices of group 1 onto free ranks of group 0 (10.4 each)
-// frees group 1 of dense work; then k expert matrices moving from group 0 to
+// 2 x 4 bytes x 0.05 = 0.4 more (comm_flops_per_byte 0.05). At the holders
+// every rank of both groups finishes at 10 + 20 = 30. Moving the two dense
+// matrices of group 1 onto free ranks of group 0 (10.4 each) frees group 1
+// of dense work; then k expert matrices moving from group 0 to
 // group 1 (1.4 each) give max(30.4 - k, 20 + 1.4 k), 26.4 at k = 4, the
 // optimum (a group with any dense matrix has a rank at 10 or more, and one
 // with two dense matrices on a rank at 20; splitting them 2 / 2 gives 30).

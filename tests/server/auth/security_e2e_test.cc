@@ -102,11 +102,12 @@ class SecurityTest : public ::testing::Test {
     // As the worker will see it (no "//", no link on the way), so that the
     // paths in its messages are the ones written here.
     dir_ = fs::canonical(dir_).string();
-    std::vector<std::string> argv = {MUONMESH_COORDINATOR_BIN, "--listen", "127.0.0.1:0",
-                                     "--data-dir", dir_ + "/state", "--lease-ttl", "3s",
-                                     "--collective-timeout", "20s", "--tls-cert", Cert("server.pem"),
-                                     "--tls-key", Cert("server.key"), "--tls-ca", Cert("ca.pem"),
-                                     "--tokens-file", Cert("tokens")};
+    std::vector<std::string> argv = {
+        MUONMESH_COORDINATOR_BIN, "--listen",     "127.0.0.1:0",      "--data-dir",
+        dir_ + "/state",          "--lease-ttl",  "3s",               "--collective-timeout",
+        "20s",                    "--tls-cert",   Cert("server.pem"), "--tls-key",
+        Cert("server.key"),       "--tls-ca",     Cert("ca.pem"),     "--tokens-file",
+        Cert("tokens")};
     const std::vector<std::string> extra = ExtraCoordinatorFlags();
     argv.insert(argv.end(), extra.begin(), extra.end());
     coordinator_ = std::make_unique<Background>(argv, dir_ + "/coordinator.log");
