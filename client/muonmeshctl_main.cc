@@ -235,7 +235,8 @@ int RunValidate(const std::vector<std::string>& args) {
 
 constexpr const char* kPlanSynopsis =
     "--spec FILE --world-size W [--instances I] [--strategy S] [--outer-strategy S] [--ep E] "
-    "[--owner-rule R] [--ns-steps T] [--device cpu|cuda] [--include-shards] "
+    "[--owner-rule R] [--ns-steps T] [--device cpu|cuda] [--muon-wave-budget-bytes B] "
+    "[--include-shards] "
     "[--coordinator ADDR] [--timeout SECONDS] [--json]\n\n"
     "Asks the coordinator for the mesh, shard layout and Muon owners, and prints them as\n"
     "tables, or with --json as the Plan message (byte-stable for the same input).";
@@ -247,6 +248,7 @@ int RunPlan(const std::vector<std::string>& args) {
   std::string ns_algorithm;
   std::string ns_coefficients;
   std::string device;
+  int64_t wave_budget = 0;
   bool include_shards = false;
   FlagParser parser("muonmeshctl plan");
   AddConfigFlags(parser, &f);
@@ -263,6 +265,11 @@ int RunPlan(const std::vector<std::string>& args) {
                 "the Gram form restarts)",
                 &ns_coefficients);
   parser.String("--device", "cpu|cuda", "device whose cost model to use (default cuda)", &device);
+  parser.Int("--muon-wave-budget-bytes", "BYTES",
+             "plan the Muon phase in waves of at most this many bytes of owner buffers, as a "
+             "job's workers do with optimizer.muon_buffer_bytes (halved on cpu, where two waves "
+             "overlap); owners are then balanced wave by wave (default 0: one wave)",
+             &wave_budget);
   parser.Bool("--include-shards", "also return every shard's segments (JSON only; large)",
               &include_shards);
   AddConnectionFlags(parser, &f);
@@ -291,6 +298,7 @@ int RunPlan(const std::vector<std::string>& args) {
   request.mutable_options()->set_ns_algorithm(ns_algorithm);
   request.mutable_options()->set_ns_coefficients(ns_coefficients);
   request.mutable_options()->set_device(device);
+  request.mutable_options()->set_muon_wave_budget_bytes(wave_budget);
   request.set_include_shards(include_shards);
 
   absl::StatusOr<rpc::ChannelSecurity> security = Security(f);

@@ -286,6 +286,12 @@ void AddMuonRows(const v1::Plan& plan, TextTable* summary_table) {
     }
     summary.Add({"Muon critical path", joint});
   }
+  if (s.muon_waves() > 1) {
+    summary.Add({"Muon waves",
+                 absl::StrFormat("%d (options.muon_wave_budget_bytes): critical path %s Newton-"
+                                 "Schulz FLOPs, the sum over waves of the busiest rank",
+                                 s.muon_waves(), FormatFlops(s.wave_critical_path_ns_flops()))});
+  }
 }
 
 std::string SummarySection(const v1::Plan& plan) {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "plan/mesh.h"
+#include "plan/waves.h"
 
 namespace muonmesh {
 namespace {
@@ -18,6 +19,7 @@ plan::PlanOptions OptionsFromProto(const v1::PlanOptions& o) {
   out.muon_replica_split = o.muon_replica_split();
   out.ns_algorithm = o.ns_algorithm();
   out.ns_coefficients = o.ns_coefficients();
+  out.muon_wave_budget_bytes = o.muon_wave_budget_bytes();
   return out;
 }
 
@@ -233,6 +235,14 @@ void SummaryToProto(const plan::Plan& p, v1::PlanSummary* s) {
   s->set_joint_makespan_split(p.joint_makespan_split);
   s->set_muon_exchange_bytes(exchange);
   s->set_muon_exchange_lower_bound_bytes(exchange_bound);
+  const std::vector<plan::MuonWave> waves =
+      plan::PlanMuonWaves(p, p.config.muon_wave_budget_bytes);
+  double path = 0;
+  for (const std::vector<double>& ranks : plan::PlannedWaveNsFlops(p, waves)) {
+    path += ranks.empty() ? 0.0 : *std::max_element(ranks.begin(), ranks.end());
+  }
+  s->set_muon_waves(static_cast<int32_t>(waves.size()));
+  s->set_wave_critical_path_ns_flops(path);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -355,6 +356,33 @@ TEST_F(MuonmeshCtlTest, PlanJsonHasTheDocumentedKeys) {
   EXPECT_FALSE(absl::StrContains(r.out, "plan_seconds"));
   // int64 fields are numbers, never strings.
   EXPECT_TRUE(absl::StrContains(r.out, "\"parameters\": 124439808,"));
+}
+
+// With a wave budget of one byte every block is a wave of its own (a unit
+// over the budget alone makes one); on 8 ranks each block's four matrices
+// go to four ranks, so each wave's busiest rank runs the block's largest
+// matrix, 768 x 3072: T (4 m^2 n + 2 m^3) with m = 768, n = 3072, T = 5.
+TEST_F(MuonmeshCtlTest, PlanWithAWaveBudgetReportsTheWaves) {
+  REQUIRE_GPT2();
+  const std::vector<std::string> flags = {"--device", "cpu", "--ns-algorithm", "standard",
+                                          "--muon-wave-budget-bytes", "1"};
+  std::vector<std::string> json = flags;
+  json.push_back("--json");
+  const ProcessResult r = Gpt2("plan", "8", json);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "\"muon_waves\": 12,"));
+  const std::string key = "\"wave_critical_path_ns_flops\": ";
+  const size_t at = r.out.find(key);
+  ASSERT_NE(at, std::string::npos);
+  const double path = std::strtod(r.out.c_str() + at + key.size(), nullptr);
+  const double m = 768, n = 3072;
+  EXPECT_NEAR(path, 12 * 5 * (4 * m * m * n + 2 * m * m * m), 1e-9 * path);
+  const ProcessResult table = Gpt2("plan", "8", flags);
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("Muon waves"));
+  // Without a budget: one wave, and no such row.
+  const ProcessResult plain = Gpt2("plan", "8", {"--device", "cpu"});
+  EXPECT_THAT(plain.out, Not(HasSubstr("Muon waves")));
 }
 
 TEST_F(MuonmeshCtlTest, PlanTableShowsMeshPlacementsAndPadding) {
