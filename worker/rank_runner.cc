@@ -97,8 +97,8 @@ void PrintPlan(const ResolvedJob& job, const plan::Plan& plan, const LineSink& o
             : ""));
   }
   const int64_t waves =
-      static_cast<int64_t>(PlanMuonWaves(plan, WaveBudget(job.muon_buffer_bytes,
-                                                          job.device == "cpu"))
+      static_cast<int64_t>(PlanMuonWaves(plan, plan::JobWaveBudget(job.muon_buffer_bytes,
+                                                                  job.device))
                                .size());
   out(absl::StrFormat("plan: Muon phase in %d wave(s) (optimizer.muon_buffer_bytes %d; %d keeps "
                       "it within the backward pass's memory peak)",

@@ -72,8 +72,7 @@ absl::StatusOr<plan::Plan> PlanJob(const ResolvedJob& job, plan::ModelSpec spec)
       math::NsTableOf(job.muon.ns.coefficients).value_or(plan::NsTable::kQuintic));
   input.options.device = job.device;
   // The waves the trainer will cut (it overlaps two on the CPU).
-  input.options.muon_wave_budget_bytes =
-      plan::WaveBudget(job.muon_buffer_bytes, job.device != "cuda");
+  input.options.muon_wave_budget_bytes = plan::JobWaveBudget(job.muon_buffer_bytes, job.device);
   absl::StatusOr<plan::Plan> plan = plan::ComputePlan(input);
   MUONMESH_RETURN_IF_ERROR(plan.status(), "the planner rejects the job");
   return plan;

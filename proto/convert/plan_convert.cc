@@ -237,12 +237,8 @@ void SummaryToProto(const plan::Plan& p, v1::PlanSummary* s) {
   s->set_muon_exchange_lower_bound_bytes(exchange_bound);
   const std::vector<plan::MuonWave> waves =
       plan::PlanMuonWaves(p, p.config.muon_wave_budget_bytes);
-  double path = 0;
-  for (const std::vector<double>& ranks : plan::PlannedWaveNsFlops(p, waves)) {
-    path += ranks.empty() ? 0.0 : *std::max_element(ranks.begin(), ranks.end());
-  }
   s->set_muon_waves(static_cast<int32_t>(waves.size()));
-  s->set_wave_critical_path_ns_flops(path);
+  s->set_wave_critical_path_ns_flops(plan::WaveCriticalPathNsFlops(p, waves));
 }
 
 }  // namespace

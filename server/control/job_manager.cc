@@ -105,8 +105,8 @@ absl::StatusOr<plan::PlanInput> PlanInputOf(const v1::JobSpec& spec) {
   input.options.ns_coefficients = spec.optimizer().muon().coefficients();
   input.options.device = spec.device().empty() ? "cpu" : spec.device();
   // The waves the workers will cut (they overlap two on the CPU).
-  input.options.muon_wave_budget_bytes = plan::WaveBudget(
-      spec.optimizer().muon_buffer_bytes(), input.options.device != "cuda");
+  input.options.muon_wave_budget_bytes =
+      plan::JobWaveBudget(spec.optimizer().muon_buffer_bytes(), input.options.device);
   return input;
 }
 
@@ -204,13 +204,9 @@ bool JobManager::TryStart(const v1::Job& job) {
   if (options_.on_attempt_planned) {
     // What the workers will run: per wave (one unless the job sets
     // optimizer.muon_buffer_bytes), the busiest rank's Newton-Schulz FLOPs.
-    double critical_path = 0;
-    const std::vector<plan::MuonWave> waves =
-        plan::PlanMuonWaves(*plan, plan->config.muon_wave_budget_bytes);
-    for (const std::vector<double>& ranks : plan::PlannedWaveNsFlops(*plan, waves)) {
-      critical_path += ranks.empty() ? 0.0 : *std::max_element(ranks.begin(), ranks.end());
-    }
-    options_.on_attempt_planned(job.id(), critical_path);
+    options_.on_attempt_planned(
+        job.id(), plan::WaveCriticalPathNsFlops(
+                      *plan, plan::PlanMuonWaves(*plan, plan->config.muon_wave_budget_bytes)));
   }
   v1::ExecutionPlan exec = PlanToExec(*plan);
   const std::string fingerprint = PlanFingerprint(exec);

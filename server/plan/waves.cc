@@ -121,4 +121,16 @@ int64_t WaveBudget(int64_t requested, bool overlap) {
   return overlap && requested > 1 ? requested / 2 : requested;
 }
 
+int64_t JobWaveBudget(int64_t muon_buffer_bytes, std::string_view device) {
+  return WaveBudget(muon_buffer_bytes, device != "cuda");
+}
+
+double WaveCriticalPathNsFlops(const Plan& plan, const std::vector<MuonWave>& waves) {
+  double path = 0;
+  for (const std::vector<double>& ranks : PlannedWaveNsFlops(plan, waves)) {
+    if (!ranks.empty()) path += *std::max_element(ranks.begin(), ranks.end());
+  }
+  return path;
+}
+
 }  // namespace muonmesh::plan

@@ -16,6 +16,7 @@
 // cut.
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "plan/types.h"
@@ -68,5 +69,15 @@ std::vector<std::vector<double>> PlannedWaveNsFlops(const Plan& plan,
 // 0 or less: no budget, one wave), halved when `overlap` keeps two waves in
 // flight.
 int64_t WaveBudget(int64_t requested, bool overlap);
+
+// The budget a job's workers run with: WaveBudget of its
+// optimizer.muon_buffer_bytes, two waves in flight except on cuda (the
+// device's calls are not overlapped there; empty: the job default, cpu).
+int64_t JobWaveBudget(int64_t muon_buffer_bytes, std::string_view device);
+
+// The critical path the runtime executes for `plan` cut into `waves`: the
+// sum over waves of the busiest rank's Newton-Schulz FLOPs
+// (PlannedWaveNsFlops).
+double WaveCriticalPathNsFlops(const Plan& plan, const std::vector<MuonWave>& waves);
 
 }  // namespace muonmesh::plan

@@ -364,13 +364,7 @@ void PrintWaveTable() {
     absl::StatusOr<plan::Plan> waved = plan::ComputePlan(in);
     const auto t2 = std::chrono::steady_clock::now();
     if (!waved.ok()) continue;
-    auto critical = [](const plan::Plan& p, const std::vector<plan::MuonWave>& waves) {
-      double sum = 0;
-      for (const std::vector<double>& r : plan::PlannedWaveNsFlops(p, waves)) {
-        sum += r.empty() ? 0.0 : *std::max_element(r.begin(), r.end());
-      }
-      return sum;
-    };
+    const auto critical = plan::WaveCriticalPathNsFlops;
     const int64_t budget = in.options.muon_wave_budget_bytes;
     const std::vector<plan::MuonWave> cut = plan::PlanMuonWaves(*waved, budget);
     const double before = critical(*whole, plan::PlanMuonWaves(*whole, budget));
