@@ -75,6 +75,15 @@ class JointAssignment {
   double Cost(const MatrixPlan& m, int32_t p) const {
     return m.cost_flops + w_ * static_cast<double>(GatherBytesAt(m, p, bpe_));
   }
+  // The holder where m costs least (its matrix's min_cost), the first
+  // among equals; -1 when m has no holder.
+  int32_t BestHolder(const MatrixPlan& m) const {
+    int32_t best = -1;
+    for (const Holder& h : m.holders) {
+      if (best < 0 || Cost(m, h.position) < Cost(m, best)) best = h.position;
+    }
+    return best;
+  }
   double finish(int c, int32_t p) const { return finish_[c][p]; }
   double rank_load(int32_t r) const { return load_[r]; }
   int32_t PositionOf(int c, int32_t r) const { return position_[c][r]; }
@@ -571,11 +580,7 @@ bool GroupPackedStart(JointAssignment& a, double level, double cap, CancelToken*
   }
   std::vector<double> held(a.size(grouped), 0.0);
   for (const MatrixPlan& m : d.matrices) {
-    int32_t best = -1;
-    for (const Holder& h : m.holders) {
-      if (best < 0 || a.Cost(m, h.position) < a.Cost(m, best)) best = h.position;
-    }
-    if (best >= 0) held[group_of[best]] += m.min_cost;
+    if (const int32_t best = a.BestHolder(m); best >= 0) held[group_of[best]] += m.min_cost;
   }
   std::vector<int32_t> rank_of_group(a.size(grouped));
   {
@@ -638,11 +643,8 @@ bool HoldersFirstStart(JointAssignment& a, CancelToken* cancel) {
     const DomainPlan& d = a.plan(c);
     for (size_t j = 0; j < d.matrices.size(); ++j) {
       const MatrixPlan& m = d.matrices[j];
-      int32_t best = m.holders.empty() ? a.LeastLoaded(c) : m.holders[0].position;
-      for (const Holder& h : m.holders) {
-        if (a.Cost(m, h.position) < a.Cost(m, best)) best = h.position;
-      }
-      a.Assign(c, static_cast<int32_t>(j), best);
+      const int32_t best = a.BestHolder(m);
+      a.Assign(c, static_cast<int32_t>(j), best >= 0 ? best : a.LeastLoaded(c));
     }
     if (cancel != nullptr && cancel->Tick(static_cast<int64_t>(d.matrices.size()))) return false;
   }
@@ -933,12 +935,17 @@ void SumOwnedCosts(double w, int64_t bpe, DomainPlan& d) {
   }
 }
 
-void ResetDomain(double w, int64_t bpe, DomainPlan& d) {
+// Zeroes the per-position sums SumOwnedCosts adds to.
+void ClearLoads(DomainPlan& d) {
   d.load.assign(d.size, 0.0);
   d.ns_flops.assign(d.size, 0.0);
   d.gather_bytes.assign(d.size, 0);
   d.owned.assign(d.size, 0);
   d.exchange_bytes = 0;
+}
+
+void ResetDomain(double w, int64_t bpe, DomainPlan& d) {
+  ClearLoads(d);
   d.refine_work = 0;
   d.refine_budget_spent = false;
   SetLowerBounds(w, bpe, d);
@@ -1039,18 +1046,10 @@ absl::StatusOr<std::vector<double>> AssignOwnersJointly(OwnerRule rule, double w
 }
 
 void SumOwnerLoads(double w, int64_t bpe, DomainPlan* domain) {
-  const int64_t work = domain->refine_work;
-  const bool spent = domain->refine_budget_spent;
-  std::vector<int32_t> owners;
-  owners.reserve(domain->matrices.size());
-  for (const MatrixPlan& m : domain->matrices) owners.push_back(m.owner);
-  ResetDomain(w, bpe, *domain);  // clears the owners
-  for (size_t j = 0; j < owners.size(); ++j) domain->matrices[j].owner = owners[j];
+  ClearLoads(*domain);
   SumOwnedCosts(w, bpe, *domain);
   domain->makespan =
       domain->load.empty() ? 0 : *std::max_element(domain->load.begin(), domain->load.end());
-  domain->refine_work = work;
-  domain->refine_budget_spent = spent;
 }
 
 ReplicaExchange ReplicaExchangeBytes(const DomainPlan& d, int64_t bpe) {

@@ -258,6 +258,17 @@ void FoldSplit(DomainPlan&& split, int64_t instances, double w, int64_t bpe, Dom
       dense->load.empty() ? 0 : *std::max_element(dense->load.begin(), dense->load.end());
 }
 
+// Bytes of the dense Muon matrices' rows each position holds.
+std::vector<double> HeldBytes(const DomainPlan& dense, int64_t bpe) {
+  std::vector<double> held(dense.size, 0.0);
+  for (const MatrixPlan& m : dense.matrices) {
+    for (const Holder& h : m.holders) {
+      held[h.position] += static_cast<double>(h.row_count * m.cols * bpe);
+    }
+  }
+  return held;
+}
+
 // Per rank, its replica exchange under the split as the assignment counts
 // it, in flop-equivalents: the I ranks holding one shard send and receive,
 // together, 2 (I - 1) x its rows of every dense Muon matrix, whichever
@@ -268,12 +279,7 @@ void FoldSplit(DomainPlan&& split, int64_t instances, double w, int64_t bpe, Dom
 // lower bounds, the sum and the largest stand).
 std::vector<double> SplitBaseLoad(const DomainPlan& dense, const MeshGeometry& g, double w,
                                   int64_t bpe, int64_t instances) {
-  std::vector<double> held(dense.size, 0.0);
-  for (const MatrixPlan& m : dense.matrices) {
-    for (const Holder& h : m.holders) {
-      held[h.position] += static_cast<double>(h.row_count * m.cols * bpe);
-    }
-  }
+  const std::vector<double> held = HeldBytes(dense, bpe);
   const double share = 2.0 * static_cast<double>(instances - 1) / static_cast<double>(instances);
   std::vector<double> base(g.world_size());
   for (int32_t r = 0; r < g.world_size(); ++r) base[r] = w * share * held[g.PositionOf(r)];
@@ -649,9 +655,10 @@ void SetJointMakespan(Plan* plan) {
 
 // Balances the owners of one wave's units (AssignOwnersJointly on those
 // matrices alone, each mesh a class) and writes them into the plan.
-absl::Status BalanceWave(const ResolvedConfig& cfg, const MeshGeometry& dense_g,
-                         const MeshGeometry& expert_g, const MuonWave& wave, CancelToken* cancel,
-                         Plan* plan) {
+absl::Status BalanceWave(const ResolvedConfig& cfg,
+                         const std::vector<std::vector<int32_t>>& dense_ranks,
+                         const std::vector<std::vector<int32_t>>& expert_ranks,
+                         const MuonWave& wave, CancelToken* cancel, Plan* plan) {
   std::vector<DomainPlan*> full = {&plan->dense};
   if (plan->has_experts) full.push_back(&plan->expert);
   std::vector<DomainPlan> part(full.size());
@@ -670,8 +677,8 @@ absl::Status BalanceWave(const ResolvedConfig& cfg, const MeshGeometry& dense_g,
   }
   for (size_t k = 0; k < full.size(); ++k) {
     if (part[k].matrices.empty()) continue;
-    classes.push_back({&part[k], RanksByPosition(full[k]->mesh == MeshKind::kDense ? dense_g
-                                                                                   : expert_g)});
+    classes.push_back(
+        {&part[k], full[k]->mesh == MeshKind::kDense ? dense_ranks : expert_ranks});
   }
   if (classes.empty()) return absl::OkStatus();
   absl::StatusOr<std::vector<double>> loads =
@@ -707,12 +714,15 @@ absl::Status BalanceWaves(const ResolvedConfig& cfg, const MeshGeometry& dense_g
                         return x.first_unit == y.first_unit && x.end_unit == y.end_unit;
                       });
   };
+  const std::vector<std::vector<int32_t>> dense_ranks = RanksByPosition(dense_g);
+  const std::vector<std::vector<int32_t>> expert_ranks =
+      plan->has_experts ? RanksByPosition(expert_g) : std::vector<std::vector<int32_t>>{};
   std::vector<MuonWave> balanced;
   for (int round = 0; round < kWaveRounds; ++round) {
     const std::vector<MuonWave> waves = PlanMuonWaves(*plan, cfg.muon_wave_budget_bytes);
     if (waves.size() <= 1 || same_cut(waves, balanced)) break;
     for (const MuonWave& wave : waves) {
-      MUONMESH_RETURN_IF_ERROR(BalanceWave(cfg, dense_g, expert_g, wave, cancel, plan));
+      MUONMESH_RETURN_IF_ERROR(BalanceWave(cfg, dense_ranks, expert_ranks, wave, cancel, plan));
     }
     balanced = waves;
   }
@@ -748,12 +758,7 @@ absl::Status SetStrongBound(const MeshGeometry& dense_g, const MeshGeometry& exp
   // the classes' bound.
   double least_exchange = 0;
   if (split.has_value()) {
-    std::vector<double> held(plan->dense.size, 0.0);
-    for (const MatrixPlan& m : plan->dense.matrices) {
-      for (const Holder& h : m.holders) {
-        held[h.position] += static_cast<double>(h.row_count * m.cols * cfg.bytes_per_element);
-      }
-    }
+    const std::vector<double> held = HeldBytes(plan->dense, cfg.bytes_per_element);
     least_exchange = cfg.comm_flops_per_byte * *std::min_element(held.begin(), held.end());
   }
   const double strong =
