@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/worker/model/central_difference.h"
 #include "worker/math/adamw.h"
 #include "worker/math/muon.h"
 #include "worker/math/types.h"
@@ -50,20 +51,8 @@ TEST(ReferenceTrainerTest, GradientMatchesFiniteDifferences) {
   Tensors grads;
   const double loss = MlpLossAndGrad(dims, p, x, y, batch, &grads);
   EXPECT_GT(loss, 1e-3);
-  constexpr double kH = 1e-6;
-  for (size_t i = 0; i < p.size(); ++i) {
-    ASSERT_EQ(grads[i].size(), p[i].size());
-    for (size_t k = 0; k < p[i].size(); ++k) {
-      const double saved = p[i][k];
-      p[i][k] = saved + kH;
-      const double plus = MlpLossAndGrad(dims, p, x, y, batch, nullptr);
-      p[i][k] = saved - kH;
-      const double minus = MlpLossAndGrad(dims, p, x, y, batch, nullptr);
-      p[i][k] = saved;
-      const double fd = (plus - minus) / (2 * kH);
-      EXPECT_NEAR(grads[i][k], fd, 1e-8 + 1e-6 * std::abs(fd)) << i << " " << k;
-    }
-  }
+  ExpectGradientsMatchCentralDifferences(
+      [&](const Tensors& q) { return MlpLossAndGrad(dims, q, x, y, batch, nullptr); }, p, grads);
 }
 
 TEST(ReferenceTrainerTest, GradientAgreesWithTheWorkload) {
