@@ -1313,7 +1313,7 @@ class GroupBound {
   static constexpr size_t kCandidates = 24;
   static constexpr int64_t kMaxDp = int64_t{1} << 20;
 
-  GroupBound(const DomainClass& a, const DomainClass& b) {
+  GroupBound(double w, int64_t bpe, int64_t world, const DomainClass& a, const DomainClass& b) {
     groups_ = a.plan->size;
     ranks_ = a.ranks.empty() ? 1 : static_cast<int64_t>(a.ranks[0].size());
     for (const MatrixPlan& m : a.plan->matrices) a_.push_back(m.min_cost);
@@ -1324,6 +1324,9 @@ class GroupBound {
     std::sort(a_.begin(), a_.end());
     std::sort(b_.begin(), b_.end());
     for (double x : a_) area_ += x;
+    for (double x : b_) b_area_ += x;
+    covers_world_ = groups_ * ranks_ == world;
+    if (a.plan->replicas <= 1) SetShiftCosts(w, bpe, *a.plan);
   }
 
   // True when no plan finishes by T (see StrongJointLowerBound).
@@ -1342,6 +1345,7 @@ class GroupBound {
           area_ * (1 - 1e-12)) {
         return true;
       }
+      if (ShiftInfeasible(t, theta, units, levels)) return true;
       if (groups_ * (units + 1) * (levels + 1) > kMaxDp) continue;
       for (double k : Candidates(a_)) {
         if (k > 0 && MostSlots(t, theta, k, units, levels) < AtLeast(a_, k)) return true;
@@ -1351,6 +1355,118 @@ class GroupBound {
   }
 
  private:
+  // Per group q, what moving a's work away from its best holder costs: each
+  // matrix is native to the position where it is cheapest (its min_cost
+  // there), and elsewhere costs rho >= 1 times that (rho from the second
+  // cheapest position). Moving native work of min-cost M out of q adds at
+  // least f_q(M) = the cheapest fractional choice of (rho - 1) min_cost
+  // summing to M in min_cost: the native matrices by rho ascending.
+  struct Native {
+    double load = 0;              // H_q: the native matrices' min_cost
+    std::vector<double> moved;    // prefix sums of min_cost, by rho ascending
+    std::vector<double> extra;    // prefix sums of (rho - 1) min_cost, same order
+  };
+
+  void SetShiftCosts(double w, int64_t bpe, const DomainPlan& a) {
+    std::vector<std::vector<std::pair<double, double>>> by_group(groups_);  // (rho, min)
+    for (const MatrixPlan& m : a.matrices) {
+      const double anywhere =
+          m.cost_flops + w * 2.0 * static_cast<double>(m.rows * m.cols * bpe);
+      double best = anywhere, second = anywhere;
+      int32_t at = -1;
+      for (const Holder& h : m.holders) {
+        const double here =
+            m.cost_flops + w * static_cast<double>(GatherBytesAt(m, h.position, bpe));
+        if (here < best) {
+          second = best;
+          best = here;
+          at = h.position;
+        } else {
+          second = std::min(second, here);
+        }
+      }
+      // With every position a holder, `anywhere` is no position's cost.
+      if (static_cast<int64_t>(m.holders.size()) >= groups_ && m.holders.size() >= 2) {
+        second = std::numeric_limits<double>::infinity();
+        for (const Holder& h : m.holders) {
+          if (h.position == at) continue;
+          second = std::min(second, m.cost_flops + w * static_cast<double>(
+                                                        GatherBytesAt(m, h.position, bpe)));
+        }
+      }
+      if (at < 0 || best <= 0 || !std::isfinite(second)) continue;  // no native group
+      by_group[at].push_back({second / best, best});
+    }
+    native_.resize(groups_);
+    for (int64_t q = 0; q < groups_; ++q) {
+      std::sort(by_group[q].begin(), by_group[q].end());
+      Native& n = native_[q];
+      n.moved.push_back(0);
+      n.extra.push_back(0);
+      for (const auto& [rho, min] : by_group[q]) {
+        n.load += min;
+        n.moved.push_back(n.moved.back() + min);
+        n.extra.push_back(n.extra.back() + (rho - 1) * min);
+      }
+    }
+  }
+
+  // f_q(M) of Native, interpolated within a matrix (a relaxation).
+  static double ShiftCost(const Native& n, double moved) {
+    if (moved <= 0) return 0;
+    const size_t i = static_cast<size_t>(
+        std::lower_bound(n.moved.begin(), n.moved.end(), moved) - n.moved.begin());
+    if (i >= n.moved.size()) return n.extra.back();
+    const double span = n.moved[i] - n.moved[i - 1];
+    const double part = span > 0 ? (moved - n.moved[i - 1]) / span : 1.0;
+    return n.extra[i - 1] + part * (n.extra[i] - n.extra[i - 1]);
+  }
+
+  // The groups' a-loads, with what moving work off them costs: a group at
+  // level l (a rank holding l of b's copies of at least theta) has a-load
+  // L_q <= T - l theta, so at least M_q = H_q - (T - l theta) of its native
+  // work went elsewhere, where it costs M_q + f_q(M_q) or more; so
+  //     sum_q (T - l_q theta) >= sum_q L_q >= sum_q (H_q + f_q(M_q)),
+  // and, where a's groups cover every rank, their ranks hold all of b's
+  // copies beside their a-load: R sum_q (T - L_q) >= b's area. T is
+  // infeasible when every choice of levels adding up to `units` breaks one
+  // of these. A min-plus knapsack over the groups, on the levels' sum (kept
+  // exactly up to where theta times it passes b's area over R, then capped).
+  bool ShiftInfeasible(double t, double theta, int64_t units, int64_t levels) const {
+    if (native_.empty()) return false;
+    const double per_rank = covers_world_ ? b_area_ / static_cast<double>(ranks_) : 0.0;
+    const int64_t cap = std::max<int64_t>(
+        units, static_cast<int64_t>(std::ceil(per_rank / theta * (1 - 1e-12))));
+    if (groups_ * (cap + 1) * (levels + 1) > kMaxDp) return false;
+    constexpr double kNone = std::numeric_limits<double>::infinity();
+    std::vector<double> best(cap + 1, kNone);  // least sum of f_q for a sum of levels
+    best[0] = 0;
+    double native = 0;
+    for (int64_t q = 0; q < groups_; ++q) {
+      const Native& n = native_[q];
+      native += n.load;
+      std::vector<double> next(cap + 1, kNone);
+      for (int64_t l = 0; l <= levels; ++l) {
+        const double f = ShiftCost(n, n.load - (t - static_cast<double>(l) * theta));
+        for (int64_t s = 0; s <= cap; ++s) {
+          if (best[s] == kNone) continue;
+          const int64_t v = std::min(cap, s + l);
+          next[v] = std::min(next[v], best[s] + f);
+        }
+      }
+      best = std::move(next);
+    }
+    // The groups' room for a-load is Q T less the larger of theta times the
+    // levels' sum and b's area over R; a-load needs the native load and f.
+    const double room = static_cast<double>(groups_) * t;
+    for (int64_t s = units; s <= cap; ++s) {
+      if (best[s] == kNone) continue;
+      const double taken = std::max(theta * static_cast<double>(s), per_rank);
+      if (native + best[s] <= (room - taken) * (1 + 1e-12)) return false;
+    }
+    return true;
+  }
+
   static int64_t AtLeast(const std::vector<double>& sorted, double x) {
     return static_cast<int64_t>(sorted.end() -
                                 std::lower_bound(sorted.begin(), sorted.end(), x));
@@ -1401,6 +1517,9 @@ class GroupBound {
   std::vector<double> a_;
   std::vector<double> b_;
   double area_ = 0;
+  double b_area_ = 0;
+  bool covers_world_ = false;
+  std::vector<Native> native_;  // per group; empty: no shift check
 };
 
 }  // namespace
@@ -1470,7 +1589,7 @@ double StrongJointLowerBound(double w, int64_t bpe, int64_t world,
   for (size_t i = 0; i < classes.size(); ++i) {
     for (size_t j = 0; j < classes.size(); ++j) {
       if (i == j) continue;
-      const GroupBound group(classes[i], classes[j]);
+      const GroupBound group(w, bpe, world, classes[i], classes[j]);
       double lo = bound;
       double up = std::max(hi, bound);
       for (int step = 0; step < 30 && up > lo * (1 + 1e-6); ++step) {

@@ -1,6 +1,7 @@
 #include "plan/owners.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <random>
@@ -456,6 +457,68 @@ TEST(JointOwnersTest, DenseWorkIsPackedIntoOneGroupWhenThatFreesTheOther) {
   std::set<int32_t> groups;  // the expert position of each dense owner
   for (const MatrixPlan& m : dense.matrices) groups.insert(m.owner % 2);
   EXPECT_EQ(groups.size(), 1u);
+  // The strong bound prices the expert work a group must shed to make room
+  // for a dense matrix: some group's ranks hold one of the 10s, so its
+  // expert load is at most T - 10 and 20 - (T - 10) of its work moves, at
+  // 0.4 more each; the groups' room 2 T - 10 must hold 40 + 0.4 (30 - T):
+  // T >= 62 / 2.4 = 25.83, where the joint bound (the mean) is 25.
+  EXPECT_DOUBLE_EQ(JointLowerBound(8, classes), 25.0);
+  EXPECT_NEAR(StrongJointLowerBound(0.05, 4, 8, classes), 62.0 / 2.4, 1e-4);
+}
+
+// Matrices held whole by one position each, so that away from it one costs
+// 8 w more (1 x 1, 4 bytes, gathered and scattered). The strong bound stays
+// below the brute-force optimum on every draw, and above the joint bound.
+TEST(JointOwnersTest, StrongBoundHoldsWhereOwningAwayFromTheHolderCostsMore) {
+  std::mt19937_64 rng(23);
+  int raised = 0;
+  for (int trial = 0; trial < 120; ++trial) {
+    const double w = std::array<double, 3>{0.05, 0.25, 1.0}[rng() % 3];
+    DomainPlan dense, expert;
+    dense.size = 4;
+    expert.size = 2;
+    // A few large dense matrices and more small expert ones, as in MoE models.
+    auto add = [&](DomainPlan& d, uint64_t least, uint64_t spread) {
+      MatrixPlan m;
+      m.rows = m.cols = 1;
+      m.cost_flops = static_cast<double>(least + rng() % spread);
+      m.holders.push_back({static_cast<int32_t>(rng() % d.size), 0, 1});
+      d.matrices.push_back(m);
+    };
+    for (int j = 1 + static_cast<int>(rng() % 3); j > 0; --j) add(dense, 5, 20);
+    for (int j = 4 + static_cast<int>(rng() % 5); j > 0; --j) add(expert, 1, 6);
+    std::vector<DomainClass> classes = {{&dense, {{0}, {1}, {2}, {3}}},
+                                        {&expert, {{0, 1}, {2, 3}}}};
+    // The optimum over every choice of owners, costs written out here.
+    auto cost = [&](const MatrixPlan& m, int32_t p) {
+      return m.cost_flops + (m.holders[0].position == p ? 0.0 : 8 * w);
+    };
+    const size_t nd = dense.matrices.size(), n = nd + expert.matrices.size();
+    std::vector<int32_t> owner(n, 0);
+    double opt = 1e300;
+    std::function<void(size_t)> go = [&](size_t j) {
+      if (j == n) {
+        std::vector<double> load(4, 0);
+        for (size_t i = 0; i < nd; ++i) load[owner[i]] += cost(dense.matrices[i], owner[i]);
+        for (size_t i = nd; i < n; ++i) {
+          const double c = cost(expert.matrices[i - nd], owner[i]);
+          load[2 * owner[i]] += c;
+          load[2 * owner[i] + 1] += c;
+        }
+        opt = std::min(opt, *std::max_element(load.begin(), load.end()));
+        return;
+      }
+      for (owner[j] = 0; owner[j] < (j < nd ? 4 : 2); ++owner[j]) go(j + 1);
+    };
+    go(0);
+    ASSERT_TRUE(AssignOwnersJointly(OwnerRule::kLpt, w, 4, 4, classes).ok());
+    const double joint = JointLowerBound(4, classes);
+    const double strong = StrongJointLowerBound(w, 4, 4, classes);
+    EXPECT_LE(strong, opt * (1 + 1e-9)) << "trial " << trial << ": not a bound";
+    EXPECT_GE(strong, joint * (1 - 1e-12));
+    if (strong > joint * 1.001) ++raised;
+  }
+  RecordProperty("strong_above_joint", std::to_string(raised));
 }
 
 }  // namespace
