@@ -177,6 +177,12 @@ double JointLowerBound(int64_t world_size, const std::vector<DomainClass>& class
 //    fit: by area (their best-holder costs exceed Q T - theta ceil(n / R))
 //    or by count (more of them of at least k than the most
 //    sum_q floor((T - l_q theta) / k) over the choices, a small knapsack);
+//    and by the price of shedding: each of a's matrices is native to its
+//    cheapest position and costs rho >= 1 times as much elsewhere, so a
+//    group at level l_q moves native work M_q >= H_q - (T - l_q theta) away
+//    at a surcharge f_q(M_q) (cheapest rho first), and the groups' room
+//    sum_q (T - l_q theta) (and, where they cover every rank, Q T less b's
+//    area over R) must hold sum_q (H_q + f_q(M_q)); a min-plus knapsack;
 // Deterministic; its work is bounded by `max_work` cost evaluations (at
 // least a few passes); ticks `cancel` and returns what it has when that
 // says stop. Expects the classes assigned (AssignOwnersJointly).
