@@ -654,43 +654,83 @@ void SetJointMakespan(Plan* plan) {
 }
 
 // Balances the owners of one wave's units (AssignOwnersJointly on those
-// matrices alone, each mesh a class) and writes them into the plan.
-absl::Status BalanceWave(const ResolvedConfig& cfg,
+// matrices alone, each mesh a class) and writes them into the plan. Under
+// the replica split (`split`: the dense plan's SplitClass) the wave's dense
+// matrices are assigned over its I x D positions, around the replica
+// exchange of the wave's rows (SplitBaseLoad), and each gets its owner
+// position and replica.
+absl::Status BalanceWave(const ResolvedConfig& cfg, const MeshGeometry& dense_g,
                          const std::vector<std::vector<int32_t>>& dense_ranks,
                          const std::vector<std::vector<int32_t>>& expert_ranks,
-                         const MuonWave& wave, CancelToken* cancel, Plan* plan) {
+                         const SplitClass* split, const MuonWave& wave, CancelToken* cancel,
+                         Plan* plan) {
   std::vector<DomainPlan*> full = {&plan->dense};
   if (plan->has_experts) full.push_back(&plan->expert);
   std::vector<DomainPlan> part(full.size());
   std::vector<std::vector<size_t>> index(full.size());
-  std::vector<DomainClass> classes;
+  DomainPlan wave_dense;  // the wave's dense matrices as planned, for the exchange
+  wave_dense.size = plan->dense.size;
   for (size_t k = 0; k < full.size(); ++k) {
-    part[k].mesh = full[k]->mesh;
-    part[k].size = full[k]->size;
-    for (size_t j = 0; j < full[k]->matrices.size(); ++j) {
-      const MatrixPlan& m = full[k]->matrices[j];
+    const bool split_here = k == 0 && split != nullptr;
+    const DomainPlan& from = split_here ? split->plan : *full[k];
+    part[k].mesh = from.mesh;
+    part[k].size = from.size;
+    for (size_t j = 0; j < from.matrices.size(); ++j) {
+      const MatrixPlan& m = from.matrices[j];
       if (m.unit < wave.first_unit || m.unit >= wave.end_unit) continue;
       part[k].matrices.push_back(m);
       part[k].matrices.back().owner = -1;  // AssignOwnersJointly takes them unassigned
       index[k].push_back(j);
+      if (split_here) wave_dense.matrices.push_back(full[k]->matrices[j]);
     }
   }
+  std::vector<DomainClass> classes;
   for (size_t k = 0; k < full.size(); ++k) {
     if (part[k].matrices.empty()) continue;
+    const bool dense = full[k]->mesh == MeshKind::kDense;
     classes.push_back(
-        {&part[k], full[k]->mesh == MeshKind::kDense ? dense_ranks : expert_ranks});
+        {&part[k], dense ? (split != nullptr ? split->ranks : dense_ranks) : expert_ranks});
   }
   if (classes.empty()) return absl::OkStatus();
+  std::vector<double> base;
+  if (!wave_dense.matrices.empty()) {
+    base = SplitBaseLoad(wave_dense, dense_g, cfg.comm_flops_per_byte, cfg.bytes_per_element,
+                         cfg.instances);
+  }
   absl::StatusOr<std::vector<double>> loads =
       AssignOwnersJointly(cfg.owner_rule, cfg.comm_flops_per_byte, cfg.bytes_per_element,
-                          cfg.world_size, classes, cancel);
+                          cfg.world_size, classes, cancel, base.empty() ? nullptr : &base);
   MUONMESH_RETURN_IF_ERROR(loads.status());
+  const int64_t d = plan->dense.size;
   for (size_t k = 0; k < full.size(); ++k) {
     for (size_t i = 0; i < index[k].size(); ++i) {
-      full[k]->matrices[index[k][i]].owner = part[k].matrices[i].owner;
+      MatrixPlan& m = full[k]->matrices[index[k][i]];
+      const int32_t owner = part[k].matrices[i].owner;
+      if (k == 0 && split != nullptr) {
+        m.owner = static_cast<int32_t>(owner % d);
+        m.replica = static_cast<int32_t>(owner / d);
+      } else {
+        m.owner = owner;
+      }
     }
   }
   return absl::OkStatus();
+}
+
+// The dense plan's loads from its owners under the replica split: summed
+// over the split class's positions and folded back with the exchange
+// (FoldSplit), keeping what the assignment had recorded besides.
+void SumSplitLoads(const ResolvedConfig& cfg, const MeshGeometry& dense_g, DomainPlan* dense) {
+  const int64_t exchange_lower_bound = dense->exchange_lower_bound_bytes;
+  const int64_t refine_work = dense->refine_work;
+  const bool refine_budget_spent = dense->refine_budget_spent;
+  SplitClass s = MakeSplitClass(*dense, dense_g, dense->replicas);
+  SumOwnerLoads(cfg.comm_flops_per_byte, cfg.bytes_per_element, &s.plan);
+  FoldSplit(std::move(s.plan), dense->replicas, cfg.comm_flops_per_byte, cfg.bytes_per_element,
+            dense);
+  dense->exchange_lower_bound_bytes = exchange_lower_bound;
+  dense->refine_work = refine_work;
+  dense->refine_budget_spent = refine_budget_spent;
 }
 
 // With a wave budget (PlanOptions::muon_wave_budget_bytes) the runtime cuts
@@ -699,13 +739,12 @@ absl::Status BalanceWave(const ResolvedConfig& cfg,
 // wave by wave (BalanceWave) and the cut made again from the new owners
 // (what a position must hold depends on what it owns), until the cut holds
 // or kWaveRounds have run; the runtime cuts the final plan the same way.
-// lpt only, and not under the replica split (its exchange is planned for
-// the whole model), where the whole model's owners stay.
+// lpt only; under the replica split each wave's dense matrices are split
+// between the replicas anew.
 absl::Status BalanceWaves(const ResolvedConfig& cfg, const MeshGeometry& dense_g,
                           const MeshGeometry& expert_g, CancelToken* cancel, Plan* plan) {
   constexpr int kWaveRounds = 4;
-  if (cfg.muon_wave_budget_bytes <= 0 || cfg.owner_rule != OwnerRule::kLpt ||
-      plan->dense.replicas > 1) {
+  if (cfg.muon_wave_budget_bytes <= 0 || cfg.owner_rule != OwnerRule::kLpt) {
     return absl::OkStatus();
   }
   auto same_cut = [](const std::vector<MuonWave>& a, const std::vector<MuonWave>& b) {
@@ -717,17 +756,25 @@ absl::Status BalanceWaves(const ResolvedConfig& cfg, const MeshGeometry& dense_g
   const std::vector<std::vector<int32_t>> dense_ranks = RanksByPosition(dense_g);
   const std::vector<std::vector<int32_t>> expert_ranks =
       plan->has_experts ? RanksByPosition(expert_g) : std::vector<std::vector<int32_t>>{};
+  std::optional<SplitClass> split;  // its holders and ranks; owners come from the plan
+  if (plan->dense.replicas > 1) split = MakeSplitClass(plan->dense, dense_g, plan->dense.replicas);
+  const SplitClass* split_class = split.has_value() ? &*split : nullptr;
   std::vector<MuonWave> balanced;
   for (int round = 0; round < kWaveRounds; ++round) {
     const std::vector<MuonWave> waves = PlanMuonWaves(*plan, cfg.muon_wave_budget_bytes);
     if (waves.size() <= 1 || same_cut(waves, balanced)) break;
     for (const MuonWave& wave : waves) {
-      MUONMESH_RETURN_IF_ERROR(BalanceWave(cfg, dense_ranks, expert_ranks, wave, cancel, plan));
+      MUONMESH_RETURN_IF_ERROR(BalanceWave(cfg, dense_g, dense_ranks, expert_ranks, split_class,
+                                           wave, cancel, plan));
     }
     balanced = waves;
   }
   if (balanced.empty()) return absl::OkStatus();
-  SumOwnerLoads(cfg.comm_flops_per_byte, cfg.bytes_per_element, &plan->dense);
+  if (split_class != nullptr) {
+    SumSplitLoads(cfg, dense_g, &plan->dense);
+  } else {
+    SumOwnerLoads(cfg.comm_flops_per_byte, cfg.bytes_per_element, &plan->dense);
+  }
   if (plan->has_experts) {
     SumOwnerLoads(cfg.comm_flops_per_byte, cfg.bytes_per_element, &plan->expert);
   }

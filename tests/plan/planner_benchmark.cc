@@ -350,12 +350,20 @@ void PrintReplicaSplitTable(const std::string& device) {
 // executed critical path (the sum over waves of the busiest rank's
 // Newton-Schulz FLOPs) of the whole model's owners cut into those waves and
 // of the owners balanced per wave, the one-wave path, and both plan times.
-void PrintWaveTable() {
-  std::printf("Waves at the backward-peak budget: lpt, cuda cost model, ZeRO-3\n");
+// With `instances` > 1: HSDP (outer no_shard) with the replica split on,
+// each wave's dense matrices split between the replicas anew.
+void PrintWaveTable(int64_t instances) {
+  std::printf("Waves at the backward-peak budget: lpt, cuda cost model, %s\n",
+              instances > 1 ? "HSDP I = 2 (outer no_shard), replica split on" : "ZeRO-3");
   std::printf("%-12s %6s %4s | %6s | %12s %12s %7s | %12s | %8s %8s\n", "model", "ranks", "ep",
               "waves", "whole", "per wave", "ratio", "one wave", "t whole", "t waves");
   for (const Case& c : Cases()) {
-    plan::PlanInput in = Input(c.model, c.world, c.ep, 1, "lpt");
+    if (c.world % (2 * instances) != 0) continue;
+    plan::PlanInput in = Input(c.model, c.world, c.ep, instances, "lpt");
+    if (instances > 1) {
+      in.parallelism.outer_dp_sharding_strategy = "no_shard";
+      in.options.muon_replica_split = "on";
+    }
     const auto t0 = std::chrono::steady_clock::now();
     absl::StatusOr<plan::Plan> whole = plan::ComputePlan(in);
     const auto t1 = std::chrono::steady_clock::now();
@@ -452,7 +460,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (std::strcmp(argv[i], "--waves_only") == 0) {
-      muonmesh::PrintWaveTable();
+      muonmesh::PrintWaveTable(1);
+      muonmesh::PrintWaveTable(2);
       return 0;
     }
     if (std::strcmp(argv[i], "--replica_split_only") == 0) {

@@ -76,6 +76,62 @@ TEST(WaveBalanceTest, OwnersBalancedWaveByWaveShortenTheCriticalPath) {
   for (size_t p = 0; p < ns.size(); ++p) EXPECT_DOUBLE_EQ(waved->dense.ns_flops[p], ns[p]) << p;
 }
 
+// The same under the HSDP replica split (Llama-3-8B, 16 ranks, I = 2
+// replicas of ZeRO-3 domains of 8, split on): each wave's dense matrices
+// are split between the replicas anew, so the critical path is shorter
+// than the whole model's split owners cut the same way, and no wave beats
+// its bound (its largest matrix; one copy of its work over the 16 ranks of
+// the set of replicas); every matrix is orthogonalized by one replica.
+TEST(WaveBalanceTest, UnderTheReplicaSplitEachWaveIsSplitAnew) {
+  ASSERT_TRUE(testing::SharedSpecExists(testing::SharedSpecPath("llama3-8b")));
+  auto hsdp = [](int64_t budget) {
+    PlanInput in = Llama(16, budget);
+    in.parallelism.data_parallel_sharding_strategy = "optim_grads_params";
+    in.parallelism.num_distributed_optimizer_instances = 2;
+    in.parallelism.outer_dp_sharding_strategy = "no_shard";
+    in.options.muon_replica_split = "on";
+    return in;
+  };
+  absl::StatusOr<Plan> whole = ComputePlan(hsdp(0));
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ASSERT_EQ(whole->dense.replicas, 2);
+  const std::vector<int64_t> unit_bytes = MuonUnitBytes(*whole);
+  const int64_t budget = 2 * *std::max_element(unit_bytes.begin(), unit_bytes.end());
+  absl::StatusOr<Plan> waved = ComputePlan(hsdp(budget));
+  ASSERT_TRUE(waved.ok()) << waved.status();
+  ASSERT_EQ(waved->dense.replicas, 2);
+
+  const std::vector<MuonWave> whole_cut = PlanMuonWaves(*whole, budget);
+  const std::vector<MuonWave> waved_cut = PlanMuonWaves(*waved, budget);
+  ASSERT_GT(waved_cut.size(), 4u);
+  const double before = WaveCriticalPath(*whole, whole_cut);
+  const double after = WaveCriticalPath(*waved, waved_cut);
+  EXPECT_LT(after, before);
+  RecordProperty("wave_critical_path_ratio", std::to_string(after / before));
+  double bound = 0;
+  for (const MuonWave& wave : waved_cut) {
+    double largest = 0, total = 0;
+    for (const MatrixPlan& m : waved->dense.matrices) {
+      if (m.unit < wave.first_unit || m.unit >= wave.end_unit) continue;
+      largest = std::max(largest, m.cost_flops);
+      total += m.cost_flops;
+    }
+    bound += std::max(largest, total / 16);
+  }
+  EXPECT_GE(after, bound * (1 - 1e-12));
+  // Owners and replicas in range; each replica's positions' Newton-Schulz
+  // FLOPs are those of the matrices it owns.
+  std::vector<double> ns(static_cast<size_t>(2 * waved->dense.size), 0.0);
+  for (const MatrixPlan& m : waved->dense.matrices) {
+    ASSERT_GE(m.owner, 0);
+    ASSERT_LT(m.owner, waved->dense.size);
+    ASSERT_TRUE(m.replica == 0 || m.replica == 1) << m.replica;
+    ns[static_cast<size_t>(m.replica * waved->dense.size + m.owner)] += m.cost_flops;
+  }
+  ASSERT_EQ(waved->dense.ns_flops.size(), ns.size());
+  for (size_t i = 0; i < ns.size(); ++i) EXPECT_DOUBLE_EQ(waved->dense.ns_flops[i], ns[i]) << i;
+}
+
 // One wave (no budget, or one that holds the whole model) keeps the whole
 // model's owners.
 TEST(WaveBalanceTest, OneWaveKeepsTheWholeModelsOwners) {

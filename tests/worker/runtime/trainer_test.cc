@@ -172,6 +172,9 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
   in.options.owner_assignment = rule;
   in.options.device = "cpu";
   in.options.muon_replica_split = replica_split;
+  // As the worker and the coordinator plan a job: owners balanced wave by
+  // wave under the budget the runtime cuts with.
+  in.options.muon_wave_budget_bytes = plan::JobWaveBudget(muon_buffer_bytes, "cpu");
   absl::StatusOr<plan::Plan> plan = plan::ComputePlan(in);
   RunResult result;
   EXPECT_TRUE(plan.ok()) << plan.status();
