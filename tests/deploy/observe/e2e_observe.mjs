@@ -31,11 +31,12 @@
 // because python3 or its matplotlib is missing (--no-report: not drawn).
 
 import { createRequire } from 'node:module';
-import { spawn, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
+
+import { Processes, freePort, sleep, until as untilOr } from './lib/processes.mjs';
 
 const here = path.dirname(new URL(import.meta.url).pathname);
 const root = path.resolve(here, '../../..');
@@ -112,62 +113,12 @@ const log = (m) => console.log(`[${((Date.now() - started) / 1000).toFixed(1)}s]
 
 // ------------------------------------------------------------ processes
 
-const children = [];
-
-function start(name, argv, { uid } = {}) {
-  const file = fs.openSync(path.join(out, `${name}.log`), 'w');
-  const command = uid !== undefined
-    ? ['setpriv', `--reuid=${uid}`, `--regid=${uid}`, '--clear-groups', ...argv] : argv;
-  const child = spawn(command[0], command.slice(1), { stdio: ['ignore', file, file] });
-  child.name = name;
-  child.exited = new Promise((resolve) => child.on('exit', (code, signal) => resolve({ code, signal })));
-  children.push(child);
-  log(`started ${name} (pid ${child.pid}): ${argv.join(' ')}`);
-  return child;
-}
-
-async function stopAll() {
-  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGTERM');
-  const grace = new Promise((r) => setTimeout(r, 8000));
-  await Promise.race([Promise.all(children.map((c) => c.exited)), grace]);
-  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
-}
-
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-
-async function until(what, probe, { timeoutMs = 60000, everyMs = 500 } = {}) {
-  const end = Math.min(Date.now() + timeoutMs, deadline);
-  let last;
-  while (Date.now() < end) {
-    try {
-      const value = await probe();
-      if (value) return value;
-    } catch (e) {
-      last = e;
-    }
-    await sleep(everyMs);
-  }
-  throw new Error(`timed out waiting for ${what}${last ? ` (last error: ${last.message})` : ''}`);
-}
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const server = net.createServer();
-    server.on('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address();
-      server.close(() => resolve(port));
-    });
-  });
-}
-
-function logOf(name) {
-  try {
-    return fs.readFileSync(path.join(out, `${name}.log`), 'utf8');
-  } catch {
-    return '';
-  }
-}
+const processes = new Processes(out, log);
+const children = processes.children;
+const start = (name, argv, o) => processes.start(name, argv, o);
+const stopAll = () => processes.stopAll();
+const logOf = (name) => processes.logOf(name);
+const until = (what, probe, o = {}) => untilOr(what, probe, { deadline, ...o });
 
 // --------------------------------------------------------------- checks
 
