@@ -10,7 +10,7 @@ import path from 'node:path';
 
 export function parseArgs(argv) {
   const multi = new Set(['--rendered', '--expect', '--metrics-source', '--rules', '--dashboard']);
-  const single = new Set(['--modules', '--promtool', '--root', '--out']);
+  const single = new Set(['--modules', '--promtool', '--root', '--out', '--secrets-script']);
   const opts = { command: argv[0] };
   for (const m of multi) opts[m] = [];
   for (let i = 1; i < argv.length; i++) {

@@ -4,6 +4,7 @@
 // security profile; references between objects resolve; the example job
 // fits the fleet.
 
+import fs from 'node:fs';
 import path from 'node:path';
 
 import {
@@ -237,6 +238,17 @@ function checkExampleJob(require, name, objects) {
   }
 }
 
+// The Secrets a --secrets-script (deploy/k8s/make-secrets.sh) creates with
+// its `apply NAME ...` lines: the manifests may mount them though they are
+// not among the rendered objects (they hold keys and tokens).
+function madeSecrets(opts) {
+  const script = opts['--secrets-script'];
+  if (!script) return [];
+  const names = [...fs.readFileSync(script, 'utf8').matchAll(/^apply (\S+) /gm)].map((m) => m[1]);
+  if (names.length === 0) fail(`${script}: no 'apply NAME' line creates a Secret`);
+  return names;
+}
+
 export function checkManifests(opts) {
   const require = modules(opts);
   const rendered = renderedFiles(opts);
@@ -248,6 +260,7 @@ export function checkManifests(opts) {
     const objects = loadYamlDocuments(require, file);
     if (objects.length === 0) fail(`${name}: ${file} holds no objects`);
     const byKindName = new Set(objects.map((o) => `${o.kind}/${o.metadata?.name}`));
+    for (const secret of madeSecrets(opts)) byKindName.add(`Secret/${secret}`);
     let gpuContainers = 0;
     let validated = 0;
     for (const o of objects) {
