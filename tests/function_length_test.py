@@ -23,8 +23,6 @@ EXCEPTIONS = {
         "run can check the split, not before",
     ("worker/model/mlp_cuda.cc", "absl::StatusOr<double> CudaMlp::ForwardBackwardByUnit("):
         "GPU code that has never run; as above",
-    ("worker/cuda/newton_schulz_cuda.cc", "absl::Status CudaNewtonSchulz::RunValidated("):
-        "GPU code that has never run; as above",
 }
 
 OPEN = re.compile(r"\)\s*(const)?\s*(override)?\s*(noexcept)?\s*(->\s*[\w:<>]+)?\s*\{\s*$")

@@ -203,13 +203,13 @@ inline const char* NsAlgorithmName(NsAlgorithm algorithm) {
 
 // Parses a config value; false for anything else. Empty means auto.
 // Why `algorithm` cannot run on `device` ("cpu" or "cuda"), or null when it
-// can: the CUDA kernels run the standard form only, so gram runs on the CPU
-// only for now. The planner and the job validator report this under their
-// own field names.
+// can: the CUDA Gram form (worker/cuda/newton_schulz_cuda.h) has not yet
+// been measured on a GPU, so gram runs on the CPU only for now. The planner
+// and the job validator report this under their own field names.
 inline const char* NsFormUnavailable(NsAlgorithm algorithm, std::string_view device) {
   if (algorithm == NsAlgorithm::kGram && device != "cpu") {
-    return "gram runs on the CPU only for now (the CUDA kernels run the standard form); use "
-           "auto or standard on cuda";
+    return "gram runs on the CPU only for now (its CUDA form is not yet measured on a GPU); "
+           "use auto or standard on cuda";
   }
   return nullptr;
 }

@@ -384,7 +384,7 @@ ResolvedConfig ResolveUnchecked(const PlanInput& in) {
   ParseNsAlgorithm(opt.ns_algorithm, &cfg.ns_algorithm);
   ParseNsTable(opt.ns_coefficients, &cfg.ns_table);
   cfg.muon_wave_budget_bytes = opt.muon_wave_budget_bytes;
-  // The CUDA kernels run the standard form only: auto means standard there.
+  // Until the CUDA Gram form is measured on a GPU, auto means standard there.
   if (opt.device != "cpu") cfg.ns_algorithm = NsAlgorithm::kStandard;
   // FLOPs one byte of owner traffic is worth: Newton-Schulz throughput over
   // link bandwidth. H200 (~500 TFLOP/s bf16 effective) over a 400 Gb/s NIC

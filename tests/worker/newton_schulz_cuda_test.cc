@@ -11,6 +11,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -35,6 +36,7 @@ using math::testing::RelativeFrobenius;
 using math::testing::SingularValues;
 using math::testing::TransposedFloats;
 using math::testing::Triple;
+using math::testing::WithSingularValues;
 
 // Relative Frobenius error allowed against fp64. An exact CPU emulation of
 // this algorithm (bf16 rounding of every GEMM input and of A and B, fp32
@@ -217,6 +219,80 @@ TEST_F(CudaNewtonSchulzTest, ZeroVectorsAndEmpty) {
   EXPECT_TRUE(ns_->Run(nullptr, 0, 10, Quintic()).ok());
   EXPECT_TRUE(ns_->RunBatched(nullptr, 3, 10, 0, Quintic()).ok());
   EXPECT_EQ(ns_->Run(nullptr, 4, 4, Quintic(0)).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The Gram form (ns_algorithm gram): its bf16 roundings are of X_0 (and of X
+// at a restart) and of Q, its m x m recurrence is fp32, so on the shapes and
+// inputs of the CPU Gram test (aspect ratios 1:1 to 1:16, wide and tall,
+// Gaussian, singular values spread over 1e-6 .. 1, rank-deficient) it stays
+// within the standard bf16 form's tolerances of the fp64 standard iteration
+// (both errors printed for the record: the first GPU run sets the figures).
+TEST_F(CudaNewtonSchulzTest, GramMatchesFp64Reference) {
+  struct Case {
+    int64_t rows, cols;
+  };
+  const Case cases[] = {{32, 32}, {32, 128}, {16, 256}, {256, 16}, {128, 512}, {64, 1024}};
+  uint64_t seed = 40;
+  for (const Case& c : cases) {
+    const int64_t m = std::min(c.rows, c.cols);
+    for (int input = 0; input < 3; ++input) {
+      std::vector<float> x = Gaussian(c.rows * c.cols, seed++);
+      if (input > 0) {
+        std::vector<double> sv(static_cast<size_t>(m));
+        for (int64_t k = 0; k < m; ++k) {
+          sv[k] = std::pow(1e-6, static_cast<double>(k) / static_cast<double>(m - 1));
+          if (input == 2 && k >= m / 2) sv[k] = 0.0;
+        }
+        x = WithSingularValues(c.rows, c.cols, sv, seed++);
+      }
+      for (bool polar : {false, true}) {
+        math::NsOptions options = Quintic();
+        std::vector<Triple> coeffs = {kQuintic};
+        if (polar) {
+          options.coefficients = math::NsCoefficients::kPolarExpress;
+          coeffs = kPolarExpress;
+        }
+        const math::testing::Mat ref =
+            ReferenceNewtonSchulz(math::testing::FromFloats(x, c.rows, c.cols), 5, coeffs);
+        const double standard = RelativeFrobenius(Run(x, c.rows, c.cols, options), ref);
+        options.algorithm = plan::NsAlgorithm::kGram;
+        const double gram = RelativeFrobenius(Run(x, c.rows, c.cols, options), ref);
+        std::printf("GPU vs fp64: %4lldx%-4lld input %d %s: gram %.2e, standard %.2e\n",
+                    static_cast<long long>(c.rows), static_cast<long long>(c.cols), input,
+                    polar ? "polar  " : "quintic", gram, standard);
+        EXPECT_LE(gram, polar ? kPolarExpressTolerance : kQuinticTolerance)
+            << c.rows << "x" << c.cols << " input " << input;
+      }
+    }
+  }
+}
+
+// auto runs the standard form on CUDA (the planner charges it there), bit
+// for bit; the Gram form keeps the properties of the standard one: batched
+// equals per matrix and x^T gives the transpose, bit for bit.
+TEST_F(CudaNewtonSchulzTest, GramKeepsTheFormsProperties) {
+  const int64_t rows = 48, cols = 192, size = rows * cols;
+  const std::vector<float> x = Gaussian(size, 21);
+  math::NsOptions automatic = Quintic();
+  automatic.algorithm = plan::NsAlgorithm::kAuto;
+  EXPECT_EQ(Run(x, rows, cols, automatic), Run(x, rows, cols, Quintic()));
+  math::NsOptions gram = Quintic();
+  gram.algorithm = plan::NsAlgorithm::kGram;
+  const std::vector<float> y = Run(x, rows, cols, gram);
+  EXPECT_NE(y, Run(x, rows, cols, Quintic()));  // another form ran
+  EXPECT_EQ(TransposedFloats(y, rows, cols),
+            Run(TransposedFloats(x, rows, cols), cols, rows, gram));
+  const int64_t count = 3;
+  const std::vector<float> stack = Gaussian(count * size, 22);
+  DeviceVector d(stack);
+  ASSERT_TRUE(ns_->RunBatched(d.get(), count, rows, cols, gram).ok());
+  const std::vector<float> batched = d.ToHost();
+  for (int64_t e = 0; e < count; ++e) {
+    const std::vector<float> one = Run(
+        std::vector<float>(stack.begin() + e * size, stack.begin() + (e + 1) * size), rows, cols,
+        gram);
+    EXPECT_EQ(0, std::memcmp(one.data(), batched.data() + e * size, size * sizeof(float))) << e;
+  }
 }
 
 TEST_F(CudaNewtonSchulzTest, WorkspaceReusedAfterWarmUp) {

@@ -21,6 +21,7 @@ using testing::RelativeFrobenius;
 using testing::SingularValues;
 using testing::TransposedFloats;
 using testing::Triple;
+using testing::WithSingularValues;
 
 struct Shape {
   int64_t rows;
@@ -43,45 +44,6 @@ NsOptions PolarExpress(int steps, plan::NsAlgorithm algorithm = plan::NsAlgorith
 }
 
 constexpr plan::NsAlgorithm kGram = plan::NsAlgorithm::kGram;
-
-// Rows of a k x n matrix with orthonormal rows (k <= n): Gaussian rows,
-// orthogonalised by modified Gram-Schmidt twice, in double.
-testing::Mat OrthonormalRows(int64_t k, int64_t n, uint64_t seed) {
-  const std::vector<float> g = Gaussian(k * n, seed);
-  testing::Mat q = testing::FromFloats(g, k, n);
-  for (int pass = 0; pass < 2; ++pass) {
-    for (int64_t i = 0; i < k; ++i) {
-      for (int64_t j = 0; j < i; ++j) {
-        double dot = 0;
-        for (int64_t c = 0; c < n; ++c) dot += q(i, c) * q(j, c);
-        for (int64_t c = 0; c < n; ++c) q(i, c) -= dot * q(j, c);
-      }
-      double norm = 0;
-      for (int64_t c = 0; c < n; ++c) norm += q(i, c) * q(i, c);
-      norm = std::sqrt(norm);
-      for (int64_t c = 0; c < n; ++c) q(i, c) /= norm;
-    }
-  }
-  return q;
-}
-
-// A rows x cols float matrix U diag(sv) V^T with random orthonormal U and V
-// and the given singular values (min(rows, cols) of them).
-std::vector<float> WithSingularValues(int64_t rows, int64_t cols, const std::vector<double>& sv,
-                                      uint64_t seed) {
-  const int64_t m = std::min(rows, cols);
-  const testing::Mat u = OrthonormalRows(m, rows, seed);      // columns of U, as rows
-  const testing::Mat v = OrthonormalRows(m, cols, seed + 1);  // columns of V, as rows
-  std::vector<float> x(static_cast<size_t>(rows * cols));
-  for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t j = 0; j < cols; ++j) {
-      double sum = 0;
-      for (int64_t k = 0; k < m; ++k) sum += u(k, i) * sv[k] * v(k, j);
-      x[static_cast<size_t>(i * cols + j)] = static_cast<float>(sum);
-    }
-  }
-  return x;
-}
 
 // The fp32 OpenBLAS kernel against the plain fp64 loops of ns_reference.h.
 // Achieved errors are printed so regressions in accuracy are visible.

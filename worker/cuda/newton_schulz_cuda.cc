@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "plan/ns_cost.h"
 #include "proto/support/status_macros.h"
 #include "worker/cuda/cuda_checks.h"
 #include "worker/cuda/ns_kernels.h"
@@ -80,7 +81,8 @@ CudaNewtonSchulz::~CudaNewtonSchulz() {
 }
 
 size_t CudaNewtonSchulz::workspace_bytes() const {
-  return x_.capacity() + xb_.capacity() + ab_.capacity() + bb_.capacity() + scratch_.capacity();
+  return x_.capacity() + xb_.capacity() + ab_.capacity() + bb_.capacity() + gram_.capacity() +
+         scratch_.capacity();
 }
 
 absl::Status CudaNewtonSchulz::Reserve(int64_t rows, int64_t cols) {
@@ -126,8 +128,6 @@ absl::Status CudaNewtonSchulz::RunValidated(float* x, int64_t rows, int64_t cols
   const int64_t mn = m * n;
   auto* xf = static_cast<float*>(x_.get());
   auto* xb = static_cast<__nv_bfloat16*>(xb_.get());
-  auto* ab = static_cast<__nv_bfloat16*>(ab_.get());
-  auto* bb = static_cast<__nv_bfloat16*>(bb_.get());
   auto* scratch = static_cast<double*>(scratch_.get());
   double* sums = scratch + kSumsOffset;
   double* inv_norm = scratch + kInvNormOffset;
@@ -143,6 +143,45 @@ absl::Status CudaNewtonSchulz::RunValidated(float* x, int64_t rows, int64_t cols
       internal::LaunchSumSquares(xf, mn, scratch, sums, 0, options.eps, inv_norm, stream_));
   MUONMESH_CUDA_CHECK(internal::LaunchScaleToBf16(xf, xb, mn, inv_norm, stream_));
 
+  // auto stays standard on CUDA (see the header).
+  if (options.algorithm == plan::NsAlgorithm::kGram) {
+    MUONMESH_RETURN_IF_ERROR(IterateGram(m, n, options));
+  } else {
+    MUONMESH_RETURN_IF_ERROR(IterateStandard(m, n, options));
+  }
+
+  // One synchronisation: both sums of squares come back together.
+  MUONMESH_CUDA_CHECK(
+      internal::LaunchSumSquares(xf, mn, scratch, sums, 1, options.eps, nullptr, stream_));
+  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(host_sums_, sums, 2 * sizeof(double),
+                                      cudaMemcpyDeviceToHost, stream_));
+  MUONMESH_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (!std::isfinite(host_sums_[0])) {
+    return absl::InvalidArgumentError("CUDA Newton-Schulz: input holds a NaN or infinity");
+  }
+  if (!std::isfinite(host_sums_[1])) {
+    return absl::InvalidArgumentError(
+        "CUDA Newton-Schulz: the iteration produced a NaN or infinity (diverging coefficients?)");
+  }
+  if (transpose) {
+    MUONMESH_CUDA_CHECK(internal::LaunchTranspose(xf, m, n, x, stream_));
+  } else {
+    MUONMESH_CUDA_CHECK(
+        cudaMemcpyAsync(x, xf, mn * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+  }
+  // Stream order would be enough for callers on stream(); synchronising makes
+  // "x holds the result when Run returns" true for every caller.
+  MUONMESH_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaNewtonSchulz::IterateStandard(int64_t m, int64_t n,
+                                               const math::NsOptions& options) {
+  auto* xf = static_cast<float*>(x_.get());
+  auto* xb = static_cast<__nv_bfloat16*>(xb_.get());
+  auto* ab = static_cast<__nv_bfloat16*>(ab_.get());
+  auto* bb = static_cast<__nv_bfloat16*>(bb_.get());
+  const int64_t mn = m * n;
   // cuBLAS is column-major: the row-major m x n X is the column-major n x m
   // matrix X^T (leading dimension n); likewise for the m x m A and B.
   const int im = static_cast<int>(m);
@@ -173,30 +212,82 @@ absl::Status CudaNewtonSchulz::RunValidated(float* x, int64_t rows, int64_t cols
       MUONMESH_CUDA_CHECK(internal::LaunchToBf16(xf, xb, mn, stream_));
     }
   }
-
-  // One synchronisation: both sums of squares come back together.
-  MUONMESH_CUDA_CHECK(
-      internal::LaunchSumSquares(xf, mn, scratch, sums, 1, options.eps, nullptr, stream_));
-  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(host_sums_, sums, 2 * sizeof(double),
-                                      cudaMemcpyDeviceToHost, stream_));
-  MUONMESH_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  if (!std::isfinite(host_sums_[0])) {
-    return absl::InvalidArgumentError("CUDA Newton-Schulz: input holds a NaN or infinity");
-  }
-  if (!std::isfinite(host_sums_[1])) {
-    return absl::InvalidArgumentError(
-        "CUDA Newton-Schulz: the iteration produced a NaN or infinity (diverging coefficients?)");
-  }
-  if (transpose) {
-    MUONMESH_CUDA_CHECK(internal::LaunchTranspose(xf, m, n, x, stream_));
-  } else {
-    MUONMESH_CUDA_CHECK(
-        cudaMemcpyAsync(x, xf, mn * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
-  }
-  // Stream order would be enough for callers on stream(); synchronising makes
-  // "x holds the result when Run returns" true for every caller.
-  MUONMESH_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
+}
+
+absl::Status CudaNewtonSchulz::IterateGram(int64_t m, int64_t n, const math::NsOptions& options) {
+  const size_t mm = static_cast<size_t>(m) * static_cast<size_t>(m);
+  MUONMESH_RETURN_IF_ERROR(gram_.Reserve(5 * mm * sizeof(float)));
+  auto* xf = static_cast<float*>(x_.get());
+  auto* xb = static_cast<__nv_bfloat16*>(xb_.get());
+  auto* qb = static_cast<__nv_bfloat16*>(ab_.get());  // bf16(Q) for the products with X_0
+  float* r = static_cast<float*>(gram_.get());
+  float* p = r + mm;
+  float* q = p + mm;
+  float* s = q + mm;
+  float* s2 = s + mm;
+  const int64_t mn = m * n;
+  const int im = static_cast<int>(m);
+  const int in = static_cast<int>(n);
+  const float one = 1.0f;
+  const float zero = 0.0f;
+  const auto lead = [&](int64_t t) {
+    return math::NsCoefficientsForStep(options, static_cast<int>(t)).a;
+  };
+  // Row-major m x m matrices are their column-major transposes, and every
+  // product here is of commuting symmetric matrices (polynomials in X_0 X_0^T),
+  // so the column-major products below are the row-major ones. X = Q X_0:
+  // column-major X^T <- X_0^T Q^T, n x m, over m.
+  const auto q_times_x0 = [&]() -> absl::Status {
+    MUONMESH_CUDA_CHECK(internal::LaunchToBf16(q, qb, static_cast<int64_t>(mm), stream_));
+    MUONMESH_CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, in, im, im, &one, xb,
+                                       CUDA_R_16BF, in, qb, CUDA_R_16BF, im, &zero, xf,
+                                       CUDA_R_32F, in, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return absl::OkStatus();
+  };
+  const auto sgemm = [&](const float* a, const float* b, float alpha, float* c) -> absl::Status {
+    MUONMESH_CUBLAS_CHECK(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_N, im, im, im, &alpha, a,
+                                      im, b, im, &zero, c, im));
+    return absl::OkStatus();
+  };
+  bool q_is_identity = true;
+  for (int t = 0; t < options.steps; ++t) {
+    if (plan::GramStartsAt(t, lead)) {
+      if (t > 0) {  // restart: X = Q X_0 becomes the new X_0
+        MUONMESH_RETURN_IF_ERROR(q_times_x0());
+        MUONMESH_CUDA_CHECK(internal::LaunchToBf16(xf, xb, mn, stream_));
+      }
+      // R = X_0 X_0^T in fp32, from bf16 X_0.
+      MUONMESH_CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, im, im, in, &one, xb,
+                                         CUDA_R_16BF, in, xb, CUDA_R_16BF, in, &zero, r,
+                                         CUDA_R_32F, im, CUBLAS_COMPUTE_32F,
+                                         CUBLAS_GEMM_DEFAULT));
+      q_is_identity = true;
+    }
+    const math::NsCoefficientSet k = math::NsCoefficientsForStep(options, t);
+    const float kb = static_cast<float>(k.b);
+    // P = c R R, then P = P + b R (in place), then a on the diagonal.
+    MUONMESH_RETURN_IF_ERROR(sgemm(r, r, static_cast<float>(k.c), p));
+    MUONMESH_CUBLAS_CHECK(
+        cublasSgeam(handle_, CUBLAS_OP_N, CUBLAS_OP_N, im, im, &one, p, im, &kb, r, im, p, im));
+    MUONMESH_CUDA_CHECK(internal::LaunchAddToDiagonal(p, m, static_cast<float>(k.a), stream_));
+    if (q_is_identity) {
+      MUONMESH_CUDA_CHECK(
+          cudaMemcpyAsync(q, p, mm * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+      q_is_identity = false;
+    } else {
+      MUONMESH_RETURN_IF_ERROR(sgemm(p, q, 1.0f, s));
+      std::swap(q, s);
+    }
+    // R is needed again unless this is the last iteration or the next one
+    // restarts: R <- P P R.
+    if (t + 1 < options.steps && !plan::GramStartsAt(t + 1, lead)) {
+      MUONMESH_RETURN_IF_ERROR(sgemm(p, p, 1.0f, s));
+      MUONMESH_RETURN_IF_ERROR(sgemm(s, r, 1.0f, s2));
+      std::swap(r, s2);
+    }
+  }
+  return q_times_x0();  // X_T = Q X_0, fp32, in x_
 }
 
 }  // namespace muonmesh::cuda

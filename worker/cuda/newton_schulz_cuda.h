@@ -12,6 +12,18 @@
 // version. Rows > cols is handled by transposing into the workspace first, so
 // NS(x^T) = NS(x)^T exactly.
 //
+// With options.algorithm == kGram, the Gram form of plan/ns_cost.h instead:
+//   R  = Xb Xb^T                        cublasGemmEx, bf16 in, fp32 out
+//   P  = a I + b R + c R R,  Q <- P Q,  R <- P P R     cublasSgemm, fp32
+//   X  = bf16(Q) Xb                     cublasGemmEx, bf16 in, fp32 out
+// restarting from a fresh R = X X^T (X = Q X_0, rounded to bf16) where
+// plan::GramStartsAt says, as on the CPU. The m x m work stays in fp32: the
+// recurrence multiplies R's rounding in the directions of small singular
+// values by about a^2 an iteration, which bf16 could not bear. auto runs the
+// standard form here (the planner charges it on cuda): the Gram form is not
+// yet measured on a GPU (run_gpu_checks.sh prints both forms' accuracy), and
+// the job and plan validators refuse gram on cuda until it is.
+//
 // A CudaNewtonSchulz owns a cuBLAS handle bound to one stream on the device
 // that was current at Create, and a workspace that grows to the largest shape
 // seen (or Reserve'd) and is reused: after warm-up a call allocates nothing.
@@ -87,6 +99,10 @@ class CudaNewtonSchulz {
  private:
   CudaNewtonSchulz(cublasHandle_t handle, cudaStream_t stream);
   absl::Status RunValidated(float* x, int64_t rows, int64_t cols, const math::NsOptions& options);
+  // The iterations on the normalised x_ (fp32) and xb_ (bf16), m <= n; the
+  // result in x_.
+  absl::Status IterateStandard(int64_t m, int64_t n, const math::NsOptions& options);
+  absl::Status IterateGram(int64_t m, int64_t n, const math::NsOptions& options);
 
   cublasHandle_t handle_;
   cudaStream_t stream_;
@@ -94,6 +110,7 @@ class CudaNewtonSchulz {
   internal::DeviceBytes xb_;       // bf16 m x n
   internal::DeviceBytes ab_;       // bf16 m x m
   internal::DeviceBytes bb_;       // bf16 m x m
+  internal::DeviceBytes gram_;     // Gram form only: fp32 m x m R, P, Q and two scratch
   internal::DeviceBytes scratch_;  // reduction partials, sums, 1/norm
   double* host_sums_ = nullptr;    // pinned: sums of squares of input, output
 };

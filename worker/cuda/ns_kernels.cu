@@ -71,6 +71,14 @@ __global__ void ToBf16(const float* __restrict__ src, __nv_bfloat16* __restrict_
   }
 }
 
+__global__ void AddToDiagonal(float* __restrict__ a, int64_t n, float value) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
+       i += stride) {
+    a[i * (n + 1)] += value;
+  }
+}
+
 // One 32 x 32 tile per block, 32 x 8 threads; the +1 column avoids shared
 // memory bank conflicts.
 __global__ void Transpose(const float* __restrict__ src, int64_t rows, int64_t cols,
@@ -107,6 +115,11 @@ cudaError_t LaunchScaleToBf16(float* x, __nv_bfloat16* xb, int64_t count, const 
 cudaError_t LaunchToBf16(const float* src, __nv_bfloat16* dst, int64_t count,
                          cudaStream_t stream) {
   ToBf16<<<BlocksFor(count), kThreads, 0, stream>>>(src, dst, count);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAddToDiagonal(float* a, int64_t n, float value, cudaStream_t stream) {
+  AddToDiagonal<<<BlocksFor(n), kThreads, 0, stream>>>(a, n, value);
   return cudaGetLastError();
 }
 

@@ -32,6 +32,9 @@ cudaError_t LaunchScaleToBf16(float* x, __nv_bfloat16* xb, int64_t count, const 
 cudaError_t LaunchToBf16(const float* src, __nv_bfloat16* dst, int64_t count,
                          cudaStream_t stream);
 
+// a[i][i] += value for the n x n matrix a (either layout).
+cudaError_t LaunchAddToDiagonal(float* a, int64_t n, float value, cudaStream_t stream);
+
 // dst (cols x rows) = src (rows x cols)^T, row-major.
 cudaError_t LaunchTranspose(const float* src, int64_t rows, int64_t cols, float* dst,
                             cudaStream_t stream);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the CUDA Newton-Schulz checks on a machine with an NVIDIA GPU, as one
 # prepared step that takes well under 5 minutes: the GPU test binary, then
-# the CUDA benchmark (NS effective FLOP/s against cuBLAS bf16 GEMM FLOP/s).
+# the CUDA benchmark (NS effective FLOP/s, standard and Gram forms, against
+# cuBLAS bf16 GEMM FLOP/s).
 #
 #   worker/cuda/run_gpu_checks.sh [BIN_DIR]
 #
