@@ -96,6 +96,18 @@ math::NsOptions Quintic(int steps = 5) {
   return o;
 }
 
+struct Case {
+  int64_t rows, cols;
+};
+
+// Five steps of the quintic or of Polar Express, and the reference's table.
+std::pair<math::NsOptions, std::vector<Triple>> Table(bool polar) {
+  math::NsOptions options = Quintic();
+  if (!polar) return {options, {kQuintic}};
+  options.coefficients = math::NsCoefficients::kPolarExpress;
+  return {options, kPolarExpress};
+}
+
 class CudaNewtonSchulzTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -119,20 +131,12 @@ class CudaNewtonSchulzTest : public ::testing::Test {
 };
 
 TEST_F(CudaNewtonSchulzTest, MatchesFp64Reference) {
-  struct Case {
-    int64_t rows, cols;
-  };
   const Case cases[] = {{16, 48}, {48, 16}, {64, 64}, {33, 70}, {128, 512}, {512, 128}};
   uint64_t seed = 1;
   for (const Case& c : cases) {
     for (bool polar : {false, true}) {
       const std::vector<float> x = Gaussian(c.rows * c.cols, seed++);
-      math::NsOptions options = Quintic();
-      std::vector<Triple> coeffs = {kQuintic};
-      if (polar) {
-        options.coefficients = math::NsCoefficients::kPolarExpress;
-        coeffs = kPolarExpress;
-      }
+      auto [options, coeffs] = Table(polar);
       const std::vector<float> y = Run(x, c.rows, c.cols, options);
       const double err = RelativeFrobenius(
           y, ReferenceNewtonSchulz(math::testing::FromFloats(x, c.rows, c.cols), 5, coeffs));
@@ -228,9 +232,6 @@ TEST_F(CudaNewtonSchulzTest, ZeroVectorsAndEmpty) {
 // within the standard bf16 form's tolerances of the fp64 standard iteration
 // (both errors printed for the record: the first GPU run sets the figures).
 TEST_F(CudaNewtonSchulzTest, GramMatchesFp64Reference) {
-  struct Case {
-    int64_t rows, cols;
-  };
   const Case cases[] = {{32, 32}, {32, 128}, {16, 256}, {256, 16}, {128, 512}, {64, 1024}};
   uint64_t seed = 40;
   for (const Case& c : cases) {
@@ -246,12 +247,7 @@ TEST_F(CudaNewtonSchulzTest, GramMatchesFp64Reference) {
         x = WithSingularValues(c.rows, c.cols, sv, seed++);
       }
       for (bool polar : {false, true}) {
-        math::NsOptions options = Quintic();
-        std::vector<Triple> coeffs = {kQuintic};
-        if (polar) {
-          options.coefficients = math::NsCoefficients::kPolarExpress;
-          coeffs = kPolarExpress;
-        }
+        auto [options, coeffs] = Table(polar);
         const math::testing::Mat ref =
             ReferenceNewtonSchulz(math::testing::FromFloats(x, c.rows, c.cols), 5, coeffs);
         const double standard = RelativeFrobenius(Run(x, c.rows, c.cols, options), ref);
