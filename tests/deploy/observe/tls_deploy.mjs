@@ -129,7 +129,7 @@ function makeSecrets() {
 
 // A pod of `workload` (its rendered object) named `name`: its folders, its
 // ports, and its container's command line and environment, localized.
-function localPod(workload, name, secrets, configMaps, claims) {
+function localPod(workload, name, secrets, configMaps) {
   const spec = workload.spec.template.spec;
   const container = spec.containers[0];
   const security = spec.securityContext ?? {};
