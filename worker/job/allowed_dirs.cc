@@ -111,7 +111,7 @@ absl::Status CheckPaths(const FieldPaths& paths, const std::vector<std::string>&
     violations.push_back(absl::StrCat(
         field, ": ", path,
         *resolved != plain ? absl::StrCat(" (which leads to ", *resolved, ")") : std::string(),
-        " is outside the folders this worker allows"));
+        " is outside the allowed folders"));
   }
   if (violations.empty()) return absl::OkStatus();
   return absl::PermissionDeniedError(absl::StrCat(absl::StrJoin(violations, "; "),

@@ -331,6 +331,12 @@ async function main() {
   fs.writeFileSync(jobFile, jobText);
   refused('a viewer submitting', ctl(['submit', jobFile, '--coordinator', address], as('viewer')),
     /role viewer may not call \/muonmesh.v1.Jobs\/SubmitJob/, 5);
+  const outside = path.join(out, 'outside-job.yaml');
+  const elsewhere = YAML.parse(jobText);
+  elsewhere.output = { dir: '/srv/elsewhere/run', export: '/srv/elsewhere/run/final.safetensors' };
+  fs.writeFileSync(outside, YAML.stringify(elsewhere));
+  refused('a job file writing outside the runs volume',
+    ctl(['submit', outside, '--coordinator', address], as('submitter')), /output\.dir/, 5);
   // A worker of the StatefulSet with the worker token but without its
   // client certificate (its own id and metrics port).
   const intruder = { ...workerPods[0], name: 'muonmesh-worker-intruder' };

@@ -394,7 +394,7 @@ TEST_F(SecurityTest, AJobOutsideTheAllowedFoldersIsRefused) {
   };
   const std::vector<Case> cases = {
       {"outside", dir_ + "/elsewhere/outside",
-       absl::StrCat("output.dir: ", dir_, "/elsewhere/outside is outside the folders")},
+       absl::StrCat("output.dir: ", dir_, "/elsewhere/outside is outside the allowed folders")},
       {"through-a-link", dir_ + "/runs/link/escape",
        absl::StrCat("output.dir: ", dir_, "/runs/link/escape (which leads to ")},
   };

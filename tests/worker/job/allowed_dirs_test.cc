@@ -106,7 +106,7 @@ TEST_F(AllowedDirsTest, EveryWayOutIsRefusedNamingTheFieldAndPath) {
     const absl::Status s = CheckJobPathsAllowed(job, allowed_);
     EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
     EXPECT_THAT(s.message(), HasSubstr(absl::StrCat(c.field, ": ", c.path)));
-    EXPECT_THAT(s.message(), HasSubstr("outside the folders this worker allows"));
+    EXPECT_THAT(s.message(), HasSubstr("outside the allowed folders"));
     EXPECT_THAT(s.message(), HasSubstr(allowed_[0]));
   }
 }
