@@ -41,6 +41,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
+import { fail, failures, finish, loadYamlDocuments, skip } from './lib/common.mjs';
 import { Processes, freePort, until as untilOr } from './lib/processes.mjs';
 
 // ------------------------------------------------------------------ options
@@ -59,13 +60,10 @@ function usage(problem) {
     '--coordinator BIN --worker BIN --ctl BIN --modules DIR [--out DIR] [--timeout 240]');
   process.exit(2);
 }
-function skip(message) {
-  console.error(`SKIP: ${message}`);
-  process.exit(77);
-}
 if (!fs.existsSync(opts.rendered)) skip(`${opts.rendered} was not rendered (render_overlays.sh makes it)`);
 if (spawnSync('openssl', ['version']).status !== 0) skip('openssl is not installed (make-secrets.sh needs it)');
-const YAML = createRequire(path.join(path.resolve(opts.modules), 'package.json'))('yaml');
+const require = createRequire(path.join(path.resolve(opts.modules), 'package.json'));
+const YAML = require('yaml');
 
 const out = opts.out ? path.resolve(opts.out) : fs.mkdtempSync(path.join(os.tmpdir(), 'tls-deploy-'));
 const marker = path.join(out, '.tls-deploy');  // an earlier run's folder, safe to empty
@@ -85,12 +83,6 @@ const asRoot = process.getuid() === 0;
 const binaries = {
   'muonmesh-coordinator': opts.coordinator, 'muonmesh-worker': opts.worker, muonmeshctl: opts.ctl,
 };
-
-const failures = [];
-function fail(message) {
-  failures.push(message);
-  console.error(`FAIL: ${message}`);
-}
 
 // ------------------------------------------------------------ the secrets
 
@@ -234,7 +226,7 @@ function ctl(args, env = {}) {
 }
 
 async function main() {
-  const objects = YAML.parseAllDocuments(fs.readFileSync(opts.rendered, 'utf8')).map((d) => d.toJS());
+  const objects = loadYamlDocuments(require, opts.rendered);
   const find = (kind, name) => {
     const o = objects.find((x) => x?.kind === kind && x.metadata?.name === name);
     if (!o) throw new Error(`${opts.rendered} has no ${kind}/${name}`);
@@ -366,9 +358,5 @@ try {
   fail(e.message);
 }
 await processes.stopAll();
-if (failures.length > 0) {
-  console.error(`tls_deploy: ${failures.length} problem(s); logs in ${out}`);
-  process.exit(1);
-}
-if (!opts.out) fs.rmSync(out, { recursive: true, force: true });
-log('tls_deploy: OK');
+if (failures.length === 0 && !opts.out) fs.rmSync(out, { recursive: true, force: true });
+finish(`tls_deploy (logs in ${out})`);
