@@ -256,11 +256,12 @@ export function checkManifests(opts) {
   const expect = Object.fromEntries(named(opts['--expect'], '--expect'));
   const clusterScoped = new Set(['Namespace', 'ClusterRole', 'ClusterRoleBinding', 'PersistentVolume',
     'StorageClass', 'CustomResourceDefinition', 'PriorityClass']);
+  const secrets = madeSecrets(opts);  // read once, for every rendered file
   for (const [name, file] of rendered) {
     const objects = loadYamlDocuments(require, file);
     if (objects.length === 0) fail(`${name}: ${file} holds no objects`);
     const byKindName = new Set(objects.map((o) => `${o.kind}/${o.metadata?.name}`));
-    for (const secret of madeSecrets(opts)) byKindName.add(`Secret/${secret}`);
+    for (const secret of secrets) byKindName.add(`Secret/${secret}`);
     let gpuContainers = 0;
     let validated = 0;
     for (const o of objects) {
