@@ -274,7 +274,9 @@ int Metrics(CoordinatorClient& client, const std::string& job_id, const std::str
     for (const v1::StepRecord& r : *records) {
       int64_t bytes = 0;
       for (const auto& [name, b] : r.bytes_sent()) bytes += b;
-      io.out << absl::StrFormat("%d,%d,%d,%.9g,%.6f", r.step(), r.rank(), r.attempt(), r.loss(),
+      // The loss exactly (%.17g reads back to the same double), so that a
+      // value rounded from it agrees with what watch and table print.
+      io.out << absl::StrFormat("%d,%d,%d,%.17g,%.6f", r.step(), r.rank(), r.attempt(), r.loss(),
                                 r.step_seconds());
       for (const auto& [name, get] : Phases()) {
         io.out << absl::StrFormat(",%.6f", (r.phases().*get)());
