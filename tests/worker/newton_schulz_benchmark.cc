@@ -153,21 +153,31 @@ void RegisterAll() {
 // shared machine other load only ever slows a run down, so the best run is
 // the better estimate of what the code does; run with
 // --benchmark_repetitions=N --benchmark_enable_random_interleaving=true so
-// that both sides of a ratio sample the same periods.
+// that both sides of a ratio sample the same periods. With repetitions the
+// console shows only the aggregates (what --benchmark_display_aggregates_only
+// would show; that flag also hides the repetitions from this reporter, so the
+// table needs it off).
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
   void ReportRuns(const std::vector<Run>& runs) override {
+    std::vector<Run> shown;
     for (const Run& run : runs) {
+      if (run.run_type == Run::RT_Aggregate || run.repetitions <= 1) shown.push_back(run);
       auto it = run.counters.find("FLOPS");
       if (it != run.counters.end() && run.run_type == Run::RT_Iteration && !run.error_occurred) {
         flops_[run.run_name.str()].push_back(it->second.value);
       }
     }
-    ConsoleReporter::ReportRuns(runs);
+    if (!shown.empty()) ConsoleReporter::ReportRuns(shown);
   }
 
   void Finalize() override {
     ConsoleReporter::Finalize();
+    if (flops_.empty()) {
+      std::printf("\nNo repetitions reached the ratio table: run without "
+                  "--benchmark_display_aggregates_only.\n");
+      return;
+    }
     std::printf("\n%-32s %-26s %22s %22s %15s\n", "Newton-Schulz", "sgemm (X X^T shape)",
                 "NS GFLOP/s best/med", "sgemm GFLOP/s best/med", "ratio best/med");
     for (const auto& [form, rows, cols] : Rows()) {
