@@ -1,7 +1,7 @@
 // The Newton-Schulz cost model (plan/ns_cost.h): where the Gram form
 // restarts, FLOPs of both forms by hand, the choice auto makes on the real
-// specs (derived here from the formulas: at 5 iterations in three segments,
-// the Gram form costs 12 m^2 n + 22 m^3 against 20 m^2 n + 10 m^3, so it wins
+// specs (derived here from the formulas: at 5 iterations in two segments,
+// the Gram form costs 8 m^2 n + 28 m^3 against 20 m^2 n + 10 m^3, so it wins
 // exactly when n / m > 1.5), and what the planner charges for each setting.
 
 #include "plan/ns_cost.h"
@@ -20,11 +20,12 @@
 namespace muonmesh::plan {
 namespace {
 
-// Restarts where the product of a_t^2 since the last one would pass 500:
-// quintic a^2 = 11.86 (11.86^2 = 141, 11.86^3 = 1670); Polar Express
-// a_t^2 = 67.3, 16.5, 15.3, 10.8, 5.19, 3.51, 3.45, 3.52, 3.52, ... (67.3 x
-// 16.5 = 1113; 16.5 x 15.3 x 10.8 = 2729; 10.8 x 5.19 x 3.51 x 3.45 = 677;
-// 3.45 x 3.52^4 = 527: so 0, 1, 3, 6, 10).
+// Restarts before an iteration whose R would carry errors amplified past 150
+// (the product of a_s^2 over the segment's earlier iterations): quintic
+// a^2 = 11.86 (141 after two iterations, 1670 after three: so 0, 3, 6, 9);
+// Polar Express a_t^2 = 67.3, 16.5, 15.3, 10.8, 5.19, 3.51, 3.45, 3.52,
+// 3.52, ... (67.3 x 16.5 = 1113; 15.3 x 10.8 = 165; 5.19 x 3.51 x 3.45 x
+// 3.52 = 221; 3.52^4 = 153: so 0, 2, 4, 8, 12).
 TEST(NsCostTest, WhereTheGramFormRestarts) {
   const auto starts = [](NsTable table, int64_t steps) {
     std::vector<int64_t> out;
@@ -33,8 +34,8 @@ TEST(NsCostTest, WhereTheGramFormRestarts) {
     }
     return out;
   };
-  EXPECT_EQ(starts(NsTable::kQuintic, 10), (std::vector<int64_t>{0, 2, 4, 6, 8}));
-  EXPECT_EQ(starts(NsTable::kPolarExpress, 14), (std::vector<int64_t>{0, 1, 3, 6, 10}));
+  EXPECT_EQ(starts(NsTable::kQuintic, 10), (std::vector<int64_t>{0, 3, 6, 9}));
+  EXPECT_EQ(starts(NsTable::kPolarExpress, 14), (std::vector<int64_t>{0, 2, 4, 8, 12}));
 }
 
 TEST(NsCostTest, FlopsByHand) {
@@ -46,21 +47,22 @@ TEST(NsCostTest, FlopsByHand) {
   EXPECT_DOUBLE_EQ(GramNsFlops(2, 3, 1, kQ), 4 * 4 * 3 + 2 * 8);
   // Two iterations, one segment: R^2 twice, P^2 and P^2 R once, P Q once.
   EXPECT_DOUBLE_EQ(GramNsFlops(2, 3, 2, kQ), 4 * 4 * 3 + 5 * 2 * 8);
-  // Five: segments of 2, 2 and 1 iterations (5, 5 and 1 products of m^3
-  // each), and three rounds of X X^T and Q X_0.
+  // Five: segments of 3 and 2 iterations (R^2 three times, P^2 and P^2 R
+  // twice, P Q twice: 9 products of m^3; then 5), and two rounds of X X^T
+  // and Q X_0.
   const double m = 768, n = 3072;
-  EXPECT_DOUBLE_EQ(GramNsFlops(768, 3072, 5, kQ), 12 * m * m * n + (5 + 5 + 1) * 2 * m * m * m);
+  EXPECT_DOUBLE_EQ(GramNsFlops(768, 3072, 5, kQ), 8 * m * m * n + (9 + 5) * 2 * m * m * m);
   EXPECT_DOUBLE_EQ(GramNsFlops(3072, 768, 5, kQ), GramNsFlops(768, 3072, 5, kQ));
-  // Seven: 2 + 2 + 2 + 1.
-  EXPECT_DOUBLE_EQ(GramNsFlops(768, 3072, 7, kQ), 16 * m * m * n + (5 + 5 + 5 + 1) * 2 * m * m * m);
+  // Seven: 3 + 3 + 1.
+  EXPECT_DOUBLE_EQ(GramNsFlops(768, 3072, 7, kQ), 12 * m * m * n + (9 + 9 + 1) * 2 * m * m * m);
   EXPECT_DOUBLE_EQ(GramNsFlops(0, 10, 5, kQ), 0);
-  // 1:4 at 5 iterations: 48 + 22 = 70 m^3 against 90 m^3.
-  EXPECT_NEAR(GramNsFlops(1024, 4096, 5, kQ) / StandardNsFlops(1024, 4096, 5), 70.0 / 90.0, 1e-12);
-  // Polar Express: 5 iterations in segments of 1, 2 and 2; 10 in 1, 2, 3, 4.
+  // 1:4 at 5 iterations: 32 + 28 = 60 m^3 against 90 m^3.
+  EXPECT_NEAR(GramNsFlops(1024, 4096, 5, kQ) / StandardNsFlops(1024, 4096, 5), 60.0 / 90.0, 1e-12);
+  // Polar Express: 5 iterations in segments of 2, 2 and 1; 10 in 2, 2, 4, 2.
   EXPECT_DOUBLE_EQ(GramNsFlops(768, 3072, 5, NsTable::kPolarExpress),
-                   12 * m * m * n + (1 + 5 + 5) * 2 * m * m * m);
+                   12 * m * m * n + (5 + 5 + 1) * 2 * m * m * m);
   EXPECT_DOUBLE_EQ(GramNsFlops(768, 3072, 10, NsTable::kPolarExpress),
-                   16 * m * m * n + (1 + 5 + 9 + 13) * 2 * m * m * m);
+                   16 * m * m * n + (5 + 5 + 13 + 5) * 2 * m * m * m);
 }
 
 TEST(NsCostTest, FixedFormsAreNeverSwapped) {

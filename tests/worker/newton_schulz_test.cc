@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "plan/ns_cost.h"
 #include "tests/worker/ns_reference.h"
 
 namespace muonmesh::math {
@@ -132,30 +133,15 @@ TEST(NewtonSchulzGramTest, MatchesTheStandardFp64Reference) {
   std::printf("Gram form fp32 vs standard fp64: worst rel err %.2e\n", worst);
 }
 
-// The restart is what keeps the Gram form accurate: the same ill-conditioned
-// inputs, once through the form as it runs and once through a copy of its
-// recurrence written here in fp32 without restarts, against the fp64
-// reference (printed): restarted, it stays within 1.5x of the standard
-// form's own fp32 error (or 1e-4); without restarts it is 100x worse.
-TEST(NewtonSchulzGramTest, RestartBoundsTheDrift) {
-  const int64_t m = 48, n = 192;
-  std::vector<double> sv(m);
-  for (int64_t k = 0; k < m; ++k) sv[k] = std::pow(1e-6, static_cast<double>(k) / (m - 1));
-  const std::vector<float> x = WithSingularValues(m, n, sv, 77);
-  const testing::Mat ref = ReferenceNewtonSchulz(testing::FromFloats(x, m, n), 8, kPolarExpress);
-  std::vector<float> y = x, z = x;
-  NewtonSchulz ns;
-  ASSERT_TRUE(ns.Run(y.data(), m, n, PolarExpress(8, kGram)).ok());
-  const double restarted = RelativeFrobenius(y, ref);
-  ASSERT_TRUE(ns.Run(z.data(), m, n, PolarExpress(8)).ok());
-  const double standard = RelativeFrobenius(z, ref);
-
-  // The recurrence without restarts, in float loops.
-  double norm = 0;
-  for (float v : x) norm += static_cast<double>(v) * v;
-  norm = std::sqrt(norm);
-  std::vector<float> x0(x.size());
-  for (size_t i = 0; i < x.size(); ++i) x0[i] = static_cast<float>(x[i] / norm);
+// The Gram form's recurrence written here in float loops (no BLAS), with
+// restarts (X = Q X_0, R = X X^T, Q = I) at the given iterations. Like the
+// form as it runs, it keeps every m x m product symmetric (its upper
+// triangle, mirrored): in floating point P and Q commute only approximately,
+// and this is what makes the restarts necessary as often as they are (with
+// the full products, Polar Express restarted only at 2 stays within the
+// bound).
+std::vector<float> FloatGram(const std::vector<float>& x, int64_t m, int64_t n, int steps,
+                             const std::vector<Triple>& coeffs, const std::vector<int>& restarts) {
   auto mul = [](const std::vector<float>& a, const std::vector<float>& b, int64_t r, int64_t k,
                 int64_t c) {
     std::vector<float> out(static_cast<size_t>(r * c), 0.0f);
@@ -164,26 +150,113 @@ TEST(NewtonSchulzGramTest, RestartBoundsTheDrift) {
         for (int64_t l = 0; l < c; ++l) out[i * c + l] += a[i * k + j] * b[j * c + l];
     return out;
   };
-  std::vector<float> r = mul(x0, TransposedFloats(x0, m, n), m, n, m);
-  std::vector<float> q(static_cast<size_t>(m * m), 0.0f);
-  for (int64_t i = 0; i < m; ++i) q[i * m + i] = 1.0f;
-  for (int t = 0; t < 8; ++t) {
-    const Triple k = kPolarExpress[std::min<size_t>(t, kPolarExpress.size() - 1)];
-    const std::vector<float> r2 = mul(r, r, m, m, m);
+  double norm = 0;
+  for (float v : x) norm += static_cast<double>(v) * v;
+  norm = std::sqrt(norm);
+  std::vector<float> x0(x.size());
+  for (size_t i = 0; i < x.size(); ++i) x0[i] = static_cast<float>(x[i] / norm);
+  auto symmetric = [m](std::vector<float> a) {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < i; ++j) a[i * m + j] = a[j * m + i];
+    return a;
+  };
+  std::vector<float> r, q;
+  for (int t = 0; t < steps; ++t) {
+    if (t == 0 || std::find(restarts.begin(), restarts.end(), t) != restarts.end()) {
+      if (t > 0) x0 = mul(q, x0, m, m, n);
+      r = symmetric(mul(x0, TransposedFloats(x0, m, n), m, n, m));
+      q.assign(static_cast<size_t>(m * m), 0.0f);
+      for (int64_t i = 0; i < m; ++i) q[i * m + i] = 1.0f;
+    }
+    const Triple k = coeffs[std::min<size_t>(t, coeffs.size() - 1)];
+    const std::vector<float> r2 = symmetric(mul(r, r, m, m, m));
     std::vector<float> p(r.size());
     for (size_t i = 0; i < p.size(); ++i) {
       p[i] = static_cast<float>(k[1] * r[i] + k[2] * r2[i]);
     }
     for (int64_t i = 0; i < m; ++i) p[i * m + i] += static_cast<float>(k[0]);
-    q = mul(p, q, m, m, m);
-    r = mul(mul(p, p, m, m, m), r, m, m, m);
+    q = symmetric(mul(p, q, m, m, m));
+    r = symmetric(mul(symmetric(mul(p, p, m, m, m)), r, m, m, m));
   }
-  const double drifted = RelativeFrobenius(mul(q, x0, m, m, n), ref);
+  return mul(q, x0, m, m, n);
+}
+
+// Singular values spread geometrically over 1e-6 .. 1; with `rank` < m the
+// smallest m - rank of them zero.
+std::vector<float> IllConditioned(int64_t m, int64_t n, uint64_t seed, int64_t rank = -1) {
+  std::vector<double> sv(m);
+  for (int64_t k = 0; k < m; ++k) {
+    sv[k] = (rank >= 0 && k >= rank) ? 0.0 : std::pow(1e-6, static_cast<double>(k) / (m - 1));
+  }
+  return WithSingularValues(m, n, sv, seed);
+}
+
+// The restart is what keeps the Gram form accurate: the same ill-conditioned
+// inputs, once through the form as it runs and once through FloatGram without
+// restarts, against the fp64 reference (printed): restarted, it stays within
+// 1.5x of the standard form's own fp32 error (or 1e-4); without restarts it
+// is 100x worse.
+TEST(NewtonSchulzGramTest, RestartBoundsTheDrift) {
+  const int64_t m = 48, n = 192;
+  const std::vector<float> x = IllConditioned(m, n, 77);
+  const testing::Mat ref = ReferenceNewtonSchulz(testing::FromFloats(x, m, n), 8, kPolarExpress);
+  std::vector<float> y = x, z = x;
+  NewtonSchulz ns;
+  ASSERT_TRUE(ns.Run(y.data(), m, n, PolarExpress(8, kGram)).ok());
+  const double restarted = RelativeFrobenius(y, ref);
+  ASSERT_TRUE(ns.Run(z.data(), m, n, PolarExpress(8)).ok());
+  const double standard = RelativeFrobenius(z, ref);
+  const double drifted = RelativeFrobenius(FloatGram(x, m, n, 8, kPolarExpress, {}), ref);
   std::printf("8 Polar Express steps, 48x192, sv 1e-6..1: Gram restarted %.2e, never "
               "restarted %.2e; standard form %.2e\n",
               restarted, drifted, standard);
   EXPECT_LE(restarted, std::max(1e-4, 1.5 * standard));
   EXPECT_LT(100 * restarted, drifted);
+}
+
+// The drift limit (plan::kGramDriftLimit) sits between two measured sides,
+// on ill-conditioned and rank-deficient 16x128 inputs in FloatGram: the
+// quintic's segments of 3 (its R amplified by a^4 = 141) stay well within
+// the accuracy bound, while Polar Express with iterations 2-4 in one segment
+// (R amplified by 165) exceeds it on some input. The rule restarts them
+// accordingly.
+TEST(NewtonSchulzGramTest, TheDriftLimitSitsBetweenItsMeasuredSides) {
+  const auto restarts = [](const std::vector<Triple>& coeffs, int steps) {
+    const auto lead = [&](int64_t t) { return coeffs[std::min<size_t>(t, coeffs.size() - 1)][0]; };
+    std::vector<int> out;
+    for (int t = 1; t < steps; ++t) {
+      if (plan::GramStartsAt(t, lead)) out.push_back(t);
+    }
+    return out;
+  };
+  ASSERT_EQ(restarts({kQuintic}, 5), std::vector<int>{3});
+  ASSERT_EQ(restarts(kPolarExpress, 5), (std::vector<int>{2, 4}));
+
+  const int64_t m = 16, n = 128;
+  double quintic_worst = 0, polar_worst = 0;
+  for (uint64_t seed = 900; seed < 904; ++seed) {
+    const std::vector<float> x = IllConditioned(m, n, seed, seed % 2 == 0 ? m : m / 2);
+    const testing::Mat x64 = testing::FromFloats(x, m, n);
+    const testing::Mat quintic_ref = ReferenceNewtonSchulz(x64, 5, {kQuintic});
+    const testing::Mat polar_ref = ReferenceNewtonSchulz(x64, 5, kPolarExpress);
+    std::vector<float> z = x, w = x;
+    NewtonSchulz ns;
+    ASSERT_TRUE(ns.Run(z.data(), m, n, Quintic(5)).ok());
+    ASSERT_TRUE(ns.Run(w.data(), m, n, PolarExpress(5)).ok());
+    const double quintic_bound = std::max(1e-4, 1.5 * RelativeFrobenius(z, quintic_ref));
+    const double polar_bound = std::max(1e-4, 1.5 * RelativeFrobenius(w, polar_ref));
+    quintic_worst = std::max(
+        quintic_worst,
+        RelativeFrobenius(FloatGram(x, m, n, 5, {kQuintic}, {3}), quintic_ref) / quintic_bound);
+    polar_worst = std::max(
+        polar_worst,
+        RelativeFrobenius(FloatGram(x, m, n, 5, kPolarExpress, {2}), polar_ref) / polar_bound);
+  }
+  std::printf("16x128, sv 1e-6..1, error / bound: quintic restarted at 3 %.2f, Polar Express "
+              "restarted at 2 only %.2f\n",
+              quintic_worst, polar_worst);
+  EXPECT_LT(quintic_worst, 0.25);
+  EXPECT_GT(polar_worst, 1.0);
 }
 
 // auto runs exactly what its choice (plan::ChooseNsForm) names: bit for bit
