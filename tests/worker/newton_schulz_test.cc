@@ -259,6 +259,34 @@ TEST(NewtonSchulzGramTest, TheDriftLimitSitsBetweenItsMeasuredSides) {
   EXPECT_GT(polar_worst, 1.0);
 }
 
+// The restart limit was measured on small matrices and checked on larger
+// ones (BENCHMARKS.md): the largest of them here, ill-conditioned and
+// rank-deficient, quintic and Polar Express, within the same bound.
+TEST(NewtonSchulzGramTest, ALargerShapeStaysWithinTheBound) {
+  const int64_t m = 256, n = 2048;
+  NewtonSchulz ns;
+  for (int64_t rank : {m, m / 2}) {
+    const std::vector<float> x = IllConditioned(m, n, 1300 + static_cast<uint64_t>(rank), rank);
+    for (const NsOptions& gram : {Quintic(5, kGram), PolarExpress(5, kGram)}) {
+      const std::vector<Triple> coeffs =
+          gram.coefficients == NsCoefficients::kQuintic ? std::vector<Triple>{kQuintic}
+                                                        : kPolarExpress;
+      const testing::Mat ref = ReferenceNewtonSchulz(testing::FromFloats(x, m, n), 5, coeffs);
+      NsOptions standard = gram;
+      standard.algorithm = plan::NsAlgorithm::kStandard;
+      std::vector<float> y = x, z = x;
+      ASSERT_TRUE(ns.Run(y.data(), m, n, gram).ok());
+      ASSERT_TRUE(ns.Run(z.data(), m, n, standard).ok());
+      const double err = RelativeFrobenius(y, ref);
+      const double standard_err = RelativeFrobenius(z, ref);
+      std::printf("256x2048 rank %lld %s: Gram %.2e, standard %.2e\n",
+                  static_cast<long long>(rank), coeffs.size() == 1 ? "quintic" : "polar_express",
+                  err, standard_err);
+      EXPECT_LE(err, std::max(1e-4, 1.5 * standard_err));
+    }
+  }
+}
+
 // auto runs exactly what its choice (plan::ChooseNsForm) names: bit for bit
 // the Gram form on a wide matrix and the standard form on a square one.
 TEST(NewtonSchulzGramTest, AutoRunsTheChosenForm) {
