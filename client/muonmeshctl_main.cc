@@ -235,8 +235,8 @@ int RunValidate(const std::vector<std::string>& args) {
 
 constexpr const char* kPlanSynopsis =
     "--spec FILE --world-size W [--instances I] [--strategy S] [--outer-strategy S] [--ep E] "
-    "[--owner-rule R] [--ns-steps T] [--device cpu|cuda] [--muon-wave-budget-bytes B] "
-    "[--include-shards] "
+    "[--owner-rule R] [--ns-steps T] [--ns-algorithm A] [--ns-coefficients C] "
+    "[--device cpu|cuda] [--muon-wave-budget-bytes B] [--include-shards] "
     "[--coordinator ADDR] [--timeout SECONDS] [--json]\n\n"
     "Asks the coordinator for the mesh, shard layout and Muon owners, and prints them as\n"
     "tables, or with --json as the Plan message (byte-stable for the same input).";
