@@ -99,9 +99,9 @@ void MirrorUpperToLower(float* a, int64_t m) {
 }
 
 // Row-block height of SymmetricProduct: its upper triangle took 0.57-0.61 of
-// ssymm's time for the full product at m = 1024 and 2048, 0.72 at 512, 0.85
-// at 256 (2 cores, OpenBLAS 0.3.21).
-constexpr int64_t kProductRows = 128;
+// ssymm's time for the full product at m = 1024 and 2048, 0.66 at 512 (2
+// cores, OpenBLAS 0.3.21, Haswell kernels); 96 beat 48-192 there by 2-7 %.
+constexpr int64_t kProductRows = 96;
 
 // c = a b for full m x m matrices a and b that are symmetric and commute (in
 // exact arithmetic: here polynomials in one matrix), so the product is
@@ -190,18 +190,16 @@ absl::Status NewtonSchulz::RunValidated(float* x, int64_t rows, int64_t cols,
   float* xa = x0_.data();
 
   // Lay the working m x n matrix out first, so that x and x^T give identical
-  // bits from here on.
-  if (transpose) {
-    TransposeCopy(x, rows, cols, xa);
-  } else {
-    std::memcpy(xa, x, mn * sizeof(float));
-  }
-  const double sum_squares = SumSquares(xa, mn);
+  // bits from here on (a wide x is already laid out: its norm is summed in
+  // place and it is copied while it is scaled).
+  if (transpose) TransposeCopy(x, rows, cols, xa);
+  const float* laid_out = transpose ? xa : x;
+  const double sum_squares = SumSquares(laid_out, mn);
   if (!std::isfinite(sum_squares)) {
     return absl::InvalidArgumentError("Newton-Schulz: input holds a NaN or infinity");
   }
   const double inv_norm = 1.0 / std::max(std::sqrt(sum_squares), options.eps);
-  for (size_t i = 0; i < mn; ++i) xa[i] = static_cast<float>(xa[i] * inv_norm);
+  for (size_t i = 0; i < mn; ++i) xa[i] = static_cast<float>(laid_out[i] * inv_norm);
 
   const float* result = gram ? IterateGram(m, n, options) : IterateStandard(m, n, options);
   if (!AllFinite(result, mn)) {
