@@ -24,14 +24,15 @@
 //    restarts at iterations 2, 4, 8 and 12. The limit is measured, not
 //    derived: on ill-conditioned and rank-deficient inputs against the fp64
 //    reference (tests/worker/newton_schulz_test.cc), quintic segments of 3
-//    stay within a fifth of the 1e-4 bound while segments of 4 (R amplified
-//    by 1670) exceed it, and Polar Express's iterations 2-4 in one segment
-//    (R amplified by 165) exceed it 1.4-2.4 times, so the limit sits between
-//    141 and 165. A custom table is held to the same limit. This holds for
-//    the form as both runtimes compute it, keeping every m x m product
-//    symmetric (its upper triangle): with drifted R, P and Q commute only
-//    approximately, and with the full products that segment stays within
-//    the bound (tests/worker/newton_schulz_test.cc, FloatGram).
+//    reach at most about a fifth (0.21) of the 1e-4 bound while segments of
+//    4 (R amplified by 1670) exceed it, and Polar Express's iterations 2-4
+//    in one segment (R amplified by 165) exceed it 1.4-2.4 times, so the
+//    limit sits between 141 and 165. A custom table is held to the same
+//    limit. That Polar Express side is a property of the CPU form, which
+//    keeps every m x m product symmetric (its upper triangle): with drifted
+//    R, P and Q commute only approximately, and with the full products (as
+//    the CUDA form computes them) that segment stays within the bound
+//    (tests/worker/newton_schulz_test.cc, FloatGram), as do these restarts.
 //    One segment of L iterations between (re)starts costs 2 m^3 for L = 1
 //    (R^2; Q = P) and 2 m^3 (4 L - 3) otherwise (R^2 each iteration, P^2 and
 //    P^2 R all but the last, P Q all but the first); each segment also costs
