@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -294,6 +295,23 @@ void AddMuonRows(const v1::Plan& plan, TextTable* summary_table) {
   }
 }
 
+// The Newton-Schulz settings and how many Muon matrices run each form (a
+// matrix of several domains counted once).
+std::string NewtonSchulzText(const v1::Plan& plan) {
+  const v1::PlanSummary& s = plan.summary();
+  std::map<std::string, std::set<std::string>> by_form;
+  for (const v1::Matrix& m : plan.matrices()) by_form[m.ns_form()].insert(m.name());
+  std::vector<std::string> counts;
+  for (const auto& [form, names] : by_form) {
+    counts.push_back(absl::StrCat(form.empty() ? "?" : form, " on ", names.size(),
+                                  names.size() == 1 ? " matrix" : " matrices"));
+  }
+  std::string text = absl::StrCat(s.ns_steps(), " ", s.ns_coefficients(), " iterations, ",
+                                  s.ns_algorithm());
+  if (!counts.empty()) absl::StrAppend(&text, ": ", absl::StrJoin(counts, ", "));
+  return text;
+}
+
 std::string SummarySection(const v1::Plan& plan) {
   const v1::PlanSummary& s = plan.summary();
   std::string out = "\nSummary\n";
@@ -301,6 +319,7 @@ std::string SummarySection(const v1::Plan& plan) {
   summary.Add({"parameters", FormatCount(s.parameters())});
   summary.Add({"padding", absl::StrCat(FormatCount(s.padding_elements()), " elements (",
                                        Percent(s.padding_fraction()), " of parameters)")});
+  summary.Add({"Newton-Schulz", NewtonSchulzText(plan)});
   AddMuonRows(plan, &summary);
   summary.Add(
       {"Muon exchange",

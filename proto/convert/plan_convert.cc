@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "plan/mesh.h"
+#include "plan/ns_cost.h"
 #include "plan/waves.h"
 
 namespace muonmesh {
@@ -109,6 +110,8 @@ void MatricesToProto(const plan::PlanInput& input, const plan::Plan& p,
       o->set_owner(owner);
       if (m.replica >= 0) o->set_replica(m.replica);
       o->set_cost_flops(m.cost_flops);
+      o->set_ns_form(plan::NsAlgorithmName(plan::ChooseNsForm(
+          p.config.ns_algorithm, m.rows, m.cols, p.config.ns_steps, p.config.ns_table)));
       o->set_owner_cost(m.owner_cost);
       o->set_gather_bytes(m.gather_bytes);
       bool holder = false;
@@ -206,6 +209,8 @@ void SummaryToProto(const plan::Plan& p, v1::PlanSummary* s) {
   s->set_bytes_per_step(total_bytes);
   s->set_owner_assignment(plan::OwnerRuleName(p.config.owner_rule));
   s->set_ns_steps(static_cast<int32_t>(p.config.ns_steps));
+  s->set_ns_algorithm(plan::NsAlgorithmName(p.config.ns_algorithm));
+  s->set_ns_coefficients(plan::NsTableName(p.config.ns_table));
   double worst = 1.0;
   int64_t exchange = 0;
   int64_t exchange_bound = 0;

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -25,7 +26,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "muonmesh/v1/planner.pb.h"
 #include "tests/testing/shared_specs.h"
 #include "tests/testing/subprocess.h"
 
@@ -395,6 +398,40 @@ TEST_F(MuonmeshCtlTest, PlanTableShowsMeshPlacementsAndPadding) {
         "most loaded"}) {
     EXPECT_THAT(r.out, HasSubstr(text));
   }
+}
+
+// Which Newton-Schulz form each matrix runs, in the JSON and counted in the
+// table: on the CPU, auto takes the Gram form exactly where the long side
+// exceeds 1.5 x the short one (at 5 quintic iterations, README); on cuda
+// every matrix runs the standard form for now.
+TEST_F(MuonmeshCtlTest, PlanSaysWhichNewtonSchulzFormEachMatrixRuns) {
+  REQUIRE_GPT2();
+  const ProcessResult json = Gpt2("plan", "8", {"--device", "cpu", "--json"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  v1::Plan plan;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json.out, &plan, options).ok());
+  ASSERT_GT(plan.matrices_size(), 0);
+  std::set<std::string> gram, standard;
+  for (const v1::Matrix& m : plan.matrices()) {
+    const int64_t lo = std::min(m.rows(), m.cols()), hi = std::max(m.rows(), m.cols());
+    const bool wide = 2 * hi > 3 * lo;
+    EXPECT_EQ(m.ns_form(), wide ? "gram" : "standard") << m.name();
+    (wide ? gram : standard).insert(m.name());
+  }
+  EXPECT_FALSE(gram.empty());
+  EXPECT_FALSE(standard.empty());
+  const ProcessResult table = Gpt2("plan", "8", {"--device", "cpu"});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr(absl::StrCat("5 quintic iterations, auto: gram on ",
+                                                gram.size(), " matrices, standard on ",
+                                                standard.size(), " matrices\n")));
+  const ProcessResult cuda = Gpt2("plan", "8", {"--ns-coefficients", "polar_express"});
+  ASSERT_EQ(cuda.exit_code, 0) << cuda.err;
+  EXPECT_THAT(cuda.out,
+              HasSubstr(absl::StrCat("5 polar_express iterations, standard: standard on ",
+                                     gram.size() + standard.size(), " matrices\n")));
 }
 
 TEST_F(MuonmeshCtlTest, PlanTableOfABigWorldShowsTheExtremes) {
