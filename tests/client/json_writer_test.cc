@@ -53,7 +53,8 @@ TEST(JsonWriterTest, NestedRepeatedAndZeroFields) {
             "      \"row_start\": 1152,\n"
             "      \"row_count\": 1152\n"
             "    }\n"
-            "  ]\n"
+            "  ],\n"
+            "  \"ns_form\": \"\"\n"
             "}");
 }
 
