@@ -110,8 +110,7 @@ void MatricesToProto(const plan::PlanInput& input, const plan::Plan& p,
       o->set_owner(owner);
       if (m.replica >= 0) o->set_replica(m.replica);
       o->set_cost_flops(m.cost_flops);
-      o->set_ns_form(plan::NsAlgorithmName(plan::ChooseNsForm(
-          p.config.ns_algorithm, m.rows, m.cols, p.config.ns_steps, p.config.ns_table)));
+      o->set_ns_form(plan::NsAlgorithmName(m.ns_form));
       o->set_owner_cost(m.owner_cost);
       o->set_gather_bytes(m.gather_bytes);
       bool holder = false;

@@ -217,7 +217,8 @@ struct MatrixPlan {
   int32_t expert = -1;  // local expert index within the EP group, -1 if dense
   int64_t rows = 0;
   int64_t cols = 0;
-  double cost_flops = 0;        // NsFlops of the form that runs (ns_cost.h)
+  NsAlgorithm ns_form = NsAlgorithm::kStandard;  // the form that runs (auto resolved)
+  double cost_flops = 0;        // NsFlops of ns_form (ns_cost.h)
   double min_cost = 0;          // cost_flops + w * bytes at the best holder
   std::vector<Holder> holders;  // ascending position
   int32_t owner = -1;           // position; -1 for the allgather rule (everyone)
