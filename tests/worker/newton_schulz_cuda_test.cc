@@ -29,6 +29,7 @@ namespace muonmesh::cuda {
 namespace {
 
 using math::testing::Gaussian;
+using math::testing::IllConditioned;
 using math::testing::kPolarExpress;
 using math::testing::kQuintic;
 using math::testing::ReferenceNewtonSchulz;
@@ -36,7 +37,6 @@ using math::testing::RelativeFrobenius;
 using math::testing::SingularValues;
 using math::testing::TransposedFloats;
 using math::testing::Triple;
-using math::testing::WithSingularValues;
 
 // Relative Frobenius error allowed against fp64. An exact CPU emulation of
 // this algorithm (bf16 rounding of every GEMM input and of A and B, fp32
@@ -238,14 +238,7 @@ TEST_F(CudaNewtonSchulzTest, GramMatchesFp64Reference) {
     const int64_t m = std::min(c.rows, c.cols);
     for (int input = 0; input < 3; ++input) {
       std::vector<float> x = Gaussian(c.rows * c.cols, seed++);
-      if (input > 0) {
-        std::vector<double> sv(static_cast<size_t>(m));
-        for (int64_t k = 0; k < m; ++k) {
-          sv[k] = std::pow(1e-6, static_cast<double>(k) / static_cast<double>(m - 1));
-          if (input == 2 && k >= m / 2) sv[k] = 0.0;
-        }
-        x = WithSingularValues(c.rows, c.cols, sv, seed++);
-      }
+      if (input > 0) x = IllConditioned(c.rows, c.cols, seed++, input == 2 ? m / 2 : -1);
       for (bool polar : {false, true}) {
         auto [options, coeffs] = Table(polar);
         const math::testing::Mat ref =

@@ -15,6 +15,7 @@ namespace muonmesh::math {
 namespace {
 
 using testing::Gaussian;
+using testing::IllConditioned;
 using testing::kPolarExpress;
 using testing::kQuintic;
 using testing::ReferenceNewtonSchulz;
@@ -22,7 +23,6 @@ using testing::RelativeFrobenius;
 using testing::SingularValues;
 using testing::TransposedFloats;
 using testing::Triple;
-using testing::WithSingularValues;
 
 struct Shape {
   int64_t rows;
@@ -97,12 +97,7 @@ TEST(NewtonSchulzGramTest, MatchesTheStandardFp64Reference) {
       if (input == 0) {
         x = Gaussian(s.rows * s.cols, seed++);
       } else {
-        std::vector<double> sv(static_cast<size_t>(m));
-        for (int64_t k = 0; k < m; ++k) {
-          sv[k] = m == 1 ? 1.0 : std::pow(1e-6, static_cast<double>(k) / (m - 1));
-          if (input == 2 && k >= m / 2) sv[k] = 0.0;  // rank m / 2
-        }
-        x = WithSingularValues(s.rows, s.cols, sv, seed++);
+        x = IllConditioned(s.rows, s.cols, seed++, input == 2 ? m / 2 : -1);
       }
       for (int variant = 0; variant < 3; ++variant) {
         const NsOptions options = variant == 0   ? Quintic(5, kGram)
@@ -180,16 +175,6 @@ std::vector<float> FloatGram(const std::vector<float>& x, int64_t m, int64_t n, 
     r = symmetric(mul(symmetric(mul(p, p, m, m, m)), r, m, m, m));
   }
   return mul(q, x0, m, m, n);
-}
-
-// Singular values spread geometrically over 1e-6 .. 1; with `rank` < m the
-// smallest m - rank of them zero.
-std::vector<float> IllConditioned(int64_t m, int64_t n, uint64_t seed, int64_t rank = -1) {
-  std::vector<double> sv(m);
-  for (int64_t k = 0; k < m; ++k) {
-    sv[k] = (rank >= 0 && k >= rank) ? 0.0 : std::pow(1e-6, static_cast<double>(k) / (m - 1));
-  }
-  return WithSingularValues(m, n, sv, seed);
 }
 
 // The restart is what keeps the Gram form accurate: the same ill-conditioned

@@ -203,4 +203,18 @@ inline std::vector<float> WithSingularValues(int64_t rows, int64_t cols,
   return x;
 }
 
+// A rows x cols matrix whose singular values spread geometrically over
+// 1e-6 .. 1 (just 1 for a vector); with 0 <= rank < min(rows, cols), the
+// smallest min(rows, cols) - rank of them are zero.
+inline std::vector<float> IllConditioned(int64_t rows, int64_t cols, uint64_t seed,
+                                         int64_t rank = -1) {
+  const int64_t m = std::min(rows, cols);
+  std::vector<double> sv(static_cast<size_t>(m));
+  for (int64_t k = 0; k < m; ++k) {
+    sv[k] = m == 1 ? 1.0 : std::pow(1e-6, static_cast<double>(k) / static_cast<double>(m - 1));
+    if (rank >= 0 && k >= rank) sv[k] = 0.0;
+  }
+  return WithSingularValues(rows, cols, sv, seed);
+}
+
 }  // namespace muonmesh::math::testing
