@@ -26,6 +26,15 @@ int64_t GatherBytesAt(const MatrixPlan& m, int32_t p, int64_t bpe) {
   return 2 * (m.rows - HeldRows(m, p)) * m.cols * bpe;
 }
 
+// What owning m costs at position p: its Newton-Schulz FLOPs plus w per byte
+// of the exchange; CostAway at a position that holds none of its rows.
+double CostAt(const MatrixPlan& m, int32_t p, double w, int64_t bpe) {
+  return m.cost_flops + w * static_cast<double>(GatherBytesAt(m, p, bpe));
+}
+double CostAway(const MatrixPlan& m, double w, int64_t bpe) {
+  return m.cost_flops + w * 2.0 * static_cast<double>(m.rows * m.cols * bpe);
+}
+
 // State of one joint assignment over classes of domains (see
 // AssignOwnersJointly): each rank's joint load, an ordered index of them for
 // the busiest rank, and per class, each position's finish (the joint load of
@@ -72,9 +81,7 @@ class JointAssignment {
   }
   DomainPlan& plan(int c) const { return *classes_[c].plan; }
   int64_t size(int c) const { return classes_[c].plan->size; }
-  double Cost(const MatrixPlan& m, int32_t p) const {
-    return m.cost_flops + w_ * static_cast<double>(GatherBytesAt(m, p, bpe_));
-  }
+  double Cost(const MatrixPlan& m, int32_t p) const { return CostAt(m, p, w_, bpe_); }
   // The holder where m costs least (its matrix's min_cost), the first
   // among equals; -1 when m has no holder.
   int32_t BestHolder(const MatrixPlan& m) const {
@@ -1266,15 +1273,13 @@ double LagrangianBound(double w, int64_t bpe, int64_t world,
           if (y[at[k]] < y[low] || (y[at[k]] == y[low] && at[k] < low)) low = at[k];
         }
         for (const MatrixPlan& m : c.plan->matrices) {
-          const double anywhere =
-              m.cost_flops + w * 2.0 * static_cast<double>(m.rows * m.cols * bpe);
+          const double anywhere = CostAway(m, w, bpe);
           double v = y[low] * anywhere;
           int32_t at = low;
           double cost = anywhere;
           for (const Holder& h : m.holders) {
             const int32_t r = c.ranks[h.position][k];
-            const double here =
-                m.cost_flops + w * static_cast<double>(GatherBytesAt(m, h.position, bpe));
+            const double here = CostAt(m, h.position, w, bpe);
             if (y[r] * here < v) {
               v = y[r] * here;
               at = r;
@@ -1370,13 +1375,11 @@ class GroupBound {
   void SetShiftCosts(double w, int64_t bpe, const DomainPlan& a) {
     std::vector<std::vector<std::pair<double, double>>> by_group(groups_);  // (rho, min)
     for (const MatrixPlan& m : a.matrices) {
-      const double anywhere =
-          m.cost_flops + w * 2.0 * static_cast<double>(m.rows * m.cols * bpe);
+      const double anywhere = CostAway(m, w, bpe);
       double best = anywhere, second = anywhere;
       int32_t at = -1;
       for (const Holder& h : m.holders) {
-        const double here =
-            m.cost_flops + w * static_cast<double>(GatherBytesAt(m, h.position, bpe));
+        const double here = CostAt(m, h.position, w, bpe);
         if (here < best) {
           second = best;
           best = here;
@@ -1390,8 +1393,7 @@ class GroupBound {
         second = std::numeric_limits<double>::infinity();
         for (const Holder& h : m.holders) {
           if (h.position == at) continue;
-          second = std::min(second, m.cost_flops + w * static_cast<double>(
-                                                        GatherBytesAt(m, h.position, bpe)));
+          second = std::min(second, CostAt(m, h.position, w, bpe));
         }
       }
       if (at < 0 || best <= 0 || !std::isfinite(second)) continue;  // no native group
