@@ -231,9 +231,6 @@ absl::Status CudaNewtonSchulz::IterateGram(int64_t m, int64_t n, const math::NsO
   const int in = static_cast<int>(n);
   const float one = 1.0f;
   const float zero = 0.0f;
-  const auto lead = [&](int64_t t) {
-    return math::NsCoefficientsForStep(options, static_cast<int>(t)).a;
-  };
   // Row-major m x m matrices are their column-major transposes, and every
   // product here is of commuting symmetric matrices (polynomials in X_0 X_0^T),
   // so the column-major products below are the row-major ones. X = Q X_0:
@@ -250,9 +247,10 @@ absl::Status CudaNewtonSchulz::IterateGram(int64_t m, int64_t n, const math::NsO
                                       im, b, im, &zero, c, im));
     return absl::OkStatus();
   };
-  bool q_is_identity = true;
+  plan::GramRestartRule rule;
+  bool starts = rule.Next(math::NsCoefficientsForStep(options, 0).a);
   for (int t = 0; t < options.steps; ++t) {
-    if (plan::GramStartsAt(t, lead)) {
+    if (starts) {
       if (t > 0) {  // restart: X = Q X_0 becomes the new X_0
         MUONMESH_RETURN_IF_ERROR(q_times_x0());
         MUONMESH_CUDA_CHECK(internal::LaunchToBf16(xf, xb, mn, stream_));
@@ -262,7 +260,6 @@ absl::Status CudaNewtonSchulz::IterateGram(int64_t m, int64_t n, const math::NsO
                                          CUDA_R_16BF, in, xb, CUDA_R_16BF, in, &zero, r,
                                          CUDA_R_32F, im, CUBLAS_COMPUTE_32F,
                                          CUBLAS_GEMM_DEFAULT));
-      q_is_identity = true;
     }
     const math::NsCoefficientSet k = math::NsCoefficientsForStep(options, t);
     const float kb = static_cast<float>(k.b);
@@ -271,17 +268,17 @@ absl::Status CudaNewtonSchulz::IterateGram(int64_t m, int64_t n, const math::NsO
     MUONMESH_CUBLAS_CHECK(
         cublasSgeam(handle_, CUBLAS_OP_N, CUBLAS_OP_N, im, im, &one, p, im, &kb, r, im, p, im));
     MUONMESH_CUDA_CHECK(internal::LaunchAddToDiagonal(p, m, static_cast<float>(k.a), stream_));
-    if (q_is_identity) {
+    if (starts) {
       MUONMESH_CUDA_CHECK(
           cudaMemcpyAsync(q, p, mm * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
-      q_is_identity = false;
     } else {
       MUONMESH_RETURN_IF_ERROR(sgemm(p, q, 1.0f, s));
       std::swap(q, s);
     }
     // R is needed again unless this is the last iteration or the next one
     // restarts: R <- P P R.
-    if (t + 1 < options.steps && !plan::GramStartsAt(t + 1, lead)) {
+    starts = t + 1 < options.steps && rule.Next(math::NsCoefficientsForStep(options, t + 1).a);
+    if (t + 1 < options.steps && !starts) {
       MUONMESH_RETURN_IF_ERROR(sgemm(p, p, 1.0f, s));
       MUONMESH_RETURN_IF_ERROR(sgemm(s, r, 1.0f, s2));
       std::swap(r, s2);
