@@ -82,10 +82,10 @@ CudaNewtonSchulz::~CudaNewtonSchulz() {
 
 size_t CudaNewtonSchulz::workspace_bytes() const {
   return x_.capacity() + xb_.capacity() + ab_.capacity() + bb_.capacity() + gram_.capacity() +
-         scratch_.capacity();
+         xl_.capacity() + scratch_.capacity();
 }
 
-absl::Status CudaNewtonSchulz::Reserve(int64_t rows, int64_t cols) {
+absl::Status CudaNewtonSchulz::Reserve(int64_t rows, int64_t cols, plan::NsAlgorithm algorithm) {
   MUONMESH_RETURN_IF_ERROR(CheckShape(rows, cols));
   const size_t m = static_cast<size_t>(std::min(rows, cols));
   const size_t n = static_cast<size_t>(std::max(rows, cols));
@@ -94,6 +94,10 @@ absl::Status CudaNewtonSchulz::Reserve(int64_t rows, int64_t cols) {
         std::pair{&ab_, m * m * sizeof(__nv_bfloat16)},
         std::pair{&bb_, m * m * sizeof(__nv_bfloat16)}}) {
     MUONMESH_RETURN_IF_ERROR(buffer->Reserve(bytes));
+  }
+  if (algorithm == plan::NsAlgorithm::kGram) {
+    MUONMESH_RETURN_IF_ERROR(gram_.Reserve(5 * m * m * sizeof(float)));
+    MUONMESH_RETURN_IF_ERROR(xl_.Reserve(m * n * sizeof(__nv_bfloat16)));
   }
   return absl::OkStatus();
 }
@@ -120,7 +124,7 @@ absl::Status CudaNewtonSchulz::RunBatched(float* x, int64_t count, int64_t rows,
 absl::Status CudaNewtonSchulz::RunValidated(float* x, int64_t rows, int64_t cols,
                                             const math::NsOptions& options) {
   if (rows == 0 || cols == 0) return absl::OkStatus();
-  MUONMESH_RETURN_IF_ERROR(Reserve(rows, cols));
+  MUONMESH_RETURN_IF_ERROR(Reserve(rows, cols, options.algorithm));
 
   const bool transpose = rows > cols;
   const int64_t m = std::min(rows, cols);
@@ -217,10 +221,11 @@ absl::Status CudaNewtonSchulz::IterateStandard(int64_t m, int64_t n,
 
 absl::Status CudaNewtonSchulz::IterateGram(int64_t m, int64_t n, const math::NsOptions& options) {
   const size_t mm = static_cast<size_t>(m) * static_cast<size_t>(m);
-  MUONMESH_RETURN_IF_ERROR(gram_.Reserve(5 * mm * sizeof(float)));
   auto* xf = static_cast<float*>(x_.get());
-  auto* xb = static_cast<__nv_bfloat16*>(xb_.get());
-  auto* qb = static_cast<__nv_bfloat16*>(ab_.get());  // bf16(Q) for the products with X_0
+  auto* xh = static_cast<__nv_bfloat16*>(xb_.get());  // bf16(X_0)
+  auto* xl = static_cast<__nv_bfloat16*>(xl_.get());  // bf16(X_0 - xh)
+  auto* qh = static_cast<__nv_bfloat16*>(ab_.get());  // the same split of Q
+  auto* ql = static_cast<__nv_bfloat16*>(bb_.get());
   float* r = static_cast<float*>(gram_.get());
   float* p = r + mm;
   float* q = p + mm;
@@ -231,40 +236,48 @@ absl::Status CudaNewtonSchulz::IterateGram(int64_t m, int64_t n, const math::NsO
   const int in = static_cast<int>(n);
   const float one = 1.0f;
   const float zero = 0.0f;
-  // Row-major m x m matrices are their column-major transposes, and every
-  // product here is of commuting symmetric matrices (polynomials in X_0 X_0^T),
-  // so the column-major products below are the row-major ones. X = Q X_0:
-  // column-major X^T <- X_0^T Q^T, n x m, over m.
+  // cuBLAS is column-major: a row-major matrix is its column-major transpose.
+  // X = Q X_0 (m x n, fp32, over the fp32 X_0 in x_, which it replaces; the
+  // products read only the bf16 halves): column-major X^T = X_0^T Q^T, n x m
+  // over m, as Xl^T Qh^T + Xh^T Ql^T + Xh^T Qh^T, the small terms first.
   const auto q_times_x0 = [&]() -> absl::Status {
-    MUONMESH_CUDA_CHECK(internal::LaunchToBf16(q, qb, static_cast<int64_t>(mm), stream_));
-    MUONMESH_CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, in, im, im, &one, xb,
-                                       CUDA_R_16BF, in, qb, CUDA_R_16BF, im, &zero, xf,
-                                       CUDA_R_32F, in, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    MUONMESH_CUDA_CHECK(internal::LaunchSplitBf16(q, qh, ql, static_cast<int64_t>(mm), stream_));
+    const std::pair<const __nv_bfloat16*, const __nv_bfloat16*> terms[] = {
+        {xl, qh}, {xh, ql}, {xh, qh}};
+    for (int i = 0; i < 3; ++i) {
+      MUONMESH_CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, in, im, im, &one,
+                                         terms[i].first, CUDA_R_16BF, in, terms[i].second,
+                                         CUDA_R_16BF, im, i == 0 ? &zero : &one, xf, CUDA_R_32F,
+                                         in, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
     return absl::OkStatus();
   };
-  const auto sgemm = [&](const float* a, const float* b, float alpha, float* c) -> absl::Status {
-    MUONMESH_CUBLAS_CHECK(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_N, im, im, im, &alpha, a,
-                                      im, b, im, &zero, c, im));
+  // Row-major c = alpha a b for m x m a, b: column-major c^T = b^T a^T.
+  const auto product = [&](const float* a, const float* b, float alpha,
+                           float* c) -> absl::Status {
+    MUONMESH_CUBLAS_CHECK(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_N, im, im, im, &alpha, b,
+                                      im, a, im, &zero, c, im));
     return absl::OkStatus();
   };
+  MUONMESH_CUDA_CHECK(internal::LaunchSplitBf16(xf, xh, xl, mn, stream_));
   plan::GramRestartRule rule;
   bool starts = rule.Next(math::NsCoefficientsForStep(options, 0).a);
   for (int t = 0; t < options.steps; ++t) {
     if (starts) {
       if (t > 0) {  // restart: X = Q X_0 becomes the new X_0
         MUONMESH_RETURN_IF_ERROR(q_times_x0());
-        MUONMESH_CUDA_CHECK(internal::LaunchToBf16(xf, xb, mn, stream_));
+        MUONMESH_CUDA_CHECK(internal::LaunchSplitBf16(xf, xh, xl, mn, stream_));
       }
-      // R = X_0 X_0^T in fp32, from bf16 X_0.
-      MUONMESH_CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, im, im, in, &one, xb,
-                                         CUDA_R_16BF, in, xb, CUDA_R_16BF, in, &zero, r,
+      // R = X_0 X_0^T in fp32, from bf16(X_0): column-major (X_0^T)^T X_0^T.
+      MUONMESH_CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, im, im, in, &one, xh,
+                                         CUDA_R_16BF, in, xh, CUDA_R_16BF, in, &zero, r,
                                          CUDA_R_32F, im, CUBLAS_COMPUTE_32F,
                                          CUBLAS_GEMM_DEFAULT));
     }
     const math::NsCoefficientSet k = math::NsCoefficientsForStep(options, t);
     const float kb = static_cast<float>(k.b);
     // P = c R R, then P = P + b R (in place), then a on the diagonal.
-    MUONMESH_RETURN_IF_ERROR(sgemm(r, r, static_cast<float>(k.c), p));
+    MUONMESH_RETURN_IF_ERROR(product(r, r, static_cast<float>(k.c), p));
     MUONMESH_CUBLAS_CHECK(
         cublasSgeam(handle_, CUBLAS_OP_N, CUBLAS_OP_N, im, im, &one, p, im, &kb, r, im, p, im));
     MUONMESH_CUDA_CHECK(internal::LaunchAddToDiagonal(p, m, static_cast<float>(k.a), stream_));
@@ -272,15 +285,15 @@ absl::Status CudaNewtonSchulz::IterateGram(int64_t m, int64_t n, const math::NsO
       MUONMESH_CUDA_CHECK(
           cudaMemcpyAsync(q, p, mm * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
     } else {
-      MUONMESH_RETURN_IF_ERROR(sgemm(p, q, 1.0f, s));
+      MUONMESH_RETURN_IF_ERROR(product(p, q, 1.0f, s));  // Q <- P Q
       std::swap(q, s);
     }
     // R is needed again unless this is the last iteration or the next one
     // restarts: R <- P P R.
     starts = t + 1 < options.steps && rule.Next(math::NsCoefficientsForStep(options, t + 1).a);
     if (t + 1 < options.steps && !starts) {
-      MUONMESH_RETURN_IF_ERROR(sgemm(p, p, 1.0f, s));
-      MUONMESH_RETURN_IF_ERROR(sgemm(s, r, 1.0f, s2));
+      MUONMESH_RETURN_IF_ERROR(product(p, p, 1.0f, s));
+      MUONMESH_RETURN_IF_ERROR(product(s, r, 1.0f, s2));
       std::swap(r, s2);
     }
   }

@@ -15,14 +15,22 @@
 // With options.algorithm == kGram, the Gram form of plan/ns_cost.h instead:
 //   R  = Xb Xb^T                        cublasGemmEx, bf16 in, fp32 out
 //   P  = a I + b R + c R R,  Q <- P Q,  R <- P P R     cublasSgemm, fp32
-//   X  = bf16(Q) Xb                     cublasGemmEx, bf16 in, fp32 out
-// restarting from a fresh R = X X^T (X = Q X_0, rounded to bf16) where
-// plan::GramStartsAt says, as on the CPU. The m x m work stays in fp32: the
-// recurrence multiplies R's rounding in the directions of small singular
-// values by about a^2 an iteration, which bf16 could not bear. auto runs the
-// standard form here (the planner charges it on cuda): the Gram form is not
-// yet measured on a GPU (run_gpu_checks.sh prints both forms' accuracy), and
-// the job and plan validators refuse gram on cuda until it is.
+//   X  = Q X_0 = Qh Xh + Qh Xl + Ql Xh   three cublasGemmEx, fp32 out
+// where Qh = bf16(Q), Ql = bf16(Q - Qh) and likewise Xh, Xl for the fp32 X_0:
+// X_0 stays fp32 (its bf16 split carries ~16 bits). Restarts take a fresh
+// R = X X^T (X = Q X_0 becomes X_0) where plan::GramRestartRule says, as on the
+// CPU. Why the split: with single bf16 products Q X_0 the result is the
+// iteration of bf16(X_0), whose rounding the iteration multiplies by up to
+// a^T (485 for 5 quintic steps) in the directions of small singular values.
+// On the inputs of newton_schulz_cuda_test, run on the CPU stand-in for CUDA
+// (tests/worker/cuda_cpu/, the same bf16 roundings), ill-conditioned ones
+// reach errors of 0.09-0.4 that way, against the standard form's
+// 0.006-0.026; split, 0.002-0.017. The m x m work stays in fp32: the
+// recurrence multiplies R's rounding there by about a^2 an iteration, which
+// bf16 could not bear. auto runs the standard form here (the planner charges
+// it on cuda): the Gram form is not yet measured on a GPU (run_gpu_checks.sh
+// prints both forms' accuracy), and the job and plan validators refuse gram
+// on cuda until it is.
 //
 // A CudaNewtonSchulz owns a cuBLAS handle bound to one stream on the device
 // that was current at Create, and a workspace that grows to the largest shape
@@ -73,8 +81,10 @@ class CudaNewtonSchulz {
   CudaNewtonSchulz(const CudaNewtonSchulz&) = delete;
   CudaNewtonSchulz& operator=(const CudaNewtonSchulz&) = delete;
 
-  // Grows the workspace for rows x cols (either orientation).
-  absl::Status Reserve(int64_t rows, int64_t cols);
+  // Grows the workspace for rows x cols (either orientation), including the
+  // Gram form's buffers when `algorithm` is kGram.
+  absl::Status Reserve(int64_t rows, int64_t cols,
+                       plan::NsAlgorithm algorithm = plan::NsAlgorithm::kStandard);
 
   // Orthogonalises the row-major rows x cols fp32 matrix x (device memory) in
   // place, on stream(), and returns when x holds the result (it synchronises
@@ -111,6 +121,7 @@ class CudaNewtonSchulz {
   internal::DeviceBytes ab_;       // bf16 m x m
   internal::DeviceBytes bb_;       // bf16 m x m
   internal::DeviceBytes gram_;     // Gram form only: fp32 m x m R, P, Q and two scratch
+  internal::DeviceBytes xl_;       // Gram form only: bf16 m x n, X_0 - bf16(X_0)
   internal::DeviceBytes scratch_;  // reduction partials, sums, 1/norm
   double* host_sums_ = nullptr;    // pinned: sums of squares of input, output
 };

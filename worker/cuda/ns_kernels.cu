@@ -71,6 +71,18 @@ __global__ void ToBf16(const float* __restrict__ src, __nv_bfloat16* __restrict_
   }
 }
 
+__global__ void SplitBf16(const float* __restrict__ src, __nv_bfloat16* __restrict__ hi,
+                          __nv_bfloat16* __restrict__ lo, int64_t count) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < count;
+       i += stride) {
+    const float v = src[i];
+    const __nv_bfloat16 h = __float2bfloat16_rn(v);
+    hi[i] = h;
+    lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
+  }
+}
+
 __global__ void AddToDiagonal(float* __restrict__ a, int64_t n, float value) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
@@ -115,6 +127,12 @@ cudaError_t LaunchScaleToBf16(float* x, __nv_bfloat16* xb, int64_t count, const 
 cudaError_t LaunchToBf16(const float* src, __nv_bfloat16* dst, int64_t count,
                          cudaStream_t stream) {
   ToBf16<<<BlocksFor(count), kThreads, 0, stream>>>(src, dst, count);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSplitBf16(const float* src, __nv_bfloat16* hi, __nv_bfloat16* lo,
+                            int64_t count, cudaStream_t stream) {
+  SplitBf16<<<BlocksFor(count), kThreads, 0, stream>>>(src, hi, lo, count);
   return cudaGetLastError();
 }
 

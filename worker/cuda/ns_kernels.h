@@ -32,6 +32,12 @@ cudaError_t LaunchScaleToBf16(float* x, __nv_bfloat16* xb, int64_t count, const 
 cudaError_t LaunchToBf16(const float* src, __nv_bfloat16* dst, int64_t count,
                          cudaStream_t stream);
 
+// hi[i] = bf16(src[i]), lo[i] = bf16(src[i] - hi[i]): hi + lo carries about
+// 16 of src's 24 significant bits, so products of such pairs (three bf16
+// GEMMs: hi hi + hi lo + lo hi) come within about 2^-16 of fp32's.
+cudaError_t LaunchSplitBf16(const float* src, __nv_bfloat16* hi, __nv_bfloat16* lo,
+                            int64_t count, cudaStream_t stream);
+
 // a[i][i] += value for the n x n matrix a (either layout).
 cudaError_t LaunchAddToDiagonal(float* a, int64_t n, float value, cudaStream_t stream);
 

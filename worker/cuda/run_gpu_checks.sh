@@ -134,7 +134,7 @@ except Exception:
     pass
 PY
 )
-  [[ -n ${nccl_dir:-} ]] && export LD_LIBRARY_PATH="$nccl_dir:$LD_LIBRARY_PATH"
+  [[ -n ${nccl_dir:-} ]] && export LD_LIBRARY_PATH="$nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 extra_rc=0
 for extra in worker_runtime_cuda_test comm_nccl_gpu_test; do
