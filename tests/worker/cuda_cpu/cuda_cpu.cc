@@ -1,0 +1,387 @@
+// CPU stand-in for the CUDA runtime, cuBLAS and the Newton-Schulz kernels of
+// worker/cuda/ns_kernels.h (README.md in this folder).
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <new>
+#include <vector>
+
+#include "worker/cuda/ns_kernels.h"
+
+struct cublasContext {
+  cudaStream_t stream = nullptr;
+};
+
+namespace {
+
+std::mutex& RegistryMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+// Live cudaMalloc allocations: start address -> bytes.
+std::map<uintptr_t, size_t>& Registry() {
+  static std::map<uintptr_t, size_t> allocations;
+  return allocations;
+}
+
+bool InDeviceLocked(const void* p, size_t bytes) {
+  const auto& reg = Registry();
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto it = reg.upper_bound(a);
+  if (it == reg.begin()) return false;
+  --it;
+  return a >= it->first && a - it->first <= it->second && bytes <= it->second - (a - it->first);
+}
+
+bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const uintptr_t x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
+}
+
+// Bytes a column-major rows x cols operand with leading dimension ld spans.
+size_t Extent(int rows, int cols, int ld, size_t element) {
+  if (rows <= 0 || cols <= 0) return 0;
+  return (static_cast<size_t>(cols - 1) * static_cast<size_t>(ld) + static_cast<size_t>(rows)) *
+         element;
+}
+
+size_t ElementSize(cudaDataType_t type) { return type == CUDA_R_16BF ? 2 : 4; }
+
+float Load(const void* p, cudaDataType_t type, size_t i) {
+  if (type == CUDA_R_16BF) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  return static_cast<const float*>(p)[i];
+}
+
+void Store(void* p, cudaDataType_t type, size_t i, float v) {
+  if (type == CUDA_R_16BF) {
+    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+  } else {
+    static_cast<float*>(p)[i] = v;
+  }
+}
+
+// op(x) as a dense column-major rows x cols float matrix.
+std::vector<float> Dense(const void* x, cudaDataType_t type, int ld, cublasOperation_t op,
+                         int rows, int cols) {
+  std::vector<float> out(static_cast<size_t>(rows) * static_cast<size_t>(cols));
+  for (int j = 0; j < cols; ++j) {
+    for (int i = 0; i < rows; ++i) {
+      const size_t at = op == CUBLAS_OP_N
+                            ? static_cast<size_t>(i) + static_cast<size_t>(j) * ld
+                            : static_cast<size_t>(j) + static_cast<size_t>(i) * ld;
+      out[static_cast<size_t>(i) + static_cast<size_t>(j) * rows] = Load(x, type, at);
+    }
+  }
+  return out;
+}
+
+// C = alpha op(A) op(B) + beta C, column-major, fp32 accumulation in order
+// of the inner index; C is not read when beta is 0 (as in cuBLAS).
+cublasStatus_t Gemm(cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+                    float alpha, const void* a, cudaDataType_t atype, int lda, const void* b,
+                    cudaDataType_t btype, int ldb, float beta, void* c, cudaDataType_t ctype,
+                    int ldc) {
+  const int a_rows = transa == CUBLAS_OP_N ? m : k, a_cols = transa == CUBLAS_OP_N ? k : m;
+  const int b_rows = transb == CUBLAS_OP_N ? k : n, b_cols = transb == CUBLAS_OP_N ? n : k;
+  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, a_rows) || ldb < std::max(1, b_rows) ||
+      ldc < std::max(1, m)) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  const size_t a_bytes = Extent(a_rows, a_cols, lda, ElementSize(atype));
+  const size_t b_bytes = Extent(b_rows, b_cols, ldb, ElementSize(btype));
+  const size_t c_bytes = Extent(m, n, ldc, ElementSize(ctype));
+  if ((a_bytes > 0 && !cuda_cpu::InDevice(a, a_bytes)) ||
+      (b_bytes > 0 && !cuda_cpu::InDevice(b, b_bytes)) ||
+      (c_bytes > 0 && !cuda_cpu::InDevice(c, c_bytes))) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  if (Overlap(c, c_bytes, a, a_bytes) || Overlap(c, c_bytes, b, b_bytes)) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  const std::vector<float> da = Dense(a, atype, lda, transa, m, k);
+  const std::vector<float> db = Dense(b, btype, ldb, transb, k, n);
+  std::vector<float> acc(static_cast<size_t>(m));
+  for (int j = 0; j < n; ++j) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int l = 0; l < k; ++l) {
+      const float blj = db[static_cast<size_t>(l) + static_cast<size_t>(j) * k];
+      const float* col = da.data() + static_cast<size_t>(l) * m;
+      for (int i = 0; i < m; ++i) acc[i] = std::fma(col[i], blj, acc[i]);
+    }
+    for (int i = 0; i < m; ++i) {
+      const size_t at = static_cast<size_t>(i) + static_cast<size_t>(j) * ldc;
+      const float old = beta == 0.0f ? 0.0f : beta * Load(c, ctype, at);
+      Store(c, ctype, at, alpha * acc[i] + old);
+    }
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+namespace cuda_cpu {
+
+bool InDevice(const void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  return InDeviceLocked(p, bytes);
+}
+
+size_t LiveAllocations() {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  return Registry().size();
+}
+
+}  // namespace cuda_cpu
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+  void* p = ::operator new(std::max<size_t>(bytes, 1), std::align_val_t(256), std::nothrow);
+  if (p == nullptr) return cudaErrorMemoryAllocation;
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  Registry()[reinterpret_cast<uintptr_t>(p)] = bytes;
+  *ptr = p;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(RegistryMutex());
+    if (Registry().erase(reinterpret_cast<uintptr_t>(ptr)) == 0) return cudaErrorInvalidValue;
+  }
+  ::operator delete(ptr, std::align_val_t(256));
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
+  *ptr = ::operator new(std::max<size_t>(bytes, 1), std::nothrow);
+  return *ptr == nullptr ? cudaErrorMemoryAllocation : cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void* ptr) {
+  ::operator delete(ptr);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (bytes == 0) return cudaSuccess;
+  const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  // Each side must be what the kind says: inside an allocation, or wholly
+  // outside every one.
+  if (cuda_cpu::InDevice(dst, bytes) != dst_device ||
+      cuda_cpu::InDevice(src, bytes) != src_device ||
+      (!dst_device && cuda_cpu::InDevice(dst, 1)) || (!src_device && cuda_cpu::InDevice(src, 1))) {
+    return cudaErrorInvalidValue;
+  }
+  if (Overlap(dst, bytes, src, bytes)) return cudaErrorInvalidValue;
+  std::memcpy(dst, src, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t) {
+  return cudaMemcpy(dst, src, bytes, kind);
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaGetLastError() { return cudaSuccess; }
+
+const char* cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorIllegalAddress:
+      return "cudaErrorIllegalAddress";
+    default:
+      return "cudaErrorInvalidValue";
+  }
+}
+
+const char* cudaGetErrorString(cudaError_t error) { return cudaGetErrorName(error); }
+
+cublasStatus_t cublasCreate(cublasHandle_t* handle) {
+  *handle = new cublasContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasDestroy(cublasHandle_t handle) {
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
+  handle->stream = stream;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetPointerMode(cublasHandle_t, cublasPointerMode_t mode) {
+  return mode == CUBLAS_POINTER_MODE_HOST ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
+}
+
+const char* cublasGetStatusName(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default:
+      return "CUBLAS_STATUS_INTERNAL_ERROR";
+  }
+}
+
+const char* cublasGetStatusString(cublasStatus_t status) { return cublasGetStatusName(status); }
+
+cublasStatus_t cublasSgemm(cublasHandle_t, cublasOperation_t transa, cublasOperation_t transb,
+                           int m, int n, int k, const float* alpha, const float* a, int lda,
+                           const float* b, int ldb, const float* beta, float* c, int ldc) {
+  return Gemm(transa, transb, m, n, k, *alpha, a, CUDA_R_32F, lda, b, CUDA_R_32F, ldb, *beta, c,
+              CUDA_R_32F, ldc);
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t transa, cublasOperation_t transb,
+                            int m, int n, int k, const void* alpha, const void* a,
+                            cudaDataType_t atype, int lda, const void* b, cudaDataType_t btype,
+                            int ldb, const void* beta, void* c, cudaDataType_t ctype, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t) {
+  // The combinations cuBLAS documents for CUBLAS_COMPUTE_32F that this code
+  // uses: bf16 x bf16 -> bf16 or fp32, and fp32 throughout.
+  if (compute != CUBLAS_COMPUTE_32F || atype != btype ||
+      (atype == CUDA_R_32F && ctype != CUDA_R_32F)) {
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  return Gemm(transa, transb, m, n, k, *static_cast<const float*>(alpha), a, atype, lda, b, btype,
+              ldb, *static_cast<const float*>(beta), c, ctype, ldc);
+}
+
+cublasStatus_t cublasSgeam(cublasHandle_t, cublasOperation_t transa, cublasOperation_t transb,
+                           int m, int n, const float* alpha, const float* a, int lda,
+                           const float* beta, const float* b, int ldb, float* c, int ldc) {
+  const int a_rows = transa == CUBLAS_OP_N ? m : n, a_cols = transa == CUBLAS_OP_N ? n : m;
+  const int b_rows = transb == CUBLAS_OP_N ? m : n, b_cols = transb == CUBLAS_OP_N ? n : m;
+  if (m < 0 || n < 0 || lda < std::max(1, a_rows) || ldb < std::max(1, b_rows) ||
+      ldc < std::max(1, m)) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  const size_t a_bytes = Extent(a_rows, a_cols, lda, 4), b_bytes = Extent(b_rows, b_cols, ldb, 4);
+  const size_t c_bytes = Extent(m, n, ldc, 4);
+  if (!cuda_cpu::InDevice(a, a_bytes) || !cuda_cpu::InDevice(b, b_bytes) ||
+      !cuda_cpu::InDevice(c, c_bytes)) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  // In place only as cuBLAS allows it: C = A (or B) with the same leading
+  // dimension and no transpose; any other overlap is refused.
+  const bool in_place_a = c == a && ldc == lda && transa == CUBLAS_OP_N;
+  const bool in_place_b = c == b && ldc == ldb && transb == CUBLAS_OP_N;
+  if ((!in_place_a && Overlap(c, c_bytes, a, a_bytes)) ||
+      (!in_place_b && Overlap(c, c_bytes, b, b_bytes))) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  const std::vector<float> da = Dense(a, CUDA_R_32F, lda, transa, m, n);
+  const std::vector<float> db = Dense(b, CUDA_R_32F, ldb, transb, m, n);
+  for (int j = 0; j < n; ++j) {
+    for (int i = 0; i < m; ++i) {
+      const size_t d = static_cast<size_t>(i) + static_cast<size_t>(j) * m;
+      c[static_cast<size_t>(i) + static_cast<size_t>(j) * ldc] = *alpha * da[d] + *beta * db[d];
+    }
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// The kernels of worker/cuda/ns_kernels.cu, element by element, with the same
+// arithmetic (the sums of squares in double, in one order), each checking
+// that it stays inside device memory as a kernel must.
+namespace muonmesh::cuda::internal {
+
+cudaError_t LaunchSumSquares(const float* x, int64_t count, double* partial, double* sums,
+                             int slot, double eps, double* inv_norm, cudaStream_t) {
+  if (!cuda_cpu::InDevice(x, static_cast<size_t>(count) * sizeof(float)) ||
+      !cuda_cpu::InDevice(partial, kReduceBlocks * sizeof(double)) ||
+      !cuda_cpu::InDevice(sums, static_cast<size_t>(slot + 1) * sizeof(double)) ||
+      (inv_norm != nullptr && !cuda_cpu::InDevice(inv_norm, sizeof(double)))) {
+    return cudaErrorIllegalAddress;
+  }
+  double s = 0.0;
+  for (int64_t i = 0; i < count; ++i) s += static_cast<double>(x[i]) * x[i];
+  sums[slot] = s;
+  if (inv_norm != nullptr) *inv_norm = 1.0 / std::fmax(std::sqrt(s), eps);
+  return cudaSuccess;
+}
+
+cudaError_t LaunchScaleToBf16(float* x, __nv_bfloat16* xb, int64_t count, const double* inv_norm,
+                              cudaStream_t) {
+  if (!cuda_cpu::InDevice(x, static_cast<size_t>(count) * sizeof(float)) ||
+      !cuda_cpu::InDevice(xb, static_cast<size_t>(count) * sizeof(__nv_bfloat16)) ||
+      !cuda_cpu::InDevice(inv_norm, sizeof(double))) {
+    return cudaErrorIllegalAddress;
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    x[i] = static_cast<float>(x[i] * *inv_norm);
+    xb[i] = __float2bfloat16_rn(x[i]);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t LaunchToBf16(const float* src, __nv_bfloat16* dst, int64_t count, cudaStream_t) {
+  if (!cuda_cpu::InDevice(src, static_cast<size_t>(count) * sizeof(float)) ||
+      !cuda_cpu::InDevice(dst, static_cast<size_t>(count) * sizeof(__nv_bfloat16))) {
+    return cudaErrorIllegalAddress;
+  }
+  for (int64_t i = 0; i < count; ++i) dst[i] = __float2bfloat16_rn(src[i]);
+  return cudaSuccess;
+}
+
+cudaError_t LaunchSplitBf16(const float* src, __nv_bfloat16* hi, __nv_bfloat16* lo,
+                            int64_t count, cudaStream_t) {
+  const size_t half = static_cast<size_t>(count) * sizeof(__nv_bfloat16);
+  if (!cuda_cpu::InDevice(src, static_cast<size_t>(count) * sizeof(float)) ||
+      !cuda_cpu::InDevice(hi, half) || !cuda_cpu::InDevice(lo, half)) {
+    return cudaErrorIllegalAddress;
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    hi[i] = __float2bfloat16_rn(src[i]);
+    lo[i] = __float2bfloat16_rn(src[i] - __bfloat162float(hi[i]));
+  }
+  return cudaSuccess;
+}
+
+cudaError_t LaunchAddToDiagonal(float* a, int64_t n, float value, cudaStream_t) {
+  if (!cuda_cpu::InDevice(a, static_cast<size_t>(n * n) * sizeof(float))) {
+    return cudaErrorIllegalAddress;
+  }
+  for (int64_t i = 0; i < n; ++i) a[i * (n + 1)] += value;
+  return cudaSuccess;
+}
+
+cudaError_t LaunchTranspose(const float* src, int64_t rows, int64_t cols, float* dst,
+                            cudaStream_t) {
+  const size_t bytes = static_cast<size_t>(rows * cols) * sizeof(float);
+  if (!cuda_cpu::InDevice(src, bytes) || !cuda_cpu::InDevice(dst, bytes) ||
+      Overlap(src, bytes, dst, bytes)) {
+    return cudaErrorIllegalAddress;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
+  }
+  return cudaSuccess;
+}
+
+}  // namespace muonmesh::cuda::internal

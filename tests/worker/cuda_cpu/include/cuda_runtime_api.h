@@ -1,0 +1,50 @@
+#pragma once
+
+// CPU stand-in for the part of the CUDA runtime API that the Newton-Schulz
+// host code and its test use (tests/worker/cuda_cpu/README.md). "Device"
+// memory is host memory that the stand-in tracks, so every copy, kernel and
+// cuBLAS call can check that it stays inside device allocations.
+
+#include <cstddef>
+
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInsufficientDriver = 35,
+  cudaErrorNoDevice = 100,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorNoKernelImageForDevice = 209,
+  cudaErrorIllegalAddress = 700,
+};
+
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+};
+
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+
+cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaMalloc(void** ptr, size_t bytes);
+cudaError_t cudaFree(void* ptr);
+cudaError_t cudaMallocHost(void** ptr, size_t bytes);
+cudaError_t cudaFreeHost(void* ptr);
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream = nullptr);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaGetLastError();
+const char* cudaGetErrorName(cudaError_t error);
+const char* cudaGetErrorString(cudaError_t error);
+
+// Not CUDA: for the stand-in's own checks and tests.
+namespace cuda_cpu {
+// True when [p, p + bytes) lies inside one live cudaMalloc allocation.
+bool InDevice(const void* p, size_t bytes);
+// Live cudaMalloc allocations.
+size_t LiveAllocations();
+}  // namespace cuda_cpu
