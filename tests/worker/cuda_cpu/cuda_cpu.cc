@@ -15,7 +15,6 @@
 #include <new>
 #include <vector>
 
-#include "worker/cuda/ns_kernels.h"
 
 struct cublasContext {
   cudaStream_t stream = nullptr;
@@ -198,6 +197,61 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   return cudaMemcpy(dst, src, bytes, kind);
 }
 
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
+                              size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t) {
+  if (width == 0 || height == 0) return cudaSuccess;
+  if (width > dpitch || width > spitch) return cudaErrorInvalidValue;
+  // Each side's whole span must be what the kind says (device or host).
+  const size_t dst_span = (height - 1) * dpitch + width, src_span = (height - 1) * spitch + width;
+  const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  if (cuda_cpu::InDevice(dst, dst_span) != dst_device ||
+      cuda_cpu::InDevice(src, src_span) != src_device || Overlap(dst, dst_span, src, src_span)) {
+    return cudaErrorInvalidValue;
+  }
+  for (size_t r = 0; r < height; ++r) {
+    std::memcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch,
+                width);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+  if (bytes == 0) return cudaSuccess;
+  if (!cuda_cpu::InDevice(dst, bytes)) return cudaErrorInvalidValue;
+  std::memset(dst, value, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
+  return cudaMemset(dst, value, bytes);
+}
+
+cudaError_t cudaSetDevice(int device) {
+  return device == 0 ? cudaSuccess : cudaErrorInvalidDevice;
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+
+// A stream is a distinct non-null handle that the stand-in never reads.
+cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+  *stream = reinterpret_cast<cudaStream_t>(new char);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
+  return cudaStreamCreate(stream);
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  delete reinterpret_cast<char*>(stream);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaGetLastError() { return cudaSuccess; }
 
@@ -234,6 +288,8 @@ cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
 cublasStatus_t cublasSetPointerMode(cublasHandle_t, cublasPointerMode_t mode) {
   return mode == CUBLAS_POINTER_MODE_HOST ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
 }
+
+cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
 
 const char* cublasGetStatusName(cublasStatus_t status) {
   switch (status) {
@@ -305,83 +361,3 @@ cublasStatus_t cublasSgeam(cublasHandle_t, cublasOperation_t transa, cublasOpera
   }
   return CUBLAS_STATUS_SUCCESS;
 }
-
-// The kernels of worker/cuda/ns_kernels.cu, element by element, with the same
-// arithmetic (the sums of squares in double, in one order), each checking
-// that it stays inside device memory as a kernel must.
-namespace muonmesh::cuda::internal {
-
-cudaError_t LaunchSumSquares(const float* x, int64_t count, double* partial, double* sums,
-                             int slot, double eps, double* inv_norm, cudaStream_t) {
-  if (!cuda_cpu::InDevice(x, static_cast<size_t>(count) * sizeof(float)) ||
-      !cuda_cpu::InDevice(partial, kReduceBlocks * sizeof(double)) ||
-      !cuda_cpu::InDevice(sums, static_cast<size_t>(slot + 1) * sizeof(double)) ||
-      (inv_norm != nullptr && !cuda_cpu::InDevice(inv_norm, sizeof(double)))) {
-    return cudaErrorIllegalAddress;
-  }
-  double s = 0.0;
-  for (int64_t i = 0; i < count; ++i) s += static_cast<double>(x[i]) * x[i];
-  sums[slot] = s;
-  if (inv_norm != nullptr) *inv_norm = 1.0 / std::fmax(std::sqrt(s), eps);
-  return cudaSuccess;
-}
-
-cudaError_t LaunchScaleToBf16(float* x, __nv_bfloat16* xb, int64_t count, const double* inv_norm,
-                              cudaStream_t) {
-  if (!cuda_cpu::InDevice(x, static_cast<size_t>(count) * sizeof(float)) ||
-      !cuda_cpu::InDevice(xb, static_cast<size_t>(count) * sizeof(__nv_bfloat16)) ||
-      !cuda_cpu::InDevice(inv_norm, sizeof(double))) {
-    return cudaErrorIllegalAddress;
-  }
-  for (int64_t i = 0; i < count; ++i) {
-    x[i] = static_cast<float>(x[i] * *inv_norm);
-    xb[i] = __float2bfloat16_rn(x[i]);
-  }
-  return cudaSuccess;
-}
-
-cudaError_t LaunchToBf16(const float* src, __nv_bfloat16* dst, int64_t count, cudaStream_t) {
-  if (!cuda_cpu::InDevice(src, static_cast<size_t>(count) * sizeof(float)) ||
-      !cuda_cpu::InDevice(dst, static_cast<size_t>(count) * sizeof(__nv_bfloat16))) {
-    return cudaErrorIllegalAddress;
-  }
-  for (int64_t i = 0; i < count; ++i) dst[i] = __float2bfloat16_rn(src[i]);
-  return cudaSuccess;
-}
-
-cudaError_t LaunchSplitBf16(const float* src, __nv_bfloat16* hi, __nv_bfloat16* lo,
-                            int64_t count, cudaStream_t) {
-  const size_t half = static_cast<size_t>(count) * sizeof(__nv_bfloat16);
-  if (!cuda_cpu::InDevice(src, static_cast<size_t>(count) * sizeof(float)) ||
-      !cuda_cpu::InDevice(hi, half) || !cuda_cpu::InDevice(lo, half)) {
-    return cudaErrorIllegalAddress;
-  }
-  for (int64_t i = 0; i < count; ++i) {
-    hi[i] = __float2bfloat16_rn(src[i]);
-    lo[i] = __float2bfloat16_rn(src[i] - __bfloat162float(hi[i]));
-  }
-  return cudaSuccess;
-}
-
-cudaError_t LaunchAddToDiagonal(float* a, int64_t n, float value, cudaStream_t) {
-  if (!cuda_cpu::InDevice(a, static_cast<size_t>(n * n) * sizeof(float))) {
-    return cudaErrorIllegalAddress;
-  }
-  for (int64_t i = 0; i < n; ++i) a[i * (n + 1)] += value;
-  return cudaSuccess;
-}
-
-cudaError_t LaunchTranspose(const float* src, int64_t rows, int64_t cols, float* dst,
-                            cudaStream_t) {
-  const size_t bytes = static_cast<size_t>(rows * cols) * sizeof(float);
-  if (!cuda_cpu::InDevice(src, bytes) || !cuda_cpu::InDevice(dst, bytes) ||
-      Overlap(src, bytes, dst, bytes)) {
-    return cudaErrorIllegalAddress;
-  }
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
-  }
-  return cudaSuccess;
-}
-
-}  // namespace muonmesh::cuda::internal
