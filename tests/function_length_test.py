@@ -17,13 +17,7 @@ import sys
 LIMIT = 80
 
 # (file, first line of the signature's text) -> why it stays long.
-EXCEPTIONS = {
-    ("worker/model/moe_mlp_cuda.cc", "absl::StatusOr<double> CudaMoeMlp::Run("):
-        "GPU code that has never run (no GPU lent to this project yet): it is split when a GPU "
-        "run can check the split, not before",
-    ("worker/model/mlp_cuda.cc", "absl::StatusOr<double> CudaMlp::ForwardBackwardByUnit("):
-        "GPU code that has never run; as above",
-}
+EXCEPTIONS: dict = {}
 
 OPEN = re.compile(r"\)\s*(const)?\s*(override)?\s*(noexcept)?\s*(->\s*[\w:<>]+)?\s*\{\s*$")
 CONTROL = re.compile(r"\s*(if|for|while|switch|else|do|catch)\b")

@@ -103,33 +103,27 @@ absl::Status CudaMlp::Backward(int64_t i, int64_t n, const float* weight, const 
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> CudaMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& units,
-                                                      absl::Span<const int64_t> samples) {
-  MUONMESH_RETURN_IF_ERROR(internal::CheckSampleList("mlp", samples, cpu_.num_samples(), INT_MAX));
-  const int64_t n = static_cast<int64_t>(samples.size());
+namespace {
+
+// Unit i's parameters, which must be two tensors (weight, bias).
+absl::StatusOr<absl::Span<const float* const>> AcquireLayer(UnitAccess& units, int64_t i) {
+  absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(static_cast<int>(i));
+  MUONMESH_RETURN_IF_ERROR(p.status());
+  if (p->size() != 2) {
+    units.Release(static_cast<int>(i));
+    return absl::InvalidArgumentError(
+        absl::StrCat("mlp: unit ", i, " was acquired as ", p->size(), " tensors, expected 2"));
+  }
+  return p;
+}
+
+}  // namespace
+
+absl::Status CudaMlp::ForwardLayers(UnitAccess& units, int64_t n,
+                                    absl::Span<const float* const>* held) {
   const int64_t layers = static_cast<int64_t>(dims_.size()) - 1;
-  const int64_t d_out = dims_.back();
-  MUONMESH_RETURN_IF_ERROR(Reserve(n));
-  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(rows_, samples.data(), sizeof(int64_t) * n,
-                                      cudaMemcpyHostToDevice, stream_));
-  MUONMESH_CUDA_CHECK(
-      cuda::internal::LaunchGatherRows(x_, rows_, n, dims_.front(), acts_[0], stream_));
-
-  auto acquire = [&](int64_t i) -> absl::StatusOr<absl::Span<const float* const>> {
-    absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(static_cast<int>(i));
-    MUONMESH_RETURN_IF_ERROR(p.status());
-    if (p->size() != 2) {
-      units.Release(static_cast<int>(i));
-      return absl::InvalidArgumentError(
-          absl::StrCat("mlp: unit ", i, " was acquired as ", p->size(), " tensors, expected 2"));
-    }
-    return p;
-  };
-
-  // Forward.
-  absl::Span<const float* const> held;
   for (int64_t i = 0; i < layers; ++i) {
-    absl::StatusOr<absl::Span<const float* const>> p = acquire(i);
+    absl::StatusOr<absl::Span<const float* const>> p = AcquireLayer(units, i);
     MUONMESH_RETURN_IF_ERROR(p.status());
     absl::Status st = Gemm(false, true, n, dims_[i + 1], dims_[i], acts_[i], (*p)[0], acts_[i + 1]);
     if (st.ok()) {
@@ -150,36 +144,37 @@ absl::StatusOr<double> CudaMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAcce
     if (i + 1 < layers) {
       units.Release(static_cast<int>(i));
     } else {
-      held = *p;
+      *held = *p;
     }
   }
+  return absl::OkStatus();
+}
 
-  // Loss and dL/dy.
+absl::StatusOr<double> CudaMlp::OutputLoss(int64_t n) {
+  const int64_t layers = static_cast<int64_t>(dims_.size()) - 1;
+  const int64_t d_out = dims_.back();
   const double denom = static_cast<double>(n) * static_cast<double>(d_out);
   std::vector<double> partial(cuda::internal::kLossBlocks);
-  absl::Status st = [&]() -> absl::Status {
-    MUONMESH_CUDA_CHECK(cuda::internal::LaunchOutputDelta(acts_[layers], y_, rows_, n, d_out,
-                                                          denom, delta_, partial_, stream_));
-    MUONMESH_CUDA_CHECK(cudaMemcpyAsync(partial.data(), partial_, sizeof(double) * partial.size(),
-                                        cudaMemcpyDeviceToHost, stream_));
-    MUONMESH_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return absl::OkStatus();
-  }();
-  if (!st.ok()) {
-    units.Release(static_cast<int>(layers - 1));
-    return st;
-  }
+  MUONMESH_CUDA_CHECK(cuda::internal::LaunchOutputDelta(acts_[layers], y_, rows_, n, d_out, denom,
+                                                        delta_, partial_, stream_));
+  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(partial.data(), partial_, sizeof(double) * partial.size(),
+                                      cudaMemcpyDeviceToHost, stream_));
+  MUONMESH_CUDA_CHECK(cudaStreamSynchronize(stream_));
   double sum = 0.0;
   for (double v : partial) sum += v;
+  return sum / denom;
+}
 
-  // Backward.
+absl::Status CudaMlp::BackwardLayers(UnitAccess& units, int64_t n,
+                                     absl::Span<const float* const> held) {
+  const int64_t layers = static_cast<int64_t>(dims_.size()) - 1;
   float* delta = delta_;
   float* delta_next = delta_next_;
   for (int64_t i = layers - 1; i >= 0; --i) {
     const int u = static_cast<int>(i);
     absl::Span<const float* const> p = held;
     if (i + 1 < layers) {
-      absl::StatusOr<absl::Span<const float* const>> again = acquire(i);
+      absl::StatusOr<absl::Span<const float* const>> again = AcquireLayer(units, i);
       MUONMESH_RETURN_IF_ERROR(again.status());
       p = *again;
     }
@@ -190,7 +185,7 @@ absl::StatusOr<double> CudaMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAcce
                                                               " gradient buffers, expected 2"))
                     : g.status();
     }
-    st = Backward(i, n, p[0], delta, delta_next, (*g)[0], (*g)[1]);
+    absl::Status st = Backward(i, n, p[0], delta, delta_next, (*g)[0], (*g)[1]);
     if (st.ok()) st = units.Commit(u);
     if (!st.ok()) {
       units.Release(u);
@@ -199,7 +194,29 @@ absl::StatusOr<double> CudaMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAcce
     std::swap(delta, delta_next);
     units.Release(u);
   }
-  return sum / denom;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> CudaMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& units,
+                                                      absl::Span<const int64_t> samples) {
+  MUONMESH_RETURN_IF_ERROR(internal::CheckSampleList("mlp", samples, cpu_.num_samples(), INT_MAX));
+  const int64_t n = static_cast<int64_t>(samples.size());
+  const int layers = static_cast<int>(dims_.size()) - 1;
+  MUONMESH_RETURN_IF_ERROR(Reserve(n));
+  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(rows_, samples.data(), sizeof(int64_t) * n,
+                                      cudaMemcpyHostToDevice, stream_));
+  MUONMESH_CUDA_CHECK(
+      cuda::internal::LaunchGatherRows(x_, rows_, n, dims_.front(), acts_[0], stream_));
+  // The last unit stays acquired from the forward pass into the backward one.
+  absl::Span<const float* const> held;
+  MUONMESH_RETURN_IF_ERROR(ForwardLayers(units, n, &held));
+  absl::StatusOr<double> loss = OutputLoss(n);
+  if (!loss.ok()) {
+    units.Release(layers - 1);
+    return loss.status();
+  }
+  MUONMESH_RETURN_IF_ERROR(BackwardLayers(units, n, held));
+  return *loss;
 }
 
 }  // namespace muonmesh::worker

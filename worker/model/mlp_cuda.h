@@ -59,6 +59,13 @@ class CudaMlp final : public Workload {
                     const float* b, float* c);
   absl::Status Backward(int64_t i, int64_t n, const float* weight, const float* delta,
                         float* delta_next, float* dw, float* db);
+  // The steps of ForwardBackwardByUnit on the n gathered samples. Forward
+  // releases every unit but the last, which it leaves acquired in *held (the
+  // backward pass starts with it); OutputLoss leaves dL/dy in delta_ and
+  // returns the loss; BackwardLayers commits each unit's gradients.
+  absl::Status ForwardLayers(UnitAccess& units, int64_t n, absl::Span<const float* const>* held);
+  absl::StatusOr<double> OutputLoss(int64_t n);
+  absl::Status BackwardLayers(UnitAccess& units, int64_t n, absl::Span<const float* const> held);
 
   Mlp cpu_;
   std::vector<int64_t> dims_;

@@ -140,17 +140,31 @@ absl::StatusOr<double> CudaMoeMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitA
   return Run(units, samples);
 }
 
-absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64_t> samples) {
-  const MoeMlpDims& dm = cpu_.dims();
-  const int64_t n = static_cast<int64_t>(samples.size());
-  const int64_t d_in = dm.d_in, d = dm.d_model, de = dm.d_expert, e_total = dm.num_experts,
-                d_out = dm.d_out;
-  const int ep = units.expert_parallel_size();
-  if (ep < 1 || e_total % ep != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "moe_mlp: num_experts ", e_total, " does not split over ", ep, " expert-parallel groups"));
+// One call's routing and token counts, from the forward pass to the
+// backward one.
+struct CudaMoeMlp::Pass {
+  int64_t n = 0;      // tokens of this rank
+  int ep = 1;         // expert-parallel ranks
+  int64_t local = 0;  // experts on this rank
+  std::vector<float> g;  // router probabilities [n, experts] (host)
+  MoeRouting routing;
+  std::vector<int64_t> send_tokens, recv_tokens;  // per expert-parallel rank
+  int64_t received = 0;                           // tokens this rank's experts take
+  std::vector<int64_t> ex_begin;  // received tokens of local expert l: [ex_begin[l], [l + 1])
+  std::vector<int64_t> send_counts, recv_counts;  // of the exchange in flight, in floats
+
+  // The exchange counts for tokens of `width` floats each.
+  void SetCounts(int64_t width) {
+    for (int q = 0; q < ep; ++q) {
+      send_counts[q] = send_tokens[q] * width;
+      recv_counts[q] = recv_tokens[q] * width;
+    }
   }
-  const int64_t local = e_total / ep;
+};
+
+absl::Status CudaMoeMlp::ReserveFor(int64_t n, int ep) {
+  const MoeMlpDims& dm = cpu_.dims();
+  const int64_t d_in = dm.d_in, d = dm.d_model, e_total = dm.num_experts, d_out = dm.d_out;
   Scratch& s = *scratch_;
   for (DevArray<float>* b : {&s.xs}) MUONMESH_RETURN_IF_ERROR(b->Reserve(n * d_in));
   for (DevArray<float>* b : {&s.h, &s.o, &s.z, &s.dz, &s.dh}) {
@@ -168,13 +182,13 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
   MUONMESH_RETURN_IF_ERROR(s.dots.Reserve(n));
   MUONMESH_RETURN_IF_ERROR(s.counts_send.Reserve(ep));
   MUONMESH_RETURN_IF_ERROR(s.counts_recv.Reserve(ep));
+  return absl::OkStatus();
+}
 
-  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(s.samples.get(), samples.data(), sizeof(int64_t) * n,
-                                      cudaMemcpyHostToDevice, stream_));
-  MUONMESH_LAUNCH(k::LaunchGatherRows(x_, s.samples.get(), n, d_in, s.xs.get(), stream_));
-
-  // Input layer.
-  {
+absl::Status CudaMoeMlp::InputForward(UnitAccess& units, int64_t n) {
+  const MoeMlpDims& dm = cpu_.dims();
+  const int64_t d_in = dm.d_in, d = dm.d_model;
+  Scratch& s = *scratch_;
     absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(0);
     MUONMESH_RETURN_IF_ERROR(p.status());
     Held held(units, 0);
@@ -184,31 +198,34 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
                                   s.h.get()));
     MUONMESH_LAUNCH(k::LaunchBiasActivate(s.h.get(), (*p)[1], n, d, true, stream_));
     MUONMESH_RETURN_IF_ERROR(Sync());
-  }
+  return absl::OkStatus();
+}
 
-  // Router (on the host, in double, as the CPU), dispatch, experts, combine.
-  absl::StatusOr<absl::Span<const float* const>> p1 = units.Acquire(1);
-  MUONMESH_RETURN_IF_ERROR(p1.status());
-  Held held1(units, 1);
-  SyncOnExit synced1(stream_);
-  MUONMESH_RETURN_IF_ERROR(Expect(*p1, 3, 1, "parameters"));
-  MUONMESH_RETURN_IF_ERROR(Gemm(false, true, n, e_total, d, 1.0f, s.h.get(), (*p1)[0], 0.0f,
+// The router (on the host, in double, as the CPU), then the tokens sent to
+// the ranks holding their experts.
+absl::Status CudaMoeMlp::Dispatch(UnitAccess& units, const float* w_router, Pass& pass) {
+  const MoeMlpDims& dm = cpu_.dims();
+  const int64_t n = pass.n, d = dm.d_model, de = dm.d_expert, e_total = dm.num_experts,
+                local = pass.local;
+  const int ep = pass.ep;
+  Scratch& s = *scratch_;
+  MUONMESH_RETURN_IF_ERROR(Gemm(false, true, n, e_total, d, 1.0f, s.h.get(), w_router, 0.0f,
                                 s.logits.get()));
-  std::vector<float> g(static_cast<size_t>(n * e_total));
-  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(g.data(), s.logits.get(), sizeof(float) * g.size(),
+  pass.g.resize(static_cast<size_t>(n * e_total));
+  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(pass.g.data(), s.logits.get(), sizeof(float) * pass.g.size(),
                                       cudaMemcpyDeviceToHost, stream_));
   MUONMESH_RETURN_IF_ERROR(Sync());
-  MoeRouting routing;
-  RouteTokens(g.data(), n, e_total, &routing);
-  const std::vector<int32_t>& expert = routing.expert;
-  const std::vector<float>& gate = routing.gate;
-  const std::vector<int64_t>& order = routing.order;
-  const std::vector<int64_t>& per_expert = routing.per_expert;
-  std::vector<int64_t> send_tokens(ep), recv_tokens(ep);
+  RouteTokens(pass.g.data(), n, e_total, &pass.routing);
+  const std::vector<int32_t>& expert = pass.routing.expert;
+  const std::vector<float>& gate = pass.routing.gate;
+  const std::vector<int64_t>& order = pass.routing.order;
+  const std::vector<int64_t>& per_expert = pass.routing.per_expert;
+  pass.send_tokens.assign(ep, 0);
+  pass.recv_tokens.assign(ep, 0);
   std::vector<float> count_send(ep), count_recv(ep), ids(n);
   for (int q = 0; q < ep; ++q) {
-    send_tokens[q] = per_expert[(q + 1) * local] - per_expert[q * local];
-    count_send[q] = static_cast<float>(send_tokens[q]);
+    pass.send_tokens[q] = per_expert[(q + 1) * local] - per_expert[q * local];
+    count_send[q] = static_cast<float>(pass.send_tokens[q]);
   }
   for (int64_t j = 0; j < n; ++j) ids[j] = static_cast<float>(expert[order[j]] % local);
   MUONMESH_CUDA_CHECK(cudaMemcpyAsync(s.gate.get(), gate.data(), sizeof(float) * n,
@@ -226,16 +243,16 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
   MUONMESH_CUDA_CHECK(cudaMemcpyAsync(count_recv.data(), s.counts_recv.get(), sizeof(float) * ep,
                                       cudaMemcpyDeviceToHost, stream_));
   MUONMESH_RETURN_IF_ERROR(Sync());
-  int64_t received = 0;
   for (int q = 0; q < ep; ++q) {
     const float c = count_recv[q];
     if (!(c >= 0.0f && c <= static_cast<float>(kMoeMaxSamplesPerCall)) || c != std::floor(c)) {
       return absl::InternalError(
           absl::StrCat("moe_mlp: expert-parallel group ", q, " announced ", c, " tokens"));
     }
-    recv_tokens[q] = static_cast<int64_t>(c);
-    received += recv_tokens[q];
+    pass.recv_tokens[q] = static_cast<int64_t>(c);
+    pass.received += pass.recv_tokens[q];
   }
+  const int64_t received = pass.received;
   for (DevArray<float>* b : {&s.ex_h, &s.ex_o, &s.ex_do}) {
     MUONMESH_RETURN_IF_ERROR(b->Reserve(std::max<int64_t>(received * d, 1)));
   }
@@ -244,21 +261,24 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
   }
   MUONMESH_RETURN_IF_ERROR(s.recv.Reserve(std::max<int64_t>(received * (d + 1), 1)));
   MUONMESH_RETURN_IF_ERROR(s.ex_order.Reserve(std::max<int64_t>(received, 1)));
-  std::vector<int64_t> send_counts(ep), recv_counts(ep);
-  auto counts = [&](int64_t width) {
-    for (int q = 0; q < ep; ++q) {
-      send_counts[q] = send_tokens[q] * width;
-      recv_counts[q] = recv_tokens[q] * width;
-    }
-  };
-  counts(d + 1);
+  pass.send_counts.assign(ep, 0);
+  pass.recv_counts.assign(ep, 0);
+  pass.SetCounts(d + 1);
   MUONMESH_LAUNCH(
       k::LaunchPackTokens(s.h.get(), s.order.get(), s.ids.get(), n, d, s.send.get(), stream_));
   MUONMESH_RETURN_IF_ERROR(Sync());
   MUONMESH_RETURN_IF_ERROR(
-      units.ExchangeTokens(s.send.get(), send_counts, s.recv.get(), recv_counts));
+      units.ExchangeTokens(s.send.get(), pass.send_counts, s.recv.get(), pass.recv_counts));
+  return absl::OkStatus();
+}
 
-  // Expert side: the received tokens' local experts, grouped.
+// The received tokens through their local experts, grouped by expert, and
+// the results sent back.
+absl::Status CudaMoeMlp::ExpertsForward(UnitAccess& units, const float* w1, const float* w2,
+                                        Pass& pass) {
+  const MoeMlpDims& dm = cpu_.dims();
+  const int64_t d = dm.d_model, de = dm.d_expert, local = pass.local, received = pass.received;
+  Scratch& s = *scratch_;
   std::vector<float> recv_ids(static_cast<size_t>(received));
   if (received > 0) {
     MUONMESH_CUDA_CHECK(cudaMemcpy2DAsync(recv_ids.data(), sizeof(float), s.recv.get(),
@@ -287,8 +307,7 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
                                         sizeof(int64_t) * received, cudaMemcpyHostToDevice,
                                         stream_));
   }
-  const float* w1 = (*p1)[1];
-  const float* w2 = (*p1)[2];
+  pass.ex_begin = ex_begin;
   MUONMESH_LAUNCH(k::LaunchGatherRowsStrided(s.recv.get(), d + 1, 1, s.ex_order.get(), received,
                                              d, s.ex_h.get(), stream_));
   for (int64_t l = 0; l < local; ++l) {
@@ -306,15 +325,18 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
   MUONMESH_LAUNCH(
       k::LaunchScatterRows(s.ex_o.get(), s.ex_order.get(), received, d, s.recv.get(), stream_));
   MUONMESH_RETURN_IF_ERROR(Sync());
-  counts(d);
+  pass.SetCounts(d);
   MUONMESH_RETURN_IF_ERROR(
-      units.ExchangeTokens(s.recv.get(), recv_counts, s.send.get(), send_counts));
-  held1.Release();
-  MUONMESH_LAUNCH(k::LaunchScatterRows(s.send.get(), s.order.get(), n, d, s.o.get(), stream_));
-  MUONMESH_LAUNCH(
-      k::LaunchGatedResidual(s.h.get(), s.gate.get(), s.o.get(), n, d, s.z.get(), stream_));
+      units.ExchangeTokens(s.recv.get(), pass.recv_counts, s.send.get(), pass.send_counts));
+  return absl::OkStatus();
+}
 
-  // Output layer, loss and dL/dy.
+// The output layer, the loss and dL/dy, its gradients and dL/dz; returns the
+// sum of squared errors.
+absl::StatusOr<double> CudaMoeMlp::OutputLayer(UnitAccess& units, int64_t n) {
+  const MoeMlpDims& dm = cpu_.dims();
+  const int64_t d = dm.d_model, d_out = dm.d_out;
+  Scratch& s = *scratch_;
   absl::StatusOr<absl::Span<const float* const>> p2 = units.Acquire(2);
   MUONMESH_RETURN_IF_ERROR(p2.status());
   Held held2(units, 2);
@@ -345,17 +367,26 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
     MUONMESH_RETURN_IF_ERROR(Sync());
     MUONMESH_RETURN_IF_ERROR(units.Commit(2));
   }
-  held2.Release();
+  return loss_sum;
+}
 
-  // Mixture of experts, backward.
-  p1 = units.Acquire(1);
+// dL/dz through the combine, back to the experts' ranks, through the
+// experts, and home again into dL/dh; the router's gradients.
+absl::Status CudaMoeMlp::ExpertsBackward(UnitAccess& units, const Pass& pass) {
+  const MoeMlpDims& dm = cpu_.dims();
+  const int64_t n = pass.n, d = dm.d_model, de = dm.d_expert, e_total = dm.num_experts,
+                local = pass.local, received = pass.received;
+  const int ep = pass.ep;
+  const std::vector<int64_t>& ex_begin = pass.ex_begin;
+  Scratch& s = *scratch_;
+  absl::StatusOr<absl::Span<const float* const>> p1 = units.Acquire(1);
   MUONMESH_RETURN_IF_ERROR(p1.status());
   Held again(units, 1);
   SyncOnExit synced_again(stream_);
   MUONMESH_RETURN_IF_ERROR(Expect(*p1, 3, 1, "parameters"));
   const float* w_router = (*p1)[0];
-  w1 = (*p1)[1];
-  w2 = (*p1)[2];
+  const float* w1 = (*p1)[1];
+  const float* w2 = (*p1)[2];
   std::vector<double> dgate(n);
   MUONMESH_LAUNCH(k::LaunchRowDots(s.dz.get(), s.o.get(), n, d, s.dots.get(), stream_));
   MUONMESH_CUDA_CHECK(cudaMemcpyAsync(dgate.data(), s.dots.get(), sizeof(double) * n,
@@ -364,7 +395,7 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
                                             s.send.get(), stream_));
   MUONMESH_RETURN_IF_ERROR(Sync());
   MUONMESH_RETURN_IF_ERROR(
-      units.ExchangeTokens(s.send.get(), send_counts, s.recv.get(), recv_counts));
+      units.ExchangeTokens(s.send.get(), pass.send_counts, s.recv.get(), pass.recv_counts));
   absl::StatusOr<absl::Span<float* const>> g1 = units.GradientBuffers(1);
   MUONMESH_RETURN_IF_ERROR(g1.status());
   MUONMESH_RETURN_IF_ERROR(Expect(*g1, 3, 1, "gradients"));
@@ -399,14 +430,14 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
       k::LaunchScatterRows(s.ex_do.get(), s.ex_order.get(), received, d, s.recv.get(), stream_));
   MUONMESH_RETURN_IF_ERROR(Sync());
   MUONMESH_RETURN_IF_ERROR(
-      units.ExchangeTokens(s.recv.get(), recv_counts, s.send.get(), send_counts));
+      units.ExchangeTokens(s.recv.get(), pass.recv_counts, s.send.get(), pass.send_counts));
   MUONMESH_CUDA_CHECK(cudaMemcpyAsync(s.dh.get(), s.dz.get(), sizeof(float) * n * d,
                                       cudaMemcpyDeviceToDevice, stream_));
   MUONMESH_LAUNCH(
       k::LaunchScatterAddRows(s.send.get(), s.order.get(), n, d, s.dh.get(), stream_));
   // Router: dL/dlogit_j = g_e (delta_je - g_j) dL/dg_e, on the host.
   std::vector<float> dlogits(static_cast<size_t>(n * e_total));
-  RouterLogitGradient(g.data(), routing, dgate.data(), n, e_total, dlogits.data());
+  RouterLogitGradient(pass.g.data(), pass.routing, dgate.data(), n, e_total, dlogits.data());
   MUONMESH_CUDA_CHECK(cudaMemcpyAsync(s.dlogits.get(), dlogits.data(),
                                       sizeof(float) * dlogits.size(), cudaMemcpyHostToDevice,
                                       stream_));
@@ -416,9 +447,14 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
                                 1.0f, s.dh.get()));
   MUONMESH_RETURN_IF_ERROR(Sync());
   MUONMESH_RETURN_IF_ERROR(units.Commit(1));
-  again.Release();
+  return absl::OkStatus();
+}
 
-  // Input layer: through tanh, then its gradients.
+// dL/dh through tanh, then the input layer's gradients.
+absl::Status CudaMoeMlp::InputBackward(UnitAccess& units, int64_t n) {
+  const MoeMlpDims& dm = cpu_.dims();
+  const int64_t d_in = dm.d_in, d = dm.d_model;
+  Scratch& s = *scratch_;
   MUONMESH_LAUNCH(k::LaunchTanhBackward(s.dh.get(), s.h.get(), n * d, stream_));
   absl::StatusOr<absl::Span<float* const>> g0 = units.GradientBuffers(0);
   MUONMESH_RETURN_IF_ERROR(g0.status());
@@ -428,7 +464,48 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
   MUONMESH_LAUNCH(k::LaunchColumnSums(s.dh.get(), n, d, (*g0)[1], stream_));
   MUONMESH_RETURN_IF_ERROR(Sync());
   MUONMESH_RETURN_IF_ERROR(units.Commit(0));
-  return loss_sum / denom;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64_t> samples) {
+  const MoeMlpDims& dm = cpu_.dims();
+  const int64_t e_total = dm.num_experts, d = dm.d_model;
+  Pass pass;
+  pass.n = static_cast<int64_t>(samples.size());
+  pass.ep = units.expert_parallel_size();
+  const int64_t n = pass.n;
+  const int ep = pass.ep;
+  if (ep < 1 || e_total % ep != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "moe_mlp: num_experts ", e_total, " does not split over ", ep, " expert-parallel groups"));
+  }
+  pass.local = e_total / ep;
+  MUONMESH_RETURN_IF_ERROR(ReserveFor(n, ep));
+  Scratch& s = *scratch_;
+  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(s.samples.get(), samples.data(), sizeof(int64_t) * n,
+                                      cudaMemcpyHostToDevice, stream_));
+  MUONMESH_LAUNCH(k::LaunchGatherRows(x_, s.samples.get(), n, dm.d_in, s.xs.get(), stream_));
+  MUONMESH_RETURN_IF_ERROR(InputForward(units, n));
+
+  // Router, dispatch, experts, combine.
+  {
+    absl::StatusOr<absl::Span<const float* const>> p1 = units.Acquire(1);
+    MUONMESH_RETURN_IF_ERROR(p1.status());
+    Held held1(units, 1);
+    SyncOnExit synced1(stream_);
+    MUONMESH_RETURN_IF_ERROR(Expect(*p1, 3, 1, "parameters"));
+    MUONMESH_RETURN_IF_ERROR(Dispatch(units, (*p1)[0], pass));
+    MUONMESH_RETURN_IF_ERROR(ExpertsForward(units, (*p1)[1], (*p1)[2], pass));
+  }
+  MUONMESH_LAUNCH(k::LaunchScatterRows(s.send.get(), s.order.get(), n, d, s.o.get(), stream_));
+  MUONMESH_LAUNCH(
+      k::LaunchGatedResidual(s.h.get(), s.gate.get(), s.o.get(), n, d, s.z.get(), stream_));
+
+  absl::StatusOr<double> loss_sum = OutputLayer(units, n);
+  MUONMESH_RETURN_IF_ERROR(loss_sum.status());
+  MUONMESH_RETURN_IF_ERROR(ExpertsBackward(units, pass));
+  MUONMESH_RETURN_IF_ERROR(InputBackward(units, n));
+  return *loss_sum / (static_cast<double>(n) * static_cast<double>(dm.d_out));
 }
 
 }  // namespace muonmesh::worker

@@ -59,7 +59,18 @@ class CudaMoeMlp final : public Workload {
   class Scratch;
   explicit CudaMoeMlp(MoeMlp cpu);
   absl::Status Init();
+  struct Pass;  // one call's routing and token counts
   absl::StatusOr<double> Run(UnitAccess& units, absl::Span<const int64_t> samples);
+  // The steps of Run, in order. Each acquires the units it uses and releases
+  // them, except that Dispatch and ExpertsForward run under Run's hold of
+  // unit 1; OutputLayer returns the sum of squared errors.
+  absl::Status ReserveFor(int64_t n, int ep);
+  absl::Status InputForward(UnitAccess& units, int64_t n);
+  absl::Status Dispatch(UnitAccess& units, const float* w_router, Pass& pass);
+  absl::Status ExpertsForward(UnitAccess& units, const float* w1, const float* w2, Pass& pass);
+  absl::StatusOr<double> OutputLayer(UnitAccess& units, int64_t n);
+  absl::Status ExpertsBackward(UnitAccess& units, const Pass& pass);
+  absl::Status InputBackward(UnitAccess& units, int64_t n);
   // C[m, n] = alpha op(A) op(B) + beta C (row-major), on cuBLAS.
   absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                     const float* a, const float* b, float beta, float* c);
