@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <thread>
 #include <vector>
 
 
@@ -143,7 +145,7 @@ size_t LiveAllocations() {
 }  // namespace cuda_cpu
 
 cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
+  *count = cuda_cpu::kDevices;
   return cudaSuccess;
 }
 
@@ -227,12 +229,18 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
   return cudaMemset(dst, value, bytes);
 }
 
+namespace {
+thread_local int current_device = 0;
+}  // namespace
+
 cudaError_t cudaSetDevice(int device) {
-  return device == 0 ? cudaSuccess : cudaErrorInvalidDevice;
+  if (device < 0 || device >= cuda_cpu::kDevices) return cudaErrorInvalidDevice;
+  current_device = device;
+  return cudaSuccess;
 }
 
 cudaError_t cudaGetDevice(int* device) {
-  *device = 0;
+  *device = current_device;
   return cudaSuccess;
 }
 
@@ -251,8 +259,42 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+namespace {
+
+std::mutex& PendingMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+// Streams with pending work -> how much.
+std::map<cudaStream_t, int>& Pending() {
+  static std::map<cudaStream_t, int> pending;
+  return pending;
+}
+
+int PendingOn(cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(PendingMutex());
+  auto it = Pending().find(stream);
+  return it == Pending().end() ? 0 : it->second;
+}
+
+}  // namespace
+
+void cuda_cpu::AddPendingWork(cudaStream_t stream, int delta) {
+  std::lock_guard<std::mutex> lock(PendingMutex());
+  int& n = Pending()[stream];
+  n += delta;
+  if (n <= 0) Pending().erase(stream);
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  return PendingOn(stream) > 0 ? cudaErrorNotReady : cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  while (PendingOn(stream) > 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  return cudaSuccess;
+}
 cudaError_t cudaGetLastError() { return cudaSuccess; }
 
 const char* cudaGetErrorName(cudaError_t error) {

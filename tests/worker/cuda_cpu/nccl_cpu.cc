@@ -1,44 +1,185 @@
-// CPU stand-in for NCCL, one rank (include/nccl.h, README.md).
+// CPU stand-in for NCCL (include/nccl.h, README.md): the ranks of a
+// communicator are threads of this process. Each call is enqueued on its
+// stream (cuda_cpu::AddPendingWork, so cudaStreamQuery reports it pending)
+// and runs, in the thread of the last rank to arrive, once every rank has
+// made it: collectives in each rank's call order, sends and receives as
+// first-in first-out pairs per (sender, receiver).
 
 #include <nccl.h>
 
+#include <atomic>
+#include <cstdint>
 #include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
 #include <vector>
 
+namespace {
+
+enum class Kind { kAllGather, kReduceScatter, kAllReduce, kBroadcast };
+
+// One rank's part of a collective.
+struct Part {
+  Kind kind;
+  const float* send;
+  float* recv;
+  size_t count;
+  ncclRedOp_t op;
+  int root;
+  cudaStream_t stream;
+};
+
+struct Transfer {
+  const float* send = nullptr;  // a send's buffer
+  float* recv = nullptr;        // a receive's buffer
+  size_t count = 0;
+  cudaStream_t stream = nullptr;
+};
+
+// The ranks sharing one unique id.
+struct Clique {
+  int nranks = 0;
+  int joined = 0;
+  int left = 0;
+  ncclResult_t error = ncclSuccess;
+  std::map<uint64_t, std::map<int, Part>> collectives;  // sequence -> rank -> part
+  std::map<std::pair<int, int>, std::deque<Transfer>> sends, recvs;  // (from, to)
+};
+
+std::mutex& Mu() {
+  static std::mutex mu;
+  return mu;
+}
+
+std::map<uint64_t, std::shared_ptr<Clique>>& Cliques() {
+  static std::map<uint64_t, std::shared_ptr<Clique>> cliques;
+  return cliques;
+}
+
+}  // namespace
+
 struct ncclComm {
-  bool finalized = false;
+  std::shared_ptr<Clique> clique;
+  uint64_t key = 0;
+  int rank = 0;
+  uint64_t next = 0;  // sequence number of this rank's next collective
 };
 
 namespace {
 
-struct PendingTransfer {
-  const void* send = nullptr;
-  void* recv = nullptr;
-  size_t count = 0;
+bool OnDevice(const void* p, size_t count) {
+  return count == 0 || cuda_cpu::InDevice(p, count * sizeof(float));
+}
+
+// Runs collective `seq` once all ranks have their part in (Mu() held): reads
+// every input before writing any output, so in-place calls are fine.
+void RunCollective(Clique& c, std::map<int, Part>& parts) {
+  const Part& first = parts.begin()->second;
+  const int n = c.nranks;
+  for (const auto& [r, p] : parts) {
+    if (p.kind != first.kind || p.count != first.count || p.op != first.op ||
+        p.root != first.root) {
+      c.error = ncclInvalidUsage;  // mismatched calls: NCCL would hang or corrupt
+    }
+  }
+  const size_t count = first.count;
+  std::vector<std::vector<float>> in(n);
+  for (const auto& [r, p] : parts) {
+    const size_t size = p.kind == Kind::kReduceScatter ? count * n : count;
+    in[r].assign(p.send, p.send + size);
+  }
+  for (auto& [r, p] : parts) {
+    if (c.error != ncclSuccess) break;
+    switch (p.kind) {
+      case Kind::kAllGather:
+        for (int q = 0; q < n; ++q) std::memcpy(p.recv + q * count, in[q].data(), count * 4);
+        break;
+      case Kind::kBroadcast:
+        std::memcpy(p.recv, in[p.root].data(), count * 4);
+        break;
+      case Kind::kAllReduce:
+      case Kind::kReduceScatter: {
+        const size_t offset = p.kind == Kind::kReduceScatter ? static_cast<size_t>(r) * count : 0;
+        for (size_t i = 0; i < count; ++i) {
+          float sum = 0.0f;
+          for (int q = 0; q < n; ++q) sum += in[q][offset + i];
+          p.recv[i] = p.op == ncclAvg ? sum / static_cast<float>(n) : sum;
+        }
+        break;
+      }
+    }
+  }
+  for (const auto& [r, p] : parts) cuda_cpu::AddPendingWork(p.stream, -1);
+}
+
+ncclResult_t Enqueue(ncclComm_t comm, Part part, size_t send_count, size_t recv_count) {
+  if (comm == nullptr) return ncclInvalidArgument;
+  if (!OnDevice(part.send, send_count) || !OnDevice(part.recv, recv_count)) {
+    return ncclInvalidArgument;
+  }
+  std::lock_guard<std::mutex> lock(Mu());
+  Clique& c = *comm->clique;
+  if (c.joined < c.nranks) return ncclInvalidUsage;
+  cuda_cpu::AddPendingWork(part.stream, 1);
+  const uint64_t seq = comm->next++;
+  std::map<int, Part>& parts = c.collectives[seq];
+  parts[comm->rank] = part;
+  if (static_cast<int>(parts.size()) == c.nranks) {
+    RunCollective(c, parts);
+    c.collectives.erase(seq);
+  }
+  return ncclSuccess;
+}
+
+// Matches the heads of the (from, to) queues while both have one.
+void MatchTransfers(Clique& c, std::pair<int, int> link) {
+  std::deque<Transfer>& sends = c.sends[link];
+  std::deque<Transfer>& recvs = c.recvs[link];
+  while (!sends.empty() && !recvs.empty()) {
+    if (sends.front().count != recvs.front().count) {
+      c.error = ncclInvalidUsage;
+      return;
+    }
+    std::memcpy(recvs.front().recv, sends.front().send, sends.front().count * sizeof(float));
+    cuda_cpu::AddPendingWork(sends.front().stream, -1);
+    cuda_cpu::AddPendingWork(recvs.front().stream, -1);
+    sends.pop_front();
+    recvs.pop_front();
+  }
+}
+
+// Sends and receives posted since ncclGroupStart, taking effect at
+// ncclGroupEnd (NCCL matches them there too).
+struct Posted {
+  ncclComm_t comm;
+  int peer;
+  bool is_send;
+  Transfer transfer;
 };
 
-// The sends and receives posted since ncclGroupStart (one rank: all to
-// itself), matched in order at ncclGroupEnd.
 struct Group {
   int depth = 0;
-  std::vector<PendingTransfer> sends, recvs;
+  std::vector<Posted> posted;
 };
 
-Group& CurrentGroup() {
+Group& ThreadGroup() {
   thread_local Group group;
   return group;
 }
 
-// recv = send for `count` floats in device memory (the same buffer is fine).
-ncclResult_t Copy(const void* send, void* recv, size_t count, ncclDataType_t type,
-                  ncclComm_t comm) {
-  if (comm == nullptr || type != ncclFloat) return ncclInvalidArgument;
-  const size_t bytes = count * sizeof(float);
-  if (bytes == 0) return ncclSuccess;
-  if (!cuda_cpu::InDevice(send, bytes) || !cuda_cpu::InDevice(recv, bytes)) {
+ncclResult_t Post(Posted p) {
+  Group& g = ThreadGroup();
+  const Clique* c = p.comm == nullptr ? nullptr : p.comm->clique.get();
+  if (c == nullptr || p.peer < 0 || p.peer >= c->nranks ||
+      !OnDevice(p.is_send ? static_cast<const void*>(p.transfer.send) : p.transfer.recv,
+                p.transfer.count)) {
     return ncclInvalidArgument;
   }
-  if (send != recv) std::memmove(recv, send, bytes);
+  g.posted.push_back(p);
+  if (g.depth == 0) return ncclGroupEnd();  // outside a group: a group of one
   return ncclSuccess;
 }
 
@@ -51,7 +192,7 @@ const char* ncclGetErrorString(ncclResult_t result) {
     case ncclInvalidArgument:
       return "invalid argument";
     case ncclInvalidUsage:
-      return "invalid usage (the CPU stand-in for NCCL runs one rank only)";
+      return "invalid usage";
     case ncclInProgress:
       return "NCCL operation in progress";
     default:
@@ -60,99 +201,144 @@ const char* ncclGetErrorString(ncclResult_t result) {
 }
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+  static std::atomic<uint64_t> next{1};
   std::memset(id->internal, 0, sizeof id->internal);
+  const uint64_t key = next++;
+  std::memcpy(id->internal, &key, sizeof key);
   return ncclSuccess;
 }
 
-ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId, int rank,
+// Non-blocking (the host code asks for it): the communicator is ready, as
+// ncclCommGetAsyncError reports, once every rank has called this.
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
                                     ncclConfig_t*) {
-  if (nranks != 1 || rank != 0) return ncclInvalidUsage;
-  *comm = new ncclComm;
+  if (nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
+  uint64_t key;
+  std::memcpy(&key, id.internal, sizeof key);
+  std::lock_guard<std::mutex> lock(Mu());
+  std::shared_ptr<Clique>& c = Cliques()[key];
+  if (c == nullptr) {
+    c = std::make_shared<Clique>();
+    c->nranks = nranks;
+  }
+  if (c->nranks != nranks) return ncclInvalidUsage;
+  ++c->joined;
+  *comm = new ncclComm{c, key, rank, 0};
   return ncclSuccess;
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
   if (comm == nullptr) return ncclInvalidArgument;
-  *state = ncclSuccess;
+  std::lock_guard<std::mutex> lock(Mu());
+  const Clique& c = *comm->clique;
+  *state = c.error != ncclSuccess ? c.error : c.joined < c.nranks ? ncclInProgress : ncclSuccess;
   return ncclSuccess;
 }
 
 ncclResult_t ncclCommFinalize(ncclComm_t comm) {
-  if (comm == nullptr) return ncclInvalidArgument;
-  comm->finalized = true;
-  return ncclSuccess;
+  return comm == nullptr ? ncclInvalidArgument : ncclSuccess;
 }
 
+// Leaves the clique; this rank's operations still waiting for peers are
+// dropped (their streams no longer pending), as an abort frees them.
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  if (comm == nullptr) return ncclSuccess;
+  {
+    std::lock_guard<std::mutex> lock(Mu());
+    Clique& c = *comm->clique;
+    for (auto& [seq, parts] : c.collectives) {
+      auto it = parts.find(comm->rank);
+      if (it == parts.end()) continue;
+      cuda_cpu::AddPendingWork(it->second.stream, -1);
+      parts.erase(it);
+    }
+    for (auto* links : {&c.sends, &c.recvs}) {
+      for (auto& [link, queue] : *links) {
+        if (link.first != comm->rank && link.second != comm->rank) continue;
+        for (const Transfer& t : queue) cuda_cpu::AddPendingWork(t.stream, -1);
+        queue.clear();
+      }
+    }
+    if (++c.left == c.nranks) Cliques().erase(comm->key);
+  }
   delete comm;
   return ncclSuccess;
 }
 
-ncclResult_t ncclCommAbort(ncclComm_t comm) {
-  delete comm;
-  return ncclSuccess;
-}
+ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); }
 
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t type,
-                           ncclComm_t comm, cudaStream_t) {
-  return Copy(send, recv, count, type, comm);
+                           ncclComm_t comm, cudaStream_t stream) {
+  if (type != ncclFloat || comm == nullptr) return ncclInvalidArgument;
+  const size_t n = static_cast<size_t>(comm->clique->nranks);
+  return Enqueue(comm,
+                 {Kind::kAllGather, static_cast<const float*>(send), static_cast<float*>(recv),
+                  count, ncclSum, 0, stream},
+                 count, count * n);
 }
 
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t type,
-                               ncclRedOp_t, ncclComm_t comm, cudaStream_t) {
-  return Copy(send, recv, count, type, comm);
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  if (type != ncclFloat || comm == nullptr) return ncclInvalidArgument;
+  const size_t n = static_cast<size_t>(comm->clique->nranks);
+  return Enqueue(comm,
+                 {Kind::kReduceScatter, static_cast<const float*>(send), static_cast<float*>(recv),
+                  count, op, 0, stream},
+                 count * n, count);
 }
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
-                           ncclRedOp_t, ncclComm_t comm, cudaStream_t) {
-  return Copy(send, recv, count, type, comm);
+                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  if (type != ncclFloat) return ncclInvalidArgument;
+  return Enqueue(comm,
+                 {Kind::kAllReduce, static_cast<const float*>(send), static_cast<float*>(recv),
+                  count, op, 0, stream},
+                 count, count);
 }
 
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
-                           int root, ncclComm_t comm, cudaStream_t) {
-  if (root != 0) return ncclInvalidArgument;
-  return Copy(send, recv, count, type, comm);
+                           int root, ncclComm_t comm, cudaStream_t stream) {
+  if (type != ncclFloat || comm == nullptr || root < 0 || root >= comm->clique->nranks) {
+    return ncclInvalidArgument;
+  }
+  // Only the root's send buffer is read.
+  const bool is_root = comm->rank == root;
+  return Enqueue(comm,
+                 {Kind::kBroadcast, static_cast<const float*>(send), static_cast<float*>(recv),
+                  count, ncclSum, root, stream},
+                 is_root ? count : 0, count);
 }
 
 ncclResult_t ncclGroupStart() {
-  ++CurrentGroup().depth;
+  ++ThreadGroup().depth;
   return ncclSuccess;
 }
 
 ncclResult_t ncclGroupEnd() {
-  Group& g = CurrentGroup();
-  if (g.depth == 0) return ncclInvalidUsage;
-  if (--g.depth > 0) return ncclSuccess;
-  ncclResult_t result = g.sends.size() == g.recvs.size() ? ncclSuccess : ncclInvalidUsage;
-  for (size_t i = 0; i < g.sends.size() && i < g.recvs.size() && result == ncclSuccess; ++i) {
-    if (g.sends[i].count != g.recvs[i].count) {
-      result = ncclInvalidUsage;
-      break;
-    }
-    const size_t bytes = g.sends[i].count * sizeof(float);
-    if (bytes > 0) std::memmove(g.recvs[i].recv, g.sends[i].send, bytes);
+  Group& g = ThreadGroup();
+  if (g.depth > 0 && --g.depth > 0) return ncclSuccess;
+  std::vector<Posted> posted;
+  posted.swap(g.posted);
+  std::lock_guard<std::mutex> lock(Mu());
+  for (const Posted& p : posted) {
+    Clique& c = *p.comm->clique;
+    const std::pair<int, int> link =
+        p.is_send ? std::make_pair(p.comm->rank, p.peer) : std::make_pair(p.peer, p.comm->rank);
+    cuda_cpu::AddPendingWork(p.transfer.stream, 1);
+    (p.is_send ? c.sends : c.recvs)[link].push_back(p.transfer);
+    MatchTransfers(c, link);
   }
-  g.sends.clear();
-  g.recvs.clear();
-  return result;
+  return ncclSuccess;
 }
 
 ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int peer,
-                      ncclComm_t comm, cudaStream_t) {
-  if (comm == nullptr || type != ncclFloat || peer != 0 || CurrentGroup().depth == 0 ||
-      (count > 0 && !cuda_cpu::InDevice(send, count * sizeof(float)))) {
-    return ncclInvalidArgument;
-  }
-  CurrentGroup().sends.push_back({send, nullptr, count});
-  return ncclSuccess;
+                      ncclComm_t comm, cudaStream_t stream) {
+  if (type != ncclFloat) return ncclInvalidArgument;
+  return Post({comm, peer, true, {static_cast<const float*>(send), nullptr, count, stream}});
 }
 
 ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
-                      cudaStream_t) {
-  if (comm == nullptr || type != ncclFloat || peer != 0 || CurrentGroup().depth == 0 ||
-      (count > 0 && !cuda_cpu::InDevice(recv, count * sizeof(float)))) {
-    return ncclInvalidArgument;
-  }
-  CurrentGroup().recvs.push_back({nullptr, recv, count});
-  return ncclSuccess;
+                      cudaStream_t stream) {
+  if (type != ncclFloat) return ncclInvalidArgument;
+  return Post({comm, peer, false, {nullptr, static_cast<float*>(recv), count, stream}});
 }

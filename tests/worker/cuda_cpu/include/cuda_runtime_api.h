@@ -50,7 +50,7 @@ cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaStreamCreate(cudaStream_t* stream);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
-// Work is done when issued, so a stream is always idle.
+// Work is done when issued, except NCCL operations waiting for peers.
 cudaError_t cudaStreamQuery(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaGetLastError();
@@ -59,6 +59,13 @@ const char* cudaGetErrorString(cudaError_t error);
 
 // Not CUDA: for the stand-in's own checks and tests.
 namespace cuda_cpu {
+// Devices the stand-in reports (cudaGetDeviceCount): enough for the NCCL
+// stand-in's multi-rank groups, one rank a device.
+inline constexpr int kDevices = 4;
+// Work enqueued on `stream` that has not run yet (NCCL operations waiting for
+// their peers): cudaStreamQuery says cudaErrorNotReady and
+// cudaStreamSynchronize waits while it is positive.
+void AddPendingWork(cudaStream_t stream, int delta);
 // True when [p, p + bytes) lies inside one live cudaMalloc allocation.
 bool InDevice(const void* p, size_t bytes);
 // Live cudaMalloc allocations.

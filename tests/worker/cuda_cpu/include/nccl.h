@@ -1,11 +1,10 @@
 #pragma once
 
 // CPU stand-in for the part of NCCL that worker/comm/nccl_communicator.cc
-// uses (README.md in this folder), for one rank: every collective of one rank
-// is a copy (a sum or average of one value is that value), point-to-point
-// sends to itself are matched with its receives at ncclGroupEnd, and buffers
-// must lie in device memory. A communicator of more than one rank is refused
-// (ncclInvalidUsage): multi-rank runs need the real NCCL.
+// uses (README.md in this folder): a communicator's ranks are threads of one
+// process, one stand-in device each; operations wait on their stream until
+// every rank they involve has made its call (nccl_cpu.cc). Buffers must lie in
+// device memory.
 
 #include <cuda_runtime_api.h>
 
