@@ -109,8 +109,11 @@ cublasStatus_t Gemm(cublasOperation_t transa, cublasOperation_t transb, int m, i
   if (Overlap(c, c_bytes, a, a_bytes) || Overlap(c, c_bytes, b, b_bytes)) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
-  const std::vector<float> da = Dense(a, atype, lda, transa, m, k);
-  const std::vector<float> db = Dense(b, btype, ldb, transb, k, n);
+  // alpha == 0: C = beta C, A and B not read (as in reference BLAS).
+  const std::vector<float> da = alpha == 0.0f ? std::vector<float>(static_cast<size_t>(m) * k)
+                                              : Dense(a, atype, lda, transa, m, k);
+  const std::vector<float> db = alpha == 0.0f ? std::vector<float>(static_cast<size_t>(k) * n)
+                                              : Dense(b, btype, ldb, transb, k, n);
   std::vector<float> acc(static_cast<size_t>(m));
   for (int j = 0; j < n; ++j) {
     std::fill(acc.begin(), acc.end(), 0.0f);
@@ -122,7 +125,7 @@ cublasStatus_t Gemm(cublasOperation_t transa, cublasOperation_t transb, int m, i
     for (int i = 0; i < m; ++i) {
       const size_t at = static_cast<size_t>(i) + static_cast<size_t>(j) * ldc;
       const float old = beta == 0.0f ? 0.0f : beta * Load(c, ctype, at);
-      Store(c, ctype, at, alpha * acc[i] + old);
+      Store(c, ctype, at, alpha == 0.0f ? old : alpha * acc[i] + old);
     }
   }
   return CUBLAS_STATUS_SUCCESS;
@@ -152,6 +155,9 @@ cudaError_t cudaGetDeviceCount(int* count) {
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   void* p = ::operator new(std::max<size_t>(bytes, 1), std::align_val_t(256), std::nothrow);
   if (p == nullptr) return cudaErrorMemoryAllocation;
+  // cudaMalloc's memory is uninitialised: all ones (NaN as fp32, bf16 and
+  // fp64), so that reading it before writing shows.
+  std::memset(p, 0xff, bytes);
   std::lock_guard<std::mutex> lock(RegistryMutex());
   Registry()[reinterpret_cast<uintptr_t>(p)] = bytes;
   *ptr = p;
@@ -189,6 +195,8 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
       (!dst_device && cuda_cpu::InDevice(dst, 1)) || (!src_device && cuda_cpu::InDevice(src, 1))) {
     return cudaErrorInvalidValue;
   }
+  // Stricter than CUDA, which does not check: a partial overlap is refused.
+  if (dst == src) return cudaSuccess;
   if (Overlap(dst, bytes, src, bytes)) return cudaErrorInvalidValue;
   std::memcpy(dst, src, bytes);
   return cudaSuccess;
@@ -208,7 +216,9 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
   const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
   const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
   if (cuda_cpu::InDevice(dst, dst_span) != dst_device ||
-      cuda_cpu::InDevice(src, src_span) != src_device || Overlap(dst, dst_span, src, src_span)) {
+      cuda_cpu::InDevice(src, src_span) != src_device ||
+      (!dst_device && cuda_cpu::InDevice(dst, 1)) || (!src_device && cuda_cpu::InDevice(src, 1)) ||
+      Overlap(dst, dst_span, src, src_span)) {
     return cudaErrorInvalidValue;
   }
   for (size_t r = 0; r < height; ++r) {
@@ -301,13 +311,26 @@ const char* cudaGetErrorName(cudaError_t error) {
   switch (error) {
     case cudaSuccess:
       return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
     case cudaErrorMemoryAllocation:
       return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorInsufficientDriver:
+      return "cudaErrorInsufficientDriver";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorNoKernelImageForDevice:
+      return "cudaErrorNoKernelImageForDevice";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
     case cudaErrorIllegalAddress:
       return "cudaErrorIllegalAddress";
-    default:
-      return "cudaErrorInvalidValue";
   }
+  return "cudaErrorUnknown";
 }
 
 const char* cudaGetErrorString(cudaError_t error) { return cudaGetErrorName(error); }
@@ -337,13 +360,24 @@ const char* cublasGetStatusName(cublasStatus_t status) {
   switch (status) {
     case CUBLAS_STATUS_SUCCESS:
       return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED";
     case CUBLAS_STATUS_INVALID_VALUE:
       return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR:
+      return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "CUBLAS_STATUS_INTERNAL_ERROR";
     case CUBLAS_STATUS_NOT_SUPPORTED:
       return "CUBLAS_STATUS_NOT_SUPPORTED";
-    default:
-      return "CUBLAS_STATUS_INTERNAL_ERROR";
   }
+  return "CUBLAS_STATUS_UNKNOWN";
 }
 
 const char* cublasGetStatusString(cublasStatus_t status) { return cublasGetStatusName(status); }
@@ -379,9 +413,13 @@ cublasStatus_t cublasSgeam(cublasHandle_t, cublasOperation_t transa, cublasOpera
       ldc < std::max(1, m)) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
-  const size_t a_bytes = Extent(a_rows, a_cols, lda, 4), b_bytes = Extent(b_rows, b_cols, ldb, 4);
+  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  // A is not read when alpha is 0, nor B when beta is 0 (as cuBLAS).
+  const bool read_a = *alpha != 0.0f, read_b = *beta != 0.0f;
+  const size_t a_bytes = read_a ? Extent(a_rows, a_cols, lda, 4) : 0;
+  const size_t b_bytes = read_b ? Extent(b_rows, b_cols, ldb, 4) : 0;
   const size_t c_bytes = Extent(m, n, ldc, 4);
-  if (!cuda_cpu::InDevice(a, a_bytes) || !cuda_cpu::InDevice(b, b_bytes) ||
+  if ((read_a && !cuda_cpu::InDevice(a, a_bytes)) || (read_b && !cuda_cpu::InDevice(b, b_bytes)) ||
       !cuda_cpu::InDevice(c, c_bytes)) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
@@ -393,12 +431,16 @@ cublasStatus_t cublasSgeam(cublasHandle_t, cublasOperation_t transa, cublasOpera
       (!in_place_b && Overlap(c, c_bytes, b, b_bytes))) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
-  const std::vector<float> da = Dense(a, CUDA_R_32F, lda, transa, m, n);
-  const std::vector<float> db = Dense(b, CUDA_R_32F, ldb, transb, m, n);
+  const size_t mn = static_cast<size_t>(m) * static_cast<size_t>(n);
+  const std::vector<float> da =
+      read_a ? Dense(a, CUDA_R_32F, lda, transa, m, n) : std::vector<float>(mn);
+  const std::vector<float> db =
+      read_b ? Dense(b, CUDA_R_32F, ldb, transb, m, n) : std::vector<float>(mn);
   for (int j = 0; j < n; ++j) {
     for (int i = 0; i < m; ++i) {
       const size_t d = static_cast<size_t>(i) + static_cast<size_t>(j) * m;
-      c[static_cast<size_t>(i) + static_cast<size_t>(j) * ldc] = *alpha * da[d] + *beta * db[d];
+      const float from_a = read_a ? *alpha * da[d] : 0.0f, from_b = read_b ? *beta * db[d] : 0.0f;
+      c[static_cast<size_t>(i) + static_cast<size_t>(j) * ldc] = from_a + from_b;
     }
   }
   return CUBLAS_STATUS_SUCCESS;

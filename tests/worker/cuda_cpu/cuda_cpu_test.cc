@@ -6,10 +6,14 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "worker/cuda/mlp_kernels.h"
+#include "worker/cuda/ns_kernels.h"
 
 namespace {
 
@@ -138,6 +142,50 @@ TEST_F(CudaCpuTest, Bf16RoundingAndGemmEx) {
   cudaFree(in);
   cudaFree(out);
   EXPECT_EQ(cuda_cpu::LiveAllocations(), 0u);
+}
+
+// NaN stays NaN (CUDA's canonical 0x7fff), and a float past bf16's largest
+// finite value (about 3.39e38) rounds to infinity.
+TEST_F(CudaCpuTest, Bf16NanAndOverflow) {
+  EXPECT_EQ(__float2bfloat16_rn(std::nanf("")).bits, 0x7fff);
+  EXPECT_EQ(__bfloat162float(__float2bfloat16_rn(3.4e38f)), INFINITY);
+}
+
+// beta == 0: C is not read, so a NaN there (fresh cudaMalloc memory holds
+// NaNs in the stand-in) does not reach the result; A^T B^T with both
+// transposed.
+TEST_F(CudaCpuTest, BetaZeroIgnoresCAndBothTransposed) {
+  Device a({1, 2, 3, 4}), b({5, 6, 7, 8});  // A = [1 3; 2 4], B = [5 7; 6 8]
+  float* c = nullptr;
+  ASSERT_EQ(cudaMalloc(&c, 4 * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cublasSgemm(handle_, CUBLAS_OP_T, CUBLAS_OP_T, 2, 2, 2, &one_, a.data, 2, b.data, 2,
+                        &zero_, c, 2),
+            CUBLAS_STATUS_SUCCESS);
+  std::vector<float> got(4);
+  ASSERT_EQ(cudaMemcpy(got.data(), c, 4 * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  // A^T = [1 2; 3 4], B^T = [5 6; 7 8]: A^T B^T = [19 22; 43 50], stored 19 43 22 50.
+  EXPECT_EQ(got, (std::vector<float>{19, 43, 22, 50}));
+  cudaFree(c);
+}
+
+// The kernels refuse what would read or write outside memory, race, or
+// fail to launch on a GPU.
+TEST_F(CudaCpuTest, KernelsRefuseBadRowsAndGrids) {
+  namespace k = muonmesh::cuda::internal;
+  Device src({1, 2, 3, 4}), dst({0, 0, 0, 0});
+  int64_t* rows = nullptr;
+  ASSERT_EQ(cudaMalloc(&rows, 2 * sizeof(int64_t)), cudaSuccess);
+  const int64_t negative[2] = {0, -1}, repeated[2] = {1, 1}, fine[2] = {1, 0};
+  ASSERT_EQ(cudaMemcpy(rows, negative, sizeof negative, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(k::LaunchGatherRows(src.data, rows, 2, 2, dst.data, nullptr), cudaErrorIllegalAddress);
+  ASSERT_EQ(cudaMemcpy(rows, repeated, sizeof repeated, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(k::LaunchScatterAddRows(src.data, rows, 2, 2, dst.data, nullptr),
+            cudaErrorInvalidValue);
+  ASSERT_EQ(cudaMemcpy(rows, fine, sizeof fine, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(k::LaunchGatherRows(src.data, rows, 2, 2, dst.data, nullptr), cudaSuccess);
+  EXPECT_EQ(dst.Host(), (std::vector<float>{3, 4, 1, 2}));
+  EXPECT_EQ(k::LaunchTranspose(src.data, 0, 4, dst.data, nullptr), cudaErrorInvalidConfiguration);
+  cudaFree(rows);
 }
 
 }  // namespace

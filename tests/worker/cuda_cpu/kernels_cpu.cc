@@ -31,12 +31,27 @@ bool Fits(const T* p, int64_t count) {
   return count <= 0 || cuda_cpu::InDevice(p, static_cast<size_t>(count) * sizeof(T));
 }
 
-// The largest row index in rows[0, n) plus one (rows is device memory the
-// caller has checked).
+// The largest row index in rows[0, n) plus one, or -1 when one is negative
+// or too large to address (rows is device memory the caller has checked).
 int64_t RowsSpanned(const int64_t* rows, int64_t n) {
   int64_t top = 0;
-  for (int64_t i = 0; i < n; ++i) top = std::max(top, rows[i] + 1);
+  for (int64_t i = 0; i < n; ++i) {
+    if (rows[i] < 0 || rows[i] >= (int64_t{1} << 40)) return -1;
+    top = std::max(top, rows[i] + 1);
+  }
   return top;
+}
+
+// True when rows[0, n) (all within [0, top)) repeats a row: scattering to
+// one row twice is a data race in the CUDA kernels (mlp_kernels.h asks for
+// distinct rows), which the sequential loops here would hide.
+bool RepeatsARow(const int64_t* rows, int64_t n, int64_t top) {
+  std::vector<bool> seen(static_cast<size_t>(top));
+  for (int64_t i = 0; i < n; ++i) {
+    if (seen[static_cast<size_t>(rows[i])]) return true;
+    seen[static_cast<size_t>(rows[i])] = true;
+  }
+  return false;
 }
 
 // torch's lerp as the CUDA kernels write it, one rounding per operation.
@@ -177,10 +192,11 @@ cudaError_t LaunchOutputDelta(const float* y, const float* targets, const int64_
                               cudaStream_t) {
   constexpr int kThreads = 256;
   const int64_t total = n * width;
-  if (!Fits(y, total) || !Fits(delta, total) || !Fits(rows, n) ||
-      !Fits(partial, kLossBlocks) || !Fits(targets, RowsSpanned(rows, n) * width)) {
+  if (!Fits(y, total) || !Fits(delta, total) || !Fits(rows, n) || !Fits(partial, kLossBlocks)) {
     return cudaErrorIllegalAddress;
   }
+  const int64_t top = RowsSpanned(rows, n);
+  if (top < 0 || !Fits(targets, top * width)) return cudaErrorIllegalAddress;
   const int64_t stride = static_cast<int64_t>(kLossBlocks) * kThreads;
   std::vector<double> sums(kThreads);
   for (int b = 0; b < kLossBlocks; ++b) {
@@ -227,7 +243,8 @@ cudaError_t LaunchGatherRowsStrided(const float* src, int64_t src_stride, int64_
   if (n * width <= 0) return cudaSuccess;
   if (!Fits(rows, n) || !Fits(dst, n * width)) return cudaErrorIllegalAddress;
   const int64_t top = RowsSpanned(rows, n);
-  if (top > 0 && !Fits(src, (top - 1) * src_stride + src_offset + width)) {
+  if (top < 0 || src_offset < 0 ||
+      (top > 0 && !Fits(src, (top - 1) * src_stride + src_offset + width))) {
     return cudaErrorIllegalAddress;
   }
   for (int64_t k = 0; k < n * width; ++k) {
@@ -242,9 +259,10 @@ namespace {
 cudaError_t ScatterRows(const float* src, const int64_t* rows, int64_t n, int64_t width,
                         float* dst, bool add) {
   if (n * width <= 0) return cudaSuccess;
-  if (!Fits(src, n * width) || !Fits(rows, n) || !Fits(dst, RowsSpanned(rows, n) * width)) {
-    return cudaErrorIllegalAddress;
-  }
+  if (!Fits(src, n * width) || !Fits(rows, n)) return cudaErrorIllegalAddress;
+  const int64_t top = RowsSpanned(rows, n);
+  if (top < 0 || !Fits(dst, top * width)) return cudaErrorIllegalAddress;
+  if (RepeatsARow(rows, n, top)) return cudaErrorInvalidValue;
   for (int64_t k = 0; k < n * width; ++k) {
     const int64_t i = k / width;
     float* d = dst + rows[i] * width + (k - i * width);
@@ -269,10 +287,9 @@ cudaError_t LaunchPackTokens(const float* src, const int64_t* rows, const float*
                              int64_t width, float* dst, cudaStream_t) {
   if (n <= 0) return cudaSuccess;
   const int64_t row = width + 1;
-  if (!Fits(rows, n) || !Fits(ids, n) || !Fits(dst, n * row) ||
-      !Fits(src, RowsSpanned(rows, n) * width)) {
-    return cudaErrorIllegalAddress;
-  }
+  if (!Fits(rows, n) || !Fits(ids, n) || !Fits(dst, n * row)) return cudaErrorIllegalAddress;
+  const int64_t top = RowsSpanned(rows, n);
+  if (top < 0 || !Fits(src, top * width)) return cudaErrorIllegalAddress;
   for (int64_t k = 0; k < n * row; ++k) {
     const int64_t j = k / row;
     const int64_t c = k - j * row;
@@ -336,14 +353,40 @@ namespace muonmesh::cuda::internal {
 
 cudaError_t LaunchSumSquares(const float* x, int64_t count, double* partial, double* sums,
                              int slot, double eps, double* inv_norm, cudaStream_t) {
-  if (!cuda_cpu::InDevice(x, static_cast<size_t>(count) * sizeof(float)) ||
-      !cuda_cpu::InDevice(partial, kReduceBlocks * sizeof(double)) ||
+  if (!Fits(x, count) || !cuda_cpu::InDevice(partial, kReduceBlocks * sizeof(double)) ||
       !cuda_cpu::InDevice(sums, static_cast<size_t>(slot + 1) * sizeof(double)) ||
       (inv_norm != nullptr && !cuda_cpu::InDevice(inv_norm, sizeof(double)))) {
     return cudaErrorIllegalAddress;
   }
-  double s = 0.0;
-  for (int64_t i = 0; i < count; ++i) s += static_cast<double>(x[i]) * x[i];
+  // Stage 1: kReduceBlocks blocks of 256 threads, each thread over its
+  // grid-stride share, each block's threads summed in the tree order; stage
+  // 2: one block of 256 threads over the partials, then the tree.
+  constexpr int kThreads = 256;
+  const auto tree = [](std::vector<double>& v) {
+    for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+      for (int t = 0; t < stride; ++t) v[t] += v[t + stride];
+    }
+    return v[0];
+  };
+  std::vector<double> lane(kThreads);
+  const int64_t grid = static_cast<int64_t>(kReduceBlocks) * kThreads;
+  for (int b = 0; b < kReduceBlocks; ++b) {
+    for (int t = 0; t < kThreads; ++t) {
+      double s = 0.0;
+      for (int64_t i = static_cast<int64_t>(b) * kThreads + t; i < count; i += grid) {
+        const double v = x[i];
+        s += v * v;
+      }
+      lane[t] = s;
+    }
+    partial[b] = tree(lane);
+  }
+  for (int t = 0; t < kThreads; ++t) {
+    double s = 0.0;
+    for (int i = t; i < kReduceBlocks; i += kThreads) s += partial[i];
+    lane[t] = s;
+  }
+  const double s = tree(lane);
   sums[slot] = s;
   if (inv_norm != nullptr) *inv_norm = 1.0 / std::fmax(std::sqrt(s), eps);
   return cudaSuccess;
@@ -396,6 +439,8 @@ cudaError_t LaunchAddToDiagonal(float* a, int64_t n, float value, cudaStream_t) 
 
 cudaError_t LaunchTranspose(const float* src, int64_t rows, int64_t cols, float* dst,
                             cudaStream_t) {
+  // The kernel's grid: cols / 32 by rows / 32 blocks, at most 65535 in y.
+  if (rows <= 0 || cols <= 0 || (rows + 31) / 32 > 65535) return cudaErrorInvalidConfiguration;
   const size_t bytes = static_cast<size_t>(rows * cols) * sizeof(float);
   if (!cuda_cpu::InDevice(src, bytes) || !cuda_cpu::InDevice(dst, bytes) ||
       Overlaps(src, bytes, dst, bytes)) {

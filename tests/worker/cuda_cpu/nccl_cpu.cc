@@ -43,6 +43,7 @@ struct Transfer {
 struct Clique {
   int nranks = 0;
   int joined = 0;
+  std::vector<bool> ranks;  // which have joined
   int left = 0;
   ncclResult_t error = ncclSuccess;
   std::map<uint64_t, std::map<int, Part>> collectives;  // sequence -> rank -> part
@@ -86,8 +87,10 @@ void RunCollective(Clique& c, std::map<int, Part>& parts) {
     }
   }
   const size_t count = first.count;
+  // Inputs (for a broadcast only the root's buffer: the others may be null).
   std::vector<std::vector<float>> in(n);
   for (const auto& [r, p] : parts) {
+    if (p.kind == Kind::kBroadcast && r != p.root) continue;
     const size_t size = p.kind == Kind::kReduceScatter ? count * n : count;
     in[r].assign(p.send, p.send + size);
   }
@@ -103,10 +106,15 @@ void RunCollective(Clique& c, std::map<int, Part>& parts) {
       case Kind::kAllReduce:
       case Kind::kReduceScatter: {
         const size_t offset = p.kind == Kind::kReduceScatter ? static_cast<size_t>(r) * count : 0;
+        // NCCL's float average multiplies each input by float(1 / n) and
+        // sums; the sum here is in rank order (NCCL's follows its ring).
+        const float scale = p.op == ncclAvg ? static_cast<float>(1.0 / n) : 1.0f;
         for (size_t i = 0; i < count; ++i) {
           float sum = 0.0f;
-          for (int q = 0; q < n; ++q) sum += in[q][offset + i];
-          p.recv[i] = p.op == ncclAvg ? sum / static_cast<float>(n) : sum;
+          for (int q = 0; q < n; ++q) {
+            sum += p.op == ncclAvg ? in[q][offset + i] * scale : in[q][offset + i];
+          }
+          p.recv[i] = sum;
         }
         break;
       }
@@ -170,6 +178,21 @@ Group& ThreadGroup() {
   return group;
 }
 
+// Queues this thread's posted sends and receives and matches what it can.
+void FlushGroup() {
+  std::vector<Posted> posted;
+  posted.swap(ThreadGroup().posted);
+  std::lock_guard<std::mutex> lock(Mu());
+  for (const Posted& p : posted) {
+    Clique& c = *p.comm->clique;
+    const std::pair<int, int> link =
+        p.is_send ? std::make_pair(p.comm->rank, p.peer) : std::make_pair(p.peer, p.comm->rank);
+    cuda_cpu::AddPendingWork(p.transfer.stream, 1);
+    (p.is_send ? c.sends : c.recvs)[link].push_back(p.transfer);
+    MatchTransfers(c, link);
+  }
+}
+
 ncclResult_t Post(Posted p) {
   Group& g = ThreadGroup();
   const Clique* c = p.comm == nullptr ? nullptr : p.comm->clique.get();
@@ -179,7 +202,7 @@ ncclResult_t Post(Posted p) {
     return ncclInvalidArgument;
   }
   g.posted.push_back(p);
-  if (g.depth == 0) return ncclGroupEnd();  // outside a group: a group of one
+  if (g.depth == 0) FlushGroup();  // outside a group: a group of one
   return ncclSuccess;
 }
 
@@ -220,8 +243,10 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
   if (c == nullptr) {
     c = std::make_shared<Clique>();
     c->nranks = nranks;
+    c->ranks.assign(nranks, false);
   }
-  if (c->nranks != nranks) return ncclInvalidUsage;
+  if (c->nranks != nranks || c->ranks[rank]) return ncclInvalidUsage;
+  c->ranks[rank] = true;
   ++c->joined;
   *comm = new ncclComm{c, key, rank, 0};
   return ncclSuccess;
@@ -316,18 +341,8 @@ ncclResult_t ncclGroupStart() {
 
 ncclResult_t ncclGroupEnd() {
   Group& g = ThreadGroup();
-  if (g.depth > 0 && --g.depth > 0) return ncclSuccess;
-  std::vector<Posted> posted;
-  posted.swap(g.posted);
-  std::lock_guard<std::mutex> lock(Mu());
-  for (const Posted& p : posted) {
-    Clique& c = *p.comm->clique;
-    const std::pair<int, int> link =
-        p.is_send ? std::make_pair(p.comm->rank, p.peer) : std::make_pair(p.peer, p.comm->rank);
-    cuda_cpu::AddPendingWork(p.transfer.stream, 1);
-    (p.is_send ? c.sends : c.recvs)[link].push_back(p.transfer);
-    MatchTransfers(c, link);
-  }
+  if (g.depth == 0) return ncclInvalidUsage;
+  if (--g.depth == 0) FlushGroup();
   return ncclSuccess;
 }
 

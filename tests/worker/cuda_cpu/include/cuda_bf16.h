@@ -14,7 +14,7 @@ struct __nv_bfloat16 {
 inline __nv_bfloat16 __float2bfloat16_rn(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return {static_cast<uint16_t>((u >> 16) | 0x40u)};  // NaN
+  if ((u & 0x7fffffffu) > 0x7f800000u) return {0x7fff};  // NaN: CUDA's canonical one
   u += 0x7fffu + ((u >> 16) & 1u);
   return {static_cast<uint16_t>(u >> 16)};
 }
