@@ -4,6 +4,9 @@
 // (worker/model/mlp_cuda.h): each mirrors one loop of worker/model/mlp.cc with
 // the same arithmetic per element. Plain C++ interface, compiled by nvcc;
 // each returns the launch error.
+//
+// tests/worker/cuda_cpu/kernels_cpu.cc transcribes these kernels for the CPU
+// stand-in that runs the GPU tests in every build: change both together.
 
 #include <cuda_runtime_api.h>
 

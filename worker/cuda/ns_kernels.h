@@ -3,6 +3,9 @@
 // Launchers of the small memory-bound kernels around the cuBLAS products of
 // CudaNewtonSchulz. Plain C++ interface (no Abseil), compiled by nvcc in
 // ns_kernels.cu; each returns the launch error (cudaGetLastError).
+//
+// tests/worker/cuda_cpu/kernels_cpu.cc transcribes these kernels for the CPU
+// stand-in that runs the GPU tests in every build: change both together.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>

@@ -11,6 +11,9 @@
 // the _rn intrinsics, so nvcc cannot fuse a multiply and an add, and sqrt and
 // division are IEEE-rounded. Results are therefore bit-identical to the CPU's.
 //
+// tests/worker/cuda_cpu/kernels_cpu.cc transcribes these kernels for the CPU
+// stand-in that runs the GPU tests in every build: change both together.
+//
 // Check-then-commit: each step has a `check` launch that computes every new
 // value without writing it and records the first index whose input or result
 // is not finite in *bad (an int64 the caller sets to `count` beforehand;

@@ -4,6 +4,9 @@
 // out[i] = float(double(UniformFromBits(H(key ^ (first + i)))) * factor) with
 // key = H(H(seed) ^ stream) computed by the caller (UniformStream's key).
 // Plain C++ interface, compiled by nvcc; returns the launch error.
+//
+// tests/worker/cuda_cpu/kernels_cpu.cc transcribes these kernels for the CPU
+// stand-in that runs the GPU tests in every build: change both together.
 
 #include <cuda_runtime_api.h>
 
