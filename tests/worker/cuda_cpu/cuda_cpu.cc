@@ -24,19 +24,21 @@ struct cublasContext {
 
 namespace {
 
-std::mutex& RegistryMutex() {
-  static std::mutex mu;
-  return mu;
-}
+// What the stand-in keeps: live cudaMalloc allocations (start address ->
+// bytes) and streams with work pending (-> how much), under one mutex.
+struct State {
+  std::mutex mu;
+  std::map<uintptr_t, size_t> allocations;
+  std::map<cudaStream_t, int> pending;
+};
 
-// Live cudaMalloc allocations: start address -> bytes.
-std::map<uintptr_t, size_t>& Registry() {
-  static std::map<uintptr_t, size_t> allocations;
-  return allocations;
+State& TheState() {
+  static State state;
+  return state;
 }
 
 bool InDeviceLocked(const void* p, size_t bytes) {
-  const auto& reg = Registry();
+  const auto& reg = TheState().allocations;
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   auto it = reg.upper_bound(a);
   if (it == reg.begin()) return false;
@@ -44,10 +46,6 @@ bool InDeviceLocked(const void* p, size_t bytes) {
   return a >= it->first && a - it->first <= it->second && bytes <= it->second - (a - it->first);
 }
 
-bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-  const uintptr_t x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
-  return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
-}
 
 // Bytes a column-major rows x cols operand with leading dimension ld spans.
 size_t Extent(int rows, int cols, int ld, size_t element) {
@@ -106,7 +104,7 @@ cublasStatus_t Gemm(cublasOperation_t transa, cublasOperation_t transb, int m, i
       (c_bytes > 0 && !cuda_cpu::InDevice(c, c_bytes))) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
-  if (Overlap(c, c_bytes, a, a_bytes) || Overlap(c, c_bytes, b, b_bytes)) {
+  if (cuda_cpu::Overlaps(c, c_bytes, a, a_bytes) || cuda_cpu::Overlaps(c, c_bytes, b, b_bytes)) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   // alpha == 0: C = beta C, A and B not read (as in reference BLAS).
@@ -136,13 +134,18 @@ cublasStatus_t Gemm(cublasOperation_t transa, cublasOperation_t transb, int m, i
 namespace cuda_cpu {
 
 bool InDevice(const void* p, size_t bytes) {
-  std::lock_guard<std::mutex> lock(RegistryMutex());
+  std::lock_guard<std::mutex> lock(TheState().mu);
   return InDeviceLocked(p, bytes);
 }
 
+bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const uintptr_t x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
+}
+
 size_t LiveAllocations() {
-  std::lock_guard<std::mutex> lock(RegistryMutex());
-  return Registry().size();
+  std::lock_guard<std::mutex> lock(TheState().mu);
+  return TheState().allocations.size();
 }
 
 }  // namespace cuda_cpu
@@ -158,8 +161,8 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   // cudaMalloc's memory is uninitialised: all ones (NaN as fp32, bf16 and
   // fp64), so that reading it before writing shows.
   std::memset(p, 0xff, bytes);
-  std::lock_guard<std::mutex> lock(RegistryMutex());
-  Registry()[reinterpret_cast<uintptr_t>(p)] = bytes;
+  std::lock_guard<std::mutex> lock(TheState().mu);
+  TheState().allocations[reinterpret_cast<uintptr_t>(p)] = bytes;
   *ptr = p;
   return cudaSuccess;
 }
@@ -167,8 +170,10 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
 cudaError_t cudaFree(void* ptr) {
   if (ptr == nullptr) return cudaSuccess;
   {
-    std::lock_guard<std::mutex> lock(RegistryMutex());
-    if (Registry().erase(reinterpret_cast<uintptr_t>(ptr)) == 0) return cudaErrorInvalidValue;
+    std::lock_guard<std::mutex> lock(TheState().mu);
+    if (TheState().allocations.erase(reinterpret_cast<uintptr_t>(ptr)) == 0) {
+      return cudaErrorInvalidValue;
+    }
   }
   ::operator delete(ptr, std::align_val_t(256));
   return cudaSuccess;
@@ -197,7 +202,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   }
   // Stricter than CUDA, which does not check: a partial overlap is refused.
   if (dst == src) return cudaSuccess;
-  if (Overlap(dst, bytes, src, bytes)) return cudaErrorInvalidValue;
+  if (cuda_cpu::Overlaps(dst, bytes, src, bytes)) return cudaErrorInvalidValue;
   std::memcpy(dst, src, bytes);
   return cudaSuccess;
 }
@@ -218,7 +223,7 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
   if (cuda_cpu::InDevice(dst, dst_span) != dst_device ||
       cuda_cpu::InDevice(src, src_span) != src_device ||
       (!dst_device && cuda_cpu::InDevice(dst, 1)) || (!src_device && cuda_cpu::InDevice(src, 1)) ||
-      Overlap(dst, dst_span, src, src_span)) {
+      cuda_cpu::Overlaps(dst, dst_span, src, src_span)) {
     return cudaErrorInvalidValue;
   }
   for (size_t r = 0; r < height; ++r) {
@@ -271,30 +276,19 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 
 namespace {
 
-std::mutex& PendingMutex() {
-  static std::mutex mu;
-  return mu;
-}
-
-// Streams with pending work -> how much.
-std::map<cudaStream_t, int>& Pending() {
-  static std::map<cudaStream_t, int> pending;
-  return pending;
-}
-
 int PendingOn(cudaStream_t stream) {
-  std::lock_guard<std::mutex> lock(PendingMutex());
-  auto it = Pending().find(stream);
-  return it == Pending().end() ? 0 : it->second;
+  std::lock_guard<std::mutex> lock(TheState().mu);
+  auto it = TheState().pending.find(stream);
+  return it == TheState().pending.end() ? 0 : it->second;
 }
 
 }  // namespace
 
 void cuda_cpu::AddPendingWork(cudaStream_t stream, int delta) {
-  std::lock_guard<std::mutex> lock(PendingMutex());
-  int& n = Pending()[stream];
+  std::lock_guard<std::mutex> lock(TheState().mu);
+  int& n = TheState().pending[stream];
   n += delta;
-  if (n <= 0) Pending().erase(stream);
+  if (n <= 0) TheState().pending.erase(stream);
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
@@ -427,8 +421,8 @@ cublasStatus_t cublasSgeam(cublasHandle_t, cublasOperation_t transa, cublasOpera
   // dimension and no transpose; any other overlap is refused.
   const bool in_place_a = c == a && ldc == lda && transa == CUBLAS_OP_N;
   const bool in_place_b = c == b && ldc == ldb && transb == CUBLAS_OP_N;
-  if ((!in_place_a && Overlap(c, c_bytes, a, a_bytes)) ||
-      (!in_place_b && Overlap(c, c_bytes, b, b_bytes))) {
+  if ((!in_place_a && cuda_cpu::Overlaps(c, c_bytes, a, a_bytes)) ||
+      (!in_place_b && cuda_cpu::Overlaps(c, c_bytes, b, b_bytes))) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   const size_t mn = static_cast<size_t>(m) * static_cast<size_t>(n);

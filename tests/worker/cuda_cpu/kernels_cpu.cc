@@ -20,16 +20,8 @@
 
 namespace {
 
-bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-  const uintptr_t x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
-  return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
-}
-
-// count elements of T at p, all inside one device allocation (or none asked).
-template <typename T>
-bool Fits(const T* p, int64_t count) {
-  return count <= 0 || cuda_cpu::InDevice(p, static_cast<size_t>(count) * sizeof(T));
-}
+using cuda_cpu::Fits;
+using cuda_cpu::Overlaps;
 
 // The largest row index in rows[0, n) plus one, or -1 when one is negative
 // or too large to address (rows is device memory the caller has checked).
@@ -353,9 +345,8 @@ namespace muonmesh::cuda::internal {
 
 cudaError_t LaunchSumSquares(const float* x, int64_t count, double* partial, double* sums,
                              int slot, double eps, double* inv_norm, cudaStream_t) {
-  if (!Fits(x, count) || !cuda_cpu::InDevice(partial, kReduceBlocks * sizeof(double)) ||
-      !cuda_cpu::InDevice(sums, static_cast<size_t>(slot + 1) * sizeof(double)) ||
-      (inv_norm != nullptr && !cuda_cpu::InDevice(inv_norm, sizeof(double)))) {
+  if (!Fits(x, count) || !Fits(partial, kReduceBlocks) || !Fits(sums, slot + 1) ||
+      (inv_norm != nullptr && !Fits(inv_norm, 1))) {
     return cudaErrorIllegalAddress;
   }
   // Stage 1: kReduceBlocks blocks of 256 threads, each thread over its
@@ -394,9 +385,9 @@ cudaError_t LaunchSumSquares(const float* x, int64_t count, double* partial, dou
 
 cudaError_t LaunchScaleToBf16(float* x, __nv_bfloat16* xb, int64_t count, const double* inv_norm,
                               cudaStream_t) {
-  if (!cuda_cpu::InDevice(x, static_cast<size_t>(count) * sizeof(float)) ||
-      !cuda_cpu::InDevice(xb, static_cast<size_t>(count) * sizeof(__nv_bfloat16)) ||
-      !cuda_cpu::InDevice(inv_norm, sizeof(double))) {
+  if (!Fits(x, count) ||
+      !Fits(xb, count) ||
+      !Fits(inv_norm, 1)) {
     return cudaErrorIllegalAddress;
   }
   for (int64_t i = 0; i < count; ++i) {
@@ -407,8 +398,8 @@ cudaError_t LaunchScaleToBf16(float* x, __nv_bfloat16* xb, int64_t count, const 
 }
 
 cudaError_t LaunchToBf16(const float* src, __nv_bfloat16* dst, int64_t count, cudaStream_t) {
-  if (!cuda_cpu::InDevice(src, static_cast<size_t>(count) * sizeof(float)) ||
-      !cuda_cpu::InDevice(dst, static_cast<size_t>(count) * sizeof(__nv_bfloat16))) {
+  if (!Fits(src, count) ||
+      !Fits(dst, count)) {
     return cudaErrorIllegalAddress;
   }
   for (int64_t i = 0; i < count; ++i) dst[i] = __float2bfloat16_rn(src[i]);
@@ -417,9 +408,7 @@ cudaError_t LaunchToBf16(const float* src, __nv_bfloat16* dst, int64_t count, cu
 
 cudaError_t LaunchSplitBf16(const float* src, __nv_bfloat16* hi, __nv_bfloat16* lo,
                             int64_t count, cudaStream_t) {
-  const size_t half = static_cast<size_t>(count) * sizeof(__nv_bfloat16);
-  if (!cuda_cpu::InDevice(src, static_cast<size_t>(count) * sizeof(float)) ||
-      !cuda_cpu::InDevice(hi, half) || !cuda_cpu::InDevice(lo, half)) {
+  if (!Fits(src, count) || !Fits(hi, count) || !Fits(lo, count)) {
     return cudaErrorIllegalAddress;
   }
   for (int64_t i = 0; i < count; ++i) {
@@ -430,7 +419,7 @@ cudaError_t LaunchSplitBf16(const float* src, __nv_bfloat16* hi, __nv_bfloat16* 
 }
 
 cudaError_t LaunchAddToDiagonal(float* a, int64_t n, float value, cudaStream_t) {
-  if (!cuda_cpu::InDevice(a, static_cast<size_t>(n * n) * sizeof(float))) {
+  if (!Fits(a, n * n)) {
     return cudaErrorIllegalAddress;
   }
   for (int64_t i = 0; i < n; ++i) a[i * (n + 1)] += value;

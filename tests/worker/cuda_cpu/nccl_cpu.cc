@@ -71,10 +71,6 @@ struct ncclComm {
 
 namespace {
 
-bool OnDevice(const void* p, size_t count) {
-  return count == 0 || cuda_cpu::InDevice(p, count * sizeof(float));
-}
-
 // Runs collective `seq` once all ranks have their part in (Mu() held): reads
 // every input before writing any output, so in-place calls are fine.
 void RunCollective(Clique& c, std::map<int, Part>& parts) {
@@ -125,7 +121,8 @@ void RunCollective(Clique& c, std::map<int, Part>& parts) {
 
 ncclResult_t Enqueue(ncclComm_t comm, Part part, size_t send_count, size_t recv_count) {
   if (comm == nullptr) return ncclInvalidArgument;
-  if (!OnDevice(part.send, send_count) || !OnDevice(part.recv, recv_count)) {
+  if (!cuda_cpu::Fits(part.send, static_cast<long long>(send_count)) ||
+      !cuda_cpu::Fits(part.recv, static_cast<long long>(recv_count))) {
     return ncclInvalidArgument;
   }
   std::lock_guard<std::mutex> lock(Mu());
@@ -197,8 +194,8 @@ ncclResult_t Post(Posted p) {
   Group& g = ThreadGroup();
   const Clique* c = p.comm == nullptr ? nullptr : p.comm->clique.get();
   if (c == nullptr || p.peer < 0 || p.peer >= c->nranks ||
-      !OnDevice(p.is_send ? static_cast<const void*>(p.transfer.send) : p.transfer.recv,
-                p.transfer.count)) {
+      !(p.is_send ? cuda_cpu::Fits(p.transfer.send, static_cast<long long>(p.transfer.count))
+                  : cuda_cpu::Fits(p.transfer.recv, static_cast<long long>(p.transfer.count)))) {
     return ncclInvalidArgument;
   }
   g.posted.push_back(p);

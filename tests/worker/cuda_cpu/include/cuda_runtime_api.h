@@ -71,4 +71,11 @@ void AddPendingWork(cudaStream_t stream, int delta);
 bool InDevice(const void* p, size_t bytes);
 // Live cudaMalloc allocations.
 size_t LiveAllocations();
+// True when [a, a + a_bytes) and [b, b + b_bytes) share a byte.
+bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes);
+// count elements of T at p, all inside one device allocation (or none asked).
+template <typename T>
+bool Fits(const T* p, long long count) {
+  return count <= 0 || InDevice(p, static_cast<size_t>(count) * sizeof(T));
+}
 }  // namespace cuda_cpu
