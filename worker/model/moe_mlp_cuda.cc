@@ -286,7 +286,9 @@ absl::Status CudaMoeMlp::ExpertsForward(UnitAccess& units, const float* w1, cons
                                           cudaMemcpyDeviceToHost, stream_));
     MUONMESH_RETURN_IF_ERROR(Sync());
   }
-  std::vector<int64_t> ex_begin(local + 1, 0), ex_order(received);
+  std::vector<int64_t>& ex_begin = pass.ex_begin;
+  ex_begin.assign(local + 1, 0);
+  std::vector<int64_t> ex_order(received);
   std::vector<int32_t> ex_local(received);
   for (int64_t r = 0; r < received; ++r) {
     const float id = recv_ids[r];
@@ -307,7 +309,6 @@ absl::Status CudaMoeMlp::ExpertsForward(UnitAccess& units, const float* w1, cons
                                         sizeof(int64_t) * received, cudaMemcpyHostToDevice,
                                         stream_));
   }
-  pass.ex_begin = ex_begin;
   MUONMESH_LAUNCH(k::LaunchGatherRowsStrided(s.recv.get(), d + 1, 1, s.ex_order.get(), received,
                                              d, s.ex_h.get(), stream_));
   for (int64_t l = 0; l < local; ++l) {
