@@ -148,6 +148,24 @@ TEST(HostileJobTest, ExplicitBudgetIsEnforced) {
   EXPECT_THAT(usage.err, HasSubstr("--memory-budget"));
 }
 
+// A device: cuda rank also holds the CUDA runtime, cuBLAS and NCCL on the host
+// (about 0.9 GB, measured on an H200): a budget the same job fits on the CPU
+// refuses it on cuda, naming the device, before any GPU is touched (so this
+// runs on machines without one).
+TEST(HostileJobTest, CudaJobsCountTheCudaRuntime) {
+  const std::string dir = Fresh("cuda_budget");
+  const std::string model = "{mlp: {dims: [8, 16, 4]}}";
+  const std::string data = "{teacher: {seed: 1, samples: 64}}";
+  const std::string training = "{steps: 1, global_batch_size: 8}";
+  const std::string cpu = WriteJob(dir, model, data, training, "device: cpu\n");
+  const ProcessResult on_cpu = RunWorker(dir, cpu, {"--memory-budget", "512MiB"});
+  EXPECT_EQ(on_cpu.exit_code, 0) << on_cpu.err;
+  std::filesystem::remove_all(dir + "/store");
+  const std::string cuda = WriteJob(dir, model, data, training, "device: cuda\n");
+  ExpectRefused(RunWorker(dir, cuda, {"--memory-budget", "512MiB"}),
+                {"RESOURCE_EXHAUSTED", "device: CUDA runtime, cuBLAS and NCCL 1.00 GiB"});
+}
+
 // Row 10: a pattern that sends backtracking engines into exponential time.
 TEST(HostileJobTest, CatastrophicRegexRunsInLinearTime) {
   const std::string dir = Fresh("regex");

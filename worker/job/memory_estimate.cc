@@ -252,12 +252,18 @@ MemoryEstimate EstimateRankMemory(const ResolvedJob& job, const plan::Plan& plan
   step.insert(step.end(), w.step.begin(), w.step.end());
 
   MemoryEstimate e;
+  std::vector<MemoryItem> runtime;
+  if (job.device == "cuda") {
+    runtime.push_back(
+        {"device", "CUDA runtime, cuBLAS and NCCL", static_cast<double>(kCudaRuntimeBytes)});
+    w.setup.push_back(runtime.front());
+  }
   e.phases.push_back(Phase("preparing data", {w.setup}));
-  e.phases.push_back(Phase("initialising shards", {w.resident, shards, init}));
-  e.phases.push_back(Phase("training", {w.resident, shards, step}));
+  e.phases.push_back(Phase("initialising shards", {runtime, w.resident, shards, init}));
+  e.phases.push_back(Phase("training", {runtime, w.resident, shards, step}));
   e.phases.push_back(Phase("exporting the weights",
-                           {w.resident, shards, {{model, "one whole unit, gathered",
-                                                  2 * kFloat * unit_whole}}}));
+                           {runtime, w.resident, shards,
+                            {{model, "one whole unit, gathered", 2 * kFloat * unit_whole}}}));
   for (size_t i = 0; i < e.phases.size(); ++i) {
     if (e.phases[i].bytes() > e.peak_bytes) {
       e.peak_bytes = e.phases[i].bytes();

@@ -24,7 +24,8 @@
 // tests check it against measured peak RSS.
 //
 // For device: cuda jobs the shards and Muon buffers live on the GPU: only the
-// host part (dataset, teacher, initial weights) is counted here.
+// host part (dataset, teacher, initial weights) is counted here, plus
+// kCudaRuntimeBytes for the CUDA runtime, cuBLAS and NCCL.
 //
 // Free functions; any thread may call them.
 
@@ -41,6 +42,12 @@ namespace muonmesh::worker {
 // Resident memory of a worker before it allocates anything for the job
 // (measured ~40-60 MiB: libraries, OpenBLAS and Gloo threads); counted once.
 inline constexpr int64_t kRuntimeBaseBytes = int64_t{96} << 20;
+
+// What the CUDA runtime, cuBLAS and NCCL add to a device: cuda rank's resident
+// memory once loaded and initialised: measured 0.93 GB (peak RSS of a
+// one-rank mlp job on an NVIDIA H200 with CUDA 13, 951 MB, against 23 MB for
+// the same job on the CPU; BENCHMARKS.md), rounded up.
+inline constexpr int64_t kCudaRuntimeBytes = int64_t{1} << 30;
 
 struct MemoryItem {
   std::string field;  // the job field its size comes from, e.g. "model.mlp.dims"
