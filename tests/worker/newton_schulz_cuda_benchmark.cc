@@ -10,7 +10,11 @@
 //       two are comparable (issue 13's target: >= 1.5x the bf16 GEMM at 1:4).
 //   BM_CublasGemmBf16/<m>/<n>/<k>: cublasGemmEx, bf16 A, B and C, fp32
 //       compute, FLOPS = 2 m n k, timed with CUDA events over back-to-back
-//       calls. For an m x n Newton-Schulz the comparison is m/m/n (X X^T).
+//       calls, on random inputs as Newton-Schulz's are (also timed on
+//       constant ones, which run faster on less power). For an m x n
+//       Newton-Schulz the comparison is m/m/n (X X^T).
+//   Each standard call is also split into one iteration and the rest (from
+//   the same call timed with 1 and with 5 iterations).
 //
 // Prints one line per benchmark and a ratio table; target >= 0.8 at
 // 4096 x 4096 and larger. Usage: newton_schulz_cuda_benchmark [--quick]
@@ -51,7 +55,8 @@ int RepsFor(double seconds_per_call, double target_seconds) {
 }
 
 double TimeNewtonSchulz(muonmesh::cuda::CudaNewtonSchulz& ns, int64_t rows, int64_t cols,
-                        double target_seconds, muonmesh::plan::NsAlgorithm algorithm) {
+                        double target_seconds, muonmesh::plan::NsAlgorithm algorithm,
+                        int steps = kSteps) {
   const size_t count = static_cast<size_t>(rows * cols);
   std::vector<float> host(count);
   std::mt19937 rng(1);
@@ -62,7 +67,7 @@ double TimeNewtonSchulz(muonmesh::cuda::CudaNewtonSchulz& ns, int64_t rows, int6
   BENCH_CHECK(cudaMemcpy(x, host.data(), count * sizeof(float), cudaMemcpyHostToDevice) ==
               cudaSuccess);
   muonmesh::math::NsOptions options;
-  options.steps = kSteps;
+  options.steps = steps;
   options.algorithm = algorithm;
   BENCH_CHECK(ns.Reserve(rows, cols).ok());
   // Warm-up (cuBLAS heuristics, workspace), and a first estimate.
@@ -81,14 +86,37 @@ double TimeNewtonSchulz(muonmesh::cuda::CudaNewtonSchulz& ns, int64_t rows, int6
   return seconds;
 }
 
-double TimeGemm(cublasHandle_t handle, int m, int n, int k, double target_seconds) {
+// `count` bf16 values uniform in [-1, 1), from a xorshift generator (fast
+// enough for the largest shapes), copied to the device.
+void FillRandomBf16(__nv_bfloat16* device, size_t count, uint64_t seed) {
+  std::vector<__nv_bfloat16> host(count);
+  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (__nv_bfloat16& v : host) {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    v = __float2bfloat16(static_cast<float>(state >> 40) / 8388608.0f - 1.0f);
+  }
+  BENCH_CHECK(cudaMemcpy(device, host.data(), count * sizeof(__nv_bfloat16),
+                         cudaMemcpyHostToDevice) == cudaSuccess);
+}
+
+// Seconds per row-major (m x k)(k x n) bf16 GEMM. `random` fills the inputs
+// with random values, as Newton-Schulz's are; else with one constant, on
+// which the tensor cores draw less power and can run faster.
+double TimeGemm(cublasHandle_t handle, int m, int n, int k, double target_seconds, bool random) {
   __nv_bfloat16 *a = nullptr, *b = nullptr, *c = nullptr;
-  BENCH_CHECK(cudaMalloc(&a, sizeof(__nv_bfloat16) * m * static_cast<size_t>(k)) == cudaSuccess);
-  BENCH_CHECK(cudaMalloc(&b, sizeof(__nv_bfloat16) * k * static_cast<size_t>(n)) == cudaSuccess);
+  const size_t a_count = static_cast<size_t>(m) * k, b_count = static_cast<size_t>(k) * n;
+  BENCH_CHECK(cudaMalloc(&a, sizeof(__nv_bfloat16) * a_count) == cudaSuccess);
+  BENCH_CHECK(cudaMalloc(&b, sizeof(__nv_bfloat16) * b_count) == cudaSuccess);
   BENCH_CHECK(cudaMalloc(&c, sizeof(__nv_bfloat16) * m * static_cast<size_t>(n)) == cudaSuccess);
-  // Small values; the contents do not change the cost.
-  BENCH_CHECK(cudaMemset(a, 0x3c, sizeof(__nv_bfloat16) * m * static_cast<size_t>(k)) == cudaSuccess);
-  BENCH_CHECK(cudaMemset(b, 0x3c, sizeof(__nv_bfloat16) * k * static_cast<size_t>(n)) == cudaSuccess);
+  if (random) {
+    FillRandomBf16(a, a_count, 1);
+    FillRandomBf16(b, b_count, 2);
+  } else {
+    BENCH_CHECK(cudaMemset(a, 0x3c, sizeof(__nv_bfloat16) * a_count) == cudaSuccess);
+    BENCH_CHECK(cudaMemset(b, 0x3c, sizeof(__nv_bfloat16) * b_count) == cudaSuccess);
+  }
   const float one = 1.0f, zero = 0.0f;
   auto gemm = [&] {
     // Row-major C (m x n) = A (m x k) B (k x n), as column-major C^T = B^T A^T.
@@ -154,38 +182,54 @@ int main(int argc, char** argv) {
 
   struct Row {
     std::string ns_name, gemm_name;
-    double ns_flops, gram_flops, gemm_flops;
+    double ns_flops, gram_flops, gemm_flops, constant_gemm_flops;
+    double step_ms, outside_ms;  // one standard iteration; the rest of a call
   };
   std::vector<Row> rows;
   std::printf("%-34s %12s %14s\n", "benchmark", "ms/call", "TFLOP/s");
   for (const auto& [r, c] : shapes) {
     const int64_t m = std::min(r, c), n = std::max(r, c);
     const std::string shape = std::to_string(r) + "/" + std::to_string(c);
-    double flops[2];
+    double flops[2], seconds[2];
     for (int gram = 0; gram < 2; ++gram) {
-      const double seconds =
+      seconds[gram] =
           TimeNewtonSchulz(*ns, r, c, target,
                            gram ? muonmesh::plan::NsAlgorithm::kGram
                                 : muonmesh::plan::NsAlgorithm::kStandard);
-      flops[gram] = muonmesh::math::NewtonSchulzFlops(r, c, kSteps) / seconds;
+      flops[gram] = muonmesh::math::NewtonSchulzFlops(r, c, kSteps) / seconds[gram];
       std::printf("%-34s %12.3f %14.1f\n",
                   ((gram ? "BM_NewtonSchulzGram/" : "BM_NewtonSchulz/") + shape).c_str(),
-                  seconds * 1e3, flops[gram] / 1e12);
+                  seconds[gram] * 1e3, flops[gram] / 1e12);
     }
+    // One iteration, and what a call spends outside its iterations
+    // (normalisation, copies, the finiteness check): T5 = 5 s + o, T1 = s + o.
+    const double one_step = TimeNewtonSchulz(*ns, r, c, target,
+                                             muonmesh::plan::NsAlgorithm::kStandard, 1);
+    const double step = (seconds[0] - one_step) / (kSteps - 1);
     const std::string ns_name = "BM_NewtonSchulz/" + shape;
-    const double gemm_seconds =
-        TimeGemm(handle, static_cast<int>(m), static_cast<int>(m), static_cast<int>(n), target);
-    const double gemm_flops = 2.0 * m * m * n / gemm_seconds;
+    double gemm_flops[2];
+    for (int random = 0; random < 2; ++random) {
+      gemm_flops[random] = 2.0 * m * m * n /
+                           TimeGemm(handle, static_cast<int>(m), static_cast<int>(m),
+                                    static_cast<int>(n), target, random == 1);
+    }
     const std::string gemm_name = "BM_CublasGemmBf16/" + std::to_string(m) + "/" +
                                   std::to_string(m) + "/" + std::to_string(n);
-    std::printf("%-34s %12.3f %14.1f\n", gemm_name.c_str(), gemm_seconds * 1e3, gemm_flops / 1e12);
-    rows.push_back({ns_name, gemm_name, flops[0], flops[1], gemm_flops});
+    std::printf("%-34s %12.3f %14.1f\n", gemm_name.c_str(), 2e3 * m * m * n / gemm_flops[1],
+                gemm_flops[1] / 1e12);
+    rows.push_back({ns_name, gemm_name, flops[0], flops[1], gemm_flops[1], gemm_flops[0],
+                    step * 1e3, (one_step - step) * 1e3});
   }
-  std::printf("\n%-28s %-30s %8s %8s\n", "Newton-Schulz", "bf16 GEMM (X X^T shape)", "standard",
-              "gram");
+  std::printf("\nRatios to the bf16 GEMM of X X^T's shape on random inputs (the one above);\n"
+              "'constant' is that GEMM on constant inputs against random ones; 'step' is one\n"
+              "standard iteration, 'outside' the rest of a standard call, in ms.\n");
+  std::printf("%-28s %-32s %8s %8s %8s %8s %8s\n", "Newton-Schulz", "bf16 GEMM (X X^T shape)",
+              "standard", "gram", "constant", "step", "outside");
   for (const Row& row : rows) {
-    std::printf("%-28s %-30s %8.3f %8.3f\n", row.ns_name.c_str(), row.gemm_name.c_str(),
-                row.ns_flops / row.gemm_flops, row.gram_flops / row.gemm_flops);
+    std::printf("%-28s %-32s %8.3f %8.3f %8.3f %8.4f %8.4f\n", row.ns_name.c_str(),
+                row.gemm_name.c_str(), row.ns_flops / row.gemm_flops,
+                row.gram_flops / row.gemm_flops, row.constant_gemm_flops / row.gemm_flops,
+                row.step_ms, row.outside_ms);
   }
   cublasDestroy(handle);
   return 0;
