@@ -25,12 +25,15 @@
 // On the inputs of newton_schulz_cuda_test, run on the CPU stand-in for CUDA
 // (tests/worker/cuda_cpu/, the same bf16 roundings), ill-conditioned ones
 // reach errors of 0.09-0.4 that way, against the standard form's
-// 0.006-0.026; split, 0.002-0.017. The m x m work stays in fp32: the
-// recurrence multiplies R's rounding there by about a^2 an iteration, which
-// bf16 could not bear. auto runs the standard form here (the planner charges
-// it on cuda): the Gram form is not yet measured on a GPU (run_gpu_checks.sh
-// prints both forms' accuracy), and the job and plan validators refuse gram
-// on cuda until it is.
+// 0.006-0.026; split, 0.002-0.017 (on an H200: 0.0005-0.017, the standard
+// form 0.006-0.042). The m x m work stays in fp32: the recurrence multiplies
+// R's rounding there by about a^2 an iteration, which bf16 could not bear.
+// That makes it slow: measured on an H200 (newton_schulz_cuda_benchmark,
+// BENCHMARKS.md), 3-12x the standard form's time on every shape from
+// 768 x 3072 to 8192 x 8192, since fp32 products run at 50 TFLOP/s there
+// against bf16's ~750. So auto runs the standard form here (the planner
+// charges it on cuda), and the job and plan validators refuse gram on cuda
+// (plan::NsFormUnavailable); the form stays, tested, for that comparison.
 //
 // A CudaNewtonSchulz owns a cuBLAS handle bound to one stream on the device
 // that was current at Create, and a workspace that grows to the largest shape

@@ -23,7 +23,12 @@
 # outputs are also written there.
 #
 # Also runs worker_runtime_cuda_test and comm_nccl_gpu_test when they are in
-# the same folder (copy them there from build/tests/worker/{runtime,comm}).
+# the same folder (copy them there from build/tests/worker/{runtime,comm}),
+# and, when muonmesh-worker-cuda is there too (from build/worker; the shared
+# libraries it needs beyond CUDA's may sit in BIN_DIR/lib), one-rank jobs
+# through it: an mlp and a moe_mlp on device cuda against the same jobs on
+# device cpu (every step's loss within 1e-2 relative: bf16 Newton-Schulz
+# against the CPU's fp32), and the step time of a larger mlp on the GPU.
 #
 # Exit status: 0 tests passed (benchmark ran); 1 a test or the benchmark
 # failed; 2 binaries missing or not runnable here; 77 no usable GPU.
@@ -151,6 +156,79 @@ for extra in worker_runtime_cuda_test comm_nccl_gpu_test; do
   esac
 done
 
+# One-rank jobs through the CUDA worker against the CPU (see the top).
+worker=$bin_dir/muonmesh-worker-cuda
+job_rc=0
+if [[ -x $worker ]]; then
+  [[ -d $bin_dir/lib ]] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$bin_dir/lib"
+  jobs_dir=$(mktemp -d)
+  write_job() {  # write_job NAME DEVICE MODEL DATA TRAINING
+    cat >"$jobs_dir/$1-$2.yaml" <<JOB
+name: $1
+world_size: 1
+device: $2
+model: $3
+init: {seed: 7}
+data: $4
+optimizer:
+  muon: {lr: 0.02, momentum: 0.95, nesterov: true, ns_steps: 5, weight_decay: 0.1}
+  adamw: {lr: 0.001, weight_decay: 0.01}
+training: $5
+output: {dir: $jobs_dir/out-$1-$2}
+JOB
+  }
+  run_job() {  # run_job NAME DEVICE: the worker's output in $jobs_dir/NAME-DEVICE.log
+    mkdir -p "$jobs_dir/store-$1-$2"
+    OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-4} timeout 120 "$worker" --standalone \
+      --job "$jobs_dir/$1-$2.yaml" --rank 0 --world-size 1 --store "$jobs_dir/store-$1-$2" \
+      >"$jobs_dir/$1-$2.log" 2>&1
+  }
+  losses() { awk '$1 == "step" && $3 == "loss" { print $2, $4 }' "$1"; }
+  for device in cuda cpu; do
+    write_job mlp $device "{mlp: {dims: [64, 256, 256, 16]}}" \
+      "{teacher: {seed: 11, samples: 4096}}" "{steps: 20, global_batch_size: 64}"
+    write_job moe $device "{moe_mlp: {d_in: 32, d_model: 64, d_expert: 48, num_experts: 8, d_out: 8}}" \
+      "{teacher: {seed: 11, samples: 4096}}" "{steps: 20, global_batch_size: 64}"
+  done
+  write_job big cuda "{mlp: {dims: [1024, 4096, 4096, 1024]}}" \
+    "{teacher: {seed: 11, samples: 4096}}" "{steps: 20, global_batch_size: 1024}"
+  for name in mlp moe; do
+    echo "== job $name: device cuda against device cpu"
+    if ! run_job $name cuda || ! run_job $name cpu; then
+      echo "== job $name: FAILED"
+      tail -n 5 "$jobs_dir/$name-cuda.log" "$jobs_dir/$name-cpu.log"
+      job_rc=1
+      continue
+    fi
+    # Every step's loss on cuda within 1e-2 relative of the CPU's.
+    if ! paste <(losses "$jobs_dir/$name-cuda.log") <(losses "$jobs_dir/$name-cpu.log") | awk '
+        $1 != $3 { exit 1 }
+        { d = ($2 - $4) / $4; if (d < 0) d = -d; if (d > worst) worst = d; n++ }
+        END { printf "%d steps, largest relative loss difference %.2e\n", n, worst;
+              exit !(n == 20 && worst <= 1e-2) }'; then
+      echo "== job $name: FAILED (losses differ)"
+      job_rc=1
+    fi
+  done
+  echo "== job big (cuda): step time"
+  if run_job big cuda; then
+    # A step's time: the sum of its phases (the ms: fields); the median over
+    # steps 1.. (step 0 includes cuBLAS's warm-up).
+    awk '$1 == "step" && $2 > 0 { t = 0; for (i = 1; i <= NF; ++i) if ($i == "ms:") on = 1;
+           else if ($i == "|") on = 0; else if (on) { n = split($i, p, "/");
+             for (k = 1; k <= n; ++k) if (p[k] ~ /^[0-9.]+$/) t += p[k] } print t }' \
+      "$jobs_dir/big-cuda.log" | sort -g | awk '{ v[NR] = $1 } END {
+        printf "mlp [1024, 4096, 4096, 1024], batch 1024: median step %.2f ms over %d steps\n",
+          v[int((NR + 1) / 2)], NR }'
+    grep '^summary' "$jobs_dir/big-cuda.log"
+  else
+    echo "== job big: FAILED"
+    tail -n 5 "$jobs_dir/big-cuda.log"
+    job_rc=1
+  fi
+  rm -rf "$jobs_dir"
+fi
+
 echo "== run_gpu_checks: done in $(($(date +%s) - start)) s"
-[[ $test_rc -eq 0 && $bench_rc -eq 0 && $extra_rc -eq 0 ]] || exit 1
+[[ $test_rc -eq 0 && $bench_rc -eq 0 && $extra_rc -eq 0 && $job_rc -eq 0 ]] || exit 1
 exit 0
