@@ -94,6 +94,28 @@ echo "== run_gpu_checks: binaries from $bin_dir"
 if command -v nvidia-smi >/dev/null 2>&1; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 fi
+# CUDA libraries the system lacks may come with Python wheels (PyTorch's
+# nvidia-* packages: nvidia/cu13/lib for cuBLAS and the runtime,
+# nvidia/nccl/lib): their folders go last on the search path.
+wheel_lib_dirs() {
+  python3 - 2>/dev/null <<'PY'
+import glob, os
+try:
+    import nvidia
+    for root in nvidia.__path__:
+        for lib in sorted(glob.glob(os.path.join(root, "*", "lib"))):
+            if glob.glob(os.path.join(lib, "lib*.so*")):
+                print(lib)
+except Exception:
+    pass
+PY
+}
+if ldd "$bin_dir/$test_name" | grep -q "not found" ||
+  ! ldconfig -p 2>/dev/null | grep -q "libnccl.so.2"; then
+  while read -r d; do LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"; done \
+    < <(wheel_lib_dirs)
+  export LD_LIBRARY_PATH
+fi
 if ldd "$bin_dir/$test_name" | grep -q "not found"; then
   echo "run_gpu_checks: $test_name cannot load its libraries here:" >&2
   ldd "$bin_dir/$test_name" | grep "not found" >&2
@@ -123,24 +145,8 @@ bench_rc=$?
 # on the GPU against the host (worker_runtime_cuda_test, from
 # build/tests/worker/runtime) and the NCCL communicator conformance suite
 # (comm_nccl_gpu_test, from build/tests/worker/comm; its multi-rank cases need
-# one GPU per rank). Both need libnccl.so.2: the system's, or the one of a
-# Python NCCL wheel (PyTorch's), found here.
-if ! ldconfig -p 2>/dev/null | grep -q "libnccl.so.2"; then
-  nccl_dir=$(python3 - 2>/dev/null <<'PY'
-import os
-try:
-    import nvidia.nccl as n
-    for p in n.__path__:
-        lib = os.path.join(p, "lib")
-        if os.path.exists(os.path.join(lib, "libnccl.so.2")):
-            print(lib)
-            break
-except Exception:
-    pass
-PY
-)
-  [[ -n ${nccl_dir:-} ]] && export LD_LIBRARY_PATH="$nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+# one GPU per rank). Both need libnccl.so.2 (the system's, or a wheel's: see
+# above).
 extra_rc=0
 for extra in worker_runtime_cuda_test comm_nccl_gpu_test; do
   [[ -x $bin_dir/$extra ]] || continue

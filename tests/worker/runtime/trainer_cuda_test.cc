@@ -408,12 +408,14 @@ TEST(CudaTrainerTest, MlpAndMoeTrainAsOnTheHost) {
     ASSERT_EQ(cpu.losses.size(), static_cast<size_t>(steps));
     ASSERT_EQ(gpu.losses.size(), static_cast<size_t>(steps));
     EXPECT_LT(cpu.losses.back(), cpu.losses.front());
-    // Step 0 sees the same weights: the loss differs by fp32 rounding only.
+    // Step 0 sees the same weights: the loss differs by fp32 rounding only;
+    // later steps by the bf16 orthogonalisation (measured on an H200: at
+    // most 2.1e-3 relative over these 6 steps).
     EXPECT_NEAR(gpu.losses[0], cpu.losses[0], 1e-5 * cpu.losses[0]);
     for (int s = 1; s < steps; ++s) {
       std::printf("step %d loss: GPU %.6e host %.6e (relative %.2e)\n", s, gpu.losses[s],
                   cpu.losses[s], std::abs(gpu.losses[s] - cpu.losses[s]) / cpu.losses[s]);
-      EXPECT_NEAR(gpu.losses[s], cpu.losses[s], 2e-2 * cpu.losses[s]) << "step " << s;
+      EXPECT_NEAR(gpu.losses[s], cpu.losses[s], 1e-2 * cpu.losses[s]) << "step " << s;
     }
     ExpectNearerThanBugs(kind, steps, gpu, cpu, /*muon=*/true,
                          {Bug::kNoMuonDecay, Bug::kSwappedMomentum});
