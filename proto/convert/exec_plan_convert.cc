@@ -209,7 +209,7 @@ absl::StatusOr<plan::ResolvedConfig> ConfigFrom(const v1::ExecConfig& c) {
   absl::StatusOr<plan::ReplicaSplit> split =
       EnumIn<plan::ReplicaSplit>(c.replica_split(), 3, "config.replica_split");
   absl::StatusOr<plan::NsAlgorithm> algorithm =
-      EnumIn<plan::NsAlgorithm>(c.ns_algorithm(), 3, "config.ns_algorithm");
+      EnumIn<plan::NsAlgorithm>(c.ns_algorithm(), 4, "config.ns_algorithm");
   absl::StatusOr<plan::NsTable> table =
       EnumIn<plan::NsTable>(c.ns_coefficients(), 2, "config.ns_coefficients");
   for (const absl::Status& st : {inner.status(), outer.status(), rule.status(), split.status(),

@@ -37,10 +37,32 @@
 //    (R^2; Q = P) and 2 m^3 (4 L - 3) otherwise (R^2 each iteration, P^2 and
 //    P^2 R all but the last, P Q all but the first); each segment also costs
 //    4 m^2 n (its X X^T and its final Q X_0).
+//  - spectral (CPU only): the Gram form's Q_T = q_T(G), a polynomial in
+//    G = X_0 X_0^T, evaluated on G's eigenvalues instead of iterated: G in
+//    fp64, its eigendecomposition G = V diag(l) V^T (LAPACK dsyevd), for each
+//    eigenvalue the scalar recurrence q <- p_t(r) q, r <- p_t(r)^2 r in
+//    double (p_t(r) = a_t + b_t r + c_t r^2, r = l, q = 1), then
+//    Q = V diag(q) V^T and X_T = Q X_0 in fp32. No recurrence on matrices, so
+//    no drift and no restarts; the cost does not grow with T. Counted as
+//    kSpectralM2n m^2 n + kSpectralM3 m^3, constants fitted to its measured
+//    time against the iterative forms' on one OpenBLAS thread (how workers
+//    run it): the eigensolver (about half of it) barely speeds up with more
+//    threads, while the other forms' GEMMs do, so with several threads this
+//    charges it too little (BENCHMARKS.md). Its accuracy has a limit the
+//    iterations do not: the fp32 rounding of Q = V diag(q) V^T and of Q X_0
+//    is multiplied by the largest q, the iterations' total gain on the
+//    smallest singular values, the product of a_t over all T (485 for 5
+//    quintic iterations, 976 for 5 Polar Express, 2.2e4 for 10); the
+//    iterative form restarts instead (above). Against the fp64 reference
+//    (tests/worker/newton_schulz_test.cc) its worst errors were 0.15 and
+//    0.29 of the bound at gains 485 and 976 and 2.7 times it at 2.2e4, so it
+//    runs only up to kSpectralGainLimit: auto does not pick it beyond, and
+//    the validators refuse it there.
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace muonmesh::plan {
@@ -98,6 +120,7 @@ enum class NsAlgorithm {
   kAuto,      // the form with fewer FLOPs, per matrix (the default)
   kStandard,  // X <- a X + (b A + c A^2) X on the m x n matrix
   kGram,      // the iteration on X X^T, as above
+  kSpectral,  // the Gram form on the eigenvalues of X X^T, as above (CPU only)
 };
 
 // The bound on the amplification (product of a_s^2 over a segment's earlier
@@ -163,15 +186,67 @@ inline double GramNsFlops(int64_t rows, int64_t cols, int64_t steps, NsTable tab
   return GramNsFlops(rows, cols, steps, [table](int64_t t) { return NsTableRow(table, t).a; });
 }
 
-// The form that runs for `algorithm` on this shape: kAuto takes the Gram
-// form where it needs fewer FLOPs (ties go to the standard form).
+// The spectral form's cost in the counted FLOPs of the others (see the top).
+inline constexpr double kSpectralM2n = 6.0;
+inline constexpr double kSpectralM3 = 30.0;
+
+// The largest total gain (product of |a_t| over the iterations) at which
+// the spectral form keeps its accuracy (see the top).
+inline constexpr double kSpectralGainLimit = 2000.0;
+
+template <class LeadingCoefficient>
+double NsTotalGain(int64_t steps, LeadingCoefficient a) {
+  double gain = 1.0;
+  for (int64_t t = 0; t < steps; ++t) gain *= a(t) < 0 ? -a(t) : a(t);
+  return gain;
+}
+
+template <class LeadingCoefficient>
+bool SpectralFits(int64_t steps, LeadingCoefficient a) {
+  return NsTotalGain(steps, a) <= kSpectralGainLimit;
+}
+
+inline double NsTotalGain(int64_t steps, NsTable table) {
+  return NsTotalGain(steps, [table](int64_t t) { return NsTableRow(table, t).a; });
+}
+
+// Why the spectral form cannot run `table` for `steps` iterations (its total
+// gain exceeds kSpectralGainLimit), or empty when it can. The validators
+// report it under their own field names.
+inline std::string SpectralGainProblem(int64_t steps, NsTable table) {
+  const double gain = NsTotalGain(steps, table);
+  if (gain <= kSpectralGainLimit) return "";
+  return "spectral keeps its accuracy up to a total gain (the product of a over the "
+         "iterations) of " +
+         std::to_string(static_cast<int64_t>(kSpectralGainLimit)) + "; " +
+         (table == NsTable::kQuintic ? "quintic" : "polar_express") + " with " +
+         std::to_string(steps) + " iterations gives " +
+         std::to_string(static_cast<int64_t>(gain)) + ": use gram, standard or auto";
+}
+
+inline double SpectralNsFlops(int64_t rows, int64_t cols) {
+  const double m = static_cast<double>(std::min(rows, cols));
+  const double n = static_cast<double>(std::max(rows, cols));
+  return kSpectralM2n * m * m * n + kSpectralM3 * m * m * m;
+}
+
+// The form that runs for `algorithm` on this shape: kAuto takes the form
+// with the fewest FLOPs (ties go to the standard form, then to the Gram
+// iteration), the spectral one only within kSpectralGainLimit.
 template <class LeadingCoefficient>
 NsAlgorithm ChooseNsForm(NsAlgorithm algorithm, int64_t rows, int64_t cols, int64_t steps,
                          LeadingCoefficient a) {
   if (algorithm != NsAlgorithm::kAuto) return algorithm;
-  return GramNsFlops(rows, cols, steps, a) < StandardNsFlops(rows, cols, steps)
-             ? NsAlgorithm::kGram
-             : NsAlgorithm::kStandard;
+  NsAlgorithm best = NsAlgorithm::kStandard;
+  double cost = StandardNsFlops(rows, cols, steps);
+  if (const double gram = GramNsFlops(rows, cols, steps, a); gram < cost) {
+    best = NsAlgorithm::kGram;
+    cost = gram;
+  }
+  if (SpectralNsFlops(rows, cols) < cost && SpectralFits(steps, a)) {
+    best = NsAlgorithm::kSpectral;
+  }
+  return best;
 }
 
 inline NsAlgorithm ChooseNsForm(NsAlgorithm algorithm, int64_t rows, int64_t cols,
@@ -184,10 +259,16 @@ inline NsAlgorithm ChooseNsForm(NsAlgorithm algorithm, int64_t rows, int64_t col
 template <class LeadingCoefficient>
 double NsFlops(NsAlgorithm algorithm, int64_t rows, int64_t cols, int64_t steps,
                LeadingCoefficient a) {
-  const double standard = StandardNsFlops(rows, cols, steps);
-  if (algorithm == NsAlgorithm::kStandard) return standard;
-  const double gram = GramNsFlops(rows, cols, steps, a);
-  return algorithm == NsAlgorithm::kGram ? gram : std::min(gram, standard);
+  switch (ChooseNsForm(algorithm, rows, cols, steps, a)) {
+    case NsAlgorithm::kGram:
+      return GramNsFlops(rows, cols, steps, a);
+    case NsAlgorithm::kSpectral:
+      return SpectralNsFlops(rows, cols);
+    case NsAlgorithm::kStandard:
+    case NsAlgorithm::kAuto:
+      break;
+  }
+  return StandardNsFlops(rows, cols, steps);
 }
 
 inline double NsFlops(NsAlgorithm algorithm, int64_t rows, int64_t cols, int64_t steps,
@@ -196,34 +277,41 @@ inline double NsFlops(NsAlgorithm algorithm, int64_t rows, int64_t cols, int64_t
                  [table](int64_t t) { return NsTableRow(table, t).a; });
 }
 
-// "auto" | "standard" | "gram".
+// "auto" | "standard" | "gram" | "spectral".
 inline const char* NsAlgorithmName(NsAlgorithm algorithm) {
   switch (algorithm) {
     case NsAlgorithm::kStandard:
       return "standard";
     case NsAlgorithm::kGram:
       return "gram";
+    case NsAlgorithm::kSpectral:
+      return "spectral";
     case NsAlgorithm::kAuto:
       break;
   }
   return "auto";
 }
 
-// Parses a config value; false for anything else. Empty means auto.
 // Why `algorithm` cannot run on `device` ("cpu" or "cuda"), or null when it
 // can: the CUDA Gram form (worker/cuda/newton_schulz_cuda.h) is accurate but,
 // measured on an H200, 3-12x slower than the standard form on every shape
 // (its m x m products run in fp32, off the tensor cores; BENCHMARKS.md), so
-// gram runs on the CPU only and auto means standard on cuda. The planner and
-// the job validator report this under their own field names.
+// gram runs on the CPU only and auto means standard on cuda; spectral has no
+// CUDA form. The planner and the job validator report this under their own
+// field names.
 inline const char* NsFormUnavailable(NsAlgorithm algorithm, std::string_view device) {
-  if (algorithm == NsAlgorithm::kGram && device != "cpu") {
+  if (device == "cpu") return nullptr;
+  if (algorithm == NsAlgorithm::kGram) {
     return "gram runs on the CPU only (on a GPU its CUDA form measured 3-12x slower than "
            "standard); use auto or standard on cuda";
+  }
+  if (algorithm == NsAlgorithm::kSpectral) {
+    return "spectral runs on the CPU only (it has no CUDA form); use auto or standard on cuda";
   }
   return nullptr;
 }
 
+// Parses a config value; false for anything else. Empty means auto.
 inline bool ParseNsAlgorithm(std::string_view text, NsAlgorithm* out) {
   if (text.empty() || text == "auto") {
     *out = NsAlgorithm::kAuto;
@@ -231,6 +319,8 @@ inline bool ParseNsAlgorithm(std::string_view text, NsAlgorithm* out) {
     *out = NsAlgorithm::kStandard;
   } else if (text == "gram") {
     *out = NsAlgorithm::kGram;
+  } else if (text == "spectral") {
+    *out = NsAlgorithm::kSpectral;
   } else {
     return false;
   }

@@ -309,12 +309,16 @@ void CheckOptions(const PlanOptions& opt, Violations& v) {
   }
   NsAlgorithm algorithm;
   if (!ParseNsAlgorithm(opt.ns_algorithm, &algorithm)) {
-    v.Add("options.ns_algorithm", absl::StrCat("unknown form ", Quote(opt.ns_algorithm),
-                                               " (expected auto, standard or gram; empty or "
-                                               "unset: auto)"));
+    v.Add("options.ns_algorithm",
+          absl::StrCat("unknown form ", Quote(opt.ns_algorithm),
+                       " (expected auto, standard, gram or spectral; empty or unset: auto)"));
   } else if (const char* why =
                  NsFormUnavailable(algorithm, opt.device.empty() ? "cuda" : opt.device)) {
     v.Add("options.ns_algorithm", why);
+  } else if (NsTable table; algorithm == NsAlgorithm::kSpectral &&
+                            ParseNsTable(opt.ns_coefficients, &table)) {
+    const std::string gain = SpectralGainProblem(opt.ns_steps == 0 ? 5 : opt.ns_steps, table);
+    if (!gain.empty()) v.Add("options.ns_algorithm", gain);
   }
   if (opt.muon_wave_budget_bytes < 0) {
     v.Add("options.muon_wave_budget_bytes",
@@ -384,7 +388,8 @@ ResolvedConfig ResolveUnchecked(const PlanInput& in) {
   ParseNsAlgorithm(opt.ns_algorithm, &cfg.ns_algorithm);
   ParseNsTable(opt.ns_coefficients, &cfg.ns_table);
   cfg.muon_wave_budget_bytes = opt.muon_wave_budget_bytes;
-  // Until the CUDA Gram form is measured on a GPU, auto means standard there.
+  // The Gram forms run on the CPU only (NsFormUnavailable): auto means
+  // standard elsewhere.
   if (opt.device != "cpu") cfg.ns_algorithm = NsAlgorithm::kStandard;
   // FLOPs one byte of owner traffic is worth: Newton-Schulz throughput over
   // link bandwidth. H200 (~500 TFLOP/s bf16 effective) over a 400 Gb/s NIC

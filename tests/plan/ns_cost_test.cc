@@ -90,18 +90,21 @@ void ExpectNamesRoundTrip(std::initializer_list<T> values, T by_default, Parse p
 }
 
 TEST(NsCostTest, ParsesAndNamesEveryValue) {
-  ExpectNamesRoundTrip({NsAlgorithm::kAuto, NsAlgorithm::kStandard, NsAlgorithm::kGram},
+  ExpectNamesRoundTrip({NsAlgorithm::kAuto, NsAlgorithm::kStandard, NsAlgorithm::kGram,
+                        NsAlgorithm::kSpectral},
                        NsAlgorithm::kAuto, ParseNsAlgorithm, NsAlgorithmName, {"Gram", "fast"});
   ExpectNamesRoundTrip({NsTable::kQuintic, NsTable::kPolarExpress}, NsTable::kQuintic,
                        ParseNsTable, NsTableName, {"cubic", "Quintic"});
 }
 
-// Only gram, and only off the CPU, is refused; both validators report this
-// one reason (BadSettingsNameTheField, job_test's MuonGramOnCuda).
-TEST(NsCostTest, OnlyGramOffTheCpuIsUnavailable) {
+// Only the Gram forms, and only off the CPU, are refused; both validators
+// report this one reason (BadSettingsNameTheField, job_test's MuonGramOnCuda).
+TEST(NsCostTest, OnlyGramFormsOffTheCpuAreUnavailable) {
   for (const char* device : {"cpu", "cuda"}) {
-    for (NsAlgorithm a : {NsAlgorithm::kAuto, NsAlgorithm::kStandard, NsAlgorithm::kGram}) {
-      const bool refused = a == NsAlgorithm::kGram && std::string(device) == "cuda";
+    for (NsAlgorithm a : {NsAlgorithm::kAuto, NsAlgorithm::kStandard, NsAlgorithm::kGram,
+                          NsAlgorithm::kSpectral}) {
+      const bool refused = (a == NsAlgorithm::kGram || a == NsAlgorithm::kSpectral) &&
+                           std::string(device) == "cuda";
       const char* why = NsFormUnavailable(a, device);
       EXPECT_EQ(why != nullptr, refused) << device << "/" << NsAlgorithmName(a);
       if (why != nullptr) {
@@ -111,11 +114,13 @@ TEST(NsCostTest, OnlyGramOffTheCpuIsUnavailable) {
   }
 }
 
-// On every Muon matrix of the three public specs, auto picks the Gram form
-// exactly when the long side exceeds 1.5 times the short one, and the specs
-// hold matrices of both kinds.
+// auto against the three costs written out by hand at 5 iterations (m, n the
+// short and long sides): standard 5 (4 m^2 n + 2 m^3); the Gram iteration
+// 8 m^2 n + 28 m^3 (quintic: segments of 3 and 2) or 12 m^2 n + 22 m^3
+// (Polar Express: 2, 2 and 1); spectral 6 m^2 n + 30 m^3 (both tables'
+// gains, 485 and 976, within its limit). Ties go to standard.
 TEST(NsCostTest, AutoPicksTheCheaperFormOnTheRealSpecs) {
-  int gram = 0, standard = 0;
+  int spectral = 0, standard = 0;
   for (const char* name : {"gpt2-124m", "llama3-8b", "deepseek-v3"}) {
     SCOPED_TRACE(name);
     absl::StatusOr<ModelSpec> spec = testing::LoadSpec(name);
@@ -124,21 +129,30 @@ TEST(NsCostTest, AutoPicksTheCheaperFormOnTheRealSpecs) {
       for (const ParamSpec& p : u.params) {
         if (p.optimizer != "muon") continue;
         const MatrixView mv = AsMatrix(p);
-        const int64_t lo = std::min(mv.rows, mv.cols), hi = std::max(mv.rows, mv.cols);
-        const bool wide = 2 * hi > 3 * lo;
+        const double m = static_cast<double>(std::min(mv.rows, mv.cols));
+        const double n = static_cast<double>(std::max(mv.rows, mv.cols));
         for (NsTable table : {NsTable::kQuintic, NsTable::kPolarExpress}) {
+          const bool quintic = table == NsTable::kQuintic;
+          const double costs[] = {5 * (4 * m * m * n + 2 * m * m * m),
+                                  quintic ? 8 * m * m * n + 28 * m * m * m
+                                          : 12 * m * m * n + 22 * m * m * m,
+                                  6 * m * m * n + 30 * m * m * m};
+          const NsAlgorithm forms[] = {NsAlgorithm::kStandard, NsAlgorithm::kGram,
+                                       NsAlgorithm::kSpectral};
+          int best = 0;
+          for (int f = 1; f < 3; ++f) {
+            if (costs[f] < costs[best]) best = f;
+          }
           const NsAlgorithm got = ChooseNsForm(NsAlgorithm::kAuto, mv.rows, mv.cols, 5, table);
-          EXPECT_EQ(got, wide ? NsAlgorithm::kGram : NsAlgorithm::kStandard)
+          EXPECT_EQ(got, forms[best])
               << u.name << "." << p.name << " " << mv.rows << "x" << mv.cols;
-          EXPECT_LE(NsFlops(NsAlgorithm::kAuto, mv.rows, mv.cols, 5, table),
-                    std::min(GramNsFlops(mv.rows, mv.cols, 5, table),
-                             StandardNsFlops(mv.rows, mv.cols, 5)));
-          (got == NsAlgorithm::kGram ? gram : standard)++;
+          EXPECT_DOUBLE_EQ(NsFlops(NsAlgorithm::kAuto, mv.rows, mv.cols, 5, table), costs[best]);
+          (got == NsAlgorithm::kSpectral ? spectral : standard)++;
         }
       }
     }
   }
-  EXPECT_GT(gram, 0);
+  EXPECT_GT(spectral, 0);
   EXPECT_GT(standard, 0);
 }
 
@@ -162,10 +176,11 @@ TEST(NsCostTest, ThePlannerChargesTheFormThatRuns) {
     const char* device;
     const char* algorithm;
     NsAlgorithm wide, square;
-  } cases[] = {{"cpu", "", NsAlgorithm::kGram, NsAlgorithm::kStandard},
-               {"cpu", "auto", NsAlgorithm::kGram, NsAlgorithm::kStandard},
+  } cases[] = {{"cpu", "", NsAlgorithm::kSpectral, NsAlgorithm::kStandard},
+               {"cpu", "auto", NsAlgorithm::kSpectral, NsAlgorithm::kStandard},
                {"cpu", "standard", NsAlgorithm::kStandard, NsAlgorithm::kStandard},
                {"cpu", "gram", NsAlgorithm::kGram, NsAlgorithm::kGram},
+               {"cpu", "spectral", NsAlgorithm::kSpectral, NsAlgorithm::kSpectral},
                {"cuda", "", NsAlgorithm::kStandard, NsAlgorithm::kStandard},
                {"", "auto", NsAlgorithm::kStandard, NsAlgorithm::kStandard}};
   for (const Case& c : cases) {
@@ -175,9 +190,12 @@ TEST(NsCostTest, ThePlannerChargesTheFormThatRuns) {
     ASSERT_EQ(plan->dense.matrices.size(), 2u);
     for (const MatrixPlan& m : plan->dense.matrices) {
       const NsAlgorithm form = m.rows == m.cols ? c.square : c.wide;
-      const double want = form == NsAlgorithm::kGram
-                              ? GramNsFlops(m.rows, m.cols, 5, NsTable::kQuintic)
-                              : StandardNsFlops(m.rows, m.cols, 5);
+      const double lo = static_cast<double>(std::min(m.rows, m.cols));
+      const double hi = static_cast<double>(std::max(m.rows, m.cols));
+      const double want = form == NsAlgorithm::kGram ? GramNsFlops(m.rows, m.cols, 5, NsTable::kQuintic)
+                          : form == NsAlgorithm::kSpectral ? 6 * lo * lo * hi + 30 * lo * lo * lo
+                                                           : StandardNsFlops(m.rows, m.cols, 5);
+      EXPECT_EQ(m.ns_form, form) << m.rows << "x" << m.cols;
       EXPECT_DOUBLE_EQ(m.cost_flops, want) << m.rows << "x" << m.cols;
     }
   }
@@ -194,13 +212,37 @@ TEST(NsCostTest, UnknownCoefficientsNameTheField) {
 
 TEST(NsCostTest, BadSettingsNameTheField) {
   for (const auto& [device, algorithm] :
-       {std::pair{"cpu", "fast"}, std::pair{"cuda", "gram"}, std::pair{"", "gram"}}) {
+       {std::pair{"cpu", "fast"}, std::pair{"cuda", "gram"}, std::pair{"", "gram"},
+        std::pair{"cuda", "spectral"}}) {
     const std::vector<FieldViolation> v = Validate(SmallInput(device, algorithm));
     ASSERT_EQ(v.size(), 1u) << device << "/" << algorithm;
     EXPECT_EQ(v[0].field, "options.ns_algorithm");
     EXPECT_NE(v[0].description.find(std::string(algorithm)), std::string::npos)
         << v[0].description;
   }
+}
+
+// The spectral form's gain limit: 5 quintic (gain 485) and 5 Polar Express
+// (976) iterations are within it, 6 of Polar Express (1828) too, 7 (3394) and
+// 10 quintic (2.3e5) are not; an explicit spectral beyond it is refused
+// naming the field, auto passes it by.
+TEST(NsCostTest, SpectralStopsAtItsGainLimit) {
+  EXPECT_NEAR(NsTotalGain(5, NsTable::kQuintic), 3.4445 * 3.4445 * 3.4445 * 3.4445 * 3.4445,
+              1e-9);
+  EXPECT_NEAR(NsTotalGain(2, NsTable::kPolarExpress), 8.2051 * 4.0664, 1e-9);
+  EXPECT_TRUE(SpectralGainProblem(5, NsTable::kQuintic).empty());
+  EXPECT_TRUE(SpectralGainProblem(6, NsTable::kPolarExpress).empty());
+  EXPECT_FALSE(SpectralGainProblem(7, NsTable::kPolarExpress).empty());
+  EXPECT_NE(ChooseNsForm(NsAlgorithm::kAuto, 64, 512, 10, NsTable::kQuintic),
+            NsAlgorithm::kSpectral);
+  EXPECT_EQ(ChooseNsForm(NsAlgorithm::kAuto, 64, 512, 5, NsTable::kQuintic),
+            NsAlgorithm::kSpectral);
+  PlanInput in = SmallInput("cpu", "spectral");
+  in.options.ns_steps = 10;
+  const std::vector<FieldViolation> v = Validate(in);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].field, "options.ns_algorithm");
+  EXPECT_NE(v[0].description.find("gives 235105"), std::string::npos) << v[0].description;
 }
 
 }  // namespace

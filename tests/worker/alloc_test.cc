@@ -28,6 +28,7 @@
 #include "tests/worker/ns_reference.h"
 #include "worker/math/muon.h"
 #include "worker/math/newton_schulz.h"
+#include "worker/math/ns_coefficients.h"
 
 // glibc's own entry points, which the interposers below forward to.
 extern "C" {
@@ -188,7 +189,9 @@ TEST(AllocationTest, NewtonSchulzAllocatesOnlyToGrow) {
 
 TEST(AllocationTest, NewtonSchulzReserveMeansNoAllocationOnFirstRun) {
   NewtonSchulz ns;
-  ASSERT_TRUE(ns.Reserve(64, 128).ok());
+  // The form auto runs on this shape (the spectral one, which has buffers of
+  // its own).
+  ASSERT_TRUE(ns.Reserve(64, 128, NsFormFor(NsOptions{}, 128, 64)).ok());
   std::vector<float> x = testing::Gaussian(64 * 128, 2);
   ExpectNoOwnAllocations(
       AllocationsDuring([&] { ASSERT_TRUE(ns.Run(x.data(), 128, 64, NsOptions{}).ok()); }), 15,

@@ -8,6 +8,8 @@
 //   BM_NewtonSchulzGram/<rows>/<cols>: the same orthogonalisation in the
 //       Gram form (plan/ns_cost.h), FLOPS counted the same standard way, so
 //       its figure is the effective rate a user sees.
+//   BM_NewtonSchulzSpectral/<rows>/<cols>: the Gram form evaluated on the
+//       eigenvalues of X X^T (plan/ns_cost.h), counted the same way.
 //   BM_Sgemm/<m>/<n>/<k>: C = A B, FLOPS = 2 m n k. For an m x n
 //       Newton-Schulz the comparison is m/m/n, the shape of X X^T.
 //
@@ -105,6 +107,9 @@ void BM_NewtonSchulz(benchmark::State& state) {
 void BM_NewtonSchulzGram(benchmark::State& state) {
   RunNewtonSchulz(state, plan::NsAlgorithm::kGram);
 }
+void BM_NewtonSchulzSpectral(benchmark::State& state) {
+  RunNewtonSchulz(state, plan::NsAlgorithm::kSpectral);
+}
 
 void BM_Sgemm(benchmark::State& state) {
   const int m = static_cast<int>(state.range(0));
@@ -139,6 +144,9 @@ void RegisterAll() {
         ->Args({rows, cols})
         ->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("BM_NewtonSchulzGram", BM_NewtonSchulzGram)
+        ->Args({rows, cols})
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("BM_NewtonSchulzSpectral", BM_NewtonSchulzSpectral)
         ->Args({rows, cols})
         ->Unit(benchmark::kMillisecond);
     const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
@@ -200,7 +208,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
   // Each form on each shape, the standard form first.
   static std::vector<std::tuple<std::string, int64_t, int64_t>> Rows() {
     std::vector<std::tuple<std::string, int64_t, int64_t>> rows;
-    for (const char* form : {"BM_NewtonSchulz/", "BM_NewtonSchulzGram/"}) {
+    for (const char* form :
+         {"BM_NewtonSchulz/", "BM_NewtonSchulzGram/", "BM_NewtonSchulzSpectral/"}) {
       for (const auto& [r, c] : kShapes) rows.emplace_back(form, r, c);
     }
     return rows;

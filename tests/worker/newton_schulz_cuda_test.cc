@@ -204,6 +204,18 @@ TEST_F(CudaNewtonSchulzTest, NonFiniteInputRefusedAndUntouched) {
   }
 }
 
+// The spectral form has no CUDA evaluation: refused, x untouched.
+TEST_F(CudaNewtonSchulzTest, SpectralIsRefused) {
+  const std::vector<float> x = Gaussian(16 * 48, 31);
+  math::NsOptions spectral = Quintic();
+  spectral.algorithm = plan::NsAlgorithm::kSpectral;
+  DeviceVector d(x);
+  EXPECT_EQ(ns_->Run(d.get(), 16, 48, spectral).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ns_->RunBatched(d.get(), 1, 16, 48, spectral).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(d.ToHost(), x);
+}
+
 TEST_F(CudaNewtonSchulzTest, ZeroVectorsAndEmpty) {
   for (float v : Run(std::vector<float>(6 * 10, 0.0f), 6, 10, Quintic())) EXPECT_EQ(v, 0.0f);
   // A vector: NS(v) = s_5 v / ||v|| with s_5 the scalar map applied to 1.

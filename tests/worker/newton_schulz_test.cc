@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -45,6 +46,9 @@ NsOptions PolarExpress(int steps, plan::NsAlgorithm algorithm = plan::NsAlgorith
 }
 
 constexpr plan::NsAlgorithm kGram = plan::NsAlgorithm::kGram;
+constexpr plan::NsAlgorithm kSpectral = plan::NsAlgorithm::kSpectral;
+
+const char* FormName(plan::NsAlgorithm form) { return plan::NsAlgorithmName(form); }
 
 // The fp32 OpenBLAS kernel against the plain fp64 loops of ns_reference.h.
 // Achieved errors are printed so regressions in accuracy are visible.
@@ -80,16 +84,21 @@ TEST(NewtonSchulzTest, MatchesFp64Reference) {
   }
 }
 
-// The Gram form against the fp64 reference of the *standard* iteration:
-// aspect ratios 1:1 to 1:16, wide and tall, quintic and Polar Express (5 and
-// past the table), on Gaussian, ill-conditioned (singular values spread
-// geometrically over 1e-6 .. 1) and rank-deficient inputs.
-TEST(NewtonSchulzGramTest, MatchesTheStandardFp64Reference) {
+// The Gram form, iterated and spectral, against the fp64 reference of the
+// *standard* iteration: aspect ratios 1:1 to 1:16, wide and tall, quintic
+// and Polar Express (5 and past the table), on Gaussian, ill-conditioned
+// (singular values spread geometrically over 1e-6 .. 1) and rank-deficient
+// inputs.
+class NewtonSchulzGramFormsTest : public ::testing::TestWithParam<plan::NsAlgorithm> {};
+
+TEST_P(NewtonSchulzGramFormsTest, MatchesTheStandardFp64Reference) {
+  const plan::NsAlgorithm form = GetParam();
   const Shape shapes[] = {{32, 32}, {32, 64}, {16, 64}, {16, 128}, {8, 128},
                           {64, 16}, {128, 8}, {24, 200}, {48, 96}};
   NewtonSchulz ns;
   uint64_t seed = 500;
   double worst = 0;
+  double worst_of_bound[3] = {0, 0, 0};  // per variant: error / its bound
   for (const Shape& s : shapes) {
     const int64_t m = std::min(s.rows, s.cols);
     for (int input = 0; input < 3; ++input) {
@@ -100,9 +109,18 @@ TEST(NewtonSchulzGramTest, MatchesTheStandardFp64Reference) {
         x = IllConditioned(s.rows, s.cols, seed++, input == 2 ? m / 2 : -1);
       }
       for (int variant = 0; variant < 3; ++variant) {
-        const NsOptions options = variant == 0   ? Quintic(5, kGram)
-                                  : variant == 1 ? PolarExpress(5, kGram)
-                                                 : PolarExpress(10, kGram);
+        NsOptions options = variant == 0   ? Quintic(5, form)
+                            : variant == 1 ? PolarExpress(5, form)
+                                           : PolarExpress(10, form);
+        if (form == kSpectral && variant == 2) {
+          // Past its gain limit (plan::kSpectralGainLimit; ns_cost.h has the
+          // errors that set it): refused, x untouched.
+          std::vector<float> refused = x;
+          EXPECT_EQ(ns.Run(refused.data(), s.rows, s.cols, options).code(),
+                    absl::StatusCode::kInvalidArgument);
+          EXPECT_EQ(refused, x);
+          continue;
+        }
         const std::vector<Triple> coeffs =
             variant == 0 ? std::vector<Triple>{kQuintic} : kPolarExpress;
         std::vector<float> y = x;
@@ -119,13 +137,20 @@ TEST(NewtonSchulzGramTest, MatchesTheStandardFp64Reference) {
         // 1e-4; where the standard form's own fp32 rounding is already near
         // that (10 Polar Express iterations on ill-conditioned inputs reach
         // 3e-4), no worse than 1.5 times it.
-        EXPECT_LE(err, std::max(1e-4, 1.5 * standard_err))
+        const double bound = std::max(1e-4, 1.5 * standard_err);
+        worst_of_bound[variant] = std::max(worst_of_bound[variant], err / bound);
+        EXPECT_LE(err, bound)
             << s.rows << "x" << s.cols << " input " << input << " variant " << variant
             << " (standard form: " << standard_err << ")";
       }
     }
   }
-  std::printf("Gram form fp32 vs standard fp64: worst rel err %.2e\n", worst);
+  char last[32] = "refused";
+  if (form != kSpectral) std::snprintf(last, sizeof(last), "%.2f", worst_of_bound[2]);
+  std::printf(
+      "%s form fp32 vs standard fp64: worst rel err %.2e; worst error / bound: quintic %.2f, "
+      "polar_express 5 %.2f, 10 %s\n",
+      FormName(form), worst, worst_of_bound[0], worst_of_bound[1], last);
 }
 
 // The Gram form's recurrence written here in float loops (no BLAS), with
@@ -254,12 +279,12 @@ TEST(NewtonSchulzGramTest, TheDriftLimitSitsBetweenItsMeasuredSides) {
 // The restart limit was measured on small matrices and checked on larger
 // ones (BENCHMARKS.md): the largest of them here, ill-conditioned and
 // rank-deficient, quintic and Polar Express, within the same bound.
-TEST(NewtonSchulzGramTest, ALargerShapeStaysWithinTheBound) {
+TEST_P(NewtonSchulzGramFormsTest, ALargerShapeStaysWithinTheBound) {
   const int64_t m = 256, n = 2048;
   NewtonSchulz ns;
   for (int64_t rank : {m, m / 2}) {
     const std::vector<float> x = IllConditioned(m, n, 1300 + static_cast<uint64_t>(rank), rank);
-    for (const NsOptions& gram : {Quintic(5, kGram), PolarExpress(5, kGram)}) {
+    for (const NsOptions& gram : {Quintic(5, GetParam()), PolarExpress(5, GetParam())}) {
       const std::vector<Triple> coeffs =
           gram.coefficients == NsCoefficients::kQuintic ? std::vector<Triple>{kQuintic}
                                                         : kPolarExpress;
@@ -271,23 +296,42 @@ TEST(NewtonSchulzGramTest, ALargerShapeStaysWithinTheBound) {
       ASSERT_TRUE(ns.Run(z.data(), m, n, standard).ok());
       const double err = RelativeFrobenius(y, ref);
       const double standard_err = RelativeFrobenius(z, ref);
-      std::printf("256x2048 rank %lld %s: Gram %.2e, standard %.2e\n",
+      std::printf("256x2048 rank %lld %s: %s %.2e, standard %.2e\n",
                   static_cast<long long>(rank), coeffs.size() == 1 ? "quintic" : "polar_express",
-                  err, standard_err);
+                  FormName(GetParam()), err, standard_err);
       EXPECT_LE(err, std::max(1e-4, 1.5 * standard_err));
     }
   }
 }
 
+TEST_P(NewtonSchulzGramFormsTest, TransposeCommutesAndZeroStaysZero) {
+  NewtonSchulz ns;
+  const std::vector<float> x = Gaussian(20 * 70, 8);
+  std::vector<float> y = x;
+  std::vector<float> yt = TransposedFloats(x, 20, 70);
+  ASSERT_TRUE(ns.Run(y.data(), 20, 70, Quintic(5, GetParam())).ok());
+  ASSERT_TRUE(ns.Run(yt.data(), 70, 20, Quintic(5, GetParam())).ok());
+  EXPECT_EQ(TransposedFloats(y, 20, 70), yt);
+  std::vector<float> zero(20 * 70, 0.0f);
+  ASSERT_TRUE(ns.Run(zero.data(), 20, 70, Quintic(5, GetParam())).ok());
+  EXPECT_EQ(zero, std::vector<float>(20 * 70, 0.0f));
+}
+
+INSTANTIATE_TEST_SUITE_P(Forms, NewtonSchulzGramFormsTest, ::testing::Values(kGram, kSpectral),
+                         [](const ::testing::TestParamInfo<plan::NsAlgorithm>& info) {
+                           return std::string(FormName(info.param));
+                         });
+
 // auto runs exactly what its choice (plan::ChooseNsForm) names: bit for bit
-// the Gram form on a wide matrix and the standard form on a square one.
+// the spectral form on a wide matrix (at 5 quintic iterations it needs the
+// fewest FLOPs there) and the standard form on a square one.
 TEST(NewtonSchulzGramTest, AutoRunsTheChosenForm) {
   NewtonSchulz ns;
   for (const Shape s : {Shape{16, 128}, Shape{128, 16}, Shape{40, 40}}) {
     const std::vector<float> x = Gaussian(s.rows * s.cols, 3);
     const plan::NsAlgorithm chosen =
         plan::ChooseNsForm(plan::NsAlgorithm::kAuto, s.rows, s.cols, 5, plan::NsTable::kQuintic);
-    EXPECT_EQ(chosen, s.rows == s.cols ? plan::NsAlgorithm::kStandard : kGram);
+    EXPECT_EQ(chosen, s.rows == s.cols ? plan::NsAlgorithm::kStandard : kSpectral);
     std::vector<float> automatic = x, fixed = x;
     ASSERT_TRUE(
         ns.Run(automatic.data(), s.rows, s.cols, Quintic(5, plan::NsAlgorithm::kAuto)).ok());
@@ -296,23 +340,10 @@ TEST(NewtonSchulzGramTest, AutoRunsTheChosenForm) {
     // And the two forms differ in their rounding, so the check means something.
     std::vector<float> other = x;
     const plan::NsAlgorithm other_form =
-        chosen == kGram ? plan::NsAlgorithm::kStandard : kGram;
+        chosen == plan::NsAlgorithm::kStandard ? kGram : plan::NsAlgorithm::kStandard;
     ASSERT_TRUE(ns.Run(other.data(), s.rows, s.cols, Quintic(5, other_form)).ok());
     EXPECT_NE(automatic, other) << s.rows << "x" << s.cols;
   }
-}
-
-TEST(NewtonSchulzGramTest, TransposeCommutesAndZeroStaysZero) {
-  NewtonSchulz ns;
-  const std::vector<float> x = Gaussian(20 * 70, 8);
-  std::vector<float> y = x;
-  std::vector<float> yt = TransposedFloats(x, 20, 70);
-  ASSERT_TRUE(ns.Run(y.data(), 20, 70, Quintic(5, kGram)).ok());
-  ASSERT_TRUE(ns.Run(yt.data(), 70, 20, Quintic(5, kGram)).ok());
-  EXPECT_EQ(TransposedFloats(y, 20, 70), yt);
-  std::vector<float> zero(20 * 70, 0.0f);
-  ASSERT_TRUE(ns.Run(zero.data(), 20, 70, Quintic(5, kGram)).ok());
-  EXPECT_EQ(zero, std::vector<float>(20 * 70, 0.0f));
 }
 
 TEST(NewtonSchulzTest, BatchedEqualsPerMatrixBitForBit) {
@@ -320,9 +351,10 @@ TEST(NewtonSchulzTest, BatchedEqualsPerMatrixBitForBit) {
     const int64_t count = 5;
     const int64_t size = s.rows * s.cols;
     const std::vector<float> stack = Gaussian(count * size, 99);
-    // Both forms (the Gram form forced even on the square shape).
+    // Every form (the Gram forms forced even on the square shape).
     for (const NsOptions& options :
-         {Quintic(), PolarExpress(9), Quintic(5, kGram), PolarExpress(9, kGram)}) {
+         {Quintic(), PolarExpress(9), Quintic(5, kGram), PolarExpress(9, kGram),
+          Quintic(5, kSpectral), PolarExpress(5, kSpectral)}) {
       std::vector<float> batched = stack;
       NewtonSchulz ns_batched;
       // A larger matrix first, so stale workspace contents would show.
@@ -555,6 +587,15 @@ TEST(NewtonSchulzTest, ReserveAvoidsGrowth) {
   ASSERT_TRUE(ns.Run(x.data(), 80, 30, Quintic(5, kGram)).ok());
   ASSERT_TRUE(ns.Run(x.data(), 20, 40, Quintic()).ok());  // smaller
   EXPECT_EQ(ns.workspace_bytes(), bytes);
+  // The spectral form adds G (m x m), its eigenvalues, a block of X_0 (m x
+  // 512) and LAPACK dsyevd's work (1 + 6 m + 2 m^2 doubles, 3 + 5 m ints).
+  ASSERT_TRUE(ns.Reserve(30, 80, kSpectral).ok());
+  const size_t spectral_bytes = ns.workspace_bytes();
+  EXPECT_EQ(spectral_bytes, bytes + (30 * 30 + 30 + 30 * 512 + 1 + 6 * 30 + 2 * 30 * 30) * 8 +
+                                (3 + 5 * 30) * 4);
+  EXPECT_EQ(spectral_bytes, NewtonSchulz::WorkspaceBytes(80, 30, kSpectral));
+  ASSERT_TRUE(ns.Run(x.data(), 80, 30, Quintic(5, kSpectral)).ok());
+  EXPECT_EQ(ns.workspace_bytes(), spectral_bytes);
 }
 
 }  // namespace

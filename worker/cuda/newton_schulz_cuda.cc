@@ -53,6 +53,15 @@ absl::Status CheckShape(int64_t rows, int64_t cols) {
   return absl::OkStatus();
 }
 
+// The numerics' checks, and the forms this class runs (not the spectral one).
+absl::Status ValidateOptions(const math::NsOptions& options) {
+  MUONMESH_RETURN_IF_ERROR(math::ValidateNsOptions(options));
+  if (options.algorithm == plan::NsAlgorithm::kSpectral) {
+    return absl::InvalidArgumentError("CUDA Newton-Schulz: the spectral form runs on the CPU only");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaNewtonSchulz>> CudaNewtonSchulz::Create(cudaStream_t stream) {
@@ -104,14 +113,14 @@ absl::Status CudaNewtonSchulz::Reserve(int64_t rows, int64_t cols, plan::NsAlgor
 
 absl::Status CudaNewtonSchulz::Run(float* x, int64_t rows, int64_t cols,
                                    const math::NsOptions& options) {
-  MUONMESH_RETURN_IF_ERROR(math::ValidateNsOptions(options));
+  MUONMESH_RETURN_IF_ERROR(ValidateOptions(options));
   MUONMESH_RETURN_IF_ERROR(CheckShape(rows, cols));
   return RunValidated(x, rows, cols, options);
 }
 
 absl::Status CudaNewtonSchulz::RunBatched(float* x, int64_t count, int64_t rows, int64_t cols,
                                           const math::NsOptions& options) {
-  MUONMESH_RETURN_IF_ERROR(math::ValidateNsOptions(options));
+  MUONMESH_RETURN_IF_ERROR(ValidateOptions(options));
   MUONMESH_RETURN_IF_ERROR(CheckShape(rows, cols));
   if (count < 0) return absl::InvalidArgumentError("CUDA Newton-Schulz: negative batch count");
   const int64_t size = rows * cols;

@@ -139,7 +139,11 @@ void CheckMuon(const v1::MuonConfig& m, Violations& v) {
   if (plan::NsAlgorithm algorithm; !plan::ParseNsAlgorithm(m.ns_algorithm(), &algorithm)) {
     v.Add("optimizer.muon.ns_algorithm",
           absl::StrCat("unknown form ", plan::Quote(m.ns_algorithm()),
-                       " (expected auto, standard or gram; unset: auto)"));
+                       " (expected auto, standard, gram or spectral; unset: auto)"));
+  } else if (plan::NsTable table; algorithm == plan::NsAlgorithm::kSpectral &&
+                                  plan::ParseNsTable(m.coefficients(), &table)) {
+    const std::string why = plan::SpectralGainProblem(Or(m.ns_steps(), kNsSteps), table);
+    if (!why.empty()) v.Add("optimizer.muon.ns_algorithm", why);
   }
   // The numerics' own check, as a safety net: anything it refuses that the
   // checks above let through is reported too, rather than failing at step 1.

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "plan/mesh.h"
 #include "worker/job/memory_budget.h"
+#include "worker/math/newton_schulz.h"
 #include "worker/runtime/muon_schedule.h"
 
 namespace muonmesh::worker {
@@ -126,8 +127,9 @@ MeshMemory MeshPart(const plan::Plan& plan, const plan::MeshGeometry& g,
     const double rows = static_cast<double>(m.rows);
     const double cols = static_cast<double>(m.cols);
     owned[m.unit] += rows * cols;
-    const double small = std::min(rows, cols);
-    out.largest_ns = std::max(out.largest_ns, kFloat * (2 * rows * cols + 2 * small * small));
+    out.largest_ns = std::max(
+        out.largest_ns,
+        static_cast<double>(math::NewtonSchulz::WorkspaceBytes(m.rows, m.cols, m.ns_form)));
   }
   const double k = static_cast<double>(g.domain_size() / g.param_shards());
   for (size_t u = 0; u < plan.units.size(); ++u) {

@@ -17,7 +17,8 @@
 //    workload's activations for the local batch, the gathered unit buffer,
 //    one unit's parameters and gradients, and the largest unit's Muon
 //    exchange (this rank's rows, the whole matrices it owns, send and
-//    receive buffers, the Newton-Schulz workspace of its largest matrix);
+//    receive buffers, the Newton-Schulz workspace of its largest matrix in
+//    the form that runs: NewtonSchulz::WorkspaceBytes);
 //  - "export": the dataset, the shards and one whole unit being gathered.
 // Plus kRuntimeBaseBytes for the libraries, OpenBLAS and Gloo. The peak is
 // the largest phase. It errs high on purpose (every buffer at its largest);

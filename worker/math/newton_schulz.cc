@@ -15,6 +15,13 @@
 #include "plan/ns_cost.h"
 #include "worker/math/ns_coefficients.h"
 
+// LAPACK (OpenBLAS carries it): eigenvalues w and, with jobz "V", the
+// eigenvectors (over a, column-major) of the symmetric n x n matrix a,
+// divide and conquer.
+extern "C" void dsyevd_(const char* jobz, const char* uplo, const int* n, double* a,
+                        const int* lda, double* w, double* work, const int* lwork, int* iwork,
+                        const int* liwork, int* info);
+
 namespace muonmesh::math {
 namespace internal {
 
@@ -22,17 +29,25 @@ namespace {
 constexpr std::align_val_t kAlignment{64};
 }  // namespace
 
-void AlignedFloats::Free::operator()(float* p) const { ::operator delete[](p, kAlignment); }
+template <class T>
+void AlignedArray<T>::Free::operator()(T* p) const {
+  ::operator delete[](p, kAlignment);
+}
 
-bool AlignedFloats::Reserve(size_t count) {
+template <class T>
+bool AlignedArray<T>::Reserve(size_t count) {
   if (count <= capacity_) return true;
-  if (count > SIZE_MAX / sizeof(float)) return false;
-  auto* p = static_cast<float*>(::operator new[](count * sizeof(float), kAlignment, std::nothrow));
+  if (count > SIZE_MAX / sizeof(T)) return false;
+  auto* p = static_cast<T*>(::operator new[](count * sizeof(T), kAlignment, std::nothrow));
   if (p == nullptr) return false;
   data_.reset(p);
   capacity_ = count;
   return true;
 }
+
+template class AlignedArray<float>;
+template class AlignedArray<double>;
+template class AlignedArray<int>;
 
 }  // namespace internal
 
@@ -129,27 +144,57 @@ void PolynomialOf(const float* a, int64_t m, const NsCoefficientSet& k, float* o
   for (int64_t i = 0; i < m; ++i) out[i * m + i] += ka;
 }
 
+// Columns of X_0 the spectral form converts to double for one rank-k update
+// of G (its buffer is m x kSpectralBlock doubles).
+constexpr int64_t kSpectralBlock = 512;
+
+// LAPACK dsyevd's work sizes for eigenvectors of an m x m matrix.
+int64_t EigenWorkDoubles(int64_t m) { return 1 + 6 * m + 2 * m * m; }
+int64_t EigenWorkInts(int64_t m) { return 3 + 5 * m; }
+
+// The spectral form's fp64 work beyond G: eigenvalues, the block, LAPACK's.
+int64_t SpectralWorkDoubles(int64_t m) { return m + m * kSpectralBlock + EigenWorkDoubles(m); }
+
 }  // namespace
 
-absl::Status NewtonSchulz::Reserve(int64_t rows, int64_t cols) {
+absl::Status NewtonSchulz::Reserve(int64_t rows, int64_t cols, plan::NsAlgorithm form) {
   MUONMESH_RETURN_IF_ERROR(CheckShape(rows, cols));
   const size_t m = static_cast<size_t>(std::min(rows, cols));
   const size_t n = static_cast<size_t>(std::max(rows, cols));
-  if (m != 0 && n > SIZE_MAX / sizeof(float) / m) {
+  if (m != 0 && n > SIZE_MAX / sizeof(double) / m) {
     return absl::ResourceExhaustedError("Newton-Schulz: workspace size overflows");
   }
-  if (!x0_.Reserve(m * n) || !x1_.Reserve(m * n) || !a_.Reserve(m * m) || !b_.Reserve(m * m) ||
-      !q_.Reserve(m * m) || !c_.Reserve(m * m)) {
+  bool ok = x0_.Reserve(m * n) && x1_.Reserve(m * n) && a_.Reserve(m * m) && b_.Reserve(m * m) &&
+            q_.Reserve(m * m) && c_.Reserve(m * m);
+  if (ok && form == plan::NsAlgorithm::kSpectral) {
+    const auto im = static_cast<int64_t>(m);
+    ok = g_.Reserve(m * m) && dwork_.Reserve(static_cast<size_t>(SpectralWorkDoubles(im))) &&
+         iwork_.Reserve(static_cast<size_t>(EigenWorkInts(im)));
+  }
+  if (!ok) {
     return absl::ResourceExhaustedError(
         absl::StrCat("Newton-Schulz: cannot allocate the workspace for ", rows, " x ", cols));
   }
   return absl::OkStatus();
 }
 
+size_t NewtonSchulz::WorkspaceBytes(int64_t rows, int64_t cols, plan::NsAlgorithm form) {
+  const auto m = static_cast<size_t>(std::min(rows, cols));
+  const auto n = static_cast<size_t>(std::max(rows, cols));
+  size_t bytes = (2 * m * n + 4 * m * m) * sizeof(float);
+  if (form == plan::NsAlgorithm::kSpectral) {
+    const auto im = static_cast<int64_t>(m);
+    bytes += (m * m + static_cast<size_t>(SpectralWorkDoubles(im))) * sizeof(double) +
+             static_cast<size_t>(EigenWorkInts(im)) * sizeof(int);
+  }
+  return bytes;
+}
+
 size_t NewtonSchulz::workspace_bytes() const {
   return (x0_.capacity() + x1_.capacity() + a_.capacity() + b_.capacity() + q_.capacity() +
           c_.capacity()) *
-         sizeof(float);
+             sizeof(float) +
+         (g_.capacity() + dwork_.capacity()) * sizeof(double) + iwork_.capacity() * sizeof(int);
 }
 
 absl::Status NewtonSchulz::Run(float* x, int64_t rows, int64_t cols, const NsOptions& options) {
@@ -180,8 +225,17 @@ absl::Status NewtonSchulz::RunBatched(float* x, int64_t count, int64_t rows, int
 absl::Status NewtonSchulz::RunValidated(float* x, int64_t rows, int64_t cols,
                                         const NsOptions& options) {
   if (rows == 0 || cols == 0) return absl::OkStatus();
-  const bool gram = NsFormFor(options, rows, cols) == plan::NsAlgorithm::kGram;
-  MUONMESH_RETURN_IF_ERROR(Reserve(rows, cols));
+  const plan::NsAlgorithm form = NsFormFor(options, rows, cols);
+  if (form == plan::NsAlgorithm::kSpectral &&
+      !plan::SpectralFits(options.steps, [&](int64_t t) {
+        return NsCoefficientsForStep(options, static_cast<int>(t)).a;
+      })) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Newton-Schulz: the spectral form keeps its accuracy up to a total gain (the product of "
+        "a over the iterations) of ",
+        plan::kSpectralGainLimit, "; these coefficients give more: use gram or standard"));
+  }
+  MUONMESH_RETURN_IF_ERROR(Reserve(rows, cols, form));
 
   const bool transpose = rows > cols;
   const int64_t m = std::min(rows, cols);
@@ -201,7 +255,15 @@ absl::Status NewtonSchulz::RunValidated(float* x, int64_t rows, int64_t cols,
   const double inv_norm = 1.0 / std::max(std::sqrt(sum_squares), options.eps);
   for (size_t i = 0; i < mn; ++i) xa[i] = static_cast<float>(laid_out[i] * inv_norm);
 
-  const float* result = gram ? IterateGram(m, n, options) : IterateStandard(m, n, options);
+  const float* result = nullptr;
+  if (form == plan::NsAlgorithm::kSpectral) {
+    absl::StatusOr<const float*> spectral = EvaluateSpectral(m, n, options);
+    MUONMESH_RETURN_IF_ERROR(spectral.status());
+    result = *spectral;
+  } else {
+    result = form == plan::NsAlgorithm::kGram ? IterateGram(m, n, options)
+                                              : IterateStandard(m, n, options);
+  }
   if (!AllFinite(result, mn)) {
     return absl::InvalidArgumentError(
         "Newton-Schulz: the iteration produced a NaN or infinity (diverging coefficients?)");
@@ -287,6 +349,63 @@ const float* NewtonSchulz::IterateGram(int64_t m, int64_t n, const NsOptions& op
   cblas_ssymm(CblasRowMajor, CblasLeft, CblasUpper, im, in, 1.0f, q, im, x_start, in, 0.0f,
               x_other, in);
   return x_other;
+}
+
+// The spectral form (plan/ns_cost.h) on the normalised X_0 in x0_: G =
+// X_0 X_0^T in double (rank-k updates over blocks of X_0's columns converted
+// to double; the upper triangle), G = V diag(l) V^T by dsyevd, q_T(l) per
+// eigenvalue in double (l clamped at 0: G is positive semi-definite, its
+// computed small eigenvalues may dip below), then in fp32 Q = V diag(q) V^T
+// (a_ holds V^T, b_ holds diag(q) V^T) and X_T = Q X_0 in x1_.
+absl::StatusOr<const float*> NewtonSchulz::EvaluateSpectral(int64_t m, int64_t n,
+                                                            const NsOptions& options) {
+  const float* x0 = x0_.data();
+  double* g = g_.data();
+  double* eigenvalues = dwork_.data();
+  double* block = eigenvalues + m;
+  double* work = block + m * kSpectralBlock;
+  const int im = static_cast<int>(m);
+  for (int64_t j0 = 0; j0 < n; j0 += kSpectralBlock) {
+    const int64_t width = std::min(kSpectralBlock, n - j0);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < width; ++j) block[i * width + j] = x0[i * n + j0 + j];
+    }
+    cblas_dsyrk(CblasRowMajor, CblasUpper, CblasNoTrans, im, static_cast<int>(width), 1.0,
+                block, static_cast<int>(width), j0 == 0 ? 0.0 : 1.0, g, im);
+  }
+  // The row-major upper triangle is the column-major lower one; on return
+  // column k of the column-major V, eigenvector k, is row k of g.
+  const int lwork = static_cast<int>(EigenWorkDoubles(m));
+  const int liwork = static_cast<int>(EigenWorkInts(m));
+  int info = 0;
+  dsyevd_("V", "L", &im, g, &im, eigenvalues, work, &lwork, iwork_.data(), &liwork, &info);
+  if (info != 0) {
+    return absl::InternalError(absl::StrCat(
+        "Newton-Schulz (spectral): the eigensolver failed (LAPACK dsyevd info ", info, ")"));
+  }
+  float* vt = a_.data();
+  float* scaled = b_.data();
+  for (int64_t k = 0; k < m; ++k) {
+    double r = std::max(eigenvalues[k], 0.0);
+    double q = 1.0;
+    for (int t = 0; t < options.steps; ++t) {
+      const NsCoefficientSet c = NsCoefficientsForStep(options, t);
+      const double p = c.a + r * (c.b + r * c.c);
+      q *= p;
+      r *= p * p;
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      vt[k * m + i] = static_cast<float>(g[k * m + i]);
+      scaled[k * m + i] = static_cast<float>(g[k * m + i] * q);
+    }
+  }
+  float* q = q_.data();
+  float* out = x1_.data();
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, im, im, im, 1.0f, vt, im, scaled, im, 0.0f,
+              q, im);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, im, static_cast<int>(n), im, 1.0f, q, im,
+              x0, static_cast<int>(n), 0.0f, out, static_cast<int>(n));
+  return out;
 }
 
 }  // namespace muonmesh::math

@@ -21,37 +21,45 @@
 //
 // NsOptions::algorithm picks the Gram form instead (plan/ns_cost.h: the
 // iteration on the m x m matrices X X^T and Q with X_k = Q X_0, restarted
-// from a fresh X X^T as plan::GramStartsAt says); kAuto takes it where it
-// needs fewer FLOPs (NsFormFor: wide matrices, beyond 1:1.5 at 5 quintic
-// iterations), which is what the planner charges the owner. Same properties: deterministic, exact
-// under transposition, batched equal to per-matrix.
+// from a fresh X X^T as plan::GramStartsAt says), or its spectral
+// evaluation (the same X_T = q_T(X_0 X_0^T) X_0 through the eigenvalues of
+// X_0 X_0^T in fp64: LAPACK's dsyevd, which OpenBLAS carries); kAuto takes
+// the form with the fewest FLOPs (NsFormFor: wide matrices, beyond about
+// 1:1.45, go to the spectral form at 5 quintic iterations), which is what
+// the planner charges the owner. Same properties: deterministic, exact under
+// transposition, batched equal to per-matrix.
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "plan/ns_cost.h"
 #include "worker/math/types.h"
 
 namespace muonmesh::math {
 
 namespace internal {
 
-// A 64-byte aligned float array that only grows.
-class AlignedFloats {
+// A 64-byte aligned array of T (float, double or int) that only grows.
+template <class T>
+class AlignedArray {
  public:
   // False when the allocation failed (the old contents are then kept).
   bool Reserve(size_t count);
-  float* data() { return data_.get(); }
+  T* data() { return data_.get(); }
   size_t capacity() const { return capacity_; }
 
  private:
   struct Free {
-    void operator()(float* p) const;
+    void operator()(T* p) const;
   };
-  std::unique_ptr<float[], Free> data_;
+  std::unique_ptr<T[], Free> data_;
   size_t capacity_ = 0;
 };
+
+using AlignedFloats = AlignedArray<float>;
 
 }  // namespace internal
 
@@ -63,10 +71,15 @@ class NewtonSchulz {
   NewtonSchulz(NewtonSchulz&&) = default;
   NewtonSchulz& operator=(NewtonSchulz&&) = default;
 
-  // Allocates the workspace for rows x cols (either orientation) now, so the
+  // Allocates the workspace for rows x cols (either orientation) in `form`
+  // (kSpectral adds its fp64 buffers; the others share theirs) now, so the
   // first Run on that shape allocates nothing. ResourceExhausted when the
   // allocation fails, InvalidArgument for negative or oversized dimensions.
-  absl::Status Reserve(int64_t rows, int64_t cols);
+  absl::Status Reserve(int64_t rows, int64_t cols,
+                       plan::NsAlgorithm form = plan::NsAlgorithm::kStandard);
+
+  // The workspace Reserve(rows, cols, form) holds on a fresh object.
+  static size_t WorkspaceBytes(int64_t rows, int64_t cols, plan::NsAlgorithm form);
 
   // Orthogonalises the row-major rows x cols matrix x in place.
   //  - rows == 0 or cols == 0: nothing to do, OK.
@@ -96,6 +109,7 @@ class NewtonSchulz {
   // result is (x0_ or x1_).
   const float* IterateStandard(int64_t m, int64_t n, const NsOptions& options);
   const float* IterateGram(int64_t m, int64_t n, const NsOptions& options);
+  absl::StatusOr<const float*> EvaluateSpectral(int64_t m, int64_t n, const NsOptions& options);
 
   internal::AlignedFloats x0_;  // m x n, ping
   internal::AlignedFloats x1_;  // m x n, pong
@@ -103,6 +117,11 @@ class NewtonSchulz {
   internal::AlignedFloats b_;   // m x m, upper triangle of b A + c A A + a I
   internal::AlignedFloats q_;   // m x m, Gram form: Q
   internal::AlignedFloats c_;   // m x m, Gram form: scratch
+  // Spectral form: G = X X^T, then its eigenvectors (m x m); its eigenvalues,
+  // a block of X in double and LAPACK's work; LAPACK's integer work.
+  internal::AlignedArray<double> g_;
+  internal::AlignedArray<double> dwork_;
+  internal::AlignedArray<int> iwork_;
 };
 
 }  // namespace muonmesh::math

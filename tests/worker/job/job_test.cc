@@ -343,6 +343,19 @@ std::vector<BrokenJob> BrokenJobs() {
          j.mutable_optimizer()->mutable_muon()->set_ns_algorithm("gram");
        },
        "optimizer.muon.ns_algorithm", "CPU only"},
+      {"MuonSpectralOnCuda",
+       [](J& j) {
+         j.set_device("cuda");
+         j.mutable_optimizer()->mutable_muon()->set_ns_algorithm("spectral");
+       },
+       "optimizer.muon.ns_algorithm", "spectral runs on the CPU only"},
+      {"MuonSpectralPastItsGainLimit",
+       [](J& j) {
+         j.mutable_optimizer()->mutable_muon()->set_ns_algorithm("spectral");
+         j.mutable_optimizer()->mutable_muon()->set_coefficients("polar_express");
+         j.mutable_optimizer()->mutable_muon()->set_ns_steps(7);
+       },
+       "optimizer.muon.ns_algorithm", "polar_express with 7 iterations gives 3393"},
       {"AdamWLrNegative", [](J& j) { j.mutable_optimizer()->mutable_adamw()->set_lr(-1); },
        "optimizer.adamw.lr", ">= 0"},
       {"AdamWBeta1One", [](J& j) { j.mutable_optimizer()->mutable_adamw()->set_beta1(1.0); },
