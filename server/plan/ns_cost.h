@@ -194,6 +194,10 @@ inline constexpr double kSpectralM3 = 30.0;
 // the spectral form keeps its accuracy (see the top).
 inline constexpr double kSpectralGainLimit = 2000.0;
 
+// The largest short side the spectral form takes: LAPACK's dsyevd counts its
+// work (1 + 6 m + 2 m^2 doubles) in a 32-bit int.
+inline constexpr int64_t kSpectralMaxShortSide = 32766;
+
 template <class LeadingCoefficient>
 double NsTotalGain(int64_t steps, LeadingCoefficient a) {
   double gain = 1.0;
@@ -232,7 +236,8 @@ inline double SpectralNsFlops(int64_t rows, int64_t cols) {
 
 // The form that runs for `algorithm` on this shape: kAuto takes the form
 // with the fewest FLOPs (ties go to the standard form, then to the Gram
-// iteration), the spectral one only within kSpectralGainLimit.
+// iteration), the spectral one only within kSpectralGainLimit and
+// kSpectralMaxShortSide.
 template <class LeadingCoefficient>
 NsAlgorithm ChooseNsForm(NsAlgorithm algorithm, int64_t rows, int64_t cols, int64_t steps,
                          LeadingCoefficient a) {
@@ -243,7 +248,8 @@ NsAlgorithm ChooseNsForm(NsAlgorithm algorithm, int64_t rows, int64_t cols, int6
     best = NsAlgorithm::kGram;
     cost = gram;
   }
-  if (SpectralNsFlops(rows, cols) < cost && SpectralFits(steps, a)) {
+  if (SpectralNsFlops(rows, cols) < cost && SpectralFits(steps, a) &&
+      std::min(rows, cols) <= kSpectralMaxShortSide) {
     best = NsAlgorithm::kSpectral;
   }
   return best;

@@ -237,6 +237,14 @@ TEST(NsCostTest, SpectralStopsAtItsGainLimit) {
             NsAlgorithm::kSpectral);
   EXPECT_EQ(ChooseNsForm(NsAlgorithm::kAuto, 64, 512, 5, NsTable::kQuintic),
             NsAlgorithm::kSpectral);
+  // Nor past LAPACK's 32-bit work size: 1 + 6 m + 2 m^2 <= 2^31 - 1 up to m = 32766.
+  EXPECT_LE(1 + 6 * kSpectralMaxShortSide + 2 * kSpectralMaxShortSide * kSpectralMaxShortSide,
+            int64_t{2147483647});
+  EXPECT_GT(1 + 6 * (kSpectralMaxShortSide + 1) +
+                2 * (kSpectralMaxShortSide + 1) * (kSpectralMaxShortSide + 1),
+            int64_t{2147483647});
+  EXPECT_EQ(ChooseNsForm(NsAlgorithm::kAuto, 32767, 65536, 5, NsTable::kQuintic),
+            NsAlgorithm::kGram);
   PlanInput in = SmallInput("cpu", "spectral");
   in.options.ns_steps = 10;
   const std::vector<FieldViolation> v = Validate(in);

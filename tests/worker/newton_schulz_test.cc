@@ -476,6 +476,20 @@ TEST(NewtonSchulzTest, NonFiniteInputRefusedAndUntouched) {
   }
 }
 
+// The spectral form past its limits is refused before anything is touched
+// or allocated: a short side over LAPACK's (checked without the memory such
+// a matrix would take: the shape is refused first).
+TEST(NewtonSchulzTest, SpectralPastItsShortSideIsRefused) {
+  NewtonSchulz ns;
+  float x = 1.0f;
+  const absl::Status s =
+      ns.Run(&x, plan::kSpectralMaxShortSide + 1, plan::kSpectralMaxShortSide + 1,
+             Quintic(5, kSpectral));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("short side"), std::string::npos) << s;
+  EXPECT_EQ(ns.workspace_bytes(), 0u);
+}
+
 TEST(NewtonSchulzTest, DivergingTableRefusedAndUntouched) {
   NsOptions options;
   options.coefficients = NsCoefficients::kTable;

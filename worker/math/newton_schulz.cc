@@ -235,6 +235,13 @@ absl::Status NewtonSchulz::RunValidated(float* x, int64_t rows, int64_t cols,
         "a over the iterations) of ",
         plan::kSpectralGainLimit, "; these coefficients give more: use gram or standard"));
   }
+  if (form == plan::NsAlgorithm::kSpectral &&
+      std::min(rows, cols) > plan::kSpectralMaxShortSide) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Newton-Schulz: the spectral form takes matrices whose short side is at most ",
+                     plan::kSpectralMaxShortSide, " (LAPACK's work size), not ", rows, " x ",
+                     cols, ": use gram or standard"));
+  }
   MUONMESH_RETURN_IF_ERROR(Reserve(rows, cols, form));
 
   const bool transpose = rows > cols;
