@@ -258,11 +258,11 @@ int RunPlan(const std::vector<std::string>& args) {
              &ns_steps);
   parser.String("--ns-algorithm", "A",
                 "Newton-Schulz form the cost model charges: auto (default: per matrix, the "
-                "cheaper) | standard | gram (cpu only)",
+                "cheapest) | standard | gram (cpu only) | spectral (cpu only)",
                 &ns_algorithm);
   parser.String("--ns-coefficients", "C",
                 "Newton-Schulz coefficients: quintic (default) | polar_express (they set where "
-                "the Gram form restarts)",
+                "the Gram form restarts and whether the spectral form may run)",
                 &ns_coefficients);
   parser.String("--device", "cpu|cuda", "device whose cost model to use (default cuda)", &device);
   parser.Int("--muon-wave-budget-bytes", "BYTES",
