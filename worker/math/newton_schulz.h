@@ -3,7 +3,8 @@
 // Newton-Schulz orthogonalisation on the CPU: fp32 through OpenBLAS.
 //
 // NewtonSchulz holds the workspace of the iteration (two m x n buffers and
-// four m x m buffers for m = min(rows, cols), n = max(rows, cols)). It grows to the
+// four m x m buffers for m = min(rows, cols), n = max(rows, cols); the
+// spectral form adds fp64 ones: WorkspaceBytes). It grows to the
 // largest shape it has seen (or was told with Reserve) and is then reused, so a
 // call on a shape that fits does no heap allocation. One instance per thread:
 // Run is not safe to call concurrently on one object. OpenBLAS threads inside
@@ -25,7 +26,7 @@
 // evaluation (the same X_T = q_T(X_0 X_0^T) X_0 through the eigenvalues of
 // X_0 X_0^T in fp64: LAPACK's dsyevd, which OpenBLAS carries); kAuto takes
 // the form with the fewest FLOPs (NsFormFor: wide matrices, beyond about
-// 1:1.45, go to the spectral form at 5 quintic iterations), which is what
+// 1:1.43, go to the spectral form at 5 quintic iterations), which is what
 // the planner charges the owner. Same properties: deterministic, exact under
 // transposition, batched equal to per-matrix.
 
