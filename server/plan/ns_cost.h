@@ -214,18 +214,22 @@ inline double NsTotalGain(int64_t steps, NsTable table) {
   return NsTotalGain(steps, [table](int64_t t) { return NsTableRow(table, t).a; });
 }
 
-// Why the spectral form cannot run `table` for `steps` iterations (its total
-// gain exceeds kSpectralGainLimit), or empty when it can. The validators
-// report it under their own field names.
-inline std::string SpectralGainProblem(int64_t steps, NsTable table) {
-  const double gain = NsTotalGain(steps, table);
+// Why the spectral form cannot run coefficients (named `what`) whose total
+// gain is `gain`, or empty when it can (within kSpectralGainLimit).
+inline std::string SpectralGainProblem(double gain, std::string_view what) {
   if (gain <= kSpectralGainLimit) return "";
   return "spectral keeps its accuracy up to a total gain (the product of a over the "
          "iterations) of " +
-         std::to_string(static_cast<int64_t>(kSpectralGainLimit)) + "; " +
-         (table == NsTable::kQuintic ? "quintic" : "polar_express") + " with " +
-         std::to_string(steps) + " iterations gives " +
-         std::to_string(static_cast<int64_t>(gain)) + ": use gram, standard or auto";
+         std::to_string(static_cast<int64_t>(kSpectralGainLimit)) + "; " + std::string(what) +
+         " gives " + std::to_string(static_cast<int64_t>(gain)) + ": use gram, standard or auto";
+}
+
+// The same for `table` run `steps` iterations; the validators report it under
+// their own field names.
+inline std::string SpectralGainProblem(int64_t steps, NsTable table) {
+  return SpectralGainProblem(NsTotalGain(steps, table),
+                             std::string(NsTableName(table)) + " with " + std::to_string(steps) +
+                                 " iterations");
 }
 
 inline double SpectralNsFlops(int64_t rows, int64_t cols) {

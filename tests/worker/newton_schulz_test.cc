@@ -48,8 +48,6 @@ NsOptions PolarExpress(int steps, plan::NsAlgorithm algorithm = plan::NsAlgorith
 constexpr plan::NsAlgorithm kGram = plan::NsAlgorithm::kGram;
 constexpr plan::NsAlgorithm kSpectral = plan::NsAlgorithm::kSpectral;
 
-const char* FormName(plan::NsAlgorithm form) { return plan::NsAlgorithmName(form); }
-
 // The fp32 OpenBLAS kernel against the plain fp64 loops of ns_reference.h.
 // Achieved errors are printed so regressions in accuracy are visible.
 TEST(NewtonSchulzTest, MatchesFp64Reference) {
@@ -150,7 +148,7 @@ TEST_P(NewtonSchulzGramFormsTest, MatchesTheStandardFp64Reference) {
   std::printf(
       "%s form fp32 vs standard fp64: worst rel err %.2e; worst error / bound: quintic %.2f, "
       "polar_express 5 %.2f, 10 %s\n",
-      FormName(form), worst, worst_of_bound[0], worst_of_bound[1], last);
+      plan::NsAlgorithmName(form), worst, worst_of_bound[0], worst_of_bound[1], last);
 }
 
 // The Gram form's recurrence written here in float loops (no BLAS), with
@@ -298,7 +296,7 @@ TEST_P(NewtonSchulzGramFormsTest, ALargerShapeStaysWithinTheBound) {
       const double standard_err = RelativeFrobenius(z, ref);
       std::printf("256x2048 rank %lld %s: %s %.2e, standard %.2e\n",
                   static_cast<long long>(rank), coeffs.size() == 1 ? "quintic" : "polar_express",
-                  FormName(GetParam()), err, standard_err);
+                  plan::NsAlgorithmName(GetParam()), err, standard_err);
       EXPECT_LE(err, std::max(1e-4, 1.5 * standard_err));
     }
   }
@@ -319,7 +317,7 @@ TEST_P(NewtonSchulzGramFormsTest, TransposeCommutesAndZeroStaysZero) {
 
 INSTANTIATE_TEST_SUITE_P(Forms, NewtonSchulzGramFormsTest, ::testing::Values(kGram, kSpectral),
                          [](const ::testing::TestParamInfo<plan::NsAlgorithm>& info) {
-                           return std::string(FormName(info.param));
+                           return std::string(plan::NsAlgorithmName(info.param));
                          });
 
 // auto runs exactly what its choice (plan::ChooseNsForm) names: bit for bit

@@ -258,9 +258,8 @@ MemoryEstimate EstimateRankMemory(const ResolvedJob& job, const plan::Plan& plan
   if (job.device == "cuda") {
     runtime.push_back(
         {"device", "CUDA runtime, cuBLAS and NCCL", static_cast<double>(kCudaRuntimeBytes)});
-    w.setup.push_back(runtime.front());
   }
-  e.phases.push_back(Phase("preparing data", {w.setup}));
+  e.phases.push_back(Phase("preparing data", {runtime, w.setup}));
   e.phases.push_back(Phase("initialising shards", {runtime, w.resident, shards, init}));
   e.phases.push_back(Phase("training", {runtime, w.resident, shards, step}));
   e.phases.push_back(Phase("exporting the weights",

@@ -226,14 +226,16 @@ absl::Status NewtonSchulz::RunValidated(float* x, int64_t rows, int64_t cols,
                                         const NsOptions& options) {
   if (rows == 0 || cols == 0) return absl::OkStatus();
   const plan::NsAlgorithm form = NsFormFor(options, rows, cols);
-  if (form == plan::NsAlgorithm::kSpectral &&
-      !plan::SpectralFits(options.steps, [&](int64_t t) {
-        return NsCoefficientsForStep(options, static_cast<int>(t)).a;
-      })) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Newton-Schulz: the spectral form keeps its accuracy up to a total gain (the product of "
-        "a over the iterations) of ",
-        plan::kSpectralGainLimit, "; these coefficients give more: use gram or standard"));
+  if (form == plan::NsAlgorithm::kSpectral) {
+    // The message only when refusing: a call that runs allocates nothing.
+    const double gain = plan::NsTotalGain(options.steps, [&](int64_t t) {
+      return NsCoefficientsForStep(options, static_cast<int>(t)).a;
+    });
+    if (gain > plan::kSpectralGainLimit) {
+      const std::string what = absl::StrCat(options.steps, " iterations of these coefficients");
+      return absl::InvalidArgumentError(
+          absl::StrCat("Newton-Schulz: ", plan::SpectralGainProblem(gain, what)));
+    }
   }
   if (form == plan::NsAlgorithm::kSpectral &&
       std::min(rows, cols) > plan::kSpectralMaxShortSide) {
