@@ -40,6 +40,12 @@ using testing::Background;
 
 constexpr auto kStart = std::chrono::seconds(20);
 
+// Steps of the jobs a test kills or freezes a worker of once 7 are done. A
+// served step of the tiny MLP takes 2-10 ms, so 60 steps (as before) left the
+// test ~0.3 s between seeing step 7 and its signal: under a loaded CI machine
+// the job could end first (attempt 0, no restart). 400 leave seconds.
+constexpr int kFaultedJobSteps = 400;
+
 std::string Fresh(const std::string& name) {
   const std::string dir = ::testing::TempDir() + "/service_e2e_" + name;
   std::filesystem::remove_all(dir);
@@ -174,7 +180,7 @@ TEST_F(ServiceTest, ServedJobsEndWithTheStandaloneLaunchersExactWeights) {
 TEST_F(ServiceTest, AKilledWorkerRestartsTheJobFromItsCheckpoint) {
   for (int i = 0; i < 3; ++i) StartWorker(absl::StrCat("w", i));
   JobText j{"restart", 2};
-  j.steps = 60;
+  j.steps = kFaultedJobSteps;
   j.checkpoint_every = 5;
   j.max_restarts = 1;
   absl::StatusOr<v1::JobSpec> spec = LoadJobForSubmit(WriteJob(dir_, j, dir_ + "/served"));
@@ -200,7 +206,7 @@ TEST_F(ServiceTest, AKilledWorkerRestartsTheJobFromItsCheckpoint) {
   absl::StatusOr<v1::Job> done = client_->Get(id);
   ASSERT_TRUE(done.ok());
   ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->reason() << "\n" << Logs();
-  EXPECT_EQ(done->attempt(), 1);
+  EXPECT_EQ(done->attempt(), 1) << "attempt 0: the job ended before the signal reached it";
   EXPECT_THAT(done->worker_ids(), ::testing::Not(::testing::Contains(victim)));
   // Resumed bit for bit: the same weights as a run that never failed.
   RunStandalone(WriteJob(dir_, j, dir_ + "/alone"), 2, dir_ + "/store");
@@ -224,7 +230,7 @@ std::vector<std::string> StateReasons(CoordinatorClient& client, const std::stri
 TEST_F(ServiceTest, AStoppedWorkerIsCaughtByItsLeaseAndTheJobResumesExactly) {
   for (int i = 0; i < 3; ++i) StartWorker(absl::StrCat("w", i));
   JobText j{"stopped", 2};
-  j.steps = 60;
+  j.steps = kFaultedJobSteps;
   j.checkpoint_every = 5;
   j.max_restarts = 1;
   absl::StatusOr<v1::JobSpec> spec = LoadJobForSubmit(WriteJob(dir_, j, dir_ + "/served"));
@@ -255,7 +261,7 @@ TEST_F(ServiceTest, AStoppedWorkerIsCaughtByItsLeaseAndTheJobResumesExactly) {
   absl::StatusOr<v1::Job> done = client_->Get(id);
   ASSERT_TRUE(done.ok());
   ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->reason() << "\n" << Logs();
-  EXPECT_EQ(done->attempt(), 1);
+  EXPECT_EQ(done->attempt(), 1) << "attempt 0: the job ended before the signal reached it";
   EXPECT_THAT(done->worker_ids(), ::testing::Not(::testing::Contains(victim)));
   const std::vector<std::string> reasons = StateReasons(*client_, id);
   EXPECT_THAT(reasons, ::testing::Contains(HasSubstr(
