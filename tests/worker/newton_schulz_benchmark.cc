@@ -12,6 +12,12 @@
 //       eigenvalues of X X^T (plan/ns_cost.h), counted the same way.
 //   BM_Sgemm/<m>/<n>/<k>: C = A B, FLOPS = 2 m n k. For an m x n
 //       Newton-Schulz the comparison is m/m/n, the shape of X X^T.
+//   BM_SpectralPhases/<rows>/<cols>: the spectral form's phases timed one by
+//       one (milliseconds a call in counters): G in fp64 (dsyrk over blocks
+//       of 512 converted columns, as the form does), the three parts of
+//       dsyevd (dsytrd: reduction to tridiagonal; dstedc: its eigenvectors;
+//       dormtr: back to G's basis) and the two sgemm (Q, then Q X_0). Shows
+//       which phases a second OpenBLAS thread speeds up.
 //
 // OpenBLAS runs its own threads, so FLOPS is per wall-clock second, timed here
 // around the call: Google Benchmark's kIsRate divides by the main thread's CPU
@@ -25,6 +31,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -35,6 +42,17 @@
 #include "benchmark/benchmark.h"
 #include "worker/math/newton_schulz.h"
 #include "worker/math/ns_coefficients.h"
+
+// LAPACK (OpenBLAS carries it), column-major, for BM_SpectralPhases.
+extern "C" {
+void dsytrd_(const char* uplo, const int* n, double* a, const int* lda, double* d, double* e,
+             double* tau, double* work, const int* lwork, int* info);
+void dstedc_(const char* compz, const int* n, double* d, double* e, double* z, const int* ldz,
+             double* work, const int* lwork, int* iwork, const int* liwork, int* info);
+void dormtr_(const char* side, const char* uplo, const char* trans, const int* m, const int* n,
+             const double* a, const int* lda, const double* tau, double* c, const int* ldc,
+             double* work, const int* lwork, int* info);
+}
 
 namespace muonmesh::math {
 namespace {
@@ -56,7 +74,10 @@ std::vector<float> Filled(size_t count, uint32_t seed) {
 class WallClock {
  public:
   void Start() { start_ = std::chrono::steady_clock::now(); }
-  void Stop() { seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+  void Stop() {
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+  double seconds() const { return seconds_; }
   // A plain counter value (not kIsRate: see the file comment).
   benchmark::Counter Rate(double flops) const {
     return benchmark::Counter(seconds_ > 0.0 ? flops / seconds_ : 0.0);
@@ -134,6 +155,79 @@ void BM_Sgemm(benchmark::State& state) {
   state.counters["FLOPS"] = wall.Rate(2.0 * m * n * k * static_cast<double>(state.iterations()));
 }
 
+// The fp64 buffers of one spectral evaluation of an m x n X (m <= n).
+struct SpectralBuffers {
+  SpectralBuffers(int m, int n)
+      : block(static_cast<size_t>(m) * 512), g(static_cast<size_t>(m) * m), z(g.size()),
+        d(m), e(m), tau(m), work(1 + 6 * static_cast<size_t>(m) + 2 * g.size()),
+        iwork(3 + 5 * static_cast<size_t>(m)), vt(g.size()), scaled(g.size()), q(g.size()),
+        out(static_cast<size_t>(m) * n) {}
+  std::vector<double> block, g, z, d, e, tau, work;
+  std::vector<int> iwork;
+  std::vector<float> vt, scaled, q, out;
+};
+
+// G = X X^T in fp64 (upper triangle, row-major), as the spectral form forms it.
+void SpectralGram(const std::vector<float>& x, int m, int n, SpectralBuffers& b) {
+  for (int j0 = 0; j0 < n; j0 += 512) {
+    const int width = std::min(512, n - j0);
+    for (int i = 0; i < m; ++i) {
+      for (int j = 0; j < width; ++j) {
+        b.block[static_cast<size_t>(i) * width + j] = x[static_cast<size_t>(i) * n + j0 + j];
+      }
+    }
+    cblas_dsyrk(CblasRowMajor, CblasUpper, CblasNoTrans, m, width, 1.0, b.block.data(), width,
+                j0 == 0 ? 0.0 : 1.0, b.g.data(), m);
+  }
+}
+
+void BM_SpectralPhases(benchmark::State& state) {
+  const int rows = static_cast<int>(state.range(0)), cols = static_cast<int>(state.range(1));
+  const int m = std::min(rows, cols), n = std::max(rows, cols);
+  std::vector<float> x = Filled(static_cast<size_t>(m) * n, 1);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(m) * n / 3.0f);  // about unit norm
+  for (float& v : x) v *= scale;
+  SpectralBuffers b(m, n);
+  const int lwork = static_cast<int>(b.work.size()), liwork = static_cast<int>(b.iwork.size());
+  WallClock phase[6];
+  int info = 0;
+  for (auto _ : state) {
+    phase[0].Start();
+    SpectralGram(x, m, n, b);
+    phase[0].Stop();
+    phase[1].Start();  // the row-major upper triangle is the column-major lower one
+    dsytrd_("L", &m, b.g.data(), &m, b.d.data(), b.e.data(), b.tau.data(), b.work.data(), &lwork,
+            &info);
+    phase[1].Stop();
+    phase[2].Start();
+    dstedc_("I", &m, b.d.data(), b.e.data(), b.z.data(), &m, b.work.data(), &lwork,
+            b.iwork.data(), &liwork, &info);
+    phase[2].Stop();
+    phase[3].Start();
+    dormtr_("L", "L", "N", &m, &m, b.g.data(), &m, b.tau.data(), b.z.data(), &m, b.work.data(),
+            &lwork, &info);
+    phase[3].Stop();
+    for (size_t i = 0; i < b.z.size(); ++i) {  // V^T and diag(q) V^T, q = 1 (not timed)
+      b.vt[i] = static_cast<float>(b.z[i]);
+      b.scaled[i] = b.vt[i];
+    }
+    phase[4].Start();
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, m, m, 1.0f, b.vt.data(), m,
+                b.scaled.data(), m, 0.0f, b.q.data(), m);
+    phase[4].Stop();
+    phase[5].Start();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, m, 1.0f, b.q.data(), m, x.data(),
+                n, 0.0f, b.out.data(), n);
+    phase[5].Stop();
+    if (info != 0) state.SkipWithError("a LAPACK phase failed");
+    benchmark::DoNotOptimize(b.out.data());
+  }
+  const char* names[6] = {"gram_dsyrk_ms", "dsytrd_ms", "dstedc_ms", "dormtr_ms", "q_sgemm_ms",
+                          "qx_sgemm_ms"};
+  const double calls = static_cast<double>(state.iterations());
+  for (int p = 0; p < 6; ++p) state.counters[names[p]] = 1e3 * phase[p].seconds() / calls;
+}
+
 // {rows, cols} of each Newton-Schulz shape; its GEMM is m/m/n.
 const std::vector<std::pair<int64_t, int64_t>> kShapes = {
     {768, 3072}, {1024, 1024}, {1024, 4096}, {1024, 8192}, {4096, 4096}};
@@ -153,6 +247,11 @@ void RegisterAll() {
     benchmark::RegisterBenchmark("BM_Sgemm", BM_Sgemm)
         ->Args({m, m, n})
         ->Unit(benchmark::kMillisecond);
+    if (n >= 4 * m) {
+      benchmark::RegisterBenchmark("BM_SpectralPhases", BM_SpectralPhases)
+          ->Args({rows, cols})
+          ->Unit(benchmark::kMillisecond);
+    }
   }
 }
 
