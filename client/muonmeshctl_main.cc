@@ -241,35 +241,70 @@ constexpr const char* kPlanSynopsis =
     "Asks the coordinator for the mesh, shard layout and Muon owners, and prints them as\n"
     "tables, or with --json as the Plan message (byte-stable for the same input).";
 
-int RunPlan(const std::vector<std::string>& args) {
-  ConfigFlags f;
+// A flag value that must fit the request's int32 field.
+absl::Status CheckInt32(const char* flag, int64_t value) {
+  if (value >= std::numeric_limits<int32_t>::min() &&
+      value <= std::numeric_limits<int32_t>::max()) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(flag, ": ", value, " is out of range"));
+}
+
+// The plan command's cost-model flags, as PlanOptions carries them.
+struct PlanOptionFlags {
   std::string owner_rule;
   int64_t ns_steps = 0;
   std::string ns_algorithm;
   std::string ns_coefficients;
   std::string device;
   int64_t wave_budget = 0;
-  bool include_shards = false;
-  FlagParser parser("muonmeshctl plan");
-  AddConfigFlags(parser, &f);
+  int64_t threads = 0;
+};
+
+void AddPlanOptionFlags(FlagParser& parser, PlanOptionFlags* o) {
   parser.String("--owner-rule", "R", "owner assignment: lpt (default) | round_robin | allgather",
-                &owner_rule);
+                &o->owner_rule);
   parser.Int("--ns-steps", "T", "Newton-Schulz steps in the cost model, 1 to 100 (default 5)",
-             &ns_steps);
+             &o->ns_steps);
   parser.String("--ns-algorithm", "A",
                 "Newton-Schulz form the cost model charges: auto (default: per matrix, the "
                 "cheapest) | standard | gram (cpu only) | spectral (cpu only)",
-                &ns_algorithm);
+                &o->ns_algorithm);
   parser.String("--ns-coefficients", "C",
                 "Newton-Schulz coefficients: quintic (default) | polar_express (they set where "
                 "the Gram form restarts and whether the spectral form may run)",
-                &ns_coefficients);
-  parser.String("--device", "cpu|cuda", "device whose cost model to use (default cuda)", &device);
+                &o->ns_coefficients);
+  parser.String("--device", "cpu|cuda", "device whose cost model to use (default cuda)",
+                &o->device);
   parser.Int("--muon-wave-budget-bytes", "BYTES",
              "plan the Muon phase in waves of at most this many bytes of owner buffers, as a "
              "job's workers do with optimizer.muon_buffer_bytes (halved on cpu, where two waves "
              "overlap); owners are then balanced wave by wave (default 0: one wave)",
-             &wave_budget);
+             &o->wave_budget);
+  parser.Int("--threads-per-rank", "N",
+             "OpenBLAS threads each rank runs, as a job's training.threads_per_rank (cpu; "
+             "default 1): the spectral form's eigensolver barely speeds up with threads, so "
+             "auto picks it less often on more",
+             &o->threads);
+}
+
+void FillPlanOptions(const PlanOptionFlags& o, v1::PlanOptions* out) {
+  out->set_owner_assignment(o.owner_rule);
+  out->set_ns_steps(static_cast<int32_t>(o.ns_steps));
+  out->set_ns_algorithm(o.ns_algorithm);
+  out->set_ns_coefficients(o.ns_coefficients);
+  out->set_device(o.device);
+  out->set_muon_wave_budget_bytes(o.wave_budget);
+  out->set_threads_per_rank(static_cast<int32_t>(o.threads));
+}
+
+int RunPlan(const std::vector<std::string>& args) {
+  ConfigFlags f;
+  PlanOptionFlags o;
+  bool include_shards = false;
+  FlagParser parser("muonmeshctl plan");
+  AddConfigFlags(parser, &f);
+  AddPlanOptionFlags(parser, &o);
   parser.Bool("--include-shards", "also return every shard's segments (JSON only; large)",
               &include_shards);
   AddConnectionFlags(parser, &f);
@@ -280,25 +315,19 @@ int RunPlan(const std::vector<std::string>& args) {
     return kExitOk;
   }
   if (absl::Status st = CheckConfigFlags(parser, &f); !st.ok()) return UsageError("plan", st);
-  if (absl::Status st = CheckNotZero(parser, "--ns-steps", ns_steps, 5); !st.ok()) {
+  if (absl::Status st = CheckNotZero(parser, "--ns-steps", o.ns_steps, 5); !st.ok()) {
     return UsageError("plan", st);
   }
-  if (ns_steps < std::numeric_limits<int32_t>::min() ||
-      ns_steps > std::numeric_limits<int32_t>::max()) {
-    return UsageError("plan", absl::InvalidArgumentError(
-                                  absl::StrCat("--ns-steps: ", ns_steps, " is out of range")));
+  for (const auto& [flag, value] : {std::pair<const char*, int64_t>{"--ns-steps", o.ns_steps},
+                                    {"--threads-per-rank", o.threads}}) {
+    if (absl::Status st = CheckInt32(flag, value); !st.ok()) return UsageError("plan", st);
   }
 
   v1::PlanLayoutRequest request;
   if (!LoadSpec(f.spec, request.mutable_model())) return kExitUsage;
   request.set_world_size(f.world_size);
   FillParallelism(f, request.mutable_parallelism());
-  request.mutable_options()->set_owner_assignment(owner_rule);
-  request.mutable_options()->set_ns_steps(static_cast<int32_t>(ns_steps));
-  request.mutable_options()->set_ns_algorithm(ns_algorithm);
-  request.mutable_options()->set_ns_coefficients(ns_coefficients);
-  request.mutable_options()->set_device(device);
-  request.mutable_options()->set_muon_wave_budget_bytes(wave_budget);
+  FillPlanOptions(o, request.mutable_options());
   request.set_include_shards(include_shards);
 
   absl::StatusOr<rpc::ChannelSecurity> security = Security(f);

@@ -308,6 +308,9 @@ std::string NewtonSchulzText(const v1::Plan& plan) {
   }
   std::string text = absl::StrCat(s.ns_steps(), " ", s.ns_coefficients(), " iterations, ",
                                   s.ns_algorithm());
+  if (s.threads_per_rank() > 1) {
+    absl::StrAppend(&text, " (priced for ", s.threads_per_rank(), " threads a rank)");
+  }
   if (!counts.empty()) absl::StrAppend(&text, ": ", absl::StrJoin(counts, ", "));
   return text;
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <optional>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "worker/io/safetensors.h"
 #include "worker/job/memory_budget.h"
 #include "worker/job/memory_estimate.h"
+#include "worker/math/blas_threads.h"
 #include "worker/runtime/muon_schedule.h"
 #include "worker/step_log.h"
 #include "worker/workload_factory.h"
@@ -50,6 +52,25 @@ absl::StatusOr<double> CheckMemory(const RankOptions& options, const ResolvedJob
       {FileBytes(job.data_safetensors), FileBytes(job.init_safetensors)});
   MUONMESH_RETURN_IF_ERROR(CheckMemoryBudget(estimate, budget, options.rank));
   return estimate.peak_bytes;
+}
+
+// Runs this process's OpenBLAS on the threads the plan priced the
+// Newton-Schulz forms for (the job's training.threads_per_rank).
+absl::Status SetRankThreads(const RankOptions& options, const ResolvedJob& job,
+                            const plan::Plan& plan, const LineSink& out) {
+  if (plan.config.threads_per_rank != job.threads_per_rank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the plan was priced for ", plan.config.threads_per_rank,
+        " threads a rank but the job's training.threads_per_rank is ", job.threads_per_rank));
+  }
+  math::SetBlasThreads(static_cast<int>(job.threads_per_rank));
+  const int64_t cores = std::thread::hardware_concurrency();
+  if (options.rank == 0 && cores > 0 && job.threads_per_rank * options.ranks_on_this_host > cores) {
+    out(absl::StrCat("threads: ", options.ranks_on_this_host, " ranks on this host at ",
+                     job.threads_per_rank, " OpenBLAS threads each (training.threads_per_rank) "
+                     "oversubscribe its ", cores, " cores"));
+  }
+  return absl::OkStatus();
 }
 
 // Every sample of a global batch is distinct only if the data set has at
@@ -103,8 +124,11 @@ void PrintPlan(const ResolvedJob& job, const plan::Plan& plan, const LineSink& o
   out(absl::StrFormat("plan: Muon phase in %d wave(s) (optimizer.muon_buffer_bytes %d; %d keeps "
                       "it within the backward pass's memory peak)",
                       waves, job.muon_buffer_bytes, BackwardPeakMuonBufferBytes(plan)));
-  out(absl::StrFormat("job %s: %d ranks, %s, %d steps, global batch %d", job.name,
-                      job.world_size, job.owner_assignment, job.steps, job.global_batch_size));
+  // OpenBLAS's own count, as SetRankThreads left it.
+  const int threads = math::BlasThreads();
+  out(absl::StrFormat("job %s: %d ranks, %s, %d steps, global batch %d, %d thread%s a rank",
+                      job.name, job.world_size, job.owner_assignment, job.steps,
+                      job.global_batch_size, threads, threads == 1 ? "" : "s"));
 }
 
 // The device and the workload on it, with its data.
@@ -293,6 +317,7 @@ absl::Status RunRank(const ResolvedJob& job, const plan::Plan& plan,
   h.out = out;
   absl::StatusOr<double> estimated_peak = CheckMemory(options, job, plan);
   MUONMESH_RETURN_IF_ERROR(estimated_peak.status());
+  MUONMESH_RETURN_IF_ERROR(SetRankThreads(options, job, plan, out));
   absl::StatusOr<Engine> engine = MakeEngine(job, options, std::move(workload));
   MUONMESH_RETURN_IF_ERROR(engine.status());
   if (options.rank == 0) PrintPlan(job, plan, out);

@@ -71,6 +71,7 @@ absl::StatusOr<plan::Plan> PlanJob(const ResolvedJob& job, plan::ModelSpec spec)
   input.options.ns_coefficients = plan::NsTableName(
       math::NsTableOf(job.muon.ns.coefficients).value_or(plan::NsTable::kQuintic));
   input.options.device = job.device;
+  input.options.threads_per_rank = job.threads_per_rank;
   // The waves the trainer will cut (it overlaps two on the CPU).
   input.options.muon_wave_budget_bytes = plan::JobWaveBudget(job.muon_buffer_bytes, job.device);
   absl::StatusOr<plan::Plan> plan = plan::ComputePlan(input);

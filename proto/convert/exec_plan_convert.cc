@@ -1,5 +1,6 @@
 #include "proto/convert/exec_plan_convert.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 
@@ -7,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "plan/ns_cost.h"
 #include "proto/support/status_macros.h"
 
 namespace muonmesh {
@@ -219,6 +221,12 @@ absl::StatusOr<plan::ResolvedConfig> ConfigFrom(const v1::ExecConfig& c) {
   if (out.world_size < 1 || out.instances < 1 || out.ep < 1) {
     return absl::InvalidArgumentError("config: world_size, instances and ep must be >= 1");
   }
+  if (c.threads_per_rank() < 0 || c.threads_per_rank() > plan::kMaxThreadsPerRank) {
+    return absl::InvalidArgumentError(absl::StrCat("config.threads_per_rank: must be in [0, ",
+                                                   plan::kMaxThreadsPerRank, "], got ",
+                                                   c.threads_per_rank()));
+  }
+  out.threads_per_rank = std::max(1, c.threads_per_rank());
   out.inner = *inner;
   out.outer = *outer;
   out.owner_rule = *rule;
@@ -246,6 +254,7 @@ v1::ExecutionPlan PlanToExec(const plan::Plan& p) {
   c->set_ns_steps(p.config.ns_steps);
   c->set_ns_algorithm(static_cast<int32_t>(p.config.ns_algorithm));
   c->set_ns_coefficients(static_cast<int32_t>(p.config.ns_table));
+  c->set_threads_per_rank(static_cast<int32_t>(p.config.threads_per_rank));
   c->set_comm_flops_per_byte(p.config.comm_flops_per_byte);
   c->set_bytes_per_element(p.config.bytes_per_element);
   for (const plan::MeshAxis& a : p.dense_axes) AxisTo(a, out.add_dense_axes());

@@ -21,6 +21,7 @@ plan::PlanOptions OptionsFromProto(const v1::PlanOptions& o) {
   out.ns_algorithm = o.ns_algorithm();
   out.ns_coefficients = o.ns_coefficients();
   out.muon_wave_budget_bytes = o.muon_wave_budget_bytes();
+  out.threads_per_rank = o.threads_per_rank();
   return out;
 }
 
@@ -210,6 +211,7 @@ void SummaryToProto(const plan::Plan& p, v1::PlanSummary* s) {
   s->set_ns_steps(static_cast<int32_t>(p.config.ns_steps));
   s->set_ns_algorithm(plan::NsAlgorithmName(p.config.ns_algorithm));
   s->set_ns_coefficients(plan::NsTableName(p.config.ns_table));
+  s->set_threads_per_rank(static_cast<int32_t>(p.config.threads_per_rank));
   double worst = 1.0;
   int64_t exchange = 0;
   int64_t exchange_bound = 0;

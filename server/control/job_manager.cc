@@ -104,6 +104,7 @@ absl::StatusOr<plan::PlanInput> PlanInputOf(const v1::JobSpec& spec) {
   input.options.ns_algorithm = spec.optimizer().muon().ns_algorithm();
   input.options.ns_coefficients = spec.optimizer().muon().coefficients();
   input.options.device = spec.device().empty() ? "cpu" : spec.device();
+  input.options.threads_per_rank = spec.training().threads_per_rank();
   // The waves the workers will cut (they overlap two on the CPU).
   input.options.muon_wave_budget_bytes =
       plan::JobWaveBudget(spec.optimizer().muon_buffer_bytes(), input.options.device);

@@ -45,10 +45,14 @@
 //    Q = V diag(q) V^T and X_T = Q X_0 in fp32. No recurrence on matrices, so
 //    no drift and no restarts; the cost does not grow with T. Counted as
 //    kSpectralM2n m^2 n + kSpectralM3 m^3, constants fitted to its measured
-//    time against the iterative forms' on one OpenBLAS thread (how workers
-//    run it): the eigensolver (about half of it) barely speeds up with more
-//    threads, while the other forms' GEMMs do, so with several threads this
-//    charges it too little (BENCHMARKS.md). Its accuracy has a limit the
+//    time against the iterative forms' on one OpenBLAS thread. The
+//    eigensolver (kSpectralEigenShare of the m^3 term) barely speeds up with
+//    more threads while the products, and the other forms, do: on a rank of
+//    T threads (TrainingConfig.threads_per_rank) that share is charged
+//    T / kSpectralEigenSpeedup times over (the speed-up measured at two
+//    threads, assumed not to grow beyond; BENCHMARKS.md, BM_SpectralPhases),
+//    so auto leaves it to the Gram iteration at 1:4 on two threads (measured
+//    8% faster there) and to all but very wide matrices on more. Its accuracy has a limit the
 //    iterations do not: the fp32 rounding of Q = V diag(q) V^T and of Q X_0
 //    is multiplied by the largest q, the iterations' total gain on the
 //    smallest singular values, the product of a_t over all T (485 for 5
@@ -232,19 +236,37 @@ inline std::string SpectralGainProblem(int64_t steps, NsTable table) {
                                  " iterations");
 }
 
-inline double SpectralNsFlops(int64_t rows, int64_t cols) {
+// The part of the spectral form's m^3 term that is the eigensolver (dsyevd;
+// the rest is Q = V diag(q) V^T by sgemm): 175 of 197 ms at m = 1024 on one
+// thread (BM_SpectralPhases).
+inline constexpr double kSpectralEigenShare = 0.89;
+
+// How much faster the eigensolver runs on two OpenBLAS threads than on one
+// (measured 1.14 at m = 1024: dsytrd 1.23, dstedc 1.15, dormtr 1.09), taken
+// as its speed-up on any number T >= 2, where the products speed up about T.
+inline constexpr double kSpectralEigenSpeedup = 1.14;
+
+// The most threads a rank may run (TrainingConfig.threads_per_rank).
+inline constexpr int64_t kMaxThreadsPerRank = 256;
+
+// The spectral form's cost on a rank of `threads` OpenBLAS threads, in the
+// counted FLOPs of the other forms at that thread count (see the top).
+inline double SpectralNsFlops(int64_t rows, int64_t cols, int64_t threads = 1) {
   const double m = static_cast<double>(std::min(rows, cols));
   const double n = static_cast<double>(std::max(rows, cols));
-  return kSpectralM2n * m * m * n + kSpectralM3 * m * m * m;
+  const double eigen_slowdown =
+      threads <= 1 ? 1.0 : static_cast<double>(threads) / kSpectralEigenSpeedup;
+  const double m3 = (1.0 - kSpectralEigenShare) + kSpectralEigenShare * eigen_slowdown;
+  return kSpectralM2n * m * m * n + kSpectralM3 * m3 * m * m * m;
 }
 
-// The form that runs for `algorithm` on this shape: kAuto takes the form
-// with the fewest FLOPs (ties go to the standard form, then to the Gram
-// iteration), the spectral one only within kSpectralGainLimit and
-// kSpectralMaxShortSide.
+// The form that runs for `algorithm` on this shape, on a rank of `threads`
+// OpenBLAS threads: kAuto takes the form with the fewest FLOPs (ties go to
+// the standard form, then to the Gram iteration), the spectral one only
+// within kSpectralGainLimit and kSpectralMaxShortSide.
 template <class LeadingCoefficient>
 NsAlgorithm ChooseNsForm(NsAlgorithm algorithm, int64_t rows, int64_t cols, int64_t steps,
-                         LeadingCoefficient a) {
+                         LeadingCoefficient a, int64_t threads = 1) {
   if (algorithm != NsAlgorithm::kAuto) return algorithm;
   NsAlgorithm best = NsAlgorithm::kStandard;
   double cost = StandardNsFlops(rows, cols, steps);
@@ -252,7 +274,7 @@ NsAlgorithm ChooseNsForm(NsAlgorithm algorithm, int64_t rows, int64_t cols, int6
     best = NsAlgorithm::kGram;
     cost = gram;
   }
-  if (SpectralNsFlops(rows, cols) < cost && SpectralFits(steps, a) &&
+  if (SpectralNsFlops(rows, cols, threads) < cost && SpectralFits(steps, a) &&
       std::min(rows, cols) <= kSpectralMaxShortSide) {
     best = NsAlgorithm::kSpectral;
   }
@@ -260,20 +282,21 @@ NsAlgorithm ChooseNsForm(NsAlgorithm algorithm, int64_t rows, int64_t cols, int6
 }
 
 inline NsAlgorithm ChooseNsForm(NsAlgorithm algorithm, int64_t rows, int64_t cols,
-                                int64_t steps, NsTable table) {
-  return ChooseNsForm(algorithm, rows, cols, steps,
-                      [table](int64_t t) { return NsTableRow(table, t).a; });
+                                int64_t steps, NsTable table, int64_t threads = 1) {
+  return ChooseNsForm(
+      algorithm, rows, cols, steps, [table](int64_t t) { return NsTableRow(table, t).a; },
+      threads);
 }
 
-// FLOPs of the form that runs.
+// FLOPs of the form that runs (on a rank of `threads` OpenBLAS threads).
 template <class LeadingCoefficient>
 double NsFlops(NsAlgorithm algorithm, int64_t rows, int64_t cols, int64_t steps,
-               LeadingCoefficient a) {
-  switch (ChooseNsForm(algorithm, rows, cols, steps, a)) {
+               LeadingCoefficient a, int64_t threads = 1) {
+  switch (ChooseNsForm(algorithm, rows, cols, steps, a, threads)) {
     case NsAlgorithm::kGram:
       return GramNsFlops(rows, cols, steps, a);
     case NsAlgorithm::kSpectral:
-      return SpectralNsFlops(rows, cols);
+      return SpectralNsFlops(rows, cols, threads);
     case NsAlgorithm::kStandard:
     case NsAlgorithm::kAuto:
       break;
@@ -282,9 +305,10 @@ double NsFlops(NsAlgorithm algorithm, int64_t rows, int64_t cols, int64_t steps,
 }
 
 inline double NsFlops(NsAlgorithm algorithm, int64_t rows, int64_t cols, int64_t steps,
-                      NsTable table) {
-  return NsFlops(algorithm, rows, cols, steps,
-                 [table](int64_t t) { return NsTableRow(table, t).a; });
+                      NsTable table, int64_t threads = 1) {
+  return NsFlops(
+      algorithm, rows, cols, steps, [table](int64_t t) { return NsTableRow(table, t).a; },
+      threads);
 }
 
 // "auto" | "standard" | "gram" | "spectral".

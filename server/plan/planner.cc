@@ -62,8 +62,10 @@ std::vector<MatrixPlan> UnitMatrices(const UnitSpec& unit, int32_t u, const Unit
       m.expert = p.expert ? static_cast<int32_t>(e) : -1;
       m.rows = mv.rows;
       m.cols = mv.cols;
-      m.ns_form = ChooseNsForm(cfg.ns_algorithm, mv.rows, mv.cols, cfg.ns_steps, cfg.ns_table);
-      m.cost_flops = NsFlops(m.ns_form, mv.rows, mv.cols, cfg.ns_steps, cfg.ns_table);
+      m.ns_form = ChooseNsForm(cfg.ns_algorithm, mv.rows, mv.cols, cfg.ns_steps, cfg.ns_table,
+                               cfg.threads_per_rank);
+      m.cost_flops = NsFlops(m.ns_form, mv.rows, mv.cols, cfg.ns_steps, cfg.ns_table,
+                             cfg.threads_per_rank);
       const int64_t lo = e * mv.rows;
       const int64_t hi = lo + mv.rows;
       for (const Holder& h : held[t]) {

@@ -63,6 +63,9 @@ struct PlanOptions {
   // optimizer.muon_buffer_bytes); 0: one wave. With several waves lpt
   // balances the owners wave by wave (planner.cc, BalanceWaves).
   int64_t muon_wave_budget_bytes = 0;
+  // OpenBLAS threads a rank runs (plan/ns_cost.h prices the forms for it);
+  // 0: 1.
+  int64_t threads_per_rank = 0;
 };
 
 struct PlanInput {
@@ -140,6 +143,7 @@ struct ResolvedConfig {
   NsAlgorithm ns_algorithm = NsAlgorithm::kAuto;
   NsTable ns_table = NsTable::kQuintic;
   int64_t muon_wave_budget_bytes = 0;
+  int64_t threads_per_rank = 1;
   double comm_flops_per_byte = 0;
   int64_t bytes_per_element = 4;  // fp32 parameters, gradients and updates
 };

@@ -320,6 +320,11 @@ void CheckOptions(const PlanOptions& opt, Violations& v) {
     const std::string gain = SpectralGainProblem(opt.ns_steps == 0 ? 5 : opt.ns_steps, table);
     if (!gain.empty()) v.Add("options.ns_algorithm", gain);
   }
+  if (opt.threads_per_rank < 0 || opt.threads_per_rank > kMaxThreadsPerRank) {
+    v.Add("options.threads_per_rank",
+          absl::StrCat("must be in [0, ", kMaxThreadsPerRank, "] (0 or unset: 1), got ",
+                       opt.threads_per_rank));
+  }
   if (opt.muon_wave_budget_bytes < 0) {
     v.Add("options.muon_wave_budget_bytes",
           absl::StrCat("must be >= 0 (0: one wave), got ", opt.muon_wave_budget_bytes));
@@ -388,6 +393,7 @@ ResolvedConfig ResolveUnchecked(const PlanInput& in) {
   ParseNsAlgorithm(opt.ns_algorithm, &cfg.ns_algorithm);
   ParseNsTable(opt.ns_coefficients, &cfg.ns_table);
   cfg.muon_wave_budget_bytes = opt.muon_wave_budget_bytes;
+  cfg.threads_per_rank = std::max<int64_t>(1, opt.threads_per_rank);
   // The Gram forms run on the CPU only (NsFormUnavailable): auto means
   // standard elsewhere.
   if (opt.device != "cpu") cfg.ns_algorithm = NsAlgorithm::kStandard;

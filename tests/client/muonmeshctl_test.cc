@@ -14,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <set>
 #include <string>
 #include <string_view>
@@ -435,6 +436,42 @@ TEST_F(MuonmeshCtlTest, PlanSaysWhichNewtonSchulzFormEachMatrixRuns) {
   EXPECT_THAT(cuda.out,
               HasSubstr(absl::StrCat("5 polar_express iterations, standard: standard on ",
                                      spectral.size() + standard.size(), " matrices\n")));
+}
+
+// --threads-per-rank prices the spectral form's eigensolver for ranks of
+// that many OpenBLAS threads (plan/ns_cost.h): on two, the Gram iteration
+// (8 m^2 n + 28 m^3) beats the spectral form (6 m^2 n + 50.14 m^3) up to
+// n / m = 11.07 and the standard one (20 m^2 n + 10 m^3) beyond n / m = 1.5;
+// out of range is refused naming the field.
+TEST_F(MuonmeshCtlTest, PlanPricesTheFormsForTheThreadsPerRank) {
+  REQUIRE_GPT2();
+  const ProcessResult json =
+      Gpt2("plan", "8", {"--device", "cpu", "--threads-per-rank", "2", "--json"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  v1::Plan plan;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json.out, &plan, options).ok());
+  EXPECT_EQ(plan.summary().threads_per_rank(), 2);
+  std::map<std::string, std::set<std::string>> by_form;
+  for (const v1::Matrix& m : plan.matrices()) {
+    const double lo = static_cast<double>(std::min(m.rows(), m.cols()));
+    const double hi = static_cast<double>(std::max(m.rows(), m.cols()));
+    const char* want = hi > 11.07 * lo ? "spectral" : (hi > 1.5 * lo ? "gram" : "standard");
+    EXPECT_EQ(m.ns_form(), want) << m.name();
+    by_form[want].insert(m.name());
+  }
+  EXPECT_FALSE(by_form["gram"].empty());
+  const ProcessResult table = Gpt2("plan", "8", {"--device", "cpu", "--threads-per-rank", "2"});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr(absl::StrCat(
+                             "auto (priced for 2 threads a rank): gram on ",
+                             by_form["gram"].size(), " matrices, standard on ",
+                             by_form["standard"].size(), " matrices\n")));
+  const ProcessResult bad = Gpt2("plan", "8", {"--device", "cpu", "--threads-per-rank", "300"});
+  EXPECT_EQ(bad.exit_code, 1) << bad.err;
+  EXPECT_THAT(bad.err, HasSubstr("options.threads_per_rank"));
+  EXPECT_THAT(bad.err, HasSubstr("got 300"));
 }
 
 TEST_F(MuonmeshCtlTest, PlanTableOfABigWorldShowsTheExtremes) {

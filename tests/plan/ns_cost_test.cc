@@ -253,5 +253,46 @@ TEST(NsCostTest, SpectralStopsAtItsGainLimit) {
   EXPECT_NE(v[0].description.find("gives 235105"), std::string::npos) << v[0].description;
 }
 
+// The thread count prices the spectral form's eigensolver: on T >= 2
+// threads its share (0.89) of the 30 m^3 term costs T / 1.14 times over, the
+// rest as on one thread. With five quintic iterations the Gram iteration
+// costs 8 m^2 n + 28 m^3 (two segments), the spectral form on one thread
+// 6 m^2 n + 30 m^3 (so it wins from n / m = 1 upwards, where the Gram form
+// itself wins over the standard one, n / m > 1.5) and on two
+// 6 m^2 n + 30 (0.11 + 0.89 * 2 / 1.14) m^3 = 6 m^2 n + 50.14 m^3, so the
+// Gram form wins up to n / m = 11.07: at 1:4 as measured there (2.11x sgemm
+// against 1.94x; at 1:8 the two measured within 2%). On eight threads
+// (190.7 m^3) the spectral form needs n / m > 81.3.
+TEST(NsCostTest, ThreadsPriceTheSpectralEigensolver) {
+  const double m = 1024;
+  const auto cubes = [](int64_t threads) {
+    return threads == 1 ? 30.0 : 30.0 * (0.11 + 0.89 * static_cast<double>(threads) / 1.14);
+  };
+  for (const int64_t threads : {1, 2, 3, 8}) {
+    EXPECT_NEAR(SpectralNsFlops(1024, 4096, threads) / (m * m * m), 24 + cubes(threads), 1e-9)
+        << threads;
+    EXPECT_DOUBLE_EQ(SpectralNsFlops(4096, 1024, threads), SpectralNsFlops(1024, 4096, threads));
+  }
+  const auto form = [](int64_t rows, int64_t cols, int64_t threads) {
+    return ChooseNsForm(NsAlgorithm::kAuto, rows, cols, 5, NsTable::kQuintic, threads);
+  };
+  EXPECT_EQ(form(1024, 4096, 1), NsAlgorithm::kSpectral);
+  EXPECT_EQ(form(1024, 8192, 1), NsAlgorithm::kSpectral);
+  EXPECT_EQ(form(1024, 4096, 2), NsAlgorithm::kGram);
+  EXPECT_EQ(form(1024, 11264, 2), NsAlgorithm::kGram);     // n / m = 11
+  EXPECT_EQ(form(1024, 11392, 2), NsAlgorithm::kSpectral); // 11.125
+  EXPECT_EQ(form(64, 5184, 8), NsAlgorithm::kGram);        // 81
+  EXPECT_EQ(form(64, 5248, 8), NsAlgorithm::kSpectral);    // 82
+  EXPECT_EQ(form(1024, 1024, 1), NsAlgorithm::kStandard);
+  // What the planner charges follows the form and the threads; explicit
+  // forms do not change with threads.
+  EXPECT_DOUBLE_EQ(NsFlops(NsAlgorithm::kAuto, 1024, 4096, 5, NsTable::kQuintic, 2),
+                   GramNsFlops(1024, 4096, 5, NsTable::kQuintic));
+  EXPECT_DOUBLE_EQ(NsFlops(NsAlgorithm::kSpectral, 1024, 4096, 5, NsTable::kQuintic, 2),
+                   SpectralNsFlops(1024, 4096, 2));
+  EXPECT_EQ(ChooseNsForm(NsAlgorithm::kSpectral, 1024, 1024, 5, NsTable::kQuintic, 8),
+            NsAlgorithm::kSpectral);
+}
+
 }  // namespace
 }  // namespace muonmesh::plan

@@ -98,6 +98,9 @@ void ExpectSamePlan(const plan::Plan& a, const plan::Plan& b) {
   EXPECT_EQ(a.config.owner_rule, b.config.owner_rule);
   EXPECT_EQ(a.config.replica_split, b.config.replica_split);
   EXPECT_EQ(a.config.ns_steps, b.config.ns_steps);
+  EXPECT_EQ(a.config.ns_algorithm, b.config.ns_algorithm);
+  EXPECT_EQ(a.config.ns_table, b.config.ns_table);
+  EXPECT_EQ(a.config.threads_per_rank, b.config.threads_per_rank);
   EXPECT_EQ(a.config.comm_flops_per_byte, b.config.comm_flops_per_byte);
   EXPECT_EQ(a.config.bytes_per_element, b.config.bytes_per_element);
   ExpectSameAxes(a.dense_axes, b.dense_axes);
@@ -153,6 +156,7 @@ struct Case {
   const char* rule;
   const char* outer = "";
   const char* replica_split = "";
+  int64_t threads_per_rank = 0;
 };
 
 TEST(ExecPlanConvertTest, PlansOfRealModelsRoundTripFieldByField) {
@@ -162,7 +166,9 @@ TEST(ExecPlanConvertTest, PlansOfRealModelsRoundTripFieldByField) {
                          {"llama3-8b", 16, "optim", 1, 1, "round_robin"},
                          {"deepseek-v3", 8, "optim_grads_params", 1, 8, "lpt"},
                          // HSDP with the replica split.
-                         {"gpt2-124m", 8, "optim_grads_params", 2, 1, "lpt", "no_shard", "on"}}) {
+                         {"gpt2-124m", 8, "optim_grads_params", 2, 1, "lpt", "no_shard", "on"},
+                         // Priced for ranks of 3 OpenBLAS threads.
+                         {"llama3-8b", 8, "optim_grads_params", 1, 1, "lpt", "", "", 3}}) {
     SCOPED_TRACE(::testing::Message() << c.spec << " W=" << c.world << " " << c.strategy);
     absl::StatusOr<plan::ModelSpec> spec = testing::LoadSpec(c.spec);
     ASSERT_TRUE(spec.ok()) << spec.status();
@@ -175,8 +181,11 @@ TEST(ExecPlanConvertTest, PlansOfRealModelsRoundTripFieldByField) {
     input.parallelism.outer_dp_sharding_strategy = c.outer;
     input.options.owner_assignment = c.rule;
     input.options.muon_replica_split = c.replica_split;
+    input.options.threads_per_rank = c.threads_per_rank;
+    input.options.device = "cpu";  // where the forms, and so the threads, matter
     absl::StatusOr<plan::Plan> original = plan::ComputePlan(input);
     ASSERT_TRUE(original.ok()) << original.status();
+    EXPECT_EQ(original->config.threads_per_rank, std::max<int64_t>(1, c.threads_per_rank));
     const v1::ExecutionPlan exec = PlanToExec(*original);
     absl::StatusOr<plan::Plan> back = PlanFromExec(exec);
     ASSERT_TRUE(back.ok()) << back.status();
@@ -222,6 +231,14 @@ TEST(ExecPlanConvertTest, DamagedPlansAreRefusedNamingTheField) {
   bad = good;
   bad.mutable_config()->set_replica_split(7);
   EXPECT_THAT(std::string(PlanFromExec(bad).status().message()), HasSubstr("config.replica_split"));
+  bad = good;
+  bad.mutable_config()->set_threads_per_rank(-2);
+  EXPECT_THAT(std::string(PlanFromExec(bad).status().message()),
+              HasSubstr("config.threads_per_rank: must be in [0, 256], got -2"));
+  bad = good;
+  bad.mutable_config()->set_threads_per_rank(0);  // a plan from before the field: one thread
+  ASSERT_TRUE(PlanFromExec(bad).ok());
+  EXPECT_EQ(PlanFromExec(bad)->config.threads_per_rank, 1);
   bad = good;
   bad.mutable_dense()->mutable_matrices(0)->add_holder_row_start(1);
   EXPECT_THAT(std::string(PlanFromExec(bad).status().message()),

@@ -10,6 +10,8 @@
 
 #include "gtest/gtest.h"
 #include "plan/ns_cost.h"
+#include "worker/math/blas_threads.h"
+#include "worker/math/ns_coefficients.h"
 #include "tests/worker/ns_reference.h"
 
 namespace muonmesh::math {
@@ -342,6 +344,25 @@ TEST(NewtonSchulzGramTest, AutoRunsTheChosenForm) {
     ASSERT_TRUE(ns.Run(other.data(), s.rows, s.cols, Quintic(5, other_form)).ok());
     EXPECT_NE(automatic, other) << s.rows << "x" << s.cols;
   }
+}
+
+// auto prices the spectral form's eigensolver for the threads it is told
+// (plan/ns_cost.h: on two threads the Gram iteration wins up to n / m =
+// 11.07); SetBlasThreads sets OpenBLAS's count and returns the one before.
+TEST(NewtonSchulzGramTest, AutoFollowsTheThreadsItIsPricedFor) {
+  NsOptions options = Quintic(5, plan::NsAlgorithm::kAuto);
+  EXPECT_EQ(NsFormFor(options, 1024, 4096), kSpectral);
+  options.threads = 2;
+  EXPECT_EQ(NsFormFor(options, 1024, 4096), kGram);
+  EXPECT_EQ(NsFormFor(options, 4096, 1024), kGram);
+  EXPECT_EQ(NsFormFor(options, 64, 1024), kSpectral);  // 16:1
+  EXPECT_DOUBLE_EQ(NsFlopsFor(options, 1024, 4096),
+                   plan::GramNsFlops(1024, 4096, 5, plan::NsTable::kQuintic));
+  const int before = SetBlasThreads(3);
+  EXPECT_EQ(BlasThreads(), 3);
+  EXPECT_EQ(SetBlasThreads(0), 3);  // clamped to one
+  EXPECT_EQ(BlasThreads(), 1);
+  SetBlasThreads(before);
 }
 
 TEST(NewtonSchulzTest, BatchedEqualsPerMatrixBitForBit) {

@@ -52,6 +52,7 @@ struct Job {
   int steps = 5;
   int batch = 24;
   int checkpoint_every = 0;
+  int threads_per_rank = 0;  // 0: not written
   std::string output_dir;
   std::string export_path;
 };
@@ -68,7 +69,9 @@ std::string WriteJob(const std::string& dir, const Job& j) {
     << "optimizer:\n  muon: {lr: 0.02, momentum: 0.95, nesterov: true, weight_decay: 0.01}\n"
     << "  adamw: {lr: 0.001, eps: 0.05}\n  owner_assignment: " << j.owner << "\n"
     << "training: {steps: " << j.steps << ", global_batch_size: " << j.batch
-    << ", checkpoint_every: " << j.checkpoint_every << "}\n";
+    << ", checkpoint_every: " << j.checkpoint_every;
+  if (j.threads_per_rank > 0) y << ", threads_per_rank: " << j.threads_per_rank;
+  y << "}\n";
   y << "output: {";
   if (!j.output_dir.empty()) y << "dir: " << j.output_dir << (j.export_path.empty() ? "" : ", ");
   if (!j.export_path.empty()) y << "export: " << j.export_path;
@@ -522,6 +525,27 @@ TEST(StandaloneTest, FinalWeightsMatchTheIndependentReference) {
 
 // Every rank appends its step records to <output.dir>/metrics/rank-R.jsonl:
 // one line per step, with the loss rank 0 printed.
+// Each rank runs OpenBLAS on the job's training.threads_per_rank (the count
+// printed is OpenBLAS's own after the rank set it; default one), and the
+// losses are those of the one-thread run.
+TEST(StandaloneTest, RanksRunTheJobsThreadsPerRank) {
+  const std::string dir = Fresh("threads");
+  Job job;
+  job.world = 2;
+  const JobRun one = RunRanks(dir, WriteJob(dir, job), 2);
+  ExpectAllOk(one);
+  EXPECT_THAT(one.ranks[0].out, HasSubstr("global batch 24, 1 thread a rank\n"));
+  job.threads_per_rank = 3;
+  const JobRun three = RunRanks(dir, WriteJob(dir, job), 2);
+  ExpectAllOk(three);
+  EXPECT_THAT(three.ranks[0].out, HasSubstr("global batch 24, 3 threads a rank\n"));
+  ASSERT_EQ(three.losses.size(), one.losses.size());
+  ASSERT_EQ(one.losses.size(), 5u);
+  for (size_t s = 0; s < one.losses.size(); ++s) {
+    EXPECT_NEAR(three.losses[s], one.losses[s], 1e-5 * std::abs(one.losses[s])) << "step " << s;
+  }
+}
+
 TEST(StandaloneTest, EveryRankWritesItsStepRecords) {
   const std::string dir = Fresh("steplog");
   Job job;

@@ -350,6 +350,11 @@ void CheckTraining(const v1::JobSpec& job, Violations& v) {
     v.Add("training.max_restarts",
           absl::StrCat("must be in [0, ", kMaxRestarts, "], got ", t.max_restarts()));
   }
+  if (t.threads_per_rank() < 0 || t.threads_per_rank() > plan::kMaxThreadsPerRank) {
+    v.Add("training.threads_per_rank",
+          absl::StrCat("must be in [0, ", plan::kMaxThreadsPerRank, "] (0 or unset: 1), got ",
+                       t.threads_per_rank()));
+  }
 }
 
 // The planner's checks of the parallelism config that do not depend on the
@@ -581,6 +586,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
   r.global_batch_size = job.training().global_batch_size();
   r.checkpoint_every = job.training().checkpoint_every();
   r.max_restarts = job.training().max_restarts();
+  r.threads_per_rank = std::max(1, job.training().threads_per_rank());
 
   r.output_dir = paths.output_dir;
   r.export_path = paths.export_path;

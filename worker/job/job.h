@@ -22,6 +22,7 @@
 //   data.teacher.samples        4096
 //   training.checkpoint_every   0 (no checkpoints)
 //   training.max_restarts       0
+//   training.threads_per_rank   1 (OpenBLAS threads a rank runs its math on)
 //   output.dir                  runs/<name>
 //   output.export               <output dir>/final.safetensors
 // Consequently momentum, beta1 and beta2 cannot be set to exactly 0 (a tiny value such as 1e-12
@@ -110,6 +111,7 @@ struct ResolvedJob {
   int64_t global_batch_size = 0;
   int64_t checkpoint_every = 0;  // 0: no checkpoints
   int64_t max_restarts = 0;
+  int64_t threads_per_rank = 1;  // OpenBLAS threads the rank runs (resolved: >= 1)
 
   std::string output_dir;   // resolved
   std::string export_path;  // resolved

@@ -54,15 +54,17 @@ NsCoefficientSet NsCoefficientsForStep(const NsOptions& options, int step) {
 }
 
 plan::NsAlgorithm NsFormFor(const NsOptions& options, int64_t rows, int64_t cols) {
-  return plan::ChooseNsForm(options.algorithm, rows, cols, options.steps, [&](int64_t t) {
-    return NsCoefficientsForStep(options, static_cast<int>(t)).a;
-  });
+  return plan::ChooseNsForm(
+      options.algorithm, rows, cols, options.steps,
+      [&](int64_t t) { return NsCoefficientsForStep(options, static_cast<int>(t)).a; },
+      options.threads);
 }
 
 double NsFlopsFor(const NsOptions& options, int64_t rows, int64_t cols) {
-  return plan::NsFlops(options.algorithm, rows, cols, options.steps, [&](int64_t t) {
-    return NsCoefficientsForStep(options, static_cast<int>(t)).a;
-  });
+  return plan::NsFlops(
+      options.algorithm, rows, cols, options.steps,
+      [&](int64_t t) { return NsCoefficientsForStep(options, static_cast<int>(t)).a; },
+      options.threads);
 }
 
 double NewtonSchulzFlops(int64_t rows, int64_t cols, int steps) {

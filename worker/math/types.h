@@ -55,6 +55,10 @@ struct NsOptions {
   // Standard or Gram form (plan/ns_cost.h); auto: per matrix, the one with
   // fewer FLOPs.
   plan::NsAlgorithm algorithm = plan::NsAlgorithm::kAuto;
+  // The OpenBLAS threads the caller runs (the job's threads_per_rank): auto
+  // prices the spectral form's eigensolver for it (plan/ns_cost.h). It
+  // chooses; it does not set OpenBLAS's thread count.
+  int64_t threads = 1;
 };
 
 // How Muon scales the orthogonalised update of a rows x cols matrix

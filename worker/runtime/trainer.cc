@@ -1269,6 +1269,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
   impl->options = options;
   // The Newton-Schulz form the planner charged the owners for runs.
   impl->options.muon.ns.algorithm = plan.config.ns_algorithm;
+  impl->options.muon.ns.threads = plan.config.threads_per_rank;
   impl->rank = rank;
   impl->world = plan.config.world_size;
   impl->ep = std::max<int64_t>(1, plan.config.ep);

@@ -155,6 +155,19 @@ TEST(JobTest, JsonFileResolvesLikeYaml) {
   EXPECT_EQ(from_json->SerializeAsString(), DesignJob().SerializeAsString());
 }
 
+TEST(JobTest, ThreadsPerRankIsRead) {
+  TempDir dir;
+  const std::string path = dir.Write("threads.yaml", R"(
+name: tiny
+world_size: 2
+model: {mlp: {dims: [4, 2]}}
+training: {steps: 1, global_batch_size: 2, threads_per_rank: 4}
+)");
+  absl::StatusOr<ResolvedJob> r = LoadResolvedJob(path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->threads_per_rank, 4);
+}
+
 TEST(JobTest, MinimalJobGetsTheDocumentedDefaults) {
   TempDir dir;
   const std::string path = dir.Write("minimal.yaml", R"(
@@ -191,6 +204,7 @@ training: {steps: 1, global_batch_size: 2}
   EXPECT_EQ(r->teacher_samples, 4096);
   EXPECT_EQ(r->checkpoint_every, 0);
   EXPECT_EQ(r->max_restarts, 0);
+  EXPECT_EQ(r->threads_per_rank, 1);
   EXPECT_EQ(r->output_dir, dir.dir() + "/runs/tiny");
   EXPECT_EQ(r->export_path, dir.dir() + "/runs/tiny/final.safetensors");
   // The resolved options pass the numerics' own validation.
@@ -491,6 +505,10 @@ std::vector<BrokenJob> BrokenJobs() {
        "training.checkpoint_every", ">= 0"},
       {"RestartsNegative", [](J& j) { j.mutable_training()->set_max_restarts(-1); },
        "training.max_restarts", "[0, 1000]"},
+      {"ThreadsNegative", [](J& j) { j.mutable_training()->set_threads_per_rank(-1); },
+       "training.threads_per_rank", "must be in [0, 256] (0 or unset: 1), got -1"},
+      {"ThreadsTooMany", [](J& j) { j.mutable_training()->set_threads_per_rank(257); },
+       "training.threads_per_rank", "got 257"},
   };
 }
 
