@@ -10,6 +10,9 @@
 //       its figure is the effective rate a user sees.
 //   BM_NewtonSchulzSpectral/<rows>/<cols>: the Gram form evaluated on the
 //       eigenvalues of X X^T (plan/ns_cost.h), counted the same way.
+//   BM_NewtonSchulzAuto/<rows>/<cols>: the form auto picks, priced for the
+//       OpenBLAS threads this process runs (NsOptions::threads): on a good
+//       cost model its figure is the best of the three above.
 //   BM_Sgemm/<m>/<n>/<k>: C = A B, FLOPS = 2 m n k. For an m x n
 //       Newton-Schulz the comparison is m/m/n, the shape of X X^T.
 //   BM_SpectralPhases/<rows>/<cols>: the spectral form's phases timed one by
@@ -96,6 +99,7 @@ void RunNewtonSchulz(benchmark::State& state, plan::NsAlgorithm algorithm) {
   NsOptions options;
   options.steps = kSteps;
   options.algorithm = algorithm;
+  options.threads = openblas_get_num_threads();
   // Warm-up, untimed: the first call touches the freshly allocated workspace
   // (page faults) and OpenBLAS's buffers. The runtime keeps one NewtonSchulz
   // across steps, so the steady state is what counts.
@@ -120,6 +124,7 @@ void RunNewtonSchulz(benchmark::State& state, plan::NsAlgorithm algorithm) {
   }
   state.counters["FLOPS"] =
       wall.Rate(NewtonSchulzFlops(rows, cols, kSteps) * static_cast<double>(state.iterations()));
+  state.SetLabel(plan::NsAlgorithmName(NsFormFor(options, rows, cols)));  // the form that ran
 }
 
 void BM_NewtonSchulz(benchmark::State& state) {
@@ -130,6 +135,9 @@ void BM_NewtonSchulzGram(benchmark::State& state) {
 }
 void BM_NewtonSchulzSpectral(benchmark::State& state) {
   RunNewtonSchulz(state, plan::NsAlgorithm::kSpectral);
+}
+void BM_NewtonSchulzAuto(benchmark::State& state) {
+  RunNewtonSchulz(state, plan::NsAlgorithm::kAuto);
 }
 
 void BM_Sgemm(benchmark::State& state) {
@@ -243,6 +251,9 @@ void RegisterAll() {
     benchmark::RegisterBenchmark("BM_NewtonSchulzSpectral", BM_NewtonSchulzSpectral)
         ->Args({rows, cols})
         ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("BM_NewtonSchulzAuto", BM_NewtonSchulzAuto)
+        ->Args({rows, cols})
+        ->Unit(benchmark::kMillisecond);
     const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
     benchmark::RegisterBenchmark("BM_Sgemm", BM_Sgemm)
         ->Args({m, m, n})
@@ -308,7 +319,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
   static std::vector<std::tuple<std::string, int64_t, int64_t>> Rows() {
     std::vector<std::tuple<std::string, int64_t, int64_t>> rows;
     for (const char* form :
-         {"BM_NewtonSchulz/", "BM_NewtonSchulzGram/", "BM_NewtonSchulzSpectral/"}) {
+         {"BM_NewtonSchulz/", "BM_NewtonSchulzGram/", "BM_NewtonSchulzSpectral/",
+          "BM_NewtonSchulzAuto/"}) {
       for (const auto& [r, c] : kShapes) rows.emplace_back(form, r, c);
     }
     return rows;
