@@ -64,8 +64,13 @@ absl::Status SetRankThreads(const RankOptions& options, const ResolvedJob& job,
         " threads a rank but the job's training.threads_per_rank is ", job.threads_per_rank));
   }
   math::SetBlasThreads(static_cast<int>(job.threads_per_rank));
+  if (options.rank != 0) return absl::OkStatus();  // the notes once per job
+  if (const int running = math::BlasThreads(); running != job.threads_per_rank) {
+    out(absl::StrCat("threads: OpenBLAS runs ", running, " threads, not the ",
+                     job.threads_per_rank, " of training.threads_per_rank (its build's limit)"));
+  }
   const int64_t cores = std::thread::hardware_concurrency();
-  if (options.rank == 0 && cores > 0 && job.threads_per_rank * options.ranks_on_this_host > cores) {
+  if (cores > 0 && job.threads_per_rank * options.ranks_on_this_host > cores) {
     out(absl::StrCat("threads: ", options.ranks_on_this_host, " ranks on this host at ",
                      job.threads_per_rank, " OpenBLAS threads each (training.threads_per_rank) "
                      "oversubscribe its ", cores, " cores"));

@@ -539,6 +539,14 @@ TEST(StandaloneTest, RanksRunTheJobsThreadsPerRank) {
   const JobRun three = RunRanks(dir, WriteJob(dir, job), 2);
   ExpectAllOk(three);
   EXPECT_THAT(three.ranks[0].out, HasSubstr("global batch 24, 3 threads a rank\n"));
+  // Two ranks on this host at three threads each: a note where that is more
+  // than its cores.
+  const bool oversubscribed = 2 * 3 > static_cast<int>(std::thread::hardware_concurrency());
+  EXPECT_EQ(three.ranks[0].out.find("2 ranks on this host at 3 OpenBLAS threads each "
+                                    "(training.threads_per_rank) oversubscribe its") !=
+                std::string::npos,
+            oversubscribed)
+      << three.ranks[0].out;
   ASSERT_EQ(three.losses.size(), one.losses.size());
   ASSERT_EQ(one.losses.size(), 5u);
   for (size_t s = 0; s < one.losses.size(); ++s) {
