@@ -65,6 +65,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -250,14 +251,17 @@ inline constexpr double kSpectralEigenSpeedup = 1.14;
 inline constexpr int64_t kMaxThreadsPerRank = 256;
 
 // The spectral form's cost on a rank of `threads` OpenBLAS threads, in the
-// counted FLOPs of the other forms at that thread count (see the top).
+// counted FLOPs of the other forms at that thread count (see the top),
+// rounded to whole FLOPs as the other forms' counts are: sums of whole
+// numbers below 2^53 are exact in any order, and the runtime's check that
+// it executed what the plan charged compares such sums exactly.
 inline double SpectralNsFlops(int64_t rows, int64_t cols, int64_t threads = 1) {
   const double m = static_cast<double>(std::min(rows, cols));
   const double n = static_cast<double>(std::max(rows, cols));
   const double eigen_slowdown =
       threads <= 1 ? 1.0 : static_cast<double>(threads) / kSpectralEigenSpeedup;
   const double m3 = (1.0 - kSpectralEigenShare) + kSpectralEigenShare * eigen_slowdown;
-  return kSpectralM2n * m * m * n + kSpectralM3 * m3 * m * m * m;
+  return std::nearbyint(kSpectralM2n * m * m * n + kSpectralM3 * m3 * m * m * m);
 }
 
 // The form that runs for `algorithm` on this shape, on a rank of `threads`

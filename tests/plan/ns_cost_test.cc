@@ -7,6 +7,7 @@
 #include "plan/ns_cost.h"
 
 #include <algorithm>
+#include <cmath>
 #include <initializer_list>
 #include <iterator>
 #include <string>
@@ -272,6 +273,10 @@ TEST(NsCostTest, ThreadsPriceTheSpectralEigensolver) {
     EXPECT_NEAR(SpectralNsFlops(1024, 4096, threads) / (m * m * m), 24 + cubes(threads), 1e-9)
         << threads;
     EXPECT_DOUBLE_EQ(SpectralNsFlops(4096, 1024, threads), SpectralNsFlops(1024, 4096, threads));
+    // Whole FLOPs, so that sums over matrices are exact in any order.
+    EXPECT_EQ(SpectralNsFlops(1000, 7003, threads),
+              std::floor(SpectralNsFlops(1000, 7003, threads)))
+        << threads;
   }
   const auto form = [](int64_t rows, int64_t cols, int64_t threads) {
     return ChooseNsForm(NsAlgorithm::kAuto, rows, cols, 5, NsTable::kQuintic, threads);

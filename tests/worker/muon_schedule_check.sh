@@ -14,7 +14,11 @@
 #   - the plan's joint critical path over its joint lower bound (rank 0's
 #     "plan:" line, in flop-equivalents: Newton-Schulz plus owner traffic).
 #
-#   tests/worker/muon_schedule_check.sh [SCALE=0.03125] [STEPS=2]
+#   tests/worker/muon_schedule_check.sh [SCALE=0.03125] [STEPS=2] [THREADS_PER_RANK=1]
+#
+# THREADS_PER_RANK sets the jobs' training.threads_per_rank, which the plan
+# prices the Newton-Schulz forms for (the Gram iteration instead of the
+# spectral form on wide matrices at 2): executed must still equal planned.
 #
 # Needs the build and python3. Not part of the test suite (minutes on 2
 # cores); its figures go to BENCHMARKS.md. Exits 1 when a check fails.
@@ -22,6 +26,7 @@ set -euo pipefail
 
 scale=${1:-0.03125}
 steps=${2:-2}
+threads=${3:-1}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 specs="${MUONMESH_SHARED_DIR:-$root/../shared}/specs"
 specs=$(cd "$specs" && pwd)
@@ -41,7 +46,7 @@ device: cpu
 parallelism: $parallelism
 model: {synthetic: {spec: $specs/$spec, scale: $scale}}
 optimizer: {muon_buffer_bytes: $buffer}
-training: {steps: $steps, global_batch_size: 8}
+training: {steps: $steps, global_batch_size: 8, threads_per_rank: $threads}
 output: {dir: $dir/out, export: ""}
 JOB
   if ! OPENBLAS_NUM_THREADS=1 "$root/deploy/local/run-job.sh" "$dir/job.yaml" \

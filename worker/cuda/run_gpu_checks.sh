@@ -185,7 +185,8 @@ JOB
   }
   run_job() {  # run_job NAME DEVICE: the worker's output in $jobs_dir/NAME-DEVICE.log
     mkdir -p "$jobs_dir/store-$1-$2"
-    OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-4} timeout 120 "$worker" --standalone \
+    # (OpenBLAS runs the job's training.threads_per_rank threads: 1 here.)
+    timeout 120 "$worker" --standalone \
       --job "$jobs_dir/$1-$2.yaml" --rank 0 --world-size 1 --store "$jobs_dir/store-$1-$2" \
       >"$jobs_dir/$1-$2.log" 2>&1
   }
