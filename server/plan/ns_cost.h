@@ -52,16 +52,16 @@
 //    T / kSpectralEigenSpeedup times over (the speed-up measured at two
 //    threads, assumed not to grow beyond; BENCHMARKS.md, BM_SpectralPhases),
 //    so auto leaves it to the Gram iteration at 1:4 on two threads (measured
-//    8% faster there) and to all but very wide matrices on more. Its accuracy has a limit the
-//    iterations do not: the fp32 rounding of Q = V diag(q) V^T and of Q X_0
-//    is multiplied by the largest q, the iterations' total gain on the
-//    smallest singular values, the product of a_t over all T (485 for 5
-//    quintic iterations, 976 for 5 Polar Express, 2.2e4 for 10); the
-//    iterative form restarts instead (above). Against the fp64 reference
-//    (tests/worker/newton_schulz_test.cc) its worst errors were 0.15 and
-//    0.29 of the bound at gains 485 and 976 and 2.7 times it at 2.2e4, so it
-//    runs only up to kSpectralGainLimit: auto does not pick it beyond, and
-//    the validators refuse it there.
+//    8% faster there) and to all but very wide matrices on more. Its
+//    accuracy has a limit the iterations do not: the fp32 rounding of
+//    Q = V diag(q) V^T and of Q X_0 is multiplied by the largest q, the
+//    iterations' total gain on the smallest singular values, the product of
+//    a_t over all T (485 for 5 quintic iterations, 976 for 5 Polar Express,
+//    2.2e4 for 10); the iterative form restarts instead (above). Against
+//    the fp64 reference (tests/worker/newton_schulz_test.cc) its worst
+//    errors were 0.15 and 0.29 of the bound at gains 485 and 976 and 2.7
+//    times it at 2.2e4, so it runs only up to kSpectralGainLimit: auto does
+//    not pick it beyond, and the validators refuse it there.
 
 #include <algorithm>
 #include <array>
@@ -238,8 +238,8 @@ inline std::string SpectralGainProblem(int64_t steps, NsTable table) {
 }
 
 // The part of the spectral form's m^3 term that is the eigensolver (dsyevd;
-// the rest is Q = V diag(q) V^T by sgemm): 175 of 197 ms at m = 1024 on one
-// thread (BM_SpectralPhases).
+// the rest is Q = V diag(q) V^T by sgemm): about 176 of 198 ms at m = 1024
+// on one thread (BM_SpectralPhases).
 inline constexpr double kSpectralEigenShare = 0.89;
 
 // How much faster the eigensolver runs on two OpenBLAS threads than on one
