@@ -241,19 +241,15 @@ const std::vector<std::pair<int64_t, int64_t>> kShapes = {
     {768, 3072}, {1024, 1024}, {1024, 4096}, {1024, 8192}, {4096, 4096}};
 
 void RegisterAll() {
+  const std::pair<const char*, void (*)(benchmark::State&)> forms[] = {
+      {"BM_NewtonSchulz", BM_NewtonSchulz},
+      {"BM_NewtonSchulzGram", BM_NewtonSchulzGram},
+      {"BM_NewtonSchulzSpectral", BM_NewtonSchulzSpectral},
+      {"BM_NewtonSchulzAuto", BM_NewtonSchulzAuto}};
   for (const auto& [rows, cols] : kShapes) {
-    benchmark::RegisterBenchmark("BM_NewtonSchulz", BM_NewtonSchulz)
-        ->Args({rows, cols})
-        ->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark("BM_NewtonSchulzGram", BM_NewtonSchulzGram)
-        ->Args({rows, cols})
-        ->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark("BM_NewtonSchulzSpectral", BM_NewtonSchulzSpectral)
-        ->Args({rows, cols})
-        ->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark("BM_NewtonSchulzAuto", BM_NewtonSchulzAuto)
-        ->Args({rows, cols})
-        ->Unit(benchmark::kMillisecond);
+    for (const auto& [name, run] : forms) {
+      benchmark::RegisterBenchmark(name, run)->Args({rows, cols})->Unit(benchmark::kMillisecond);
+    }
     const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
     benchmark::RegisterBenchmark("BM_Sgemm", BM_Sgemm)
         ->Args({m, m, n})

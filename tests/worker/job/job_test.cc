@@ -155,27 +155,26 @@ TEST(JobTest, JsonFileResolvesLikeYaml) {
   EXPECT_EQ(from_json->SerializeAsString(), DesignJob().SerializeAsString());
 }
 
-TEST(JobTest, ThreadsPerRankIsRead) {
-  TempDir dir;
-  const std::string path = dir.Write("threads.yaml", R"(
+constexpr char kMinimalJob[] = R"(
 name: tiny
 world_size: 2
 model: {mlp: {dims: [4, 2]}}
-training: {steps: 1, global_batch_size: 2, threads_per_rank: 4}
-)");
-  absl::StatusOr<ResolvedJob> r = LoadResolvedJob(path);
+training: {steps: 1, global_batch_size: 2}
+)";
+
+TEST(JobTest, ThreadsPerRankIsRead) {
+  TempDir dir;
+  std::string text = kMinimalJob;
+  const std::string batch = "global_batch_size: 2";
+  text.insert(text.find(batch) + batch.size(), ", threads_per_rank: 4");
+  absl::StatusOr<ResolvedJob> r = LoadResolvedJob(dir.Write("threads.yaml", text));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->threads_per_rank, 4);
 }
 
 TEST(JobTest, MinimalJobGetsTheDocumentedDefaults) {
   TempDir dir;
-  const std::string path = dir.Write("minimal.yaml", R"(
-name: tiny
-world_size: 2
-model: {mlp: {dims: [4, 2]}}
-training: {steps: 1, global_batch_size: 2}
-)");
+  const std::string path = dir.Write("minimal.yaml", kMinimalJob);
   absl::StatusOr<ResolvedJob> r = LoadResolvedJob(path);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->device, "cpu");
