@@ -16,19 +16,8 @@
 #include "worker/workload_factory.h"
 
 namespace muonmesh::worker {
-namespace {
-
-absl::StatusOr<ResolvedJob> LoadJob(const std::string& job_path) {
-  absl::StatusOr<v1::JobSpec> spec = LoadJobFile(job_path);
-  MUONMESH_RETURN_IF_ERROR(spec.status());
-  const std::string job_dir = std::filesystem::path(job_path).parent_path().string();
-  return ResolveJob(*spec, job_dir.empty() ? "." : job_dir);
-}
-
-}  // namespace
-
 absl::Status DescribeJob(const std::string& job_path, const LineSink& out) {
-  absl::StatusOr<ResolvedJob> job = LoadJob(job_path);
+  absl::StatusOr<ResolvedJob> job = LoadResolvedJob(job_path);
   MUONMESH_RETURN_IF_ERROR(job.status());
   out(absl::StrCat("name=", job->name));
   out(absl::StrCat("device=", job->device));
@@ -38,21 +27,6 @@ absl::Status DescribeJob(const std::string& job_path, const LineSink& out) {
   out(absl::StrCat("max_restarts=", job->max_restarts));
   out(absl::StrCat("output_dir=", job->output_dir));
   out(absl::StrCat("export=", job->export_path));
-  return absl::OkStatus();
-}
-
-namespace {
-
-absl::Status CheckRankOptions(const StandaloneOptions& options, const ResolvedJob& job) {
-  if (options.world_size != job.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("--world-size ", options.world_size,
-                                                   " differs from the job's world_size ",
-                                                   job.world_size));
-  }
-  if (options.rank < 0 || options.rank >= options.world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--rank ", options.rank, " is outside [0, ", options.world_size, ")"));
-  }
   return absl::OkStatus();
 }
 
@@ -79,6 +53,21 @@ absl::StatusOr<plan::Plan> PlanJob(const ResolvedJob& job, plan::ModelSpec spec)
   return plan;
 }
 
+namespace {
+
+absl::Status CheckRankOptions(const StandaloneOptions& options, const ResolvedJob& job) {
+  if (options.world_size != job.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("--world-size ", options.world_size,
+                                                   " differs from the job's world_size ",
+                                                   job.world_size));
+  }
+  if (options.rank < 0 || options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rank ", options.rank, " is outside [0, ", options.world_size, ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<comm::FileStore>> OpenStore(const StandaloneOptions& options) {
   std::error_code ec;
   if (options.create_store) {
@@ -103,7 +92,7 @@ bool IsLoopback(const std::string& host) {
 }  // namespace
 
 absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out) {
-  absl::StatusOr<ResolvedJob> job = LoadJob(options.job_path);
+  absl::StatusOr<ResolvedJob> job = LoadResolvedJob(options.job_path);
   MUONMESH_RETURN_IF_ERROR(job.status());
   MUONMESH_RETURN_IF_ERROR(CheckRankOptions(options, *job));
   std::unique_ptr<Workload> early;

@@ -10,7 +10,10 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "plan/types.h"
+#include "worker/job/job.h"
 #include "worker/rank_runner.h"
 
 namespace muonmesh::worker {
@@ -46,6 +49,12 @@ struct StandaloneOptions {
 // must not be replaced; Unavailable / DeadlineExceeded when a peer is lost
 // or late.
 absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out);
+
+// The plan the launcher runs `job` with: the job's optimizer rules applied to
+// `spec` (ModelSpecOf), then the planner with the job's options (its
+// threads_per_rank among them). InvalidArgument naming the rule or the field
+// the planner rejects.
+absl::StatusOr<plan::Plan> PlanJob(const ResolvedJob& job, plan::ModelSpec spec);
 
 // What launch scripts need from a job file, one `key=value` line each:
 // name, world_size, steps, checkpoint_every, max_restarts, output_dir,

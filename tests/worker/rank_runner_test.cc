@@ -1,0 +1,103 @@
+// RunRank in-process, on a plan that did not come from its job (as a
+// coordinator of another version could send one): a plan priced for another
+// thread count than the job's training.threads_per_rank is refused, naming
+// both, before OpenBLAS's thread count or any output changes; the job's own
+// plan runs on the job's threads.
+
+#include "worker/rank_runner.h"
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/comm/file_store.h"
+#include "worker/job/job.h"
+#include "worker/math/blas_threads.h"
+#include "worker/standalone.h"
+#include "worker/workload_factory.h"
+
+namespace muonmesh::worker {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+class RankRunnerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/rank_runner_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A one-rank MLP job on `threads` OpenBLAS threads, its outputs in out/.
+  ResolvedJob Job(int threads) {
+    const std::string path = dir_ + "/job.yaml";
+    std::ofstream(path) << "name: threads\nworld_size: 1\nmodel: {mlp: {dims: [4, 2]}}\n"
+                        << "training: {steps: 1, global_batch_size: 2, threads_per_rank: "
+                        << threads << "}\noutput: {dir: " << dir_ << "/out}\n";
+    absl::StatusOr<ResolvedJob> job = LoadResolvedJob(path);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *std::move(job) : ResolvedJob{};
+  }
+
+  plan::Plan PlanOf(const ResolvedJob& job) {
+    std::unique_ptr<Workload> synthetic;
+    absl::StatusOr<plan::ModelSpec> spec = ModelSpecOf(job, &synthetic);
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    absl::StatusOr<plan::Plan> plan = PlanJob(job, spec.ok() ? *spec : plan::ModelSpec{});
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return plan.ok() ? *std::move(plan) : plan::Plan{};
+  }
+
+  // Runs rank 0 of `job` with `plan` through a fresh store; the lines it
+  // printed go to lines_.
+  absl::Status Run(const ResolvedJob& job, const plan::Plan& plan, const std::string& store) {
+    absl::StatusOr<std::unique_ptr<comm::FileStore>> s = comm::FileStore::Open(dir_ + "/" + store);
+    if (!s.ok()) return s.status();
+    RankOptions options;
+    options.group_prefix = "threads/" + store;
+    RankHooks hooks;
+    hooks.out = [this](const std::string& line) { lines_.push_back(line); };
+    return RunRank(job, plan, nullptr, **s, options, hooks);
+  }
+
+  std::string dir_;
+  std::vector<std::string> lines_;
+};
+
+TEST_F(RankRunnerTest, APlanPricedForOtherThreadsIsRefusedBeforeAnythingChanges) {
+  const ResolvedJob job = Job(2);
+  plan::Plan plan = PlanOf(job);
+  ASSERT_EQ(plan.config.threads_per_rank, 2);
+  plan.config.threads_per_rank = 3;
+  math::SetBlasThreads(1);
+  const absl::Status st = Run(job, plan, "store");
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(st.message(), HasSubstr("priced for 3 threads"));
+  EXPECT_THAT(st.message(), HasSubstr("training.threads_per_rank is 2"));
+  EXPECT_EQ(math::BlasThreads(), 1);
+  EXPECT_FALSE(fs::exists(dir_ + "/out"));
+  EXPECT_TRUE(lines_.empty());
+}
+
+TEST_F(RankRunnerTest, TheJobsOwnPlanRunsOnTheJobsThreads) {
+  const ResolvedJob job = Job(2);
+  math::SetBlasThreads(1);
+  const absl::Status st = Run(job, PlanOf(job), "store");
+  ASSERT_TRUE(st.ok()) << st;
+  // OpenBLAS may run fewer than asked (its build's limit), never 1 here:
+  // every build this project supports allows two.
+  EXPECT_EQ(math::BlasThreads(), 2);
+  EXPECT_THAT(::testing::PrintToString(lines_), HasSubstr("2 threads a rank"));
+  math::SetBlasThreads(1);
+}
+
+}  // namespace
+}  // namespace muonmesh::worker
