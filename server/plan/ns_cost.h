@@ -1,7 +1,7 @@
 #pragma once
 
 // Newton-Schulz coefficients, what one orthogonalisation of a rows x cols
-// matrix costs in each of its two forms, and which form runs: the planner
+// matrix costs in each of its three forms, and which form runs: the planner
 // balances owners on these FLOPs and the runtime (worker/math) runs the form
 // chosen here, so the two agree by construction. Header-only, no
 // dependencies.
@@ -67,6 +67,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <string_view>
 
@@ -195,6 +196,9 @@ inline double GramNsFlops(int64_t rows, int64_t cols, int64_t steps, NsTable tab
 inline constexpr double kSpectralM2n = 6.0;
 inline constexpr double kSpectralM3 = 30.0;
 
+// The most Newton-Schulz iterations a job, a plan or a call may ask for.
+inline constexpr int64_t kMaxNsSteps = 100;
+
 // The largest total gain (product of |a_t| over the iterations) at which
 // the spectral form keeps its accuracy (see the top).
 inline constexpr double kSpectralGainLimit = 2000.0;
@@ -223,10 +227,14 @@ inline double NsTotalGain(int64_t steps, NsTable table) {
 // gain is `gain`, or empty when it can (within kSpectralGainLimit).
 inline std::string SpectralGainProblem(double gain, std::string_view what) {
   if (gain <= kSpectralGainLimit) return "";
+  // As a double: the gain of a long or custom table may pass any integer
+  // type (or be infinite).
+  char shown[32];
+  std::snprintf(shown, sizeof(shown), gain < 1e15 ? "%.0f" : "%.3g", gain);
   return "spectral keeps its accuracy up to a total gain (the product of a over the "
          "iterations) of " +
          std::to_string(static_cast<int64_t>(kSpectralGainLimit)) + "; " + std::string(what) +
-         " gives " + std::to_string(static_cast<int64_t>(gain)) + ": use gram, standard or auto";
+         " gives " + shown + ": use gram, standard or auto";
 }
 
 // The same for `table` run `steps` iterations; the validators report it under

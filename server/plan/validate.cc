@@ -316,7 +316,8 @@ void CheckOptions(const PlanOptions& opt, Violations& v) {
                  NsFormUnavailable(algorithm, opt.device.empty() ? "cuda" : opt.device)) {
     v.Add("options.ns_algorithm", why);
   } else if (NsTable table; algorithm == NsAlgorithm::kSpectral &&
-                            ParseNsTable(opt.ns_coefficients, &table)) {
+                            ParseNsTable(opt.ns_coefficients, &table) && opt.ns_steps >= 0 &&
+                            opt.ns_steps <= kMaxNsSteps) {
     const std::string gain = SpectralGainProblem(opt.ns_steps == 0 ? 5 : opt.ns_steps, table);
     if (!gain.empty()) v.Add("options.ns_algorithm", gain);
   }
@@ -336,6 +337,37 @@ void CheckOptions(const PlanOptions& opt, Violations& v) {
   }
 }
 
+// An explicit spectral form on a Muon matrix past LAPACK's size limit
+// (kSpectralMaxShortSide; auto never picks it there): refused here, with the
+// first such matrix named, rather than at the first optimizer step.
+void CheckSpectralShapes(const PlanInput& in, std::vector<FieldViolation>& out) {
+  NsAlgorithm algorithm;
+  if (!ParseNsAlgorithm(in.options.ns_algorithm, &algorithm) ||
+      algorithm != NsAlgorithm::kSpectral) {
+    return;
+  }
+  int64_t too_large = 0;
+  std::string first;
+  for (size_t u = 0; u < in.model.units.size(); ++u) {
+    const std::vector<ParamSpec>& params = in.model.units[u].params;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i].optimizer != "muon") continue;
+      const MatrixView mv = AsMatrix(params[i]);
+      if (std::min(mv.rows, mv.cols) <= kSpectralMaxShortSide) continue;
+      if (too_large++ == 0) {
+        first = absl::StrCat(ParamPath{u, i}(), " (", Quote(params[i].name), ") is ", mv.rows,
+                             " x ", mv.cols);
+      }
+    }
+  }
+  if (too_large == 0) return;
+  out.push_back({"options.ns_algorithm",
+                 absl::StrCat("spectral takes matrices whose short side is at most ",
+                              kSpectralMaxShortSide, " (LAPACK's work size); ", first,
+                              too_large > 1 ? absl::StrCat(" (and ", too_large - 1, " more)") : "",
+                              ": use gram, standard or auto")});
+}
+
 }  // namespace
 
 std::vector<FieldViolation> Validate(const PlanInput& in) {
@@ -344,6 +376,7 @@ std::vector<FieldViolation> Validate(const PlanInput& in) {
   CheckOptions(in.options, v);
   CheckModel(in.model, ep >= 1 ? ep : 0, v);
   std::vector<FieldViolation> out = v.Take();
+  if (out.empty()) CheckSpectralShapes(in, out);
   if (out.empty()) CheckCopies(in, out);
   return out;
 }

@@ -25,7 +25,7 @@ inline constexpr int64_t kMaxModelElements = int64_t{1} << 50;      // ~1.1e15 p
 // kMaxQuotedBytes of a name, so that a huge name is never echoed back.
 inline constexpr int64_t kMaxNameLength = 1024;
 inline constexpr int64_t kMaxQuotedBytes = 64;
-inline constexpr int64_t kMaxNsSteps = 100;
+// kMaxNsSteps: plan/ns_cost.h.
 // Matrices times domains in one plan (DDP on a huge world repeats every
 // matrix in every rank's own domain).
 inline constexpr int64_t kMaxPlanMatrixEntries = 20'000'000;

@@ -252,6 +252,38 @@ TEST(NsCostTest, SpectralStopsAtItsGainLimit) {
   ASSERT_EQ(v.size(), 1u);
   EXPECT_EQ(v[0].field, "options.ns_algorithm");
   EXPECT_NE(v[0].description.find("gives 235105"), std::string::npos) << v[0].description;
+  // 40 iterations: a gain past any integer type, shown as what it is.
+  in.options.ns_steps = 40;
+  const std::vector<FieldViolation> big = Validate(in);
+  ASSERT_EQ(big.size(), 1u);
+  EXPECT_NE(big[0].description.find("gives 3.06e+21"), std::string::npos)
+      << big[0].description;
+  // Steps out of range are reported as such, and the gain (a loop over the
+  // steps) is not computed for them.
+  in.options.ns_steps = int64_t{1} << 40;
+  const std::vector<FieldViolation> huge = Validate(in);
+  ASSERT_EQ(huge.size(), 1u);
+  EXPECT_EQ(huge[0].field, "options.ns_steps");
+}
+
+// An explicit spectral form on a matrix past LAPACK's size limit is refused
+// by the planner, naming the first such matrix; one at the limit passes.
+TEST(NsCostTest, SpectralPastItsShortSideIsRefusedByThePlanner) {
+  PlanInput in = SmallInput("cpu", "spectral");
+  in.model.units[0].params.push_back({"at_limit", {kSpectralMaxShortSide, 65536}, "muon", false});
+  EXPECT_TRUE(Validate(in).empty());
+  in.model.units[0].params.push_back(
+      {"past", {kSpectralMaxShortSide + 1, kSpectralMaxShortSide + 1}, "muon", false});
+  in.model.units[0].params.push_back({"also", {40000, 40000}, "muon", false});
+  const std::vector<FieldViolation> v = Validate(in);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].field, "options.ns_algorithm");
+  EXPECT_NE(v[0].description.find("model.units[0].params[4] ('past') is 32767 x 32767 (and 1 "
+                                  "more)"),
+            std::string::npos)
+      << v[0].description;
+  in.options.ns_algorithm = "auto";  // auto takes another form there
+  EXPECT_TRUE(Validate(in).empty());
 }
 
 // The thread count prices the spectral form's eigensolver: on T >= 2

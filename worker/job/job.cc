@@ -32,7 +32,6 @@ constexpr double kAdamWLr = 1e-3;
 constexpr double kAdamWBeta1 = 0.9;
 constexpr double kAdamWBeta2 = 0.999;
 constexpr double kAdamWEps = 1e-8;
-constexpr int kMaxNsSteps = 100;
 
 using plan::Violations;
 
@@ -120,9 +119,9 @@ void CheckMuon(const v1::MuonConfig& m, Violations& v) {
   const size_t before = v.size();
   CheckNonNegative("optimizer.muon.lr", m.lr(), v);
   CheckBeta("optimizer.muon.momentum", m.momentum(), v);
-  if (m.ns_steps() < 0 || m.ns_steps() > kMaxNsSteps) {
+  if (m.ns_steps() < 0 || m.ns_steps() > plan::kMaxNsSteps) {
     v.Add("optimizer.muon.ns_steps",
-          absl::StrCat("must be in [1, ", kMaxNsSteps, "] (0 or unset: ", kNsSteps, "), got ",
+          absl::StrCat("must be in [1, ", plan::kMaxNsSteps, "] (0 or unset: ", kNsSteps, "), got ",
                        m.ns_steps()));
   }
   CheckNonNegative("optimizer.muon.weight_decay", m.weight_decay(), v);
@@ -141,7 +140,8 @@ void CheckMuon(const v1::MuonConfig& m, Violations& v) {
           absl::StrCat("unknown form ", plan::Quote(m.ns_algorithm()),
                        " (expected auto, standard, gram or spectral; unset: auto)"));
   } else if (plan::NsTable table; algorithm == plan::NsAlgorithm::kSpectral &&
-                                  plan::ParseNsTable(m.coefficients(), &table)) {
+                                  plan::ParseNsTable(m.coefficients(), &table) &&
+                                  m.ns_steps() >= 0 && m.ns_steps() <= plan::kMaxNsSteps) {
     const std::string why = plan::SpectralGainProblem(Or(m.ns_steps(), kNsSteps), table);
     if (!why.empty()) v.Add("optimizer.muon.ns_algorithm", why);
   }

@@ -15,9 +15,10 @@ bool Finite(const NsCoefficientSet& s) {
 }  // namespace
 
 absl::Status ValidateNsOptions(const NsOptions& options) {
-  if (options.steps < 1 || options.steps > 100) {
+  if (options.steps < 1 || options.steps > plan::kMaxNsSteps) {
     return absl::InvalidArgumentError("ns.steps: " + std::to_string(options.steps) +
-                                      " is outside [1, 100]");
+                                      " is outside [1, " + std::to_string(plan::kMaxNsSteps) +
+                                      "]");
   }
   if (!(options.eps > 0.0) || !std::isfinite(options.eps)) {
     return absl::InvalidArgumentError("ns.eps: must be positive and finite");
