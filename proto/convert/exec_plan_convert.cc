@@ -147,7 +147,11 @@ absl::StatusOr<plan::UnitLayout> LayoutFrom(const v1::ExecLayout& l, const std::
   return out;
 }
 
+// The matrices' forms are not on the wire: each is the one the runtime will
+// run for the plan's config (ChooseNsForm, as the planner chose it), which is
+// what the memory check must count.
 absl::StatusOr<plan::DomainPlan> DomainPlanFrom(const v1::ExecDomainPlan& d,
+                                                const plan::ResolvedConfig& config,
                                                 const std::string& field) {
   plan::DomainPlan out;
   absl::StatusOr<plan::MeshKind> mesh = EnumIn<plan::MeshKind>(d.mesh(), 2, field + ".mesh");
@@ -162,6 +166,8 @@ absl::StatusOr<plan::DomainPlan> DomainPlanFrom(const v1::ExecDomainPlan& d,
     m.expert = x.expert();
     m.rows = x.rows();
     m.cols = x.cols();
+    m.ns_form = plan::ChooseNsForm(config.ns_algorithm, m.rows, m.cols, config.ns_steps,
+                                   config.ns_table, config.threads_per_rank);
     m.cost_flops = x.cost_flops();
     m.min_cost = x.min_cost();
     const int h = x.holder_position_size();
@@ -336,10 +342,10 @@ absl::StatusOr<plan::Plan> PlanFromExec(const v1::ExecutionPlan& x) {
     }
     p.units.push_back(std::move(unit));
   }
-  absl::StatusOr<plan::DomainPlan> dense = DomainPlanFrom(x.dense(), "dense");
+  absl::StatusOr<plan::DomainPlan> dense = DomainPlanFrom(x.dense(), p.config, "dense");
   MUONMESH_RETURN_IF_ERROR(dense.status());
   p.dense = *std::move(dense);
-  absl::StatusOr<plan::DomainPlan> expert = DomainPlanFrom(x.expert(), "expert");
+  absl::StatusOr<plan::DomainPlan> expert = DomainPlanFrom(x.expert(), p.config, "expert");
   MUONMESH_RETURN_IF_ERROR(expert.status());
   p.expert = *std::move(expert);
   for (const v1::ExecDomain& d : x.domains()) {

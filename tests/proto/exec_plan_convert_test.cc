@@ -54,6 +54,7 @@ void ExpectSameDomainPlan(const plan::DomainPlan& a, const plan::DomainPlan& b) 
     EXPECT_EQ(x.expert, y.expert);
     EXPECT_EQ(x.rows, y.rows);
     EXPECT_EQ(x.cols, y.cols);
+    EXPECT_EQ(x.ns_form, y.ns_form);
     EXPECT_EQ(x.cost_flops, y.cost_flops);
     EXPECT_EQ(x.min_cost, y.min_cost);
     ASSERT_EQ(x.holders.size(), y.holders.size());
@@ -186,6 +187,13 @@ TEST(ExecPlanConvertTest, PlansOfRealModelsRoundTripFieldByField) {
     absl::StatusOr<plan::Plan> original = plan::ComputePlan(input);
     ASSERT_TRUE(original.ok()) << original.status();
     EXPECT_EQ(original->config.threads_per_rank, std::max<int64_t>(1, c.threads_per_rank));
+    // Every case has wide matrices, which auto does not leave to the
+    // standard form on the CPU: the forms are not all the default.
+    int64_t other_forms = 0;
+    for (const plan::MatrixPlan& m : original->dense.matrices) {
+      other_forms += m.ns_form != plan::NsAlgorithm::kStandard;
+    }
+    EXPECT_GT(other_forms, 0);
     const v1::ExecutionPlan exec = PlanToExec(*original);
     absl::StatusOr<plan::Plan> back = PlanFromExec(exec);
     ASSERT_TRUE(back.ok()) << back.status();
