@@ -631,5 +631,32 @@ TEST(NewtonSchulzTest, ReserveAvoidsGrowth) {
   EXPECT_EQ(ns.workspace_bytes(), spectral_bytes);
 }
 
+// What the memory estimate counts for a rank's matrices is what one object
+// really holds after running them: each buffer at its own largest size, the
+// spectral buffers from any spectral matrix on.
+TEST(NewtonSchulzTest, TheWorkspaceBoundIsWhatRunningTheShapesHolds) {
+  struct Shape {
+    int64_t rows, cols;
+    plan::NsAlgorithm form;
+  };
+  const Shape shapes[] = {{24, 200, kSpectral}, {96, 96, plan::NsAlgorithm::kStandard},
+                          {40, 80, kGram}, {160, 48, kSpectral}, {8, 16, kSpectral}};
+  NewtonSchulz ns;
+  NsWorkspaceBound bound;
+  size_t largest_single = 0;
+  uint64_t seed = 900;
+  for (const Shape& s : shapes) {
+    std::vector<float> x = Gaussian(s.rows * s.cols, seed++);
+    ASSERT_TRUE(ns.Run(x.data(), s.rows, s.cols, Quintic(5, s.form)).ok());
+    bound.Add(s.rows, s.cols, s.form);
+    EXPECT_EQ(ns.workspace_bytes(), bound.bytes()) << s.rows << "x" << s.cols;
+    largest_single =
+        std::max(largest_single, NewtonSchulz::WorkspaceBytes(s.rows, s.cols, s.form));
+  }
+  // The wide spectral matrix and the square one together hold more than
+  // either alone, which the largest single workspace missed.
+  EXPECT_GT(bound.bytes(), largest_single);
+}
+
 }  // namespace
 }  // namespace muonmesh::math

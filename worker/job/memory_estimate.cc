@@ -112,11 +112,14 @@ struct MeshMemory {
   double shards = 0;           // (k + 3) S summed over units
   double largest_gather = 0;   // max D S: one unit's gathered buffer
   std::vector<double> muon;    // per unit: 2 S + 3 * owned whole matrices
-  double largest_ns = 0;       // Newton-Schulz workspace of the largest owned matrix
 };
 
+// The rank's shards and Muon work on one mesh; the matrices it owns there
+// are added to `ns` (the rank's one Newton-Schulz workspace serves both
+// meshes).
 MeshMemory MeshPart(const plan::Plan& plan, const plan::MeshGeometry& g,
-                    const plan::DomainPlan& domain, bool dense, int32_t rank) {
+                    const plan::DomainPlan& domain, bool dense, int32_t rank,
+                    math::NsWorkspaceBound& ns) {
   MeshMemory out;
   out.muon.assign(plan.units.size(), 0.0);
   const int32_t position = g.PositionOf(rank);
@@ -127,9 +130,7 @@ MeshMemory MeshPart(const plan::Plan& plan, const plan::MeshGeometry& g,
     const double rows = static_cast<double>(m.rows);
     const double cols = static_cast<double>(m.cols);
     owned[m.unit] += rows * cols;
-    out.largest_ns = std::max(
-        out.largest_ns,
-        static_cast<double>(math::NewtonSchulz::WorkspaceBytes(m.rows, m.cols, m.ns_form)));
+    ns.Add(m.rows, m.cols, m.ns_form);
   }
   const double k = static_cast<double>(g.domain_size() / g.param_shards());
   for (size_t u = 0; u < plan.units.size(); ++u) {
@@ -225,15 +226,15 @@ MemoryEstimate EstimateRankMemory(const ResolvedJob& job, const plan::Plan& plan
   std::vector<MemoryItem> shards;
   std::vector<MemoryItem> step;
   if (job.device == "cpu") {
+    math::NsWorkspaceBound ns;
     MeshMemory total = MeshPart(plan, plan::MeshGeometry::Dense(plan.config), plan.dense,
-                                /*dense=*/true, rank);
+                                /*dense=*/true, rank, ns);
     if (plan.has_experts) {
       const MeshMemory e = MeshPart(plan, plan::MeshGeometry::Expert(plan.config), plan.expert,
-                                    /*dense=*/false, rank);
+                                    /*dense=*/false, rank, ns);
       total.shards += e.shards;
       total.largest_gather = std::max(total.largest_gather, e.largest_gather);
       for (size_t u = 0; u < total.muon.size(); ++u) total.muon[u] += e.muon[u];
-      total.largest_ns = std::max(total.largest_ns, e.largest_ns);
     }
     shards.push_back(
         {model, "this rank's shards: parameters, gradient, two optimizer states", total.shards});
@@ -242,7 +243,8 @@ MemoryEstimate EstimateRankMemory(const ResolvedJob& job, const plan::Plan& plan
             {"optimizer.muon_buffer_bytes",
              "Muon exchange and the whole matrices this rank orthogonalizes, per wave",
              MuonPhaseBytes(plan, job.muon_buffer_bytes, total.muon)},
-            {model, "Newton-Schulz workspace of the largest matrix", total.largest_ns}};
+            {model, "Newton-Schulz workspace of the matrices this rank orthogonalizes",
+             static_cast<double>(ns.bytes())}};
   }
   std::vector<MemoryItem> init;
   if (!job.init_safetensors.empty()) {

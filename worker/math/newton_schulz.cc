@@ -38,6 +38,8 @@ template <class T>
 bool AlignedArray<T>::Reserve(size_t count) {
   if (count <= capacity_) return true;
   if (count > SIZE_MAX / sizeof(T)) return false;
+  data_.reset();
+  capacity_ = 0;
   auto* p = static_cast<T*>(::operator new[](count * sizeof(T), kAlignment, std::nothrow));
   if (p == nullptr) return false;
   data_.reset(p);
@@ -178,16 +180,28 @@ absl::Status NewtonSchulz::Reserve(int64_t rows, int64_t cols, plan::NsAlgorithm
   return absl::OkStatus();
 }
 
-size_t NewtonSchulz::WorkspaceBytes(int64_t rows, int64_t cols, plan::NsAlgorithm form) {
-  const auto m = static_cast<size_t>(std::min(rows, cols));
-  const auto n = static_cast<size_t>(std::max(rows, cols));
-  size_t bytes = (2 * m * n + 4 * m * m) * sizeof(float);
-  if (form == plan::NsAlgorithm::kSpectral) {
-    const auto im = static_cast<int64_t>(m);
-    bytes += (m * m + static_cast<size_t>(SpectralWorkDoubles(im))) * sizeof(double) +
-             static_cast<size_t>(EigenWorkInts(im)) * sizeof(int);
+void NsWorkspaceBound::Add(int64_t rows, int64_t cols, plan::NsAlgorithm form) {
+  const int64_t m = std::min(rows, cols);
+  const auto um = static_cast<size_t>(m);
+  mn_ = std::max(mn_, um * static_cast<size_t>(std::max(rows, cols)));
+  mm_ = std::max(mm_, um * um);
+  if (form == plan::NsAlgorithm::kSpectral) spectral_m_ = std::max(spectral_m_, m);
+}
+
+size_t NsWorkspaceBound::bytes() const {
+  size_t bytes = (2 * mn_ + 4 * mm_) * sizeof(float);  // x0_, x1_; a_, b_, q_, c_
+  if (spectral_m_ > 0) {
+    const auto m = static_cast<size_t>(spectral_m_);
+    bytes += (m * m + static_cast<size_t>(SpectralWorkDoubles(spectral_m_))) * sizeof(double) +
+             static_cast<size_t>(EigenWorkInts(spectral_m_)) * sizeof(int);
   }
   return bytes;
+}
+
+size_t NewtonSchulz::WorkspaceBytes(int64_t rows, int64_t cols, plan::NsAlgorithm form) {
+  NsWorkspaceBound bound;
+  bound.Add(rows, cols, form);
+  return bound.bytes();
 }
 
 size_t NewtonSchulz::workspace_bytes() const {

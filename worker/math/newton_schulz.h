@@ -47,7 +47,8 @@ namespace internal {
 template <class T>
 class AlignedArray {
  public:
-  // False when the allocation failed (the old contents are then kept).
+  // False when the allocation failed. Growing frees the old array first
+  // (its contents are scratch), so that growth never holds both at once.
   bool Reserve(size_t count);
   T* data() { return data_.get(); }
   size_t capacity() const { return capacity_; }
@@ -64,6 +65,20 @@ using AlignedFloats = AlignedArray<float>;
 
 }  // namespace internal
 
+// The workspace one NewtonSchulz holds after running every shape added:
+// each of its buffers grows to the largest size any of them needed, so a
+// wide matrix and a square one together hold more than either alone.
+class NsWorkspaceBound {
+ public:
+  void Add(int64_t rows, int64_t cols, plan::NsAlgorithm form);
+  size_t bytes() const;
+
+ private:
+  size_t mn_ = 0;          // floats of each m x n buffer
+  size_t mm_ = 0;          // floats of each m x m buffer
+  int64_t spectral_m_ = 0;  // the largest short side run in the spectral form
+};
+
 class NewtonSchulz {
  public:
   NewtonSchulz() = default;
@@ -79,7 +94,8 @@ class NewtonSchulz {
   absl::Status Reserve(int64_t rows, int64_t cols,
                        plan::NsAlgorithm form = plan::NsAlgorithm::kStandard);
 
-  // The workspace Reserve(rows, cols, form) holds on a fresh object.
+  // The workspace Reserve(rows, cols, form) holds on a fresh object (for
+  // several shapes: NsWorkspaceBound).
   static size_t WorkspaceBytes(int64_t rows, int64_t cols, plan::NsAlgorithm form);
 
   // Orthogonalises the row-major rows x cols matrix x in place.
