@@ -359,10 +359,12 @@ TEST(NewtonSchulzGramTest, AutoFollowsTheThreadsItIsPricedFor) {
   EXPECT_DOUBLE_EQ(NsFlopsFor(options, 1024, 4096),
                    plan::GramNsFlops(1024, 4096, 5, plan::NsTable::kQuintic));
   const int before = SetBlasThreads(3);
-  EXPECT_EQ(BlasThreads(), 3);
-  EXPECT_EQ(SetBlasThreads(0), 3);  // clamped to one
+  const int limit = BlasThreads();  // below 3 only in a build for fewer threads
+  EXPECT_EQ(SetBlasThreads(0), limit);  // clamped to one
   EXPECT_EQ(BlasThreads(), 1);
   SetBlasThreads(before);
+  if (limit < 3) GTEST_SKIP() << "this OpenBLAS runs at most " << limit << " threads";
+  EXPECT_EQ(limit, 3);
 }
 
 TEST(NewtonSchulzTest, BatchedEqualsPerMatrixBitForBit) {

@@ -538,6 +538,9 @@ TEST(StandaloneTest, RanksRunTheJobsThreadsPerRank) {
   job.threads_per_rank = 3;
   const JobRun three = RunRanks(dir, WriteJob(dir, job), 2);
   ExpectAllOk(three);
+  if (three.ranks[0].out.find("threads: OpenBLAS runs ") != std::string::npos) {
+    GTEST_SKIP() << "this OpenBLAS runs fewer than 3 threads: " << three.ranks[0].out;
+  }
   EXPECT_THAT(three.ranks[0].out, HasSubstr("global batch 24, 3 threads a rank\n"));
   // Two ranks on this host at three threads each: a note where that is more
   // than its cores.

@@ -25,9 +25,10 @@
 // from a fresh X X^T as plan::GramStartsAt says), or its spectral
 // evaluation (the same X_T = q_T(X_0 X_0^T) X_0 through the eigenvalues of
 // X_0 X_0^T in fp64: LAPACK's dsyevd, which OpenBLAS carries); kAuto takes
-// the form with the fewest FLOPs (NsFormFor: wide matrices, beyond about
-// 1:1.43, go to the spectral form at 5 quintic iterations), which is what
-// the planner charges the owner. Same properties: deterministic, exact under
+// the form with the fewest FLOPs for NsOptions::threads (NsFormFor: at 5
+// quintic iterations on one thread, wide matrices beyond about 1:1.43 go to
+// the spectral form; on two, the Gram iteration keeps them up to about
+// 1:11), which is what the planner charges the owner. Same properties: deterministic, exact under
 // transposition, batched equal to per-matrix.
 
 #include <cstddef>
