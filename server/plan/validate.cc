@@ -433,11 +433,14 @@ ResolvedConfig ResolveUnchecked(const PlanInput& in) {
   // FLOPs one byte of owner traffic is worth: Newton-Schulz throughput over
   // link bandwidth. H200 (~500 TFLOP/s bf16 effective) over a 400 Gb/s NIC
   // (50 GB/s) is ~1e4; a CPU core with OpenBLAS (~50 GFLOP/s) over Gloo on
-  // loopback (~2 GB/s) is ~25.
+  // loopback (~2 GB/s) is ~25, and a rank of T threads computes about T
+  // times as fast (the products scale; ns_cost.h charges the spectral
+  // form's eigensolver for not scaling) over the same link: 25 T.
   if (opt.comm_flops_per_byte > 0) {
     cfg.comm_flops_per_byte = opt.comm_flops_per_byte;
   } else {
-    cfg.comm_flops_per_byte = opt.device == "cpu" ? 25.0 : 1.0e4;
+    cfg.comm_flops_per_byte =
+        opt.device == "cpu" ? 25.0 * static_cast<double>(cfg.threads_per_rank) : 1.0e4;
   }
   return cfg;
 }

@@ -249,6 +249,22 @@ TEST(ValidateTest, ZeroMeansUnsetEverywhere) {
   EXPECT_EQ(r->comm_flops_per_byte, 1e4);  // cuda, the default device
 }
 
+// On the CPU a byte of owner traffic is worth what a rank computes while it
+// moves: 25 FLOPs a thread, so four threads make it 100; an explicit rate
+// stays as given.
+TEST(ValidateTest, TheCpuExchangeRateFollowsTheThreads) {
+  PlanInput in = ValidInput();
+  in.options.device = "cpu";
+  for (int64_t threads : {0, 1, 4}) {
+    in.options.threads_per_rank = threads;
+    absl::StatusOr<ResolvedConfig> r = Resolve(in);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->comm_flops_per_byte, threads == 4 ? 100.0 : 25.0) << threads;
+  }
+  in.options.comm_flops_per_byte = 7;
+  EXPECT_EQ(Resolve(in)->comm_flops_per_byte, 7);
+}
+
 TEST(ValidateTest, DefaultsResolveToZero3WithLpt) {
   absl::StatusOr<ResolvedConfig> r = Resolve(ValidInput());
   ASSERT_TRUE(r.ok()) << r.status();
