@@ -368,7 +368,7 @@ std::vector<BrokenJob> BrokenJobs() {
          j.mutable_optimizer()->mutable_muon()->set_coefficients("polar_express");
          j.mutable_optimizer()->mutable_muon()->set_ns_steps(7);
        },
-       "optimizer.muon.ns_algorithm", "polar_express with 7 iterations gives 3393"},
+       "optimizer.muon.ns_algorithm", "polar_express with 7 iterations gives 3394"},
       {"AdamWLrNegative", [](J& j) { j.mutable_optimizer()->mutable_adamw()->set_lr(-1); },
        "optimizer.adamw.lr", ">= 0"},
       {"AdamWBeta1One", [](J& j) { j.mutable_optimizer()->mutable_adamw()->set_beta1(1.0); },
