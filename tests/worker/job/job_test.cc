@@ -369,6 +369,13 @@ std::vector<BrokenJob> BrokenJobs() {
          j.mutable_optimizer()->mutable_muon()->set_ns_steps(7);
        },
        "optimizer.muon.ns_algorithm", "polar_express with 7 iterations gives 3394"},
+      // Only the steps: the gain (a loop over them) is not computed.
+      {"MuonSpectralStepsOutOfRange",
+       [](J& j) {
+         j.mutable_optimizer()->mutable_muon()->set_ns_algorithm("spectral");
+         j.mutable_optimizer()->mutable_muon()->set_ns_steps(2147483647);
+       },
+       "optimizer.muon.ns_steps", "got 2147483647"},
       {"AdamWLrNegative", [](J& j) { j.mutable_optimizer()->mutable_adamw()->set_lr(-1); },
        "optimizer.adamw.lr", ">= 0"},
       {"AdamWBeta1One", [](J& j) { j.mutable_optimizer()->mutable_adamw()->set_beta1(1.0); },
