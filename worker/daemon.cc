@@ -45,12 +45,23 @@ struct RankTask {
   std::thread thread;
 };
 
+// The largest assignment a worker takes: a job spec (the coordinator takes
+// requests up to 64 MiB) and its execution plan (the coordinator sends up to
+// 1 GiB). gRPC's default of 4 MiB broke the stream on a large plan.
+constexpr int kMaxAssignmentBytes = 1 << 30;
+
+grpc::ChannelArguments WorkerChannelArgs() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxAssignmentBytes);
+  return args;
+}
+
 class Daemon {
  public:
   Daemon(DaemonOptions options, const rpc::ChannelSecurity& security, LineSink log,
          std::unique_ptr<WorkerMetrics> metrics)
       : options_(std::move(options)), log_(std::move(log)), metrics_(std::move(metrics)) {
-    channel_ = rpc::CreateChannel(options_.coordinator, security);
+    channel_ = rpc::CreateChannel(options_.coordinator, security, WorkerChannelArgs());
     stub_ = v1::Fleet::NewStub(channel_);
   }
 
@@ -132,6 +143,7 @@ void Daemon::Heartbeats() {
          slept += absl::Milliseconds(50)) {
       absl::SleepFor(absl::Milliseconds(50));
     }
+    if (lease.empty()) continue;  // between leases (Run registers again)
     v1::HeartbeatRequest request;
     request.set_worker_id(options_.worker_id);
     request.set_lease_id(lease);
@@ -336,7 +348,15 @@ absl::Status Daemon::Run() {
     if (Stopping(options_)) break;
     log_(absl::StrCat("assignment stream ended (", s.message(), "); registering again"));
     if (task_ != nullptr) task_->stop = true;  // our lease is gone: so is our rank
-    JoinRank();
+    JoinRank();  // its end reported under the old lease, if that still lives
+    // Stop renewing the old lease: while it lives the coordinator refuses a
+    // new registration under this id, so a stream that broke with the lease
+    // still live (a network blip, a proxy's GOAWAY) would otherwise keep
+    // this worker out for good. It expires within the lease's TTL.
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      lease_id_.clear();
+    }
     if (absl::Status r = Register(); !r.ok()) {
       result = Stopping(options_) ? absl::OkStatus() : r;
       break;
