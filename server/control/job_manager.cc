@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/convert/exec_plan_convert.h"
+#include "plan/plan_size.h"
 #include "plan/planner.h"
 #include "plan/validate.h"
 #include "plan/waves.h"
@@ -168,6 +169,16 @@ absl::StatusOr<JobStore::Submitted> JobManager::Submit(
       violations->push_back({"model", std::string(input.status().message())});
     } else {
       for (plan::FieldViolation& v : plan::Validate(*input)) violations->push_back(std::move(v));
+    }
+    // The planner's own size limits, as PlanLayout applies them: a job that
+    // passes Validate may still need more memory to plan than the
+    // coordinator allows (it plans each attempt while scheduling).
+    if (violations->empty()) {
+      absl::StatusOr<plan::PlanSize> size = plan::EstimatePlanSize(*input);
+      MUONMESH_RETURN_IF_ERROR(size.status());
+      for (plan::FieldViolation& v : plan::PlanSizeViolations(*size)) {
+        violations->push_back(std::move(v));
+      }
     }
   }
   if (!violations->empty()) {

@@ -273,6 +273,28 @@ TEST_F(ControlPlaneTest, InvalidJobsGetEveryViolationAndCreateNothing) {
   EXPECT_EQ(jobs_->GetJob(&c2, unknown, &nothing).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
+// A job that passes every field check but would take the planner more than
+// its memory limit (plan_size_test's thousand [2^20, 2^20] layers on 16384
+// ranks) is refused at submit, as PlanLayout refuses it, and nothing is
+// created: the coordinator plans each attempt itself while scheduling.
+TEST_F(ControlPlaneTest, AJobTooBigToPlanIsRefusedAtSubmit) {
+  std::string units;
+  for (int u = 0; u < 1000; ++u) {
+    absl::StrAppend(&units, u == 0 ? "" : ", ", "{name: u", u, ", params: [{name: u", u,
+                    ".w, shape: [1048576, 1048576], optimizer: muon}]}");
+  }
+  const v1::JobSpec spec = Spec(absl::StrCat(
+      "name: huge\nworld_size: 16384\nmodel: {synthetic: {model: {name: huge, units: [", units,
+      "]}}}\ntraining: {steps: 1, global_batch_size: 16384}\noutput: {dir: ", dir_, "/huge}\n"));
+  absl::StatusOr<v1::Job> job = Submit(spec);
+  ASSERT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << job.status();
+  EXPECT_THAT(std::string(job.status().message()), HasSubstr("planning would take about"));
+  v1::ListJobsResponse list;
+  grpc::ClientContext context;
+  ASSERT_TRUE(jobs_->ListJobs(&context, {}, &list).ok());
+  EXPECT_EQ(list.jobs_size(), 0);
+}
+
 // The coordinator's own allowed folders: a job file naming a path outside
 // them is refused at submit, naming the field, and nothing is created.
 class AllowedDirsTest : public ControlPlaneTest {
