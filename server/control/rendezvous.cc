@@ -125,7 +125,10 @@ absl::StatusOr<int64_t> Rendezvous::Add(const RendezvousScope& scope, const std:
     return absl::FailedPreconditionError(
         absl::StrCat("store: key '", Short(key), "' does not hold a counter"));
   }
-  value += delta;
+  if (__builtin_add_overflow(value, delta, &value)) {
+    return absl::OutOfRangeError(
+        absl::StrCat("store: adding ", delta, " to counter '", Short(key), "' overflows"));
+  }
   const std::string text = absl::StrCat(value);
   if (it == space.end()) {
     if (total_bytes_ + key.size() + text.size() > kMaxTotalBytes) {

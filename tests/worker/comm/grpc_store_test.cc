@@ -5,6 +5,7 @@
 
 #include "worker/comm/grpc_store.h"
 
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -71,6 +72,18 @@ TEST_F(GrpcStoreTest, KeysAreWriteOnceAndWaitsAreBounded) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(store.Set("big", std::string(coordinator::kMaxValueBytes + 1, 'v')).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A counter past int64's range is refused, not wrapped, and keeps its value.
+TEST_F(GrpcStoreTest, ACounterThatWouldOverflowIsRefused) {
+  const coordinator::RendezvousScope scope{"j-1", 0};
+  const int64_t top = std::numeric_limits<int64_t>::max();
+  ASSERT_EQ(rendezvous_.Add(scope, "c", top).value_or(0), top);
+  const absl::StatusOr<int64_t> over = rendezvous_.Add(scope, "c", 1);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(over.status().message().find("overflows"), std::string::npos);
+  EXPECT_EQ(rendezvous_.Add(scope, "c", 0).value_or(0), top);
+  EXPECT_EQ(rendezvous_.Add(scope, "c", -top).value_or(-1), 0);
 }
 
 TEST_F(GrpcStoreTest, AGetWaitsForALaterSet) {
