@@ -12,18 +12,81 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "plan/mesh.h"
+#include "plan/validate.h"
+#include "plan/waves.h"
 #include "proto/support/status_macros.h"
 #include "worker/checkpoints.h"
 #include "worker/io/safetensors.h"
 #include "worker/job/memory_budget.h"
 #include "worker/job/memory_estimate.h"
 #include "worker/math/blas_threads.h"
+#include "worker/math/ns_coefficients.h"
 #include "worker/runtime/muon_schedule.h"
 #include "worker/step_log.h"
 #include "worker/workload_factory.h"
 
 namespace muonmesh::worker {
+
+plan::PlanInput PlanInputFor(const ResolvedJob& job) {
+  plan::PlanInput input;
+  input.world_size = job.world_size;
+  input.parallelism = job.parallelism;
+  input.options.owner_assignment = job.owner_assignment;
+  input.options.muon_replica_split = job.muon_replica_split;
+  input.options.ns_steps = job.muon.ns.steps;
+  input.options.ns_algorithm = plan::NsAlgorithmName(job.muon.ns.algorithm);
+  // A job file names its table (job.cc), so it always has a name here.
+  input.options.ns_coefficients = plan::NsTableName(
+      math::NsTableOf(job.muon.ns.coefficients).value_or(plan::NsTable::kQuintic));
+  input.options.device = job.device;
+  input.options.threads_per_rank = job.threads_per_rank;
+  // The waves the trainer will cut (it overlaps two on the CPU).
+  input.options.muon_wave_budget_bytes = plan::JobWaveBudget(job.muon_buffer_bytes, job.device);
+  return input;
+}
+
 namespace {
+
+// A plan from elsewhere (the coordinator's) must be one made for this job:
+// the runtime indexes and divides by its geometry. Its config against the
+// job's own settings (the job is validated), its domains against the
+// geometry that config gives. The thread count is SetRankThreads's check.
+absl::Status CheckPlanFitsJob(const ResolvedJob& job, const plan::Plan& plan) {
+  const plan::ResolvedConfig want = plan::internal::ResolveUnchecked(PlanInputFor(job));
+  const plan::ResolvedConfig& got = plan.config;
+  std::vector<std::string> wrong;
+  auto compare = [&](const char* what, int64_t planned, int64_t expected) {
+    if (planned != expected) {
+      wrong.push_back(absl::StrCat(what, " ", planned, " (the job's: ", expected, ")"));
+    }
+  };
+  compare("world_size", got.world_size, want.world_size);
+  compare("optimizer instances", got.instances, want.instances);
+  compare("expert parallel size", got.ep, want.ep);
+  compare("inner strategy", static_cast<int64_t>(got.inner), static_cast<int64_t>(want.inner));
+  compare("outer strategy", static_cast<int64_t>(got.outer), static_cast<int64_t>(want.outer));
+  compare("ns_steps", got.ns_steps, want.ns_steps);
+  compare("ns_algorithm", static_cast<int64_t>(got.ns_algorithm),
+          static_cast<int64_t>(want.ns_algorithm));
+  compare("ns table", static_cast<int64_t>(got.ns_table), static_cast<int64_t>(want.ns_table));
+  if (wrong.empty()) {
+    compare("dense domain size", plan.dense.size,
+            plan::MeshGeometry::Dense(got).domain_size());
+    if (plan.dense.replicas != 1 && plan.dense.replicas != got.instances) {
+      wrong.push_back(absl::StrCat("dense replicas ", plan.dense.replicas, " (1 or the ",
+                                   got.instances, " optimizer instances)"));
+    }
+    if (plan.has_experts) {
+      compare("expert domain size", plan.expert.size,
+              plan::MeshGeometry::Expert(got).domain_size());
+    }
+  }
+  if (wrong.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("the plan was not made for this job: ",
+                                                 absl::StrJoin(wrong, "; ")));
+}
 
 std::string Ms(absl::Duration d) { return absl::StrFormat("%.1f", absl::ToDoubleMilliseconds(d)); }
 
@@ -320,6 +383,7 @@ absl::Status RunRank(const ResolvedJob& job, const plan::Plan& plan,
   const LineSink out = hooks.out ? hooks.out : [](const std::string&) {};
   RankHooks h = hooks;
   h.out = out;
+  MUONMESH_RETURN_IF_ERROR(CheckPlanFitsJob(job, plan));
   absl::StatusOr<double> estimated_peak = CheckMemory(options, job, plan);
   MUONMESH_RETURN_IF_ERROR(estimated_peak.status());
   MUONMESH_RETURN_IF_ERROR(SetRankThreads(options, job, plan, out));

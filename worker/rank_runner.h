@@ -63,6 +63,10 @@ struct RankHooks {
 // here. Errors: ResourceExhausted from the memory check, InvalidArgument for
 // bad data or a plan that does not fit the workload, Unavailable /
 // DeadlineExceeded for lost or late peers, the hooks' own statuses.
+// The planner's input for `job` without its model: world size,
+// parallelism and options as the job file sets them.
+plan::PlanInput PlanInputFor(const ResolvedJob& job);
+
 absl::Status RunRank(const ResolvedJob& job, const plan::Plan& plan,
                      std::unique_ptr<Workload> workload, comm::Store& store,
                      const RankOptions& options, const RankHooks& hooks);

@@ -8,7 +8,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "plan/planner.h"
-#include "plan/waves.h"
 #include "proto/support/status_macros.h"
 #include "worker/comm/file_store.h"
 #include "worker/job/job.h"
@@ -33,21 +32,8 @@ absl::Status DescribeJob(const std::string& job_path, const LineSink& out) {
 absl::StatusOr<plan::Plan> PlanJob(const ResolvedJob& job, plan::ModelSpec spec) {
   absl::StatusOr<plan::ModelSpec> model = ApplyOptimizerRules(std::move(spec), job.optimizer_rules);
   MUONMESH_RETURN_IF_ERROR(model.status());
-  plan::PlanInput input;
+  plan::PlanInput input = PlanInputFor(job);
   input.model = *std::move(model);
-  input.world_size = job.world_size;
-  input.parallelism = job.parallelism;
-  input.options.owner_assignment = job.owner_assignment;
-  input.options.muon_replica_split = job.muon_replica_split;
-  input.options.ns_steps = job.muon.ns.steps;
-  input.options.ns_algorithm = plan::NsAlgorithmName(job.muon.ns.algorithm);
-  // A job file names its table (job.cc), so it always has a name here.
-  input.options.ns_coefficients = plan::NsTableName(
-      math::NsTableOf(job.muon.ns.coefficients).value_or(plan::NsTable::kQuintic));
-  input.options.device = job.device;
-  input.options.threads_per_rank = job.threads_per_rank;
-  // The waves the trainer will cut (it overlaps two on the CPU).
-  input.options.muon_wave_budget_bytes = plan::JobWaveBudget(job.muon_buffer_bytes, job.device);
   absl::StatusOr<plan::Plan> plan = plan::ComputePlan(input);
   MUONMESH_RETURN_IF_ERROR(plan.status(), "the planner rejects the job");
   return plan;

@@ -233,6 +233,11 @@ absl::StatusOr<plan::ResolvedConfig> ConfigFrom(const v1::ExecConfig& c) {
                                                    c.threads_per_rank()));
   }
   out.threads_per_rank = std::max(1, c.threads_per_rank());
+  // The forms are chosen from it below (a loop over the steps).
+  if (c.ns_steps() < 1 || c.ns_steps() > plan::kMaxNsSteps) {
+    return absl::InvalidArgumentError(absl::StrCat("config.ns_steps: must be in [1, ",
+                                                   plan::kMaxNsSteps, "], got ", c.ns_steps()));
+  }
   out.inner = *inner;
   out.outer = *outer;
   out.owner_rule = *rule;

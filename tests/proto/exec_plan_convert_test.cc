@@ -248,6 +248,10 @@ TEST(ExecPlanConvertTest, DamagedPlansAreRefusedNamingTheField) {
   ASSERT_TRUE(PlanFromExec(bad).ok());
   EXPECT_EQ(PlanFromExec(bad)->config.threads_per_rank, 1);
   bad = good;
+  bad.mutable_config()->set_ns_steps(1 << 30);  // refused before the forms loop over them
+  EXPECT_THAT(std::string(PlanFromExec(bad).status().message()),
+              HasSubstr("config.ns_steps: must be in [1, 100], got 1073741824"));
+  bad = good;
   bad.mutable_dense()->mutable_matrices(0)->add_holder_row_start(1);
   EXPECT_THAT(std::string(PlanFromExec(bad).status().message()),
               HasSubstr("dense.matrices[0]: holder arrays"));

@@ -1,8 +1,9 @@
 // RunRank in-process, on a plan that did not come from its job (as a
-// coordinator of another version could send one): a plan priced for another
-// thread count than the job's training.threads_per_rank is refused, naming
-// both, before OpenBLAS's thread count or any output changes; the job's own
-// plan runs on the job's threads.
+// coordinator of another version, or a forged one, could send): a plan for
+// another geometry, or priced for another thread count than the job's
+// training.threads_per_rank, is refused naming what differs, before
+// OpenBLAS's thread count or any output changes; the job's own plan runs on
+// the job's threads.
 
 #include "worker/rank_runner.h"
 
@@ -85,6 +86,29 @@ TEST_F(RankRunnerTest, APlanPricedForOtherThreadsIsRefusedBeforeAnythingChanges)
   EXPECT_EQ(math::BlasThreads(), 1);
   EXPECT_FALSE(fs::exists(dir_ + "/out"));
   EXPECT_TRUE(lines_.empty());
+}
+
+// A plan made for another job's geometry (another world size, a domain of
+// another size) is refused naming what differs, before anything is sized
+// by it.
+TEST_F(RankRunnerTest, APlanForAnotherGeometryIsRefused) {
+  const ResolvedJob job = Job(1);
+  plan::Plan plan = PlanOf(job);
+  plan::Plan other = plan;
+  other.config.world_size = 2;
+  absl::Status st = Run(job, other, "store");
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(st.message(), HasSubstr("the plan was not made for this job: world_size 2 (the "
+                                      "job's: 1)"));
+  other = plan;
+  other.dense.size = 0;
+  st = Run(job, other, "store");
+  EXPECT_THAT(st.message(), HasSubstr("dense domain size 0 (the job's: 1)"));
+  other = plan;
+  other.config.ns_steps = 7;
+  st = Run(job, other, "store");
+  EXPECT_THAT(st.message(), HasSubstr("ns_steps 7 (the job's: 5)"));
+  EXPECT_FALSE(fs::exists(dir_ + "/out"));
 }
 
 TEST_F(RankRunnerTest, TheJobsOwnPlanRunsOnTheJobsThreads) {
