@@ -17,6 +17,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The largest answer taken: a job carries its spec (the coordinator takes
+// specs up to 64 MiB) and a page of jobs several; the coordinator sends up
+// to 1 GiB. gRPC's default of 4 MiB failed GetJob on a large inline model.
+constexpr int kMaxReceiveBytes = 1 << 30;
+
 void SetDeadline(grpc::ClientContext& c, absl::Duration d) {
   c.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d));
 }
@@ -31,7 +36,9 @@ std::string Absolute(const fs::path& base, const std::string& path) {
 
 CoordinatorClient::CoordinatorClient(std::string address, CoordinatorClientOptions options)
     : address_(std::move(address)), options_(options) {
-  auto channel = rpc::CreateChannel(address_, options_.security);
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxReceiveBytes);
+  auto channel = rpc::CreateChannel(address_, options_.security, args);
   jobs_ = v1::Jobs::NewStub(channel);
   fleet_ = v1::Fleet::NewStub(channel);
 }

@@ -177,6 +177,31 @@ TEST_F(ServiceTest, ServedJobsEndWithTheStandaloneLaunchersExactWeights) {
   }
 }
 
+// An assignment past gRPC's default 4 MiB (a synthetic model of 5000 layers
+// with long names, which its spec and its plan both carry: about 14 MB)
+// reaches the worker and the job runs; the client reads the job back. The
+// worker's stream used to break on it, and the worker then stayed out.
+TEST_F(ServiceTest, AnAssignmentPastFourMiBRuns) {
+  StartWorker("w0");
+  const std::string pad(900, 'x');
+  {
+    std::ofstream spec(dir_ + "/big.json");
+    spec << R"({"name": "big", "units": [)";
+    for (int u = 0; u < 5000; ++u) {
+      spec << (u == 0 ? "" : ",") << R"({"name": "u)" << u << pad << R"(", "params": [{"name": "w)"
+           << u << pad << R"(", "shape": [4, 4], "optimizer": "muon"}]})";
+    }
+    spec << "]}";
+  }
+  const std::string file = dir_ + "/big.yaml";
+  std::ofstream(file) << "name: big\nworld_size: 1\nmodel: {synthetic: {spec: " << dir_
+                      << "/big.json}}\ntraining: {steps: 2, global_batch_size: 1}\n"
+                      << "output: {dir: " << dir_ << "/big-out}\n";
+  const v1::Job job = SubmitAndWatch(file);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << Logs();
+  EXPECT_GT(job.spec().ByteSizeLong(), size_t{4} << 20);
+}
+
 TEST_F(ServiceTest, AKilledWorkerRestartsTheJobFromItsCheckpoint) {
   for (int i = 0; i < 3; ++i) StartWorker(absl::StrCat("w", i));
   JobText j{"restart", 2};
