@@ -76,6 +76,11 @@ grpc::Status JobsService::WatchJob(grpc::ServerContext* context,
       if (e.has_state_change() && IsFinal(e.state_change().state())) return grpc::Status::OK;
     }
     if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "client left");
+    // Watching an ended job from past its last event: nothing will come.
+    if (events->empty()) {
+      absl::StatusOr<v1::Job> job = store_.Get(request->job_id());
+      if (job.ok() && IsFinal(job->state())) return grpc::Status::OK;
+    }
   }
 }
 

@@ -202,6 +202,20 @@ TEST_F(ControlPlaneTest, AJobRunsToTheStandaloneLaunchersExactWeights) {
   const std::vector<v1::JobEvent> tail = Watch(job->id(), 4);
   ASSERT_EQ(tail.size(), events.size() - 3);
   EXPECT_EQ(tail.front().index(), 4);
+  // From past its end, the watch of the ended job ends by itself, empty (it
+  // used to run into the client's deadline).
+  {
+    v1::WatchJobRequest request;
+    request.set_job_id(job->id());
+    request.set_from_index(events.back().index() + 10);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    auto reader = jobs_->WatchJob(&context, request);
+    v1::JobEvent e;
+    EXPECT_FALSE(reader->Read(&e));
+    const grpc::Status end = reader->Finish();
+    EXPECT_TRUE(end.ok()) << end.error_code() << ": " << end.error_message();
+  }
 
   // The same job through the standalone launcher, two ranks on threads.
   const std::string alone = Fresh("standalone_twin");
