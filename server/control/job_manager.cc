@@ -345,7 +345,16 @@ void JobManager::FailRank(const std::string& job_id, Attempt& a, int32_t rank,
                           const std::string& why) {
   a.outcome[rank] = kFailed;
   if (!a.failure.empty()) return;
-  a.failure = absl::StrCat("rank ", rank, " (worker ", a.workers[rank], "): ", why);
+  // A worker's message is kept as a reason, not as a payload: it is copied
+  // into every other rank's stop and into the job's state.
+  constexpr size_t kMaxReasonBytes = 4096;
+  size_t cut = std::min(why.size(), kMaxReasonBytes);
+  // Back to the start of a UTF-8 sequence: proto strings must stay valid.
+  while (cut > 0 && cut < why.size() && (static_cast<unsigned char>(why[cut]) & 0xC0) == 0x80) {
+    --cut;
+  }
+  a.failure = absl::StrCat("rank ", rank, " (worker ", a.workers[rank], "): ", why.substr(0, cut),
+                           cut < why.size() ? " [cut]" : "");
   a.failed_at = clock_.Now();
   // The others cannot go on without it: tell them to stop (they end at their
   // next step report, or when a collective with the lost rank times out).

@@ -12,10 +12,12 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -77,7 +79,9 @@ class CoordinatorMetricsTest : public ::testing::Test {
     info.set_address("127.0.0.1");
     info.set_memory_bytes(int64_t{1} << 30);
     info.set_version("test");
-    ASSERT_TRUE(fleet_->Register(info).ok());
+    absl::StatusOr<Fleet::Lease> lease = fleet_->Register(info);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    leases_[id] = lease->lease_id;
     manager_->Schedule();
   }
 
@@ -105,14 +109,14 @@ class CoordinatorMetricsTest : public ::testing::Test {
   }
 
   void EndRank(const std::string& worker, const std::string& job, int32_t attempt, int32_t rank,
-               v1::AttemptOutcome outcome) {
+               v1::AttemptOutcome outcome, const std::string& message = "test") {
     v1::ReportAttemptRequest end;
     end.set_worker_id(worker);
     end.set_job_id(job);
     end.set_attempt(attempt);
     end.set_rank(rank);
     end.set_outcome(outcome);
-    end.set_message("test");
+    end.set_message(message);
     ASSERT_TRUE(manager_->OnAttemptEnd(worker, end).ok());
   }
 
@@ -138,6 +142,7 @@ class CoordinatorMetricsTest : public ::testing::Test {
   }
 
   FakeClock clock_;
+  std::map<std::string, std::string> leases_;  // worker -> its lease id
   Rendezvous rendezvous_;
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<Fleet> fleet_;
@@ -207,6 +212,37 @@ TEST_F(CoordinatorMetricsTest, ARestartedJobIsPlannedAgainAndAFailedOneDropped) 
   EndRank("w0", job, 1, 0, v1::ATTEMPT_OUTCOME_FAILED);
   ASSERT_EQ(State(job), v1::JOB_STATE_FAILED);
   EXPECT_THAT(Planned(), UnorderedElementsAre());
+}
+
+// A rank's failure message becomes the other ranks' stop reason and the
+// job's: cut to 4 KiB, at the start of a UTF-8 sequence ("a" and 3000
+// two-byte characters: byte 4096 is the second byte of one, so the cut
+// comes one byte earlier).
+TEST_F(CoordinatorMetricsTest, AFailureMessageIsCutToAReason) {
+  AddWorker("w0");
+  AddWorker("w1");
+  const std::string job = Submit("cut", 2, "6, 16, 3");
+  ASSERT_EQ(State(job), v1::JOB_STATE_RUNNING);
+  const v1::Job running = *store_->Get(job);
+  ASSERT_EQ(running.worker_ids_size(), 2);
+  std::string message = "a";
+  for (int i = 0; i < 3000; ++i) message += "\xc3\xa9";
+  EndRank(running.worker_ids(0), job, 0, 0, v1::ATTEMPT_OUTCOME_FAILED, message);
+  const std::string other = running.worker_ids(1);
+  std::string reason;
+  for (int i = 0; i < 3 && reason.empty(); ++i) {
+    absl::StatusOr<std::optional<v1::Assignment>> a =
+        fleet_->Next(other, leases_[other], absl::ZeroDuration(), [] { return false; });
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(a->has_value());
+    if ((*a)->has_stop()) reason = (*a)->stop().reason();
+  }
+  const std::string prefix = absl::StrCat("rank 0 (worker ", running.worker_ids(0), "): ");
+  ASSERT_TRUE(absl::StartsWith(reason, prefix)) << reason.substr(0, 80);
+  ASSERT_TRUE(absl::EndsWith(reason, " [cut]"));
+  const size_t kept = reason.size() - prefix.size() - 6;
+  EXPECT_EQ(kept, 4095u);
+  EXPECT_EQ(reason.substr(prefix.size(), kept), message.substr(0, kept));
 }
 
 // Every rank's record of `step` of the job's attempt.
