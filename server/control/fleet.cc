@@ -65,7 +65,11 @@ absl::StatusOr<Fleet::Lease> Fleet::Register(const v1::WorkerInfo& info) {
   Entry& e = workers_[id];
   e = Entry();
   e.info = info;
-  e.lease_id = absl::StrCat("lease-", next_lease_++);
+  // Not guessable: a lease id is what lets a caller with the worker role
+  // act for that worker (fail its rank, take its assignments) when ids do
+  // not come from certificates. 128 random bits, and a serial for logs.
+  e.lease_id = absl::StrCat("lease-", next_lease_++, "-");
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&e.lease_id, absl::Hex(random_(), absl::kZeroPad8));
   e.order = next_order_++;
   e.registered = e.last_heartbeat = clock_.Now();
   changed_.notify_all();

@@ -20,6 +20,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -124,6 +125,7 @@ class Fleet {
   std::vector<Lost> lost_on_register_;
   int64_t next_order_ = 0;
   int64_t next_lease_ = 1;
+  std::random_device random_;  // the OS's generator (getrandom on Linux)
   bool shutdown_ = false;
 };
 

@@ -61,6 +61,10 @@ TEST_F(FleetTest, RegistrationIsCheckedAndUniqueWhileItsLeaseLives) {
   auto second = fleet_.Register(Info("node1/cpu:0"));
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_NE(second->lease_id, first->lease_id);
+  // A serial and 128 random bits: no two alike, none derived from the last.
+  EXPECT_EQ(first->lease_id.size(), second->lease_id.size());
+  EXPECT_NE(first->lease_id.substr(first->lease_id.size() - 32),
+            second->lease_id.substr(second->lease_id.size() - 32));
   EXPECT_EQ(fleet_.Heartbeat("node1/cpu:0", first->lease_id).code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(fleet_.Heartbeat("node1/cpu:0", second->lease_id).ok());
