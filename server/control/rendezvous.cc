@@ -38,20 +38,23 @@ absl::Status Rendezvous::Set(const RendezvousScope& scope, const std::string& ke
                                                    kMaxValueBytes));
   }
   std::lock_guard<std::mutex> lock(mu_);
-  auto& space = keys_[scope];
-  if (auto it = space.find(key); it != space.end()) {
-    if (it->second == value) return absl::OkStatus();
-    return absl::AlreadyExistsError(
-        absl::StrCat("store: key '", Short(key), "' is already set to another value"));
+  auto found = keys_.find(scope);
+  if (found != keys_.end()) {
+    if (auto it = found->second.find(key); it != found->second.end()) {
+      if (it->second == value) return absl::OkStatus();
+      return absl::AlreadyExistsError(
+          absl::StrCat("store: key '", Short(key), "' is already set to another value"));
+    }
   }
-  const size_t bytes = key.size() + value.size();
+  const size_t bytes = key.size() + value.size() + kEntryOverheadBytes +
+                       (found == keys_.end() ? kScopeOverheadBytes : 0);
   if (total_bytes_ + bytes > kMaxTotalBytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "store: the coordinator holds ", total_bytes_, " bytes of keys, its limit is ",
         kMaxTotalBytes));
   }
   total_bytes_ += bytes;
-  space.emplace(key, std::move(value));
+  keys_[scope].emplace(key, std::move(value));
   changed_.notify_all();
   return absl::OkStatus();
 }
@@ -118,10 +121,11 @@ absl::StatusOr<int64_t> Rendezvous::Add(const RendezvousScope& scope, const std:
                                         int64_t delta) {
   MUONMESH_RETURN_IF_ERROR(CheckKey(key));
   std::lock_guard<std::mutex> lock(mu_);
-  auto& space = keys_[scope];
+  auto found = keys_.find(scope);
   int64_t value = 0;
-  auto it = space.find(key);
-  if (it != space.end() && !absl::SimpleAtoi(it->second, &value)) {
+  std::map<std::string, std::string>::iterator it;
+  const bool exists = found != keys_.end() && (it = found->second.find(key)) != found->second.end();
+  if (exists && !absl::SimpleAtoi(it->second, &value)) {
     return absl::FailedPreconditionError(
         absl::StrCat("store: key '", Short(key), "' does not hold a counter"));
   }
@@ -130,12 +134,14 @@ absl::StatusOr<int64_t> Rendezvous::Add(const RendezvousScope& scope, const std:
         absl::StrCat("store: adding ", delta, " to counter '", Short(key), "' overflows"));
   }
   const std::string text = absl::StrCat(value);
-  if (it == space.end()) {
-    if (total_bytes_ + key.size() + text.size() > kMaxTotalBytes) {
+  if (!exists) {
+    const size_t bytes = key.size() + text.size() + kEntryOverheadBytes +
+                         (found == keys_.end() ? kScopeOverheadBytes : 0);
+    if (total_bytes_ + bytes > kMaxTotalBytes) {
       return absl::ResourceExhaustedError("store: the coordinator's key space is full");
     }
-    total_bytes_ += key.size() + text.size();
-    space.emplace(key, text);
+    total_bytes_ += bytes;
+    keys_[scope].emplace(key, text);
   } else {
     total_bytes_ = total_bytes_ - it->second.size() + text.size();
     it->second = text;
@@ -147,7 +153,8 @@ absl::StatusOr<int64_t> Rendezvous::Add(const RendezvousScope& scope, const std:
 void Rendezvous::DropJob(const std::string& job_id) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = keys_.lower_bound({job_id, INT32_MIN}); it != keys_.end() && it->first.job_id == job_id;) {
-    for (const auto& [k, v] : it->second) total_bytes_ -= k.size() + v.size();
+    for (const auto& [k, v] : it->second) total_bytes_ -= k.size() + v.size() + kEntryOverheadBytes;
+    total_bytes_ -= kScopeOverheadBytes;
     it = keys_.erase(it);
   }
   changed_.notify_all();

@@ -8,9 +8,12 @@
 // exist or the timeout passes. Add keeps counters for barriers.
 //
 // Bounded: keys of at most kMaxKeyBytes, values of at most kMaxValueBytes,
-// and at most kMaxTotalBytes in all (ResourceExhausted beyond), so a client
-// cannot grow the coordinator without limit; a finished attempt's keys are
-// dropped with DropJob.
+// and at most kMaxTotalBytes in all (ResourceExhausted beyond), each key
+// counted with what holding it costs beyond its bytes (kEntryOverheadBytes,
+// and kScopeOverheadBytes for its attempt's first), so a client cannot grow
+// the coordinator without limit, not even with one-byte keys; a failed call
+// leaves nothing behind, and a finished attempt's keys are dropped with
+// DropJob.
 //
 // Thread-safe; waits run on the caller's thread (a gRPC handler).
 
@@ -32,6 +35,9 @@ namespace muonmesh::coordinator {
 inline constexpr size_t kMaxKeyBytes = 512;
 inline constexpr size_t kMaxValueBytes = size_t{1} << 20;
 inline constexpr size_t kMaxTotalBytes = size_t{256} << 20;
+// A key's map node and string headers; an attempt's map and its node.
+inline constexpr size_t kEntryOverheadBytes = 96;
+inline constexpr size_t kScopeOverheadBytes = 128;
 
 struct RendezvousScope {
   std::string job_id;

@@ -86,6 +86,25 @@ TEST_F(GrpcStoreTest, ACounterThatWouldOverflowIsRefused) {
   EXPECT_EQ(rendezvous_.Add(scope, "c", -top).value_or(-1), 0);
 }
 
+// A key costs its bytes and what holding it costs (its attempt's first key
+// the attempt's map too); a failed call costs nothing; dropping the job
+// gives it all back.
+TEST_F(GrpcStoreTest, KeysAreCountedWithWhatHoldingThemCosts) {
+  using coordinator::kEntryOverheadBytes;
+  using coordinator::kScopeOverheadBytes;
+  const coordinator::RendezvousScope scope{"j-9", 0};
+  ASSERT_TRUE(rendezvous_.Set(scope, "k", "v").ok());
+  const size_t one = 2 + kEntryOverheadBytes + kScopeOverheadBytes;
+  EXPECT_EQ(rendezvous_.total_bytes(), one);
+  ASSERT_EQ(rendezvous_.Add(scope, "n", 17).value_or(0), 17);  // "n" and "17"
+  EXPECT_EQ(rendezvous_.total_bytes(), one + 3 + kEntryOverheadBytes);
+  EXPECT_EQ(rendezvous_.Add(scope, "k", 1).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(rendezvous_.Set(scope, "k", "other").code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(rendezvous_.total_bytes(), one + 3 + kEntryOverheadBytes);
+  rendezvous_.DropJob("j-9");
+  EXPECT_EQ(rendezvous_.total_bytes(), 0u);
+}
+
 TEST_F(GrpcStoreTest, AGetWaitsForALaterSet) {
   GrpcStore reader(channel_, "j-1", 0);
   GrpcStore writer(channel_, "j-1", 0);
