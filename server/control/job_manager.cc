@@ -227,6 +227,7 @@ bool JobManager::TryStart(const v1::Job& job) {
   a.attempt = attempt;
   a.workers = *gang;
   a.outcome.assign(gang->size(), kRunning);
+  a.total_steps = spec.training().steps();
   for (size_t r = 0; r < gang->size(); ++r) {
     v1::Assignment assignment;
     assignment.set_job_id(job.id());
@@ -326,6 +327,26 @@ absl::Status JobManager::OnStep(const std::string& worker_id, const std::string&
     return absl::FailedPreconditionError(absl::StrCat(
         "worker ", worker_id, " does not run rank ", rank, " of attempt ", record.attempt(),
         " of job ", job_id));
+  }
+  // What a worker reports is kept (the steps table, events, aggregates):
+  // only steps of the job, with as many traffic entries as it has
+  // collective kinds, not whatever a caller sends.
+  constexpr int kMaxTrafficEntries = 64;
+  constexpr size_t kMaxTrafficName = 128;
+  if (record.step() < 0 || record.step() >= a.total_steps) {
+    return absl::InvalidArgumentError(absl::StrCat("record.step: ", record.step(),
+                                                   " is not a step of job ", job_id, " [0, ",
+                                                   a.total_steps, ")"));
+  }
+  if (record.bytes_sent_size() > kMaxTrafficEntries) {
+    return absl::InvalidArgumentError(absl::StrCat("record.bytes_sent: ", record.bytes_sent_size(),
+                                                   " entries, at most ", kMaxTrafficEntries));
+  }
+  for (const auto& [name, bytes] : record.bytes_sent()) {
+    if (name.size() > kMaxTrafficName || bytes < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "record.bytes_sent: names of at most ", kMaxTrafficName, " bytes, counts >= 0"));
+    }
   }
   MUONMESH_RETURN_IF_ERROR(store_.PutStep(job_id, record));
   *stop = a.cancelled && record.step() >= a.stop_at_step;

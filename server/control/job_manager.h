@@ -119,6 +119,7 @@ class JobManager {
     int32_t attempt = 0;
     std::vector<std::string> workers;  // by rank
     std::vector<Outcome> outcome;      // by rank
+    int64_t total_steps = 0;           // the job's training.steps
     std::map<int64_t, StepAggregate> steps;
     int64_t max_continued_step = -1;
     bool cancelled = false;

@@ -245,6 +245,32 @@ TEST_F(CoordinatorMetricsTest, AFailureMessageIsCutToAReason) {
   EXPECT_EQ(reason.substr(prefix.size(), kept), message.substr(0, kept));
 }
 
+// A step report is kept only for a step of the job (its 4 steps here) and
+// with a bounded traffic map; anything else is refused, naming the field.
+TEST_F(CoordinatorMetricsTest, StepReportsOutsideTheJobAreRefused) {
+  AddWorker("w0");
+  const std::string job = Submit("bounded", 1, "6, 16, 3");
+  ASSERT_EQ(State(job), v1::JOB_STATE_RUNNING);
+  v1::StepRecord record;
+  record.set_rank(0);
+  record.set_attempt(0);
+  bool stop = false;
+  for (int64_t step : {int64_t{-1}, int64_t{4}, int64_t{1} << 40}) {
+    record.set_step(step);
+    const absl::Status st = manager_->OnStep("w0", job, record, &stop);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << step;
+    EXPECT_THAT(std::string(st.message()), HasSubstr("record.step")) << st;
+  }
+  record.set_step(3);
+  for (int i = 0; i < 65; ++i) (*record.mutable_bytes_sent())[absl::StrCat("kind", i)] = 1;
+  const absl::Status many = manager_->OnStep("w0", job, record, &stop);
+  EXPECT_EQ(many.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(many.message()), HasSubstr("record.bytes_sent"));
+  record.mutable_bytes_sent()->clear();
+  (*record.mutable_bytes_sent())["param_allgather"] = 1000;
+  EXPECT_TRUE(manager_->OnStep("w0", job, record, &stop).ok());
+}
+
 // Every rank's record of `step` of the job's attempt.
 void ReportStep(JobManager& manager, const std::vector<std::string>& workers,
                 const std::string& job, int32_t attempt, int64_t step) {
