@@ -53,8 +53,9 @@ absl::StatusOr<Fleet::Lease> Fleet::Register(const v1::WorkerInfo& info) {
         "id?); give each worker its own --worker-id, or wait ",
         absl::FormatDuration(lease_ttl_), " for the old lease to expire"));
   }
-  if (it == workers_.end() && workers_.size() >= kMaxWorkers) {
-    return absl::ResourceExhaustedError(absl::StrCat("the fleet has ", kMaxWorkers, " workers"));
+  if (it == workers_.end() && workers_.size() >= kMaxWorkers && !EvictLostLocked()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the fleet has ", kMaxWorkers, " workers, none of them lost"));
   }
   // A new process under the id of one whose lease ran out: the old one is
   // gone, and so is the rank it ran, even if Expire has not looked yet.
@@ -74,6 +75,19 @@ absl::StatusOr<Fleet::Lease> Fleet::Register(const v1::WorkerInfo& info) {
   e.registered = e.last_heartbeat = clock_.Now();
   changed_.notify_all();
   return Lease{e.lease_id, lease_ttl_, heartbeat_interval_};
+}
+
+bool Fleet::EvictLostLocked() {
+  auto oldest = workers_.end();
+  for (auto it = workers_.begin(); it != workers_.end(); ++it) {
+    if (it->second.state != v1::WORKER_STATE_LOST) continue;
+    if (oldest == workers_.end() || it->second.last_heartbeat < oldest->second.last_heartbeat) {
+      oldest = it;
+    }
+  }
+  if (oldest == workers_.end()) return false;
+  workers_.erase(oldest);
+  return true;
 }
 
 absl::Status Fleet::CheckLease(const std::string& worker_id, const std::string& lease_id) const {

@@ -58,7 +58,8 @@ class Fleet {
   };
   // InvalidArgument naming the field for a bad worker id, device or
   // address; AlreadyExists while another registration of the id lives;
-  // ResourceExhausted beyond kMaxWorkers.
+  // ResourceExhausted beyond kMaxWorkers when none of them is lost (else the
+  // one lost longest ago is forgotten to make room).
   absl::StatusOr<Lease> Register(const v1::WorkerInfo& info);
 
   // NotFound for an unknown worker; FailedPrecondition for a lease that is
@@ -124,6 +125,11 @@ class Fleet {
   // Expire.
   std::vector<Lost> lost_on_register_;
   int64_t next_order_ = 0;
+  // Makes room for a registration in a full fleet: forgets the worker lost
+  // longest ago (ids of crash-looping workers change with their pid, and
+  // would otherwise fill the fleet for good). False if none is lost.
+  bool EvictLostLocked();
+
   int64_t next_lease_ = 1;
   std::random_device random_;  // the OS's generator (getrandom on Linux)
   bool shutdown_ = false;

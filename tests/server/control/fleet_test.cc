@@ -39,6 +39,28 @@ class FleetTest : public ::testing::Test {
   Fleet fleet_{&clock_, absl::Seconds(10), absl::Seconds(2)};
 };
 
+// A full fleet of live workers refuses a new id; once some are lost, a new
+// id takes the place of the one lost longest ago (crash-looping workers
+// register under new ids and would otherwise fill the fleet for good).
+TEST_F(FleetTest, AFullFleetMakesRoomByForgettingTheLongestLost) {
+  for (size_t i = 0; i < kMaxWorkers; ++i) {
+    ASSERT_TRUE(fleet_.Register(Info(absl::StrCat("w", i))).ok()) << i;
+    if (i == 0) clock_.Advance(absl::Seconds(1));  // w0 goes silent first
+  }
+  EXPECT_EQ(fleet_.Register(Info("new")).status().code(), absl::StatusCode::kResourceExhausted);
+  clock_.Advance(absl::Seconds(11));  // every lease has run out
+  EXPECT_EQ(fleet_.Expire().size(), kMaxWorkers);
+  ASSERT_TRUE(fleet_.Register(Info("new")).ok());
+  EXPECT_EQ(fleet_.List().size(), kMaxWorkers);
+  bool w0 = false, w1 = false;
+  for (const v1::Worker& w : fleet_.List()) {
+    w0 = w0 || w.info().worker_id() == "w0";
+    w1 = w1 || w.info().worker_id() == "w1";
+  }
+  EXPECT_FALSE(w0);  // lost longest ago
+  EXPECT_TRUE(w1);
+}
+
 TEST_F(FleetTest, RegistrationIsCheckedAndUniqueWhileItsLeaseLives) {
   EXPECT_THAT(std::string(fleet_.Register(Info("")).status().message()),
               HasSubstr("info.worker_id"));
