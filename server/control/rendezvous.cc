@@ -29,25 +29,18 @@ absl::Status Rendezvous::CheckKey(const std::string& key) const {
   return absl::OkStatus();
 }
 
-absl::Status Rendezvous::Set(const RendezvousScope& scope, const std::string& key,
-                             std::string value) {
-  MUONMESH_RETURN_IF_ERROR(CheckKey(key));
-  if (value.size() > kMaxValueBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("store: value of ", value.size(),
-                                                   " bytes exceeds the limit of ",
-                                                   kMaxValueBytes));
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  auto found = keys_.find(scope);
-  if (found != keys_.end()) {
-    if (auto it = found->second.find(key); it != found->second.end()) {
-      if (it->second == value) return absl::OkStatus();
-      return absl::AlreadyExistsError(
-          absl::StrCat("store: key '", Short(key), "' is already set to another value"));
-    }
-  }
+std::string* Rendezvous::FindLocked(const RendezvousScope& scope, const std::string& key) {
+  auto space = keys_.find(scope);
+  if (space == keys_.end()) return nullptr;
+  auto it = space->second.find(key);
+  return it == space->second.end() ? nullptr : &it->second;
+}
+
+absl::Status Rendezvous::InsertLocked(const RendezvousScope& scope, const std::string& key,
+                                      std::string value) {
+  const bool new_scope = keys_.find(scope) == keys_.end();
   const size_t bytes = key.size() + value.size() + kEntryOverheadBytes +
-                       (found == keys_.end() ? kScopeOverheadBytes : 0);
+                       (new_scope ? kScopeOverheadBytes : 0);
   if (total_bytes_ + bytes > kMaxTotalBytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "store: the coordinator holds ", total_bytes_, " bytes of keys, its limit is ",
@@ -57,6 +50,23 @@ absl::Status Rendezvous::Set(const RendezvousScope& scope, const std::string& ke
   keys_[scope].emplace(key, std::move(value));
   changed_.notify_all();
   return absl::OkStatus();
+}
+
+absl::Status Rendezvous::Set(const RendezvousScope& scope, const std::string& key,
+                             std::string value) {
+  MUONMESH_RETURN_IF_ERROR(CheckKey(key));
+  if (value.size() > kMaxValueBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("store: value of ", value.size(),
+                                                   " bytes exceeds the limit of ",
+                                                   kMaxValueBytes));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (const std::string* old = FindLocked(scope, key); old != nullptr) {
+    if (*old == value) return absl::OkStatus();
+    return absl::AlreadyExistsError(
+        absl::StrCat("store: key '", Short(key), "' is already set to another value"));
+  }
+  return InsertLocked(scope, key, std::move(value));
 }
 
 absl::Status Rendezvous::WaitUntil(std::unique_lock<std::mutex>& lock,
@@ -83,14 +93,7 @@ absl::StatusOr<std::string> Rendezvous::Get(const RendezvousScope& scope, const 
   MUONMESH_RETURN_IF_ERROR(CheckKey(key));
   std::unique_lock<std::mutex> lock(mu_);
   const std::string* found = nullptr;
-  auto ready = [&] {
-    auto space = keys_.find(scope);
-    if (space == keys_.end()) return false;
-    auto it = space->second.find(key);
-    if (it == space->second.end()) return false;
-    found = &it->second;
-    return true;
-  };
+  auto ready = [&] { return (found = FindLocked(scope, key)) != nullptr; };
   MUONMESH_RETURN_IF_ERROR(
       WaitUntil(lock, ready, timeout, cancelled, absl::StrCat("key '", Short(key), "'")));
   return *found;
@@ -121,11 +124,9 @@ absl::StatusOr<int64_t> Rendezvous::Add(const RendezvousScope& scope, const std:
                                         int64_t delta) {
   MUONMESH_RETURN_IF_ERROR(CheckKey(key));
   std::lock_guard<std::mutex> lock(mu_);
-  auto found = keys_.find(scope);
+  std::string* old = FindLocked(scope, key);
   int64_t value = 0;
-  std::map<std::string, std::string>::iterator it;
-  const bool exists = found != keys_.end() && (it = found->second.find(key)) != found->second.end();
-  if (exists && !absl::SimpleAtoi(it->second, &value)) {
+  if (old != nullptr && !absl::SimpleAtoi(*old, &value)) {
     return absl::FailedPreconditionError(
         absl::StrCat("store: key '", Short(key), "' does not hold a counter"));
   }
@@ -133,27 +134,23 @@ absl::StatusOr<int64_t> Rendezvous::Add(const RendezvousScope& scope, const std:
     return absl::OutOfRangeError(
         absl::StrCat("store: adding ", delta, " to counter '", Short(key), "' overflows"));
   }
-  const std::string text = absl::StrCat(value);
-  if (!exists) {
-    const size_t bytes = key.size() + text.size() + kEntryOverheadBytes +
-                         (found == keys_.end() ? kScopeOverheadBytes : 0);
-    if (total_bytes_ + bytes > kMaxTotalBytes) {
-      return absl::ResourceExhaustedError("store: the coordinator's key space is full");
-    }
-    total_bytes_ += bytes;
-    keys_[scope].emplace(key, text);
+  std::string text = absl::StrCat(value);
+  if (old == nullptr) {
+    MUONMESH_RETURN_IF_ERROR(InsertLocked(scope, key, std::move(text)));
   } else {
-    total_bytes_ = total_bytes_ - it->second.size() + text.size();
-    it->second = text;
+    total_bytes_ = total_bytes_ - old->size() + text.size();
+    *old = std::move(text);
+    changed_.notify_all();
   }
-  changed_.notify_all();
   return value;
 }
 
 void Rendezvous::DropJob(const std::string& job_id) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = keys_.lower_bound({job_id, INT32_MIN}); it != keys_.end() && it->first.job_id == job_id;) {
-    for (const auto& [k, v] : it->second) total_bytes_ -= k.size() + v.size() + kEntryOverheadBytes;
+    for (const auto& [k, v] : it->second) {
+      total_bytes_ -= k.size() + v.size() + kEntryOverheadBytes;
+    }
     total_bytes_ -= kScopeOverheadBytes;
     it = keys_.erase(it);
   }

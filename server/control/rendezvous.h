@@ -72,6 +72,12 @@ class Rendezvous {
 
  private:
   absl::Status CheckKey(const std::string& key) const;
+  // The key's value, or null when the key (or its whole scope) is absent.
+  std::string* FindLocked(const RendezvousScope& scope, const std::string& key);
+  // Adds a key known to be absent, within kMaxTotalBytes (its overheads
+  // counted, the scope's too when this is its first key).
+  absl::Status InsertLocked(const RendezvousScope& scope, const std::string& key,
+                            std::string value);
   // Waits until `ready` holds (true), the timeout passes or `cancelled`.
   absl::Status WaitUntil(std::unique_lock<std::mutex>& lock, const std::function<bool()>& ready,
                          absl::Duration timeout, const Cancelled& cancelled,

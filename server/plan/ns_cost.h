@@ -238,8 +238,10 @@ inline std::string SpectralGainProblem(double gain, std::string_view what) {
 }
 
 // The same for `table` run `steps` iterations; the validators report it under
-// their own field names.
+// their own field names. Steps outside [1, kMaxNsSteps] are the steps' own
+// violation, and the gain (a loop over them) is not computed for them.
 inline std::string SpectralGainProblem(int64_t steps, NsTable table) {
+  if (steps < 1 || steps > kMaxNsSteps) return "";
   return SpectralGainProblem(NsTotalGain(steps, table),
                              std::string(NsTableName(table)) + " with " + std::to_string(steps) +
                                  " iterations");

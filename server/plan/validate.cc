@@ -316,8 +316,7 @@ void CheckOptions(const PlanOptions& opt, Violations& v) {
                  NsFormUnavailable(algorithm, opt.device.empty() ? "cuda" : opt.device)) {
     v.Add("options.ns_algorithm", why);
   } else if (NsTable table; algorithm == NsAlgorithm::kSpectral &&
-                            ParseNsTable(opt.ns_coefficients, &table) && opt.ns_steps >= 0 &&
-                            opt.ns_steps <= kMaxNsSteps) {
+                            ParseNsTable(opt.ns_coefficients, &table)) {
     const std::string gain = SpectralGainProblem(opt.ns_steps == 0 ? 5 : opt.ns_steps, table);
     if (!gain.empty()) v.Add("options.ns_algorithm", gain);
   }

@@ -140,8 +140,7 @@ void CheckMuon(const v1::MuonConfig& m, Violations& v) {
           absl::StrCat("unknown form ", plan::Quote(m.ns_algorithm()),
                        " (expected auto, standard, gram or spectral; unset: auto)"));
   } else if (plan::NsTable table; algorithm == plan::NsAlgorithm::kSpectral &&
-                                  plan::ParseNsTable(m.coefficients(), &table) &&
-                                  m.ns_steps() >= 0 && m.ns_steps() <= plan::kMaxNsSteps) {
+                                  plan::ParseNsTable(m.coefficients(), &table)) {
     const std::string why = plan::SpectralGainProblem(Or(m.ns_steps(), kNsSteps), table);
     if (!why.empty()) v.Add("optimizer.muon.ns_algorithm", why);
   }

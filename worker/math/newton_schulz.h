@@ -28,8 +28,8 @@
 // the form with the fewest FLOPs for NsOptions::threads (NsFormFor: at 5
 // quintic iterations on one thread, wide matrices beyond about 1:1.43 go to
 // the spectral form; on two, the Gram iteration keeps them up to about
-// 1:11), which is what the planner charges the owner. Same properties: deterministic, exact under
-// transposition, batched equal to per-matrix.
+// 1:11), which is what the planner charges the owner. Same properties:
+// deterministic, exact under transposition, batched equal to per-matrix.
 
 #include <cstddef>
 #include <cstdint>
