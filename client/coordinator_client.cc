@@ -10,7 +10,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "proto/io/message_file.h"
-#include "proto/support/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace muonmesh {
 namespace {
@@ -187,6 +187,17 @@ absl::StatusOr<v1::JobSpec> LoadJobForSubmit(const std::string& path) {
   }
   if (spec.data().source_case() == v1::DataConfig::kSafetensors) {
     spec.mutable_data()->set_safetensors(Absolute(base, spec.data().safetensors()));
+  }
+  // A corpus's train and val files or patterns (patterns stay patterns: the
+  // workers expand them on their machines).
+  const auto absolute_corpus = [&](auto* corpus) {
+    if (!corpus->train().empty()) corpus->set_train(Absolute(base, corpus->train()));
+    if (!corpus->val().empty()) corpus->set_val(Absolute(base, corpus->val()));
+  };
+  if (spec.data().source_case() == v1::DataConfig::kText) {
+    absolute_corpus(spec.mutable_data()->mutable_text());
+  } else if (spec.data().source_case() == v1::DataConfig::kTokens) {
+    absolute_corpus(spec.mutable_data()->mutable_tokens());
   }
   v1::OutputConfig* out = spec.mutable_output();
   out->set_dir(Absolute(base, out->dir().empty() ? absl::StrCat("runs/", spec.name()) : out->dir()));

@@ -159,11 +159,14 @@ int Status(CoordinatorClient& client, const std::string& job_id, bool json, Stre
   }
   io.out << absl::StrFormat(
       "job        %s (%s)\nstate      %s: %s\nsteps      %d of %d\nloss       %s\n"
-      "step time  %s\nETA        %s\nattempt    %d\nworkers    %s\nsubmitted  %s\n"
-      "started    %s\nfinished   %s\n",
+      "val loss   %s\nstep time  %s\nETA        %s\nattempt    %d\nworkers    %s\n"
+      "submitted  %s\nstarted    %s\nfinished   %s\n",
       job->id(), job->name(), StateName(job->state()), job->reason(), job->steps_done(),
       job->steps_total(),
       std::isfinite(job->last_loss()) ? absl::StrFormat("%.6e", job->last_loss()) : "-",
+      job->has_last_val_loss()
+          ? absl::StrFormat("%.6e (after step %d)", job->last_val_loss(), job->last_val_step())
+          : "-",
       job->step_seconds() > 0 ? absl::StrFormat("%.3f s", job->step_seconds()) : "-",
       Duration(job->eta_seconds()), job->attempt(),
       job->worker_ids().empty() ? "-" : absl::StrJoin(job->worker_ids(), ", "),
@@ -239,10 +242,18 @@ int Watch(CoordinatorClient& client, const std::string& job_id, int64_t from_ind
                << absl::StrFormat("step %d/%d  loss %.4e  %.3f s/step  ETA %s   ", r.step() + 1,
                                   total, r.loss(), r.step_seconds(), Duration(eta))
                << std::flush;
+        if (r.has_val_loss()) {
+          // Kept on a line of its own: the bar overwrites itself.
+          io.out << absl::StrFormat("\nstep %d  val_loss %.6e\n", r.step(), r.val_loss());
+        }
         bar_open = true;
       } else {
         io.out << absl::StrFormat("[%d] step %d  loss %.6e  %.3f s  ETA %s\n", e.index(),
                                   r.step(), r.loss(), r.step_seconds(), Duration(eta));
+        if (r.has_val_loss()) {
+          io.out << absl::StrFormat("[%d] step %d  val_loss %.6e\n", e.index(), r.step(),
+                                    r.val_loss());
+        }
       }
     }
     return true;
@@ -270,7 +281,9 @@ int Metrics(CoordinatorClient& client, const std::string& job_id, const std::str
   if (format == "csv") {
     io.out << "step,rank,attempt,loss,step_seconds";
     for (const auto& [name, get] : Phases()) io.out << "," << name;
-    io.out << ",bytes_sent,ns_flops\n";
+    // val_loss last (empty on steps that were not evaluated), so that the
+    // columns before it stay where scripts found them.
+    io.out << ",bytes_sent,ns_flops,val_loss\n";
     for (const v1::StepRecord& r : *records) {
       int64_t bytes = 0;
       for (const auto& [name, b] : r.bytes_sent()) bytes += b;
@@ -281,20 +294,24 @@ int Metrics(CoordinatorClient& client, const std::string& job_id, const std::str
       for (const auto& [name, get] : Phases()) {
         io.out << absl::StrFormat(",%.6f", (r.phases().*get)());
       }
-      io.out << absl::StrFormat(",%d,%.6g\n", bytes, r.ns_flops());
+      io.out << absl::StrFormat(",%d,%.6g,%s\n", bytes, r.ns_flops(),
+                                r.has_val_loss() ? absl::StrFormat("%.17g", r.val_loss()) : "");
     }
     return kExitOk;
   }
-  io.out << absl::StrFormat("%6s %4s %13s %9s %9s %9s %9s %9s %12s\n", "STEP", "RANK", "LOSS",
-                            "STEP ms", "GATHER", "FWD/BWD", "REDUCE", "MUON", "SENT B");
+  io.out << absl::StrFormat("%6s %4s %13s %13s %9s %9s %9s %9s %9s %12s\n", "STEP", "RANK",
+                            "LOSS", "VAL LOSS", "STEP ms", "GATHER", "FWD/BWD", "REDUCE", "MUON",
+                            "SENT B");
   for (const v1::StepRecord& r : *records) {
     const v1::PhaseSeconds& p = r.phases();
     const double muon = p.muon_prepare() + p.muon_gather() + p.newton_schulz() +
                         p.muon_scatter() + p.muon_apply();
     int64_t bytes = 0;
     for (const auto& [name, b] : r.bytes_sent()) bytes += b;
-    io.out << absl::StrFormat("%6d %4d %13.6e %9.2f %9.2f %9.2f %9.2f %9.2f %12d\n", r.step(),
-                              r.rank(), r.loss(), 1e3 * r.step_seconds(),
+    io.out << absl::StrFormat("%6d %4d %13.6e %13s %9.2f %9.2f %9.2f %9.2f %9.2f %12d\n",
+                              r.step(), r.rank(), r.loss(),
+                              r.has_val_loss() ? absl::StrFormat("%.6e", r.val_loss()) : "-",
+                              1e3 * r.step_seconds(),
                               1e3 * p.param_gather(), 1e3 * p.forward_backward(),
                               1e3 * p.grad_reduce(), 1e3 * muon, bytes);
   }

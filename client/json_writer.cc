@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "google/protobuf/descriptor.h"
+#include "core/base/text.h"
 
 namespace muonmesh {
 namespace {
@@ -46,43 +47,7 @@ std::string FormatFloat(float v) {
   return absl::StrFormat("%.9g", v);
 }
 
-std::string Quote(const std::string& text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          absl::StrAppendFormat(&out, "\\u%04x", static_cast<unsigned char>(c));
-        } else {
-          // UTF-8 passes through: JSON text is UTF-8.
-          out += c;
-        }
-    }
-  }
-  out += '"';
-  return out;
-}
+std::string Quote(const std::string& text) { return ::muonmesh::text::JsonString(text); }
 
 // Appends to one string; `depth` is the nesting depth of the value being
 // written (its closing bracket's indentation, in steps of 2 spaces).

@@ -1,4 +1,4 @@
-// muonmeshctl: the command-line client of the coordinator (DESIGN.md §1).
+// muonmeshctl: the command-line client of the coordinator (docs/architecture.md §1).
 //
 // Exit codes, which scripts rely on (kExitCodes, shown by every --help):
 //   0  success
@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <limits>
 #include <string>
@@ -34,8 +35,12 @@
 #include "client/planner_client.h"
 #include "muonmesh/v1/planner.pb.h"
 #include "proto/io/message_file.h"
-#include "proto/support/flag_parser.h"
-#include "proto/support/status_macros.h"
+#include "core/base/flag_parser.h"
+#include "core/base/status_macros.h"
+#include "proto/convert/plan_convert.h"
+#include "proto/job/job.h"
+#include "proto/job/model_specs.h"
+#include "proto/job/optimizer_rules.h"
 
 namespace muonmesh {
 namespace {
@@ -58,6 +63,7 @@ constexpr const char* kCoordinatorEnv = "MUONMESH_COORDINATOR";
 // Flags shared by `validate` and `plan`.
 struct ConfigFlags {
   std::string spec;
+  std::string job;  // plan: the model, world size and parallelism of a job file
   int64_t world_size = 0;
   int64_t instances = 0;
   std::string strategy;
@@ -132,9 +138,21 @@ absl::Status CheckNotZero(const FlagParser& parser, const char* flag, int64_t va
 // Checks what the parser cannot: required flags and local ranges. The
 // config itself is the coordinator's to validate.
 absl::Status CheckConfigFlags(const FlagParser& parser, ConfigFlags* f) {
-  if (!parser.Seen("--spec")) return absl::InvalidArgumentError("missing required flag --spec");
-  if (!parser.Seen("--world-size")) {
-    return absl::InvalidArgumentError("missing required flag --world-size");
+  if (parser.Seen("--job")) {
+    for (const char* flag : {"--spec", "--world-size", "--instances", "--strategy",
+                             "--outer-strategy", "--ep"}) {
+      if (parser.Seen(flag)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--job gives the model and the parallelism config: drop ", flag));
+      }
+    }
+  } else {
+    if (!parser.Seen("--spec")) {
+      return absl::InvalidArgumentError("missing required flag --spec (or --job)");
+    }
+    if (!parser.Seen("--world-size")) {
+      return absl::InvalidArgumentError("missing required flag --world-size");
+    }
   }
   MUONMESH_RETURN_IF_ERROR(CheckNotZero(parser, "--instances", f->instances, 1));
   MUONMESH_RETURN_IF_ERROR(CheckNotZero(parser, "--ep", f->ep, 1));
@@ -234,12 +252,15 @@ int RunValidate(const std::vector<std::string>& args) {
 }
 
 constexpr const char* kPlanSynopsis =
-    "--spec FILE --world-size W [--instances I] [--strategy S] [--outer-strategy S] [--ep E] "
+    "(--spec FILE --world-size W [--instances I] [--strategy S] [--outer-strategy S] [--ep E] "
+    "| --job JOB.yaml) "
     "[--owner-rule R] [--ns-steps T] [--ns-algorithm A] [--ns-coefficients C] "
     "[--device cpu|cuda] [--muon-wave-budget-bytes B] [--include-shards] "
     "[--coordinator ADDR] [--timeout SECONDS] [--json]\n\n"
     "Asks the coordinator for the mesh, shard layout and Muon owners, and prints them as\n"
-    "tables, or with --json as the Plan message (byte-stable for the same input).";
+    "tables, or with --json as the Plan message (byte-stable for the same input). --job plans\n"
+    "a job file's model (optimizer rules applied), world size, parallelism and optimizer\n"
+    "options as its workers will; plan flags given beside it override the job's.";
 
 // A flag value that must fit the request's int32 field.
 absl::Status CheckInt32(const char* flag, int64_t value) {
@@ -298,12 +319,65 @@ void FillPlanOptions(const PlanOptionFlags& o, v1::PlanOptions* out) {
   out->set_threads_per_rank(static_cast<int32_t>(o.threads));
 }
 
+// The request a job's workers will plan: its model's spec (the optimizer
+// rules applied), world size and parallelism config; the plan options the
+// job sets, unless a flag gave them.
+absl::Status FillFromJob(const std::string& path, v1::PlanLayoutRequest* request) {
+  MUONMESH_ASSIGN_OR_RETURN(v1::JobSpec job, job::LoadJobFile(path));
+  const std::filesystem::path dir = std::filesystem::absolute(path).parent_path();
+  std::string spec_path = job.model().synthetic().spec();
+  if (!spec_path.empty() && std::filesystem::path(spec_path).is_relative()) {
+    spec_path = (dir / spec_path).string();
+  }
+  MUONMESH_ASSIGN_OR_RETURN(
+      plan::ModelSpec model,
+      job::ModelSpecOf(job.model(), job.parallelism().expert_model_parallel_size(), spec_path),
+      path);
+  std::vector<std::pair<std::string, std::string>> rules;
+  for (const v1::OptimizerRule& r : job.optimizer().rules()) {
+    rules.emplace_back(r.pattern(), r.optimizer());
+  }
+  MUONMESH_ASSIGN_OR_RETURN(model, job::ApplyOptimizerRules(std::move(model), rules), path);
+  *request->mutable_model() = ModelToProto(model);
+  request->set_world_size(job.world_size());
+  *request->mutable_parallelism() = job.parallelism();
+  v1::PlanOptions* o = request->mutable_options();
+  o->set_owner_assignment(job.optimizer().owner_assignment());
+  o->set_ns_steps(job.optimizer().muon().ns_steps());
+  o->set_ns_algorithm(job.optimizer().muon().ns_algorithm());
+  o->set_ns_coefficients(job.optimizer().muon().coefficients());
+  o->set_device(job.device().empty() ? "cpu" : job.device());
+  o->set_threads_per_rank(job.training().threads_per_rank());
+  o->set_muon_replica_split(job.optimizer().muon_replica_split());
+  return absl::OkStatus();
+}
+
+// Flags given on the command line override what the job set.
+void FillPlanOptionsOver(const FlagParser& parser, const PlanOptionFlags& o,
+                         v1::PlanOptions* out) {
+  v1::PlanOptions flags;
+  FillPlanOptions(o, &flags);
+  if (parser.Seen("--owner-rule")) out->set_owner_assignment(flags.owner_assignment());
+  if (parser.Seen("--ns-steps")) out->set_ns_steps(flags.ns_steps());
+  if (parser.Seen("--ns-algorithm")) out->set_ns_algorithm(flags.ns_algorithm());
+  if (parser.Seen("--ns-coefficients")) out->set_ns_coefficients(flags.ns_coefficients());
+  if (parser.Seen("--device")) out->set_device(flags.device());
+  if (parser.Seen("--muon-wave-budget-bytes")) {
+    out->set_muon_wave_budget_bytes(flags.muon_wave_budget_bytes());
+  }
+  if (parser.Seen("--threads-per-rank")) out->set_threads_per_rank(flags.threads_per_rank());
+}
+
 int RunPlan(const std::vector<std::string>& args) {
   ConfigFlags f;
   PlanOptionFlags o;
   bool include_shards = false;
   FlagParser parser("muonmeshctl plan");
   AddConfigFlags(parser, &f);
+  parser.String("--job", "FILE",
+                "plan this job file's model, world size and parallelism (instead of --spec "
+                "and the config flags)",
+                &f.job);
   AddPlanOptionFlags(parser, &o);
   parser.Bool("--include-shards", "also return every shard's segments (JSON only; large)",
               &include_shards);
@@ -324,10 +398,21 @@ int RunPlan(const std::vector<std::string>& args) {
   }
 
   v1::PlanLayoutRequest request;
-  if (!LoadSpec(f.spec, request.mutable_model())) return kExitUsage;
-  request.set_world_size(f.world_size);
-  FillParallelism(f, request.mutable_parallelism());
-  FillPlanOptions(o, request.mutable_options());
+  if (!f.job.empty()) {
+    if (absl::Status st = FillFromJob(f.job, &request); !st.ok()) {
+      std::cerr << st.message() << "\n";
+      return st.code() == absl::StatusCode::kInvalidArgument ? kExitInvalidConfig : kExitUsage;
+    }
+  } else {
+    if (!LoadSpec(f.spec, request.mutable_model())) return kExitUsage;
+    request.set_world_size(f.world_size);
+    FillParallelism(f, request.mutable_parallelism());
+  }
+  if (f.job.empty()) {
+    FillPlanOptions(o, request.mutable_options());
+  } else {
+    FillPlanOptionsOver(parser, o, request.mutable_options());
+  }
   request.set_include_shards(include_shards);
 
   absl::StatusOr<rpc::ChannelSecurity> security = Security(f);

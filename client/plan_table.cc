@@ -87,7 +87,7 @@ std::string MeshShape(const v1::Mesh& mesh) {
 }
 
 // "HFSDP: inner optim_grads_params (ZeRO-3), outer optim (ZeRO-1) over 2
-// optimizer instances" -- the names DESIGN.md §3 uses.
+// optimizer instances" -- the names docs/architecture.md §3 uses.
 std::string StrategyLine(const v1::Plan& plan) {
   const v1::AxisPlacement* inner = FindAxis(plan, "dense", "dp_shard");
   const v1::AxisPlacement* outer = FindAxis(plan, "dense", "dp_outer");

@@ -1,4 +1,4 @@
-// muonmesh-coordinator: the gRPC control plane (DESIGN.md §1): the Planner,
+// muonmesh-coordinator: the gRPC control plane (docs/architecture.md §1): the Planner,
 // Jobs, Fleet and Store services, health, reflection and Prometheus metrics.
 
 #include <pthread.h>
@@ -18,10 +18,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
-#include "proto/support/flag_parser.h"
-#include "proto/support/status_macros.h"
+#include "core/base/flag_parser.h"
+#include "core/base/status_macros.h"
 #include "server/coordinator_server.h"
-#include "worker/job/allowed_dirs.h"
+#include "proto/job/allowed_dirs.h"
 
 namespace {
 
@@ -171,7 +171,7 @@ absl::Status OptionsFromFlags(const Flags& f, muonmesh::CoordinatorServerOptions
   }
   if (!f.allowed_dirs.empty()) {
     const std::vector<std::string> dirs = absl::StrSplit(f.allowed_dirs, ',', absl::SkipEmpty());
-    absl::StatusOr<std::vector<std::string>> allowed = muonmesh::worker::ResolveAllowedDirs(dirs);
+    absl::StatusOr<std::vector<std::string>> allowed = muonmesh::job::ResolveAllowedDirs(dirs);
     MUONMESH_RETURN_IF_ERROR(allowed.status());
     options->control.allowed_dirs = *std::move(allowed);
   }

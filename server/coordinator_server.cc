@@ -11,7 +11,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
-#include "proto/support/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace muonmesh {
 
@@ -44,7 +44,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   }
   grpc::ServerBuilder builder;
   // TLS (and the AuthProcessor that checks every call) or plaintext on
-  // loopback (DESIGN.md §7).
+  // loopback (docs/architecture.md §7).
   builder.AddListeningPort(listen, self->security_->credentials(), &self->port_);
   builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
   builder.SetMaxSendMessageSize(kMaxResponseBytes);

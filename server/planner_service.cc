@@ -10,12 +10,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "plan/cancel.h"
-#include "plan/planner.h"
-#include "plan/validate.h"
+#include "core/plan/cancel.h"
+#include "core/plan/planner.h"
+#include "core/plan/validate.h"
 #include "proto/convert/plan_convert.h"
 #include "proto/rpc/rpc_status.h"
-#include "proto/support/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace muonmesh {
 namespace {

@@ -1,7 +1,7 @@
 #pragma once
 
 // The Planner gRPC service (muonmesh.v1.Planner): a thin edge over the pure
-// planner in server/plan/. It translates messages, adds the limits that only
+// planner in core/plan/. It translates messages, adds the limits that only
 // matter to a server (how big an answer it will build and send, how many
 // plans and how much memory it computes at once), turns planner violations
 // into INVALID_ARGUMENT with google.rpc.BadRequest details, and stops a plan
@@ -17,8 +17,8 @@
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/status.h"
 #include "muonmesh/v1/planner.grpc.pb.h"
-#include "plan/plan_size.h"
-#include "plan/types.h"
+#include "core/plan/plan_size.h"
+#include "core/plan/types.h"
 #include "server/plan_admission.h"
 
 namespace muonmesh {

@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "proto/support/status_macros.h"
+#include "core/base/status_macros.h"
 
 #include <zlib.h>
 

@@ -19,10 +19,10 @@
 #include "grpcpp/security/credentials.h"
 #include "muonmesh/v1/fleet.grpc.pb.h"
 #include "proto/convert/exec_plan_convert.h"
-#include "proto/support/status_macros.h"
+#include "core/base/status_macros.h"
 #include "worker/comm/grpc_store.h"
-#include "worker/job/allowed_dirs.h"
-#include "worker/job/job.h"
+#include "proto/job/allowed_dirs.h"
+#include "proto/job/job.h"
 #include "worker/job/memory_budget.h"
 #include "worker/worker_metrics.h"
 
@@ -194,6 +194,7 @@ v1::StepRecord StepRecordOf(const StepReport& r, int32_t rank, int32_t attempt,
   rec.set_rank(rank);
   rec.set_attempt(attempt);
   rec.set_loss(r.loss);
+  if (r.val_loss.has_value()) rec.set_val_loss(*r.val_loss);
   rec.set_step_seconds(absl::ToDoubleSeconds(took));
   rec.set_ns_flops(r.ns_flops);
   v1::PhaseSeconds* p = rec.mutable_phases();
@@ -237,12 +238,12 @@ void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
   const std::string tag = absl::StrCat("[", task->job_id, " rank ", rank, "] ");
   auto run = [&]() -> absl::Status {
     // The job came from whoever may submit: its paths stay in the folders
-    // the operator allows, checked before ResolveJob looks at them and again
+    // the operator allows, checked before job::ResolveJob looks at them and again
     // with the defaults it fills in.
-    MUONMESH_RETURN_IF_ERROR(CheckJobPathsAllowed(start.spec(), options_.allowed_dirs));
-    absl::StatusOr<ResolvedJob> job = ResolveJob(start.spec(), "");
+    MUONMESH_RETURN_IF_ERROR(job::CheckJobPathsAllowed(start.spec(), options_.allowed_dirs));
+    absl::StatusOr<job::ResolvedJob> job = job::ResolveJob(start.spec(), "");
     MUONMESH_RETURN_IF_ERROR(job.status());
-    MUONMESH_RETURN_IF_ERROR(CheckJobPathsAllowed(*job, options_.allowed_dirs));
+    MUONMESH_RETURN_IF_ERROR(job::CheckJobPathsAllowed(*job, options_.allowed_dirs));
     if (PlanFingerprint(start.plan()) != start.plan_fingerprint()) {
       return absl::InvalidArgumentError(
           "the assignment's plan does not match its fingerprint; refusing to run it");
@@ -384,7 +385,7 @@ absl::Status RunDaemon(const DaemonOptions& options, const LineSink& log) {
   }
   absl::StatusOr<rpc::ChannelSecurity> security = rpc::LoadChannelSecurity(o.security);
   MUONMESH_RETURN_IF_ERROR(security.status());
-  absl::StatusOr<std::vector<std::string>> allowed = ResolveAllowedDirs(o.allowed_dirs);
+  absl::StatusOr<std::vector<std::string>> allowed = job::ResolveAllowedDirs(o.allowed_dirs);
   MUONMESH_RETURN_IF_ERROR(allowed.status());
   o.allowed_dirs = *std::move(allowed);
   log(o.allowed_dirs.empty()

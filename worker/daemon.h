@@ -40,7 +40,7 @@ struct DaemonOptions {
   // Empty: plaintext.
   rpc::ClientSecurityOptions security;
   // The only folders job files may make this worker read or write
-  // (worker/job/allowed_dirs.h); empty: no restriction.
+  // (proto/job/allowed_dirs.h); empty: no restriction.
   std::vector<std::string> allowed_dirs;
   // Deadline of every unary call to the coordinator.
   absl::Duration rpc_timeout = absl::Seconds(10);

@@ -13,23 +13,23 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "plan/mesh.h"
-#include "plan/validate.h"
-#include "plan/waves.h"
-#include "proto/support/status_macros.h"
+#include "core/plan/mesh.h"
+#include "core/plan/validate.h"
+#include "core/plan/waves.h"
+#include "core/base/status_macros.h"
 #include "worker/checkpoints.h"
 #include "worker/io/safetensors.h"
 #include "worker/job/memory_budget.h"
 #include "worker/job/memory_estimate.h"
 #include "worker/math/blas_threads.h"
-#include "worker/math/ns_coefficients.h"
+#include "core/optim/ns_coefficients.h"
 #include "worker/runtime/muon_schedule.h"
 #include "worker/step_log.h"
 #include "worker/workload_factory.h"
 
 namespace muonmesh::worker {
 
-plan::PlanInput PlanInputFor(const ResolvedJob& job) {
+plan::PlanInput PlanInputFor(const job::ResolvedJob& job) {
   plan::PlanInput input;
   input.world_size = job.world_size;
   input.parallelism = job.parallelism;
@@ -53,7 +53,7 @@ namespace {
 // the runtime indexes and divides by its geometry. Its config against the
 // job's own settings (the job is validated), its domains against the
 // geometry that config gives. The thread count is SetRankThreads's check.
-absl::Status CheckPlanFitsJob(const ResolvedJob& job, const plan::Plan& plan) {
+absl::Status CheckPlanFitsJob(const job::ResolvedJob& job, const plan::Plan& plan) {
   const plan::ResolvedConfig want = plan::internal::ResolveUnchecked(PlanInputFor(job));
   const plan::ResolvedConfig& got = plan.config;
   std::vector<std::string> wrong;
@@ -105,7 +105,7 @@ int64_t FileBytes(const std::string& path) {
 // Refuses, before anything whose size comes from the job is allocated, a
 // job whose estimated peak exceeds this rank's memory budget; returns the
 // estimated peak otherwise.
-absl::StatusOr<double> CheckMemory(const RankOptions& options, const ResolvedJob& job,
+absl::StatusOr<double> CheckMemory(const RankOptions& options, const job::ResolvedJob& job,
                                    const plan::Plan& plan) {
   const int64_t budget = options.memory_budget_bytes > 0
                              ? options.memory_budget_bytes
@@ -119,7 +119,7 @@ absl::StatusOr<double> CheckMemory(const RankOptions& options, const ResolvedJob
 
 // Runs this process's OpenBLAS on the threads the plan priced the
 // Newton-Schulz forms for (the job's training.threads_per_rank).
-absl::Status SetRankThreads(const RankOptions& options, const ResolvedJob& job,
+absl::Status SetRankThreads(const RankOptions& options, const job::ResolvedJob& job,
                             const plan::Plan& plan, const LineSink& out) {
   if (plan.config.threads_per_rank != job.threads_per_rank) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -143,8 +143,8 @@ absl::Status SetRankThreads(const RankOptions& options, const ResolvedJob& job,
 
 // Every sample of a global batch is distinct only if the data set has at
 // least that many (the batch formula wraps around otherwise).
-absl::Status CheckBatchFitsData(const ResolvedJob& job, const Workload& workload) {
-  if (job.model_kind == ResolvedJob::ModelKind::kSynthetic) return absl::OkStatus();
+absl::Status CheckBatchFitsData(const job::ResolvedJob& job, const Workload& workload) {
+  if (job.model_kind == job::ResolvedJob::ModelKind::kSynthetic) return absl::OkStatus();
   if (job.global_batch_size <= workload.num_samples()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "training.global_batch_size: ", job.global_batch_size, " exceeds the ",
@@ -152,7 +152,7 @@ absl::Status CheckBatchFitsData(const ResolvedJob& job, const Workload& workload
       job.data_safetensors.empty() ? "" : absl::StrCat(" in ", job.data_safetensors)));
 }
 
-void PrintPlan(const ResolvedJob& job, const plan::Plan& plan, const LineSink& out) {
+void PrintPlan(const job::ResolvedJob& job, const plan::Plan& plan, const LineSink& out) {
   int64_t planned = 0;
   for (const plan::CollectiveBytes& c : plan.collectives) planned += c.bytes_per_step;
   // Every domain of a mesh moves the same bytes; under the HSDP replica
@@ -205,7 +205,7 @@ struct Engine {
   std::unique_ptr<Workload> workload;
 };
 
-absl::StatusOr<Engine> MakeEngine(const ResolvedJob& job, const RankOptions& options,
+absl::StatusOr<Engine> MakeEngine(const job::ResolvedJob& job, const RankOptions& options,
                                   std::unique_ptr<Workload> early) {
   Engine e;
   // The device first: a GPU workload generates on the GPU made current here.
@@ -225,7 +225,7 @@ absl::StatusOr<Engine> MakeEngine(const ResolvedJob& job, const RankOptions& opt
   return e;
 }
 
-absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const ResolvedJob& job,
+absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const job::ResolvedJob& job,
                                                      const plan::Plan& plan, Engine& engine,
                                                      comm::Store& store,
                                                      const RankOptions& options) {
@@ -256,7 +256,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const ResolvedJob& job,
 
 // A fresh start removes an earlier run's checkpoints (rank 0; no rank can
 // save before rank 0 has stepped); a resume loads the newest complete one.
-absl::Status StartFromCheckpoints(const ResolvedJob& job, Trainer& trainer,
+absl::Status StartFromCheckpoints(const job::ResolvedJob& job, Trainer& trainer,
                                   const RankOptions& options, const LineSink& out) {
   const bool talk = options.rank == 0;
   if (!options.resume) {
@@ -305,8 +305,15 @@ struct RunTotals {
   int64_t muon_bytes = 0;
 };
 
-absl::Status TrainSteps(const ResolvedJob& job, Trainer& trainer, const RankOptions& options,
-                        const RankHooks& hooks, RunTotals& totals) {
+// Whether the validation loss is measured after step s: every eval_every
+// steps and after the last, when the workload has validation data.
+bool EvaluatesAfter(const job::ResolvedJob& job, int64_t s, bool validation) {
+  if (!validation) return false;
+  return s + 1 == job.steps || (job.eval_every > 0 && (s + 1) % job.eval_every == 0);
+}
+
+absl::Status TrainSteps(const job::ResolvedJob& job, Trainer& trainer, const RankOptions& options,
+                        const RankHooks& hooks, RunTotals& totals, bool validation) {
   const bool talk = options.rank == 0;
   absl::StatusOr<std::unique_ptr<StepLog>> log =
       StepLog::Open(job.output_dir, options.rank, options.attempt, options.resume);
@@ -319,12 +326,19 @@ absl::Status TrainSteps(const ResolvedJob& job, Trainer& trainer, const RankOpti
     absl::StatusOr<StepReport> r = trainer.Step();
     MUONMESH_RETURN_IF_ERROR(r.status(), absl::StrCat("step ", s));
     const absl::Duration took = absl::Now() - start;
+    if (EvaluatesAfter(job, s, validation)) {
+      MUONMESH_ASSIGN_OR_RETURN(r->val_loss, trainer.Evaluate(job.eval_batches),
+                                absl::StrCat("step ", s));
+    }
     totals.optimizer_ms.push_back(absl::ToDoubleMilliseconds(OptimizerTime(r->times)));
     for (const auto& [name, b] : r->bytes_sent) {
       totals.bytes += b;
       if (absl::StrContains(name, "muon_")) totals.muon_bytes += b;
     }
     if (talk) hooks.out(StepLine(s, *r));
+    if (talk && r->val_loss.has_value()) {
+      hooks.out(absl::StrFormat("step %4d  val_loss %.6e", s, *r->val_loss));
+    }
     MUONMESH_RETURN_IF_ERROR((*log)->Write(*r, took));
     if (hooks.on_step) {
       MUONMESH_RETURN_IF_ERROR(hooks.on_step(*r, took));
@@ -348,7 +362,7 @@ absl::Status TrainSteps(const ResolvedJob& job, Trainer& trainer, const RankOpti
 
 // The final weights, gathered a unit at a time; rank 0 streams them into the
 // export file as they come (no rank holds the whole model).
-absl::Status ExportWeights(const ResolvedJob& job, Trainer& trainer, const Workload& workload,
+absl::Status ExportWeights(const job::ResolvedJob& job, Trainer& trainer, const Workload& workload,
                            const RankOptions& options, const LineSink& out) {
   std::unique_ptr<io::SafetensorsWriter> writer;
   if (options.rank == 0 && !job.export_path.empty()) {
@@ -377,7 +391,7 @@ absl::Status ExportWeights(const ResolvedJob& job, Trainer& trainer, const Workl
 
 }  // namespace
 
-absl::Status RunRank(const ResolvedJob& job, const plan::Plan& plan,
+absl::Status RunRank(const job::ResolvedJob& job, const plan::Plan& plan,
                      std::unique_ptr<Workload> workload, comm::Store& store,
                      const RankOptions& options, const RankHooks& hooks) {
   const LineSink out = hooks.out ? hooks.out : [](const std::string&) {};
@@ -397,7 +411,8 @@ absl::Status RunRank(const ResolvedJob& job, const plan::Plan& plan,
 
   const int64_t first_step = (*trainer)->steps_done();
   RunTotals totals;
-  MUONMESH_RETURN_IF_ERROR(TrainSteps(job, **trainer, options, h, totals));
+  const bool validation = engine->workload->num_validation_samples() > 0;
+  MUONMESH_RETURN_IF_ERROR(TrainSteps(job, **trainer, options, h, totals, validation));
 
   // One machine-readable line per rank (benchmarks aggregate them).
   std::vector<double> sorted = totals.optimizer_ms;

@@ -21,9 +21,9 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "plan/types.h"
+#include "core/plan/types.h"
 #include "worker/comm/store.h"
-#include "worker/job/job.h"
+#include "proto/job/job.h"
 #include "worker/model/workload.h"
 #include "worker/runtime/trainer.h"
 
@@ -65,9 +65,9 @@ struct RankHooks {
 // DeadlineExceeded for lost or late peers, the hooks' own statuses.
 // The planner's input for `job` without its model: world size,
 // parallelism and options as the job file sets them.
-plan::PlanInput PlanInputFor(const ResolvedJob& job);
+plan::PlanInput PlanInputFor(const job::ResolvedJob& job);
 
-absl::Status RunRank(const ResolvedJob& job, const plan::Plan& plan,
+absl::Status RunRank(const job::ResolvedJob& job, const plan::Plan& plan,
                      std::unique_ptr<Workload> workload, comm::Store& store,
                      const RankOptions& options, const RankHooks& hooks);
 

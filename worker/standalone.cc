@@ -7,16 +7,17 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "plan/planner.h"
-#include "proto/support/status_macros.h"
+#include "core/plan/planner.h"
+#include "core/base/status_macros.h"
 #include "worker/comm/file_store.h"
-#include "worker/job/job.h"
-#include "worker/job/optimizer_rules.h"
+#include "proto/job/job.h"
+#include "proto/job/model_specs.h"
+#include "proto/job/optimizer_rules.h"
 #include "worker/workload_factory.h"
 
 namespace muonmesh::worker {
 absl::Status DescribeJob(const std::string& job_path, const LineSink& out) {
-  absl::StatusOr<ResolvedJob> job = LoadResolvedJob(job_path);
+  absl::StatusOr<job::ResolvedJob> job = job::LoadResolvedJob(job_path);
   MUONMESH_RETURN_IF_ERROR(job.status());
   out(absl::StrCat("name=", job->name));
   out(absl::StrCat("device=", job->device));
@@ -29,8 +30,8 @@ absl::Status DescribeJob(const std::string& job_path, const LineSink& out) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<plan::Plan> PlanJob(const ResolvedJob& job, plan::ModelSpec spec) {
-  absl::StatusOr<plan::ModelSpec> model = ApplyOptimizerRules(std::move(spec), job.optimizer_rules);
+absl::StatusOr<plan::Plan> PlanJob(const job::ResolvedJob& job, plan::ModelSpec spec) {
+  absl::StatusOr<plan::ModelSpec> model = job::ApplyOptimizerRules(std::move(spec), job.optimizer_rules);
   MUONMESH_RETURN_IF_ERROR(model.status());
   plan::PlanInput input = PlanInputFor(job);
   input.model = *std::move(model);
@@ -41,7 +42,7 @@ absl::StatusOr<plan::Plan> PlanJob(const ResolvedJob& job, plan::ModelSpec spec)
 
 namespace {
 
-absl::Status CheckRankOptions(const StandaloneOptions& options, const ResolvedJob& job) {
+absl::Status CheckRankOptions(const StandaloneOptions& options, const job::ResolvedJob& job) {
   if (options.world_size != job.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("--world-size ", options.world_size,
                                                    " differs from the job's world_size ",
@@ -78,11 +79,10 @@ bool IsLoopback(const std::string& host) {
 }  // namespace
 
 absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out) {
-  absl::StatusOr<ResolvedJob> job = LoadResolvedJob(options.job_path);
+  absl::StatusOr<job::ResolvedJob> job = job::LoadResolvedJob(options.job_path);
   MUONMESH_RETURN_IF_ERROR(job.status());
   MUONMESH_RETURN_IF_ERROR(CheckRankOptions(options, *job));
-  std::unique_ptr<Workload> early;
-  absl::StatusOr<plan::ModelSpec> spec = ModelSpecOf(*job, &early);
+  absl::StatusOr<plan::ModelSpec> spec = job::ModelSpecOf(*job);
   MUONMESH_RETURN_IF_ERROR(spec.status());
   absl::StatusOr<plan::Plan> plan = PlanJob(*job, *std::move(spec));
   MUONMESH_RETURN_IF_ERROR(plan.status());
@@ -103,7 +103,7 @@ absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out
   rank.ranks_on_this_host = IsLoopback(options.hostname) ? job->world_size : 1;
   RankHooks hooks;
   hooks.out = out;
-  return RunRank(*job, *plan, std::move(early), **store, rank, hooks);
+  return RunRank(*job, *plan, nullptr, **store, rank, hooks);
 }
 
 }  // namespace muonmesh::worker

@@ -2,8 +2,8 @@
 
 // Runs one rank of a job file to completion without a coordinator:
 // `muonmesh-worker --standalone`. Ranks meet through a file store in a
-// shared folder and talk over Gloo (TCP). The control plane replaces this
-// with scheduling later; it stays for debugging.
+// shared folder and talk over Gloo (TCP). The worker daemon runs the same
+// rank under the coordinator; this stays for debugging and scripts.
 
 #include <cstdint>
 #include <functional>
@@ -12,8 +12,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "plan/types.h"
-#include "worker/job/job.h"
+#include "core/plan/types.h"
+#include "proto/job/job.h"
 #include "worker/rank_runner.h"
 
 namespace muonmesh::worker {
@@ -54,7 +54,7 @@ absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out
 // `spec` (ModelSpecOf), then the planner with the job's options (its
 // threads_per_rank among them). InvalidArgument naming the rule or the field
 // the planner rejects.
-absl::StatusOr<plan::Plan> PlanJob(const ResolvedJob& job, plan::ModelSpec spec);
+absl::StatusOr<plan::Plan> PlanJob(const job::ResolvedJob& job, plan::ModelSpec spec);
 
 // What launch scripts need from a job file, one `key=value` line each:
 // name, world_size, steps, checkpoint_every, max_restarts, output_dir,

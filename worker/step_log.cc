@@ -57,6 +57,9 @@ std::string StepJson(const StepReport& r, absl::Duration step_time, int32_t rank
   const std::vector<std::pair<const char*, absl::Duration>> phases = NamedPhases(r.times);
   std::string out = absl::StrCat("{\"step\": ", r.step, ", \"attempt\": ", attempt,
                                  ", \"rank\": ", rank, ", \"loss\": ", Number(r.loss),
+                                 r.val_loss.has_value()
+                                     ? absl::StrCat(", \"val_loss\": ", Number(*r.val_loss))
+                                     : std::string(),
                                  ", \"step_seconds\": ", Number(absl::ToDoubleSeconds(step_time)),
                                  ", \"phases\": {");
   for (size_t i = 0; i < phases.size(); ++i) {

@@ -1,8 +1,9 @@
 #pragma once
 
-// Each rank's per-step records on disk (DESIGN.md §8):
+// Each rank's per-step records on disk (docs/architecture.md §8):
 // <output.dir>/metrics/rank-<R>.jsonl, one JSON object per line and step:
-//   {"step": 3, "attempt": 0, "rank": 1, "loss": 0.0123, "step_seconds": 0.041,
+//   {"step": 3, "attempt": 0, "rank": 1, "loss": 0.0123, "val_loss": 0.02 (evaluated
+//    steps only), "step_seconds": 0.041,
 //    "phases": {"param_gather": ..., ...}, "bytes_sent": {"param_allgather": ...},
 //    "ns_flops": 1.2e9, "muon_exchange_calls": 2, "muon_rounds": [{"wave": 0,
 //    "units": [0, 3], "domain": "dense", "ns_flops": 1.2e9, "planned_ns_flops": 1.2e9,

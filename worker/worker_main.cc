@@ -1,6 +1,7 @@
 // muonmesh-worker: a worker daemon that serves a coordinator
 // (--coordinator), or one rank of a job file without one (--standalone, for
-// debugging), or a job file's launch facts (--describe).
+// debugging), or a job file's launch facts (--describe), or text from a
+// trained gpt (--sample).
 
 #include <pthread.h>
 #include <signal.h>
@@ -13,14 +14,16 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "proto/rpc/credentials.h"
-#include "proto/support/flag_parser.h"
+#include "core/base/flag_parser.h"
 #include "worker/daemon.h"
 #include "worker/job/memory_budget.h"
+#include "worker/sample.h"
 #include "worker/standalone.h"
 
 namespace {
@@ -36,6 +39,9 @@ constexpr const char* kUsage =
     "                       [--resume] [--fail-at-step S] [--cuda-device N]\n"
     "                       [--create-store] [--memory-budget SIZE]\n"
     "       muonmesh-worker --describe --job FILE\n"
+    "       muonmesh-worker --sample --job FILE --weights FILE [--prompt TEXT]\n"
+    "                       [--prompt-ids ID,ID...] [--tokens 200] [--temperature 1]\n"
+    "                       [--top-k 0] [--seed 0] [--tokenizer gpt2_tokenizer.bin]\n"
     "\n"
     "--coordinator makes this process a worker daemon: it registers with the coordinator\n"
     "(as --worker-id, default <hostname>/<device>/<pid>; peers reach it at --address,\n"
@@ -76,6 +82,13 @@ constexpr const char* kUsage =
     "--describe prints the job's name, world_size, steps, checkpoint_every,\n"
     "max_restarts, output_dir and export as key=value lines (for launch scripts).\n"
     "\n"
+    "--sample prints text a trained gpt writes after --prompt: --weights is the job's\n"
+    "export (or any safetensors file with its parameters); --tokens new tokens are drawn\n"
+    "one by one at --temperature (0: always the likeliest) from the --top-k likeliest\n"
+    "(0: all), reproducibly for one --seed (exact rule: worker/sample.h). A model trained\n"
+    "on data.text prints text; one trained on token shards prints token ids, or text with\n"
+    "--tokenizer (llm.c's gpt2_tokenizer.bin format), and takes its prompt as --prompt-ids.\n"
+    "\n"
     "Exit codes: 0 done (or stopped by a signal), 1 the job is invalid or failed (out of\n"
     "memory included) or the daemon cannot serve, 2 usage error.\n";
 
@@ -84,14 +97,51 @@ int Usage(const std::string& problem) {
   return 2;
 }
 
-enum class Mode { kNone, kStandalone, kDescribe, kDaemon };
+enum class Mode { kNone, kStandalone, kDescribe, kDaemon, kSample };
 
 struct Args {
   Mode mode = Mode::kNone;
+  muonmesh::worker::SampleOptions sample;
   muonmesh::worker::StandaloneOptions standalone;
   muonmesh::worker::DaemonOptions daemon;
   bool have_rank = false;
 };
+
+// --sample's flags, as the parser takes them.
+struct SampleFlags {
+  bool sample = false;
+  std::string prompt_ids;
+  std::string temperature = "1";
+  int64_t seed = 0;
+};
+
+void AddSampleFlags(muonmesh::FlagParser& p, SampleFlags& f, muonmesh::worker::SampleOptions& o) {
+  p.Bool("--sample", "", &f.sample);
+  p.String("--weights", "FILE", "", &o.weights_path);
+  p.String("--prompt", "TEXT", "", &o.prompt);
+  p.String("--prompt-ids", "ID,ID...", "", &f.prompt_ids);
+  p.String("--tokenizer", "FILE", "", &o.tokenizer_path);
+  p.Int("--tokens", "N", "", &o.tokens);
+  p.String("--temperature", "T", "", &f.temperature);
+  p.Int("--top-k", "K", "", &o.top_k);
+  p.Int("--seed", "S", "", &f.seed);
+}
+
+// The sample flags the parser cannot type: "" or the usage problem.
+std::string ParseSampleFlags(const std::string& ids, const std::string& temperature, int64_t seed,
+                             muonmesh::worker::SampleOptions& o) {
+  for (absl::string_view id : absl::StrSplit(ids, ',', absl::SkipEmpty())) {
+    int32_t value = 0;
+    if (!absl::SimpleAtoi(id, &value)) return absl::StrCat("--prompt-ids: not a token id: ", id);
+    o.prompt_ids.push_back(value);
+  }
+  if (!absl::SimpleAtod(temperature, &o.temperature)) {
+    return absl::StrCat("--temperature: not a number: ", temperature);
+  }
+  if (seed < 0) return absl::StrCat("--seed: must be >= 0, got ", seed);
+  o.seed = static_cast<uint64_t>(seed);
+  return "";
+}
 
 // Parses argv into `args`; returns "" or the usage problem (kUsage
 // documents the flags).
@@ -100,6 +150,7 @@ std::string Parse(int argc, char** argv, Args& args) {
   muonmesh::worker::StandaloneOptions& s = args.standalone;
   muonmesh::FlagParser p("muonmesh-worker");
   bool standalone = false, describe = false;
+  SampleFlags sf;
   std::string allowed_dirs, memory_budget;
   int64_t rank = 0, timeout = 0, cuda_device = 0, fail_at_step = 0, attempt = 0;
   p.String("--coordinator", "HOST:PORT", "", &d.coordinator);
@@ -127,18 +178,26 @@ std::string Parse(int argc, char** argv, Args& args) {
   p.Int("--cuda-device", "N", "", &cuda_device);
   p.Int("--fail-at-step", "S", "", &fail_at_step);
   p.Int("--attempt", "A", "", &attempt);
+  AddSampleFlags(p, sf, args.sample);
   bool help = false;
   if (absl::Status st = p.Parse(std::vector<std::string>(argv + 1, argv + argc), &help);
       !st.ok()) {
     return std::string(st.message());
   }
-  if (p.Seen("--coordinator") + standalone + describe > 1) {
-    return "give one of --coordinator, --standalone and --describe";
+  const bool sample = sf.sample;
+  if (p.Seen("--coordinator") + standalone + describe + sample > 1) {
+    return "give one of --coordinator, --standalone, --describe and --sample";
   }
   args.mode = p.Seen("--coordinator") ? Mode::kDaemon
               : standalone            ? Mode::kStandalone
               : describe              ? Mode::kDescribe
+              : sample                ? Mode::kSample
                                       : Mode::kNone;
+  if (std::string problem = ParseSampleFlags(sf.prompt_ids, sf.temperature, sf.seed, args.sample);
+      !problem.empty()) {
+    return problem;
+  }
+  args.sample.job_path = s.job_path;
   for (absl::string_view dir : absl::StrSplit(allowed_dirs, ',', absl::SkipEmpty())) {
     d.allowed_dirs.emplace_back(dir);
   }
@@ -201,6 +260,17 @@ int RunDaemonMode(const Args& args) {
   return 0;
 }
 
+int RunSampleMode(const muonmesh::worker::SampleOptions& options) {
+  if (options.job_path.empty()) return Usage("--job is required");
+  if (options.weights_path.empty()) return Usage("--weights is required");
+  absl::StatusOr<std::vector<int32_t>> tokens = muonmesh::worker::SampleTokens(options);
+  if (!tokens.ok()) return Fail("muonmesh-worker --sample", tokens.status());
+  absl::StatusOr<std::string> text = muonmesh::worker::RenderTokens(options, *tokens);
+  if (!text.ok()) return Fail("muonmesh-worker --sample", text.status());
+  std::cout << *text << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -216,7 +286,9 @@ int main(int argc, char** argv) {
   const muonmesh::worker::StandaloneOptions& options = args.standalone;
   switch (args.mode) {
     case Mode::kNone:
-      return Usage("give --coordinator, --standalone or --describe");
+      return Usage("give --coordinator, --standalone, --describe or --sample");
+    case Mode::kSample:
+      return RunSampleMode(args.sample);
     case Mode::kDaemon:
       return RunDaemonMode(args);
     case Mode::kDescribe: {

@@ -35,6 +35,11 @@ WorkerMetrics::WorkerMetrics()
                 .Name("muonmesh_worker_loss")
                 .Help("Global-batch loss of the last step this worker finished")
                 .Register(*registry_)),
+      val_loss_(prometheus::BuildGauge()
+                    .Name("muonmesh_worker_val_loss")
+                    .Help("Mean validation loss of the last evaluated step of this worker's job "
+                          "(language models: training.eval_every and the last step)")
+                    .Register(*registry_)),
       collective_bytes_(prometheus::BuildCounter()
                             .Name("muonmesh_worker_collective_bytes_total")
                             .Help("Bytes this worker sent, per collective of the plan")
@@ -98,6 +103,11 @@ void WorkerMetrics::OnStep(const std::string& job, const StepReport& r,
   flops.Increment(r.ns_flops);
   series.steps = &steps;
   series.loss = &loss;
+  if (r.val_loss.has_value()) {
+    prometheus::Gauge& val_loss = val_loss_.Add({{"job", job}});
+    val_loss.Set(*r.val_loss);
+    series.val_loss = &val_loss;
+  }
   series.flops = &flops;
   const absl::Duration optimizer = OptimizerTime(r.times);
   prometheus::Counter& optimizer_seconds = optimizer_seconds_.Add({{"job", job}});
@@ -127,6 +137,7 @@ void WorkerMetrics::OnAttemptEnd(const std::string& job, const std::string& outc
   for (prometheus::Counter* c : s.bytes) collective_bytes_.Remove(c);
   if (s.steps != nullptr) steps_.Remove(s.steps);
   if (s.loss != nullptr) loss_.Remove(s.loss);
+  if (s.val_loss != nullptr) val_loss_.Remove(s.val_loss);
   if (s.flops != nullptr) ns_flops_.Remove(s.flops);
   if (s.optimizer != nullptr) optimizer_seconds_.Remove(s.optimizer);
   if (s.exchange_wait != nullptr) exchange_wait_.Remove(s.exchange_wait);

@@ -1,6 +1,6 @@
 #pragma once
 
-// The worker's Prometheus metrics (DESIGN.md §8), served at /metrics by the
+// The worker's Prometheus metrics (docs/architecture.md §8), served at /metrics by the
 // daemon (--metrics-listen). Base units, _total counters, histograms for
 // durations, low-cardinality labels (a phase, a collective, and the job the
 // worker runs: one at a time, and a job's series are dropped when its rank
@@ -9,6 +9,7 @@
 //                                                 "step" is the whole step
 //   muonmesh_worker_steps_total{job}               counter
 //   muonmesh_worker_loss{job}                      gauge, the last step's
+//   muonmesh_worker_val_loss{job}                  gauge, the last validation loss
 //   muonmesh_worker_collective_bytes_total{job, collective}  counter, bytes sent
 //   muonmesh_worker_newton_schulz_flops_total{job} counter
 //   muonmesh_worker_optimizer_seconds_total{job}   counter, the optimizer
@@ -65,6 +66,7 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Histogram>& step_duration_;
   prometheus::Family<prometheus::Counter>& steps_;
   prometheus::Family<prometheus::Gauge>& loss_;
+  prometheus::Family<prometheus::Gauge>& val_loss_;
   prometheus::Family<prometheus::Counter>& collective_bytes_;
   prometheus::Family<prometheus::Counter>& ns_flops_;
   prometheus::Family<prometheus::Counter>& optimizer_seconds_;
@@ -77,6 +79,7 @@ class WorkerMetrics {
     std::set<prometheus::Counter*> bytes;
     prometheus::Counter* steps = nullptr;
     prometheus::Gauge* loss = nullptr;
+    prometheus::Gauge* val_loss = nullptr;
     prometheus::Counter* flops = nullptr;
     prometheus::Counter* optimizer = nullptr;
     prometheus::Counter* exchange_wait = nullptr;

@@ -1,14 +1,21 @@
 #include "worker/workload_factory.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
+#include <memory>
+#include <string>
+#include <vector>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "proto/convert/plan_convert.h"
-#include "proto/support/status_macros.h"
+#include "core/base/status_macros.h"
+#include "proto/job/corpus.h"
 #include "worker/io/safetensors.h"
+#include "worker/io/token_files.h"
+#include "worker/model/gpt.h"
 #include "worker/model/mlp.h"
 #include "worker/model/moe_mlp.h"
 #include "worker/model/synthetic.h"
@@ -21,6 +28,7 @@
 #include "worker/model/mlp_cuda.h"
 #include "worker/model/moe_mlp_cuda.h"
 #include "worker/model/synthetic_cuda.h"
+#include "worker/cuda/cuda_error.h"
 #include "worker/runtime/cuda_device.h"
 #endif
 
@@ -70,7 +78,7 @@ absl::StatusOr<std::unique_ptr<Workload>> MlpFromFile(const std::vector<int64_t>
   return std::unique_ptr<Workload>(new Mlp(*std::move(mlp)));
 }
 
-absl::StatusOr<std::unique_ptr<Workload>> MakeMoeMlp(const ResolvedJob& job) {
+absl::StatusOr<std::unique_ptr<Workload>> MakeMoeMlp(const job::ResolvedJob& job) {
   const MoeMlpDims dims{job.moe.d_in(), job.moe.d_model(), job.moe.d_expert(),
                         job.moe.num_experts(), job.moe.d_out()};
   if (job.data_safetensors.empty()) {
@@ -87,18 +95,60 @@ absl::StatusOr<std::unique_ptr<Workload>> MakeMoeMlp(const ResolvedJob& job) {
   return std::unique_ptr<Workload>(new MoeMlp(*std::move(moe)));
 }
 
+// The corpus's training and validation streams: `val` when given, else the
+// last floor(M * val_fraction) of the M training tokens (none when that is
+// 0). The files are memory-mapped, never read whole.
+struct Corpus {
+  std::shared_ptr<const TokenStream> train, val;
+};
+
+absl::StatusOr<std::shared_ptr<const TokenStream>> OpenCorpusPart(const job::Corpus& corpus,
+                                                                  const std::string& field,
+                                                                  const std::string& pattern) {
+  MUONMESH_ASSIGN_OR_RETURN(std::vector<std::string> files, job::ExpandCorpus(field, pattern));
+  return OpenTokenFiles(files, corpus.tokens ? TokenFormat::kShards : TokenFormat::kText);
+}
+
+absl::StatusOr<Corpus> OpenCorpus(const job::Corpus& corpus) {
+  const std::string field = corpus.tokens ? "data.tokens" : "data.text";
+  Corpus out;
+  MUONMESH_ASSIGN_OR_RETURN(out.train, OpenCorpusPart(corpus, field + ".train", corpus.train));
+  if (!corpus.val.empty()) {
+    MUONMESH_ASSIGN_OR_RETURN(out.val, OpenCorpusPart(corpus, field + ".val", corpus.val));
+    return out;
+  }
+  const int64_t total = out.train->num_tokens();
+  const auto held = static_cast<int64_t>(std::floor(static_cast<double>(total) *
+                                                    corpus.val_fraction));
+  if (held <= 0) return out;
+  if (held >= total) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".val_fraction: holds out all ",
+                                                   total, " tokens"));
+  }
+  MUONMESH_ASSIGN_OR_RETURN(out.val, SliceTokens(out.train, total - held, total));
+  MUONMESH_ASSIGN_OR_RETURN(out.train, SliceTokens(out.train, 0, total - held));
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Workload>> MakeGpt(const job::ResolvedJob& job) {
+  MUONMESH_ASSIGN_OR_RETURN(Corpus corpus, OpenCorpus(job.corpus));
+  MUONMESH_ASSIGN_OR_RETURN(Gpt gpt, Gpt::Create(job.gpt, corpus.train));
+  MUONMESH_RETURN_IF_ERROR(gpt.SetValidation(corpus.val));
+  return std::unique_ptr<Workload>(new Gpt(std::move(gpt)));
+}
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Workload>> MakeWorkload(const ResolvedJob& job) {
+absl::StatusOr<std::unique_ptr<Workload>> MakeWorkload(const job::ResolvedJob& job) {
   switch (job.model_kind) {
-    case ResolvedJob::ModelKind::kMlp: {
+    case job::ResolvedJob::ModelKind::kMlp: {
       if (!job.data_safetensors.empty()) return MlpFromFile(job.mlp_dims, job.data_safetensors);
       absl::StatusOr<Mlp> mlp =
           Mlp::FromTeacher(job.mlp_dims, job.teacher_seed.value_or(0), job.teacher_samples);
       MUONMESH_RETURN_IF_ERROR(mlp.status());
       return std::unique_ptr<Workload>(new Mlp(*std::move(mlp)));
     }
-    case ResolvedJob::ModelKind::kSynthetic: {
+    case job::ResolvedJob::ModelKind::kSynthetic: {
       const int64_t ep = std::max<int64_t>(1, job.parallelism.expert_model_parallel_size);
       absl::StatusOr<Synthetic> s =
           job.synthetic_model.has_value()
@@ -109,26 +159,24 @@ absl::StatusOr<std::unique_ptr<Workload>> MakeWorkload(const ResolvedJob& job) {
       MUONMESH_RETURN_IF_ERROR(s.status());
       return std::unique_ptr<Workload>(new Synthetic(*std::move(s)));
     }
-    case ResolvedJob::ModelKind::kMoeMlp:
+    case job::ResolvedJob::ModelKind::kMoeMlp:
       return MakeMoeMlp(job);
+    case job::ResolvedJob::ModelKind::kGpt:
+      return MakeGpt(job);
   }
   return absl::InternalError("unknown model kind");
 }
 
 // The job's device: the CPU, or the GPU --cuda-device (else rank modulo the
 // GPUs of this machine).
-absl::StatusOr<std::unique_ptr<Device>> MakeDevice(const ResolvedJob& job, int32_t rank,
+absl::StatusOr<std::unique_ptr<Device>> MakeDevice(const job::ResolvedJob& job, int32_t rank,
                                                    int cuda_device) {
   if (job.device == "cpu") return MakeCpuDevice();
 #if MUONMESH_WORKER_WITH_CUDA
   int ordinal = cuda_device;
   if (ordinal < 0) {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-      cudaGetLastError();
-      return absl::FailedPreconditionError(
-          absl::StrCat("device 'cuda': rank ", rank, " finds no CUDA device"));
-    }
+    MUONMESH_ASSIGN_OR_RETURN(
+        const int count, cuda::CudaDeviceCount(absl::StrCat("device 'cuda': rank ", rank)));
     // NCCL needs a GPU of its own for every rank of a group.
     if (job.world_size > count) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -150,17 +198,20 @@ absl::StatusOr<std::unique_ptr<Device>> MakeDevice(const ResolvedJob& job, int32
 #endif
 }
 
-// The workload's GPU form (every built-in workload has one).
-absl::StatusOr<std::unique_ptr<Workload>> OnGpu(const ResolvedJob& job,
+// The workload's GPU form (every built-in workload but gpt has one).
+absl::StatusOr<std::unique_ptr<Workload>> OnGpu(const job::ResolvedJob& job,
                                                 std::unique_ptr<Workload> workload) {
 #if MUONMESH_WORKER_WITH_CUDA
-  if (job.model_kind == ResolvedJob::ModelKind::kSynthetic) {
+  if (job.model_kind == job::ResolvedJob::ModelKind::kGpt) {
+    return absl::UnimplementedError("device 'cuda': the gpt model runs on the CPU only so far");
+  }
+  if (job.model_kind == job::ResolvedJob::ModelKind::kSynthetic) {
     auto* s = static_cast<Synthetic*>(workload.get());
     absl::StatusOr<std::unique_ptr<CudaSynthetic>> gpu = CudaSynthetic::Create(std::move(*s));
     MUONMESH_RETURN_IF_ERROR(gpu.status());
     return std::unique_ptr<Workload>(std::move(*gpu));
   }
-  if (job.model_kind == ResolvedJob::ModelKind::kMlp) {
+  if (job.model_kind == job::ResolvedJob::ModelKind::kMlp) {
     auto* m = static_cast<Mlp*>(workload.get());
     absl::StatusOr<std::unique_ptr<CudaMlp>> gpu = CudaMlp::Create(std::move(*m));
     MUONMESH_RETURN_IF_ERROR(gpu.status());
@@ -199,28 +250,6 @@ absl::StatusOr<std::vector<std::vector<float>>> InitialFromFile(const plan::Mode
     }
   }
   return out;
-}
-
-// The model's spec, made cheaply: mlp and moe_mlp from their dims (no
-// weights or data yet, so that the memory check comes first); synthetic by
-// loading its spec file, which is all that workload holds: it is made here
-// and handed back in `*synthetic`.
-absl::StatusOr<plan::ModelSpec> ModelSpecOf(const ResolvedJob& job,
-                                            std::unique_ptr<Workload>* synthetic) {
-  switch (job.model_kind) {
-    case ResolvedJob::ModelKind::kMlp:
-      return MlpSpec(job.mlp_dims);
-    case ResolvedJob::ModelKind::kMoeMlp:
-      return MoeMlpSpec({job.moe.d_in(), job.moe.d_model(), job.moe.d_expert(),
-                         job.moe.num_experts(), job.moe.d_out()});
-    case ResolvedJob::ModelKind::kSynthetic: {
-      absl::StatusOr<std::unique_ptr<Workload>> w = MakeWorkload(job);
-      MUONMESH_RETURN_IF_ERROR(w.status());
-      *synthetic = *std::move(w);
-      return (*synthetic)->spec();
-    }
-  }
-  return absl::InternalError("unknown model kind");
 }
 
 }  // namespace muonmesh::worker

@@ -3,13 +3,13 @@
 # machine and trains a job through it:
 #  1. starts muonmesh-coordinator on a free loopback port (state in a
 #     temporary folder) and 4 muonmesh-worker daemons that register with it;
-#  2. prints, through muonmeshctl, the plan of the example job's model (the
-#     MLP of DESIGN.md §2 on 4 ranks as HFSDP);
-#  3. submits deploy/local/examples/mlp-hfsdp.yaml, watches it to the end
-#     (every step's loss and time), prints its step records and a summary,
-#     and the fleet;
+#  2. prints, through muonmeshctl, the plan of the job (by default a
+#     byte-level GPT-2 on 4 ranks with ZeRO-3, deploy/local/examples/gpt-text.yaml);
+#  3. submits it, watches it to the end (every step's loss and time, the
+#     validation loss every 50 steps), prints its step records and a
+#     summary, and the fleet;
 #  4. stops everything it started. The final weights are in
-#     deploy/local/examples/runs/mlp-hfsdp/final.safetensors.
+#     deploy/local/examples/runs/<job name>/final.safetensors.
 #
 #   deploy/local/run-example.sh [JOB.yaml]
 #
@@ -18,7 +18,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
-job=${1:-deploy/local/examples/mlp-hfsdp.yaml}
+job=${1:-deploy/local/examples/gpt-text.yaml}
 
 build_dir=${MUONMESH_BUILD_DIR:-build}
 deploy/local/build.sh --target muonmesh-coordinator muonmeshctl muonmesh-worker >/dev/null
@@ -58,8 +58,7 @@ done
 
 export MUONMESH_COORDINATOR=$address
 echo
-"$ctl" plan --spec deploy/local/examples/mlp-32-64-64-8.yaml --world-size 4 --instances 2 \
-  --device cpu
+"$ctl" plan --job "$job"
 echo
 id=$("$ctl" submit "$job" | tail -n 1)
 echo "submitted $job as $id"

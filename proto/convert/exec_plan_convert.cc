@@ -8,8 +8,8 @@
 #include "absl/strings/str_format.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
-#include "plan/ns_cost.h"
-#include "proto/support/status_macros.h"
+#include "core/plan/ns_cost.h"
+#include "core/base/status_macros.h"
 
 namespace muonmesh {
 namespace {

@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "muonmesh/v1/execution_plan.pb.h"
-#include "plan/types.h"
+#include "core/plan/types.h"
 
 namespace muonmesh {
 

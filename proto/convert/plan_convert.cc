@@ -4,9 +4,9 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "plan/mesh.h"
-#include "plan/ns_cost.h"
-#include "plan/waves.h"
+#include "core/plan/mesh.h"
+#include "core/plan/ns_cost.h"
+#include "core/plan/waves.h"
 
 namespace muonmesh {
 namespace {
@@ -144,6 +144,24 @@ plan::ModelSpec ModelFromProto(const v1::ModelSpec& model) {
       param.shape.assign(p.shape().begin(), p.shape().end());
       param.optimizer = p.optimizer();
       param.expert = p.expert();
+    }
+  }
+  return out;
+}
+
+v1::ModelSpec ModelToProto(const plan::ModelSpec& model) {
+  v1::ModelSpec out;
+  out.set_name(model.name);
+  for (const plan::UnitSpec& u : model.units) {
+    v1::UnitSpec* unit = out.add_units();
+    unit->set_name(u.name);
+    unit->set_gathers_per_step(u.gathers_per_step);
+    for (const plan::ParamSpec& p : u.params) {
+      v1::ParamSpec* param = unit->add_params();
+      param->set_name(p.name);
+      for (int64_t d : p.shape) param->add_shape(d);
+      param->set_optimizer(p.optimizer);
+      param->set_expert(p.expert);
     }
   }
   return out;

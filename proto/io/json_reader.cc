@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/text.h"
 
 namespace muonmesh::protoio::internal {
 namespace {
@@ -17,23 +18,6 @@ int HexValue(char c) {
   return -1;
 }
 
-void AppendUtf8(std::uint32_t code_point, std::string* out) {
-  if (code_point < 0x80) {
-    out->push_back(static_cast<char>(code_point));
-  } else if (code_point < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (code_point >> 6)));
-    out->push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
-  } else if (code_point < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (code_point >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((code_point >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (code_point >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((code_point >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((code_point >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
-  }
-}
 
 // A recursive-descent reader. Recursion is bounded by ReadLimits::max_depth,
 // which TreeBuilder::Open enforces before each level is entered.
@@ -216,7 +200,7 @@ class JsonReader {
           pos_ -= 2;
           std::uint32_t code_point = 0;
           if (!UnicodeEscape(&code_point)) return false;
-          AppendUtf8(code_point, &out);
+          ::muonmesh::text::AppendUtf8(code_point, &out);
           break;
         }
         default:

@@ -27,7 +27,8 @@
 #include "proto/io/document.h"
 #include "proto/io/json_reader.h"
 #include "proto/io/yaml_reader.h"
-#include "proto/support/status_macros.h"
+#include "core/base/status_macros.h"
+#include "core/base/text.h"
 
 namespace muonmesh::protoio {
 namespace {
@@ -119,43 +120,6 @@ std::string UnknownFieldReason(const Descriptor& type, absl::string_view key) {
   return reason;
 }
 
-bool IsValidUtf8(absl::string_view s) {
-  std::size_t i = 0;
-  while (i < s.size()) {
-    const auto lead = static_cast<unsigned char>(s[i]);
-    if (lead < 0x80) {
-      ++i;
-      continue;
-    }
-    std::size_t extra;
-    std::uint32_t code_point;
-    if ((lead & 0xE0) == 0xC0) {
-      extra = 1;
-      code_point = lead & 0x1F;
-    } else if ((lead & 0xF0) == 0xE0) {
-      extra = 2;
-      code_point = lead & 0x0F;
-    } else if ((lead & 0xF8) == 0xF0) {
-      extra = 3;
-      code_point = lead & 0x07;
-    } else {
-      return false;
-    }
-    if (s.size() - i <= extra) return false;
-    for (std::size_t k = 1; k <= extra; ++k) {
-      const auto cont = static_cast<unsigned char>(s[i + k]);
-      if ((cont & 0xC0) != 0x80) return false;
-      code_point = (code_point << 6) | (cont & 0x3F);
-    }
-    static constexpr std::uint32_t kMinForLength[] = {0, 0x80, 0x800, 0x10000};
-    if (code_point < kMinForLength[extra] || code_point > 0x10FFFF ||
-        (code_point >= 0xD800 && code_point <= 0xDFFF)) {
-      return false;
-    }
-    i += extra + 1;
-  }
-  return true;
-}
 
 // A quoted scalar in a numeric field is a type error, as in a typed
 // language: "4" is a string. (proto3 JSON quotes int64s, but job files and
@@ -320,7 +284,7 @@ std::string SetString(absl::string_view text, const FieldDescriptor& field, Mess
     if (!absl::Base64Unescape(text, &value) && !absl::WebSafeBase64Unescape(text, &value)) {
       return absl::StrCat("expected base64 (bytes), got ", Quote(text));
     }
-  } else if (!IsValidUtf8(text)) {
+  } else if (!::muonmesh::text::IsValidUtf8(std::string_view(text.data(), text.size()))) {
     return "string is not valid UTF-8";
   } else {
     value = std::string(text);

@@ -15,7 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "grpcpp/support/status.h"
-#include "plan/types.h"
+#include "core/base/field_violation.h"
 
 namespace muonmesh::rpc {
 
@@ -23,7 +23,7 @@ namespace muonmesh::rpc {
 // "model.units[3].params[2].shape[1]") and what is wrong with it. An empty
 // field means the request as a whole. The planner's type: what the
 // validators find goes into an error as it is.
-using FieldViolation = plan::FieldViolation;
+using FieldViolation = ::muonmesh::FieldViolation;
 
 // gRPC carries the status message and the error details in HTTP/2 trailers,
 // and a peer drops a call whose trailers exceed its metadata limit (8 KiB by

@@ -11,9 +11,12 @@
 //     GetJobMetrics                          viewer, submitter, admin
 //   muonmesh.v1.Jobs/{Submit,Cancel}Job      submitter, admin
 //   muonmesh.v1.Fleet/ListWorkers            viewer, submitter, worker, admin
-//   muonmesh.v1.Fleet/* (the rest)           worker, admin; client certificate
-//   muonmesh.v1.Store/*                      worker, admin; client certificate
+//   muonmesh.v1.Fleet/{Register,Heartbeat,Assignments,ReportStep,
+//     ReportAttempt}                         worker, admin; client certificate
+//   muonmesh.v1.Store/{Set,Get,Wait,Add}     worker, admin; client certificate
 //   anything else                            admin
+// muonmesh methods are placed one by one (never by service prefix), so a
+// new RPC is admin-only until it is given its roles here.
 // Roles apply when the coordinator has tokens; the client certificate
 // (mutual TLS) when it has a CA to check them against.
 //
@@ -40,6 +43,10 @@ struct MethodRule {
 // The rule of `method`, a full gRPC path ("/muonmesh.v1.Jobs/SubmitJob").
 // Unknown methods are admin-only.
 MethodRule RuleFor(absl::string_view method);
+
+// Whether `method` has a rule of its own (or its gRPC service's), rather
+// than the admin-only fallback of methods nobody placed.
+bool IsPlaced(absl::string_view method);
 
 // What the coordinator checks.
 struct AccessPolicyOptions {

@@ -38,7 +38,7 @@ struct ControlPlaneOptions {
   absl::Duration collective_timeout = absl::Seconds(60);
   // HOST:PORT for Prometheus metrics (/metrics); empty: none.
   std::string metrics_listen;
-  // Resolved folders (worker::ResolveAllowedDirs) the paths a submitted job
+  // Resolved folders (job::ResolveAllowedDirs) the paths a submitted job
   // names must lie in (JobManagerOptions::allowed_dirs); empty: any.
   std::vector<std::string> allowed_dirs;
   // A worker's id must be named by its client certificate (its CN or a

@@ -132,6 +132,11 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
   }
   prometheus::MetricFamily loss{"muonmesh_job_loss", "Last loss of each running job",
                                 prometheus::MetricType::Gauge, {}};
+  prometheus::MetricFamily val_loss{
+      "muonmesh_job_val_loss",
+      "Newest validation loss of each running job (language models; see training.eval_every)",
+      prometheus::MetricType::Gauge,
+      {}};
   for (const auto& [state, count] : store_.CountByState()) by_state[state] = count;
   for (const auto& [state, count] : by_state) {
     prometheus::ClientMetric m = GaugeValue(static_cast<double>(count));
@@ -156,6 +161,11 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
       m.label = {{"job", job.id()}};
       critical_path.metric.push_back(std::move(m));
     }
+    if (job.has_last_val_loss()) {
+      prometheus::ClientMetric v = GaugeValue(job.last_val_loss());
+      v.label = {{"job", job.id()}};
+      val_loss.metric.push_back(std::move(v));
+    }
     if (job.steps_done() == 0) continue;
     prometheus::ClientMetric m = GaugeValue(job.last_loss());
     m.label = {{"job", job.id()}};
@@ -176,7 +186,8 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
     m.label = {{"device", key.second}, {"state", key.first}};
     workers.metric.push_back(std::move(m));
   }
-  return {std::move(jobs), std::move(workers), std::move(loss), std::move(critical_path)};
+  return {std::move(jobs), std::move(workers), std::move(loss), std::move(val_loss),
+          std::move(critical_path)};
 }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>

@@ -1,10 +1,12 @@
 #pragma once
 
-// The coordinator's Prometheus metrics (DESIGN.md §8), served at /metrics:
+// The coordinator's Prometheus metrics (docs/architecture.md §8), served at /metrics:
 //   muonmesh_jobs{state}                         gauge, jobs in each state
 //   muonmesh_workers{state, device}              gauge, registered workers
 //   muonmesh_job_loss{job}                       gauge, last loss of each
 //                                                running job
+//   muonmesh_job_val_loss{job}                   gauge, newest validation
+//                                                loss of each running job
 //   muonmesh_job_steps_total                     counter, steps every rank of
 //                                                a job finished
 //   muonmesh_job_step_duration_seconds           histogram, a step's slowest

@@ -4,7 +4,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "proto/support/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace muonmesh::coordinator {
 namespace {

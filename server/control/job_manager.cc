@@ -9,18 +9,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/convert/exec_plan_convert.h"
-#include "plan/plan_size.h"
-#include "plan/planner.h"
-#include "plan/validate.h"
-#include "plan/waves.h"
+#include "core/plan/plan_size.h"
+#include "core/plan/planner.h"
+#include "core/plan/validate.h"
+#include "core/plan/waves.h"
 #include "proto/convert/plan_convert.h"
-#include "proto/support/status_macros.h"
-#include "worker/job/allowed_dirs.h"
-#include "worker/job/job.h"
-#include "worker/job/optimizer_rules.h"
-#include "worker/model/mlp.h"
-#include "worker/model/moe_mlp.h"
-#include "worker/model/synthetic.h"
+#include "core/base/status_macros.h"
+#include "proto/job/allowed_dirs.h"
+#include "proto/job/job.h"
+#include "proto/job/model_specs.h"
+#include "proto/job/optimizer_rules.h"
 
 namespace muonmesh::coordinator {
 namespace {
@@ -51,6 +49,14 @@ void CheckPaths(const v1::JobSpec& spec, std::vector<plan::FieldViolation>* v) {
   if (spec.data().source_case() == v1::DataConfig::kSafetensors) {
     CheckAbsolute("data.safetensors", spec.data().safetensors(), v);
   }
+  if (spec.data().source_case() == v1::DataConfig::kText) {
+    CheckAbsolute("data.text.train", spec.data().text().train(), v);
+    CheckAbsolute("data.text.val", spec.data().text().val(), v);
+  }
+  if (spec.data().source_case() == v1::DataConfig::kTokens) {
+    CheckAbsolute("data.tokens.train", spec.data().tokens().train(), v);
+    CheckAbsolute("data.tokens.val", spec.data().tokens().val(), v);
+  }
   if (spec.output().dir().empty()) {
     v->push_back({"output.dir", "required for a job submitted to a coordinator (an absolute "
                                 "folder the workers can write; muonmeshctl submit fills it)"});
@@ -65,35 +71,15 @@ void CheckPaths(const v1::JobSpec& spec, std::vector<plan::FieldViolation>* v) {
   }
 }
 
-// The model's parameter list, without building the workload.
-absl::StatusOr<plan::ModelSpec> ModelOf(const v1::JobSpec& spec) {
-  const v1::ModelConfig& m = spec.model();
-  const int64_t ep = std::max<int64_t>(1, spec.parallelism().expert_model_parallel_size());
-  switch (m.kind_case()) {
-    case v1::ModelConfig::kMlp:
-      return worker::MlpSpec(std::vector<int64_t>(m.mlp().dims().begin(), m.mlp().dims().end()));
-    case v1::ModelConfig::kMoeMlp:
-      return worker::MoeMlpSpec({m.moe_mlp().d_in(), m.moe_mlp().d_model(),
-                                 m.moe_mlp().d_expert(), m.moe_mlp().num_experts(),
-                                 m.moe_mlp().d_out()});
-    case v1::ModelConfig::kSynthetic: {
-      const double scale = m.synthetic().scale() == 0 ? 1.0 : m.synthetic().scale();
-      return worker::ScaleModelSpec(ModelFromProto(m.synthetic().model()), scale, ep);
-    }
-    case v1::ModelConfig::KIND_NOT_SET:
-      break;
-  }
-  return absl::InvalidArgumentError("model: required");
-}
-
 absl::StatusOr<plan::PlanInput> PlanInputOf(const v1::JobSpec& spec) {
-  absl::StatusOr<plan::ModelSpec> model = ModelOf(spec);
+  absl::StatusOr<plan::ModelSpec> model = job::ModelSpecOf(
+      spec.model(), spec.parallelism().expert_model_parallel_size(), /*synthetic_spec_path=*/"");
   MUONMESH_RETURN_IF_ERROR(model.status());
   std::vector<std::pair<std::string, std::string>> rules;
   for (const v1::OptimizerRule& r : spec.optimizer().rules()) {
     rules.emplace_back(r.pattern(), r.optimizer());
   }
-  absl::StatusOr<plan::ModelSpec> ruled = worker::ApplyOptimizerRules(*std::move(model), rules);
+  absl::StatusOr<plan::ModelSpec> ruled = job::ApplyOptimizerRules(*std::move(model), rules);
   MUONMESH_RETURN_IF_ERROR(ruled.status());
   plan::PlanInput input;
   input.model = *std::move(ruled);
@@ -161,7 +147,7 @@ absl::StatusOr<v1::JobEvent> JobManager::ChangeState(const std::string& job_id,
 absl::StatusOr<JobStore::Submitted> JobManager::Submit(
     const std::string& request_id, const v1::JobSpec& spec,
     std::vector<plan::FieldViolation>* violations) {
-  *violations = worker::ValidateJob(spec);
+  *violations = job::ValidateJob(spec);
   CheckPaths(spec, violations);
   if (violations->empty()) {
     absl::StatusOr<plan::PlanInput> input = PlanInputOf(spec);
@@ -185,7 +171,7 @@ absl::StatusOr<JobStore::Submitted> JobManager::Submit(
     return absl::InvalidArgumentError(absl::StrCat("invalid job (", violations->size(),
                                                    " violation(s))"));
   }
-  MUONMESH_RETURN_IF_ERROR(worker::CheckJobPathsAllowed(spec, options_.allowed_dirs));
+  MUONMESH_RETURN_IF_ERROR(job::CheckJobPathsAllowed(spec, options_.allowed_dirs));
   absl::StatusOr<JobStore::Submitted> submitted = store_.Submit(
       request_id, spec,
       absl::StrCat("waiting for ", spec.world_size(), " idle ", DeviceOf(spec), " workers"),
@@ -307,6 +293,10 @@ void JobManager::StepDone(const std::string& job_id, Attempt& a, int64_t step,
   (void)Append(job_id, std::move(event), [&](v1::Job& job) {
     job.set_steps_done(std::max(job.steps_done(), step + 1));
     job.set_last_loss(agg.rank0.loss());
+    if (agg.rank0.has_val_loss()) {
+      job.set_last_val_loss(agg.rank0.val_loss());
+      job.set_last_val_step(step);
+    }
     job.set_step_seconds(median);
     job.set_eta_seconds(median * static_cast<double>(job.steps_total() - job.steps_done()));
   });

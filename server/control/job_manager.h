@@ -1,6 +1,6 @@
 #pragma once
 
-// The coordinator's scheduler and the life of every job (DESIGN.md §2, §7):
+// The coordinator's scheduler and the life of every job (docs/architecture.md §2, §7):
 // it validates a submitted job (the job file's rules, then the planner's
 // against the model) and stores it before answering; starts jobs on gangs of
 // idle workers, planning each attempt once and sending every rank the plan;
@@ -36,7 +36,7 @@
 #include "muonmesh/v1/jobs.pb.h"
 #include "server/control/fleet.h"
 #include "server/control/rendezvous.h"
-#include "plan/types.h"
+#include "core/plan/types.h"
 #include "server/state/job_store.h"
 
 namespace muonmesh::coordinator {
@@ -57,7 +57,7 @@ struct JobManagerOptions {
   // a fault, with the seconds since the fault was detected (a rank's failure
   // or lost lease, or the coordinator's own restart). May be empty.
   std::function<void(const std::string& job_id, double seconds)> on_recovered;
-  // Resolved folders (worker::ResolveAllowedDirs) that every path a job file
+  // Resolved folders (job::ResolveAllowedDirs) that every path a job file
   // names must lie in, checked at Submit (PermissionDenied naming the
   // fields; the workers check again, defaults included, with their own
   // --allowed-dirs). Empty: no restriction.

@@ -11,7 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/message_differencer.h"
-#include "proto/support/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace muonmesh::coordinator {
 namespace {

@@ -8,7 +8,7 @@
 #include <string_view>
 
 #include "muonmesh/v1/config.pb.h"
-#include "plan/validate.h"
+#include "core/plan/validate.h"
 #include "proto/convert/plan_convert.h"
 #include "proto/io/message_file.h"
 

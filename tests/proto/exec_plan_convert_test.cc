@@ -9,8 +9,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "plan/planner.h"
-#include "tests/plan/spec_loader.h"
+#include "core/plan/planner.h"
+#include "tests/core/plan/spec_loader.h"
 
 namespace muonmesh {
 namespace {

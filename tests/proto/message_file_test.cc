@@ -667,7 +667,7 @@ TEST(RealSpecTest, Gpt2FirstTensorShape) {
   EXPECT_EQ(wte.optimizer(), "adamw");
 }
 
-// The job file of DESIGN.md §2, verbatim, and the same job in JSON.
+// The job file of docs/architecture.md §2, verbatim, and the same job in JSON.
 constexpr std::string_view kJobYaml = R"(name: mlp-hfsdp
 world_size: 4
 device: cpu                      # or cuda

@@ -27,8 +27,8 @@
 #include "muonmesh/v1/planner.grpc.pb.h"
 #include "proto/io/message_file.h"
 #include "server/coordinator_server.h"
-#include "plan/plan_size.h"
-#include "plan/validate.h"
+#include "core/plan/plan_size.h"
+#include "core/plan/validate.h"
 #include "proto/convert/plan_convert.h"
 #include "proto/rpc/rpc_status.h"
 
@@ -211,7 +211,7 @@ TEST_F(PlannerServiceTest, PlansGpt2OnEightRanksWithHoldersTilingEveryMatrix) {
     }
     EXPECT_EQ(next, m.rows());
     // The owner is a rank of the domain; LPT may pick a non-holder when
-    // that finishes sooner (server/plan/owners.h), and says so.
+    // that finishes sooner (core/plan/owners.h), and says so.
     EXPECT_GE(m.owner(), 0);
     EXPECT_LT(m.owner(), 8);
     EXPECT_EQ(m.owner_is_holder(), ranks.count(m.owner()) == 1) << "owner " << m.owner();

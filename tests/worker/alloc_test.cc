@@ -28,7 +28,7 @@
 #include "tests/worker/ns_reference.h"
 #include "worker/math/muon.h"
 #include "worker/math/newton_schulz.h"
-#include "worker/math/ns_coefficients.h"
+#include "core/optim/ns_coefficients.h"
 
 // glibc's own entry points, which the interposers below forward to.
 extern "C" {

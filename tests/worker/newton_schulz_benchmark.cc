@@ -44,7 +44,7 @@
 
 #include "benchmark/benchmark.h"
 #include "worker/math/newton_schulz.h"
-#include "worker/math/ns_coefficients.h"
+#include "core/optim/ns_coefficients.h"
 
 // LAPACK (OpenBLAS carries it), column-major, for BM_SpectralPhases.
 extern "C" {

@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "worker/cuda/newton_schulz_cuda.h"
-#include "worker/math/ns_coefficients.h"
+#include "core/optim/ns_coefficients.h"
 
 namespace {
 

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "plan/ns_cost.h"
+#include "core/plan/ns_cost.h"
 #include "worker/math/blas_threads.h"
-#include "worker/math/ns_coefficients.h"
+#include "core/optim/ns_coefficients.h"
 #include "tests/worker/ns_reference.h"
 
 namespace muonmesh::math {

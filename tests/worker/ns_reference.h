@@ -18,7 +18,7 @@ using Triple = std::array<double, 3>;
 
 inline const Triple kQuintic = {3.4445, -4.7750, 2.0315};
 
-// Polar Express, DESIGN.md section 5; the last row repeats.
+// Polar Express, docs/architecture.md §5; the last row repeats.
 inline const std::vector<Triple> kPolarExpress = {
     {8.2051, -22.9019, 16.4607}, {4.0664, -2.8612, 0.5184}, {3.9096, -2.8234, 0.5250},
     {3.2856, -2.4153, 0.4853},   {2.2779, -1.6198, 0.3985}, {1.8726, -1.2307, 0.3585},

@@ -16,7 +16,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/comm/file_store.h"
-#include "worker/job/job.h"
+#include "proto/job/job.h"
+#include "proto/job/model_specs.h"
 #include "worker/math/blas_threads.h"
 #include "worker/standalone.h"
 #include "worker/workload_factory.h"
@@ -38,19 +39,18 @@ class RankRunnerTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   // A one-rank MLP job on `threads` OpenBLAS threads, its outputs in out/.
-  ResolvedJob Job(int threads) {
+  job::ResolvedJob Job(int threads) {
     const std::string path = dir_ + "/job.yaml";
     std::ofstream(path) << "name: threads\nworld_size: 1\nmodel: {mlp: {dims: [4, 2]}}\n"
                         << "training: {steps: 1, global_batch_size: 2, threads_per_rank: "
                         << threads << "}\noutput: {dir: " << dir_ << "/out}\n";
-    absl::StatusOr<ResolvedJob> job = LoadResolvedJob(path);
+    absl::StatusOr<job::ResolvedJob> job = job::LoadResolvedJob(path);
     EXPECT_TRUE(job.ok()) << job.status();
-    return job.ok() ? *std::move(job) : ResolvedJob{};
+    return job.ok() ? *std::move(job) : job::ResolvedJob{};
   }
 
-  plan::Plan PlanOf(const ResolvedJob& job) {
-    std::unique_ptr<Workload> synthetic;
-    absl::StatusOr<plan::ModelSpec> spec = ModelSpecOf(job, &synthetic);
+  plan::Plan PlanOf(const job::ResolvedJob& job) {
+    absl::StatusOr<plan::ModelSpec> spec = job::ModelSpecOf(job);
     EXPECT_TRUE(spec.ok()) << spec.status();
     absl::StatusOr<plan::Plan> plan = PlanJob(job, spec.ok() ? *spec : plan::ModelSpec{});
     EXPECT_TRUE(plan.ok()) << plan.status();
@@ -59,7 +59,7 @@ class RankRunnerTest : public ::testing::Test {
 
   // Runs rank 0 of `job` with `plan` through a fresh store; the lines it
   // printed go to lines_.
-  absl::Status Run(const ResolvedJob& job, const plan::Plan& plan, const std::string& store) {
+  absl::Status Run(const job::ResolvedJob& job, const plan::Plan& plan, const std::string& store) {
     absl::StatusOr<std::unique_ptr<comm::FileStore>> s = comm::FileStore::Open(dir_ + "/" + store);
     if (!s.ok()) return s.status();
     RankOptions options;
@@ -74,7 +74,7 @@ class RankRunnerTest : public ::testing::Test {
 };
 
 TEST_F(RankRunnerTest, APlanPricedForOtherThreadsIsRefusedBeforeAnythingChanges) {
-  const ResolvedJob job = Job(2);
+  const job::ResolvedJob job = Job(2);
   plan::Plan plan = PlanOf(job);
   ASSERT_EQ(plan.config.threads_per_rank, 2);
   plan.config.threads_per_rank = 3;
@@ -92,7 +92,7 @@ TEST_F(RankRunnerTest, APlanPricedForOtherThreadsIsRefusedBeforeAnythingChanges)
 // another size) is refused naming what differs, before anything is sized
 // by it.
 TEST_F(RankRunnerTest, APlanForAnotherGeometryIsRefused) {
-  const ResolvedJob job = Job(1);
+  const job::ResolvedJob job = Job(1);
   plan::Plan plan = PlanOf(job);
   plan::Plan other = plan;
   other.config.world_size = 2;
@@ -112,7 +112,7 @@ TEST_F(RankRunnerTest, APlanForAnotherGeometryIsRefused) {
 }
 
 TEST_F(RankRunnerTest, TheJobsOwnPlanRunsOnTheJobsThreads) {
-  const ResolvedJob job = Job(2);
+  const job::ResolvedJob job = Job(2);
   math::SetBlasThreads(2);
   if (math::BlasThreads() < 2) GTEST_SKIP() << "this OpenBLAS runs one thread only";
   math::SetBlasThreads(1);

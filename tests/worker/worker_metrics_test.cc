@@ -64,7 +64,7 @@ double Sample(const std::string& text, const std::string& series) {
 TEST(WorkerMetricsTest, ServesTheDocumentedMetrics) {
   // Load OpenBLAS, as a worker does: its 60 KiB of static TLS is what made
   // the metrics server's 100 KiB thread stacks overflow before
-  // proto/support/thread_stack.cc raised them.
+  // core/base/thread_stack.cc raised them.
   float one = 1.0f;
   EXPECT_EQ(cblas_sdot(1, &one, 1, &one, 1), 1.0f);
   absl::StatusOr<std::unique_ptr<WorkerMetrics>> m = WorkerMetrics::Serve("127.0.0.1:0");

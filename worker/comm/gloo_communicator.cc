@@ -24,7 +24,7 @@
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/store.h"
 #include "gloo/transport/tcp/device.h"
-#include "proto/support/status_macros.h"
+#include "core/base/status_macros.h"
 #include "worker/comm/reduce.h"
 
 namespace muonmesh::comm {

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/client_context.h"
-#include "proto/support/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace muonmesh::comm {
 namespace {

@@ -8,12 +8,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "proto/support/status_macros.h"
+#include "core/base/status_macros.h"
 #include "worker/comm/nccl_checks.h"
 
 namespace muonmesh::comm {
 namespace {
 
+using cuda::CudaDeviceCount;
 using cuda::CudaErrorToStatus;
 using internal::NcclErrorToStatus;
 
@@ -224,11 +225,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
   const auto where = [&] {
     return absl::StrCat("nccl group '", group_name, "' (rank ", rank, " of ", size, ")");
   };
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    cudaGetLastError();  // clear the sticky "no device" error
-    return absl::FailedPreconditionError(absl::StrCat(where(), ": no CUDA device"));
-  }
+  MUONMESH_ASSIGN_OR_RETURN(const int devices, CudaDeviceCount(where()));
   int device = options.cuda_device;
   if (device < 0) {
     MUONMESH_COMM_CUDA_CHECK(cudaGetDevice(&device));

@@ -14,7 +14,9 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace muonmesh::cuda {
 
@@ -35,6 +37,19 @@ inline absl::Status CudaErrorToStatus(cudaError_t error, const char* expr, const
     default:
       return absl::InternalError(message);
   }
+}
+
+// The number of CUDA devices this process sees, at least 1, or
+// FailedPrecondition "<what>: no CUDA device" when there is none or the
+// driver cannot say (the error is cleared, so it does not resurface at the
+// next launch). `what` names who needed the device ("mlp on cuda").
+inline absl::StatusOr<int> CudaDeviceCount(absl::string_view what) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat(what, ": no CUDA device"));
+  }
+  return count;
 }
 
 }  // namespace muonmesh::cuda

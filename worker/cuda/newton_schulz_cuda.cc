@@ -6,11 +6,11 @@
 #include <string>
 #include <utility>
 
-#include "plan/ns_cost.h"
-#include "proto/support/status_macros.h"
+#include "core/plan/ns_cost.h"
+#include "core/base/status_macros.h"
 #include "worker/cuda/cuda_checks.h"
 #include "worker/cuda/ns_kernels.h"
-#include "worker/math/ns_coefficients.h"
+#include "core/optim/ns_coefficients.h"
 
 namespace muonmesh::cuda {
 namespace internal {

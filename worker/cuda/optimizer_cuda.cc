@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "proto/support/status_macros.h"
+#include "core/base/status_macros.h"
 #include "worker/cuda/cuda_checks.h"
 #include "worker/cuda/optimizer_kernels.h"
 #include "worker/math/adamw.h"
@@ -12,11 +12,7 @@
 namespace muonmesh::cuda {
 
 absl::StatusOr<std::unique_ptr<CudaOptimizer>> CudaOptimizer::Create(cudaStream_t stream) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    cudaGetLastError();  // clear the sticky "no device" error
-    return absl::FailedPreconditionError("CudaOptimizer: no CUDA device");
-  }
+  MUONMESH_RETURN_IF_ERROR(CudaDeviceCount("CudaOptimizer").status());
   long long* device_flag = nullptr;
   long long* host_flag = nullptr;
   MUONMESH_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&device_flag), sizeof(long long)));

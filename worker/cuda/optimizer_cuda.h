@@ -20,7 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "worker/math/types.h"
+#include "core/optim/types.h"
 
 namespace muonmesh::cuda {
 

@@ -23,7 +23,8 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "proto/support/status_macros.h"
+#include "core/base/status_macros.h"
+#include "core/base/text.h"
 
 namespace muonmesh::io {
 namespace {
@@ -51,98 +52,6 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-// Length of the well-formed UTF-8 sequence starting at s[i] (RFC 3629: no
-// overlong forms, no surrogates, nothing past U+10FFFF), or 0.
-size_t Utf8SequenceLength(std::string_view s, size_t i) {
-  const auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char c = byte(i);
-  if (c < 0x80) return 1;
-  size_t len = 0;
-  uint32_t cp = 0;
-  if (c >= 0xC2 && c <= 0xDF) {
-    len = 2;
-    cp = c & 0x1F;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    len = 3;
-    cp = c & 0x0F;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    len = 4;
-    cp = c & 0x07;
-  } else {
-    return 0;
-  }
-  if (s.size() - i < len) return 0;
-  for (size_t k = 1; k < len; ++k) {
-    const unsigned char cc = byte(i + k);
-    if ((cc & 0xC0) != 0x80) return 0;
-    cp = (cp << 6) | (cc & 0x3F);
-  }
-  if (len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) return 0;
-  if (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) return 0;
-  return len;
-}
-
-bool IsValidUtf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    const size_t n = Utf8SequenceLength(s, i);
-    if (n == 0) return false;
-    i += n;
-  }
-  return true;
-}
-
-void AppendUtf8(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
-// `s` as a JSON string literal. Expects valid UTF-8 (copied through as is).
-void AppendJsonString(std::string_view s, std::string* out) {
-  out->push_back('"');
-  for (char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"':
-        out->append("\\\"");
-        break;
-      case '\\':
-        out->append("\\\\");
-        break;
-      case '\n':
-        out->append("\\n");
-        break;
-      case '\t':
-        out->append("\\t");
-        break;
-      case '\r':
-        out->append("\\r");
-        break;
-      default:
-        if (c < 0x20) {
-          constexpr char kHex[] = "0123456789abcdef";
-          out->append("\\u00");
-          out->push_back(kHex[c >> 4]);
-          out->push_back(kHex[c & 0xF]);
-        } else {
-          out->push_back(ch);
-        }
-    }
-  }
-  out->push_back('"');
-}
 
 // a * b for a, b >= 0, or nullopt when it exceeds `limit`.
 std::optional<uint64_t> MulCapped(uint64_t a, uint64_t b, uint64_t limit) {
@@ -325,7 +234,7 @@ class HeaderParser {
         MUONMESH_RETURN_IF_ERROR(s);
         continue;
       }
-      const size_t n = Utf8SequenceLength(text_, pos_);
+      const size_t n = ::muonmesh::text::Utf8SequenceLength(text_, pos_);
       if (n == 0) return Error("invalid UTF-8 in a string");
       out.append(text_.substr(pos_, n));
       pos_ += n;
@@ -379,7 +288,7 @@ class HeaderParser {
       }
       cp = 0x10000 + ((cp - 0xD800) << 10) + (*low - 0xDC00);
     }
-    AppendUtf8(cp, out);
+    ::muonmesh::text::AppendUtf8(cp, out);
     return absl::OkStatus();
   }
 
@@ -720,19 +629,19 @@ absl::StatusOr<std::string> BuildHeader(const std::string& path,
   std::unordered_set<std::string_view> names;
   std::string header = "{";
   if (!metadata.empty()) {
-    AppendJsonString(kMetadataKey, &header);
+    ::muonmesh::text::AppendJsonString(kMetadataKey, &header);
     header += ":{";
     bool first = true;
     for (const auto& [key, value] : metadata) {
-      if (!IsValidUtf8(key) || !IsValidUtf8(value)) {
+      if (!::muonmesh::text::IsValidUtf8(key) || !::muonmesh::text::IsValidUtf8(value)) {
         return absl::InvalidArgumentError(absl::StrCat(
             path, ": metadata ", QuoteName(key), ": keys and values must be valid UTF-8"));
       }
       if (!first) header.push_back(',');
       first = false;
-      AppendJsonString(key, &header);
+      ::muonmesh::text::AppendJsonString(key, &header);
       header.push_back(':');
-      AppendJsonString(value, &header);
+      ::muonmesh::text::AppendJsonString(value, &header);
     }
     header += "}";
     if (!tensors.empty()) header.push_back(',');
@@ -746,7 +655,7 @@ absl::StatusOr<std::string> BuildHeader(const std::string& path,
     };
     if (t.name.empty()) return error("empty name");
     if (t.name == kMetadataKey) return error("\"__metadata__\" is reserved");
-    if (!IsValidUtf8(t.name)) return error("the name is not valid UTF-8");
+    if (!::muonmesh::text::IsValidUtf8(t.name)) return error("the name is not valid UTF-8");
     if (!names.insert(t.name).second) return error("duplicate name");
     if (t.shape.size() > static_cast<size_t>(kMaxSafetensorsDims)) {
       return error(
@@ -764,7 +673,7 @@ absl::StatusOr<std::string> BuildHeader(const std::string& path,
     const uint64_t size = *elements * kBytesPerElement;
     bytes->push_back(size);
     if (i > 0) header.push_back(',');
-    AppendJsonString(t.name, &header);
+    ::muonmesh::text::AppendJsonString(t.name, &header);
     absl::StrAppend(&header, ":{\"dtype\":\"F32\",\"shape\":[", absl::StrJoin(t.shape, ","),
                     "],\"data_offsets\":[", offset, ",", offset + size, "]}");
     offset += size;

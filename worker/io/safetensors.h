@@ -1,7 +1,7 @@
 #pragma once
 
 // Reading and writing the safetensors format (https://github.com/huggingface/safetensors),
-// the format of initial weights, training data and exported weights (DESIGN.md section 6).
+// the format of initial weights, training data and exported weights (docs/architecture.md §6).
 //
 // Layout of a file:
 //   bytes [0, 8)        N, the header length, unsigned 64-bit little-endian;

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "plan/mesh.h"
+#include "core/plan/mesh.h"
 #include "worker/job/memory_budget.h"
 #include "worker/math/newton_schulz.h"
 #include "worker/runtime/muon_schedule.h"
@@ -35,7 +35,7 @@ double Sum(const std::vector<int64_t>& v) {
 
 // The dataset: from data.safetensors (read, then kept), or the teacher's
 // x [N, d_in] and y [N, d_out].
-void AddDataset(const ResolvedJob& job, const InputFileBytes& files, double d_in, double d_out,
+void AddDataset(const job::ResolvedJob& job, const InputFileBytes& files, double d_in, double d_out,
                 WorkloadMemory& w) {
   if (!job.data_safetensors.empty()) {
     // Up to twice the file: 16-bit tensors are widened to fp32.
@@ -49,7 +49,7 @@ void AddDataset(const ResolvedJob& job, const InputFileBytes& files, double d_in
   w.setup = w.resident;
 }
 
-WorkloadMemory MlpMemory(const ResolvedJob& job, double local_batch, const InputFileBytes& files) {
+WorkloadMemory MlpMemory(const job::ResolvedJob& job, double local_batch, const InputFileBytes& files) {
   const std::vector<int64_t>& d = job.mlp_dims;
   double weights = 0;
   for (size_t i = 0; i + 1 < d.size(); ++i) {
@@ -70,7 +70,7 @@ WorkloadMemory MlpMemory(const ResolvedJob& job, double local_batch, const Input
   return w;
 }
 
-WorkloadMemory MoeMemory(const ResolvedJob& job, double local_batch, const InputFileBytes& files) {
+WorkloadMemory MoeMemory(const job::ResolvedJob& job, double local_batch, const InputFileBytes& files) {
   const auto& m = job.moe;
   const double d_in = static_cast<double>(m.d_in());
   const double d = static_cast<double>(m.d_model());
@@ -95,14 +95,34 @@ WorkloadMemory MoeMemory(const ResolvedJob& job, double local_batch, const Input
   return w;
 }
 
-std::string ModelField(const ResolvedJob& job) {
+// The gpt keeps every block's activations for the backward pass
+// (worker/model/gpt.h): L T (16 C + H T) floats a sample, plus the logits
+// and their gradient (2 T V). The corpus is memory-mapped: the page cache
+// holds it, not the rank.
+WorkloadMemory GptMemory(const job::ResolvedJob& job, double local_batch) {
+  const model::GptDims& d = job.gpt;
+  const double per_sample =
+      static_cast<double>(d.n_layer) * static_cast<double>(d.seq_len) *
+          (16.0 * static_cast<double>(d.n_embd) +
+           static_cast<double>(d.n_head) * static_cast<double>(d.seq_len)) +
+      2.0 * static_cast<double>(d.seq_len) * static_cast<double>(d.vocab_size);
+  WorkloadMemory w;
+  w.step.push_back({"training.global_batch_size",
+                    "activations of the local batch kept for the backward pass",
+                    kFloat * local_batch * per_sample});
+  return w;
+}
+
+std::string ModelField(const job::ResolvedJob& job) {
   switch (job.model_kind) {
-    case ResolvedJob::ModelKind::kMlp:
+    case job::ResolvedJob::ModelKind::kMlp:
       return "model.mlp.dims";
-    case ResolvedJob::ModelKind::kMoeMlp:
+    case job::ResolvedJob::ModelKind::kMoeMlp:
       return "model.moe_mlp";
-    case ResolvedJob::ModelKind::kSynthetic:
+    case job::ResolvedJob::ModelKind::kSynthetic:
       return "model.synthetic.spec";
+    case job::ResolvedJob::ModelKind::kGpt:
+      return "model.gpt";
   }
   return "model";
 }
@@ -211,13 +231,14 @@ double MemoryPhase::bytes() const {
   return total;
 }
 
-MemoryEstimate EstimateRankMemory(const ResolvedJob& job, const plan::Plan& plan, int32_t rank,
+MemoryEstimate EstimateRankMemory(const job::ResolvedJob& job, const plan::Plan& plan, int32_t rank,
                                   const InputFileBytes& files) {
   const double local_batch = static_cast<double>(job.global_batch_size) /
                              static_cast<double>(std::max<int64_t>(1, job.world_size));
   WorkloadMemory w;
-  if (job.model_kind == ResolvedJob::ModelKind::kMlp) w = MlpMemory(job, local_batch, files);
-  if (job.model_kind == ResolvedJob::ModelKind::kMoeMlp) w = MoeMemory(job, local_batch, files);
+  if (job.model_kind == job::ResolvedJob::ModelKind::kMlp) w = MlpMemory(job, local_batch, files);
+  if (job.model_kind == job::ResolvedJob::ModelKind::kMoeMlp) w = MoeMemory(job, local_batch, files);
+  if (job.model_kind == job::ResolvedJob::ModelKind::kGpt) w = GptMemory(job, local_batch);
   w.step.push_back({"training.global_batch_size", "sample indices of the local batch",
                     kIndex * local_batch});
 

@@ -35,8 +35,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "plan/types.h"
-#include "worker/job/job.h"
+#include "core/plan/types.h"
+#include "proto/job/job.h"
 
 namespace muonmesh::worker {
 
@@ -77,7 +77,7 @@ struct InputFileBytes {
 
 // The host memory of rank `rank` (in [0, world_size)) running `job` with
 // `plan` (computed from the job's model with its optimizer rules applied).
-MemoryEstimate EstimateRankMemory(const ResolvedJob& job, const plan::Plan& plan, int32_t rank,
+MemoryEstimate EstimateRankMemory(const job::ResolvedJob& job, const plan::Plan& plan, int32_t rank,
                                   const InputFileBytes& files);
 
 // OK when the estimate's peak fits `budget_bytes`; otherwise

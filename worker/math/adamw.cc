@@ -4,7 +4,7 @@
 #include <cstddef>
 
 #include "absl/strings/str_cat.h"
-#include "proto/support/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace muonmesh::math {
 namespace {

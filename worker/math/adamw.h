@@ -15,27 +15,10 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "worker/math/types.h"
+#include "core/optim/optimizer_options.h"
+#include "core/optim/types.h"
 
 namespace muonmesh::math {
-
-// OK or InvalidArgument naming the field: lr, eps, weight_decay finite and
-// >= 0, betas in [0, 1), lr * weight_decay <= 1.
-absl::Status ValidateAdamWOptions(const AdamWOptions& options);
-
-// The per-element scalars of step t (1-based), each computed in double and
-// rounded to float once; AdamWStep and the CUDA kernels both use these, so
-// they round alike.
-struct AdamWScalars {
-  float decay;            // 1 - lr wd
-  float one_minus_beta1;  // lerp weight of the first moment
-  float beta2;
-  float one_minus_beta2;
-  float bias_correction2_sqrt;
-  float eps;
-  float neg_step_size;  // -lr / (1 - beta1^t)
-};
-AdamWScalars AdamWScalarsFor(const AdamWOptions& options, int64_t step);
 
 // One AdamW step; `step` is t, the 1-based count of this step. All four
 // buffers have the same size. InvalidArgument, with nothing written, for

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "proto/support/status_macros.h"
-#include "worker/math/ns_coefficients.h"
+#include "core/base/status_macros.h"
+#include "core/optim/ns_coefficients.h"
 
 namespace muonmesh::math {
 namespace {

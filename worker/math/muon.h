@@ -27,18 +27,10 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "worker/math/newton_schulz.h"
-#include "worker/math/types.h"
+#include "core/optim/optimizer_options.h"
+#include "core/optim/types.h"
 
 namespace muonmesh::math {
-
-// OK or InvalidArgument naming the field: lr and weight_decay must be finite
-// and >= 0, momentum in [0, 1), lr * weight_decay <= 1, ns as
-// ValidateNsOptions.
-absl::Status ValidateMuonOptions(const MuonOptions& options);
-
-// The update scale of a rows x cols matrix (torch's _adjust_lr ratio):
-// sqrt(max(1, rows / cols)) or 0.2 sqrt(max(rows, cols)).
-double MuonUpdateScale(MuonScale scale, int64_t rows, int64_t cols);
 
 // Phase 1 on a shard of any number of whole rows: writes u (same size as
 // grad and momentum). InvalidArgument, with u untouched, for invalid options,

@@ -3,7 +3,7 @@
 // the elementwise phases do not.
 
 #include "absl/strings/str_cat.h"
-#include "proto/support/status_macros.h"
+#include "core/base/status_macros.h"
 #include "worker/math/muon.h"
 
 namespace muonmesh::math {

@@ -11,9 +11,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "proto/support/status_macros.h"
-#include "plan/ns_cost.h"
-#include "worker/math/ns_coefficients.h"
+#include "core/base/status_macros.h"
+#include "core/plan/ns_cost.h"
+#include "core/optim/ns_coefficients.h"
 
 // LAPACK (OpenBLAS carries it): eigenvalues w and, with jobz "V", the
 // eigenvectors (over a, column-major) of the symmetric n x n matrix a,

@@ -10,7 +10,7 @@
 // Run is not safe to call concurrently on one object. OpenBLAS threads inside
 // each call.
 //
-// The iteration (DESIGN.md section 5): X = x, transposed when rows > cols;
+// The iteration (docs/architecture.md §5): X = x, transposed when rows > cols;
 // X <- X / max(||X||_F, eps) with the norm accumulated in double; then T times
 //     A = X X^T;   B = b A + c A A;   X = a X + B X.
 // A and A A are symmetric, so both are rank-k updates (ssyrk, one triangle)
@@ -37,8 +37,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "plan/ns_cost.h"
-#include "worker/math/types.h"
+#include "core/plan/ns_cost.h"
+#include "core/optim/types.h"
 
 namespace muonmesh::math {
 

@@ -46,23 +46,17 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "plan/types.h"
+#include "core/plan/types.h"
+#include "core/model/mlp_spec.h"
 #include "worker/model/workload.h"
 
 namespace muonmesh::worker {
 
-// Limits that keep every size representable (and cblas's int arguments in
-// range): each dim, the number of layers, and the number of floats in x or y.
-inline constexpr int64_t kMlpMaxDim = int64_t{1} << 20;
-inline constexpr int64_t kMlpMaxLayers = 1024;
-inline constexpr int64_t kMlpMaxDataElements = int64_t{1} << 30;
-
-// OK, or InvalidArgument naming the offending entry: at least two dims, each
-// in [1, kMlpMaxDim], at most kMlpMaxLayers layers.
-absl::Status ValidateMlpDims(absl::Span<const int64_t> dims);
-
-// The mlp's model spec (named "mlp"), as documented above.
-absl::StatusOr<plan::ModelSpec> MlpSpec(absl::Span<const int64_t> dims);
+using model::kMlpMaxDataElements;
+using model::kMlpMaxDim;
+using model::kMlpMaxLayers;
+using model::MlpSpec;
+using model::ValidateMlpDims;
 
 // The documented initialisation with `seed`, one vector per parameter in
 // flat order. InvalidArgument for bad dims.

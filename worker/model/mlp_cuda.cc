@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "proto/support/status_macros.h"
+#include "core/base/status_macros.h"
 #include "worker/cuda/cuda_checks.h"
 #include "worker/cuda/mlp_kernels.h"
 #include "worker/cuda/row_major_gemm.h"
@@ -14,17 +14,13 @@
 namespace muonmesh::worker {
 
 absl::StatusOr<std::unique_ptr<CudaMlp>> CudaMlp::Create(Mlp mlp) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    return absl::FailedPreconditionError("mlp on cuda: no CUDA device");
-  }
+  MUONMESH_RETURN_IF_ERROR(cuda::CudaDeviceCount("mlp on cuda").status());
   std::unique_ptr<CudaMlp> w(new CudaMlp(std::move(mlp)));
   MUONMESH_RETURN_IF_ERROR(w->Init());
   return w;
 }
 
-CudaMlp::CudaMlp(Mlp cpu) : cpu_(std::move(cpu)), dims_(cpu_.dims()) {}
+CudaMlp::CudaMlp(Mlp cpu) : CudaWorkload(std::move(cpu)), dims_(cpu_.dims()) {}
 
 absl::Status CudaMlp::Init() {
   MUONMESH_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -78,12 +74,6 @@ absl::Status CudaMlp::Reserve(int64_t n) {
 absl::Status CudaMlp::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                            const float* a, const float* b, float* c) {
   return cuda::RowMajorSgemm(blas_, trans_a, trans_b, m, n, k, 1.0f, a, b, 0.0f, c);
-}
-
-absl::StatusOr<double> CudaMlp::ForwardBackward(int64_t, absl::Span<const float* const>,
-                                                absl::Span<const int64_t>,
-                                                absl::Span<float* const>) {
-  return absl::UnimplementedError("mlp on cuda: use ForwardBackwardByUnit (the runtime's path)");
 }
 
 absl::Status CudaMlp::Backward(int64_t i, int64_t n, const float* weight, const float* delta,

@@ -21,11 +21,12 @@
 
 #include "absl/status/statusor.h"
 #include "worker/model/mlp.h"
+#include "worker/model/cuda_workload.h"
 #include "worker/model/workload.h"
 
 namespace muonmesh::worker {
 
-class CudaMlp final : public Workload {
+class CudaMlp final : public CudaWorkload<Mlp> {
  public:
   // Copies `mlp`'s dataset to the current GPU.
   static absl::StatusOr<std::unique_ptr<CudaMlp>> Create(Mlp mlp);
@@ -33,20 +34,6 @@ class CudaMlp final : public Workload {
   CudaMlp(const CudaMlp&) = delete;
   CudaMlp& operator=(const CudaMlp&) = delete;
 
-  const plan::ModelSpec& spec() const override { return cpu_.spec(); }
-  int64_t num_samples() const override { return cpu_.num_samples(); }
-  comm::MemorySpace memory_space() const override { return comm::MemorySpace::kCudaDevice; }
-  absl::Status Initialize(uint64_t seed, absl::Span<float* const> params) const override {
-    return cpu_.Initialize(seed, params);
-  }
-  absl::Status InitializeUnit(uint64_t seed, int unit,
-                              absl::Span<float* const> params) const override {
-    return cpu_.InitializeUnit(seed, unit, params);
-  }
-  // Unimplemented: the runtime calls ForwardBackwardByUnit.
-  absl::StatusOr<double> ForwardBackward(int64_t step, absl::Span<const float* const> params,
-                                         absl::Span<const int64_t> samples,
-                                         absl::Span<float* const> grads) override;
   absl::StatusOr<double> ForwardBackwardByUnit(int64_t step, UnitAccess& units,
                                                absl::Span<const int64_t> samples) override;
 
@@ -67,7 +54,6 @@ class CudaMlp final : public Workload {
   absl::StatusOr<double> OutputLoss(int64_t n);
   absl::Status BackwardLayers(UnitAccess& units, int64_t n, absl::Span<const float* const> held);
 
-  Mlp cpu_;
   std::vector<int64_t> dims_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;

@@ -7,8 +7,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "proto/support/status_macros.h"
+#include "core/base/status_macros.h"
 #include "worker/model/checks.h"
+#include "worker/model/expert_groups.h"
 #include "worker/model/rng.h"
 
 namespace muonmesh::worker {
@@ -32,15 +33,7 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
               static_cast<int>(trans_b ? k : n), beta, c, static_cast<int>(n));
 }
 
-std::vector<std::vector<int64_t>> Shapes(const MoeMlpDims& d) {
-  return {{d.d_model, d.d_in},
-          {d.d_model},
-          {d.num_experts, d.d_model},
-          {d.num_experts, d.d_expert, d.d_model},
-          {d.num_experts, d.d_model, d.d_expert},
-          {d.d_out, d.d_model},
-          {d.d_out}};
-}
+std::vector<std::vector<int64_t>> Shapes(const MoeMlpDims& d) { return model::MoeMlpShapes(d); }
 
 int64_t FanIn(const MoeMlpDims& d, int p) {
   if (p <= 1) return d.d_in;
@@ -116,53 +109,6 @@ absl::Status CheckUnitTensors(absl::Span<T* const> ts, int unit, const char* wha
 }
 
 }  // namespace
-
-absl::Status ValidateMoeMlpDims(const MoeMlpDims& d) {
-  const std::pair<const char*, int64_t> fields[] = {
-      {"d_in", d.d_in}, {"d_model", d.d_model}, {"d_expert", d.d_expert}, {"d_out", d.d_out}};
-  for (const auto& [name, v] : fields) {
-    if (v < 1 || v > kMoeMaxDim) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("moe_mlp ", name, ": ", v, " is not in [1, ", kMoeMaxDim, "]"));
-    }
-  }
-  if (d.num_experts < 1 || d.num_experts > kMoeMaxExperts) {
-    return absl::InvalidArgumentError(absl::StrCat("moe_mlp num_experts: ", d.num_experts,
-                                                   " is not in [1, ", kMoeMaxExperts, "]"));
-  }
-  for (const std::vector<int64_t>& shape : Shapes(d)) {
-    int64_t n = 1;
-    for (int64_t v : shape) {
-      n *= v;
-      if (n > kMoeMaxElements) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "moe_mlp: a tensor of these dims exceeds ", kMoeMaxElements, " elements"));
-      }
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<plan::ModelSpec> MoeMlpSpec(const MoeMlpDims& d) {
-  MUONMESH_RETURN_IF_ERROR(ValidateMoeMlpDims(d));
-  const std::vector<std::vector<int64_t>> shapes = Shapes(d);
-  plan::ModelSpec spec;
-  spec.name = "moe_mlp";
-  spec.units = {
-      {"input",
-       {{"input.weight", shapes[0], "muon", false}, {"input.bias", shapes[1], "adamw", false}},
-       1},
-      {"moe",
-       {{"router.weight", shapes[2], "adamw", false},
-        {"experts.w1", shapes[3], "muon", true},
-        {"experts.w2", shapes[4], "muon", true}},
-       2},  // gathered again for the backward pass
-      {"output",
-       {{"output.weight", shapes[5], "muon", false}, {"output.bias", shapes[6], "adamw", false}},
-       1},
-  };
-  return spec;
-}
 
 absl::StatusOr<std::vector<std::vector<float>>> MoeMlpInitialParams(const MoeMlpDims& d,
                                                                     uint64_t seed) {
@@ -421,21 +367,8 @@ absl::Status MoeMlp::DispatchTokens(UnitAccess& units, int64_t n, const float* w
       units.ExchangeTokens(send_.data(), send_counts, recv_.data(), recv_counts));
 
   // Expert side: group the received tokens by local expert.
-  ex_local_.resize(received);
-  ex_begin_.assign(local + 1, 0);
-  for (int64_t r = 0; r < received; ++r) {
-    const float id = recv_[r * row];
-    if (!(id >= 0.0f && id < static_cast<float>(local)) || id != std::floor(id)) {
-      return absl::InternalError(absl::StrCat("moe_mlp: received a token for local expert ", id,
-                                              " of ", local));
-    }
-    ex_local_[r] = static_cast<int32_t>(id);
-    ++ex_begin_[ex_local_[r] + 1];
-  }
-  for (int64_t l = 0; l < local; ++l) ex_begin_[l + 1] += ex_begin_[l];
-  ex_order_.resize(received);
-  std::vector<int64_t> next(ex_begin_.begin(), ex_begin_.end() - 1);
-  for (int64_t r = 0; r < received; ++r) ex_order_[next[ex_local_[r]]++] = static_cast<int32_t>(r);
+  MUONMESH_RETURN_IF_ERROR(internal::GroupByLocalExpert(recv_.data(), row, received, local,
+                                                        &ex_local_, &ex_begin_, &ex_order_));
   ex_h_.resize(std::max<int64_t>(received * d, 1));
   for (int64_t i = 0; i < received; ++i) {
     std::copy_n(recv_.data() + static_cast<int64_t>(ex_order_[i]) * row + 1, d,

@@ -57,33 +57,19 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "plan/types.h"
+#include "core/plan/types.h"
+#include "core/model/moe_mlp_spec.h"
 #include "worker/model/workload.h"
 
 namespace muonmesh::worker {
 
-struct MoeMlpDims {
-  int64_t d_in = 0;
-  int64_t d_model = 0;
-  int64_t d_expert = 0;
-  int64_t num_experts = 0;
-  int64_t d_out = 0;
-};
-
-// Limits that keep sizes and cblas's int arguments in range: each dim, the
-// expert count, and the number of floats in x, y or one tensor.
-inline constexpr int64_t kMoeMaxDim = int64_t{1} << 16;
-inline constexpr int64_t kMoeMaxExperts = 4096;
-inline constexpr int64_t kMoeMaxElements = int64_t{1} << 30;
-// Token counts travel as floats in the exchange: at most 2^24 samples per
-// call.
-inline constexpr int64_t kMoeMaxSamplesPerCall = int64_t{1} << 24;
-
-// OK, or InvalidArgument naming the field (d_in, d_model, ...).
-absl::Status ValidateMoeMlpDims(const MoeMlpDims& dims);
-
-// The spec (named "moe_mlp") documented above.
-absl::StatusOr<plan::ModelSpec> MoeMlpSpec(const MoeMlpDims& dims);
+using model::kMoeMaxDim;
+using model::kMoeMaxElements;
+using model::kMoeMaxExperts;
+using model::kMoeMaxSamplesPerCall;
+using model::MoeMlpDims;
+using model::MoeMlpSpec;
+using model::ValidateMoeMlpDims;
 
 // The documented initialisation, one vector per parameter in flat order.
 absl::StatusOr<std::vector<std::vector<float>>> MoeMlpInitialParams(const MoeMlpDims& dims,

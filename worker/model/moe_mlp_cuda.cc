@@ -5,11 +5,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "proto/support/status_macros.h"
+#include "core/base/status_macros.h"
 #include "worker/cuda/cuda_checks.h"
 #include "worker/cuda/mlp_kernels.h"
 #include "worker/cuda/row_major_gemm.h"
 #include "worker/model/checks.h"
+#include "worker/model/expert_groups.h"
 
 namespace muonmesh::worker {
 namespace {
@@ -82,17 +83,14 @@ class CudaMoeMlp::Scratch {
 };
 
 absl::StatusOr<std::unique_ptr<CudaMoeMlp>> CudaMoeMlp::Create(MoeMlp moe) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    return absl::FailedPreconditionError("moe_mlp on cuda: no CUDA device");
-  }
+  MUONMESH_RETURN_IF_ERROR(cuda::CudaDeviceCount("moe_mlp on cuda").status());
   std::unique_ptr<CudaMoeMlp> w(new CudaMoeMlp(std::move(moe)));
   MUONMESH_RETURN_IF_ERROR(w->Init());
   return w;
 }
 
-CudaMoeMlp::CudaMoeMlp(MoeMlp cpu) : cpu_(std::move(cpu)), scratch_(std::make_unique<Scratch>()) {}
+CudaMoeMlp::CudaMoeMlp(MoeMlp cpu)
+    : CudaWorkload(std::move(cpu)), scratch_(std::make_unique<Scratch>()) {}
 
 absl::Status CudaMoeMlp::Init() {
   MUONMESH_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -124,13 +122,6 @@ absl::Status CudaMoeMlp::Sync() {
 absl::Status CudaMoeMlp::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t kk,
                               float alpha, const float* a, const float* b, float beta, float* c) {
   return cuda::RowMajorSgemm(blas_, trans_a, trans_b, m, n, kk, alpha, a, b, beta, c);
-}
-
-absl::StatusOr<double> CudaMoeMlp::ForwardBackward(int64_t, absl::Span<const float* const>,
-                                                   absl::Span<const int64_t>,
-                                                   absl::Span<float* const>) {
-  return absl::UnimplementedError(
-      "moe_mlp on cuda: use ForwardBackwardByUnit (the runtime's path)");
 }
 
 absl::StatusOr<double> CudaMoeMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& units,
@@ -286,24 +277,11 @@ absl::Status CudaMoeMlp::ExpertsForward(UnitAccess& units, const float* w1, cons
                                           cudaMemcpyDeviceToHost, stream_));
     MUONMESH_RETURN_IF_ERROR(Sync());
   }
-  std::vector<int64_t>& ex_begin = pass.ex_begin;
-  ex_begin.assign(local + 1, 0);
-  std::vector<int64_t> ex_order(received);
-  std::vector<int32_t> ex_local(received);
-  for (int64_t r = 0; r < received; ++r) {
-    const float id = recv_ids[r];
-    if (!(id >= 0.0f && id < static_cast<float>(local)) || id != std::floor(id)) {
-      return absl::InternalError(absl::StrCat("moe_mlp: received a token for local expert ", id,
-                                              " of ", local));
-    }
-    ex_local[r] = static_cast<int32_t>(id);
-    ++ex_begin[ex_local[r] + 1];
-  }
-  for (int64_t l = 0; l < local; ++l) ex_begin[l + 1] += ex_begin[l];
-  {
-    std::vector<int64_t> next(ex_begin.begin(), ex_begin.end() - 1);
-    for (int64_t r = 0; r < received; ++r) ex_order[next[ex_local[r]]++] = r;
-  }
+  std::vector<int64_t> ex_order;
+  std::vector<int32_t> ex_local;
+  MUONMESH_RETURN_IF_ERROR(internal::GroupByLocalExpert(recv_ids.data(), 1, received, local,
+                                                        &ex_local, &pass.ex_begin, &ex_order));
+  const std::vector<int64_t>& ex_begin = pass.ex_begin;
   if (received > 0) {
     MUONMESH_CUDA_CHECK(cudaMemcpyAsync(s.ex_order.get(), ex_order.data(),
                                         sizeof(int64_t) * received, cudaMemcpyHostToDevice,

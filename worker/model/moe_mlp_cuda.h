@@ -25,11 +25,12 @@
 
 #include "absl/status/statusor.h"
 #include "worker/model/moe_mlp.h"
+#include "worker/model/cuda_workload.h"
 #include "worker/model/workload.h"
 
 namespace muonmesh::worker {
 
-class CudaMoeMlp final : public Workload {
+class CudaMoeMlp final : public CudaWorkload<MoeMlp> {
  public:
   // Copies `moe`'s dataset to the current GPU.
   static absl::StatusOr<std::unique_ptr<CudaMoeMlp>> Create(MoeMlp moe);
@@ -37,20 +38,6 @@ class CudaMoeMlp final : public Workload {
   CudaMoeMlp(const CudaMoeMlp&) = delete;
   CudaMoeMlp& operator=(const CudaMoeMlp&) = delete;
 
-  const plan::ModelSpec& spec() const override { return cpu_.spec(); }
-  int64_t num_samples() const override { return cpu_.num_samples(); }
-  comm::MemorySpace memory_space() const override { return comm::MemorySpace::kCudaDevice; }
-  absl::Status Initialize(uint64_t seed, absl::Span<float* const> params) const override {
-    return cpu_.Initialize(seed, params);
-  }
-  absl::Status InitializeUnit(uint64_t seed, int unit,
-                              absl::Span<float* const> params) const override {
-    return cpu_.InitializeUnit(seed, unit, params);
-  }
-  // Unimplemented: the runtime calls ForwardBackwardByUnit.
-  absl::StatusOr<double> ForwardBackward(int64_t step, absl::Span<const float* const> params,
-                                         absl::Span<const int64_t> samples,
-                                         absl::Span<float* const> grads) override;
   // MoeMlp::ForwardBackwardByUnit's calls, exchanges and results.
   absl::StatusOr<double> ForwardBackwardByUnit(int64_t step, UnitAccess& units,
                                                absl::Span<const int64_t> samples) override;
@@ -76,7 +63,6 @@ class CudaMoeMlp final : public Workload {
                     const float* a, const float* b, float beta, float* c);
   absl::Status Sync();
 
-  MoeMlp cpu_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   float* x_ = nullptr;

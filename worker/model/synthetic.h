@@ -41,14 +41,15 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "plan/types.h"
+#include "core/plan/types.h"
+#include "core/model/synthetic_spec.h"
 #include "worker/model/workload.h"
 
 namespace muonmesh::worker {
 
-// Largest scaled tensor accepted, in elements: keeps every size and index
-// representable (memory is the runtime's concern).
-inline constexpr int64_t kSyntheticMaxTensorElements = int64_t{1} << 40;
+using model::kSyntheticMaxTensorElements;
+using model::ScaleDim;
+using model::ScaleModelSpec;
 
 // The factor of the gradients (0.01) and of the initial weights (0.02).
 inline constexpr double kSyntheticGradientScale = 0.01;
@@ -56,18 +57,6 @@ inline constexpr double kSyntheticInitScale = 0.02;
 
 // First stream of the initial weights (parameter p uses stream p + this).
 inline constexpr uint64_t kSyntheticInitStream = uint64_t{1} << 20;
-
-// max(1, llround(d * scale)). The caller validates scale (finite, > 0) and
-// keeps d * scale below 2^62.
-int64_t ScaleDim(int64_t d, double scale);
-
-// The scaled spec as documented above. InvalidArgument naming the field
-// (`units[3].params[2].shape[1]`) for a spec without parameters, a
-// parameter with no shape, a non-positive dim, an expert stack with fewer
-// than two dims, a scale that is not finite and > 0, expert_divisor < 1, or
-// a scaled tensor beyond kSyntheticMaxTensorElements.
-absl::StatusOr<plan::ModelSpec> ScaleModelSpec(const plan::ModelSpec& spec, double scale,
-                                               int64_t expert_divisor);
 
 // Holds a scaled spec and generates its gradients. One instance per rank.
 // Thread-compatible; it keeps no scratch, so const methods and

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "proto/support/status_macros.h"
+#include "core/base/status_macros.h"
 #include "worker/cuda/cuda_checks.h"
 #include "worker/cuda/ns_kernels.h"
 #include "worker/cuda/uniform_kernels.h"
@@ -18,11 +18,7 @@ constexpr int64_t kScratch = int64_t{1} << 22;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaSynthetic>> CudaSynthetic::Create(Synthetic synthetic) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    return absl::FailedPreconditionError("synthetic on cuda: no CUDA device");
-  }
+  MUONMESH_RETURN_IF_ERROR(cuda::CudaDeviceCount("synthetic on cuda").status());
   cudaStream_t stream = nullptr;
   MUONMESH_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   void* partial = nullptr;
@@ -45,20 +41,17 @@ absl::StatusOr<std::unique_ptr<CudaSynthetic>> CudaSynthetic::Create(Synthetic s
 
 CudaSynthetic::CudaSynthetic(Synthetic cpu, cudaStream_t stream, double* partial, double* sums,
                              float* scratch)
-    : cpu_(std::move(cpu)), stream_(stream), partial_(partial), sums_(sums), scratch_(scratch) {}
+    : CudaWorkload(std::move(cpu)),
+      stream_(stream),
+      partial_(partial),
+      sums_(sums),
+      scratch_(scratch) {}
 
 CudaSynthetic::~CudaSynthetic() {
   cudaFree(partial_);
   cudaFree(sums_);
   cudaFree(scratch_);
   cudaStreamDestroy(stream_);
-}
-
-absl::StatusOr<double> CudaSynthetic::ForwardBackward(int64_t, absl::Span<const float* const>,
-                                                      absl::Span<const int64_t>,
-                                                      absl::Span<float* const>) {
-  return absl::UnimplementedError(
-      "synthetic on cuda: use ForwardBackwardByUnit (the runtime's path)");
 }
 
 absl::StatusOr<double> CudaSynthetic::SumSquares(const float* x, int64_t count) {

@@ -18,31 +18,15 @@
 
 #include "absl/status/statusor.h"
 #include "worker/model/synthetic.h"
+#include "worker/model/cuda_workload.h"
 #include "worker/model/workload.h"
 
 namespace muonmesh::worker {
 
-class CudaSynthetic final : public Workload {
+class CudaSynthetic final : public CudaWorkload<Synthetic> {
  public:
   static absl::StatusOr<std::unique_ptr<CudaSynthetic>> Create(Synthetic synthetic);
   ~CudaSynthetic() override;
-
-  const plan::ModelSpec& spec() const override { return cpu_.spec(); }
-  int64_t num_samples() const override { return 1; }
-  comm::MemorySpace memory_space() const override { return comm::MemorySpace::kCudaDevice; }
-
-  absl::Status Initialize(uint64_t seed, absl::Span<float* const> params) const override {
-    return cpu_.Initialize(seed, params);
-  }
-  absl::Status InitializeUnit(uint64_t seed, int unit,
-                              absl::Span<float* const> params) const override {
-    return cpu_.InitializeUnit(seed, unit, params);
-  }
-
-  // Unimplemented: the runtime calls ForwardBackwardByUnit.
-  absl::StatusOr<double> ForwardBackward(int64_t step, absl::Span<const float* const> params,
-                                         absl::Span<const int64_t> samples,
-                                         absl::Span<float* const> grads) override;
 
   // Synthetic::ForwardBackwardByUnit's calls and results, with the gradient
   // buffers in device memory.
@@ -55,7 +39,6 @@ class CudaSynthetic final : public Workload {
   // Sum of squares of `count` device floats, in double.
   absl::StatusOr<double> SumSquares(const float* x, int64_t count);
 
-  Synthetic cpu_;
   cudaStream_t stream_;
   double* partial_;  // device: first-stage partial sums
   double* sums_;     // device: one result

@@ -5,7 +5,7 @@
 #include "muonmesh/v1/config.pb.h"
 #include "proto/io/message_file.h"
 #include "proto/convert/plan_convert.h"
-#include "proto/support/status_macros.h"
+#include "core/base/status_macros.h"
 #include "worker/model/synthetic.h"
 
 namespace muonmesh::worker {

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "proto/support/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace muonmesh::worker {
 
@@ -111,4 +111,9 @@ absl::Status Workload::InitializeUnit(uint64_t seed, int unit,
   return absl::OkStatus();
 }
 
-} // namespace muonmesh::worker
+absl::StatusOr<double> Workload::ValidationLossByUnit(UnitAccess&, absl::Span<const int64_t>) {
+  return absl::UnimplementedError(
+      absl::StrCat(spec().name, ": this workload has no validation data"));
+}
+
+}  // namespace muonmesh::worker

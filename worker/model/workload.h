@@ -33,7 +33,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "plan/types.h"
+#include "core/plan/types.h"
 #include "worker/comm/types.h"
 
 namespace muonmesh::worker {
@@ -54,7 +54,7 @@ class UnitAccess {
   virtual absl::StatusOr<absl::Span<float* const>> GradientBuffers(int unit) = 0;
   virtual absl::Status Commit(int unit) = 0;
 
-  // Expert parallelism (DESIGN.md §3). Expert stacks [E, ...] are split over
+  // Expert parallelism (docs/architecture.md §3). Expert stacks [E, ...] are split over
   // EP = expert_parallel_size() groups: this rank holds experts
   // [i * E/EP, (i + 1) * E/EP) for i = expert_parallel_index(), and Acquire
   // and GradientBuffers hand out only those (a stack's tensor holds E/EP
@@ -140,6 +140,15 @@ class Workload {
   // (correct, model-sized scratch); workloads override it to avoid that.
   virtual absl::Status InitializeUnit(uint64_t seed, int unit,
                                       absl::Span<float* const> params) const;
+
+  // Validation (language models): the number of distinct validation
+  // samples (0: the workload has no validation data, the default), and the
+  // mean loss over `samples` of them, each in [0, num_validation_samples()),
+  // with the parameters acquired unit by unit through `units` and nothing
+  // committed. The default is Unimplemented.
+  virtual int64_t num_validation_samples() const { return 0; }
+  virtual absl::StatusOr<double> ValidationLossByUnit(UnitAccess& units,
+                                                      absl::Span<const int64_t> samples);
 };
 
 }  // namespace muonmesh::worker

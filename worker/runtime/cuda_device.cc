@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "proto/support/status_macros.h"
+#include "core/base/status_macros.h"
 #include "worker/cuda/cuda_checks.h"
 #include "worker/cuda/newton_schulz_cuda.h"
 #include "worker/cuda/optimizer_cuda.h"
@@ -107,11 +107,7 @@ class CudaDevice final : public Device {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Device>> MakeCudaDevice(int ordinal) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    return absl::FailedPreconditionError("no CUDA device");
-  }
+  MUONMESH_ASSIGN_OR_RETURN(const int count, cuda::CudaDeviceCount(absl::StrCat("CUDA device ", ordinal)));
   if (ordinal < 0 || ordinal >= count) {
     return absl::FailedPreconditionError(
         absl::StrCat("CUDA device ", ordinal, " does not exist (this machine has ", count, ")"));

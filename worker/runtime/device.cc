@@ -1,5 +1,5 @@
 #include "worker/runtime/device.h"
-#include "proto/support/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace muonmesh::worker {
 

@@ -27,7 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/comm/types.h"
-#include "worker/math/types.h"
+#include "core/optim/types.h"
 
 namespace muonmesh::worker {
 

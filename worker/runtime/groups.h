@@ -4,7 +4,7 @@
 // mesh geometry. Every member of a group computes the same name and the same
 // member order, so groups can be created independently on each rank.
 //
-// Orders follow the domain positions (DESIGN.md §3, server/plan/mesh.h): the
+// Orders follow the domain positions (docs/architecture.md §3, core/plan/mesh.h): the
 // parameter shard of a rank is the run of optimizer shards of its parameter
 // group, and collectives over a group see their chunks in position order.
 
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "plan/mesh.h"
+#include "core/plan/mesh.h"
 
 namespace muonmesh::worker {
 

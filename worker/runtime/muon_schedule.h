@@ -4,7 +4,7 @@
 // functions of the plan, which the planner also uses to balance the owners
 // wave by wave).
 
-#include "plan/waves.h"
+#include "core/plan/waves.h"
 
 namespace muonmesh::worker {
 

@@ -1,7 +1,7 @@
 #pragma once
 
 // One rank's training engine: holds its parameter, gradient and optimizer
-// shards as the plan lays them out and runs the step of DESIGN.md §5:
+// shards as the plan lays them out and runs the step of docs/architecture.md §5:
 //
 //   1. gather each unit's parameters over the axes where they are sharded;
 //   2. forward/backward on this rank's slice of the global batch;
@@ -22,7 +22,7 @@
 //      where parameters are replicated but the optimizer state is sharded.
 //
 // Expert parameters live on the expert mesh (their own domains, groups and
-// owners, DESIGN.md §3); this rank holds the experts of its EP group
+// owners, docs/architecture.md §3); this rank holds the experts of its EP group
 // (Workload's UnitAccess documents which) and exchanges tokens with the
 // other groups through the workload.
 //
@@ -38,17 +38,18 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "plan/types.h"
+#include "core/plan/types.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/store.h"
 #include "worker/math/newton_schulz.h"
-#include "worker/math/types.h"
+#include "core/optim/types.h"
 #include "worker/model/workload.h"
 #include "worker/runtime/device.h"
 
@@ -136,6 +137,9 @@ struct StepReport {
   // dp_outer round).
   std::vector<MuonRound> muon_rounds;
   int32_t muon_exchange_calls = 0;
+  // The mean validation loss after this step, when the step was evaluated
+  // (Trainer::Evaluate; the rank runner fills it).
+  std::optional<double> val_loss;
 };
 
 class Trainer {
@@ -168,6 +172,15 @@ class Trainer {
   // Returns once every rank of the job has called it (or the collective
   // timeout passed): a collective on the world group.
   absl::Status Barrier();
+
+  // The mean validation loss of the current weights over `batches` global
+  // batches of the workload's validation samples: validation sample j
+  // (j < batches * global_batch_size) is j mod num_validation_samples(),
+  // and this rank takes its slice of each batch as Step does. Every rank
+  // must call it together (the parameters are gathered unit by unit and the
+  // loss averaged over the ranks). FailedPrecondition when the workload has
+  // no validation data.
+  absl::StatusOr<double> Evaluate(int64_t batches);
 
   // Checkpoints. SaveShards writes what this rank holds that a later step
   // needs: its parameter shards and optimizer state (gradients are

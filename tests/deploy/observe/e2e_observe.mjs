@@ -21,7 +21,7 @@
 //
 //   e2e_observe.mjs --coordinator BIN --worker BIN --ctl BIN --modules DIR
 //                   [--out DIR] [--workers 2] [--timeout 300] [--steps 60]
-//                   [--dims 256,512,512,256] [--no-job] [--no-report]
+//                   [--embd 128] [--no-job] [--no-report]
 // DIR (--modules) holds node_modules from install_node_deps.sh. --out keeps
 // the logs, the Prometheus answers (results.json) and report.png (default: a
 // temporary folder, removed on success). --no-job skips the training job
@@ -47,7 +47,7 @@ const dashboardFile = path.join(root, 'deploy/grafana/muonmesh-dashboard.json');
 // ------------------------------------------------------------------ options
 
 function parseArgs(argv) {
-  const o = { workers: 2, timeout: 300, steps: 60, dims: '256,512,512,256', job: true, report: true };
+  const o = { workers: 2, timeout: 300, steps: 60, embd: 128, job: true, report: true };
   for (let i = 0; i < argv.length; i++) {
     const flag = argv[i];
     if (flag === '--no-job') { o.job = false; continue; }
@@ -55,10 +55,10 @@ function parseArgs(argv) {
     const value = argv[++i];
     if (value === undefined) usage(`${flag} needs a value`);
     const key = flag.replace(/^--/, '');
-    if (!['coordinator', 'worker', 'ctl', 'modules', 'out', 'workers', 'timeout', 'steps', 'dims'].includes(key)) {
+    if (!['coordinator', 'worker', 'ctl', 'modules', 'out', 'workers', 'timeout', 'steps', 'embd'].includes(key)) {
       usage(`unknown flag ${flag}`);
     }
-    o[key] = ['workers', 'timeout', 'steps'].includes(key) ? Number(value) : value;
+    o[key] = ['workers', 'timeout', 'steps', 'embd'].includes(key) ? Number(value) : value;
   }
   for (const need of ['coordinator', 'worker', 'modules']) if (!o[need]) usage(`--${need} is required`);
   if (o.job && !o.ctl) usage('--ctl is required (or --no-job)');
@@ -267,18 +267,22 @@ async function main() {
   if (opts.report && !reportMissing) report();
 }
 
+// A byte-level gpt on this repository's own prose, validated every 10
+// steps, so that every panel (validation loss included) has data.
 async function runJob(workerPorts) {
-  const [d0, ...dims] = opts.dims.split(',').map(Number);
+  const corpus = path.join(out, 'corpus.txt');
+  fs.writeFileSync(corpus, ['README.md', 'docs/architecture.md', 'BENCHMARKS.md']
+    .map((f) => fs.readFileSync(path.join(root, f), 'utf8')).join('\n'));
   const job = {
     name: 'e2e-observe',
     world_size: Math.min(opts.workers, 2),
     device: 'cpu',
     parallelism: { data_parallel_sharding_strategy: 'optim_grads_params' },
-    model: { mlp: { dims: [d0, ...dims] } },
+    model: { gpt: { vocab_size: 256, block_size: 64, n_layer: 2, n_head: 4, n_embd: opts.embd, seq_len: 64 } },
     init: { seed: 7 },
-    data: { teacher: { seed: 11, samples: 4096 } },
-    optimizer: { muon: { lr: 0.02, momentum: 0.95 }, adamw: { lr: 0.001 } },
-    training: { steps: opts.steps, global_batch_size: 64 },
+    data: { text: { train: corpus } },
+    optimizer: { muon: { lr: 0.02, momentum: 0.95 }, adamw: { lr: 0.003, beta2: 0.95 } },
+    training: { steps: opts.steps, global_batch_size: 8, eval_every: 10, eval_batches: 2 },
     output: { dir: path.join(out, 'runs/e2e-observe') },
   };
   const finished = 'sum(muonmesh_jobs{state=~"SUCCEEDED|FAILED|CANCELLED"})';

@@ -16,7 +16,12 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/descriptor.h"
 #include "gtest/gtest.h"
+#include "muonmesh/v1/fleet.pb.h"
+#include "muonmesh/v1/jobs.pb.h"
+#include "muonmesh/v1/planner.pb.h"
+#include "muonmesh/v1/store.pb.h"
 #include "server/auth/server_security.h"
 #include "server/auth/token_table.h"
 
@@ -108,6 +113,42 @@ TEST(AuthorizeTest, NoTokenOrAnUnknownOneIsUnauthenticated) {
     EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << s;
     EXPECT_THAT(s.message(), HasSubstr("not one of the coordinator's tokens"));
   }
+}
+
+// Every RPC the coordinator's services declare, from their descriptors: each
+// must be placed in the policy (not left to the admin-only fallback) and in
+// this test's matrix above, so a new RPC fails here until both say who may
+// call it.
+TEST(AuthorizeTest, EveryRpcOfEveryServiceIsPlaced) {
+  const google::protobuf::DescriptorPool* pool =
+      google::protobuf::DescriptorPool::generated_pool();
+  // Referencing the generated files links their descriptors in.
+  (void)v1::SubmitJobRequest::descriptor();
+  (void)v1::RegisterRequest::descriptor();
+  (void)v1::PlanLayoutRequest::descriptor();
+  (void)v1::StoreSetRequest::descriptor();
+  std::map<std::string, const Row*> matrix;
+  for (const Row& row : kMatrix) matrix[row.method] = &row;
+  int methods = 0;
+  for (const char* name :
+       {"muonmesh.v1.Planner", "muonmesh.v1.Jobs", "muonmesh.v1.Fleet", "muonmesh.v1.Store"}) {
+    const google::protobuf::ServiceDescriptor* service = pool->FindServiceByName(name);
+    ASSERT_NE(service, nullptr) << name;
+    for (int m = 0; m < service->method_count(); ++m) {
+      const std::string path = absl::StrCat("/", service->full_name(), "/",
+                                            service->method(m)->name());
+      ++methods;
+      EXPECT_TRUE(IsPlaced(path)) << path << " has no rule in access_policy.cc";
+      EXPECT_TRUE(matrix.count(path)) << path << " is missing from this test's matrix";
+    }
+  }
+  EXPECT_EQ(methods, 18);  // the rpc lines of proto/muonmesh/v1/*.proto
+}
+
+TEST(AuthorizeTest, UnknownMethodsAreNotPlaced) {
+  EXPECT_FALSE(IsPlaced("/muonmesh.v1.Jobs/DeleteEverything"));
+  EXPECT_FALSE(IsPlaced("/muonmesh.v1.Store/"));
+  EXPECT_TRUE(IsPlaced("/grpc.health.v1.Health/Check"));
 }
 
 TEST(AuthorizeTest, HealthChecksAreOpenToAnyone) {

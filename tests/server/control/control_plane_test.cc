@@ -30,7 +30,7 @@
 #include "proto/io/message_file.h"
 #include "tests/testing/http_get.h"
 #include "worker/daemon.h"
-#include "worker/job/allowed_dirs.h"
+#include "proto/job/allowed_dirs.h"
 #include "worker/standalone.h"
 
 namespace muonmesh::coordinator {
@@ -315,7 +315,7 @@ class AllowedDirsTest : public ControlPlaneTest {
  protected:
   void Configure(ControlPlaneOptions& options) override {
     std::filesystem::create_directories(dir_ + "/ok");
-    absl::StatusOr<std::vector<std::string>> allowed = worker::ResolveAllowedDirs({dir_ + "/ok"});
+    absl::StatusOr<std::vector<std::string>> allowed = job::ResolveAllowedDirs({dir_ + "/ok"});
     ASSERT_TRUE(allowed.ok()) << allowed.status();
     options.allowed_dirs = *allowed;
   }

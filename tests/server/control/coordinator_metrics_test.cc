@@ -46,7 +46,7 @@ constexpr char kGauge[] = "muonmesh_job_planned_critical_path_flops";
 // One mlp layer's weight [rows, cols] under Newton-Schulz, by hand: every
 // iteration forms A = X X^T (2 m m n), B = b A + c A A (2 m^3) and
 // X = a X + B X (2 m m n) on the short side m and the long side n. The jobs
-// ask for the standard form (the Gram form's counts: tests/plan/ns_cost_test.cc).
+// ask for the standard form (the Gram form's counts: tests/core/plan/ns_cost_test.cc).
 double NsFlops(double rows, double cols, double steps) {
   const double m = std::min(rows, cols);
   const double n = std::max(rows, cols);

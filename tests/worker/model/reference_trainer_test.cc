@@ -15,7 +15,7 @@
 #include "tests/worker/model/central_difference.h"
 #include "worker/math/adamw.h"
 #include "worker/math/muon.h"
-#include "worker/math/types.h"
+#include "core/optim/types.h"
 #include "worker/model/mlp.h"
 #include "worker/model/rng.h"
 

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "plan/planner.h"
+#include "core/plan/planner.h"
 #include "tests/worker/ns_reference.h"
 #include "worker/math/adamw.h"
 #include "worker/math/muon.h"

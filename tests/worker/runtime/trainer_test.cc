@@ -18,8 +18,8 @@
 #include <thread>
 
 #include "gtest/gtest.h"
-#include "plan/owners.h"
-#include "plan/planner.h"
+#include "core/plan/owners.h"
+#include "core/plan/planner.h"
 #include "worker/comm/file_store.h"
 #include "worker/comm/inprocess_communicator.h"
 #include "worker/io/safetensors.h"
@@ -420,7 +420,7 @@ TEST_P(TrainerConfigTest, MuonWavesOfAnyBudgetEndBitIdentical) {
     }
     muon_units += any ? 1 : 0;
   }
-  // Copies of the optimizer state (DESIGN.md §3): a sharded inner strategy
+  // Copies of the optimizer state (docs/architecture.md §3): a sharded inner strategy
   // splits one copy over the W/I ranks of an instance, and over all W when
   // the outer strategy shards too; no_shard keeps one per rank. Experts
   // follow the inner strategy over their W/EP expert-data-parallel ranks.
@@ -751,7 +751,7 @@ TEST(TrainerTest, ANonFiniteGradientOnOneRankRefusesTheStepOnEveryRank) {
   }
 }
 
-// The HSDP replica split (optimizer.muon_replica_split, server/plan/types.h
+// The HSDP replica split (optimizer.muon_replica_split, core/plan/types.h
 // ReplicaSplit): the dp_outer replicas share the dense Newton-Schulz work
 // and exchange the results. Forced on, in one wave or one wave per unit, the
 // weights end bit for bit as with it off; it runs exactly where the
@@ -815,7 +815,7 @@ TEST_P(ReplicaSplitTest, SplitAndUnsplitEndBitIdentical) {
     dense_units += dense ? 1 : 0;
     muon_units += any ? 1 : 0;
   }
-  // Dense domains (DESIGN.md §3): an instance's W/I ranks when the inner
+  // Dense domains (docs/architecture.md §3): an instance's W/I ranks when the inner
   // strategy shards, all W when the outer shards too, one rank under
   // no_shard. Experts: W/EP expert-data-parallel ranks, or one.
   const bool sharded = std::string(c.inner) != "no_shard";

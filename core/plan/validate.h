@@ -1,0 +1,62 @@
+#pragma once
+
+// Validation of planner input. Every violation is reported at once, each
+// with the path of the offending field, so a user fixes a config in one go.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/plan/types.h"
+
+namespace muonmesh::plan {
+
+// Documented limits ("absurd sizes" are rejected, not attempted).
+inline constexpr int64_t kMaxWorldSize = int64_t{1} << 20;          // 1,048,576 ranks
+inline constexpr int64_t kMaxUnits = 100'000;
+// Most parameter gathers per unit and step (UnitSpec::gathers_per_step).
+inline constexpr int32_t kMaxGathersPerStep = 8;
+inline constexpr int64_t kMaxTensors = 1'000'000;                   // whole model
+inline constexpr int64_t kMaxDims = 8;
+inline constexpr int64_t kMaxModelElements = int64_t{1} << 50;      // ~1.1e15 parameters
+// Model, unit and parameter names, in bytes. Messages quote at most
+// kMaxQuotedBytes of a name, so that a huge name is never echoed back.
+inline constexpr int64_t kMaxNameLength = 1024;
+inline constexpr int64_t kMaxQuotedBytes = 64;
+// kMaxNsSteps: plan/ns_cost.h.
+// Matrices times domains in one plan (DDP on a huge world repeats every
+// matrix in every rank's own domain).
+inline constexpr int64_t kMaxPlanMatrixEntries = 20'000'000;
+// Shards laid out in all (units times their domain sizes): layouts are kept
+// per unit, so this bounds the planner's memory (DeepSeek-V3 fits up to about
+// 270k ranks).
+inline constexpr int64_t kMaxLayoutShards = int64_t{1} << 24;
+// `text` quoted for a message: as is when short, else its first
+// kMaxQuotedBytes bytes (cut on a UTF-8 boundary) and its length.
+std::string Quote(absl::string_view text);
+
+// All violations of the input; empty when it can be planned.
+std::vector<FieldViolation> Validate(const PlanInput& input);
+
+// The config with defaults resolved, or InvalidArgument listing every
+// violation ("field: description; field: description").
+absl::StatusOr<ResolvedConfig> Resolve(const PlanInput& input);
+
+namespace internal {
+// Resolve without validating, for input that Validate has passed.
+ResolvedConfig ResolveUnchecked(const PlanInput& input);
+}  // namespace internal
+
+// The shape of a parameter as a matrix (rows, cols): (shape[0], rest) for a
+// dense tensor, (shape[1], rest) per expert for an expert stack. Assumes a
+// validated spec.
+struct MatrixView {
+  int64_t rows;
+  int64_t cols;
+};
+MatrixView AsMatrix(const ParamSpec& p);
+int64_t NumElements(const ParamSpec& p);
+
+}  // namespace muonmesh::plan

@@ -1,0 +1,166 @@
+#pragma once
+
+// The job file (docs/architecture.md §2): loading a JobSpec from YAML or JSON, validating it, and
+// resolving it into plain values with every default filled in, for the worker runtime and the
+// standalone launcher.
+//
+// Defaults. The job file is proto3, which cannot tell an unset number from 0, so for the fields
+// below 0 (or an empty string) means "use the default":
+//   device                      cpu
+//   parallelism.*               left as given: plan::Validate/Resolve apply the planner's
+//                               defaults (optim_grads_params, I = 1, EP = 1)
+//   optimizer.muon              lr 0.02, momentum 0.95, nesterov true, ns_steps 5,
+//                               weight_decay 0, scale original, coefficients quintic,
+//                               ns_algorithm auto
+//   optimizer.adamw             lr 1e-3, beta1 0.9, beta2 0.999, eps 1e-8 (only when unset: an
+//                               explicit eps must be > 0), weight_decay 0
+//   optimizer.owner_assignment  lpt
+//   optimizer.muon_replica_split auto
+//   model.synthetic.scale       1 (full size)
+//   init                        seed 0 when neither seed nor safetensors is given
+//   data                        teacher {seed: 0, samples: 4096} when nothing is given
+//   data.teacher.samples        4096
+//   data.text/tokens.val_fraction 0.1 (without val; 0 means no validation)
+//   training.eval_every         0 (validate after the last step only)
+//   training.eval_batches       4
+//   training.checkpoint_every   0 (no checkpoints)
+//   training.max_restarts       0
+//   training.threads_per_rank   1 (OpenBLAS threads a rank runs its math on)
+//   output.dir                  runs/<name>
+//   output.export               <output dir>/final.safetensors
+// Consequently momentum, beta1 and beta2 cannot be set to exactly 0 (a tiny value such as 1e-12
+// does the same), and weight_decay 0 is its own default. training.steps and
+// training.global_batch_size are required.
+//
+// Relative paths in the job (init and data safetensors, the synthetic model spec, output
+// folder and export file) are relative to the folder of the job file, so a job runs the same
+// from any working directory.
+//
+// Rules beyond plain ranges: the name must match [A-Za-z0-9._-]+ (it names the output folder);
+// training.global_batch_size must split evenly over the world_size data-parallel ranks and not
+// exceed the data set's samples (teacher data here; a data file's when it is loaded); the
+// synthetic workload takes no data section (its gradients are generated); rule patterns must
+// compile as RE2 regular expressions (proto/job/optimizer_rules.h: linear-time matching, no
+// back-references).
+//
+// What is validated here: everything that does not need the model's parameter list, including
+// the model-independent checks of the parallelism config (run through plan::Validate). What
+// needs the model (Muon on a tensor that is not a matrix, expert stacks and EP, layout limits) is
+// checked by plan::Validate when the runtime builds the plan.
+//
+// Free functions with no shared state: any thread may call them.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "muonmesh/v1/config.pb.h"
+#include "core/model/gpt_spec.h"
+#include "core/optim/types.h"
+#include "core/plan/types.h"
+#include "proto/job/corpus.h"
+
+namespace muonmesh::job {
+
+// Documented limits: beyond them a job is rejected, not attempted.
+inline constexpr int64_t kMaxJobWorldSize = int64_t{1} << 20;
+inline constexpr size_t kMaxJobNameLength = 200;
+inline constexpr int64_t kMaxTrainingSteps = 1'000'000'000;
+inline constexpr int64_t kMaxGlobalBatchSize = int64_t{1} << 30;
+inline constexpr int64_t kMaxTeacherSamples = int64_t{1} << 30;
+inline constexpr int64_t kMaxRestarts = 1000;
+inline constexpr int64_t kMaxModelDim = int64_t{1} << 20;  // any mlp / moe_mlp width
+inline constexpr size_t kMaxMlpLayers = 1000;              // dims has at most this + 1 entries
+inline constexpr size_t kMaxOptimizerRules = 256;
+inline constexpr size_t kMaxRulePatternLength = 1000;
+inline constexpr int64_t kDefaultTeacherSamples = 4096;
+inline constexpr int64_t kDefaultEvalBatches = 4;
+inline constexpr int64_t kMaxEvalBatches = 1'000'000;
+inline constexpr double kDefaultValFraction = 0.1;
+
+struct ResolvedJob {
+  std::string name;
+  int64_t world_size = 1;
+  std::string device;  // "cpu" | "cuda"
+
+  // As given in the file; plan::Resolve applies its defaults.
+  plan::ParallelismConfig parallelism;
+  std::string owner_assignment;  // lpt | round_robin | allgather | greedy_in_order
+  int64_t muon_buffer_bytes = 0;  // optimizer.muon_buffer_bytes (TrainerOptions)
+  std::string muon_replica_split;  // optimizer.muon_replica_split: auto | on | off
+
+  math::MuonOptions muon;
+  math::AdamWOptions adamw;
+  // (full-match regular expression, "muon" | "adamw"), in file order: the first match wins.
+  std::vector<std::pair<std::string, std::string>> optimizer_rules;
+
+  // The model section as given (model_specs.h builds its spec from it).
+  v1::ModelConfig model;
+  enum class ModelKind { kMlp, kMoeMlp, kSynthetic, kGpt };
+  ModelKind model_kind = ModelKind::kMlp;
+  std::vector<int64_t> mlp_dims;    // kMlp: [d_in, hidden..., d_out]
+  v1::MoeMlpModel moe;              // kMoeMlp
+  std::string synthetic_spec_path;  // kSynthetic: resolved path of the ModelSpec file
+  // kSynthetic: the spec given inline (model.synthetic.model); when set, the
+  // path is not read.
+  std::optional<v1::ModelSpec> synthetic_model;
+  double synthetic_scale = 1.0;     // kSynthetic, in (0, 1]
+  model::GptDims gpt;               // kGpt
+  Corpus corpus;                    // kGpt: data.text or data.tokens, paths resolved
+
+  // Exactly one of init_seed / init_safetensors is set (the path non-empty).
+  std::optional<uint64_t> init_seed;
+  std::string init_safetensors;
+  // Exactly one of teacher_seed / data_safetensors is set; teacher_samples goes with the seed.
+  std::optional<uint64_t> teacher_seed;
+  int64_t teacher_samples = 0;
+  std::string data_safetensors;
+
+  int64_t steps = 0;
+  int64_t global_batch_size = 0;
+  int64_t checkpoint_every = 0;  // 0: no checkpoints
+  int64_t max_restarts = 0;
+  int64_t threads_per_rank = 1;  // OpenBLAS threads the rank runs (resolved: >= 1)
+  // Language models: validation every eval_every steps (0: after the last
+  // step only) on eval_batches global batches of validation windows.
+  int64_t eval_every = 0;
+  int64_t eval_batches = 4;
+
+  std::string output_dir;   // resolved
+  std::string export_path;  // resolved
+};
+
+// Reads a job file (YAML or JSON) through protoio. Returns NotFound if it does not exist, and
+// InvalidArgument located as "FILE:LINE:COL: field.path: reason" (with a "did you mean"
+// suggestion for a misspelt field) if it does not parse.
+absl::StatusOr<v1::JobSpec> LoadJobFile(const std::string& path);
+
+// Every violation of `job` at once, with field paths as written in the file
+// ("optimizer.muon.momentum", "model.mlp.dims[2]", "training.global_batch_size"). Does not touch
+// the file system (ResolveJob checks that input files exist). Empty when the job is valid.
+std::vector<plan::FieldViolation> ValidateJob(const v1::JobSpec& job);
+
+// The job with every default resolved and relative paths joined to `job_dir` (left as they are
+// when `job_dir` is empty). Returns InvalidArgument listing every violation, from ValidateJob,
+// for input files (init, data, synthetic spec) that do not exist or are not regular files, and
+// from CheckOutputPaths, as "field: description; field: description".
+absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string& job_dir);
+
+// Violations of the output paths: `output_dir`, its checkpoints/ and metrics/ folders and the
+// export file's folder must be folders if they exist; `export_path` must be a regular file if it
+// exists (not a device, FIFO, socket, folder or symbolic link: outputs are replaced by rename).
+// ResolveJob runs it; the runtime runs it again just before writing.
+std::vector<plan::FieldViolation> CheckOutputPaths(const std::string& output_dir,
+                                                   const std::string& export_path);
+
+// LoadJobFile, then ResolveJob against the file's folder; every error message starts with
+// `path`.
+absl::StatusOr<ResolvedJob> LoadResolvedJob(const std::string& path);
+
+// The violations as one message: "field: description; field: description".
+std::string JoinViolations(const std::vector<plan::FieldViolation>& violations);
+
+}  // namespace muonmesh::job

@@ -1,0 +1,851 @@
+#include "proto/job/job.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "muonmesh/v1/config.pb.h"
+#include "worker/math/adamw.h"
+#include "worker/math/muon.h"
+#include "proto/job/optimizer_rules.h"
+#include "proto/io/message_file.h"
+
+namespace muonmesh::worker {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::StartsWith;
+using ::testing::UnorderedElementsAreArray;
+
+// The job file of docs/architecture.md §2, verbatim.
+constexpr char kDesignJob[] = R"(name: mlp-hfsdp
+world_size: 4
+device: cpu                      # or cuda
+parallelism:
+  data_parallel_sharding_strategy: optim_grads_params
+  num_distributed_optimizer_instances: 2
+  outer_dp_sharding_strategy: optim
+  expert_model_parallel_size: 1
+model:
+  mlp: {dims: [32, 64, 64, 8]}   # or moe_mlp: {...}, or synthetic: {spec: FILE, scale: 0.125}
+init: {seed: 7}                  # or {safetensors: FILE}
+data: {teacher: {seed: 11, samples: 4096}}   # or {safetensors: FILE} with tensors x, y
+optimizer:
+  muon: {lr: 0.02, momentum: 0.95, nesterov: true, ns_steps: 5, weight_decay: 0.0, scale: original}
+  adamw: {lr: 0.001, beta1: 0.9, beta2: 0.999, eps: 1.0e-8, weight_decay: 0.0}
+  owner_assignment: lpt          # or round_robin, allgather
+training: {steps: 20, global_batch_size: 64, checkpoint_every: 5, max_restarts: 1}
+output: {dir: runs/mlp-hfsdp, export: runs/mlp-hfsdp/final.safetensors}
+)";
+
+class TempDir {
+ public:
+  explicit TempDir(const std::string& suffix = "") {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = fs::path(::testing::TempDir()) / absl::StrCat("job_test_", ::getpid(), "_",
+                                                          info->test_suite_name(), "_",
+                                                          info->name(), suffix);
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string Write(const std::string& name, const std::string& text) const {
+    const std::string p = (path_ / name).string();
+    std::ofstream(p) << text;
+    return p;
+  }
+  std::string dir() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+};
+
+v1::JobSpec DesignJob() {
+  TempDir dir("_design");
+  absl::StatusOr<v1::JobSpec> job = job::LoadJobFile(dir.Write("job.yaml", kDesignJob));
+  EXPECT_TRUE(job.ok()) << job.status();
+  return job.ok() ? *job : v1::JobSpec();
+}
+
+std::vector<std::string> Fields(const std::vector<plan::FieldViolation>& violations) {
+  std::vector<std::string> fields;
+  for (const plan::FieldViolation& f : violations) fields.push_back(f.field);
+  return fields;
+}
+
+// ---------------------------------------------------------------- resolving
+
+TEST(JobTest, DesignExampleResolvesWithTheValuesWritten) {
+  TempDir dir;
+  const std::string path = dir.Write("job.yaml", kDesignJob);
+  absl::StatusOr<job::ResolvedJob> r = job::LoadResolvedJob(path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->name, "mlp-hfsdp");
+  EXPECT_EQ(r->world_size, 4);
+  EXPECT_EQ(r->device, "cpu");
+  EXPECT_EQ(r->parallelism.data_parallel_sharding_strategy, "optim_grads_params");
+  EXPECT_EQ(r->parallelism.num_distributed_optimizer_instances, 2);
+  EXPECT_EQ(r->parallelism.outer_dp_sharding_strategy, "optim");
+  EXPECT_EQ(r->parallelism.expert_model_parallel_size, 1);
+  EXPECT_EQ(r->model_kind, job::ResolvedJob::ModelKind::kMlp);
+  EXPECT_THAT(r->mlp_dims, ElementsAre(32, 64, 64, 8));
+  ASSERT_TRUE(r->init_seed.has_value());
+  EXPECT_EQ(*r->init_seed, 7u);
+  EXPECT_EQ(r->init_safetensors, "");
+  ASSERT_TRUE(r->teacher_seed.has_value());
+  EXPECT_EQ(*r->teacher_seed, 11u);
+  EXPECT_EQ(r->teacher_samples, 4096);
+  EXPECT_EQ(r->data_safetensors, "");
+  EXPECT_EQ(r->muon.lr, 0.02);
+  EXPECT_EQ(r->muon.momentum, 0.95);
+  EXPECT_TRUE(r->muon.nesterov);
+  EXPECT_EQ(r->muon.ns.steps, 5);
+  EXPECT_EQ(r->muon.weight_decay, 0.0);
+  EXPECT_EQ(r->muon.scale, math::MuonScale::kOriginal);
+  EXPECT_EQ(r->muon.ns.coefficients, math::NsCoefficients::kQuintic);
+  EXPECT_EQ(r->adamw.lr, 0.001);
+  EXPECT_EQ(r->adamw.beta1, 0.9);
+  EXPECT_EQ(r->adamw.beta2, 0.999);
+  EXPECT_EQ(r->adamw.eps, 1.0e-8);
+  EXPECT_EQ(r->adamw.weight_decay, 0.0);
+  EXPECT_EQ(r->owner_assignment, "lpt");
+  EXPECT_THAT(r->optimizer_rules, IsEmpty());
+  EXPECT_EQ(r->steps, 20);
+  EXPECT_EQ(r->global_batch_size, 64);
+  EXPECT_EQ(r->checkpoint_every, 5);
+  EXPECT_EQ(r->max_restarts, 1);
+  // Outputs are relative to the job file's folder.
+  EXPECT_EQ(r->output_dir, dir.dir() + "/runs/mlp-hfsdp");
+  EXPECT_EQ(r->export_path, dir.dir() + "/runs/mlp-hfsdp/final.safetensors");
+}
+
+TEST(JobTest, JsonFileResolvesLikeYaml) {
+  TempDir dir;
+  const std::string json = R"({
+    "name": "mlp-hfsdp", "world_size": 4, "device": "cpu",
+    "parallelism": {"data_parallel_sharding_strategy": "optim_grads_params",
+                    "num_distributed_optimizer_instances": 2,
+                    "outer_dp_sharding_strategy": "optim", "expert_model_parallel_size": 1},
+    "model": {"mlp": {"dims": [32, 64, 64, 8]}},
+    "init": {"seed": 7}, "data": {"teacher": {"seed": 11, "samples": 4096}},
+    "optimizer": {"muon": {"lr": 0.02, "momentum": 0.95, "nesterov": true, "ns_steps": 5,
+                           "weight_decay": 0.0, "scale": "original"},
+                  "adamw": {"lr": 0.001, "beta1": 0.9, "beta2": 0.999, "eps": 1.0e-8,
+                            "weight_decay": 0.0},
+                  "owner_assignment": "lpt"},
+    "training": {"steps": 20, "global_batch_size": 64, "checkpoint_every": 5, "max_restarts": 1},
+    "output": {"dir": "runs/mlp-hfsdp", "export": "runs/mlp-hfsdp/final.safetensors"}})";
+  absl::StatusOr<v1::JobSpec> from_json = job::LoadJobFile(dir.Write("job.json", json));
+  ASSERT_TRUE(from_json.ok()) << from_json.status();
+  EXPECT_EQ(from_json->SerializeAsString(), DesignJob().SerializeAsString());
+}
+
+constexpr char kMinimalJob[] = R"(
+name: tiny
+world_size: 2
+model: {mlp: {dims: [4, 2]}}
+training: {steps: 1, global_batch_size: 2}
+)";
+
+TEST(JobTest, ThreadsPerRankIsRead) {
+  TempDir dir;
+  std::string text = kMinimalJob;
+  const std::string batch = "global_batch_size: 2";
+  text.insert(text.find(batch) + batch.size(), ", threads_per_rank: 4");
+  absl::StatusOr<job::ResolvedJob> r = job::LoadResolvedJob(dir.Write("threads.yaml", text));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->threads_per_rank, 4);
+}
+
+TEST(JobTest, MinimalJobGetsTheDocumentedDefaults) {
+  TempDir dir;
+  const std::string path = dir.Write("minimal.yaml", kMinimalJob);
+  absl::StatusOr<job::ResolvedJob> r = job::LoadResolvedJob(path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->device, "cpu");
+  EXPECT_EQ(r->parallelism.data_parallel_sharding_strategy, "");
+  EXPECT_EQ(r->parallelism.num_distributed_optimizer_instances, 0);
+  EXPECT_EQ(r->owner_assignment, "lpt");
+  // Muon: lr 0.02, momentum 0.95, nesterov, 5 quintic steps, no weight decay
+  // (math::MuonOptions' own defaults differ: lr 1e-3, weight_decay 0.1).
+  EXPECT_EQ(r->muon.lr, 0.02);
+  EXPECT_EQ(r->muon.momentum, 0.95);
+  EXPECT_TRUE(r->muon.nesterov);
+  EXPECT_EQ(r->muon.ns.steps, 5);
+  EXPECT_EQ(r->muon.ns.coefficients, math::NsCoefficients::kQuintic);
+  EXPECT_EQ(r->muon.weight_decay, 0.0);
+  EXPECT_EQ(r->muon.scale, math::MuonScale::kOriginal);
+  // AdamW: torch's defaults except weight_decay 0 (torch: 1e-2).
+  EXPECT_EQ(r->adamw.lr, 1e-3);
+  EXPECT_EQ(r->adamw.beta1, 0.9);
+  EXPECT_EQ(r->adamw.beta2, 0.999);
+  EXPECT_EQ(r->adamw.eps, 1e-8);
+  EXPECT_EQ(r->adamw.weight_decay, 0.0);
+  ASSERT_TRUE(r->init_seed.has_value());
+  EXPECT_EQ(*r->init_seed, 0u);
+  ASSERT_TRUE(r->teacher_seed.has_value());
+  EXPECT_EQ(*r->teacher_seed, 0u);
+  EXPECT_EQ(r->teacher_samples, 4096);
+  EXPECT_EQ(r->checkpoint_every, 0);
+  EXPECT_EQ(r->max_restarts, 0);
+  EXPECT_EQ(r->threads_per_rank, 1);
+  EXPECT_EQ(r->output_dir, dir.dir() + "/runs/tiny");
+  EXPECT_EQ(r->export_path, dir.dir() + "/runs/tiny/final.safetensors");
+  // The resolved options pass the numerics' own validation.
+  EXPECT_TRUE(math::ValidateMuonOptions(r->muon).ok());
+  EXPECT_TRUE(math::ValidateAdamWOptions(r->adamw).ok());
+}
+
+TEST(JobTest, ResolvesEveryNonDefaultChoice) {
+  TempDir dir;
+  dir.Write("spec.json", "{}");
+  const std::string abs_init = dir.Write("init.safetensors", "");
+  v1::JobSpec job = DesignJob();
+  job.set_device("cuda");
+  job.mutable_model()->mutable_synthetic()->set_spec("spec.json");
+  job.mutable_model()->mutable_synthetic()->set_scale(0.125);
+  job.clear_data();
+  job.mutable_init()->set_safetensors(abs_init);
+  auto* muon = job.mutable_optimizer()->mutable_muon();
+  muon->set_nesterov(false);
+  muon->set_scale("match_rms_adamw");
+  muon->set_coefficients("polar_express");
+  muon->set_ns_steps(8);
+  muon->set_weight_decay(0.1);
+  job.mutable_optimizer()->set_owner_assignment("allgather");
+  auto* rule = job.mutable_optimizer()->add_rules();
+  rule->set_pattern(".*\\.bias");
+  rule->set_optimizer("adamw");
+  rule = job.mutable_optimizer()->add_rules();
+  rule->set_pattern("embed.*");
+  rule->set_optimizer("muon");
+  job.mutable_output()->set_dir("/abs/out");
+  job.mutable_output()->clear_export_();
+
+  absl::StatusOr<job::ResolvedJob> r = job::ResolveJob(job, dir.dir());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->device, "cuda");
+  EXPECT_EQ(r->model_kind, job::ResolvedJob::ModelKind::kSynthetic);
+  EXPECT_EQ(r->synthetic_spec_path, dir.dir() + "/spec.json");
+  EXPECT_EQ(r->synthetic_scale, 0.125);
+  EXPECT_FALSE(r->init_seed.has_value());
+  EXPECT_EQ(r->init_safetensors, abs_init);  // absolute paths are kept
+  EXPECT_FALSE(r->muon.nesterov);
+  EXPECT_EQ(r->muon.scale, math::MuonScale::kMatchRmsAdamW);
+  EXPECT_EQ(r->muon.ns.coefficients, math::NsCoefficients::kPolarExpress);
+  EXPECT_EQ(r->muon.ns.steps, 8);
+  EXPECT_EQ(r->muon.weight_decay, 0.1);
+  EXPECT_EQ(r->owner_assignment, "allgather");
+  using Rule = std::pair<std::string, std::string>;
+  EXPECT_THAT(r->optimizer_rules, ElementsAre(Rule{".*\\.bias", "adamw"}, Rule{"embed.*", "muon"}));
+  EXPECT_EQ(r->output_dir, "/abs/out");
+  EXPECT_EQ(r->export_path, "/abs/out/final.safetensors");
+}
+
+TEST(JobTest, MoeModelAndDataFileResolve) {
+  TempDir dir;
+  dir.Write("data.safetensors", "");
+  v1::JobSpec job = DesignJob();
+  auto* moe = job.mutable_model()->mutable_moe_mlp();
+  moe->set_d_in(16);
+  moe->set_d_model(32);
+  moe->set_d_expert(8);
+  moe->set_num_experts(4);
+  moe->set_d_out(2);
+  job.mutable_parallelism()->set_expert_model_parallel_size(2);
+  job.mutable_data()->set_safetensors("data.safetensors");
+  absl::StatusOr<job::ResolvedJob> r = job::ResolveJob(job, dir.dir());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->model_kind, job::ResolvedJob::ModelKind::kMoeMlp);
+  EXPECT_EQ(r->moe.num_experts(), 4);
+  EXPECT_EQ(r->moe.d_expert(), 8);
+  EXPECT_EQ(r->parallelism.expert_model_parallel_size, 2);
+  EXPECT_FALSE(r->teacher_seed.has_value());
+  EXPECT_EQ(r->data_safetensors, dir.dir() + "/data.safetensors");
+}
+
+// ---------------------------------------------------------------- one violation each
+
+struct BrokenJob {
+  std::string name;
+  std::function<void(v1::JobSpec&)> mutate;
+  std::string field;
+  std::string reason;
+};
+
+void PrintTo(const BrokenJob& c, std::ostream* os) { *os << c.name; }
+
+void SetMoe(v1::JobSpec& j) {
+  auto* moe = j.mutable_model()->mutable_moe_mlp();
+  moe->set_d_in(16);
+  moe->set_d_model(32);
+  moe->set_d_expert(8);
+  moe->set_num_experts(4);
+  moe->set_d_out(2);
+}
+
+// A valid gpt job on a text corpus (the data path is checked only when
+// resolved).
+void SetGpt(v1::JobSpec& j) {
+  auto* g = j.mutable_model()->mutable_gpt();
+  g->set_vocab_size(256);
+  g->set_block_size(32);
+  g->set_n_layer(2);
+  g->set_n_head(4);
+  g->set_n_embd(16);
+  g->set_seq_len(32);
+  j.mutable_data()->mutable_text()->set_train("corpus.txt");
+}
+
+std::vector<BrokenJob> BrokenJobs() {
+  using J = v1::JobSpec;
+  return {
+      {"GptNoData", [](J& j) { SetGpt(j); j.clear_data(); }, "data", "required for the gpt"},
+      {"GptFieldMissing", [](J& j) { SetGpt(j); j.mutable_model()->mutable_gpt()->clear_n_head(); },
+       "model.gpt.n_head", "required"},
+      {"GptHeadsDoNotDivide",
+       [](J& j) { SetGpt(j); j.mutable_model()->mutable_gpt()->set_n_head(3); },
+       "model.gpt.n_embd", "not divisible by n_head 3"},
+      {"GptSeqLenPastBlock",
+       [](J& j) { SetGpt(j); j.mutable_model()->mutable_gpt()->set_seq_len(33); },
+       "model.gpt.seq_len", "33 is not in [1, 32]"},
+      {"GptTextNeedsBytes",
+       [](J& j) { SetGpt(j); j.mutable_model()->mutable_gpt()->set_vocab_size(100); },
+       "model.gpt.vocab_size", "at least 256"},
+      {"GptOnCuda", [](J& j) { SetGpt(j); j.set_device("cuda"); }, "device", "CPU only"},
+      {"GptTrainMissing", [](J& j) { SetGpt(j); j.mutable_data()->mutable_text()->clear_train(); },
+       "data.text.train", "required"},
+      {"GptValAndFraction",
+       [](J& j) {
+         SetGpt(j);
+         j.mutable_data()->mutable_text()->set_val("val.txt");
+         j.mutable_data()->mutable_text()->set_val_fraction(0.2);
+       },
+       "data.text.val_fraction", "not both"},
+      {"GptFractionOne",
+       [](J& j) { SetGpt(j); j.mutable_data()->mutable_tokens()->set_train("a.bin");
+                  j.mutable_data()->mutable_tokens()->set_val_fraction(1.0); },
+       "data.tokens.val_fraction", "[0, 1)"},
+      {"TextForMlp", [](J& j) { j.mutable_data()->mutable_text()->set_train("a.txt"); },
+       "data.text", "only the gpt model"},
+      {"EvalForMlp", [](J& j) { j.mutable_training()->set_eval_every(5); }, "training.eval_every",
+       "only the gpt model"},
+      {"EvalBatchesNegative",
+       [](J& j) { SetGpt(j); j.mutable_training()->set_eval_batches(-1); },
+       "training.eval_batches", "got -1"},
+      {"EmptyName", [](J& j) { j.clear_name(); }, "name", "required"},
+      {"NameWithSpace", [](J& j) { j.set_name("my job"); }, "name", "[A-Za-z0-9._-]+"},
+      {"NameWithSlash", [](J& j) { j.set_name("../etc"); }, "name", "[A-Za-z0-9._-]+"},
+      {"NameDotDot", [](J& j) { j.set_name(".."); }, "name", "cannot name a folder"},
+      {"NameTooLong", [](J& j) { j.set_name(std::string(201, 'a')); }, "name", "exceeds the limit"},
+      {"WorldSizeMissing", [](J& j) { j.clear_world_size(); }, "world_size", "required"},
+      {"WorldSizeNegative", [](J& j) { j.set_world_size(-4); }, "world_size", "must be >= 1"},
+      {"WorldSizeHuge", [](J& j) { j.set_world_size((int64_t{1} << 20) + 1); }, "world_size",
+       "exceeds the limit"},
+      {"UnknownDevice", [](J& j) { j.set_device("tpu"); }, "device", "'tpu'"},
+      {"UnknownStrategy",
+       [](J& j) { j.mutable_parallelism()->set_data_parallel_sharding_strategy("zero3"); },
+       "parallelism.data_parallel_sharding_strategy", "unknown strategy 'zero3'"},
+      {"InstancesDoNotDivide",
+       [](J& j) { j.mutable_parallelism()->set_num_distributed_optimizer_instances(3); },
+       "parallelism.num_distributed_optimizer_instances", "3 does not divide world_size 4"},
+      {"TensorParallel", [](J& j) { j.mutable_parallelism()->set_tensor_model_parallel_size(2); },
+       "parallelism.tensor_model_parallel_size", "not supported yet"},
+      {"EpDoesNotDivide", [](J& j) { j.mutable_parallelism()->set_expert_model_parallel_size(3); },
+       "parallelism.expert_model_parallel_size", "3 does not divide world_size 4"},
+      {"MuonLrNegative", [](J& j) { j.mutable_optimizer()->mutable_muon()->set_lr(-0.1); },
+       "optimizer.muon.lr", ">= 0"},
+      {"MuonMomentumOne", [](J& j) { j.mutable_optimizer()->mutable_muon()->set_momentum(1.0); },
+       "optimizer.muon.momentum", "[0, 1)"},
+      {"MuonMomentumNegative",
+       [](J& j) { j.mutable_optimizer()->mutable_muon()->set_momentum(-0.5); },
+       "optimizer.muon.momentum", "[0, 1)"},
+      {"NsStepsTooMany", [](J& j) { j.mutable_optimizer()->mutable_muon()->set_ns_steps(101); },
+       "optimizer.muon.ns_steps", "[1, 100]"},
+      {"NsStepsNegative", [](J& j) { j.mutable_optimizer()->mutable_muon()->set_ns_steps(-1); },
+       "optimizer.muon.ns_steps", "[1, 100]"},
+      {"MuonDecayNegative",
+       [](J& j) { j.mutable_optimizer()->mutable_muon()->set_weight_decay(-1); },
+       "optimizer.muon.weight_decay", ">= 0"},
+      {"MuonDecayFlipsSign",
+       [](J& j) {
+         j.mutable_optimizer()->mutable_muon()->set_lr(0.5);
+         j.mutable_optimizer()->mutable_muon()->set_weight_decay(3);
+       },
+       "optimizer.muon.weight_decay", "flip the sign"},
+      {"MuonScaleUnknown", [](J& j) { j.mutable_optimizer()->mutable_muon()->set_scale("big"); },
+       "optimizer.muon.scale", "unknown scale 'big'"},
+      {"MuonCoefficientsUnknown",
+       [](J& j) { j.mutable_optimizer()->mutable_muon()->set_coefficients("cubic"); },
+       "optimizer.muon.coefficients", "unknown coefficients 'cubic'"},
+      {"MuonNsAlgorithmUnknown",
+       [](J& j) { j.mutable_optimizer()->mutable_muon()->set_ns_algorithm("fast"); },
+       "optimizer.muon.ns_algorithm", "unknown form 'fast'"},
+      {"MuonGramOnCuda",
+       [](J& j) {
+         j.set_device("cuda");
+         j.mutable_optimizer()->mutable_muon()->set_ns_algorithm("gram");
+       },
+       "optimizer.muon.ns_algorithm", "CPU only"},
+      {"MuonSpectralOnCuda",
+       [](J& j) {
+         j.set_device("cuda");
+         j.mutable_optimizer()->mutable_muon()->set_ns_algorithm("spectral");
+       },
+       "optimizer.muon.ns_algorithm", "spectral runs on the CPU only"},
+      {"MuonSpectralPastItsGainLimit",
+       [](J& j) {
+         j.mutable_optimizer()->mutable_muon()->set_ns_algorithm("spectral");
+         j.mutable_optimizer()->mutable_muon()->set_coefficients("polar_express");
+         j.mutable_optimizer()->mutable_muon()->set_ns_steps(7);
+       },
+       "optimizer.muon.ns_algorithm", "polar_express with 7 iterations gives 3394"},
+      // Only the steps: the gain (a loop over them) is not computed.
+      {"MuonSpectralStepsOutOfRange",
+       [](J& j) {
+         j.mutable_optimizer()->mutable_muon()->set_ns_algorithm("spectral");
+         j.mutable_optimizer()->mutable_muon()->set_ns_steps(2147483647);
+       },
+       "optimizer.muon.ns_steps", "got 2147483647"},
+      {"AdamWLrNegative", [](J& j) { j.mutable_optimizer()->mutable_adamw()->set_lr(-1); },
+       "optimizer.adamw.lr", ">= 0"},
+      {"AdamWBeta1One", [](J& j) { j.mutable_optimizer()->mutable_adamw()->set_beta1(1.0); },
+       "optimizer.adamw.beta1", "[0, 1)"},
+      {"AdamWBeta2Big", [](J& j) { j.mutable_optimizer()->mutable_adamw()->set_beta2(1.5); },
+       "optimizer.adamw.beta2", "[0, 1)"},
+      {"AdamWEpsNegative", [](J& j) { j.mutable_optimizer()->mutable_adamw()->set_eps(-1e-8); },
+       "optimizer.adamw.eps", "> 0"},
+      {"AdamWEpsZero", [](J& j) { j.mutable_optimizer()->mutable_adamw()->set_eps(0); },
+       "optimizer.adamw.eps", "> 0, got 0"},
+      {"NsStepsSaysWhatZeroMeans",
+       [](J& j) { j.mutable_optimizer()->mutable_muon()->set_ns_steps(500); },
+       "optimizer.muon.ns_steps", "(0 or unset: 5)"},
+      {"RuleBackReferenceIsNotRe2",
+       [](J& j) {
+         auto* r = j.mutable_optimizer()->add_rules();
+         r->set_pattern("(layers)\\1");
+         r->set_optimizer("adamw");
+       },
+       "optimizer.rules[0].pattern", "RE2 syntax"},
+      {"BatchLargerThanTeacherSamples",
+       [](J& j) {
+         j.mutable_data()->mutable_teacher()->set_samples(32);
+         j.mutable_training()->set_global_batch_size(64);
+       },
+       "training.global_batch_size", "64 exceeds the 32 samples"},
+      {"BatchLargerThanDefaultSamples",
+       [](J& j) {
+         j.clear_data();
+         j.mutable_training()->set_global_batch_size(8192);
+       },
+       "training.global_batch_size", "the default of 4096"},
+      {"AdamWDecayNegative",
+       [](J& j) { j.mutable_optimizer()->mutable_adamw()->set_weight_decay(-0.1); },
+       "optimizer.adamw.weight_decay", ">= 0"},
+      {"OwnerRuleUnknown", [](J& j) { j.mutable_optimizer()->set_owner_assignment("random"); },
+       "optimizer.owner_assignment", "unknown rule 'random'"},
+      {"MuonBufferBelowMinusOne",
+       [](J& j) { j.mutable_optimizer()->set_muon_buffer_bytes(-1); },
+       "optimizer.muon_buffer_bytes", "must be >= 0 (0, the default: one wave"},
+      {"MuonReplicaSplitUnknown",
+       [](J& j) { j.mutable_optimizer()->set_muon_replica_split("always"); },
+       "optimizer.muon_replica_split", "unknown value 'always' (expected auto, on or off"},
+      {"RuleBadRegex",
+       [](J& j) {
+         auto* r = j.mutable_optimizer()->add_rules();
+         r->set_pattern("layers.(");
+         r->set_optimizer("adamw");
+       },
+       "optimizer.rules[0].pattern", "invalid regular expression 'layers.('"},
+      {"RuleEmptyPattern",
+       [](J& j) {
+         auto* r = j.mutable_optimizer()->add_rules();
+         r->set_pattern(".*");
+         r->set_optimizer("adamw");
+         r = j.mutable_optimizer()->add_rules();
+         r->set_optimizer("muon");
+       },
+       "optimizer.rules[1].pattern", "empty pattern"},
+      {"RuleUnknownOptimizer",
+       [](J& j) {
+         auto* r = j.mutable_optimizer()->add_rules();
+         r->set_pattern(".*");
+         r->set_optimizer("sgd");
+       },
+       "optimizer.rules[0].optimizer", "unknown optimizer 'sgd'"},
+      {"ModelMissing", [](J& j) { j.clear_model(); }, "model", "required"},
+      {"MlpOneDim",
+       [](J& j) {
+         j.mutable_model()->mutable_mlp()->clear_dims();
+         j.mutable_model()->mutable_mlp()->add_dims(32);
+       },
+       "model.mlp.dims", "at least 2"},
+      {"MlpZeroDim", [](J& j) { j.mutable_model()->mutable_mlp()->set_dims(2, 0); },
+       "model.mlp.dims[2]", "must be >= 1, got 0"},
+      {"MlpNegativeDim", [](J& j) { j.mutable_model()->mutable_mlp()->set_dims(1, -64); },
+       "model.mlp.dims[1]", "must be >= 1, got -64"},
+      {"MlpHugeDim", [](J& j) { j.mutable_model()->mutable_mlp()->set_dims(3, int64_t{1} << 21); },
+       "model.mlp.dims[3]", "exceeds the limit"},
+      {"MoeDExpertMissing",
+       [](J& j) {
+         SetMoe(j);
+         j.mutable_model()->mutable_moe_mlp()->clear_d_expert();
+       },
+       "model.moe_mlp.d_expert", "required"},
+      {"MoeExpertsDoNotDivide",
+       [](J& j) {
+         SetMoe(j);
+         j.mutable_model()->mutable_moe_mlp()->set_num_experts(3);
+         j.mutable_parallelism()->set_expert_model_parallel_size(2);
+       },
+       "model.moe_mlp.num_experts", "3 experts do not divide over expert_model_parallel_size 2"},
+      {"SyntheticNoSpec",
+       [](J& j) {
+         j.clear_data();
+         j.mutable_model()->mutable_synthetic()->set_scale(0.5);
+       },
+       "model.synthetic.spec", "required"},
+      {"SyntheticScaleTooBig",
+       [](J& j) {
+         j.clear_data();
+         j.mutable_model()->mutable_synthetic()->set_spec("spec.json");
+         j.mutable_model()->mutable_synthetic()->set_scale(1.5);
+       },
+       "model.synthetic.scale", "(0, 1]"},
+      {"SyntheticScaleNegative",
+       [](J& j) {
+         j.clear_data();
+         j.mutable_model()->mutable_synthetic()->set_spec("spec.json");
+         j.mutable_model()->mutable_synthetic()->set_scale(-0.25);
+       },
+       "model.synthetic.scale", "(0, 1]"},
+      {"SyntheticWithData",
+       [](J& j) { j.mutable_model()->mutable_synthetic()->set_spec("spec.json"); }, "data",
+       "reads no data"},
+      {"InitEmptyPath", [](J& j) { j.mutable_init()->set_safetensors(""); }, "init.safetensors",
+       "empty path"},
+      {"DataEmptyPath", [](J& j) { j.mutable_data()->set_safetensors(""); }, "data.safetensors",
+       "empty path"},
+      {"TeacherSamplesNegative", [](J& j) { j.mutable_data()->mutable_teacher()->set_samples(-1); },
+       "data.teacher.samples", ">= 1"},
+      {"StepsMissing", [](J& j) { j.mutable_training()->clear_steps(); }, "training.steps",
+       "required"},
+      {"StepsNegative", [](J& j) { j.mutable_training()->set_steps(-5); }, "training.steps",
+       "must be >= 1, got -5"},
+      {"StepsHuge", [](J& j) { j.mutable_training()->set_steps(2'000'000'000); }, "training.steps",
+       "exceeds the limit"},
+      {"BatchMissing", [](J& j) { j.mutable_training()->clear_global_batch_size(); },
+       "training.global_batch_size", "required"},
+      {"BatchDoesNotSplit", [](J& j) { j.mutable_training()->set_global_batch_size(62); },
+       "training.global_batch_size", "62 does not split evenly over the 4 data-parallel ranks"},
+      {"CheckpointNegative", [](J& j) { j.mutable_training()->set_checkpoint_every(-1); },
+       "training.checkpoint_every", ">= 0"},
+      {"RestartsNegative", [](J& j) { j.mutable_training()->set_max_restarts(-1); },
+       "training.max_restarts", "[0, 1000]"},
+      {"ThreadsNegative", [](J& j) { j.mutable_training()->set_threads_per_rank(-1); },
+       "training.threads_per_rank", "must be in [0, 256] (0 or unset: 1), got -1"},
+      {"ThreadsTooMany", [](J& j) { j.mutable_training()->set_threads_per_rank(257); },
+       "training.threads_per_rank", "got 257"},
+  };
+}
+
+class BrokenJobTest : public ::testing::TestWithParam<BrokenJob> {};
+
+TEST_P(BrokenJobTest, ReportsExactlyThatField) {
+  const BrokenJob& c = GetParam();
+  v1::JobSpec job = DesignJob();
+  ASSERT_THAT(job::ValidateJob(job), IsEmpty());
+  c.mutate(job);
+  const std::vector<plan::FieldViolation> violations = job::ValidateJob(job);
+  ASSERT_THAT(Fields(violations), ElementsAre(c.field));
+  EXPECT_THAT(violations[0].description, HasSubstr(c.reason));
+  // job::ResolveJob refuses it with the same field and reason.
+  absl::StatusOr<job::ResolvedJob> r = job::ResolveJob(job, "");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.field + ": "));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.reason));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, BrokenJobTest, ::testing::ValuesIn(BrokenJobs()),
+                         [](const auto& info) { return info.param.name; });
+
+// ---------------------------------------------------------------- many at once
+
+TEST(JobTest, ReportsEveryViolationAtOnce) {
+  TempDir dir;
+  const std::string path = dir.Write("bad.yaml", R"(
+name: "bad name"
+world_size: 4
+device: gpu
+parallelism: {data_parallel_sharding_strategy: zero9, num_distributed_optimizer_instances: 3}
+model: {mlp: {dims: [32, 0, 8, -1]}}
+init: {safetensors: missing-init.safetensors}
+data: {safetensors: missing-data.safetensors}
+optimizer:
+  muon: {lr: -1, momentum: 1.5, ns_steps: 200, scale: huge}
+  adamw: {beta1: 2, eps: -1}
+  owner_assignment: best
+  rules: [{pattern: "(", optimizer: lion}]
+training: {steps: 0, global_batch_size: 10, checkpoint_every: -2}
+)");
+  absl::StatusOr<v1::JobSpec> job = job::LoadJobFile(path);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::vector<std::string> expected = {
+      "name",
+      "device",
+      "parallelism.data_parallel_sharding_strategy",
+      "parallelism.num_distributed_optimizer_instances",
+      "model.mlp.dims[1]",
+      "model.mlp.dims[3]",
+      "optimizer.muon.lr",
+      "optimizer.muon.momentum",
+      "optimizer.muon.ns_steps",
+      "optimizer.muon.scale",
+      "optimizer.adamw.beta1",
+      "optimizer.adamw.eps",
+      "optimizer.owner_assignment",
+      "optimizer.rules[0].pattern",
+      "optimizer.rules[0].optimizer",
+      "training.steps",
+      "training.global_batch_size",
+      "training.checkpoint_every",
+  };
+  EXPECT_THAT(Fields(job::ValidateJob(*job)), UnorderedElementsAreArray(expected));
+
+  // Resolving adds the missing input files, named by their resolved paths,
+  // and the message starts with the job file.
+  absl::StatusOr<job::ResolvedJob> r = job::LoadResolvedJob(path);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(r.status().message());
+  EXPECT_THAT(message, StartsWith(path + ": "));
+  for (const std::string& field : expected) EXPECT_THAT(message, HasSubstr(field + ": "));
+  EXPECT_THAT(message, HasSubstr("init.safetensors: " + dir.dir() +
+                                 "/missing-init.safetensors: no such file"));
+  EXPECT_THAT(message, HasSubstr("data.safetensors: " + dir.dir() +
+                                 "/missing-data.safetensors: no such file"));
+}
+
+// ---------------------------------------------------------------- input files
+
+TEST(JobTest, InputFilesMustExistAsRegularFiles) {
+  TempDir dir;
+  fs::create_directories(dir.dir() + "/adir");
+  v1::JobSpec job = DesignJob();
+  job.mutable_init()->set_safetensors("weights/init.safetensors");
+  job.mutable_data()->set_safetensors("adir");
+
+  absl::StatusOr<job::ResolvedJob> r = job::ResolveJob(job, dir.dir());
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      std::string(r.status().message()),
+      HasSubstr("init.safetensors: " + dir.dir() + "/weights/init.safetensors: no such file"));
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("data.safetensors: " + dir.dir() + "/adir: not a regular file"));
+
+  fs::create_directories(dir.dir() + "/weights");
+  dir.Write("weights/init.safetensors", "");
+  dir.Write("data.safetensors", "");
+  job.mutable_data()->set_safetensors("./data.safetensors");
+  r = job::ResolveJob(job, dir.dir());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->init_safetensors, dir.dir() + "/weights/init.safetensors");
+  EXPECT_EQ(r->data_safetensors, dir.dir() + "/data.safetensors");
+}
+
+TEST(JobTest, MissingSyntheticSpecIsReported) {
+  TempDir dir;
+  v1::JobSpec job = DesignJob();
+  job.clear_data();
+  job.mutable_model()->mutable_synthetic()->set_spec("specs/gpt2.json");
+  absl::StatusOr<job::ResolvedJob> r = job::ResolveJob(job, dir.dir());
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("model.synthetic.spec: " + dir.dir() + "/specs/gpt2.json: no such file"));
+}
+
+// ---------------------------------------------------------------- parse errors
+
+TEST(JobTest, MisspeltFieldIsLocatedWithASuggestion) {
+  TempDir dir;
+  const std::string path = dir.Write("job.yaml", R"(name: x
+world_size: 1
+model: {mlp: {dims: [2, 2]}}
+optimiser:
+  muon: {lr: 0.02}
+training: {steps: 1, global_batch_size: 1}
+)");
+  absl::StatusOr<v1::JobSpec> job = job::LoadJobFile(path);
+  ASSERT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(job.status().message());
+  EXPECT_THAT(message, StartsWith(path + ":4:1: "));
+  EXPECT_THAT(message, HasSubstr("\"optimiser\""));
+  EXPECT_THAT(message, HasSubstr("did you mean \"optimizer\"?"));
+  // The one-call path gives the same error.
+  absl::StatusOr<job::ResolvedJob> r = job::LoadResolvedJob(path);
+  EXPECT_EQ(r.status(), job.status());
+}
+
+TEST(JobTest, WrongTypeIsLocatedWithItsFieldPath) {
+  TempDir dir;
+  const std::string path = dir.Write("job.yaml", R"(name: x
+world_size: 1
+model: {mlp: {dims: [2, two]}}
+)");
+  absl::StatusOr<v1::JobSpec> job = job::LoadJobFile(path);
+  ASSERT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(job.status().message()), StartsWith(path + ":3:"));
+  EXPECT_THAT(std::string(job.status().message()), HasSubstr("model.mlp.dims[1]"));
+}
+
+TEST(JobTest, UnsetEpsTakesTheDefaultAndAnExplicitOneIsKept) {
+  v1::JobSpec job = DesignJob();
+  job.mutable_optimizer()->mutable_adamw()->clear_eps();
+  absl::StatusOr<job::ResolvedJob> r = job::ResolveJob(job, "");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->adamw.eps, 1e-8);
+  job.mutable_optimizer()->mutable_adamw()->set_eps(1e-3);
+  r = job::ResolveJob(job, "");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->adamw.eps, 1e-3);
+}
+
+// RE2 matches in time linear in the name whatever the pattern: this one
+// takes exponential time in a backtracking engine on a name it cannot match.
+TEST(JobTest, OptimizerRulesMatchWholeNamesFirstRuleFirstInLinearTime) {
+  plan::ModelSpec spec;
+  spec.units.push_back({"u", {{"layers.0.weight", {4, 4}, "muon", false},
+                              {"layers.0.bias", {4}, "adamw", false},
+                              {std::string(5000, 'a'), {4, 4}, "muon", false}}});
+  const std::vector<std::pair<std::string, std::string>> rules = {
+      {"(.*.*)*(.*.*)*(.*.*)*(.*.*)*X", "adamw"},
+      {"layers\\.\\d+\\.weight", "adamw"},
+      {"layers.*", "muon"},
+      {"weight", "adamw"}};  // a substring of a name: no full match
+  absl::StatusOr<plan::ModelSpec> out = job::ApplyOptimizerRules(spec, rules);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->units[0].params[0].optimizer, "adamw");  // second rule, not the third
+  EXPECT_EQ(out->units[0].params[1].optimizer, "muon");   // third rule
+  EXPECT_EQ(out->units[0].params[2].optimizer, "muon");   // no rule: as in the spec
+  EXPECT_EQ(job::ApplyOptimizerRules(spec, {{"(a", "adamw"}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(JobTest, OutputPathsMustBeFoldersAndRegularFiles) {
+  TempDir dir;
+  const std::string d = dir.dir();
+  dir.Write("file", "x");
+  fs::create_directories(d + "/out/checkpoints");
+  EXPECT_THAT(job::CheckOutputPaths(d + "/out", d + "/out/final.safetensors"), IsEmpty());
+  EXPECT_THAT(job::CheckOutputPaths(d + "/new", d + "/new/final.safetensors"), IsEmpty());
+  EXPECT_THAT(Fields(job::CheckOutputPaths(d + "/file", d + "/x.safetensors")),
+              ElementsAre("output.dir"));
+  EXPECT_THAT(Fields(job::CheckOutputPaths(d + "/out", "/dev/null")), ElementsAre("output.export"));
+  EXPECT_THAT(Fields(job::CheckOutputPaths(d + "/out", d + "/out")), ElementsAre("output.export"));
+  EXPECT_THAT(Fields(job::CheckOutputPaths(d + "/out", d + "/file/x")), ElementsAre("output.export"));
+  fs::create_symlink(d + "/file", d + "/link");
+  EXPECT_THAT(Fields(job::CheckOutputPaths(d + "/out", d + "/link")), ElementsAre("output.export"));
+  // A link to a folder is a fine output folder: nothing replaces it.
+  fs::create_directory_symlink(d + "/out", d + "/outlink");
+  EXPECT_THAT(job::CheckOutputPaths(d + "/outlink", d + "/outlink/final.safetensors"), IsEmpty());
+}
+
+// A spec carried inline (as jobs submitted to a coordinator carry it) is
+// used instead of the file, which need not exist.
+TEST(JobTest, InlineSyntheticSpecNeedsNoFile) {
+  v1::JobSpec job = DesignJob();
+  job.clear_data();
+  job.mutable_model()->mutable_synthetic()->set_spec("/nowhere/spec.json");
+  v1::ModelSpec* model = job.mutable_model()->mutable_synthetic()->mutable_model();
+  model->set_name("m");
+  absl::StatusOr<job::ResolvedJob> r = job::ResolveJob(job, "");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->synthetic_model.has_value());
+  EXPECT_EQ(r->synthetic_model->name(), "m");
+  job.mutable_model()->mutable_synthetic()->clear_model();
+  EXPECT_THAT(std::string(job::ResolveJob(job, "").status().message()),
+              HasSubstr("model.synthetic.spec: /nowhere/spec.json: no such file"));
+}
+
+// Every example under deploy/local/examples is a job that resolves, or a
+// model spec that loads.
+// A gpt job's corpus: paths resolved against the job's folder, globs
+// expanded where the files are (the worker), the held-out fraction's
+// default, and a pattern that matches nothing refused naming the field.
+TEST(JobTest, GptCorpusResolves) {
+  TempDir dir;
+  dir.Write("shard_b.bin", "x");
+  dir.Write("shard_a.bin", "x");
+  const std::string path = dir.Write("gpt.yaml", R"(
+name: lm
+world_size: 2
+model: {gpt: {vocab_size: 50257, block_size: 64, n_layer: 2, n_head: 2, n_embd: 8, seq_len: 64}}
+data: {tokens: {train: "shard_*.bin"}}
+training: {steps: 3, global_batch_size: 4, eval_every: 2}
+)");
+  absl::StatusOr<job::ResolvedJob> r = job::LoadResolvedJob(path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->model_kind, job::ResolvedJob::ModelKind::kGpt);
+  EXPECT_EQ(r->gpt, (model::GptDims{50257, 64, 2, 2, 8, 64}));
+  EXPECT_TRUE(r->corpus.tokens);
+  EXPECT_EQ(r->corpus.train, dir.dir() + "/shard_*.bin");
+  EXPECT_EQ(r->corpus.val_fraction, 0.1);  // the default
+  EXPECT_EQ(r->eval_every, 2);
+  EXPECT_EQ(r->eval_batches, 4);  // the default
+  absl::StatusOr<std::vector<std::string>> files = job::ExpandCorpus("data.tokens.train",
+                                                                    r->corpus.train);
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_THAT(*files, ElementsAre(dir.dir() + "/shard_a.bin", dir.dir() + "/shard_b.bin"));
+
+  const std::string none = dir.Write("none.yaml", R"(
+name: lm
+world_size: 1
+model: {gpt: {vocab_size: 256, block_size: 8, n_layer: 1, n_head: 1, n_embd: 8, seq_len: 8}}
+data: {text: {train: "missing_*.txt", val_fraction: 0}}
+training: {steps: 1, global_batch_size: 1}
+)");
+  absl::StatusOr<job::ResolvedJob> bad = job::LoadResolvedJob(none);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("data.text.train: no file matches"));
+}
+
+TEST(JobTest, EveryExampleIsAValidJobOrSpec) {
+  int jobs = 0;
+  for (const auto& entry : fs::directory_iterator(MUONMESH_EXAMPLES_DIR)) {
+    if (entry.path().extension() != ".yaml" && entry.path().extension() != ".json") continue;
+    SCOPED_TRACE(entry.path().string());
+    absl::StatusOr<v1::JobSpec> job = job::LoadJobFile(entry.path().string());
+    if (!job.ok()) {
+      v1::ModelSpec spec;
+      EXPECT_TRUE(protoio::LoadMessageFile(entry.path().string(), &spec).ok()) << job.status();
+      continue;
+    }
+    ++jobs;
+    EXPECT_THAT(job::ValidateJob(*job), IsEmpty());
+  }
+  EXPECT_GE(jobs, 7);
+}
+
+TEST(JobTest, MissingJobFileIsNotFound) {
+  TempDir dir;
+  absl::StatusOr<v1::JobSpec> job = job::LoadJobFile(dir.dir() + "/nope.yaml");
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(job.status().message()), HasSubstr("nope.yaml"));
+}
+
+}  // namespace
+}  // namespace muonmesh::worker

@@ -1,0 +1,140 @@
+// Text and llm.c token shards as one stream: the bytes written here by hand
+// (header fields little-endian, as llm.c's write_datafile lays them out) read
+// back token for token, across file boundaries and through slices; broken
+// shards refused naming the file.
+
+#include "worker/io/token_files.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace muonmesh::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string TempDir() {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) /
+      ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+void PutInt32(std::string& out, int32_t v) {
+  for (int k = 0; k < 4; ++k) {
+    out.push_back(static_cast<char>((static_cast<uint32_t>(v) >> (8 * k)) & 0xFF));
+  }
+}
+
+// A shard: magic, version, count, 253 zero ints, then uint16 tokens.
+std::string Shard(const std::vector<uint16_t>& tokens, int32_t magic = 20240520,
+                  int32_t version = 1, int64_t count = -1) {
+  std::string out;
+  PutInt32(out, magic);
+  PutInt32(out, version);
+  PutInt32(out, static_cast<int32_t>(count < 0 ? static_cast<int64_t>(tokens.size()) : count));
+  for (int i = 3; i < 256; ++i) PutInt32(out, 0);
+  for (uint16_t t : tokens) {
+    out.push_back(static_cast<char>(t & 0xFF));
+    out.push_back(static_cast<char>(t >> 8));
+  }
+  return out;
+}
+
+std::string Write(const std::string& dir, const std::string& name, const std::string& bytes) {
+  const std::string path = dir + "/" + name;
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+std::vector<int32_t> ReadAll(const TokenStream& s) {
+  std::vector<int32_t> out(static_cast<size_t>(s.num_tokens()));
+  EXPECT_TRUE(s.Read(0, s.num_tokens(), out.data()).ok());
+  return out;
+}
+
+TEST(TokenFilesTest, TextIsOneTokenPerByteAcrossFiles) {
+  const std::string dir = TempDir();
+  const std::string a = Write(dir, "a.txt", "Hi\n");
+  const std::string b = Write(dir, "b.txt", std::string("\xff\x00z", 3));
+  absl::StatusOr<std::shared_ptr<const TokenStream>> s =
+      OpenTokenFiles({a, b}, TokenFormat::kText);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(ReadAll(**s), (std::vector<int32_t>{'H', 'i', '\n', 255, 0, 'z'}));
+  int32_t two[2];
+  ASSERT_TRUE((*s)->Read(2, 2, two).ok());  // straddles the two files
+  EXPECT_EQ(two[0], '\n');
+  EXPECT_EQ(two[1], 255);
+  EXPECT_EQ((*s)->Read(5, 2, two).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ((*s)->Read(-1, 1, two).code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST(TokenFilesTest, ShardsReadLittleEndianUint16) {
+  const std::string dir = TempDir();
+  const std::string a = Write(dir, "a.bin", Shard({50256, 1, 0x1234}));
+  const std::string b = Write(dir, "b.bin", Shard({65535}));
+  absl::StatusOr<std::shared_ptr<const TokenStream>> s =
+      OpenTokenFiles({a, b}, TokenFormat::kShards);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(ReadAll(**s), (std::vector<int32_t>{50256, 1, 0x1234, 65535}));
+}
+
+TEST(TokenFilesTest, BrokenShardsNameTheFile) {
+  const std::string dir = TempDir();
+  const struct {
+    std::string bytes;
+    std::string why;
+  } cases[] = {
+      {Shard({1, 2}, /*magic=*/20240801), "magic 20240801"},
+      {Shard({1, 2}, 20240520, /*version=*/2), "version 2"},
+      {Shard({1, 2}, 20240520, 1, /*count=*/3), "counts 3 tokens"},
+      {std::string(100, '\0'), "shorter than a token shard's 1024-byte header"},
+  };
+  for (const auto& c : cases) {
+    const std::string path = Write(dir, "bad.bin", c.bytes);
+    absl::StatusOr<std::shared_ptr<const TokenStream>> s =
+        OpenTokenFiles({path}, TokenFormat::kShards);
+    ASSERT_FALSE(s.ok()) << c.why;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.status().message(), HasSubstr(path));
+    EXPECT_THAT(s.status().message(), HasSubstr(c.why));
+  }
+  EXPECT_EQ(OpenTokenFiles({dir + "/missing.txt"}, TokenFormat::kText).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(OpenTokenFiles({Write(dir, "empty.txt", "")}, TokenFormat::kText).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TokenFilesTest, SlicesAreViewsOfTheirRange) {
+  auto base = std::make_shared<const InMemoryTokens>(std::vector<int32_t>{0, 1, 2, 3, 4, 5});
+  absl::StatusOr<std::shared_ptr<const TokenStream>> tail = SliceTokens(base, 4, 6);
+  ASSERT_TRUE(tail.ok()) << tail.status();
+  EXPECT_EQ(ReadAll(**tail), (std::vector<int32_t>{4, 5}));
+  int32_t one;
+  EXPECT_EQ((*tail)->Read(2, 1, &one).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_FALSE(SliceTokens(base, 3, 3).ok());
+  EXPECT_FALSE(SliceTokens(base, 0, 7).ok());
+}
+
+TEST(TokenWindowsTest, PeriodAndStartsFollowTheFormula) {
+  // N = 10, T = 4: p(k) = 4k mod 6 = 0, 4, 2, 0, ...: period 3 = 6 / gcd(4, 6).
+  EXPECT_EQ(WindowPeriod(10, 4), 3);
+  EXPECT_EQ(WindowStart(0, 10, 4), 0);
+  EXPECT_EQ(WindowStart(1, 10, 4), 4);
+  EXPECT_EQ(WindowStart(2, 10, 4), 2);
+  // No overflow where k T passes 2^63: (2^40 * 2^24) mod (2^40 + 7 - 2^24),
+  // worked out with Python's integers.
+  const int64_t n = (int64_t{1} << 40) + 7;
+  EXPECT_EQ(WindowStart(int64_t{1} << 40, n, 1 << 24), int64_t{4177524992});
+}
+
+}  // namespace
+}  // namespace muonmesh::worker

@@ -1,0 +1,734 @@
+#include "worker/model/gpt.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <numbers>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/base/status_macros.h"
+#include "worker/model/checks.h"
+#include "worker/model/rng.h"
+
+namespace muonmesh::worker {
+namespace {
+
+using internal::AnyNull;
+
+constexpr int kEmbedUnit = 0;
+constexpr double kLayerNormEps = 1e-5;
+constexpr double kInitStd = 0.02;
+
+// ---------------------------------------------------------------- math
+
+// c [m, n] = alpha op(a) op(b), row-major, beta = 0 (overwrites c).
+void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), 0.0f,
+              c, static_cast<int>(ldc));
+}
+
+// y [rows, out] = x [rows, in] W^T + b, W [out, in].
+void LinearForward(int64_t rows, int64_t in, int64_t out, const float* x, const float* w,
+                   const float* b, float* y) {
+  Gemm(false, true, rows, out, in, 1.0f, x, in, w, in, y, out);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = y + r * out;
+    for (int64_t o = 0; o < out; ++o) row[o] += b[o];
+  }
+}
+
+// db[o] = sum_r dy[r, o], summed in double in `acc` ([cols]) and rounded once.
+void ColumnSums(int64_t rows, int64_t cols, const float* dy, double* acc, float* db) {
+  std::fill(acc, acc + cols, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = dy + r * cols;
+    for (int64_t o = 0; o < cols; ++o) acc[o] += static_cast<double>(row[o]);
+  }
+  for (int64_t o = 0; o < cols; ++o) db[o] = static_cast<float>(acc[o]);
+}
+
+// The gradients of LinearForward from dy [rows, out]: dW = dy^T x, db, and
+// dx [rows, in] = dy W (overwritten).
+void LinearBackward(int64_t rows, int64_t in, int64_t out, const float* dy, const float* x,
+                    const float* w, float* dw, float* db, float* dx, double* acc) {
+  Gemm(true, false, out, in, rows, 1.0f, dy, out, x, in, dw, in);
+  ColumnSums(rows, out, dy, acc, db);
+  Gemm(false, false, rows, in, out, 1.0f, dy, out, w, in, dx, in);
+}
+
+// xhat = (x - mean) rstd in fp32, the one formula forward and backward use.
+inline float Normalized(float x, float mean, float rstd) { return (x - mean) * rstd; }
+
+// y = xhat w + b per row of x [rows, c]; the row's mean and 1 / sqrt(var +
+// eps) (double, rounded to float) go to mean[r], rstd[r].
+void LayerNormForward(int64_t rows, int64_t c, const float* x, const float* w, const float* b,
+                      float* y, float* mean, float* rstd) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * c;
+    double sum = 0.0;
+    for (int64_t i = 0; i < c; ++i) sum += static_cast<double>(xr[i]);
+    const double m = sum / static_cast<double>(c);
+    double var = 0.0;
+    for (int64_t i = 0; i < c; ++i) {
+      const double d = static_cast<double>(xr[i]) - m;
+      var += d * d;
+    }
+    var /= static_cast<double>(c);
+    const float mf = static_cast<float>(m);
+    const float rf = static_cast<float>(1.0 / std::sqrt(var + kLayerNormEps));
+    float* yr = y + r * c;
+    for (int64_t i = 0; i < c; ++i) yr[i] = Normalized(xr[i], mf, rf) * w[i] + b[i];
+    mean[r] = mf;
+    rstd[r] = rf;
+  }
+}
+
+// Adds dL/dx to dx [rows, c] from dy = dL/dy of LayerNormForward, and
+// writes dw, db (column sums in acc [2c]). dx = rstd (g - mean(g) -
+// xhat mean(g xhat)) with g = dy w, the row means in double.
+void LayerNormBackward(int64_t rows, int64_t c, const float* x, const float* mean,
+                       const float* rstd, const float* w, const float* dy, float* dx, float* dw,
+                       float* db, double* acc) {
+  double* acc_w = acc;
+  double* acc_b = acc + c;
+  std::fill(acc, acc + 2 * c, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * c;
+    const float* dyr = dy + r * c;
+    double sum_g = 0.0;
+    double sum_gx = 0.0;
+    for (int64_t i = 0; i < c; ++i) {
+      const double xhat = Normalized(xr[i], mean[r], rstd[r]);
+      const double g = static_cast<double>(dyr[i] * w[i]);
+      sum_g += g;
+      sum_gx += g * xhat;
+      acc_w[i] += static_cast<double>(dyr[i]) * xhat;
+      acc_b[i] += static_cast<double>(dyr[i]);
+    }
+    const double mean_g = sum_g / static_cast<double>(c);
+    const double mean_gx = sum_gx / static_cast<double>(c);
+    float* dxr = dx + r * c;
+    for (int64_t i = 0; i < c; ++i) {
+      const double xhat = Normalized(xr[i], mean[r], rstd[r]);
+      const double g = static_cast<double>(dyr[i] * w[i]);
+      dxr[i] += static_cast<float>(static_cast<double>(rstd[r]) * (g - mean_g - xhat * mean_gx));
+    }
+  }
+  for (int64_t i = 0; i < c; ++i) {
+    dw[i] = static_cast<float>(acc_w[i]);
+    db[i] = static_cast<float>(acc_b[i]);
+  }
+}
+
+constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2 / pi)
+constexpr double kGeluCubic = 0.044715;
+
+void GeluForward(int64_t count, const float* x, float* y) {
+  for (int64_t i = 0; i < count; ++i) {
+    const double v = x[i];
+    y[i] =
+        static_cast<float>(0.5 * v * (1.0 + std::tanh(kGeluScale * (v + kGeluCubic * v * v * v))));
+  }
+}
+
+// d *= gelu'(x), the derivative in double.
+void GeluBackward(int64_t count, const float* x, float* d) {
+  for (int64_t i = 0; i < count; ++i) {
+    const double v = x[i];
+    const double th = std::tanh(kGeluScale * (v + kGeluCubic * v * v * v));
+    const double slope = 0.5 * (1.0 + th) +
+                         0.5 * v * (1.0 - th * th) * kGeluScale * (1.0 + 3.0 * kGeluCubic * v * v);
+    d[i] = static_cast<float>(static_cast<double>(d[i]) * slope);
+  }
+}
+
+// Row t of s [T, T] (scores) becomes softmax over j <= t, 0 above.
+void CausalSoftmax(int64_t t_len, float* s) {
+  for (int64_t t = 0; t < t_len; ++t) {
+    float* row = s + t * t_len;
+    float max = row[0];
+    for (int64_t j = 1; j <= t; ++j) max = std::max(max, row[j]);
+    double sum = 0.0;
+    for (int64_t j = 0; j <= t; ++j) sum += std::exp(static_cast<double>(row[j] - max));
+    for (int64_t j = 0; j <= t; ++j) {
+      row[j] = static_cast<float>(std::exp(static_cast<double>(row[j] - max)) / sum);
+    }
+    std::fill(row + t + 1, row + t_len, 0.0f);
+  }
+}
+
+// d [T, T] = dL/dp becomes dL/dscores: p_j (d_j - sum_k p_k d_k), 0 above.
+void CausalSoftmaxBackward(int64_t t_len, const float* p, float* d) {
+  for (int64_t t = 0; t < t_len; ++t) {
+    const float* pr = p + t * t_len;
+    float* dr = d + t * t_len;
+    double dot = 0.0;
+    for (int64_t j = 0; j <= t; ++j) dot += static_cast<double>(pr[j]) * dr[j];
+    for (int64_t j = 0; j <= t; ++j) {
+      dr[j] = static_cast<float>(static_cast<double>(pr[j]) * (static_cast<double>(dr[j]) - dot));
+    }
+    std::fill(dr + t + 1, dr + t_len, 0.0f);
+  }
+}
+
+// ---------------------------------------------------------------- access
+
+// ForwardBackward's and Loss's UnitAccess: hands out slices of the whole
+// tensors it was given; commits and releases nothing.
+class WholeModelAccess final : public UnitAccess {
+ public:
+  WholeModelAccess(const plan::ModelSpec& spec, absl::Span<const float* const> params,
+                   absl::Span<float* const> grads)
+      : params_(params), grads_(grads) {
+    size_t first = 0;
+    for (const plan::UnitSpec& unit : spec.units) {
+      first_.push_back(first);
+      first += unit.params.size();
+      count_.push_back(unit.params.size());
+    }
+  }
+  absl::StatusOr<absl::Span<const float* const>> Acquire(int unit) override {
+    return params_.subspan(first_[unit], count_[unit]);
+  }
+  void Release(int) override {}
+  absl::StatusOr<absl::Span<float* const>> GradientBuffers(int unit) override {
+    if (grads_.empty()) return absl::InternalError("gpt: no gradient buffers for a loss");
+    return grads_.subspan(first_[unit], count_[unit]);
+  }
+  absl::Status Commit(int) override { return absl::OkStatus(); }
+
+ private:
+  absl::Span<const float* const> params_;
+  absl::Span<float* const> grads_;
+  std::vector<size_t> first_;
+  std::vector<size_t> count_;
+};
+
+template <typename T>
+absl::Status CheckTensors(absl::Span<T* const> tensors, size_t want, const char* what, int unit) {
+  if (tensors.size() != want || AnyNull(tensors)) {
+    return absl::InvalidArgumentError(absl::StrCat("gpt: unit ", unit, " ", what, ": ",
+                                                   tensors.size(), " tensors, expected ", want,
+                                                   " non-null"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckWhole(const plan::ModelSpec& spec, size_t count, bool any_null,
+                        const char* what) {
+  size_t expected = 0;
+  for (const plan::UnitSpec& unit : spec.units) expected += unit.params.size();
+  if (count != expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": got ", count, " tensors, the gpt has ", expected, " parameters"));
+  }
+  if (any_null) return absl::InvalidArgumentError(absl::StrCat(what, ": null tensor"));
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- init
+
+// sigma of the documented initialisation for parameter j of a block, or 0
+// for a constant (ones for the LayerNorm weights 0 and 6, zeros otherwise).
+double BlockInitStd(int j, int64_t layers) {
+  switch (j) {
+    case 2:  // attn.c_attn.weight
+    case 8:  // mlp.c_fc.weight
+      return kInitStd;
+    case 4:   // attn.c_proj.weight
+    case 10:  // mlp.c_proj.weight
+      return kInitStd / std::sqrt(2.0 * static_cast<double>(layers));
+    default:
+      return 0.0;
+  }
+}
+
+// z of element e of the tensor whose uniforms `stream` gives
+// (GptStandardNormal).
+double StandardNormal(const UniformStream& stream, uint64_t e) {
+  const double u1 = (static_cast<double>(stream.At(2 * e)) + 1.0) / 2.0 + 0x1p-24;
+  const double u2 = (static_cast<double>(stream.At(2 * e + 1)) + 1.0) / 2.0;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+}
+
+void FillNormal(uint64_t seed, int param, int64_t count, double sigma, float* out) {
+  const UniformStream stream(seed, static_cast<uint64_t>(param));
+  for (int64_t e = 0; e < count; ++e) {
+    out[e] = static_cast<float>(sigma * StandardNormal(stream, static_cast<uint64_t>(e)));
+  }
+}
+
+int64_t Elements(const plan::ParamSpec& p) {
+  int64_t n = 1;
+  for (int64_t d : p.shape) n *= d;
+  return n;
+}
+
+}  // namespace
+
+double GptStandardNormal(uint64_t seed, uint64_t param, uint64_t element) {
+  return StandardNormal(UniformStream(seed, param), element);
+}
+
+// ---------------------------------------------------------------- Gpt
+
+Gpt::Gpt(model::GptDims dims, std::shared_ptr<const TokenStream> train, plan::ModelSpec spec)
+    : dims_(dims),
+      train_(std::move(train)),
+      spec_(std::move(spec)),
+      num_samples_(WindowPeriod(train_->num_tokens(), dims.seq_len)),
+      blocks_(static_cast<size_t>(dims.n_layer)),
+      datt_(static_cast<size_t>(dims.seq_len * dims.seq_len)),
+      col_sums_(static_cast<size_t>(8 * dims.n_embd)) {}
+
+absl::StatusOr<Gpt> Gpt::Create(model::GptDims dims, std::shared_ptr<const TokenStream> train) {
+  MUONMESH_ASSIGN_OR_RETURN(plan::ModelSpec spec, model::GptSpec(dims));
+  if (train == nullptr) return absl::InvalidArgumentError("data: no token stream");
+  if (train->num_tokens() <= dims.seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data: ", train->num_tokens(), " tokens, need more than seq_len = ", dims.seq_len));
+  }
+  return Gpt(dims, std::move(train), std::move(spec));
+}
+
+absl::Status Gpt::Initialize(uint64_t seed, absl::Span<float* const> params) const {
+  MUONMESH_RETURN_IF_ERROR(CheckWhole(spec_, params.size(), AnyNull(params), "gpt init"));
+  size_t first = 0;
+  for (size_t u = 0; u < spec_.units.size(); ++u) {
+    const size_t count = spec_.units[u].params.size();
+    MUONMESH_RETURN_IF_ERROR(
+        InitializeUnit(seed, static_cast<int>(u), params.subspan(first, count)));
+    first += count;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Gpt::InitializeUnit(uint64_t seed, int unit, absl::Span<float* const> params) const {
+  const int units = static_cast<int>(spec_.units.size());
+  if (unit < 0 || unit >= units) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpt init: unit ", unit, " is outside [0, ", units, ")"));
+  }
+  const std::vector<plan::ParamSpec>& specs = spec_.units[unit].params;
+  MUONMESH_RETURN_IF_ERROR(CheckTensors(params, specs.size(), "init", unit));
+  // Flat index of the unit's first parameter (gpt_spec.h).
+  const int first = unit == kEmbedUnit ? 0 : model::GptBlockParam(unit - 1);
+  for (size_t j = 0; j < specs.size(); ++j) {
+    const int64_t count = Elements(specs[j]);
+    double sigma = 0.0;
+    float constant = 0.0f;
+    if (unit == kEmbedUnit) {
+      sigma = kInitStd;
+    } else if (unit == head_unit()) {
+      constant = j == 0 ? 1.0f : 0.0f;
+    } else {
+      sigma = BlockInitStd(static_cast<int>(j), dims_.n_layer);
+      constant = (j == 0 || j == 6) ? 1.0f : 0.0f;
+    }
+    if (sigma > 0.0) {
+      FillNormal(seed, first + static_cast<int>(j), count, sigma, params[j]);
+    } else {
+      std::fill(params[j], params[j] + count, constant);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Gpt::Reserve(int64_t n) {
+  if (n <= capacity_) return;
+  const size_t rows = static_cast<size_t>(n * dims_.seq_len);
+  const size_t c = static_cast<size_t>(dims_.n_embd);
+  for (BlockActs& a : blocks_) {
+    a.resid_in.resize(rows * c);
+    a.ln1.resize(rows * c);
+    a.ln1_mean.resize(rows);
+    a.ln1_rstd.resize(rows);
+    a.qkv.resize(rows * 3 * c);
+    a.att.resize(static_cast<size_t>(n * dims_.n_head * dims_.seq_len * dims_.seq_len));
+    a.atty.resize(rows * c);
+    a.resid_mid.resize(rows * c);
+    a.ln2.resize(rows * c);
+    a.ln2_mean.resize(rows);
+    a.ln2_rstd.resize(rows);
+    a.fch.resize(rows * 4 * c);
+    a.fch_gelu.resize(rows * 4 * c);
+  }
+  resid_out_.resize(rows * c);
+  lnf_.resize(rows * c);
+  lnf_mean_.resize(rows);
+  lnf_rstd_.resize(rows);
+  logits_.resize(rows * static_cast<size_t>(dims_.vocab_size));
+  dresid_.resize(rows * c);
+  dc_.resize(rows * c);
+  dqkv_.resize(rows * 3 * c);
+  dfch_.resize(rows * 4 * c);
+  capacity_ = n;
+}
+
+absl::Status Gpt::LoadWindows(const TokenStream& tokens, absl::Span<const int64_t> samples) {
+  const int64_t t_len = dims_.seq_len;
+  const int64_t num_tokens = tokens.num_tokens();
+  if (num_tokens <= t_len) {
+    return absl::InvalidArgumentError(absl::StrCat("gpt: the token stream has ", num_tokens,
+                                                   " tokens, need more than seq_len = ", t_len));
+  }
+  MUONMESH_RETURN_IF_ERROR(
+      internal::CheckSampleList("gpt", samples, WindowPeriod(num_tokens, t_len), INT_MAX / t_len));
+  const size_t need = samples.size() * static_cast<size_t>(t_len + 1);
+  if (tokens_.size() < need) tokens_.resize(need);
+  for (size_t k = 0; k < samples.size(); ++k) {
+    const int64_t p = WindowStart(samples[k], num_tokens, t_len);
+    int32_t* window = tokens_.data() + k * static_cast<size_t>(t_len + 1);
+    MUONMESH_RETURN_IF_ERROR(tokens.Read(p, t_len + 1, window), "gpt: sample ", samples[k]);
+    for (int64_t j = 0; j <= t_len; ++j) {
+      if (window[j] < 0 || window[j] >= dims_.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("gpt: token ", p + j, " (in sample ", samples[k], ") is ", window[j],
+                         ", outside the vocabulary [0, ", dims_.vocab_size, ")"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+float* Gpt::BlockOutput(int64_t layer) {
+  return layer + 1 < dims_.n_layer ? blocks_[layer + 1].resid_in.data() : resid_out_.data();
+}
+
+// ---------------------------------------------------------------- forward math
+
+void Gpt::EmbedForward(int64_t n, const float* wte, const float* wpe) {
+  const int64_t t_len = dims_.seq_len;
+  const int64_t c = dims_.n_embd;
+  float* x = blocks_.front().resid_in.data();
+  for (int64_t b = 0; b < n; ++b) {
+    for (int64_t t = 0; t < t_len; ++t) {
+      const float* te = wte + tokens_[b * (t_len + 1) + t] * c;
+      const float* pe = wpe + t * c;
+      float* row = x + (b * t_len + t) * c;
+      for (int64_t i = 0; i < c; ++i) row[i] = te[i] + pe[i];
+    }
+  }
+}
+
+void Gpt::AttentionForward(BlockActs& a, int64_t n) const {
+  const int64_t t_len = dims_.seq_len;
+  const int64_t c = dims_.n_embd;
+  const int64_t hs = c / dims_.n_head;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
+  for (int64_t b = 0; b < n; ++b) {
+    const float* qkv = a.qkv.data() + b * t_len * 3 * c;
+    for (int64_t h = 0; h < dims_.n_head; ++h) {
+      const float* q = qkv + h * hs;
+      const float* k = qkv + c + h * hs;
+      const float* v = qkv + 2 * c + h * hs;
+      float* att = a.att.data() + (b * dims_.n_head + h) * t_len * t_len;
+      Gemm(false, true, t_len, t_len, hs, scale, q, 3 * c, k, 3 * c, att, t_len);
+      CausalSoftmax(t_len, att);
+      float* y = a.atty.data() + b * t_len * c + h * hs;
+      Gemm(false, false, t_len, hs, t_len, 1.0f, att, t_len, v, 3 * c, y, c);
+    }
+  }
+}
+
+void Gpt::BlockForward(int64_t layer, int64_t n, absl::Span<const float* const> p) {
+  const int64_t rows = n * dims_.seq_len;
+  const int64_t c = dims_.n_embd;
+  BlockActs& a = blocks_[layer];
+  LayerNormForward(rows, c, a.resid_in.data(), p[0], p[1], a.ln1.data(), a.ln1_mean.data(),
+                   a.ln1_rstd.data());
+  LinearForward(rows, c, 3 * c, a.ln1.data(), p[2], p[3], a.qkv.data());
+  AttentionForward(a, n);
+  LinearForward(rows, c, c, a.atty.data(), p[4], p[5], a.resid_mid.data());
+  for (int64_t i = 0; i < rows * c; ++i) a.resid_mid[i] += a.resid_in[i];
+  LayerNormForward(rows, c, a.resid_mid.data(), p[6], p[7], a.ln2.data(), a.ln2_mean.data(),
+                   a.ln2_rstd.data());
+  LinearForward(rows, c, 4 * c, a.ln2.data(), p[8], p[9], a.fch.data());
+  GeluForward(rows * 4 * c, a.fch.data(), a.fch_gelu.data());
+  float* out = BlockOutput(layer);
+  LinearForward(rows, 4 * c, c, a.fch_gelu.data(), p[10], p[11], out);
+  for (int64_t i = 0; i < rows * c; ++i) out[i] += a.resid_mid[i];
+}
+
+void Gpt::FinalNorm(int64_t n, const float* w, const float* b) {
+  LayerNormForward(n * dims_.seq_len, dims_.n_embd, resid_out_.data(), w, b, lnf_.data(),
+                   lnf_mean_.data(), lnf_rstd_.data());
+}
+
+// The logits, the summed cross-entropy (returned, in double) and, if
+// `gradients`, dL/dlogits = (softmax - onehot) / (n T) written over them.
+double Gpt::LogitsAndLoss(int64_t n, const float* wte, bool gradients) {
+  const int64_t t_len = dims_.seq_len;
+  const int64_t v_size = dims_.vocab_size;
+  const int64_t rows = n * t_len;
+  Gemm(false, true, rows, v_size, dims_.n_embd, 1.0f, lnf_.data(), dims_.n_embd, wte, dims_.n_embd,
+       logits_.data(), v_size);
+  const double denom = static_cast<double>(rows);
+  double loss = 0.0;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = logits_.data() + r * v_size;
+    const int64_t target = tokens_[(r / t_len) * (t_len + 1) + r % t_len + 1];
+    const float max = *std::max_element(row, row + v_size);
+    double sum = 0.0;
+    for (int64_t j = 0; j < v_size; ++j) sum += std::exp(static_cast<double>(row[j] - max));
+    loss += static_cast<double>(max) + std::log(sum) - static_cast<double>(row[target]);
+    if (!gradients) continue;
+    for (int64_t j = 0; j < v_size; ++j) {
+      const double prob = std::exp(static_cast<double>(row[j] - max)) / sum;
+      row[j] = static_cast<float>((prob - (j == target ? 1.0 : 0.0)) / denom);
+    }
+  }
+  return loss;
+}
+
+// ---------------------------------------------------------------- backward
+// math
+
+void Gpt::HeadBackward(int64_t n, const float* wte, const float* lnf_w, float* dwte, float* dlnf_w,
+                       float* dlnf_b) {
+  const int64_t rows = n * dims_.seq_len;
+  const int64_t c = dims_.n_embd;
+  const int64_t v_size = dims_.vocab_size;
+  Gemm(true, false, v_size, c, rows, 1.0f, logits_.data(), v_size, lnf_.data(), c, dwte, c);
+  Gemm(false, false, rows, c, v_size, 1.0f, logits_.data(), v_size, wte, c, dc_.data(), c);
+  std::fill(dresid_.begin(), dresid_.begin() + rows * c, 0.0f);
+  LayerNormBackward(rows, c, resid_out_.data(), lnf_mean_.data(), lnf_rstd_.data(), lnf_w,
+                    dc_.data(), dresid_.data(), dlnf_w, dlnf_b, col_sums_.data());
+}
+
+void Gpt::AttentionBackward(const BlockActs& a, int64_t n, const float* datty, float* dqkv) {
+  const int64_t t_len = dims_.seq_len;
+  const int64_t c = dims_.n_embd;
+  const int64_t hs = c / dims_.n_head;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
+  float* datt = datt_.data();
+  for (int64_t b = 0; b < n; ++b) {
+    const float* qkv = a.qkv.data() + b * t_len * 3 * c;
+    float* dqkv_b = dqkv + b * t_len * 3 * c;
+    for (int64_t h = 0; h < dims_.n_head; ++h) {
+      const int64_t q_off = h * hs;
+      const int64_t k_off = c + h * hs;
+      const int64_t v_off = 2 * c + h * hs;
+      const float* att = a.att.data() + (b * dims_.n_head + h) * t_len * t_len;
+      const float* dy = datty + b * t_len * c + h * hs;
+      // dP = dY V^T; dV = P^T dY; dS = softmax'(dP); dQ = s dS K; dK = s dS^T
+      // Q.
+      Gemm(false, true, t_len, t_len, hs, 1.0f, dy, c, qkv + v_off, 3 * c, datt, t_len);
+      Gemm(true, false, t_len, hs, t_len, 1.0f, att, t_len, dy, c, dqkv_b + v_off, 3 * c);
+      CausalSoftmaxBackward(t_len, att, datt);
+      Gemm(false, false, t_len, hs, t_len, scale, datt, t_len, qkv + k_off, 3 * c, dqkv_b + q_off,
+           3 * c);
+      Gemm(true, false, t_len, hs, t_len, scale, datt, t_len, qkv + q_off, 3 * c, dqkv_b + k_off,
+           3 * c);
+    }
+  }
+}
+
+// dresid_ holds dL/d(block output); becomes dL/d(block input).
+void Gpt::BlockBackward(int64_t layer, int64_t n, absl::Span<const float* const> p,
+                        absl::Span<float* const> g) {
+  const int64_t rows = n * dims_.seq_len;
+  const int64_t c = dims_.n_embd;
+  const BlockActs& a = blocks_[layer];
+  double* acc = col_sums_.data();
+  LinearBackward(rows, 4 * c, c, dresid_.data(), a.fch_gelu.data(), p[10], g[10], g[11],
+                 dfch_.data(), acc);
+  GeluBackward(rows * 4 * c, a.fch.data(), dfch_.data());
+  LinearBackward(rows, c, 4 * c, dfch_.data(), a.ln2.data(), p[8], g[8], g[9], dc_.data(), acc);
+  LayerNormBackward(rows, c, a.resid_mid.data(), a.ln2_mean.data(), a.ln2_rstd.data(), p[6],
+                    dc_.data(), dresid_.data(), g[6], g[7], acc);
+  LinearBackward(rows, c, c, dresid_.data(), a.atty.data(), p[4], g[4], g[5], dc_.data(), acc);
+  AttentionBackward(a, n, dc_.data(), dqkv_.data());
+  LinearBackward(rows, c, 3 * c, dqkv_.data(), a.ln1.data(), p[2], g[2], g[3], dc_.data(), acc);
+  LayerNormBackward(rows, c, a.resid_in.data(), a.ln1_mean.data(), a.ln1_rstd.data(), p[0],
+                    dc_.data(), dresid_.data(), g[0], g[1], acc);
+}
+
+// dwte (holding the head's gradient) += the lookup's rows; dwpe = the sum
+// over samples per position (double), 0 at positions >= T.
+void Gpt::EmbedBackward(int64_t n, float* dwte, float* dwpe) {
+  const int64_t t_len = dims_.seq_len;
+  const int64_t c = dims_.n_embd;
+  for (int64_t b = 0; b < n; ++b) {
+    for (int64_t t = 0; t < t_len; ++t) {
+      float* te = dwte + tokens_[b * (t_len + 1) + t] * c;
+      const float* d = dresid_.data() + (b * t_len + t) * c;
+      for (int64_t i = 0; i < c; ++i) te[i] += d[i];
+    }
+  }
+  double* acc = col_sums_.data();
+  for (int64_t t = 0; t < t_len; ++t) {
+    std::fill(acc, acc + c, 0.0);
+    for (int64_t b = 0; b < n; ++b) {
+      const float* d = dresid_.data() + (b * t_len + t) * c;
+      for (int64_t i = 0; i < c; ++i) acc[i] += static_cast<double>(d[i]);
+    }
+    for (int64_t i = 0; i < c; ++i) dwpe[t * c + i] = static_cast<float>(acc[i]);
+  }
+  std::fill(dwpe + t_len * c, dwpe + dims_.block_size * c, 0.0f);
+}
+
+// ---------------------------------------------------------------- streaming
+
+absl::Status Gpt::ForwardBlocks(UnitAccess& units, int64_t n) {
+  {
+    MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> embed, units.Acquire(kEmbedUnit));
+    HeldUnit held(units, kEmbedUnit);
+    MUONMESH_RETURN_IF_ERROR(CheckTensors(embed, 2, "parameters", kEmbedUnit));
+    EmbedForward(n, embed[0], embed[1]);
+  }
+  for (int64_t l = 0; l < dims_.n_layer; ++l) {
+    const int unit = static_cast<int>(l) + 1;
+    MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, units.Acquire(unit));
+    HeldUnit held(units, unit);
+    MUONMESH_RETURN_IF_ERROR(CheckTensors(p, model::kGptParamsPerBlock, "parameters", unit));
+    BlockForward(l, n, p);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Gpt::LossTail(UnitAccess& units, int64_t n) {
+  {
+    MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> head, units.Acquire(head_unit()));
+    HeldUnit held(units, head_unit());
+    MUONMESH_RETURN_IF_ERROR(CheckTensors(head, 2, "parameters", head_unit()));
+    FinalNorm(n, head[0], head[1]);
+  }
+  MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> embed, units.Acquire(kEmbedUnit));
+  HeldUnit held(units, kEmbedUnit);
+  MUONMESH_RETURN_IF_ERROR(CheckTensors(embed, 2, "parameters", kEmbedUnit));
+  return LogitsAndLoss(n, embed[0], /*gradients=*/false);
+}
+
+// ln_f, the logits and the loss, then the head's backward pass: commits
+// head, leaves embed's gradient buffers (wte holding the head's part) in
+// `embed_grads`, uncommitted.
+absl::StatusOr<double> Gpt::HeadStep(UnitAccess& units, int64_t n,
+                                     absl::Span<float* const>& embed_grads) {
+  const int hu = head_unit();
+  MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> head, units.Acquire(hu));
+  HeldUnit head_held(units, hu);
+  MUONMESH_RETURN_IF_ERROR(CheckTensors(head, 2, "parameters", hu));
+  FinalNorm(n, head[0], head[1]);
+  MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> embed, units.Acquire(kEmbedUnit));
+  HeldUnit embed_held(units, kEmbedUnit);
+  MUONMESH_RETURN_IF_ERROR(CheckTensors(embed, 2, "parameters", kEmbedUnit));
+  const double loss = LogitsAndLoss(n, embed[0], /*gradients=*/true);
+
+  MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> head_grads, units.GradientBuffers(hu));
+  MUONMESH_RETURN_IF_ERROR(CheckTensors(head_grads, 2, "gradient buffers", hu));
+  MUONMESH_ASSIGN_OR_RETURN(embed_grads, units.GradientBuffers(kEmbedUnit));
+  MUONMESH_RETURN_IF_ERROR(CheckTensors(embed_grads, 2, "gradient buffers", kEmbedUnit));
+  HeadBackward(n, embed[0], head[0], embed_grads[0], head_grads[0], head_grads[1]);
+  MUONMESH_RETURN_IF_ERROR(units.Commit(hu));
+  head_held.Release();
+  embed_held.Release();
+  return loss;
+}
+
+absl::Status Gpt::BlockBackwardStep(UnitAccess& units, int64_t layer, int64_t n) {
+  const int unit = static_cast<int>(layer) + 1;
+  MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, units.Acquire(unit));
+  HeldUnit held(units, unit);
+  MUONMESH_RETURN_IF_ERROR(CheckTensors(p, model::kGptParamsPerBlock, "parameters", unit));
+  MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g, units.GradientBuffers(unit));
+  MUONMESH_RETURN_IF_ERROR(CheckTensors(g, model::kGptParamsPerBlock, "gradient buffers", unit));
+  BlockBackward(layer, n, p, g);
+  return units.Commit(unit);
+}
+
+absl::StatusOr<double> Gpt::Run(UnitAccess& units, const TokenStream& tokens,
+                                absl::Span<const int64_t> samples, bool gradients) {
+  MUONMESH_RETURN_IF_ERROR(LoadWindows(tokens, samples));
+  const int64_t n = static_cast<int64_t>(samples.size());
+  Reserve(n);
+  const double denom = static_cast<double>(n) * static_cast<double>(dims_.seq_len);
+  MUONMESH_RETURN_IF_ERROR(ForwardBlocks(units, n));
+  if (!gradients) {
+    MUONMESH_ASSIGN_OR_RETURN(const double sum, LossTail(units, n));
+    return sum / denom;
+  }
+  absl::Span<float* const> embed_grads;
+  MUONMESH_ASSIGN_OR_RETURN(const double sum, HeadStep(units, n, embed_grads));
+  for (int64_t l = dims_.n_layer - 1; l >= 0; --l) {
+    MUONMESH_RETURN_IF_ERROR(BlockBackwardStep(units, l, n));
+  }
+  EmbedBackward(n, embed_grads[0], embed_grads[1]);
+  MUONMESH_RETURN_IF_ERROR(units.Commit(kEmbedUnit));
+  return sum / denom;
+}
+
+// ---------------------------------------------------------------- entry points
+
+absl::StatusOr<double> Gpt::ForwardBackward(int64_t /*step*/, absl::Span<const float* const> params,
+                                            absl::Span<const int64_t> samples,
+                                            absl::Span<float* const> grads) {
+  MUONMESH_RETURN_IF_ERROR(CheckWhole(spec_, params.size(), AnyNull(params), "gpt params"));
+  MUONMESH_RETURN_IF_ERROR(CheckWhole(spec_, grads.size(), AnyNull(grads), "gpt grads"));
+  WholeModelAccess whole(spec_, params, grads);
+  return Run(whole, *train_, samples, /*gradients=*/true);
+}
+
+absl::StatusOr<double> Gpt::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& units,
+                                                  absl::Span<const int64_t> samples) {
+  return Run(units, *train_, samples, /*gradients=*/true);
+}
+
+absl::StatusOr<double> Gpt::Loss(absl::Span<const float* const> params, const TokenStream& tokens,
+                                 absl::Span<const int64_t> samples) {
+  MUONMESH_RETURN_IF_ERROR(CheckWhole(spec_, params.size(), AnyNull(params), "gpt params"));
+  WholeModelAccess whole(spec_, params, {});
+  return Run(whole, tokens, samples, /*gradients=*/false);
+}
+
+absl::StatusOr<double> Gpt::LossByUnit(UnitAccess& units, const TokenStream& tokens,
+                                       absl::Span<const int64_t> samples) {
+  return Run(units, tokens, samples, /*gradients=*/false);
+}
+
+absl::Status Gpt::SetValidation(std::shared_ptr<const TokenStream> val) {
+  if (val == nullptr) {
+    val_ = nullptr;
+    num_val_samples_ = 0;
+    return absl::OkStatus();
+  }
+  if (val->num_tokens() <= dims_.seq_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data: the validation data has ", val->num_tokens(),
+                     " tokens; a window of seq_len ", dims_.seq_len, " needs at least ",
+                     dims_.seq_len + 1));
+  }
+  num_val_samples_ = WindowPeriod(val->num_tokens(), dims_.seq_len);
+  val_ = std::move(val);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Gpt::ValidationLossByUnit(UnitAccess& units,
+                                                 absl::Span<const int64_t> samples) {
+  if (val_ == nullptr) return absl::FailedPreconditionError("gpt: no validation data");
+  return LossByUnit(units, *val_, samples);
+}
+
+absl::StatusOr<std::vector<float>> Gpt::NextTokenLogits(absl::Span<const float* const> params,
+                                                     absl::Span<const int32_t> context) {
+  if (static_cast<int64_t>(context.size()) != dims_.seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("gpt: a context of ", context.size(),
+                                                   " tokens for seq_len ", dims_.seq_len));
+  }
+  // One window: the context, then any target (its loss is not used).
+  std::vector<int32_t> window(context.begin(), context.end());
+  window.push_back(0);
+  const InMemoryTokens stream(std::move(window));
+  const int64_t sample = 0;
+  MUONMESH_RETURN_IF_ERROR(Loss(params, stream, absl::MakeConstSpan(&sample, 1)).status());
+  const float* last = logits_.data() + (dims_.seq_len - 1) * dims_.vocab_size;
+  return std::vector<float>(last, last + dims_.vocab_size);
+}
+
+}  // namespace muonmesh::worker

@@ -1,0 +1,340 @@
+#pragma once
+
+// Internal to worker/runtime/: the state behind Trainer (trainer.h), which
+// trainer.cc (creation, the step, gathers), trainer_setup.cc (groups and
+// shards), muon_waves.cc (the Muon phase), unit_stream.h (what a step hands
+// the workload) and trainer_shards.cc (checkpoint shards) share. Not a
+// public interface: only those files include it.
+
+#include "worker/runtime/trainer.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/plan/mesh.h"
+#include "core/plan/owners.h"
+#include "core/plan/validate.h"
+#include "core/base/status_macros.h"
+#include "worker/io/safetensors.h"
+#include "core/optim/ns_coefficients.h"
+#include "worker/runtime/groups.h"
+#include "worker/runtime/muon_schedule.h"
+
+namespace muonmesh::worker {
+namespace trainer_internal {
+
+// My rows of one matrix: where they sit in my optimizer shard.
+struct LocalRows {
+  int64_t offset = 0;  // in the shard
+  int64_t row_start = 0;
+  int64_t row_count = 0;
+};
+
+// Rows [row_start, row_start + rows) of the unit's matrix `matrix` (an index
+// into UnitState::matrices), as one run of an exchange buffer.
+struct Run {
+  int32_t matrix = 0;
+  int64_t row_start = 0;
+  int64_t rows = 0;
+};
+
+// The unit's part of its wave's Muon exchange, fixed by the plan: runs are
+// grouped by peer position, then in matrix order, so both sides agree
+// without talking. A wave's exchange buffer holds, for each position, the
+// runs of every unit of the wave in unit order.
+struct Exchange {
+  std::vector<int64_t> send_counts;  // floats to each position (the gather)
+  std::vector<int64_t> recv_counts;  // floats from each position
+  std::vector<Run> send;             // my rows, grouped by position
+  std::vector<Run> recv;             // rows I receive, grouped by position
+  std::vector<size_t> send_first;    // per position + 1: its first run in `send`
+  std::vector<size_t> recv_first;    // per position + 1: its first run in `recv`
+  int64_t send_total = 0;
+  int64_t recv_total = 0;
+};
+
+// This rank's place on one mesh (dense, or expert) and its process groups.
+struct MeshState {
+  plan::MeshKind kind = plan::MeshKind::kDense;
+  const plan::DomainPlan* domain = nullptr;  // the owners of this mesh's matrices
+  int64_t domain_size = 1;                   // D
+  int64_t k = 1;                             // optimizer shards per parameter shard
+  int32_t position = 0;
+  // Under the HSDP replica split (the dense mesh, domain->replicas > 1): my
+  // replica (dp_outer coordinate) and the group of the ranks that hold my
+  // shards in every replica, ordered by replica (one of all_reduce_comms);
+  // -1 and null otherwise.
+  int32_t replica = -1;
+  comm::Communicator* replica_comm = nullptr;
+  std::string bytes_prefix;                  // "" dense, "expert/" expert
+  std::unique_ptr<comm::Communicator> domain_comm;
+  std::unique_ptr<comm::Communicator> gather_comm;
+  std::unique_ptr<comm::Communicator> group_comm;
+  std::vector<std::unique_ptr<comm::Communicator>> reduce_scatter_comms;
+  std::vector<std::unique_ptr<comm::Communicator>> all_reduce_comms;
+};
+
+// This rank's view of one unit's tensors on one mesh (a unit with dense and
+// expert tensors has two).
+struct UnitState {
+  int32_t unit = 0;
+  MeshState* mesh = nullptr;
+  const plan::UnitLayout* layout = nullptr;
+  std::vector<int32_t> flat;      // per layout tensor: flat parameter index
+  std::vector<int32_t> local;     // per layout tensor: its index within the unit
+  // Per layout tensor: where my part starts in the whole tensor (elements):
+  // 0 for dense tensors, my EP group's first expert for expert stacks.
+  std::vector<int64_t> whole_offset;
+  std::vector<bool> muon;         // per layout tensor
+  std::vector<int32_t> matrices;  // this unit's Muon matrices (indices into mesh->domain)
+  DeviceBuffer param;             // my parameter shard: k * S floats
+  DeviceBuffer grad;              // my reduced optimizer shard: S floats
+  DeviceBuffer state1;            // Muon momentum / AdamW exp_avg
+  DeviceBuffer state2;            // AdamW exp_avg_sq
+  // Muon, per entry of `matrices`: my rows, where their u / O rows sit in
+  // Impl::rows, whether I orthogonalize the matrix, and then (during Muon()
+  // only: allocated there and freed at its end) the whole matrix.
+  std::vector<LocalRows> mine;
+  std::vector<int64_t> rows_offset;  // within this unit's part of Impl::rows
+  int64_t rows_total = 0;
+  int64_t rows_base = 0;             // where this unit's part starts, during its wave
+  std::vector<bool> holds;
+  std::vector<DeviceBuffer> whole;
+  Exchange exchange;
+};
+
+inline int64_t Elements(const plan::ParamSpec& p) { return plan::NumElements(p); }
+
+}  // namespace trainer_internal
+
+using namespace trainer_internal;  // NOLINT: the internal types read as the Impl's own
+
+// A mesh's Muon matrices by (unit, parameter), as indices into its plan.
+using MatrixIndex = std::map<std::pair<int32_t, int32_t>, std::vector<int32_t>>;
+
+namespace trainer_internal {
+
+// What Trainer::Create checks before it builds anything (trainer_setup.cc).
+absl::Status CheckCreateArguments(const plan::Plan& plan, const Workload& workload, int32_t rank,
+                                  const TrainerOptions& options);
+
+// Each mesh's Muon matrices by (unit, parameter): an expert stack has one
+// per local expert, in expert order.
+MatrixIndex IndexMatrices(const plan::DomainPlan& d);
+
+}  // namespace trainer_internal
+
+struct Trainer::Impl {
+  const plan::Plan* plan = nullptr;  // copied below; points into `plan_copy`
+  plan::Plan plan_copy;
+  Workload* workload = nullptr;
+  TrainerOptions options;
+  Device* dev = nullptr;  // TrainerOptions::device
+  int32_t rank = 0;
+  int64_t world = 1;
+  MeshState dense;
+  MeshState expert;
+  // Expert parallelism: EP groups, mine, and the ranks that exchange tokens
+  // (one per group, sharing my expert_dp coordinate; null when EP = 1).
+  int64_t ep = 1;
+  int32_t ep_index = 0;
+  std::unique_ptr<comm::Communicator> ep_comm;
+
+  std::unique_ptr<comm::Communicator> world_comm;
+
+  std::vector<UnitState> units;
+  std::vector<int64_t> param_sizes;          // flat spec order, whole tensors
+  std::vector<int64_t> local_sizes;          // flat spec order, what this rank holds
+  std::vector<bool> is_expert;               // flat spec order
+  std::vector<int32_t> unit_base;            // per spec unit: flat index of its first parameter
+  std::vector<int32_t> unit_count;           // per spec unit: its number of parameters
+  std::vector<std::vector<int32_t>> states_of;  // per spec unit: indices into `units`
+  // Whole tensors of spec units without a layout (never trained):
+  // their initial values, handed out by Acquire as they are.
+  std::vector<std::vector<std::vector<float>>> frozen;
+  DeviceBuffer full;                         // one unit-mesh padded buffer, D * S
+  DeviceBuffer scalar;  // two floats: the loss and the non-finite flag, all-reduced
+
+  // The Muon phase's waves (muon_schedule.h) and, per wave, the indices
+  // into `units` of its units' states, dense before expert for each unit.
+  std::vector<MuonWave> waves;
+  std::vector<std::vector<int32_t>> wave_states;
+  // Per wave: the plan's Newton-Schulz FLOPs for this rank and the busiest.
+  std::vector<std::pair<double, double>> planned_ns;
+
+
+  // Makes `b` hold at least `count` floats (contents are not kept).
+  absl::Status Reserve(DeviceBuffer& b, int64_t count) {
+    if (b.size() >= count && !b.empty()) return absl::OkStatus();
+    b.Reset();
+    absl::StatusOr<DeviceBuffer> fresh = dev->Allocate(std::max<int64_t>(count, 1));
+    MUONMESH_RETURN_IF_ERROR(fresh.status());
+    b = *std::move(fresh);
+    return absl::OkStatus();
+  }
+
+  static int64_t MyShard(const UnitState& u) {
+    const plan::UnitLayout& l = *u.layout;
+    return l.ShardAt(u.mesh->position);
+  }
+
+  // Rows of matrix `m` in my shard (row_start relative to the matrix: an
+  // expert's matrix is a block of rows of its stack), or row_count 0.
+  static LocalRows Mine(const UnitState& u, const plan::MatrixPlan& m) {
+    const plan::UnitLayout& l = *u.layout;
+    const int64_t shard = MyShard(u);
+    const int64_t lo = m.expert >= 0 ? m.expert * m.rows : 0;
+    const int64_t hi = lo + m.rows;
+    for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
+      const plan::Segment& seg = l.segments[i];
+      if (l.tensors[seg.tensor].param != m.param) continue;
+      const plan::RowRange r = plan::IntersectRows(lo, hi, seg.row_start, seg.row_count);
+      if (r.count == 0) continue;
+      return {seg.offset + (r.start - seg.row_start) * l.tensors[seg.tensor].row_len,
+              r.start - lo, r.count};
+    }
+    return {};
+  }
+
+  // Runs `fn` on `c` and adds its bytes to `report->bytes_sent[name]`.
+  template <typename Fn>
+  absl::Status Counted(comm::Communicator& c, const std::string& name, StepReport* report,
+                       Fn fn) {
+    const int64_t before = c.stats().total_bytes_sent();
+    absl::Status st = fn();
+    if (report != nullptr) report->bytes_sent[name] += c.stats().total_bytes_sent() - before;
+    return st;
+  }
+
+  // Gathers unit `u`'s parameters into `full` (position order) and copies
+  // every tensor's rows into `dst` (the unit's whole tensors, spec order).
+  absl::Status GatherUnit(UnitState& u, StepReport* report, float* const* dst,
+                          const char* name = "param_allgather") {
+    const plan::UnitLayout& l = *u.layout;
+    MeshState& mesh = *u.mesh;
+    const int64_t s = l.shard_elements;
+    const int64_t n = l.num_shards * s;
+    MUONMESH_RETURN_IF_ERROR(Reserve(full, n));
+    if (mesh.k == mesh.domain_size) {
+      MUONMESH_RETURN_IF_ERROR(dev->Copy(full.data(), u.param.data(), u.param.size()));
+    } else {
+      absl::Status st = Counted(*mesh.gather_comm, mesh.bytes_prefix + name, report,
+                                [&] {
+        return mesh.gather_comm->AllGather(u.param.data(), mesh.k * s, full.data(),
+                                           options.collective);
+      });
+      MUONMESH_RETURN_IF_ERROR(st);
+    }
+    for (int64_t q = 0; q < l.num_shards; ++q) {
+      const int64_t shard = l.ShardAt(q);
+      for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
+        const plan::Segment& seg = l.segments[i];
+        const int64_t len = l.tensors[seg.tensor].row_len;
+        absl::Status st = dev->Copy(dst[u.local[seg.tensor]] + seg.row_start * len,
+                                    full.data() + q * s + seg.offset, seg.row_count * len);
+        MUONMESH_RETURN_IF_ERROR(st);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Packs unit `u`'s whole gradients `src` (spec order) into `full` and
+  // reduces them into u.grad.
+  absl::Status ReduceUnit(UnitState& u, StepReport* report, const float* const* src) {
+    const plan::UnitLayout& l = *u.layout;
+    const int64_t s = l.shard_elements;
+    int64_t m = l.num_shards * s;
+    MUONMESH_RETURN_IF_ERROR(Reserve(full, m));
+    MUONMESH_RETURN_IF_ERROR(dev->Fill(full.data(), m, 0.0f));
+    for (int64_t q = 0; q < l.num_shards; ++q) {
+      const int64_t shard = l.ShardAt(q);
+      for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
+        const plan::Segment& seg = l.segments[i];
+        const int64_t len = l.tensors[seg.tensor].row_len;
+        absl::Status st = dev->Copy(full.data() + q * s + seg.offset,
+                                    src[u.local[seg.tensor]] + seg.row_start * len,
+                                    seg.row_count * len);
+        MUONMESH_RETURN_IF_ERROR(st);
+      }
+    }
+    // Reduce-scatters in place (each level's output is my chunk of its
+    // input), so `full` is the only unit-sized buffer.
+    float* cur = full.data();
+    MeshState& mesh = *u.mesh;
+    for (auto& c : mesh.reduce_scatter_comms) {
+      const int64_t out = m / c->size();
+      float* const mine = cur + c->rank() * out;
+      absl::Status st = Counted(*c, mesh.bytes_prefix + "grad_reduce_scatter", report, [&] {
+        return c->ReduceScatter(cur, mine, out, comm::ReduceOp::kAvg, options.collective);
+      });
+      MUONMESH_RETURN_IF_ERROR(st);
+      cur = mine;
+      m = out;
+    }
+    for (auto& c : mesh.all_reduce_comms) {
+      absl::Status st = Counted(*c, mesh.bytes_prefix + "grad_allreduce", report, [&] {
+        return c->AllReduce(cur, m, comm::ReduceOp::kAvg, options.collective);
+      });
+      MUONMESH_RETURN_IF_ERROR(st);
+    }
+    return dev->Copy(u.grad.data(), cur, s);
+  }
+
+  absl::Status AdamW(UnitState& u, int64_t step) {
+    const plan::UnitLayout& l = *u.layout;
+    const int64_t shard = MyShard(u);
+    float* p = u.param.data() + (u.mesh->position % u.mesh->k) * l.shard_elements;
+    for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
+      const plan::Segment& seg = l.segments[i];
+      if (u.muon[seg.tensor]) continue;
+      const int64_t n = seg.row_count * l.tensors[seg.tensor].row_len;
+      MUONMESH_RETURN_IF_ERROR(dev->AdamWStep(options.adamw, step + 1, u.grad.data() + seg.offset,
+                                              u.state1.data() + seg.offset,
+                                              u.state2.data() + seg.offset, p + seg.offset, n),
+                               "AdamW on ", plan->units[u.unit].name);
+    }
+    return absl::OkStatus();
+  }
+
+  // Trainer::Create's phases, in order: the process groups (world, meshes,
+  // replicas, tokens) and the loss buffer; each parameter's size and the
+  // initial parameters' shapes; each unit's shard state on each mesh, from
+  // its whole initial tensors; the Muon waves and their planned figures.
+  absl::Status JoinGroups();
+  absl::Status IndexParameters();
+  absl::Status InitialUnit(size_t u, std::vector<std::vector<float>>& whole) const;
+  absl::Status AddUnitState(size_t u, MeshState* mesh, const MatrixIndex& matrices,
+                            const std::vector<std::vector<float>>& whole);
+  void PlanWaves();
+
+  // Finds the dense mesh's replica group under the HSDP replica split
+  // (MeshState::replica_comm); nothing to do without the split. Internal
+  // when the groups do not match the plan.
+  absl::Status JoinReplicas();
+  // Fixes the unit's Muon exchange from the plan (once, at creation).
+  void PlanMuon(UnitState& u) const;
+  // The optimizer phase: AdamW, then the Muon waves (muon_schedule.h), each
+  // a WaveRun: momentum, one gather exchange per mesh, Newton-Schulz on all
+  // I own, one scatter exchange per mesh, the update; with
+  // TrainerOptions::muon_overlap the next wave's gather runs while this
+  // one's Newton-Schulz does. Appends each wave's round to the report.
+  struct WaveRun;
+  absl::Status Optimize(int64_t step, StepReport* report);
+  // Whether a wave's gather runs beside the previous wave's Newton-Schulz:
+  // asked for, and the device's calls are safe from two threads (the
+  // CPU's are; the same on every rank of a job, which share a device kind).
+  bool Overlaps() const {
+    return options.muon_overlap && dev->memory_space() == comm::MemorySpace::kHost;
+  }
+};
+
+}  // namespace muonmesh::worker
