@@ -137,6 +137,15 @@ class FileTokens final : public TokenStream {
     return absl::OkStatus();
   }
 
+  std::string Where(int64_t position) const override {
+    if (position < 0 || position >= num_tokens()) return TokenStream::Where(position);
+    const size_t i =
+        std::upper_bound(starts_.begin(), starts_.end(), position) - starts_.begin() - 1;
+    const int64_t k = position - starts_[i];
+    const int64_t offset = format_ == TokenFormat::kText ? k : kTokenShardHeaderBytes + 2 * k;
+    return absl::StrCat(pieces_[i].file->path(), " at byte ", offset);
+  }
+
  private:
   void Copy(const Piece& p, int64_t offset, int64_t n, int32_t* out) const {
     if (format_ == TokenFormat::kText) {
@@ -164,6 +173,7 @@ class SlicedTokens final : public TokenStream {
     }
     return base_->Read(begin_ + begin, count, out);
   }
+  std::string Where(int64_t position) const override { return base_->Where(begin_ + position); }
 
  private:
   std::shared_ptr<const TokenStream> base_;

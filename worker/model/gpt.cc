@@ -389,8 +389,9 @@ absl::Status Gpt::LoadWindows(const TokenStream& tokens, absl::Span<const int64_
     for (int64_t j = 0; j <= t_len; ++j) {
       if (window[j] < 0 || window[j] >= dims_.vocab_size) {
         return absl::InvalidArgumentError(
-            absl::StrCat("gpt: token ", p + j, " (in sample ", samples[k], ") is ", window[j],
-                         ", outside the vocabulary [0, ", dims_.vocab_size, ")"));
+            absl::StrCat("gpt: token ", p + j, " (in sample ", samples[k], "; ",
+                         tokens.Where(p + j), ") is ", window[j], ", outside the vocabulary [0, ",
+                         dims_.vocab_size, ")"));
       }
     }
   }

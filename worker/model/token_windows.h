@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <algorithm>
 #include <numeric>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -31,6 +32,11 @@ class TokenStream {
   // Copies tok[begin, begin + count) to out. OutOfRange when the range is
   // not inside [0, N); an I/O error as the file system reports it.
   virtual absl::Status Read(int64_t begin, int64_t count, int32_t* out) const = 0;
+  // Where token `position` comes from, for error messages: a file and its
+  // byte offset for streams read from files.
+  virtual std::string Where(int64_t position) const {
+    return absl::StrCat("token ", position, " of the stream");
+  }
 };
 
 // The period of p(k) above: the number of distinct windows. Needs

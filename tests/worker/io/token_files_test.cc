@@ -85,6 +85,12 @@ TEST(TokenFilesTest, ShardsReadLittleEndianUint16) {
       OpenTokenFiles({a, b}, TokenFormat::kShards);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(ReadAll(**s), (std::vector<int32_t>{50256, 1, 0x1234, 65535}));
+  // Token 3 is b.bin's first: right after its 1024-byte header.
+  EXPECT_EQ((*s)->Where(3), b + " at byte 1024");
+  EXPECT_EQ((*s)->Where(2), a + " at byte 1028");
+  absl::StatusOr<std::shared_ptr<const TokenStream>> tail = SliceTokens(*s, 2, 4);
+  ASSERT_TRUE(tail.ok());
+  EXPECT_EQ((*tail)->Where(1), b + " at byte 1024");
 }
 
 TEST(TokenFilesTest, BrokenShardsNameTheFile) {
