@@ -248,7 +248,15 @@ TEST(HostileJobTest, MeasuredPeakStaysBelowTheEstimate) {
       {"{moe_mlp: {d_in: 64, d_model: 256, d_expert: 512, num_experts: 8, d_out: 32}}",
        "{teacher: {seed: 1, samples: 32768}}", "{steps: 2, global_batch_size: 4096}"},
       {"{synthetic: {spec: spec.json}}", "", "{steps: 2, global_batch_size: 1}"},
+      // Activations dominate: 4 layers of 128 positions, 16 samples.
+      {"{gpt: {vocab_size: 256, block_size: 128, n_layer: 4, n_head: 4, n_embd: 256, "
+       "seq_len: 128}}",
+       "{text: {train: corpus.txt}}", "{steps: 2, global_batch_size: 16}"},
   };
+  {
+    std::ofstream corpus(dir + "/corpus.txt");
+    for (int i = 0; i < 2000; ++i) corpus << "line " << i << " of a corpus for the estimate\n";
+  }
   for (const Case& c : cases) {
     SCOPED_TRACE(c.model);
     const ProcessResult r = RunWorker(dir, WriteJob(dir, c.model, c.data, c.training));

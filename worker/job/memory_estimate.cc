@@ -97,15 +97,18 @@ WorkloadMemory MoeMemory(const job::ResolvedJob& job, double local_batch, const 
 
 // The gpt keeps every block's activations for the backward pass
 // (worker/model/gpt.h): L T (16 C + H T) floats a sample, plus the logits
-// and their gradient (2 T V). The corpus is memory-mapped: the page cache
-// holds it, not the rank.
+// and their gradient (2 T V) and the head's and the backward pass's own
+// rows (12 T C: the final LayerNorm, the residual gradient, the attention
+// and MLP gradients). Validation runs a local batch at a time, so it needs
+// no more. The corpus is memory-mapped: the page cache holds it, not the
+// rank.
 WorkloadMemory GptMemory(const job::ResolvedJob& job, double local_batch) {
   const model::GptDims& d = job.gpt;
+  const double t = static_cast<double>(d.seq_len);
+  const double c = static_cast<double>(d.n_embd);
   const double per_sample =
-      static_cast<double>(d.n_layer) * static_cast<double>(d.seq_len) *
-          (16.0 * static_cast<double>(d.n_embd) +
-           static_cast<double>(d.n_head) * static_cast<double>(d.seq_len)) +
-      2.0 * static_cast<double>(d.seq_len) * static_cast<double>(d.vocab_size);
+      static_cast<double>(d.n_layer) * t * (16.0 * c + static_cast<double>(d.n_head) * t) +
+      2.0 * t * static_cast<double>(d.vocab_size) + 12.0 * t * c;
   WorkloadMemory w;
   w.step.push_back({"training.global_batch_size",
                     "activations of the local batch kept for the backward pass",

@@ -209,18 +209,22 @@ absl::StatusOr<double> Trainer::Evaluate(int64_t batches) {
   if (batches < 1) return absl::InvalidArgumentError("Evaluate: batches must be >= 1");
   const int64_t g = m.options.global_batch_size;
   const int64_t b = g / m.world;
-  std::vector<int64_t> samples;
-  samples.reserve(static_cast<size_t>(batches * b));
+  // One local batch at a time, so that validation holds no more activations
+  // than a step; the batches are the same size, so the mean of their means
+  // is the mean over all of them.
+  double sum = 0;
+  std::vector<int64_t> samples(static_cast<size_t>(b));
   for (int64_t k = 0; k < batches; ++k) {
-    for (int64_t j = 0; j < b; ++j) samples.push_back((k * g + m.rank * b + j) % n);
+    for (int64_t j = 0; j < b; ++j) samples[j] = (k * g + m.rank * b + j) % n;
+    // The gathers count into a report of their own: validation is not a step.
+    StepReport scratch;
+    UnitStream stream(m, &scratch);
+    absl::StatusOr<double> loss = m.workload->ValidationLossByUnit(stream, samples);
+    stream.ReleaseAll();
+    MUONMESH_RETURN_IF_ERROR(loss.status(), "validation");
+    sum += *loss;
   }
-  // The gathers count into a report of their own: validation is not a step.
-  StepReport scratch;
-  UnitStream stream(m, &scratch);
-  absl::StatusOr<double> loss = m.workload->ValidationLossByUnit(stream, samples);
-  stream.ReleaseAll();
-  MUONMESH_RETURN_IF_ERROR(loss.status(), "validation");
-  float mean = static_cast<float>(*loss);
+  float mean = static_cast<float>(sum / static_cast<double>(batches));
   MUONMESH_RETURN_IF_ERROR(m.dev->CopyFromHost(m.scalar.data(), &mean, 1));
   MUONMESH_RETURN_IF_ERROR(
       m.world_comm->AllReduce(m.scalar.data(), 1, comm::ReduceOp::kAvg, m.options.collective));

@@ -23,7 +23,7 @@ import tempfile
 import time
 
 MUON_LRS = [0.01, 0.02, 0.04]
-ADAMW_LRS = [0.001, 0.003, 0.01]
+ADAMW_LRS = [0.0003, 0.001, 0.003, 0.01]
 ADAMW_LR_BESIDE_MUON = 0.003  # embeddings, biases and LayerNorms in the Muon runs
 EVAL = 25
 
