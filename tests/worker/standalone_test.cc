@@ -554,14 +554,17 @@ TEST(StandaloneTest, UsageErrorsNameTheFlagAndExit2) {
       {{"--standalone", "--rank", "one"}, "--rank: 'one' is not an integer"},
       {{"--standalone", "--job"}, "--job needs a value"},
       {{"--standalone", "--resume=yes"}, "--resume takes no value"},
-      {{"--standalone", "--describe"}, "give one of --coordinator, --standalone and --describe"},
+      {{"--standalone", "--describe"},
+       "give one of --coordinator, --standalone, --describe and --sample"},
+      {{"--sample", "--job", "j.yaml"}, "--weights is required"},
+      {{"--sample", "--temperature", "warm"}, "--temperature: not a number: warm"},
       {{"--coordinator", "127.0.0.1:1", "--standalone"},
-       "give one of --coordinator, --standalone and --describe"},
+       "give one of --coordinator, --standalone, --describe and --sample"},
       {{"--standalone", "--timeout-seconds", "0"}, "--timeout-seconds: not a positive integer"},
       {{"--standalone", "--memory-budget", "lots"}, "--memory-budget:"},
       {{"--standalone", "--job", "j.yaml", "--store", "s", "--world-size", "2"},
        "--rank is required"},
-      {{}, "give --coordinator, --standalone or --describe"},
+      {{}, "give --coordinator, --standalone, --describe or --sample"},
   };
   for (const auto& c : cases) {
     std::vector<std::string> argv = {MUONMESH_WORKER_BINARY};

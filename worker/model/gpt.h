@@ -56,9 +56,9 @@
 // beta = 0, the attention scale 1/sqrt(hs) (rounded to float) as sgemm's
 // alpha. Elementwise operations are fp32 with one rounding each
 // (-ffp-contract=off), except: LayerNorm means and variances, softmax
-// sums, the cross-entropy, GELU and its derivative, and the softmax and
-// LayerNorm backward row reductions, which are computed in double and
-// rounded once to float; bias, LayerNorm-parameter and wpe gradients are
+// sums, the cross-entropy, GELU and its derivative (tanh z taken as
+// 1 - 2 / (1 + e^{2z})), and the softmax and LayerNorm backward row
+// reductions, which are computed in double and rounded once to float; bias, LayerNorm-parameter and wpe gradients are
 // column sums over rows accumulated in double and rounded once. The loss is
 // summed in double. wte's gradient is the tied head's (sgemm) plus the
 // embedding rows added in fp32 in sample then position order.
@@ -206,7 +206,7 @@ class Gpt final : public Workload {
   // The math, shared by every path above.
   void EmbedForward(int64_t n, const float* wte, const float* wpe);
   void BlockForward(int64_t layer, int64_t n, absl::Span<const float* const> p);
-  void AttentionForward(BlockActs& a, int64_t n) const;
+  void AttentionForward(BlockActs& a, int64_t n);
   void FinalNorm(int64_t n, const float* w, const float* b);
   double LogitsAndLoss(int64_t n, const float* wte, bool gradients);
   void HeadBackward(int64_t n, const float* wte, const float* lnf_w, float* dwte, float* dlnf_w,
@@ -239,6 +239,7 @@ class Gpt final : public Workload {
   std::vector<float> dc_;          // [rows, C] dL/d(a LayerNorm output or the attention output)
   std::vector<float> dqkv_;        // [rows, 3C]
   std::vector<float> dfch_;        // [rows, 4C]
+  std::vector<double> exp_;         // [max(V, T)] one row's exps (softmax, cross-entropy)
   std::vector<float> datt_;        // [T, T] one sample and head's dL/d(probabilities)
   std::vector<double> col_sums_;   // [8C] column sums of gradients
 };

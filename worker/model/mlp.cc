@@ -382,23 +382,15 @@ absl::StatusOr<double> Mlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& 
       MUONMESH_RETURN_IF_ERROR(again.status());
       p = *again;
     }
-    absl::StatusOr<absl::Span<float* const>> g = units.GradientBuffers(u);
-    if (!g.ok()) {
-      units.Release(u);
-      return g.status();
-    }
-    if (g->size() != 2 || AnyNull(*g)) {
-      units.Release(u);
-      return absl::InvalidArgumentError(absl::StrCat("mlp: unit ", i, " has ", g->size(),
+    HeldUnit unit(units, u);  // released after its commit, or on an error
+    MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g, units.GradientBuffers(u));
+    if (g.size() != 2 || AnyNull(g)) {
+      return absl::InvalidArgumentError(absl::StrCat("mlp: unit ", i, " has ", g.size(),
                                                      " gradient buffers, expected 2 non-null"));
     }
-    LayerBackward(i, n, p[0], delta, delta_next, (*g)[0], (*g)[1]);
-    if (absl::Status st = units.Commit(u); !st.ok()) {
-      units.Release(u);
-      return st;
-    }
+    LayerBackward(i, n, p[0], delta, delta_next, g[0], g[1]);
+    MUONMESH_RETURN_IF_ERROR(units.Commit(u));
     std::swap(delta, delta_next);
-    units.Release(u);
   }
   return sum / denom;
 }

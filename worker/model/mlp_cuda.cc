@@ -168,21 +168,15 @@ absl::Status CudaMlp::BackwardLayers(UnitAccess& units, int64_t n,
       MUONMESH_RETURN_IF_ERROR(again.status());
       p = *again;
     }
-    absl::StatusOr<absl::Span<float* const>> g = units.GradientBuffers(u);
-    if (!g.ok() || g->size() != 2) {
-      units.Release(u);
-      return g.ok() ? absl::InvalidArgumentError(absl::StrCat("mlp: unit ", i, " has ", g->size(),
-                                                              " gradient buffers, expected 2"))
-                    : g.status();
+    HeldUnit unit(units, u);  // released after its commit, or on an error
+    MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g, units.GradientBuffers(u));
+    if (g.size() != 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mlp: unit ", i, " has ", g.size(), " gradient buffers, expected 2"));
     }
-    absl::Status st = Backward(i, n, p[0], delta, delta_next, (*g)[0], (*g)[1]);
-    if (st.ok()) st = units.Commit(u);
-    if (!st.ok()) {
-      units.Release(u);
-      return st;
-    }
+    MUONMESH_RETURN_IF_ERROR(Backward(i, n, p[0], delta, delta_next, g[0], g[1]));
+    MUONMESH_RETURN_IF_ERROR(units.Commit(u));
     std::swap(delta, delta_next);
-    units.Release(u);
   }
   return absl::OkStatus();
 }

@@ -1,0 +1,274 @@
+#include "client/config_commands.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <iostream>
+#include <limits>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/cli_flags.h"
+#include "client/job_commands.h"
+#include "client/json_writer.h"
+#include "client/plan_table.h"
+#include "client/planner_client.h"
+#include "core/base/status_macros.h"
+#include "muonmesh/v1/planner.pb.h"
+#include "proto/convert/plan_convert.h"
+#include "proto/io/message_file.h"
+#include "proto/job/job.h"
+#include "proto/job/model_specs.h"
+#include "proto/job/optimizer_rules.h"
+
+namespace muonmesh::cli {
+namespace {
+
+constexpr int kExitInvalidConfig = kExitInvalid;
+
+// Loads the spec, or prints the loader's "FILE:LINE:COL: field: reason".
+bool LoadSpec(const std::string& path, v1::ModelSpec* spec) {
+  const absl::Status status = protoio::LoadMessageFile(path, spec);
+  if (status.ok()) return true;
+  // The message starts with the location so that editors can jump to it.
+  std::cerr << status.message() << "\n";
+  return false;
+}
+
+void FillParallelism(const ConfigFlags& f, v1::ParallelismConfig* p) {
+  p->set_data_parallel_sharding_strategy(f.strategy);
+  p->set_num_distributed_optimizer_instances(f.instances);
+  p->set_outer_dp_sharding_strategy(f.outer_strategy);
+  p->set_expert_model_parallel_size(f.ep);
+}
+
+constexpr const char* kValidateSynopsis =
+    "--spec FILE --world-size W [--instances I] [--strategy S] [--outer-strategy S] [--ep E] "
+    "[--coordinator ADDR] [--timeout SECONDS] [--json]\n\n"
+    "Asks the coordinator whether the parallelism config fits the model. Prints every\n"
+    "violation as 'field: description' on stderr and exits 1 when it does not.";
+
+
+constexpr const char* kPlanSynopsis =
+    "(--spec FILE --world-size W [--instances I] [--strategy S] [--outer-strategy S] [--ep E] "
+    "| --job JOB.yaml) "
+    "[--owner-rule R] [--ns-steps T] [--ns-algorithm A] [--ns-coefficients C] "
+    "[--device cpu|cuda] [--muon-wave-budget-bytes B] [--include-shards] "
+    "[--coordinator ADDR] [--timeout SECONDS] [--json]\n\n"
+    "Asks the coordinator for the mesh, shard layout and Muon owners, and prints them as\n"
+    "tables, or with --json as the Plan message (byte-stable for the same input). --job plans\n"
+    "a job file's model (optimizer rules applied), world size, parallelism and optimizer\n"
+    "options as its workers will; plan flags given beside it override the job's.";
+
+// A flag value that must fit the request's int32 field.
+absl::Status CheckInt32(const char* flag, int64_t value) {
+  if (value >= std::numeric_limits<int32_t>::min() &&
+      value <= std::numeric_limits<int32_t>::max()) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(flag, ": ", value, " is out of range"));
+}
+
+// The plan command's cost-model flags, as PlanOptions carries them.
+struct PlanOptionFlags {
+  std::string owner_rule;
+  int64_t ns_steps = 0;
+  std::string ns_algorithm;
+  std::string ns_coefficients;
+  std::string device;
+  int64_t wave_budget = 0;
+  int64_t threads = 0;
+};
+
+void AddPlanOptionFlags(FlagParser& parser, PlanOptionFlags* o) {
+  parser.String("--owner-rule", "R", "owner assignment: lpt (default) | round_robin | allgather",
+                &o->owner_rule);
+  parser.Int("--ns-steps", "T", "Newton-Schulz steps in the cost model, 1 to 100 (default 5)",
+             &o->ns_steps);
+  parser.String("--ns-algorithm", "A",
+                "Newton-Schulz form the cost model charges: auto (default: per matrix, the "
+                "cheapest) | standard | gram (cpu only) | spectral (cpu only)",
+                &o->ns_algorithm);
+  parser.String("--ns-coefficients", "C",
+                "Newton-Schulz coefficients: quintic (default) | polar_express (they set where "
+                "the Gram form restarts and whether the spectral form may run)",
+                &o->ns_coefficients);
+  parser.String("--device", "cpu|cuda", "device whose cost model to use (default cuda)",
+                &o->device);
+  parser.Int("--muon-wave-budget-bytes", "BYTES",
+             "plan the Muon phase in waves of at most this many bytes of owner buffers, as a "
+             "job's workers do with optimizer.muon_buffer_bytes (halved on cpu, where two waves "
+             "overlap); owners are then balanced wave by wave (default 0: one wave)",
+             &o->wave_budget);
+  parser.Int("--threads-per-rank", "N",
+             "OpenBLAS threads each rank runs, as a job's training.threads_per_rank (cpu; "
+             "default 1): the spectral form's eigensolver barely speeds up with threads, so "
+             "auto picks it less often on more",
+             &o->threads);
+}
+
+void FillPlanOptions(const PlanOptionFlags& o, v1::PlanOptions* out) {
+  out->set_owner_assignment(o.owner_rule);
+  out->set_ns_steps(static_cast<int32_t>(o.ns_steps));
+  out->set_ns_algorithm(o.ns_algorithm);
+  out->set_ns_coefficients(o.ns_coefficients);
+  out->set_device(o.device);
+  out->set_muon_wave_budget_bytes(o.wave_budget);
+  out->set_threads_per_rank(static_cast<int32_t>(o.threads));
+}
+
+// The request a job's workers will plan: its model's spec (the optimizer
+// rules applied), world size and parallelism config; the plan options the
+// job sets, unless a flag gave them.
+absl::Status FillFromJob(const std::string& path, v1::PlanLayoutRequest* request) {
+  MUONMESH_ASSIGN_OR_RETURN(v1::JobSpec job, job::LoadJobFile(path));
+  const std::filesystem::path dir = std::filesystem::absolute(path).parent_path();
+  std::string spec_path = job.model().synthetic().spec();
+  if (!spec_path.empty() && std::filesystem::path(spec_path).is_relative()) {
+    spec_path = (dir / spec_path).string();
+  }
+  MUONMESH_ASSIGN_OR_RETURN(
+      plan::ModelSpec model,
+      job::ModelSpecOf(job.model(), job.parallelism().expert_model_parallel_size(), spec_path),
+      path);
+  std::vector<std::pair<std::string, std::string>> rules;
+  for (const v1::OptimizerRule& r : job.optimizer().rules()) {
+    rules.emplace_back(r.pattern(), r.optimizer());
+  }
+  MUONMESH_ASSIGN_OR_RETURN(model, job::ApplyOptimizerRules(std::move(model), rules), path);
+  *request->mutable_model() = ModelToProto(model);
+  request->set_world_size(job.world_size());
+  *request->mutable_parallelism() = job.parallelism();
+  v1::PlanOptions* o = request->mutable_options();
+  o->set_owner_assignment(job.optimizer().owner_assignment());
+  o->set_ns_steps(job.optimizer().muon().ns_steps());
+  o->set_ns_algorithm(job.optimizer().muon().ns_algorithm());
+  o->set_ns_coefficients(job.optimizer().muon().coefficients());
+  o->set_device(job.device().empty() ? "cpu" : job.device());
+  o->set_threads_per_rank(job.training().threads_per_rank());
+  o->set_muon_replica_split(job.optimizer().muon_replica_split());
+  return absl::OkStatus();
+}
+
+// Flags given on the command line override what the job set.
+void FillPlanOptionsOver(const FlagParser& parser, const PlanOptionFlags& o,
+                         v1::PlanOptions* out) {
+  v1::PlanOptions flags;
+  FillPlanOptions(o, &flags);
+  if (parser.Seen("--owner-rule")) out->set_owner_assignment(flags.owner_assignment());
+  if (parser.Seen("--ns-steps")) out->set_ns_steps(flags.ns_steps());
+  if (parser.Seen("--ns-algorithm")) out->set_ns_algorithm(flags.ns_algorithm());
+  if (parser.Seen("--ns-coefficients")) out->set_ns_coefficients(flags.ns_coefficients());
+  if (parser.Seen("--device")) out->set_device(flags.device());
+  if (parser.Seen("--muon-wave-budget-bytes")) {
+    out->set_muon_wave_budget_bytes(flags.muon_wave_budget_bytes());
+  }
+  if (parser.Seen("--threads-per-rank")) out->set_threads_per_rank(flags.threads_per_rank());
+}
+
+}  // namespace
+
+int RunValidate(const std::vector<std::string>& args) {
+  ConfigFlags f;
+  FlagParser parser("muonmeshctl validate");
+  AddConfigFlags(parser, &f);
+  AddConnectionFlags(parser, &f);
+  bool help = false;
+  if (absl::Status st = parser.Parse(args, &help); !st.ok()) return UsageError("validate", st);
+  if (help) {
+    std::cout << parser.Usage(kValidateSynopsis) << "\n" << kExitCodes;
+    return kExitOk;
+  }
+  if (absl::Status st = CheckConfigFlags(parser, &f); !st.ok()) return UsageError("validate", st);
+
+  v1::ValidateConfigRequest request;
+  if (!LoadSpec(f.spec, request.mutable_model())) return kExitUsage;
+  request.set_world_size(f.world_size);
+  FillParallelism(f, request.mutable_parallelism());
+
+  absl::StatusOr<rpc::ChannelSecurity> security = Security(f);
+  if (!security.ok()) return UsageError("validate", security.status());
+  PlannerClient client(f.coordinator,
+                       {.timeout = absl::Seconds(f.timeout_seconds), .security = *security});
+  absl::StatusOr<v1::ValidateConfigResponse> response = client.Validate(request);
+  if (!response.ok()) return ReportError("validate", response.status());
+  if (f.json) std::cout << ToJson(*response) << "\n";
+  for (const v1::FieldViolation& v : response->violations()) {
+    std::cerr << v.field() << ": " << v.description() << "\n";
+  }
+  if (response->violations_size() > 0) return kExitInvalidConfig;
+  if (!f.json) {
+    std::cout << "valid: " << request.model().name() << " on " << f.world_size << " ranks\n";
+  }
+  return kExitOk;
+}
+
+int RunPlan(const std::vector<std::string>& args) {
+  ConfigFlags f;
+  PlanOptionFlags o;
+  bool include_shards = false;
+  FlagParser parser("muonmeshctl plan");
+  AddConfigFlags(parser, &f);
+  parser.String("--job", "FILE",
+                "plan this job file's model, world size and parallelism (instead of --spec "
+                "and the config flags)",
+                &f.job);
+  AddPlanOptionFlags(parser, &o);
+  parser.Bool("--include-shards", "also return every shard's segments (JSON only; large)",
+              &include_shards);
+  AddConnectionFlags(parser, &f);
+  bool help = false;
+  if (absl::Status st = parser.Parse(args, &help); !st.ok()) return UsageError("plan", st);
+  if (help) {
+    std::cout << parser.Usage(kPlanSynopsis) << "\n" << kExitCodes;
+    return kExitOk;
+  }
+  if (absl::Status st = CheckConfigFlags(parser, &f); !st.ok()) return UsageError("plan", st);
+  if (absl::Status st = CheckNotZero(parser, "--ns-steps", o.ns_steps, 5); !st.ok()) {
+    return UsageError("plan", st);
+  }
+  for (const auto& [flag, value] : {std::pair<const char*, int64_t>{"--ns-steps", o.ns_steps},
+                                    {"--threads-per-rank", o.threads}}) {
+    if (absl::Status st = CheckInt32(flag, value); !st.ok()) return UsageError("plan", st);
+  }
+
+  v1::PlanLayoutRequest request;
+  if (!f.job.empty()) {
+    if (absl::Status st = FillFromJob(f.job, &request); !st.ok()) {
+      std::cerr << st.message() << "\n";
+      return st.code() == absl::StatusCode::kInvalidArgument ? kExitInvalidConfig : kExitUsage;
+    }
+  } else {
+    if (!LoadSpec(f.spec, request.mutable_model())) return kExitUsage;
+    request.set_world_size(f.world_size);
+    FillParallelism(f, request.mutable_parallelism());
+  }
+  if (f.job.empty()) {
+    FillPlanOptions(o, request.mutable_options());
+  } else {
+    FillPlanOptionsOver(parser, o, request.mutable_options());
+  }
+  request.set_include_shards(include_shards);
+
+  absl::StatusOr<rpc::ChannelSecurity> security = Security(f);
+  if (!security.ok()) return UsageError("plan", security.status());
+  PlannerClient client(f.coordinator,
+                       {.timeout = absl::Seconds(f.timeout_seconds), .security = *security});
+  absl::StatusOr<v1::PlanLayoutResponse> response = client.Plan(request);
+  if (!response.ok()) return ReportError("plan", response.status());
+  v1::Plan* plan = response->mutable_plan();
+  if (f.json) {
+    // A timing, different on every run: the JSON must be byte-identical for
+    // the same input, so the field is left out rather than zeroed.
+    plan->mutable_summary()->clear_plan_seconds();
+    std::cout << ToJson(*plan, {.omit_fields = {"muonmesh.v1.PlanSummary.plan_seconds"}}) << "\n";
+  } else {
+    std::cout << FormatPlanTable(request.model().name(), *plan);
+    std::cout << absl::StrFormat("\nplanned in %.1f ms by %s\n",
+                                 1e3 * plan->summary().plan_seconds(), client.address());
+  }
+  return kExitOk;
+}
+
+}  // namespace muonmesh::cli
