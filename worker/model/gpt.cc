@@ -192,36 +192,6 @@ void CausalSoftmaxBackward(int64_t t_len, const float* p, float* d) {
 
 // ---------------------------------------------------------------- access
 
-// ForwardBackward's and Loss's UnitAccess: hands out slices of the whole
-// tensors it was given; commits and releases nothing.
-class WholeModelAccess final : public UnitAccess {
- public:
-  WholeModelAccess(const plan::ModelSpec& spec, absl::Span<const float* const> params,
-                   absl::Span<float* const> grads)
-      : params_(params), grads_(grads) {
-    size_t first = 0;
-    for (const plan::UnitSpec& unit : spec.units) {
-      first_.push_back(first);
-      first += unit.params.size();
-      count_.push_back(unit.params.size());
-    }
-  }
-  absl::StatusOr<absl::Span<const float* const>> Acquire(int unit) override {
-    return params_.subspan(first_[unit], count_[unit]);
-  }
-  void Release(int) override {}
-  absl::StatusOr<absl::Span<float* const>> GradientBuffers(int unit) override {
-    if (grads_.empty()) return absl::InternalError("gpt: no gradient buffers for a loss");
-    return grads_.subspan(first_[unit], count_[unit]);
-  }
-  absl::Status Commit(int) override { return absl::OkStatus(); }
-
- private:
-  absl::Span<const float* const> params_;
-  absl::Span<float* const> grads_;
-  std::vector<size_t> first_;
-  std::vector<size_t> count_;
-};
 
 template <typename T>
 absl::Status CheckTensors(absl::Span<T* const> tensors, size_t want, const char* what, int unit) {

@@ -56,26 +56,6 @@ void InitParam(const MoeMlpDims& d, uint64_t seed, int p, float* out) {
   }
 }
 
-// Whole tensors as a UnitAccess with one expert-parallel group: what
-// ForwardBackward and Forward run the by-unit code on.
-class WholeAccess final : public UnitAccess {
- public:
-  WholeAccess(absl::Span<const float* const> params, absl::Span<float* const> grads)
-      : params_(params), grads_(grads) {}
-  absl::StatusOr<absl::Span<const float* const>> Acquire(int unit) override {
-    return params_.subspan(kUnitFirst[unit], kUnitParams[unit]);
-  }
-  void Release(int) override {}
-  absl::StatusOr<absl::Span<float* const>> GradientBuffers(int unit) override {
-    if (grads_.empty()) return absl::InternalError("moe_mlp: no gradient buffers");
-    return grads_.subspan(kUnitFirst[unit], kUnitParams[unit]);
-  }
-  absl::Status Commit(int) override { return absl::OkStatus(); }
-
- private:
-  absl::Span<const float* const> params_;
-  absl::Span<float* const> grads_;
-};
 
 using Held = HeldUnit;
 
@@ -260,7 +240,7 @@ absl::StatusOr<std::vector<float>> MoeMlp::Forward(absl::Span<const float* const
   std::vector<int64_t> samples(static_cast<size_t>(n));
   for (int64_t s = 0; s < n; ++s) samples[s] = s;
   MUONMESH_RETURN_IF_ERROR(CheckSamples(samples));
-  WholeAccess units(params, {});
+  WholeModelAccess units(spec_, params, {});
   MUONMESH_RETURN_IF_ERROR(ForwardPass(units, samples));
   units.Release(2);
   return std::vector<float>(y_out_.begin(), y_out_.begin() + n * dims_.d_out);
@@ -275,7 +255,7 @@ absl::StatusOr<double> MoeMlp::ForwardBackward(int64_t step,
     return absl::InvalidArgumentError(absl::StrCat("moe_mlp: grads must be ", kNumParams,
                                                    " non-null tensors, got ", grads.size()));
   }
-  WholeAccess units(params, grads);
+  WholeModelAccess units(spec_, params, grads);
   return ForwardBackwardByUnit(step, units, samples);
 }
 

@@ -116,4 +116,31 @@ absl::StatusOr<double> Workload::ValidationLossByUnit(UnitAccess&, absl::Span<co
       absl::StrCat(spec().name, ": this workload has no validation data"));
 }
 
+WholeModelAccess::WholeModelAccess(const plan::ModelSpec& spec,
+                                   absl::Span<const float* const> params,
+                                   absl::Span<float* const> grads)
+    : model_(spec.name), params_(params), grads_(grads) {
+  size_t first = 0;
+  for (const plan::UnitSpec& unit : spec.units) {
+    first_.push_back(first);
+    count_.push_back(unit.params.size());
+    first += unit.params.size();
+  }
+}
+
+absl::StatusOr<absl::Span<const float* const>> WholeModelAccess::Acquire(int unit) {
+  if (unit < 0 || static_cast<size_t>(unit) >= first_.size()) {
+    return absl::InternalError(absl::StrCat(model_, ": no unit ", unit));
+  }
+  return params_.subspan(first_[unit], count_[unit]);
+}
+
+absl::StatusOr<absl::Span<float* const>> WholeModelAccess::GradientBuffers(int unit) {
+  if (grads_.empty()) return absl::InternalError(absl::StrCat(model_, ": no gradient buffers"));
+  if (unit < 0 || static_cast<size_t>(unit) >= first_.size()) {
+    return absl::InternalError(absl::StrCat(model_, ": no unit ", unit));
+  }
+  return grads_.subspan(first_[unit], count_[unit]);
+}
+
 }  // namespace muonmesh::worker

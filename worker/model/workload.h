@@ -29,6 +29,8 @@
 // override it to stream.
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -94,6 +96,29 @@ class HeldUnit {
  private:
   UnitAccess& units_;
   int unit_;
+};
+
+// Whole tensors (every parameter of `spec`, flat order) as a UnitAccess
+// with one expert-parallel group: what a workload's ForwardBackward runs its
+// by-unit code on, so that the two compute alike. Acquire hands out slices
+// of `params`, GradientBuffers of `grads` (Internal when none were given:
+// a loss-only pass); Release and Commit do nothing. It keeps views: the
+// spans must outlive it.
+class WholeModelAccess final : public UnitAccess {
+ public:
+  WholeModelAccess(const plan::ModelSpec& spec, absl::Span<const float* const> params,
+                   absl::Span<float* const> grads);
+  absl::StatusOr<absl::Span<const float* const>> Acquire(int unit) override;
+  void Release(int) override {}
+  absl::StatusOr<absl::Span<float* const>> GradientBuffers(int unit) override;
+  absl::Status Commit(int) override { return absl::OkStatus(); }
+
+ private:
+  std::string model_;
+  absl::Span<const float* const> params_;
+  absl::Span<float* const> grads_;
+  std::vector<size_t> first_;  // per unit: its first parameter's flat index
+  std::vector<size_t> count_;  // per unit: its number of parameters
 };
 
 class Workload {
