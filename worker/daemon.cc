@@ -1,11 +1,10 @@
+#include "absl/synchronization/mutex.h"
 #include "worker/daemon.h"
 
 #include <unistd.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -86,9 +85,11 @@ class Daemon {
   std::unique_ptr<WorkerMetrics> metrics_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Fleet::Stub> stub_;
-  std::mutex mu_;
-  std::string lease_id_;
-  absl::Duration heartbeat_interval_ = absl::Seconds(2);
+  // The lease, shared with the heartbeat thread.
+  absl::Mutex mu_;
+  std::string lease_id_ ABSL_GUARDED_BY(mu_);
+  absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(2);
+  // The rank running now: only the serving thread (Run, Start) touches it.
   std::unique_ptr<RankTask> task_;
 };
 
@@ -108,7 +109,7 @@ absl::Status Daemon::Register() {
     SetDeadline(context);
     const grpc::Status s = stub_->Register(&context, request, &response);
     if (s.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       lease_id_ = response.lease_id();
       heartbeat_interval_ = absl::Milliseconds(std::max<int64_t>(100, response.heartbeat_interval_ms()));
       log_(absl::StrCat("registered as ", options_.worker_id, " with ", options_.coordinator,
@@ -134,7 +135,7 @@ void Daemon::Heartbeats() {
     std::string lease;
     absl::Duration interval;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       lease = lease_id_;
       interval = heartbeat_interval_;
     }
@@ -158,7 +159,7 @@ void Daemon::Report(const RankTask& task, int32_t rank, const absl::Status& resu
   v1::ReportAttemptRequest request;
   request.set_worker_id(options_.worker_id);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     request.set_lease_id(lease_id_);
   }
   request.set_job_id(task.job_id);
@@ -259,7 +260,7 @@ void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
       v1::ReportStepRequest request;
       request.set_worker_id(options_.worker_id);
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         request.set_lease_id(lease_id_);
       }
       request.set_job_id(task->job_id);
@@ -319,7 +320,7 @@ absl::Status Daemon::Serve() {
   v1::AssignmentsRequest request;
   request.set_worker_id(options_.worker_id);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     request.set_lease_id(lease_id_);
   }
   grpc::ClientContext context;
@@ -355,7 +356,7 @@ absl::Status Daemon::Run() {
     // still live (a network blip, a proxy's GOAWAY) would otherwise keep
     // this worker out for good. It expires within the lease's TTL.
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       lease_id_.clear();
     }
     if (absl::Status r = Register(); !r.ok()) {

@@ -88,7 +88,7 @@ void WorkerMetrics::OnStep(const std::string& job, const StepReport& r,
   static const prometheus::Histogram::BucketBoundaries kBuckets = DurationBuckets();
   std::vector<std::pair<const char*, absl::Duration>> phases = NamedPhases(r.times);
   phases.insert(phases.begin(), {"step", step_time});
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   JobSeries& series = series_[job];
   for (const auto& [phase, d] : phases) {
     prometheus::Histogram& h = step_duration_.Add({{"job", job}, {"phase", phase}}, kBuckets);
@@ -129,7 +129,7 @@ void WorkerMetrics::SetBusy(bool busy) { busy_.Set(busy ? 1 : 0); }
 
 void WorkerMetrics::OnAttemptEnd(const std::string& job, const std::string& outcome) {
   attempts_.Add({{"outcome", outcome}}).Increment();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = series_.find(job);
   if (it == series_.end()) return;
   JobSeries& s = it->second;

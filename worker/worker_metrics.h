@@ -28,10 +28,10 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "prometheus/counter.h"
@@ -84,8 +84,8 @@ class WorkerMetrics {
     prometheus::Counter* optimizer = nullptr;
     prometheus::Counter* exchange_wait = nullptr;
   };
-  std::mutex mu_;
-  std::map<std::string, JobSeries> series_;
+  absl::Mutex mu_;
+  std::map<std::string, JobSeries> series_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<prometheus::Exposer> exposer_;
 };
 

@@ -17,6 +17,7 @@ packages=(
   prometheus  # promtool and a real Prometheus server for tests
   python3-matplotlib  # the observe e2e test's PNG report (tests/deploy/observe/report_png.py)
   fortunes  # English text the quickstart's GPT trains on (/usr/share/games/fortunes)
+  clang  # the fuzz targets and the thread-safety analysis (tests/thread_safety_check.py)
 )
 
 missing=()

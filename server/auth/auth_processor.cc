@@ -64,7 +64,7 @@ void AuthProcessor::LogDenial(const std::string& line) {
   if (!log_) return;
   std::string out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     const auto now = std::chrono::steady_clock::now();
     if (now - window_start_ >= std::chrono::minutes(1)) {
       if (left_out_ > 0) {

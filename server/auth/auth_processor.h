@@ -19,10 +19,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 
+#include "absl/synchronization/mutex.h"
 #include "grpcpp/security/auth_metadata_processor.h"
 #include "server/auth/access_policy.h"
 #include "server/auth/token_table.h"
@@ -53,10 +53,10 @@ class AuthProcessor final : public grpc::AuthMetadataProcessor {
   const std::shared_ptr<const TokenTable> tokens_;
   const AccessPolicyOptions options_;
   const LineSink log_;
-  std::mutex mu_;
-  std::chrono::steady_clock::time_point window_start_;
-  int window_lines_ = 0;
-  int64_t left_out_ = 0;
+  absl::Mutex mu_;
+  std::chrono::steady_clock::time_point window_start_ ABSL_GUARDED_BY(mu_);
+  int window_lines_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t left_out_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace muonmesh::auth

@@ -114,12 +114,12 @@ void CoordinatorMetrics::OnStep(double slowest_rank_seconds) {
 void CoordinatorMetrics::OnRecovered(double seconds) { recovery_.Observe(seconds); }
 
 void CoordinatorMetrics::OnAttemptPlanned(const std::string& job_id, double critical_path_flops) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   critical_path_[job_id] = critical_path_flops;
 }
 
 void CoordinatorMetrics::OnAttemptDone(const std::string& job_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   critical_path_.erase(job_id);
 }
 
@@ -151,7 +151,7 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
       {}};
   std::map<std::string, double> planned;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     planned = critical_path_;
   }
   for (const v1::Job& job : store_.Unfinished()) {

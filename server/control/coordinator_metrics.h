@@ -31,10 +31,10 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
@@ -77,8 +77,9 @@ class CoordinatorMetrics final : public prometheus::Collectable {
   prometheus::Counter& steps_;
   prometheus::Histogram& step_duration_;
   prometheus::Histogram& recovery_;
-  mutable std::mutex mu_;
-  std::map<std::string, double> critical_path_;  // job id -> its attempt's plan
+  mutable absl::Mutex mu_;
+  // job id -> its attempt's plan
+  std::map<std::string, double> critical_path_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace muonmesh::coordinator

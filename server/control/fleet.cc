@@ -45,7 +45,7 @@ absl::StatusOr<Fleet::Lease> Fleet::Register(const v1::WorkerInfo& info) {
   if (info.memory_bytes() < 0 || info.version().size() > 128) {
     return absl::InvalidArgumentError("info: negative memory_bytes or a version over 128 bytes");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = workers_.find(id);
   if (it != workers_.end() && Live(it->second)) {
     return absl::AlreadyExistsError(absl::StrCat(
@@ -73,7 +73,7 @@ absl::StatusOr<Fleet::Lease> Fleet::Register(const v1::WorkerInfo& info) {
   for (int i = 0; i < 4; ++i) absl::StrAppend(&e.lease_id, absl::Hex(random_(), absl::kZeroPad8));
   e.order = next_order_++;
   e.registered = e.last_heartbeat = clock_.Now();
-  changed_.notify_all();
+  changed_.SignalAll();
   return Lease{e.lease_id, lease_ttl_, heartbeat_interval_};
 }
 
@@ -91,7 +91,7 @@ bool Fleet::EvictLostLocked() {
 }
 
 absl::Status Fleet::CheckLease(const std::string& worker_id, const std::string& lease_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return CheckLeaseLocked(worker_id, lease_id);
 }
 
@@ -110,14 +110,14 @@ absl::Status Fleet::CheckLeaseLocked(const std::string& worker_id,
 }
 
 absl::Status Fleet::Heartbeat(const std::string& worker_id, const std::string& lease_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   MUONMESH_RETURN_IF_ERROR(CheckLeaseLocked(worker_id, lease_id));
   workers_[worker_id].last_heartbeat = clock_.Now();
   return absl::OkStatus();
 }
 
 std::vector<Fleet::Lost> Fleet::Expire() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<Lost> lost;
   lost.swap(lost_on_register_);
   for (auto& [id, e] : workers_) {
@@ -128,12 +128,12 @@ std::vector<Fleet::Lost> Fleet::Expire() {
     e.rank = -1;
     e.outbox.clear();
   }
-  if (!lost.empty()) changed_.notify_all();
+  if (!lost.empty()) changed_.SignalAll();
   return lost;
 }
 
 int64_t Fleet::IdleCount(const std::string& device) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   int64_t n = 0;
   for (const auto& [id, e] : workers_) {
     n += e.state == v1::WORKER_STATE_IDLE && e.info.device() == device && Live(e);
@@ -143,7 +143,7 @@ int64_t Fleet::IdleCount(const std::string& device) const {
 
 std::optional<std::vector<std::string>> Fleet::Take(const std::string& device, int64_t n,
                                                     const std::string& job_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<Entry*> idle;
   for (auto& [id, e] : workers_) {
     if (e.state == v1::WORKER_STATE_IDLE && e.info.device() == device && Live(e)) {
@@ -164,7 +164,7 @@ std::optional<std::vector<std::string>> Fleet::Take(const std::string& device, i
 }
 
 void Fleet::Release(const std::string& worker_id, const std::string& job_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || it->second.job_id != job_id ||
       it->second.state != v1::WORKER_STATE_BUSY) {
@@ -173,21 +173,21 @@ void Fleet::Release(const std::string& worker_id, const std::string& job_id) {
   it->second.state = v1::WORKER_STATE_IDLE;
   it->second.job_id.clear();
   it->second.rank = -1;
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 void Fleet::Push(const std::string& worker_id, v1::Assignment assignment) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || it->second.state == v1::WORKER_STATE_LOST) return;
   it->second.outbox.push_back(std::move(assignment));
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 absl::StatusOr<std::optional<v1::Assignment>> Fleet::Next(
     const std::string& worker_id, const std::string& lease_id, absl::Duration wait,
     const std::function<bool()>& cancelled) {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(wait);
   while (true) {
     if (shutdown_) return absl::CancelledError("the coordinator is shutting down");
@@ -201,13 +201,14 @@ absl::StatusOr<std::optional<v1::Assignment>> Fleet::Next(
     if (cancelled && cancelled()) return absl::CancelledError("the stream was cancelled");
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) return std::optional<v1::Assignment>();
-    changed_.wait_for(lock, std::min<std::chrono::steady_clock::duration>(deadline - now,
-                                                                            kPollInterval));
+    changed_.WaitWithTimeout(
+        &mu_, absl::FromChrono(std::min<std::chrono::steady_clock::duration>(deadline - now,
+                                                                             kPollInterval)));
   }
 }
 
 std::vector<v1::Worker> Fleet::List() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<v1::Worker> out;
   for (const auto& [id, e] : workers_) {
     v1::Worker& w = out.emplace_back();
@@ -222,9 +223,9 @@ std::vector<v1::Worker> Fleet::List() const {
 }
 
 void Fleet::Shutdown() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   shutdown_ = true;
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 }  // namespace muonmesh::coordinator

@@ -13,17 +13,16 @@
 // Thread-safe; Next() blocks its caller (a gRPC stream handler). Time comes
 // from an injected clock so that tests control expiry.
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -112,27 +111,28 @@ class Fleet {
     std::deque<v1::Assignment> outbox;
   };
   bool Live(const Entry& e) const;
-  absl::Status CheckLeaseLocked(const std::string& worker_id, const std::string& lease_id) const;
+  absl::Status CheckLeaseLocked(const std::string& worker_id, const std::string& lease_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Clock& clock_;
   const absl::Duration lease_ttl_;
   const absl::Duration heartbeat_interval_;
-  mutable std::mutex mu_;
-  std::condition_variable changed_;
-  std::map<std::string, Entry> workers_;
+  mutable absl::Mutex mu_;
+  absl::CondVar changed_;
+  std::map<std::string, Entry> workers_ ABSL_GUARDED_BY(mu_);
   // Workers whose lease ran out while they held a job and who registered
   // again before Expire noticed: lost all the same, reported by the next
   // Expire.
-  std::vector<Lost> lost_on_register_;
-  int64_t next_order_ = 0;
+  std::vector<Lost> lost_on_register_ ABSL_GUARDED_BY(mu_);
+  int64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
   // Makes room for a registration in a full fleet: forgets the worker lost
   // longest ago (ids of crash-looping workers change with their pid, and
   // would otherwise fill the fleet for good). False if none is lost.
-  bool EvictLostLocked();
+  bool EvictLostLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   int64_t next_lease_ = 1;
   std::random_device random_;  // the OS's generator (getrandom on Linux)
-  bool shutdown_ = false;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace muonmesh::coordinator

@@ -115,9 +115,9 @@ absl::StatusOr<v1::JobEvent> JobManager::Append(const std::string& job_id, v1::J
                                                 const std::function<void(v1::Job&)>& update) {
   absl::StatusOr<v1::JobEvent> e = store_.Append(job_id, std::move(event), NowMs(), update);
   {
-    std::lock_guard<std::mutex> lock(events_mu_);
+    absl::MutexLock lock(&events_mu_);
   }
-  events_cv_.notify_all();
+  events_cv_.SignalAll();
   return e;
 }
 
@@ -177,7 +177,7 @@ absl::StatusOr<JobStore::Submitted> JobManager::Submit(
       absl::StrCat("waiting for ", spec.world_size(), " idle ", DeviceOf(spec), " workers"),
       NowMs());
   if (submitted.ok() && submitted->created) {
-    events_cv_.notify_all();
+    events_cv_.SignalAll();
     Schedule();
   }
   return submitted;
@@ -238,7 +238,7 @@ bool JobManager::TryStart(const v1::Job& job) {
 }
 
 void JobManager::Schedule() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (const v1::Job& job : store_.Unfinished()) {
     if (active_.count(job.id()) != 0) continue;
     if (job.state() != v1::JOB_STATE_PENDING && job.state() != v1::JOB_STATE_RESTARTING) continue;
@@ -251,7 +251,7 @@ void JobManager::Recover() {
     if (job.state() != v1::JOB_STATE_RUNNING) continue;
     if (job.attempt() < job.spec().training().max_restarts()) {
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         recovering_[job.id()] = clock_.Now();
       }
       (void)ChangeState(job.id(), v1::JOB_STATE_RESTARTING,
@@ -304,7 +304,7 @@ void JobManager::StepDone(const std::string& job_id, Attempt& a, int64_t step,
 
 absl::Status JobManager::OnStep(const std::string& worker_id, const std::string& job_id,
                                 const v1::StepRecord& record, bool* stop) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = active_.find(job_id);
   if (it == active_.end()) {
     *stop = true;
@@ -410,7 +410,7 @@ void JobManager::MaybeFinish(const std::string& job_id) {
 absl::Status JobManager::OnAttemptEnd(const std::string& worker_id,
                                       const v1::ReportAttemptRequest& end) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = active_.find(end.job_id());
     if (it == active_.end() || it->second.attempt != end.attempt()) {
       fleet_.Release(worker_id, end.job_id());
@@ -447,7 +447,7 @@ absl::Status JobManager::OnAttemptEnd(const std::string& worker_id,
 
 void JobManager::OnWorkersLost(const std::vector<Fleet::Lost>& lost) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (const Fleet::Lost& l : lost) {
       auto it = active_.find(l.job_id);
       if (it == active_.end()) continue;
@@ -466,7 +466,7 @@ void JobManager::OnWorkersLost(const std::vector<Fleet::Lost>& lost) {
 absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id, const std::string& reason) {
   const std::string why = reason.empty() ? "cancelled" : absl::StrCat("cancelled: ", reason);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     absl::StatusOr<v1::Job> job = store_.Get(job_id);
     MUONMESH_RETURN_IF_ERROR(job.status());
     recovering_.erase(job_id);
@@ -503,22 +503,23 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobManager::WaitEvents(
   while (true) {
     absl::StatusOr<std::vector<v1::JobEvent>> events = store_.Events(job_id, from_index, 1000);
     if (!events.ok() || !events->empty()) return events;
-    std::unique_lock<std::mutex> lock(events_mu_);
+    absl::MutexLock lock(&events_mu_);
     if (shutdown_) return absl::CancelledError("the coordinator is shutting down");
     if (cancelled && cancelled()) return absl::CancelledError("the watch was cancelled");
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) return std::vector<v1::JobEvent>();
-    events_cv_.wait_for(lock, std::min<std::chrono::steady_clock::duration>(deadline - now,
-                                                                              kEventPoll));
+    events_cv_.WaitWithTimeout(
+        &events_mu_, absl::FromChrono(std::min<std::chrono::steady_clock::duration>(
+                         deadline - now, kEventPoll)));
   }
 }
 
 void JobManager::Shutdown() {
   {
-    std::lock_guard<std::mutex> lock(events_mu_);
+    absl::MutexLock lock(&events_mu_);
     shutdown_ = true;
   }
-  events_cv_.notify_all();
+  events_cv_.SignalAll();
 }
 
 }  // namespace muonmesh::coordinator

@@ -21,15 +21,14 @@
 // Thread-safe: gRPC handlers call it concurrently; one mutex guards the
 // attempts, the job store has its own. Planning runs under the mutex.
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "muonmesh/v1/fleet.pb.h"
@@ -136,11 +135,13 @@ class JobManager {
                                            const std::string& reason, int32_t attempt,
                                            const std::function<void(v1::Job&)>& more = nullptr);
   // Starts `job` if a gang is idle; false if it must wait.
-  bool TryStart(const v1::Job& job);
-  void FailRank(const std::string& job_id, Attempt& a, int32_t rank, const std::string& why);
+  bool TryStart(const v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailRank(const std::string& job_id, Attempt& a, int32_t rank, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the attempt once no rank runs.
-  void MaybeFinish(const std::string& job_id);
-  void StepDone(const std::string& job_id, Attempt& a, int64_t step, StepAggregate& agg);
+  void MaybeFinish(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StepDone(const std::string& job_id, Attempt& a, int64_t step, StepAggregate& agg)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t NowMs();
 
   JobStore& store_;
@@ -149,15 +150,17 @@ class JobManager {
   Clock& clock_;
   const JobManagerOptions options_;
 
-  std::mutex mu_;
-  std::map<std::string, Attempt> active_;  // job id -> its running attempt
+  absl::Mutex mu_;
+  // job id -> its running attempt
+  std::map<std::string, Attempt> active_ ABSL_GUARDED_BY(mu_);
   // Restarted jobs whose new attempt has not finished a step yet -> when the
   // fault that ended the previous one was detected.
-  std::map<std::string, absl::Time> recovering_;
+  std::map<std::string, absl::Time> recovering_ ABSL_GUARDED_BY(mu_);
 
-  std::mutex events_mu_;
-  std::condition_variable events_cv_;
-  bool shutdown_ = false;
+  // Signalled when a job gains an event (WatchEvents waits on it).
+  absl::Mutex events_mu_;
+  absl::CondVar events_cv_;
+  bool shutdown_ ABSL_GUARDED_BY(events_mu_) = false;
 };
 
 }  // namespace muonmesh::coordinator

@@ -48,7 +48,7 @@ absl::Status Rendezvous::InsertLocked(const RendezvousScope& scope, const std::s
   }
   total_bytes_ += bytes;
   keys_[scope].emplace(key, std::move(value));
-  changed_.notify_all();
+  changed_.SignalAll();
   return absl::OkStatus();
 }
 
@@ -60,7 +60,7 @@ absl::Status Rendezvous::Set(const RendezvousScope& scope, const std::string& ke
                                                    " bytes exceeds the limit of ",
                                                    kMaxValueBytes));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (const std::string* old = FindLocked(scope, key); old != nullptr) {
     if (*old == value) return absl::OkStatus();
     return absl::AlreadyExistsError(
@@ -69,8 +69,7 @@ absl::Status Rendezvous::Set(const RendezvousScope& scope, const std::string& ke
   return InsertLocked(scope, key, std::move(value));
 }
 
-absl::Status Rendezvous::WaitUntil(std::unique_lock<std::mutex>& lock,
-                                   const std::function<bool()>& ready, absl::Duration timeout,
+absl::Status Rendezvous::WaitUntil(const std::function<bool()>& ready, absl::Duration timeout,
                                    const Cancelled& cancelled, const std::string& what) {
   const auto deadline =
       std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(std::max(timeout, absl::ZeroDuration()));
@@ -82,8 +81,9 @@ absl::Status Rendezvous::WaitUntil(std::unique_lock<std::mutex>& lock,
       return absl::DeadlineExceededError(
           absl::StrCat("store: ", what, " still missing after ", absl::FormatDuration(timeout)));
     }
-    changed_.wait_for(lock, std::min<std::chrono::steady_clock::duration>(deadline - now,
-                                                                            kPollInterval));
+    changed_.WaitWithTimeout(
+        &mu_, absl::FromChrono(std::min<std::chrono::steady_clock::duration>(deadline - now,
+                                                                             kPollInterval)));
   }
   return absl::OkStatus();
 }
@@ -91,11 +91,13 @@ absl::Status Rendezvous::WaitUntil(std::unique_lock<std::mutex>& lock,
 absl::StatusOr<std::string> Rendezvous::Get(const RendezvousScope& scope, const std::string& key,
                                             absl::Duration timeout, const Cancelled& cancelled) {
   MUONMESH_RETURN_IF_ERROR(CheckKey(key));
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const std::string* found = nullptr;
-  auto ready = [&] { return (found = FindLocked(scope, key)) != nullptr; };
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return (found = FindLocked(scope, key)) != nullptr;
+  };
   MUONMESH_RETURN_IF_ERROR(
-      WaitUntil(lock, ready, timeout, cancelled, absl::StrCat("key '", Short(key), "'")));
+      WaitUntil(ready, timeout, cancelled, absl::StrCat("key '", Short(key), "'")));
   return *found;
 }
 
@@ -104,9 +106,9 @@ absl::Status Rendezvous::Wait(const RendezvousScope& scope, const std::vector<st
   for (const std::string& key : keys) {
     MUONMESH_RETURN_IF_ERROR(CheckKey(key));
   }
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<std::string> missing;
-  auto ready = [&] {
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     missing.clear();
     auto space = keys_.find(scope);
     for (const std::string& key : keys) {
@@ -114,7 +116,7 @@ absl::Status Rendezvous::Wait(const RendezvousScope& scope, const std::vector<st
     }
     return missing.empty();
   };
-  return WaitUntil(lock, ready, timeout, cancelled,
+  return WaitUntil(ready, timeout, cancelled,
                    absl::StrCat("keys ", absl::StrJoin(missing.begin(),
                                                        missing.begin() + std::min<size_t>(missing.size(), 8),
                                                        ", ")));
@@ -123,7 +125,7 @@ absl::Status Rendezvous::Wait(const RendezvousScope& scope, const std::vector<st
 absl::StatusOr<int64_t> Rendezvous::Add(const RendezvousScope& scope, const std::string& key,
                                         int64_t delta) {
   MUONMESH_RETURN_IF_ERROR(CheckKey(key));
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::string* old = FindLocked(scope, key);
   int64_t value = 0;
   if (old != nullptr && !absl::SimpleAtoi(*old, &value)) {
@@ -140,13 +142,13 @@ absl::StatusOr<int64_t> Rendezvous::Add(const RendezvousScope& scope, const std:
   } else {
     total_bytes_ = total_bytes_ - old->size() + text.size();
     *old = std::move(text);
-    changed_.notify_all();
+    changed_.SignalAll();
   }
   return value;
 }
 
 void Rendezvous::DropJob(const std::string& job_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (auto it = keys_.lower_bound({job_id, INT32_MIN}); it != keys_.end() && it->first.job_id == job_id;) {
     for (const auto& [k, v] : it->second) {
       total_bytes_ -= k.size() + v.size() + kEntryOverheadBytes;
@@ -154,17 +156,17 @@ void Rendezvous::DropJob(const std::string& job_id) {
     total_bytes_ -= kScopeOverheadBytes;
     it = keys_.erase(it);
   }
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 void Rendezvous::Shutdown() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   shutdown_ = true;
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 size_t Rendezvous::total_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return total_bytes_;
 }
 

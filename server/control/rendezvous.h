@@ -17,15 +17,14 @@
 //
 // Thread-safe; waits run on the caller's thread (a gRPC handler).
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -73,21 +72,22 @@ class Rendezvous {
  private:
   absl::Status CheckKey(const std::string& key) const;
   // The key's value, or null when the key (or its whole scope) is absent.
-  std::string* FindLocked(const RendezvousScope& scope, const std::string& key);
+  std::string* FindLocked(const RendezvousScope& scope, const std::string& key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds a key known to be absent, within kMaxTotalBytes (its overheads
   // counted, the scope's too when this is its first key).
   absl::Status InsertLocked(const RendezvousScope& scope, const std::string& key,
-                            std::string value);
+                            std::string value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits until `ready` holds (true), the timeout passes or `cancelled`.
-  absl::Status WaitUntil(std::unique_lock<std::mutex>& lock, const std::function<bool()>& ready,
-                         absl::Duration timeout, const Cancelled& cancelled,
-                         const std::string& what);
+  absl::Status WaitUntil(const std::function<bool()>& ready, absl::Duration timeout,
+                         const Cancelled& cancelled, const std::string& what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  mutable std::mutex mu_;
-  std::condition_variable changed_;
-  std::map<RendezvousScope, std::map<std::string, std::string>> keys_;
-  size_t total_bytes_ = 0;
-  bool shutdown_ = false;
+  mutable absl::Mutex mu_;
+  absl::CondVar changed_;
+  std::map<RendezvousScope, std::map<std::string, std::string>> keys_ ABSL_GUARDED_BY(mu_);
+  size_t total_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace muonmesh::coordinator

@@ -173,8 +173,11 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
       MUONMESH_RETURN_IF_ERROR(put.Text(1, kSchemaVersion).Run("write schema"));
     }
   }
-  if (absl::Status s = store->Load(); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
+  {
+    absl::MutexLock lock(&store->mu_);  // nobody else has the store yet
+    if (absl::Status s = store->Load(); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
+    }
   }
   return store;
 }
@@ -206,7 +209,7 @@ absl::StatusOr<JobStore::Submitted> JobStore::Submit(const std::string& request_
                                                    " bytes exceed the limit of ",
                                                    kMaxRequestIdBytes));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (!request_id.empty()) {
     if (auto it = by_request_.find(request_id); it != by_request_.end()) {
       const v1::Job& earlier = rows_[it->second].job;
@@ -265,7 +268,7 @@ absl::StatusOr<const JobStore::Row*> JobStore::Find(const std::string& job_id) c
 }
 
 absl::StatusOr<v1::Job> JobStore::Get(const std::string& job_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   absl::StatusOr<const Row*> row = Find(job_id);
   MUONMESH_RETURN_IF_ERROR(row.status());
   return (*row)->job;
@@ -281,7 +284,7 @@ absl::StatusOr<JobStore::Page> JobStore::List(const std::vector<v1::JobState>& s
         absl::StrCat("page_token: '", page_token.substr(0, 64), "' is not a token of ListJobs"));
   }
   const int32_t want = PageSize(page_size, kDefaultPage, kMaxPage);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Page page;
   int64_t last_seq = 0;
   for (auto it = rows_.rbegin(); it != rows_.rend(); ++it) {
@@ -302,7 +305,7 @@ absl::StatusOr<JobStore::Page> JobStore::List(const std::vector<v1::JobState>& s
 }
 
 std::vector<v1::Job> JobStore::Unfinished() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<v1::Job> out;
   for (const Row& row : rows_) {
     if (!IsFinal(row.job.state())) out.push_back(row.job);
@@ -311,7 +314,7 @@ std::vector<v1::Job> JobStore::Unfinished() const {
 }
 
 std::vector<std::pair<v1::JobState, int64_t>> JobStore::CountByState() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::map<v1::JobState, int64_t> counts;
   for (const Row& row : rows_) counts[row.job.state()] += 1;
   return {counts.begin(), counts.end()};
@@ -320,7 +323,7 @@ std::vector<std::pair<v1::JobState, int64_t>> JobStore::CountByState() const {
 absl::StatusOr<v1::JobEvent> JobStore::Append(const std::string& job_id, v1::JobEvent event,
                                               int64_t now_ms,
                                               const std::function<void(v1::Job&)>& update) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   absl::StatusOr<const Row*> found = Find(job_id);
   MUONMESH_RETURN_IF_ERROR(found.status());
   const Row& row = **found;
@@ -345,7 +348,7 @@ absl::StatusOr<v1::JobEvent> JobStore::Append(const std::string& job_id, v1::Job
 absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(const std::string& job_id,
                                                            int64_t from_index,
                                                            int32_t limit) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   absl::StatusOr<const Row*> row = Find(job_id);
   MUONMESH_RETURN_IF_ERROR(row.status());
   Statement q(db_, "SELECT event FROM events WHERE seq = ? AND idx >= ? ORDER BY idx LIMIT ?");
@@ -363,7 +366,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(const std::string& jo
 }
 
 absl::Status JobStore::PutStep(const std::string& job_id, const v1::StepRecord& record) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   absl::StatusOr<const Row*> row = Find(job_id);
   MUONMESH_RETURN_IF_ERROR(row.status());
   Statement put(db_,
@@ -392,7 +395,7 @@ absl::StatusOr<JobStore::StepPage> JobStore::Steps(const std::string& job_id, in
     }
   }
   const int32_t want = PageSize(page_size, kDefaultStepPage, kMaxStepPage);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   absl::StatusOr<const Row*> row = Find(job_id);
   MUONMESH_RETURN_IF_ERROR(row.status());
   Statement q(db_,

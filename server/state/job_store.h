@@ -15,12 +15,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "muonmesh/v1/jobs.pb.h"
@@ -101,17 +101,18 @@ class JobStore {
     v1::Job job;
   };
   explicit JobStore(sqlite3* db);
-  absl::Status Load();
-  absl::StatusOr<const Row*> Find(const std::string& job_id) const;
+  absl::Status Load() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<const Row*> Find(const std::string& job_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Exec(const char* sql) const;
 
-  mutable std::mutex mu_;
+  mutable absl::Mutex mu_;
   sqlite3* db_;
-  int64_t next_seq_ = 1;
+  int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   // seq -> job, in seq order; id and request id -> seq.
-  std::vector<Row> rows_;
-  absl::flat_hash_map<std::string, size_t> by_id_;
-  absl::flat_hash_map<std::string, size_t> by_request_;
+  std::vector<Row> rows_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, size_t> by_id_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, size_t> by_request_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace muonmesh::coordinator
