@@ -171,9 +171,9 @@ absl::Status OptionsFromFlags(const Flags& f, muonmesh::CoordinatorServerOptions
   }
   if (!f.allowed_dirs.empty()) {
     const std::vector<std::string> dirs = absl::StrSplit(f.allowed_dirs, ',', absl::SkipEmpty());
-    absl::StatusOr<std::vector<std::string>> allowed = muonmesh::job::ResolveAllowedDirs(dirs);
-    MUONMESH_RETURN_IF_ERROR(allowed.status());
-    options->control.allowed_dirs = *std::move(allowed);
+    MUONMESH_ASSIGN_OR_RETURN(std::vector<std::string> allowed,
+                              muonmesh::job::ResolveAllowedDirs(dirs));
+    options->control.allowed_dirs = std::move(allowed);
   }
   if (f.worker_ids_from_certificates && options->security.tls_ca.empty()) {
     return absl::InvalidArgumentError(

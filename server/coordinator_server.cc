@@ -24,9 +24,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
         absl::StrCat("listen address '", listen, "' is not HOST:PORT"));
   }
 
-  absl::StatusOr<std::unique_ptr<auth::ServerSecurity>> security =
-      auth::ServerSecurity::Load(options.security, listen, options.log);
-  MUONMESH_RETURN_IF_ERROR(security.status());
+  MUONMESH_ASSIGN_OR_RETURN(std::unique_ptr<auth::ServerSecurity> security,
+                            auth::ServerSecurity::Load(options.security, listen, options.log));
 
   // Both are process-wide switches read when a server is built, so they must
   // be set before the builder exists. The health service needs at least one
@@ -35,12 +34,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
   std::unique_ptr<CoordinatorServer> self(new CoordinatorServer(options.planner));
-  self->security_ = *std::move(security);
+  self->security_ = std::move(security);
   if (!options.control.data_dir.empty()) {
-    absl::StatusOr<std::unique_ptr<coordinator::ControlPlane>> control =
-        coordinator::ControlPlane::Start(options.control);
-    MUONMESH_RETURN_IF_ERROR(control.status());
-    self->control_ = *std::move(control);
+    MUONMESH_ASSIGN_OR_RETURN(std::unique_ptr<coordinator::ControlPlane> control,
+                              coordinator::ControlPlane::Start(options.control));
+    self->control_ = std::move(control);
   }
   grpc::ServerBuilder builder;
   // TLS (and the AuthProcessor that checks every call) or plaintext on

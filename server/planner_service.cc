@@ -39,9 +39,8 @@ absl::StatusOr<std::vector<rpc::FieldViolation>> CheckInput(const plan::PlanInpu
                                                             plan::PlanSize* size) {
   std::vector<plan::FieldViolation> found = plan::Validate(input);
   if (found.empty()) {
-    absl::StatusOr<plan::PlanSize> sized = plan::EstimatePlanSize(input, cancel);
-    MUONMESH_RETURN_IF_ERROR(sized.status());
-    *size = *sized;
+    MUONMESH_ASSIGN_OR_RETURN(plan::PlanSize sized, plan::EstimatePlanSize(input, cancel));
+    *size = sized;
     found = plan::PlanSizeViolations(*size);
   }
   return found;

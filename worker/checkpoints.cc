@@ -128,9 +128,9 @@ absl::Status SaveCheckpoint(Trainer& trainer, const std::string& output_dir, int
                                       trainer.LayoutFingerprint(), "\n");
   for (int64_t r = 0; r < world_size; ++r) {
     const std::string file = RankFile(r);
-    absl::StatusOr<Digest> d = DigestOf(absl::StrCat(dir, "/", file));
-    MUONMESH_RETURN_IF_ERROR(d.status(), "checking the checkpoint's files");
-    absl::StrAppendFormat(&manifest, "file %s %d %08x\n", file, d->size, d->crc32);
+    MUONMESH_ASSIGN_OR_RETURN(Digest d, DigestOf(absl::StrCat(dir, "/", file)),
+                              "checking the checkpoint's files");
+    absl::StrAppendFormat(&manifest, "file %s %d %08x\n", file, d.size, d.crc32);
   }
   MUONMESH_RETURN_IF_ERROR(WriteFileAtomically(dir + "/COMPLETE", manifest));
   return absl::OkStatus();

@@ -242,15 +242,13 @@ void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
     // the operator allows, checked before job::ResolveJob looks at them and again
     // with the defaults it fills in.
     MUONMESH_RETURN_IF_ERROR(job::CheckJobPathsAllowed(start.spec(), options_.allowed_dirs));
-    absl::StatusOr<job::ResolvedJob> job = job::ResolveJob(start.spec(), "");
-    MUONMESH_RETURN_IF_ERROR(job.status());
-    MUONMESH_RETURN_IF_ERROR(job::CheckJobPathsAllowed(*job, options_.allowed_dirs));
+    MUONMESH_ASSIGN_OR_RETURN(job::ResolvedJob job, job::ResolveJob(start.spec(), ""));
+    MUONMESH_RETURN_IF_ERROR(job::CheckJobPathsAllowed(job, options_.allowed_dirs));
     if (PlanFingerprint(start.plan()) != start.plan_fingerprint()) {
       return absl::InvalidArgumentError(
           "the assignment's plan does not match its fingerprint; refusing to run it");
     }
-    absl::StatusOr<plan::Plan> plan = PlanFromExec(start.plan());
-    MUONMESH_RETURN_IF_ERROR(plan.status());
+    MUONMESH_ASSIGN_OR_RETURN(plan::Plan plan, PlanFromExec(start.plan()));
     comm::GrpcStore store(channel_, task->job_id, task->attempt);
     const RankOptions o = RankOptionsFor(start, task->attempt, options_);
     RankHooks hooks;
@@ -280,7 +278,7 @@ void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
       }
       return absl::OkStatus();
     };
-    return RunRank(*job, *plan, nullptr, store, o, hooks);
+    return RunRank(job, plan, nullptr, store, o, hooks);
   };
   absl::Status result;
   metrics_->SetBusy(true);
@@ -384,30 +382,29 @@ absl::Status RunDaemon(const DaemonOptions& options, const LineSink& log) {
     ::gethostname(host, sizeof(host) - 1);
     o.worker_id = absl::StrCat(host, "/", o.device, "/", ::getpid());
   }
-  absl::StatusOr<rpc::ChannelSecurity> security = rpc::LoadChannelSecurity(o.security);
-  MUONMESH_RETURN_IF_ERROR(security.status());
-  absl::StatusOr<std::vector<std::string>> allowed = job::ResolveAllowedDirs(o.allowed_dirs);
-  MUONMESH_RETURN_IF_ERROR(allowed.status());
-  o.allowed_dirs = *std::move(allowed);
+  MUONMESH_ASSIGN_OR_RETURN(rpc::ChannelSecurity security, rpc::LoadChannelSecurity(o.security));
+  MUONMESH_ASSIGN_OR_RETURN(std::vector<std::string> allowed,
+                            job::ResolveAllowedDirs(o.allowed_dirs));
+  o.allowed_dirs = std::move(allowed);
   log(o.allowed_dirs.empty()
           ? std::string("no --allowed-dirs: job files may read and write wherever this user can")
           : absl::StrCat("job files may read and write only under ",
                          absl::StrJoin(o.allowed_dirs, ", ")));
-  log(security->tls ? absl::StrCat("TLS to ", o.coordinator,
-                                   security->client_certificate ? ", with a client certificate"
-                                                                : ", without a client certificate",
-                                   security->token ? ", with a token" : ", without a token")
-                    : absl::StrCat("plaintext to ", o.coordinator, " (no --tls-ca)"));
+  log(security.tls ? absl::StrCat("TLS to ", o.coordinator,
+                                  security.client_certificate ? ", with a client certificate"
+                                                              : ", without a client certificate",
+                                  security.token ? ", with a token" : ", without a token")
+                   : absl::StrCat("plaintext to ", o.coordinator, " (no --tls-ca)"));
   std::unique_ptr<WorkerMetrics> metrics;
   if (o.metrics_listen.empty()) {
     metrics = std::make_unique<WorkerMetrics>();
   } else {
-    absl::StatusOr<std::unique_ptr<WorkerMetrics>> served = WorkerMetrics::Serve(o.metrics_listen);
-    MUONMESH_RETURN_IF_ERROR(served.status());
-    metrics = *std::move(served);
+    MUONMESH_ASSIGN_OR_RETURN(std::unique_ptr<WorkerMetrics> served,
+                              WorkerMetrics::Serve(o.metrics_listen));
+    metrics = std::move(served);
     log(absl::StrCat("serving metrics on port ", metrics->port(), " (/metrics)"));
   }
-  Daemon daemon(std::move(o), *security, log, std::move(metrics));
+  Daemon daemon(std::move(o), security, log, std::move(metrics));
   return daemon.Run();
 }
 

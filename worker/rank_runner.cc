@@ -209,10 +209,9 @@ absl::StatusOr<Engine> MakeEngine(const job::ResolvedJob& job, const RankOptions
                                   std::unique_ptr<Workload> early) {
   Engine e;
   // The device first: a GPU workload generates on the GPU made current here.
-  absl::StatusOr<std::unique_ptr<Device>> device =
-      MakeDevice(job, options.rank, options.cuda_device);
-  MUONMESH_RETURN_IF_ERROR(device.status());
-  e.device = *std::move(device);
+  MUONMESH_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
+                            MakeDevice(job, options.rank, options.cuda_device));
+  e.device = std::move(device);
   absl::StatusOr<std::unique_ptr<Workload>> workload =
       early != nullptr ? std::move(early) : MakeWorkload(job);
   MUONMESH_RETURN_IF_ERROR(workload.status());
@@ -233,10 +232,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const job::ResolvedJob& job
   TrainerOptions topts;
   topts.device = engine.device.get();
   if (!job.init_safetensors.empty()) {
-    absl::StatusOr<std::vector<std::vector<float>>> init =
-        InitialFromFile(engine.workload->spec(), job.init_safetensors);
-    MUONMESH_RETURN_IF_ERROR(init.status());
-    initial = *std::move(init);
+    MUONMESH_ASSIGN_OR_RETURN(std::vector<std::vector<float>> init,
+                              InitialFromFile(engine.workload->spec(), job.init_safetensors));
+    initial = std::move(init);
     topts.initial_parameters = &initial;
   }
   topts.backend = job.device == "cuda" ? comm::Backend::kNccl : comm::Backend::kGloo;
@@ -315,33 +313,32 @@ bool EvaluatesAfter(const job::ResolvedJob& job, int64_t s, bool validation) {
 absl::Status TrainSteps(const job::ResolvedJob& job, Trainer& trainer, const RankOptions& options,
                         const RankHooks& hooks, RunTotals& totals, bool validation) {
   const bool talk = options.rank == 0;
-  absl::StatusOr<std::unique_ptr<StepLog>> log =
-      StepLog::Open(job.output_dir, options.rank, options.attempt, options.resume);
-  MUONMESH_RETURN_IF_ERROR(log.status());
+  MUONMESH_ASSIGN_OR_RETURN(
+      std::unique_ptr<StepLog> log,
+      StepLog::Open(job.output_dir, options.rank, options.attempt, options.resume));
   for (int64_t s = trainer.steps_done(); s < job.steps; ++s) {
     if (s == options.fail_at_step && options.attempt == 0) {
       return absl::AbortedError(absl::StrCat("--fail-at-step ", s, ": failing on purpose"));
     }
     const absl::Time start = absl::Now();
-    absl::StatusOr<StepReport> r = trainer.Step();
-    MUONMESH_RETURN_IF_ERROR(r.status(), absl::StrCat("step ", s));
+    MUONMESH_ASSIGN_OR_RETURN(StepReport r, trainer.Step(), absl::StrCat("step ", s));
     const absl::Duration took = absl::Now() - start;
     if (EvaluatesAfter(job, s, validation)) {
-      MUONMESH_ASSIGN_OR_RETURN(r->val_loss, trainer.Evaluate(job.eval_batches),
+      MUONMESH_ASSIGN_OR_RETURN(r.val_loss, trainer.Evaluate(job.eval_batches),
                                 absl::StrCat("step ", s));
     }
-    totals.optimizer_ms.push_back(absl::ToDoubleMilliseconds(OptimizerTime(r->times)));
-    for (const auto& [name, b] : r->bytes_sent) {
+    totals.optimizer_ms.push_back(absl::ToDoubleMilliseconds(OptimizerTime(r.times)));
+    for (const auto& [name, b] : r.bytes_sent) {
       totals.bytes += b;
       if (absl::StrContains(name, "muon_")) totals.muon_bytes += b;
     }
-    if (talk) hooks.out(StepLine(s, *r));
-    if (talk && r->val_loss.has_value()) {
-      hooks.out(absl::StrFormat("step %4d  val_loss %.6e", s, *r->val_loss));
+    if (talk) hooks.out(StepLine(s, r));
+    if (talk && r.val_loss.has_value()) {
+      hooks.out(absl::StrFormat("step %4d  val_loss %.6e", s, *r.val_loss));
     }
-    MUONMESH_RETURN_IF_ERROR((*log)->Write(*r, took));
+    MUONMESH_RETURN_IF_ERROR((log)->Write(r, took));
     if (hooks.on_step) {
-      MUONMESH_RETURN_IF_ERROR(hooks.on_step(*r, took));
+      MUONMESH_RETURN_IF_ERROR(hooks.on_step(r, took));
     }
     if (job.checkpoint_every > 0 && (s + 1) % job.checkpoint_every == 0) {
       MUONMESH_RETURN_IF_ERROR(
@@ -373,10 +370,9 @@ absl::Status ExportWeights(const job::ResolvedJob& job, Trainer& trainer, const 
     std::error_code ec;
     const std::filesystem::path parent = std::filesystem::path(job.export_path).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-    absl::StatusOr<std::unique_ptr<io::SafetensorsWriter>> w =
-        io::SafetensorsWriter::Create(job.export_path, std::move(entries));
-    MUONMESH_RETURN_IF_ERROR(w.status());
-    writer = *std::move(w);
+    MUONMESH_ASSIGN_OR_RETURN(std::unique_ptr<io::SafetensorsWriter> w,
+                              io::SafetensorsWriter::Create(job.export_path, std::move(entries)));
+    writer = std::move(w);
   }
   absl::Status gathered = trainer.GatherParameters(
       [&](int /*flat*/, std::vector<float>&& tensor) -> absl::Status {
@@ -398,21 +394,18 @@ absl::Status RunRank(const job::ResolvedJob& job, const plan::Plan& plan,
   RankHooks h = hooks;
   h.out = out;
   MUONMESH_RETURN_IF_ERROR(CheckPlanFitsJob(job, plan));
-  absl::StatusOr<double> estimated_peak = CheckMemory(options, job, plan);
-  MUONMESH_RETURN_IF_ERROR(estimated_peak.status());
+  MUONMESH_ASSIGN_OR_RETURN(double estimated_peak, CheckMemory(options, job, plan));
   MUONMESH_RETURN_IF_ERROR(SetRankThreads(options, job, plan, out));
-  absl::StatusOr<Engine> engine = MakeEngine(job, options, std::move(workload));
-  MUONMESH_RETURN_IF_ERROR(engine.status());
+  MUONMESH_ASSIGN_OR_RETURN(Engine engine, MakeEngine(job, options, std::move(workload)));
   if (options.rank == 0) PrintPlan(job, plan, out);
-  absl::StatusOr<std::unique_ptr<Trainer>> trainer =
-      MakeTrainer(job, plan, *engine, store, options);
-  MUONMESH_RETURN_IF_ERROR(trainer.status());
-  MUONMESH_RETURN_IF_ERROR(StartFromCheckpoints(job, **trainer, options, out));
+  MUONMESH_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                            MakeTrainer(job, plan, engine, store, options));
+  MUONMESH_RETURN_IF_ERROR(StartFromCheckpoints(job, *trainer, options, out));
 
-  const int64_t first_step = (*trainer)->steps_done();
+  const int64_t first_step = (trainer)->steps_done();
   RunTotals totals;
-  const bool validation = engine->workload->num_validation_samples() > 0;
-  MUONMESH_RETURN_IF_ERROR(TrainSteps(job, **trainer, options, h, totals, validation));
+  const bool validation = engine.workload->num_validation_samples() > 0;
+  MUONMESH_RETURN_IF_ERROR(TrainSteps(job, *trainer, options, h, totals, validation));
 
   // One machine-readable line per rank (benchmarks aggregate them).
   std::vector<double> sorted = totals.optimizer_ms;
@@ -422,9 +415,9 @@ absl::Status RunRank(const job::ResolvedJob& job, const plan::Plan& plan,
   out(absl::StrFormat(
       "summary rank=%d steps=%d optimizer_ms_median=%.3f bytes_per_step=%d "
       "muon_bytes_per_step=%d peak_rss_bytes=%d estimated_peak_bytes=%.0f shard_bytes=%d",
-      options.rank, job.steps - first_step, median, totals.bytes / steps,
-      totals.muon_bytes / steps, PeakRssBytes(), *estimated_peak, (*trainer)->shard_bytes()));
-  return ExportWeights(job, **trainer, *engine->workload, options, out);
+      options.rank, job.steps - first_step, median, totals.bytes / steps, totals.muon_bytes / steps,
+      PeakRssBytes(), estimated_peak, (trainer)->shard_bytes()));
+  return ExportWeights(job, *trainer, *engine.workload, options, out);
 }
 
 }  // namespace muonmesh::worker

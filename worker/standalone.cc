@@ -17,26 +17,25 @@
 
 namespace muonmesh::worker {
 absl::Status DescribeJob(const std::string& job_path, const LineSink& out) {
-  absl::StatusOr<job::ResolvedJob> job = job::LoadResolvedJob(job_path);
-  MUONMESH_RETURN_IF_ERROR(job.status());
-  out(absl::StrCat("name=", job->name));
-  out(absl::StrCat("device=", job->device));
-  out(absl::StrCat("world_size=", job->world_size));
-  out(absl::StrCat("steps=", job->steps));
-  out(absl::StrCat("checkpoint_every=", job->checkpoint_every));
-  out(absl::StrCat("max_restarts=", job->max_restarts));
-  out(absl::StrCat("output_dir=", job->output_dir));
-  out(absl::StrCat("export=", job->export_path));
+  MUONMESH_ASSIGN_OR_RETURN(job::ResolvedJob job, job::LoadResolvedJob(job_path));
+  out(absl::StrCat("name=", job.name));
+  out(absl::StrCat("device=", job.device));
+  out(absl::StrCat("world_size=", job.world_size));
+  out(absl::StrCat("steps=", job.steps));
+  out(absl::StrCat("checkpoint_every=", job.checkpoint_every));
+  out(absl::StrCat("max_restarts=", job.max_restarts));
+  out(absl::StrCat("output_dir=", job.output_dir));
+  out(absl::StrCat("export=", job.export_path));
   return absl::OkStatus();
 }
 
 absl::StatusOr<plan::Plan> PlanJob(const job::ResolvedJob& job, plan::ModelSpec spec) {
-  absl::StatusOr<plan::ModelSpec> model = job::ApplyOptimizerRules(std::move(spec), job.optimizer_rules);
-  MUONMESH_RETURN_IF_ERROR(model.status());
+  MUONMESH_ASSIGN_OR_RETURN(plan::ModelSpec model,
+                            job::ApplyOptimizerRules(std::move(spec), job.optimizer_rules));
   plan::PlanInput input = PlanInputFor(job);
-  input.model = *std::move(model);
-  absl::StatusOr<plan::Plan> plan = plan::ComputePlan(input);
-  MUONMESH_RETURN_IF_ERROR(plan.status(), "the planner rejects the job");
+  input.model = std::move(model);
+  MUONMESH_ASSIGN_OR_RETURN(plan::Plan plan, plan::ComputePlan(input),
+                            "the planner rejects the job");
   return plan;
 }
 
@@ -79,20 +78,16 @@ bool IsLoopback(const std::string& host) {
 }  // namespace
 
 absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out) {
-  absl::StatusOr<job::ResolvedJob> job = job::LoadResolvedJob(options.job_path);
-  MUONMESH_RETURN_IF_ERROR(job.status());
-  MUONMESH_RETURN_IF_ERROR(CheckRankOptions(options, *job));
-  absl::StatusOr<plan::ModelSpec> spec = job::ModelSpecOf(*job);
-  MUONMESH_RETURN_IF_ERROR(spec.status());
-  absl::StatusOr<plan::Plan> plan = PlanJob(*job, *std::move(spec));
-  MUONMESH_RETURN_IF_ERROR(plan.status());
-  absl::StatusOr<std::unique_ptr<comm::FileStore>> store = OpenStore(options);
-  MUONMESH_RETURN_IF_ERROR(store.status());
+  MUONMESH_ASSIGN_OR_RETURN(job::ResolvedJob job, job::LoadResolvedJob(options.job_path));
+  MUONMESH_RETURN_IF_ERROR(CheckRankOptions(options, job));
+  MUONMESH_ASSIGN_OR_RETURN(plan::ModelSpec spec, job::ModelSpecOf(job));
+  MUONMESH_ASSIGN_OR_RETURN(plan::Plan plan, PlanJob(job, std::move(spec)));
+  MUONMESH_ASSIGN_OR_RETURN(std::unique_ptr<comm::FileStore> store, OpenStore(options));
 
   RankOptions rank;
   rank.rank = options.rank;
   rank.attempt = options.attempt;
-  rank.group_prefix = absl::StrCat(job->name, "/attempt-", options.attempt);
+  rank.group_prefix = absl::StrCat(job.name, "/attempt-", options.attempt);
   rank.hostname = options.hostname;
   rank.timeout = options.timeout;
   rank.resume = options.resume;
@@ -100,10 +95,10 @@ absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out
   rank.cuda_device = options.cuda_device;
   rank.memory_budget_bytes = options.memory_budget_bytes;
   // Ranks on loopback share this machine; elsewhere each has its own.
-  rank.ranks_on_this_host = IsLoopback(options.hostname) ? job->world_size : 1;
+  rank.ranks_on_this_host = IsLoopback(options.hostname) ? job.world_size : 1;
   RankHooks hooks;
   hooks.out = out;
-  return RunRank(*job, *plan, nullptr, **store, rank, hooks);
+  return RunRank(job, plan, nullptr, *store, rank, hooks);
 }
 
 }  // namespace muonmesh::worker

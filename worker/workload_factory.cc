@@ -44,10 +44,9 @@ struct Dataset {
 // `model` names the job field the sizes come from.
 absl::StatusOr<Dataset> ReadDataset(const std::string& path, int64_t d_in, int64_t d_out,
                                     const char* model) {
-  absl::StatusOr<std::vector<io::Tensor>> tensors = io::ReadSafetensors(path);
-  MUONMESH_RETURN_IF_ERROR(tensors.status());
+  MUONMESH_ASSIGN_OR_RETURN(std::vector<io::Tensor> tensors, io::ReadSafetensors(path));
   std::map<std::string, io::Tensor*> by_name;
-  for (io::Tensor& t : *tensors) by_name[t.name] = &t;
+  for (io::Tensor& t : tensors) by_name[t.name] = &t;
   for (const char* name : {"x", "y"}) {
     if (by_name.count(name) == 0) {
       return absl::InvalidArgumentError(
@@ -71,28 +70,25 @@ absl::StatusOr<Dataset> ReadDataset(const std::string& path, int64_t d_in, int64
 
 absl::StatusOr<std::unique_ptr<Workload>> MlpFromFile(const std::vector<int64_t>& dims,
                                                       const std::string& path) {
-  absl::StatusOr<Dataset> data = ReadDataset(path, dims.front(), dims.back(), "model.mlp.dims");
-  MUONMESH_RETURN_IF_ERROR(data.status());
-  absl::StatusOr<Mlp> mlp = Mlp::Create(dims, std::move(data->x), std::move(data->y));
-  MUONMESH_RETURN_IF_ERROR(mlp.status(), path);
-  return std::unique_ptr<Workload>(new Mlp(*std::move(mlp)));
+  MUONMESH_ASSIGN_OR_RETURN(Dataset data,
+                            ReadDataset(path, dims.front(), dims.back(), "model.mlp.dims"));
+  MUONMESH_ASSIGN_OR_RETURN(Mlp mlp, Mlp::Create(dims, std::move(data.x), std::move(data.y)), path);
+  return std::unique_ptr<Workload>(new Mlp(std::move(mlp)));
 }
 
 absl::StatusOr<std::unique_ptr<Workload>> MakeMoeMlp(const job::ResolvedJob& job) {
   const MoeMlpDims dims{job.moe.d_in(), job.moe.d_model(), job.moe.d_expert(),
                         job.moe.num_experts(), job.moe.d_out()};
   if (job.data_safetensors.empty()) {
-    absl::StatusOr<MoeMlp> moe =
-        MoeMlp::FromTeacher(dims, job.teacher_seed.value_or(0), job.teacher_samples);
-    MUONMESH_RETURN_IF_ERROR(moe.status());
-    return std::unique_ptr<Workload>(new MoeMlp(*std::move(moe)));
+    MUONMESH_ASSIGN_OR_RETURN(
+        MoeMlp moe, MoeMlp::FromTeacher(dims, job.teacher_seed.value_or(0), job.teacher_samples));
+    return std::unique_ptr<Workload>(new MoeMlp(std::move(moe)));
   }
-  absl::StatusOr<Dataset> data =
-      ReadDataset(job.data_safetensors, dims.d_in, dims.d_out, "model.moe_mlp");
-  MUONMESH_RETURN_IF_ERROR(data.status());
-  absl::StatusOr<MoeMlp> moe = MoeMlp::Create(dims, std::move(data->x), std::move(data->y));
-  MUONMESH_RETURN_IF_ERROR(moe.status(), job.data_safetensors);
-  return std::unique_ptr<Workload>(new MoeMlp(*std::move(moe)));
+  MUONMESH_ASSIGN_OR_RETURN(
+      Dataset data, ReadDataset(job.data_safetensors, dims.d_in, dims.d_out, "model.moe_mlp"));
+  MUONMESH_ASSIGN_OR_RETURN(MoeMlp moe, MoeMlp::Create(dims, std::move(data.x), std::move(data.y)),
+                            job.data_safetensors);
+  return std::unique_ptr<Workload>(new MoeMlp(std::move(moe)));
 }
 
 // The corpus's training and validation streams: `val` when given, else the
@@ -143,21 +139,20 @@ absl::StatusOr<std::unique_ptr<Workload>> MakeWorkload(const job::ResolvedJob& j
   switch (job.model_kind) {
     case job::ResolvedJob::ModelKind::kMlp: {
       if (!job.data_safetensors.empty()) return MlpFromFile(job.mlp_dims, job.data_safetensors);
-      absl::StatusOr<Mlp> mlp =
-          Mlp::FromTeacher(job.mlp_dims, job.teacher_seed.value_or(0), job.teacher_samples);
-      MUONMESH_RETURN_IF_ERROR(mlp.status());
-      return std::unique_ptr<Workload>(new Mlp(*std::move(mlp)));
+      MUONMESH_ASSIGN_OR_RETURN(
+          Mlp mlp,
+          Mlp::FromTeacher(job.mlp_dims, job.teacher_seed.value_or(0), job.teacher_samples));
+      return std::unique_ptr<Workload>(new Mlp(std::move(mlp)));
     }
     case job::ResolvedJob::ModelKind::kSynthetic: {
       const int64_t ep = std::max<int64_t>(1, job.parallelism.expert_model_parallel_size);
-      absl::StatusOr<Synthetic> s =
-          job.synthetic_model.has_value()
-              ? Synthetic::Create(ModelFromProto(*job.synthetic_model), job.synthetic_scale, ep,
-                                  job.init_seed.value_or(0))
-              : Synthetic::FromSpecFile(job.synthetic_spec_path, job.synthetic_scale, ep,
-                                        job.init_seed.value_or(0));
-      MUONMESH_RETURN_IF_ERROR(s.status());
-      return std::unique_ptr<Workload>(new Synthetic(*std::move(s)));
+      MUONMESH_ASSIGN_OR_RETURN(
+          Synthetic s, job.synthetic_model.has_value()
+                           ? Synthetic::Create(ModelFromProto(*job.synthetic_model),
+                                               job.synthetic_scale, ep, job.init_seed.value_or(0))
+                           : Synthetic::FromSpecFile(job.synthetic_spec_path, job.synthetic_scale,
+                                                     ep, job.init_seed.value_or(0)));
+      return std::unique_ptr<Workload>(new Synthetic(std::move(s)));
     }
     case job::ResolvedJob::ModelKind::kMoeMlp:
       return MakeMoeMlp(job);
@@ -186,8 +181,7 @@ absl::StatusOr<std::unique_ptr<Device>> MakeDevice(const job::ResolvedJob& job, 
     }
     ordinal = rank % count;
   }
-  absl::StatusOr<std::unique_ptr<Device>> d = MakeCudaDevice(ordinal);
-  MUONMESH_RETURN_IF_ERROR(d.status(), "device 'cuda'");
+  MUONMESH_ASSIGN_OR_RETURN(std::unique_ptr<Device> d, MakeCudaDevice(ordinal), "device 'cuda'");
   return d;
 #else
   (void)rank;
@@ -207,20 +201,18 @@ absl::StatusOr<std::unique_ptr<Workload>> OnGpu(const job::ResolvedJob& job,
   }
   if (job.model_kind == job::ResolvedJob::ModelKind::kSynthetic) {
     auto* s = static_cast<Synthetic*>(workload.get());
-    absl::StatusOr<std::unique_ptr<CudaSynthetic>> gpu = CudaSynthetic::Create(std::move(*s));
-    MUONMESH_RETURN_IF_ERROR(gpu.status());
-    return std::unique_ptr<Workload>(std::move(*gpu));
+    MUONMESH_ASSIGN_OR_RETURN(std::unique_ptr<CudaSynthetic> gpu,
+                              CudaSynthetic::Create(std::move(*s)));
+    return std::unique_ptr<Workload>(std::move(gpu));
   }
   if (job.model_kind == job::ResolvedJob::ModelKind::kMlp) {
     auto* m = static_cast<Mlp*>(workload.get());
-    absl::StatusOr<std::unique_ptr<CudaMlp>> gpu = CudaMlp::Create(std::move(*m));
-    MUONMESH_RETURN_IF_ERROR(gpu.status());
-    return std::unique_ptr<Workload>(std::move(*gpu));
+    MUONMESH_ASSIGN_OR_RETURN(std::unique_ptr<CudaMlp> gpu, CudaMlp::Create(std::move(*m)));
+    return std::unique_ptr<Workload>(std::move(gpu));
   }
   auto* moe = static_cast<MoeMlp*>(workload.get());
-  absl::StatusOr<std::unique_ptr<CudaMoeMlp>> gpu = CudaMoeMlp::Create(std::move(*moe));
-  MUONMESH_RETURN_IF_ERROR(gpu.status());
-  return std::unique_ptr<Workload>(std::move(*gpu));
+  MUONMESH_ASSIGN_OR_RETURN(std::unique_ptr<CudaMoeMlp> gpu, CudaMoeMlp::Create(std::move(*moe)));
+  return std::unique_ptr<Workload>(std::move(gpu));
 #else
   (void)job;
   (void)workload;
@@ -230,10 +222,9 @@ absl::StatusOr<std::unique_ptr<Workload>> OnGpu(const job::ResolvedJob& job,
 
 absl::StatusOr<std::vector<std::vector<float>>> InitialFromFile(const plan::ModelSpec& spec,
                                                                 const std::string& path) {
-  absl::StatusOr<std::vector<io::Tensor>> tensors = io::ReadSafetensors(path);
-  MUONMESH_RETURN_IF_ERROR(tensors.status());
+  MUONMESH_ASSIGN_OR_RETURN(std::vector<io::Tensor> tensors, io::ReadSafetensors(path));
   std::map<std::string, io::Tensor*> by_name;
-  for (io::Tensor& t : *tensors) by_name[t.name] = &t;
+  for (io::Tensor& t : tensors) by_name[t.name] = &t;
   std::vector<std::vector<float>> out;
   for (const plan::UnitSpec& u : spec.units) {
     for (const plan::ParamSpec& p : u.params) {

@@ -361,25 +361,25 @@ absl::StatusOr<OwnerPlans> PlanOwnersOnce(const ResolvedConfig& cfg,
                            cfg.bytes_per_element, cfg.instances);
     }
     const std::vector<double>* base_load = base.empty() ? nullptr : &base;
-    absl::StatusOr<std::vector<double>> loads = AssignOwnersJointly(
-        cfg.owner_rule, w, cfg.bytes_per_element, cfg.world_size, classes, cancel, base_load);
-    MUONMESH_RETURN_IF_ERROR(loads.status());
+    MUONMESH_ASSIGN_OR_RETURN(std::vector<double> loads,
+                              AssignOwnersJointly(cfg.owner_rule, w, cfg.bytes_per_element,
+                                                  cfg.world_size, classes, cancel, base_load));
     if (i == 0) lower_bound = JointLowerBound(cfg.world_size, classes, base_load);
     if (split_class.has_value()) {
       // The exact exchange joins the dense loads; the ranks' loads are
       // summed afresh from the folded plans.
       FoldSplit(std::move(split_class->plan), cfg.instances, w, cfg.bytes_per_element,
                 &p.domains[split_mesh]);
-      loads->assign(cfg.world_size, 0.0);
+      loads.assign(cfg.world_size, 0.0);
       for (size_t m = 0; m < n; ++m) {
         const std::vector<std::vector<int32_t>>& at =
             m == split_mesh ? split_class->ranks : ranks[m];
         for (size_t q = 0; q < at.size(); ++q) {
-          for (int32_t r : at[q]) (*loads)[r] += p.domains[m].load[q];
+          for (int32_t r : at[q]) (loads)[r] += p.domains[m].load[q];
         }
       }
     }
-    p.makespan = loads->empty() ? 0 : *std::max_element(loads->begin(), loads->end());
+    p.makespan = loads.empty() ? 0 : *std::max_element(loads.begin(), loads.end());
     if (i == 0 || p.makespan < best.makespan) best = std::move(p);
     if (best.makespan <= lower_bound) break;  // cannot do better
   }
@@ -400,14 +400,12 @@ absl::Status PlanOwners(const ResolvedConfig& cfg, const std::vector<OwnerMesh>&
   std::optional<OwnerPlans> unsplit;
   std::optional<OwnerPlans> split;
   if (!can_split || cfg.replica_split != ReplicaSplit::kOn) {
-    absl::StatusOr<OwnerPlans> p = PlanOwnersOnce(cfg, meshes, /*split=*/false, cancel);
-    MUONMESH_RETURN_IF_ERROR(p.status());
-    unsplit = *std::move(p);
+    MUONMESH_ASSIGN_OR_RETURN(OwnerPlans p, PlanOwnersOnce(cfg, meshes, /*split=*/false, cancel));
+    unsplit = std::move(p);
   }
   if (can_split && cfg.replica_split != ReplicaSplit::kOff) {
-    absl::StatusOr<OwnerPlans> p = PlanOwnersOnce(cfg, meshes, /*split=*/true, cancel);
-    MUONMESH_RETURN_IF_ERROR(p.status());
-    split = *std::move(p);
+    MUONMESH_ASSIGN_OR_RETURN(OwnerPlans p, PlanOwnersOnce(cfg, meshes, /*split=*/true, cancel));
+    split = std::move(p);
   }
   plan->joint_makespan_unsplit = unsplit.has_value() ? unsplit->makespan : 0;
   plan->joint_makespan_split = split.has_value() ? split->makespan : 0;
@@ -700,10 +698,10 @@ absl::Status BalanceWave(const ResolvedConfig& cfg, const MeshGeometry& dense_g,
     base = SplitBaseLoad(wave_dense, dense_g, cfg.comm_flops_per_byte, cfg.bytes_per_element,
                          cfg.instances);
   }
-  absl::StatusOr<std::vector<double>> loads =
+  MUONMESH_ASSIGN_OR_RETURN(
+      std::vector<double> loads,
       AssignOwnersJointly(cfg.owner_rule, cfg.comm_flops_per_byte, cfg.bytes_per_element,
-                          cfg.world_size, classes, cancel, base.empty() ? nullptr : &base);
-  MUONMESH_RETURN_IF_ERROR(loads.status());
+                          cfg.world_size, classes, cancel, base.empty() ? nullptr : &base));
   const int64_t d = plan->dense.size;
   for (size_t k = 0; k < full.size(); ++k) {
     for (size_t i = 0; i < index[k].size(); ++i) {
@@ -825,19 +823,17 @@ absl::Status SetStrongBound(const MeshGeometry& dense_g, const MeshGeometry& exp
 absl::StatusOr<Plan> ComputePlan(const PlanInput& input) { return ComputePlan(input, nullptr); }
 
 absl::StatusOr<Plan> ComputePlan(const PlanInput& input, CancelToken* cancel) {
-  absl::StatusOr<ResolvedConfig> resolved = Resolve(input);
-  MUONMESH_RETURN_IF_ERROR(resolved.status());
+  MUONMESH_ASSIGN_OR_RETURN(ResolvedConfig resolved, Resolve(input));
   // Sized before anything is built, so that too big a plan costs little.
-  absl::StatusOr<PlanSize> size = EstimatePlanSize(input, cancel);
-  MUONMESH_RETURN_IF_ERROR(size.status());
-  if (const std::vector<FieldViolation> v = PlanSizeViolations(*size); !v.empty()) {
+  MUONMESH_ASSIGN_OR_RETURN(PlanSize size, EstimatePlanSize(input, cancel));
+  if (const std::vector<FieldViolation> v = PlanSizeViolations(size); !v.empty()) {
     return absl::InvalidArgumentError(
         absl::StrJoin(v, "; ", [](std::string* out, const FieldViolation& f) {
           absl::StrAppend(out, f.field, ": ", f.description);
         }));
   }
   Plan plan;
-  plan.config = *resolved;
+  plan.config = resolved;
   const ResolvedConfig& cfg = plan.config;
   const MeshGeometry dense_g = MeshGeometry::Dense(cfg);
   const MeshGeometry expert_g = MeshGeometry::Expert(cfg);
@@ -873,15 +869,14 @@ absl::StatusOr<Plan> ComputePlan(const PlanInput& input, CancelToken* cancel) {
 }
 
 absl::StatusOr<int64_t> MegatronPaddingElements(const PlanInput& input) {
-  absl::StatusOr<ResolvedConfig> cfg = Resolve(input);
-  MUONMESH_RETURN_IF_ERROR(cfg.status());
-  const int64_t dense_d = MeshGeometry::Dense(*cfg).domain_size();
-  const int64_t expert_d = MeshGeometry::Expert(*cfg).domain_size();
+  MUONMESH_ASSIGN_OR_RETURN(ResolvedConfig cfg, Resolve(input));
+  const int64_t dense_d = MeshGeometry::Dense(cfg).domain_size();
+  const int64_t expert_d = MeshGeometry::Expert(cfg).domain_size();
   int64_t padding = 0;
   for (const UnitSpec& unit : input.model.units) {
-    const UnitTensors t = SplitUnit(unit, cfg->ep);
+    const UnitTensors t = SplitUnit(unit, cfg.ep);
     if (!t.dense.empty()) padding += MegatronLcmPadding(t.dense, dense_d);
-    if (!t.expert.empty()) padding += MegatronLcmPadding(t.expert, expert_d) * cfg->ep;
+    if (!t.expert.empty()) padding += MegatronLcmPadding(t.expert, expert_d) * cfg.ep;
   }
   return padding;
 }

@@ -154,9 +154,9 @@ absl::StatusOr<plan::DomainPlan> DomainPlanFrom(const v1::ExecDomainPlan& d,
                                                 const plan::ResolvedConfig& config,
                                                 const std::string& field) {
   plan::DomainPlan out;
-  absl::StatusOr<plan::MeshKind> mesh = EnumIn<plan::MeshKind>(d.mesh(), 2, field + ".mesh");
-  MUONMESH_RETURN_IF_ERROR(mesh.status());
-  out.mesh = *mesh;
+  MUONMESH_ASSIGN_OR_RETURN(plan::MeshKind mesh,
+                            EnumIn<plan::MeshKind>(d.mesh(), 2, field + ".mesh"));
+  out.mesh = mesh;
   out.size = d.size();
   for (int i = 0; i < d.matrices_size(); ++i) {
     const v1::ExecMatrix& x = d.matrices(i);
@@ -313,19 +313,17 @@ v1::ExecutionPlan PlanToExec(const plan::Plan& p) {
 
 absl::StatusOr<plan::Plan> PlanFromExec(const v1::ExecutionPlan& x) {
   plan::Plan p;
-  absl::StatusOr<plan::ResolvedConfig> config = ConfigFrom(x.config());
-  MUONMESH_RETURN_IF_ERROR(config.status());
-  p.config = *config;
+  MUONMESH_ASSIGN_OR_RETURN(plan::ResolvedConfig config, ConfigFrom(x.config()));
+  p.config = config;
   for (int i = 0; i < x.dense_axes_size(); ++i) {
-    absl::StatusOr<plan::MeshAxis> a = AxisFrom(x.dense_axes(i), absl::StrCat("dense_axes[", i, "]"));
-    MUONMESH_RETURN_IF_ERROR(a.status());
-    p.dense_axes.push_back(*std::move(a));
+    MUONMESH_ASSIGN_OR_RETURN(plan::MeshAxis a,
+                              AxisFrom(x.dense_axes(i), absl::StrCat("dense_axes[", i, "]")));
+    p.dense_axes.push_back(std::move(a));
   }
   for (int i = 0; i < x.expert_axes_size(); ++i) {
-    absl::StatusOr<plan::MeshAxis> a =
-        AxisFrom(x.expert_axes(i), absl::StrCat("expert_axes[", i, "]"));
-    MUONMESH_RETURN_IF_ERROR(a.status());
-    p.expert_axes.push_back(*std::move(a));
+    MUONMESH_ASSIGN_OR_RETURN(plan::MeshAxis a,
+                              AxisFrom(x.expert_axes(i), absl::StrCat("expert_axes[", i, "]")));
+    p.expert_axes.push_back(std::move(a));
   }
   p.has_experts = x.has_experts();
   for (int i = 0; i < x.units_size(); ++i) {
@@ -335,28 +333,26 @@ absl::StatusOr<plan::Plan> PlanFromExec(const v1::ExecutionPlan& x) {
     unit.has_dense = u.has_dense();
     unit.has_expert = u.has_expert();
     if (unit.has_dense) {
-      absl::StatusOr<plan::UnitLayout> l = LayoutFrom(u.dense(), absl::StrCat("units[", i, "].dense"));
-      MUONMESH_RETURN_IF_ERROR(l.status());
-      unit.dense = *std::move(l);
+      MUONMESH_ASSIGN_OR_RETURN(plan::UnitLayout l,
+                                LayoutFrom(u.dense(), absl::StrCat("units[", i, "].dense")));
+      unit.dense = std::move(l);
     }
     if (unit.has_expert) {
-      absl::StatusOr<plan::UnitLayout> l =
-          LayoutFrom(u.expert(), absl::StrCat("units[", i, "].expert"));
-      MUONMESH_RETURN_IF_ERROR(l.status());
-      unit.expert = *std::move(l);
+      MUONMESH_ASSIGN_OR_RETURN(plan::UnitLayout l,
+                                LayoutFrom(u.expert(), absl::StrCat("units[", i, "].expert")));
+      unit.expert = std::move(l);
     }
     p.units.push_back(std::move(unit));
   }
-  absl::StatusOr<plan::DomainPlan> dense = DomainPlanFrom(x.dense(), p.config, "dense");
-  MUONMESH_RETURN_IF_ERROR(dense.status());
-  p.dense = *std::move(dense);
-  absl::StatusOr<plan::DomainPlan> expert = DomainPlanFrom(x.expert(), p.config, "expert");
-  MUONMESH_RETURN_IF_ERROR(expert.status());
-  p.expert = *std::move(expert);
+  MUONMESH_ASSIGN_OR_RETURN(plan::DomainPlan dense, DomainPlanFrom(x.dense(), p.config, "dense"));
+  p.dense = std::move(dense);
+  MUONMESH_ASSIGN_OR_RETURN(plan::DomainPlan expert,
+                            DomainPlanFrom(x.expert(), p.config, "expert"));
+  p.expert = std::move(expert);
   for (const v1::ExecDomain& d : x.domains()) {
-    absl::StatusOr<plan::MeshKind> mesh = EnumIn<plan::MeshKind>(d.mesh(), 2, "domains.mesh");
-    MUONMESH_RETURN_IF_ERROR(mesh.status());
-    p.domains.push_back({d.id(), *mesh, d.name(), {d.ranks().begin(), d.ranks().end()}});
+    MUONMESH_ASSIGN_OR_RETURN(plan::MeshKind mesh,
+                              EnumIn<plan::MeshKind>(d.mesh(), 2, "domains.mesh"));
+    p.domains.push_back({d.id(), mesh, d.name(), {d.ranks().begin(), d.ranks().end()}});
   }
   for (const v1::ExecRank& r : x.ranks()) {
     p.ranks.push_back({r.rank(), r.load_flops(), r.ns_flops(), r.shard_elements(),
@@ -364,9 +360,9 @@ absl::StatusOr<plan::Plan> PlanFromExec(const v1::ExecutionPlan& x) {
                        r.owned_matrices(), r.replica_exchange_bytes()});
   }
   for (const v1::ExecCollective& c : x.collectives()) {
-    absl::StatusOr<plan::MeshKind> mesh = EnumIn<plan::MeshKind>(c.mesh(), 2, "collectives.mesh");
-    MUONMESH_RETURN_IF_ERROR(mesh.status());
-    p.collectives.push_back({c.name(), *mesh, c.axis(), c.bytes_per_step(), c.max_rank_bytes()});
+    MUONMESH_ASSIGN_OR_RETURN(plan::MeshKind mesh,
+                              EnumIn<plan::MeshKind>(c.mesh(), 2, "collectives.mesh"));
+    p.collectives.push_back({c.name(), mesh, c.axis(), c.bytes_per_step(), c.max_rank_bytes()});
   }
   p.parameters = x.parameters();
   p.padding_elements = x.padding_elements();

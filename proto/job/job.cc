@@ -720,10 +720,9 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
 }
 
 absl::StatusOr<ResolvedJob> LoadResolvedJob(const std::string& path) {
-  absl::StatusOr<v1::JobSpec> job = LoadJobFile(path);
-  MUONMESH_RETURN_IF_ERROR(job.status());
-  absl::StatusOr<ResolvedJob> resolved = ResolveJob(*job, fs::path(path).parent_path().string());
-  MUONMESH_RETURN_IF_ERROR(resolved.status(), path);
+  MUONMESH_ASSIGN_OR_RETURN(v1::JobSpec job, LoadJobFile(path));
+  MUONMESH_ASSIGN_OR_RETURN(ResolvedJob resolved,
+                            ResolveJob(job, fs::path(path).parent_path().string()), path);
   return resolved;
 }
 

@@ -102,9 +102,8 @@ ClientSecurityOptions WithEnvironment(ClientSecurityOptions options) {
 }
 
 absl::StatusOr<std::string> ReadPemFile(absl::string_view flag, const std::string& path) {
-  absl::StatusOr<std::string> text = ReadSmallFile(flag, path, kMaxPemBytes);
-  MUONMESH_RETURN_IF_ERROR(text.status());
-  if (!absl::StrContains(*text, "-----BEGIN ")) {
+  MUONMESH_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(flag, path, kMaxPemBytes));
+  if (!absl::StrContains(text, "-----BEGIN ")) {
     return absl::InvalidArgumentError(
         absl::StrCat(flag, " ", path, ": not a PEM file (no '-----BEGIN' line)"));
   }
@@ -112,9 +111,8 @@ absl::StatusOr<std::string> ReadPemFile(absl::string_view flag, const std::strin
 }
 
 absl::StatusOr<PemFile> LoadPemFile(absl::string_view flag, const std::string& path) {
-  absl::StatusOr<std::string> text = ReadPemFile(flag, path);
-  MUONMESH_RETURN_IF_ERROR(text.status());
-  return PemFile{std::string(flag), path, *std::move(text)};
+  MUONMESH_ASSIGN_OR_RETURN(std::string text, ReadPemFile(flag, path));
+  return PemFile{std::string(flag), path, std::move(text)};
 }
 
 absl::StatusOr<std::string> CheckCertificate(const PemFile& cert, const PemFile& key) {
@@ -176,9 +174,8 @@ absl::Status CheckToken(absl::string_view token) {
 }
 
 absl::StatusOr<std::string> ReadTokenFile(absl::string_view flag, const std::string& path) {
-  absl::StatusOr<std::string> text = ReadSmallFile(flag, path, kMaxTokenFileBytes);
-  MUONMESH_RETURN_IF_ERROR(text.status());
-  absl::string_view first(*text);
+  MUONMESH_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(flag, path, kMaxTokenFileBytes));
+  absl::string_view first(text);
   first = first.substr(0, first.find('\n'));
   const std::string token(absl::StripAsciiWhitespace(first));
   if (token.empty()) {
@@ -212,23 +209,20 @@ absl::StatusOr<ChannelSecurity> LoadChannelSecurity(const ClientSecurityOptions&
     }
     return out;
   }
-  absl::StatusOr<std::string> ca = ReadPemFile(kCaName, options.tls_ca);
-  MUONMESH_RETURN_IF_ERROR(ca.status());
+  MUONMESH_ASSIGN_OR_RETURN(std::string ca, ReadPemFile(kCaName, options.tls_ca));
   grpc::SslCredentialsOptions ssl;
-  ssl.pem_root_certs = *std::move(ca);
+  ssl.pem_root_certs = std::move(ca);
   if (options.tls_cert.empty() != options.tls_key.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("give both ", kCertName, " and ", kKeyName,
                                                    " (a client certificate and its key), or "
                                                    "neither"));
   }
   if (!options.tls_cert.empty()) {
-    absl::StatusOr<PemFile> cert = LoadPemFile(kCertName, options.tls_cert);
-    MUONMESH_RETURN_IF_ERROR(cert.status());
-    absl::StatusOr<PemFile> key = LoadPemFile(kKeyName, options.tls_key);
-    MUONMESH_RETURN_IF_ERROR(key.status());
-    MUONMESH_RETURN_IF_ERROR(CheckCertificate(*cert, *key).status());
-    ssl.pem_cert_chain = std::move(cert->text);
-    ssl.pem_private_key = std::move(key->text);
+    MUONMESH_ASSIGN_OR_RETURN(PemFile cert, LoadPemFile(kCertName, options.tls_cert));
+    MUONMESH_ASSIGN_OR_RETURN(PemFile key, LoadPemFile(kKeyName, options.tls_key));
+    MUONMESH_RETURN_IF_ERROR(CheckCertificate(cert, key).status());
+    ssl.pem_cert_chain = std::move(cert.text);
+    ssl.pem_private_key = std::move(key.text);
     out.client_certificate = true;
   }
   out.credentials = grpc::SslCredentials(ssl);
@@ -237,9 +231,9 @@ absl::StatusOr<ChannelSecurity> LoadChannelSecurity(const ClientSecurityOptions&
   if (has_token) {
     std::string token = options.token;
     if (!options.token_file.empty()) {
-      absl::StatusOr<std::string> read = ReadTokenFile(kTokenFileName, options.token_file);
-      MUONMESH_RETURN_IF_ERROR(read.status());
-      token = *std::move(read);
+      MUONMESH_ASSIGN_OR_RETURN(std::string read,
+                                ReadTokenFile(kTokenFileName, options.token_file));
+      token = std::move(read);
     } else {
       MUONMESH_RETURN_IF_ERROR(CheckToken(token), kTokenEnv);
     }

@@ -111,36 +111,32 @@ absl::StatusOr<grpc::SslServerCredentialsOptions> LoadSsl(const ServerSecurityOp
                                                           absl::string_view listen,
                                                           std::vector<std::string>& notes,
                                                           bool* client_ca) {
-  absl::StatusOr<rpc::PemFile> cert = rpc::LoadPemFile(kCertName, options.tls_cert);
-  MUONMESH_RETURN_IF_ERROR(cert.status());
-  absl::StatusOr<rpc::PemFile> key = rpc::LoadPemFile(kKeyName, options.tls_key);
-  MUONMESH_RETURN_IF_ERROR(key.status());
-  absl::StatusOr<std::string> described = rpc::CheckCertificate(*cert, *key);
-  MUONMESH_RETURN_IF_ERROR(described.status());
-  notes.push_back(absl::StrCat("TLS on ", listen, ": certificate ", *described));
+  MUONMESH_ASSIGN_OR_RETURN(rpc::PemFile cert, rpc::LoadPemFile(kCertName, options.tls_cert));
+  MUONMESH_ASSIGN_OR_RETURN(rpc::PemFile key, rpc::LoadPemFile(kKeyName, options.tls_key));
+  MUONMESH_ASSIGN_OR_RETURN(std::string described, rpc::CheckCertificate(cert, key));
+  notes.push_back(absl::StrCat("TLS on ", listen, ": certificate ", described));
   NoteOpenMode(kKeyName, options.tls_key, &notes);
 
   grpc::SslServerCredentialsOptions ssl(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   *client_ca = !options.tls_ca.empty();
   if (*client_ca) {
-    absl::StatusOr<rpc::PemFile> ca = rpc::LoadPemFile(kCaName, options.tls_ca);
-    MUONMESH_RETURN_IF_ERROR(ca.status());
-    absl::StatusOr<std::string> ca_described = rpc::CheckCertificate(*ca, rpc::PemFile{});
-    MUONMESH_RETURN_IF_ERROR(ca_described.status());
+    MUONMESH_ASSIGN_OR_RETURN(rpc::PemFile ca, rpc::LoadPemFile(kCaName, options.tls_ca));
+    MUONMESH_ASSIGN_OR_RETURN(std::string ca_described, rpc::CheckCertificate(ca, rpc::PemFile{}));
     // Requested, not required, at the handshake: viewers and submitters
     // connect without one. A certificate that is presented must verify; the
     // AuthProcessor requires one for Fleet and Store.
     ssl.client_certificate_request = GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY;
-    ssl.pem_root_certs = std::move(ca->text);
-    notes.push_back(absl::StrCat("mutual TLS: Fleet and Store need a client certificate signed "
-                                 "by the CA in ",
-                                 options.tls_ca, " (", *ca_described, ")"));
+    ssl.pem_root_certs = std::move(ca.text);
+    notes.push_back(
+        absl::StrCat("mutual TLS: Fleet and Store need a client certificate signed "
+                     "by the CA in ",
+                     options.tls_ca, " (", ca_described, ")"));
   } else {
     notes.push_back(
         "no --tls-ca: clients are not asked for certificates; Fleet and Store rely on worker "
         "tokens alone");
   }
-  ssl.pem_key_cert_pairs.push_back({std::move(key->text), std::move(cert->text)});
+  ssl.pem_key_cert_pairs.push_back({std::move(key.text), std::move(cert.text)});
   return ssl;
 }
 
@@ -169,20 +165,18 @@ absl::StatusOr<std::unique_ptr<ServerSecurity>> ServerSecurity::Load(
     return self;
   }
 
-  absl::StatusOr<grpc::SslServerCredentialsOptions> ssl =
-      LoadSsl(options, listen, notes, &self->client_ca_);
-  MUONMESH_RETURN_IF_ERROR(ssl.status());
-  self->credentials_ = grpc::SslServerCredentials(*ssl);
+  MUONMESH_ASSIGN_OR_RETURN(grpc::SslServerCredentialsOptions ssl,
+                            LoadSsl(options, listen, notes, &self->client_ca_));
+  self->credentials_ = grpc::SslServerCredentials(ssl);
   self->tls_ = true;
 
   std::shared_ptr<const TokenTable> tokens;
   if (!options.tokens_file.empty()) {
-    absl::StatusOr<TokenTable> table = TokenTable::Load(options.tokens_file);
-    MUONMESH_RETURN_IF_ERROR(table.status());
-    notes.push_back(absl::StrCat("tokens: ", table->size(), " from ", options.tokens_file, " (",
-                                 table->Summary(), "); grpc.health.v1 needs none"));
+    MUONMESH_ASSIGN_OR_RETURN(TokenTable table, TokenTable::Load(options.tokens_file));
+    notes.push_back(absl::StrCat("tokens: ", table.size(), " from ", options.tokens_file, " (",
+                                 table.Summary(), "); grpc.health.v1 needs none"));
     NoteOpenMode("--tokens-file", options.tokens_file, &notes);
-    tokens = std::make_shared<const TokenTable>(*std::move(table));
+    tokens = std::make_shared<const TokenTable>(std::move(table));
     self->tokens_ = true;
   } else {
     notes.push_back(absl::StrCat("no --tokens-file: whoever reaches ", listen,

@@ -72,14 +72,13 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text, absl::strin
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": unknown role (the roles are viewer, submitter, worker and admin)"));
     }
-    absl::StatusOr<std::string> digest = DigestOf(words[1]);
-    MUONMESH_RETURN_IF_ERROR(digest.status(), where);
-    if (auto [it, inserted] = line_of.emplace(*digest, line_number); !inserted) {
+    MUONMESH_ASSIGN_OR_RETURN(std::string digest, DigestOf(words[1]), where);
+    if (auto [it, inserted] = line_of.emplace(digest, line_number); !inserted) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": the same token as line ", it->second,
                        " (each token has one role; an admin may do everything)"));
     }
-    table.by_digest_.emplace(*std::move(digest), *role);
+    table.by_digest_.emplace(std::move(digest), *role);
   }
   if (table.by_digest_.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(origin, ": holds no token"));

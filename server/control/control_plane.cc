@@ -19,13 +19,12 @@ absl::StatusOr<std::unique_ptr<ControlPlane>> ControlPlane::Start(
     return absl::InvalidArgumentError(
         absl::StrCat("--data-dir ", options.data_dir, ": not a folder we can create or use"));
   }
-  absl::StatusOr<std::unique_ptr<DataDirLock>> lock = DataDirLock::Acquire(options.data_dir);
-  MUONMESH_RETURN_IF_ERROR(lock.status());
-  absl::StatusOr<std::unique_ptr<JobStore>> store =
-      JobStore::Open((std::filesystem::path(options.data_dir) / "state.db").string());
-  MUONMESH_RETURN_IF_ERROR(store.status());
-  std::unique_ptr<ControlPlane> plane(
-      new ControlPlane(options, *std::move(lock), *std::move(store)));
+  MUONMESH_ASSIGN_OR_RETURN(std::unique_ptr<DataDirLock> lock,
+                            DataDirLock::Acquire(options.data_dir));
+  MUONMESH_ASSIGN_OR_RETURN(
+      std::unique_ptr<JobStore> store,
+      JobStore::Open((std::filesystem::path(options.data_dir) / "state.db").string()));
+  std::unique_ptr<ControlPlane> plane(new ControlPlane(options, std::move(lock), std::move(store)));
   if (!options.metrics_listen.empty()) {
     try {
       plane->exposer_ = std::make_unique<prometheus::Exposer>(options.metrics_listen, 1);

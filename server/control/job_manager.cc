@@ -72,17 +72,18 @@ void CheckPaths(const v1::JobSpec& spec, std::vector<plan::FieldViolation>* v) {
 }
 
 absl::StatusOr<plan::PlanInput> PlanInputOf(const v1::JobSpec& spec) {
-  absl::StatusOr<plan::ModelSpec> model = job::ModelSpecOf(
-      spec.model(), spec.parallelism().expert_model_parallel_size(), /*synthetic_spec_path=*/"");
-  MUONMESH_RETURN_IF_ERROR(model.status());
+  MUONMESH_ASSIGN_OR_RETURN(
+      plan::ModelSpec model,
+      job::ModelSpecOf(spec.model(), spec.parallelism().expert_model_parallel_size(),
+                       /*synthetic_spec_path=*/""));
   std::vector<std::pair<std::string, std::string>> rules;
   for (const v1::OptimizerRule& r : spec.optimizer().rules()) {
     rules.emplace_back(r.pattern(), r.optimizer());
   }
-  absl::StatusOr<plan::ModelSpec> ruled = job::ApplyOptimizerRules(*std::move(model), rules);
-  MUONMESH_RETURN_IF_ERROR(ruled.status());
+  MUONMESH_ASSIGN_OR_RETURN(plan::ModelSpec ruled,
+                            job::ApplyOptimizerRules(std::move(model), rules));
   plan::PlanInput input;
-  input.model = *std::move(ruled);
+  input.model = std::move(ruled);
   input.world_size = spec.world_size();
   input.parallelism = ParallelismFromProto(spec.parallelism());
   input.options.owner_assignment = spec.optimizer().owner_assignment();
@@ -160,9 +161,8 @@ absl::StatusOr<JobStore::Submitted> JobManager::Submit(
     // passes Validate may still need more memory to plan than the
     // coordinator allows (it plans each attempt while scheduling).
     if (violations->empty()) {
-      absl::StatusOr<plan::PlanSize> size = plan::EstimatePlanSize(*input);
-      MUONMESH_RETURN_IF_ERROR(size.status());
-      for (plan::FieldViolation& v : plan::PlanSizeViolations(*size)) {
+      MUONMESH_ASSIGN_OR_RETURN(plan::PlanSize size, plan::EstimatePlanSize(*input));
+      for (plan::FieldViolation& v : plan::PlanSizeViolations(size)) {
         violations->push_back(std::move(v));
       }
     }
@@ -467,13 +467,12 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id, const std:
   const std::string why = reason.empty() ? "cancelled" : absl::StrCat("cancelled: ", reason);
   {
     absl::MutexLock lock(&mu_);
-    absl::StatusOr<v1::Job> job = store_.Get(job_id);
-    MUONMESH_RETURN_IF_ERROR(job.status());
+    MUONMESH_ASSIGN_OR_RETURN(v1::Job job, store_.Get(job_id));
     recovering_.erase(job_id);
-    if (job->state() == v1::JOB_STATE_CANCELLED) return job;
-    if (IsFinal(job->state())) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job ", job_id, " has already finished (", v1::JobState_Name(job->state()), ")"));
+    if (job.state() == v1::JOB_STATE_CANCELLED) return job;
+    if (IsFinal(job.state())) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " has already finished (",
+                                                        v1::JobState_Name(job.state()), ")"));
     }
     auto it = active_.find(job_id);
     if (it != active_.end()) {
@@ -489,9 +488,8 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id, const std:
         fleet_.Push(a.workers[r], std::move(stop));
       }
     }
-    absl::StatusOr<v1::JobEvent> e =
-        ChangeState(job_id, v1::JOB_STATE_CANCELLED, why, job->attempt());
-    MUONMESH_RETURN_IF_ERROR(e.status());
+    MUONMESH_ASSIGN_OR_RETURN(v1::JobEvent e,
+                              ChangeState(job_id, v1::JOB_STATE_CANCELLED, why, job.attempt()));
   }
   return store_.Get(job_id);
 }

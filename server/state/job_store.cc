@@ -269,9 +269,8 @@ absl::StatusOr<const JobStore::Row*> JobStore::Find(const std::string& job_id) c
 
 absl::StatusOr<v1::Job> JobStore::Get(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<const Row*> row = Find(job_id);
-  MUONMESH_RETURN_IF_ERROR(row.status());
-  return (*row)->job;
+  MUONMESH_ASSIGN_OR_RETURN(const Row* row, Find(job_id));
+  return (row)->job;
 }
 
 absl::StatusOr<JobStore::Page> JobStore::List(const std::vector<v1::JobState>& states,
@@ -324,9 +323,8 @@ absl::StatusOr<v1::JobEvent> JobStore::Append(const std::string& job_id, v1::Job
                                               int64_t now_ms,
                                               const std::function<void(v1::Job&)>& update) {
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<const Row*> found = Find(job_id);
-  MUONMESH_RETURN_IF_ERROR(found.status());
-  const Row& row = **found;
+  MUONMESH_ASSIGN_OR_RETURN(const Row* found, Find(job_id));
+  const Row& row = *found;
   v1::Job job = row.job;
   if (update) update(job);
   event.set_index(job.last_event_index() + 1);
@@ -349,10 +347,9 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(const std::string& jo
                                                            int64_t from_index,
                                                            int32_t limit) const {
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<const Row*> row = Find(job_id);
-  MUONMESH_RETURN_IF_ERROR(row.status());
+  MUONMESH_ASSIGN_OR_RETURN(const Row* row, Find(job_id));
   Statement q(db_, "SELECT event FROM events WHERE seq = ? AND idx >= ? ORDER BY idx LIMIT ?");
-  q.Int(1, (*row)->seq).Int(2, from_index).Int(3, std::max(limit, 1));
+  q.Int(1, (row)->seq).Int(2, from_index).Int(3, std::max(limit, 1));
   std::vector<v1::JobEvent> out;
   int rc;
   while ((rc = q.Step()) == SQLITE_ROW) {
@@ -367,11 +364,10 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(const std::string& jo
 
 absl::Status JobStore::PutStep(const std::string& job_id, const v1::StepRecord& record) {
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<const Row*> row = Find(job_id);
-  MUONMESH_RETURN_IF_ERROR(row.status());
+  MUONMESH_ASSIGN_OR_RETURN(const Row* row, Find(job_id));
   Statement put(db_,
                 "INSERT OR REPLACE INTO steps(seq, step, rank, record) VALUES(?, ?, ?, ?)");
-  return put.Int(1, (*row)->seq)
+  return put.Int(1, (row)->seq)
       .Int(2, record.step())
       .Int(3, record.rank())
       .Blob(4, Serialized(record))
@@ -396,13 +392,12 @@ absl::StatusOr<JobStore::StepPage> JobStore::Steps(const std::string& job_id, in
   }
   const int32_t want = PageSize(page_size, kDefaultStepPage, kMaxStepPage);
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<const Row*> row = Find(job_id);
-  MUONMESH_RETURN_IF_ERROR(row.status());
+  MUONMESH_ASSIGN_OR_RETURN(const Row* row, Find(job_id));
   Statement q(db_,
               "SELECT record FROM steps WHERE seq = ?1 AND (step, rank) >= (?2, ?3)"
               " AND step >= ?4 AND (?5 < 0 OR step <= ?5) AND (?6 < 0 OR rank = ?6)"
               " ORDER BY step, rank LIMIT ?7");
-  q.Int(1, (*row)->seq)
+  q.Int(1, (row)->seq)
       .Int(2, from_step)
       .Int(3, from_rank)
       .Int(4, first_step)

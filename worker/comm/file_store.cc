@@ -111,8 +111,7 @@ absl::StatusOr<std::optional<std::string>> FileStore::TryRead(const std::string&
 }
 
 absl::Status FileStore::Set(absl::string_view key, absl::string_view value) {
-  absl::StatusOr<std::string> path = PathFor(key);
-  MUONMESH_RETURN_IF_ERROR(path.status());
+  MUONMESH_ASSIGN_OR_RETURN(std::string path, PathFor(key));
 
   // A name no other writer (thread or process) can pick.
   static std::atomic<uint64_t> counter{0};
@@ -135,7 +134,7 @@ absl::Status FileStore::Set(absl::string_view key, absl::string_view value) {
   }
   // link(2) publishes the complete file atomically and refuses to replace an
   // existing one: the write-once rule, across processes.
-  const int linked = ::link(temp.c_str(), path->c_str());
+  const int linked = ::link(temp.c_str(), path.c_str());
   const int link_error = errno;
   ::unlink(temp.c_str());
   if (linked == 0) return absl::OkStatus();
@@ -143,23 +142,20 @@ absl::Status FileStore::Set(absl::string_view key, absl::string_view value) {
     return absl::UnavailableError(
         absl::StrCat("FileStore: publishing key '", key, "': ", ErrnoText(link_error)));
   }
-  absl::StatusOr<std::optional<std::string>> existing = TryRead(*path);
-  MUONMESH_RETURN_IF_ERROR(existing.status());
-  if (existing->has_value() && **existing == value) return absl::OkStatus();
+  MUONMESH_ASSIGN_OR_RETURN(std::optional<std::string> existing, TryRead(path));
+  if (existing.has_value() && *existing == value) return absl::OkStatus();
   return absl::AlreadyExistsError(
       absl::StrCat("FileStore: key '", key, "' is already set to a different value (keys are "
                    "write-once; use a fresh prefix per job attempt)"));
 }
 
 absl::StatusOr<std::string> FileStore::Get(absl::string_view key, absl::Duration timeout) {
-  absl::StatusOr<std::string> path = PathFor(key);
-  MUONMESH_RETURN_IF_ERROR(path.status());
+  MUONMESH_ASSIGN_OR_RETURN(std::string path, PathFor(key));
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration delay = kFirstPoll;
   while (true) {
-    absl::StatusOr<std::optional<std::string>> value = TryRead(*path);
-    MUONMESH_RETURN_IF_ERROR(value.status());
-    if (value->has_value()) return std::move(**value);
+    MUONMESH_ASSIGN_OR_RETURN(std::optional<std::string> value, TryRead(path));
+    if (value.has_value()) return std::move(*value);
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
           absl::StrCat("FileStore: key '", key, "' not set after ",
@@ -173,9 +169,8 @@ absl::Status FileStore::Wait(absl::Span<const std::string> keys, absl::Duration 
   std::vector<std::string> paths;
   paths.reserve(keys.size());
   for (const std::string& key : keys) {
-    absl::StatusOr<std::string> path = PathFor(key);
-    MUONMESH_RETURN_IF_ERROR(path.status());
-    paths.push_back(*std::move(path));
+    MUONMESH_ASSIGN_OR_RETURN(std::string path, PathFor(key));
+    paths.push_back(std::move(path));
   }
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration delay = kFirstPoll;

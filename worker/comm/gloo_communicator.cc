@@ -190,14 +190,13 @@ absl::Status GlooCommunicator::DoAllGather(const float* in, int64_t count, float
     if (in != own) std::memcpy(own, in, count * sizeof(float));
     return absl::OkStatus();
   }
-  absl::StatusOr<std::chrono::milliseconds> timeout = Remaining(deadline);
-  MUONMESH_RETURN_IF_ERROR(timeout.status());
+  MUONMESH_ASSIGN_OR_RETURN(std::chrono::milliseconds timeout, Remaining(deadline));
   return GuardGloo([&] {
     gloo::AllgatherOptions opts(context_);
     // Without an input Gloo works in place: `out` already holds our part.
     if (in != own) opts.setInput(const_cast<float*>(in), count);
     opts.setOutput(out, size() * count);
-    opts.setTimeout(*timeout);
+    opts.setTimeout(timeout);
     gloo::allgather(opts);
   });
 }
@@ -208,8 +207,7 @@ absl::Status GlooCommunicator::DoReduceScatter(const float* in, float* out, int6
   if (size() == 1) {
     parts[0] = in;
   } else {
-    absl::StatusOr<std::chrono::milliseconds> timeout = Remaining(deadline);
-    MUONMESH_RETURN_IF_ERROR(timeout.status());
+    MUONMESH_ASSIGN_OR_RETURN(std::chrono::milliseconds timeout, Remaining(deadline));
     // Chunk q of every rank's input lands at scratch_[q * count]: what a
     // ring reduce-scatter sends, (n-1) * count floats per rank.
     scratch_.resize(static_cast<size_t>(size() * count));
@@ -217,7 +215,7 @@ absl::Status GlooCommunicator::DoReduceScatter(const float* in, float* out, int6
       gloo::AlltoallOptions opts(context_);
       opts.setInput(const_cast<float*>(in), size() * count);
       opts.setOutput(scratch_.data(), size() * count);
-      opts.setTimeout(*timeout);
+      opts.setTimeout(timeout);
       gloo::alltoall(opts);
     });
     MUONMESH_RETURN_IF_ERROR(status);
@@ -271,13 +269,12 @@ absl::Status GlooCommunicator::DoAllReduce(float* inout, int64_t count, ReduceOp
 absl::Status GlooCommunicator::DoBroadcast(float* inout, int64_t count, int root,
                                            absl::Time deadline) {
   if (size() == 1) return absl::OkStatus();
-  absl::StatusOr<std::chrono::milliseconds> timeout = Remaining(deadline);
-  MUONMESH_RETURN_IF_ERROR(timeout.status());
+  MUONMESH_ASSIGN_OR_RETURN(std::chrono::milliseconds timeout, Remaining(deadline));
   return GuardGloo([&] {
     gloo::BroadcastOptions opts(context_);
     opts.setOutput(inout, count);  // the root sends from it in place
     opts.setRoot(root);
-    opts.setTimeout(*timeout);
+    opts.setTimeout(timeout);
     gloo::broadcast(opts);
   });
 }
@@ -290,26 +287,24 @@ absl::Status GlooCommunicator::DoAllToAllV(const float* send,
     if (send_counts[0] > 0) std::memcpy(recv, send, send_counts[0] * sizeof(float));
     return absl::OkStatus();
   }
-  absl::StatusOr<std::chrono::milliseconds> timeout = Remaining(deadline);
-  MUONMESH_RETURN_IF_ERROR(timeout.status());
+  MUONMESH_ASSIGN_OR_RETURN(std::chrono::milliseconds timeout, Remaining(deadline));
   // Even with all counts zero every rank must take part: Gloo exchanges
   // (empty) messages with every peer.
   return GuardGloo([&] {
     gloo::AlltoallvOptions opts(context_);
     opts.setInput(NonNull(send), std::vector<int64_t>(send_counts.begin(), send_counts.end()));
     opts.setOutput(NonNull(recv), std::vector<int64_t>(recv_counts.begin(), recv_counts.end()));
-    opts.setTimeout(*timeout);
+    opts.setTimeout(timeout);
     gloo::alltoallv(opts);
   });
 }
 
 absl::Status GlooCommunicator::DoBarrier(absl::Time deadline) {
   if (size() == 1) return absl::OkStatus();
-  absl::StatusOr<std::chrono::milliseconds> timeout = Remaining(deadline);
-  MUONMESH_RETURN_IF_ERROR(timeout.status());
+  MUONMESH_ASSIGN_OR_RETURN(std::chrono::milliseconds timeout, Remaining(deadline));
   return GuardGloo([&] {
     gloo::BarrierOptions opts(context_);
-    opts.setTimeout(*timeout);
+    opts.setTimeout(timeout);
     gloo::barrier(opts);
   });
 }

@@ -346,10 +346,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateInProcessCommunicator(
   if (options.hub == nullptr) {
     return absl::InvalidArgumentError("the in-process backend needs GroupOptions::hub");
   }
-  absl::StatusOr<std::shared_ptr<InProcessGroup>> joined =
-      JoinInProcessGroup(*options.hub, group_name, rank, size);
-  MUONMESH_RETURN_IF_ERROR(joined.status());
-  std::shared_ptr<InProcessGroup> group = *std::move(joined);
+  MUONMESH_ASSIGN_OR_RETURN(std::shared_ptr<InProcessGroup> joined,
+                            JoinInProcessGroup(*options.hub, group_name, rank, size));
+  std::shared_ptr<InProcessGroup> group = std::move(joined);
   {
     InProcessGroup& g = *group;
     absl::MutexLock lock(&g.mu);

@@ -243,13 +243,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
         store.Set(key, absl::string_view(reinterpret_cast<const char*>(&id), sizeof(id))),
         where(), ": publishing the unique id");
   } else {
-    absl::StatusOr<std::string> value = store.Get(key, options.connect_timeout);
-    MUONMESH_RETURN_IF_ERROR(value.status(), where(), ": waiting for the unique id");
-    if (value->size() != sizeof(id)) {
-      return absl::InternalError(absl::StrCat(where(), ": unique id of ", value->size(),
+    MUONMESH_ASSIGN_OR_RETURN(std::string value, store.Get(key, options.connect_timeout), where(),
+                              ": waiting for the unique id");
+    if (value.size() != sizeof(id)) {
+      return absl::InternalError(absl::StrCat(where(), ": unique id of ", value.size(),
                                               " bytes in the store, expected ", sizeof(id)));
     }
-    std::memcpy(&id, value->data(), sizeof(id));
+    std::memcpy(&id, value.data(), sizeof(id));
   }
 
   auto communicator = std::make_unique<NcclCommunicator>(group_name, rank, size, device);

@@ -359,12 +359,11 @@ class HeaderParser {
       if (AtEnd() || Peek() != '"')
         return Error(absl::StrCat("expected a quoted key, got ", Got()));
       const size_t key_pos = pos_;
-      absl::StatusOr<std::string> key = ParseString();
-      MUONMESH_RETURN_IF_ERROR(key.status());
+      MUONMESH_ASSIGN_OR_RETURN(std::string key, ParseString());
       SkipWhitespace();
       if (AtEnd() || Peek() != ':') return Error(absl::StrCat("expected ':', got ", Got()));
       ++pos_;
-      absl::Status s = on_member(*std::move(key), key_pos);
+      absl::Status s = on_member(std::move(key), key_pos);
       MUONMESH_RETURN_IF_ERROR(s);
       SkipWhitespace();
       if (!AtEnd() && Peek() == ',') {
@@ -418,9 +417,8 @@ class HeaderParser {
       if (AtEnd() || Peek() != '"') {
         return Error(absl::StrCat("__metadata__ values must be strings, got ", Got()));
       }
-      absl::StatusOr<std::string> value = ParseString();
-      MUONMESH_RETURN_IF_ERROR(value.status());
-      if (metadata_ != nullptr) (*metadata_)[key] = *std::move(value);
+      MUONMESH_ASSIGN_OR_RETURN(std::string value, ParseString());
+      if (metadata_ != nullptr) (*metadata_)[key] = std::move(value);
       return absl::OkStatus();
     });
   }
@@ -434,17 +432,16 @@ class HeaderParser {
         if (have_dtype) return ErrorAt(key_pos, "duplicate key \"dtype\"");
         have_dtype = true;
         const size_t value_pos = pos_;
-        absl::StatusOr<std::string> dtype = ParseString();
-        MUONMESH_RETURN_IF_ERROR(dtype.status());
-        if (*dtype == "F32") {
+        MUONMESH_ASSIGN_OR_RETURN(std::string dtype, ParseString());
+        if (dtype == "F32") {
           entry->dtype = Dtype::kF32;
-        } else if (*dtype == "F16") {
+        } else if (dtype == "F16") {
           entry->dtype = Dtype::kF16;
-        } else if (*dtype == "BF16") {
+        } else if (dtype == "BF16") {
           entry->dtype = Dtype::kBF16;
         } else {
           return ErrorAt(value_pos,
-                         absl::StrCat("dtype ", QuoteName(*dtype),
+                         absl::StrCat("dtype ", QuoteName(dtype),
                                       " is not supported: F32, F16 and BF16 are (read as fp32)"));
         }
         return absl::OkStatus();
@@ -456,9 +453,8 @@ class HeaderParser {
           if (index >= static_cast<size_t>(kMaxSafetensorsDims)) {
             return Error(absl::StrCat("more than ", kMaxSafetensorsDims, " dimensions"));
           }
-          absl::StatusOr<int64_t> dim = ParseNonNegative("a dimension");
-          MUONMESH_RETURN_IF_ERROR(dim.status());
-          entry->shape.push_back(*dim);
+          MUONMESH_ASSIGN_OR_RETURN(int64_t dim, ParseNonNegative("a dimension"));
+          entry->shape.push_back(dim);
           return absl::OkStatus();
         });
       }
@@ -470,9 +466,8 @@ class HeaderParser {
         size_t count = 0;
         absl::Status s = ParseArray("data_offsets", [&](size_t index) -> absl::Status {
           if (index >= 2) return Error("data_offsets must be [begin, end]: too many values");
-          absl::StatusOr<int64_t> v = ParseNonNegative("a data offset");
-          MUONMESH_RETURN_IF_ERROR(v.status());
-          offsets[index] = *v;
+          MUONMESH_ASSIGN_OR_RETURN(int64_t v, ParseNonNegative("a data offset"));
+          offsets[index] = v;
           count = index + 1;
           return absl::OkStatus();
         });
@@ -810,17 +805,15 @@ absl::Status WriteSafetensors(const std::string& path, absl::Span<const TensorVi
   for (const TensorView& t : tensors) entries.push_back({t.name, t.shape});
   // The data checks first, so that a bad list writes nothing at all.
   std::vector<uint64_t> bytes;
-  absl::StatusOr<std::string> header = BuildHeader(path, tensors, metadata, &bytes);
-  MUONMESH_RETURN_IF_ERROR(header.status());
-  absl::StatusOr<std::unique_ptr<SafetensorsWriter>> writer =
-      SafetensorsWriter::Create(path, std::move(entries), metadata);
-  MUONMESH_RETURN_IF_ERROR(writer.status());
+  MUONMESH_ASSIGN_OR_RETURN(std::string header, BuildHeader(path, tensors, metadata, &bytes));
+  MUONMESH_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsWriter> writer,
+                            SafetensorsWriter::Create(path, std::move(entries), metadata));
   for (size_t i = 0; i < tensors.size(); ++i) {
     const size_t count = static_cast<size_t>(bytes[i] / kBytesPerElement);
-    absl::Status st = (*writer)->Append(absl::MakeConstSpan(tensors[i].data, count));
+    absl::Status st = (writer)->Append(absl::MakeConstSpan(tensors[i].data, count));
     MUONMESH_RETURN_IF_ERROR(st);
   }
-  return (*writer)->Finish();
+  return (writer)->Finish();
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
@@ -829,9 +822,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   std::vector<TensorView> views;
   for (const Entry& e : tensors) views.push_back({e.name, e.shape, nullptr});
   std::vector<uint64_t> bytes;
-  absl::StatusOr<std::string> header =
-      BuildHeader(path, views, metadata, &bytes, /*require_data=*/false);
-  MUONMESH_RETURN_IF_ERROR(header.status());
+  MUONMESH_ASSIGN_OR_RETURN(std::string header,
+                            BuildHeader(path, views, metadata, &bytes, /*require_data=*/false));
   MUONMESH_RETURN_IF_ERROR(CheckReplaceable(path));
 
   std::string temp;
@@ -847,13 +839,13 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   std::unique_ptr<SafetensorsWriter> w(
       new SafetensorsWriter(path, temp, raw_fd, std::move(tensors), std::move(bytes)));
   unsigned char length_bytes[8];
-  uint64_t n = header->size();
+  uint64_t n = header.size();
   for (int i = 0; i < 8; ++i, n >>= 8) length_bytes[i] = static_cast<unsigned char>(n & 0xFF);
   if (absl::Status s = WriteAll(w->fd_, reinterpret_cast<const char*>(length_bytes), 8, temp);
       !s.ok()) {
     return s;  // the destructor removes the temporary file
   }
-  MUONMESH_RETURN_IF_ERROR(WriteAll(w->fd_, header->data(), header->size(), temp));
+  MUONMESH_RETURN_IF_ERROR(WriteAll(w->fd_, header.data(), header.size(), temp));
   return w;
 }
 

@@ -280,9 +280,8 @@ absl::Status NewtonSchulz::RunValidated(float* x, int64_t rows, int64_t cols,
 
   const float* result = nullptr;
   if (form == plan::NsAlgorithm::kSpectral) {
-    absl::StatusOr<const float*> spectral = EvaluateSpectral(m, n, options);
-    MUONMESH_RETURN_IF_ERROR(spectral.status());
-    result = *spectral;
+    MUONMESH_ASSIGN_OR_RETURN(const float* spectral, EvaluateSpectral(m, n, options));
+    result = spectral;
   } else {
     result = form == plan::NsAlgorithm::kGram ? IterateGram(m, n, options)
                                               : IterateStandard(m, n, options);

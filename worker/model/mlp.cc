@@ -130,11 +130,10 @@ absl::StatusOr<std::vector<float>> MlpForward(absl::Span<const int64_t> dims,
 absl::StatusOr<std::vector<float>> MlpForward(absl::Span<const int64_t> dims,
                                               absl::Span<const std::vector<float>> params,
                                               absl::Span<const float> x, int64_t n) {
-  absl::StatusOr<plan::ModelSpec> spec = MlpSpec(dims);
-  MUONMESH_RETURN_IF_ERROR(spec.status());
+  MUONMESH_ASSIGN_OR_RETURN(plan::ModelSpec spec, MlpSpec(dims));
   std::vector<const float*> ptrs;
   size_t index = 0;
-  for (const plan::UnitSpec& unit : spec->units) {
+  for (const plan::UnitSpec& unit : spec.units) {
     for (const plan::ParamSpec& p : unit.params) {
       int64_t size = 1;
       for (int64_t d : p.shape) size *= d;
@@ -168,8 +167,7 @@ Mlp::Mlp(std::vector<int64_t> dims, std::vector<float> x, std::vector<float> y,
 
 absl::StatusOr<Mlp> Mlp::Create(std::vector<int64_t> dims, std::vector<float> x,
                                 std::vector<float> y) {
-  absl::StatusOr<plan::ModelSpec> spec = MlpSpec(dims);
-  MUONMESH_RETURN_IF_ERROR(spec.status());
+  MUONMESH_ASSIGN_OR_RETURN(plan::ModelSpec spec, MlpSpec(dims));
   const int64_t d_in = dims.front();
   const int64_t d_out = dims.back();
   const int64_t x_size = static_cast<int64_t>(x.size());
@@ -190,7 +188,7 @@ absl::StatusOr<Mlp> Mlp::Create(std::vector<int64_t> dims, std::vector<float> x,
   }
   MUONMESH_RETURN_IF_ERROR(CheckFinite(x, "mlp data: x"));
   MUONMESH_RETURN_IF_ERROR(CheckFinite(y, "mlp data: y"));
-  return Mlp(std::move(dims), std::move(x), std::move(y), *std::move(spec));
+  return Mlp(std::move(dims), std::move(x), std::move(y), std::move(spec));
 }
 
 absl::StatusOr<Mlp> Mlp::FromTeacher(std::vector<int64_t> dims, uint64_t teacher_seed,
@@ -205,21 +203,18 @@ absl::StatusOr<Mlp> Mlp::FromTeacher(std::vector<int64_t> dims, uint64_t teacher
   }
   std::vector<float> x(static_cast<size_t>(samples * d_in));
   UniformStream(teacher_seed, kTeacherInputStream).Fill(0, samples * d_in, 1.0, x.data());
-  absl::StatusOr<std::vector<std::vector<float>>> teacher =
-      MlpInitialParams(dims, teacher_seed + 1);
-  MUONMESH_RETURN_IF_ERROR(teacher.status());
-  absl::StatusOr<std::vector<float>> y =
-      MlpForward(dims, absl::MakeConstSpan(*teacher), x, samples);
-  MUONMESH_RETURN_IF_ERROR(y.status());
-  return Create(std::move(dims), std::move(x), *std::move(y));
+  MUONMESH_ASSIGN_OR_RETURN(std::vector<std::vector<float>> teacher,
+                            MlpInitialParams(dims, teacher_seed + 1));
+  MUONMESH_ASSIGN_OR_RETURN(std::vector<float> y,
+                            MlpForward(dims, absl::MakeConstSpan(teacher), x, samples));
+  return Create(std::move(dims), std::move(x), std::move(y));
 }
 
 absl::Status Mlp::Initialize(uint64_t seed, absl::Span<float* const> params) const {
   MUONMESH_RETURN_IF_ERROR(CheckPointers(dims_, params.size(), AnyNull(params), "mlp init"));
-  absl::StatusOr<std::vector<std::vector<float>>> init = MlpInitialParams(dims_, seed);
-  MUONMESH_RETURN_IF_ERROR(init.status());
-  for (size_t i = 0; i < init->size(); ++i) {
-    std::copy((*init)[i].begin(), (*init)[i].end(), params[i]);
+  MUONMESH_ASSIGN_OR_RETURN(std::vector<std::vector<float>> init, MlpInitialParams(dims_, seed));
+  for (size_t i = 0; i < init.size(); ++i) {
+    std::copy((init)[i].begin(), (init)[i].end(), params[i]);
   }
   return absl::OkStatus();
 }
@@ -338,12 +333,11 @@ absl::StatusOr<double> Mlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& 
 
   // Acquires layer i's whole tensors (W_i, b_i), checked; released on error.
   auto acquire = [&](int64_t i) -> absl::StatusOr<absl::Span<const float* const>> {
-    absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(static_cast<int>(i));
-    MUONMESH_RETURN_IF_ERROR(p.status());
-    if (p->size() != 2 || AnyNull(*p)) {
+    MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, units.Acquire(static_cast<int>(i)));
+    if (p.size() != 2 || AnyNull(p)) {
       units.Release(static_cast<int>(i));
-      return absl::InvalidArgumentError(absl::StrCat(
-          "mlp: unit ", i, " was acquired as ", p->size(), " tensors, expected 2 non-null"));
+      return absl::InvalidArgumentError(absl::StrCat("mlp: unit ", i, " was acquired as ", p.size(),
+                                                     " tensors, expected 2 non-null"));
     }
     return p;
   };
@@ -356,14 +350,13 @@ absl::StatusOr<double> Mlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& 
   for (size_t i = 0; i < acts_.size(); ++i) act_ptrs_[i] = acts_[i].data();
   absl::Span<const float* const> held;  // the last layer's, kept into the backward pass
   for (int64_t i = 0; i < layers; ++i) {
-    absl::StatusOr<absl::Span<const float* const>> p = acquire(i);
-    MUONMESH_RETURN_IF_ERROR(p.status());
-    LinearForward(n, dims_[i], dims_[i + 1], act_ptrs_[i], (*p)[0], (*p)[1],
+    MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, acquire(i));
+    LinearForward(n, dims_[i], dims_[i + 1], act_ptrs_[i], (p)[0], (p)[1],
                   /*activate=*/i + 1 < layers, act_ptrs_[i + 1]);
     if (i + 1 < layers) {
       units.Release(static_cast<int>(i));
     } else {
-      held = *p;
+      held = p;
     }
   }
 
@@ -378,9 +371,8 @@ absl::StatusOr<double> Mlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& 
     const int u = static_cast<int>(i);
     absl::Span<const float* const> p = held;
     if (i + 1 < layers) {
-      absl::StatusOr<absl::Span<const float* const>> again = acquire(i);
-      MUONMESH_RETURN_IF_ERROR(again.status());
-      p = *again;
+      MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> again, acquire(i));
+      p = again;
     }
     HeldUnit unit(units, u);  // released after its commit, or on an error
     MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g, units.GradientBuffers(u));

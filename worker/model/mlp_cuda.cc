@@ -97,12 +97,11 @@ namespace {
 
 // Unit i's parameters, which must be two tensors (weight, bias).
 absl::StatusOr<absl::Span<const float* const>> AcquireLayer(UnitAccess& units, int64_t i) {
-  absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(static_cast<int>(i));
-  MUONMESH_RETURN_IF_ERROR(p.status());
-  if (p->size() != 2) {
+  MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, units.Acquire(static_cast<int>(i)));
+  if (p.size() != 2) {
     units.Release(static_cast<int>(i));
     return absl::InvalidArgumentError(
-        absl::StrCat("mlp: unit ", i, " was acquired as ", p->size(), " tensors, expected 2"));
+        absl::StrCat("mlp: unit ", i, " was acquired as ", p.size(), " tensors, expected 2"));
   }
   return p;
 }
@@ -113,13 +112,11 @@ absl::Status CudaMlp::ForwardLayers(UnitAccess& units, int64_t n,
                                     absl::Span<const float* const>* held) {
   const int64_t layers = static_cast<int64_t>(dims_.size()) - 1;
   for (int64_t i = 0; i < layers; ++i) {
-    absl::StatusOr<absl::Span<const float* const>> p = AcquireLayer(units, i);
-    MUONMESH_RETURN_IF_ERROR(p.status());
-    absl::Status st = Gemm(false, true, n, dims_[i + 1], dims_[i], acts_[i], (*p)[0], acts_[i + 1]);
+    MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, AcquireLayer(units, i));
+    absl::Status st = Gemm(false, true, n, dims_[i + 1], dims_[i], acts_[i], (p)[0], acts_[i + 1]);
     if (st.ok()) {
-      const cudaError_t e = cuda::internal::LaunchBiasActivate(acts_[i + 1], (*p)[1], n,
-                                                               dims_[i + 1], i + 1 < layers,
-                                                               stream_);
+      const cudaError_t e = cuda::internal::LaunchBiasActivate(
+          acts_[i + 1], (p)[1], n, dims_[i + 1], i + 1 < layers, stream_);
       if (e == cudaSuccess) {
         const cudaError_t s = cudaStreamSynchronize(stream_);
         if (s != cudaSuccess) st = cuda::CudaErrorToStatus(s, "sync", __FILE__, __LINE__);
@@ -134,7 +131,7 @@ absl::Status CudaMlp::ForwardLayers(UnitAccess& units, int64_t n,
     if (i + 1 < layers) {
       units.Release(static_cast<int>(i));
     } else {
-      *held = *p;
+      *held = p;
     }
   }
   return absl::OkStatus();
@@ -164,9 +161,8 @@ absl::Status CudaMlp::BackwardLayers(UnitAccess& units, int64_t n,
     const int u = static_cast<int>(i);
     absl::Span<const float* const> p = held;
     if (i + 1 < layers) {
-      absl::StatusOr<absl::Span<const float* const>> again = AcquireLayer(units, i);
-      MUONMESH_RETURN_IF_ERROR(again.status());
-      p = *again;
+      MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> again, AcquireLayer(units, i));
+      p = again;
     }
     HeldUnit unit(units, u);  // released after its commit, or on an error
     MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g, units.GradientBuffers(u));

@@ -151,8 +151,7 @@ MoeMlp::MoeMlp(const MoeMlpDims& dims, std::vector<float> x, std::vector<float> 
 
 absl::StatusOr<MoeMlp> MoeMlp::Create(const MoeMlpDims& dims, std::vector<float> x,
                                       std::vector<float> y) {
-  absl::StatusOr<plan::ModelSpec> spec = MoeMlpSpec(dims);
-  MUONMESH_RETURN_IF_ERROR(spec.status());
+  MUONMESH_ASSIGN_OR_RETURN(plan::ModelSpec spec, MoeMlpSpec(dims));
   const int64_t x_size = static_cast<int64_t>(x.size());
   if (x_size == 0 || x_size % dims.d_in != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -172,7 +171,7 @@ absl::StatusOr<MoeMlp> MoeMlp::Create(const MoeMlpDims& dims, std::vector<float>
   }
   MUONMESH_RETURN_IF_ERROR(CheckFinite(x, "moe_mlp data: x"));
   MUONMESH_RETURN_IF_ERROR(CheckFinite(y, "moe_mlp data: y"));
-  return MoeMlp(dims, std::move(x), std::move(y), *std::move(spec));
+  return MoeMlp(dims, std::move(x), std::move(y), std::move(spec));
 }
 
 absl::StatusOr<MoeMlp> MoeMlp::FromTeacher(const MoeMlpDims& dims, uint64_t teacher_seed,
@@ -187,17 +186,15 @@ absl::StatusOr<MoeMlp> MoeMlp::FromTeacher(const MoeMlpDims& dims, uint64_t teac
   }
   std::vector<float> x(static_cast<size_t>(samples * dims.d_in));
   UniformStream(teacher_seed, kTeacherInputStream).Fill(0, samples * dims.d_in, 1.0, x.data());
-  absl::StatusOr<std::vector<std::vector<float>>> teacher =
-      MoeMlpInitialParams(dims, teacher_seed + 1);
-  MUONMESH_RETURN_IF_ERROR(teacher.status());
-  absl::StatusOr<MoeMlp> probe =
-      Create(dims, x, std::vector<float>(static_cast<size_t>(samples * dims.d_out), 0.0f));
-  MUONMESH_RETURN_IF_ERROR(probe.status());
+  MUONMESH_ASSIGN_OR_RETURN(std::vector<std::vector<float>> teacher,
+                            MoeMlpInitialParams(dims, teacher_seed + 1));
+  MUONMESH_ASSIGN_OR_RETURN(
+      MoeMlp probe,
+      Create(dims, x, std::vector<float>(static_cast<size_t>(samples * dims.d_out), 0.0f)));
   std::vector<const float*> ptrs;
-  for (const std::vector<float>& t : *teacher) ptrs.push_back(t.data());
-  absl::StatusOr<std::vector<float>> y = probe->Forward(ptrs, samples);
-  MUONMESH_RETURN_IF_ERROR(y.status());
-  return Create(dims, std::move(x), *std::move(y));
+  for (const std::vector<float>& t : teacher) ptrs.push_back(t.data());
+  MUONMESH_ASSIGN_OR_RETURN(std::vector<float> y, probe.Forward(ptrs, samples));
+  return Create(dims, std::move(x), std::move(y));
 }
 
 absl::Status MoeMlp::Initialize(uint64_t seed, absl::Span<float* const> params) const {
@@ -269,12 +266,11 @@ absl::Status MoeMlp::ForwardPass(UnitAccess& units, absl::Span<const int64_t> sa
   }
   MUONMESH_RETURN_IF_ERROR(InputLayer(units, samples));
   {
-    absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(1);
-    MUONMESH_RETURN_IF_ERROR(p.status());
+    MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, units.Acquire(1));
     Held held1(units, 1);
-    MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(*p, 1, "parameters"));
-    MUONMESH_RETURN_IF_ERROR(DispatchTokens(units, n, (*p)[0]));
-    RunExperts((*p)[1], (*p)[2]);
+    MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(p, 1, "parameters"));
+    MUONMESH_RETURN_IF_ERROR(DispatchTokens(units, n, (p)[0]));
+    RunExperts((p)[1], (p)[2]);
     MUONMESH_RETURN_IF_ERROR(CombineExpertOutputs(units, n));
   }
   return OutputLayer(units, n);
@@ -288,14 +284,13 @@ absl::Status MoeMlp::InputLayer(UnitAccess& units, absl::Span<const int64_t> sam
   for (int64_t s = 0; s < n; ++s) {
     std::copy_n(x_.data() + samples[s] * d_in, d_in, xs_.data() + s * d_in);
   }
-  absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(0);
-  MUONMESH_RETURN_IF_ERROR(p.status());
+  MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, units.Acquire(0));
   Held held(units, 0);
-  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(*p, 0, "parameters"));
+  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(p, 0, "parameters"));
   h_.resize(n * d);
-  Gemm(false, true, n, d, d_in, 1.0f, xs_.data(), (*p)[0], 0.0f, h_.data());
+  Gemm(false, true, n, d, d_in, 1.0f, xs_.data(), (p)[0], 0.0f, h_.data());
   for (int64_t s = 0; s < n; ++s) {
-    for (int64_t j = 0; j < d; ++j) h_[s * d + j] = std::tanh(h_[s * d + j] + (*p)[1][j]);
+    for (int64_t j = 0; j < d; ++j) h_[s * d + j] = std::tanh(h_[s * d + j] + (p)[1][j]);
   }
   return absl::OkStatus();
 }
@@ -406,18 +401,17 @@ absl::Status MoeMlp::OutputLayer(UnitAccess& units, int64_t n) {
   const int64_t d = dims_.d_model;
   const int64_t d_out = dims_.d_out;
   // Stays acquired for the backward pass.
-  absl::StatusOr<absl::Span<const float* const>> out = units.Acquire(2);
-  MUONMESH_RETURN_IF_ERROR(out.status());
-  if (absl::Status st = CheckUnitTensors(*out, 2, "parameters"); !st.ok()) {
+  MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> out, units.Acquire(2));
+  if (absl::Status st = CheckUnitTensors(out, 2, "parameters"); !st.ok()) {
     units.Release(2);
     return st;
   }
   y_out_.resize(n * d_out);
-  Gemm(false, true, n, d_out, d, 1.0f, z_.data(), (*out)[0], 0.0f, y_out_.data());
+  Gemm(false, true, n, d_out, d, 1.0f, z_.data(), (out)[0], 0.0f, y_out_.data());
   for (int64_t s = 0; s < n; ++s) {
-    for (int64_t o = 0; o < d_out; ++o) y_out_[s * d_out + o] += (*out)[1][o];
+    for (int64_t o = 0; o < d_out; ++o) y_out_[s * d_out + o] += (out)[1][o];
   }
-  out_params_ = *out;
+  out_params_ = out;
   return absl::OkStatus();
 }
 
@@ -427,8 +421,7 @@ absl::StatusOr<double> MoeMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAcces
   MUONMESH_RETURN_IF_ERROR(ForwardPass(units, samples));
   const int64_t n = static_cast<int64_t>(samples.size());
   std::vector<float> dz;
-  absl::StatusOr<double> loss = OutputBackward(units, samples, &dz);
-  MUONMESH_RETURN_IF_ERROR(loss.status());
+  MUONMESH_ASSIGN_OR_RETURN(double loss, OutputBackward(units, samples, &dz));
   std::vector<float> dh;
   MUONMESH_RETURN_IF_ERROR(ExpertsBackward(units, n, dz, &dh));
 
@@ -436,13 +429,12 @@ absl::StatusOr<double> MoeMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAcces
   // needed).
   const int64_t d = dims_.d_model;
   for (int64_t k = 0; k < n * d; ++k) dh[k] *= 1.0f - h_[k] * h_[k];
-  absl::StatusOr<absl::Span<float* const>> g0 = units.GradientBuffers(0);
-  MUONMESH_RETURN_IF_ERROR(g0.status());
-  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(*g0, 0, "gradients"));
-  Gemm(true, false, d, dims_.d_in, n, 1.0f, dh.data(), xs_.data(), 0.0f, (*g0)[0]);
-  ColumnSums(dh.data(), n, d, (*g0)[1]);
+  MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g0, units.GradientBuffers(0));
+  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(g0, 0, "gradients"));
+  Gemm(true, false, d, dims_.d_in, n, 1.0f, dh.data(), xs_.data(), 0.0f, (g0)[0]);
+  ColumnSums(dh.data(), n, d, (g0)[1]);
   MUONMESH_RETURN_IF_ERROR(units.Commit(0));
-  return *loss;
+  return loss;
 }
 
 absl::StatusOr<double> MoeMlp::OutputBackward(UnitAccess& units,
@@ -466,11 +458,10 @@ absl::StatusOr<double> MoeMlp::OutputBackward(UnitAccess& units,
     }
   }
   dz->assign(n * d, 0.0f);
-  absl::StatusOr<absl::Span<float* const>> g = units.GradientBuffers(2);
-  MUONMESH_RETURN_IF_ERROR(g.status());
-  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(*g, 2, "gradients"));
-  Gemm(true, false, d_out, d, n, 1.0f, dy.data(), z_.data(), 0.0f, (*g)[0]);
-  ColumnSums(dy.data(), n, d_out, (*g)[1]);
+  MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g, units.GradientBuffers(2));
+  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(g, 2, "gradients"));
+  Gemm(true, false, d_out, d, n, 1.0f, dy.data(), z_.data(), 0.0f, (g)[0]);
+  ColumnSums(dy.data(), n, d_out, (g)[1]);
   Gemm(false, false, n, d, d_out, 1.0f, dy.data(), out_params_[0], 0.0f, dz->data());
   MUONMESH_RETURN_IF_ERROR(units.Commit(2));
   return loss_sum / denom;
@@ -481,10 +472,9 @@ absl::Status MoeMlp::ExpertsBackward(UnitAccess& units, int64_t n, const std::ve
   const int64_t d = dims_.d_model;
   const int64_t e_total = dims_.num_experts;
   const int ep = units.expert_parallel_size();
-  absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(1);
-  MUONMESH_RETURN_IF_ERROR(p.status());
+  MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, units.Acquire(1));
   Held held1(units, 1);
-  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(*p, 1, "parameters"));
+  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(p, 1, "parameters"));
   std::vector<double> dgate(n);
   for (int64_t s = 0; s < n; ++s) {
     double sum = 0.0;
@@ -505,10 +495,9 @@ absl::Status MoeMlp::ExpertsBackward(UnitAccess& units, int64_t n, const std::ve
   }
   MUONMESH_RETURN_IF_ERROR(
       units.ExchangeTokens(send_.data(), send_counts, recv_.data(), recv_counts));
-  absl::StatusOr<absl::Span<float* const>> g = units.GradientBuffers(1);
-  MUONMESH_RETURN_IF_ERROR(g.status());
-  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(*g, 1, "gradients"));
-  ExpertGradients(ep, (*p)[1], (*p)[2], (*g)[1], (*g)[2]);
+  MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g, units.GradientBuffers(1));
+  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(g, 1, "gradients"));
+  ExpertGradients(ep, (p)[1], (p)[2], (g)[1], (g)[2]);
   MUONMESH_RETURN_IF_ERROR(
       units.ExchangeTokens(recv_.data(), recv_counts, send_.data(), send_counts));
   *dh = dz;
@@ -519,8 +508,8 @@ absl::Status MoeMlp::ExpertsBackward(UnitAccess& units, int64_t n, const std::ve
   // Router: dL/dlogit_j = g_e (delta_je - g_j) dL/dg_e.
   std::vector<float> dlogits(n * e_total);
   RouterLogitGradient(g_.data(), routing_, dgate.data(), n, e_total, dlogits.data());
-  Gemm(true, false, e_total, d, n, 1.0f, dlogits.data(), h_.data(), 0.0f, (*g)[0]);
-  Gemm(false, false, n, d, e_total, 1.0f, dlogits.data(), (*p)[0], 1.0f, dh->data());
+  Gemm(true, false, e_total, d, n, 1.0f, dlogits.data(), h_.data(), 0.0f, (g)[0]);
+  Gemm(false, false, n, d, e_total, 1.0f, dlogits.data(), (p)[0], 1.0f, dh->data());
   return units.Commit(1);
 }
 

@@ -180,15 +180,14 @@ absl::Status CudaMoeMlp::InputForward(UnitAccess& units, int64_t n) {
   const MoeMlpDims& dm = cpu_.dims();
   const int64_t d_in = dm.d_in, d = dm.d_model;
   Scratch& s = *scratch_;
-    absl::StatusOr<absl::Span<const float* const>> p = units.Acquire(0);
-    MUONMESH_RETURN_IF_ERROR(p.status());
-    Held held(units, 0);
-    SyncOnExit synced(stream_);
-    MUONMESH_RETURN_IF_ERROR(Expect(*p, 2, 0, "parameters"));
-    MUONMESH_RETURN_IF_ERROR(Gemm(false, true, n, d, d_in, 1.0f, s.xs.get(), (*p)[0], 0.0f,
-                                  s.h.get()));
-    MUONMESH_LAUNCH(k::LaunchBiasActivate(s.h.get(), (*p)[1], n, d, true, stream_));
-    MUONMESH_RETURN_IF_ERROR(Sync());
+  MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, units.Acquire(0));
+  Held held(units, 0);
+  SyncOnExit synced(stream_);
+  MUONMESH_RETURN_IF_ERROR(Expect(p, 2, 0, "parameters"));
+  MUONMESH_RETURN_IF_ERROR(
+      Gemm(false, true, n, d, d_in, 1.0f, s.xs.get(), (p)[0], 0.0f, s.h.get()));
+  MUONMESH_LAUNCH(k::LaunchBiasActivate(s.h.get(), (p)[1], n, d, true, stream_));
+  MUONMESH_RETURN_IF_ERROR(Sync());
   return absl::OkStatus();
 }
 
@@ -316,14 +315,13 @@ absl::StatusOr<double> CudaMoeMlp::OutputLayer(UnitAccess& units, int64_t n) {
   const MoeMlpDims& dm = cpu_.dims();
   const int64_t d = dm.d_model, d_out = dm.d_out;
   Scratch& s = *scratch_;
-  absl::StatusOr<absl::Span<const float* const>> p2 = units.Acquire(2);
-  MUONMESH_RETURN_IF_ERROR(p2.status());
+  MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p2, units.Acquire(2));
   Held held2(units, 2);
   SyncOnExit synced2(stream_);
-  MUONMESH_RETURN_IF_ERROR(Expect(*p2, 2, 2, "parameters"));
-  MUONMESH_RETURN_IF_ERROR(Gemm(false, true, n, d_out, d, 1.0f, s.z.get(), (*p2)[0], 0.0f,
-                                s.yout.get()));
-  MUONMESH_LAUNCH(k::LaunchBiasActivate(s.yout.get(), (*p2)[1], n, d_out, false, stream_));
+  MUONMESH_RETURN_IF_ERROR(Expect(p2, 2, 2, "parameters"));
+  MUONMESH_RETURN_IF_ERROR(
+      Gemm(false, true, n, d_out, d, 1.0f, s.z.get(), (p2)[0], 0.0f, s.yout.get()));
+  MUONMESH_LAUNCH(k::LaunchBiasActivate(s.yout.get(), (p2)[1], n, d_out, false, stream_));
   const double denom = static_cast<double>(n) * static_cast<double>(d_out);
   MUONMESH_LAUNCH(k::LaunchOutputDelta(s.yout.get(), y_, s.samples.get(), n, d_out, denom,
                                        s.dy.get(), s.partial.get(), stream_));
@@ -335,14 +333,13 @@ absl::StatusOr<double> CudaMoeMlp::OutputLayer(UnitAccess& units, int64_t n) {
   double loss_sum = 0.0;
   for (double v : partial) loss_sum += v;
   {
-    absl::StatusOr<absl::Span<float* const>> g2 = units.GradientBuffers(2);
-    MUONMESH_RETURN_IF_ERROR(g2.status());
-    MUONMESH_RETURN_IF_ERROR(Expect(*g2, 2, 2, "gradients"));
+    MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g2, units.GradientBuffers(2));
+    MUONMESH_RETURN_IF_ERROR(Expect(g2, 2, 2, "gradients"));
     MUONMESH_RETURN_IF_ERROR(
-        Gemm(true, false, d_out, d, n, 1.0f, s.dy.get(), s.z.get(), 0.0f, (*g2)[0]));
-    MUONMESH_LAUNCH(k::LaunchColumnSums(s.dy.get(), n, d_out, (*g2)[1], stream_));
+        Gemm(true, false, d_out, d, n, 1.0f, s.dy.get(), s.z.get(), 0.0f, (g2)[0]));
+    MUONMESH_LAUNCH(k::LaunchColumnSums(s.dy.get(), n, d_out, (g2)[1], stream_));
     MUONMESH_RETURN_IF_ERROR(
-        Gemm(false, false, n, d, d_out, 1.0f, s.dy.get(), (*p2)[0], 0.0f, s.dz.get()));
+        Gemm(false, false, n, d, d_out, 1.0f, s.dy.get(), (p2)[0], 0.0f, s.dz.get()));
     MUONMESH_RETURN_IF_ERROR(Sync());
     MUONMESH_RETURN_IF_ERROR(units.Commit(2));
   }
@@ -358,14 +355,13 @@ absl::Status CudaMoeMlp::ExpertsBackward(UnitAccess& units, const Pass& pass) {
   const int ep = pass.ep;
   const std::vector<int64_t>& ex_begin = pass.ex_begin;
   Scratch& s = *scratch_;
-  absl::StatusOr<absl::Span<const float* const>> p1 = units.Acquire(1);
-  MUONMESH_RETURN_IF_ERROR(p1.status());
+  MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p1, units.Acquire(1));
   Held again(units, 1);
   SyncOnExit synced_again(stream_);
-  MUONMESH_RETURN_IF_ERROR(Expect(*p1, 3, 1, "parameters"));
-  const float* w_router = (*p1)[0];
-  const float* w1 = (*p1)[1];
-  const float* w2 = (*p1)[2];
+  MUONMESH_RETURN_IF_ERROR(Expect(p1, 3, 1, "parameters"));
+  const float* w_router = (p1)[0];
+  const float* w1 = (p1)[1];
+  const float* w2 = (p1)[2];
   std::vector<double> dgate(n);
   MUONMESH_LAUNCH(k::LaunchRowDots(s.dz.get(), s.o.get(), n, d, s.dots.get(), stream_));
   MUONMESH_CUDA_CHECK(cudaMemcpyAsync(dgate.data(), s.dots.get(), sizeof(double) * n,
@@ -375,12 +371,11 @@ absl::Status CudaMoeMlp::ExpertsBackward(UnitAccess& units, const Pass& pass) {
   MUONMESH_RETURN_IF_ERROR(Sync());
   MUONMESH_RETURN_IF_ERROR(
       units.ExchangeTokens(s.send.get(), pass.send_counts, s.recv.get(), pass.recv_counts));
-  absl::StatusOr<absl::Span<float* const>> g1 = units.GradientBuffers(1);
-  MUONMESH_RETURN_IF_ERROR(g1.status());
-  MUONMESH_RETURN_IF_ERROR(Expect(*g1, 3, 1, "gradients"));
-  float* gw_router = (*g1)[0];
-  float* gw1 = (*g1)[1];
-  float* gw2 = (*g1)[2];
+  MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g1, units.GradientBuffers(1));
+  MUONMESH_RETURN_IF_ERROR(Expect(g1, 3, 1, "gradients"));
+  float* gw_router = (g1)[0];
+  float* gw1 = (g1)[1];
+  float* gw2 = (g1)[2];
   const float alpha = 1.0f / static_cast<float>(ep);  // the mean loss of the EP ranks
   MUONMESH_LAUNCH(
       k::LaunchGatherRows(s.recv.get(), s.ex_order.get(), received, d, s.ex_do.get(), stream_));
@@ -435,12 +430,11 @@ absl::Status CudaMoeMlp::InputBackward(UnitAccess& units, int64_t n) {
   const int64_t d_in = dm.d_in, d = dm.d_model;
   Scratch& s = *scratch_;
   MUONMESH_LAUNCH(k::LaunchTanhBackward(s.dh.get(), s.h.get(), n * d, stream_));
-  absl::StatusOr<absl::Span<float* const>> g0 = units.GradientBuffers(0);
-  MUONMESH_RETURN_IF_ERROR(g0.status());
-  MUONMESH_RETURN_IF_ERROR(Expect(*g0, 2, 0, "gradients"));
+  MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g0, units.GradientBuffers(0));
+  MUONMESH_RETURN_IF_ERROR(Expect(g0, 2, 0, "gradients"));
   MUONMESH_RETURN_IF_ERROR(
-      Gemm(true, false, d, d_in, n, 1.0f, s.dh.get(), s.xs.get(), 0.0f, (*g0)[0]));
-  MUONMESH_LAUNCH(k::LaunchColumnSums(s.dh.get(), n, d, (*g0)[1], stream_));
+      Gemm(true, false, d, d_in, n, 1.0f, s.dh.get(), s.xs.get(), 0.0f, (g0)[0]));
+  MUONMESH_LAUNCH(k::LaunchColumnSums(s.dh.get(), n, d, (g0)[1], stream_));
   MUONMESH_RETURN_IF_ERROR(Sync());
   MUONMESH_RETURN_IF_ERROR(units.Commit(0));
   return absl::OkStatus();
@@ -468,23 +462,21 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
 
   // Router, dispatch, experts, combine.
   {
-    absl::StatusOr<absl::Span<const float* const>> p1 = units.Acquire(1);
-    MUONMESH_RETURN_IF_ERROR(p1.status());
+    MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p1, units.Acquire(1));
     Held held1(units, 1);
     SyncOnExit synced1(stream_);
-    MUONMESH_RETURN_IF_ERROR(Expect(*p1, 3, 1, "parameters"));
-    MUONMESH_RETURN_IF_ERROR(Dispatch(units, (*p1)[0], pass));
-    MUONMESH_RETURN_IF_ERROR(ExpertsForward(units, (*p1)[1], (*p1)[2], pass));
+    MUONMESH_RETURN_IF_ERROR(Expect(p1, 3, 1, "parameters"));
+    MUONMESH_RETURN_IF_ERROR(Dispatch(units, (p1)[0], pass));
+    MUONMESH_RETURN_IF_ERROR(ExpertsForward(units, (p1)[1], (p1)[2], pass));
   }
   MUONMESH_LAUNCH(k::LaunchScatterRows(s.send.get(), s.order.get(), n, d, s.o.get(), stream_));
   MUONMESH_LAUNCH(
       k::LaunchGatedResidual(s.h.get(), s.gate.get(), s.o.get(), n, d, s.z.get(), stream_));
 
-  absl::StatusOr<double> loss_sum = OutputLayer(units, n);
-  MUONMESH_RETURN_IF_ERROR(loss_sum.status());
+  MUONMESH_ASSIGN_OR_RETURN(double loss_sum, OutputLayer(units, n));
   MUONMESH_RETURN_IF_ERROR(ExpertsBackward(units, pass));
   MUONMESH_RETURN_IF_ERROR(InputBackward(units, n));
-  return *loss_sum / (static_cast<double>(n) * static_cast<double>(dm.d_out));
+  return loss_sum / (static_cast<double>(n) * static_cast<double>(dm.d_out));
 }
 
 }  // namespace muonmesh::worker

@@ -34,9 +34,8 @@ Synthetic::Synthetic(plan::ModelSpec spec, uint64_t gradient_seed)
 
 absl::StatusOr<Synthetic> Synthetic::Create(const plan::ModelSpec& spec, double scale,
                                             int64_t expert_divisor, uint64_t gradient_seed) {
-  absl::StatusOr<plan::ModelSpec> scaled = ScaleModelSpec(spec, scale, expert_divisor);
-  MUONMESH_RETURN_IF_ERROR(scaled.status());
-  return Synthetic(*std::move(scaled), gradient_seed);
+  MUONMESH_ASSIGN_OR_RETURN(plan::ModelSpec scaled, ScaleModelSpec(spec, scale, expert_divisor));
+  return Synthetic(std::move(scaled), gradient_seed);
 }
 
 absl::Status Synthetic::CheckTensors(size_t count, bool any_null, const char* what) const {
@@ -88,18 +87,17 @@ absl::StatusOr<double> Synthetic::ForwardBackwardByUnit(int64_t step, UnitAccess
     // The parameters are never read, but a real model gathers each unit for
     // its forward pass: acquire it (the traffic the plan counts) and let it
     // go before the gradients are written, so that the two never coexist.
-    absl::StatusOr<absl::Span<const float* const>> params = units.Acquire(static_cast<int>(u));
-    MUONMESH_RETURN_IF_ERROR(params.status());
+    MUONMESH_RETURN_IF_ERROR(units.Acquire(static_cast<int>(u)).status());
     units.Release(static_cast<int>(u));
-    absl::StatusOr<absl::Span<float* const>> grads = units.GradientBuffers(static_cast<int>(u));
-    MUONMESH_RETURN_IF_ERROR(grads.status());
-    if (grads->size() != count || AnyNull(*grads)) {
-      return absl::InvalidArgumentError(absl::StrCat("synthetic: unit ", u, " has ",
-                                                     grads->size(), " gradient buffers, expected ",
-                                                     count, " non-null"));
+    MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> grads,
+                              units.GradientBuffers(static_cast<int>(u)));
+    if (grads.size() != count || AnyNull(grads)) {
+      return absl::InvalidArgumentError(absl::StrCat("synthetic: unit ", u, " has ", grads.size(),
+                                                     " gradient buffers, expected ", count,
+                                                     " non-null"));
     }
     for (size_t j = 0; j < count; ++j, ++p) {
-      float* g = (*grads)[j];
+      float* g = (grads)[j];
       const UniformStream stream(seed, p);
       if (!spec_.units[u].params[j].expert || ep == 1) {
         stream.Fill(0, elements_[p], kGradientScale, g);

@@ -77,14 +77,12 @@ absl::StatusOr<double> CudaSynthetic::ForwardBackwardByUnit(int64_t step, UnitAc
   size_t p = 0;
   for (size_t u = 0; u < spec.units.size(); ++u) {
     const size_t count = spec.units[u].params.size();
-    absl::StatusOr<absl::Span<const float* const>> params = units.Acquire(static_cast<int>(u));
-    MUONMESH_RETURN_IF_ERROR(params.status());
+    MUONMESH_RETURN_IF_ERROR(units.Acquire(static_cast<int>(u)).status());
     units.Release(static_cast<int>(u));
-    absl::StatusOr<absl::Span<float* const>> grads = units.GradientBuffers(static_cast<int>(u));
-    MUONMESH_RETURN_IF_ERROR(grads.status());
-    if (grads->size() != count) {
-      return absl::InvalidArgumentError(absl::StrCat("synthetic: unit ", u, " has ",
-                                                     grads->size(),
+    MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> grads,
+                              units.GradientBuffers(static_cast<int>(u)));
+    if (grads.size() != count) {
+      return absl::InvalidArgumentError(absl::StrCat("synthetic: unit ", u, " has ", grads.size(),
                                                      " gradient buffers, expected ", count));
     }
     for (size_t j = 0; j < count; ++j, ++p) {
@@ -93,12 +91,10 @@ absl::StatusOr<double> CudaSynthetic::ForwardBackwardByUnit(int64_t step, UnitAc
       const int64_t local = split ? elements[p] / ep : elements[p];
       const int64_t first = split ? local * units.expert_parallel_index() : 0;
       MUONMESH_CUDA_CHECK(cuda::internal::LaunchUniformFill(
-          key, static_cast<uint64_t>(first), local, kSyntheticGradientScale, (*grads)[j],
-          stream_));
+          key, static_cast<uint64_t>(first), local, kSyntheticGradientScale, (grads)[j], stream_));
       if (!split) {
-        absl::StatusOr<double> s = SumSquares((*grads)[j], local);
-        MUONMESH_RETURN_IF_ERROR(s.status());
-        sum += *s;
+        MUONMESH_ASSIGN_OR_RETURN(double s, SumSquares((grads)[j], local));
+        sum += s;
         continue;
       }
       // The loss covers the whole stack: the other groups' slices too.
@@ -106,9 +102,8 @@ absl::StatusOr<double> CudaSynthetic::ForwardBackwardByUnit(int64_t step, UnitAc
         const int64_t n = std::min(kScratch, elements[p] - k);
         MUONMESH_CUDA_CHECK(cuda::internal::LaunchUniformFill(
             key, static_cast<uint64_t>(k), n, kSyntheticGradientScale, scratch_, stream_));
-        absl::StatusOr<double> s = SumSquares(scratch_, n);
-        MUONMESH_RETURN_IF_ERROR(s.status());
-        sum += *s;
+        MUONMESH_ASSIGN_OR_RETURN(double s, SumSquares(scratch_, n));
+        sum += s;
       }
     }
     MUONMESH_CUDA_CHECK(cudaStreamSynchronize(stream_));

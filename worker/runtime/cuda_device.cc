@@ -75,9 +75,8 @@ class CudaDevice final : public Device {
                                       count));
   }
   absl::StatusOr<bool> AllFinite(const float* x, int64_t count) override {
-    absl::StatusOr<int64_t> first = optimizer_->FirstNonFinite(x, count);
-    MUONMESH_RETURN_IF_ERROR(first.status());
-    return *first >= count;
+    MUONMESH_ASSIGN_OR_RETURN(int64_t first, optimizer_->FirstNonFinite(x, count));
+    return first >= count;
   }
   absl::Status NewtonSchulz(float* x, int64_t rows, int64_t cols,
                             const math::NsOptions& options) override {

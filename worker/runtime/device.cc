@@ -4,9 +4,8 @@
 namespace muonmesh::worker {
 
 absl::StatusOr<DeviceBuffer> Device::AllocateZeroed(int64_t count) {
-  absl::StatusOr<DeviceBuffer> b = Allocate(count);
-  MUONMESH_RETURN_IF_ERROR(b.status());
-  MUONMESH_RETURN_IF_ERROR(Fill(b->data(), count, 0.0f));
+  MUONMESH_ASSIGN_OR_RETURN(DeviceBuffer b, Allocate(count));
+  MUONMESH_RETURN_IF_ERROR(Fill(b.data(), count, 0.0f));
   return b;
 }
 

@@ -235,9 +235,8 @@ absl::Status Trainer::Impl::WaveRun::Gather() {
     for (size_t i = 0; i < u.matrices.size(); ++i) {
       if (!u.holds[i]) continue;
       const plan::MatrixPlan& mp = MatricesOf(u)[u.matrices[i]];
-      absl::StatusOr<DeviceBuffer> b = m.dev->AllocateZeroed(mp.rows * mp.cols);
-      MUONMESH_RETURN_IF_ERROR(b.status());
-      u.whole[i] = *std::move(b);
+      MUONMESH_ASSIGN_OR_RETURN(DeviceBuffer b, m.dev->AllocateZeroed(mp.rows * mp.cols));
+      u.whole[i] = std::move(b);
     }
   }
   report->times.muon_prepare += absl::Now() - t0;

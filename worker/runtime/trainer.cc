@@ -82,9 +82,8 @@ absl::StatusOr<StepReport> Trainer::Step() {
   // update, instead of one rank refusing while the others wait for it.
   float pair[2] = {static_cast<float>(*loss), 0.0f};
   for (const UnitState& u : m.units) {
-    absl::StatusOr<bool> finite = m.dev->AllFinite(u.grad.data(), u.grad.size());
-    MUONMESH_RETURN_IF_ERROR(finite.status());
-    if (!*finite) pair[1] = 1.0f;
+    MUONMESH_ASSIGN_OR_RETURN(bool finite, m.dev->AllFinite(u.grad.data(), u.grad.size()));
+    if (!finite) pair[1] = 1.0f;
   }
   absl::Status st = m.dev->CopyFromHost(m.scalar.data(), pair, 2);
   if (st.ok()) {
@@ -170,9 +169,8 @@ absl::Status Trainer::GatherParameters(const ParameterSink& sink) {
         ptrs.push_back(out[flat].data());
         continue;
       }
-      absl::StatusOr<DeviceBuffer> b = dev.Allocate(m.local_sizes[flat]);
-      MUONMESH_RETURN_IF_ERROR(b.status());
-      mine.push_back(*std::move(b));
+      MUONMESH_ASSIGN_OR_RETURN(DeviceBuffer b, dev.Allocate(m.local_sizes[flat]));
+      mine.push_back(std::move(b));
       ptrs.push_back(mine.back().data());
     }
     for (int32_t state : m.states_of[u]) {
@@ -186,9 +184,8 @@ absl::Status Trainer::GatherParameters(const ParameterSink& sink) {
       const float* from = mine[j].data();
       DeviceBuffer stack;
       if (m.is_expert[flat] && m.ep_comm != nullptr) {
-        absl::StatusOr<DeviceBuffer> b = dev.Allocate(m.param_sizes[flat]);
-        MUONMESH_RETURN_IF_ERROR(b.status());
-        stack = *std::move(b);
+        MUONMESH_ASSIGN_OR_RETURN(DeviceBuffer b, dev.Allocate(m.param_sizes[flat]));
+        stack = std::move(b);
         absl::Status st = m.ep_comm->AllGather(mine[j].data(), m.local_sizes[flat], stack.data(),
                                                m.options.collective);
         MUONMESH_RETURN_IF_ERROR(st);

@@ -18,19 +18,16 @@ absl::Status JoinMesh(const plan::MeshGeometry& geometry, int32_t rank,
   for (auto [spec, slot] : {std::pair{&groups.domain, &mesh->domain_comm},
                             std::pair{&groups.param_gather, &mesh->gather_comm},
                             std::pair{&groups.param_group, &mesh->group_comm}}) {
-    absl::StatusOr<CommPtr> c = join(*spec);
-    MUONMESH_RETURN_IF_ERROR(c.status());
-    *slot = *std::move(c);
+    MUONMESH_ASSIGN_OR_RETURN(CommPtr c, join(*spec));
+    *slot = std::move(c);
   }
   for (const GroupSpec& g : groups.reduce_scatter) {
-    absl::StatusOr<CommPtr> c = join(g);
-    MUONMESH_RETURN_IF_ERROR(c.status());
-    mesh->reduce_scatter_comms.push_back(*std::move(c));
+    MUONMESH_ASSIGN_OR_RETURN(CommPtr c, join(g));
+    mesh->reduce_scatter_comms.push_back(std::move(c));
   }
   for (const GroupSpec& g : groups.all_reduce) {
-    absl::StatusOr<CommPtr> c = join(g);
-    MUONMESH_RETURN_IF_ERROR(c.status());
-    mesh->all_reduce_comms.push_back(*std::move(c));
+    MUONMESH_ASSIGN_OR_RETURN(CommPtr c, join(g));
+    mesh->all_reduce_comms.push_back(std::move(c));
   }
   mesh->kind = geometry.kind();
   mesh->domain_size = geometry.domain_size();
@@ -126,9 +123,8 @@ absl::Status Trainer::Impl::JoinGroups() {
         comm::MemorySpaceName(world_comm->memory_space()), " memory, the device ", dev->name(),
         " holds ", comm::MemorySpaceName(dev->memory_space()), " memory"));
   }
-  absl::StatusOr<DeviceBuffer> two = dev->Allocate(2);
-  MUONMESH_RETURN_IF_ERROR(two.status());
-  scalar = *std::move(two);
+  MUONMESH_ASSIGN_OR_RETURN(DeviceBuffer two, dev->Allocate(2));
+  scalar = std::move(two);
   MUONMESH_RETURN_IF_ERROR(
       JoinMesh(plan::MeshGeometry::Dense(plan->config), rank, options, &dense));
   MUONMESH_RETURN_IF_ERROR(JoinReplicas());
@@ -210,9 +206,8 @@ absl::Status Trainer::Impl::AddUnitState(size_t u, MeshState* mesh, const Matrix
   const int64_t s = st.layout->shard_elements;
   for (auto [buffer, count] : {std::pair{&st.param, mesh->k * s}, std::pair{&st.grad, s},
                                std::pair{&st.state1, s}, std::pair{&st.state2, s}}) {
-    absl::StatusOr<DeviceBuffer> b = dev->AllocateZeroed(count);
-    MUONMESH_RETURN_IF_ERROR(b.status());
-    *buffer = *std::move(b);
+    MUONMESH_ASSIGN_OR_RETURN(DeviceBuffer b, dev->AllocateZeroed(count));
+    *buffer = std::move(b);
   }
   // My parameter shard: the shards at positions of my parameter group.
   const int64_t first = (mesh->position / mesh->k) * mesh->k;

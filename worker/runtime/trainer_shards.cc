@@ -41,8 +41,7 @@ absl::Status Trainer::SaveShards(const std::string& path) const {
 
 absl::Status Trainer::LoadShards(const std::string& path) {
   std::map<std::string, std::string> metadata;
-  absl::StatusOr<std::vector<io::Tensor>> tensors = io::ReadSafetensors(path, &metadata);
-  MUONMESH_RETURN_IF_ERROR(tensors.status());
+  MUONMESH_ASSIGN_OR_RETURN(std::vector<io::Tensor> tensors, io::ReadSafetensors(path, &metadata));
   auto expect = [&](const std::string& key, const std::string& want) -> absl::Status {
     auto it = metadata.find(key);
     if (it == metadata.end()) {
@@ -68,7 +67,7 @@ absl::Status Trainer::LoadShards(const std::string& path) {
         absl::StrCat(path, ": metadata step '", metadata["step"], "' is not a step count"));
   }
   std::map<std::string, io::Tensor*> by_name;
-  for (io::Tensor& t : *tensors) by_name[t.name] = &t;
+  for (io::Tensor& t : tensors) by_name[t.name] = &t;
   // Check everything before changing anything.
   std::vector<std::pair<io::Tensor*, DeviceBuffer*>> copies;
   for (UnitState& u : impl_->units) {
@@ -87,9 +86,9 @@ absl::Status Trainer::LoadShards(const std::string& path) {
       copies.push_back({it->second, v});
     }
   }
-  if (copies.size() != tensors->size()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", tensors->size(),
-                                                   " tensors, this rank holds ", copies.size()));
+  if (copies.size() != tensors.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", tensors.size(), " tensors, this rank holds ", copies.size()));
   }
   for (auto& [from, to] : copies) {
     absl::Status st = impl_->dev->CopyFromHost(to->data(), from->data.data(), to->size());
