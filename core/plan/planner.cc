@@ -375,7 +375,7 @@ absl::StatusOr<OwnerPlans> PlanOwnersOnce(const ResolvedConfig& cfg,
         const std::vector<std::vector<int32_t>>& at =
             m == split_mesh ? split_class->ranks : ranks[m];
         for (size_t q = 0; q < at.size(); ++q) {
-          for (int32_t r : at[q]) (loads)[r] += p.domains[m].load[q];
+          for (int32_t r : at[q]) loads[r] += p.domains[m].load[q];
         }
       }
     }

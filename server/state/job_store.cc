@@ -270,7 +270,7 @@ absl::StatusOr<const JobStore::Row*> JobStore::Find(const std::string& job_id) c
 absl::StatusOr<v1::Job> JobStore::Get(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
   MUONMESH_ASSIGN_OR_RETURN(const Row* row, Find(job_id));
-  return (row)->job;
+  return row->job;
 }
 
 absl::StatusOr<JobStore::Page> JobStore::List(const std::vector<v1::JobState>& states,
@@ -349,7 +349,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(const std::string& jo
   absl::MutexLock lock(&mu_);
   MUONMESH_ASSIGN_OR_RETURN(const Row* row, Find(job_id));
   Statement q(db_, "SELECT event FROM events WHERE seq = ? AND idx >= ? ORDER BY idx LIMIT ?");
-  q.Int(1, (row)->seq).Int(2, from_index).Int(3, std::max(limit, 1));
+  q.Int(1, row->seq).Int(2, from_index).Int(3, std::max(limit, 1));
   std::vector<v1::JobEvent> out;
   int rc;
   while ((rc = q.Step()) == SQLITE_ROW) {
@@ -367,7 +367,7 @@ absl::Status JobStore::PutStep(const std::string& job_id, const v1::StepRecord& 
   MUONMESH_ASSIGN_OR_RETURN(const Row* row, Find(job_id));
   Statement put(db_,
                 "INSERT OR REPLACE INTO steps(seq, step, rank, record) VALUES(?, ?, ?, ?)");
-  return put.Int(1, (row)->seq)
+  return put.Int(1, row->seq)
       .Int(2, record.step())
       .Int(3, record.rank())
       .Blob(4, Serialized(record))
@@ -397,7 +397,7 @@ absl::StatusOr<JobStore::StepPage> JobStore::Steps(const std::string& job_id, in
               "SELECT record FROM steps WHERE seq = ?1 AND (step, rank) >= (?2, ?3)"
               " AND step >= ?4 AND (?5 < 0 OR step <= ?5) AND (?6 < 0 OR rank = ?6)"
               " ORDER BY step, rank LIMIT ?7");
-  q.Int(1, (row)->seq)
+  q.Int(1, row->seq)
       .Int(2, from_step)
       .Int(3, from_rank)
       .Int(4, first_step)

@@ -810,10 +810,10 @@ absl::Status WriteSafetensors(const std::string& path, absl::Span<const TensorVi
                             SafetensorsWriter::Create(path, std::move(entries), metadata));
   for (size_t i = 0; i < tensors.size(); ++i) {
     const size_t count = static_cast<size_t>(bytes[i] / kBytesPerElement);
-    absl::Status st = (writer)->Append(absl::MakeConstSpan(tensors[i].data, count));
+    absl::Status st = writer->Append(absl::MakeConstSpan(tensors[i].data, count));
     MUONMESH_RETURN_IF_ERROR(st);
   }
-  return (writer)->Finish();
+  return writer->Finish();
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(

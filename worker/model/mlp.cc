@@ -214,7 +214,7 @@ absl::Status Mlp::Initialize(uint64_t seed, absl::Span<float* const> params) con
   MUONMESH_RETURN_IF_ERROR(CheckPointers(dims_, params.size(), AnyNull(params), "mlp init"));
   MUONMESH_ASSIGN_OR_RETURN(std::vector<std::vector<float>> init, MlpInitialParams(dims_, seed));
   for (size_t i = 0; i < init.size(); ++i) {
-    std::copy((init)[i].begin(), (init)[i].end(), params[i]);
+    std::copy(init[i].begin(), init[i].end(), params[i]);
   }
   return absl::OkStatus();
 }
@@ -334,11 +334,12 @@ absl::StatusOr<double> Mlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& 
   // Acquires layer i's whole tensors (W_i, b_i), checked; released on error.
   auto acquire = [&](int64_t i) -> absl::StatusOr<absl::Span<const float* const>> {
     MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, units.Acquire(static_cast<int>(i)));
+    HeldUnit held(units, static_cast<int>(i));
     if (p.size() != 2 || AnyNull(p)) {
-      units.Release(static_cast<int>(i));
       return absl::InvalidArgumentError(absl::StrCat("mlp: unit ", i, " was acquired as ", p.size(),
                                                      " tensors, expected 2 non-null"));
     }
+    held.Keep();
     return p;
   };
 
@@ -351,7 +352,7 @@ absl::StatusOr<double> Mlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& 
   absl::Span<const float* const> held;  // the last layer's, kept into the backward pass
   for (int64_t i = 0; i < layers; ++i) {
     MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, acquire(i));
-    LinearForward(n, dims_[i], dims_[i + 1], act_ptrs_[i], (p)[0], (p)[1],
+    LinearForward(n, dims_[i], dims_[i + 1], act_ptrs_[i], p[0], p[1],
                   /*activate=*/i + 1 < layers, act_ptrs_[i + 1]);
     if (i + 1 < layers) {
       units.Release(static_cast<int>(i));

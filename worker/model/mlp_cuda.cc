@@ -98,11 +98,12 @@ namespace {
 // Unit i's parameters, which must be two tensors (weight, bias).
 absl::StatusOr<absl::Span<const float* const>> AcquireLayer(UnitAccess& units, int64_t i) {
   MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, units.Acquire(static_cast<int>(i)));
+  HeldUnit held(units, static_cast<int>(i));
   if (p.size() != 2) {
-    units.Release(static_cast<int>(i));
     return absl::InvalidArgumentError(
         absl::StrCat("mlp: unit ", i, " was acquired as ", p.size(), " tensors, expected 2"));
   }
+  held.Keep();
   return p;
 }
 
@@ -113,10 +114,10 @@ absl::Status CudaMlp::ForwardLayers(UnitAccess& units, int64_t n,
   const int64_t layers = static_cast<int64_t>(dims_.size()) - 1;
   for (int64_t i = 0; i < layers; ++i) {
     MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, AcquireLayer(units, i));
-    absl::Status st = Gemm(false, true, n, dims_[i + 1], dims_[i], acts_[i], (p)[0], acts_[i + 1]);
+    absl::Status st = Gemm(false, true, n, dims_[i + 1], dims_[i], acts_[i], p[0], acts_[i + 1]);
     if (st.ok()) {
-      const cudaError_t e = cuda::internal::LaunchBiasActivate(
-          acts_[i + 1], (p)[1], n, dims_[i + 1], i + 1 < layers, stream_);
+      const cudaError_t e = cuda::internal::LaunchBiasActivate(acts_[i + 1], p[1], n, dims_[i + 1],
+                                                               i + 1 < layers, stream_);
       if (e == cudaSuccess) {
         const cudaError_t s = cudaStreamSynchronize(stream_);
         if (s != cudaSuccess) st = cuda::CudaErrorToStatus(s, "sync", __FILE__, __LINE__);
@@ -124,10 +125,9 @@ absl::Status CudaMlp::ForwardLayers(UnitAccess& units, int64_t n,
         st = cuda::CudaErrorToStatus(e, "LaunchBiasActivate", __FILE__, __LINE__);
       }
     }
-    if (!st.ok()) {
-      units.Release(static_cast<int>(i));
-      return st;
-    }
+    HeldUnit unit(units, static_cast<int>(i));  // released on an error
+    MUONMESH_RETURN_IF_ERROR(st);
+    unit.Keep();
     if (i + 1 < layers) {
       units.Release(static_cast<int>(i));
     } else {
@@ -190,13 +190,11 @@ absl::StatusOr<double> CudaMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAcce
   // The last unit stays acquired from the forward pass into the backward one.
   absl::Span<const float* const> held;
   MUONMESH_RETURN_IF_ERROR(ForwardLayers(units, n, &held));
-  absl::StatusOr<double> loss = OutputLoss(n);
-  if (!loss.ok()) {
-    units.Release(layers - 1);
-    return loss.status();
-  }
+  HeldUnit last(units, layers - 1);  // released if the loss fails
+  MUONMESH_ASSIGN_OR_RETURN(double loss, OutputLoss(n));
+  last.Keep();  // BackwardLayers releases it
   MUONMESH_RETURN_IF_ERROR(BackwardLayers(units, n, held));
-  return *loss;
+  return loss;
 }
 
 }  // namespace muonmesh::worker

@@ -269,8 +269,8 @@ absl::Status MoeMlp::ForwardPass(UnitAccess& units, absl::Span<const int64_t> sa
     MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, units.Acquire(1));
     Held held1(units, 1);
     MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(p, 1, "parameters"));
-    MUONMESH_RETURN_IF_ERROR(DispatchTokens(units, n, (p)[0]));
-    RunExperts((p)[1], (p)[2]);
+    MUONMESH_RETURN_IF_ERROR(DispatchTokens(units, n, p[0]));
+    RunExperts(p[1], p[2]);
     MUONMESH_RETURN_IF_ERROR(CombineExpertOutputs(units, n));
   }
   return OutputLayer(units, n);
@@ -288,9 +288,9 @@ absl::Status MoeMlp::InputLayer(UnitAccess& units, absl::Span<const int64_t> sam
   Held held(units, 0);
   MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(p, 0, "parameters"));
   h_.resize(n * d);
-  Gemm(false, true, n, d, d_in, 1.0f, xs_.data(), (p)[0], 0.0f, h_.data());
+  Gemm(false, true, n, d, d_in, 1.0f, xs_.data(), p[0], 0.0f, h_.data());
   for (int64_t s = 0; s < n; ++s) {
-    for (int64_t j = 0; j < d; ++j) h_[s * d + j] = std::tanh(h_[s * d + j] + (p)[1][j]);
+    for (int64_t j = 0; j < d; ++j) h_[s * d + j] = std::tanh(h_[s * d + j] + p[1][j]);
   }
   return absl::OkStatus();
 }
@@ -402,14 +402,13 @@ absl::Status MoeMlp::OutputLayer(UnitAccess& units, int64_t n) {
   const int64_t d_out = dims_.d_out;
   // Stays acquired for the backward pass.
   MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> out, units.Acquire(2));
-  if (absl::Status st = CheckUnitTensors(out, 2, "parameters"); !st.ok()) {
-    units.Release(2);
-    return st;
-  }
+  HeldUnit held(units, 2);  // released if the check fails
+  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(out, 2, "parameters"));
+  held.Keep();
   y_out_.resize(n * d_out);
-  Gemm(false, true, n, d_out, d, 1.0f, z_.data(), (out)[0], 0.0f, y_out_.data());
+  Gemm(false, true, n, d_out, d, 1.0f, z_.data(), out[0], 0.0f, y_out_.data());
   for (int64_t s = 0; s < n; ++s) {
-    for (int64_t o = 0; o < d_out; ++o) y_out_[s * d_out + o] += (out)[1][o];
+    for (int64_t o = 0; o < d_out; ++o) y_out_[s * d_out + o] += out[1][o];
   }
   out_params_ = out;
   return absl::OkStatus();
@@ -431,8 +430,8 @@ absl::StatusOr<double> MoeMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAcces
   for (int64_t k = 0; k < n * d; ++k) dh[k] *= 1.0f - h_[k] * h_[k];
   MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g0, units.GradientBuffers(0));
   MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(g0, 0, "gradients"));
-  Gemm(true, false, d, dims_.d_in, n, 1.0f, dh.data(), xs_.data(), 0.0f, (g0)[0]);
-  ColumnSums(dh.data(), n, d, (g0)[1]);
+  Gemm(true, false, d, dims_.d_in, n, 1.0f, dh.data(), xs_.data(), 0.0f, g0[0]);
+  ColumnSums(dh.data(), n, d, g0[1]);
   MUONMESH_RETURN_IF_ERROR(units.Commit(0));
   return loss;
 }
@@ -460,8 +459,8 @@ absl::StatusOr<double> MoeMlp::OutputBackward(UnitAccess& units,
   dz->assign(n * d, 0.0f);
   MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g, units.GradientBuffers(2));
   MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(g, 2, "gradients"));
-  Gemm(true, false, d_out, d, n, 1.0f, dy.data(), z_.data(), 0.0f, (g)[0]);
-  ColumnSums(dy.data(), n, d_out, (g)[1]);
+  Gemm(true, false, d_out, d, n, 1.0f, dy.data(), z_.data(), 0.0f, g[0]);
+  ColumnSums(dy.data(), n, d_out, g[1]);
   Gemm(false, false, n, d, d_out, 1.0f, dy.data(), out_params_[0], 0.0f, dz->data());
   MUONMESH_RETURN_IF_ERROR(units.Commit(2));
   return loss_sum / denom;
@@ -497,7 +496,7 @@ absl::Status MoeMlp::ExpertsBackward(UnitAccess& units, int64_t n, const std::ve
       units.ExchangeTokens(send_.data(), send_counts, recv_.data(), recv_counts));
   MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g, units.GradientBuffers(1));
   MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(g, 1, "gradients"));
-  ExpertGradients(ep, (p)[1], (p)[2], (g)[1], (g)[2]);
+  ExpertGradients(ep, p[1], p[2], g[1], g[2]);
   MUONMESH_RETURN_IF_ERROR(
       units.ExchangeTokens(recv_.data(), recv_counts, send_.data(), send_counts));
   *dh = dz;
@@ -508,8 +507,8 @@ absl::Status MoeMlp::ExpertsBackward(UnitAccess& units, int64_t n, const std::ve
   // Router: dL/dlogit_j = g_e (delta_je - g_j) dL/dg_e.
   std::vector<float> dlogits(n * e_total);
   RouterLogitGradient(g_.data(), routing_, dgate.data(), n, e_total, dlogits.data());
-  Gemm(true, false, e_total, d, n, 1.0f, dlogits.data(), h_.data(), 0.0f, (g)[0]);
-  Gemm(false, false, n, d, e_total, 1.0f, dlogits.data(), (p)[0], 1.0f, dh->data());
+  Gemm(true, false, e_total, d, n, 1.0f, dlogits.data(), h_.data(), 0.0f, g[0]);
+  Gemm(false, false, n, d, e_total, 1.0f, dlogits.data(), p[0], 1.0f, dh->data());
   return units.Commit(1);
 }
 

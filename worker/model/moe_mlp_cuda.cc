@@ -184,9 +184,8 @@ absl::Status CudaMoeMlp::InputForward(UnitAccess& units, int64_t n) {
   Held held(units, 0);
   SyncOnExit synced(stream_);
   MUONMESH_RETURN_IF_ERROR(Expect(p, 2, 0, "parameters"));
-  MUONMESH_RETURN_IF_ERROR(
-      Gemm(false, true, n, d, d_in, 1.0f, s.xs.get(), (p)[0], 0.0f, s.h.get()));
-  MUONMESH_LAUNCH(k::LaunchBiasActivate(s.h.get(), (p)[1], n, d, true, stream_));
+  MUONMESH_RETURN_IF_ERROR(Gemm(false, true, n, d, d_in, 1.0f, s.xs.get(), p[0], 0.0f, s.h.get()));
+  MUONMESH_LAUNCH(k::LaunchBiasActivate(s.h.get(), p[1], n, d, true, stream_));
   MUONMESH_RETURN_IF_ERROR(Sync());
   return absl::OkStatus();
 }
@@ -320,8 +319,8 @@ absl::StatusOr<double> CudaMoeMlp::OutputLayer(UnitAccess& units, int64_t n) {
   SyncOnExit synced2(stream_);
   MUONMESH_RETURN_IF_ERROR(Expect(p2, 2, 2, "parameters"));
   MUONMESH_RETURN_IF_ERROR(
-      Gemm(false, true, n, d_out, d, 1.0f, s.z.get(), (p2)[0], 0.0f, s.yout.get()));
-  MUONMESH_LAUNCH(k::LaunchBiasActivate(s.yout.get(), (p2)[1], n, d_out, false, stream_));
+      Gemm(false, true, n, d_out, d, 1.0f, s.z.get(), p2[0], 0.0f, s.yout.get()));
+  MUONMESH_LAUNCH(k::LaunchBiasActivate(s.yout.get(), p2[1], n, d_out, false, stream_));
   const double denom = static_cast<double>(n) * static_cast<double>(d_out);
   MUONMESH_LAUNCH(k::LaunchOutputDelta(s.yout.get(), y_, s.samples.get(), n, d_out, denom,
                                        s.dy.get(), s.partial.get(), stream_));
@@ -336,10 +335,10 @@ absl::StatusOr<double> CudaMoeMlp::OutputLayer(UnitAccess& units, int64_t n) {
     MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g2, units.GradientBuffers(2));
     MUONMESH_RETURN_IF_ERROR(Expect(g2, 2, 2, "gradients"));
     MUONMESH_RETURN_IF_ERROR(
-        Gemm(true, false, d_out, d, n, 1.0f, s.dy.get(), s.z.get(), 0.0f, (g2)[0]));
-    MUONMESH_LAUNCH(k::LaunchColumnSums(s.dy.get(), n, d_out, (g2)[1], stream_));
+        Gemm(true, false, d_out, d, n, 1.0f, s.dy.get(), s.z.get(), 0.0f, g2[0]));
+    MUONMESH_LAUNCH(k::LaunchColumnSums(s.dy.get(), n, d_out, g2[1], stream_));
     MUONMESH_RETURN_IF_ERROR(
-        Gemm(false, false, n, d, d_out, 1.0f, s.dy.get(), (p2)[0], 0.0f, s.dz.get()));
+        Gemm(false, false, n, d, d_out, 1.0f, s.dy.get(), p2[0], 0.0f, s.dz.get()));
     MUONMESH_RETURN_IF_ERROR(Sync());
     MUONMESH_RETURN_IF_ERROR(units.Commit(2));
   }
@@ -359,9 +358,9 @@ absl::Status CudaMoeMlp::ExpertsBackward(UnitAccess& units, const Pass& pass) {
   Held again(units, 1);
   SyncOnExit synced_again(stream_);
   MUONMESH_RETURN_IF_ERROR(Expect(p1, 3, 1, "parameters"));
-  const float* w_router = (p1)[0];
-  const float* w1 = (p1)[1];
-  const float* w2 = (p1)[2];
+  const float* w_router = p1[0];
+  const float* w1 = p1[1];
+  const float* w2 = p1[2];
   std::vector<double> dgate(n);
   MUONMESH_LAUNCH(k::LaunchRowDots(s.dz.get(), s.o.get(), n, d, s.dots.get(), stream_));
   MUONMESH_CUDA_CHECK(cudaMemcpyAsync(dgate.data(), s.dots.get(), sizeof(double) * n,
@@ -373,9 +372,9 @@ absl::Status CudaMoeMlp::ExpertsBackward(UnitAccess& units, const Pass& pass) {
       units.ExchangeTokens(s.send.get(), pass.send_counts, s.recv.get(), pass.recv_counts));
   MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g1, units.GradientBuffers(1));
   MUONMESH_RETURN_IF_ERROR(Expect(g1, 3, 1, "gradients"));
-  float* gw_router = (g1)[0];
-  float* gw1 = (g1)[1];
-  float* gw2 = (g1)[2];
+  float* gw_router = g1[0];
+  float* gw1 = g1[1];
+  float* gw2 = g1[2];
   const float alpha = 1.0f / static_cast<float>(ep);  // the mean loss of the EP ranks
   MUONMESH_LAUNCH(
       k::LaunchGatherRows(s.recv.get(), s.ex_order.get(), received, d, s.ex_do.get(), stream_));
@@ -433,8 +432,8 @@ absl::Status CudaMoeMlp::InputBackward(UnitAccess& units, int64_t n) {
   MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g0, units.GradientBuffers(0));
   MUONMESH_RETURN_IF_ERROR(Expect(g0, 2, 0, "gradients"));
   MUONMESH_RETURN_IF_ERROR(
-      Gemm(true, false, d, d_in, n, 1.0f, s.dh.get(), s.xs.get(), 0.0f, (g0)[0]));
-  MUONMESH_LAUNCH(k::LaunchColumnSums(s.dh.get(), n, d, (g0)[1], stream_));
+      Gemm(true, false, d, d_in, n, 1.0f, s.dh.get(), s.xs.get(), 0.0f, g0[0]));
+  MUONMESH_LAUNCH(k::LaunchColumnSums(s.dh.get(), n, d, g0[1], stream_));
   MUONMESH_RETURN_IF_ERROR(Sync());
   MUONMESH_RETURN_IF_ERROR(units.Commit(0));
   return absl::OkStatus();
@@ -466,8 +465,8 @@ absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64
     Held held1(units, 1);
     SyncOnExit synced1(stream_);
     MUONMESH_RETURN_IF_ERROR(Expect(p1, 3, 1, "parameters"));
-    MUONMESH_RETURN_IF_ERROR(Dispatch(units, (p1)[0], pass));
-    MUONMESH_RETURN_IF_ERROR(ExpertsForward(units, (p1)[1], (p1)[2], pass));
+    MUONMESH_RETURN_IF_ERROR(Dispatch(units, p1[0], pass));
+    MUONMESH_RETURN_IF_ERROR(ExpertsForward(units, p1[1], p1[2], pass));
   }
   MUONMESH_LAUNCH(k::LaunchScatterRows(s.send.get(), s.order.get(), n, d, s.o.get(), stream_));
   MUONMESH_LAUNCH(

@@ -97,7 +97,7 @@ absl::StatusOr<double> Synthetic::ForwardBackwardByUnit(int64_t step, UnitAccess
                                                      " non-null"));
     }
     for (size_t j = 0; j < count; ++j, ++p) {
-      float* g = (grads)[j];
+      float* g = grads[j];
       const UniformStream stream(seed, p);
       if (!spec_.units[u].params[j].expert || ep == 1) {
         stream.Fill(0, elements_[p], kGradientScale, g);

@@ -91,9 +91,9 @@ absl::StatusOr<double> CudaSynthetic::ForwardBackwardByUnit(int64_t step, UnitAc
       const int64_t local = split ? elements[p] / ep : elements[p];
       const int64_t first = split ? local * units.expert_parallel_index() : 0;
       MUONMESH_CUDA_CHECK(cuda::internal::LaunchUniformFill(
-          key, static_cast<uint64_t>(first), local, kSyntheticGradientScale, (grads)[j], stream_));
+          key, static_cast<uint64_t>(first), local, kSyntheticGradientScale, grads[j], stream_));
       if (!split) {
-        MUONMESH_ASSIGN_OR_RETURN(double s, SumSquares((grads)[j], local));
+        MUONMESH_ASSIGN_OR_RETURN(double s, SumSquares(grads[j], local));
         sum += s;
         continue;
       }

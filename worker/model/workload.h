@@ -81,7 +81,7 @@ class UnitAccess {
 };
 
 // Releases an acquired unit on scope exit (an error path), unless
-// Release() ran first.
+// Release() or Keep() ran first.
 class HeldUnit {
  public:
   HeldUnit(UnitAccess& units, int unit) : units_(units), unit_(unit) {}
@@ -90,6 +90,8 @@ class HeldUnit {
     if (unit_ >= 0) units_.Release(unit_);
     unit_ = -1;
   }
+  // Hands the unit on, still acquired: the destructor no longer releases it.
+  void Keep() { unit_ = -1; }
   HeldUnit(const HeldUnit&) = delete;
   HeldUnit& operator=(const HeldUnit&) = delete;
 
