@@ -278,7 +278,7 @@ void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
       }
       return absl::OkStatus();
     };
-    return RunRank(job, plan, nullptr, store, o, hooks);
+    return RunRank(job, plan, store, o, hooks);
   };
   absl::Status result;
   metrics_->SetBusy(true);

@@ -205,15 +205,13 @@ struct Engine {
   std::unique_ptr<Workload> workload;
 };
 
-absl::StatusOr<Engine> MakeEngine(const job::ResolvedJob& job, const RankOptions& options,
-                                  std::unique_ptr<Workload> early) {
+absl::StatusOr<Engine> MakeEngine(const job::ResolvedJob& job, const RankOptions& options) {
   Engine e;
   // The device first: a GPU workload generates on the GPU made current here.
   MUONMESH_ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
                             MakeDevice(job, options.rank, options.cuda_device));
   e.device = std::move(device);
-  absl::StatusOr<std::unique_ptr<Workload>> workload =
-      early != nullptr ? std::move(early) : MakeWorkload(job);
+  absl::StatusOr<std::unique_ptr<Workload>> workload = MakeWorkload(job);
   MUONMESH_RETURN_IF_ERROR(workload.status());
   MUONMESH_RETURN_IF_ERROR(CheckBatchFitsData(job, **workload));
   if (job.device == "cuda") {
@@ -387,8 +385,7 @@ absl::Status ExportWeights(const job::ResolvedJob& job, Trainer& trainer, const 
 
 }  // namespace
 
-absl::Status RunRank(const job::ResolvedJob& job, const plan::Plan& plan,
-                     std::unique_ptr<Workload> workload, comm::Store& store,
+absl::Status RunRank(const job::ResolvedJob& job, const plan::Plan& plan, comm::Store& store,
                      const RankOptions& options, const RankHooks& hooks) {
   const LineSink out = hooks.out ? hooks.out : [](const std::string&) {};
   RankHooks h = hooks;
@@ -396,7 +393,7 @@ absl::Status RunRank(const job::ResolvedJob& job, const plan::Plan& plan,
   MUONMESH_RETURN_IF_ERROR(CheckPlanFitsJob(job, plan));
   MUONMESH_ASSIGN_OR_RETURN(double estimated_peak, CheckMemory(options, job, plan));
   MUONMESH_RETURN_IF_ERROR(SetRankThreads(options, job, plan, out));
-  MUONMESH_ASSIGN_OR_RETURN(Engine engine, MakeEngine(job, options, std::move(workload)));
+  MUONMESH_ASSIGN_OR_RETURN(Engine engine, MakeEngine(job, options));
   if (options.rank == 0) PrintPlan(job, plan, out);
   MUONMESH_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                             MakeTrainer(job, plan, engine, store, options));

@@ -58,17 +58,14 @@ struct RankHooks {
   std::function<absl::Status(const StepReport&, absl::Duration)> on_step;
 };
 
-// Runs the rank. `workload` may hold the job's workload already (the
-// standalone launcher makes a synthetic one to plan with); null makes it
-// here. Errors: ResourceExhausted from the memory check, InvalidArgument for
-// bad data or a plan that does not fit the workload, Unavailable /
+// Runs the rank (it makes the job's workload). Errors: ResourceExhausted from the memory check,
+// InvalidArgument for bad data or a plan that does not fit the workload, Unavailable /
 // DeadlineExceeded for lost or late peers, the hooks' own statuses.
 // The planner's input for `job` without its model: world size,
 // parallelism and options as the job file sets them.
 plan::PlanInput PlanInputFor(const job::ResolvedJob& job);
 
-absl::Status RunRank(const job::ResolvedJob& job, const plan::Plan& plan,
-                     std::unique_ptr<Workload> workload, comm::Store& store,
+absl::Status RunRank(const job::ResolvedJob& job, const plan::Plan& plan, comm::Store& store,
                      const RankOptions& options, const RankHooks& hooks);
 
 }  // namespace muonmesh::worker

@@ -6,6 +6,7 @@
 #include <iterator>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -108,23 +109,29 @@ int32_t Draw(const std::vector<float>& logits, const SampleOptions& o, uint64_t 
 
 }  // namespace
 
-absl::StatusOr<std::vector<int32_t>> SampleTokens(const SampleOptions& o) {
+absl::StatusOr<std::vector<int32_t>> SampleTokens(const SampleOptions& o, bool* bytes) {
   MUONMESH_RETURN_IF_ERROR(CheckOptions(o));
   MUONMESH_ASSIGN_OR_RETURN(Model m, LoadModel(o));
+  if (bytes != nullptr) *bytes = m.bytes;
   MUONMESH_ASSIGN_OR_RETURN(std::vector<int32_t> context, Prompt(o, m));
   std::vector<const float*> params;
   for (const std::vector<float>& p : m.params) params.push_back(p.data());
   std::vector<int32_t> out;
+  // A model for the context's length; once the context fills block_size
+  // the length stays, and so does the model (with its scratch).
+  std::optional<Gpt> gpt;
   for (int64_t i = 0; i < o.tokens; ++i) {
     const size_t seen = std::min(context.size(), static_cast<size_t>(m.dims.block_size));
-    model::GptDims dims = m.dims;
-    dims.seq_len = static_cast<int64_t>(seen);
-    // The stream only satisfies Create (N > T); the context goes in below.
-    auto unused = std::make_shared<const InMemoryTokens>(std::vector<int32_t>(seen + 1, 0));
-    MUONMESH_ASSIGN_OR_RETURN(Gpt gpt, Gpt::Create(dims, unused));
+    if (!gpt.has_value() || gpt->dims().seq_len != static_cast<int64_t>(seen)) {
+      model::GptDims dims = m.dims;
+      dims.seq_len = static_cast<int64_t>(seen);
+      // The stream only satisfies Create (N > T); the context goes in below.
+      auto unused = std::make_shared<const InMemoryTokens>(std::vector<int32_t>(seen + 1, 0));
+      MUONMESH_ASSIGN_OR_RETURN(gpt, Gpt::Create(dims, unused));
+    }
     MUONMESH_ASSIGN_OR_RETURN(
         std::vector<float> logits,
-        gpt.NextTokenLogits(params, absl::MakeConstSpan(context).subspan(context.size() - seen)));
+        gpt->NextTokenLogits(params, absl::MakeConstSpan(context).subspan(context.size() - seen)));
     const int32_t next = Draw(logits, o, static_cast<uint64_t>(i));
     out.push_back(next);
     context.push_back(next);
@@ -161,8 +168,8 @@ absl::StatusOr<std::vector<std::string>> ReadTokenizer(const std::string& path) 
   return vocab;
 }
 
-absl::StatusOr<std::string> RenderTokens(const SampleOptions& o,
-                                         const std::vector<int32_t>& tokens) {
+absl::StatusOr<std::string> RenderTokens(const SampleOptions& o, const std::vector<int32_t>& tokens,
+                                         bool bytes) {
   if (!o.tokenizer_path.empty()) {
     MUONMESH_ASSIGN_OR_RETURN(std::vector<std::string> vocab, ReadTokenizer(o.tokenizer_path));
     std::string text;
@@ -175,8 +182,7 @@ absl::StatusOr<std::string> RenderTokens(const SampleOptions& o,
     }
     return text;
   }
-  MUONMESH_ASSIGN_OR_RETURN(v1::JobSpec job, job::LoadJobFile(o.job_path));
-  if (job.data().has_text()) {
+  if (bytes) {
     std::string text;
     for (int32_t t : tokens) text.push_back(static_cast<char>(t));
     return text;

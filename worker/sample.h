@@ -42,12 +42,15 @@ struct SampleOptions {
 // The generated tokens (the prompt not included). InvalidArgument naming
 // the flag or file for a job that is not a gpt, weights of the wrong
 // shapes, an empty prompt, a token outside the vocabulary, or options out
-// of range.
-absl::StatusOr<std::vector<int32_t>> SampleTokens(const SampleOptions& options);
+// of range. `*bytes`, when given, tells whether the model's tokens are
+// bytes (it trained on data.text).
+absl::StatusOr<std::vector<int32_t>> SampleTokens(const SampleOptions& options,
+                                                  bool* bytes = nullptr);
 
-// `tokens` as the options say to print them (see above).
+// `tokens` as the options say to print them (see above); `bytes` as
+// SampleTokens reports it.
 absl::StatusOr<std::string> RenderTokens(const SampleOptions& options,
-                                         const std::vector<int32_t>& tokens);
+                                         const std::vector<int32_t>& tokens, bool bytes);
 
 // An llm.c tokenizer file: a header of 256 little-endian uint32 (magic
 // 20240328, version 1 or 2, vocabulary size; version 2 adds the end-of-text

@@ -98,7 +98,7 @@ absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out
   rank.ranks_on_this_host = IsLoopback(options.hostname) ? job.world_size : 1;
   RankHooks hooks;
   hooks.out = out;
-  return RunRank(job, plan, nullptr, *store, rank, hooks);
+  return RunRank(job, plan, *store, rank, hooks);
 }
 
 }  // namespace muonmesh::worker

@@ -263,9 +263,10 @@ int RunDaemonMode(const Args& args) {
 int RunSampleMode(const muonmesh::worker::SampleOptions& options) {
   if (options.job_path.empty()) return Usage("--job is required");
   if (options.weights_path.empty()) return Usage("--weights is required");
-  absl::StatusOr<std::vector<int32_t>> tokens = muonmesh::worker::SampleTokens(options);
+  bool bytes = false;
+  absl::StatusOr<std::vector<int32_t>> tokens = muonmesh::worker::SampleTokens(options, &bytes);
   if (!tokens.ok()) return Fail("muonmesh-worker --sample", tokens.status());
-  absl::StatusOr<std::string> text = muonmesh::worker::RenderTokens(options, *tokens);
+  absl::StatusOr<std::string> text = muonmesh::worker::RenderTokens(options, *tokens, bytes);
   if (!text.ok()) return Fail("muonmesh-worker --sample", text.status());
   std::cout << *text << std::endl;
   return 0;

@@ -66,7 +66,7 @@ class RankRunnerTest : public ::testing::Test {
     options.group_prefix = "threads/" + store;
     RankHooks hooks;
     hooks.out = [this](const std::string& line) { lines_.push_back(line); };
-    return RunRank(job, plan, nullptr, **s, options, hooks);
+    return RunRank(job, plan, **s, options, hooks);
   }
 
   std::string dir_;

@@ -107,7 +107,9 @@ TEST(SampleTest, SeededDrawsRepeatAndTopOneIsGreedy) {
   o.prompt = "ab";
   o.tokens = 12;  // past block_size: the context is cut to its last 6 tokens
   o.seed = 7;
-  absl::StatusOr<std::vector<int32_t>> a = SampleTokens(o);
+  bool bytes = false;
+  absl::StatusOr<std::vector<int32_t>> a = SampleTokens(o, &bytes);
+  EXPECT_TRUE(bytes);  // trained on data.text
   absl::StatusOr<std::vector<int32_t>> b = SampleTokens(o);
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();
@@ -122,7 +124,8 @@ TEST(SampleTest, SeededDrawsRepeatAndTopOneIsGreedy) {
   // At init the distribution is nearly uniform over 256 bytes: twelve
   // draws that all repeat the greedy ones would be a broken draw.
   EXPECT_NE(*a, *greedy);
-  absl::StatusOr<std::string> text = RenderTokens(o, std::vector<int32_t>{'h', 'i', 0xC3});
+  absl::StatusOr<std::string> text =
+      RenderTokens(o, std::vector<int32_t>{'h', 'i', 0xC3}, /*bytes=*/true);
   ASSERT_TRUE(text.ok());
   EXPECT_EQ(*text, "hi\xC3");
 }
@@ -135,10 +138,15 @@ TEST(SampleTest, TokenModelsPrintIdsOrTokenizerText) {
   o.prompt = "text";
   EXPECT_THAT(std::string(SampleTokens(o).status().message()), HasSubstr("--prompt-ids"));
   o.prompt.clear();
+  o.prompt_ids = {5};
+  o.tokens = 2;
+  bool byte_tokens = true;
+  ASSERT_TRUE(SampleTokens(o, &byte_tokens).ok());
+  EXPECT_FALSE(byte_tokens);  // trained on data.tokens: ids, not bytes
   o.prompt_ids = {5, 300};
   EXPECT_THAT(std::string(SampleTokens(o).status().message()),
               HasSubstr("--prompt-ids: 300 is outside [0, 256)"));
-  absl::StatusOr<std::string> ids = RenderTokens(o, {5, 17});
+  absl::StatusOr<std::string> ids = RenderTokens(o, {5, 17}, /*bytes=*/false);
   ASSERT_TRUE(ids.ok());
   EXPECT_EQ(*ids, "5 17");
   // A tokenizer file: header (magic 20240328, version 1, 3 tokens), then
@@ -154,10 +162,11 @@ TEST(SampleTest, TokenModelsPrintIdsOrTokenizerText) {
   }
   o.tokenizer_path = f.dir + "/tok.bin";
   std::ofstream(o.tokenizer_path, std::ios::binary) << bytes;
-  absl::StatusOr<std::string> text = RenderTokens(o, {0, 1, 2});
+  absl::StatusOr<std::string> text = RenderTokens(o, {0, 1, 2}, /*bytes=*/false);
   ASSERT_TRUE(text.ok()) << text.status();
   EXPECT_EQ(*text, "Hello world");
-  EXPECT_THAT(std::string(RenderTokens(o, {3}).status().message()), HasSubstr("has 3 tokens"));
+  EXPECT_THAT(std::string(RenderTokens(o, {3}, /*bytes=*/false).status().message()),
+              HasSubstr("has 3 tokens"));
   std::ofstream(o.tokenizer_path, std::ios::binary) << "not a tokenizer";
   EXPECT_THAT(std::string(ReadTokenizer(o.tokenizer_path).status().message()),
               HasSubstr("not an llm.c tokenizer file"));

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
+#include "core/plan/validate.h"
 #include "worker/model/checks.h"
 #include "worker/model/rng.h"
 
@@ -247,12 +248,6 @@ void FillNormal(uint64_t seed, int param, int64_t count, double sigma, float* ou
   }
 }
 
-int64_t Elements(const plan::ParamSpec& p) {
-  int64_t n = 1;
-  for (int64_t d : p.shape) n *= d;
-  return n;
-}
-
 }  // namespace
 
 double GptStandardNormal(uint64_t seed, uint64_t param, uint64_t element) {
@@ -303,7 +298,7 @@ absl::Status Gpt::InitializeUnit(uint64_t seed, int unit, absl::Span<float* cons
   // Flat index of the unit's first parameter (gpt_spec.h).
   const int first = unit == kEmbedUnit ? 0 : model::GptBlockParam(unit - 1);
   for (size_t j = 0; j < specs.size(); ++j) {
-    const int64_t count = Elements(specs[j]);
+    const int64_t count = plan::NumElements(specs[j]);
     double sigma = 0.0;
     float constant = 0.0f;
     if (unit == kEmbedUnit) {
