@@ -1,7 +1,9 @@
 #include "core/model/gpt_spec.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -10,12 +12,11 @@
 namespace muonmesh::model {
 namespace {
 
-absl::Status InRange(const char* field, int64_t value, int64_t limit) {
+std::optional<FieldViolation> InRange(const char* field, int64_t value, int64_t limit) {
   if (value < 1 || value > limit) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": ", value, " is not in [1, ", limit, "]"));
+    return FieldViolation{field, absl::StrCat(value, " is not in [1, ", limit, "]")};
   }
-  return absl::OkStatus();
+  return std::nullopt;
 }
 
 plan::ParamSpec Param(std::string name, std::vector<int64_t> shape, const char* optimizer) {
@@ -46,22 +47,31 @@ plan::UnitSpec Block(int64_t l, int64_t c) {
 
 }  // namespace
 
-absl::Status ValidateGptDims(const GptDims& d) {
-  if (absl::Status s = InRange("vocab_size", d.vocab_size, kGptMaxVocab); !s.ok()) return s;
-  if (absl::Status s = InRange("block_size", d.block_size, kGptMaxBlockSize); !s.ok()) return s;
-  if (absl::Status s = InRange("n_layer", d.n_layer, kGptMaxLayers); !s.ok()) return s;
-  if (absl::Status s = InRange("n_embd", d.n_embd, kGptMaxEmbd); !s.ok()) return s;
-  if (absl::Status s = InRange("n_head", d.n_head, d.n_embd); !s.ok()) return s;
-  if (absl::Status s = InRange("seq_len", d.seq_len, d.block_size); !s.ok()) return s;
+std::optional<FieldViolation> GptDimsViolation(const GptDims& d) {
+  for (const auto& [field, value, limit] :
+       {std::tuple{"vocab_size", d.vocab_size, kGptMaxVocab},
+        std::tuple{"block_size", d.block_size, kGptMaxBlockSize},
+        std::tuple{"n_layer", d.n_layer, kGptMaxLayers},
+        std::tuple{"n_embd", d.n_embd, kGptMaxEmbd}, std::tuple{"n_head", d.n_head, d.n_embd},
+        std::tuple{"seq_len", d.seq_len, d.block_size}}) {
+    if (std::optional<FieldViolation> v = InRange(field, value, limit)) return v;
+  }
   if (d.n_embd % d.n_head != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "n_embd: ", d.n_embd, " is not divisible by n_head ", d.n_head));
+    return FieldViolation{"n_embd",
+                          absl::StrCat(d.n_embd, " is not divisible by n_head ", d.n_head)};
   }
   const int64_t widest = std::max(d.vocab_size, 4 * d.n_embd);
   if (d.seq_len * widest >= kGptMaxSampleElements) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "seq_len: ", d.seq_len, " positions of ", widest, " floats exceed the limit of ",
-        kGptMaxSampleElements, " per sample"));
+    return FieldViolation{
+        "seq_len", absl::StrCat(d.seq_len, " positions of ", widest, " floats exceed the limit of ",
+                                kGptMaxSampleElements, " per sample")};
+  }
+  return std::nullopt;
+}
+
+absl::Status ValidateGptDims(const GptDims& d) {
+  if (std::optional<FieldViolation> v = GptDimsViolation(d)) {
+    return absl::InvalidArgumentError(absl::StrCat(v->field, ": ", v->description));
   }
   return absl::OkStatus();
 }

@@ -23,9 +23,11 @@
 // backward pass), `head` once. Pure: the coordinator plans from it.
 
 #include <cstdint>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/base/field_violation.h"
 #include "core/plan/types.h"
 
 namespace muonmesh::model {
@@ -54,6 +56,9 @@ inline constexpr int64_t kGptMaxSampleElements = int64_t{1} << 31;
 // every field >= 1 and within its limit, n_embd divisible by n_head,
 // seq_len <= block_size.
 absl::Status ValidateGptDims(const GptDims& dims);
+// The same check as the first problem found, its field named as in GptDims
+// ("n_embd"), or nothing.
+std::optional<FieldViolation> GptDimsViolation(const GptDims& dims);
 
 // The spec above (named "gpt"). InvalidArgument as ValidateGptDims.
 absl::StatusOr<plan::ModelSpec> GptSpec(const GptDims& dims);

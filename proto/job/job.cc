@@ -233,7 +233,7 @@ model::GptDims GptDimsOf(const v1::GptModel& g) {
 }
 
 // Each field required and in range, then the rules between them
-// (model::ValidateGptDims), and the data a GPT reads.
+// (model::GptDimsViolation), and the data a GPT reads.
 void CheckGpt(const v1::JobSpec& job, Violations& v) {
   const v1::GptModel& g = job.model().gpt();
   const std::pair<const char*, int64_t> fields[] = {
@@ -248,11 +248,8 @@ void CheckGpt(const v1::JobSpec& job, Violations& v) {
     }
   }
   if (given) {
-    if (absl::Status s = model::ValidateGptDims(GptDimsOf(g)); !s.ok()) {
-      // ValidateGptDims names the field first: "n_embd: 10 is not divisible ...".
-      const std::string message(s.message());
-      const size_t colon = message.find(": ");
-      v.Add(absl::StrCat("model.gpt.", message.substr(0, colon)), message.substr(colon + 2));
+    if (std::optional<FieldViolation> f = model::GptDimsViolation(GptDimsOf(g))) {
+      v.Add(absl::StrCat("model.gpt.", f->field), f->description);
     }
   }
   if (job.device() == "cuda") {
