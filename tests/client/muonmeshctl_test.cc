@@ -2,6 +2,8 @@
 // on 127.0.0.1:0 and the real muonmeshctl binary, checked by exit code and
 // output. Every wait is bounded.
 
+#include <unistd.h>
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -45,8 +47,12 @@ constexpr std::chrono::seconds kCallBound(60);
 std::string Gpt2Spec() { return std::string(MUONMESH_SHARED_DIR) + "/specs/gpt2-124m.json"; }
 
 
+// In a folder every test process shares (ctest runs each test as a process
+// of its own, two at a time): the pid keeps two tests writing the same name
+// from reading each other's half-written file.
 std::string WriteTempFile(const std::string& name, const std::string& text) {
-  const std::string path = ::testing::TempDir() + "/muonmeshctl_test_" + name;
+  const std::string path =
+      ::testing::TempDir() + "/muonmeshctl_test_" + std::to_string(::getpid()) + "_" + name;
   std::ofstream(path) << text;
   return path;
 }
