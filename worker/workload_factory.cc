@@ -25,10 +25,11 @@
 #if MUONMESH_WORKER_WITH_CUDA
 #include <cuda_runtime_api.h>
 
+#include "worker/cuda/cuda_error.h"
+#include "worker/model/gpt_cuda.h"
 #include "worker/model/mlp_cuda.h"
 #include "worker/model/moe_mlp_cuda.h"
 #include "worker/model/synthetic_cuda.h"
-#include "worker/cuda/cuda_error.h"
 #include "worker/runtime/cuda_device.h"
 #endif
 
@@ -192,12 +193,14 @@ absl::StatusOr<std::unique_ptr<Device>> MakeDevice(const job::ResolvedJob& job, 
 #endif
 }
 
-// The workload's GPU form (every built-in workload but gpt has one).
+// The workload's GPU form.
 absl::StatusOr<std::unique_ptr<Workload>> OnGpu(const job::ResolvedJob& job,
                                                 std::unique_ptr<Workload> workload) {
 #if MUONMESH_WORKER_WITH_CUDA
   if (job.model_kind == job::ResolvedJob::ModelKind::kGpt) {
-    return absl::UnimplementedError("device 'cuda': the gpt model runs on the CPU only so far");
+    auto* g = static_cast<Gpt*>(workload.get());
+    MUONMESH_ASSIGN_OR_RETURN(std::unique_ptr<CudaGpt> gpu, CudaGpt::Create(std::move(*g)));
+    return std::unique_ptr<Workload>(std::move(gpu));
   }
   if (job.model_kind == job::ResolvedJob::ModelKind::kSynthetic) {
     auto* s = static_cast<Synthetic*>(workload.get());

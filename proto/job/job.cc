@@ -252,9 +252,6 @@ void CheckGpt(const v1::JobSpec& job, Violations& v) {
       v.Add(absl::StrCat("model.gpt.", f->field), f->description);
     }
   }
-  if (job.device() == "cuda") {
-    v.Add("device", "the gpt model runs on the CPU only so far (device: cpu)");
-  }
   const v1::DataConfig::SourceCase source = job.data().source_case();
   if (source != v1::DataConfig::kText && source != v1::DataConfig::kTokens) {
     v.Add("data", "required for the gpt model: text {train: FILE} (every byte a token) or "

@@ -26,9 +26,10 @@
 # the same folder (copy them there from build/tests/worker/{runtime,comm}),
 # and, when muonmesh-worker-cuda is there too (from build/worker; the shared
 # libraries it needs beyond CUDA's may sit in BIN_DIR/lib), one-rank jobs
-# through it: an mlp and a moe_mlp on device cuda against the same jobs on
-# device cpu (every step's loss within 1e-2 relative: bf16 Newton-Schulz
-# against the CPU's fp32), and the step time of a larger mlp on the GPU.
+# through it: an mlp, a moe_mlp and a small gpt (on this checkout's README as
+# bytes) on device cuda against the same jobs on device cpu (every step's loss
+# within 1e-2 relative: bf16 Newton-Schulz against the CPU's fp32), and the
+# step times of a larger mlp and of the gpt at GPT-2 124M's size on the GPU.
 #
 # Exit status: 0 tests passed (benchmark ran); 1 a test or the benchmark
 # failed; 2 binaries missing or not runnable here; 77 no usable GPU.
@@ -196,10 +197,17 @@ JOB
       "{teacher: {seed: 11, samples: 4096}}" "{steps: 20, global_batch_size: 64}"
     write_job moe $device "{moe_mlp: {d_in: 32, d_model: 64, d_expert: 48, num_experts: 8, d_out: 8}}" \
       "{teacher: {seed: 11, samples: 4096}}" "{steps: 20, global_batch_size: 64}"
+    write_job gpt $device \
+      "{gpt: {vocab_size: 256, block_size: 64, n_layer: 2, n_head: 4, n_embd: 64, seq_len: 64}}" \
+      "{text: {train: \"$root/README.md\", val_fraction: 0.1}}" \
+      "{steps: 20, global_batch_size: 16, eval_every: 10}"
   done
   write_job big cuda "{mlp: {dims: [1024, 4096, 4096, 1024]}}" \
     "{teacher: {seed: 11, samples: 4096}}" "{steps: 20, global_batch_size: 1024}"
-  for name in mlp moe; do
+  write_job gpt124m cuda "{gpt: {vocab_size: 50257, block_size: 1024, n_layer: 12, n_head: 12, \
+n_embd: 768, seq_len: 1024}}" "{text: {train: \"$root/README.md\", val_fraction: 0.1}}" \
+    "{steps: 10, global_batch_size: 8}"
+  for name in mlp moe gpt; do
     echo "== job $name: device cuda against device cpu"
     if ! run_job $name cuda || ! run_job $name cpu; then
       echo "== job $name: FAILED"
@@ -217,22 +225,29 @@ JOB
       job_rc=1
     fi
   done
-  echo "== job big (cuda): step time"
-  if run_job big cuda; then
-    # A step's time: the sum of its phases (the ms: fields); the median over
-    # steps 1.. (step 0 includes cuBLAS's warm-up).
+  # A step's time: the sum of its phases (the ms: fields); the median over
+  # steps 1.. (step 0 includes cuBLAS's warm-up).
+  median_step() {  # median_step LOG LABEL
     awk '$1 == "step" && $2 > 0 { t = 0; for (i = 1; i <= NF; ++i) if ($i == "ms:") on = 1;
            else if ($i == "|") on = 0; else if (on) { n = split($i, p, "/");
-             for (k = 1; k <= n; ++k) if (p[k] ~ /^[0-9.]+$/) t += p[k] } print t }' \
-      "$jobs_dir/big-cuda.log" | sort -g | awk '{ v[NR] = $1 } END {
-        printf "mlp [1024, 4096, 4096, 1024], batch 1024: median step %.2f ms over %d steps\n",
-          v[int((NR + 1) / 2)], NR }'
-    grep '^summary' "$jobs_dir/big-cuda.log"
-  else
-    echo "== job big: FAILED"
-    tail -n 5 "$jobs_dir/big-cuda.log"
-    job_rc=1
-  fi
+             for (k = 1; k <= n; ++k) if (p[k] ~ /^[0-9.]+$/) t += p[k] } print t }' "$1" |
+      sort -g | awk -v label="$2" '{ v[NR] = $1 } END {
+        printf "%s: median step %.2f ms over %d steps\n", label, v[int((NR + 1) / 2)], NR }'
+    grep '^summary' "$1"
+  }
+  for name in big gpt124m; do
+    echo "== job $name (cuda): step time"
+    if run_job $name cuda; then
+      case $name in
+        big) median_step "$jobs_dir/big-cuda.log" "mlp [1024, 4096, 4096, 1024], batch 1024" ;;
+        *) median_step "$jobs_dir/$name-cuda.log" "gpt at GPT-2 124M size, 8 x 1024 tokens" ;;
+      esac
+    else
+      echo "== job $name: FAILED"
+      tail -n 5 "$jobs_dir/$name-cuda.log"
+      job_rc=1
+    fi
+  done
   rm -rf "$jobs_dir"
 fi
 

@@ -110,6 +110,14 @@ WorkloadMemory GptMemory(const job::ResolvedJob& job, double local_batch) {
       static_cast<double>(d.n_layer) * t * (16.0 * c + static_cast<double>(d.n_head) * t) +
       2.0 * t * static_cast<double>(d.vocab_size) + 12.0 * t * c;
   WorkloadMemory w;
+  if (job.device == "cuda") {
+    // The activations live on the GPU (worker/model/gpt_cuda.h); the host
+    // keeps the windows read and the per-position losses copied back.
+    w.step.push_back({"training.global_batch_size",
+                      "the local batch's token windows and per-position losses",
+                      local_batch * (4.0 * (t + 1.0) + 8.0 * t)});
+    return w;
+  }
   w.step.push_back({"training.global_batch_size",
                     "activations of the local batch kept for the backward pass",
                     kFloat * local_batch * per_sample});

@@ -18,6 +18,19 @@ bool AnyNull(absl::Span<T* const> ptrs) {
   return std::any_of(ptrs.begin(), ptrs.end(), [](T* p) { return p == nullptr; });
 }
 
+// InvalidArgument "WORKLOAD: unit U WHAT: N tensors, expected WANT non-null"
+// unless `tensors` holds `want` non-null pointers.
+template <typename T>
+absl::Status CheckUnitTensors(const char* workload, absl::Span<T* const> tensors, size_t want,
+                              const char* what, int unit) {
+  if (tensors.size() != want || AnyNull(tensors)) {
+    return absl::InvalidArgumentError(absl::StrCat(workload, ": unit ", unit, " ", what, ": ",
+                                                   tensors.size(), " tensors, expected ", want,
+                                                   " non-null"));
+  }
+  return absl::OkStatus();
+}
+
 // InvalidArgument "WHAT[k] is not finite (v)" for the first NaN or infinity.
 inline absl::Status CheckFinite(absl::Span<const float> values, const char* what) {
   for (size_t k = 0; k < values.size(); ++k) {

@@ -3,7 +3,6 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
 #include <numbers>
 #include <utility>
@@ -193,17 +192,6 @@ void CausalSoftmaxBackward(int64_t t_len, const float* p, float* d) {
 
 // ---------------------------------------------------------------- access
 
-
-template <typename T>
-absl::Status CheckTensors(absl::Span<T* const> tensors, size_t want, const char* what, int unit) {
-  if (tensors.size() != want || AnyNull(tensors)) {
-    return absl::InvalidArgumentError(absl::StrCat("gpt: unit ", unit, " ", what, ": ",
-                                                   tensors.size(), " tensors, expected ", want,
-                                                   " non-null"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CheckWhole(const plan::ModelSpec& spec, size_t count, bool any_null,
                         const char* what) {
   size_t expected = 0;
@@ -294,7 +282,7 @@ absl::Status Gpt::InitializeUnit(uint64_t seed, int unit, absl::Span<float* cons
         absl::StrCat("gpt init: unit ", unit, " is outside [0, ", units, ")"));
   }
   const std::vector<plan::ParamSpec>& specs = spec_.units[unit].params;
-  MUONMESH_RETURN_IF_ERROR(CheckTensors(params, specs.size(), "init", unit));
+  MUONMESH_RETURN_IF_ERROR(internal::CheckUnitTensors("gpt", params, specs.size(), "init", unit));
   // Flat index of the unit's first parameter (gpt_spec.h).
   const int first = unit == kEmbedUnit ? 0 : model::GptBlockParam(unit - 1);
   for (size_t j = 0; j < specs.size(); ++j) {
@@ -350,30 +338,9 @@ void Gpt::Reserve(int64_t n) {
   capacity_ = n;
 }
 
-absl::Status Gpt::LoadWindows(const TokenStream& tokens, absl::Span<const int64_t> samples) {
-  const int64_t t_len = dims_.seq_len;
-  const int64_t num_tokens = tokens.num_tokens();
-  if (num_tokens <= t_len) {
-    return absl::InvalidArgumentError(absl::StrCat("gpt: the token stream has ", num_tokens,
-                                                   " tokens, need more than seq_len = ", t_len));
-  }
-  MUONMESH_RETURN_IF_ERROR(
-      internal::CheckSampleList("gpt", samples, WindowPeriod(num_tokens, t_len), INT_MAX / t_len));
-  const size_t need = samples.size() * static_cast<size_t>(t_len + 1);
-  if (tokens_.size() < need) tokens_.resize(need);
-  for (size_t k = 0; k < samples.size(); ++k) {
-    const int64_t p = WindowStart(samples[k], num_tokens, t_len);
-    int32_t* window = tokens_.data() + k * static_cast<size_t>(t_len + 1);
-    MUONMESH_RETURN_IF_ERROR(tokens.Read(p, t_len + 1, window), "gpt: sample ", samples[k]);
-    for (int64_t j = 0; j <= t_len; ++j) {
-      if (window[j] < 0 || window[j] >= dims_.vocab_size) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("gpt: token ", p + j, " (in sample ", samples[k], "; ",
-                         tokens.Where(p + j), ") is ", window[j], ", outside the vocabulary [0, ",
-                         dims_.vocab_size, ")"));
-      }
-    }
-  }
+absl::Status Gpt::Prepare(absl::Span<const int32_t> /*windows*/, int64_t n) {
+  // The windows are in tokens_ already: RunGptPasses read them there.
+  Reserve(n);
   return absl::OkStatus();
 }
 
@@ -383,7 +350,7 @@ float* Gpt::BlockOutput(int64_t layer) {
 
 // ---------------------------------------------------------------- forward math
 
-void Gpt::EmbedForward(int64_t n, const float* wte, const float* wpe) {
+absl::Status Gpt::EmbedForward(int64_t n, const float* wte, const float* wpe) {
   const int64_t t_len = dims_.seq_len;
   const int64_t c = dims_.n_embd;
   float* x = blocks_.front().resid_in.data();
@@ -395,6 +362,7 @@ void Gpt::EmbedForward(int64_t n, const float* wte, const float* wpe) {
       for (int64_t i = 0; i < c; ++i) row[i] = te[i] + pe[i];
     }
   }
+  return absl::OkStatus();
 }
 
 void Gpt::AttentionForward(BlockActs& a, int64_t n) {
@@ -417,7 +385,7 @@ void Gpt::AttentionForward(BlockActs& a, int64_t n) {
   }
 }
 
-void Gpt::BlockForward(int64_t layer, int64_t n, absl::Span<const float* const> p) {
+absl::Status Gpt::BlockForward(int64_t layer, int64_t n, absl::Span<const float* const> p) {
   const int64_t rows = n * dims_.seq_len;
   const int64_t c = dims_.n_embd;
   BlockActs& a = blocks_[layer];
@@ -434,16 +402,18 @@ void Gpt::BlockForward(int64_t layer, int64_t n, absl::Span<const float* const> 
   float* out = BlockOutput(layer);
   LinearForward(rows, 4 * c, c, a.fch_gelu.data(), p[10], p[11], out);
   for (int64_t i = 0; i < rows * c; ++i) out[i] += a.resid_mid[i];
+  return absl::OkStatus();
 }
 
-void Gpt::FinalNorm(int64_t n, const float* w, const float* b) {
+absl::Status Gpt::FinalNorm(int64_t n, const float* w, const float* b) {
   LayerNormForward(n * dims_.seq_len, dims_.n_embd, resid_out_.data(), w, b, lnf_.data(),
                    lnf_mean_.data(), lnf_rstd_.data());
+  return absl::OkStatus();
 }
 
 // The logits, the summed cross-entropy (returned, in double) and, if
 // `gradients`, dL/dlogits = (softmax - onehot) / (n T) written over them.
-double Gpt::LogitsAndLoss(int64_t n, const float* wte, bool gradients) {
+absl::StatusOr<double> Gpt::LogitsAndLoss(int64_t n, const float* wte, bool gradients) {
   const int64_t t_len = dims_.seq_len;
   const int64_t v_size = dims_.vocab_size;
   const int64_t rows = n * t_len;
@@ -476,8 +446,8 @@ double Gpt::LogitsAndLoss(int64_t n, const float* wte, bool gradients) {
 // ---------------------------------------------------------------- backward
 // math
 
-void Gpt::HeadBackward(int64_t n, const float* wte, const float* lnf_w, float* dwte, float* dlnf_w,
-                       float* dlnf_b) {
+absl::Status Gpt::HeadBackward(int64_t n, const float* wte, const float* lnf_w, float* dwte,
+                               float* dlnf_w, float* dlnf_b) {
   const int64_t rows = n * dims_.seq_len;
   const int64_t c = dims_.n_embd;
   const int64_t v_size = dims_.vocab_size;
@@ -486,6 +456,7 @@ void Gpt::HeadBackward(int64_t n, const float* wte, const float* lnf_w, float* d
   std::fill(dresid_.begin(), dresid_.begin() + rows * c, 0.0f);
   LayerNormBackward(rows, c, resid_out_.data(), lnf_mean_.data(), lnf_rstd_.data(), lnf_w,
                     dc_.data(), dresid_.data(), dlnf_w, dlnf_b, col_sums_.data());
+  return absl::OkStatus();
 }
 
 void Gpt::AttentionBackward(const BlockActs& a, int64_t n, const float* datty, float* dqkv) {
@@ -517,8 +488,8 @@ void Gpt::AttentionBackward(const BlockActs& a, int64_t n, const float* datty, f
 }
 
 // dresid_ holds dL/d(block output); becomes dL/d(block input).
-void Gpt::BlockBackward(int64_t layer, int64_t n, absl::Span<const float* const> p,
-                        absl::Span<float* const> g) {
+absl::Status Gpt::BlockBackward(int64_t layer, int64_t n, absl::Span<const float* const> p,
+                                absl::Span<float* const> g) {
   const int64_t rows = n * dims_.seq_len;
   const int64_t c = dims_.n_embd;
   const BlockActs& a = blocks_[layer];
@@ -534,11 +505,12 @@ void Gpt::BlockBackward(int64_t layer, int64_t n, absl::Span<const float* const>
   LinearBackward(rows, c, 3 * c, dqkv_.data(), a.ln1.data(), p[2], g[2], g[3], dc_.data(), acc);
   LayerNormBackward(rows, c, a.resid_in.data(), a.ln1_mean.data(), a.ln1_rstd.data(), p[0],
                     dc_.data(), dresid_.data(), g[0], g[1], acc);
+  return absl::OkStatus();
 }
 
 // dwte (holding the head's gradient) += the lookup's rows; dwpe = the sum
 // over samples per position (double), 0 at positions >= T.
-void Gpt::EmbedBackward(int64_t n, float* dwte, float* dwpe) {
+absl::Status Gpt::EmbedBackward(int64_t n, float* dwte, float* dwpe) {
   const int64_t t_len = dims_.seq_len;
   const int64_t c = dims_.n_embd;
   for (int64_t b = 0; b < n; ++b) {
@@ -558,96 +530,7 @@ void Gpt::EmbedBackward(int64_t n, float* dwte, float* dwpe) {
     for (int64_t i = 0; i < c; ++i) dwpe[t * c + i] = static_cast<float>(acc[i]);
   }
   std::fill(dwpe + t_len * c, dwpe + dims_.block_size * c, 0.0f);
-}
-
-// ---------------------------------------------------------------- streaming
-
-absl::Status Gpt::ForwardBlocks(UnitAccess& units, int64_t n) {
-  {
-    MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> embed, units.Acquire(kEmbedUnit));
-    HeldUnit held(units, kEmbedUnit);
-    MUONMESH_RETURN_IF_ERROR(CheckTensors(embed, 2, "parameters", kEmbedUnit));
-    EmbedForward(n, embed[0], embed[1]);
-  }
-  for (int64_t l = 0; l < dims_.n_layer; ++l) {
-    const int unit = static_cast<int>(l) + 1;
-    MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, units.Acquire(unit));
-    HeldUnit held(units, unit);
-    MUONMESH_RETURN_IF_ERROR(CheckTensors(p, model::kGptParamsPerBlock, "parameters", unit));
-    BlockForward(l, n, p);
-  }
   return absl::OkStatus();
-}
-
-absl::StatusOr<double> Gpt::LossTail(UnitAccess& units, int64_t n) {
-  {
-    MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> head, units.Acquire(head_unit()));
-    HeldUnit held(units, head_unit());
-    MUONMESH_RETURN_IF_ERROR(CheckTensors(head, 2, "parameters", head_unit()));
-    FinalNorm(n, head[0], head[1]);
-  }
-  MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> embed, units.Acquire(kEmbedUnit));
-  HeldUnit held(units, kEmbedUnit);
-  MUONMESH_RETURN_IF_ERROR(CheckTensors(embed, 2, "parameters", kEmbedUnit));
-  return LogitsAndLoss(n, embed[0], /*gradients=*/false);
-}
-
-// ln_f, the logits and the loss, then the head's backward pass: commits
-// head, leaves embed's gradient buffers (wte holding the head's part) in
-// `embed_grads`, uncommitted.
-absl::StatusOr<double> Gpt::HeadStep(UnitAccess& units, int64_t n,
-                                     absl::Span<float* const>& embed_grads) {
-  const int hu = head_unit();
-  MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> head, units.Acquire(hu));
-  HeldUnit head_held(units, hu);
-  MUONMESH_RETURN_IF_ERROR(CheckTensors(head, 2, "parameters", hu));
-  FinalNorm(n, head[0], head[1]);
-  MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> embed, units.Acquire(kEmbedUnit));
-  HeldUnit embed_held(units, kEmbedUnit);
-  MUONMESH_RETURN_IF_ERROR(CheckTensors(embed, 2, "parameters", kEmbedUnit));
-  const double loss = LogitsAndLoss(n, embed[0], /*gradients=*/true);
-
-  MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> head_grads, units.GradientBuffers(hu));
-  MUONMESH_RETURN_IF_ERROR(CheckTensors(head_grads, 2, "gradient buffers", hu));
-  MUONMESH_ASSIGN_OR_RETURN(embed_grads, units.GradientBuffers(kEmbedUnit));
-  MUONMESH_RETURN_IF_ERROR(CheckTensors(embed_grads, 2, "gradient buffers", kEmbedUnit));
-  HeadBackward(n, embed[0], head[0], embed_grads[0], head_grads[0], head_grads[1]);
-  MUONMESH_RETURN_IF_ERROR(units.Commit(hu));
-  head_held.Release();
-  embed_held.Release();
-  return loss;
-}
-
-absl::Status Gpt::BlockBackwardStep(UnitAccess& units, int64_t layer, int64_t n) {
-  const int unit = static_cast<int>(layer) + 1;
-  MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, units.Acquire(unit));
-  HeldUnit held(units, unit);
-  MUONMESH_RETURN_IF_ERROR(CheckTensors(p, model::kGptParamsPerBlock, "parameters", unit));
-  MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g, units.GradientBuffers(unit));
-  MUONMESH_RETURN_IF_ERROR(CheckTensors(g, model::kGptParamsPerBlock, "gradient buffers", unit));
-  BlockBackward(layer, n, p, g);
-  return units.Commit(unit);
-}
-
-absl::StatusOr<double> Gpt::Run(UnitAccess& units, const TokenStream& tokens,
-                                absl::Span<const int64_t> samples, bool gradients) {
-  MUONMESH_RETURN_IF_ERROR(LoadWindows(tokens, samples));
-  const int64_t n = static_cast<int64_t>(samples.size());
-  Reserve(n);
-  const double denom = static_cast<double>(n) * static_cast<double>(dims_.seq_len);
-  MUONMESH_RETURN_IF_ERROR(ForwardBlocks(units, n));
-  if (!gradients) {
-    MUONMESH_ASSIGN_OR_RETURN(const double sum, LossTail(units, n));
-    return sum / denom;
-  }
-  absl::Span<float* const> embed_grads;
-  MUONMESH_ASSIGN_OR_RETURN(const double sum, HeadStep(units, n, embed_grads));
-  for (int64_t l = dims_.n_layer - 1; l >= 0; --l) {
-    MUONMESH_RETURN_IF_ERROR(BlockBackwardStep(units, l, n));
-  }
-  EmbedBackward(n, embed_grads[0], embed_grads[1]);
-  MUONMESH_RETURN_IF_ERROR(units.Commit(kEmbedUnit));
-  return sum / denom;
 }
 
 // ---------------------------------------------------------------- entry points
@@ -658,24 +541,24 @@ absl::StatusOr<double> Gpt::ForwardBackward(int64_t /*step*/, absl::Span<const f
   MUONMESH_RETURN_IF_ERROR(CheckWhole(spec_, params.size(), AnyNull(params), "gpt params"));
   MUONMESH_RETURN_IF_ERROR(CheckWhole(spec_, grads.size(), AnyNull(grads), "gpt grads"));
   WholeModelAccess whole(spec_, params, grads);
-  return Run(whole, *train_, samples, /*gradients=*/true);
+  return RunGptPasses(dims_, *this, whole, *train_, samples, /*gradients=*/true, tokens_);
 }
 
 absl::StatusOr<double> Gpt::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& units,
                                                   absl::Span<const int64_t> samples) {
-  return Run(units, *train_, samples, /*gradients=*/true);
+  return RunGptPasses(dims_, *this, units, *train_, samples, /*gradients=*/true, tokens_);
 }
 
 absl::StatusOr<double> Gpt::Loss(absl::Span<const float* const> params, const TokenStream& tokens,
                                  absl::Span<const int64_t> samples) {
   MUONMESH_RETURN_IF_ERROR(CheckWhole(spec_, params.size(), AnyNull(params), "gpt params"));
   WholeModelAccess whole(spec_, params, {});
-  return Run(whole, tokens, samples, /*gradients=*/false);
+  return RunGptPasses(dims_, *this, whole, tokens, samples, /*gradients=*/false, tokens_);
 }
 
 absl::StatusOr<double> Gpt::LossByUnit(UnitAccess& units, const TokenStream& tokens,
                                        absl::Span<const int64_t> samples) {
-  return Run(units, tokens, samples, /*gradients=*/false);
+  return RunGptPasses(dims_, *this, units, tokens, samples, /*gradients=*/false, tokens_);
 }
 
 absl::Status Gpt::SetValidation(std::shared_ptr<const TokenStream> val) {

@@ -72,6 +72,7 @@
 #include "absl/types/span.h"
 #include "core/model/gpt_spec.h"
 #include "core/plan/types.h"
+#include "worker/model/gpt_passes.h"
 #include "worker/model/token_windows.h"
 #include "worker/model/workload.h"
 
@@ -89,7 +90,7 @@ double GptStandardNormal(uint64_t seed, uint64_t param, uint64_t element);
 // hold every block's activations for the largest call seen (grown, never
 // shrunk): O(L n T (16 C + H T) + n T V) floats for n samples. const methods
 // may be called concurrently.
-class Gpt final : public Workload {
+class Gpt final : public Workload, private GptPasses {
  public:
   // InvalidArgument for dims that model::ValidateGptDims rejects, or (field
   // `data`) a null stream or one of N <= T tokens.
@@ -165,6 +166,8 @@ class Gpt final : public Workload {
 
   const model::GptDims& dims() const { return dims_; }
   const TokenStream& train() const { return *train_; }
+  // The validation stream, or null.
+  const TokenStream* validation() const { return val_.get(); }
 
  private:
   // What the backward pass needs from block l's forward pass, rows = n T.
@@ -188,33 +191,23 @@ class Gpt final : public Workload {
 
   int head_unit() const { return static_cast<int>(dims_.n_layer) + 1; }
 
+  // The host's passes (gpt_passes.h), which RunGptPasses drives; they
+  // return OkStatus always.
+  absl::Status Prepare(absl::Span<const int32_t> windows, int64_t n) override;
+  absl::Status EmbedForward(int64_t n, const float* wte, const float* wpe) override;
+  absl::Status BlockForward(int64_t layer, int64_t n, absl::Span<const float* const> p) override;
+  absl::Status FinalNorm(int64_t n, const float* w, const float* b) override;
+  absl::StatusOr<double> LogitsAndLoss(int64_t n, const float* wte, bool gradients) override;
+  absl::Status HeadBackward(int64_t n, const float* wte, const float* lnf_w, float* dwte,
+                            float* dlnf_w, float* dlnf_b) override;
+  absl::Status BlockBackward(int64_t layer, int64_t n, absl::Span<const float* const> p,
+                             absl::Span<float* const> g) override;
+  absl::Status EmbedBackward(int64_t n, float* dwte, float* dwpe) override;
+
   // Grows the activation scratch to hold n samples.
   void Reserve(int64_t n);
-  // Checks `samples` against `tokens` and reads their windows into tokens_.
-  absl::Status LoadWindows(const TokenStream& tokens, absl::Span<const int64_t> samples);
-
-  // The one implementation behind ForwardBackward*, Loss*: the calls to
-  // `units` documented above (gradients) or LossByUnit's.
-  absl::StatusOr<double> Run(UnitAccess& units, const TokenStream& tokens,
-                             absl::Span<const int64_t> samples, bool gradients);
-  absl::Status ForwardBlocks(UnitAccess& units, int64_t n);
-  absl::StatusOr<double> LossTail(UnitAccess& units, int64_t n);
-  absl::StatusOr<double> HeadStep(UnitAccess& units, int64_t n,
-                                  absl::Span<float* const>& embed_grads);
-  absl::Status BlockBackwardStep(UnitAccess& units, int64_t layer, int64_t n);
-
-  // The math, shared by every path above.
-  void EmbedForward(int64_t n, const float* wte, const float* wpe);
-  void BlockForward(int64_t layer, int64_t n, absl::Span<const float* const> p);
   void AttentionForward(BlockActs& a, int64_t n);
-  void FinalNorm(int64_t n, const float* w, const float* b);
-  double LogitsAndLoss(int64_t n, const float* wte, bool gradients);
-  void HeadBackward(int64_t n, const float* wte, const float* lnf_w, float* dwte, float* dlnf_w,
-                    float* dlnf_b);
-  void BlockBackward(int64_t layer, int64_t n, absl::Span<const float* const> p,
-                     absl::Span<float* const> g);
   void AttentionBackward(const BlockActs& a, int64_t n, const float* datty, float* dqkv);
-  void EmbedBackward(int64_t n, float* dwte, float* dwpe);
 
   // x at block l's output: block l + 1's input, or resid_out_ after the last.
   float* BlockOutput(int64_t layer);
@@ -228,7 +221,7 @@ class Gpt final : public Workload {
 
   // Scratch (rows = n T for the call's n samples).
   int64_t capacity_ = 0;           // samples the buffers below hold
-  std::vector<int32_t> tokens_;    // [n, T + 1] the windows
+  std::vector<int32_t> tokens_;    // [n, T + 1] the windows (RunGptPasses reads them here)
   std::vector<BlockActs> blocks_;  // [L]
   std::vector<float> resid_out_;   // [rows, C] the last block's output
   std::vector<float> lnf_;         // [rows, C]

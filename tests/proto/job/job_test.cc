@@ -315,20 +315,41 @@ void SetGpt(v1::JobSpec& j) {
 std::vector<BrokenJob> BrokenJobs() {
   using J = v1::JobSpec;
   return {
-      {"GptNoData", [](J& j) { SetGpt(j); j.clear_data(); }, "data", "required for the gpt"},
-      {"GptFieldMissing", [](J& j) { SetGpt(j); j.mutable_model()->mutable_gpt()->clear_n_head(); },
+      {"GptNoData",
+       [](J& j) {
+         SetGpt(j);
+         j.clear_data();
+       },
+       "data", "required for the gpt"},
+      {"GptFieldMissing",
+       [](J& j) {
+         SetGpt(j);
+         j.mutable_model()->mutable_gpt()->clear_n_head();
+       },
        "model.gpt.n_head", "required"},
       {"GptHeadsDoNotDivide",
-       [](J& j) { SetGpt(j); j.mutable_model()->mutable_gpt()->set_n_head(3); },
+       [](J& j) {
+         SetGpt(j);
+         j.mutable_model()->mutable_gpt()->set_n_head(3);
+       },
        "model.gpt.n_embd", "not divisible by n_head 3"},
       {"GptSeqLenPastBlock",
-       [](J& j) { SetGpt(j); j.mutable_model()->mutable_gpt()->set_seq_len(33); },
+       [](J& j) {
+         SetGpt(j);
+         j.mutable_model()->mutable_gpt()->set_seq_len(33);
+       },
        "model.gpt.seq_len", "33 is not in [1, 32]"},
       {"GptTextNeedsBytes",
-       [](J& j) { SetGpt(j); j.mutable_model()->mutable_gpt()->set_vocab_size(100); },
+       [](J& j) {
+         SetGpt(j);
+         j.mutable_model()->mutable_gpt()->set_vocab_size(100);
+       },
        "model.gpt.vocab_size", "at least 256"},
-      {"GptOnCuda", [](J& j) { SetGpt(j); j.set_device("cuda"); }, "device", "CPU only"},
-      {"GptTrainMissing", [](J& j) { SetGpt(j); j.mutable_data()->mutable_text()->clear_train(); },
+      {"GptTrainMissing",
+       [](J& j) {
+         SetGpt(j);
+         j.mutable_data()->mutable_text()->clear_train();
+       },
        "data.text.train", "required"},
       {"GptValAndFraction",
        [](J& j) {
@@ -338,15 +359,21 @@ std::vector<BrokenJob> BrokenJobs() {
        },
        "data.text.val_fraction", "not both"},
       {"GptFractionOne",
-       [](J& j) { SetGpt(j); j.mutable_data()->mutable_tokens()->set_train("a.bin");
-                  j.mutable_data()->mutable_tokens()->set_val_fraction(1.0); },
+       [](J& j) {
+         SetGpt(j);
+         j.mutable_data()->mutable_tokens()->set_train("a.bin");
+         j.mutable_data()->mutable_tokens()->set_val_fraction(1.0);
+       },
        "data.tokens.val_fraction", "[0, 1)"},
       {"TextForMlp", [](J& j) { j.mutable_data()->mutable_text()->set_train("a.txt"); },
        "data.text", "only the gpt model"},
       {"EvalForMlp", [](J& j) { j.mutable_training()->set_eval_every(5); }, "training.eval_every",
        "only the gpt model"},
       {"EvalBatchesNegative",
-       [](J& j) { SetGpt(j); j.mutable_training()->set_eval_batches(-1); },
+       [](J& j) {
+         SetGpt(j);
+         j.mutable_training()->set_eval_batches(-1);
+       },
        "training.eval_batches", "got -1"},
       {"EmptyName", [](J& j) { j.clear_name(); }, "name", "required"},
       {"NameWithSpace", [](J& j) { j.set_name("my job"); }, "name", "[A-Za-z0-9._-]+"},
@@ -459,8 +486,7 @@ std::vector<BrokenJob> BrokenJobs() {
        "optimizer.adamw.weight_decay", ">= 0"},
       {"OwnerRuleUnknown", [](J& j) { j.mutable_optimizer()->set_owner_assignment("random"); },
        "optimizer.owner_assignment", "unknown rule 'random'"},
-      {"MuonBufferBelowMinusOne",
-       [](J& j) { j.mutable_optimizer()->set_muon_buffer_bytes(-1); },
+      {"MuonBufferBelowMinusOne", [](J& j) { j.mutable_optimizer()->set_muon_buffer_bytes(-1); },
        "optimizer.muon_buffer_bytes", "must be >= 0 (0, the default: one wave"},
       {"MuonReplicaSplitUnknown",
        [](J& j) { j.mutable_optimizer()->set_muon_replica_split("always"); },
@@ -785,7 +811,8 @@ TEST(JobTest, InlineSyntheticSpecNeedsNoFile) {
 // model spec that loads.
 // A gpt job's corpus: paths resolved against the job's folder, globs
 // expanded where the files are (the worker), the held-out fraction's
-// default, and a pattern that matches nothing refused naming the field.
+// default, and a pattern that matches nothing refused naming the field;
+// on either device (gpt has a CUDA form).
 TEST(JobTest, GptCorpusResolves) {
   TempDir dir;
   dir.Write("shard_b.bin", "x");
@@ -793,6 +820,7 @@ TEST(JobTest, GptCorpusResolves) {
   const std::string path = dir.Write("gpt.yaml", R"(
 name: lm
 world_size: 2
+device: cuda
 model: {gpt: {vocab_size: 50257, block_size: 64, n_layer: 2, n_head: 2, n_embd: 8, seq_len: 64}}
 data: {tokens: {train: "shard_*.bin"}}
 training: {steps: 3, global_batch_size: 4, eval_every: 2}
@@ -800,6 +828,7 @@ training: {steps: 3, global_batch_size: 4, eval_every: 2}
   absl::StatusOr<job::ResolvedJob> r = job::LoadResolvedJob(path);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->model_kind, job::ResolvedJob::ModelKind::kGpt);
+  EXPECT_EQ(r->device, "cuda");
   EXPECT_EQ(r->gpt, (model::GptDims{50257, 64, 2, 2, 8, 64}));
   EXPECT_TRUE(r->corpus.tokens);
   EXPECT_EQ(r->corpus.train, dir.dir() + "/shard_*.bin");

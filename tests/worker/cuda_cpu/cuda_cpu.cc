@@ -383,6 +383,24 @@ cublasStatus_t cublasSgemm(cublasHandle_t, cublasOperation_t transa, cublasOpera
               CUDA_R_32F, ldc);
 }
 
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t, cublasOperation_t transa,
+                                         cublasOperation_t transb, int m, int n, int k,
+                                         const float* alpha, const float* a, int lda,
+                                         long long stride_a, const float* b, int ldb,
+                                         long long stride_b, const float* beta, float* c, int ldc,
+                                         long long stride_c, int batch) {
+  if (batch < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  // Each product as cublasSgemm, its own checks included (every operand
+  // inside an allocation, no output overlapping its inputs).
+  for (int i = 0; i < batch; ++i) {
+    const cublasStatus_t st =
+        Gemm(transa, transb, m, n, k, *alpha, a + i * stride_a, CUDA_R_32F, lda, b + i * stride_b,
+             CUDA_R_32F, ldb, *beta, c + i * stride_c, CUDA_R_32F, ldc);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
 cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t transa, cublasOperation_t transb,
                             int m, int n, int k, const void* alpha, const void* a,
                             cudaDataType_t atype, int lda, const void* b, cudaDataType_t btype,

@@ -74,6 +74,24 @@ TEST_F(CudaCpuTest, LeadingDimensionsAndBeta) {
             CUBLAS_STATUS_INVALID_VALUE);
 }
 
+// A strided batch is that many products, each operand offset by its
+// stride: here two 1 x 1 products with k = 2 whose A and B rows interleave
+// in one buffer (stride 1, leading dimension 2), as the attention reads
+// heads. Batch 0: [1 3] [5 7]^T = 26; batch 1: [2 4] [6 8]^T = 44.
+TEST_F(CudaCpuTest, StridedBatchOffsetsEachProduct) {
+  Device a({1, 2, 3, 4}), b({5, 6, 7, 8}), c({-1, -1});
+  // A (m x k = 1 x 2) at a + i, ld 2: elements a[i], a[i + 2]; B^T stored
+  // as n x k = 1 x 2 the same way.
+  ASSERT_EQ(cublasSgemmStridedBatched(handle_, CUBLAS_OP_N, CUBLAS_OP_T, 1, 1, 2, &one_, a.data, 2,
+                                      1, b.data, 2, 1, &zero_, c.data, 1, 1, 2),
+            CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(c.Host(), (std::vector<float>{26, 44}));
+  // A batch whose last product reads past the buffer is refused.
+  EXPECT_EQ(cublasSgemmStridedBatched(handle_, CUBLAS_OP_N, CUBLAS_OP_T, 1, 1, 2, &one_, a.data, 2,
+                                      1, b.data, 2, 1, &zero_, c.data, 1, 1, 3),
+            CUBLAS_STATUS_INVALID_VALUE);
+}
+
 // Operands must lie inside device allocations, and a product's output may
 // not overlap its inputs.
 TEST_F(CudaCpuTest, BoundsAndOverlapRefused) {

@@ -21,23 +21,27 @@
 #include <filesystem>
 #include <initializer_list>
 #include <memory>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
-#include "gtest/gtest.h"
 #include "core/plan/planner.h"
+#include "gtest/gtest.h"
 #include "tests/worker/ns_reference.h"
-#include "worker/math/adamw.h"
-#include "worker/math/muon.h"
 #include "worker/comm/file_store.h"
 #include "worker/comm/inprocess_communicator.h"
+#include "worker/math/adamw.h"
+#include "worker/math/muon.h"
+#include "worker/model/gpt.h"
+#include "worker/model/gpt_cuda.h"
 #include "worker/model/mlp.h"
 #include "worker/model/mlp_cuda.h"
 #include "worker/model/moe_mlp.h"
 #include "worker/model/moe_mlp_cuda.h"
 #include "worker/model/synthetic.h"
 #include "worker/model/synthetic_cuda.h"
+#include "worker/model/token_windows.h"
 #include "worker/runtime/cuda_device.h"
 #include "worker/runtime/trainer.h"
 
@@ -153,10 +157,30 @@ struct Result {
   std::vector<bool> muon;  // per parameter, in the weights' order
 };
 
-enum class Kind { kSynthetic, kMlp, kMoe };
+enum class Kind { kSynthetic, kMlp, kMoe, kGpt };
 
-// The workloads: synthetic (Spec()), or an mlp or moe_mlp on teacher data.
+// A small gpt (V = 32, 2 layers, 2 heads, C = 16, T = 8) on a fixed text of
+// byte-sized tokens folded into [0, 32).
+absl::StatusOr<Gpt> SmallGpt() {
+  const std::string text =
+      "the quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs. "
+      "how vexingly quick daft zebras jump! sphinx of black quartz, judge my vow.";
+  std::vector<int32_t> tokens;
+  for (char ch : text) tokens.push_back(static_cast<unsigned char>(ch) % 32);
+  return Gpt::Create({32, 8, 2, 2, 16, 8}, std::make_shared<InMemoryTokens>(std::move(tokens)));
+}
+
+// The workloads: synthetic (Spec()), an mlp or moe_mlp on teacher data, or
+// a gpt on a short text.
 std::unique_ptr<Workload> MakeWorkload(Kind kind, bool gpu) {
+  if (kind == Kind::kGpt) {
+    absl::StatusOr<Gpt> g = SmallGpt();
+    EXPECT_TRUE(g.ok()) << g.status();
+    if (!gpu) return std::make_unique<Gpt>(*std::move(g));
+    absl::StatusOr<std::unique_ptr<CudaGpt>> w = CudaGpt::Create(*std::move(g));
+    EXPECT_TRUE(w.ok()) << w.status();
+    return w.ok() ? std::unique_ptr<Workload>(std::move(*w)) : nullptr;
+  }
   if (kind == Kind::kMoe) {
     absl::StatusOr<MoeMlp> m = MoeMlp::FromTeacher({6, 16, 8, 4, 3}, 21, 128);
     EXPECT_TRUE(m.ok()) << m.status();
@@ -395,14 +419,14 @@ TEST(CudaTrainerTest, MatchesTheCpuRun) {
                        {Bug::kNoMuonDecay, Bug::kSwappedMomentum});
 }
 
-// The mlp and moe_mlp on the GPU (cuBLAS fp32, kernels, bf16 Newton-Schulz)
-// against the host (worker/math, fp64 Newton-Schulz): the same training, to
-// the precision of the bf16 orthogonalisation.
-TEST(CudaTrainerTest, MlpAndMoeTrainAsOnTheHost) {
+// The mlp, moe_mlp and gpt on the GPU (cuBLAS fp32, kernels, bf16
+// Newton-Schulz) against the host (worker/math, fp64 Newton-Schulz): the
+// same training, to the precision of the bf16 orthogonalisation.
+TEST(CudaTrainerTest, MlpMoeAndGptTrainAsOnTheHost) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   const int steps = 6;
-  for (Kind kind : {Kind::kMlp, Kind::kMoe}) {
-    SCOPED_TRACE(kind == Kind::kMlp ? "mlp" : "moe_mlp");
+  for (Kind kind : {Kind::kMlp, Kind::kMoe, Kind::kGpt}) {
+    SCOPED_TRACE(kind == Kind::kMlp ? "mlp" : kind == Kind::kMoe ? "moe_mlp" : "gpt");
     const Result cpu = RunJob(false, steps, kind);
     const Result gpu = RunJob(true, steps, kind);
     ASSERT_EQ(cpu.losses.size(), static_cast<size_t>(steps));

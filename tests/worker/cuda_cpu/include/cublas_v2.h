@@ -44,6 +44,12 @@ cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa,
                            cublasOperation_t transb, int m, int n, int k, const float* alpha,
                            const float* a, int lda, const float* b, int ldb, const float* beta,
                            float* c, int ldc);
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
+                                         cublasOperation_t transb, int m, int n, int k,
+                                         const float* alpha, const float* a, int lda,
+                                         long long stride_a, const float* b, int ldb,
+                                         long long stride_b, const float* beta, float* c, int ldc,
+                                         long long stride_c, int batch);
 cublasStatus_t cublasSgeam(cublasHandle_t handle, cublasOperation_t transa,
                            cublasOperation_t transb, int m, int n, const float* alpha,
                            const float* a, int lda, const float* beta, const float* b, int ldb,
