@@ -27,6 +27,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
   impl->dense.domain = &impl->plan_copy.dense;
   impl->expert.domain = &impl->plan_copy.expert;
   impl->dev = options.device;
+  impl->unit_buffers = BufferPool(options.device);
   MUONMESH_RETURN_IF_ERROR(impl->JoinGroups());
   MUONMESH_RETURN_IF_ERROR(impl->IndexParameters());
 

@@ -6,8 +6,6 @@
 // the workload) and trainer_shards.cc (checkpoint shards) share. Not a
 // public interface: only those files include it.
 
-#include "worker/runtime/trainer.h"
-
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -20,14 +18,16 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/base/status_macros.h"
+#include "core/optim/ns_coefficients.h"
 #include "core/plan/mesh.h"
 #include "core/plan/owners.h"
 #include "core/plan/validate.h"
-#include "core/base/status_macros.h"
 #include "worker/io/safetensors.h"
-#include "core/optim/ns_coefficients.h"
+#include "worker/runtime/buffer_pool.h"
 #include "worker/runtime/groups.h"
 #include "worker/runtime/muon_schedule.h"
+#include "worker/runtime/trainer.h"
 
 namespace muonmesh::worker {
 namespace trainer_internal {
@@ -139,6 +139,8 @@ struct Trainer::Impl {
   Workload* workload = nullptr;
   TrainerOptions options;
   Device* dev = nullptr;  // TrainerOptions::device
+  // Whole-unit gather and gradient buffers between acquires (UnitStream).
+  BufferPool unit_buffers{nullptr};
   int32_t rank = 0;
   int64_t world = 1;
   MeshState dense;

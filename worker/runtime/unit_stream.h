@@ -8,10 +8,11 @@
 namespace muonmesh::worker {
 
 // The runtime's side of Workload::ForwardBackwardByUnit over this rank's
-// shards: Acquire gathers one unit into whole tensors allocated for it (freed
-// on Release), Commit packs and reduces one unit's whole gradients (freed
-// right after). So a step holds only what the workload has acquired and the
-// gradient buffers it has not committed yet, never the whole model.
+// shards: Acquire gathers one unit into whole tensors taken for it from the
+// trainer's BufferPool (given back on Release), Commit packs and reduces one
+// unit's whole gradients (given back right after). So a step holds only what
+// the workload has acquired and the gradient buffers it has not committed
+// yet, never the whole model (and the pool keeps no more than that peak).
 class Trainer::UnitStream final : public UnitAccess {
  public:
   UnitStream(Impl& m, StepReport* report)
@@ -167,7 +168,7 @@ class Trainer::UnitStream final : public UnitAccess {
     bufs.clear();
     ptrs.clear();
     for (int32_t j = 0; j < m_.unit_count[unit]; ++j) {
-      absl::StatusOr<DeviceBuffer> b = m_.dev->Allocate(m_.local_sizes[m_.unit_base[unit] + j]);
+      absl::StatusOr<DeviceBuffer> b = m_.unit_buffers.Take(m_.local_sizes[m_.unit_base[unit] + j]);
       if (!b.ok()) {
         Free(bufs, ptrs);
         return b.status();
@@ -178,7 +179,8 @@ class Trainer::UnitStream final : public UnitAccess {
     return absl::OkStatus();
   }
 
-  static void Free(std::vector<DeviceBuffer>& bufs, std::vector<float*>& ptrs) {
+  void Free(std::vector<DeviceBuffer>& bufs, std::vector<float*>& ptrs) const {
+    for (DeviceBuffer& b : bufs) m_.unit_buffers.Give(std::move(b));
     std::vector<DeviceBuffer>().swap(bufs);
     std::vector<float*>().swap(ptrs);
   }
