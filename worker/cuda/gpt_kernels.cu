@@ -3,13 +3,12 @@
 #include <cfloat>
 
 #include "worker/cuda/grid.cuh"
+#include "worker/math/elementwise.h"
 
 namespace muonmesh::cuda::internal {
 namespace {
 
 constexpr double kLayerNormEps = 1e-5;
-constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2 / pi)
-constexpr double kGeluCubic = 0.044715;
 
 // The block's sum of every thread's `v`: partials in shared memory, added as
 // a tree with halving strides (kernels_cpu.cc transcribes this order).
@@ -37,19 +36,6 @@ __device__ float BlockMax(float v, float* shared) {
   const float total = shared[0];
   __syncthreads();
   return total;
-}
-
-// 1 - 2 / (1 + e^{2z}), saturated past |z| = 20 (gpt.cc's FastTanh).
-__device__ double FastTanh(double z) {
-  if (z > 20.0) return 1.0;
-  if (z < -20.0) return -1.0;
-  return __dsub_rn(1.0, __ddiv_rn(2.0, __dadd_rn(1.0, exp(__dmul_rn(2.0, z)))));
-}
-
-// kGeluScale (v + kGeluCubic v v v), left to right.
-__device__ double GeluArg(double v) {
-  const double cubic = __dmul_rn(__dmul_rn(__dmul_rn(kGeluCubic, v), v), v);
-  return __dmul_rn(kGeluScale, __dadd_rn(v, cubic));
 }
 
 __global__ void EmbedKernel(const int32_t* __restrict__ windows, int64_t n, int64_t t_len,
@@ -146,24 +132,12 @@ __global__ void LayerNormParamGradsKernel(const float* __restrict__ x,
 }
 
 __global__ void GeluKernel(const float* __restrict__ x, float* __restrict__ y, int64_t count) {
-  MUONMESH_GRID_STRIDE_LOOP(k, count) {
-    const double v = x[k];
-    const double th = FastTanh(GeluArg(v));
-    y[k] = static_cast<float>(__dmul_rn(__dmul_rn(0.5, v), __dadd_rn(1.0, th)));
-  }
+  MUONMESH_GRID_STRIDE_LOOP(k, count) { y[k] = math::Gelu(x[k]); }
 }
 
 __global__ void GeluBackwardKernel(const float* __restrict__ x, float* __restrict__ d,
                                    int64_t count) {
-  MUONMESH_GRID_STRIDE_LOOP(k, count) {
-    const double v = x[k];
-    const double th = FastTanh(GeluArg(v));
-    const double left = __dmul_rn(0.5, __dadd_rn(1.0, th));
-    const double sech2 = __dsub_rn(1.0, __dmul_rn(th, th));
-    const double inner = __dadd_rn(1.0, __dmul_rn(__dmul_rn(3.0 * kGeluCubic, v), v));
-    const double right = __dmul_rn(__dmul_rn(__dmul_rn(__dmul_rn(0.5, v), sech2), kGeluScale), inner);
-    d[k] = static_cast<float>(__dmul_rn(static_cast<double>(d[k]), __dadd_rn(left, right)));
-  }
+  MUONMESH_GRID_STRIDE_LOOP(k, count) { d[k] = d[k] * math::GeluSlope(x[k]); }
 }
 
 __global__ void CausalSoftmaxKernel(float* __restrict__ s, int64_t t_len) {
@@ -177,12 +151,12 @@ __global__ void CausalSoftmaxKernel(float* __restrict__ s, int64_t t_len) {
   const float max = BlockMax(local_max, shared_max);
   double local = 0.0;
   for (int64_t j = threadIdx.x; j <= t; j += kThreads) {
-    local = __dadd_rn(local, exp(static_cast<double>(__fsub_rn(row[j], max))));
+    local = __dadd_rn(local, static_cast<double>(math::ExpF(row[j] - max)));
   }
   const double sum = BlockSum(local, shared);
   for (int64_t j = threadIdx.x; j < t_len; j += kThreads) {
     row[j] = j <= t ? static_cast<float>(
-                          __ddiv_rn(exp(static_cast<double>(__fsub_rn(row[j], max))), sum))
+                          __ddiv_rn(static_cast<double>(math::ExpF(row[j] - max)), sum))
                     : 0.0f;
   }
 }
@@ -221,7 +195,7 @@ __global__ void CrossEntropyKernel(float* __restrict__ logits, const int32_t* __
   const float max = BlockMax(local_max, shared_max);
   double local = 0.0;
   for (int64_t j = threadIdx.x; j < v; j += kThreads) {
-    local = __dadd_rn(local, exp(static_cast<double>(__fsub_rn(row[j], max))));
+    local = __dadd_rn(local, static_cast<double>(math::ExpF(row[j] - max)));
   }
   const double sum = BlockSum(local, shared);
   if (threadIdx.x == 0) {
@@ -230,7 +204,7 @@ __global__ void CrossEntropyKernel(float* __restrict__ logits, const int32_t* __
   }
   if (!gradients) return;
   for (int64_t j = threadIdx.x; j < v; j += kThreads) {
-    const double prob = __ddiv_rn(exp(static_cast<double>(__fsub_rn(row[j], max))), sum);
+    const double prob = __ddiv_rn(static_cast<double>(math::ExpF(row[j] - max)), sum);
     row[j] = static_cast<float>(__ddiv_rn(__dsub_rn(prob, j == target ? 1.0 : 0.0), denom));
   }
 }

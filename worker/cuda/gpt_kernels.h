@@ -9,7 +9,9 @@
 // sum is the same on every run but not the CPU's sequential one. Column
 // reductions (LayerNorm parameter gradients, the embedding gradients) run one
 // thread per column in row order, as the CPU does, and equal it bit for bit.
-// Plain C++ interface, compiled by nvcc; each returns the launch error.
+// Compiled with --fmad=false, so the shared float formulas of
+// worker/math/elementwise.h round as on the CPU. Plain C++ interface; each
+// returns the launch error.
 //
 // tests/worker/cuda_cpu/kernels_cpu.cc transcribes these kernels for the CPU
 // stand-in that runs the GPU tests in every build: change both together.
@@ -47,13 +49,14 @@ cudaError_t LaunchLayerNormParamGrads(const float* x, const float* mean, const f
                                       const float* dy, int64_t rows, int64_t c, float* dw,
                                       float* db, cudaStream_t stream);
 
-// y = gelu(x) (tanh form, in double, tanh z = 1 - 2 / (1 + e^{2z})).
+// y = math::Gelu(x) (worker/math/elementwise.h).
 cudaError_t LaunchGelu(const float* x, float* y, int64_t count, cudaStream_t stream);
-// d *= gelu'(x), in double.
+// d *= math::GeluSlope(x).
 cudaError_t LaunchGeluBackward(const float* x, float* d, int64_t count, cudaStream_t stream);
 
 // s: rows of t_len scores, row r at position t = r % t_len; each becomes
-// softmax over j <= t (exps and sum in double), 0 above.
+// softmax over j <= t (exps math::ExpF(s - max), their sum in double), 0
+// above.
 cudaError_t LaunchCausalSoftmax(float* s, int64_t rows, int64_t t_len, cudaStream_t stream);
 // d (dL/dp, rows as above) becomes dL/dscores: p_j (d_j - sum_k p_k d_k),
 // the sum in double, 0 above the diagonal.
@@ -61,9 +64,9 @@ cudaError_t LaunchCausalSoftmaxBackward(const float* p, float* d, int64_t rows, 
                                         cudaStream_t stream);
 
 // Cross-entropy of each row r < n T of logits [n T, v] against its target
-// windows[(r / T)(T + 1) + r % T + 1]: row_loss[r] = max + log(sum exp(l -
-// max)) - l[target] (double); with `gradients` the row becomes
-// (softmax - onehot) / denom.
+// windows[(r / T)(T + 1) + r % T + 1]: row_loss[r] = max + log(sum ExpF(l -
+// max)) - l[target] (the sum and the rest in double); with `gradients` the
+// row becomes (softmax - onehot) / denom.
 cudaError_t LaunchCrossEntropy(float* logits, const int32_t* windows, int64_t n, int64_t t_len,
                                int64_t v, double denom, bool gradients, double* row_loss,
                                cudaStream_t stream);

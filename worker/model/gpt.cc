@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
 #include "core/plan/validate.h"
+#include "worker/math/elementwise.h"
 #include "worker/model/checks.h"
 #include "worker/model/rng.h"
 
@@ -126,52 +127,42 @@ void LayerNormBackward(int64_t rows, int64_t c, const float* x, const float* mea
   }
 }
 
-constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2 / pi)
-constexpr double kGeluCubic = 0.044715;
-
-// tanh(z) as 1 - 2 / (1 + e^{2z}): one exp, a third of glibc's tanh's cost
-// (which goes through expm1), to an absolute error of a few ulps of 1, all
-// GELU needs (it uses 1 + tanh and 1 - tanh^2). Saturated past |z| = 20,
-// where tanh is 1 in double.
-double FastTanh(double z) {
-  if (z > 20.0) return 1.0;
-  if (z < -20.0) return -1.0;
-  return 1.0 - 2.0 / (1.0 + std::exp(2.0 * z));
-}
-
 void GeluForward(int64_t count, const float* x, float* y) {
-  for (int64_t i = 0; i < count; ++i) {
-    const double v = x[i];
-    y[i] = static_cast<float>(0.5 * v *
-                              (1.0 + FastTanh(kGeluScale * (v + kGeluCubic * v * v * v))));
-  }
+  for (int64_t i = 0; i < count; ++i) y[i] = math::Gelu(x[i]);
 }
 
-// d *= gelu'(x), the derivative in double.
+// d *= gelu'(x).
 void GeluBackward(int64_t count, const float* x, float* d) {
-  for (int64_t i = 0; i < count; ++i) {
-    const double v = x[i];
-    const double th = FastTanh(kGeluScale * (v + kGeluCubic * v * v * v));
-    const double slope = 0.5 * (1.0 + th) +
-                         0.5 * v * (1.0 - th * th) * kGeluScale * (1.0 + 3.0 * kGeluCubic * v * v);
-    d[i] = static_cast<float>(static_cast<double>(d[i]) * slope);
-  }
+  for (int64_t i = 0; i < count; ++i) d[i] = d[i] * math::GeluSlope(x[i]);
 }
 
-// Row t of s [T, T] (scores) becomes softmax over j <= t, 0 above. Each
-// exp is taken once and kept in double (`e`, T entries) until the sum is
-// known: the same values as taking it twice, at half the cost.
-void CausalSoftmax(int64_t t_len, float* s, double* e) {
+// sum of e[0, n) in double: four partial sums s_k over j = k mod 4, in
+// order, then (s_0 + s_1) + (s_2 + s_3) (four chains instead of one).
+double SumInDouble(const float* e, int64_t n) {
+  double s[4] = {0.0, 0.0, 0.0, 0.0};
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    for (int k = 0; k < 4; ++k) s[k] += static_cast<double>(e[j + k]);
+  }
+  for (; j < n; ++j) s[j % 4] += static_cast<double>(e[j]);
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+// e[j] = ExpF(row[j] - max) for j < n.
+void ShiftedExps(const float* row, int64_t n, float max, float* e) {
+  for (int64_t j = 0; j < n; ++j) e[j] = math::ExpF(row[j] - max);
+}
+
+// Row t of s [T, T] (scores) becomes softmax over j <= t, 0 above: e_j =
+// ExpF(s_j - max) in float (`e`, T entries), their sum in double
+// (SumInDouble), p_j = float(e_j / sum).
+void CausalSoftmax(int64_t t_len, float* s, float* e) {
   for (int64_t t = 0; t < t_len; ++t) {
     float* row = s + t * t_len;
-    float max = row[0];
-    for (int64_t j = 1; j <= t; ++j) max = std::max(max, row[j]);
-    double sum = 0.0;
-    for (int64_t j = 0; j <= t; ++j) {
-      e[j] = std::exp(static_cast<double>(row[j] - max));
-      sum += e[j];
-    }
-    for (int64_t j = 0; j <= t; ++j) row[j] = static_cast<float>(e[j] / sum);
+    const float max = *std::max_element(row, row + t + 1);
+    ShiftedExps(row, t + 1, max, e);
+    const double sum = SumInDouble(e, t + 1);
+    for (int64_t j = 0; j <= t; ++j) row[j] = static_cast<float>(static_cast<double>(e[j]) / sum);
     std::fill(row + t + 1, row + t_len, 0.0f);
   }
 }
@@ -425,20 +416,15 @@ absl::StatusOr<double> Gpt::LogitsAndLoss(int64_t n, const float* wte, bool grad
     float* row = logits_.data() + r * v_size;
     const int64_t target = tokens_[(r / t_len) * (t_len + 1) + r % t_len + 1];
     const float max = *std::max_element(row, row + v_size);
-    // Each exp once, kept in double until the sum is known (the same values
-    // as taking it twice).
-    double* e = exp_.data();
-    double sum = 0.0;
-    for (int64_t j = 0; j < v_size; ++j) {
-      e[j] = std::exp(static_cast<double>(row[j] - max));
-      sum += e[j];
-    }
+    float* e = exp_.data();
+    ShiftedExps(row, v_size, max, e);
+    const double sum = SumInDouble(e, v_size);
     loss += static_cast<double>(max) + std::log(sum) - static_cast<double>(row[target]);
     if (!gradients) continue;
     for (int64_t j = 0; j < v_size; ++j) {
-      const double prob = e[j] / sum;
-      row[j] = static_cast<float>((prob - (j == target ? 1.0 : 0.0)) / denom);
+      row[j] = static_cast<float>(static_cast<double>(e[j]) / sum / denom);
     }
+    row[target] = static_cast<float>((static_cast<double>(e[target]) / sum - 1.0) / denom);
   }
   return loss;
 }

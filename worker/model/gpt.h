@@ -55,13 +55,18 @@
 // the tied head, and their backward products) through cblas_sgemm with
 // beta = 0, the attention scale 1/sqrt(hs) (rounded to float) as sgemm's
 // alpha. Elementwise operations are fp32 with one rounding each
-// (-ffp-contract=off), except: LayerNorm means and variances, softmax
-// sums, the cross-entropy, GELU and its derivative (tanh z taken as
-// 1 - 2 / (1 + e^{2z})), and the softmax and LayerNorm backward row
-// reductions, which are computed in double and rounded once to float; bias, LayerNorm-parameter and wpe gradients are
-// column sums over rows accumulated in double and rounded once. The loss is
-// summed in double. wte's gradient is the tied head's (sgemm) plus the
-// embedding rows added in fp32 in sample then position order.
+// (-ffp-contract=off). GELU and its derivative are math::Gelu and
+// math::GeluSlope (worker/math/elementwise.h: fp32, tanh z as 1 - 2 / (1 +
+// e^{2z}) with math::ExpF). Softmax and cross-entropy take e_j =
+// ExpF(l_j - max) in fp32 and sum them in double (four interleaved partial
+// sums, gpt.cc's SumInDouble); probabilities e_j / sum, the loss max +
+// log(sum) - l_target and its gradient are computed in double and rounded
+// once. LayerNorm means and variances and the softmax and LayerNorm
+// backward row reductions are computed in double and rounded once; bias,
+// LayerNorm-parameter and wpe gradients are column sums over rows
+// accumulated in double and rounded once. The loss is summed in double.
+// wte's gradient is the tied head's (sgemm) plus the embedding rows added
+// in fp32 in sample then position order.
 
 #include <cstdint>
 #include <memory>
@@ -232,7 +237,7 @@ class Gpt final : public Workload, private GptPasses {
   std::vector<float> dc_;          // [rows, C] dL/d(a LayerNorm output or the attention output)
   std::vector<float> dqkv_;        // [rows, 3C]
   std::vector<float> dfch_;        // [rows, 4C]
-  std::vector<double> exp_;         // [max(V, T)] one row's exps (softmax, cross-entropy)
+  std::vector<float> exp_;         // [max(V, T)] one row's exps (softmax, cross-entropy)
   std::vector<float> datt_;        // [T, T] one sample and head's dL/d(probabilities)
   std::vector<double> col_sums_;   // [8C] column sums of gradients
 };

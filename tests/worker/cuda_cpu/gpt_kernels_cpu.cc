@@ -3,7 +3,8 @@
 // rounding per operation, -ffp-contract=off), a block's reductions as the
 // kernels' kThreads partials added in their tree order, and every read and
 // write checked to lie in device memory (cudaErrorIllegalAddress
-// otherwise), a token's embedding row included. exp and log are the host's.
+// otherwise), a token's embedding row included. log is the host's; ExpF,
+// Gelu and GeluSlope the shared worker/math/elementwise.h.
 
 #include <cuda_runtime_api.h>
 
@@ -14,6 +15,7 @@
 #include <cstdint>
 
 #include "worker/cuda/gpt_kernels.h"
+#include "worker/math/elementwise.h"
 
 namespace {
 
@@ -21,8 +23,6 @@ using cuda_cpu::Fits;
 
 constexpr int kThreads = 256;  // worker/cuda/grid.cuh
 constexpr double kLayerNormEps = 1e-5;
-constexpr double kGeluScale = 0.7978845608028654;
-constexpr double kGeluCubic = 0.044715;
 
 // A block's sum over elements [0, count) of `term`: thread j's partial over
 // j, j + kThreads, ..., then the tree with halving strides.
@@ -43,14 +43,6 @@ float RowMax(const float* row, int64_t count) {
   for (int64_t j = 0; j < count; ++j) m = std::max(m, row[j]);
   return m;
 }
-
-double FastTanh(double z) {
-  if (z > 20.0) return 1.0;
-  if (z < -20.0) return -1.0;
-  return 1.0 - 2.0 / (1.0 + std::exp(2.0 * z));
-}
-
-double GeluArg(double v) { return kGeluScale * (v + kGeluCubic * v * v * v); }
 
 bool RowsFitGrid(int64_t rows) { return rows <= 0x7fffffff; }
 
@@ -169,23 +161,14 @@ cudaError_t LaunchLayerNormParamGrads(const float* x, const float* mean, const f
 cudaError_t LaunchGelu(const float* x, float* y, int64_t count, cudaStream_t) {
   if (count <= 0) return cudaSuccess;
   if (!Fits(x, count) || !Fits(y, count)) return cudaErrorIllegalAddress;
-  for (int64_t k = 0; k < count; ++k) {
-    const double v = x[k];
-    y[k] = static_cast<float>(0.5 * v * (1.0 + FastTanh(GeluArg(v))));
-  }
+  for (int64_t k = 0; k < count; ++k) y[k] = muonmesh::math::Gelu(x[k]);
   return cudaSuccess;
 }
 
 cudaError_t LaunchGeluBackward(const float* x, float* d, int64_t count, cudaStream_t) {
   if (count <= 0) return cudaSuccess;
   if (!Fits(x, count) || !Fits(d, count)) return cudaErrorIllegalAddress;
-  for (int64_t k = 0; k < count; ++k) {
-    const double v = x[k];
-    const double th = FastTanh(GeluArg(v));
-    const double slope = 0.5 * (1.0 + th) +
-                         0.5 * v * (1.0 - th * th) * kGeluScale * (1.0 + 3.0 * kGeluCubic * v * v);
-    d[k] = static_cast<float>(static_cast<double>(d[k]) * slope);
-  }
+  for (int64_t k = 0; k < count; ++k) d[k] = d[k] * muonmesh::math::GeluSlope(x[k]);
   return cudaSuccess;
 }
 
@@ -197,7 +180,7 @@ cudaError_t LaunchCausalSoftmax(float* s, int64_t rows, int64_t t_len, cudaStrea
     const int64_t t = r % t_len;
     float* row = s + r * t_len;
     const float max = RowMax(row, t + 1);
-    auto e = [&](int64_t j) { return std::exp(static_cast<double>(row[j] - max)); };
+    auto e = [&](int64_t j) { return static_cast<double>(muonmesh::math::ExpF(row[j] - max)); };
     const double sum = BlockSum(t + 1, e);
     for (int64_t j = 0; j < t_len; ++j) row[j] = j <= t ? static_cast<float>(e(j) / sum) : 0.0f;
   }
@@ -239,7 +222,7 @@ cudaError_t LaunchCrossEntropy(float* logits, const int32_t* windows, int64_t n,
     if (target < 0 || target >= v) return cudaErrorIllegalAddress;
     float* row = logits + r * v;
     const float max = RowMax(row, v);
-    auto e = [&](int64_t j) { return std::exp(static_cast<double>(row[j] - max)); };
+    auto e = [&](int64_t j) { return static_cast<double>(muonmesh::math::ExpF(row[j] - max)); };
     const double sum = BlockSum(v, e);
     row_loss[r] = static_cast<double>(max) + std::log(sum) - static_cast<double>(row[target]);
     if (!gradients) continue;
