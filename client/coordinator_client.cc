@@ -1,16 +1,17 @@
 #include "client/coordinator_client.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/status_macros.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "proto/io/message_file.h"
-#include "core/base/status_macros.h"
 
 namespace muonmesh {
 namespace {
@@ -148,7 +149,11 @@ absl::Status CoordinatorClient::Watch(const std::string& job_id, int64_t from_in
                                       const std::function<bool(const v1::JobEvent&)>& on_event) {
   const auto end = std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline);
   int64_t next = std::max<int64_t>(from_index, 1);
-  int retries = 0;
+  // A broken stream (a coordinator restart, a network blip) is resumed
+  // after the last event seen, for up to kWatchOutage without one.
+  constexpr auto kWatchOutage = std::chrono::seconds(60);
+  auto last_heard = std::chrono::steady_clock::now();
+  auto backoff = std::chrono::milliseconds(100);
   while (true) {
     v1::WatchJobRequest request;
     request.set_job_id(job_id);
@@ -158,7 +163,8 @@ absl::Status CoordinatorClient::Watch(const std::string& job_id, int64_t from_in
     auto reader = jobs_->WatchJob(&context, request);
     v1::JobEvent e;
     while (reader->Read(&e)) {
-      retries = 0;
+      last_heard = std::chrono::steady_clock::now();
+      backoff = std::chrono::milliseconds(100);
       next = e.index() + 1;
       if (!on_event(e)) {
         context.TryCancel();
@@ -168,13 +174,13 @@ absl::Status CoordinatorClient::Watch(const std::string& job_id, int64_t from_in
     }
     const grpc::Status s = reader->Finish();
     if (s.ok()) return absl::OkStatus();  // the job ended
-    // Resume a broken stream (a coordinator restart, a network blip) a few
-    // times; anything else is the answer.
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE || ++retries > 20 ||
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        std::chrono::steady_clock::now() - last_heard > kWatchOutage ||
         std::chrono::system_clock::now() >= end) {
       return Error(s, "watch");
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
   }
 }
 

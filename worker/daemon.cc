@@ -1,9 +1,9 @@
-#include "absl/synchronization/mutex.h"
 #include "worker/daemon.h"
 
 #include <unistd.h>
 
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -12,16 +12,17 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "core/base/status_macros.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "muonmesh/v1/fleet.grpc.pb.h"
 #include "proto/convert/exec_plan_convert.h"
-#include "core/base/status_macros.h"
-#include "worker/comm/grpc_store.h"
 #include "proto/job/allowed_dirs.h"
 #include "proto/job/job.h"
+#include "worker/comm/grpc_store.h"
 #include "worker/job/memory_budget.h"
 #include "worker/worker_metrics.h"
 
@@ -40,9 +41,57 @@ bool Stopping(const DaemonOptions& o) { return o.stop != nullptr && o.stop->load
 struct RankTask {
   std::string job_id;
   int32_t attempt = 0;
+  int32_t rank = 0;
+  std::string plan_fingerprint;
   std::atomic<bool> stop{false};
+  // Set once the coordinator has the rank's end (or refused to keep the
+  // rank): a registration no longer names it.
+  std::atomic<bool> settled{false};
   std::thread thread;
 };
+
+// Step records the coordinator has not acknowledged, oldest first: while it
+// is away (restarting) the rank trains on and they wait here. Bounded: when
+// full the oldest is dropped and counted. Used by the rank's thread only.
+class StepOutbox {
+ public:
+  static constexpr size_t kCapacity = 10000;
+  void Push(v1::StepRecord r) {
+    if (records_.size() == kCapacity) {
+      records_.pop_front();
+      ++dropped_;
+    }
+    records_.push_back(std::move(r));
+  }
+  bool empty() const { return records_.empty(); }
+  size_t size() const { return records_.size(); }
+  const v1::StepRecord& front() const { return records_.front(); }
+  void Pop() { records_.pop_front(); }
+  int64_t dropped() const { return dropped_; }
+
+ private:
+  std::deque<v1::StepRecord> records_;
+  int64_t dropped_ = 0;
+};
+
+// Errors of a report that mean the coordinator is away or does not know
+// this worker's lease yet (it restarted; the serving thread registers
+// again): keep the report and retry. Anything else is its answer.
+bool Transient(const grpc::Status& s) {
+  switch (s.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::NOT_FOUND:            // no such worker: registering again
+    case grpc::StatusCode::FAILED_PRECONDITION:  // a stale lease: registering again
+    case grpc::StatusCode::CANCELLED:
+    case grpc::StatusCode::UNKNOWN:
+    case grpc::StatusCode::INTERNAL:
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return true;
+    default:
+      return false;
+  }
+}
 
 // The largest assignment a worker takes: a job spec (the coordinator takes
 // requests up to 64 MiB) and its execution plan (the coordinator sends up to
@@ -52,6 +101,13 @@ constexpr int kMaxAssignmentBytes = 1 << 30;
 grpc::ChannelArguments WorkerChannelArgs() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxAssignmentBytes);
+  // Reconnect within half a second of the coordinator coming back: gRPC's default
+  // backoff grows to 2 minutes while it is away, and a restarted
+  // coordinator keeps a running attempt only for the workers that return
+  // within its lease.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
   return args;
 }
 
@@ -73,11 +129,21 @@ class Daemon {
   }
   absl::Status Register();
   void Heartbeats();
+  std::string Lease() {
+    absl::MutexLock lock(&mu_);
+    return lease_id_;
+  }
+  // Sends the outbox's records in order; `*stop` when the coordinator says
+  // the rank should stop. While the coordinator is away the records stay
+  // (OK); an answer that refuses the rank is an error. `patient`: the first
+  // send may take the full RPC deadline (else a short one, so that a rank
+  // whose coordinator is away loses little time a step).
+  absl::Status FlushSteps(RankTask& task, StepOutbox& outbox, bool patient, bool* stop);
   // Reads assignments until the stream ends; its status says why.
   absl::Status Serve();
   void Start(const v1::Assignment& a);
   void RunAssigned(RankTask* task, v1::StartRank start);
-  void Report(const RankTask& task, int32_t rank, const absl::Status& result);
+  void Report(RankTask& task, StepOutbox& outbox, const absl::Status& result);
   void JoinRank();
 
   const DaemonOptions options_;
@@ -103,17 +169,49 @@ absl::Status Daemon::Register() {
   info->set_address(options_.address);
   info->set_version("muonmesh-worker 0.4");
   absl::Duration backoff = absl::Milliseconds(100);
+  int tries = 0;
   while (!Stopping(options_)) {
+    // The lease this process holds (renewed if still live) and the rank it
+    // runs, so that a restarted coordinator keeps the attempt.
+    request.set_lease_id(Lease());
+    const bool running = task_ != nullptr && !task_->settled.load();
+    if (running) {
+      v1::RunningRank* r = request.mutable_running();
+      r->set_job_id(task_->job_id);
+      r->set_attempt(task_->attempt);
+      r->set_rank(task_->rank);
+      r->set_plan_fingerprint(task_->plan_fingerprint);
+    } else {
+      request.clear_running();
+    }
     v1::RegisterResponse response;
     grpc::ClientContext context;
-    SetDeadline(context);
+    // Waits for the connection (up to a second) rather than failing at
+    // once while the channel backs off: a restarted coordinator is found as
+    // soon as it listens.
+    context.set_wait_for_ready(true);
+    context.set_deadline(
+        std::chrono::system_clock::now() +
+        absl::ToChronoMilliseconds(std::min(options_.rpc_timeout, absl::Seconds(1))));
     const grpc::Status s = stub_->Register(&context, request, &response);
     if (s.ok()) {
-      absl::MutexLock lock(&mu_);
-      lease_id_ = response.lease_id();
-      heartbeat_interval_ = absl::Milliseconds(std::max<int64_t>(100, response.heartbeat_interval_ms()));
-      log_(absl::StrCat("registered as ", options_.worker_id, " with ", options_.coordinator,
-                        " (", lease_id_, ")"));
+      {
+        absl::MutexLock lock(&mu_);
+        lease_id_ = response.lease_id();
+        heartbeat_interval_ =
+            absl::Milliseconds(std::max<int64_t>(100, response.heartbeat_interval_ms()));
+      }
+      log_(absl::StrCat("registered as ", options_.worker_id, " with ", options_.coordinator, " (",
+                        response.lease_id(), ")"));
+      if (running && !response.stop_running().empty()) {
+        log_(absl::StrCat("[", task_->job_id, "] the coordinator does not keep rank ", task_->rank,
+                          ": ", response.stop_running(), "; stopping it"));
+        task_->stop = true;
+        task_->settled = true;
+      } else if (running) {
+        log_(absl::StrCat("[", task_->job_id, "] rank ", task_->rank, " of attempt ",
+                          task_->attempt, " goes on under this coordinator"));
+      }
       return absl::OkStatus();
     }
     // Bad input and refused credentials will not get better; anything else
@@ -123,9 +221,11 @@ absl::Status Daemon::Register() {
         s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
       return FromGrpc(s, "registering");
     }
-    log_(absl::StrCat("cannot register yet (", s.error_message(), "); retrying"));
+    if (++tries == 1 || tries % 10 == 0) {
+      log_(absl::StrCat("cannot register yet (", s.error_message(), "); retrying"));
+    }
     absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Seconds(2));
+    backoff = std::min(backoff * 2, absl::Milliseconds(500));
   }
   return absl::CancelledError("stopped");
 }
@@ -155,16 +255,46 @@ void Daemon::Heartbeats() {
   }
 }
 
-void Daemon::Report(const RankTask& task, int32_t rank, const absl::Status& result) {
+absl::Status Daemon::FlushSteps(RankTask& task, StepOutbox& outbox, bool patient, bool* stop) {
+  *stop = false;
+  while (!outbox.empty()) {
+    v1::ReportStepRequest request;
+    request.set_worker_id(options_.worker_id);
+    request.set_lease_id(Lease());
+    request.set_job_id(task.job_id);
+    *request.mutable_record() = outbox.front();
+    v1::ReportStepResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(
+        std::chrono::system_clock::now() +
+        absl::ToChronoMilliseconds(patient ? options_.rpc_timeout : absl::Milliseconds(300)));
+    const grpc::Status s = stub_->ReportStep(&context, request, &response);
+    if (!s.ok()) {
+      if (Transient(s)) return absl::OkStatus();  // kept for the next try
+      if (s.error_code() == grpc::StatusCode::ABORTED) {
+        // The coordinator runs no such rank any more (the attempt ended).
+        task.stop = true;
+        return absl::CancelledError(
+            absl::StrCat("the coordinator stopped this rank: ", s.error_message()));
+      }
+      return FromGrpc(s, "report a step");
+    }
+    outbox.Pop();
+    patient = true;
+    if (response.stop()) {
+      *stop = true;
+      return absl::OkStatus();
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Daemon::Report(RankTask& task, StepOutbox& outbox, const absl::Status& result) {
   v1::ReportAttemptRequest request;
   request.set_worker_id(options_.worker_id);
-  {
-    absl::MutexLock lock(&mu_);
-    request.set_lease_id(lease_id_);
-  }
   request.set_job_id(task.job_id);
   request.set_attempt(task.attempt);
-  request.set_rank(rank);
+  request.set_rank(task.rank);
   if (result.ok()) {
     request.set_outcome(v1::ATTEMPT_OUTCOME_SUCCEEDED);
   } else if (task.stop.load() && result.code() == absl::StatusCode::kCancelled) {
@@ -178,13 +308,44 @@ void Daemon::Report(const RankTask& task, int32_t rank, const absl::Status& resu
                                                                              : "failed");
   request.set_code(static_cast<int32_t>(result.code()));
   request.set_message(std::string(result.message()).substr(0, 4096));
-  v1::ReportAttemptResponse response;
-  grpc::ClientContext context;
-  SetDeadline(context);
-  if (absl::Status s = FromGrpc(stub_->ReportAttempt(&context, request, &response), "report");
-      !s.ok()) {
-    log_(absl::StrCat("cannot report the end of ", task.job_id, ": ", s.message()));
+  // The steps first, then the end; while the coordinator is away (it
+  // restarts, and the serving thread registers again naming this rank),
+  // retry until it answers, it refuses the rank, or the worker stops.
+  absl::Duration backoff = absl::Milliseconds(100);
+  bool told = false;
+  while (!task.settled.load() && !Stopping(options_)) {
+    bool stop = false;
+    absl::Status flushed = FlushSteps(task, outbox, /*patient=*/true, &stop);
+    if (flushed.ok() && outbox.empty()) {
+      request.set_lease_id(Lease());
+      v1::ReportAttemptResponse response;
+      grpc::ClientContext context;
+      SetDeadline(context);
+      const grpc::Status s = stub_->ReportAttempt(&context, request, &response);
+      if (s.ok() || !Transient(s)) {
+        if (!s.ok()) {
+          log_(absl::StrCat("cannot report the end of ", task.job_id, ": ", s.error_message()));
+        }
+        break;
+      }
+    } else if (!flushed.ok()) {
+      break;  // the coordinator refused the rank: nothing to report to it
+    }
+    if (!told) {
+      log_(absl::StrCat("[", task.job_id, "] the coordinator is away; the end of rank ", task.rank,
+                        " waits for it (", outbox.size(), " step reports too)"));
+      told = true;
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(2));
   }
+  if (outbox.dropped() > 0) {
+    log_(absl::StrCat("[", task.job_id, "] ", outbox.dropped(),
+                      " step reports were dropped while the coordinator was away (the oldest; "
+                      "at most ",
+                      StepOutbox::kCapacity, " are kept)"));
+  }
+  task.settled = true;
 }
 
 // The coordinator's record of a rank's step.
@@ -237,6 +398,7 @@ RankOptions RankOptionsFor(const v1::StartRank& start, int32_t attempt,
 void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
   const int32_t rank = start.rank();
   const std::string tag = absl::StrCat("[", task->job_id, " rank ", rank, "] ");
+  StepOutbox outbox;
   auto run = [&]() -> absl::Status {
     // The job came from whoever may submit: its paths stay in the folders
     // the operator allows, checked before job::ResolveJob looks at them and again
@@ -253,24 +415,41 @@ void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
     const RankOptions o = RankOptionsFor(start, task->attempt, options_);
     RankHooks hooks;
     hooks.out = [&](const std::string& line) { log_(tag + line); };
+    bool buffering = false;
     hooks.on_step = [&](const StepReport& r, absl::Duration took) -> absl::Status {
       metrics_->OnStep(task->job_id, r, took);
-      v1::ReportStepRequest request;
-      request.set_worker_id(options_.worker_id);
-      {
-        absl::MutexLock lock(&mu_);
-        request.set_lease_id(lease_id_);
+      outbox.Push(StepRecordOf(r, rank, task->attempt, took));
+      bool stop = false;
+      MUONMESH_RETURN_IF_ERROR(FlushSteps(*task, outbox, /*patient=*/outbox.size() == 1, &stop));
+      // A checkpoint or the export follows this step: write it only for an
+      // attempt the coordinator still keeps, so wait until it has taken
+      // every report (a coordinator that declared this worker lost may have
+      // started the job elsewhere, writing the same folder).
+      const bool writes_next =
+          (job.checkpoint_every > 0 && (r.step + 1) % job.checkpoint_every == 0) ||
+          r.step + 1 >= job.steps;
+      absl::Duration backoff = absl::Milliseconds(100);
+      while (writes_next && !stop && !outbox.empty() && !Stopping(options_) && !task->stop.load()) {
+        if (!buffering) {
+          log_(tag + "the coordinator is away: training on, keeping step reports until it is back");
+          buffering = true;
+        }
+        absl::SleepFor(backoff);
+        backoff = std::min(backoff * 2, absl::Milliseconds(250));
+        MUONMESH_RETURN_IF_ERROR(FlushSteps(*task, outbox, /*patient=*/true, &stop));
       }
-      request.set_job_id(task->job_id);
-      *request.mutable_record() = StepRecordOf(r, rank, task->attempt, took);
-      v1::ReportStepResponse response;
-      grpc::ClientContext context;
-      SetDeadline(context);
-      absl::Status s = FromGrpc(stub_->ReportStep(&context, request, &response), "report a step");
-      MUONMESH_RETURN_IF_ERROR(s);
-      if (response.stop()) {
+      if (!outbox.empty() && !buffering) {
+        log_(tag + "the coordinator is away: training on, keeping step reports until it is back");
+      } else if (outbox.empty() && buffering) {
+        log_(tag + "the coordinator is back: every kept step report sent");
+      }
+      buffering = !outbox.empty();
+      if (stop) {
         task->stop = true;
         return absl::CancelledError(absl::StrCat("stopped by the coordinator after step ", r.step));
+      }
+      if (task->stop.load()) {
+        return absl::CancelledError("stopped: the coordinator no longer keeps this rank");
       }
       if (Stopping(options_)) {
         task->stop = true;
@@ -288,7 +467,7 @@ void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
     result = absl::ResourceExhaustedError("out of memory");
   }
   log_(tag + (result.ok() ? std::string("done") : absl::StrCat("ended: ", result.ToString())));
-  Report(*task, rank, result);
+  Report(*task, outbox, result);
   metrics_->SetBusy(false);
 }
 
@@ -309,6 +488,8 @@ void Daemon::Start(const v1::Assignment& a) {
   task_ = std::make_unique<RankTask>();
   task_->job_id = a.job_id();
   task_->attempt = a.attempt();
+  task_->rank = a.start().rank();
+  task_->plan_fingerprint = a.start().plan_fingerprint();
   log_(absl::StrCat("[", a.job_id(), "] attempt ", a.attempt(), ": rank ", a.start().rank(),
                     " of ", a.start().spec().world_size()));
   task_->thread = std::thread(&Daemon::RunAssigned, this, task_.get(), a.start());
@@ -347,16 +528,10 @@ absl::Status Daemon::Run() {
     absl::Status s = Serve();
     if (Stopping(options_)) break;
     log_(absl::StrCat("assignment stream ended (", s.message(), "); registering again"));
-    if (task_ != nullptr) task_->stop = true;  // our lease is gone: so is our rank
-    JoinRank();  // its end reported under the old lease, if that still lives
-    // Stop renewing the old lease: while it lives the coordinator refuses a
-    // new registration under this id, so a stream that broke with the lease
-    // still live (a network blip, a proxy's GOAWAY) would otherwise keep
-    // this worker out for good. It expires within the lease's TTL.
-    {
-      absl::MutexLock lock(&mu_);
-      lease_id_.clear();
-    }
+    // A rank in progress goes on: the registration names it, and the
+    // coordinator (restarted, or the same one after a broken stream) keeps
+    // it or says to stop it. The lease goes with it, so a coordinator that
+    // kept running renews it rather than refusing a second registration.
     if (absl::Status r = Register(); !r.ok()) {
       result = Stopping(options_) ? absl::OkStatus() : r;
       break;

@@ -8,9 +8,13 @@
 // coordinator names when its job is cancelled.
 //
 // One rank at a time, on its own thread; the main thread reads the stream,
-// another sends heartbeats. A lost coordinator is retried with backoff; a
-// stale lease (the coordinator forgot this worker, or restarted) means
-// registering again.
+// another sends heartbeats. A lost coordinator is retried every half second;
+// a broken stream or a stale lease (the coordinator restarted, or forgot this
+// worker) means registering again, naming the current lease (renewed if it
+// still lives) and the rank in progress, which keeps training meanwhile: its
+// step reports wait in a bounded queue, and it writes a checkpoint or the
+// export only once the coordinator has taken them. The coordinator keeps the
+// rank (docs/architecture.md §7) or says to stop it.
 
 #include <atomic>
 #include <cstdint>

@@ -1,5 +1,6 @@
 #include "server/control/control_plane.h"
 
+#include <algorithm>
 #include <exception>
 #include <filesystem>
 #include <system_error>
@@ -48,13 +49,18 @@ ControlPlane::ControlPlane(const ControlPlaneOptions& options, std::unique_ptr<D
       metrics_(std::make_shared<CoordinatorMetrics>(store_.get(), &fleet_)),
       manager_(store_.get(), &fleet_, &rendezvous_, &clock_,
                JobManagerOptions{
-                   options.collective_timeout,
-                   [m = metrics_.get()](double s) { m->OnStep(s); },
+                   options.collective_timeout, [m = metrics_.get()](double s) { m->OnStep(s); },
                    [m = metrics_.get()](const std::string& job, double flops) {
                      m->OnAttemptPlanned(job, flops);
                    },
                    [m = metrics_.get()](const std::string& job) { m->OnAttemptDone(job); },
                    [m = metrics_.get()](const std::string&, double s) { m->OnRecovered(s); },
+                   // A worker comes back within its lease, as it must to
+                   // keep a job when this process is alive (and within 10 s
+                   // whatever the lease: workers retry every second).
+                   options.adopt_grace > absl::ZeroDuration()
+                       ? options.adopt_grace
+                       : std::max(options.lease_ttl, absl::Seconds(10)),
                    options.allowed_dirs}),
       jobs_service_(&manager_, store_.get()),
       fleet_service_(&fleet_, &manager_,
@@ -85,6 +91,7 @@ void ControlPlane::ExpireLeases() {
     absl::SleepFor(absl::Milliseconds(200));
     std::vector<Fleet::Lost> lost = fleet_.Expire();
     if (!lost.empty()) manager_.OnWorkersLost(lost);
+    manager_.CheckAdoptions();
   }
 }
 

@@ -35,6 +35,9 @@ struct ControlPlaneOptions {
   std::string data_dir;
   absl::Duration lease_ttl = absl::Seconds(10);
   absl::Duration heartbeat_interval = absl::Seconds(2);
+  // After a restart, how long a running attempt waits for its workers to
+  // come back before it fails over; zero: the lease TTL, at least 10 s.
+  absl::Duration adopt_grace = absl::ZeroDuration();
   absl::Duration collective_timeout = absl::Seconds(60);
   // HOST:PORT for Prometheus metrics (/metrics); empty: none.
   std::string metrics_listen;

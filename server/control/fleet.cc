@@ -27,7 +27,9 @@ bool Fleet::Live(const Entry& e) const {
   return e.state != v1::WORKER_STATE_LOST && clock_.Now() - e.last_heartbeat <= lease_ttl_;
 }
 
-absl::StatusOr<Fleet::Lease> Fleet::Register(const v1::WorkerInfo& info) {
+absl::StatusOr<Fleet::Lease> Fleet::Register(const v1::WorkerInfo& info,
+                                             const std::string& lease_id,
+                                             const v1::RunningRank* running) {
   const std::string& id = info.worker_id();
   if (id.empty() || id.size() > kMaxWorkerIdBytes ||
       !std::all_of(id.begin(), id.end(), IsIdChar)) {
@@ -47,6 +49,19 @@ absl::StatusOr<Fleet::Lease> Fleet::Register(const v1::WorkerInfo& info) {
   }
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(id);
+  if (it != workers_.end() && Live(it->second) && !lease_id.empty() &&
+      it->second.lease_id == lease_id) {
+    // The same process again (its stream broke): the lease goes on, and so
+    // does its rank.
+    it->second.last_heartbeat = clock_.Now();
+    if (running != nullptr && it->second.state == v1::WORKER_STATE_IDLE) {
+      it->second.state = v1::WORKER_STATE_BUSY;
+      it->second.job_id = running->job_id().substr(0, 256);
+      it->second.rank = running->rank();
+    }
+    changed_.SignalAll();
+    return Lease{it->second.lease_id, lease_ttl_, heartbeat_interval_};
+  }
   if (it != workers_.end() && Live(it->second)) {
     return absl::AlreadyExistsError(absl::StrCat(
         "worker '", id, "' is registered and its lease is live (another process with the same "
@@ -73,6 +88,11 @@ absl::StatusOr<Fleet::Lease> Fleet::Register(const v1::WorkerInfo& info) {
   for (int i = 0; i < 4; ++i) absl::StrAppend(&e.lease_id, absl::Hex(random_(), absl::kZeroPad8));
   e.order = next_order_++;
   e.registered = e.last_heartbeat = clock_.Now();
+  if (running != nullptr) {
+    e.state = v1::WORKER_STATE_BUSY;
+    e.job_id = running->job_id().substr(0, 256);
+    e.rank = running->rank();
+  }
   changed_.SignalAll();
   return Lease{e.lease_id, lease_ttl_, heartbeat_interval_};
 }

@@ -56,10 +56,15 @@ class Fleet {
     absl::Duration heartbeat_interval;
   };
   // InvalidArgument naming the field for a bad worker id, device or
-  // address; AlreadyExists while another registration of the id lives;
-  // ResourceExhausted beyond kMaxWorkers when none of them is lost (else the
-  // one lost longest ago is forgotten to make room).
-  absl::StatusOr<Lease> Register(const v1::WorkerInfo& info);
+  // address; AlreadyExists while another registration of the id lives
+  // (unless `lease_id` is that registration's: then it is renewed, the
+  // worker keeping its state and job); ResourceExhausted beyond kMaxWorkers
+  // when none of them is lost (else the one lost longest ago is forgotten
+  // to make room). With `running`, a new registration starts BUSY with that
+  // job and rank (a worker that kept its rank through a coordinator
+  // restart; the JobManager decides whether it keeps it).
+  absl::StatusOr<Lease> Register(const v1::WorkerInfo& info, const std::string& lease_id = "",
+                                 const v1::RunningRank* running = nullptr);
 
   // NotFound for an unknown worker; FailedPrecondition for a lease that is
   // not the worker's current live one.

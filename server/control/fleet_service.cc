@@ -39,8 +39,19 @@ grpc::Status FleetService::Register(grpc::ServerContext* context,
   if (absl::Status s = CheckIdentity(context, request->info().worker_id()); !s.ok()) {
     return rpc::ToGrpcStatus(s);
   }
-  absl::StatusOr<Fleet::Lease> lease = fleet_.Register(request->info());
+  const v1::RunningRank* running = request->has_running() ? &request->running() : nullptr;
+  absl::StatusOr<Fleet::Lease> lease =
+      fleet_.Register(request->info(), request->lease_id(), running);
   if (!lease.ok()) return rpc::ToGrpcStatus(lease.status());
+  if (running == nullptr) manager_.OnRegisteredWithoutRank(request->info().worker_id());
+  if (running != nullptr) {
+    // Back with a rank (after this coordinator's restart, or a broken
+    // stream): kept if its attempt still runs, else stopped.
+    if (absl::Status kept = manager_.Rejoin(request->info().worker_id(), *running); !kept.ok()) {
+      fleet_.Release(request->info().worker_id(), running->job_id());
+      response->set_stop_running(std::string(kept.message()));
+    }
+  }
   response->set_lease_id(lease->lease_id);
   response->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(lease->heartbeat_interval));
   response->set_lease_ttl_ms(absl::ToInt64Milliseconds(lease->ttl));

@@ -214,6 +214,7 @@ bool JobManager::TryStart(const v1::Job& job) {
   a.workers = *gang;
   a.outcome.assign(gang->size(), kRunning);
   a.total_steps = spec.training().steps();
+  a.plan_fingerprint = fingerprint;
   for (size_t r = 0; r < gang->size(); ++r) {
     v1::Assignment assignment;
     assignment.set_job_id(job.id());
@@ -233,6 +234,8 @@ bool JobManager::TryStart(const v1::Job& job) {
                     [&](v1::Job& j) {
                       j.clear_worker_ids();
                       for (const std::string& w : *gang) j.add_worker_ids(w);
+                      j.set_plan_fingerprint(fingerprint);
+                      j.set_attempt_steps_done(0);
                     });
   return true;
 }
@@ -249,6 +252,12 @@ void JobManager::Schedule() {
 void JobManager::Recover() {
   for (const v1::Job& job : store_.Unfinished()) {
     if (job.state() != v1::JOB_STATE_RUNNING) continue;
+    if (!job.plan_fingerprint().empty() &&
+        job.worker_ids_size() == static_cast<int>(job.spec().world_size())) {
+      absl::MutexLock lock(&mu_);
+      Adopt(job);
+      continue;
+    }
     if (job.attempt() < job.spec().training().max_restarts()) {
       {
         absl::MutexLock lock(&mu_);
@@ -261,6 +270,137 @@ void JobManager::Recover() {
       (void)ChangeState(job.id(), v1::JOB_STATE_FAILED,
                         "the coordinator restarted while the job ran, and no restarts remain",
                         job.attempt());
+    }
+  }
+  Schedule();
+}
+
+void JobManager::Adopt(const v1::Job& job) {
+  Attempt& a = active_[job.id()];
+  a = Attempt();
+  a.attempt = job.attempt();
+  a.workers.assign(job.worker_ids().begin(), job.worker_ids().end());
+  a.outcome.assign(a.workers.size(), kRunning);
+  a.total_steps = job.spec().training().steps();
+  a.plan_fingerprint = job.plan_fingerprint();
+  a.steps_done = job.attempt_steps_done();
+  a.max_continued_step = a.steps_done - 1;
+  a.adopting = true;
+  a.rejoined.assign(a.workers.size(), false);
+  a.adopt_by = clock_.Now() + options_.adopt_grace;
+  recovering_[job.id()] = clock_.Now();
+  // What the ranks reported before the restart of the steps not finished
+  // yet: those reports are not sent again.
+  std::string token;
+  do {
+    absl::StatusOr<JobStore::StepPage> page =
+        store_.Steps(job.id(), a.steps_done, -1, -1, 1000, token);
+    if (!page.ok()) break;
+    for (const v1::StepRecord& r : page->records) {
+      if (r.attempt() != a.attempt || r.rank() < 0 ||
+          r.rank() >= static_cast<int32_t>(a.workers.size())) {
+        continue;
+      }
+      StepAggregate& agg = a.steps[r.step()];
+      agg.ranks.insert(r.rank());
+      agg.slowest = std::max(agg.slowest, r.step_seconds());
+      if (r.rank() == 0) agg.rank0 = r;
+      a.max_continued_step = std::max(a.max_continued_step, r.step());
+    }
+    token = page->next_page_token;
+  } while (!token.empty());
+  // Steps every rank had reported whose event the restart cut off.
+  while (true) {
+    auto next = a.steps.find(a.steps_done);
+    if (next == a.steps.end() || next->second.ranks.size() != a.workers.size()) break;
+    StepDone(job.id(), a, next->first, next->second);
+    a.steps.erase(next);
+  }
+  (void)ChangeState(job.id(), v1::JOB_STATE_RUNNING,
+                    absl::StrCat("the coordinator restarted; keeping attempt ", a.attempt,
+                                 " while its ", a.workers.size(), " workers come back (up to ",
+                                 absl::FormatDuration(options_.adopt_grace), ")"),
+                    a.attempt);
+}
+
+absl::Status JobManager::Rejoin(const std::string& worker_id, const v1::RunningRank& running) {
+  absl::MutexLock lock(&mu_);
+  auto it = active_.find(running.job_id());
+  if (it == active_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", running.job_id().substr(0, 64), " has no running attempt"));
+  }
+  Attempt& a = it->second;
+  const int32_t rank = running.rank();
+  if (running.attempt() != a.attempt || rank < 0 ||
+      rank >= static_cast<int32_t>(a.workers.size()) || a.workers[rank] != worker_id) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", worker_id, " does not run rank ", rank, " of attempt ", a.attempt,
+                     " of job ", running.job_id(), " (it names attempt ", running.attempt(), ")"));
+  }
+  if (running.plan_fingerprint() != a.plan_fingerprint) {
+    return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " of job ", running.job_id(),
+                                                      " runs another plan than attempt ", a.attempt,
+                                                      "'s"));
+  }
+  if (a.outcome[rank] != kRunning) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " of job ", running.job_id(), " has already ended"));
+  }
+  if (a.adopting) {
+    a.rejoined[rank] = true;
+    if (std::count(a.rejoined.begin(), a.rejoined.end(), false) == 0) {
+      a.adopting = false;
+      (void)ChangeState(running.job_id(), v1::JOB_STATE_RUNNING,
+                        absl::StrCat("every worker of attempt ", a.attempt,
+                                     " came back; it goes on from where it was"),
+                        a.attempt);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void JobManager::OnRegisteredWithoutRank(const std::string& worker_id) {
+  bool changed = false;
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::string> hit;
+    for (auto& [id, a] : active_) {
+      if (!a.adopting) continue;
+      for (size_t r = 0; r < a.workers.size(); ++r) {
+        if (a.workers[r] == worker_id && !a.rejoined[r] && a.outcome[r] == kRunning) {
+          FailRank(id, a, static_cast<int32_t>(r),
+                   "the worker came back without its rank (its process restarted)");
+          hit.push_back(id);
+        }
+      }
+    }
+    for (const std::string& id : hit) MaybeFinish(id);
+    changed = !hit.empty();
+  }
+  if (changed) Schedule();
+}
+
+void JobManager::CheckAdoptions() {
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = clock_.Now();
+    std::vector<std::string> late;
+    for (auto& [id, a] : active_) {
+      if (a.adopting && now > a.adopt_by) late.push_back(id);
+    }
+    if (late.empty()) return;
+    for (const std::string& id : late) {
+      Attempt& a = active_[id];
+      a.adopting = false;
+      for (size_t r = 0; r < a.workers.size(); ++r) {
+        if (a.rejoined[r] || a.outcome[r] != kRunning) continue;
+        FailRank(id, a, static_cast<int32_t>(r),
+                 absl::StrCat("the worker did not come back within ",
+                              absl::FormatDuration(options_.adopt_grace),
+                              " of the coordinator's restart"));
+      }
+      MaybeFinish(id);
     }
   }
   Schedule();
@@ -290,8 +430,10 @@ void JobManager::StepDone(const std::string& job_id, Attempt& a, int64_t step,
   std::vector<double> sorted(a.recent_seconds.begin(), a.recent_seconds.end());
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[sorted.size() / 2];
+  a.steps_done = std::max(a.steps_done, step + 1);
   (void)Append(job_id, std::move(event), [&](v1::Job& job) {
     job.set_steps_done(std::max(job.steps_done(), step + 1));
+    job.set_attempt_steps_done(a.steps_done);
     job.set_last_loss(agg.rank0.loss());
     if (agg.rank0.has_val_loss()) {
       job.set_last_val_loss(agg.rank0.val_loss());
@@ -308,15 +450,14 @@ absl::Status JobManager::OnStep(const std::string& worker_id, const std::string&
   auto it = active_.find(job_id);
   if (it == active_.end()) {
     *stop = true;
-    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " is not running"));
+    return absl::AbortedError(absl::StrCat("job ", job_id, " is not running"));
   }
   Attempt& a = it->second;
   const int32_t rank = record.rank();
   if (rank < 0 || rank >= static_cast<int32_t>(a.workers.size()) || a.workers[rank] != worker_id ||
       record.attempt() != a.attempt) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker ", worker_id, " does not run rank ", rank, " of attempt ", record.attempt(),
-        " of job ", job_id));
+    return absl::AbortedError(absl::StrCat("worker ", worker_id, " does not run rank ", rank,
+                                           " of attempt ", record.attempt(), " of job ", job_id));
   }
   // What a worker reports is kept (the steps table, events, aggregates):
   // only steps of the job, with as many traffic entries as it has
@@ -341,13 +482,17 @@ absl::Status JobManager::OnStep(const std::string& worker_id, const std::string&
   MUONMESH_RETURN_IF_ERROR(store_.PutStep(job_id, record));
   *stop = a.cancelled && record.step() >= a.stop_at_step;
   if (!*stop) a.max_continued_step = std::max(a.max_continued_step, record.step());
+  // A step already finished, or a rank's record sent again: stored, not
+  // counted twice.
+  if (record.step() < a.steps_done) return absl::OkStatus();
   StepAggregate& agg = a.steps[record.step()];
-  agg.reported += 1;
+  if (!agg.ranks.insert(rank).second) return absl::OkStatus();
   agg.slowest = std::max(agg.slowest, record.step_seconds());
   if (rank == 0) agg.rank0 = record;
-  if (agg.reported == static_cast<int>(a.workers.size())) {
+  if (agg.ranks.size() == a.workers.size()) {
     StepDone(job_id, a, record.step(), agg);
-    a.steps.erase(record.step());
+    // With it, any step below it that a dropped record left unfinished.
+    a.steps.erase(a.steps.begin(), a.steps.upper_bound(record.step()));
   }
   return absl::OkStatus();
 }

@@ -25,17 +25,18 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/plan/types.h"
 #include "muonmesh/v1/fleet.pb.h"
 #include "muonmesh/v1/jobs.pb.h"
 #include "server/control/fleet.h"
 #include "server/control/rendezvous.h"
-#include "core/plan/types.h"
 #include "server/state/job_store.h"
 
 namespace muonmesh::coordinator {
@@ -56,6 +57,10 @@ struct JobManagerOptions {
   // a fault, with the seconds since the fault was detected (a rank's failure
   // or lost lease, or the coordinator's own restart). May be empty.
   std::function<void(const std::string& job_id, double seconds)> on_recovered;
+  // After a restart, how long the coordinator waits for the workers of an
+  // attempt that was running to come back (register again naming it)
+  // before it fails the attempt as if they were lost.
+  absl::Duration adopt_grace = absl::Seconds(10);
   // Resolved folders (job::ResolveAllowedDirs) that every path a job file
   // names must lie in, checked at Submit (PermissionDenied naming the
   // fields; the workers check again, defaults included, with their own
@@ -79,8 +84,10 @@ class JobManager {
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id, const std::string& reason);
 
   // A rank's step record; `*stop` tells the rank to stop now (cancel).
-  // FailedPrecondition when the worker does not run that rank of the job's
-  // current attempt.
+  // Aborted when the worker does not run that rank of the job's current
+  // attempt (the rank should stop). A record sent again (a worker re-sends
+  // what it buffered while the coordinator was away) is stored once and
+  // counted once.
   absl::Status OnStep(const std::string& worker_id, const std::string& job_id,
                       const v1::StepRecord& record, bool* stop);
 
@@ -93,9 +100,29 @@ class JobManager {
   // Starts what can start. Called after every change of jobs or workers.
   void Schedule();
 
-  // Jobs a previous life of the coordinator left running: restarted from
-  // their checkpoints (RESTARTING) when restarts remain, else FAILED.
+  // Jobs a previous life of the coordinator left running: each attempt is
+  // kept (adopted) and waits adopt_grace for its workers to come back
+  // (Rejoin); the steps its ranks had reported are taken up from the store.
+  // A job stored without its plan's fingerprint (an older coordinator's)
+  // restarts from its checkpoint (RESTARTING) when restarts remain, else
+  // FAILED.
   void Recover();
+
+  // A worker registering again names the rank it runs: OK when that is a
+  // running rank of the job's current attempt with the same plan (the
+  // attempt goes on; once every rank of an adopted attempt is back it is
+  // running as before); FailedPrecondition saying why otherwise (the worker
+  // stops that rank).
+  absl::Status Rejoin(const std::string& worker_id, const v1::RunningRank& running);
+
+  // A worker registered naming no rank: an adopted attempt that waits for
+  // it loses that rank now (the worker process restarted) rather than at
+  // the end of adopt_grace.
+  void OnRegisteredWithoutRank(const std::string& worker_id);
+
+  // Adopted attempts whose workers did not all come back within
+  // adopt_grace: the missing ranks fail as lost workers do.
+  void CheckAdoptions();
 
   // Events of the job from `from_index` on, waiting up to `wait` for the
   // first one; empty on timeout. NotFound for an unknown job; Cancelled
@@ -109,7 +136,7 @@ class JobManager {
 
  private:
   struct StepAggregate {
-    int reported = 0;
+    std::set<int32_t> ranks;  // that reported the step
     double slowest = 0;
     v1::StepRecord rank0;
   };
@@ -126,6 +153,13 @@ class JobManager {
     std::string failure;  // the first failure
     absl::Time failed_at;  // when it was detected
     std::deque<double> recent_seconds;
+    std::string plan_fingerprint;
+    int64_t steps_done = 0;  // one past the newest step every rank finished
+    // Adopted after a coordinator restart: which ranks' workers came back,
+    // and until when the others may.
+    bool adopting = false;
+    std::vector<bool> rejoined;
+    absl::Time adopt_by;
   };
 
   // Appends and wakes watchers.
@@ -138,6 +172,8 @@ class JobManager {
   bool TryStart(const v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailRank(const std::string& job_id, Attempt& a, int32_t rank, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes up a RUNNING job's attempt after a restart (Recover).
+  void Adopt(const v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the attempt once no rank runs.
   void MaybeFinish(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StepDone(const std::string& job_id, Attempt& a, int64_t step, StepAggregate& agg)

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -17,20 +18,20 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "gmock/gmock.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
-#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "muonmesh/v1/fleet.grpc.pb.h"
 #include "muonmesh/v1/jobs.grpc.pb.h"
 #include "proto/io/message_file.h"
+#include "proto/job/allowed_dirs.h"
 #include "tests/testing/http_get.h"
 #include "worker/daemon.h"
-#include "proto/job/allowed_dirs.h"
 #include "worker/standalone.h"
 
 namespace muonmesh::coordinator {
@@ -395,6 +396,191 @@ TEST_F(ControlPlaneTest, CancelStopsTheRanksAndFreesTheWorkers) {
   cancel.set_job_id(next->id());
   EXPECT_EQ(jobs_->CancelJob(&c2, cancel, &cancelled).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+// The restart protocol with scripted workers (raw Fleet calls, no
+// training): a coordinator stopped mid-attempt and started again on the same
+// state keeps the attempt for the workers that come back naming it, counts
+// the steps they had reported before and re-send after exactly once, and
+// tells a worker naming another attempt or plan to stop its rank.
+class RestartTest : public ControlPlaneTest {
+ protected:
+  void Configure(ControlPlaneOptions& o) override {
+    o.lease_ttl = absl::Seconds(30);
+    o.adopt_grace = grace_;
+  }
+
+  // A coordinator again on the same state (the first one stopped without
+  // writing anything more, as after a crash).
+  void Restart() {
+    server_->Shutdown(std::chrono::system_clock::now());
+    server_->Wait();
+    plane_->Shutdown();
+    plane_.reset();
+    ControlPlaneOptions options;
+    options.data_dir = dir_ + "/state";
+    Configure(options);
+    absl::StatusOr<std::unique_ptr<ControlPlane>> plane = ControlPlane::Start(options);
+    ASSERT_TRUE(plane.ok()) << plane.status();
+    plane_ = *std::move(plane);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    for (grpc::Service* svc : plane_->services()) builder.RegisterService(svc);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    auto channel =
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port_), grpc::InsecureChannelCredentials());
+    jobs_ = v1::Jobs::NewStub(channel);
+    fleet_ = v1::Fleet::NewStub(channel);
+  }
+
+  v1::RegisterResponse Register(const std::string& id, const v1::RunningRank* running,
+                                const std::string& lease = "") {
+    v1::RegisterRequest request;
+    request.mutable_info()->set_worker_id(id);
+    request.mutable_info()->set_device("cpu");
+    request.mutable_info()->set_address("127.0.0.1");
+    request.set_lease_id(lease);
+    if (running != nullptr) *request.mutable_running() = *running;
+    v1::RegisterResponse response;
+    grpc::ClientContext context;
+    const grpc::Status st = fleet_->Register(&context, request, &response);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return response;
+  }
+
+  // The first assignment on the worker's stream.
+  v1::Assignment Assignment(const std::string& id, const std::string& lease) {
+    v1::AssignmentsRequest request;
+    request.set_worker_id(id);
+    request.set_lease_id(lease);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    auto reader = fleet_->Assignments(&context, request);
+    v1::Assignment a;
+    EXPECT_TRUE(reader->Read(&a));
+    context.TryCancel();
+    return a;
+  }
+
+  grpc::Status Step(const std::string& id, const std::string& lease, const std::string& job,
+                    int32_t rank, int64_t step) {
+    v1::ReportStepRequest request;
+    request.set_worker_id(id);
+    request.set_lease_id(lease);
+    request.set_job_id(job);
+    request.mutable_record()->set_step(step);
+    request.mutable_record()->set_rank(rank);
+    request.mutable_record()->set_loss(1.0 / static_cast<double>(step + 1));
+    v1::ReportStepResponse response;
+    grpc::ClientContext context;
+    return fleet_->ReportStep(&context, request, &response);
+  }
+
+  // Step events of the job, by step.
+  std::map<int64_t, int> StepEvents(const std::string& job) {
+    std::map<int64_t, int> out;
+    v1::WatchJobRequest request;
+    request.set_job_id(job);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+    auto reader = jobs_->WatchJob(&context, request);
+    v1::JobEvent e;
+    while (reader->Read(&e)) {
+      if (e.has_step()) out[e.step().step()] += 1;
+    }
+    return out;
+  }
+
+  absl::Duration grace_ = absl::Seconds(30);
+};
+
+TEST_F(RestartTest, ARunningAttemptIsKeptAndItsStepsCountedOnce) {
+  const std::string l0 = Register("w0", nullptr).lease_id();
+  const std::string l1 = Register("w1", nullptr).lease_id();
+  absl::StatusOr<v1::Job> job = Submit(Spec(JobYaml(dir_, "kept", 2, 100)));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Assignment a0 = Assignment("w0", l0);
+  ASSERT_TRUE(a0.has_start());
+  v1::RunningRank r0;
+  r0.set_job_id(job->id());
+  r0.set_attempt(a0.attempt());
+  r0.set_rank(a0.start().rank());
+  r0.set_plan_fingerprint(a0.start().plan_fingerprint());
+  v1::RunningRank r1 = r0;
+  r1.set_rank(1 - r0.rank());
+  const std::string w_of[2] = {r0.rank() == 0 ? "w0" : "w1", r0.rank() == 0 ? "w1" : "w0"};
+  const std::string l_of[2] = {r0.rank() == 0 ? l0 : l1, r0.rank() == 0 ? l1 : l0};
+  // Step 0 by both ranks, step 1 by rank 0 only; then the coordinator goes.
+  ASSERT_TRUE(Step(w_of[0], l_of[0], job->id(), 0, 0).ok());
+  ASSERT_TRUE(Step(w_of[1], l_of[1], job->id(), 1, 0).ok());
+  ASSERT_TRUE(Step(w_of[0], l_of[0], job->id(), 0, 1).ok());
+  EXPECT_EQ(Get(job->id()).steps_done(), 1);
+  Restart();
+
+  v1::Job kept = Get(job->id());
+  EXPECT_EQ(kept.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(kept.reason(), HasSubstr("keeping attempt 0"));
+  // Another attempt, or another plan: not kept (the worker is registered,
+  // idle, and renews its lease by naming it).
+  v1::RunningRank stale = r1;
+  stale.set_attempt(3);
+  const v1::RegisterResponse refused = Register(w_of[1], &stale);
+  EXPECT_THAT(refused.stop_running(), HasSubstr("does not run rank"));
+  v1::RunningRank other_plan = r1;
+  other_plan.set_plan_fingerprint("something else");
+  EXPECT_THAT(Register(w_of[1], &other_plan, refused.lease_id()).stop_running(),
+              HasSubstr("another plan"));
+  // The right ones are kept; once both are back the attempt goes on.
+  const v1::RegisterResponse back0 = Register(w_of[0], &r0);
+  EXPECT_EQ(back0.stop_running(), "");
+  EXPECT_THAT(Get(job->id()).reason(), HasSubstr("keeping attempt 0"));
+  const v1::RegisterResponse back1 = Register(w_of[1], &r1, refused.lease_id());
+  EXPECT_EQ(back1.stop_running(), "");
+  EXPECT_EQ(back1.lease_id(), refused.lease_id());
+  kept = Get(job->id());
+  EXPECT_EQ(kept.attempt(), 0);
+  EXPECT_THAT(kept.reason(), HasSubstr("every worker of attempt 0 came back"));
+  for (const v1::Worker& w : Workers()) EXPECT_EQ(w.state(), v1::WORKER_STATE_BUSY);
+  // Rank 1's step 1 completes the step rank 0 reported before the restart;
+  // rank 0 re-sends what it kept (steps 0 and 1: counted already), then 2.
+  EXPECT_TRUE(Step(w_of[1], back1.lease_id(), job->id(), 1, 1).ok());
+  EXPECT_EQ(Get(job->id()).steps_done(), 2);
+  EXPECT_TRUE(Step(w_of[0], back0.lease_id(), job->id(), 0, 0).ok());
+  EXPECT_TRUE(Step(w_of[0], back0.lease_id(), job->id(), 0, 1).ok());
+  EXPECT_TRUE(Step(w_of[0], back0.lease_id(), job->id(), 0, 2).ok());
+  EXPECT_TRUE(Step(w_of[0], back0.lease_id(), job->id(), 0, 2).ok());
+  EXPECT_EQ(Get(job->id()).steps_done(), 2);
+  EXPECT_TRUE(Step(w_of[1], back1.lease_id(), job->id(), 1, 2).ok());
+  EXPECT_EQ(Get(job->id()).steps_done(), 3);
+  EXPECT_EQ(StepEvents(job->id()), (std::map<int64_t, int>{{0, 1}, {1, 1}, {2, 1}}));
+  // A rank of no running attempt is told so (Aborted: the worker stops it).
+  EXPECT_EQ(Step(w_of[0], back0.lease_id(), "j-999", 0, 3).error_code(), grpc::StatusCode::ABORTED);
+}
+
+// Workers that do not come back within the grace fail the attempt as lost
+// ones do: it restarts (max_restarts allowing) rather than waiting for good.
+class LateRestartTest : public RestartTest {
+ protected:
+  LateRestartTest() { grace_ = absl::Seconds(1); }
+};
+
+TEST_F(LateRestartTest, WorkersThatDoNotComeBackFailTheAttempt) {
+  const std::string l0 = Register("w0", nullptr).lease_id();
+  Register("w1", nullptr);
+  absl::StatusOr<v1::Job> job = Submit(Spec(JobYaml(dir_, "late", 2, 100)));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(Assignment("w0", l0).has_start());
+  Restart();
+  const absl::Time start = absl::Now();
+  while (Get(job->id()).state() == v1::JOB_STATE_RUNNING &&
+         absl::Now() - start < absl::Seconds(10)) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  const v1::Job failed = Get(job->id());
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);  // max_restarts 0
+  EXPECT_THAT(failed.reason(),
+              HasSubstr("did not come back within 1s of the coordinator's restart"));
 }
 
 }  // namespace

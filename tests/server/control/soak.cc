@@ -2,12 +2,13 @@
 // tests/server/control/soak.sh). On loopback it starts a coordinator and W
 // worker daemons, submits J jobs, and while they run kills a busy worker
 // every few seconds (SIGKILL; the same id comes back a moment later; as
-// many kills as jobs) and
-// the coordinator once (it comes back on the same address and data folder).
-// Then it checks that every acknowledged job is still there and final,
-// SUCCEEDED or FAILED with a reason, and prints the counts and the time from
-// each fault to the first step of the affected job's next attempt (as the
-// job's event log stamps it), median and worst.
+// many kills as jobs) and the coordinator three times (SIGKILL; it comes back
+// 2 s later on the same address and data folder). Then it checks that every
+// acknowledged job is still there and SUCCEEDED, that no attempt running at
+// a coordinator kill was restarted for it (the restarted coordinator keeps
+// running attempts), and prints the counts and the time from each fault to
+// the job's first step after it (as the job's event log stamps it), median
+// and worst, worker kills and coordinator kills apart.
 //
 //   soak COORDINATOR_BIN WORKER_BIN WORK_DIR [--jobs J] [--workers W]
 //        [--seconds LIMIT] [--seed S]
@@ -72,7 +73,7 @@ class Soak {
     if (!SubmitAll()) return 1;
 
     const absl::Time end = absl::Now() + absl::Seconds(o_.seconds);
-    bool coordinator_killed = false;
+    int coordinator_kills = 0;
     std::map<int, absl::Time> comes_back;  // killed worker -> when to restart it
     while (absl::Now() < end && !AllFinal()) {
       absl::SleepFor(absl::Milliseconds(std::uniform_int_distribution<int>(1000, 3000)(rng_)));
@@ -84,10 +85,13 @@ class Soak {
         StartWorker(it->first);
         it = comes_back.erase(it);
       }
+      // The coordinator at a quarter, half and three quarters of the jobs
+      // finished (each time some are running).
       const int finished = Finished();
-      if (!coordinator_killed && finished >= o_.jobs / 3) {
+      if (coordinator_kills < 3 && finished >= o_.jobs * (coordinator_kills + 1) / 4 &&
+          !Hits("", "").hit.empty()) {
         KillCoordinator();
-        coordinator_killed = true;
+        ++coordinator_kills;
         continue;
       }
       // At most one worker kill per job, so that the run ends (every fault
@@ -101,7 +105,7 @@ class Soak {
     }
     for (const auto& [w, when] : comes_back) StartWorker(w);
     while (absl::Now() < end && !AllFinal()) absl::SleepFor(absl::Milliseconds(200));
-    return Report(coordinator_killed);
+    return Report(coordinator_kills);
   }
 
  private:
@@ -218,34 +222,43 @@ class Soak {
     coordinator_->Wait(std::chrono::seconds(10));
     f.at = absl::Now();
     faults_.push_back(std::move(f));
+    absl::SleepFor(absl::Seconds(2));
     if (!StartCoordinator(address_)) std::cerr << "soak: the coordinator did not come back\n";
     client_ = std::make_unique<CoordinatorClient>(address_);
   }
 
-  // When the job's first step of an attempt after `attempt` was recorded.
-  std::optional<absl::Time> FirstStepAfter(const std::string& id, int32_t attempt) {
+  // When the job's first step after the fault was recorded: of an attempt
+  // after `attempt` (a worker kill), or any step after `at` (a coordinator
+  // kill: the attempt goes on). `restarted` tells whether the attempt running
+  // at a coordinator kill was restarted for it.
+  std::optional<absl::Time> FirstStepAfter(const std::string& id, int32_t attempt, bool by_time,
+                                           absl::Time at, bool* restarted) {
     std::optional<absl::Time> first;
     (void)client_->Watch(id, 0, absl::Seconds(30), [&](const v1::JobEvent& e) {
-      if (e.has_step() && e.step().attempt() > attempt) {
-        first = absl::FromUnixMillis(e.unix_ms());
-        return false;
+      const absl::Time when = absl::FromUnixMillis(e.unix_ms());
+      if (by_time && e.has_state_change() && when > at &&
+          e.state_change().state() == v1::JOB_STATE_RESTARTING &&
+          e.state_change().attempt() == attempt &&
+          e.state_change().reason().find("of the coordinator's restart") != std::string::npos) {
+        *restarted = true;
       }
+      if (first.has_value() || !e.has_step()) return true;
+      if (by_time ? when > at : e.step().attempt() > attempt) first = when;
       return true;
     });
     return first;
   }
 
-  int Report(bool coordinator_killed) {
+  int Report(int coordinator_kills) {
     int status = 0;
     const std::vector<v1::Job> jobs = Jobs();
     std::map<std::string, int> by_state;
     for (const v1::Job& j : jobs) {
       by_state[v1::JobState_Name(j.state())] += 1;
-      if (!IsFinal(j.state())) status = 1;
       if (j.state() != v1::JOB_STATE_SUCCEEDED) {
         std::cout << "soak: " << j.id() << " " << v1::JobState_Name(j.state()) << ": "
                   << j.reason() << "\n";
-        if (j.reason().empty()) status = 1;
+        status = 1;
       }
     }
     std::cout << "soak: " << jobs.size() << " of " << ids_.size() << " acknowledged jobs found";
@@ -253,29 +266,41 @@ class Soak {
     std::cout << "\n";
     if (jobs.size() != ids_.size()) status = 1;
 
-    std::vector<double> recovery;
-    int restarts = 0, no_restart = 0;
+    std::vector<double> worker_recovery, coordinator_recovery;
+    int hits = 0, no_step = 0, coordinator_hits = 0, restarted_by_coordinator = 0;
     for (const Fault& f : faults_) {
+      const bool coordinator = f.what == "coordinator killed";
       for (const auto& [id, attempt] : f.hit) {
-        ++restarts;
-        if (std::optional<absl::Time> t = FirstStepAfter(id, attempt)) {
-          recovery.push_back(absl::ToDoubleSeconds(*t - f.at));
+        ++hits;
+        coordinator_hits += coordinator ? 1 : 0;
+        bool restarted = false;
+        std::optional<absl::Time> t = FirstStepAfter(id, attempt, coordinator, f.at, &restarted);
+        if (restarted) {
+          ++restarted_by_coordinator;
+          std::cout << "soak: " << id << " attempt " << attempt
+                    << " was restarted after a coordinator kill\n";
+        }
+        if (t.has_value()) {
+          (coordinator ? coordinator_recovery : worker_recovery)
+              .push_back(absl::ToDoubleSeconds(*t - f.at));
         } else {
-          ++no_restart;  // it had finished its last step, or failed for good
+          ++no_step;  // it had finished its last step, or failed for good
         }
       }
     }
-    int worker_faults = 0;
-    for (const Fault& f : faults_) worker_faults += f.what == "coordinator killed" ? 0 : 1;
-    std::cout << "soak: faults: " << worker_faults << " workers killed, coordinator killed "
-              << (coordinator_killed ? 1 : 0) << " time; " << restarts
-              << " running attempts hit, " << recovery.size() << " resumed, " << no_restart
+    if (restarted_by_coordinator > 0) status = 1;
+    std::cout << "soak: faults: " << faults_.size() - coordinator_kills
+              << " workers killed, coordinator killed " << coordinator_kills << " times; " << hits
+              << " running attempts hit (" << coordinator_hits << " by coordinator kills, "
+              << restarted_by_coordinator << " of them restarted), " << no_step
               << " without a later step\n";
-    if (!recovery.empty()) {
+    for (auto [name, recovery] : {std::pair{"worker kill", worker_recovery},
+                                  std::pair{"coordinator kill", coordinator_recovery}}) {
+      if (recovery.empty()) continue;
       std::sort(recovery.begin(), recovery.end());
       std::cout << absl::StrFormat(
-          "soak: fault to first step after it: median %.1f s, worst %.1f s (%d resumes)\n",
-          recovery[recovery.size() / 2], recovery.back(), static_cast<int>(recovery.size()));
+          "soak: %s to the job's first step after it: median %.1f s, worst %.1f s (%d jobs)\n",
+          name, recovery[recovery.size() / 2], recovery.back(), static_cast<int>(recovery.size()));
     }
     std::cout << "soak: " << (status == 0 ? "OK" : "FAILED") << "\n";
     return status;

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The soak run (bounded, loopback only): a coordinator and 6 worker daemons,
 # 20 jobs submitted, a busy worker killed every 1-3 s, 20 times (it comes back a
-# second later) and the coordinator killed once (it comes back on the same
-# address and data folder). Prints the jobs by final state, the reasons of
-# those that did not succeed, the faults, and the time from each fault to
-# the first step of the affected job's next attempt (median, worst); exits 1
-# if an acknowledged job is lost or not final within the limit.
+# second later) and the coordinator killed three times (it comes back 2 s later
+# on the same address and data folder). Prints the jobs by final state, the
+# reasons of those that did not succeed, the faults, and the time from each
+# fault to the affected job's first step after it (median, worst; worker and
+# coordinator kills apart); exits 1 if an acknowledged job is lost or does
+# not succeed within the limit, or an attempt running at a coordinator kill
+# was restarted for it.
 #
 #   tests/server/control/soak.sh [--jobs J] [--workers W] [--seconds LIMIT] [--seed S]
 #
