@@ -7,13 +7,20 @@
 //
 // Each call is one RPC with a deadline: the wait's timeout plus
 // kRpcSlack for Get and Wait, kRpcSlack alone for Set. A coordinator that
-// cannot be reached is Unavailable; the server's other codes pass through.
+// cannot be reached (Unavailable: it restarts) is waited for, within the
+// call's timeout (kOutage for Set); once it answers again, every key this
+// store set is set again before the call is retried, since a restarted
+// coordinator's store starts empty and the ranks still meeting need them.
+// The server's other codes pass through.
 //
-// Thread-safe (gRPC stubs are); the channel is shared and must outlive it.
+// Thread-safe; the channel is shared and must outlive it.
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/channel.h"
 #include "muonmesh/v1/store.grpc.pb.h"
@@ -24,16 +31,30 @@ namespace muonmesh::comm {
 class GrpcStore final : public Store {
  public:
   static constexpr absl::Duration kRpcSlack = absl::Seconds(10);
+  // How long a Set waits for a coordinator that is away.
+  static constexpr absl::Duration kOutage = absl::Seconds(60);
 
-  GrpcStore(std::shared_ptr<grpc::Channel> channel, std::string job_id, int attempt);
+  // `outage`: how long a Set waits for an unreachable coordinator.
+  GrpcStore(std::shared_ptr<grpc::Channel> channel, std::string job_id, int attempt,
+            absl::Duration outage = kOutage);
 
   absl::Status Set(absl::string_view key, absl::string_view value) override;
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
   absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
 
  private:
+  // `call` (one RPC, given its deadline) until it answers otherwise than
+  // Unavailable or `deadline` passes; after an Unavailable, the keys set so
+  // far are set again first.
+  absl::Status Call(absl::Time deadline, const char* what,
+                    const std::function<grpc::Status(grpc::ClientContext&)>& call);
+  grpc::Status SetOnce(const v1::StoreSetRequest& request, absl::Time deadline);
+
   std::unique_ptr<v1::Store::Stub> stub_;
   v1::StoreScope scope_;
+  const absl::Duration outage_;
+  absl::Mutex mu_;
+  std::vector<v1::StoreSetRequest> written_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace muonmesh::comm

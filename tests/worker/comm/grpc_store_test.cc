@@ -171,11 +171,57 @@ TEST(GrpcStoreUnreachableTest, NoCoordinatorIsUnavailable) {
     std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
     server->Shutdown();
   }
-  GrpcStore store(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                      grpc::InsecureChannelCredentials()),
-                  "j-1", 0);
+  GrpcStore store(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()),
+      "j-1", 0, /*outage=*/absl::Seconds(1));
+  const absl::Time start = absl::Now();
   const absl::Status s = store.Set("k", "v");
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  // It waited for the coordinator about `outage`, no longer.
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(500));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+}
+
+// Ranks meeting while the coordinator restarts: its store comes back
+// empty, and each rank's store sets its keys again once it answers, so
+// every Get of a key set before the restart still finds it.
+TEST(GrpcStoreRestartTest, KeysSetBeforeARestartAreFoundAfterIt) {
+  auto serve = [](int* port, coordinator::StoreService* service) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(absl::StrCat("127.0.0.1:", *port), grpc::InsecureServerCredentials(),
+                             port);
+    builder.RegisterService(service);
+    return builder.BuildAndStart();
+  };
+  int port = 0;
+  auto first_rendezvous = std::make_unique<coordinator::Rendezvous>();
+  auto first_service = std::make_unique<coordinator::StoreService>(first_rendezvous.get());
+  std::unique_ptr<grpc::Server> first = serve(&port, first_service.get());
+  ASSERT_NE(first, nullptr);
+  auto channel =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+  GrpcStore a(channel, "j-1", 0), b(channel, "j-1", 0);
+  ASSERT_TRUE(a.Set("from-a", "1").ok());
+  ASSERT_TRUE(b.Set("from-b", "2").ok());
+  first_rendezvous->Shutdown();
+  first->Shutdown();
+  first.reset();
+  absl::StatusOr<std::string> a_got, b_got;
+  std::thread ta([&] { a_got = a.Get("from-b", absl::Seconds(20)); });
+  std::thread tb([&] { b_got = b.Get("from-a", absl::Seconds(20)); });
+  absl::SleepFor(absl::Seconds(1));  // both find no coordinator for a while
+  coordinator::Rendezvous second_rendezvous;
+  coordinator::StoreService second_service(&second_rendezvous);
+  std::unique_ptr<grpc::Server> second = serve(&port, &second_service);
+  ASSERT_NE(second, nullptr);
+  ta.join();
+  tb.join();
+  ASSERT_TRUE(a_got.ok()) << a_got.status();
+  ASSERT_TRUE(b_got.ok()) << b_got.status();
+  EXPECT_EQ(*a_got, "2");
+  EXPECT_EQ(*b_got, "1");
+  second_rendezvous.Shutdown();
+  second->Shutdown();
 }
 
 }  // namespace
