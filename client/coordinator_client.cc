@@ -112,6 +112,18 @@ absl::StatusOr<v1::Job> CoordinatorClient::Cancel(const std::string& job_id,
   return job;
 }
 
+absl::StatusOr<v1::Worker> CoordinatorClient::Drain(const std::string& worker_id,
+                                                    const std::string& reason) {
+  v1::DrainWorkerRequest request;
+  request.set_worker_id(worker_id);
+  request.set_reason(reason);
+  v1::Worker worker;
+  grpc::ClientContext context;
+  SetDeadline(context, options_.timeout);
+  MUONMESH_RETURN_IF_ERROR(Error(fleet_->DrainWorker(&context, request, &worker), "drain"));
+  return worker;
+}
+
 absl::StatusOr<std::vector<v1::StepRecord>> CoordinatorClient::Metrics(const std::string& job_id,
                                                                        int64_t first, int64_t last,
                                                                        bool all_ranks) {

@@ -44,6 +44,8 @@ class CoordinatorClient {
   absl::StatusOr<std::vector<v1::Job>> List(const std::vector<v1::JobState>& states,
                                             const std::string& name);
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id, const std::string& reason);
+  // Fleet.DrainWorker (admin): the worker as it is now (DRAINING).
+  absl::StatusOr<v1::Worker> Drain(const std::string& worker_id, const std::string& reason);
   // Every step record in [first, last] (last < 0: to the end), all pages.
   absl::StatusOr<std::vector<v1::StepRecord>> Metrics(const std::string& job_id, int64_t first,
                                                       int64_t last, bool all_ranks);

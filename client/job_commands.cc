@@ -350,6 +350,20 @@ int Cancel(CoordinatorClient& client, const std::string& job_id, const std::stri
   return kExitOk;
 }
 
+int Drain(CoordinatorClient& client, const std::string& worker_id, const std::string& reason,
+          Streams io) {
+  absl::StatusOr<v1::Worker> w = client.Drain(worker_id, reason);
+  if (!w.ok()) return Fail(w.status(), io);
+  io.out << w->info().worker_id() << " DRAINING"
+         << (w->job_id().empty()
+                 ? std::string(": idle; it leaves now")
+                 : absl::StrCat(": job ", w->job_id(), " (rank ", w->rank(),
+                                ") checkpoints at its next step and goes on on other workers; "
+                                "then the worker leaves"))
+         << "\n";
+  return kExitOk;
+}
+
 int Workers(CoordinatorClient& client, bool json, Streams io) {
   absl::StatusOr<std::vector<v1::Worker>> workers = client.Workers();
   if (!workers.ok()) return Fail(workers.status(), io);

@@ -48,6 +48,10 @@ int Watch(CoordinatorClient& client, const std::string& job_id, int64_t from_ind
 // totals after the table.
 int Metrics(CoordinatorClient& client, const std::string& job_id, const std::string& format,
             bool summary, bool all_ranks, Streams io);
+// Takes a worker out of service; prints it (its job, if it runs a rank,
+// checkpoints and moves to other workers).
+int Drain(CoordinatorClient& client, const std::string& worker_id, const std::string& reason,
+          Streams io);
 int Cancel(CoordinatorClient& client, const std::string& job_id, const std::string& reason,
            Streams io);
 int Workers(CoordinatorClient& client, bool json, Streams io);

@@ -111,7 +111,13 @@ int RunJobCommand(const std::string& name, const std::vector<std::string>& args)
        "JOB [--format table|json|csv] [--summary] [--all-ranks] [--coordinator ADDR]\n\n"
        "The job's per-step records: loss, step time and every phase, bytes sent, Newton-Schulz\n"
        "FLOPs (rank 0's, or every rank's with --all-ranks); --summary adds medians and totals."},
-      {"cancel", "JOB", "JOB [--reason TEXT] [--coordinator ADDR]\n\nStops the job; its workers are freed."},
+      {"cancel", "JOB",
+       "JOB [--reason TEXT] [--coordinator ADDR]\n\nStops the job; its workers are freed."},
+      {"drain", "WORKER",
+       "WORKER [--reason TEXT] [--coordinator ADDR]\n\n"
+       "Takes a worker out of service (admin role): it gets no new rank; a job it runs writes a\n"
+       "checkpoint at its next step, stops and goes on from it on other workers without\n"
+       "spending a restart; then the worker exits 0."},
       {"workers", nullptr, "[--json] [--coordinator ADDR]\n\nThe registered workers."}};
   const JobCommand* command = nullptr;
   for (const JobCommand& c : kCommands) {
@@ -135,6 +141,7 @@ int RunJobCommand(const std::string& name, const std::vector<std::string>& args)
     parser.Bool("--all-ranks", "every rank's records, not rank 0's", &all_ranks);
   }
   if (name == "cancel") parser.String("--reason", "TEXT", "recorded with the cancel", &reason);
+  if (name == "drain") parser.String("--reason", "TEXT", "recorded in the job's events", &reason);
   if (const int code = ParseJobCommand(*command, args, parser, &f, &positional); code != kExitOk) {
     return code < 0 ? kExitOk : code;
   }
@@ -148,6 +155,7 @@ int RunJobCommand(const std::string& name, const std::vector<std::string>& args)
   if (name == "watch") return cli::Watch(client, positional, from, io);
   if (name == "metrics") return cli::Metrics(client, positional, format, summary, all_ranks, io);
   if (name == "cancel") return cli::Cancel(client, positional, reason, io);
+  if (name == "drain") return cli::Drain(client, positional, reason, io);
   return cli::Workers(client, f.json, io);
 }
 
@@ -163,6 +171,7 @@ constexpr const char* kHelpHead =
     "  watch      follow a job to its end (steps, loss, ETA)\n"
     "  metrics    a job's per-step records (table, JSON or CSV)\n"
     "  cancel     stop a job\n"
+    "  drain      take a worker out of service (its job moves, losing no step)\n"
     "  workers    the registered workers\n"
     "  validate   check a parallelism config against a model spec\n"
     "  plan       compute the mesh, shard layout and Muon owner ranks\n"

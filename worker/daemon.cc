@@ -35,8 +35,6 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
                       absl::StrCat(what, ": ", s.error_message()));
 }
 
-bool Stopping(const DaemonOptions& o) { return o.stop != nullptr && o.stop->load(); }
-
 // The rank being run, and how to stop it.
 struct RankTask {
   std::string job_id;
@@ -44,6 +42,9 @@ struct RankTask {
   int32_t rank = 0;
   std::string plan_fingerprint;
   std::atomic<bool> stop{false};
+  // The coordinator asked for a checkpoint of the last step, then a stop
+  // (a drain).
+  std::atomic<bool> checkpoint_stop{false};
   // Set once the coordinator has the rank's end (or refused to keep the
   // rank): a registration no longer names it.
   std::atomic<bool> settled{false};
@@ -123,6 +124,14 @@ class Daemon {
   absl::Status Run();
 
  private:
+  // Stop now: asked to (SIGINT), told to leave after a drain, or a drain
+  // that has not ended within drain_timeout.
+  bool Stopping() const {
+    if ((options_.stop != nullptr && options_.stop->load()) || leave_.load()) return true;
+    const int64_t deadline = drain_deadline_ms_.load();
+    return deadline > 0 && absl::ToUnixMillis(absl::Now()) > deadline;
+  }
+  bool Draining() const { return options_.drain != nullptr && options_.drain->load(); }
   void SetDeadline(grpc::ClientContext& c) const {
     c.set_deadline(std::chrono::system_clock::now() +
                    absl::ToChronoMilliseconds(options_.rpc_timeout));
@@ -138,7 +147,8 @@ class Daemon {
   // (OK); an answer that refuses the rank is an error. `patient`: the first
   // send may take the full RPC deadline (else a short one, so that a rank
   // whose coordinator is away loses little time a step).
-  absl::Status FlushSteps(RankTask& task, StepOutbox& outbox, bool patient, bool* stop);
+  absl::Status FlushSteps(RankTask& task, StepOutbox& outbox, bool patient, bool* stop,
+                          bool* checkpoint = nullptr);
   // Reads assignments until the stream ends; its status says why.
   absl::Status Serve();
   void Start(const v1::Assignment& a);
@@ -157,6 +167,8 @@ class Daemon {
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(2);
   // The rank running now: only the serving thread (Run, Start) touches it.
   std::unique_ptr<RankTask> task_;
+  std::atomic<bool> leave_{false};             // drained: the coordinator says go
+  std::atomic<int64_t> drain_deadline_ms_{0};  // 0: not draining
 };
 
 absl::Status Daemon::Register() {
@@ -170,7 +182,7 @@ absl::Status Daemon::Register() {
   info->set_version("muonmesh-worker 0.4");
   absl::Duration backoff = absl::Milliseconds(100);
   int tries = 0;
-  while (!Stopping(options_)) {
+  while (!Stopping()) {
     // The lease this process holds (renewed if still live) and the rank it
     // runs, so that a restarted coordinator keeps the attempt.
     request.set_lease_id(Lease());
@@ -231,7 +243,7 @@ absl::Status Daemon::Register() {
 }
 
 void Daemon::Heartbeats() {
-  while (!Stopping(options_)) {
+  while (!Stopping()) {
     std::string lease;
     absl::Duration interval;
     {
@@ -240,23 +252,38 @@ void Daemon::Heartbeats() {
       interval = heartbeat_interval_;
     }
     // Sleep in short slices so that a stop is seen quickly.
-    for (absl::Duration slept; slept < interval && !Stopping(options_);
-         slept += absl::Milliseconds(50)) {
+    for (absl::Duration slept; slept < interval && !Stopping(); slept += absl::Milliseconds(50)) {
       absl::SleepFor(absl::Milliseconds(50));
     }
     if (lease.empty()) continue;  // between leases (Run registers again)
     v1::HeartbeatRequest request;
     request.set_worker_id(options_.worker_id);
     request.set_lease_id(lease);
+    if (Draining()) {
+      request.set_draining(true);
+      if (drain_deadline_ms_.load() == 0) {
+        log_(
+            absl::StrCat("stopping: asking the coordinator to drain this worker (its rank, if "
+                         "any, checkpoints and moves; at most ",
+                         absl::FormatDuration(options_.drain_timeout), ")"));
+        drain_deadline_ms_ = absl::ToUnixMillis(absl::Now() + options_.drain_timeout);
+      }
+    }
     v1::HeartbeatResponse response;
     grpc::ClientContext context;
     SetDeadline(context);
-    (void)stub_->Heartbeat(&context, request, &response);  // the stream notices a stale lease
+    // (The stream notices a stale lease.)
+    if (stub_->Heartbeat(&context, request, &response).ok() && response.leave()) {
+      log_("drained: this worker runs nothing and leaves");
+      leave_ = true;
+    }
   }
 }
 
-absl::Status Daemon::FlushSteps(RankTask& task, StepOutbox& outbox, bool patient, bool* stop) {
+absl::Status Daemon::FlushSteps(RankTask& task, StepOutbox& outbox, bool patient, bool* stop,
+                                bool* checkpoint) {
   *stop = false;
+  if (checkpoint != nullptr) *checkpoint = false;
   while (!outbox.empty()) {
     v1::ReportStepRequest request;
     request.set_worker_id(options_.worker_id);
@@ -283,6 +310,7 @@ absl::Status Daemon::FlushSteps(RankTask& task, StepOutbox& outbox, bool patient
     patient = true;
     if (response.stop()) {
       *stop = true;
+      if (checkpoint != nullptr) *checkpoint = response.checkpoint();
       return absl::OkStatus();
     }
   }
@@ -313,7 +341,7 @@ void Daemon::Report(RankTask& task, StepOutbox& outbox, const absl::Status& resu
   // retry until it answers, it refuses the rank, or the worker stops.
   absl::Duration backoff = absl::Milliseconds(100);
   bool told = false;
-  while (!task.settled.load() && !Stopping(options_)) {
+  while (!task.settled.load() && !Stopping()) {
     bool stop = false;
     absl::Status flushed = FlushSteps(task, outbox, /*patient=*/true, &stop);
     if (flushed.ok() && outbox.empty()) {
@@ -420,7 +448,9 @@ void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
       metrics_->OnStep(task->job_id, r, took);
       outbox.Push(StepRecordOf(r, rank, task->attempt, took));
       bool stop = false;
-      MUONMESH_RETURN_IF_ERROR(FlushSteps(*task, outbox, /*patient=*/outbox.size() == 1, &stop));
+      bool checkpoint = false;
+      MUONMESH_RETURN_IF_ERROR(
+          FlushSteps(*task, outbox, /*patient=*/outbox.size() == 1, &stop, &checkpoint));
       // A checkpoint or the export follows this step: write it only for an
       // attempt the coordinator still keeps, so wait until it has taken
       // every report (a coordinator that declared this worker lost may have
@@ -429,14 +459,14 @@ void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
           (job.checkpoint_every > 0 && (r.step + 1) % job.checkpoint_every == 0) ||
           r.step + 1 >= job.steps;
       absl::Duration backoff = absl::Milliseconds(100);
-      while (writes_next && !stop && !outbox.empty() && !Stopping(options_) && !task->stop.load()) {
+      while (writes_next && !stop && !outbox.empty() && !Stopping() && !task->stop.load()) {
         if (!buffering) {
           log_(tag + "the coordinator is away: training on, keeping step reports until it is back");
           buffering = true;
         }
         absl::SleepFor(backoff);
         backoff = std::min(backoff * 2, absl::Milliseconds(250));
-        MUONMESH_RETURN_IF_ERROR(FlushSteps(*task, outbox, /*patient=*/true, &stop));
+        MUONMESH_RETURN_IF_ERROR(FlushSteps(*task, outbox, /*patient=*/true, &stop, &checkpoint));
       }
       if (!outbox.empty() && !buffering) {
         log_(tag + "the coordinator is away: training on, keeping step reports until it is back");
@@ -444,19 +474,28 @@ void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
         log_(tag + "the coordinator is back: every kept step report sent");
       }
       buffering = !outbox.empty();
+      if (stop && checkpoint) {
+        // A drain: this step's checkpoint, then stop (RunRank asks below).
+        log_(tag + absl::StrCat("a worker of this job is drained: checkpoint of step ", r.step + 1,
+                                ", then stop"));
+        task->checkpoint_stop = true;
+        task->stop = true;
+        return absl::OkStatus();
+      }
       if (stop) {
         task->stop = true;
         return absl::CancelledError(absl::StrCat("stopped by the coordinator after step ", r.step));
       }
-      if (task->stop.load()) {
+      if (task->stop.load() && !task->checkpoint_stop.load()) {
         return absl::CancelledError("stopped: the coordinator no longer keeps this rank");
       }
-      if (Stopping(options_)) {
+      if (Stopping()) {
         task->stop = true;
         return absl::CancelledError("the worker is stopping");
       }
       return absl::OkStatus();
     };
+    hooks.stop_after_checkpoint = [task] { return task->checkpoint_stop.load(); };
     return RunRank(job, plan, store, o, hooks);
   };
   absl::Status result;
@@ -508,7 +547,7 @@ absl::Status Daemon::Serve() {
   // A stop must end the blocking Read: cancel the stream from a watcher.
   std::atomic<bool> done{false};
   std::thread watcher([&] {
-    while (!done.load() && !Stopping(options_)) absl::SleepFor(absl::Milliseconds(50));
+    while (!done.load() && !Stopping()) absl::SleepFor(absl::Milliseconds(50));
     if (!done.load()) context.TryCancel();
   });
   v1::Assignment a;
@@ -520,20 +559,20 @@ absl::Status Daemon::Serve() {
 
 absl::Status Daemon::Run() {
   if (absl::Status s = Register(); !s.ok()) {
-    return Stopping(options_) ? absl::OkStatus() : s;
+    return Stopping() ? absl::OkStatus() : s;
   }
   std::thread heartbeats(&Daemon::Heartbeats, this);
   absl::Status result;
-  while (!Stopping(options_)) {
+  while (!Stopping()) {
     absl::Status s = Serve();
-    if (Stopping(options_)) break;
+    if (Stopping()) break;
     log_(absl::StrCat("assignment stream ended (", s.message(), "); registering again"));
     // A rank in progress goes on: the registration names it, and the
     // coordinator (restarted, or the same one after a broken stream) keeps
     // it or says to stop it. The lease goes with it, so a coordinator that
     // kept running renews it rather than refusing a second registration.
     if (absl::Status r = Register(); !r.ok()) {
-      result = Stopping(options_) ? absl::OkStatus() : r;
+      result = Stopping() ? absl::OkStatus() : r;
       break;
     }
   }

@@ -50,6 +50,11 @@ struct DaemonOptions {
   absl::Duration rpc_timeout = absl::Seconds(10);
   // Set to stop: the daemon stops its rank (as a cancel would) and returns.
   const std::atomic<bool>* stop = nullptr;
+  // Set to leave gracefully (SIGTERM): the daemon asks the coordinator to
+  // drain it (its job checkpoints, stops and goes on elsewhere), and returns
+  // once told to leave, or after drain_timeout as if stopped.
+  const std::atomic<bool>* drain = nullptr;
+  absl::Duration drain_timeout = absl::Minutes(5);
 };
 
 // Returns when `stop` is set (OK), or InvalidArgument for bad options

@@ -338,7 +338,8 @@ absl::Status TrainSteps(const job::ResolvedJob& job, Trainer& trainer, const Ran
     if (hooks.on_step) {
       MUONMESH_RETURN_IF_ERROR(hooks.on_step(r, took));
     }
-    if (job.checkpoint_every > 0 && (s + 1) % job.checkpoint_every == 0) {
+    const bool drain = hooks.stop_after_checkpoint && hooks.stop_after_checkpoint();
+    if (drain || (job.checkpoint_every > 0 && (s + 1) % job.checkpoint_every == 0)) {
       MUONMESH_RETURN_IF_ERROR(
           SaveCheckpoint(trainer, job.output_dir, job.world_size, options.rank));
       if (options.rank == 0) {
@@ -350,6 +351,10 @@ absl::Status TrainSteps(const job::ResolvedJob& job, Trainer& trainer, const Ran
         hooks.out(absl::StrCat("checkpoint: step ", s + 1, " in ",
                                CheckpointDir(job.output_dir, s + 1)));
       }
+    }
+    if (drain) {
+      return absl::CancelledError(
+          absl::StrCat("stopped after the checkpoint of step ", s + 1, " (a worker is drained)"));
     }
   }
   return absl::OkStatus();

@@ -56,6 +56,10 @@ struct RankHooks {
   // After every step with its report and wall time; a non-OK status stops
   // the run with that status (a cancel, a lost coordinator). May be empty.
   std::function<absl::Status(const StepReport&, absl::Duration)> on_step;
+  // Asked after on_step returns OK: true stops the run after writing this
+  // step's checkpoint (a drain; every rank is told at the same step), with
+  // a Cancelled status. May be empty.
+  std::function<bool()> stop_after_checkpoint;
 };
 
 // Runs the rank (it makes the job's workload). Errors: ResourceExhausted from the memory check,

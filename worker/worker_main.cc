@@ -30,7 +30,7 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: muonmesh-worker --coordinator HOST:PORT [--device cpu|cuda:N] [--worker-id ID]\n"
-    "                       [--address HOST] [--memory-budget SIZE]\n"
+    "                       [--address HOST] [--memory-budget SIZE] [--drain-timeout 5m]\n"
     "                       [--metrics-listen HOST:PORT] [--allowed-dirs DIR[,DIR...]]\n"
     "                       [--tls-ca FILE [--tls-cert FILE --tls-key FILE]\n"
     "                        [--token-file FILE] [--tls-server-name NAME]]\n"
@@ -47,7 +47,9 @@ constexpr const char* kUsage =
     "(as --worker-id, default <hostname>/<device>/<pid>; peers reach it at --address,\n"
     "default 127.0.0.1), keeps its lease with heartbeats, runs the ranks the coordinator\n"
     "assigns with the coordinator's plan and rendezvous, reports every step, and stops a\n"
-    "rank when its job is cancelled. It runs until SIGINT or SIGTERM. With\n"
+    "rank when its job is cancelled. It runs until SIGINT (at once) or SIGTERM: then it\n"
+    "asks the coordinator to drain it (its rank checkpoints and the job moves to other\n"
+    "workers) and exits 0 once drained, or after --drain-timeout (default 5m). With\n"
     "--metrics-listen it serves Prometheus metrics at http://HOST:PORT/metrics (port 0\n"
     "picks a free one and logs it).\n"
     "--allowed-dirs names the only folders a job's paths (init/data safetensors, the\n"
@@ -165,6 +167,7 @@ std::string Parse(int argc, char** argv, Args& args) {
   p.String("--tls-server-name", "NAME", "", &d.security.tls_server_name);
   p.String("--token-file", "FILE", "", &d.security.token_file);
   p.String("--memory-budget", "SIZE", "", &memory_budget);
+  p.Duration("--drain-timeout", "DURATION", "", &d.drain_timeout);
   p.Bool("--standalone", "", &standalone);
   p.Bool("--describe", "", &describe);
   p.Bool("--resume", "", &s.resume);
@@ -232,25 +235,34 @@ int Fail(const std::string& who, const absl::Status& st) {
 }
 
 std::atomic<bool> g_stop{false};
+std::atomic<bool> g_drain{false};
 
 // May run on any thread: libraries such as OpenBLAS start threads before
 // main, with the stop signals unblocked, so blocking them and calling
 // sigwait() would leave those threads to take the default action (death).
 // Setting a lock-free atomic is async-signal-safe; the daemon polls it.
+// SIGINT stops at once; SIGTERM drains (a second one stops at once).
 extern "C" void OnStopSignal(int) { g_stop.store(true); }
+extern "C" void OnTermSignal(int) {
+  if (g_drain.exchange(true)) g_stop.store(true);
+}
 
 int RunDaemonMode(const Args& args) {
   struct sigaction action {};
   action.sa_handler = OnStopSignal;
   sigemptyset(&action.sa_mask);
   sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
+  struct sigaction term {};
+  term.sa_handler = OnTermSignal;
+  sigemptyset(&term.sa_mask);
+  sigaction(SIGTERM, &term, nullptr);
   signal(SIGPIPE, SIG_IGN);
   static_assert(std::atomic<bool>::is_always_lock_free);
   std::atomic<bool>& stop = g_stop;
   muonmesh::worker::DaemonOptions options = args.daemon;
   options.security = muonmesh::rpc::WithEnvironment(options.security);
   options.stop = &stop;
+  options.drain = &g_drain;
   std::mutex log_mu;
   absl::Status st = muonmesh::worker::RunDaemon(options, [&](const std::string& line) {
     std::lock_guard<std::mutex> lock(log_mu);

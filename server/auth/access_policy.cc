@@ -45,6 +45,7 @@ constexpr Entry kRules[] = {
     {"/muonmesh.v1.Jobs/SubmitJob", Roles(kSubmitters)},
     {"/muonmesh.v1.Jobs/CancelJob", Roles(kSubmitters)},
     {"/muonmesh.v1.Fleet/ListWorkers", Roles(kAnyone)},
+    {"/muonmesh.v1.Fleet/DrainWorker", Roles(kAdmins)},
     {"/muonmesh.v1.Fleet/Register", Workers(kWorkers)},
     {"/muonmesh.v1.Fleet/Heartbeat", Workers(kWorkers)},
     {"/muonmesh.v1.Fleet/Assignments", Workers(kWorkers)},

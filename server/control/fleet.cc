@@ -129,11 +129,29 @@ absl::Status Fleet::CheckLeaseLocked(const std::string& worker_id,
   return absl::OkStatus();
 }
 
-absl::Status Fleet::Heartbeat(const std::string& worker_id, const std::string& lease_id) {
+absl::Status Fleet::Heartbeat(const std::string& worker_id, const std::string& lease_id,
+                              bool* leave) {
   absl::MutexLock lock(&mu_);
   MUONMESH_RETURN_IF_ERROR(CheckLeaseLocked(worker_id, lease_id));
-  workers_[worker_id].last_heartbeat = clock_.Now();
+  Entry& e = workers_[worker_id];
+  e.last_heartbeat = clock_.Now();
+  if (leave != nullptr) *leave = e.draining && e.state == v1::WORKER_STATE_IDLE;
   return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Worker> Fleet::Drain(const std::string& worker_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) {
+    return absl::NotFoundError(absl::StrCat("no worker '", worker_id.substr(0, 64), "'"));
+  }
+  if (it->second.state == v1::WORKER_STATE_LOST || !Live(it->second)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker '", worker_id, "' is lost: nothing to drain"));
+  }
+  it->second.draining = true;
+  changed_.SignalAll();
+  return View(it->second);
 }
 
 std::vector<Fleet::Lost> Fleet::Expire() {
@@ -156,7 +174,7 @@ int64_t Fleet::IdleCount(const std::string& device) const {
   absl::MutexLock lock(&mu_);
   int64_t n = 0;
   for (const auto& [id, e] : workers_) {
-    n += e.state == v1::WORKER_STATE_IDLE && e.info.device() == device && Live(e);
+    n += e.state == v1::WORKER_STATE_IDLE && !e.draining && e.info.device() == device && Live(e);
   }
   return n;
 }
@@ -166,7 +184,7 @@ std::optional<std::vector<std::string>> Fleet::Take(const std::string& device, i
   absl::MutexLock lock(&mu_);
   std::vector<Entry*> idle;
   for (auto& [id, e] : workers_) {
-    if (e.state == v1::WORKER_STATE_IDLE && e.info.device() == device && Live(e)) {
+    if (e.state == v1::WORKER_STATE_IDLE && !e.draining && e.info.device() == device && Live(e)) {
       idle.push_back(&e);
     }
   }
@@ -230,16 +248,20 @@ absl::StatusOr<std::optional<v1::Assignment>> Fleet::Next(
 std::vector<v1::Worker> Fleet::List() const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::Worker> out;
-  for (const auto& [id, e] : workers_) {
-    v1::Worker& w = out.emplace_back();
-    *w.mutable_info() = e.info;
-    w.set_state(e.state == v1::WORKER_STATE_LOST || Live(e) ? e.state : v1::WORKER_STATE_LOST);
-    w.set_job_id(e.job_id);
-    w.set_rank(e.rank);
-    w.set_registered_unix_ms(UnixMs(e.registered));
-    w.set_last_heartbeat_unix_ms(UnixMs(e.last_heartbeat));
-  }
+  for (const auto& [id, e] : workers_) out.push_back(View(e));
   return out;
+}
+
+v1::Worker Fleet::View(const Entry& e) const {
+  v1::Worker w;
+  *w.mutable_info() = e.info;
+  const bool lost = e.state == v1::WORKER_STATE_LOST || !Live(e);
+  w.set_state(lost ? v1::WORKER_STATE_LOST : e.draining ? v1::WORKER_STATE_DRAINING : e.state);
+  w.set_job_id(e.job_id);
+  w.set_rank(e.rank);
+  w.set_registered_unix_ms(UnixMs(e.registered));
+  w.set_last_heartbeat_unix_ms(UnixMs(e.last_heartbeat));
+  return w;
 }
 
 void Fleet::Shutdown() {

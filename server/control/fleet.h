@@ -67,8 +67,15 @@ class Fleet {
                                  const v1::RunningRank* running = nullptr);
 
   // NotFound for an unknown worker; FailedPrecondition for a lease that is
-  // not the worker's current live one.
-  absl::Status Heartbeat(const std::string& worker_id, const std::string& lease_id);
+  // not the worker's current live one. `*leave` (if given): the worker is
+  // drained and idle.
+  absl::Status Heartbeat(const std::string& worker_id, const std::string& lease_id,
+                         bool* leave = nullptr);
+
+  // Takes the worker out of service: Take skips it from now on, List shows
+  // it DRAINING. Returns it as List would (its job, if busy). NotFound for
+  // an unknown worker, FailedPrecondition for a lost one.
+  absl::StatusOr<v1::Worker> Drain(const std::string& worker_id);
   absl::Status CheckLease(const std::string& worker_id, const std::string& lease_id) const;
 
   // Marks every worker whose lease ran out LOST and returns them (with the
@@ -111,11 +118,13 @@ class Fleet {
     std::string job_id;
     int32_t rank = -1;
     int64_t order = 0;  // registration order, for rank assignment
+    bool draining = false;
     absl::Time registered;
     absl::Time last_heartbeat;
     std::deque<v1::Assignment> outbox;
   };
   bool Live(const Entry& e) const;
+  v1::Worker View(const Entry& e) const;
   absl::Status CheckLeaseLocked(const std::string& worker_id, const std::string& lease_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

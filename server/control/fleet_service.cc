@@ -61,11 +61,36 @@ grpc::Status FleetService::Register(grpc::ServerContext* context,
 
 grpc::Status FleetService::Heartbeat(grpc::ServerContext* context,
                                      const v1::HeartbeatRequest* request,
-                                     v1::HeartbeatResponse*) {
+                                     v1::HeartbeatResponse* response) {
   if (absl::Status s = CheckIdentity(context, request->worker_id()); !s.ok()) {
     return rpc::ToGrpcStatus(s);
   }
-  return rpc::ToGrpcStatus(fleet_.Heartbeat(request->worker_id(), request->lease_id()));
+  if (request->draining()) {
+    // The worker is stopping: drain it (once its lease is known good).
+    if (absl::Status s = fleet_.CheckLease(request->worker_id(), request->lease_id()); !s.ok()) {
+      return rpc::ToGrpcStatus(s);
+    }
+    if (absl::StatusOr<v1::Worker> w =
+            manager_.Drain(request->worker_id(), "the worker is stopping (SIGTERM)");
+        !w.ok()) {
+      return rpc::ToGrpcStatus(w.status());
+    }
+  }
+  bool leave = false;
+  absl::Status s = fleet_.Heartbeat(request->worker_id(), request->lease_id(), &leave);
+  response->set_leave(leave);
+  return rpc::ToGrpcStatus(s);
+}
+
+grpc::Status FleetService::DrainWorker(grpc::ServerContext*, const v1::DrainWorkerRequest* request,
+                                       v1::Worker* response) {
+  if (request->reason().size() > 1024) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "reason: at most 1024 bytes");
+  }
+  absl::StatusOr<v1::Worker> w = manager_.Drain(request->worker_id(), request->reason());
+  if (!w.ok()) return rpc::ToGrpcStatus(w.status());
+  *response = *std::move(w);
+  return grpc::Status::OK;
 }
 
 grpc::Status FleetService::Assignments(grpc::ServerContext* context,
@@ -95,8 +120,11 @@ grpc::Status FleetService::ReportStep(grpc::ServerContext* context,
     return rpc::ToGrpcStatus(s);
   }
   bool stop = false;
-  absl::Status s = manager_.OnStep(request->worker_id(), request->job_id(), request->record(), &stop);
+  bool checkpoint = false;
+  absl::Status s = manager_.OnStep(request->worker_id(), request->job_id(), request->record(),
+                                   &stop, &checkpoint);
   response->set_stop(stop);
+  response->set_checkpoint(checkpoint);
   return rpc::ToGrpcStatus(s);
 }
 

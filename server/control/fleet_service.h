@@ -48,6 +48,8 @@ class FleetService final : public v1::Fleet::Service {
                              v1::ReportAttemptResponse* response) override;
   grpc::Status ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest* request,
                            v1::ListWorkersResponse* response) override;
+  grpc::Status DrainWorker(grpc::ServerContext* context, const v1::DrainWorkerRequest* request,
+                           v1::Worker* response) override;
 
  private:
   // OK unless worker_ids_from_certificates and the caller's certificate

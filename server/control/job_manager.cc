@@ -258,7 +258,7 @@ void JobManager::Recover() {
       Adopt(job);
       continue;
     }
-    if (job.attempt() < job.spec().training().max_restarts()) {
+    if (job.attempt() - job.drained_attempts() < job.spec().training().max_restarts()) {
       {
         absl::MutexLock lock(&mu_);
         recovering_[job.id()] = clock_.Now();
@@ -445,7 +445,8 @@ void JobManager::StepDone(const std::string& job_id, Attempt& a, int64_t step,
 }
 
 absl::Status JobManager::OnStep(const std::string& worker_id, const std::string& job_id,
-                                const v1::StepRecord& record, bool* stop) {
+                                const v1::StepRecord& record, bool* stop, bool* checkpoint) {
+  if (checkpoint != nullptr) *checkpoint = false;
   absl::MutexLock lock(&mu_);
   auto it = active_.find(job_id);
   if (it == active_.end()) {
@@ -480,7 +481,9 @@ absl::Status JobManager::OnStep(const std::string& worker_id, const std::string&
     }
   }
   MUONMESH_RETURN_IF_ERROR(store_.PutStep(job_id, record));
-  *stop = a.cancelled && record.step() >= a.stop_at_step;
+  const bool draining = !a.drained.empty() && !a.cancelled;
+  *stop = (a.cancelled || draining) && record.step() >= a.stop_at_step;
+  if (checkpoint != nullptr) *checkpoint = *stop && draining;
   if (!*stop) a.max_continued_step = std::max(a.max_continued_step, record.step());
   // A step already finished, or a rank's record sent again: stored, not
   // counted twice.
@@ -537,11 +540,24 @@ void JobManager::MaybeFinish(const std::string& job_id) {
   if (options_.on_attempt_done) options_.on_attempt_done(job_id);
   absl::StatusOr<v1::Job> job = store_.Get(job_id);
   if (!job.ok() || IsFinal(job->state())) return;  // cancelled: already final
-  if (done.failure.empty()) {
+  const bool all_finished = std::all_of(done.outcome.begin(), done.outcome.end(),
+                                        [](Outcome o) { return o == kSucceeded; });
+  if (done.failure.empty() && (all_finished || done.drained.empty())) {
     (void)ChangeState(job_id, v1::JOB_STATE_SUCCEEDED, "every rank finished", done.attempt);
     return;
   }
-  if (done.attempt < job->spec().training().max_restarts()) {
+  if (done.failure.empty()) {
+    // Moved off a drained worker: from the checkpoint every rank wrote at
+    // its last step, on other workers; no restart spent.
+    recovering_[job_id] = clock_.Now();
+    (void)ChangeState(job_id, v1::JOB_STATE_RESTARTING,
+                      absl::StrCat(done.drained, "; going on from the checkpoint at step ",
+                                   done.stop_at_step + 1, " on other workers"),
+                      done.attempt,
+                      [](v1::Job& j) { j.set_drained_attempts(j.drained_attempts() + 1); });
+    return;
+  }
+  if (done.attempt - job->drained_attempts() < job->spec().training().max_restarts()) {
     recovering_[job_id] = done.failed_at;
     (void)ChangeState(job_id, v1::JOB_STATE_RESTARTING,
                       absl::StrCat("attempt ", done.attempt, " failed: ", done.failure,
@@ -606,6 +622,22 @@ void JobManager::OnWorkersLost(const std::vector<Fleet::Lost>& lost) {
     }
   }
   Schedule();
+}
+
+absl::StatusOr<v1::Worker> JobManager::Drain(const std::string& worker_id,
+                                             const std::string& reason) {
+  MUONMESH_ASSIGN_OR_RETURN(v1::Worker w, fleet_.Drain(worker_id));
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, a] : active_) {
+    const auto at = std::find(a.workers.begin(), a.workers.end(), worker_id);
+    if (at == a.workers.end() || a.outcome[at - a.workers.begin()] != kRunning) continue;
+    if (a.cancelled || !a.drained.empty()) break;
+    a.drained = absl::StrCat("worker ", worker_id, " drained",
+                             reason.empty() ? std::string() : absl::StrCat(": ", reason));
+    a.stop_at_step = std::min(a.stop_at_step, a.max_continued_step + 1);
+    break;
+  }
+  return w;
 }
 
 absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id, const std::string& reason) {

@@ -89,7 +89,14 @@ class JobManager {
   // what it buffered while the coordinator was away) is stored once and
   // counted once.
   absl::Status OnStep(const std::string& worker_id, const std::string& job_id,
-                      const v1::StepRecord& record, bool* stop);
+                      const v1::StepRecord& record, bool* stop, bool* checkpoint = nullptr);
+
+  // Takes a worker out of service (Fleet::Drain): if it runs a rank, every
+  // rank of that attempt stops after the same step with a checkpoint of it
+  // (`*checkpoint` in OnStep), and the job goes on from it on other workers
+  // (RESTARTING, not counted against training.max_restarts). `reason` goes
+  // into the job's event log.
+  absl::StatusOr<v1::Worker> Drain(const std::string& worker_id, const std::string& reason);
 
   // The end of a rank's attempt.
   absl::Status OnAttemptEnd(const std::string& worker_id, const v1::ReportAttemptRequest& end);
@@ -160,6 +167,9 @@ class JobManager {
     bool adopting = false;
     std::vector<bool> rejoined;
     absl::Time adopt_by;
+    // A worker of the attempt is being drained: the ranks stop at
+    // stop_at_step with a checkpoint.
+    std::string drained;  // why ("worker w3 drained: ..."); empty: not draining
   };
 
   // Appends and wakes watchers.

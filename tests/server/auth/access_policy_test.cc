@@ -53,6 +53,9 @@ const std::vector<Row> kMatrix = {
     {"/muonmesh.v1.Jobs/SubmitJob", {kDenied, kOk, kDenied, kOk}},
     {"/muonmesh.v1.Jobs/CancelJob", {kDenied, kOk, kDenied, kOk}},
     {"/muonmesh.v1.Fleet/ListWorkers", {kOk, kOk, kOk, kOk}},
+    // Taking a worker out of service is the operator's (a worker drains
+    // itself through its heartbeat).
+    {"/muonmesh.v1.Fleet/DrainWorker", {kDenied, kDenied, kDenied, kOk}},
     {"/muonmesh.v1.Fleet/Register", {kDenied, kDenied, kOk, kOk}},
     {"/muonmesh.v1.Fleet/Heartbeat", {kDenied, kDenied, kOk, kOk}},
     {"/muonmesh.v1.Fleet/Assignments", {kDenied, kDenied, kOk, kOk}},
@@ -142,7 +145,7 @@ TEST(AuthorizeTest, EveryRpcOfEveryServiceIsPlaced) {
       EXPECT_TRUE(matrix.count(path)) << path << " is missing from this test's matrix";
     }
   }
-  EXPECT_EQ(methods, 18);  // the rpc lines of proto/muonmesh/v1/*.proto
+  EXPECT_EQ(methods, 19);  // the rpc lines of proto/muonmesh/v1/*.proto
 }
 
 TEST(AuthorizeTest, UnknownMethodsAreNotPlaced) {

@@ -507,6 +507,97 @@ TEST_F(ServiceTest, ACoordinatorKilledMidJobCostsNoStepAndNoRestart) {
             ReadAll(dir_ + "/alone/final.safetensors"));
 }
 
+// Drains, both ways, of a 2-rank job with max_restarts 0 (so a drain that
+// spent a restart would fail it): `muonmeshctl drain` of one of its workers,
+// then SIGTERM to another. Each time every rank checkpoints the same step,
+// stops, and the job goes on from that step on other workers: it ends
+// SUCCEEDED on attempt 2 with two drained attempts, every step recorded
+// once, the weights of an undisturbed run; both drained workers exit 0.
+TEST_F(ServiceTest, DrainedWorkersHandTheirJobOnLosingNoStep) {
+  for (int i = 0; i < 4; ++i) StartWorker(absl::StrCat("w", i));
+  JobText j{"drained", 2};
+  j.steps = 600;
+  j.max_restarts = 0;
+  absl::StatusOr<v1::JobSpec> spec = LoadJobForSubmit(WriteJob(dir_, j, dir_ + "/served"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<v1::SubmitJobResponse> r = client_->Submit(*spec, "");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::string id = r->job().id();
+  std::vector<int64_t> steps_seen;
+  std::vector<std::pair<int32_t, absl::Time>> first_step_of;  // attempt, when
+  std::vector<std::string> reasons;
+  absl::Status watched;
+  std::thread watcher([&] {
+    CoordinatorClient client(address_);
+    watched = client.Watch(id, 0, absl::Minutes(3), [&](const v1::JobEvent& e) {
+      if (e.has_step()) {
+        steps_seen.push_back(e.step().step());
+        if (first_step_of.empty() || first_step_of.back().first != e.step().attempt()) {
+          first_step_of.push_back({e.step().attempt(), absl::FromUnixMillis(e.unix_ms())});
+        }
+      }
+      if (e.has_state_change()) {
+        reasons.push_back(absl::StrCat(v1::JobState_Name(e.state_change().state()), ": ",
+                                       e.state_change().reason()));
+      }
+      return true;
+    });
+  });
+  // The job's worker of rank `rank` once its attempt `attempt` has run 5 steps.
+  auto worker_of = [&](int attempt, int64_t after) {
+    for (int i = 0; i < 3000; ++i) {
+      absl::StatusOr<v1::Job> job = client_->Get(id);
+      if (job.ok() && job->attempt() == attempt && job->state() == v1::JOB_STATE_RUNNING &&
+          job->steps_done() >= after && job->worker_ids_size() == 2) {
+        return job->worker_ids(1);
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return std::string();
+  };
+  const std::string first = worker_of(0, 5);
+  ASSERT_FALSE(first.empty()) << Logs();
+  const absl::Time drain_at = absl::Now();
+  absl::StatusOr<v1::Worker> drained = client_->Drain(first, "maintenance");
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_EQ(drained->state(), v1::WORKER_STATE_DRAINING);
+  EXPECT_EQ(workers_[first.back() - '0']->Wait(std::chrono::seconds(60)), 0)
+      << workers_[first.back() - '0']->Log();
+  const int64_t done_then = client_->Get(id)->steps_done();
+  const std::string second = worker_of(1, done_then + 5);
+  ASSERT_FALSE(second.empty()) << Logs();
+  const absl::Time term_at = absl::Now();
+  workers_[second.back() - '0']->Signal(SIGTERM);
+  EXPECT_EQ(workers_[second.back() - '0']->Wait(std::chrono::seconds(60)), 0)
+      << workers_[second.back() - '0']->Log();
+  watcher.join();
+  ASSERT_TRUE(watched.ok()) << watched;
+  absl::StatusOr<v1::Job> done = client_->Get(id);
+  ASSERT_TRUE(done.ok());
+  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->reason() << "\n"
+                                                    << absl::StrJoin(reasons, "\n") << "\n"
+                                                    << Logs();
+  EXPECT_EQ(done->attempt(), 2) << absl::StrJoin(reasons, "\n");
+  EXPECT_EQ(done->drained_attempts(), 2);
+  ASSERT_EQ(first_step_of.size(), 3u);
+  std::printf(
+      "drain to the first step on other workers: %.2f s (muonmeshctl drain), %.2f s "
+      "(SIGTERM)\n",
+      absl::ToDoubleSeconds(first_step_of[1].second - drain_at),
+      absl::ToDoubleSeconds(first_step_of[2].second - term_at));
+  std::vector<int64_t> expected(j.steps);
+  for (int s = 0; s < j.steps; ++s) expected[s] = s;
+  EXPECT_EQ(steps_seen, expected) << "a step lost or repeated";
+  EXPECT_THAT(reasons, ::testing::Contains(
+                           HasSubstr(absl::StrCat("worker ", first, " drained: maintenance"))))
+      << absl::StrJoin(reasons, "\n");
+  EXPECT_THAT(reasons, ::testing::Contains(HasSubstr("the worker is stopping (SIGTERM)")))
+      << absl::StrJoin(reasons, "\n");
+  RunStandalone(WriteJob(dir_, j, dir_ + "/alone"), 2, dir_ + "/store");
+  EXPECT_EQ(ReadAll(dir_ + "/served/final.safetensors"),
+            ReadAll(dir_ + "/alone/final.safetensors"));
+}
+
 TEST_F(ServiceTest, SigtermStopsTheCoordinatorAndWorkersCleanly) {
   StartWorker("w0");
   workers_[0]->Signal(SIGTERM);
