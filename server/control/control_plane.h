@@ -66,6 +66,8 @@ class ControlPlane {
   // The metrics port (0 without --metrics-listen).
   int metrics_port() const;
   void Shutdown();
+  // Tests: the durable state, to make its writes fail.
+  JobStore& job_store_for_test() { return *store_; }
 
  private:
   ControlPlane(const ControlPlaneOptions& options, std::unique_ptr<DataDirLock> lock,

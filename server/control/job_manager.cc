@@ -3,18 +3,19 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "proto/convert/exec_plan_convert.h"
+#include "core/base/status_macros.h"
 #include "core/plan/plan_size.h"
 #include "core/plan/planner.h"
 #include "core/plan/validate.h"
 #include "core/plan/waves.h"
+#include "proto/convert/exec_plan_convert.h"
 #include "proto/convert/plan_convert.h"
-#include "core/base/status_macros.h"
 #include "proto/job/allowed_dirs.h"
 #include "proto/job/job.h"
 #include "proto/job/model_specs.h"
@@ -112,9 +113,32 @@ JobManager::JobManager(JobStore* store, Fleet* fleet, Rendezvous* rendezvous, Cl
 
 int64_t JobManager::NowMs() { return absl::ToUnixMillis(clock_.Now()); }
 
+absl::Status JobManager::NoteWrite(absl::Status s) {
+  // NotFound (no such job) and bad input are answers, not a failing disk.
+  if (s.ok() || s.code() == absl::StatusCode::kNotFound ||
+      s.code() == absl::StatusCode::kInvalidArgument ||
+      s.code() == absl::StatusCode::kAlreadyExists) {
+    return s;
+  }
+  absl::MutexLock lock(&state_mu_);
+  if (state_error_.ok()) {
+    state_error_ = absl::UnavailableError(
+        absl::StrCat("the coordinator could not write its state (", s.message(),
+                     "); it takes no new work until it is restarted with a working --data-dir"));
+    std::fprintf(stderr, "muonmesh-coordinator: %s\n", state_error_.ToString().c_str());
+  }
+  return s;
+}
+
+absl::Status JobManager::state_error() const {
+  absl::MutexLock lock(&state_mu_);
+  return state_error_;
+}
+
 absl::StatusOr<v1::JobEvent> JobManager::Append(const std::string& job_id, v1::JobEvent event,
                                                 const std::function<void(v1::Job&)>& update) {
   absl::StatusOr<v1::JobEvent> e = store_.Append(job_id, std::move(event), NowMs(), update);
+  (void)NoteWrite(e.status());
   {
     absl::MutexLock lock(&events_mu_);
   }
@@ -148,6 +172,7 @@ absl::StatusOr<v1::JobEvent> JobManager::ChangeState(const std::string& job_id,
 absl::StatusOr<JobStore::Submitted> JobManager::Submit(
     const std::string& request_id, const v1::JobSpec& spec,
     std::vector<plan::FieldViolation>* violations) {
+  MUONMESH_RETURN_IF_ERROR(state_error());
   *violations = job::ValidateJob(spec);
   CheckPaths(spec, violations);
   if (violations->empty()) {
@@ -176,6 +201,7 @@ absl::StatusOr<JobStore::Submitted> JobManager::Submit(
       request_id, spec,
       absl::StrCat("waiting for ", spec.world_size(), " idle ", DeviceOf(spec), " workers"),
       NowMs());
+  (void)NoteWrite(submitted.status());
   if (submitted.ok() && submitted->created) {
     events_cv_.SignalAll();
     Schedule();
@@ -241,6 +267,7 @@ bool JobManager::TryStart(const v1::Job& job) {
 }
 
 void JobManager::Schedule() {
+  if (!state_error().ok()) return;  // no new attempt on a state we cannot keep
   absl::MutexLock lock(&mu_);
   for (const v1::Job& job : store_.Unfinished()) {
     if (active_.count(job.id()) != 0) continue;
@@ -480,7 +507,7 @@ absl::Status JobManager::OnStep(const std::string& worker_id, const std::string&
           "record.bytes_sent: names of at most ", kMaxTrafficName, " bytes, counts >= 0"));
     }
   }
-  MUONMESH_RETURN_IF_ERROR(store_.PutStep(job_id, record));
+  MUONMESH_RETURN_IF_ERROR(NoteWrite(store_.PutStep(job_id, record)));
   const bool draining = !a.drained.empty() && !a.cancelled;
   *stop = (a.cancelled || draining) && record.step() >= a.stop_at_step;
   if (checkpoint != nullptr) *checkpoint = *stop && draining;

@@ -141,6 +141,12 @@ class JobManager {
   // Wakes every waiter (shutdown).
   void Shutdown();
 
+  // The first state write that failed (a full or read-only disk), if any:
+  // from then on the coordinator takes no new job and starts no attempt
+  // (Submit answers Unavailable saying why) until it is restarted, rather
+  // than run on a state it could not keep. OK while every write succeeded.
+  absl::Status state_error() const;
+
  private:
   struct StepAggregate {
     std::set<int32_t> ranks;  // that reported the step
@@ -202,6 +208,11 @@ class JobManager {
   // Restarted jobs whose new attempt has not finished a step yet -> when the
   // fault that ended the previous one was detected.
   std::map<std::string, absl::Time> recovering_ ABSL_GUARDED_BY(mu_);
+
+  // Records a failed state write (state_error). Returns `s`.
+  absl::Status NoteWrite(absl::Status s);
+  mutable absl::Mutex state_mu_;
+  absl::Status state_error_ ABSL_GUARDED_BY(state_mu_);
 
   // Signalled when a job gains an event (WatchEvents waits on it).
   absl::Mutex events_mu_;

@@ -362,6 +362,11 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(const std::string& jo
   return out;
 }
 
+absl::Status JobStore::SetReadOnlyForTest(bool read_only) {
+  absl::MutexLock lock(&mu_);
+  return Exec(read_only ? "PRAGMA query_only = 1" : "PRAGMA query_only = 0");
+}
+
 absl::Status JobStore::PutStep(const std::string& job_id, const v1::StepRecord& record) {
   absl::MutexLock lock(&mu_);
   MUONMESH_ASSIGN_OR_RETURN(const Row* row, Find(job_id));

@@ -95,6 +95,10 @@ class JobStore {
                                  int64_t last_step, int32_t rank, int32_t page_size,
                                  const std::string& page_token) const;
 
+  // Tests: every write from now on fails as on a read-only disk (SQLite's
+  // query_only), or works again.
+  absl::Status SetReadOnlyForTest(bool read_only);
+
  private:
   struct Row {
     int64_t seq = 0;

@@ -558,6 +558,32 @@ TEST_F(RestartTest, ARunningAttemptIsKeptAndItsStepsCountedOnce) {
   EXPECT_EQ(Step(w_of[0], back0.lease_id(), "j-999", 0, 3).error_code(), grpc::StatusCode::ABORTED);
 }
 
+// A state write that fails (a read-only or full disk; SQLite's query_only
+// here) stops new work for good: even once the disk works again, a submit is
+// refused saying why, until the coordinator restarts; what is stored stays
+// readable.
+TEST_F(RestartTest, AFailedStateWriteRefusesNewWorkUntilRestart) {
+  const std::string l0 = Register("w0", nullptr).lease_id();
+  const std::string l1 = Register("w1", nullptr).lease_id();
+  absl::StatusOr<v1::Job> job = Submit(Spec(JobYaml(dir_, "kept", 2, 100)));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Assignment a0 = Assignment("w0", l0);
+  ASSERT_TRUE(a0.has_start());
+  const std::string w0_rank0 = a0.start().rank() == 0 ? "w0" : "w1";
+  const std::string l_rank0 = a0.start().rank() == 0 ? l0 : l1;
+  ASSERT_TRUE(Step(w0_rank0, l_rank0, job->id(), 0, 0).ok());
+  ASSERT_TRUE(plane_->job_store_for_test().SetReadOnlyForTest(true).ok());
+  EXPECT_FALSE(Step(w0_rank0, l_rank0, job->id(), 0, 1).ok());
+  ASSERT_TRUE(plane_->job_store_for_test().SetReadOnlyForTest(false).ok());
+  absl::StatusOr<v1::Job> refused = Submit(Spec(JobYaml(dir_, "after", 2, 5)));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("could not write its state"));
+  EXPECT_EQ(Get(job->id()).state(), v1::JOB_STATE_RUNNING);
+  // A restart (on a working disk) takes work again.
+  Restart();
+  EXPECT_TRUE(Submit(Spec(JobYaml(dir_, "again", 2, 5))).ok());
+}
+
 // Workers that do not come back within the grace fail the attempt as lost
 // ones do: it restarts (max_restarts allowing) rather than waiting for good.
 class LateRestartTest : public RestartTest {
