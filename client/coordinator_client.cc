@@ -6,6 +6,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
 #include "grpcpp/client_context.h"
@@ -80,10 +81,42 @@ absl::StatusOr<v1::Job> CoordinatorClient::Get(const std::string& job_id) {
   return job;
 }
 
+namespace {
+
+// A page loop's guard: the server's page tokens must not repeat, and a
+// listing ends within `max_pages` pages (by default 10^5: 10^8 jobs or
+// records at the server's page size), so a broken or hostile server cannot
+// keep the client paging for ever.
+class PageGuard {
+ public:
+  PageGuard(const char* what, int max_pages) : what_(what), max_pages_(max_pages) {}
+  absl::Status Next(const std::string& token) {
+    if (token.empty()) return absl::OkStatus();
+    if (++pages_ > max_pages_) {
+      return absl::DataLossError(
+          absl::StrCat(what_, ": the coordinator sent more than ", max_pages_, " pages; stopping"));
+    }
+    if (!seen_.insert(token).second) {
+      return absl::DataLossError(absl::StrCat(what_, ": the coordinator sent page token '",
+                                              token.substr(0, 64), "' twice; stopping"));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const char* what_;
+  const int max_pages_;
+  int pages_ = 0;
+  absl::flat_hash_set<std::string> seen_;
+};
+
+}  // namespace
+
 absl::StatusOr<std::vector<v1::Job>> CoordinatorClient::List(
     const std::vector<v1::JobState>& states, const std::string& name) {
   std::vector<v1::Job> out;
   std::string token;
+  PageGuard guard("list", options_.max_pages);
   do {
     v1::ListJobsRequest request;
     for (v1::JobState s : states) request.add_states(s);
@@ -96,6 +129,7 @@ absl::StatusOr<std::vector<v1::Job>> CoordinatorClient::List(
     MUONMESH_RETURN_IF_ERROR(Error(jobs_->ListJobs(&context, request, &response), "list"));
     for (v1::Job& j : *response.mutable_jobs()) out.push_back(std::move(j));
     token = response.next_page_token();
+    MUONMESH_RETURN_IF_ERROR(guard.Next(token));
   } while (!token.empty());
   return out;
 }
@@ -129,6 +163,7 @@ absl::StatusOr<std::vector<v1::StepRecord>> CoordinatorClient::Metrics(const std
                                                                        bool all_ranks) {
   std::vector<v1::StepRecord> out;
   std::string token;
+  PageGuard guard("metrics", options_.max_pages);
   do {
     v1::GetJobMetricsRequest request;
     request.set_job_id(job_id);
@@ -142,6 +177,7 @@ absl::StatusOr<std::vector<v1::StepRecord>> CoordinatorClient::Metrics(const std
     MUONMESH_RETURN_IF_ERROR(Error(jobs_->GetJobMetrics(&context, request, &response), "metrics"));
     for (v1::StepRecord& r : *response.mutable_records()) out.push_back(std::move(r));
     token = response.next_page_token();
+    MUONMESH_RETURN_IF_ERROR(guard.Next(token));
   } while (!token.empty());
   return out;
 }

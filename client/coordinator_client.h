@@ -25,6 +25,9 @@ struct CoordinatorClientOptions {
   // TLS, client certificate and token (rpc::LoadChannelSecurity); default:
   // plaintext.
   rpc::ChannelSecurity security;
+  // The most pages one List or Metrics call reads before it gives up on the
+  // coordinator (DataLoss; a page token seen twice is one too).
+  int max_pages = 100000;
 };
 
 class CoordinatorClient {
