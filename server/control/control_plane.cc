@@ -61,7 +61,8 @@ ControlPlane::ControlPlane(const ControlPlaneOptions& options, std::unique_ptr<D
                    options.adopt_grace > absl::ZeroDuration()
                        ? options.adopt_grace
                        : std::max(options.lease_ttl, absl::Seconds(10)),
-                   options.allowed_dirs}),
+                   options.allowed_dirs,
+                   /*plan=*/nullptr}),
       jobs_service_(&manager_, store_.get()),
       fleet_service_(&fleet_, &manager_,
                      {.worker_ids_from_certificates = options.worker_ids_from_certificates}),

@@ -209,39 +209,27 @@ absl::StatusOr<JobStore::Submitted> JobManager::Submit(
   return submitted;
 }
 
-bool JobManager::TryStart(const v1::Job& job) {
+void JobManager::StartAttempt(const v1::Job& job, const std::vector<std::string>& gang,
+                              const plan::Plan& plan) {
   const v1::JobSpec& spec = job.spec();
-  std::optional<std::vector<std::string>> gang =
-      fleet_.Take(DeviceOf(spec), spec.world_size(), job.id());
-  if (!gang.has_value()) return false;
   const int32_t attempt = job.state() == v1::JOB_STATE_RESTARTING ? job.attempt() + 1 : 0;
-  absl::StatusOr<plan::PlanInput> input = PlanInputOf(spec);
-  absl::StatusOr<plan::Plan> plan =
-      input.ok() ? plan::ComputePlan(*input) : absl::StatusOr<plan::Plan>(input.status());
-  if (!plan.ok()) {
-    for (const std::string& w : *gang) fleet_.Release(w, job.id());
-    (void)ChangeState(job.id(), v1::JOB_STATE_FAILED,
-                      absl::StrCat("the planner refuses the job: ", plan.status().message()),
-                      attempt);
-    return true;
-  }
   if (options_.on_attempt_planned) {
     // What the workers will run: per wave (one unless the job sets
     // optimizer.muon_buffer_bytes), the busiest rank's Newton-Schulz FLOPs.
     options_.on_attempt_planned(
         job.id(), plan::WaveCriticalPathNsFlops(
-                      *plan, plan::PlanMuonWaves(*plan, plan->config.muon_wave_budget_bytes)));
+                      plan, plan::PlanMuonWaves(plan, plan.config.muon_wave_budget_bytes)));
   }
-  v1::ExecutionPlan exec = PlanToExec(*plan);
+  v1::ExecutionPlan exec = PlanToExec(plan);
   const std::string fingerprint = PlanFingerprint(exec);
   Attempt& a = active_[job.id()];
   a = Attempt();
   a.attempt = attempt;
-  a.workers = *gang;
-  a.outcome.assign(gang->size(), kRunning);
+  a.workers = gang;
+  a.outcome.assign(gang.size(), kRunning);
   a.total_steps = spec.training().steps();
   a.plan_fingerprint = fingerprint;
-  for (size_t r = 0; r < gang->size(); ++r) {
+  for (size_t r = 0; r < gang.size(); ++r) {
     v1::Assignment assignment;
     assignment.set_job_id(job.id());
     assignment.set_attempt(attempt);
@@ -253,26 +241,61 @@ bool JobManager::TryStart(const v1::Job& job) {
     start->set_store_prefix(absl::StrCat(job.id(), "/attempt-", attempt));
     start->set_resume(attempt > 0);
     start->set_collective_timeout_ms(absl::ToInt64Milliseconds(options_.collective_timeout));
-    fleet_.Push((*gang)[r], std::move(assignment));
+    fleet_.Push(gang[r], std::move(assignment));
   }
   (void)ChangeState(job.id(), v1::JOB_STATE_RUNNING,
-                    absl::StrCat("running on ", gang->size(), " workers"), attempt,
-                    [&](v1::Job& j) {
+                    absl::StrCat("running on ", gang.size(), " workers"), attempt, [&](v1::Job& j) {
                       j.clear_worker_ids();
-                      for (const std::string& w : *gang) j.add_worker_ids(w);
+                      for (const std::string& w : gang) j.add_worker_ids(w);
                       j.set_plan_fingerprint(fingerprint);
                       j.set_attempt_steps_done(0);
                     });
-  return true;
 }
 
 void JobManager::Schedule() {
-  if (!state_error().ok()) return;  // no new attempt on a state we cannot keep
-  absl::MutexLock lock(&mu_);
-  for (const v1::Job& job : store_.Unfinished()) {
-    if (active_.count(job.id()) != 0) continue;
-    if (job.state() != v1::JOB_STATE_PENDING && job.state() != v1::JOB_STATE_RESTARTING) continue;
-    TryStart(job);
+  // One job at a time: its gang is taken under the lock (so no other pass
+  // takes those workers), its plan computed without it (planning a large
+  // job takes a while, and every other call needs the lock), and the
+  // attempt started under it again if the job still waits for it.
+  while (state_error().ok()) {  // no new attempt on a state we cannot keep
+    std::optional<v1::Job> job;
+    std::vector<std::string> gang;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const v1::Job& j : store_.Unfinished()) {
+        if (active_.count(j.id()) != 0 || planning_.count(j.id()) != 0) continue;
+        if (j.state() != v1::JOB_STATE_PENDING && j.state() != v1::JOB_STATE_RESTARTING) continue;
+        std::optional<std::vector<std::string>> taken =
+            fleet_.Take(DeviceOf(j.spec()), j.spec().world_size(), j.id());
+        if (!taken.has_value()) continue;
+        planning_.insert(j.id());
+        job = j;
+        gang = *std::move(taken);
+        break;
+      }
+    }
+    if (!job.has_value()) return;
+    absl::StatusOr<plan::PlanInput> input = PlanInputOf(job->spec());
+    absl::StatusOr<plan::Plan> plan = !input.ok()     ? absl::StatusOr<plan::Plan>(input.status())
+                                      : options_.plan ? options_.plan(*input)
+                                                      : plan::ComputePlan(*input);
+    absl::MutexLock lock(&mu_);
+    planning_.erase(job->id());
+    // Cancelled (or otherwise moved on) while it was planned: the gang goes
+    // back.
+    absl::StatusOr<v1::Job> now = store_.Get(job->id());
+    if (!now.ok() || now->state() != job->state() || now->attempt() != job->attempt()) {
+      for (const std::string& w : gang) fleet_.Release(w, job->id());
+      continue;
+    }
+    if (!plan.ok()) {
+      for (const std::string& w : gang) fleet_.Release(w, job->id());
+      (void)ChangeState(job->id(), v1::JOB_STATE_FAILED,
+                        absl::StrCat("the planner refuses the job: ", plan.status().message()),
+                        job->state() == v1::JOB_STATE_RESTARTING ? job->attempt() + 1 : 0);
+      continue;
+    }
+    StartAttempt(*now, gang, *plan);
   }
 }
 

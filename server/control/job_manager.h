@@ -19,7 +19,8 @@
 // after the first step that no rank has yet been told to continue past.
 //
 // Thread-safe: gRPC handlers call it concurrently; one mutex guards the
-// attempts, the job store has its own. Planning runs under the mutex.
+// attempts, the job store has its own. Planning runs outside the mutex (a
+// large job's plan takes seconds; every other call needs the mutex).
 
 #include <cstdint>
 #include <deque>
@@ -66,6 +67,8 @@ struct JobManagerOptions {
   // fields; the workers check again, defaults included, with their own
   // --allowed-dirs). Empty: no restriction.
   std::vector<std::string> allowed_dirs;
+  // How an attempt is planned; empty: plan::ComputePlan (tests replace it).
+  std::function<absl::StatusOr<plan::Plan>(const plan::PlanInput&)> plan;
 };
 
 class JobManager {
@@ -184,8 +187,9 @@ class JobManager {
   absl::StatusOr<v1::JobEvent> ChangeState(const std::string& job_id, v1::JobState state,
                                            const std::string& reason, int32_t attempt,
                                            const std::function<void(v1::Job&)>& more = nullptr);
-  // Starts `job` if a gang is idle; false if it must wait.
-  bool TryStart(const v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts the attempt of `job` on `gang` with `plan`.
+  void StartAttempt(const v1::Job& job, const std::vector<std::string>& gang,
+                    const plan::Plan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailRank(const std::string& job_id, Attempt& a, int32_t rank, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes up a RUNNING job's attempt after a restart (Recover).
@@ -205,6 +209,8 @@ class JobManager {
   absl::Mutex mu_;
   // job id -> its running attempt
   std::map<std::string, Attempt> active_ ABSL_GUARDED_BY(mu_);
+  // Jobs whose gang is taken and whose plan is being computed (outside mu_).
+  std::set<std::string> planning_ ABSL_GUARDED_BY(mu_);
   // Restarted jobs whose new attempt has not finished a step yet -> when the
   // fault that ended the previous one was detected.
   std::map<std::string, absl::Time> recovering_ ABSL_GUARDED_BY(mu_);
