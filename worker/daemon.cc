@@ -342,8 +342,13 @@ void Daemon::Report(RankTask& task, StepOutbox& outbox, const absl::Status& resu
   absl::Duration backoff = absl::Milliseconds(100);
   bool told = false;
   while (!task.settled.load() && !Stopping()) {
-    bool stop = false;
-    absl::Status flushed = FlushSteps(task, outbox, /*patient=*/true, &stop);
+    // Every kept record, stop answers or not (the rank has ended).
+    bool stop = true;
+    absl::Status flushed = absl::OkStatus();
+    const size_t before = outbox.size();
+    while (flushed.ok() && stop && !outbox.empty()) {
+      flushed = FlushSteps(task, outbox, /*patient=*/true, &stop);
+    }
     if (flushed.ok() && outbox.empty()) {
       request.set_lease_id(Lease());
       v1::ReportAttemptResponse response;
@@ -359,6 +364,7 @@ void Daemon::Report(RankTask& task, StepOutbox& outbox, const absl::Status& resu
     } else if (!flushed.ok()) {
       break;  // the coordinator refused the rank: nothing to report to it
     }
+    if (outbox.size() < before) continue;  // progress: no wait
     if (!told) {
       log_(absl::StrCat("[", task.job_id, "] the coordinator is away; the end of rank ", task.rank,
                         " waits for it (", outbox.size(), " step reports too)"));

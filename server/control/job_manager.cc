@@ -338,7 +338,6 @@ void JobManager::Adopt(const v1::Job& job) {
   a.adopting = true;
   a.rejoined.assign(a.workers.size(), false);
   a.adopt_by = clock_.Now() + options_.adopt_grace;
-  recovering_[job.id()] = clock_.Now();
   // What the ranks reported before the restart of the steps not finished
   // yet: those reports are not sent again.
   std::string token;
@@ -366,6 +365,8 @@ void JobManager::Adopt(const v1::Job& job) {
     StepDone(job.id(), a, next->first, next->second);
     a.steps.erase(next);
   }
+  // (After the steps the restart cut off: recovery runs to the next one.)
+  recovering_[job.id()] = clock_.Now();
   (void)ChangeState(job.id(), v1::JOB_STATE_RUNNING,
                     absl::StrCat("the coordinator restarted; keeping attempt ", a.attempt,
                                  " while its ", a.workers.size(), " workers come back (up to ",
@@ -592,17 +593,20 @@ void JobManager::MaybeFinish(const std::string& job_id) {
   if (!job.ok() || IsFinal(job->state())) return;  // cancelled: already final
   const bool all_finished = std::all_of(done.outcome.begin(), done.outcome.end(),
                                         [](Outcome o) { return o == kSucceeded; });
-  if (done.failure.empty() && (all_finished || done.drained.empty())) {
+  if (done.failure.empty() && all_finished) {
     (void)ChangeState(job_id, v1::JOB_STATE_SUCCEEDED, "every rank finished", done.attempt);
     return;
   }
   if (done.failure.empty()) {
-    // Moved off a drained worker: from the checkpoint every rank wrote at
-    // its last step, on other workers; no restart spent.
+    // Every rank stopped at a checkpoint without a failure or a cancel: a
+    // drain (its marker is gone if this coordinator restarted meanwhile).
+    // From that checkpoint on other workers; no restart spent.
     recovering_[job_id] = clock_.Now();
     (void)ChangeState(job_id, v1::JOB_STATE_RESTARTING,
-                      absl::StrCat(done.drained, "; going on from the checkpoint at step ",
-                                   done.stop_at_step + 1, " on other workers"),
+                      absl::StrCat(done.drained.empty() ? std::string("every rank stopped at a "
+                                                                      "checkpoint (a drain)")
+                                                        : done.drained,
+                                   "; going on from its newest checkpoint on other workers"),
                       done.attempt,
                       [](v1::Job& j) { j.set_drained_attempts(j.drained_attempts() + 1); });
     return;

@@ -516,7 +516,9 @@ TEST_F(ServiceTest, ACoordinatorKilledMidJobCostsNoStepAndNoRestart) {
 TEST_F(ServiceTest, DrainedWorkersHandTheirJobOnLosingNoStep) {
   for (int i = 0; i < 4; ++i) StartWorker(absl::StrCat("w", i));
   JobText j{"drained", 2};
-  j.steps = 600;
+  // Enough steps that the second attempt is still running when the first
+  // drained worker has exited (a served step takes 2-10 ms).
+  j.steps = 2000;
   j.max_restarts = 0;
   absl::StatusOr<v1::JobSpec> spec = LoadJobForSubmit(WriteJob(dir_, j, dir_ + "/served"));
   ASSERT_TRUE(spec.ok()) << spec.status();
