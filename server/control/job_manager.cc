@@ -249,6 +249,8 @@ void JobManager::StartAttempt(const v1::Job& job, const std::vector<std::string>
                       for (const std::string& w : gang) j.add_worker_ids(w);
                       j.set_plan_fingerprint(fingerprint);
                       j.set_attempt_steps_done(0);
+                      j.clear_finished_ranks();
+                      j.clear_stopped_ranks();
                     });
 }
 
@@ -337,6 +339,15 @@ void JobManager::Adopt(const v1::Job& job) {
   a.max_continued_step = a.steps_done - 1;
   a.adopting = true;
   a.rejoined.assign(a.workers.size(), false);
+  // Ranks whose end was reported before the restart: not waited for.
+  for (const auto& [ranks, outcome] :
+       {std::pair{&job.finished_ranks(), kSucceeded}, std::pair{&job.stopped_ranks(), kStopped}}) {
+    for (const int32_t r : *ranks) {
+      if (r < 0 || r >= static_cast<int32_t>(a.workers.size())) continue;
+      a.outcome[r] = outcome;
+      a.rejoined[r] = true;
+    }
+  }
   a.adopt_by = clock_.Now() + options_.adopt_grace;
   // What the ranks reported before the restart of the steps not finished
   // yet: those reports are not sent again.
@@ -372,6 +383,11 @@ void JobManager::Adopt(const v1::Job& job) {
                                  " while its ", a.workers.size(), " workers come back (up to ",
                                  absl::FormatDuration(options_.adopt_grace), ")"),
                     a.attempt);
+  // Every rank had ended before the restart: nothing to wait for.
+  if (std::count(a.outcome.begin(), a.outcome.end(), kRunning) == 0) {
+    a.adopting = false;
+    MaybeFinish(job.id());
+  }
 }
 
 absl::Status JobManager::Rejoin(const std::string& worker_id, const v1::RunningRank& running) {
@@ -642,9 +658,13 @@ absl::Status JobManager::OnAttemptEnd(const std::string& worker_id,
     switch (end.outcome()) {
       case v1::ATTEMPT_OUTCOME_SUCCEEDED:
         a.outcome[rank] = kSucceeded;
+        (void)NoteWrite(
+            store_.Update(end.job_id(), [&](v1::Job& j) { j.add_finished_ranks(rank); }));
         break;
       case v1::ATTEMPT_OUTCOME_STOPPED:
         a.outcome[rank] = kStopped;
+        (void)NoteWrite(
+            store_.Update(end.job_id(), [&](v1::Job& j) { j.add_stopped_ranks(rank); }));
         break;
       default:
         if (a.cancelled && a.failure.empty()) {

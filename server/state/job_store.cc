@@ -343,6 +343,18 @@ absl::StatusOr<v1::JobEvent> JobStore::Append(const std::string& job_id, v1::Job
   return event;
 }
 
+absl::Status JobStore::Update(const std::string& job_id,
+                              const std::function<void(v1::Job&)>& update) {
+  absl::MutexLock lock(&mu_);
+  MUONMESH_ASSIGN_OR_RETURN(const Row* found, Find(job_id));
+  v1::Job job = found->job;
+  update(job);
+  Statement write(db_, "UPDATE jobs SET job = ? WHERE seq = ?");
+  MUONMESH_RETURN_IF_ERROR(write.Blob(1, Serialized(job)).Int(2, found->seq).Run("update job"));
+  rows_[by_id_.at(job_id)].job = std::move(job);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(const std::string& job_id,
                                                            int64_t from_index,
                                                            int32_t limit) const {

@@ -77,6 +77,10 @@ class JobStore {
                                       int64_t now_ms,
                                       const std::function<void(v1::Job&)>& update);
 
+  // Applies `update` to the job, with no event (bookkeeping a restarted
+  // coordinator needs). NotFound for an unknown id.
+  absl::Status Update(const std::string& job_id, const std::function<void(v1::Job&)>& update);
+
   // Events with index >= from_index, at most `limit`, in order.
   absl::StatusOr<std::vector<v1::JobEvent>> Events(const std::string& job_id, int64_t from_index,
                                                    int32_t limit) const;

@@ -477,6 +477,20 @@ class RestartTest : public ControlPlaneTest {
     return fleet_->ReportStep(&context, request, &response);
   }
 
+  grpc::Status End(const std::string& id, const std::string& lease, const std::string& job,
+                   int32_t rank) {
+    v1::ReportAttemptRequest request;
+    request.set_worker_id(id);
+    request.set_lease_id(lease);
+    request.set_job_id(job);
+    request.set_attempt(0);
+    request.set_rank(rank);
+    request.set_outcome(v1::ATTEMPT_OUTCOME_SUCCEEDED);
+    v1::ReportAttemptResponse response;
+    grpc::ClientContext context;
+    return fleet_->ReportAttempt(&context, request, &response);
+  }
+
   // Step events of the job, by step.
   std::map<int64_t, int> StepEvents(const std::string& job) {
     std::map<int64_t, int> out;
@@ -556,6 +570,33 @@ TEST_F(RestartTest, ARunningAttemptIsKeptAndItsStepsCountedOnce) {
   EXPECT_EQ(StepEvents(job->id()), (std::map<int64_t, int>{{0, 1}, {1, 1}, {2, 1}}));
   // A rank of no running attempt is told so (Aborted: the worker stops it).
   EXPECT_EQ(Step(w_of[0], back0.lease_id(), "j-999", 0, 3).error_code(), grpc::StatusCode::ABORTED);
+}
+
+// A rank whose end the coordinator took before it restarted is not waited
+// for: its worker, which has forgotten the rank, registers naming none, and
+// the attempt goes on with the other rank (it failed the attempt before).
+TEST_F(RestartTest, ARankThatEndedBeforeTheRestartIsNotWaitedFor) {
+  const std::string l0 = Register("w0", nullptr).lease_id();
+  const std::string l1 = Register("w1", nullptr).lease_id();
+  absl::StatusOr<v1::Job> job = Submit(Spec(JobYaml(dir_, "half", 2, 100)));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Assignment a0 = Assignment("w0", l0);
+  ASSERT_TRUE(a0.has_start());
+  v1::RunningRank r0;
+  r0.set_job_id(job->id());
+  r0.set_attempt(0);
+  r0.set_rank(a0.start().rank());
+  r0.set_plan_fingerprint(a0.start().plan_fingerprint());
+  const int32_t other = 1 - r0.rank();
+  ASSERT_TRUE(End("w1", l1, job->id(), other).ok());
+  Restart();
+  EXPECT_EQ(Register("w1", nullptr).stop_running(), "");  // back without a rank
+  EXPECT_EQ(Get(job->id()).state(), v1::JOB_STATE_RUNNING) << Get(job->id()).reason();
+  const v1::RegisterResponse back = Register("w0", &r0);
+  EXPECT_EQ(back.stop_running(), "");
+  EXPECT_THAT(Get(job->id()).reason(), HasSubstr("every worker of attempt 0 came back"));
+  ASSERT_TRUE(End("w0", back.lease_id(), job->id(), r0.rank()).ok());
+  EXPECT_EQ(Get(job->id()).state(), v1::JOB_STATE_SUCCEEDED) << Get(job->id()).reason();
 }
 
 // A state write that fails (a read-only or full disk; SQLite's query_only
