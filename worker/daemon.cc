@@ -154,6 +154,9 @@ class Daemon {
   void Start(const v1::Assignment& a);
   void RunAssigned(RankTask* task, v1::StartRank start);
   void Report(RankTask& task, StepOutbox& outbox, const absl::Status& result);
+  absl::Status OnRankStep(RankTask& task, StepOutbox& outbox, const job::ResolvedJob& job,
+                          const std::string& tag, bool& buffering, const StepReport& r,
+                          absl::Duration took);
   void JoinRank();
 
   const DaemonOptions options_;
@@ -429,6 +432,62 @@ RankOptions RankOptionsFor(const v1::StartRank& start, int32_t attempt,
   return o;
 }
 
+// The daemon's side of a rank's step: report it (or keep it while the
+// coordinator is away), wait for the coordinator before a checkpoint or the
+// export, and act on its answer (cancel, drain) or this worker's stop.
+absl::Status Daemon::OnRankStep(RankTask& task, StepOutbox& outbox, const job::ResolvedJob& job,
+                                const std::string& tag, bool& buffering, const StepReport& r,
+                                absl::Duration took) {
+  metrics_->OnStep(task.job_id, r, took);
+  outbox.Push(StepRecordOf(r, task.rank, task.attempt, took));
+  bool stop = false;
+  bool checkpoint = false;
+  MUONMESH_RETURN_IF_ERROR(
+      FlushSteps(task, outbox, /*patient=*/outbox.size() == 1, &stop, &checkpoint));
+  // A checkpoint or the export follows this step: write it only for an
+  // attempt the coordinator still keeps, so wait until it has taken
+  // every report (a coordinator that declared this worker lost may have
+  // started the job elsewhere, writing the same folder).
+  const bool writes_next = (job.checkpoint_every > 0 && (r.step + 1) % job.checkpoint_every == 0) ||
+                           r.step + 1 >= job.steps;
+  absl::Duration backoff = absl::Milliseconds(100);
+  while (writes_next && !stop && !outbox.empty() && !Stopping() && !task.stop.load()) {
+    if (!buffering) {
+      log_(tag + "the coordinator is away: training on, keeping step reports until it is back");
+      buffering = true;
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Milliseconds(250));
+    MUONMESH_RETURN_IF_ERROR(FlushSteps(task, outbox, /*patient=*/true, &stop, &checkpoint));
+  }
+  if (!outbox.empty() && !buffering) {
+    log_(tag + "the coordinator is away: training on, keeping step reports until it is back");
+  } else if (outbox.empty() && buffering) {
+    log_(tag + "the coordinator is back: every kept step report sent");
+  }
+  buffering = !outbox.empty();
+  if (stop && checkpoint) {
+    // A drain: this step's checkpoint, then stop (RunRank asks below).
+    log_(tag + absl::StrCat("a worker of this job is drained: checkpoint of step ", r.step + 1,
+                            ", then stop"));
+    task.checkpoint_stop = true;
+    task.stop = true;
+    return absl::OkStatus();
+  }
+  if (stop) {
+    task.stop = true;
+    return absl::CancelledError(absl::StrCat("stopped by the coordinator after step ", r.step));
+  }
+  if (task.stop.load() && !task.checkpoint_stop.load()) {
+    return absl::CancelledError("stopped: the coordinator no longer keeps this rank");
+  }
+  if (Stopping()) {
+    task.stop = true;
+    return absl::CancelledError("the worker is stopping");
+  }
+  return absl::OkStatus();
+}
+
 void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
   const int32_t rank = start.rank();
   const std::string tag = absl::StrCat("[", task->job_id, " rank ", rank, "] ");
@@ -451,55 +510,7 @@ void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
     hooks.out = [&](const std::string& line) { log_(tag + line); };
     bool buffering = false;
     hooks.on_step = [&](const StepReport& r, absl::Duration took) -> absl::Status {
-      metrics_->OnStep(task->job_id, r, took);
-      outbox.Push(StepRecordOf(r, rank, task->attempt, took));
-      bool stop = false;
-      bool checkpoint = false;
-      MUONMESH_RETURN_IF_ERROR(
-          FlushSteps(*task, outbox, /*patient=*/outbox.size() == 1, &stop, &checkpoint));
-      // A checkpoint or the export follows this step: write it only for an
-      // attempt the coordinator still keeps, so wait until it has taken
-      // every report (a coordinator that declared this worker lost may have
-      // started the job elsewhere, writing the same folder).
-      const bool writes_next =
-          (job.checkpoint_every > 0 && (r.step + 1) % job.checkpoint_every == 0) ||
-          r.step + 1 >= job.steps;
-      absl::Duration backoff = absl::Milliseconds(100);
-      while (writes_next && !stop && !outbox.empty() && !Stopping() && !task->stop.load()) {
-        if (!buffering) {
-          log_(tag + "the coordinator is away: training on, keeping step reports until it is back");
-          buffering = true;
-        }
-        absl::SleepFor(backoff);
-        backoff = std::min(backoff * 2, absl::Milliseconds(250));
-        MUONMESH_RETURN_IF_ERROR(FlushSteps(*task, outbox, /*patient=*/true, &stop, &checkpoint));
-      }
-      if (!outbox.empty() && !buffering) {
-        log_(tag + "the coordinator is away: training on, keeping step reports until it is back");
-      } else if (outbox.empty() && buffering) {
-        log_(tag + "the coordinator is back: every kept step report sent");
-      }
-      buffering = !outbox.empty();
-      if (stop && checkpoint) {
-        // A drain: this step's checkpoint, then stop (RunRank asks below).
-        log_(tag + absl::StrCat("a worker of this job is drained: checkpoint of step ", r.step + 1,
-                                ", then stop"));
-        task->checkpoint_stop = true;
-        task->stop = true;
-        return absl::OkStatus();
-      }
-      if (stop) {
-        task->stop = true;
-        return absl::CancelledError(absl::StrCat("stopped by the coordinator after step ", r.step));
-      }
-      if (task->stop.load() && !task->checkpoint_stop.load()) {
-        return absl::CancelledError("stopped: the coordinator no longer keeps this rank");
-      }
-      if (Stopping()) {
-        task->stop = true;
-        return absl::CancelledError("the worker is stopping");
-      }
-      return absl::OkStatus();
+      return OnRankStep(*task, outbox, job, tag, buffering, r, took);
     };
     hooks.stop_after_checkpoint = [task] { return task->checkpoint_stop.load(); };
     return RunRank(job, plan, store, o, hooks);
