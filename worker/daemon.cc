@@ -128,6 +128,8 @@ class Daemon {
   // that has not ended within drain_timeout.
   bool Stopping() const {
     if ((options_.stop != nullptr && options_.stop->load()) || leave_.load()) return true;
+    // Draining with no rank in progress: nothing to hand over.
+    if (Draining() && !busy_.load()) return true;
     const int64_t deadline = drain_deadline_ms_.load();
     return deadline > 0 && absl::ToUnixMillis(absl::Now()) > deadline;
   }
@@ -171,6 +173,7 @@ class Daemon {
   // The rank running now: only the serving thread (Run, Start) touches it.
   std::unique_ptr<RankTask> task_;
   std::atomic<bool> leave_{false};             // drained: the coordinator says go
+  std::atomic<bool> busy_{false};              // a rank runs or has not settled
   std::atomic<int64_t> drain_deadline_ms_{0};  // 0: not draining
 };
 
@@ -524,6 +527,7 @@ void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
   }
   log_(tag + (result.ok() ? std::string("done") : absl::StrCat("ended: ", result.ToString())));
   Report(*task, outbox, result);
+  busy_ = false;
   metrics_->SetBusy(false);
 }
 
@@ -541,6 +545,7 @@ void Daemon::Start(const v1::Assignment& a) {
     return;
   }
   JoinRank();  // the coordinator assigns a worker one rank at a time
+  busy_ = true;
   task_ = std::make_unique<RankTask>();
   task_->job_id = a.job_id();
   task_->attempt = a.attempt();
