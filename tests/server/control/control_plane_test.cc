@@ -506,21 +506,39 @@ class RestartTest : public ControlPlaneTest {
     return out;
   }
 
+  // Two scripted workers and a 2-rank job on them: the job, the workers'
+  // leases, and the RunningRank w0 would name for its rank.
+  struct Started {
+    v1::Job job;
+    std::string l0, l1;
+    v1::RunningRank r0;
+  };
+  Started StartJob(const std::string& name) {
+    Started st;
+    st.l0 = Register("w0", nullptr).lease_id();
+    st.l1 = Register("w1", nullptr).lease_id();
+    absl::StatusOr<v1::Job> job = Submit(Spec(JobYaml(dir_, name, 2, 100)));
+    EXPECT_TRUE(job.ok()) << job.status();
+    if (!job.ok()) return st;
+    st.job = *job;
+    const v1::Assignment a0 = Assignment("w0", st.l0);
+    EXPECT_TRUE(a0.has_start());
+    st.r0.set_job_id(job->id());
+    st.r0.set_attempt(a0.attempt());
+    st.r0.set_rank(a0.start().rank());
+    st.r0.set_plan_fingerprint(a0.start().plan_fingerprint());
+    return st;
+  }
+
   absl::Duration grace_ = absl::Seconds(30);
 };
 
 TEST_F(RestartTest, ARunningAttemptIsKeptAndItsStepsCountedOnce) {
-  const std::string l0 = Register("w0", nullptr).lease_id();
-  const std::string l1 = Register("w1", nullptr).lease_id();
-  absl::StatusOr<v1::Job> job = Submit(Spec(JobYaml(dir_, "kept", 2, 100)));
-  ASSERT_TRUE(job.ok()) << job.status();
-  const v1::Assignment a0 = Assignment("w0", l0);
-  ASSERT_TRUE(a0.has_start());
-  v1::RunningRank r0;
-  r0.set_job_id(job->id());
-  r0.set_attempt(a0.attempt());
-  r0.set_rank(a0.start().rank());
-  r0.set_plan_fingerprint(a0.start().plan_fingerprint());
+  const Started st = StartJob("kept");
+  const v1::Job* job = &st.job;
+  const std::string& l0 = st.l0;
+  const std::string& l1 = st.l1;
+  v1::RunningRank r0 = st.r0;
   v1::RunningRank r1 = r0;
   r1.set_rank(1 - r0.rank());
   const std::string w_of[2] = {r0.rank() == 0 ? "w0" : "w1", r0.rank() == 0 ? "w1" : "w0"};
@@ -576,19 +594,11 @@ TEST_F(RestartTest, ARunningAttemptIsKeptAndItsStepsCountedOnce) {
 // for: its worker, which has forgotten the rank, registers naming none, and
 // the attempt goes on with the other rank (it failed the attempt before).
 TEST_F(RestartTest, ARankThatEndedBeforeTheRestartIsNotWaitedFor) {
-  const std::string l0 = Register("w0", nullptr).lease_id();
-  const std::string l1 = Register("w1", nullptr).lease_id();
-  absl::StatusOr<v1::Job> job = Submit(Spec(JobYaml(dir_, "half", 2, 100)));
-  ASSERT_TRUE(job.ok()) << job.status();
-  const v1::Assignment a0 = Assignment("w0", l0);
-  ASSERT_TRUE(a0.has_start());
-  v1::RunningRank r0;
-  r0.set_job_id(job->id());
-  r0.set_attempt(0);
-  r0.set_rank(a0.start().rank());
-  r0.set_plan_fingerprint(a0.start().plan_fingerprint());
+  const Started st = StartJob("half");
+  const v1::Job* job = &st.job;
+  const v1::RunningRank& r0 = st.r0;
   const int32_t other = 1 - r0.rank();
-  ASSERT_TRUE(End("w1", l1, job->id(), other).ok());
+  ASSERT_TRUE(End("w1", st.l1, job->id(), other).ok());
   Restart();
   EXPECT_EQ(Register("w1", nullptr).stop_running(), "");  // back without a rank
   EXPECT_EQ(Get(job->id()).state(), v1::JOB_STATE_RUNNING) << Get(job->id()).reason();
@@ -604,14 +614,10 @@ TEST_F(RestartTest, ARankThatEndedBeforeTheRestartIsNotWaitedFor) {
 // refused saying why, until the coordinator restarts; what is stored stays
 // readable.
 TEST_F(RestartTest, AFailedStateWriteRefusesNewWorkUntilRestart) {
-  const std::string l0 = Register("w0", nullptr).lease_id();
-  const std::string l1 = Register("w1", nullptr).lease_id();
-  absl::StatusOr<v1::Job> job = Submit(Spec(JobYaml(dir_, "kept", 2, 100)));
-  ASSERT_TRUE(job.ok()) << job.status();
-  const v1::Assignment a0 = Assignment("w0", l0);
-  ASSERT_TRUE(a0.has_start());
-  const std::string w0_rank0 = a0.start().rank() == 0 ? "w0" : "w1";
-  const std::string l_rank0 = a0.start().rank() == 0 ? l0 : l1;
+  const Started st = StartJob("kept");
+  const v1::Job* job = &st.job;
+  const std::string w0_rank0 = st.r0.rank() == 0 ? "w0" : "w1";
+  const std::string l_rank0 = st.r0.rank() == 0 ? st.l0 : st.l1;
   ASSERT_TRUE(Step(w0_rank0, l_rank0, job->id(), 0, 0).ok());
   ASSERT_TRUE(plane_->job_store_for_test().SetReadOnlyForTest(true).ok());
   EXPECT_FALSE(Step(w0_rank0, l_rank0, job->id(), 0, 1).ok());
@@ -633,11 +639,8 @@ class LateRestartTest : public RestartTest {
 };
 
 TEST_F(LateRestartTest, WorkersThatDoNotComeBackFailTheAttempt) {
-  const std::string l0 = Register("w0", nullptr).lease_id();
-  Register("w1", nullptr);
-  absl::StatusOr<v1::Job> job = Submit(Spec(JobYaml(dir_, "late", 2, 100)));
-  ASSERT_TRUE(job.ok()) << job.status();
-  ASSERT_TRUE(Assignment("w0", l0).has_start());
+  const Started st = StartJob("late");
+  const v1::Job* job = &st.job;
   Restart();
   const absl::Time start = absl::Now();
   while (Get(job->id()).state() == v1::JOB_STATE_RUNNING &&

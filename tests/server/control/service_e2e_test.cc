@@ -415,6 +415,42 @@ TEST_F(ServiceTest, ACoordinatorKilledRightAfterAcknowledgingSubmitsLosesNone) {
   EXPECT_EQ(all->size(), static_cast<size_t>(kJobs));
 }
 
+// A job's events as a watch that spans faults sees them: each step event
+// (step, attempt, the coordinator's time stamp) and each state change.
+struct WatchLog {
+  struct Step {
+    int64_t step;
+    int32_t attempt;
+    absl::Time at;
+  };
+  std::vector<Step> steps;
+  std::vector<std::string> reasons;
+  absl::Status watched;
+  std::vector<int64_t> StepNumbers() const {
+    std::vector<int64_t> out;
+    for (const Step& s : steps) out.push_back(s.step);
+    return out;
+  }
+};
+
+// Watches `id` on `address` until it ends, on a thread of its own.
+std::thread WatchInBackground(const std::string& address, const std::string& id, WatchLog* log) {
+  return std::thread([address, id, log] {
+    CoordinatorClient client(address);
+    log->watched = client.Watch(id, 0, absl::Minutes(3), [log](const v1::JobEvent& e) {
+      if (e.has_step()) {
+        log->steps.push_back(
+            {e.step().step(), e.step().attempt(), absl::FromUnixMillis(e.unix_ms())});
+      }
+      if (e.has_state_change()) {
+        log->reasons.push_back(absl::StrCat(v1::JobState_Name(e.state_change().state()), ": ",
+                                            e.state_change().reason()));
+      }
+      return true;
+    });
+  });
+}
+
 // The coordinator SIGKILLed while a 4-rank job trains and started again 5 s
 // later on the same address and state: the workers train on meanwhile
 // (keeping their step reports), come back naming their ranks, and the
@@ -434,24 +470,8 @@ TEST_F(ServiceTest, ACoordinatorKilledMidJobCostsNoStepAndNoRestart) {
   ASSERT_TRUE(r.ok()) << r.status();
   const std::string id = r->job().id();
   // A watch from the start, across the restart.
-  std::vector<int64_t> steps_seen;
-  std::vector<absl::Time> step_times;
-  std::vector<std::string> reasons;
-  absl::Status watched;
-  std::thread watcher([&] {
-    CoordinatorClient client(address_);
-    watched = client.Watch(id, 0, absl::Minutes(3), [&](const v1::JobEvent& e) {
-      if (e.has_step()) {
-        steps_seen.push_back(e.step().step());
-        step_times.push_back(absl::FromUnixMillis(e.unix_ms()));
-      }
-      if (e.has_state_change()) {
-        reasons.push_back(absl::StrCat(v1::JobState_Name(e.state_change().state()), ": ",
-                                       e.state_change().reason()));
-      }
-      return true;
-    });
-  });
+  WatchLog log;
+  std::thread watcher = WatchInBackground(address_, id, &log);
   int64_t at_kill = -1;
   for (int i = 0; i < 3000 && at_kill < 0; ++i) {
     absl::StatusOr<v1::Job> job = client_->Get(id);
@@ -473,7 +493,8 @@ TEST_F(ServiceTest, ACoordinatorKilledMidJobCostsNoStepAndNoRestart) {
   const absl::Time back = absl::Now();
   watcher.join();
   // The first step recorded after the kill (the restarted coordinator's).
-  for (const absl::Time t : step_times) {
+  for (const WatchLog::Step& step : log.steps) {
+    const absl::Time t = step.at;
     if (t > killed) {
       std::printf(
           "coordinator killed at step %lld: first step recorded %.2f s after the kill, "
@@ -483,23 +504,23 @@ TEST_F(ServiceTest, ACoordinatorKilledMidJobCostsNoStepAndNoRestart) {
       break;
     }
   }
-  ASSERT_TRUE(watched.ok()) << watched << "\n" << again.Log() << Logs();
+  ASSERT_TRUE(log.watched.ok()) << log.watched << "\n" << again.Log() << Logs();
   CoordinatorClient client(address_);
   absl::StatusOr<v1::Job> done = client.Get(id);
   ASSERT_TRUE(done.ok()) << done.status();
   ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->reason() << "\n"
-                                                    << absl::StrJoin(reasons, "\n") << "\n"
+                                                    << absl::StrJoin(log.reasons, "\n") << "\n"
                                                     << again.Log() << Logs();
-  EXPECT_EQ(done->attempt(), 0) << absl::StrJoin(reasons, "\n");
+  EXPECT_EQ(done->attempt(), 0) << absl::StrJoin(log.reasons, "\n");
   EXPECT_EQ(done->steps_done(), j.steps);
   EXPECT_LT(at_kill, j.steps) << "the job ended before the coordinator was killed";
   // Every step once, in order: none repeated (no checkpoint reloaded), none
   // missing (the reports kept while the coordinator was away arrived).
   std::vector<int64_t> expected(j.steps);
   for (int s = 0; s < j.steps; ++s) expected[s] = s;
-  EXPECT_EQ(steps_seen, expected);
-  EXPECT_THAT(reasons, ::testing::Contains(HasSubstr("keeping attempt 0")))
-      << absl::StrJoin(reasons, "\n");
+  EXPECT_EQ(log.StepNumbers(), expected);
+  EXPECT_THAT(log.reasons, ::testing::Contains(HasSubstr("keeping attempt 0")))
+      << absl::StrJoin(log.reasons, "\n");
   for (auto& w : workers_) EXPECT_THAT(w->Log(), ::testing::Not(HasSubstr("resume: from")));
   // The weights of a run that never saw the fault, bit for bit.
   RunStandalone(WriteJob(dir_, j, dir_ + "/alone"), 4, dir_ + "/store");
@@ -525,26 +546,8 @@ TEST_F(ServiceTest, DrainedWorkersHandTheirJobOnLosingNoStep) {
   absl::StatusOr<v1::SubmitJobResponse> r = client_->Submit(*spec, "");
   ASSERT_TRUE(r.ok()) << r.status();
   const std::string id = r->job().id();
-  std::vector<int64_t> steps_seen;
-  std::vector<std::pair<int32_t, absl::Time>> first_step_of;  // attempt, when
-  std::vector<std::string> reasons;
-  absl::Status watched;
-  std::thread watcher([&] {
-    CoordinatorClient client(address_);
-    watched = client.Watch(id, 0, absl::Minutes(3), [&](const v1::JobEvent& e) {
-      if (e.has_step()) {
-        steps_seen.push_back(e.step().step());
-        if (first_step_of.empty() || first_step_of.back().first != e.step().attempt()) {
-          first_step_of.push_back({e.step().attempt(), absl::FromUnixMillis(e.unix_ms())});
-        }
-      }
-      if (e.has_state_change()) {
-        reasons.push_back(absl::StrCat(v1::JobState_Name(e.state_change().state()), ": ",
-                                       e.state_change().reason()));
-      }
-      return true;
-    });
-  });
+  WatchLog log;
+  std::thread watcher = WatchInBackground(address_, id, &log);
   // The job's worker of rank `rank` once its attempt `attempt` has run 5 steps.
   auto worker_of = [&](int attempt, int64_t after) {
     for (int i = 0; i < 3000; ++i) {
@@ -573,28 +576,35 @@ TEST_F(ServiceTest, DrainedWorkersHandTheirJobOnLosingNoStep) {
   EXPECT_EQ(workers_[second.back() - '0']->Wait(std::chrono::seconds(60)), 0)
       << workers_[second.back() - '0']->Log();
   watcher.join();
-  ASSERT_TRUE(watched.ok()) << watched;
+  ASSERT_TRUE(log.watched.ok()) << log.watched;
   absl::StatusOr<v1::Job> done = client_->Get(id);
   ASSERT_TRUE(done.ok());
   ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->reason() << "\n"
-                                                    << absl::StrJoin(reasons, "\n") << "\n"
+                                                    << absl::StrJoin(log.reasons, "\n") << "\n"
                                                     << Logs();
-  EXPECT_EQ(done->attempt(), 2) << absl::StrJoin(reasons, "\n");
+  EXPECT_EQ(done->attempt(), 2) << absl::StrJoin(log.reasons, "\n");
   EXPECT_EQ(done->drained_attempts(), 2);
+  // The first step of each attempt.
+  std::vector<absl::Time> first_step_of;
+  for (size_t k = 0; k < log.steps.size(); ++k) {
+    if (k == 0 || log.steps[k].attempt != log.steps[k - 1].attempt) {
+      first_step_of.push_back(log.steps[k].at);
+    }
+  }
   ASSERT_EQ(first_step_of.size(), 3u);
   std::printf(
       "drain to the first step on other workers: %.2f s (muonmeshctl drain), %.2f s "
       "(SIGTERM)\n",
-      absl::ToDoubleSeconds(first_step_of[1].second - drain_at),
-      absl::ToDoubleSeconds(first_step_of[2].second - term_at));
+      absl::ToDoubleSeconds(first_step_of[1] - drain_at),
+      absl::ToDoubleSeconds(first_step_of[2] - term_at));
   std::vector<int64_t> expected(j.steps);
   for (int s = 0; s < j.steps; ++s) expected[s] = s;
-  EXPECT_EQ(steps_seen, expected) << "a step lost or repeated";
-  EXPECT_THAT(reasons, ::testing::Contains(
-                           HasSubstr(absl::StrCat("worker ", first, " drained: maintenance"))))
-      << absl::StrJoin(reasons, "\n");
-  EXPECT_THAT(reasons, ::testing::Contains(HasSubstr("the worker is stopping (SIGTERM)")))
-      << absl::StrJoin(reasons, "\n");
+  EXPECT_EQ(log.StepNumbers(), expected) << "a step lost or repeated";
+  EXPECT_THAT(log.reasons, ::testing::Contains(
+                               HasSubstr(absl::StrCat("worker ", first, " drained: maintenance"))))
+      << absl::StrJoin(log.reasons, "\n");
+  EXPECT_THAT(log.reasons, ::testing::Contains(HasSubstr("the worker is stopping (SIGTERM)")))
+      << absl::StrJoin(log.reasons, "\n");
   RunStandalone(WriteJob(dir_, j, dir_ + "/alone"), 2, dir_ + "/store");
   EXPECT_EQ(ReadAll(dir_ + "/served/final.safetensors"),
             ReadAll(dir_ + "/alone/final.safetensors"));
