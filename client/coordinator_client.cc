@@ -239,6 +239,9 @@ absl::StatusOr<v1::JobSpec> LoadJobForSubmit(const std::string& path) {
   if (spec.init().source_case() == v1::InitConfig::kSafetensors) {
     spec.mutable_init()->set_safetensors(Absolute(base, spec.init().safetensors()));
   }
+  if (spec.init().source_case() == v1::InitConfig::kCheckpoint) {
+    spec.mutable_init()->set_checkpoint(Absolute(base, spec.init().checkpoint()));
+  }
   if (spec.data().source_case() == v1::DataConfig::kSafetensors) {
     spec.mutable_data()->set_safetensors(Absolute(base, spec.data().safetensors()));
   }

@@ -30,11 +30,10 @@ struct StepFolder {
   std::filesystem::path path;
   bool complete = false;
 };
-std::vector<StepFolder> StepFolders(const std::string& output_dir) {
+std::vector<StepFolder> StepFolders(const std::string& checkpoints_dir) {
   std::vector<StepFolder> folders;
   std::error_code ec;
-  for (const auto& entry :
-       std::filesystem::directory_iterator(output_dir + "/checkpoints", ec)) {
+  for (const auto& entry : std::filesystem::directory_iterator(checkpoints_dir, ec)) {
     int64_t s = 0;
     const std::string name = entry.path().filename().string();
     if (!absl::StartsWith(name, "step-") || !absl::SimpleAtoi(name.substr(5), &s)) continue;
@@ -138,7 +137,7 @@ absl::Status SaveCheckpoint(Trainer& trainer, const std::string& output_dir, int
 
 absl::Status PruneCheckpoints(const std::string& output_dir) {
   // Keep the two newest complete checkpoints; drop everything older.
-  const std::vector<StepFolder> all = StepFolders(output_dir);
+  const std::vector<StepFolder> all = StepFolders(output_dir + "/checkpoints");
   std::vector<int64_t> complete;
   for (const StepFolder& f : all) {
     if (f.complete) complete.push_back(f.step);
@@ -160,69 +159,82 @@ std::string CheckpointDir(const std::string& output_dir, int64_t step) {
   return absl::StrFormat("%s/checkpoints/step-%08d", output_dir, step);
 }
 
-namespace {
-
-// Why the checkpoint in `dir` cannot be resumed from, or "" if it can.
-std::string CheckpointProblem(const std::string& dir, int64_t world_size) {
+absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& dir) {
   std::ifstream in(dir + "/COMPLETE");
-  if (!in) return "no COMPLETE marker (a partial checkpoint)";
+  if (!in) return absl::NotFoundError("no COMPLETE marker (a partial checkpoint)");
+  auto bad = [](std::string why) { return absl::DataLossError(std::move(why)); };
+  CheckpointManifest m;
   std::string line;
-  int64_t manifest_world = -1;
-  std::vector<std::string> files;
   while (std::getline(in, line)) {
     std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
-    if (f.size() == 2 && f[0] == "world_size" && !absl::SimpleAtoi(f[1], &manifest_world)) {
-      return "COMPLETE: a bad world_size line";
+    if (f.size() == 2 && f[0] == "world_size" && !absl::SimpleAtoi(f[1], &m.world_size)) {
+      return bad("COMPLETE: a bad world_size line");
     }
+    if (f.size() == 2 && f[0] == "step" && !absl::SimpleAtoi(f[1], &m.step)) {
+      return bad("COMPLETE: a bad step line");
+    }
+    if (f.size() == 2 && f[0] == "layout") m.layout = f[1];
     if (f.empty() || f[0] != "file") continue;
     int64_t size = 0;
     uint32_t crc = 0;
     if (f.size() != 4 || !absl::SimpleAtoi(f[2], &size) || !absl::SimpleHexAtoi(f[3], &crc)) {
-      return absl::StrCat("COMPLETE: a bad line '", line.substr(0, 80), "'");
+      return bad(absl::StrCat("COMPLETE: a bad line '", line.substr(0, 80), "'"));
     }
     absl::StatusOr<Digest> d = DigestOf(absl::StrCat(dir, "/", f[1]));
-    if (!d.ok()) return std::string(d.status().message());
+    if (!d.ok()) return d.status();
     if (d->size != size) {
-      return absl::StrCat(f[1], ": ", d->size, " bytes, the manifest says ", size);
+      return bad(absl::StrCat(f[1], ": ", d->size, " bytes, the manifest says ", size));
     }
     if (d->crc32 != crc) {
-      return absl::StrFormat("%s: CRC-32 %08x, the manifest says %08x (damaged)", f[1], d->crc32,
-                             crc);
+      return bad(absl::StrFormat("%s: CRC-32 %08x, the manifest says %08x (damaged)", f[1],
+                                 d->crc32, crc));
     }
-    files.push_back(f[1]);
+    m.files.push_back(f[1]);
   }
-  if (manifest_world != world_size) {
-    return absl::StrCat("written by a job of ", manifest_world, " ranks, this one has ",
-                        world_size);
+  if (m.world_size < 1) return bad("COMPLETE: no world_size line");
+  if (static_cast<int64_t>(m.files.size()) != m.world_size) {
+    return bad(absl::StrCat("COMPLETE lists ", m.files.size(), " files with checksums, expected ",
+                            m.world_size, " (written by an older muonmesh?)"));
   }
-  if (static_cast<int64_t>(files.size()) != world_size) {
-    return absl::StrCat("COMPLETE lists ", files.size(), " files with checksums, expected ",
-                        world_size, " (written by an older muonmesh?)");
+  for (int64_t r = 0; r < m.world_size; ++r) {
+    if (m.files[r] != RankFile(r)) {
+      return bad(
+          absl::StrCat("COMPLETE: file ", r, " is ", m.files[r], ", expected ", RankFile(r)));
+    }
   }
-  return "";
+  return m;
 }
 
-}  // namespace
-
-CheckpointChoice NewestValidCheckpoint(const std::string& output_dir, int64_t world_size) {
-  std::vector<int64_t> steps;
-  for (const StepFolder& f : StepFolders(output_dir)) steps.push_back(f.step);
-  std::sort(steps.rbegin(), steps.rend());
+CheckpointChoice NewestValidCheckpointIn(const std::string& checkpoints_dir, int64_t world_size) {
+  std::vector<StepFolder> folders = StepFolders(checkpoints_dir);
+  std::sort(folders.begin(), folders.end(),
+            [](const StepFolder& a, const StepFolder& b) { return a.step > b.step; });
   CheckpointChoice choice;
-  for (int64_t s : steps) {
-    const std::string problem = CheckpointProblem(CheckpointDir(output_dir, s), world_size);
+  for (const StepFolder& f : folders) {
+    absl::StatusOr<CheckpointManifest> m = ReadCheckpointManifest(f.path.string());
+    std::string problem(m.status().message());
+    if (m.ok() && world_size != kAnyWorldSize && m->world_size != world_size) {
+      problem =
+          absl::StrCat("written by a job of ", m->world_size, " ranks, this one has ", world_size);
+    }
     if (problem.empty()) {
-      choice.step = s;
+      choice.step = f.step;
+      choice.dir = f.path.string();
+      choice.manifest = *std::move(m);
       return choice;
     }
-    choice.skipped.push_back(absl::StrCat("step ", s, ": ", problem));
+    choice.skipped.push_back(absl::StrCat("step ", f.step, ": ", problem));
   }
   return choice;
 }
 
+CheckpointChoice NewestValidCheckpoint(const std::string& output_dir, int64_t world_size) {
+  return NewestValidCheckpointIn(output_dir + "/checkpoints", world_size);
+}
+
 std::optional<int64_t> NewestCheckpoint(const std::string& output_dir) {
   std::optional<int64_t> newest;
-  for (const StepFolder& f : StepFolders(output_dir)) {
+  for (const StepFolder& f : StepFolders(output_dir + "/checkpoints")) {
     if (f.complete) newest = std::max(newest.value_or(f.step), f.step);
   }
   return newest;

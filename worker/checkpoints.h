@@ -31,14 +31,33 @@ std::string CheckpointDir(const std::string& output_dir, int64_t step);
 // marker alone: NewestValidCheckpoint also checks the files).
 std::optional<int64_t> NewestCheckpoint(const std::string& output_dir);
 
-// The newest checkpoint a job of `world_size` ranks can resume from: its
-// manifest exists and lists every rank's file with the size and CRC-32 the
-// file has now. `skipped` says why each newer one was passed over.
+// A complete checkpoint's manifest (the COMPLETE file), every file it lists
+// checked against its size and CRC-32: NotFound without a COMPLETE marker,
+// DataLoss for a malformed manifest or a file that does not match it (the
+// message says which), the read's error for a missing file.
+struct CheckpointManifest {
+  int64_t step = -1;
+  int64_t world_size = -1;
+  std::string layout;              // Trainer::LayoutFingerprint of the writers
+  std::vector<std::string> files;  // RankFile(r) for r in [0, world_size)
+};
+absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& dir);
+
+// The newest checkpoint a job of `world_size` ranks (kAnyWorldSize: of any
+// size, resharding when it differs) can resume from: its manifest exists
+// and lists every rank's file with the size and CRC-32 the file has now.
+// `skipped` says why each newer one was passed over.
+inline constexpr int64_t kAnyWorldSize = -1;
 struct CheckpointChoice {
   std::optional<int64_t> step;
+  std::string dir;              // its folder, when there is one
+  CheckpointManifest manifest;  // its manifest, when there is one
   std::vector<std::string> skipped;
 };
 CheckpointChoice NewestValidCheckpoint(const std::string& output_dir, int64_t world_size);
+// The same in a folder of `step-N` folders (a job's `checkpoints/`, moved
+// or not).
+CheckpointChoice NewestValidCheckpointIn(const std::string& checkpoints_dir, int64_t world_size);
 
 // A file's size and CRC-32 (zlib's).
 struct Digest {

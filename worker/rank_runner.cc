@@ -13,16 +13,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/base/status_macros.h"
+#include "core/optim/ns_coefficients.h"
 #include "core/plan/mesh.h"
 #include "core/plan/validate.h"
 #include "core/plan/waves.h"
-#include "core/base/status_macros.h"
 #include "worker/checkpoints.h"
 #include "worker/io/safetensors.h"
 #include "worker/job/memory_budget.h"
 #include "worker/job/memory_estimate.h"
 #include "worker/math/blas_threads.h"
-#include "core/optim/ns_coefficients.h"
+#include "worker/reshard.h"
 #include "worker/runtime/muon_schedule.h"
 #include "worker/step_log.h"
 #include "worker/workload_factory.h"
@@ -250,36 +251,82 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const job::ResolvedJob& job
   return Trainer::Create(plan, engine.workload.get(), options.rank, topts);
 }
 
-// A fresh start removes an earlier run's checkpoints (rank 0; no rank can
-// save before rank 0 has stepped); a resume loads the newest complete one.
+// Whether `path` is `dir` or lies under it (both as the file system
+// resolves them).
+bool Within(const std::string& path, const std::string& dir) {
+  std::error_code ec;
+  const std::filesystem::path p = std::filesystem::weakly_canonical(path, ec);
+  const std::filesystem::path d = std::filesystem::weakly_canonical(dir, ec);
+  auto [end, unused] = std::mismatch(d.begin(), d.end(), p.begin(), p.end());
+  return !ec && end == d.end();
+}
+
+// Puts the state `source` holds (worker/reshard.h) into the trainer.
+absl::Status LoadResharded(const job::ResolvedJob& job, const std::string& source, bool fresh_state,
+                           Trainer& trainer, bool talk, const LineSink& out,
+                           const std::string& what) {
+  std::string from;
+  std::vector<std::string> notes;
+  absl::StatusOr<WholeState> state = LoadWholeState(source, &from, &notes);
+  if (talk) {
+    for (const std::string& n : notes) out(absl::StrCat(what, ": ", n));
+  }
+  MUONMESH_RETURN_IF_ERROR(state.status(), what);
+  if (state->step >= job.steps) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", from, " is at step ", state->step,
+                                                   ", not below training.steps ", job.steps,
+                                                   " (the total: nothing is left to run)"));
+  }
+  MUONMESH_RETURN_IF_ERROR(trainer.LoadState(*state, fresh_state), what, ": ", from);
+  if (talk) {
+    out(absl::StrCat(what, ": from ", from, " at step ", state->step,
+                     fresh_state ? " (fresh optimizer state)" : "", ", resharded to ",
+                     job.world_size, " ranks"));
+  }
+  return absl::OkStatus();
+}
+
+// Where the run starts. A resume takes the newest complete checkpoint of
+// the job, written by any number of ranks under any layout (one of another
+// layout is resharded; docs/architecture.md §7); without one, or on a fresh
+// start, init.checkpoint when the job names one, else step 0. A fresh start
+// removes an earlier run's checkpoints (rank 0; no rank can save before
+// rank 0 has stepped), unless init.checkpoint is among them: the run then
+// continues their series.
 absl::Status StartFromCheckpoints(const job::ResolvedJob& job, Trainer& trainer,
                                   const RankOptions& options, const LineSink& out) {
   const bool talk = options.rank == 0;
+  const std::string old = job.output_dir + "/checkpoints";
   if (!options.resume) {
-    if (!talk) return absl::OkStatus();
+    const bool keep = !job.init_checkpoint.empty() && Within(job.init_checkpoint, old);
     std::error_code ec;
-    const std::string old = job.output_dir + "/checkpoints";
-    if (std::filesystem::exists(old, ec)) {
+    if (talk && !keep && std::filesystem::exists(old, ec)) {
       std::filesystem::remove_all(old, ec);
       if (ec) return absl::InternalError(absl::StrCat(old, ": cannot remove: ", ec.message()));
       out(absl::StrCat("fresh start: removed the checkpoints of an earlier run in ", old));
     }
-    return absl::OkStatus();
+  } else {
+    const CheckpointChoice choice = NewestValidCheckpoint(job.output_dir, kAnyWorldSize);
+    if (talk) {
+      for (const std::string& why : choice.skipped) out(absl::StrCat("resume: skipping ", why));
+    }
+    if (choice.step.has_value()) {
+      if (choice.manifest.world_size != job.world_size ||
+          choice.manifest.layout != trainer.LayoutFingerprint()) {
+        return LoadResharded(job, choice.dir, false, trainer, talk, out, "resume");
+      }
+      const std::string file = absl::StrCat(choice.dir, "/", RankFile(options.rank));
+      MUONMESH_RETURN_IF_ERROR(trainer.LoadShards(file), "resuming");
+      if (talk) out(absl::StrCat("resume: from the checkpoint at step ", *choice.step));
+      return absl::OkStatus();
+    }
+    if (talk && job.init_checkpoint.empty()) {
+      out("resume: no complete checkpoint yet; starting at step 0");
+    }
   }
-  const CheckpointChoice choice = NewestValidCheckpoint(job.output_dir, job.world_size);
-  if (talk) {
-    for (const std::string& why : choice.skipped) out(absl::StrCat("resume: skipping ", why));
-  }
-  const std::optional<int64_t> from = choice.step;
-  if (!from.has_value()) {
-    if (talk) out("resume: no complete checkpoint yet; starting at step 0");
-    return absl::OkStatus();
-  }
-  const std::string file =
-      absl::StrCat(CheckpointDir(job.output_dir, *from), "/", RankFile(options.rank));
-  MUONMESH_RETURN_IF_ERROR(trainer.LoadShards(file), "resuming");
-  if (talk) out(absl::StrCat("resume: from the checkpoint at step ", *from));
-  return absl::OkStatus();
+  if (job.init_checkpoint.empty()) return absl::OkStatus();
+  return LoadResharded(job, job.init_checkpoint, job.fresh_optimizer_state, trainer, talk, out,
+                       "init.checkpoint");
 }
 
 std::string StepLine(int64_t s, const StepReport& r) {

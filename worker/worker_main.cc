@@ -19,10 +19,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "proto/rpc/credentials.h"
 #include "core/base/flag_parser.h"
+#include "proto/rpc/credentials.h"
 #include "worker/daemon.h"
 #include "worker/job/memory_budget.h"
+#include "worker/reshard.h"
 #include "worker/sample.h"
 #include "worker/standalone.h"
 
@@ -39,6 +40,7 @@ constexpr const char* kUsage =
     "                       [--resume] [--fail-at-step S] [--cuda-device N]\n"
     "                       [--create-store] [--memory-budget SIZE]\n"
     "       muonmesh-worker --describe --job FILE\n"
+    "       muonmesh-worker --consolidate CHECKPOINT --out FILE\n"
     "       muonmesh-worker --sample --job FILE --weights FILE [--prompt TEXT]\n"
     "                       [--prompt-ids ID,ID...] [--tokens 200] [--temperature 1]\n"
     "                       [--top-k 0] [--seed 0] [--tokenizer gpt2_tokenizer.bin]\n"
@@ -84,6 +86,12 @@ constexpr const char* kUsage =
     "--describe prints the job's name, world_size, steps, checkpoint_every,\n"
     "max_restarts, output_dir and export as key=value lines (for launch scripts).\n"
     "\n"
+    "--consolidate puts a checkpoint written under any layout (a step-N folder, or a\n"
+    "job's checkpoints/ or output folder: its newest complete one) back together as one\n"
+    "safetensors file at --out: every parameter whole under its own name and its optimizer\n"
+    "state as optimizer/NAME/{momentum,exp_avg,exp_avg_sq}, with the step. A job starts\n"
+    "from it (or from the checkpoint itself) under any layout with init: {checkpoint: ...}.\n"
+    "\n"
     "--sample prints text a trained gpt writes after --prompt: --weights is the job's\n"
     "export (or any safetensors file with its parameters); --tokens new tokens are drawn\n"
     "one by one at --temperature (0: always the likeliest) from the --top-k likeliest\n"
@@ -99,7 +107,7 @@ int Usage(const std::string& problem) {
   return 2;
 }
 
-enum class Mode { kNone, kStandalone, kDescribe, kDaemon, kSample };
+enum class Mode { kNone, kStandalone, kDescribe, kDaemon, kSample, kConsolidate };
 
 struct Args {
   Mode mode = Mode::kNone;
@@ -107,6 +115,7 @@ struct Args {
   muonmesh::worker::StandaloneOptions standalone;
   muonmesh::worker::DaemonOptions daemon;
   bool have_rank = false;
+  std::string consolidate, out;  // --consolidate CHECKPOINT --out FILE
 };
 
 // --sample's flags, as the parser takes them.
@@ -145,16 +154,9 @@ std::string ParseSampleFlags(const std::string& ids, const std::string& temperat
   return "";
 }
 
-// Parses argv into `args`; returns "" or the usage problem (kUsage
-// documents the flags).
-std::string Parse(int argc, char** argv, Args& args) {
-  muonmesh::worker::DaemonOptions& d = args.daemon;
-  muonmesh::worker::StandaloneOptions& s = args.standalone;
-  muonmesh::FlagParser p("muonmesh-worker");
-  bool standalone = false, describe = false;
-  SampleFlags sf;
-  std::string allowed_dirs, memory_budget;
-  int64_t rank = 0, timeout = 0, cuda_device = 0, fail_at_step = 0, attempt = 0;
+// The daemon's own flags (--allowed-dirs as given).
+void AddDaemonFlags(muonmesh::FlagParser& p, muonmesh::worker::DaemonOptions& d,
+                    std::string& allowed_dirs) {
   p.String("--coordinator", "HOST:PORT", "", &d.coordinator);
   p.String("--worker-id", "ID", "", &d.worker_id);
   p.String("--device", "cpu|cuda:N", "", &d.device);
@@ -166,10 +168,25 @@ std::string Parse(int argc, char** argv, Args& args) {
   p.String("--tls-key", "FILE", "", &d.security.tls_key);
   p.String("--tls-server-name", "NAME", "", &d.security.tls_server_name);
   p.String("--token-file", "FILE", "", &d.security.token_file);
-  p.String("--memory-budget", "SIZE", "", &memory_budget);
   p.Duration("--drain-timeout", "DURATION", "", &d.drain_timeout);
+}
+
+// Parses argv into `args`; returns "" or the usage problem (kUsage
+// documents the flags).
+std::string Parse(int argc, char** argv, Args& args) {
+  muonmesh::worker::DaemonOptions& d = args.daemon;
+  muonmesh::worker::StandaloneOptions& s = args.standalone;
+  muonmesh::FlagParser p("muonmesh-worker");
+  bool standalone = false, describe = false;
+  SampleFlags sf;
+  std::string allowed_dirs, memory_budget;
+  int64_t rank = 0, timeout = 0, cuda_device = 0, fail_at_step = 0, attempt = 0;
+  AddDaemonFlags(p, d, allowed_dirs);
+  p.String("--memory-budget", "SIZE", "", &memory_budget);
   p.Bool("--standalone", "", &standalone);
   p.Bool("--describe", "", &describe);
+  p.String("--consolidate", "CHECKPOINT", "", &args.consolidate);
+  p.String("--out", "FILE", "", &args.out);
   p.Bool("--resume", "", &s.resume);
   p.Bool("--create-store", "", &s.create_store);
   p.String("--job", "FILE", "", &s.job_path);
@@ -187,15 +204,18 @@ std::string Parse(int argc, char** argv, Args& args) {
       !st.ok()) {
     return std::string(st.message());
   }
-  const bool sample = sf.sample;
-  if (p.Seen("--coordinator") + standalone + describe + sample > 1) {
-    return "give one of --coordinator, --standalone, --describe and --sample";
+  const std::vector<std::pair<bool, Mode>> modes = {{p.Seen("--coordinator"), Mode::kDaemon},
+                                                    {standalone, Mode::kStandalone},
+                                                    {describe, Mode::kDescribe},
+                                                    {sf.sample, Mode::kSample},
+                                                    {p.Seen("--consolidate"), Mode::kConsolidate}};
+  for (const auto& [given, mode] : modes) {
+    if (!given) continue;
+    if (args.mode != Mode::kNone) {
+      return "give one of --coordinator, --standalone, --describe, --sample and --consolidate";
+    }
+    args.mode = mode;
   }
-  args.mode = p.Seen("--coordinator") ? Mode::kDaemon
-              : standalone            ? Mode::kStandalone
-              : describe              ? Mode::kDescribe
-              : sample                ? Mode::kSample
-                                      : Mode::kNone;
   if (std::string problem = ParseSampleFlags(sf.prompt_ids, sf.temperature, sf.seed, args.sample);
       !problem.empty()) {
     return problem;
@@ -284,6 +304,25 @@ int RunSampleMode(const muonmesh::worker::SampleOptions& options) {
   return 0;
 }
 
+int RunConsolidateMode(const Args& args) {
+  if (args.consolidate.empty()) return Usage("--consolidate: give a checkpoint");
+  if (args.out.empty()) return Usage("--out is required with --consolidate");
+  std::string from;
+  std::vector<std::string> notes;
+  absl::StatusOr<muonmesh::worker::WholeState> state =
+      muonmesh::worker::LoadWholeState(args.consolidate, &from, &notes);
+  for (const std::string& n : notes) std::cerr << "muonmesh-worker: " << n << "\n";
+  if (!state.ok()) return Fail("muonmesh-worker --consolidate", state.status());
+  absl::Status st = muonmesh::worker::WriteConsolidated(*state, args.out);
+  if (!st.ok()) return Fail("muonmesh-worker --consolidate", st);
+  int64_t values = 0;
+  for (const muonmesh::worker::WholeTensor& t : state->tensors) values += t.param.size();
+  std::cout << "wrote " << args.out << ": " << state->tensors.size() << " tensors (" << values
+            << " parameters) with their optimizer state at step " << state->step << ", from "
+            << from << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -299,7 +338,9 @@ int main(int argc, char** argv) {
   const muonmesh::worker::StandaloneOptions& options = args.standalone;
   switch (args.mode) {
     case Mode::kNone:
-      return Usage("give --coordinator, --standalone, --describe or --sample");
+      return Usage("give --coordinator, --standalone, --describe, --sample or --consolidate");
+    case Mode::kConsolidate:
+      return RunConsolidateMode(args);
     case Mode::kSample:
       return RunSampleMode(args.sample);
     case Mode::kDaemon:

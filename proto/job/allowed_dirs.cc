@@ -133,6 +133,7 @@ absl::Status CheckJobPathsAllowed(const ResolvedJob& job, const std::vector<std:
   if (allowed.empty()) return absl::OkStatus();
   FieldPaths paths;
   if (!job.init_safetensors.empty()) paths.emplace_back("init.safetensors", job.init_safetensors);
+  if (!job.init_checkpoint.empty()) paths.emplace_back("init.checkpoint", job.init_checkpoint);
   if (!job.data_safetensors.empty()) paths.emplace_back("data.safetensors", job.data_safetensors);
   if (job.model_kind == ResolvedJob::ModelKind::kSynthetic && !job.synthetic_model.has_value() &&
       !job.synthetic_spec_path.empty()) {
@@ -161,6 +162,10 @@ absl::Status CheckJobPathsAllowed(const v1::JobSpec& spec, const std::vector<std
   if (spec.init().source_case() == v1::InitConfig::kSafetensors &&
       !spec.init().safetensors().empty()) {
     paths.emplace_back("init.safetensors", spec.init().safetensors());
+  }
+  if (spec.init().source_case() == v1::InitConfig::kCheckpoint &&
+      !spec.init().checkpoint().empty()) {
+    paths.emplace_back("init.checkpoint", spec.init().checkpoint());
   }
   if (spec.data().source_case() == v1::DataConfig::kSafetensors &&
       !spec.data().safetensors().empty()) {

@@ -354,6 +354,13 @@ void CheckInitAndData(const v1::JobSpec& job, Violations& v) {
       job.init().safetensors().empty()) {
     v.Add("init.safetensors", "empty path");
   }
+  if (job.init().source_case() == v1::InitConfig::kCheckpoint && job.init().checkpoint().empty()) {
+    v.Add("init.checkpoint", "empty path");
+  }
+  if (job.init().fresh_optimizer_state() &&
+      job.init().source_case() != v1::InitConfig::kCheckpoint) {
+    v.Add("init.fresh_optimizer_state", "only means something with init.checkpoint");
+  }
   const v1::DataConfig& data = job.data();
   if (data.source_case() == v1::DataConfig::kSafetensors && data.safetensors().empty()) {
     v.Add("data.safetensors", "empty path");
@@ -438,15 +445,46 @@ void CheckTraining(const v1::JobSpec& job, Violations& v) {
 }
 
 // The planner's checks of the parallelism config that do not depend on the
-// model, run on a one-parameter placeholder model.
-void CheckParallelism(const v1::JobSpec& job, Violations& v) {
+// model, run on a one-parameter placeholder model, at `world_size`.
+std::vector<plan::FieldViolation> ParallelismViolations(const v1::JobSpec& job,
+                                                        int64_t world_size) {
   plan::PlanInput input;
-  input.world_size = job.world_size();
+  input.world_size = world_size;
   input.parallelism = ParallelismFromProto(job.parallelism());
   input.model.name = "placeholder";
   input.model.units.push_back({"unit", {{"param", {1}, "adamw", false}}});
+  std::vector<plan::FieldViolation> out;
   for (plan::FieldViolation& f : plan::Validate(input)) {
-    if (f.field.rfind("parallelism.", 0) == 0) v.Add(std::move(f.field), std::move(f.description));
+    if (f.field.rfind("parallelism.", 0) == 0) out.push_back(std::move(f));
+  }
+  return out;
+}
+
+void CheckParallelism(const v1::JobSpec& job, Violations& v) {
+  for (plan::FieldViolation& f : ParallelismViolations(job, job.world_size())) {
+    v.Add(std::move(f.field), std::move(f.description));
+  }
+}
+
+void CheckElastic(const v1::JobSpec& job, Violations& v) {
+  if (!job.training().has_elastic()) return;
+  const v1::ElasticConfig& e = job.training().elastic();
+  const int64_t w = job.world_size();
+  absl::Duration wait;
+  if (!e.wait().empty() && (!absl::ParseDuration(e.wait(), &wait) || wait < absl::ZeroDuration() ||
+                            wait > kMaxElasticWait)) {
+    v.Add("training.elastic.wait",
+          absl::StrCat("'", e.wait().substr(0, 40), "' is not a duration in [0s, ",
+                       absl::FormatDuration(kMaxElasticWait), "] such as 30s or 2m"));
+  }
+  if (e.min_world_size() < 1 || e.min_world_size() >= w) {
+    v.Add("training.elastic.min_world_size",
+          absl::StrCat("must be in [1, world_size ", w, "), got ", e.min_world_size()));
+  } else if (w <= kMaxJobWorldSize && ElasticWorldSizes(job).empty()) {
+    v.Add("training.elastic.min_world_size",
+          absl::StrCat("no world size in [", e.min_world_size(), ", ", w,
+                       ") splits training.global_batch_size ", job.training().global_batch_size(),
+                       " evenly and fits the parallelism config: the job could never shrink"));
   }
 }
 
@@ -558,6 +596,7 @@ std::vector<plan::FieldViolation> ValidateJob(const v1::JobSpec& job) {
   CheckInitAndData(job, v);
   CheckOptimizer(job.optimizer(), v);
   CheckTraining(job, v);
+  CheckElastic(job, v);
   return v.Take();
 }
 
@@ -565,7 +604,7 @@ namespace {
 
 // A job's paths, resolved against its file's folder ("" when not used).
 struct JobPaths {
-  std::string init, data, spec, output_dir, export_path;
+  std::string init, init_checkpoint, data, spec, output_dir, export_path;
   std::string corpus_field;            // "data.text" | "data.tokens" | ""
   std::string corpus_train, corpus_val;  // files or patterns
   bool inline_spec = false;  // model.synthetic.model given: no spec file
@@ -575,6 +614,9 @@ JobPaths ResolveJobPaths(const v1::JobSpec& job, const std::string& job_dir) {
   JobPaths p;
   if (job.init().source_case() == v1::InitConfig::kSafetensors) {
     p.init = ResolvePath(job_dir, job.init().safetensors());
+  }
+  if (job.init().source_case() == v1::InitConfig::kCheckpoint) {
+    p.init_checkpoint = ResolvePath(job_dir, job.init().checkpoint());
   }
   if (job.data().source_case() == v1::DataConfig::kSafetensors) {
     p.data = ResolvePath(job_dir, job.data().safetensors());
@@ -604,6 +646,12 @@ JobPaths ResolveJobPaths(const v1::JobSpec& job, const std::string& job_dir) {
 void CheckJobPaths(const JobPaths& p, std::vector<plan::FieldViolation>& violations) {
   Violations files;
   if (!p.init.empty()) CheckInputFile("init.safetensors", p.init, files);
+  if (!p.init_checkpoint.empty()) {
+    std::error_code ec;
+    if (!fs::is_directory(p.init_checkpoint, ec)) {
+      CheckInputFile("init.checkpoint", p.init_checkpoint, files);
+    }
+  }
   if (!p.data.empty()) CheckInputFile("data.safetensors", p.data, files);
   if (!p.spec.empty() && !p.inline_spec) CheckInputFile("model.synthetic.spec", p.spec, files);
   for (const auto& [suffix, path] : {std::pair{".train", &p.corpus_train},
@@ -664,6 +712,24 @@ absl::Status ResolveModel(const v1::JobSpec& job, const JobPaths& paths, Resolve
 
 }  // namespace
 
+std::vector<int64_t> ElasticWorldSizes(const v1::JobSpec& job) {
+  std::vector<int64_t> sizes;
+  if (!job.training().has_elastic()) return sizes;
+  const int64_t batch = job.training().global_batch_size();
+  for (int64_t w = job.world_size() - 1;
+       w >= std::max<int64_t>(1, job.training().elastic().min_world_size()); --w) {
+    if (batch % w == 0 && ParallelismViolations(job, w).empty()) sizes.push_back(w);
+  }
+  return sizes;
+}
+
+absl::Duration ElasticWait(const v1::JobSpec& job) {
+  absl::Duration wait = kDefaultElasticWait;
+  const std::string& text = job.training().elastic().wait();
+  if (!text.empty() && !absl::ParseDuration(text, &wait)) return kDefaultElasticWait;
+  return wait;
+}
+
 absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string& job_dir) {
   std::vector<plan::FieldViolation> violations = ValidateJob(job);
   const JobPaths paths = ResolveJobPaths(job, job_dir);
@@ -690,6 +756,9 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
 
   if (job.init().source_case() == v1::InitConfig::kSafetensors) {
     r.init_safetensors = paths.init;
+  } else if (job.init().source_case() == v1::InitConfig::kCheckpoint) {
+    r.init_checkpoint = paths.init_checkpoint;
+    r.fresh_optimizer_state = job.init().fresh_optimizer_state();
   } else {
     r.init_seed = job.init().seed();  // 0 when init is not given
   }

@@ -57,10 +57,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "muonmesh/v1/config.pb.h"
+#include "absl/time/time.h"
 #include "core/model/gpt_spec.h"
 #include "core/optim/types.h"
 #include "core/plan/types.h"
+#include "muonmesh/v1/config.pb.h"
 #include "proto/job/corpus.h"
 
 namespace muonmesh::job {
@@ -72,6 +73,9 @@ inline constexpr int64_t kMaxTrainingSteps = 1'000'000'000;
 inline constexpr int64_t kMaxGlobalBatchSize = int64_t{1} << 30;
 inline constexpr int64_t kMaxTeacherSamples = int64_t{1} << 30;
 inline constexpr int64_t kMaxRestarts = 1000;
+// training.elastic.wait: unset, and the most it may be.
+inline constexpr absl::Duration kDefaultElasticWait = absl::Seconds(30);
+inline constexpr absl::Duration kMaxElasticWait = absl::Hours(24);
 inline constexpr int64_t kMaxModelDim = int64_t{1} << 20;  // any mlp / moe_mlp width
 inline constexpr size_t kMaxMlpLayers = 1000;              // dims has at most this + 1 entries
 inline constexpr size_t kMaxOptimizerRules = 256;
@@ -111,9 +115,14 @@ struct ResolvedJob {
   model::GptDims gpt;               // kGpt
   Corpus corpus;                    // kGpt: data.text or data.tokens, paths resolved
 
-  // Exactly one of init_seed / init_safetensors is set (the path non-empty).
+  // Exactly one of init_seed / init_safetensors / init_checkpoint is set
+  // (the path non-empty). init_checkpoint: what worker/reshard.h's
+  // LoadWholeState reads (a file or a folder, resolved); with it,
+  // fresh_optimizer_state starts the optimizer state afresh.
   std::optional<uint64_t> init_seed;
   std::string init_safetensors;
+  std::string init_checkpoint;
+  bool fresh_optimizer_state = false;
   // Exactly one of teacher_seed / data_safetensors is set; teacher_samples goes with the seed.
   std::optional<uint64_t> teacher_seed;
   int64_t teacher_samples = 0;
@@ -148,6 +157,14 @@ std::vector<plan::FieldViolation> ValidateJob(const v1::JobSpec& job);
 // for input files (init, data, synthetic spec) that do not exist or are not regular files, and
 // from CheckOutputPaths, as "field: description; field: description".
 absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string& job_dir);
+
+// training.elastic: the world sizes the job may shrink to, largest first
+// (w in [min_world_size, world_size) that split the global batch evenly and
+// that the parallelism config allows; the planner's model checks are the
+// coordinator's), empty without it; and its wait (kDefaultElasticWait when
+// unset or, not validated, unreadable).
+std::vector<int64_t> ElasticWorldSizes(const v1::JobSpec& job);
+absl::Duration ElasticWait(const v1::JobSpec& job);
 
 // Violations of the output paths: `output_dir`, its checkpoints/ and metrics/ folders and the
 // export file's folder must be folders if they exist; `export_path` must be a regular file if it

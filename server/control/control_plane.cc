@@ -93,6 +93,7 @@ void ControlPlane::ExpireLeases() {
     std::vector<Fleet::Lost> lost = fleet_.Expire();
     if (!lost.empty()) manager_.OnWorkersLost(lost);
     manager_.CheckAdoptions();
+    manager_.CheckElastic();
   }
 }
 

@@ -154,8 +154,18 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
     absl::MutexLock lock(&mu_);
     planned = critical_path_;
   }
+  prometheus::MetricFamily world_size{
+      "muonmesh_job_world_size",
+      "Ranks of each running job's attempt (below its world_size while training.elastic runs "
+      "it shrunk)",
+      prometheus::MetricType::Gauge,
+      {}};
   for (const v1::Job& job : store_.Unfinished()) {
     if (job.state() != v1::JOB_STATE_RUNNING) continue;
+    prometheus::ClientMetric ranks = GaugeValue(
+        static_cast<double>(job.world_size() > 0 ? job.world_size() : job.worker_ids_size()));
+    ranks.label = {{"job", job.id()}};
+    world_size.metric.push_back(std::move(ranks));
     if (auto it = planned.find(job.id()); it != planned.end()) {
       prometheus::ClientMetric m = GaugeValue(it->second);
       m.label = {{"job", job.id()}};
@@ -186,8 +196,8 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
     m.label = {{"device", key.second}, {"state", key.first}};
     workers.metric.push_back(std::move(m));
   }
-  return {std::move(jobs), std::move(workers), std::move(loss), std::move(val_loss),
-          std::move(critical_path)};
+  return {std::move(jobs),     std::move(workers),       std::move(loss),
+          std::move(val_loss), std::move(critical_path), std::move(world_size)};
 }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>

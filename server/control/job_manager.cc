@@ -47,6 +47,9 @@ void CheckPaths(const v1::JobSpec& spec, std::vector<plan::FieldViolation>* v) {
   if (spec.init().source_case() == v1::InitConfig::kSafetensors) {
     CheckAbsolute("init.safetensors", spec.init().safetensors(), v);
   }
+  if (spec.init().source_case() == v1::InitConfig::kCheckpoint) {
+    CheckAbsolute("init.checkpoint", spec.init().checkpoint(), v);
+  }
   if (spec.data().source_case() == v1::DataConfig::kSafetensors) {
     CheckAbsolute("data.safetensors", spec.data().safetensors(), v);
   }
@@ -209,9 +212,8 @@ absl::StatusOr<JobStore::Submitted> JobManager::Submit(
   return submitted;
 }
 
-void JobManager::StartAttempt(const v1::Job& job, const std::vector<std::string>& gang,
-                              const plan::Plan& plan) {
-  const v1::JobSpec& spec = job.spec();
+void JobManager::StartAttempt(const v1::Job& job, const v1::JobSpec& spec,
+                              const std::vector<std::string>& gang, const plan::Plan& plan) {
   const int32_t attempt = job.state() == v1::JOB_STATE_RESTARTING ? job.attempt() + 1 : 0;
   if (options_.on_attempt_planned) {
     // What the workers will run: per wave (one unless the job sets
@@ -229,6 +231,10 @@ void JobManager::StartAttempt(const v1::Job& job, const std::vector<std::string>
   a.outcome.assign(gang.size(), kRunning);
   a.total_steps = spec.training().steps();
   a.plan_fingerprint = fingerprint;
+  a.target_world = job.spec().world_size();
+  a.device = DeviceOf(spec);
+  a.elastic_sizes = job::ElasticWorldSizes(job.spec());
+  elastic_waiting_.erase(job.id());
   for (size_t r = 0; r < gang.size(); ++r) {
     v1::Assignment assignment;
     assignment.set_job_id(job.id());
@@ -243,15 +249,25 @@ void JobManager::StartAttempt(const v1::Job& job, const std::vector<std::string>
     start->set_collective_timeout_ms(absl::ToInt64Milliseconds(options_.collective_timeout));
     fleet_.Push(gang[r], std::move(assignment));
   }
-  (void)ChangeState(job.id(), v1::JOB_STATE_RUNNING,
-                    absl::StrCat("running on ", gang.size(), " workers"), attempt, [&](v1::Job& j) {
-                      j.clear_worker_ids();
-                      for (const std::string& w : gang) j.add_worker_ids(w);
-                      j.set_plan_fingerprint(fingerprint);
-                      j.set_attempt_steps_done(0);
-                      j.clear_finished_ranks();
-                      j.clear_stopped_ranks();
-                    });
+  const int64_t n = static_cast<int64_t>(gang.size());
+  std::string reason = absl::StrCat("running on ", n, " workers");
+  if (n < a.target_world) {
+    reason = absl::StrCat("running on ", n, " of ", a.target_world,
+                          " ranks (training.elastic: too few idle workers after ",
+                          absl::FormatDuration(job::ElasticWait(job.spec())),
+                          "; the newest checkpoint resharded)");
+  } else if (job.world_size() > 0 && job.world_size() < n) {
+    absl::StrAppend(&reason, " (grown back from ", job.world_size(), " ranks)");
+  }
+  (void)ChangeState(job.id(), v1::JOB_STATE_RUNNING, reason, attempt, [&](v1::Job& j) {
+    j.set_world_size(n);
+    j.clear_worker_ids();
+    for (const std::string& w : gang) j.add_worker_ids(w);
+    j.set_plan_fingerprint(fingerprint);
+    j.set_attempt_steps_done(0);
+    j.clear_finished_ranks();
+    j.clear_stopped_ranks();
+  });
 }
 
 void JobManager::Schedule() {
@@ -269,6 +285,10 @@ void JobManager::Schedule() {
         if (j.state() != v1::JOB_STATE_PENDING && j.state() != v1::JOB_STATE_RESTARTING) continue;
         std::optional<std::vector<std::string>> taken =
             fleet_.Take(DeviceOf(j.spec()), j.spec().world_size(), j.id());
+        if (!taken.has_value()) {
+          if (const int64_t w = ShrunkWorld(j); w > 0)
+            taken = fleet_.Take(DeviceOf(j.spec()), w, j.id());
+        }
         if (!taken.has_value()) continue;
         planning_.insert(j.id());
         job = j;
@@ -277,7 +297,9 @@ void JobManager::Schedule() {
       }
     }
     if (!job.has_value()) return;
-    absl::StatusOr<plan::PlanInput> input = PlanInputOf(job->spec());
+    v1::JobSpec spec = job->spec();
+    spec.set_world_size(static_cast<int64_t>(gang.size()));
+    absl::StatusOr<plan::PlanInput> input = PlanInputOf(spec);
     absl::StatusOr<plan::Plan> plan = !input.ok()     ? absl::StatusOr<plan::Plan>(input.status())
                                       : options_.plan ? options_.plan(*input)
                                                       : plan::ComputePlan(*input);
@@ -290,6 +312,12 @@ void JobManager::Schedule() {
       for (const std::string& w : gang) fleet_.Release(w, job->id());
       continue;
     }
+    if (!plan.ok() && spec.world_size() < job->spec().world_size()) {
+      // A size the planner refuses for this model: not tried again.
+      for (const std::string& w : gang) fleet_.Release(w, job->id());
+      elastic_refused_[job->id()].insert(spec.world_size());
+      continue;
+    }
     if (!plan.ok()) {
       for (const std::string& w : gang) fleet_.Release(w, job->id());
       (void)ChangeState(job->id(), v1::JOB_STATE_FAILED,
@@ -297,15 +325,67 @@ void JobManager::Schedule() {
                         job->state() == v1::JOB_STATE_RESTARTING ? job->attempt() + 1 : 0);
       continue;
     }
-    StartAttempt(*now, gang, *plan);
+    StartAttempt(*now, spec, gang, *plan);
   }
+}
+
+int64_t JobManager::ShrunkWorld(const v1::Job& job) {
+  if (job.state() != v1::JOB_STATE_RESTARTING || !job.spec().training().has_elastic()) return 0;
+  const std::vector<int64_t> sizes = job::ElasticWorldSizes(job.spec());
+  const std::set<int64_t>& refused = elastic_refused_[job.id()];
+  int64_t smallest = 0;
+  for (int64_t w : sizes) {
+    if (refused.count(w) == 0) smallest = w;
+  }
+  if (smallest == 0) return 0;
+  // The wait runs from the fault (or the drain) that ended the last attempt.
+  const absl::Time now = clock_.Now();
+  auto rec = recovering_.find(job.id());
+  const ElasticWaiting& waiting =
+      elastic_waiting_
+          .try_emplace(job.id(),
+                       ElasticWaiting{rec != recovering_.end() ? rec->second : now,
+                                      job::ElasticWait(job.spec()), smallest, DeviceOf(job.spec())})
+          .first->second;
+  if (now < waiting.since + waiting.wait) return 0;
+  const int64_t idle = fleet_.IdleCount(waiting.device);
+  for (int64_t w : sizes) {
+    if (w <= idle && refused.count(w) == 0) return w;
+  }
+  return 0;
+}
+
+void JobManager::CheckElastic() {
+  bool schedule = false;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, a] : active_) {
+      const int64_t n = static_cast<int64_t>(a.workers.size());
+      if (n >= a.target_world || a.adopting || a.cancelled || !a.drained.empty()) continue;
+      // The largest size the idle workers (with this attempt's) cover.
+      const int64_t can = n + fleet_.IdleCount(a.device);
+      int64_t to = can >= a.target_world ? a.target_world : 0;
+      for (int64_t w : a.elastic_sizes) {
+        if (to == 0 && w > n && w <= can) to = w;
+      }
+      if (to == 0) continue;
+      a.drained = absl::StrCat("training.elastic: growing from ", n, " to ", to,
+                               " ranks (idle workers came)");
+      a.stop_at_step = std::min(a.stop_at_step, a.max_continued_step + 1);
+    }
+    const absl::Time now = clock_.Now();
+    for (const auto& [id, w] : elastic_waiting_) {
+      schedule = schedule || (now >= w.since + w.wait && fleet_.IdleCount(w.device) >= w.smallest);
+    }
+  }
+  if (schedule) Schedule();
 }
 
 void JobManager::Recover() {
   for (const v1::Job& job : store_.Unfinished()) {
     if (job.state() != v1::JOB_STATE_RUNNING) continue;
-    if (!job.plan_fingerprint().empty() &&
-        job.worker_ids_size() == static_cast<int>(job.spec().world_size())) {
+    const int64_t world = job.world_size() > 0 ? job.world_size() : job.spec().world_size();
+    if (!job.plan_fingerprint().empty() && job.worker_ids_size() == world) {
       absl::MutexLock lock(&mu_);
       Adopt(job);
       continue;
@@ -335,6 +415,9 @@ void JobManager::Adopt(const v1::Job& job) {
   a.outcome.assign(a.workers.size(), kRunning);
   a.total_steps = job.spec().training().steps();
   a.plan_fingerprint = job.plan_fingerprint();
+  a.target_world = job.spec().world_size();
+  a.device = DeviceOf(job.spec());
+  a.elastic_sizes = job::ElasticWorldSizes(job.spec());
   a.steps_done = job.attempt_steps_done();
   a.max_continued_step = a.steps_done - 1;
   a.adopting = true;

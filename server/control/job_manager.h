@@ -14,6 +14,13 @@
 // later, smaller jobs (so a job larger than the fleet waits until workers
 // join, and a busy fleet can keep a large job waiting).
 //
+// Elastic jobs (training.elastic): a RESTARTING job that finds no
+// world_size idle workers within its wait starts on the largest allowed
+// smaller size the idle workers cover (job::ElasticWorldSizes; the workers
+// reshard the newest checkpoint); a running shrunk attempt is stopped at its
+// next step with a checkpoint once idle workers allow a larger size
+// (CheckElastic), and goes on at it. Neither spends a restart.
+//
 // Cancel: every rank stops after the same step. The first step whose report
 // any rank gets an answer to decides: once cancelled, ranks are told to stop
 // after the first step that no rank has yet been told to continue past.
@@ -134,6 +141,11 @@ class JobManager {
   // adopt_grace: the missing ranks fail as lost workers do.
   void CheckAdoptions();
 
+  // Elastic jobs, called every tick: grows a shrunk running attempt when
+  // idle workers allow a larger size (its ranks stop at the next step with
+  // a checkpoint), and schedules when an elastic job's wait has run out.
+  void CheckElastic();
+
   // Events of the job from `from_index` on, waiting up to `wait` for the
   // first one; empty on timeout. NotFound for an unknown job; Cancelled
   // when `cancelled` says so.
@@ -179,6 +191,19 @@ class JobManager {
     // A worker of the attempt is being drained: the ranks stop at
     // stop_at_step with a checkpoint.
     std::string drained;  // why ("worker w3 drained: ..."); empty: not draining
+    // The job's world size, its device, and with training.elastic the
+    // sizes it may run at below it (largest first).
+    int64_t target_world = 0;
+    std::string device;
+    std::vector<int64_t> elastic_sizes;
+  };
+  // An elastic RESTARTING job waiting for workers: since when, how long it
+  // waits before shrinking, and what it needs then.
+  struct ElasticWaiting {
+    absl::Time since;
+    absl::Duration wait;
+    int64_t smallest = 0;
+    std::string device;
   };
 
   // Appends and wakes watchers.
@@ -188,8 +213,14 @@ class JobManager {
                                            const std::string& reason, int32_t attempt,
                                            const std::function<void(v1::Job&)>& more = nullptr);
   // Starts the attempt of `job` on `gang` with `plan`.
-  void StartAttempt(const v1::Job& job, const std::vector<std::string>& gang,
-                    const plan::Plan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `spec` is the job's, with world_size the gang's (an elastic job may run
+  // shrunk).
+  void StartAttempt(const v1::Job& job, const v1::JobSpec& spec,
+                    const std::vector<std::string>& gang, const plan::Plan& plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The smaller world size an elastic RESTARTING job may start at now (its
+  // wait over, enough idle workers), or 0.
+  int64_t ShrunkWorld(const v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailRank(const std::string& job_id, Attempt& a, int32_t rank, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes up a RUNNING job's attempt after a restart (Recover).
@@ -214,6 +245,10 @@ class JobManager {
   // Restarted jobs whose new attempt has not finished a step yet -> when the
   // fault that ended the previous one was detected.
   std::map<std::string, absl::Time> recovering_ ABSL_GUARDED_BY(mu_);
+  // Elastic jobs waiting to restart (ShrunkWorld), and the sizes each found
+  // the planner refuses.
+  std::map<std::string, ElasticWaiting> elastic_waiting_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::set<int64_t>> elastic_refused_ ABSL_GUARDED_BY(mu_);
 
   // Records a failed state write (state_error). Returns `s`.
   absl::Status NoteWrite(absl::Status s);

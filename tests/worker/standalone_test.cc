@@ -428,6 +428,83 @@ TEST(StandaloneTest, GptRestartEndsBitIdenticalAndThreeRanksMatchOne) {
   ExpectThreeRanksGiveTheOneRankLosses(dir, one, 1e-4);
 }
 
+// Resharding through the job file: a gpt trained 3 steps on 2 ranks under
+// ZeRO-3 goes on from its checkpoint on 3 ranks under DDP (init.checkpoint
+// naming the job's checkpoints/ folder), and from the checkpoint
+// consolidated into one file (--consolidate) on 1 rank: both end where 6
+// steps on 2 ranks end, within the reduction order's 1e-4 (documented in
+// BENCHMARKS.md), and a checkpoint with nothing left to run is refused.
+TEST(StandaloneTest, GptCheckpointGoesOnUnderAnotherLayoutAndFromItsConsolidation) {
+  const std::string dir = Fresh("gpt_reshard");
+  Job job = GptJob(dir, "gpt_reshard");
+  job.world = 2;
+  job.steps = 6;
+  job.batch = 6;
+  job.output_dir = dir + "/straight";
+  job.export_path = dir + "/straight.safetensors";
+  const JobRun straight = RunRanks(dir, WriteJob(dir, job), 2);
+  ExpectAllOk(straight);
+  ASSERT_EQ(straight.losses.size(), 6u) << straight.ranks[0].out;
+
+  job.steps = 3;
+  job.checkpoint_every = 3;
+  job.output_dir = dir + "/first";
+  job.export_path = "";
+  ExpectAllOk(RunRanks(dir, WriteJob(dir, job), 2));
+  ASSERT_TRUE(std::filesystem::exists(Checkpoint(dir + "/first", 3) + "/COMPLETE"));
+
+  auto expect_goes_on = [&](const JobRun& run, const std::string& weights) {
+    ExpectAllOk(run);
+    ASSERT_EQ(run.losses.size(), 3u) << run.ranks[0].out;  // steps 3, 4 and 5
+    for (int s = 0; s < 3; ++s) {
+      EXPECT_NEAR(run.losses[s], straight.losses[3 + s], 1e-4 * straight.losses[3 + s]) << s;
+    }
+    absl::StatusOr<std::vector<io::Tensor>> a = io::ReadSafetensors(dir + "/straight.safetensors");
+    absl::StatusOr<std::vector<io::Tensor>> b = io::ReadSafetensors(weights);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+    ASSERT_EQ(a->size(), b->size());
+    for (size_t p = 0; p < a->size(); ++p) {
+      for (size_t i = 0; i < (*a)[p].data.size(); ++i) {
+        ASSERT_NEAR((*b)[p].data[i], (*a)[p].data[i], 1e-4) << (*a)[p].name << "[" << i << "]";
+      }
+    }
+  };
+  Job ddp = job;
+  ddp.name = "gpt_reshard_ddp";
+  ddp.world = 3;
+  ddp.strategy = "no_shard";
+  ddp.steps = 6;
+  ddp.checkpoint_every = 0;
+  ddp.init = "{checkpoint: first/checkpoints}";
+  ddp.output_dir = dir + "/ddp";
+  ddp.export_path = dir + "/ddp.safetensors";
+  const JobRun on_ddp = RunRanks(dir, WriteJob(dir, ddp), 3);
+  expect_goes_on(on_ddp, ddp.export_path);
+  EXPECT_THAT(on_ddp.ranks[0].out,
+              HasSubstr("first/checkpoints/step-00000003 at step 3, resharded to 3 ranks"));
+
+  const ProcessResult consolidated = muonmesh::testing::Run(
+      {MUONMESH_WORKER_BINARY, "--consolidate", dir + "/first", "--out", dir + "/state.st"},
+      kTimeout);
+  ASSERT_EQ(consolidated.exit_code, 0) << consolidated.err;
+  EXPECT_THAT(consolidated.out, HasSubstr("with their optimizer state at step 3"));
+  Job one = ddp;
+  one.name = "gpt_reshard_one";
+  one.world = 1;
+  one.init = "{checkpoint: state.st}";
+  one.output_dir = dir + "/one";
+  one.export_path = dir + "/one.safetensors";
+  expect_goes_on(RunRanks(dir, WriteJob(dir, one), 1), one.export_path);
+
+  // Nothing left to run: refused, naming the field, the checkpoint kept.
+  one.steps = 3;
+  const JobRun done = RunRanks(dir, WriteJob(dir, one), 1);
+  EXPECT_NE(done.ranks[0].exit_code, 0);
+  EXPECT_THAT(done.ranks[0].err, HasSubstr("init.checkpoint"));
+  EXPECT_THAT(done.ranks[0].err, HasSubstr("not below training.steps 3"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/state.st"));
+}
+
 // optimizer.rules on the gpt's parameter names, through the job file: two
 // one-step runs from the same weights that differ only in Muon's lr end
 // with every AdamW tensor bit for bit the same and every Muon one apart,
@@ -588,16 +665,19 @@ TEST(StandaloneTest, UsageErrorsNameTheFlagAndExit2) {
       {{"--standalone", "--job"}, "--job needs a value"},
       {{"--standalone", "--resume=yes"}, "--resume takes no value"},
       {{"--standalone", "--describe"},
-       "give one of --coordinator, --standalone, --describe and --sample"},
+       "give one of --coordinator, --standalone, --describe, --sample and --consolidate"},
       {{"--sample", "--job", "j.yaml"}, "--weights is required"},
       {{"--sample", "--temperature", "warm"}, "--temperature: not a number: warm"},
       {{"--coordinator", "127.0.0.1:1", "--standalone"},
-       "give one of --coordinator, --standalone, --describe and --sample"},
+       "give one of --coordinator, --standalone, --describe, --sample and --consolidate"},
       {{"--standalone", "--timeout-seconds", "0"}, "--timeout-seconds: not a positive integer"},
       {{"--standalone", "--memory-budget", "lots"}, "--memory-budget:"},
       {{"--standalone", "--job", "j.yaml", "--store", "s", "--world-size", "2"},
        "--rank is required"},
-      {{}, "give --coordinator, --standalone, --describe or --sample"},
+      {{}, "give --coordinator, --standalone, --describe, --sample or --consolidate"},
+      {{"--consolidate", "ckpt"}, "--out is required with --consolidate"},
+      {{"--consolidate", "ckpt", "--sample"},
+       "give one of --coordinator, --standalone, --describe, --sample and --consolidate"},
   };
   for (const auto& c : cases) {
     std::vector<std::string> argv = {MUONMESH_WORKER_BINARY};

@@ -279,7 +279,19 @@ MemoryEstimate EstimateRankMemory(const job::ResolvedJob& job, const plan::Plan&
              static_cast<double>(ns.bytes())}};
   }
   std::vector<MemoryItem> init;
-  if (!job.init_safetensors.empty()) {
+  if (!job.init_checkpoint.empty()) {
+    // Resharding holds the whole state and one rank's file (at most the
+    // whole state again).
+    double params = 0;
+    for (const plan::UnitPlan& u : plan.units) {
+      for (const plan::LayoutTensor& t : u.dense.tensors) params += double(t.rows) * t.row_len;
+      for (const plan::LayoutTensor& t : u.expert.tensors) params += double(t.rows) * t.row_len;
+    }
+    init.push_back({"init.checkpoint",
+                    "the checkpoint put back together: parameters and two optimizer states, "
+                    "whole, and one rank's file",
+                    2 * 3 * kFloat * params});
+  } else if (!job.init_safetensors.empty()) {
     init.push_back({"init.safetensors", "initial weights (the whole model, as fp32)",
                     2 * static_cast<double>(files.init)});
   } else {

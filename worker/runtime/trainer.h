@@ -38,20 +38,21 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "core/optim/types.h"
 #include "core/plan/types.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/store.h"
 #include "worker/math/newton_schulz.h"
-#include "core/optim/types.h"
 #include "worker/model/workload.h"
 #include "worker/runtime/device.h"
+#include "worker/runtime/whole_state.h"
 
 namespace muonmesh::worker {
 
@@ -186,14 +187,27 @@ class Trainer {
   // needs: its parameter shards and optimizer state (gradients are
   // recomputed every step) and the number of steps done, as a safetensors
   // file (tensors "units.{u}.{dense|expert}.{param|state1|state2}") whose
-  // metadata names the format, the rank, the world size, the step and a
-  // fingerprint of the layout. Not a collective: every rank saves its own.
+  // metadata names the format, the rank, the world size, the step, a
+  // fingerprint of the layout, the model's tensors ("tensors": name, shape,
+  // optimizer) and where each buffer's runs sit in the whole tensors
+  // ("runs.units.{u}.{dense|expert}.{param|state}"), so that the shards of
+  // all ranks consolidate without the plan (worker/reshard.h). Not a
+  // collective: every rank saves its own.
   absl::Status SaveShards(const std::string& path) const;
   // Restores what SaveShards wrote, so that the next Step() continues the
   // run exactly (bit for bit). Refuses, changing nothing, a file of another
   // format, rank, world size or layout (InvalidArgument naming the file and
   // what differs); errors from reading the file as ReadSafetensors'.
   absl::Status LoadShards(const std::string& path);
+  // Resharding: puts whole tensors (any layout's checkpoint, consolidated:
+  // worker/reshard.h) into this rank's shards, the optimizer state with them
+  // (zero when `fresh_optimizer_state`), and the step count. Refuses,
+  // changing nothing, a state of another model (tensor names and shapes),
+  // or, unless `fresh_optimizer_state`, one whose optimizer state is missing
+  // or belongs to another optimizer than this plan gives a tensor
+  // (InvalidArgument naming the tensor). Not a collective. Under the layout
+  // that wrote the state, the next Step() continues the run bit for bit.
+  absl::Status LoadState(const WholeState& state, bool fresh_optimizer_state);
   // The layout fingerprint SaveShards writes (the same on every rank of a
   // job; it changes with anything that moves a shard's contents).
   std::string LayoutFingerprint() const;

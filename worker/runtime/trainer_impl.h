@@ -114,6 +114,20 @@ struct UnitState {
 
 inline int64_t Elements(const plan::ParamSpec& p) { return plan::NumElements(p); }
 
+// One run of a unit state's buffer: `count` elements of flat tensor `flat`,
+// from element `whole_start` of the whole tensor, at `offset` in the buffer.
+// What a shard holds, as checkpoints record it (resharding reads them back).
+struct ShardRun {
+  int32_t flat = 0;
+  int64_t whole_start = 0;
+  int64_t offset = 0;
+  int64_t count = 0;
+};
+// The runs of u.param (the k shards of my parameter group, in order) and of
+// u.grad / u.state1 / u.state2 (my optimizer shard).
+std::vector<ShardRun> ParamRuns(const UnitState& u);
+std::vector<ShardRun> StateRuns(const UnitState& u);
+
 }  // namespace trainer_internal
 
 using namespace trainer_internal;  // NOLINT: the internal types read as the Impl's own
@@ -317,6 +331,13 @@ struct Trainer::Impl {
   absl::Status AddUnitState(size_t u, MeshState* mesh, const MatrixIndex& matrices,
                             const std::vector<std::vector<float>>& whole);
   void PlanWaves();
+
+  // Checkpoints (trainer_shards.cc): each flat tensor's optimizer under this
+  // plan; the model's tensors as shard files record them ("name\tshape\t
+  // optimizer" lines); whether `state` fits this model (Trainer::LoadState).
+  std::vector<TensorOptimizer> Optimizers() const;
+  std::string TensorsText() const;
+  absl::Status CheckWholeState(const WholeState& state, bool fresh_state) const;
 
   // Finds the dense mesh's replica group under the HSDP replica split
   // (MeshState::replica_comm); nothing to do without the split. Internal

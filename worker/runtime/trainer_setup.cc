@@ -99,6 +99,31 @@ absl::Status CheckCreateArguments(const plan::Plan& plan, const Workload& worklo
   return absl::OkStatus();
 }
 
+namespace {
+// The runs of the shards at positions [first, first + count) of the unit's
+// mesh, laid one after the other.
+std::vector<ShardRun> RunsOf(const UnitState& u, int64_t first, int64_t count) {
+  const plan::UnitLayout& l = *u.layout;
+  std::vector<ShardRun> runs;
+  for (int64_t j = 0; j < count; ++j) {
+    const int64_t shard = l.ShardAt(first + j);
+    for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
+      const plan::Segment& seg = l.segments[i];
+      const int64_t len = l.tensors[seg.tensor].row_len;
+      runs.push_back({u.flat[seg.tensor], u.whole_offset[seg.tensor] + seg.row_start * len,
+                      j * l.shard_elements + seg.offset, seg.row_count * len});
+    }
+  }
+  return runs;
+}
+}  // namespace
+
+std::vector<ShardRun> ParamRuns(const UnitState& u) {
+  return RunsOf(u, (u.mesh->position / u.mesh->k) * u.mesh->k, u.mesh->k);
+}
+
+std::vector<ShardRun> StateRuns(const UnitState& u) { return RunsOf(u, u.mesh->position, 1); }
+
 MatrixIndex IndexMatrices(const plan::DomainPlan& d) {
   MatrixIndex of;
   for (size_t j = 0; j < d.matrices.size(); ++j) {
@@ -210,18 +235,10 @@ absl::Status Trainer::Impl::AddUnitState(size_t u, MeshState* mesh, const Matrix
     *buffer = std::move(b);
   }
   // My parameter shard: the shards at positions of my parameter group.
-  const int64_t first = (mesh->position / mesh->k) * mesh->k;
-  const plan::UnitLayout& l = *st.layout;
-  for (int64_t j = 0; j < mesh->k; ++j) {
-    const int64_t shard = l.ShardAt(first + j);
-    for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
-      const plan::Segment& seg = l.segments[i];
-      const int64_t len = l.tensors[seg.tensor].row_len;
-      MUONMESH_RETURN_IF_ERROR(dev->CopyFromHost(
-          st.param.data() + j * s + seg.offset,
-          whole[st.local[seg.tensor]].data() + st.whole_offset[seg.tensor] + seg.row_start * len,
-          seg.row_count * len));
-    }
+  for (const ShardRun& run : ParamRuns(st)) {
+    MUONMESH_RETURN_IF_ERROR(
+        dev->CopyFromHost(st.param.data() + run.offset,
+                          whole[run.flat - unit_base[u]].data() + run.whole_start, run.count));
   }
   PlanMuon(st);
   states_of[u].push_back(static_cast<int32_t>(units.size()));

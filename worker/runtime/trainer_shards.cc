@@ -1,5 +1,6 @@
 // A rank's checkpoint shards: what it holds that a later step needs
 // (parameters, optimizer state, step count), as one safetensors file.
+#include "absl/strings/str_join.h"
 #include "worker/runtime/trainer_impl.h"
 
 namespace muonmesh::worker {
@@ -10,7 +11,41 @@ std::string ShardTensorName(const UnitState& u, const char* what) {
   return absl::StrCat("units.", u.unit, ".",
                       u.mesh->kind == plan::MeshKind::kExpert ? "expert" : "dense", ".", what);
 }
+
+// "flat:whole_start:offset:count;..." (ParseShardRuns in worker/reshard.cc
+// reads it back).
+std::string RunsText(const std::vector<ShardRun>& runs) {
+  std::string text;
+  for (const ShardRun& r : runs) {
+    absl::StrAppend(&text, text.empty() ? "" : ";", r.flat, ":", r.whole_start, ":", r.offset, ":",
+                    r.count);
+  }
+  return text;
+}
 }  // namespace
+
+std::vector<TensorOptimizer> Trainer::Impl::Optimizers() const {
+  std::vector<TensorOptimizer> of(param_sizes.size(), TensorOptimizer::kNone);
+  for (const UnitState& u : units) {
+    for (size_t t = 0; t < u.flat.size(); ++t) {
+      of[u.flat[t]] = u.muon[t] ? TensorOptimizer::kMuon : TensorOptimizer::kAdamW;
+    }
+  }
+  return of;
+}
+
+std::string Trainer::Impl::TensorsText() const {
+  const std::vector<TensorOptimizer> of = Optimizers();
+  std::string text;
+  size_t flat = 0;
+  for (const plan::UnitSpec& u : workload->spec().units) {
+    for (const plan::ParamSpec& p : u.params) {
+      absl::StrAppend(&text, p.name, "\t", absl::StrJoin(p.shape, ","), "\t",
+                      TensorOptimizerName(of[flat++]), "\n");
+    }
+  }
+  return text;
+}
 
 absl::Status Trainer::SaveShards(const std::string& path) const {
   std::vector<io::TensorView> views;
@@ -30,12 +65,18 @@ absl::Status Trainer::SaveShards(const std::string& path) const {
       views.push_back({ShardTensorName(u, what), {v->size()}, data});
     }
   }
-  const std::map<std::string, std::string> metadata = {
-      {"format", kShardsFormat},
-      {"rank", absl::StrCat(impl_->rank)},
-      {"world_size", absl::StrCat(impl_->world)},
-      {"step", absl::StrCat(step_)},
-      {"layout", LayoutFingerprint()}};
+  // What a resharding needs to put these shards back together without the
+  // plan that laid them out: the model's tensors and each buffer's runs.
+  std::map<std::string, std::string> metadata = {{"format", kShardsFormat},
+                                                 {"rank", absl::StrCat(impl_->rank)},
+                                                 {"world_size", absl::StrCat(impl_->world)},
+                                                 {"step", absl::StrCat(step_)},
+                                                 {"layout", LayoutFingerprint()},
+                                                 {"tensors", impl_->TensorsText()}};
+  for (const UnitState& u : impl_->units) {
+    metadata[absl::StrCat("runs.", ShardTensorName(u, "param"))] = RunsText(ParamRuns(u));
+    metadata[absl::StrCat("runs.", ShardTensorName(u, "state"))] = RunsText(StateRuns(u));
+  }
   return io::WriteSafetensors(path, views, metadata);
 }
 
@@ -95,6 +136,81 @@ absl::Status Trainer::LoadShards(const std::string& path) {
     MUONMESH_RETURN_IF_ERROR(st);
   }
   step_ = step;
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Impl::CheckWholeState(const WholeState& state, bool fresh_state) const {
+  if (state.step < 0) return absl::InvalidArgumentError(absl::StrCat("step ", state.step));
+  if (state.tensors.size() != param_sizes.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("it has ", state.tensors.size(),
+                                                   " tensors, the model ", workload->spec().name,
+                                                   " has ", param_sizes.size()));
+  }
+  const std::vector<TensorOptimizer> mine = Optimizers();
+  size_t flat = 0;
+  for (const plan::UnitSpec& u : workload->spec().units) {
+    for (const plan::ParamSpec& p : u.params) {
+      const WholeTensor& t = state.tensors[flat];
+      if (t.name != p.name || t.shape != p.shape) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "tensor %d is %s [%s], the model %s has %s [%s] (a checkpoint of another model?)", flat,
+            t.name, absl::StrJoin(t.shape, ","), workload->spec().name, p.name,
+            absl::StrJoin(p.shape, ",")));
+      }
+      const size_t n = static_cast<size_t>(param_sizes[flat]);
+      if (t.param.size() != n) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(t.name, ": ", t.param.size(), " parameter values, expected ", n));
+      }
+      const TensorOptimizer want = mine[flat++];
+      if (want == TensorOptimizer::kNone || fresh_state) continue;
+      const bool adamw = want == TensorOptimizer::kAdamW;
+      if (t.optimizer != want || t.state1.size() != n || (adamw && t.state2.size() != n)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            t.name, ": this job steps it with ", TensorOptimizerName(want), " but ",
+            t.optimizer == TensorOptimizer::kNone
+                ? "no optimizer state was recorded for it"
+                : absl::StrCat("the state is ", TensorOptimizerName(t.optimizer), "'s"),
+            t.optimizer == want ? " (incomplete)" : "",
+            "; init.fresh_optimizer_state: true starts every tensor's state afresh"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::LoadState(const WholeState& state, bool fresh_optimizer_state) {
+  Impl& m = *impl_;
+  MUONMESH_RETURN_IF_ERROR(m.CheckWholeState(state, fresh_optimizer_state));
+  // Whole buffers built on the host (padding zero), then copied: a unit's
+  // shard at a time.
+  for (UnitState& u : m.units) {
+    std::vector<float> param(static_cast<size_t>(u.param.size()), 0.0f);
+    for (const ShardRun& r : ParamRuns(u)) {
+      std::copy_n(state.tensors[r.flat].param.begin() + r.whole_start, r.count,
+                  param.begin() + r.offset);
+    }
+    std::vector<float> s1(static_cast<size_t>(u.state1.size()), 0.0f);
+    std::vector<float> s2(static_cast<size_t>(u.state2.size()), 0.0f);
+    for (const ShardRun& r : fresh_optimizer_state ? std::vector<ShardRun>{} : StateRuns(u)) {
+      const WholeTensor& t = state.tensors[r.flat];
+      std::copy_n(t.state1.begin() + r.whole_start, r.count, s1.begin() + r.offset);
+      if (!t.state2.empty()) {
+        std::copy_n(t.state2.begin() + r.whole_start, r.count, s2.begin() + r.offset);
+      }
+    }
+    for (auto [to, from] :
+         {std::pair{&u.param, &param}, std::pair{&u.state1, &s1}, std::pair{&u.state2, &s2}}) {
+      MUONMESH_RETURN_IF_ERROR(m.dev->CopyFromHost(to->data(), from->data(), to->size()));
+    }
+  }
+  for (size_t u = 0; u < m.states_of.size(); ++u) {
+    if (!m.states_of[u].empty()) continue;
+    for (int32_t j = 0; j < m.unit_count[u]; ++j) {
+      m.frozen[u][j] = state.tensors[m.unit_base[u] + j].param;
+    }
+  }
+  step_ = state.step;
   return absl::OkStatus();
 }
 

@@ -567,6 +567,26 @@ std::vector<BrokenJob> BrokenJobs() {
        "empty path"},
       {"DataEmptyPath", [](J& j) { j.mutable_data()->set_safetensors(""); }, "data.safetensors",
        "empty path"},
+      {"ElasticMinAtWorldSize",
+       [](J& j) { j.mutable_training()->mutable_elastic()->set_min_world_size(4); },
+       "training.elastic.min_world_size", "must be in [1, world_size 4), got 4"},
+      {"ElasticMinUnset", [](J& j) { j.mutable_training()->mutable_elastic()->set_wait("5s"); },
+       "training.elastic.min_world_size", "must be in [1, world_size 4), got 0"},
+      {"ElasticNoSizeSplitsTheBatch",
+       [](J& j) { j.mutable_training()->mutable_elastic()->set_min_world_size(3); },
+       "training.elastic.min_world_size",
+       "no world size in [3, 4) splits training.global_batch_size 64 evenly"},
+      {"ElasticWaitNotADuration",
+       [](J& j) {
+         j.mutable_training()->mutable_elastic()->set_min_world_size(2);
+         j.mutable_training()->mutable_elastic()->set_wait("soon");
+       },
+       "training.elastic.wait", "'soon' is not a duration"},
+      {"InitCheckpointEmptyPath", [](J& j) { j.mutable_init()->set_checkpoint(""); },
+       "init.checkpoint", "empty path"},
+      {"FreshOptimizerStateWithoutCheckpoint",
+       [](J& j) { j.mutable_init()->set_fresh_optimizer_state(true); },
+       "init.fresh_optimizer_state", "only means something with init.checkpoint"},
       {"TeacherSamplesNegative", [](J& j) { j.mutable_data()->mutable_teacher()->set_samples(-1); },
        "data.teacher.samples", ">= 1"},
       {"StepsMissing", [](J& j) { j.mutable_training()->clear_steps(); }, "training.steps",
@@ -667,6 +687,42 @@ training: {steps: 0, global_batch_size: 10, checkpoint_every: -2}
 }
 
 // ---------------------------------------------------------------- input files
+
+// The sizes an elastic job may shrink to: below world_size, from
+// min_world_size, splitting the batch (64: not 3) and fitting the
+// parallelism config (2 optimizer instances: not 1), largest first.
+TEST(JobTest, ElasticSizesSplitTheBatchAndFitTheParallelism) {
+  v1::JobSpec job = DesignJob();
+  EXPECT_TRUE(job::ElasticWorldSizes(job).empty());
+  job.mutable_training()->mutable_elastic()->set_min_world_size(1);
+  EXPECT_EQ(job::ElasticWorldSizes(job), std::vector<int64_t>({2}));
+  EXPECT_THAT(Fields(job::ValidateJob(job)), ::testing::IsEmpty());
+  EXPECT_EQ(job::ElasticWait(job), absl::Seconds(30));
+  job.mutable_parallelism()->set_num_distributed_optimizer_instances(1);
+  job.mutable_parallelism()->clear_outer_dp_sharding_strategy();
+  job.set_world_size(8);
+  job.mutable_training()->mutable_elastic()->set_wait("2m");
+  EXPECT_EQ(job::ElasticWorldSizes(job), std::vector<int64_t>({4, 2, 1}));
+  EXPECT_EQ(job::ElasticWait(job), absl::Minutes(2));
+}
+
+TEST(JobTest, InitCheckpointIsAFileOrAFolderThatExists) {
+  TempDir dir;
+  fs::create_directories(dir.dir() + "/run/checkpoints");
+  v1::JobSpec job = DesignJob();
+  job.mutable_init()->set_checkpoint("run/missing");
+  absl::StatusOr<job::ResolvedJob> r = job::ResolveJob(job, dir.dir());
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("init.checkpoint: " + dir.dir() + "/run/missing: no such file"));
+  job.mutable_init()->set_checkpoint("run/checkpoints");
+  job.mutable_init()->set_fresh_optimizer_state(true);
+  r = job::ResolveJob(job, dir.dir());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->init_checkpoint, dir.dir() + "/run/checkpoints");
+  EXPECT_TRUE(r->fresh_optimizer_state);
+  EXPECT_TRUE(r->init_safetensors.empty());
+}
 
 TEST(JobTest, InputFilesMustExistAsRegularFiles) {
   TempDir dir;

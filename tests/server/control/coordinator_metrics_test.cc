@@ -24,6 +24,7 @@
 #include "prometheus/text_serializer.h"
 #include "proto/io/message_file.h"
 #include "server/control/job_manager.h"
+#include "tests/server/control/fake_clock.h"
 
 namespace muonmesh::coordinator {
 namespace {
@@ -31,15 +32,6 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Pair;
 using ::testing::UnorderedElementsAre;
-
-class FakeClock final : public Clock {
- public:
-  absl::Time Now() override { return now_; }
-  void Advance(absl::Duration d) { now_ += d; }
-
- private:
-  absl::Time now_ = absl::FromUnixSeconds(1'000'000);
-};
 
 constexpr char kGauge[] = "muonmesh_job_planned_critical_path_flops";
 
@@ -126,10 +118,10 @@ class CoordinatorMetricsTest : public ::testing::Test {
   }
 
   // The gauge's samples by job, as a scrape would see them.
-  std::map<std::string, double> Planned() {
+  std::map<std::string, double> Planned(const std::string& gauge = kGauge) {
     std::map<std::string, double> out;
     for (const prometheus::MetricFamily& f : metrics_->Collect()) {
-      if (f.name != kGauge) continue;
+      if (f.name != gauge) continue;
       EXPECT_EQ(f.type, prometheus::MetricType::Gauge);
       for (const prometheus::ClientMetric& m : f.metric) {
         EXPECT_EQ(m.label.size(), 1u);
@@ -183,6 +175,20 @@ TEST_F(CoordinatorMetricsTest, PlannedCriticalPathWhileEachJobRuns) {
   EndRank("w1", two, 0, 0, v1::ATTEMPT_OUTCOME_STOPPED);
   EndRank("w2", two, 0, 1, v1::ATTEMPT_OUTCOME_STOPPED);
   EXPECT_THAT(Planned(), UnorderedElementsAre());
+}
+
+// muonmesh_job_world_size: the ranks of each running job's attempt (an
+// elastic job's shrunk size: job_manager_test's ElasticTest sets it).
+TEST_F(CoordinatorMetricsTest, WorldSizeShowsEachRunningJobsRanks) {
+  for (const char* w : {"w0", "w1", "w2"}) AddWorker(w);
+  const std::string one = Submit("one", 1, "6, 16, 3");
+  const std::string two = Submit("two", 2, "6, 16, 3");
+  const std::string big = Submit("big", 4, "6, 16, 3");
+  ASSERT_EQ(State(big), v1::JOB_STATE_PENDING);
+  EXPECT_THAT(Planned("muonmesh_job_world_size"),
+              UnorderedElementsAre(Pair(one, 1.0), Pair(two, 2.0)));
+  EndRank("w0", one, 0, 0, v1::ATTEMPT_OUTCOME_SUCCEEDED);
+  EXPECT_THAT(Planned("muonmesh_job_world_size"), UnorderedElementsAre(Pair(two, 2.0)));
 }
 
 // With optimizer.muon_buffer_bytes the workers run the Muon phase in waves

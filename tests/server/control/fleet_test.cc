@@ -7,21 +7,13 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/server/control/fake_clock.h"
 
 namespace muonmesh::coordinator {
 namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-class FakeClock final : public Clock {
- public:
-  absl::Time Now() override { return now_; }
-  void Advance(absl::Duration d) { now_ += d; }
-
- private:
-  absl::Time now_ = absl::FromUnixSeconds(1'000'000);
-};
 
 v1::WorkerInfo Info(const std::string& id, const std::string& device = "cpu") {
   v1::WorkerInfo info;

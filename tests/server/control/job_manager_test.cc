@@ -15,8 +15,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "core/plan/planner.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/io/message_file.h"
+#include "proto/job/job.h"
+#include "tests/server/control/fake_clock.h"
 
 namespace muonmesh::coordinator {
 namespace {
@@ -114,6 +117,152 @@ TEST_F(HeldPlannerTest, CallsGoOnWhileAnAttemptIsPlannedAndACancelWins) {
     busy_with_second += w.state() == v1::WORKER_STATE_BUSY ? 1 : 0;
   }
   EXPECT_EQ(busy_with_second, 2);
+}
+
+// Elastic jobs, driven by hand on a fake clock: a 4-rank job loses a
+// worker for good; after training.elastic.wait it goes on at 3 ranks (the
+// largest size the 3 idle workers cover that splits the batch of 12), and
+// when a worker comes it stops at its next step with a checkpoint and goes
+// on at 4. Only the lost worker's failure spends a restart.
+class ElasticTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto store = JobStore::Open(":memory:");
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = *std::move(store);
+    fleet_ = std::make_unique<Fleet>(&clock_, absl::Seconds(60), absl::Seconds(5));
+    manager_ = std::make_unique<JobManager>(store_.get(), fleet_.get(), &rendezvous_, &clock_,
+                                            JobManagerOptions());
+    for (int i = 0; i < 4; ++i) Register(absl::StrCat("w", i));
+  }
+  void Register(const std::string& id) {
+    v1::WorkerInfo info;
+    info.set_worker_id(id);
+    info.set_device("cpu");
+    info.set_address("127.0.0.1");
+    ASSERT_TRUE(fleet_->Register(info).ok());
+  }
+  // Every rank of the attempt but the lost worker's ends with `outcome`,
+  // after reporting `step` when it is >= 0 (the answer's stop and checkpoint
+  // in `told`).
+  void EndRanks(const v1::Job& job, v1::AttemptOutcome outcome, int64_t step = -1,
+                std::vector<std::pair<bool, bool>>* told = nullptr) {
+    for (int r = 0; r < job.worker_ids_size(); ++r) {
+      if (job.worker_ids(r) == "w3") continue;
+      if (step >= 0) {
+        v1::StepRecord record;
+        record.set_attempt(job.attempt());
+        record.set_rank(r);
+        record.set_step(step);
+        bool stop = false, checkpoint = false;
+        ASSERT_TRUE(manager_->OnStep(job.worker_ids(r), job.id(), record, &stop, &checkpoint).ok());
+        if (told != nullptr) told->push_back({stop, checkpoint});
+      }
+      v1::ReportAttemptRequest end;
+      end.set_job_id(job.id());
+      end.set_attempt(job.attempt());
+      end.set_rank(r);
+      end.set_outcome(outcome);
+      (void)manager_->OnAttemptEnd(job.worker_ids(r), end);
+    }
+  }
+  std::vector<std::string> Reasons(const std::string& id) {
+    std::vector<std::string> out;
+    absl::StatusOr<std::vector<v1::JobEvent>> events = store_->Events(id, 0, 1000);
+    EXPECT_TRUE(events.ok());
+    for (const v1::JobEvent& e : *events) {
+      if (e.has_state_change()) out.push_back(e.state_change().reason());
+    }
+    return out;
+  }
+
+  FakeClock clock_;
+  Rendezvous rendezvous_;
+  std::unique_ptr<JobStore> store_;
+  std::unique_ptr<Fleet> fleet_;
+  std::unique_ptr<JobManager> manager_;
+};
+
+TEST_F(ElasticTest, ShrinksAfterItsWaitAndGrowsBackWithoutSpendingRestarts) {
+  v1::JobSpec spec;
+  ASSERT_TRUE(
+      protoio::ParseMessageText("name: elastic\nworld_size: 4\nmodel: {mlp: {dims: [6, 16, 3]}}\n"
+                                "data: {teacher: {seed: 1, samples: 64}}\n"
+                                "training: {steps: 50, global_batch_size: 12, checkpoint_every: 5, "
+                                "max_restarts: 1, elastic: {min_world_size: 2, wait: '10s'}}\n"
+                                "output: {dir: /tmp/job_manager_test/elastic}\n",
+                                "job", &spec)
+          .ok());
+  std::vector<plan::FieldViolation> violations;
+  absl::StatusOr<JobStore::Submitted> s = manager_->Submit("e-1", spec, &violations);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::string id = s->job.id();
+  v1::Job job = *store_->Get(id);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.world_size(), 4);
+
+  // w3 is lost for good; the others stop.
+  manager_->OnWorkersLost({{"w3", id}});
+  EndRanks(job, v1::ATTEMPT_OUTCOME_FAILED);
+  job = *store_->Get(id);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RESTARTING) << job.reason();
+  // Before the wait is over it waits for a fourth worker.
+  clock_.Advance(absl::Seconds(9));
+  manager_->CheckElastic();
+  EXPECT_EQ(store_->Get(id)->state(), v1::JOB_STATE_RESTARTING);
+  clock_.Advance(absl::Seconds(2));
+  manager_->CheckElastic();
+  job = *store_->Get(id);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(job.world_size(), 3);
+  EXPECT_EQ(job.worker_ids_size(), 3);
+  EXPECT_EQ(job.attempt(), 1);
+  EXPECT_THAT(job.reason(), ::testing::HasSubstr("running on 3 of 4 ranks (training.elastic"));
+
+  // A worker comes: nothing changes until CheckElastic, then the ranks are
+  // told to stop with a checkpoint after their next step, and the job goes
+  // on at 4 ranks.
+  Register("w4");
+  manager_->CheckElastic();
+  std::vector<std::pair<bool, bool>> told;
+  EndRanks(job, v1::ATTEMPT_OUTCOME_STOPPED, 12, &told);
+  for (const auto& [stop, checkpoint] : told) EXPECT_TRUE(stop && checkpoint);
+  job = *store_->Get(id);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(job.world_size(), 4);
+  EXPECT_EQ(job.attempt(), 2);
+  EXPECT_EQ(job.drained_attempts(), 1);  // the growth spent no restart
+  EXPECT_THAT(job.reason(), ::testing::HasSubstr("(grown back from 3 ranks)"));
+  const std::vector<std::string> reasons = Reasons(id);
+  EXPECT_THAT(reasons, ::testing::Contains(
+                           ::testing::HasSubstr("training.elastic: growing from 3 to 4 ranks")));
+}
+
+TEST_F(ElasticTest, SizesTheParallelismConfigRefusesAreSkipped) {
+  // world 4 with EP 2 for moe_mlp: 3 does not fit EP 2 (the parallelism
+  // check keeps it out of the sizes); 2 does.
+  v1::JobSpec spec;
+  ASSERT_TRUE(protoio::ParseMessageText(
+                  "name: moe\nworld_size: 4\nparallelism: {expert_model_parallel_size: 2}\n"
+                  "model: {moe_mlp: {d_in: 5, d_model: 8, d_expert: 6, num_experts: 4, "
+                  "d_out: 3}}\n"
+                  "training: {steps: 50, global_batch_size: 12, max_restarts: 1, "
+                  "elastic: {min_world_size: 2, wait: '1s'}}\n"
+                  "output: {dir: /tmp/job_manager_test/moe}\n",
+                  "job", &spec)
+                  .ok());
+  EXPECT_EQ(job::ElasticWorldSizes(spec), std::vector<int64_t>({2}));
+  std::vector<plan::FieldViolation> violations;
+  absl::StatusOr<JobStore::Submitted> s = manager_->Submit("m-1", spec, &violations);
+  ASSERT_TRUE(s.ok()) << s.status() << (violations.empty() ? "" : violations[0].description);
+  v1::Job job = *store_->Get(s->job.id());
+  manager_->OnWorkersLost({{"w3", job.id()}});
+  EndRanks(job, v1::ATTEMPT_OUTCOME_FAILED);
+  clock_.Advance(absl::Seconds(2));
+  manager_->CheckElastic();
+  job = *store_->Get(job.id());
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(job.world_size(), 2);
 }
 
 }  // namespace

@@ -7,7 +7,6 @@
 // comparison); expert configs the moe_mlp workload (tested on its own in
 // tests/worker/model) with its experts on the expert mesh.
 
-#include "worker/runtime/muon_schedule.h"
 #include "worker/runtime/trainer.h"
 
 #include <array>
@@ -17,16 +16,19 @@
 #include <map>
 #include <thread>
 
-#include "gtest/gtest.h"
 #include "core/plan/owners.h"
 #include "core/plan/planner.h"
+#include "gtest/gtest.h"
+#include "tests/worker/model/moe_reference_trainer.h"
+#include "tests/worker/model/reference_trainer.h"
+#include "worker/checkpoints.h"
 #include "worker/comm/file_store.h"
 #include "worker/comm/inprocess_communicator.h"
 #include "worker/io/safetensors.h"
-#include "tests/worker/model/moe_reference_trainer.h"
-#include "tests/worker/model/reference_trainer.h"
 #include "worker/model/mlp.h"
 #include "worker/model/moe_mlp.h"
+#include "worker/reshard.h"
+#include "worker/runtime/muon_schedule.h"
 
 namespace muonmesh::worker {
 namespace {
@@ -152,10 +154,15 @@ struct RunResult {
 };
 
 // Checkpoint hooks of a run: ranks load their shards from `load_dir` before
-// the first step and save them to `save_dir` after the last.
+// the first step and save them to `save_dir` after the last. With
+// `reshard`, the save is a job's checkpoint (SaveCheckpoint, under
+// `save_dir` as the output folder) and the load puts the checkpoint at
+// `load_dir` back together (worker/reshard.h) for whatever layout this run
+// has (Trainer::LoadState).
 struct Checkpoints {
   std::string load_dir;
   std::string save_dir;
+  bool reshard = false;
 };
 
 RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpoints& ck = {},
@@ -227,7 +234,13 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
         return;
       }
       const std::string file = "/rank-" + std::to_string(r) + ".safetensors";
-      if (!ck.load_dir.empty()) {
+      if (!ck.load_dir.empty() && ck.reshard) {
+        std::string from;
+        std::vector<std::string> notes;
+        absl::StatusOr<WholeState> whole = LoadWholeState(ck.load_dir, &from, &notes);
+        status[r] = whole.ok() ? (*t)->LoadState(*whole, false) : whole.status();
+        if (!status[r].ok()) return;
+      } else if (!ck.load_dir.empty()) {
         status[r] = (*t)->LoadShards(ck.load_dir + file);
         if (!status[r].ok()) return;
       }
@@ -244,7 +257,8 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
         result.ns_flops[r] = rep->ns_flops;
       }
       if (!ck.save_dir.empty()) {
-        status[r] = (*t)->SaveShards(ck.save_dir + file);
+        status[r] = ck.reshard ? SaveCheckpoint(**t, ck.save_dir, c.world, r)
+                               : (*t)->SaveShards(ck.save_dir + file);
         if (!status[r].ok()) return;
       }
       absl::StatusOr<std::vector<std::vector<float>>> w = (*t)->GatherParameters();
@@ -563,6 +577,123 @@ TEST_P(TrainerConfigTest, ResumingFromSavedShardsContinuesBitForBit) {
   }
 }
 
+// Resharding: 10 steps under one layout and a checkpoint, then 10 more
+// under another from the checkpoint put back together, against 20 steps
+// under the first layout undisturbed. The batch, the data and the math are
+// the same; only the reduction order differs between layouts (the same
+// layout, or only other owners: bit-identical).
+struct ReshardCase {
+  const char* name;
+  Config from;
+  Config to;
+  const char* from_rule = "lpt";
+  const char* to_rule = "lpt";
+  bool bit_identical = false;
+};
+void PrintTo(const ReshardCase& c, std::ostream* os) { *os << c.name; }
+
+class ReshardTest : public ::testing::TestWithParam<ReshardCase> {};
+
+// Relative differences of a model's tensors, worst over tensors: the
+// largest |a - b| over the largest |b|, and ||a - b|| over ||b||.
+struct Relative {
+  double largest = 0;
+  double norm = 0;
+};
+Relative Compare(const std::vector<std::vector<float>>& a,
+                 const std::vector<std::vector<float>>& b) {
+  Relative worst;
+  for (size_t p = 0; p < b.size(); ++p) {
+    double diff = 0, scale = 0, diff2 = 0, scale2 = 0;
+    for (size_t i = 0; i < b[p].size(); ++i) {
+      const double d = static_cast<double>(a[p][i]) - b[p][i];
+      diff = std::max(diff, std::abs(d));
+      scale = std::max(scale, std::abs(static_cast<double>(b[p][i])));
+      diff2 += d * d;
+      scale2 += static_cast<double>(b[p][i]) * b[p][i];
+    }
+    worst.largest = std::max(worst.largest, scale > 0 ? diff / scale : diff);
+    worst.norm = std::max(worst.norm, scale2 > 0 ? std::sqrt(diff2 / scale2) : std::sqrt(diff2));
+  }
+  return worst;
+}
+
+TEST_P(ReshardTest, TenStepsThenTenUnderAnotherLayoutEndWhereTwentyDo) {
+  const ReshardCase& c = GetParam();
+  const std::string dir = ::testing::TempDir() + "/reshard_" + c.name;
+  std::filesystem::remove_all(dir);
+  const RunResult straight = RunJob(c.from, c.from_rule, 20);
+  const RunResult first = RunJob(c.from, c.from_rule, 10, {"", dir, true});
+  ASSERT_EQ(first.losses.size(), 10u);
+  const RunResult rest = RunJob(c.to, c.to_rule, 10, {dir + "/checkpoints", "", true});
+  ASSERT_EQ(rest.losses.size(), 10u);
+  ASSERT_EQ(straight.weights.size(), rest.weights.size());
+  // The restored step count picks the same batches: the first loss after
+  // the load is step 10's.
+  EXPECT_NEAR(rest.losses[0], straight.losses[10], 1e-5 * std::abs(straight.losses[10]));
+  // What the change of layout alone costs: 20 steps under each differ by
+  // their reduction order. A resharding must add nothing to it (a wrong
+  // run, a lost optimizer state or step count shows as 1e-3 and more).
+  const RunResult other = RunJob(c.to, c.to_rule, 20);
+  const Relative resharded = Compare(rest.weights, straight.weights);
+  const Relative layouts = Compare(other.weights, straight.weights);
+  std::cout << c.name << ": final weights within " << resharded.largest << " (largest element) and "
+            << resharded.norm << " (norm) relative of 20 steps; 20 steps under each layout differ "
+            << "by " << layouts.largest << " and " << layouts.norm << "\n";
+  EXPECT_LE(resharded.norm, 1e-5);
+  EXPECT_LE(resharded.largest, std::max(1e-5, layouts.largest));
+  if (c.bit_identical) {
+    EXPECT_EQ(rest.losses[9], straight.losses[19]);
+    for (size_t p = 0; p < straight.weights.size(); ++p) {
+      EXPECT_EQ(rest.weights[p], straight.weights[p]) << "param " << p;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, ReshardTest,
+    ::testing::Values(ReshardCase{"same_zero3_w4",
+                                  {"zero3", 4, "optim_grads_params", 1, ""},
+                                  {"zero3", 4, "optim_grads_params", 1, ""},
+                                  "lpt",
+                                  "lpt",
+                                  true},
+                      ReshardCase{"other_owners_zero3_w4",
+                                  {"zero3", 4, "optim_grads_params", 1, ""},
+                                  {"zero3", 4, "optim_grads_params", 1, ""},
+                                  "lpt",
+                                  "round_robin",
+                                  true},
+                      ReshardCase{"zero3_w4_to_hfsdp_w2",
+                                  {"zero3", 4, "optim_grads_params", 1, ""},
+                                  {"hfsdp_w2", 2, "optim_grads_params", 2, "optim"}},
+                      ReshardCase{"zero3_w4_to_ddp_w3",
+                                  {"zero3", 4, "optim_grads_params", 1, ""},
+                                  {"ddp_w3", 3, "no_shard", 1, ""}},
+                      ReshardCase{"zero3_w4_to_zero1_w8",
+                                  {"zero3", 4, "optim_grads_params", 1, ""},
+                                  {"zero1_w8", 8, "optim", 1, ""}},
+                      ReshardCase{"ddp_w3_to_hsdp_w4",
+                                  {"ddp_w3", 3, "no_shard", 1, ""},
+                                  {"hsdp", 4, "optim_grads_params", 2, "no_shard"}},
+                      ReshardCase{"hfsdp_w4_to_zero3_w3",
+                                  {"hfsdp", 4, "optim_grads_params", 2, "optim"},
+                                  {"zero3_w3", 3, "optim_grads_params", 1, ""}},
+                      ReshardCase{"zero2_w4_to_zero3_w1",
+                                  {"zero2", 4, "optim_grads", 1, ""},
+                                  {"zero3_w1", 1, "optim_grads_params", 1, ""}},
+                      ReshardCase{"moe_ep2_to_ep1",
+                                  {"moe_ep2_zero3", 4, "optim_grads_params", 1, "", 2, true},
+                                  {"moe_ep1_zero3", 4, "optim_grads_params", 1, "", 1, true}},
+                      ReshardCase{"moe_ep2_w4_to_ep1_w2",
+                                  {"moe_ep2_zero3", 4, "optim_grads_params", 1, "", 2, true},
+                                  {"moe_ep1_w2", 2, "optim_grads_params", 1, "", 1, true}},
+                      ReshardCase{
+                          "moe_ep1_to_ep4_hsdp",
+                          {"moe_ep1_ddp", 4, "no_shard", 1, "", 1, true},
+                          {"moe_ep2_hsdp", 4, "optim_grads_params", 2, "no_shard", 2, true}}),
+    [](const auto& info) { return std::string(info.param.name); });
+
 // One rank on its own: a Trainer for `strategy` with a fresh store.
 std::unique_ptr<Trainer> SoloTrainer(TwoLayerLinear* model, const char* strategy,
                                      const std::string& dir) {
@@ -617,6 +748,107 @@ TEST(TrainerCheckpointTest, RefusesShardsOfAnotherLayoutOrFormatAndChangesNothin
   ASSERT_TRUE(zero3->Step().ok());
   ASSERT_TRUE(zero3->LoadShards(file).ok());
   EXPECT_EQ(zero3->steps_done(), 1);
+}
+
+// A one-rank job's checkpoint of `model` after one step, as SaveCheckpoint
+// writes it under `dir`; returns its step folder.
+std::string OneStepCheckpoint(Trainer& t, const std::string& dir) {
+  std::filesystem::remove_all(dir);
+  EXPECT_TRUE(t.Step().ok());
+  EXPECT_TRUE(SaveCheckpoint(t, dir, 1, 0).ok());
+  return CheckpointDir(dir, 1);
+}
+
+TEST(ReshardInputTest, ConsolidatedFilesRoundTripAndLoadBitForBit) {
+  const std::string dir = ::testing::TempDir() + "/reshard_file";
+  TwoLayerLinear model;
+  std::unique_ptr<Trainer> zero3 = SoloTrainer(&model, "optim_grads_params", dir + "/s1");
+  ASSERT_TRUE(zero3);
+  const std::string step_dir = OneStepCheckpoint(*zero3, dir + "/out");
+  absl::StatusOr<WholeState> whole = ConsolidateCheckpoint(step_dir);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->step, 1);
+  ASSERT_TRUE(WriteConsolidated(*whole, dir + "/state.safetensors").ok());
+  absl::StatusOr<WholeState> back = ReadConsolidated(dir + "/state.safetensors");
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->tensors.size(), whole->tensors.size());
+  for (size_t i = 0; i < whole->tensors.size(); ++i) {
+    const WholeTensor& a = whole->tensors[i];
+    const WholeTensor& b = back->tensors[i];
+    EXPECT_EQ(a.name, b.name);
+    EXPECT_EQ(a.optimizer, b.optimizer);
+    EXPECT_EQ(a.param, b.param);
+    EXPECT_EQ(a.state1, b.state1);
+    EXPECT_EQ(a.state2, b.state2);
+    // Muon's one buffer, AdamW's two: state that a step made non-zero.
+    EXPECT_NE(a.optimizer, TensorOptimizer::kNone) << a.name;
+    EXPECT_EQ(a.state2.empty(), a.optimizer == TensorOptimizer::kMuon) << a.name;
+  }
+  // A DDP trainer from the file steps as the ZeRO-3 one does (one rank: the
+  // same reductions).
+  std::unique_ptr<Trainer> ddp = SoloTrainer(&model, "no_shard", dir + "/s2");
+  ASSERT_TRUE(ddp->LoadState(*back, false).ok());
+  EXPECT_EQ(ddp->steps_done(), 1);
+  absl::StatusOr<StepReport> a = zero3->Step();
+  absl::StatusOr<StepReport> b = ddp->Step();
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->loss, b->loss);
+  EXPECT_EQ(*zero3->GatherParameters(), *ddp->GatherParameters());
+}
+
+TEST(ReshardInputTest, RefusesAnotherModelOrMissingStateAndChangesNothing) {
+  const std::string dir = ::testing::TempDir() + "/reshard_refuse";
+  TwoLayerLinear model;
+  std::unique_ptr<Trainer> t = SoloTrainer(&model, "optim_grads_params", dir + "/s1");
+  ASSERT_TRUE(t);
+  const std::string step_dir = OneStepCheckpoint(*t, dir + "/out");
+  absl::StatusOr<WholeState> whole = ConsolidateCheckpoint(step_dir);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  std::unique_ptr<Trainer> fresh = SoloTrainer(&model, "no_shard", dir + "/s2");
+  const std::vector<std::vector<float>> before = *fresh->GatherParameters();
+
+  WholeState other = *whole;
+  other.tensors[1].name = "decoder.w";
+  absl::Status st = fresh->LoadState(other, false);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("another model"), std::string::npos) << st;
+  other = *whole;
+  other.tensors.pop_back();
+  EXPECT_EQ(fresh->LoadState(other, false).code(), absl::StatusCode::kInvalidArgument);
+
+  // Weights without optimizer state (an export): refused unless the job
+  // asks for fresh state, and then loaded with zero state.
+  const std::vector<float>& w0 = whole->tensors[0].param;
+  std::vector<io::TensorView> views;
+  for (const WholeTensor& x : whole->tensors) views.push_back({x.name, x.shape, x.param.data()});
+  ASSERT_TRUE(io::WriteSafetensors(dir + "/weights.safetensors", views).ok());
+  absl::StatusOr<WholeState> weights = ReadConsolidated(dir + "/weights.safetensors");
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  st = fresh->LoadState(*weights, false);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("no optimizer state"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("fresh_optimizer_state"), std::string::npos) << st;
+  EXPECT_EQ(*fresh->GatherParameters(), before);
+  EXPECT_EQ(fresh->steps_done(), 0);
+  ASSERT_TRUE(fresh->LoadState(*weights, true).ok());
+  EXPECT_EQ((*fresh->GatherParameters())[0], w0);
+
+  // A damaged rank file: named, and the checkpoint left as it was.
+  const std::string rank_file = step_dir + "/" + RankFile(0);
+  const uintmax_t size = std::filesystem::file_size(rank_file);
+  std::filesystem::resize_file(rank_file, size - 1);
+  absl::StatusOr<WholeState> damaged = ConsolidateCheckpoint(step_dir);
+  EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(damaged.status().message().find(RankFile(0)), std::string::npos) << damaged.status();
+  EXPECT_EQ(std::filesystem::file_size(rank_file), size - 1);
+  EXPECT_TRUE(std::filesystem::exists(step_dir + "/COMPLETE"));
+  // A folder with no checkpoint, and nothing at all.
+  std::string from;
+  std::vector<std::string> notes;
+  EXPECT_EQ(LoadWholeState(dir + "/s2", &from, &notes).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(LoadWholeState(dir + "/none", &from, &notes).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 // A Device that says it holds GPU memory (and is the CPU underneath).
