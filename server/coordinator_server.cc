@@ -68,6 +68,19 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       health->SetServingStatus(v1::Jobs::service_full_name(), true);
       health->SetServingStatus(v1::Fleet::service_full_name(), true);
       health->SetServingStatus(v1::Store::service_full_name(), true);
+      // A state it cannot write: it takes no new work until restarted, so
+      // probes see the server, and its control services, NOT_SERVING (the
+      // Planner, stateless, serves on).
+      const auth::LineSink log = options.log;
+      self->control_->OnStateError([health, log](const absl::Status& error) {
+        for (const std::string& service :
+             {std::string(), std::string(v1::Jobs::service_full_name()),
+              std::string(v1::Fleet::service_full_name()),
+              std::string(v1::Store::service_full_name())}) {
+          health->SetServingStatus(service, false);
+        }
+        if (log) log(absl::StrCat("health: NOT_SERVING: ", error.message()));
+      });
     }
   }
   return self;

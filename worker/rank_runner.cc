@@ -261,10 +261,14 @@ bool Within(const std::string& path, const std::string& dir) {
   return !ec && end == d.end();
 }
 
-// Puts the state `source` holds (worker/reshard.h) into the trainer.
+// Puts the state `source` holds (worker/reshard.h) into the trainer: the
+// job's own newest checkpoint on a resume (which may be its last step: the
+// job then only exports), else init.checkpoint, which must leave steps to
+// run and, when it lies among the job's own checkpoints, be the newest of
+// them (the run continues their series).
 absl::Status LoadResharded(const job::ResolvedJob& job, const std::string& source, bool fresh_state,
                            Trainer& trainer, bool talk, const LineSink& out,
-                           const std::string& what) {
+                           const std::string& what, bool in_own_series = false) {
   std::string from;
   std::vector<std::string> notes;
   absl::StatusOr<WholeState> state = LoadWholeState(source, &from, &notes);
@@ -272,7 +276,15 @@ absl::Status LoadResharded(const job::ResolvedJob& job, const std::string& sourc
     for (const std::string& n : notes) out(absl::StrCat(what, ": ", n));
   }
   MUONMESH_RETURN_IF_ERROR(state.status(), what);
-  if (state->step >= job.steps) {
+  const bool resume = what == "resume";
+  if (const std::optional<int64_t> newest = NewestCheckpoint(job.output_dir);
+      in_own_series && newest.has_value() && *newest > state->step) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": ", from, " is at step ", state->step,
+        ", but the job's own output folder holds a newer checkpoint (step ", *newest,
+        ") that this run would mix with: name the newest, or give the job another output.dir"));
+  }
+  if (state->step > job.steps || (!resume && state->step == job.steps)) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", from, " is at step ", state->step,
                                                    ", not below training.steps ", job.steps,
                                                    " (the total: nothing is left to run)"));
@@ -298,7 +310,8 @@ absl::Status StartFromCheckpoints(const job::ResolvedJob& job, Trainer& trainer,
   const bool talk = options.rank == 0;
   const std::string old = job.output_dir + "/checkpoints";
   if (!options.resume) {
-    const bool keep = !job.init_checkpoint.empty() && Within(job.init_checkpoint, old);
+    const bool keep = !job.init_checkpoint.empty() &&
+                      (Within(job.init_checkpoint, old) || Within(old, job.init_checkpoint));
     std::error_code ec;
     if (talk && !keep && std::filesystem::exists(old, ec)) {
       std::filesystem::remove_all(old, ec);
@@ -325,8 +338,9 @@ absl::Status StartFromCheckpoints(const job::ResolvedJob& job, Trainer& trainer,
     }
   }
   if (job.init_checkpoint.empty()) return absl::OkStatus();
+  const bool in_own_series = Within(job.init_checkpoint, old) || Within(old, job.init_checkpoint);
   return LoadResharded(job, job.init_checkpoint, job.fresh_optimizer_state, trainer, talk, out,
-                       "init.checkpoint");
+                       "init.checkpoint", in_own_series);
 }
 
 std::string StepLine(int64_t s, const StepReport& r) {

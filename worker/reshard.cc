@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -43,9 +44,14 @@ absl::StatusOr<std::vector<WholeTensor>> ParseTensors(const std::string& text) {
   return tensors;
 }
 
+// A shape's element count, or -1 past kMaxElements (shapes come from files).
+constexpr int64_t kMaxElements = int64_t{1} << 40;
 int64_t ElementsOf(const std::vector<int64_t>& shape) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) {
+    if (d < 0 || (d > 0 && n > kMaxElements / d)) return -1;
+    n *= d;
+  }
   return n;
 }
 
@@ -65,20 +71,24 @@ absl::StatusOr<std::vector<Run>> ParseRuns(const std::string& text,
     const bool parsed = f.size() == 4 && absl::SimpleAtoi(f[0], &r.flat) &&
                         absl::SimpleAtoi(f[1], &r.whole_start) &&
                         absl::SimpleAtoi(f[2], &r.offset) && absl::SimpleAtoi(f[3], &r.count);
+    // (Written without sums that could overflow: the numbers come from a file.)
     const bool fits = parsed && r.flat >= 0 && r.flat < static_cast<int64_t>(tensors.size()) &&
                       r.whole_start >= 0 && r.offset >= 0 && r.count >= 0 &&
-                      r.whole_start + r.count <= ElementsOf(tensors[r.flat].shape) &&
-                      r.offset + r.count <= buffer_size;
+                      r.whole_start <= ElementsOf(tensors[r.flat].shape) &&
+                      r.count <= ElementsOf(tensors[r.flat].shape) - r.whole_start &&
+                      r.offset <= buffer_size && r.count <= buffer_size - r.offset;
     if (!fits) return absl::InvalidArgumentError(absl::StrCat("a bad run '", item, "'"));
     runs.push_back(r);
   }
   return runs;
 }
 
-// The whole state being put together, and which elements have been seen.
+// The whole state being put together, which elements of each buffer have
+// been seen, and the most elements the checkpoint's files can hold.
 struct Assembly {
   WholeState state;
-  std::vector<std::vector<bool>> seen_param, seen_state;
+  std::vector<std::vector<bool>> seen_param, seen_state1, seen_state2;
+  int64_t max_elements = 0;
 };
 
 absl::Status Place(const std::vector<Run>& runs, const io::Tensor& from, bool param, int state_slot,
@@ -88,7 +98,9 @@ absl::Status Place(const std::vector<Run>& runs, const io::Tensor& from, bool pa
     std::vector<float>& to = param ? t.param : (state_slot == 1 ? t.state1 : t.state2);
     if (to.empty()) to.assign(static_cast<size_t>(ElementsOf(t.shape)), 0.0f);
     std::copy_n(from.data.begin() + r.offset, r.count, to.begin() + r.whole_start);
-    std::vector<bool>& seen = param ? a.seen_param[r.flat] : a.seen_state[r.flat];
+    std::vector<bool>& seen = param             ? a.seen_param[r.flat]
+                              : state_slot == 1 ? a.seen_state1[r.flat]
+                                                : a.seen_state2[r.flat];
     std::fill_n(seen.begin() + r.whole_start, r.count, true);
   }
   return absl::OkStatus();
@@ -118,11 +130,29 @@ absl::Status AddRankFile(const std::string& path, int64_t rank, const Checkpoint
   }
   MUONMESH_ASSIGN_OR_RETURN(std::vector<WholeTensor> listed, ParseTensors(meta["tensors"]));
   if (a.state.tensors.empty()) {
+    // Every element is in some rank's file: a model larger than the files
+    // is a damaged list, refused before anything is allocated for it.
+    int64_t total = 0;
+    for (const WholeTensor& t : listed) {
+      const int64_t n = ElementsOf(t.shape);
+      if (n < 0 || n > a.max_elements - total) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("metadata 'tensors': more elements than the checkpoint's files hold (at ",
+                         t.name, ")"));
+      }
+      total += n;
+    }
     a.state.tensors = std::move(listed);
     a.state.step = m.step;
+    int64_t origin = 0;
+    if (!meta["adamw_origin"].empty() && !absl::SimpleAtoi(meta["adamw_origin"], &origin)) {
+      return absl::InvalidArgumentError("metadata adamw_origin is not a step count");
+    }
+    a.state.adamw_origin = origin;
     for (const WholeTensor& t : a.state.tensors) {
-      a.seen_param.emplace_back(static_cast<size_t>(ElementsOf(t.shape)), false);
-      a.seen_state.emplace_back(static_cast<size_t>(ElementsOf(t.shape)), false);
+      for (auto* seen : {&a.seen_param, &a.seen_state1, &a.seen_state2}) {
+        seen->emplace_back(static_cast<size_t>(ElementsOf(t.shape)), false);
+      }
     }
   } else {
     bool same = listed.size() == a.state.tensors.size();
@@ -162,6 +192,11 @@ absl::StatusOr<WholeState> ConsolidateCheckpoint(const std::string& step_dir) {
   absl::StatusOr<CheckpointManifest> m = ReadCheckpointManifest(step_dir);
   MUONMESH_RETURN_IF_ERROR(m.status(), step_dir);
   Assembly a;
+  for (const std::string& file : m->files) {
+    std::error_code ec;
+    const uintmax_t bytes = std::filesystem::file_size(absl::StrCat(step_dir, "/", file), ec);
+    if (!ec) a.max_elements += static_cast<int64_t>(bytes / sizeof(float));
+  }
   for (int64_t r = 0; r < m->world_size; ++r) {
     const std::string path = absl::StrCat(step_dir, "/", m->files[r]);
     MUONMESH_RETURN_IF_ERROR(AddRankFile(path, r, *m, a), path);
@@ -170,9 +205,12 @@ absl::StatusOr<WholeState> ConsolidateCheckpoint(const std::string& step_dir) {
   for (size_t i = 0; i < a.state.tensors.size(); ++i) {
     WholeTensor& t = a.state.tensors[i];
     const bool stepped = t.optimizer != TensorOptimizer::kNone;
-    for (const auto& [seen, what] : {std::pair{&a.seen_param[i], "parameter"},
-                                     std::pair{&a.seen_state[i], "optimizer state"}}) {
-      if (!stepped && seen == &a.seen_state[i]) continue;
+    const bool adamw = t.optimizer == TensorOptimizer::kAdamW;
+    for (const auto& [seen, what, needed] :
+         {std::tuple{&a.seen_param[i], "parameter", true},
+          std::tuple{&a.seen_state1[i], adamw ? "exp_avg" : "momentum", stepped},
+          std::tuple{&a.seen_state2[i], "exp_avg_sq", adamw}}) {
+      if (!needed) continue;
       const auto missing = std::find(seen->begin(), seen->end(), false);
       if (missing != seen->end()) {
         return absl::DataLossError(absl::StrCat(step_dir, ": ", t.name, ": ", what, " element ",
@@ -206,9 +244,11 @@ absl::Status WriteConsolidated(const WholeState& state, const std::string& path)
           {absl::StrCat("optimizer/", t.name, "/exp_avg_sq"), t.shape, t.state2.data()});
     }
   }
-  return io::WriteSafetensors(
-      path, views,
-      {{"format", kStateFormat}, {"step", absl::StrCat(state.step)}, {"tensors", listed}});
+  return io::WriteSafetensors(path, views,
+                              {{"format", kStateFormat},
+                               {"step", absl::StrCat(state.step)},
+                               {"adamw_origin", absl::StrCat(state.adamw_origin)},
+                               {"tensors", listed}});
 }
 
 absl::StatusOr<WholeState> ReadConsolidated(const std::string& path) {
@@ -227,6 +267,12 @@ absl::StatusOr<WholeState> ReadConsolidated(const std::string& path) {
   if (!absl::SimpleAtoi(meta["step"], &state.step) || state.step < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": metadata step '", meta["step"], "' is not a step count"));
+  }
+  if (!meta["adamw_origin"].empty() &&
+      (!absl::SimpleAtoi(meta["adamw_origin"], &state.adamw_origin) || state.adamw_origin < 0 ||
+       state.adamw_origin > state.step)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": metadata adamw_origin '",
+                                                   meta["adamw_origin"], "' is not a step count"));
   }
   std::map<std::string, io::Tensor*> by_name;
   for (io::Tensor& t : tensors) by_name[t.name] = &t;

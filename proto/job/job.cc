@@ -477,6 +477,11 @@ void CheckElastic(const v1::JobSpec& job, Violations& v) {
           absl::StrCat("'", e.wait().substr(0, 40), "' is not a duration in [0s, ",
                        absl::FormatDuration(kMaxElasticWait), "] such as 30s or 2m"));
   }
+  if (job.training().max_restarts() < 1) {
+    v.Add("training.elastic",
+          "needs training.max_restarts >= 1: the attempt that loses a worker fails as any does, "
+          "and the job goes on shrunk as its restart");
+  }
   if (e.min_world_size() < 1 || e.min_world_size() >= w) {
     v.Add("training.elastic.min_world_size",
           absl::StrCat("must be in [1, world_size ", w, "), got ", e.min_world_size()));

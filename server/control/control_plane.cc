@@ -94,7 +94,23 @@ void ControlPlane::ExpireLeases() {
     if (!lost.empty()) manager_.OnWorkersLost(lost);
     manager_.CheckAdoptions();
     manager_.CheckElastic();
+    ReportStateError();
   }
+}
+
+void ControlPlane::OnStateError(std::function<void(const absl::Status&)> listener) {
+  absl::MutexLock lock(&listener_mu_);
+  state_error_listener_ = std::move(listener);
+}
+
+void ControlPlane::ReportStateError() {
+  if (state_error_reported_) return;
+  const absl::Status error = manager_.state_error();
+  if (error.ok()) return;
+  absl::MutexLock lock(&listener_mu_);
+  if (!state_error_listener_) return;
+  state_error_listener_(error);
+  state_error_reported_ = true;
 }
 
 void ControlPlane::Shutdown() {

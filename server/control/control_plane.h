@@ -9,12 +9,14 @@
 // thread.
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/impl/service_type.h"
 #include "prometheus/exposer.h"
@@ -66,6 +68,11 @@ class ControlPlane {
   // The metrics port (0 without --metrics-listen).
   int metrics_port() const;
   void Shutdown();
+  // `listener` is called once, from the lease thread, when the state first
+  // fails to be written (JobManager::state_error; at once, on the next tick,
+  // if it already has): the server then reports its control services
+  // NOT_SERVING to health checks.
+  void OnStateError(std::function<void(const absl::Status&)> listener);
   // Tests: the durable state, to make its writes fail.
   JobStore& job_store_for_test() { return *store_; }
 
@@ -73,6 +80,8 @@ class ControlPlane {
   ControlPlane(const ControlPlaneOptions& options, std::unique_ptr<DataDirLock> lock,
                std::unique_ptr<JobStore> store);
   void ExpireLeases();
+  // The lease thread's check for OnStateError.
+  void ReportStateError();
 
   // First member: taken before the store opens, released after it closes.
   std::unique_ptr<DataDirLock> lock_;
@@ -87,6 +96,9 @@ class ControlPlane {
   StoreService store_service_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::atomic<bool> stopping_{false};
+  absl::Mutex listener_mu_;
+  std::function<void(const absl::Status&)> state_error_listener_ ABSL_GUARDED_BY(listener_mu_);
+  bool state_error_reported_ = false;  // lease thread only
   std::thread lease_thread_;
 };
 

@@ -250,15 +250,18 @@ void JobManager::StartAttempt(const v1::Job& job, const v1::JobSpec& spec,
     fleet_.Push(gang[r], std::move(assignment));
   }
   const int64_t n = static_cast<int64_t>(gang.size());
+  const bool grown = job.world_size() > 0 && job.world_size() < n;
   std::string reason = absl::StrCat("running on ", n, " workers");
   if (n < a.target_world) {
-    reason = absl::StrCat("running on ", n, " of ", a.target_world,
-                          " ranks (training.elastic: too few idle workers after ",
-                          absl::FormatDuration(job::ElasticWait(job.spec())),
+    reason = absl::StrCat("running on ", n, " of ", a.target_world, " ranks (training.elastic: ",
+                          grown ? absl::StrCat("grown from ", job.world_size(), " ranks")
+                                : absl::StrCat("too few idle workers after ",
+                                               absl::FormatDuration(job::ElasticWait(job.spec()))),
                           "; the newest checkpoint resharded)");
-  } else if (job.world_size() > 0 && job.world_size() < n) {
+  } else if (grown) {
     absl::StrAppend(&reason, " (grown back from ", job.world_size(), " ranks)");
   }
+  elastic_grow_.erase(job.id());
   (void)ChangeState(job.id(), v1::JOB_STATE_RUNNING, reason, attempt, [&](v1::Job& j) {
     j.set_world_size(n);
     j.clear_worker_ids();
@@ -297,8 +300,11 @@ void JobManager::Schedule() {
       }
     }
     if (!job.has_value()) return;
+    // What the ranks run: this attempt's world size; training.elastic is
+    // the coordinator's (a worker would check it against the smaller size).
     v1::JobSpec spec = job->spec();
     spec.set_world_size(static_cast<int64_t>(gang.size()));
+    spec.mutable_training()->clear_elastic();
     absl::StatusOr<plan::PlanInput> input = PlanInputOf(spec);
     absl::StatusOr<plan::Plan> plan = !input.ok()     ? absl::StatusOr<plan::Plan>(input.status())
                                       : options_.plan ? options_.plan(*input)
@@ -320,6 +326,7 @@ void JobManager::Schedule() {
     }
     if (!plan.ok()) {
       for (const std::string& w : gang) fleet_.Release(w, job->id());
+      ForgetElastic(job->id());
       (void)ChangeState(job->id(), v1::JOB_STATE_FAILED,
                         absl::StrCat("the planner refuses the job: ", plan.status().message()),
                         job->state() == v1::JOB_STATE_RESTARTING ? job->attempt() + 1 : 0);
@@ -332,27 +339,41 @@ void JobManager::Schedule() {
 int64_t JobManager::ShrunkWorld(const v1::Job& job) {
   if (job.state() != v1::JOB_STATE_RESTARTING || !job.spec().training().has_elastic()) return 0;
   const std::vector<int64_t> sizes = job::ElasticWorldSizes(job.spec());
-  const std::set<int64_t>& refused = elastic_refused_[job.id()];
+  static const std::set<int64_t> kNone;
+  auto refused_it = elastic_refused_.find(job.id());
+  const std::set<int64_t>& refused =
+      refused_it == elastic_refused_.end() ? kNone : refused_it->second;
   int64_t smallest = 0;
   for (int64_t w : sizes) {
     if (refused.count(w) == 0) smallest = w;
   }
   if (smallest == 0) return 0;
+  // Stopped to grow: the size it grows to, at once (its workers are idle).
+  if (auto grow = elastic_grow_.find(job.id()); grow != elastic_grow_.end()) {
+    return fleet_.IdleCount(DeviceOf(job.spec())) >= grow->second ? grow->second : 0;
+  }
   // The wait runs from the fault (or the drain) that ended the last attempt.
   const absl::Time now = clock_.Now();
   auto rec = recovering_.find(job.id());
-  const ElasticWaiting& waiting =
+  ElasticWaiting& waiting =
       elastic_waiting_
           .try_emplace(job.id(),
                        ElasticWaiting{rec != recovering_.end() ? rec->second : now,
                                       job::ElasticWait(job.spec()), smallest, DeviceOf(job.spec())})
           .first->second;
+  waiting.smallest = smallest;
   if (now < waiting.since + waiting.wait) return 0;
   const int64_t idle = fleet_.IdleCount(waiting.device);
   for (int64_t w : sizes) {
     if (w <= idle && refused.count(w) == 0) return w;
   }
   return 0;
+}
+
+void JobManager::ForgetElastic(const std::string& job_id) {
+  elastic_waiting_.erase(job_id);
+  elastic_refused_.erase(job_id);
+  elastic_grow_.erase(job_id);
 }
 
 void JobManager::CheckElastic() {
@@ -362,13 +383,18 @@ void JobManager::CheckElastic() {
     for (auto& [id, a] : active_) {
       const int64_t n = static_cast<int64_t>(a.workers.size());
       if (n >= a.target_world || a.adopting || a.cancelled || !a.drained.empty()) continue;
+      // Not for the last steps: the stop and its checkpoint would cost more.
+      if (a.max_continued_step + 2 >= a.total_steps) continue;
       // The largest size the idle workers (with this attempt's) cover.
       const int64_t can = n + fleet_.IdleCount(a.device);
+      auto refused = elastic_refused_.find(id);
       int64_t to = can >= a.target_world ? a.target_world : 0;
       for (int64_t w : a.elastic_sizes) {
-        if (to == 0 && w > n && w <= can) to = w;
+        const bool ok = refused == elastic_refused_.end() || refused->second.count(w) == 0;
+        if (to == 0 && ok && w > n && w <= can) to = w;
       }
       if (to == 0) continue;
+      if (to < a.target_world) elastic_grow_[id] = to;
       a.drained = absl::StrCat("training.elastic: growing from ", n, " to ", to,
                                " ranks (idle workers came)");
       a.stop_at_step = std::min(a.stop_at_step, a.max_continued_step + 1);
@@ -693,6 +719,7 @@ void JobManager::MaybeFinish(const std::string& job_id) {
   const bool all_finished = std::all_of(done.outcome.begin(), done.outcome.end(),
                                         [](Outcome o) { return o == kSucceeded; });
   if (done.failure.empty() && all_finished) {
+    ForgetElastic(job_id);
     (void)ChangeState(job_id, v1::JOB_STATE_SUCCEEDED, "every rank finished", done.attempt);
     return;
   }
@@ -705,7 +732,7 @@ void JobManager::MaybeFinish(const std::string& job_id) {
                       absl::StrCat(done.drained.empty() ? std::string("every rank stopped at a "
                                                                       "checkpoint (a drain)")
                                                         : done.drained,
-                                   "; going on from its newest checkpoint on other workers"),
+                                   "; going on from its newest checkpoint"),
                       done.attempt,
                       [](v1::Job& j) { j.set_drained_attempts(j.drained_attempts() + 1); });
     return;
@@ -717,6 +744,7 @@ void JobManager::MaybeFinish(const std::string& job_id) {
                                    "; restarting from the newest checkpoint"),
                       done.attempt);
   } else {
+    ForgetElastic(job_id);
     (void)ChangeState(job_id, v1::JOB_STATE_FAILED, done.failure, done.attempt);
   }
 }
@@ -803,6 +831,7 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id, const std:
     absl::MutexLock lock(&mu_);
     MUONMESH_ASSIGN_OR_RETURN(v1::Job job, store_.Get(job_id));
     recovering_.erase(job_id);
+    ForgetElastic(job_id);
     if (job.state() == v1::JOB_STATE_CANCELLED) return job;
     if (IsFinal(job.state())) {
       return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " has already finished (",

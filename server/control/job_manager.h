@@ -221,6 +221,8 @@ class JobManager {
   // The smaller world size an elastic RESTARTING job may start at now (its
   // wait over, enough idle workers), or 0.
   int64_t ShrunkWorld(const v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops an ended job's elastic bookkeeping.
+  void ForgetElastic(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailRank(const std::string& job_id, Attempt& a, int32_t rank, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes up a RUNNING job's attempt after a restart (Recover).
@@ -249,6 +251,9 @@ class JobManager {
   // the planner refuses.
   std::map<std::string, ElasticWaiting> elastic_waiting_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::set<int64_t>> elastic_refused_ ABSL_GUARDED_BY(mu_);
+  // Elastic jobs stopped to grow to a size below their world_size: that
+  // size, which their restart takes at once.
+  std::map<std::string, int64_t> elastic_grow_ ABSL_GUARDED_BY(mu_);
 
   // Records a failed state write (state_error). Returns `s`.
   absl::Status NoteWrite(absl::Status s);

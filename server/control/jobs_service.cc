@@ -57,7 +57,10 @@ grpc::Status JobsService::ListJobs(grpc::ServerContext*, const v1::ListJobsReque
   absl::StatusOr<JobStore::Page> page =
       store_.List(states, request->name(), request->page_size(), request->page_token());
   if (!page.ok()) return rpc::ToGrpcStatus(page.status());
-  for (v1::Job& j : page->jobs) *response->add_jobs() = std::move(j);
+  for (v1::Job& j : page->jobs) {
+    if (!request->full_spec()) j.clear_spec();
+    *response->add_jobs() = std::move(j);
+  }
   response->set_next_page_token(page->next_page_token);
   return grpc::Status::OK;
 }

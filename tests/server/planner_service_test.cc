@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <set>
@@ -14,6 +15,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/plan/plan_size.h"
+#include "core/plan/validate.h"
 #include "gmock/gmock.h"
 #include "google/rpc/error_details.pb.h"
 #include "google/rpc/status.pb.h"
@@ -24,13 +27,12 @@
 #include "grpcpp/support/channel_arguments.h"
 #include "grpcpp/support/sync_stream.h"
 #include "gtest/gtest.h"
+#include "muonmesh/v1/jobs.grpc.pb.h"
 #include "muonmesh/v1/planner.grpc.pb.h"
-#include "proto/io/message_file.h"
-#include "server/coordinator_server.h"
-#include "core/plan/plan_size.h"
-#include "core/plan/validate.h"
 #include "proto/convert/plan_convert.h"
+#include "proto/io/message_file.h"
 #include "proto/rpc/rpc_status.h"
+#include "server/coordinator_server.h"
 
 #if MUONMESH_HAVE_HEALTH_PROTO
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -650,6 +652,60 @@ TEST_F(PlannerServiceTest, HugeNamesAreRefusedWithoutEchoingThem) {
   ASSERT_TRUE(Validate(validate, &violations).ok());
   ASSERT_EQ(violations.violations_size(), 1);
   EXPECT_LT(violations.violations(0).description().size(), 1024u);
+}
+
+// A coordinator that cannot write its state takes no new work until it is
+// restarted (JobManager::state_error), and says so to probes: the server
+// and its control services turn NOT_SERVING; the Planner serves on.
+TEST_F(PlannerServiceTest, AStateItCannotWriteTurnsItsControlServicesNotServing) {
+#if MUONMESH_HAVE_HEALTH_PROTO
+  const std::string dir = ::testing::TempDir() + "/planner_service_state_error";
+  std::filesystem::remove_all(dir);
+  CoordinatorServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.control.data_dir = dir;
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  auto status_of = [&](const std::string& service) {
+    grpc::ClientContext context;
+    Deadline(&context);
+    grpc::health::v1::HealthCheckRequest request;
+    request.set_service(service);
+    grpc::health::v1::HealthCheckResponse response;
+    EXPECT_TRUE(health->Check(&context, request, &response).ok()) << service;
+    return response.status();
+  };
+  using Health = grpc::health::v1::HealthCheckResponse;
+  EXPECT_EQ(status_of("muonmesh.v1.Jobs"), Health::SERVING);
+  ASSERT_TRUE((*server)->control()->job_store_for_test().SetReadOnlyForTest(true).ok());
+  // A submit, which writes the job first, fails on the read-only state.
+  auto jobs = v1::Jobs::NewStub(channel);
+  v1::SubmitJobRequest submit;
+  ASSERT_TRUE(protoio::ParseMessageText(
+                  "name: j\nworld_size: 1\nmodel: {mlp: {dims: [6, 16, 3]}}\n"
+                  "training: {steps: 2, global_batch_size: 4}\noutput: {dir: /tmp/j}\n",
+                  "job", submit.mutable_spec())
+                  .ok());
+  grpc::ClientContext context;
+  Deadline(&context);
+  v1::SubmitJobResponse answer;
+  EXPECT_FALSE(jobs->SubmitJob(&context, submit, &answer).ok());
+  // The lease thread reports it within a tick (200 ms).
+  for (int i = 0; i < 100 && status_of("muonmesh.v1.Jobs") == Health::SERVING; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  for (const std::string service :
+       {"", "muonmesh.v1.Jobs", "muonmesh.v1.Fleet", "muonmesh.v1.Store"}) {
+    EXPECT_EQ(status_of(service), Health::NOT_SERVING) << service;
+  }
+  EXPECT_EQ(status_of("muonmesh.v1.Planner"), Health::SERVING);
+  (*server)->Shutdown(absl::Seconds(1));
+  (*server)->Wait();
+#else
+  GTEST_SKIP() << "built without the gRPC health proto";
+#endif
 }
 
 TEST_F(PlannerServiceTest, SecondServerCannotTakeABoundPort) {

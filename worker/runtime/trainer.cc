@@ -104,7 +104,8 @@ absl::StatusOr<StepReport> Trainer::Step() {
   report.loss = pair[0];
   report.times.grad_reduce += absl::Now() - t0;
 
-  st = m.Optimize(step_, &report);
+  // AdamW's bias correction counts the steps of its own state.
+  st = m.Optimize(step_ - adamw_origin_, &report);
   MUONMESH_RETURN_IF_ERROR(st);
 
   t0 = absl::Now();

@@ -222,6 +222,9 @@ class Trainer {
   explicit Trainer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
   int64_t step_ = 0;
+  // Steps done before the optimizer state began: 0, or the step of a load
+  // with fresh optimizer state (LoadState); checkpoints keep it.
+  int64_t adamw_origin_ = 0;
 };
 
 }  // namespace muonmesh::worker

@@ -71,6 +71,7 @@ absl::Status Trainer::SaveShards(const std::string& path) const {
                                                  {"rank", absl::StrCat(impl_->rank)},
                                                  {"world_size", absl::StrCat(impl_->world)},
                                                  {"step", absl::StrCat(step_)},
+                                                 {"adamw_origin", absl::StrCat(adamw_origin_)},
                                                  {"layout", LayoutFingerprint()},
                                                  {"tensors", impl_->TensorsText()}};
   for (const UnitState& u : impl_->units) {
@@ -107,6 +108,12 @@ absl::Status Trainer::LoadShards(const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": metadata step '", metadata["step"], "' is not a step count"));
   }
+  int64_t origin = 0;  // absent from files written before it was kept
+  if (!metadata["adamw_origin"].empty() &&
+      (!absl::SimpleAtoi(metadata["adamw_origin"], &origin) || origin < 0 || origin > step)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": metadata adamw_origin '", metadata["adamw_origin"], "' is not a step count"));
+  }
   std::map<std::string, io::Tensor*> by_name;
   for (io::Tensor& t : tensors) by_name[t.name] = &t;
   // Check everything before changing anything.
@@ -136,11 +143,16 @@ absl::Status Trainer::LoadShards(const std::string& path) {
     MUONMESH_RETURN_IF_ERROR(st);
   }
   step_ = step;
+  adamw_origin_ = origin;
   return absl::OkStatus();
 }
 
 absl::Status Trainer::Impl::CheckWholeState(const WholeState& state, bool fresh_state) const {
   if (state.step < 0) return absl::InvalidArgumentError(absl::StrCat("step ", state.step));
+  if (state.adamw_origin < 0 || state.adamw_origin > state.step) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("adamw_origin ", state.adamw_origin, " is not in [0, step ", state.step, "]"));
+  }
   if (state.tensors.size() != param_sizes.size()) {
     return absl::InvalidArgumentError(absl::StrCat("it has ", state.tensors.size(),
                                                    " tensors, the model ", workload->spec().name,
@@ -211,6 +223,7 @@ absl::Status Trainer::LoadState(const WholeState& state, bool fresh_optimizer_st
     }
   }
   step_ = state.step;
+  adamw_origin_ = fresh_optimizer_state ? state.step : state.adamw_origin;
   return absl::OkStatus();
 }
 

@@ -33,6 +33,9 @@ struct WholeTensor {
 
 struct WholeState {
   int64_t step = 0;                  // steps done
+  // Steps done before the optimizer state began (a start with fresh state):
+  // AdamW's bias correction counts from it.
+  int64_t adamw_origin = 0;
   std::vector<WholeTensor> tensors;  // flat spec order
 };
 

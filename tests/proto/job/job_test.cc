@@ -567,6 +567,12 @@ std::vector<BrokenJob> BrokenJobs() {
        "empty path"},
       {"DataEmptyPath", [](J& j) { j.mutable_data()->set_safetensors(""); }, "data.safetensors",
        "empty path"},
+      {"ElasticWithoutRestarts",
+       [](J& j) {
+         j.mutable_training()->mutable_elastic()->set_min_world_size(2);
+         j.mutable_training()->set_max_restarts(0);
+       },
+       "training.elastic", "needs training.max_restarts >= 1"},
       {"ElasticMinAtWorldSize",
        [](J& j) { j.mutable_training()->mutable_elastic()->set_min_world_size(4); },
        "training.elastic.min_world_size", "must be in [1, world_size 4), got 4"},

@@ -266,6 +266,26 @@ TEST_F(ControlPlaneTest, ARepeatedRequestIdMakesOneJob) {
   EXPECT_EQ(Submit(other, "same").status().code(), absl::StatusCode::kAlreadyExists);
 }
 
+// A list leaves the specs out unless asked (a spec may carry a whole model
+// inline); GetJob has it.
+TEST_F(ControlPlaneTest, ListJobsLeavesTheSpecsOutUnlessAsked) {
+  const v1::JobSpec spec = Spec(JobYaml(dir_, "listed", 2, 2));
+  ASSERT_TRUE(Submit(spec).ok());
+  for (const bool full : {false, true}) {
+    v1::ListJobsRequest request;
+    request.set_full_spec(full);
+    v1::ListJobsResponse list;
+    grpc::ClientContext context;
+    ASSERT_TRUE(jobs_->ListJobs(&context, request, &list).ok());
+    ASSERT_EQ(list.jobs_size(), 1);
+    EXPECT_EQ(list.jobs(0).name(), "listed");
+    EXPECT_EQ(list.jobs(0).has_spec(), full);
+    if (full) {
+      EXPECT_EQ(list.jobs(0).spec().training().steps(), spec.training().steps());
+    }
+  }
+}
+
 TEST_F(ControlPlaneTest, InvalidJobsGetEveryViolationAndCreateNothing) {
   v1::JobSpec spec = Spec(JobYaml(dir_, "bad", 4, 2));
   spec.mutable_parallelism()->set_num_distributed_optimizer_instances(3);

@@ -8,7 +8,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <future>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -140,8 +142,21 @@ class ElasticTest : public ::testing::Test {
     info.set_worker_id(id);
     info.set_device("cpu");
     info.set_address("127.0.0.1");
-    ASSERT_TRUE(fleet_->Register(info).ok());
+    absl::StatusOr<Fleet::Lease> lease = fleet_->Register(info);
+    ASSERT_TRUE(lease.ok());
+    leases_[id] = lease->lease_id;
   }
+  // The newest start the worker was sent (its queue drained).
+  std::optional<v1::StartRank> LastStart(const std::string& worker) {
+    std::optional<v1::StartRank> start;
+    while (true) {
+      absl::StatusOr<std::optional<v1::Assignment>> next =
+          fleet_->Next(worker, leases_[worker], absl::ZeroDuration(), nullptr);
+      if (!next.ok() || !next->has_value()) return start;
+      if ((*next)->has_start()) start = (*next)->start();
+    }
+  }
+  std::map<std::string, std::string> leases_;
   // Every rank of the attempt but the lost worker's ends with `outcome`,
   // after reporting `step` when it is >= 0 (the answer's stop and checkpoint
   // in `told`).
@@ -263,6 +278,14 @@ TEST_F(ElasticTest, SizesTheParallelismConfigRefusesAreSkipped) {
   job = *store_->Get(job.id());
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(job.world_size(), 2);
+  // Its ranks run the job at 2, min_world_size itself: the spec they get
+  // has that world size and no training.elastic (which a worker would check
+  // against it and refuse).
+  const std::optional<v1::StartRank> start = LastStart(job.worker_ids(0));
+  ASSERT_TRUE(start.has_value());
+  EXPECT_EQ(start->spec().world_size(), 2);
+  EXPECT_FALSE(start->spec().training().has_elastic());
+  EXPECT_TRUE(job::ValidateJob(start->spec()).empty());
 }
 
 }  // namespace

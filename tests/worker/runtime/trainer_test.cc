@@ -13,9 +13,14 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
 #include <map>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/plan/owners.h"
 #include "core/plan/planner.h"
 #include "gtest/gtest.h"
@@ -833,6 +838,15 @@ TEST(ReshardInputTest, RefusesAnotherModelOrMissingStateAndChangesNothing) {
   ASSERT_TRUE(fresh->LoadState(*weights, true).ok());
   EXPECT_EQ((*fresh->GatherParameters())[0], w0);
 
+  // Fresh state at step 1: AdamW's bias correction counts from there, and
+  // the shards say so (a resume keeps counting from it).
+  ASSERT_TRUE(fresh->LoadState(*whole, true).ok());
+  ASSERT_TRUE(fresh->SaveShards(dir + "/fresh.safetensors").ok());
+  std::map<std::string, std::string> meta;
+  ASSERT_TRUE(io::ReadSafetensors(dir + "/fresh.safetensors", &meta).ok());
+  EXPECT_EQ(meta["adamw_origin"], "1");
+  EXPECT_EQ(meta["step"], "1");
+
   // A damaged rank file: named, and the checkpoint left as it was.
   const std::string rank_file = step_dir + "/" + RankFile(0);
   const uintmax_t size = std::filesystem::file_size(rank_file);
@@ -849,6 +863,69 @@ TEST(ReshardInputTest, RefusesAnotherModelOrMissingStateAndChangesNothing) {
             absl::StatusCode::kNotFound);
   EXPECT_EQ(LoadWholeState(dir + "/none", &from, &notes).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// A checkpoint whose shard metadata lies (runs out of range, a model
+// larger than its files, a missing optimizer buffer), re-signed in its
+// manifest so that only the metadata is wrong: an error naming the file,
+// never a crash or a write out of bounds.
+TEST(ReshardInputTest, LyingShardMetadataIsAnErrorNamingTheFile) {
+  const std::string dir = ::testing::TempDir() + "/reshard_lies";
+  TwoLayerLinear model;
+  std::unique_ptr<Trainer> t = SoloTrainer(&model, "optim_grads_params", dir + "/s1");
+  ASSERT_TRUE(t);
+  const std::string step_dir = OneStepCheckpoint(*t, dir + "/out");
+  const std::string file = step_dir + "/" + RankFile(0);
+  std::map<std::string, std::string> meta;
+  absl::StatusOr<std::vector<io::Tensor>> tensors = io::ReadSafetensors(file, &meta);
+  ASSERT_TRUE(tensors.ok());
+  const std::string manifest = [&] {
+    std::ifstream in(step_dir + "/COMPLETE");
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }();
+  // Writes the file with `edit` applied and its manifest line re-signed.
+  auto rewrite = [&](const std::function<void(std::map<std::string, std::string>&,
+                                              std::vector<io::Tensor>&)>& edit) {
+    std::map<std::string, std::string> m = meta;
+    std::vector<io::Tensor> ts = *tensors;
+    edit(m, ts);
+    std::vector<io::TensorView> views;
+    for (const io::Tensor& x : ts) views.push_back({x.name, x.shape, x.data.data()});
+    ASSERT_TRUE(io::WriteSafetensors(file, views, m).ok());
+    absl::StatusOr<Digest> d = DigestOf(file);
+    ASSERT_TRUE(d.ok());
+    std::string text = manifest.substr(0, manifest.find("file "));
+    absl::StrAppendFormat(&text, "file %s %d %08x\n", RankFile(0), d->size, d->crc32);
+    std::ofstream(step_dir + "/COMPLETE") << text;
+  };
+  const std::string runs_key = "runs.units.0.dense.param";
+  ASSERT_TRUE(meta.count(runs_key)) << "the first unit's runs";
+  for (const std::string& runs :
+       {std::string("0:9223372036854775800:0:10"), std::string("0:0:9223372036854775800:10"),
+        std::string("7:0:0:1"), std::string("0:0:0:-1")}) {
+    rewrite([&](auto& m, auto&) { m[runs_key] = runs; });
+    absl::StatusOr<WholeState> w = ConsolidateCheckpoint(step_dir);
+    EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument) << runs;
+    EXPECT_NE(w.status().message().find(RankFile(0)), std::string::npos) << w.status();
+    EXPECT_NE(w.status().message().find("a bad run"), std::string::npos) << w.status();
+  }
+  rewrite([&](auto& m, auto&) {
+    m["tensors"] = absl::StrCat("huge\t1000000000000\tmuon\n", meta["tensors"]);
+  });
+  absl::StatusOr<WholeState> w = ConsolidateCheckpoint(step_dir);
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(w.status().message().find("more elements than the checkpoint's files hold"),
+            std::string::npos)
+      << w.status();
+  // Without the AdamW second moments: their elements are in no file.
+  rewrite([&](auto&, auto& ts) {
+    ts.erase(std::remove_if(ts.begin(), ts.end(),
+                            [](const io::Tensor& x) { return x.name.ends_with(".state2"); }),
+             ts.end());
+  });
+  w = ConsolidateCheckpoint(step_dir);
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(w.status().message().find("exp_avg_sq element"), std::string::npos) << w.status();
 }
 
 // A Device that says it holds GPU memory (and is the CPU underneath).
