@@ -134,6 +134,25 @@ absl::StatusOr<std::vector<v1::Job>> CoordinatorClient::List(
   return out;
 }
 
+absl::Status CoordinatorClient::Delete(const std::string& job_id) {
+  grpc::ClientContext context;
+  SetDeadline(context, options_.timeout);
+  v1::DeleteJobRequest request;
+  request.set_job_id(job_id);
+  v1::DeleteJobResponse response;
+  return Error(jobs_->DeleteJob(&context, request, &response), "delete");
+}
+
+absl::StatusOr<std::vector<std::string>> CoordinatorClient::Prune(absl::Time t) {
+  grpc::ClientContext context;
+  SetDeadline(context, options_.timeout);
+  v1::PruneJobsRequest request;
+  request.set_finished_before_unix_ms(absl::ToUnixMillis(t));
+  v1::PruneJobsResponse response;
+  MUONMESH_RETURN_IF_ERROR(Error(jobs_->PruneJobs(&context, request, &response), "prune"));
+  return std::vector<std::string>(response.job_ids().begin(), response.job_ids().end());
+}
+
 absl::StatusOr<v1::Job> CoordinatorClient::Cancel(const std::string& job_id,
                                                   const std::string& reason) {
   v1::CancelJobRequest request;

@@ -47,6 +47,10 @@ class CoordinatorClient {
   absl::StatusOr<std::vector<v1::Job>> List(const std::vector<v1::JobState>& states,
                                             const std::string& name);
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id, const std::string& reason);
+  // Jobs.DeleteJob: a finished job and its records.
+  absl::Status Delete(const std::string& job_id);
+  // Jobs.PruneJobs (admin): the ids of the jobs that finished before `t`.
+  absl::StatusOr<std::vector<std::string>> Prune(absl::Time t);
   // Fleet.DrainWorker (admin): the worker as it is now (DRAINING).
   absl::StatusOr<v1::Worker> Drain(const std::string& worker_id, const std::string& reason);
   // Every step record in [first, last] (last < 0: to the end), all pages.

@@ -350,6 +350,25 @@ int Cancel(CoordinatorClient& client, const std::string& job_id, const std::stri
   return kExitOk;
 }
 
+int Delete(CoordinatorClient& client, const std::string& job_id, Streams io) {
+  if (absl::Status st = client.Delete(job_id); !st.ok()) return Fail(st, io);
+  io.out << job_id << " deleted\n";
+  return kExitOk;
+}
+
+int Prune(CoordinatorClient& client, absl::Duration older_than, Streams io) {
+  if (older_than <= absl::ZeroDuration()) {
+    io.err << "muonmeshctl prune: --older-than: required, a duration > 0 (e.g. 168h)\n";
+    return kExitUsage;
+  }
+  absl::StatusOr<std::vector<std::string>> ids = client.Prune(absl::Now() - older_than);
+  if (!ids.ok()) return Fail(ids.status(), io);
+  for (const std::string& id : *ids) io.out << id << " deleted\n";
+  io.out << ids->size() << " job(s) that finished before "
+         << absl::FormatTime(absl::Now() - older_than) << " deleted\n";
+  return kExitOk;
+}
+
 int Drain(CoordinatorClient& client, const std::string& worker_id, const std::string& reason,
           Streams io) {
   absl::StatusOr<v1::Worker> w = client.Drain(worker_id, reason);

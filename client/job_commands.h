@@ -50,6 +50,9 @@ int Metrics(CoordinatorClient& client, const std::string& job_id, const std::str
             bool summary, bool all_ranks, Streams io);
 // Takes a worker out of service; prints it (its job, if it runs a rank,
 // checkpoints and moves to other workers).
+// A finished job removed; every job finished more than `older_than` ago.
+int Delete(CoordinatorClient& client, const std::string& job_id, Streams io);
+int Prune(CoordinatorClient& client, absl::Duration older_than, Streams io);
 int Drain(CoordinatorClient& client, const std::string& worker_id, const std::string& reason,
           Streams io);
 int Cancel(CoordinatorClient& client, const std::string& job_id, const std::string& reason,

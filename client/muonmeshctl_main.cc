@@ -86,39 +86,50 @@ int ParseJobCommand(const JobCommand& command, const std::vector<std::string>& a
   return kExitOk;
 }
 
+// The commands that talk to the coordinator's job and fleet services.
+const JobCommand kCommands[] = {
+    {"submit", "FILE",
+     "FILE [--request-id ID] [--coordinator ADDR] [--timeout SECONDS]\n\n"
+     "Submits the job file (YAML or JSON). Relative paths in it are made absolute against\n"
+     "its folder, output.dir defaults to <its folder>/runs/<name>, and a synthetic model's\n"
+     "spec file is sent inline. Prints the job id alone on the last line of stdout.\n"
+     "Repeating a submit with the same --request-id makes one job."},
+    {"status", "JOB",
+     "[JOB] [--json] [--coordinator ADDR]\n\n"
+     "The job's state, progress and timing; without JOB, how many jobs are in each state\n"
+     "and how many workers of each device are idle, busy or lost.",
+     /*positional_optional=*/true},
+    {"list", nullptr,
+     "[--state S[,S...]] [--name NAME] [--json] [--coordinator ADDR]\n\n"
+     "Jobs, newest first (states: pending, running, restarting, succeeded, failed, "
+     "cancelled)."},
+    {"watch", "JOB",
+     "JOB [--from INDEX] [--coordinator ADDR]\n\n"
+     "Follows the job to its end: every state change, and every step's loss, time and ETA\n"
+     "(a live progress bar on a terminal). Resumes from event INDEX (default: the first)."},
+    {"metrics", "JOB",
+     "JOB [--format table|json|csv] [--summary] [--all-ranks] [--coordinator ADDR]\n\n"
+     "The job's per-step records: loss, step time and every phase, bytes sent, Newton-Schulz\n"
+     "FLOPs (rank 0's, or every rank's with --all-ranks); --summary adds medians and totals."},
+    {"cancel", "JOB",
+     "JOB [--reason TEXT] [--coordinator ADDR]\n\nStops the job; its workers are freed."},
+    {"drain", "WORKER",
+     "WORKER [--reason TEXT] [--coordinator ADDR]\n\n"
+     "Takes a worker out of service (admin role): it gets no new rank; a job it runs writes a\n"
+     "checkpoint at its next step, stops and goes on from it on other workers without\n"
+     "spending a restart; then the worker exits 0."},
+    {"delete", "JOB",
+     "JOB [--coordinator ADDR]\n\n"
+     "Removes a finished job with its events and step records (its output folder stays).\n"
+     "A job that has not finished is refused: cancel it first."},
+    {"prune", nullptr,
+     "--older-than DURATION [--coordinator ADDR]\n\n"
+     "Removes every job that finished more than DURATION ago (in h, m or s: 168h is a\n"
+     "week), as delete does (admin role). The coordinator prunes by itself past its\n"
+     "--retain-finished."},
+    {"workers", nullptr, "[--json] [--coordinator ADDR]\n\nThe registered workers."}};
+
 int RunJobCommand(const std::string& name, const std::vector<std::string>& args) {
-  static const JobCommand kCommands[] = {
-      {"submit", "FILE",
-       "FILE [--request-id ID] [--coordinator ADDR] [--timeout SECONDS]\n\n"
-       "Submits the job file (YAML or JSON). Relative paths in it are made absolute against\n"
-       "its folder, output.dir defaults to <its folder>/runs/<name>, and a synthetic model's\n"
-       "spec file is sent inline. Prints the job id alone on the last line of stdout.\n"
-       "Repeating a submit with the same --request-id makes one job."},
-      {"status", "JOB",
-       "[JOB] [--json] [--coordinator ADDR]\n\n"
-       "The job's state, progress and timing; without JOB, how many jobs are in each state\n"
-       "and how many workers of each device are idle, busy or lost.",
-       /*positional_optional=*/true},
-      {"list", nullptr,
-       "[--state S[,S...]] [--name NAME] [--json] [--coordinator ADDR]\n\n"
-       "Jobs, newest first (states: pending, running, restarting, succeeded, failed, "
-       "cancelled)."},
-      {"watch", "JOB",
-       "JOB [--from INDEX] [--coordinator ADDR]\n\n"
-       "Follows the job to its end: every state change, and every step's loss, time and ETA\n"
-       "(a live progress bar on a terminal). Resumes from event INDEX (default: the first)."},
-      {"metrics", "JOB",
-       "JOB [--format table|json|csv] [--summary] [--all-ranks] [--coordinator ADDR]\n\n"
-       "The job's per-step records: loss, step time and every phase, bytes sent, Newton-Schulz\n"
-       "FLOPs (rank 0's, or every rank's with --all-ranks); --summary adds medians and totals."},
-      {"cancel", "JOB",
-       "JOB [--reason TEXT] [--coordinator ADDR]\n\nStops the job; its workers are freed."},
-      {"drain", "WORKER",
-       "WORKER [--reason TEXT] [--coordinator ADDR]\n\n"
-       "Takes a worker out of service (admin role): it gets no new rank; a job it runs writes a\n"
-       "checkpoint at its next step, stops and goes on from it on other workers without\n"
-       "spending a restart; then the worker exits 0."},
-      {"workers", nullptr, "[--json] [--coordinator ADDR]\n\nThe registered workers."}};
   const JobCommand* command = nullptr;
   for (const JobCommand& c : kCommands) {
     if (name == c.name) command = &c;
@@ -142,6 +153,11 @@ int RunJobCommand(const std::string& name, const std::vector<std::string>& args)
   }
   if (name == "cancel") parser.String("--reason", "TEXT", "recorded with the cancel", &reason);
   if (name == "drain") parser.String("--reason", "TEXT", "recorded in the job's events", &reason);
+  absl::Duration older_than = absl::ZeroDuration();
+  if (name == "prune") {
+    parser.Duration("--older-than", "DURATION", "jobs that finished longer ago go (required)",
+                    &older_than);
+  }
   if (const int code = ParseJobCommand(*command, args, parser, &f, &positional); code != kExitOk) {
     return code < 0 ? kExitOk : code;
   }
@@ -156,6 +172,8 @@ int RunJobCommand(const std::string& name, const std::vector<std::string>& args)
   if (name == "metrics") return cli::Metrics(client, positional, format, summary, all_ranks, io);
   if (name == "cancel") return cli::Cancel(client, positional, reason, io);
   if (name == "drain") return cli::Drain(client, positional, reason, io);
+  if (name == "delete") return cli::Delete(client, positional, io);
+  if (name == "prune") return cli::Prune(client, older_than, io);
   return cli::Workers(client, f.json, io);
 }
 
@@ -172,6 +190,8 @@ constexpr const char* kHelpHead =
     "  metrics    a job's per-step records (table, JSON or CSV)\n"
     "  cancel     stop a job\n"
     "  drain      take a worker out of service (its job moves, losing no step)\n"
+    "  delete     remove a finished job and its records\n"
+    "  prune      remove the jobs that finished before a time\n"
     "  workers    the registered workers\n"
     "  validate   check a parallelism config against a model spec\n"
     "  plan       compute the mesh, shard layout and Muon owner ranks\n"

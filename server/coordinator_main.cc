@@ -28,6 +28,7 @@ namespace {
 constexpr char kSynopsis[] =
     "[--listen HOST:PORT] [--data-dir DIR] [--metrics-listen HOST:PORT]\n"
     "       [--lease-ttl 10s] [--collective-timeout 60s] [--shutdown-grace 5s]\n"
+    "       [--retain-finished 720h]\n"
     "       [--max-concurrent-plans 4] [--plan-memory-mib 4096]\n"
     "       [--tls-cert FILE --tls-key FILE [--tls-ca FILE] --tokens-file FILE] [--insecure]\n"
     "       [--allowed-dirs DIR[,DIR...]]\n"
@@ -46,6 +47,7 @@ struct Flags {
   std::string metrics_listen;
   absl::Duration lease_ttl = absl::Seconds(10);
   absl::Duration collective_timeout = absl::Seconds(60);
+  absl::Duration retain_finished = absl::Hours(24 * 30);
   std::string tls_cert;
   std::string tls_key;
   std::string tls_ca;
@@ -80,6 +82,11 @@ void DeclareFlags(muonmesh::FlagParser& parser, Flags* f) {
                   "the timeout of every collective in the workers of a job (a stalled peer is "
                   "caught after at most this long). In [1s, 24h], default 60s",
                   &f->collective_timeout);
+  parser.Duration("--retain-finished", "D",
+                  "how long a finished job is kept with its events and step records before it "
+                  "is removed (muonmeshctl delete and prune remove them sooner); 0: for ever. "
+                  "Default 720h (30 days)",
+                  &f->retain_finished);
   parser.Duration("--shutdown-grace", "D",
                   "on SIGINT/SIGTERM, how long calls in flight may finish before they are "
                   "cancelled (plans being computed are cancelled at once). Default 5s",
@@ -156,6 +163,11 @@ absl::Status OptionsFromFlags(const Flags& f, muonmesh::CoordinatorServerOptions
   }
   if (data_dir != "none") options->control.data_dir = data_dir;
   options->control.metrics_listen = f.metrics_listen;
+  if (f.retain_finished < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("--retain-finished must be >= 0, got ",
+                                                   absl::FormatDuration(f.retain_finished)));
+  }
+  options->control.retain_finished = f.retain_finished;
   if (f.lease_ttl < absl::Milliseconds(500) || f.lease_ttl > absl::Hours(1)) {
     return absl::InvalidArgumentError(absl::StrCat("--lease-ttl must be in [500ms, 1h], got ",
                                                    absl::FormatDuration(f.lease_ttl)));

@@ -44,6 +44,8 @@ constexpr Entry kRules[] = {
     {"/muonmesh.v1.Jobs/GetJobMetrics", Roles(kReaders)},
     {"/muonmesh.v1.Jobs/SubmitJob", Roles(kSubmitters)},
     {"/muonmesh.v1.Jobs/CancelJob", Roles(kSubmitters)},
+    {"/muonmesh.v1.Jobs/DeleteJob", Roles(kSubmitters)},
+    {"/muonmesh.v1.Jobs/PruneJobs", Roles(kAdmins)},
     {"/muonmesh.v1.Fleet/ListWorkers", Roles(kAnyone)},
     {"/muonmesh.v1.Fleet/DrainWorker", Roles(kAdmins)},
     {"/muonmesh.v1.Fleet/Register", Workers(kWorkers)},

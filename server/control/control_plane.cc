@@ -66,7 +66,8 @@ ControlPlane::ControlPlane(const ControlPlaneOptions& options, std::unique_ptr<D
       jobs_service_(&manager_, store_.get()),
       fleet_service_(&fleet_, &manager_,
                      {.worker_ids_from_certificates = options.worker_ids_from_certificates}),
-      store_service_(&rendezvous_) {}
+      store_service_(&rendezvous_),
+      retain_finished_(options.retain_finished) {}
 
 ControlPlane::~ControlPlane() { Shutdown(); }
 
@@ -95,6 +96,10 @@ void ControlPlane::ExpireLeases() {
     manager_.CheckAdoptions();
     manager_.CheckElastic();
     ReportStateError();
+    if (retain_finished_ > absl::ZeroDuration() && clock_.Now() >= next_prune_) {
+      next_prune_ = clock_.Now() + absl::Minutes(1);
+      (void)manager_.Prune(absl::ToUnixMillis(clock_.Now() - retain_finished_));
+    }
   }
 }
 

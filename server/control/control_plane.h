@@ -49,6 +49,9 @@ struct ControlPlaneOptions {
   // A worker's id must be named by its client certificate (its CN or a
   // subjectAltName): FleetService. Needs mutual TLS.
   bool worker_ids_from_certificates = false;
+  // Finished jobs older than this (by their end) are removed with their
+  // events and step records, checked every minute; zero: kept for ever.
+  absl::Duration retain_finished = absl::Hours(24 * 30);
 };
 
 class ControlPlane {
@@ -99,6 +102,8 @@ class ControlPlane {
   absl::Mutex listener_mu_;
   std::function<void(const absl::Status&)> state_error_listener_ ABSL_GUARDED_BY(listener_mu_);
   bool state_error_reported_ = false;  // lease thread only
+  absl::Duration retain_finished_;
+  absl::Time next_prune_ = absl::InfinitePast();  // lease thread only
   std::thread lease_thread_;
 };
 

@@ -857,6 +857,35 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id, const std:
   return store_.Get(job_id);
 }
 
+absl::Status JobManager::Delete(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  MUONMESH_ASSIGN_OR_RETURN(v1::Job job, store_.Get(job_id));
+  // A cancelled job's ranks may still be stopping: its attempt goes first.
+  if (!IsFinal(job.state()) || active_.count(job_id) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " has not finished (",
+                                                      v1::JobState_Name(job.state()),
+                                                      "); cancel it first"));
+  }
+  MUONMESH_RETURN_IF_ERROR(NoteWrite(store_.Delete(job_id)));
+  recovering_.erase(job_id);
+  ForgetElastic(job_id);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> JobManager::Prune(int64_t unix_ms) {
+  std::vector<std::string> removed;
+  for (const std::string& id : store_.FinishedBefore(unix_ms)) {
+    const absl::Status st = Delete(id);
+    if (st.code() == absl::StatusCode::kNotFound ||
+        st.code() == absl::StatusCode::kFailedPrecondition) {
+      continue;  // gone meanwhile, or its attempt still ending
+    }
+    MUONMESH_RETURN_IF_ERROR(st);
+    removed.push_back(id);
+  }
+  return removed;
+}
+
 absl::StatusOr<std::vector<v1::JobEvent>> JobManager::WaitEvents(
     const std::string& job_id, int64_t from_index, absl::Duration wait,
     const std::function<bool()>& cancelled) {

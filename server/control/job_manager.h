@@ -93,6 +93,12 @@ class JobManager {
   // See Jobs.CancelJob.
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id, const std::string& reason);
 
+  // See Jobs.DeleteJob: a finished job, its events and step records.
+  absl::Status Delete(const std::string& job_id);
+  // See Jobs.PruneJobs: every job that finished before `unix_ms`; the ids
+  // removed, oldest first (the first failing write ends the pass).
+  absl::StatusOr<std::vector<std::string>> Prune(int64_t unix_ms);
+
   // A rank's step record; `*stop` tells the rank to stop now (cancel).
   // Aborted when the worker does not run that rank of the job's current
   // attempt (the rank should stop). A record sent again (a worker re-sends

@@ -95,6 +95,23 @@ grpc::Status JobsService::CancelJob(grpc::ServerContext*, const v1::CancelJobReq
   return grpc::Status::OK;
 }
 
+grpc::Status JobsService::DeleteJob(grpc::ServerContext*, const v1::DeleteJobRequest* request,
+                                    v1::DeleteJobResponse*) {
+  return rpc::ToGrpcStatus(manager_.Delete(request->job_id()));
+}
+
+grpc::Status JobsService::PruneJobs(grpc::ServerContext*, const v1::PruneJobsRequest* request,
+                                    v1::PruneJobsResponse* response) {
+  if (request->finished_before_unix_ms() <= 0) {
+    return rpc::ToGrpcStatus(absl::InvalidArgumentError(
+        "finished_before_unix_ms: required (milliseconds since the Unix epoch)"));
+  }
+  absl::StatusOr<std::vector<std::string>> ids = manager_.Prune(request->finished_before_unix_ms());
+  if (!ids.ok()) return rpc::ToGrpcStatus(ids.status());
+  for (std::string& id : *ids) response->add_job_ids(std::move(id));
+  return grpc::Status::OK;
+}
+
 grpc::Status JobsService::GetJobMetrics(grpc::ServerContext*,
                                         const v1::GetJobMetricsRequest* request,
                                         v1::GetJobMetricsResponse* response) {

@@ -27,6 +27,10 @@ class JobsService final : public v1::Jobs::Service {
                         grpc::ServerWriter<v1::JobEvent>* writer) override;
   grpc::Status CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
                          v1::Job* response) override;
+  grpc::Status DeleteJob(grpc::ServerContext* context, const v1::DeleteJobRequest* request,
+                         v1::DeleteJobResponse* response) override;
+  grpc::Status PruneJobs(grpc::ServerContext* context, const v1::PruneJobsRequest* request,
+                         v1::PruneJobsResponse* response) override;
   grpc::Status GetJobMetrics(grpc::ServerContext* context,
                              const v1::GetJobMetricsRequest* request,
                              v1::GetJobMetricsResponse* response) override;

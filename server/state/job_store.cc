@@ -355,6 +355,45 @@ absl::Status JobStore::Update(const std::string& job_id,
   return absl::OkStatus();
 }
 
+absl::Status JobStore::Delete(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  MUONMESH_ASSIGN_OR_RETURN(const Row* found, Find(job_id));
+  const int64_t seq = found->seq;
+  Transaction tx(db_);
+  MUONMESH_RETURN_IF_ERROR(tx.Begun());
+  for (const char* sql : {"DELETE FROM steps WHERE seq = ?", "DELETE FROM events WHERE seq = ?",
+                          "DELETE FROM jobs WHERE seq = ?"}) {
+    Statement del(db_, sql);
+    MUONMESH_RETURN_IF_ERROR(del.Int(1, seq).Run("delete job"));
+  }
+  MUONMESH_RETURN_IF_ERROR(tx.Commit());
+  rows_.erase(rows_.begin() + static_cast<std::ptrdiff_t>(by_id_.at(job_id)));
+  by_id_.clear();
+  by_request_.clear();
+  for (size_t i = 0; i < rows_.size(); ++i) {
+    by_id_[rows_[i].job.id()] = i;
+    if (!rows_[i].job.request_id().empty()) by_request_[rows_[i].job.request_id()] = i;
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> JobStore::FinishedBefore(int64_t unix_ms) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::pair<int64_t, std::string>> found;
+  for (const Row& row : rows_) {
+    const v1::JobState s = row.job.state();
+    const bool final =
+        s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+    if (final && row.job.finished_unix_ms() < unix_ms) {
+      found.emplace_back(row.job.finished_unix_ms(), row.job.id());
+    }
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> ids;
+  for (auto& [ms, id] : found) ids.push_back(std::move(id));
+  return ids;
+}
+
 absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(const std::string& job_id,
                                                            int64_t from_index,
                                                            int32_t limit) const {

@@ -99,6 +99,14 @@ class JobStore {
                                  int64_t last_step, int32_t rank, int32_t page_size,
                                  const std::string& page_token) const;
 
+  // Removes the job, its events and step records, in one transaction; its
+  // request id is free again. NotFound for an unknown job. The caller
+  // decides whether it may go (JobManager: finished jobs only).
+  absl::Status Delete(const std::string& job_id);
+  // Ids of the jobs in a final state that finished before `unix_ms`,
+  // oldest first.
+  std::vector<std::string> FinishedBefore(int64_t unix_ms) const;
+
   // Tests: every write from now on fails as on a read-only disk (SQLite's
   // query_only), or works again.
   absl::Status SetReadOnlyForTest(bool read_only);

@@ -52,6 +52,9 @@ const std::vector<Row> kMatrix = {
     {"/muonmesh.v1.Jobs/GetJobMetrics", {kOk, kOk, kDenied, kOk}},
     {"/muonmesh.v1.Jobs/SubmitJob", {kDenied, kOk, kDenied, kOk}},
     {"/muonmesh.v1.Jobs/CancelJob", {kDenied, kOk, kDenied, kOk}},
+    {"/muonmesh.v1.Jobs/DeleteJob", {kDenied, kOk, kDenied, kOk}},
+    // Removing everyone's old jobs is the operator's.
+    {"/muonmesh.v1.Jobs/PruneJobs", {kDenied, kDenied, kDenied, kOk}},
     {"/muonmesh.v1.Fleet/ListWorkers", {kOk, kOk, kOk, kOk}},
     // Taking a worker out of service is the operator's (a worker drains
     // itself through its heartbeat).
@@ -145,7 +148,7 @@ TEST(AuthorizeTest, EveryRpcOfEveryServiceIsPlaced) {
       EXPECT_TRUE(matrix.count(path)) << path << " is missing from this test's matrix";
     }
   }
-  EXPECT_EQ(methods, 19);  // the rpc lines of proto/muonmesh/v1/*.proto
+  EXPECT_EQ(methods, 21);  // the rpc lines of proto/muonmesh/v1/*.proto
 }
 
 TEST(AuthorizeTest, UnknownMethodsAreNotPlaced) {

@@ -418,6 +418,48 @@ TEST_F(ControlPlaneTest, CancelStopsTheRanksAndFreesTheWorkers) {
             grpc::StatusCode::FAILED_PRECONDITION);
 }
 
+// Delete and prune take finished jobs only, with their records; a job
+// that has not finished is refused (cancel it first).
+TEST_F(ControlPlaneTest, DeleteAndPruneRemoveOnlyFinishedJobs) {
+  StartWorkers(2);
+  absl::StatusOr<v1::Job> done = Submit(Spec(JobYaml(dir_, "done", 2, 2)));
+  ASSERT_TRUE(done.ok());
+  Watch(done->id(), 0);
+  ASSERT_EQ(Get(done->id()).state(), v1::JOB_STATE_SUCCEEDED);
+  absl::StatusOr<v1::Job> waiting = Submit(Spec(JobYaml(dir_, "waiting", 4, 2)));
+  ASSERT_TRUE(waiting.ok());
+  ASSERT_EQ(Get(waiting->id()).state(), v1::JOB_STATE_PENDING);
+  auto remove = [&](const std::string& id) {
+    v1::DeleteJobRequest request;
+    request.set_job_id(id);
+    v1::DeleteJobResponse response;
+    grpc::ClientContext context;
+    return jobs_->DeleteJob(&context, request, &response).error_code();
+  };
+  auto prune = [&](int64_t before, v1::PruneJobsResponse* response) {
+    v1::PruneJobsRequest request;
+    request.set_finished_before_unix_ms(before);
+    grpc::ClientContext context;
+    return jobs_->PruneJobs(&context, request, response).error_code();
+  };
+  EXPECT_EQ(remove(waiting->id()), grpc::StatusCode::FAILED_PRECONDITION);
+  v1::PruneJobsResponse pruned;
+  EXPECT_EQ(prune(0, &pruned), grpc::StatusCode::INVALID_ARGUMENT);
+  // Before the job finished: nothing; after: the finished job only.
+  ASSERT_EQ(prune(Get(done->id()).finished_unix_ms(), &pruned), grpc::StatusCode::OK);
+  EXPECT_EQ(pruned.job_ids_size(), 0);
+  ASSERT_EQ(prune(absl::ToUnixMillis(absl::Now() + absl::Minutes(1)), &pruned),
+            grpc::StatusCode::OK);
+  EXPECT_THAT(pruned.job_ids(), ::testing::ElementsAre(done->id()));
+  v1::GetJobRequest get;
+  get.set_job_id(done->id());
+  v1::Job nothing;
+  grpc::ClientContext context;
+  EXPECT_EQ(jobs_->GetJob(&context, get, &nothing).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(remove(done->id()), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Get(waiting->id()).state(), v1::JOB_STATE_PENDING);
+}
+
 // The restart protocol with scripted workers (raw Fleet calls, no
 // training): a coordinator stopped mid-attempt and started again on the same
 // state keeps the attempt for the workers that come back naming it, counts

@@ -944,16 +944,25 @@ TEST_F(MuonmeshctlTest, CancelEndsTheWatchWithCode6AndFreesTheWorkers) {
   EXPECT_THAT(after.out, HasSubstr("CANCELLED: cancelled: enough"));
   EXPECT_THAT(after.out, HasSubstr("ETA        -"));
   EXPECT_EQ(Ctl({"watch", id}).out, watch.out);
+  // Deleted, it is gone with its records.
+  const testing::ProcessResult deleted = Ctl({"delete", id});
+  ASSERT_EQ(deleted.exit_code, 0) << deleted.err;
+  EXPECT_THAT(deleted.out, HasSubstr(id + " deleted"));
+  EXPECT_EQ(Ctl({"status", id}).exit_code, 5);
 }
 
 TEST_F(MuonmeshctlTest, BadInputGetsAClearErrorAndTheRightCode) {
   StartWorker("w0");
   // No such job, for every command that takes one: refused (5), naming it.
-  for (const char* command : {"status", "watch", "metrics", "cancel"}) {
+  for (const char* command : {"status", "watch", "metrics", "cancel", "delete"}) {
     const testing::ProcessResult r = Ctl({command, "j-404"});
     EXPECT_EQ(r.exit_code, 5) << command << ": " << r.err;
     EXPECT_THAT(r.err, HasSubstr("no job 'j-404'")) << command;
   }
+  // prune needs its age.
+  const testing::ProcessResult prune = Ctl({"prune"});
+  EXPECT_EQ(prune.exit_code, 2) << prune.err;
+  EXPECT_THAT(prune.err, HasSubstr("--older-than"));
   // A file that does not parse: a usage error naming the file and line.
   const std::string bad = dir_ + "/bad.yaml";
   std::ofstream(bad) << "name: x\nworld_size: [2\n";

@@ -5,6 +5,7 @@
 
 #include "server/state/job_store.h"
 
+#include <sqlite3.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -192,6 +193,69 @@ TEST(JobStoreTest, StepRecordsPageByStepAndRank) {
   ASSERT_TRUE(rank2.ok());
   EXPECT_EQ(rank2->records.size(), 10u);
   for (const v1::StepRecord& r : rank2->records) EXPECT_EQ(r.rank(), 2);
+}
+
+// A deleted job goes with its events and step records, for good (a reopen
+// does not bring it back); its request id is free; the others stay.
+TEST(JobStoreTest, ADeletedJobGoesWithItsEventsAndStepsAndStaysGone) {
+  const std::string db = FreshDb("delete");
+  std::string kept, gone;
+  {
+    auto store = JobStore::Open(db);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto a = (*store)->Submit("req-a", Spec("a"), "", 1);
+    auto b = (*store)->Submit("req-b", Spec("b"), "", 2);
+    ASSERT_TRUE(a.ok() && b.ok());
+    gone = a->job.id();
+    kept = b->job.id();
+    for (const std::string& id : {gone, kept}) {
+      v1::StepRecord r;
+      r.set_step(0);
+      ASSERT_TRUE((*store)->PutStep(id, r).ok());
+      v1::JobEvent e;
+      e.mutable_state_change()->set_state(v1::JOB_STATE_SUCCEEDED);
+      ASSERT_TRUE((*store)
+                      ->Append(id, e, 100,
+                               [](v1::Job& j) {
+                                 j.set_state(v1::JOB_STATE_SUCCEEDED);
+                                 j.set_finished_unix_ms(100);
+                               })
+                      .ok());
+    }
+    ASSERT_TRUE((*store)->Update(kept, [](v1::Job& j) { j.set_finished_unix_ms(500); }).ok());
+    EXPECT_THAT((*store)->FinishedBefore(200), ::testing::ElementsAre(gone));
+    EXPECT_THAT((*store)->FinishedBefore(1000), ::testing::ElementsAre(gone, kept));
+    ASSERT_TRUE((*store)->Delete(gone).ok());
+    EXPECT_EQ((*store)->Get(gone).status().code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ((*store)->Events(gone, 0, 10).status().code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ((*store)->Delete(gone).code(), absl::StatusCode::kNotFound);
+    EXPECT_TRUE((*store)->Get(kept).ok());
+  }
+  auto store = JobStore::Open(db);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->Get(gone).status().code(), absl::StatusCode::kNotFound);
+  auto steps = (*store)->Steps(kept, 0, -1, -1, 10, "");
+  ASSERT_TRUE(steps.ok());
+  EXPECT_EQ(steps->records.size(), 1u);
+  EXPECT_EQ((*store)->Events(kept, 0, 10)->size(), 2u);
+  // The request id makes a new job now.
+  auto again = (*store)->Submit("req-a", Spec("a"), "", 3);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->created);
+  EXPECT_NE(again->job.id(), gone);
+  // No step or event row of the deleted job is left in the file.
+  sqlite3* raw = nullptr;
+  ASSERT_EQ(sqlite3_open(db.c_str(), &raw), SQLITE_OK);
+  for (const char* sql : {"SELECT COUNT(*) FROM steps", "SELECT COUNT(*) FROM events"}) {
+    sqlite3_stmt* q = nullptr;
+    ASSERT_EQ(sqlite3_prepare_v2(raw, sql, -1, &q, nullptr), SQLITE_OK);
+    ASSERT_EQ(sqlite3_step(q), SQLITE_ROW);
+    // The kept job's step and its two events; the new job's first event.
+    EXPECT_EQ(sqlite3_column_int(q, 0), std::string(sql).find("steps") != std::string::npos ? 1 : 3)
+        << sql;
+    sqlite3_finalize(q);
+  }
+  sqlite3_close(raw);
 }
 
 TEST(JobStoreTest, AFileThatIsNotADatabaseIsRefusedNamingIt) {
