@@ -29,7 +29,7 @@ constexpr char kSynopsis[] =
     "[--listen HOST:PORT] [--data-dir DIR] [--metrics-listen HOST:PORT]\n"
     "       [--lease-ttl 10s] [--collective-timeout 60s] [--shutdown-grace 5s]\n"
     "       [--retain-finished 720h]\n"
-    "       [--max-concurrent-plans 4] [--plan-memory-mib 4096]\n"
+    "       [--max-concurrent-plans 4] [--plan-memory-mib 4096] [--max-rpc-threads 1024]\n"
     "       [--tls-cert FILE --tls-key FILE [--tls-ca FILE] --tokens-file FILE] [--insecure]\n"
     "       [--allowed-dirs DIR[,DIR...]]\n"
     "\n"
@@ -54,6 +54,7 @@ struct Flags {
   std::string tokens_file;
   bool insecure = false;
   int64_t max_concurrent_plans = 4;
+  int64_t max_rpc_threads = 1024;
   int64_t plan_memory_mib = 4096;
   std::string allowed_dirs;
   bool worker_ids_from_certificates = false;
@@ -91,6 +92,11 @@ void DeclareFlags(muonmesh::FlagParser& parser, Flags* f) {
                   "on SIGINT/SIGTERM, how long calls in flight may finish before they are "
                   "cancelled (plans being computed are cancelled at once). Default 5s",
                   &f->shutdown_grace);
+  parser.Int("--max-rpc-threads", "N",
+             "threads serving calls at once; every open stream (a watch, a worker's "
+             "assignments) holds one, and calls beyond are refused with RESOURCE_EXHAUSTED "
+             "(>= 16, default 1024)",
+             &f->max_rpc_threads);
   parser.Int("--max-concurrent-plans", "N",
              "PlanLayout calls computed at once; more are refused with RESOURCE_EXHAUSTED "
              "(>= 1, default 4)",
@@ -153,6 +159,11 @@ absl::Status OptionsFromFlags(const Flags& f, muonmesh::CoordinatorServerOptions
     return absl::InvalidArgumentError(
         absl::StrCat("--plan-memory-mib must be in [1, 2^40], got ", f.plan_memory_mib));
   }
+  if (f.max_rpc_threads < 16 || f.max_rpc_threads > 65536) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-rpc-threads must be in [16, 65536], got ", f.max_rpc_threads));
+  }
+  options->max_rpc_threads = static_cast<int>(f.max_rpc_threads);
   options->planner.admission = {.max_calls = f.max_concurrent_plans,
                                 .max_bytes = f.plan_memory_mib << 20};
   std::string data_dir = f.data_dir;

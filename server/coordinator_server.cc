@@ -1,17 +1,19 @@
 #include "server/coordinator_server.h"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/base/status_macros.h"
 #include "grpc/grpc.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
-#include "core/base/status_macros.h"
 
 namespace muonmesh {
 
@@ -45,6 +47,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   // loopback (docs/architecture.md §7).
   builder.AddListeningPort(listen, self->security_->credentials(), &self->port_);
   builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
+  grpc::ResourceQuota quota("muonmesh-coordinator");
+  quota.SetMaxThreads(std::max(16, options.max_rpc_threads));
+  builder.SetResourceQuota(quota);
   builder.SetMaxSendMessageSize(kMaxResponseBytes);
   // gRPC sets SO_REUSEPORT by default on Linux, which lets a second
   // coordinator bind the same port and silently take half the calls.

@@ -37,6 +37,12 @@ struct CoordinatorServerOptions {
   // plaintext, and `listen` must be a loopback address unless
   // security.insecure.
   auth::ServerSecurityOptions security;
+  // Threads the server may run calls on at once (a grpc::ResourceQuota):
+  // every open stream (a watch, a worker's assignments) holds one, so this
+  // bounds what clients that open streams and never close them can take;
+  // calls beyond it are refused with RESOURCE_EXHAUSTED rather than given a
+  // new thread. At least 16.
+  int max_rpc_threads = 1024;
   // Where refused calls are reported (method, code, role; never a token).
   // Null: nowhere.
   auth::LineSink log;

@@ -66,7 +66,10 @@ ControlPlane::ControlPlane(const ControlPlaneOptions& options, std::unique_ptr<D
       jobs_service_(&manager_, store_.get()),
       fleet_service_(&fleet_, &manager_,
                      {.worker_ids_from_certificates = options.worker_ids_from_certificates}),
-      store_service_(&rendezvous_),
+      store_service_(&rendezvous_,
+                     [this](const std::string& job_id, int32_t attempt) {
+                       return manager_.AttemptRuns(job_id, attempt);
+                     }),
       retain_finished_(options.retain_finished) {}
 
 ControlPlane::~ControlPlane() { Shutdown(); }

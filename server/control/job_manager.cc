@@ -857,6 +857,12 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id, const std:
   return store_.Get(job_id);
 }
 
+bool JobManager::AttemptRuns(const std::string& job_id, int32_t attempt) {
+  absl::MutexLock lock(&mu_);
+  auto it = active_.find(job_id);
+  return it != active_.end() && it->second.attempt == attempt;
+}
+
 absl::Status JobManager::Delete(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   MUONMESH_ASSIGN_OR_RETURN(v1::Job job, store_.Get(job_id));

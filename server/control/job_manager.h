@@ -93,6 +93,10 @@ class JobManager {
   // See Jobs.CancelJob.
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id, const std::string& reason);
 
+  // Whether `attempt` of the job runs now (adopted ones included): the
+  // rendezvous scopes the Store serves.
+  bool AttemptRuns(const std::string& job_id, int32_t attempt);
+
   // See Jobs.DeleteJob: a finished job, its events and step records.
   absl::Status Delete(const std::string& job_id);
   // See Jobs.PruneJobs: every job that finished before `unix_ms`; the ids

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/status_macros.h"
 #include "proto/rpc/rpc_status.h"
 
 namespace muonmesh::coordinator {
@@ -29,16 +30,26 @@ Rendezvous::Cancelled CancelledOf(grpc::ServerContext* context) {
 
 }  // namespace
 
+absl::StatusOr<RendezvousScope> StoreService::LiveScope(const v1::StoreScope& scope) const {
+  MUONMESH_ASSIGN_OR_RETURN(RendezvousScope s, ScopeOf(scope));
+  if (live_ && !live_(s.job_id, s.attempt)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("scope: attempt ", s.attempt, " of job ", s.job_id.substr(0, 128),
+                     " is not running (rendezvous keys live only while their attempt runs)"));
+  }
+  return s;
+}
+
 grpc::Status StoreService::Set(grpc::ServerContext*, const v1::StoreSetRequest* request,
                                v1::StoreSetResponse*) {
-  absl::StatusOr<RendezvousScope> scope = ScopeOf(request->scope());
+  absl::StatusOr<RendezvousScope> scope = LiveScope(request->scope());
   if (!scope.ok()) return rpc::ToGrpcStatus(scope.status());
   return rpc::ToGrpcStatus(rendezvous_.Set(*scope, request->key(), request->value()));
 }
 
 grpc::Status StoreService::Get(grpc::ServerContext* context, const v1::StoreGetRequest* request,
                                v1::StoreGetResponse* response) {
-  absl::StatusOr<RendezvousScope> scope = ScopeOf(request->scope());
+  absl::StatusOr<RendezvousScope> scope = LiveScope(request->scope());
   if (!scope.ok()) return rpc::ToGrpcStatus(scope.status());
   absl::StatusOr<std::string> value = rendezvous_.Get(
       *scope, request->key(), WaitFor(request->timeout_ms()), CancelledOf(context));
@@ -49,7 +60,7 @@ grpc::Status StoreService::Get(grpc::ServerContext* context, const v1::StoreGetR
 
 grpc::Status StoreService::Wait(grpc::ServerContext* context, const v1::StoreWaitRequest* request,
                                 v1::StoreWaitResponse*) {
-  absl::StatusOr<RendezvousScope> scope = ScopeOf(request->scope());
+  absl::StatusOr<RendezvousScope> scope = LiveScope(request->scope());
   if (!scope.ok()) return rpc::ToGrpcStatus(scope.status());
   if (request->keys_size() > 65536) {
     return rpc::ToGrpcStatus(absl::InvalidArgumentError("keys: more than 65536"));
@@ -61,7 +72,7 @@ grpc::Status StoreService::Wait(grpc::ServerContext* context, const v1::StoreWai
 
 grpc::Status StoreService::Add(grpc::ServerContext*, const v1::StoreAddRequest* request,
                                v1::StoreAddResponse* response) {
-  absl::StatusOr<RendezvousScope> scope = ScopeOf(request->scope());
+  absl::StatusOr<RendezvousScope> scope = LiveScope(request->scope());
   if (!scope.ok()) return rpc::ToGrpcStatus(scope.status());
   absl::StatusOr<int64_t> value = rendezvous_.Add(*scope, request->key(), request->delta());
   if (!value.ok()) return rpc::ToGrpcStatus(value.status());

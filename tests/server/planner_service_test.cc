@@ -708,6 +708,87 @@ TEST_F(PlannerServiceTest, AStateItCannotWriteTurnsItsControlServicesNotServing)
 #endif
 }
 
+// This process's threads (Linux: /proc/self/task).
+int ThreadCount() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+// Streams held open and never read (abandoned watches) each hold a server
+// thread; --max-rpc-threads bounds them: past it calls are refused with
+// RESOURCE_EXHAUSTED instead of getting new threads, and once the streams
+// go the server answers again.
+TEST_F(PlannerServiceTest, AbandonedStreamsAreBoundedByTheThreadQuota) {
+  const std::string dir = ::testing::TempDir() + "/planner_service_threads";
+  std::filesystem::remove_all(dir);
+  CoordinatorServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.control.data_dir = dir;
+  options.max_rpc_threads = 16;
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
+  auto jobs = v1::Jobs::NewStub(channel);
+  v1::SubmitJobRequest submit;
+  ASSERT_TRUE(protoio::ParseMessageText(
+                  "name: j\nworld_size: 1\nmodel: {mlp: {dims: [6, 16, 3]}}\n"
+                  "training: {steps: 2, global_batch_size: 4}\noutput: {dir: /tmp/j}\n",
+                  "job", submit.mutable_spec())
+                  .ok());
+  v1::SubmitJobResponse submitted;  // no worker: it stays PENDING, its watch open
+  {
+    grpc::ClientContext context;
+    Deadline(&context);
+    ASSERT_TRUE(jobs->SubmitJob(&context, submit, &submitted).ok());
+  }
+  const int before = ThreadCount();
+  constexpr int kStreams = 48;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::JobEvent>>> streams;
+  v1::WatchJobRequest watch;
+  watch.set_job_id(submitted.job().id());
+  watch.set_from_index(1000);  // past its events: the stream waits
+  for (int i = 0; i < kStreams; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    streams.push_back(jobs->WatchJob(contexts.back().get(), watch));
+  }
+  // Let the server take them up, then ask for the job: answered, or
+  // refused for the quota, never hung.
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const int held = ThreadCount() - before;
+  v1::GetJobRequest get;
+  get.set_job_id(submitted.job().id());
+  v1::Job job;
+  grpc::ClientContext context;
+  Deadline(&context);
+  const grpc::Status got = jobs->GetJob(&context, get, &job);
+  EXPECT_TRUE(got.ok() || got.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << got.error_code() << " " << got.error_message();
+  // Not a thread a stream: the quota's 16 and the server's own few.
+  EXPECT_LT(held, kStreams / 2) << "server threads grew by " << held << " for " << kStreams
+                                << " streams";
+  // The call past the quota was refused (or answered, had a stream ended
+  // meanwhile); the streams go, and then calls are answered again.
+  EXPECT_TRUE(got.ok() || got.error_message().find("xhausted") != std::string::npos)
+      << got.error_message();
+  for (int i = 0; i < kStreams; ++i) {
+    contexts[i]->TryCancel();
+    (void)streams[i]->Finish();
+  }
+  grpc::Status last;
+  for (int i = 0; i < 100; ++i) {
+    grpc::ClientContext after;
+    Deadline(&after);
+    last = jobs->GetJob(&after, get, &job);
+    if (last.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(last.ok()) << last.error_code() << " " << last.error_message();
+  (*server)->Shutdown(absl::Seconds(1));
+  (*server)->Wait();
+}
+
 TEST_F(PlannerServiceTest, SecondServerCannotTakeABoundPort) {
   CoordinatorServerOptions options;
   options.listen = server_->address();

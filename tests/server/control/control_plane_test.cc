@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -28,6 +29,7 @@
 #include "gtest/gtest.h"
 #include "muonmesh/v1/fleet.grpc.pb.h"
 #include "muonmesh/v1/jobs.grpc.pb.h"
+#include "muonmesh/v1/store.grpc.pb.h"
 #include "proto/io/message_file.h"
 #include "proto/job/allowed_dirs.h"
 #include "tests/testing/http_get.h"
@@ -691,6 +693,50 @@ TEST_F(RestartTest, AFailedStateWriteRefusesNewWorkUntilRestart) {
   // A restart (on a working disk) takes work again.
   Restart();
   EXPECT_TRUE(Submit(Spec(JobYaml(dir_, "again", 2, 5))).ok());
+}
+
+// Rendezvous keys live only with their attempt: a scope of a made-up job or
+// of another attempt is refused, the running attempt's is served, and once
+// the attempt is gone its scope is refused too.
+TEST_F(RestartTest, StoreScopesAreThoseOfRunningAttempts) {
+  const Started st = StartJob("scoped");
+  auto store =
+      v1::Store::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  auto set = [&](const std::string& job, int32_t attempt) {
+    v1::StoreSetRequest request;
+    request.mutable_scope()->set_job_id(job);
+    request.mutable_scope()->set_attempt(attempt);
+    request.set_key("k");
+    request.set_value("v");
+    v1::StoreSetResponse response;
+    grpc::ClientContext context;
+    return store->Set(&context, request, &response);
+  };
+  const grpc::Status made_up = set("j-999", 0);
+  EXPECT_EQ(made_up.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(made_up.error_message(), HasSubstr("is not running"));
+  EXPECT_EQ(set(st.job.id(), st.r0.attempt() + 1).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_TRUE(set(st.job.id(), st.r0.attempt()).ok());
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(st.job.id());
+  v1::Job cancelled;
+  grpc::ClientContext context;
+  ASSERT_TRUE(jobs_->CancelJob(&context, cancel, &cancelled).ok());
+  for (const auto& [worker, lease, rank] :
+       {std::tuple{"w0", st.l0, st.r0.rank()}, std::tuple{"w1", st.l1, 1 - st.r0.rank()}}) {
+    v1::ReportAttemptRequest end;
+    end.set_worker_id(worker);
+    end.set_lease_id(lease);
+    end.set_job_id(st.job.id());
+    end.set_attempt(st.r0.attempt());
+    end.set_rank(rank);
+    end.set_outcome(v1::ATTEMPT_OUTCOME_STOPPED);
+    v1::ReportAttemptResponse response;
+    grpc::ClientContext c;
+    ASSERT_TRUE(fleet_->ReportAttempt(&c, end, &response).ok());
+  }
+  EXPECT_EQ(set(st.job.id(), st.r0.attempt()).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 }
 
 // Workers that do not come back within the grace fail the attempt as lost
