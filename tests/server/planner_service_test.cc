@@ -654,6 +654,17 @@ TEST_F(PlannerServiceTest, HugeNamesAreRefusedWithoutEchoingThem) {
   EXPECT_LT(violations.violations(0).description().size(), 1024u);
 }
 
+// A one-rank mlp job to submit (with no worker, it stays PENDING).
+v1::SubmitJobRequest OneRankJob() {
+  v1::SubmitJobRequest submit;
+  EXPECT_TRUE(protoio::ParseMessageText(
+                  "name: j\nworld_size: 1\nmodel: {mlp: {dims: [6, 16, 3]}}\n"
+                  "training: {steps: 2, global_batch_size: 4}\noutput: {dir: /tmp/j}\n",
+                  "job", submit.mutable_spec())
+                  .ok());
+  return submit;
+}
+
 // A coordinator that cannot write its state takes no new work until it is
 // restarted (JobManager::state_error), and says so to probes: the server
 // and its control services turn NOT_SERVING; the Planner serves on.
@@ -682,12 +693,7 @@ TEST_F(PlannerServiceTest, AStateItCannotWriteTurnsItsControlServicesNotServing)
   ASSERT_TRUE((*server)->control()->job_store_for_test().SetReadOnlyForTest(true).ok());
   // A submit, which writes the job first, fails on the read-only state.
   auto jobs = v1::Jobs::NewStub(channel);
-  v1::SubmitJobRequest submit;
-  ASSERT_TRUE(protoio::ParseMessageText(
-                  "name: j\nworld_size: 1\nmodel: {mlp: {dims: [6, 16, 3]}}\n"
-                  "training: {steps: 2, global_batch_size: 4}\noutput: {dir: /tmp/j}\n",
-                  "job", submit.mutable_spec())
-                  .ok());
+  const v1::SubmitJobRequest submit = OneRankJob();
   grpc::ClientContext context;
   Deadline(&context);
   v1::SubmitJobResponse answer;
@@ -730,12 +736,7 @@ TEST_F(PlannerServiceTest, AbandonedStreamsAreBoundedByTheThreadQuota) {
   ASSERT_TRUE(server.ok()) << server.status();
   auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
   auto jobs = v1::Jobs::NewStub(channel);
-  v1::SubmitJobRequest submit;
-  ASSERT_TRUE(protoio::ParseMessageText(
-                  "name: j\nworld_size: 1\nmodel: {mlp: {dims: [6, 16, 3]}}\n"
-                  "training: {steps: 2, global_batch_size: 4}\noutput: {dir: /tmp/j}\n",
-                  "job", submit.mutable_spec())
-                  .ok());
+  const v1::SubmitJobRequest submit = OneRankJob();
   v1::SubmitJobResponse submitted;  // no worker: it stays PENDING, its watch open
   {
     grpc::ClientContext context;
