@@ -28,7 +28,8 @@ namespace {
 constexpr char kSynopsis[] =
     "[--listen HOST:PORT] [--data-dir DIR] [--metrics-listen HOST:PORT]\n"
     "       [--lease-ttl 10s] [--collective-timeout 60s] [--shutdown-grace 5s]\n"
-    "       [--retain-finished 720h]\n"
+    "       [--retain-finished 720h] [--max-jobs 10000] [--max-jobs-per-client 1000]\n"
+    "       [--max-watches-per-client 64] [--max-recorded-steps 1000000]\n"
     "       [--max-concurrent-plans 4] [--plan-memory-mib 4096] [--max-rpc-threads 1024]\n"
     "       [--tls-cert FILE --tls-key FILE [--tls-ca FILE] --tokens-file FILE] [--insecure]\n"
     "       [--allowed-dirs DIR[,DIR...]]\n"
@@ -56,11 +57,51 @@ struct Flags {
   int64_t max_concurrent_plans = 4;
   int64_t max_rpc_threads = 1024;
   int64_t plan_memory_mib = 4096;
+  int64_t max_jobs = 10000;
+  int64_t max_jobs_per_client = 1000;
+  int64_t max_watches_per_client = 64;
+  int64_t max_recorded_steps = 1'000'000;
   std::string allowed_dirs;
   bool worker_ids_from_certificates = false;
 };
 
+// The bounds on what callers may make the coordinator hold.
+void DeclareBoundFlags(muonmesh::FlagParser& parser, Flags* f) {
+  parser.Int("--max-rpc-threads", "N",
+             "threads serving calls at once; every open stream (a watch, a worker's "
+             "assignments) holds one, and calls beyond are refused with RESOURCE_EXHAUSTED "
+             "(>= 16, default 1024)",
+             &f->max_rpc_threads);
+  parser.Int("--max-jobs", "N",
+             "jobs not yet finished (pending, running, restarting) the coordinator holds; a "
+             "submit beyond is refused with RESOURCE_EXHAUSTED (0: no bound, default 10000)",
+             &f->max_jobs);
+  parser.Int("--max-jobs-per-client", "N",
+             "jobs not yet finished that one client (an address) may have; a submit beyond is "
+             "refused with RESOURCE_EXHAUSTED naming the client (0: no bound, default 1000)",
+             &f->max_jobs_per_client);
+  parser.Int("--max-watches-per-client", "N",
+             "job watches one client (an address) may hold open at once; more are refused with "
+             "RESOURCE_EXHAUSTED (0: no bound, default 64)",
+             &f->max_watches_per_client);
+  parser.Int("--max-recorded-steps", "N",
+             "steps of one job whose step events and records are kept; a longer job keeps every "
+             "k-th step (k = ceil(steps / N)), its last and those with a validation loss (0: "
+             "every step, default 1000000)",
+             &f->max_recorded_steps);
+  parser.Int("--max-concurrent-plans", "N",
+             "PlanLayout calls computed at once; more are refused with RESOURCE_EXHAUSTED "
+             "(>= 1, default 4)",
+             &f->max_concurrent_plans);
+  parser.Int("--plan-memory-mib", "MIB",
+             "memory that the PlanLayout calls computed at once may hold together, by each "
+             "call's estimate from its spec; a call that would pass it is refused with "
+             "RESOURCE_EXHAUSTED (>= 1, default 4096)",
+             &f->plan_memory_mib);
+}
+
 void DeclareFlags(muonmesh::FlagParser& parser, Flags* f) {
+  DeclareBoundFlags(parser, f);
   parser.String("--listen", "HOST:PORT",
                 "to serve on; port 0 picks a free port (printed when ready). Default "
                 "127.0.0.1:50051",
@@ -92,20 +133,6 @@ void DeclareFlags(muonmesh::FlagParser& parser, Flags* f) {
                   "on SIGINT/SIGTERM, how long calls in flight may finish before they are "
                   "cancelled (plans being computed are cancelled at once). Default 5s",
                   &f->shutdown_grace);
-  parser.Int("--max-rpc-threads", "N",
-             "threads serving calls at once; every open stream (a watch, a worker's "
-             "assignments) holds one, and calls beyond are refused with RESOURCE_EXHAUSTED "
-             "(>= 16, default 1024)",
-             &f->max_rpc_threads);
-  parser.Int("--max-concurrent-plans", "N",
-             "PlanLayout calls computed at once; more are refused with RESOURCE_EXHAUSTED "
-             "(>= 1, default 4)",
-             &f->max_concurrent_plans);
-  parser.Int("--plan-memory-mib", "MIB",
-             "memory that the PlanLayout calls computed at once may hold together, by each "
-             "call's estimate from its spec; a call that would pass it is refused with "
-             "RESOURCE_EXHAUSTED (>= 1, default 4096)",
-             &f->plan_memory_mib);
   parser.String("--tls-cert", "FILE",
                 "PEM certificate (chain) to serve TLS with; needs --tls-key. Default "
                 "$MUONMESH_TLS_CERT. Without TLS and tokens only a loopback --listen is served",
@@ -138,18 +165,8 @@ void DeclareFlags(muonmesh::FlagParser& parser, Flags* f) {
 }
 
 // The flags as server options. InvalidArgument naming a flag out of range.
-absl::Status OptionsFromFlags(const Flags& f, muonmesh::CoordinatorServerOptions* options) {
-  options->listen = f.listen;
-  options->security = muonmesh::auth::WithEnvironment({
-      .tls_cert = f.tls_cert,
-      .tls_key = f.tls_key,
-      .tls_ca = f.tls_ca,
-      .tokens_file = f.tokens_file,
-      .insecure = f.insecure,
-  });
-  options->log = [](const std::string& line) {
-    std::cerr << "muonmesh-coordinator: " << line << std::endl;
-  };
+// The bound flags, checked, into `options`.
+absl::Status BoundOptions(const Flags& f, muonmesh::CoordinatorServerOptions* options) {
   if (f.max_concurrent_plans < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max-concurrent-plans must be >= 1, got ", f.max_concurrent_plans));
@@ -164,8 +181,36 @@ absl::Status OptionsFromFlags(const Flags& f, muonmesh::CoordinatorServerOptions
         absl::StrCat("--max-rpc-threads must be in [16, 65536], got ", f.max_rpc_threads));
   }
   options->max_rpc_threads = static_cast<int>(f.max_rpc_threads);
+  for (const auto& [name, value] : {std::pair{"--max-jobs", f.max_jobs},
+                                    {"--max-jobs-per-client", f.max_jobs_per_client},
+                                    {"--max-watches-per-client", f.max_watches_per_client},
+                                    {"--max-recorded-steps", f.max_recorded_steps}}) {
+    if (value < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " must be >= 0, got ", value));
+    }
+  }
+  options->control.max_unfinished_jobs = f.max_jobs;
+  options->control.max_unfinished_jobs_per_client = f.max_jobs_per_client;
+  options->control.max_watches_per_client = f.max_watches_per_client;
+  options->control.max_recorded_steps = f.max_recorded_steps;
   options->planner.admission = {.max_calls = f.max_concurrent_plans,
                                 .max_bytes = f.plan_memory_mib << 20};
+  return absl::OkStatus();
+}
+
+absl::Status OptionsFromFlags(const Flags& f, muonmesh::CoordinatorServerOptions* options) {
+  options->listen = f.listen;
+  options->security = muonmesh::auth::WithEnvironment({
+      .tls_cert = f.tls_cert,
+      .tls_key = f.tls_key,
+      .tls_ca = f.tls_ca,
+      .tokens_file = f.tokens_file,
+      .insecure = f.insecure,
+  });
+  options->log = [](const std::string& line) {
+    std::cerr << "muonmesh-coordinator: " << line << std::endl;
+  };
+  MUONMESH_RETURN_IF_ERROR(BoundOptions(f, options));
   std::string data_dir = f.data_dir;
   if (data_dir.empty()) {
     const char* home = std::getenv("HOME");

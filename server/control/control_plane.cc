@@ -25,6 +25,8 @@ absl::StatusOr<std::unique_ptr<ControlPlane>> ControlPlane::Start(
   MUONMESH_ASSIGN_OR_RETURN(
       std::unique_ptr<JobStore> store,
       JobStore::Open((std::filesystem::path(options.data_dir) / "state.db").string()));
+  store->SetLimits({.unfinished = options.max_unfinished_jobs,
+                    .unfinished_per_client = options.max_unfinished_jobs_per_client});
   std::unique_ptr<ControlPlane> plane(new ControlPlane(options, std::move(lock), std::move(store)));
   if (!options.metrics_listen.empty()) {
     try {
@@ -61,9 +63,9 @@ ControlPlane::ControlPlane(const ControlPlaneOptions& options, std::unique_ptr<D
                    options.adopt_grace > absl::ZeroDuration()
                        ? options.adopt_grace
                        : std::max(options.lease_ttl, absl::Seconds(10)),
-                   options.allowed_dirs,
+                   options.allowed_dirs, options.max_recorded_steps,
                    /*plan=*/nullptr}),
-      jobs_service_(&manager_, store_.get()),
+      jobs_service_(&manager_, store_.get(), options.max_watches_per_client),
       fleet_service_(&fleet_, &manager_,
                      {.worker_ids_from_certificates = options.worker_ids_from_certificates}),
       store_service_(&rendezvous_,

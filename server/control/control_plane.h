@@ -52,6 +52,14 @@ struct ControlPlaneOptions {
   // Finished jobs older than this (by their end) are removed with their
   // events and step records, checked every minute; zero: kept for ever.
   absl::Duration retain_finished = absl::Hours(24 * 30);
+  // Bounds on what clients can make the coordinator keep (0: none): jobs
+  // not finished, in all and per client (JobStore::Limits), open watches per
+  // client (JobsService), steps recorded per job
+  // (JobManagerOptions::max_recorded_steps).
+  int64_t max_unfinished_jobs = 10000;
+  int64_t max_unfinished_jobs_per_client = 1000;
+  int64_t max_watches_per_client = 64;
+  int64_t max_recorded_steps = 1'000'000;
 };
 
 class ControlPlane {

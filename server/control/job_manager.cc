@@ -117,10 +117,12 @@ JobManager::JobManager(JobStore* store, Fleet* fleet, Rendezvous* rendezvous, Cl
 int64_t JobManager::NowMs() { return absl::ToUnixMillis(clock_.Now()); }
 
 absl::Status JobManager::NoteWrite(absl::Status s) {
-  // NotFound (no such job) and bad input are answers, not a failing disk.
+  // NotFound (no such job), bad input and a bound reached are answers, not
+  // a failing disk.
   if (s.ok() || s.code() == absl::StatusCode::kNotFound ||
       s.code() == absl::StatusCode::kInvalidArgument ||
-      s.code() == absl::StatusCode::kAlreadyExists) {
+      s.code() == absl::StatusCode::kAlreadyExists ||
+      s.code() == absl::StatusCode::kResourceExhausted) {
     return s;
   }
   absl::MutexLock lock(&state_mu_);
@@ -172,9 +174,15 @@ absl::StatusOr<v1::JobEvent> JobManager::ChangeState(const std::string& job_id,
   });
 }
 
+bool JobManager::RecordsStep(int64_t step, int64_t total_steps, int64_t max_recorded_steps) {
+  if (max_recorded_steps <= 0 || total_steps <= max_recorded_steps) return true;
+  const int64_t every = (total_steps + max_recorded_steps - 1) / max_recorded_steps;
+  return step % every == 0 || step == total_steps - 1;
+}
+
 absl::StatusOr<JobStore::Submitted> JobManager::Submit(
     const std::string& request_id, const v1::JobSpec& spec,
-    std::vector<plan::FieldViolation>* violations) {
+    std::vector<plan::FieldViolation>* violations, const std::string& client) {
   MUONMESH_RETURN_IF_ERROR(state_error());
   *violations = job::ValidateJob(spec);
   CheckPaths(spec, violations);
@@ -203,7 +211,7 @@ absl::StatusOr<JobStore::Submitted> JobManager::Submit(
   absl::StatusOr<JobStore::Submitted> submitted = store_.Submit(
       request_id, spec,
       absl::StrCat("waiting for ", spec.world_size(), " idle ", DeviceOf(spec), " workers"),
-      NowMs());
+      NowMs(), client);
   (void)NoteWrite(submitted.status());
   if (submitted.ok() && submitted->created) {
     events_cv_.SignalAll();
@@ -607,7 +615,7 @@ void JobManager::StepDone(const std::string& job_id, Attempt& a, int64_t step,
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[sorted.size() / 2];
   a.steps_done = std::max(a.steps_done, step + 1);
-  (void)Append(job_id, std::move(event), [&](v1::Job& job) {
+  const auto progress = [&](v1::Job& job) {
     job.set_steps_done(std::max(job.steps_done(), step + 1));
     job.set_attempt_steps_done(a.steps_done);
     job.set_last_loss(agg.rank0.loss());
@@ -617,7 +625,13 @@ void JobManager::StepDone(const std::string& job_id, Attempt& a, int64_t step,
     }
     job.set_step_seconds(median);
     job.set_eta_seconds(median * static_cast<double>(job.steps_total() - job.steps_done()));
-  });
+  };
+  if (agg.rank0.has_val_loss() || RecordsStep(step, a.total_steps, options_.max_recorded_steps)) {
+    (void)Append(job_id, std::move(event), progress);
+  } else {
+    // A step left out of the event log: the job's progress still moves.
+    (void)NoteWrite(store_.Update(job_id, progress));
+  }
 }
 
 absl::Status JobManager::OnStep(const std::string& worker_id, const std::string& job_id,
@@ -656,7 +670,10 @@ absl::Status JobManager::OnStep(const std::string& worker_id, const std::string&
           "record.bytes_sent: names of at most ", kMaxTrafficName, " bytes, counts >= 0"));
     }
   }
-  MUONMESH_RETURN_IF_ERROR(NoteWrite(store_.PutStep(job_id, record)));
+  if (record.has_val_loss() ||
+      RecordsStep(record.step(), a.total_steps, options_.max_recorded_steps)) {
+    MUONMESH_RETURN_IF_ERROR(NoteWrite(store_.PutStep(job_id, record)));
+  }
   const bool draining = !a.drained.empty() && !a.cancelled;
   *stop = (a.cancelled || draining) && record.step() >= a.stop_at_step;
   if (checkpoint != nullptr) *checkpoint = *stop && draining;

@@ -74,6 +74,11 @@ struct JobManagerOptions {
   // fields; the workers check again, defaults included, with their own
   // --allowed-dirs). Empty: no restriction.
   std::vector<std::string> allowed_dirs;
+  // Steps of one job whose step events and records are kept: a job of more
+  // steps keeps every k-th (k = ceil(steps / max_recorded_steps)), its last
+  // step and every step that carries a validation loss, so its event log and
+  // step records stay bounded however long it trains. 0: every step.
+  int64_t max_recorded_steps = 1'000'000;
   // How an attempt is planned; empty: plan::ComputePlan (tests replace it).
   std::function<absl::StatusOr<plan::Plan>(const plan::PlanInput&)> plan;
 };
@@ -85,10 +90,17 @@ class JobManager {
              JobManagerOptions options);
 
   // The job, stored, or InvalidArgument with every violation in
-  // `violations` (field paths as in the job file).
-  absl::StatusOr<JobStore::Submitted> Submit(const std::string& request_id,
-                                             const v1::JobSpec& spec,
-                                             std::vector<plan::FieldViolation>* violations);
+  // `violations` (field paths as in the job file). `client` (the caller's
+  // address) becomes Job.submitted_by, the key of the store's per-client
+  // bound (ResourceExhausted past it).
+  absl::StatusOr<JobStore::Submitted> Submit(const std::string& request_id, const v1::JobSpec& spec,
+                                             std::vector<plan::FieldViolation>* violations,
+                                             const std::string& client = "");
+
+  // Whether the step events and records of `step` are kept for a job of
+  // `total_steps` (JobManagerOptions::max_recorded_steps; a step with a
+  // validation loss is kept besides).
+  static bool RecordsStep(int64_t step, int64_t total_steps, int64_t max_recorded_steps);
 
   // See Jobs.CancelJob.
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id, const std::string& reason);

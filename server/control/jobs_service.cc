@@ -1,8 +1,10 @@
 #include "server/control/jobs_service.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "proto/rpc/rpc_status.h"
 
@@ -20,11 +22,44 @@ constexpr absl::Duration kWatchSlice = absl::Seconds(1);
 
 }  // namespace
 
-grpc::Status JobsService::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
+std::string ClientOf(const std::string& peer) {
+  const bool ip = absl::StartsWith(peer, "ipv4:") || absl::StartsWith(peer, "ipv6:");
+  const size_t colon = peer.rfind(':');
+  // "ipv6:[::1]:5000": the port follows the bracket.
+  if (!ip || colon <= 4 || (absl::StartsWith(peer, "ipv6:[") && peer[colon - 1] != ']')) {
+    return peer.substr(0, 256);
+  }
+  return peer.substr(0, std::min<size_t>(colon, 256));
+}
+
+bool JobsService::EnterWatch(const std::string& client) {
+  absl::MutexLock lock(&mu_);
+  int64_t& n = watches_[client];
+  if (max_watches_per_client_ > 0 && n >= max_watches_per_client_) return false;
+  ++n;
+  ++open_watches_;
+  return true;
+}
+
+void JobsService::LeaveWatch(const std::string& client) {
+  absl::MutexLock lock(&mu_);
+  auto it = watches_.find(client);
+  if (it == watches_.end()) return;
+  --open_watches_;
+  if (--it->second <= 0) watches_.erase(it);
+}
+
+int64_t JobsService::open_watches() const {
+  absl::MutexLock lock(&mu_);
+  return open_watches_;
+}
+
+grpc::Status JobsService::SubmitJob(grpc::ServerContext* context,
+                                    const v1::SubmitJobRequest* request,
                                     v1::SubmitJobResponse* response) {
   std::vector<plan::FieldViolation> violations;
-  absl::StatusOr<JobStore::Submitted> s =
-      manager_.Submit(request->request_id(), request->spec(), &violations);
+  absl::StatusOr<JobStore::Submitted> s = manager_.Submit(request->request_id(), request->spec(),
+                                                          &violations, ClientOf(context->peer()));
   if (!s.ok()) {
     std::vector<rpc::FieldViolation> fields;
     std::vector<std::string> parts;
@@ -68,6 +103,17 @@ grpc::Status JobsService::ListJobs(grpc::ServerContext*, const v1::ListJobsReque
 grpc::Status JobsService::WatchJob(grpc::ServerContext* context,
                                    const v1::WatchJobRequest* request,
                                    grpc::ServerWriter<v1::JobEvent>* writer) {
+  const std::string client = ClientOf(context->peer());
+  if (!EnterWatch(client)) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("client ", client, " already holds ", max_watches_per_client_,
+                                     " open watches, the limit per client; close one first"));
+  }
+  struct Leave {
+    JobsService* service;
+    const std::string& client;
+    ~Leave() { service->LeaveWatch(client); }
+  } leave{this, client};
   int64_t next = std::max<int64_t>(request->from_index(), 1);
   while (true) {
     absl::StatusOr<std::vector<v1::JobEvent>> events = manager_.WaitEvents(

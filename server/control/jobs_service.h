@@ -4,8 +4,14 @@
 // and the JobStore. Invalid jobs are INVALID_ARGUMENT with every violation as
 // google.rpc.BadRequest field violations.
 //
-// Stateless over what it is given; gRPC calls it from many threads.
+// Keeps only the count of open watches per client (a client is the caller's
+// address without its port: ClientOf); gRPC calls it from many threads.
 
+#include <cstdint>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "grpcpp/server_context.h"
 #include "muonmesh/v1/jobs.grpc.pb.h"
 #include "server/control/job_manager.h"
@@ -13,9 +19,17 @@
 
 namespace muonmesh::coordinator {
 
+// The client a call comes from: its peer address without the port
+// ("ipv4:10.0.0.5", "ipv6:[::1]"), or the peer as gRPC names it when it has
+// no port (a Unix socket).
+std::string ClientOf(const std::string& peer);
+
 class JobsService final : public v1::Jobs::Service {
  public:
-  JobsService(JobManager* manager, JobStore* store) : manager_(*manager), store_(*store) {}
+  // `max_watches_per_client`: WatchJob streams one client may hold open at
+  // once (RESOURCE_EXHAUSTED beyond); 0: no bound.
+  JobsService(JobManager* manager, JobStore* store, int64_t max_watches_per_client = 0)
+      : manager_(*manager), store_(*store), max_watches_per_client_(max_watches_per_client) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                          v1::SubmitJobResponse* response) override;
@@ -35,9 +49,21 @@ class JobsService final : public v1::Jobs::Service {
                              const v1::GetJobMetricsRequest* request,
                              v1::GetJobMetricsResponse* response) override;
 
+  // Watches open now, in all.
+  int64_t open_watches() const;
+
  private:
+  // Counts a watch of `client` in (false when it would pass the bound) and
+  // out.
+  bool EnterWatch(const std::string& client);
+  void LeaveWatch(const std::string& client);
+
   JobManager& manager_;
   JobStore& store_;
+  const int64_t max_watches_per_client_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, int64_t> watches_ ABSL_GUARDED_BY(mu_);
+  int64_t open_watches_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace muonmesh::coordinator

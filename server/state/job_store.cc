@@ -194,16 +194,42 @@ absl::Status JobStore::Load() {
     by_id_[row.job.id()] = rows_.size();
     if (!row.job.request_id().empty()) by_request_[row.job.request_id()] = rows_.size();
     next_seq_ = std::max(next_seq_, row.seq + 1);
+    CountUnfinished(row.job, 1);
     rows_.push_back(std::move(row));
   }
   if (rc != SQLITE_DONE) return q.Error("load jobs");
   return absl::OkStatus();
 }
 
+void JobStore::CountUnfinished(const v1::Job& job, int64_t delta) {
+  if (IsFinal(job.state())) return;
+  unfinished_ += delta;
+  if (job.submitted_by().empty()) return;
+  auto it = unfinished_by_client_.try_emplace(job.submitted_by(), 0).first;
+  it->second += delta;
+  if (it->second <= 0) unfinished_by_client_.erase(it);
+}
+
+void JobStore::SetLimits(Limits limits) {
+  absl::MutexLock lock(&mu_);
+  limits_ = limits;
+}
+
+int64_t JobStore::UnfinishedCount() const {
+  absl::MutexLock lock(&mu_);
+  return unfinished_;
+}
+
+int64_t JobStore::UnfinishedCountOf(const std::string& client) const {
+  absl::MutexLock lock(&mu_);
+  auto it = unfinished_by_client_.find(client);
+  return it == unfinished_by_client_.end() ? 0 : it->second;
+}
+
 absl::StatusOr<JobStore::Submitted> JobStore::Submit(const std::string& request_id,
                                                      const v1::JobSpec& spec,
-                                                     const std::string& reason,
-                                                     int64_t now_ms) {
+                                                     const std::string& reason, int64_t now_ms,
+                                                     const std::string& client) {
   if (request_id.size() > kMaxRequestIdBytes) {
     return absl::InvalidArgumentError(absl::StrCat("request_id: ", request_id.size(),
                                                    " bytes exceed the limit of ",
@@ -221,6 +247,21 @@ absl::StatusOr<JobStore::Submitted> JobStore::Submit(const std::string& request_
       return Submitted{earlier, false};
     }
   }
+  if (limits_.unfinished > 0 && unfinished_ >= limits_.unfinished) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the coordinator holds ", unfinished_,
+                     " unfinished jobs, its limit; submit again when "
+                     "some have finished (or cancel some)"));
+  }
+  if (limits_.unfinished_per_client > 0 && !client.empty()) {
+    auto it = unfinished_by_client_.find(client);
+    if (it != unfinished_by_client_.end() && it->second >= limits_.unfinished_per_client) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("client ", client, " has ", it->second,
+                       " unfinished jobs, the limit per client; "
+                       "submit again when some have finished (or cancel some)"));
+    }
+  }
   Row row;
   row.seq = next_seq_;
   v1::Job& job = row.job;
@@ -230,6 +271,7 @@ absl::StatusOr<JobStore::Submitted> JobStore::Submit(const std::string& request_
   job.set_state(v1::JOB_STATE_PENDING);
   job.set_reason(reason);
   job.set_request_id(request_id);
+  job.set_submitted_by(client);
   job.set_submitted_unix_ms(now_ms);
   job.set_steps_total(spec.training().steps());
   job.set_last_loss(std::numeric_limits<double>::quiet_NaN());
@@ -255,6 +297,7 @@ absl::StatusOr<JobStore::Submitted> JobStore::Submit(const std::string& request_
   ++next_seq_;
   by_id_[job.id()] = rows_.size();
   if (!request_id.empty()) by_request_[request_id] = rows_.size();
+  CountUnfinished(row.job, 1);
   rows_.push_back(row);
   return Submitted{std::move(row.job), true};
 }
@@ -339,6 +382,8 @@ absl::StatusOr<v1::JobEvent> JobStore::Append(const std::string& job_id, v1::Job
   MUONMESH_RETURN_IF_ERROR(
       ev.Int(1, row.seq).Int(2, event.index()).Blob(3, Serialized(event)).Run("insert event"));
   MUONMESH_RETURN_IF_ERROR(tx.Commit());
+  CountUnfinished(row.job, -1);
+  CountUnfinished(job, 1);
   rows_[by_id_.at(job_id)].job = std::move(job);
   return event;
 }
@@ -351,6 +396,8 @@ absl::Status JobStore::Update(const std::string& job_id,
   update(job);
   Statement write(db_, "UPDATE jobs SET job = ? WHERE seq = ?");
   MUONMESH_RETURN_IF_ERROR(write.Blob(1, Serialized(job)).Int(2, found->seq).Run("update job"));
+  CountUnfinished(found->job, -1);
+  CountUnfinished(job, 1);
   rows_[by_id_.at(job_id)].job = std::move(job);
   return absl::OkStatus();
 }
@@ -367,6 +414,7 @@ absl::Status JobStore::Delete(const std::string& job_id) {
     MUONMESH_RETURN_IF_ERROR(del.Int(1, seq).Run("delete job"));
   }
   MUONMESH_RETURN_IF_ERROR(tx.Commit());
+  CountUnfinished(found->job, -1);
   rows_.erase(rows_.begin() + static_cast<std::ptrdiff_t>(by_id_.at(job_id)));
   by_id_.clear();
   by_request_.clear();

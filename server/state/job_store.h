@@ -42,6 +42,15 @@ class JobStore {
   JobStore(const JobStore&) = delete;
   JobStore& operator=(const JobStore&) = delete;
 
+  // Bounds on the jobs not in a final state, which Submit enforces (0: no
+  // bound). A client is what Submit is told (Job.submitted_by: the caller's
+  // address); jobs submitted with none count only towards `unfinished`.
+  struct Limits {
+    int64_t unfinished = 0;
+    int64_t unfinished_per_client = 0;
+  };
+  void SetLimits(Limits limits);
+
   struct Submitted {
     v1::Job job;
     bool created = false;
@@ -49,9 +58,16 @@ class JobStore {
   // A new PENDING job ("j-<n>") with its first event, or, when request_id
   // is not empty and was used before, that request's job (created false).
   // AlreadyExists when the request id was used with another spec;
-  // InvalidArgument for a request id over kMaxRequestIdBytes.
+  // InvalidArgument for a request id over kMaxRequestIdBytes;
+  // ResourceExhausted, naming the bound, when a new job would pass one of
+  // the Limits (a request id seen before is answered whatever the bounds).
   absl::StatusOr<Submitted> Submit(const std::string& request_id, const v1::JobSpec& spec,
-                                   const std::string& reason, int64_t now_ms);
+                                   const std::string& reason, int64_t now_ms,
+                                   const std::string& client = "");
+
+  // Jobs not in a final state: in all, and of `client`.
+  int64_t UnfinishedCount() const;
+  int64_t UnfinishedCountOf(const std::string& client) const;
 
   // NotFound for an unknown id.
   absl::StatusOr<v1::Job> Get(const std::string& job_id) const;
@@ -121,6 +137,8 @@ class JobStore {
   absl::StatusOr<const Row*> Find(const std::string& job_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Exec(const char* sql) const;
+  // Adds `delta` to the unfinished counts when `job` is not final.
+  void CountUnfinished(const v1::Job& job, int64_t delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   sqlite3* db_;
@@ -129,6 +147,10 @@ class JobStore {
   std::vector<Row> rows_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, size_t> by_id_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, size_t> by_request_ ABSL_GUARDED_BY(mu_);
+  Limits limits_ ABSL_GUARDED_BY(mu_);
+  int64_t unfinished_ ABSL_GUARDED_BY(mu_) = 0;
+  // Clients with unfinished jobs only (an entry at 0 is removed).
+  absl::flat_hash_map<std::string, int64_t> unfinished_by_client_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace muonmesh::coordinator

@@ -360,6 +360,80 @@ TEST_F(AllowedDirsTest, AJobOutsideTheAllowedFoldersIsRefusedAndNothingIsCreated
   EXPECT_EQ(list.jobs_size(), 1);
 }
 
+// A client's bounds over real gRPC: with no workers its jobs stay PENDING,
+// so the third submit from this address passes --max-jobs-per-client 2
+// (RESOURCE_EXHAUSTED naming the client) and nothing of it is kept; a
+// cancel frees a place. The third watch held open at once passes
+// --max-watches-per-client 2; a closed watch frees its place.
+class ClientBoundsTest : public ControlPlaneTest {
+ protected:
+  void Configure(ControlPlaneOptions& options) override {
+    options.max_unfinished_jobs_per_client = 2;
+    options.max_watches_per_client = 2;
+  }
+};
+
+TEST_F(ClientBoundsTest, SubmitsAndWatchesOfOneClientAreBounded) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<v1::Job> job = Submit(Spec(JobYaml(dir_, absl::StrCat("b", i), 1, 2)));
+    ASSERT_TRUE(job.ok()) << job.status();
+    EXPECT_EQ(job->submitted_by(), "ipv4:127.0.0.1");
+    ids.push_back(job->id());
+  }
+  absl::StatusOr<v1::Job> refused = Submit(Spec(JobYaml(dir_, "b2", 1, 2)), "b2-request");
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("client ipv4:127.0.0.1 has 2"));
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(ids[0]);
+  v1::Job cancelled;
+  grpc::ClientContext cancel_context;
+  ASSERT_TRUE(jobs_->CancelJob(&cancel_context, cancel, &cancelled).ok());
+  absl::StatusOr<v1::Job> third = Submit(Spec(JobYaml(dir_, "b2", 1, 2)), "b2-request");
+  ASSERT_TRUE(third.ok()) << third.status();
+  ids.push_back(third->id());
+
+  // Two watches of pending jobs stay open; a third is refused at once.
+  struct Open {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader;
+  };
+  std::vector<std::unique_ptr<Open>> open;
+  for (int i = 0; i < 2; ++i) {
+    open.push_back(std::make_unique<Open>());
+    v1::WatchJobRequest request;
+    request.set_job_id(ids[1 + i]);
+    open.back()->reader = jobs_->WatchJob(&open.back()->context, request);
+    v1::JobEvent first;  // the PENDING event: the stream is open
+    ASSERT_TRUE(open.back()->reader->Read(&first));
+  }
+  auto third_watch = [&] {
+    v1::WatchJobRequest request;
+    request.set_job_id(ids[1]);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    auto reader = jobs_->WatchJob(&context, request);
+    v1::JobEvent e;
+    while (reader->Read(&e)) {
+    }
+    return reader->Finish();
+  };
+  const grpc::Status over = third_watch();
+  EXPECT_EQ(over.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << over.error_message();
+  EXPECT_THAT(over.error_message(), HasSubstr("2 open watches"));
+  open[0]->context.TryCancel();
+  (void)open[0]->reader->Finish();
+  // Its place is free once the server has seen it go (within a watch slice).
+  grpc::Status again = third_watch();
+  for (int i = 0; i < 50 && again.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED; ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+    again = third_watch();
+  }
+  EXPECT_EQ(again.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << again.error_message();
+  open[1]->context.TryCancel();
+  (void)open[1]->reader->Finish();
+}
+
 TEST_F(ControlPlaneTest, TwoJobsRunSideBySideAndABigOneWaitsForWorkers) {
   StartWorkers(2);
   absl::StatusOr<v1::Job> big = Submit(Spec(JobYaml(dir_, "big", 3, 2)));

@@ -290,3 +290,99 @@ TEST_F(ElasticTest, SizesTheParallelismConfigRefusesAreSkipped) {
 
 }  // namespace
 }  // namespace muonmesh::coordinator
+
+namespace muonmesh::coordinator {
+namespace {
+
+// A job longer than max_recorded_steps keeps the step events and records of
+// every k-th step (k = ceil(steps / max)), of its last step and of steps
+// with a validation loss, and none of the others; its progress still counts
+// every step.
+TEST(RecordedStepsTest, ALongJobKeepsEveryKthStepItsLastAndItsValidations) {
+  auto opened = JobStore::Open(":memory:");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  std::unique_ptr<JobStore> store = *std::move(opened);
+  SystemClock clock;
+  Rendezvous rendezvous;
+  Fleet fleet(&clock, absl::Seconds(60), absl::Seconds(5));
+  JobManagerOptions options;
+  options.max_recorded_steps = 10;
+  JobManager manager(store.get(), &fleet, &rendezvous, &clock, options);
+  for (const char* id : {"w0", "w1"}) {
+    v1::WorkerInfo info;
+    info.set_worker_id(id);
+    info.set_device("cpu");
+    info.set_address("127.0.0.1");
+    ASSERT_TRUE(fleet.Register(info).ok());
+  }
+  v1::JobSpec spec;
+  ASSERT_TRUE(
+      protoio::ParseMessageText("name: long\nworld_size: 2\nmodel: {mlp: {dims: [6, 16, 3]}}\n"
+                                "data: {teacher: {seed: 1, samples: 64}}\n"
+                                "training: {steps: 35, global_batch_size: 8}\n"
+                                "output: {dir: /tmp/job_manager_test/long}\n",
+                                "job", &spec)
+          .ok());
+  std::vector<plan::FieldViolation> violations;
+  absl::StatusOr<JobStore::Submitted> s = manager.Submit("l-1", spec, &violations);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const v1::Job job = *store->Get(s->job.id());
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  for (int64_t step = 0; step < 35; ++step) {
+    for (int r = 0; r < 2; ++r) {
+      v1::StepRecord record;
+      record.set_attempt(job.attempt());
+      record.set_rank(r);
+      record.set_step(step);
+      record.set_loss(1.0);
+      if (step == 13) record.set_val_loss(0.5);
+      bool stop = false;
+      ASSERT_TRUE(manager.OnStep(job.worker_ids(r), job.id(), record, &stop).ok());
+    }
+  }
+  // ceil(35 / 10) = 4: steps 0, 4, ..., 32; 34 the last; 13 a validation.
+  const std::vector<int64_t> kept = {0, 4, 8, 12, 13, 16, 20, 24, 28, 32, 34};
+  std::vector<int64_t> events;
+  absl::StatusOr<std::vector<v1::JobEvent>> log = store->Events(job.id(), 0, 1000);
+  ASSERT_TRUE(log.ok()) << log.status();
+  for (const v1::JobEvent& e : *log) {
+    if (e.has_step()) events.push_back(e.step().step());
+  }
+  EXPECT_EQ(events, kept);
+  std::vector<int64_t> records;
+  absl::StatusOr<JobStore::StepPage> page = store->Steps(job.id(), 0, -1, 0, 1000, "");
+  ASSERT_TRUE(page.ok()) << page.status();
+  for (const v1::StepRecord& r : page->records) records.push_back(r.step());
+  EXPECT_EQ(records, kept);
+  const v1::Job after = *store->Get(job.id());
+  EXPECT_EQ(after.steps_done(), 35);
+  EXPECT_EQ(after.last_val_step(), 13);
+}
+
+// The rule as a property: at most max + 1 steps of any job are kept (the
+// validations aside), the first and the last always, every step when the
+// job is no longer than max, and kept steps never further apart than k.
+TEST(RecordedStepsTest, TheRuleKeepsAtMostMaxPlusOneStepsSpreadEvenly) {
+  for (const int64_t total : {1, 2, 9, 10, 11, 35, 100, 1001, 4096}) {
+    for (const int64_t max : {1, 2, 3, 10, 100, 1000}) {
+      const int64_t every = (total + max - 1) / max;
+      int64_t count = 0, previous = -1;
+      for (int64_t step = 0; step < total; ++step) {
+        if (!JobManager::RecordsStep(step, total, max)) continue;
+        ++count;
+        EXPECT_LE(step - previous, every) << total << " steps, max " << max;
+        previous = step;
+      }
+      EXPECT_LE(count, max + 1) << total << " steps, max " << max;
+      if (total <= max) {
+        EXPECT_EQ(count, total);
+      }
+      EXPECT_TRUE(JobManager::RecordsStep(0, total, max));
+      EXPECT_TRUE(JobManager::RecordsStep(total - 1, total, max));
+      EXPECT_TRUE(JobManager::RecordsStep(total - 1, total, 0));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace muonmesh::coordinator

@@ -258,6 +258,60 @@ TEST(JobStoreTest, ADeletedJobGoesWithItsEventsAndStepsAndStaysGone) {
   sqlite3_close(raw);
 }
 
+// The bounds on unfinished jobs: a client at its bound is refused (naming
+// it) while another client is not; a job that ends frees its place; a
+// request id seen before is answered at the bound; the counts are rebuilt
+// from the file on reopen; the total bound holds over every client.
+TEST(JobStoreTest, UnfinishedJobsAreBoundedPerClientAndInAll) {
+  const std::string db = FreshDb("bounds");
+  const auto finish = [](JobStore& store, const std::string& id) {
+    v1::JobEvent done;
+    done.mutable_state_change()->set_state(v1::JOB_STATE_SUCCEEDED);
+    return store.Append(id, done, 3000, [](v1::Job& j) { j.set_state(v1::JOB_STATE_SUCCEEDED); })
+        .ok();
+  };
+  std::string first;
+  {
+    auto store = JobStore::Open(db);
+    ASSERT_TRUE(store.ok()) << store.status();
+    (*store)->SetLimits({.unfinished = 5, .unfinished_per_client = 3});
+    for (int i = 0; i < 3; ++i) {
+      auto s = (*store)->Submit(absl::StrCat("a-", i), Spec("a"), "waiting", 1000, "ipv4:10.0.0.1");
+      ASSERT_TRUE(s.ok()) << s.status();
+      EXPECT_EQ(s->job.submitted_by(), "ipv4:10.0.0.1");
+      if (i == 0) first = s->job.id();
+    }
+    auto refused = (*store)->Submit("a-3", Spec("a"), "waiting", 1000, "ipv4:10.0.0.1");
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_THAT(refused.status().message(), HasSubstr("client ipv4:10.0.0.1 has 3 unfinished"));
+    // Nothing of the refused submit is kept: its request id is still free.
+    EXPECT_EQ((*store)->UnfinishedCount(), 3);
+    // The same request again is its job, bound or not.
+    auto again = (*store)->Submit("a-0", Spec("a"), "waiting", 1000, "ipv4:10.0.0.1");
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_FALSE(again->created);
+    EXPECT_TRUE((*store)->Submit("b-0", Spec("b"), "waiting", 1000, "ipv4:10.0.0.2").ok());
+    ASSERT_TRUE(finish(**store, first));
+    EXPECT_EQ((*store)->UnfinishedCountOf("ipv4:10.0.0.1"), 2);
+    EXPECT_TRUE((*store)->Submit("a-3", Spec("a"), "waiting", 1000, "ipv4:10.0.0.1").ok());
+  }
+  auto store = JobStore::Open(db);
+  ASSERT_TRUE(store.ok()) << store.status();
+  (*store)->SetLimits({.unfinished = 5, .unfinished_per_client = 3});
+  EXPECT_EQ((*store)->UnfinishedCount(), 4);
+  EXPECT_EQ((*store)->UnfinishedCountOf("ipv4:10.0.0.1"), 3);
+  EXPECT_EQ((*store)->Submit("a-4", Spec("a"), "waiting", 1000, "ipv4:10.0.0.1").status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE((*store)->Submit("c-0", Spec("c"), "waiting", 1000, "ipv4:10.0.0.3").ok());
+  auto full = (*store)->Submit("d-0", Spec("d"), "waiting", 1000, "ipv4:10.0.0.4");
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(full.status().message(), HasSubstr("holds 5 unfinished jobs"));
+  // A deleted job's place is free again (a finished one only is deleted by
+  // the manager; the store counts what it removes either way).
+  ASSERT_TRUE((*store)->Delete(first).ok());
+  EXPECT_EQ((*store)->UnfinishedCount(), 5);
+}
+
 TEST(JobStoreTest, AFileThatIsNotADatabaseIsRefusedNamingIt) {
   const std::string db = FreshDb("garbage");
   std::ofstream(db) << "this is not sqlite, just text that goes on for a while............";
