@@ -30,6 +30,7 @@ constexpr char kSynopsis[] =
     "       [--lease-ttl 10s] [--collective-timeout 60s] [--shutdown-grace 5s]\n"
     "       [--retain-finished 720h] [--max-jobs 10000] [--max-jobs-per-client 1000]\n"
     "       [--max-watches-per-client 64] [--max-recorded-steps 1000000]\n"
+    "       [--forget-lost-after 1h]\n"
     "       [--max-concurrent-plans 4] [--plan-memory-mib 4096] [--max-rpc-threads 1024]\n"
     "       [--tls-cert FILE --tls-key FILE [--tls-ca FILE] --tokens-file FILE] [--insecure]\n"
     "       [--allowed-dirs DIR[,DIR...]]\n"
@@ -49,6 +50,7 @@ struct Flags {
   absl::Duration lease_ttl = absl::Seconds(10);
   absl::Duration collective_timeout = absl::Seconds(60);
   absl::Duration retain_finished = absl::Hours(24 * 30);
+  absl::Duration forget_lost_after = absl::Hours(1);
   std::string tls_cert;
   std::string tls_key;
   std::string tls_ca;
@@ -89,6 +91,10 @@ void DeclareBoundFlags(muonmesh::FlagParser& parser, Flags* f) {
              "k-th step (k = ceil(steps / N)), its last and those with a validation loss (0: "
              "every step, default 1000000)",
              &f->max_recorded_steps);
+  parser.Duration("--forget-lost-after", "D",
+                  "how long a LOST worker stays listed before it is forgotten (its id is free "
+                  "either way); 0: until a full fleet needs its place. Default 1h",
+                  &f->forget_lost_after);
   parser.Int("--max-concurrent-plans", "N",
              "PlanLayout calls computed at once; more are refused with RESOURCE_EXHAUSTED "
              "(>= 1, default 4)",
@@ -193,6 +199,11 @@ absl::Status BoundOptions(const Flags& f, muonmesh::CoordinatorServerOptions* op
   options->control.max_unfinished_jobs_per_client = f.max_jobs_per_client;
   options->control.max_watches_per_client = f.max_watches_per_client;
   options->control.max_recorded_steps = f.max_recorded_steps;
+  if (f.forget_lost_after < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("--forget-lost-after must be >= 0, got ",
+                                                   absl::FormatDuration(f.forget_lost_after)));
+  }
+  options->control.forget_lost_after = f.forget_lost_after;
   options->planner.admission = {.max_calls = f.max_concurrent_plans,
                                 .max_bytes = f.plan_memory_mib << 20};
   return absl::OkStatus();

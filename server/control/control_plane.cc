@@ -28,6 +28,7 @@ absl::StatusOr<std::unique_ptr<ControlPlane>> ControlPlane::Start(
   store->SetLimits({.unfinished = options.max_unfinished_jobs,
                     .unfinished_per_client = options.max_unfinished_jobs_per_client});
   std::unique_ptr<ControlPlane> plane(new ControlPlane(options, std::move(lock), std::move(store)));
+  plane->fleet_.ForgetLostAfter(options.forget_lost_after);
   if (!options.metrics_listen.empty()) {
     try {
       plane->exposer_ = std::make_unique<prometheus::Exposer>(options.metrics_listen, 1);

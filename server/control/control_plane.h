@@ -60,6 +60,9 @@ struct ControlPlaneOptions {
   int64_t max_unfinished_jobs_per_client = 1000;
   int64_t max_watches_per_client = 64;
   int64_t max_recorded_steps = 1'000'000;
+  // A LOST worker is forgotten this long after its lease ran out
+  // (Fleet::ForgetLostAfter); zero: kept until a full fleet needs room.
+  absl::Duration forget_lost_after = absl::Hours(1);
 };
 
 class ControlPlane {

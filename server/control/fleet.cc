@@ -154,14 +154,27 @@ absl::StatusOr<v1::Worker> Fleet::Drain(const std::string& worker_id) {
   return View(it->second);
 }
 
+void Fleet::ForgetLostAfter(absl::Duration after) {
+  absl::MutexLock lock(&mu_);
+  forget_lost_after_ = after;
+}
+
 std::vector<Fleet::Lost> Fleet::Expire() {
   absl::MutexLock lock(&mu_);
   std::vector<Lost> lost;
   lost.swap(lost_on_register_);
+  const absl::Time now = clock_.Now();
+  if (forget_lost_after_ > absl::ZeroDuration()) {
+    std::erase_if(workers_, [&](const auto& entry) {
+      return entry.second.state == v1::WORKER_STATE_LOST &&
+             now - entry.second.lost_at >= forget_lost_after_;
+    });
+  }
   for (auto& [id, e] : workers_) {
     if (e.state == v1::WORKER_STATE_LOST || Live(e)) continue;
     lost.push_back({id, e.job_id});
     e.state = v1::WORKER_STATE_LOST;
+    e.lost_at = now;
     e.job_id.clear();
     e.rank = -1;
     e.outbox.clear();

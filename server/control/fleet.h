@@ -78,9 +78,15 @@ class Fleet {
   absl::StatusOr<v1::Worker> Drain(const std::string& worker_id);
   absl::Status CheckLease(const std::string& worker_id, const std::string& lease_id) const;
 
+  // How long a LOST worker stays listed before Expire forgets it (a scaled
+  // down fleet, fake or crash-looping registrations); zero: until a full
+  // fleet needs its place.
+  void ForgetLostAfter(absl::Duration after);
+
   // Marks every worker whose lease ran out LOST and returns them (with the
   // job and rank they held, if any), and those that registered again after
-  // their lease ran out but before this call (their old job is lost too).
+  // their lease ran out but before this call (their old job is lost too);
+  // forgets the workers LOST longer than ForgetLostAfter.
   struct Lost {
     std::string worker_id;
     std::string job_id;
@@ -121,6 +127,7 @@ class Fleet {
     bool draining = false;
     absl::Time registered;
     absl::Time last_heartbeat;
+    absl::Time lost_at;  // when Expire marked it LOST
     std::deque<v1::Assignment> outbox;
   };
   bool Live(const Entry& e) const;
@@ -132,6 +139,7 @@ class Fleet {
   const absl::Duration lease_ttl_;
   const absl::Duration heartbeat_interval_;
   mutable absl::Mutex mu_;
+  absl::Duration forget_lost_after_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   absl::CondVar changed_;
   std::map<std::string, Entry> workers_ ABSL_GUARDED_BY(mu_);
   // Workers whose lease ran out while they held a job and who registered

@@ -2,6 +2,7 @@
 
 #include "server/control/fleet.h"
 
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -51,6 +52,34 @@ TEST_F(FleetTest, AFullFleetMakesRoomByForgettingTheLongestLost) {
   }
   EXPECT_FALSE(w0);  // lost longest ago
   EXPECT_TRUE(w1);
+}
+
+// A LOST worker stays listed for ForgetLostAfter from the moment Expire
+// marked it, then goes; live ones stay, however long they live.
+TEST_F(FleetTest, LostWorkersAreForgottenAfterTheirTime) {
+  fleet_.ForgetLostAfter(absl::Minutes(5));
+  auto a = fleet_.Register(Info("a"));
+  auto b = fleet_.Register(Info("b"));
+  ASSERT_TRUE(a.ok() && b.ok());
+  // a heartbeats every 5 s; b is silent: LOST at the Expire of t = 15 s,
+  // listed until t = 15 s + 5 min.
+  for (int t = 5; t <= 400; t += 5) {
+    clock_.Advance(absl::Seconds(5));
+    ASSERT_TRUE(fleet_.Heartbeat("a", a->lease_id).ok()) << t;
+    (void)fleet_.Expire();
+    std::map<std::string, v1::WorkerState> listed;
+    for (const v1::Worker& w : fleet_.List()) listed[w.info().worker_id()] = w.state();
+    ASSERT_EQ(listed.count("a"), 1u) << t;
+    if (t < 15) {
+      EXPECT_NE(listed["b"], v1::WORKER_STATE_LOST) << t;
+    } else if (t < 15 + 300) {
+      EXPECT_EQ(listed["b"], v1::WORKER_STATE_LOST) << t;
+    } else {
+      EXPECT_EQ(listed.count("b"), 0u) << "t = " << t << ": b should be forgotten";
+    }
+  }
+  // Its id is free: b registers anew.
+  EXPECT_TRUE(fleet_.Register(Info("b")).ok());
 }
 
 TEST_F(FleetTest, RegistrationIsCheckedAndUniqueWhileItsLeaseLives) {
