@@ -164,10 +164,9 @@ std::vector<Fleet::Lost> Fleet::Expire() {
   std::vector<Lost> lost;
   lost.swap(lost_on_register_);
   const absl::Time now = clock_.Now();
-  if (forget_lost_after_ > absl::ZeroDuration()) {
+  if (const absl::Duration after = forget_lost_after_; after > absl::ZeroDuration()) {
     std::erase_if(workers_, [&](const auto& entry) {
-      return entry.second.state == v1::WORKER_STATE_LOST &&
-             now - entry.second.lost_at >= forget_lost_after_;
+      return entry.second.state == v1::WORKER_STATE_LOST && now - entry.second.lost_at >= after;
     });
   }
   for (auto& [id, e] : workers_) {
@@ -227,11 +226,12 @@ void Fleet::Release(const std::string& worker_id, const std::string& job_id) {
   changed_.SignalAll();
 }
 
-void Fleet::Push(const std::string& worker_id, v1::Assignment assignment) {
+void Fleet::Push(const std::string& worker_id, v1::Assignment assignment,
+                 std::shared_ptr<const v1::StartRank> shared) {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || it->second.state == v1::WORKER_STATE_LOST) return;
-  it->second.outbox.push_back(std::move(assignment));
+  it->second.outbox.emplace_back(std::move(assignment), std::move(shared));
   changed_.SignalAll();
 }
 
@@ -245,8 +245,13 @@ absl::StatusOr<std::optional<v1::Assignment>> Fleet::Next(
     MUONMESH_RETURN_IF_ERROR(CheckLeaseLocked(worker_id, lease_id));
     Entry& e = workers_[worker_id];
     if (!e.outbox.empty()) {
-      v1::Assignment a = std::move(e.outbox.front());
+      auto [a, shared] = std::move(e.outbox.front());
       e.outbox.pop_front();
+      if (shared != nullptr) {
+        v1::StartRank start = *shared;
+        start.MergeFrom(a.start());
+        *a.mutable_start() = std::move(start);
+      }
       return std::optional<v1::Assignment>(std::move(a));
     }
     if (cancelled && cancelled()) return absl::CancelledError("the stream was cancelled");

@@ -17,14 +17,15 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "muonmesh/v1/fleet.pb.h"
 
@@ -103,8 +104,10 @@ class Fleet {
   // with `job_id`.
   void Release(const std::string& worker_id, const std::string& job_id);
 
-  // Queues an assignment for the worker (dropped if it is not registered).
-  void Push(const std::string& worker_id, v1::Assignment assignment);
+  // Queues an assignment for the worker (dropped if it is not registered);
+  // `shared`, when given, is merged into its start as it is sent.
+  void Push(const std::string& worker_id, v1::Assignment assignment,
+            std::shared_ptr<const v1::StartRank> shared = nullptr);
   // The worker's next assignment, waiting up to `wait`. Nullopt on timeout;
   // FailedPrecondition when the lease is no longer live (the stream ends);
   // Cancelled when `cancelled` says so or the fleet shuts down.
@@ -128,7 +131,9 @@ class Fleet {
     absl::Time registered;
     absl::Time last_heartbeat;
     absl::Time lost_at;  // when Expire marked it LOST
-    std::deque<v1::Assignment> outbox;
+    // With what the assignment's start shares with the attempt's other
+    // ranks (the spec and the plan, held once): merged in as it is sent.
+    std::deque<std::pair<v1::Assignment, std::shared_ptr<const v1::StartRank>>> outbox;
   };
   bool Live(const Entry& e) const;
   v1::Worker View(const Entry& e) const;

@@ -184,6 +184,9 @@ absl::StatusOr<JobStore::Submitted> JobManager::Submit(
     const std::string& request_id, const v1::JobSpec& spec,
     std::vector<plan::FieldViolation>* violations, const std::string& client) {
   MUONMESH_RETURN_IF_ERROR(state_error());
+  // A client at its bound is refused before its job is validated (a flood
+  // costs a lookup a call); the store decides again as it stores the job.
+  MUONMESH_RETURN_IF_ERROR(store_.Admits(request_id, client));
   *violations = job::ValidateJob(spec);
   CheckPaths(spec, violations);
   if (violations->empty()) {
@@ -243,19 +246,22 @@ void JobManager::StartAttempt(const v1::Job& job, const v1::JobSpec& spec,
   a.device = DeviceOf(spec);
   a.elastic_sizes = job::ElasticWorldSizes(job.spec());
   elastic_waiting_.erase(job.id());
+  // The spec and the plan once for every rank (a fake worker that never
+  // reads its assignments holds a pointer, not a copy of the plan).
+  auto shared = std::make_shared<v1::StartRank>();
+  *shared->mutable_spec() = spec;
+  *shared->mutable_plan() = std::move(exec);
   for (size_t r = 0; r < gang.size(); ++r) {
     v1::Assignment assignment;
     assignment.set_job_id(job.id());
     assignment.set_attempt(attempt);
     v1::StartRank* start = assignment.mutable_start();
     start->set_rank(static_cast<int32_t>(r));
-    *start->mutable_spec() = spec;
-    *start->mutable_plan() = exec;
     start->set_plan_fingerprint(fingerprint);
     start->set_store_prefix(absl::StrCat(job.id(), "/attempt-", attempt));
     start->set_resume(attempt > 0);
     start->set_collective_timeout_ms(absl::ToInt64Milliseconds(options_.collective_timeout));
-    fleet_.Push(gang[r], std::move(assignment));
+    fleet_.Push(gang[r], std::move(assignment), shared);
   }
   const int64_t n = static_cast<int64_t>(gang.size());
   const bool grown = job.world_size() > 0 && job.world_size() < n;
@@ -291,18 +297,34 @@ void JobManager::Schedule() {
     std::vector<std::string> gang;
     {
       absl::MutexLock lock(&mu_);
-      for (const v1::Job& j : store_.Unfinished()) {
-        if (active_.count(j.id()) != 0 || planning_.count(j.id()) != 0) continue;
-        if (j.state() != v1::JOB_STATE_PENDING && j.state() != v1::JOB_STATE_RESTARTING) continue;
-        std::optional<std::vector<std::string>> taken =
-            fleet_.Take(DeviceOf(j.spec()), j.spec().world_size(), j.id());
-        if (!taken.has_value()) {
-          if (const int64_t w = ShrunkWorld(j); w > 0)
-            taken = fleet_.Take(DeviceOf(j.spec()), w, j.id());
+      // Idle workers per device, counted once a pass: a job that needs more
+      // is passed by without a look at the fleet (a pass visits every
+      // waiting job, and runs at every registration).
+      std::map<std::string, int64_t> idle;
+      for (const JobStore::Summary& j : store_.UnfinishedSummaries()) {
+        if (active_.count(j.id) != 0 || planning_.count(j.id) != 0) continue;
+        if (j.state != v1::JOB_STATE_PENDING && j.state != v1::JOB_STATE_RESTARTING) continue;
+        const std::string device = j.device.empty() ? "cpu" : j.device;
+        auto [count, fresh] = idle.try_emplace(device, 0);
+        if (fresh) count->second = fleet_.IdleCount(device);
+        const bool shrinks = j.elastic && j.state == v1::JOB_STATE_RESTARTING;
+        if (count->second < j.world_size && !shrinks) continue;
+        std::optional<std::vector<std::string>> taken;
+        if (count->second >= j.world_size) taken = fleet_.Take(device, j.world_size, j.id);
+        absl::StatusOr<v1::Job> full = absl::NotFoundError("not read");
+        if (!taken.has_value() && shrinks) {
+          full = store_.Get(j.id);
+          if (!full.ok()) continue;
+          if (const int64_t w = ShrunkWorld(*full); w > 0) taken = fleet_.Take(device, w, j.id);
         }
         if (!taken.has_value()) continue;
-        planning_.insert(j.id());
-        job = j;
+        if (!full.ok()) full = store_.Get(j.id);
+        if (!full.ok()) {
+          for (const std::string& w : *taken) fleet_.Release(w, j.id);
+          continue;
+        }
+        planning_.insert(j.id);
+        job = *std::move(full);
         gang = *std::move(taken);
         break;
       }
@@ -914,8 +936,14 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobManager::WaitEvents(
     const std::function<bool()>& cancelled) {
   const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(wait);
   while (true) {
-    absl::StatusOr<std::vector<v1::JobEvent>> events = store_.Events(job_id, from_index, 1000);
-    if (!events.ok() || !events->empty()) return events;
+    // Every event of every job wakes every watcher: the database is read
+    // only when this job has news.
+    absl::StatusOr<int64_t> last = store_.LastEventIndex(job_id);
+    if (!last.ok()) return last.status();
+    if (*last >= from_index) {
+      absl::StatusOr<std::vector<v1::JobEvent>> events = store_.Events(job_id, from_index, 1000);
+      if (!events.ok() || !events->empty()) return events;
+    }
     absl::MutexLock lock(&events_mu_);
     if (shutdown_) return absl::CancelledError("the coordinator is shutting down");
     if (cancelled && cancelled()) return absl::CancelledError("the watch was cancelled");

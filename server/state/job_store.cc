@@ -210,6 +210,31 @@ void JobStore::CountUnfinished(const v1::Job& job, int64_t delta) {
   if (it->second <= 0) unfinished_by_client_.erase(it);
 }
 
+absl::Status JobStore::AdmitsLocked(const std::string& client) const {
+  if (limits_.unfinished > 0 && unfinished_ >= limits_.unfinished) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the coordinator holds ", unfinished_,
+                     " unfinished jobs, its limit; submit again when "
+                     "some have finished (or cancel some)"));
+  }
+  if (limits_.unfinished_per_client > 0 && !client.empty()) {
+    auto it = unfinished_by_client_.find(client);
+    if (it != unfinished_by_client_.end() && it->second >= limits_.unfinished_per_client) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("client ", client, " has ", it->second,
+                       " unfinished jobs, the limit per client; "
+                       "submit again when some have finished (or cancel some)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::Admits(const std::string& request_id, const std::string& client) const {
+  absl::MutexLock lock(&mu_);
+  if (!request_id.empty() && by_request_.contains(request_id)) return absl::OkStatus();
+  return AdmitsLocked(client);
+}
+
 void JobStore::SetLimits(Limits limits) {
   absl::MutexLock lock(&mu_);
   limits_ = limits;
@@ -247,21 +272,7 @@ absl::StatusOr<JobStore::Submitted> JobStore::Submit(const std::string& request_
       return Submitted{earlier, false};
     }
   }
-  if (limits_.unfinished > 0 && unfinished_ >= limits_.unfinished) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the coordinator holds ", unfinished_,
-                     " unfinished jobs, its limit; submit again when "
-                     "some have finished (or cancel some)"));
-  }
-  if (limits_.unfinished_per_client > 0 && !client.empty()) {
-    auto it = unfinished_by_client_.find(client);
-    if (it != unfinished_by_client_.end() && it->second >= limits_.unfinished_per_client) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("client ", client, " has ", it->second,
-                       " unfinished jobs, the limit per client; "
-                       "submit again when some have finished (or cancel some)"));
-    }
-  }
+  MUONMESH_RETURN_IF_ERROR(AdmitsLocked(client));
   Row row;
   row.seq = next_seq_;
   v1::Job& job = row.job;
@@ -310,6 +321,12 @@ absl::StatusOr<const JobStore::Row*> JobStore::Find(const std::string& job_id) c
   return &rows_[it->second];
 }
 
+absl::StatusOr<int64_t> JobStore::LastEventIndex(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  MUONMESH_ASSIGN_OR_RETURN(const Row* row, Find(job_id));
+  return row->job.last_event_index();
+}
+
 absl::StatusOr<v1::Job> JobStore::Get(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
   MUONMESH_ASSIGN_OR_RETURN(const Row* row, Find(job_id));
@@ -351,6 +368,19 @@ std::vector<v1::Job> JobStore::Unfinished() const {
   std::vector<v1::Job> out;
   for (const Row& row : rows_) {
     if (!IsFinal(row.job.state())) out.push_back(row.job);
+  }
+  return out;
+}
+
+std::vector<JobStore::Summary> JobStore::UnfinishedSummaries() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<Summary> out;
+  out.reserve(static_cast<size_t>(unfinished_));
+  for (const Row& row : rows_) {
+    const v1::Job& job = row.job;
+    if (IsFinal(job.state())) continue;
+    out.push_back({job.id(), job.state(), job.attempt(), job.spec().device(),
+                   job.spec().world_size(), job.spec().training().has_elastic()});
   }
   return out;
 }

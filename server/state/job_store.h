@@ -82,6 +82,21 @@ class JobStore {
 
   // Jobs not in a final state, oldest first (scheduling order).
   std::vector<v1::Job> Unfinished() const;
+  // The same, only what the scheduler looks at in each pass (no spec: a
+  // spec may carry a whole model inline, and a pass visits every job).
+  struct Summary {
+    std::string id;
+    v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
+    int32_t attempt = 0;
+    std::string device;  // spec.device ("" is cpu)
+    int64_t world_size = 0;
+    bool elastic = false;
+  };
+  std::vector<Summary> UnfinishedSummaries() const;
+
+  // OK when Submit would not refuse a new job of `client` for a bound, or
+  // `request_id` names a job already (a cheap check before validation).
+  absl::Status Admits(const std::string& request_id, const std::string& client) const;
 
   // How many jobs are in each state (states with none are absent).
   std::vector<std::pair<v1::JobState, int64_t>> CountByState() const;
@@ -96,6 +111,10 @@ class JobStore {
   // Applies `update` to the job, with no event (bookkeeping a restarted
   // coordinator needs). NotFound for an unknown id.
   absl::Status Update(const std::string& job_id, const std::function<void(v1::Job&)>& update);
+
+  // The index of the job's newest event, from memory (NotFound for an
+  // unknown id): a watcher reads the database only when there is news.
+  absl::StatusOr<int64_t> LastEventIndex(const std::string& job_id) const;
 
   // Events with index >= from_index, at most `limit`, in order.
   absl::StatusOr<std::vector<v1::JobEvent>> Events(const std::string& job_id, int64_t from_index,
@@ -137,6 +156,7 @@ class JobStore {
   absl::StatusOr<const Row*> Find(const std::string& job_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Exec(const char* sql) const;
+  absl::Status AdmitsLocked(const std::string& client) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds `delta` to the unfinished counts when `job` is not final.
   void CountUnfinished(const v1::Job& job, int64_t delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
