@@ -25,13 +25,13 @@ void AddConfigFlags(FlagParser& parser, ConfigFlags* f) {
   parser.Int("--ep", "E", "expert_model_parallel_size, >= 1 (default 1)", &f->ep);
 }
 
-void AddConnectionFlags(FlagParser& parser, ConfigFlags* f) {
+void AddConnectionFlags(FlagParser& parser, ConfigFlags* f, bool with_json) {
   parser.String("--coordinator", "ADDR",
                 absl::StrCat("coordinator HOST:PORT (default $", kCoordinatorEnv, ", else ",
                              kDefaultCoordinator, ")"),
                 &f->coordinator);
   parser.Int("--timeout", "SECONDS", "deadline of the call (default 60)", &f->timeout_seconds);
-  parser.Bool("--json", "print the answer as JSON on stdout", &f->json);
+  if (with_json) parser.Bool("--json", "print the answer as JSON on stdout", &f->json);
   parser.String("--tls-ca", "FILE",
                 absl::StrCat("talk TLS, trusting the coordinator's certificate if this CA "
                              "signed it (default $", rpc::kTlsCaEnv, ")"),

@@ -47,7 +47,9 @@ struct ConfigFlags {
 };
 
 void AddConfigFlags(FlagParser& parser, ConfigFlags* f);
-void AddConnectionFlags(FlagParser& parser, ConfigFlags* f);
+// The coordinator, deadline and TLS flags; `with_json`: --json too (only
+// where the command prints its answer as JSON).
+void AddConnectionFlags(FlagParser& parser, ConfigFlags* f, bool with_json = true);
 
 // The connection's TLS and token from the flags and the environment; an
 // InvalidArgument naming the flag or file is a usage error.

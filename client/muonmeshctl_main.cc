@@ -52,20 +52,21 @@ struct JobCommand {
   bool positional_optional = false;
 };
 
-// Parses `args` for `command`: the positional first (when the command takes
-// one), then flags. Returns kExitOk to go on, or the exit code to return.
+// Parses `args` for `command`: its positional (when it takes one) anywhere
+// among the flags. Returns kExitOk to go on, or the exit code to return.
 int ParseJobCommand(const JobCommand& command, const std::vector<std::string>& args,
                     FlagParser& parser, ConfigFlags* f, std::string* positional) {
-  AddConnectionFlags(parser, f);
-  std::vector<std::string> flags = args;
-  if (command.positional != nullptr && !flags.empty() && !absl::StartsWith(flags[0], "-")) {
-    *positional = flags[0];
-    flags.erase(flags.begin());
-  }
+  std::vector<std::string> positionals;
   bool help = false;
-  if (absl::Status st = parser.Parse(flags, &help); !st.ok()) {
+  if (absl::Status st = parser.Parse(args, &help, &positionals); !st.ok()) {
     return UsageError(command.name, st);
   }
+  const size_t takes = command.positional != nullptr ? 1 : 0;
+  if (!help && positionals.size() > takes) {
+    return UsageError(command.name, absl::InvalidArgumentError(absl::StrCat(
+                                        "unexpected argument '", positionals[takes], "'")));
+  }
+  if (!positionals.empty()) *positional = positionals[0];
   if (help) {
     std::cout << parser.Usage(command.synopsis) << "\n" << kExitCodes
               << "  6  watch: the job ended FAILED or CANCELLED\n";
@@ -108,7 +109,7 @@ const JobCommand kCommands[] = {
      "Follows the job to its end: every state change, and every step's loss, time and ETA\n"
      "(a live progress bar on a terminal). Resumes from event INDEX (default: the first)."},
     {"metrics", "JOB",
-     "JOB [--format table|json|csv] [--summary] [--all-ranks] [--coordinator ADDR]\n\n"
+     "JOB [--format table|json|csv | --json] [--summary] [--all-ranks] [--coordinator ADDR]\n\n"
      "The job's per-step records: loss, step time and every phase, bytes sent, Newton-Schulz\n"
      "FLOPs (rank 0's, or every rank's with --all-ranks); --summary adds medians and totals."},
     {"cancel", "JOB",
@@ -151,6 +152,9 @@ int RunJobCommand(const std::string& name, const std::vector<std::string>& args)
     parser.Bool("--summary", "add medians and totals", &summary);
     parser.Bool("--all-ranks", "every rank's records, not rank 0's", &all_ranks);
   }
+  // --json where the command prints an answer as JSON (metrics: --format json).
+  AddConnectionFlags(parser, &f,
+                     name == "status" || name == "list" || name == "workers" || name == "metrics");
   if (name == "cancel") parser.String("--reason", "TEXT", "recorded with the cancel", &reason);
   if (name == "drain") parser.String("--reason", "TEXT", "recorded in the job's events", &reason);
   absl::Duration older_than = absl::ZeroDuration();
@@ -169,7 +173,13 @@ int RunJobCommand(const std::string& name, const std::vector<std::string>& args)
   if (name == "status") return cli::Status(client, positional, f.json, io);
   if (name == "list") return cli::List(client, states, job_name, f.json, io);
   if (name == "watch") return cli::Watch(client, positional, from, io);
-  if (name == "metrics") return cli::Metrics(client, positional, format, summary, all_ranks, io);
+  if (name == "metrics") {
+    if (f.json && parser.Seen("--format") && format != "json") {
+      return UsageError(name, absl::InvalidArgumentError(absl::StrCat(
+                                  "--json and --format ", format, " ask for two formats")));
+    }
+    return cli::Metrics(client, positional, f.json ? "json" : format, summary, all_ranks, io);
+  }
   if (name == "cancel") return cli::Cancel(client, positional, reason, io);
   if (name == "drain") return cli::Drain(client, positional, reason, io);
   if (name == "delete") return cli::Delete(client, positional, io);

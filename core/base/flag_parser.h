@@ -19,8 +19,10 @@ namespace muonmesh {
 // muonmesh-worker and muonmesh-coordinator).
 //
 // A deliberately small parser: `--name value` or `--name=value`, booleans
-// take no value, no positional arguments; a name may be written with '_'
-// for '-' (--data_dir is --data-dir). Each subcommand declares its flags
+// take no value; a name may be written with '_' for '-' (--data_dir is
+// --data-dir). Positional arguments are refused, or, given a place for
+// them, taken wherever they stand among the flags (as kubectl and git take
+// them), everything after `--` included. Each subcommand declares its flags
 // (with dashes); errors name the offending flag, with dashes.
 class FlagParser {
  public:
@@ -41,10 +43,14 @@ class FlagParser {
   }
 
   // Parses args; sets *help when --help/-h is among them (then nothing else
-  // is checked). InvalidArgument naming the flag on any error.
-  absl::Status Parse(const std::vector<std::string>& args, bool* help) {
+  // is checked). InvalidArgument naming the flag on any error. Arguments
+  // that are not flags go to `positionals` in their order (an error without
+  // it).
+  absl::Status Parse(const std::vector<std::string>& args, bool* help,
+                     std::vector<std::string>* positionals = nullptr) {
     *help = false;
     for (const std::string& a : args) {
+      if (a == "--") break;
       if (a == "--help" || a == "-h") {
         *help = true;
         return absl::OkStatus();
@@ -52,8 +58,18 @@ class FlagParser {
     }
     for (size_t i = 0; i < args.size(); ++i) {
       const std::string& arg = args[i];
-      if (!absl::StartsWith(arg, "--")) {
-        return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'"));
+      const bool rest = arg == "--" && positionals != nullptr;
+      if (rest || !absl::StartsWith(arg, "--")) {
+        if (positionals == nullptr) {
+          return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'"));
+        }
+        if (rest) {
+          positionals->insert(positionals->end(), args.begin() + static_cast<std::ptrdiff_t>(i) + 1,
+                              args.end());
+          break;
+        }
+        positionals->push_back(arg);
+        continue;
       }
       std::string name = arg;
       std::string value;

@@ -1,5 +1,7 @@
 #include "server/control/control_plane.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <exception>
 #include <filesystem>
@@ -102,9 +104,15 @@ void ControlPlane::ExpireLeases() {
     manager_.CheckAdoptions();
     manager_.CheckElastic();
     ReportStateError();
-    if (retain_finished_ > absl::ZeroDuration() && clock_.Now() >= next_prune_) {
+    if (clock_.Now() >= next_prune_) {
       next_prune_ = clock_.Now() + absl::Minutes(1);
-      (void)manager_.Prune(absl::ToUnixMillis(clock_.Now() - retain_finished_));
+      if (retain_finished_ > absl::ZeroDuration()) {
+        (void)manager_.Prune(absl::ToUnixMillis(clock_.Now() - retain_finished_));
+      }
+      // The memory of bursts (a flood of calls, an attempt's plans) goes
+      // back to the system: glibc keeps freed pages of its per-thread heaps
+      // otherwise, and the process's size would be its worst minute's.
+      malloc_trim(0);
     }
   }
 }

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -34,6 +35,7 @@
 #include "muonmesh/v1/fleet.grpc.pb.h"
 #include "muonmesh/v1/jobs.grpc.pb.h"
 #include "tests/testing/background.h"
+#include "tests/testing/shared_specs.h"
 #include "tests/testing/subprocess.h"
 #include "worker/io/safetensors.h"
 
@@ -949,6 +951,89 @@ TEST_F(MuonmeshctlTest, CancelEndsTheWatchWithCode6AndFreesTheWorkers) {
   ASSERT_EQ(deleted.exit_code, 0) << deleted.err;
   EXPECT_THAT(deleted.out, HasSubstr(id + " deleted"));
   EXPECT_EQ(Ctl({"status", id}).exit_code, 5);
+}
+
+// Flags and the positional in any order, as a user types them; and every
+// command's help, and every flag each lists: taken by that command (never
+// "unknown flag"), and --json, where listed, prints JSON.
+TEST_F(MuonmeshctlTest, FlagsGoAnywhereAndEveryListedFlagWorks) {
+  JobText j{"anywhere", 2};
+  const std::string file = WriteJob(dir_, j, dir_ + "/out");
+  const testing::ProcessResult submitted = Ctl({"submit", "--coordinator", address_, file});
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
+  const std::string id = Lines(submitted.out).back();
+  const testing::ProcessResult status = Ctl({"status", "--coordinator", address_, id, "--json"});
+  ASSERT_EQ(status.exit_code, 0) << status.err;
+  EXPECT_TRUE(absl::StartsWith(status.out, "{")) << status.out;
+  EXPECT_THAT(status.out, HasSubstr(absl::StrCat("\"id\":\"", id, "\"")));
+  // Two positionals, or one where none is taken: the stray one is named.
+  const testing::ProcessResult two = Ctl({"status", id, "j-2"});
+  EXPECT_EQ(two.exit_code, 2);
+  EXPECT_THAT(two.err, HasSubstr("unexpected argument 'j-2'"));
+  EXPECT_THAT(Ctl({"workers", "extra"}).err, HasSubstr("unexpected argument 'extra'"));
+  // After "--" a positional may look like a flag.
+  EXPECT_THAT(Ctl({"status", "--", "--odd"}).err, HasSubstr("no job '--odd'"));
+
+  // What each command's flags are given (by the value's name in the help).
+  const std::map<std::string, std::string> values = {{"ADDR", address_},  {"SECONDS", "30"},
+                                                     {"FILE", file},      {"NAME", "x"},
+                                                     {"ID", "req-x"},     {"S", "running"},
+                                                     {"INDEX", "1"},      {"F", "json"},
+                                                     {"TEXT", "why"},     {"DURATION", "1000h"},
+                                                     {"W", "8"},          {"T", "5"},
+                                                     {"R", "lpt"},        {"I", "1"},
+                                                     {"N", "1"},          {"E", "1"},
+                                                     {"B", "1048576"},    {"ALGORITHM", "standard"},
+                                                     {"D", "cpu"},        {"STRATEGY", "optim"},
+                                                     {"K", "1"},          {"C", "quintic"},
+                                                     {"JOB", id},         {"WORKER", "w-x"},
+                                                     {"A", "standard"},   {"cpu|cuda", "cpu"},
+                                                     {"BYTES", "1048576"}};
+  const std::map<std::string, std::vector<std::string>> commands = {
+      {"submit", {file}},
+      {"status", {id}},
+      {"list", {}},
+      {"watch", {"j-404"}},  // the job waits for workers: its watch would too
+      {"metrics", {id}},
+      {"cancel", {"j-404"}},
+      {"drain", {"w-404"}},
+      {"delete", {"j-404"}},
+      {"prune", {}},
+      {"workers", {}},
+      {"validate", {"--spec", testing::SharedSpecPath("gpt2-124m"), "--world-size", "8"}},
+      {"plan", {"--spec", testing::SharedSpecPath("gpt2-124m"), "--world-size", "8"}}};
+  int flags_tried = 0;
+  for (const auto& [command, base] : commands) {
+    const testing::ProcessResult help = Ctl({command, "--help"});
+    ASSERT_EQ(help.exit_code, 0) << command << ": " << help.err;
+    const size_t at = help.out.find("\nFlags:\n");
+    ASSERT_NE(at, std::string::npos) << command << ": " << help.out;
+    for (const std::string& line : Lines(help.out.substr(at + 8))) {
+      if (!absl::StartsWith(line, "  --")) break;
+      const std::vector<std::string> words =
+          absl::StrSplit(absl::StripLeadingAsciiWhitespace(line), ' ', absl::SkipEmpty());
+      const std::string& flag = words[0];
+      if (flag == "--help" || flag == "--spec" || flag == "--world-size") continue;
+      std::vector<std::string> args = {command};
+      args.insert(args.end(), base.begin(), base.end());
+      args.push_back(flag);
+      const bool takes_value = words.size() > 1 && values.count(words[1]) != 0;
+      if (takes_value) args.push_back(values.at(words[1]));
+      if (command == "prune" && flag != "--older-than") {
+        args.insert(args.end(), {"--older-than", "1000h"});
+      }
+      const testing::ProcessResult r = Ctl(args);
+      ++flags_tried;
+      SCOPED_TRACE(absl::StrCat(command, " ", flag, ": exit ", r.exit_code, ": ", r.err));
+      EXPECT_THAT(r.err, Not(HasSubstr("unknown flag")));
+      EXPECT_THAT(r.err, Not(HasSubstr("needs a value")));
+      EXPECT_THAT(r.err, Not(HasSubstr("takes no value")));
+      if (flag == "--json" && r.exit_code == 0) {
+        EXPECT_TRUE(absl::StartsWith(r.out, "{") || absl::StartsWith(r.out, "[")) << r.out;
+      }
+    }
+  }
+  EXPECT_GT(flags_tried, 60);
 }
 
 TEST_F(MuonmeshctlTest, BadInputGetsAClearErrorAndTheRightCode) {
