@@ -157,7 +157,7 @@ grpc::Status PlannerService::PlanLayout(grpc::ServerContext* context,
   if (!plan.ok()) return rpc::ToGrpcStatus(plan.status());
 
   v1::Plan* out = response->mutable_plan();
-  PlanToProto(input, *plan, request->include_shards(), out);
+  PlanToProto(input, *plan, request->include_shards(), out, !request->omit_holders());
   out->mutable_summary()->set_plan_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return grpc::Status::OK;

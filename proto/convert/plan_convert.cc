@@ -85,8 +85,8 @@ void LayoutToProto(const plan::UnitSpec& spec, const plan::UnitLayout& layout,
 // replica split, a matrix's owner is the rank at its owner position in the
 // replica that orthogonalizes it (the same dp_shard coordinate, since the
 // outer axis replicates: rank = replica x W/I + that coordinate).
-void MatricesToProto(const plan::PlanInput& input, const plan::Plan& p,
-                     const plan::DomainPlan& dp, v1::Plan* out) {
+void MatricesToProto(const plan::PlanInput& input, const plan::Plan& p, const plan::DomainPlan& dp,
+                     v1::Plan* out, bool include_holders) {
   const int64_t inner = p.config.world_size / std::max<int64_t>(p.config.instances, 1);
   for (const plan::Domain& dom : p.domains) {
     if (dom.mesh != dp.mesh) continue;
@@ -116,11 +116,12 @@ void MatricesToProto(const plan::PlanInput& input, const plan::Plan& p,
       o->set_gather_bytes(m.gather_bytes);
       bool holder = false;
       for (const plan::Holder& h : m.holders) {
+        holder = holder || h.position == m.owner;
+        if (!include_holders) continue;
         v1::Holder* ho = o->add_holders();
         ho->set_rank(dom.ranks[h.position]);
         ho->set_row_start(h.row_start);
         ho->set_row_count(h.row_count);
-        holder = holder || h.position == m.owner;
       }
       o->set_owner_is_holder(m.owner < 0 || holder);
     }
@@ -268,7 +269,7 @@ void SummaryToProto(const plan::Plan& p, v1::PlanSummary* s) {
 }  // namespace
 
 void PlanToProto(const plan::PlanInput& input, const plan::Plan& p, bool include_shards,
-                 v1::Plan* out) {
+                 v1::Plan* out, bool include_holders) {
   out->set_world_size(p.config.world_size);
   MeshToProto(p.dense_axes, plan::MeshKind::kDense, out);
   if (p.has_experts) MeshToProto(p.expert_axes, plan::MeshKind::kExpert, out);
@@ -290,8 +291,8 @@ void PlanToProto(const plan::PlanInput& input, const plan::Plan& p, bool include
                     out->add_units());
     }
   }
-  MatricesToProto(input, p, p.dense, out);
-  if (p.has_experts) MatricesToProto(input, p, p.expert, out);
+  MatricesToProto(input, p, p.dense, out, include_holders);
+  if (p.has_experts) MatricesToProto(input, p, p.expert, out, include_holders);
   RanksAndCollectivesToProto(p, out);
   SummaryToProto(p, out->mutable_summary());
 }

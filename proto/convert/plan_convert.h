@@ -14,8 +14,10 @@ plan::ParallelismConfig ParallelismFromProto(const v1::ParallelismConfig& par);
 plan::PlanInput PlanInputFromProto(const v1::PlanLayoutRequest& request);
 plan::PlanInput PlanInputFromProto(const v1::ValidateConfigRequest& request);
 
-// `include_shards` adds every shard's segments to each unit layout.
+// `include_shards` adds every shard's segments to each unit layout;
+// `include_holders` false leaves out each matrix's holders (most of a large
+// plan: 1.9 million of them for DeepSeek-V3 at 16384 ranks).
 void PlanToProto(const plan::PlanInput& input, const plan::Plan& plan, bool include_shards,
-                 v1::Plan* out);
+                 v1::Plan* out, bool include_holders = true);
 
 }  // namespace muonmesh

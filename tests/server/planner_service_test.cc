@@ -18,6 +18,7 @@
 #include "core/plan/plan_size.h"
 #include "core/plan/validate.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "google/rpc/error_details.pb.h"
 #include "google/rpc/status.pb.h"
 #include "grpcpp/client_context.h"
@@ -218,6 +219,29 @@ TEST_F(PlannerServiceTest, PlansGpt2OnEightRanksWithHoldersTilingEveryMatrix) {
     EXPECT_LT(m.owner(), 8);
     EXPECT_EQ(m.owner_is_holder(), ranks.count(m.owner()) == 1) << "owner " << m.owner();
   }
+}
+
+// omit_holders: the same plan without Matrix.holders (owner_is_holder kept),
+// and a smaller answer.
+TEST_F(PlannerServiceTest, OmitHoldersLeavesOnlyTheHoldersOut) {
+  v1::PlanLayoutRequest request;
+  *request.mutable_model() = Gpt2();
+  request.set_world_size(8);
+  v1::PlanLayoutResponse full, lean;
+  ASSERT_TRUE(Plan(request, &full).ok());
+  request.set_omit_holders(true);
+  ASSERT_TRUE(Plan(request, &lean).ok());
+  int64_t holders = 0;
+  for (const v1::Matrix& m : full.plan().matrices()) holders += m.holders_size();
+  ASSERT_GT(holders, 0);
+  for (const v1::Matrix& m : lean.plan().matrices()) EXPECT_EQ(m.holders_size(), 0) << m.name();
+  v1::Plan expected = full.plan();
+  for (v1::Matrix& m : *expected.mutable_matrices()) m.clear_holders();
+  expected.mutable_summary()->clear_plan_seconds();
+  v1::Plan got = lean.plan();
+  got.mutable_summary()->clear_plan_seconds();
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(expected, got));
+  EXPECT_LT(lean.ByteSizeLong(), full.ByteSizeLong());
 }
 
 TEST_F(PlannerServiceTest, ValidateConfigAnswersOkWithEveryViolation) {
