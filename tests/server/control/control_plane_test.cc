@@ -384,6 +384,11 @@ TEST_F(ClientBoundsTest, SubmitsAndWatchesOfOneClientAreBounded) {
   absl::StatusOr<v1::Job> refused = Submit(Spec(JobYaml(dir_, "b2", 1, 2)), "b2-request");
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("client ipv4:127.0.0.1 has 2"));
+  // At the bound a job is refused before it is validated (a flood costs a
+  // lookup): even an invalid one gets the bound, not its violations.
+  v1::JobSpec invalid = Spec(JobYaml(dir_, "b3", 1, 2));
+  invalid.set_world_size(0);
+  EXPECT_EQ(Submit(invalid).status().code(), absl::StatusCode::kResourceExhausted);
   v1::CancelJobRequest cancel;
   cancel.set_job_id(ids[0]);
   v1::Job cancelled;

@@ -3,7 +3,9 @@
 #include "server/control/fleet.h"
 
 #include <map>
+#include <memory>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -186,6 +188,44 @@ TEST_F(FleetTest, GangsAreAllOrNothingOfOneDeviceInRegistrationOrder) {
   auto next = fleet_.Take("cpu", 3, "j-3");
   ASSERT_TRUE(next.has_value());
   EXPECT_THAT(*next, ElementsAre("c1", "c2", "c3"));
+}
+
+// An attempt's shared start (spec and plan) is held once by every rank's
+// queue and merged into each rank's own start as it is sent: each worker
+// gets the whole start with its own rank; the shared part is dropped with
+// the queue of a worker that is lost.
+TEST_F(FleetTest, ASharedStartIsMergedIntoEachRanksAssignmentAsSent) {
+  auto a = fleet_.Register(Info("a"));
+  auto b = fleet_.Register(Info("b"));
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto shared = std::make_shared<v1::StartRank>();
+  shared->mutable_spec()->set_name("big");
+  shared->mutable_plan()->set_parameters(1234);
+  for (int r = 0; r < 2; ++r) {
+    v1::Assignment x;
+    x.set_job_id("j-1");
+    x.mutable_start()->set_rank(r);
+    x.mutable_start()->set_store_prefix("j-1/attempt-0");
+    fleet_.Push(r == 0 ? "a" : "b", x, shared);
+  }
+  EXPECT_EQ(shared.use_count(), 3);  // one pointer a queue, no copies
+  for (const auto& [id, lease, rank] :
+       {std::tuple{"a", a->lease_id, 0}, std::tuple{"b", b->lease_id, 1}}) {
+    auto got = fleet_.Next(id, lease, absl::Seconds(1), nullptr);
+    ASSERT_TRUE(got.ok() && got->has_value()) << id;
+    const v1::StartRank& start = (*got)->start();
+    EXPECT_EQ(start.rank(), rank);
+    EXPECT_EQ(start.store_prefix(), "j-1/attempt-0");
+    EXPECT_EQ(start.spec().name(), "big");
+    EXPECT_EQ(start.plan().parameters(), 1234);
+  }
+  EXPECT_EQ(shared.use_count(), 1);
+  v1::Assignment x;
+  x.set_job_id("j-2");
+  fleet_.Push("a", x, shared);
+  clock_.Advance(absl::Seconds(11));
+  (void)fleet_.Expire();  // a and b lost: their queues go
+  EXPECT_EQ(shared.use_count(), 1);
 }
 
 TEST_F(FleetTest, AssignmentsAreDeliveredInOrderAndWaitsEnd) {
