@@ -49,6 +49,10 @@ struct RankTask {
   // rank): a registration no longer names it.
   std::atomic<bool> settled{false};
   std::thread thread;
+  // The rank's rendezvous store while it runs: set again when the worker
+  // registers anew (a restarted coordinator's store is empty).
+  absl::Mutex store_mu;
+  comm::GrpcStore* store ABSL_GUARDED_BY(store_mu) = nullptr;
 };
 
 // Step records the coordinator has not acknowledged, oldest first: while it
@@ -156,6 +160,9 @@ class Daemon {
   void Start(const v1::Assignment& a);
   void RunAssigned(RankTask* task, v1::StartRank start);
   void Report(RankTask& task, StepOutbox& outbox, const absl::Status& result);
+  // Has the running rank's rendezvous store set its keys again (logged when
+  // that fails; the rank's own store calls retry them too).
+  void SetRendezvousAgain(RankTask& task);
   absl::Status OnRankStep(RankTask& task, StepOutbox& outbox, const job::ResolvedJob& job,
                           const std::string& tag, bool& buffering, const StepReport& r,
                           absl::Duration took);
@@ -229,6 +236,7 @@ absl::Status Daemon::Register() {
       } else if (running) {
         log_(absl::StrCat("[", task_->job_id, "] rank ", task_->rank, " of attempt ",
                           task_->attempt, " goes on under this coordinator"));
+        SetRendezvousAgain(*task_);
       }
       return absl::OkStatus();
     }
@@ -283,6 +291,15 @@ void Daemon::Heartbeats() {
       log_("drained: this worker runs nothing and leaves");
       leave_ = true;
     }
+  }
+}
+
+void Daemon::SetRendezvousAgain(RankTask& task) {
+  absl::MutexLock lock(&task.store_mu);
+  if (task.store == nullptr) return;
+  if (absl::Status st = task.store->SetAgain(options_.rpc_timeout); !st.ok()) {
+    log_(absl::StrCat("[", task.job_id,
+                      "] could not set the rank's rendezvous keys again: ", st.message()));
   }
 }
 
@@ -508,6 +525,17 @@ void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
     }
     MUONMESH_ASSIGN_OR_RETURN(plan::Plan plan, PlanFromExec(start.plan()));
     comm::GrpcStore store(channel_, task->job_id, task->attempt);
+    {
+      absl::MutexLock lock(&task->store_mu);
+      task->store = &store;
+    }
+    struct Forget {
+      RankTask* task;
+      ~Forget() {
+        absl::MutexLock lock(&task->store_mu);
+        task->store = nullptr;
+      }
+    } forget{task};
     const RankOptions o = RankOptionsFor(start, task->attempt, options_);
     RankHooks hooks;
     hooks.out = [&](const std::string& line) { log_(tag + line); };

@@ -93,6 +93,19 @@ absl::Status GrpcStore::Set(absl::string_view key, absl::string_view value) {
   });
 }
 
+absl::Status GrpcStore::SetAgain(absl::Duration within) {
+  std::vector<v1::StoreSetRequest> written;
+  {
+    absl::MutexLock lock(&mu_);
+    written = written_;
+  }
+  const absl::Time deadline = absl::Now() + within;
+  for (const v1::StoreSetRequest& w : written) {
+    MUONMESH_RETURN_IF_ERROR(FromGrpc(SetOnce(w, deadline), "set again"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> GrpcStore::Get(absl::string_view key, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout + kRpcSlack;
   v1::StoreGetRequest request;

@@ -42,6 +42,13 @@ class GrpcStore final : public Store {
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
   absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
 
+  // Sets every key this store set again, within `within`: a rank that made
+  // no store call while the coordinator was away never saw it restart
+  // empty, so its worker calls this when it registers again under the new
+  // coordinator (the peers still meeting need those keys). A key set again
+  // with its value is no change for a coordinator that kept it.
+  absl::Status SetAgain(absl::Duration within);
+
  private:
   // `call` (one RPC, given its deadline) until it answers otherwise than
   // Unavailable or `deadline` passes; after an Unavailable, the keys set so

@@ -224,5 +224,46 @@ TEST(GrpcStoreRestartTest, KeysSetBeforeARestartAreFoundAfterIt) {
   second->Shutdown();
 }
 
+// A rank that made no store call while the coordinator restarted never saw
+// it come back empty: its key is missing until its worker, registering
+// again, has the store set what it set (SetAgain); then a peer finds it.
+TEST(GrpcStoreRestartTest, SetAgainRestoresTheKeysOfARankThatSawNoOutage) {
+  auto serve = [](int* port, coordinator::StoreService* service) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(absl::StrCat("127.0.0.1:", *port), grpc::InsecureServerCredentials(),
+                             port);
+    builder.RegisterService(service);
+    return builder.BuildAndStart();
+  };
+  int port = 0;
+  auto first_rendezvous = std::make_unique<coordinator::Rendezvous>();
+  auto first_service = std::make_unique<coordinator::StoreService>(first_rendezvous.get());
+  std::unique_ptr<grpc::Server> first = serve(&port, first_service.get());
+  ASSERT_NE(first, nullptr);
+  auto channel =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+  GrpcStore quiet(channel, "j-1", 0), peer(channel, "j-1", 0);
+  ASSERT_TRUE(quiet.Set("from-quiet", "1").ok());
+  first_rendezvous->Shutdown();
+  first->Shutdown();
+  first.reset();
+  coordinator::Rendezvous second_rendezvous;
+  coordinator::StoreService second_service(&second_rendezvous);
+  std::unique_ptr<grpc::Server> second = serve(&port, &second_service);
+  ASSERT_NE(second, nullptr);
+  // The peer asks the new coordinator: nothing there (the quiet rank made
+  // no call, so it set nothing again).
+  EXPECT_EQ(peer.Get("from-quiet", absl::Milliseconds(300)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(quiet.SetAgain(absl::Seconds(10)).ok());
+  absl::StatusOr<std::string> got = peer.Get("from-quiet", absl::Seconds(5));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "1");
+  // Again on a coordinator that kept it: no change, no error.
+  EXPECT_TRUE(quiet.SetAgain(absl::Seconds(10)).ok());
+  second_rendezvous.Shutdown();
+  second->Shutdown();
+}
+
 }  // namespace
 }  // namespace muonmesh::comm
