@@ -182,75 +182,81 @@ TEST(GrpcStoreUnreachableTest, NoCoordinatorIsUnavailable) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(15));
 }
 
+// A coordinator's Store service on loopback that can be restarted on its
+// port: the new one starts empty, as a restarted coordinator's does.
+class RestartingStore {
+ public:
+  RestartingStore() { Serve(); }
+  ~RestartingStore() { Stop(); }
+  std::shared_ptr<grpc::Channel> Channel() const {
+    return grpc::CreateChannel(absl::StrCat("127.0.0.1:", port_),
+                               grpc::InsecureChannelCredentials());
+  }
+  // Kills it (keys lost); with `again`, serves anew on the same port.
+  void Restart(bool again = true) {
+    Stop();
+    if (again) Serve();
+  }
+  bool serving() const { return server_ != nullptr; }
+
+ private:
+  void Serve() {
+    rendezvous_ = std::make_unique<coordinator::Rendezvous>();
+    service_ = std::make_unique<coordinator::StoreService>(rendezvous_.get());
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(absl::StrCat("127.0.0.1:", port_), grpc::InsecureServerCredentials(),
+                             &port_);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+  }
+  void Stop() {
+    if (server_ == nullptr) return;
+    rendezvous_->Shutdown();
+    server_->Shutdown();
+    server_.reset();
+  }
+  int port_ = 0;
+  std::unique_ptr<coordinator::Rendezvous> rendezvous_;
+  std::unique_ptr<coordinator::StoreService> service_;
+  std::unique_ptr<grpc::Server> server_;
+};
+
 // Ranks meeting while the coordinator restarts: its store comes back
 // empty, and each rank's store sets its keys again once it answers, so
 // every Get of a key set before the restart still finds it.
 TEST(GrpcStoreRestartTest, KeysSetBeforeARestartAreFoundAfterIt) {
-  auto serve = [](int* port, coordinator::StoreService* service) {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort(absl::StrCat("127.0.0.1:", *port), grpc::InsecureServerCredentials(),
-                             port);
-    builder.RegisterService(service);
-    return builder.BuildAndStart();
-  };
-  int port = 0;
-  auto first_rendezvous = std::make_unique<coordinator::Rendezvous>();
-  auto first_service = std::make_unique<coordinator::StoreService>(first_rendezvous.get());
-  std::unique_ptr<grpc::Server> first = serve(&port, first_service.get());
-  ASSERT_NE(first, nullptr);
-  auto channel =
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+  RestartingStore coordinator;
+  ASSERT_TRUE(coordinator.serving());
+  auto channel = coordinator.Channel();
   GrpcStore a(channel, "j-1", 0), b(channel, "j-1", 0);
   ASSERT_TRUE(a.Set("from-a", "1").ok());
   ASSERT_TRUE(b.Set("from-b", "2").ok());
-  first_rendezvous->Shutdown();
-  first->Shutdown();
-  first.reset();
+  coordinator.Restart(/*again=*/false);
   absl::StatusOr<std::string> a_got, b_got;
   std::thread ta([&] { a_got = a.Get("from-b", absl::Seconds(20)); });
   std::thread tb([&] { b_got = b.Get("from-a", absl::Seconds(20)); });
   absl::SleepFor(absl::Seconds(1));  // both find no coordinator for a while
-  coordinator::Rendezvous second_rendezvous;
-  coordinator::StoreService second_service(&second_rendezvous);
-  std::unique_ptr<grpc::Server> second = serve(&port, &second_service);
-  ASSERT_NE(second, nullptr);
+  coordinator.Restart();
+  ASSERT_TRUE(coordinator.serving());
   ta.join();
   tb.join();
   ASSERT_TRUE(a_got.ok()) << a_got.status();
   ASSERT_TRUE(b_got.ok()) << b_got.status();
   EXPECT_EQ(*a_got, "2");
   EXPECT_EQ(*b_got, "1");
-  second_rendezvous.Shutdown();
-  second->Shutdown();
 }
 
 // A rank that made no store call while the coordinator restarted never saw
 // it come back empty: its key is missing until its worker, registering
 // again, has the store set what it set (SetAgain); then a peer finds it.
 TEST(GrpcStoreRestartTest, SetAgainRestoresTheKeysOfARankThatSawNoOutage) {
-  auto serve = [](int* port, coordinator::StoreService* service) {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort(absl::StrCat("127.0.0.1:", *port), grpc::InsecureServerCredentials(),
-                             port);
-    builder.RegisterService(service);
-    return builder.BuildAndStart();
-  };
-  int port = 0;
-  auto first_rendezvous = std::make_unique<coordinator::Rendezvous>();
-  auto first_service = std::make_unique<coordinator::StoreService>(first_rendezvous.get());
-  std::unique_ptr<grpc::Server> first = serve(&port, first_service.get());
-  ASSERT_NE(first, nullptr);
-  auto channel =
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+  RestartingStore coordinator;
+  ASSERT_TRUE(coordinator.serving());
+  auto channel = coordinator.Channel();
   GrpcStore quiet(channel, "j-1", 0), peer(channel, "j-1", 0);
   ASSERT_TRUE(quiet.Set("from-quiet", "1").ok());
-  first_rendezvous->Shutdown();
-  first->Shutdown();
-  first.reset();
-  coordinator::Rendezvous second_rendezvous;
-  coordinator::StoreService second_service(&second_rendezvous);
-  std::unique_ptr<grpc::Server> second = serve(&port, &second_service);
-  ASSERT_NE(second, nullptr);
+  coordinator.Restart();
+  ASSERT_TRUE(coordinator.serving());
   // The peer asks the new coordinator: nothing there (the quiet rank made
   // no call, so it set nothing again).
   EXPECT_EQ(peer.Get("from-quiet", absl::Milliseconds(300)).status().code(),
@@ -261,8 +267,6 @@ TEST(GrpcStoreRestartTest, SetAgainRestoresTheKeysOfARankThatSawNoOutage) {
   EXPECT_EQ(*got, "1");
   // Again on a coordinator that kept it: no change, no error.
   EXPECT_TRUE(quiet.SetAgain(absl::Seconds(10)).ok());
-  second_rendezvous.Shutdown();
-  second->Shutdown();
 }
 
 }  // namespace
