@@ -266,9 +266,13 @@ bool Within(const std::string& path, const std::string& dir) {
 // job then only exports), else init.checkpoint, which must leave steps to
 // run and, when it lies among the job's own checkpoints, be the newest of
 // them (the run continues their series).
+enum class StateSource { kResume, kInit };
+
 absl::Status LoadResharded(const job::ResolvedJob& job, const std::string& source, bool fresh_state,
-                           Trainer& trainer, bool talk, const LineSink& out,
-                           const std::string& what, bool in_own_series = false) {
+                           Trainer& trainer, bool talk, const LineSink& out, StateSource kind,
+                           bool in_own_series = false) {
+  const bool resume = kind == StateSource::kResume;
+  const std::string what = resume ? "resume" : "init.checkpoint";
   std::string from;
   std::vector<std::string> notes;
   absl::StatusOr<WholeState> state = LoadWholeState(source, &from, &notes);
@@ -276,7 +280,6 @@ absl::Status LoadResharded(const job::ResolvedJob& job, const std::string& sourc
     for (const std::string& n : notes) out(absl::StrCat(what, ": ", n));
   }
   MUONMESH_RETURN_IF_ERROR(state.status(), what);
-  const bool resume = what == "resume";
   if (const std::optional<int64_t> newest = NewestCheckpoint(job.output_dir);
       in_own_series && newest.has_value() && *newest > state->step) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -326,7 +329,7 @@ absl::Status StartFromCheckpoints(const job::ResolvedJob& job, Trainer& trainer,
     if (choice.step.has_value()) {
       if (choice.manifest.world_size != job.world_size ||
           choice.manifest.layout != trainer.LayoutFingerprint()) {
-        return LoadResharded(job, choice.dir, false, trainer, talk, out, "resume");
+        return LoadResharded(job, choice.dir, false, trainer, talk, out, StateSource::kResume);
       }
       const std::string file = absl::StrCat(choice.dir, "/", RankFile(options.rank));
       MUONMESH_RETURN_IF_ERROR(trainer.LoadShards(file), "resuming");
@@ -340,7 +343,7 @@ absl::Status StartFromCheckpoints(const job::ResolvedJob& job, Trainer& trainer,
   if (job.init_checkpoint.empty()) return absl::OkStatus();
   const bool in_own_series = Within(job.init_checkpoint, old) || Within(old, job.init_checkpoint);
   return LoadResharded(job, job.init_checkpoint, job.fresh_optimizer_state, trainer, talk, out,
-                       "init.checkpoint", in_own_series);
+                       StateSource::kInit, in_own_series);
 }
 
 std::string StepLine(int64_t s, const StepReport& r) {

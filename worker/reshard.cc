@@ -14,11 +14,11 @@
 #include "core/base/status_macros.h"
 #include "worker/checkpoints.h"
 #include "worker/io/safetensors.h"
+#include "worker/runtime/trainer.h"
 
 namespace muonmesh::worker {
 namespace {
 
-constexpr char kShardsFormat[] = "muonmesh.shards.v1";
 constexpr char kStateFormat[] = "muonmesh.state.v1";
 
 // "name\tshape\toptimizer" lines (Trainer::SaveShards' "tensors"), as

@@ -56,6 +56,10 @@
 
 namespace muonmesh::worker {
 
+// The "format" a rank's checkpoint file names in its metadata
+// (Trainer::SaveShards; read back by worker/reshard.h too).
+inline constexpr char kShardsFormat[] = "muonmesh.shards.v1";
+
 struct TrainerOptions {
   // Where shards live and the optimizer runs (required; not owned, must
   // outlive the Trainer): MakeCpuDevice(), or a CUDA device. The backend and

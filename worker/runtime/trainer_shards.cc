@@ -5,7 +5,6 @@
 
 namespace muonmesh::worker {
 namespace {
-constexpr char kShardsFormat[] = "muonmesh.shards.v1";
 
 std::string ShardTensorName(const UnitState& u, const char* what) {
   return absl::StrCat("units.", u.unit, ".",
