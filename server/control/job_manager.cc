@@ -174,10 +174,14 @@ absl::StatusOr<v1::JobEvent> JobManager::ChangeState(const std::string& job_id,
   });
 }
 
+int64_t JobManager::RecordInterval(int64_t total_steps, int64_t max_recorded_steps) {
+  if (max_recorded_steps <= 0 || total_steps <= max_recorded_steps) return 1;
+  return (total_steps + max_recorded_steps - 1) / max_recorded_steps;
+}
+
 bool JobManager::RecordsStep(int64_t step, int64_t total_steps, int64_t max_recorded_steps) {
-  if (max_recorded_steps <= 0 || total_steps <= max_recorded_steps) return true;
-  const int64_t every = (total_steps + max_recorded_steps - 1) / max_recorded_steps;
-  return step % every == 0 || step == total_steps - 1;
+  const int64_t every = RecordInterval(total_steps, max_recorded_steps);
+  return every == 1 || step % every == 0 || step == total_steps - 1;
 }
 
 absl::StatusOr<JobStore::Submitted> JobManager::Submit(
@@ -284,7 +288,24 @@ void JobManager::StartAttempt(const v1::Job& job, const v1::JobSpec& spec,
     j.set_attempt_steps_done(0);
     j.clear_finished_ranks();
     j.clear_stopped_ranks();
+    j.clear_drain_reason();
+    j.set_drain_stop_at_step(0);
   });
+}
+
+bool JobManager::BeginDrain(const std::string& job_id, Attempt& a, const std::string& why) {
+  const int64_t stop_at = std::min(a.stop_at_step, a.max_continued_step + 1);
+  // Kept before any rank is told to stop: a coordinator restarted after
+  // some ranks stopped tells the others to stop at the same step.
+  if (!NoteWrite(store_.Update(job_id, [&](v1::Job& j) {
+         j.set_drain_reason(why);
+         j.set_drain_stop_at_step(stop_at);
+       })).ok()) {
+    return false;
+  }
+  a.drained = why;
+  a.stop_at_step = stop_at;
+  return true;
 }
 
 void JobManager::Schedule() {
@@ -424,10 +445,12 @@ void JobManager::CheckElastic() {
         if (to == 0 && ok && w > n && w <= can) to = w;
       }
       if (to == 0) continue;
+      if (!BeginDrain(id, a,
+                      absl::StrCat("training.elastic: growing from ", n, " to ", to,
+                                   " ranks (idle workers came)"))) {
+        continue;
+      }
       if (to < a.target_world) elastic_grow_[id] = to;
-      a.drained = absl::StrCat("training.elastic: growing from ", n, " to ", to,
-                               " ranks (idle workers came)");
-      a.stop_at_step = std::min(a.stop_at_step, a.max_continued_step + 1);
     }
     const absl::Time now = clock_.Now();
     for (const auto& [id, w] : elastic_waiting_) {
@@ -476,6 +499,12 @@ void JobManager::Adopt(const v1::Job& job) {
   a.elastic_sizes = job::ElasticWorldSizes(job.spec());
   a.steps_done = job.attempt_steps_done();
   a.max_continued_step = a.steps_done - 1;
+  // A drain decided before the restart: the ranks that report after it
+  // stop at the same step as those that stopped before it.
+  if (!job.drain_reason().empty()) {
+    a.drained = job.drain_reason();
+    a.stop_at_step = job.drain_stop_at_step();
+  }
   a.adopting = true;
   a.rejoined.assign(a.workers.size(), false);
   // Ranks whose end was reported before the restart: not waited for.
@@ -508,6 +537,11 @@ void JobManager::Adopt(const v1::Job& job) {
     }
     token = page->next_page_token;
   } while (!token.empty());
+  // Reports of steps left out of the records were answered too: a rank may
+  // have been told to go on from any step before the next recorded one.
+  a.max_continued_step = std::min(
+      a.total_steps - 1,
+      a.max_continued_step + RecordInterval(a.total_steps, options_.max_recorded_steps) - 1);
   // Steps every rank had reported whose event the restart cut off.
   while (true) {
     auto next = a.steps.find(a.steps_done);
@@ -764,7 +798,7 @@ void JobManager::MaybeFinish(const std::string& job_id) {
   }
   if (done.failure.empty()) {
     // Every rank stopped at a checkpoint without a failure or a cancel: a
-    // drain (its marker is gone if this coordinator restarted meanwhile).
+    // drain (its reason kept in the job across a coordinator restart).
     // From that checkpoint on other workers; no restart spent.
     recovering_[job_id] = clock_.Now();
     (void)ChangeState(job_id, v1::JOB_STATE_RESTARTING,
@@ -856,9 +890,11 @@ absl::StatusOr<v1::Worker> JobManager::Drain(const std::string& worker_id,
     const auto at = std::find(a.workers.begin(), a.workers.end(), worker_id);
     if (at == a.workers.end() || a.outcome[at - a.workers.begin()] != kRunning) continue;
     if (a.cancelled || !a.drained.empty()) break;
-    a.drained = absl::StrCat("worker ", worker_id, " drained",
-                             reason.empty() ? std::string() : absl::StrCat(": ", reason));
-    a.stop_at_step = std::min(a.stop_at_step, a.max_continued_step + 1);
+    if (!BeginDrain(id, a,
+                    absl::StrCat("worker ", worker_id, " drained",
+                                 reason.empty() ? std::string() : absl::StrCat(": ", reason)))) {
+      return state_error();
+    }
     break;
   }
   return w;

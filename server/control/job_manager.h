@@ -101,6 +101,8 @@ class JobManager {
   // `total_steps` (JobManagerOptions::max_recorded_steps; a step with a
   // validation loss is kept besides).
   static bool RecordsStep(int64_t step, int64_t total_steps, int64_t max_recorded_steps);
+  // Every how many steps RecordsStep keeps one (1: every step).
+  static int64_t RecordInterval(int64_t total_steps, int64_t max_recorded_steps);
 
   // See Jobs.CancelJob.
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id, const std::string& reason);
@@ -246,6 +248,11 @@ class JobManager {
   // Drops an ended job's elastic bookkeeping.
   void ForgetElastic(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailRank(const std::string& job_id, Attempt& a, int32_t rank, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts a drain of the attempt: every rank stops after the step after the
+  // newest one any rank was told to go on from, with a checkpoint. Stored
+  // first; false (and nothing changed) when that write fails.
+  bool BeginDrain(const std::string& job_id, Attempt& a, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes up a RUNNING job's attempt after a restart (Recover).
   void Adopt(const v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

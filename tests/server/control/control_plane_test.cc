@@ -607,7 +607,7 @@ class RestartTest : public ControlPlaneTest {
   }
 
   grpc::Status Step(const std::string& id, const std::string& lease, const std::string& job,
-                    int32_t rank, int64_t step) {
+                    int32_t rank, int64_t step, v1::ReportStepResponse* answer = nullptr) {
     v1::ReportStepRequest request;
     request.set_worker_id(id);
     request.set_lease_id(lease);
@@ -617,18 +617,18 @@ class RestartTest : public ControlPlaneTest {
     request.mutable_record()->set_loss(1.0 / static_cast<double>(step + 1));
     v1::ReportStepResponse response;
     grpc::ClientContext context;
-    return fleet_->ReportStep(&context, request, &response);
+    return fleet_->ReportStep(&context, request, answer != nullptr ? answer : &response);
   }
 
   grpc::Status End(const std::string& id, const std::string& lease, const std::string& job,
-                   int32_t rank) {
+                   int32_t rank, v1::AttemptOutcome outcome = v1::ATTEMPT_OUTCOME_SUCCEEDED) {
     v1::ReportAttemptRequest request;
     request.set_worker_id(id);
     request.set_lease_id(lease);
     request.set_job_id(job);
     request.set_attempt(0);
     request.set_rank(rank);
-    request.set_outcome(v1::ATTEMPT_OUTCOME_SUCCEEDED);
+    request.set_outcome(outcome);
     v1::ReportAttemptResponse response;
     grpc::ClientContext context;
     return fleet_->ReportAttempt(&context, request, &response);
@@ -752,6 +752,50 @@ TEST_F(RestartTest, ARankThatEndedBeforeTheRestartIsNotWaitedFor) {
   EXPECT_EQ(Get(job->id()).state(), v1::JOB_STATE_SUCCEEDED) << Get(job->id()).reason();
 }
 
+// A drain whose ranks' reports straddle a restart: rank 0 was told before it
+// to stop after step 1 with a checkpoint; rank 1, reporting step 1 to the
+// restarted coordinator, is told the same (not to go on into a step whose
+// collectives rank 0 never joins). The attempt ends as a drain: no restart
+// spent.
+TEST_F(RestartTest, ADrainDecidedBeforeTheRestartStopsEveryRankAtTheSameStep) {
+  const Started st = StartJob("drained");
+  const std::string& id = st.job.id();
+  v1::RunningRank r[2];
+  r[st.r0.rank()] = st.r0;
+  r[1 - st.r0.rank()] = st.r0;
+  r[1 - st.r0.rank()].set_rank(1 - st.r0.rank());
+  const std::string w_of[2] = {st.r0.rank() == 0 ? "w0" : "w1", st.r0.rank() == 0 ? "w1" : "w0"};
+  const std::string l_of[2] = {st.r0.rank() == 0 ? st.l0 : st.l1,
+                               st.r0.rank() == 0 ? st.l1 : st.l0};
+  for (int32_t rank : {0, 1}) ASSERT_TRUE(Step(w_of[rank], l_of[rank], id, rank, 0).ok());
+  {
+    v1::DrainWorkerRequest request;
+    request.set_worker_id(w_of[0]);
+    request.set_reason("kernel update");
+    v1::Worker w;
+    grpc::ClientContext context;
+    const grpc::Status drained = fleet_->DrainWorker(&context, request, &w);
+    ASSERT_TRUE(drained.ok()) << drained.error_message();
+  }
+  v1::ReportStepResponse answer;
+  ASSERT_TRUE(Step(w_of[0], l_of[0], id, 0, 1, &answer).ok());
+  EXPECT_TRUE(answer.stop() && answer.checkpoint());
+  ASSERT_TRUE(End(w_of[0], l_of[0], id, 0, v1::ATTEMPT_OUTCOME_STOPPED).ok());
+  Restart();
+
+  const v1::RegisterResponse back = Register(w_of[1], &r[1]);
+  ASSERT_EQ(back.stop_running(), "");
+  answer.Clear();
+  ASSERT_TRUE(Step(w_of[1], back.lease_id(), id, 1, 1, &answer).ok());
+  EXPECT_TRUE(answer.stop()) << "rank 1 would go on into step 2 alone";
+  EXPECT_TRUE(answer.checkpoint());
+  ASSERT_TRUE(End(w_of[1], back.lease_id(), id, 1, v1::ATTEMPT_OUTCOME_STOPPED).ok());
+  const v1::Job moved = Get(id);
+  EXPECT_EQ(moved.state(), v1::JOB_STATE_RESTARTING) << moved.reason();
+  EXPECT_THAT(moved.reason(), HasSubstr("worker " + w_of[0] + " drained: kernel update"));
+  EXPECT_EQ(moved.drained_attempts(), 1);
+}
+
 // A state write that fails (a read-only or full disk; SQLite's query_only
 // here) stops new work for good: even once the disk works again, a submit is
 // refused saying why, until the coordinator restarts; what is stored stays
@@ -820,6 +864,58 @@ TEST_F(RestartTest, StoreScopesAreThoseOfRunningAttempts) {
 
 // Workers that do not come back within the grace fail the attempt as lost
 // ones do: it restarts (max_restarts allowing) rather than waiting for good.
+// With sparse step records (at most 10 of the job's 100 kept, every 10th): a
+// rank told before the restart to go on from step 13, which left no record,
+// stops at the same step as the other rank after a drain decided after the
+// restart.
+class SparseRestartTest : public RestartTest {
+ protected:
+  void Configure(ControlPlaneOptions& o) override {
+    RestartTest::Configure(o);
+    o.max_recorded_steps = 10;
+  }
+};
+
+TEST_F(SparseRestartTest, ADrainAfterTheRestartStopsEveryRankAtTheSameStep) {
+  const Started st = StartJob("sparse");
+  const std::string& id = st.job.id();
+  v1::RunningRank r[2];
+  r[st.r0.rank()] = st.r0;
+  r[1 - st.r0.rank()] = st.r0;
+  r[1 - st.r0.rank()].set_rank(1 - st.r0.rank());
+  const std::string w_of[2] = {st.r0.rank() == 0 ? "w0" : "w1", st.r0.rank() == 0 ? "w1" : "w0"};
+  std::string l_of[2] = {st.r0.rank() == 0 ? st.l0 : st.l1, st.r0.rank() == 0 ? st.l1 : st.l0};
+  for (int64_t step = 0; step <= 12; ++step) {
+    for (int32_t rank : {0, 1}) ASSERT_TRUE(Step(w_of[rank], l_of[rank], id, rank, step).ok());
+  }
+  ASSERT_TRUE(Step(w_of[0], l_of[0], id, 0, 13).ok());  // ahead, not recorded
+  Restart();
+  for (int32_t rank : {0, 1}) {
+    const v1::RegisterResponse back = Register(w_of[rank], &r[rank]);
+    ASSERT_EQ(back.stop_running(), "");
+    l_of[rank] = back.lease_id();
+  }
+  v1::DrainWorkerRequest request;
+  request.set_worker_id(w_of[1]);
+  v1::Worker w;
+  grpc::ClientContext context;
+  ASSERT_TRUE(fleet_->DrainWorker(&context, request, &w).ok());
+  // Each rank reports until it is told to stop (rank 1 one step behind).
+  int64_t stopped_at[2] = {-1, -1};
+  int64_t next[2] = {14, 13};
+  while ((stopped_at[0] < 0 || stopped_at[1] < 0) && next[0] < 100 && next[1] < 100) {
+    for (int32_t rank : {1, 0}) {
+      if (stopped_at[rank] >= 0) continue;
+      v1::ReportStepResponse answer;
+      ASSERT_TRUE(Step(w_of[rank], l_of[rank], id, rank, next[rank], &answer).ok());
+      if (answer.stop()) stopped_at[rank] = next[rank];
+      ++next[rank];
+    }
+  }
+  EXPECT_GE(stopped_at[0], 14);
+  EXPECT_EQ(stopped_at[0], stopped_at[1]);
+}
+
 class LateRestartTest : public RestartTest {
  protected:
   LateRestartTest() { grace_ = absl::Seconds(1); }
