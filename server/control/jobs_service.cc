@@ -37,7 +37,6 @@ bool JobsService::EnterWatch(const std::string& client) {
   int64_t& n = watches_[client];
   if (max_watches_per_client_ > 0 && n >= max_watches_per_client_) return false;
   ++n;
-  ++open_watches_;
   return true;
 }
 
@@ -45,13 +44,7 @@ void JobsService::LeaveWatch(const std::string& client) {
   absl::MutexLock lock(&mu_);
   auto it = watches_.find(client);
   if (it == watches_.end()) return;
-  --open_watches_;
   if (--it->second <= 0) watches_.erase(it);
-}
-
-int64_t JobsService::open_watches() const {
-  absl::MutexLock lock(&mu_);
-  return open_watches_;
 }
 
 grpc::Status JobsService::SubmitJob(grpc::ServerContext* context,

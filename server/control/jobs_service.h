@@ -49,9 +49,6 @@ class JobsService final : public v1::Jobs::Service {
                              const v1::GetJobMetricsRequest* request,
                              v1::GetJobMetricsResponse* response) override;
 
-  // Watches open now, in all.
-  int64_t open_watches() const;
-
  private:
   // Counts a watch of `client` in (false when it would pass the bound) and
   // out.
@@ -61,9 +58,8 @@ class JobsService final : public v1::Jobs::Service {
   JobManager& manager_;
   JobStore& store_;
   const int64_t max_watches_per_client_;
-  mutable absl::Mutex mu_;
+  absl::Mutex mu_;
   absl::flat_hash_map<std::string, int64_t> watches_ ABSL_GUARDED_BY(mu_);
-  int64_t open_watches_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace muonmesh::coordinator

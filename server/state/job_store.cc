@@ -4,19 +4,24 @@
 
 #include <algorithm>
 #include <functional>
-#include <map>
+#include <iterator>
 #include <limits>
+#include <map>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/util/message_differencer.h"
 #include "core/base/status_macros.h"
+#include "google/protobuf/util/message_differencer.h"
 
 namespace muonmesh::coordinator {
 namespace {
 
-constexpr const char* kSchemaVersion = "1";
+// 2: a job's spec in the specs table, not in its blob (1 read and moved on
+// open).
+constexpr const char* kSchemaVersion = "2";
+constexpr const char* kOldSchemaVersion = "1";
 constexpr int32_t kDefaultPage = 100;
 constexpr int32_t kMaxPage = 1000;
 constexpr int32_t kDefaultStepPage = 1000;
@@ -68,6 +73,7 @@ class Statement {
     return absl::InternalError(absl::StrCat("job store: ", what, ": ", sqlite3_errmsg(db_)));
   }
   int64_t ColumnInt(int i) const { return sqlite3_column_int64(stmt_, i); }
+  bool IsNull(int i) const { return sqlite3_column_type(stmt_, i) == SQLITE_NULL; }
   std::string ColumnBytes(int i) const {
     const void* p = sqlite3_column_blob(stmt_, i);
     const int n = sqlite3_column_bytes(stmt_, i);
@@ -113,6 +119,15 @@ std::string Serialized(const google::protobuf::Message& m) {
   return out;
 }
 
+// A job's blob: everything but its spec (lent out for the serialization, not
+// copied), which is stored apart once.
+std::string BlobWithoutSpec(v1::Job& job) {
+  std::unique_ptr<v1::JobSpec> spec(job.release_spec());
+  std::string blob = Serialized(job);
+  job.set_allocated_spec(spec.release());
+  return blob;
+}
+
 int32_t PageSize(int32_t asked, int32_t fallback, int32_t most) {
   if (asked <= 0) return fallback;
   return std::min(asked, most);
@@ -150,6 +165,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
       "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
       "CREATE TABLE IF NOT EXISTS jobs(seq INTEGER PRIMARY KEY, id TEXT UNIQUE NOT NULL,"
       "  request_id TEXT NOT NULL, job BLOB NOT NULL);"
+      "CREATE TABLE IF NOT EXISTS specs(seq INTEGER PRIMARY KEY, spec BLOB NOT NULL);"
       "CREATE TABLE IF NOT EXISTS events(seq INTEGER NOT NULL, idx INTEGER NOT NULL,"
       "  event BLOB NOT NULL, PRIMARY KEY(seq, idx)) WITHOUT ROWID;"
       "CREATE TABLE IF NOT EXISTS steps(seq INTEGER NOT NULL, step INTEGER NOT NULL,"
@@ -163,7 +179,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
     Statement get(db, "SELECT value FROM meta WHERE key = 'schema'");
     const int r = get.Step();
     if (r == SQLITE_ROW) {
-      if (get.ColumnBytes(0) != kSchemaVersion) {
+      if (get.ColumnBytes(0) != kSchemaVersion && get.ColumnBytes(0) != kOldSchemaVersion) {
         return absl::InvalidArgumentError(absl::StrCat(
             path, ": state of schema ", get.ColumnBytes(0), ", this coordinator reads ",
             kSchemaVersion));
@@ -183,7 +199,10 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
 }
 
 absl::Status JobStore::Load() {
-  Statement q(db_, "SELECT seq, job FROM jobs ORDER BY seq");
+  Statement q(db_,
+              "SELECT jobs.seq, jobs.job, specs.spec FROM jobs LEFT JOIN specs "
+              "ON specs.seq = jobs.seq ORDER BY jobs.seq");
+  std::vector<int64_t> spec_inside;  // rows of schema 1
   int rc;
   while ((rc = q.Step()) == SQLITE_ROW) {
     Row row;
@@ -191,14 +210,40 @@ absl::Status JobStore::Load() {
     if (!row.job.ParseFromString(q.ColumnBytes(1))) {
       return absl::DataLossError(absl::StrCat("job of seq ", row.seq, " does not parse"));
     }
-    by_id_[row.job.id()] = rows_.size();
-    if (!row.job.request_id().empty()) by_request_[row.job.request_id()] = rows_.size();
+    if (q.IsNull(2)) {
+      spec_inside.push_back(row.seq);
+    } else if (!row.job.mutable_spec()->ParseFromString(q.ColumnBytes(2))) {
+      return absl::DataLossError(absl::StrCat("spec of seq ", row.seq, " does not parse"));
+    }
+    by_id_[row.job.id()] = row.seq;
+    if (!row.job.request_id().empty()) by_request_[row.job.request_id()] = row.seq;
     next_seq_ = std::max(next_seq_, row.seq + 1);
     CountUnfinished(row.job, 1);
-    rows_.push_back(std::move(row));
+    rows_.emplace(row.seq, std::move(row));
   }
   if (rc != SQLITE_DONE) return q.Error("load jobs");
-  return absl::OkStatus();
+  MUONMESH_RETURN_IF_ERROR(MoveSpecsApart(spec_inside));
+  Statement put(db_, "INSERT OR REPLACE INTO meta(key, value) VALUES('schema', ?)");
+  return put.Text(1, kSchemaVersion).Run("write schema");
+}
+
+absl::Status JobStore::MoveSpecsApart(const std::vector<int64_t>& seqs) {
+  if (seqs.empty()) return absl::OkStatus();
+  Transaction tx(db_);
+  MUONMESH_RETURN_IF_ERROR(tx.Begun());
+  for (const int64_t seq : seqs) {
+    Row& row = rows_.at(seq);
+    Statement spec(db_, "INSERT INTO specs(seq, spec) VALUES(?, ?)");
+    MUONMESH_RETURN_IF_ERROR(
+        spec.Int(1, seq).Blob(2, Serialized(row.job.spec())).Run("move a spec apart"));
+    MUONMESH_RETURN_IF_ERROR(WriteJob(seq, row.job));
+  }
+  return tx.Commit();
+}
+
+absl::Status JobStore::WriteJob(int64_t seq, v1::Job& job) {
+  Statement write(db_, "UPDATE jobs SET job = ? WHERE seq = ?");
+  return write.Blob(1, BlobWithoutSpec(job)).Int(2, seq).Run("update job");
 }
 
 void JobStore::CountUnfinished(const v1::Job& job, int64_t delta) {
@@ -263,7 +308,7 @@ absl::StatusOr<JobStore::Submitted> JobStore::Submit(const std::string& request_
   absl::MutexLock lock(&mu_);
   if (!request_id.empty()) {
     if (auto it = by_request_.find(request_id); it != by_request_.end()) {
-      const v1::Job& earlier = rows_[it->second].job;
+      const v1::Job& earlier = rows_.at(it->second).job;
       if (!google::protobuf::util::MessageDifferencer::Equals(earlier.spec(), spec)) {
         return absl::AlreadyExistsError(absl::StrCat(
             "request_id '", request_id, "' was used for job ", earlier.id(),
@@ -299,18 +344,22 @@ absl::StatusOr<JobStore::Submitted> JobStore::Submit(const std::string& request_
   MUONMESH_RETURN_IF_ERROR(insert.Int(1, row.seq)
                                .Text(2, job.id())
                                .Text(3, request_id)
-                               .Blob(4, Serialized(job))
+                               .Blob(4, BlobWithoutSpec(job))
                                .Run("insert job"));
+  Statement put_spec(db_, "INSERT INTO specs(seq, spec) VALUES(?, ?)");
+  MUONMESH_RETURN_IF_ERROR(
+      put_spec.Int(1, row.seq).Blob(2, Serialized(job.spec())).Run("insert spec"));
   Statement ev(db_, "INSERT INTO events(seq, idx, event) VALUES(?, ?, ?)");
   MUONMESH_RETURN_IF_ERROR(
       ev.Int(1, row.seq).Int(2, 1).Blob(3, Serialized(event)).Run("insert event"));
   MUONMESH_RETURN_IF_ERROR(tx.Commit());
   ++next_seq_;
-  by_id_[job.id()] = rows_.size();
-  if (!request_id.empty()) by_request_[request_id] = rows_.size();
+  by_id_[job.id()] = row.seq;
+  if (!request_id.empty()) by_request_[request_id] = row.seq;
   CountUnfinished(row.job, 1);
-  rows_.push_back(row);
-  return Submitted{std::move(row.job), true};
+  v1::Job answer = row.job;
+  rows_.emplace(row.seq, std::move(row));
+  return Submitted{std::move(answer), true};
 }
 
 absl::StatusOr<const JobStore::Row*> JobStore::Find(const std::string& job_id) const {
@@ -318,7 +367,7 @@ absl::StatusOr<const JobStore::Row*> JobStore::Find(const std::string& job_id) c
   if (it == by_id_.end()) {
     return absl::NotFoundError(absl::StrCat("no job '", job_id.substr(0, 64), "'"));
   }
-  return &rows_[it->second];
+  return &rows_.at(it->second);
 }
 
 absl::StatusOr<int64_t> JobStore::LastEventIndex(const std::string& job_id) const {
@@ -346,9 +395,8 @@ absl::StatusOr<JobStore::Page> JobStore::List(const std::vector<v1::JobState>& s
   absl::MutexLock lock(&mu_);
   Page page;
   int64_t last_seq = 0;
-  for (auto it = rows_.rbegin(); it != rows_.rend(); ++it) {
-    if (it->seq >= below) continue;
-    const v1::Job& job = it->job;
+  for (auto it = std::make_reverse_iterator(rows_.lower_bound(below)); it != rows_.rend(); ++it) {
+    const v1::Job& job = it->second.job;
     if (!states.empty() && std::find(states.begin(), states.end(), job.state()) == states.end()) {
       continue;
     }
@@ -358,7 +406,7 @@ absl::StatusOr<JobStore::Page> JobStore::List(const std::vector<v1::JobState>& s
       break;
     }
     page.jobs.push_back(job);
-    last_seq = it->seq;
+    last_seq = it->first;
   }
   return page;
 }
@@ -366,7 +414,7 @@ absl::StatusOr<JobStore::Page> JobStore::List(const std::vector<v1::JobState>& s
 std::vector<v1::Job> JobStore::Unfinished() const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::Job> out;
-  for (const Row& row : rows_) {
+  for (const auto& [seq, row] : rows_) {
     if (!IsFinal(row.job.state())) out.push_back(row.job);
   }
   return out;
@@ -376,7 +424,7 @@ std::vector<JobStore::Summary> JobStore::UnfinishedSummaries() const {
   absl::MutexLock lock(&mu_);
   std::vector<Summary> out;
   out.reserve(static_cast<size_t>(unfinished_));
-  for (const Row& row : rows_) {
+  for (const auto& [seq, row] : rows_) {
     const v1::Job& job = row.job;
     if (IsFinal(job.state())) continue;
     out.push_back({job.id(), job.state(), job.attempt(), job.spec().device(),
@@ -388,7 +436,7 @@ std::vector<JobStore::Summary> JobStore::UnfinishedSummaries() const {
 std::vector<std::pair<v1::JobState, int64_t>> JobStore::CountByState() const {
   absl::MutexLock lock(&mu_);
   std::map<v1::JobState, int64_t> counts;
-  for (const Row& row : rows_) counts[row.job.state()] += 1;
+  for (const auto& [seq, row] : rows_) counts[row.job.state()] += 1;
   return {counts.begin(), counts.end()};
 }
 
@@ -406,15 +454,14 @@ absl::StatusOr<v1::JobEvent> JobStore::Append(const std::string& job_id, v1::Job
 
   Transaction tx(db_);
   MUONMESH_RETURN_IF_ERROR(tx.Begun());
-  Statement write(db_, "UPDATE jobs SET job = ? WHERE seq = ?");
-  MUONMESH_RETURN_IF_ERROR(write.Blob(1, Serialized(job)).Int(2, row.seq).Run("update job"));
+  MUONMESH_RETURN_IF_ERROR(WriteJob(row.seq, job));
   Statement ev(db_, "INSERT INTO events(seq, idx, event) VALUES(?, ?, ?)");
   MUONMESH_RETURN_IF_ERROR(
       ev.Int(1, row.seq).Int(2, event.index()).Blob(3, Serialized(event)).Run("insert event"));
   MUONMESH_RETURN_IF_ERROR(tx.Commit());
   CountUnfinished(row.job, -1);
   CountUnfinished(job, 1);
-  rows_[by_id_.at(job_id)].job = std::move(job);
+  rows_.at(row.seq).job = std::move(job);
   return event;
 }
 
@@ -424,11 +471,10 @@ absl::Status JobStore::Update(const std::string& job_id,
   MUONMESH_ASSIGN_OR_RETURN(const Row* found, Find(job_id));
   v1::Job job = found->job;
   update(job);
-  Statement write(db_, "UPDATE jobs SET job = ? WHERE seq = ?");
-  MUONMESH_RETURN_IF_ERROR(write.Blob(1, Serialized(job)).Int(2, found->seq).Run("update job"));
+  MUONMESH_RETURN_IF_ERROR(WriteJob(found->seq, job));
   CountUnfinished(found->job, -1);
   CountUnfinished(job, 1);
-  rows_[by_id_.at(job_id)].job = std::move(job);
+  rows_.at(found->seq).job = std::move(job);
   return absl::OkStatus();
 }
 
@@ -439,26 +485,22 @@ absl::Status JobStore::Delete(const std::string& job_id) {
   Transaction tx(db_);
   MUONMESH_RETURN_IF_ERROR(tx.Begun());
   for (const char* sql : {"DELETE FROM steps WHERE seq = ?", "DELETE FROM events WHERE seq = ?",
-                          "DELETE FROM jobs WHERE seq = ?"}) {
+                          "DELETE FROM specs WHERE seq = ?", "DELETE FROM jobs WHERE seq = ?"}) {
     Statement del(db_, sql);
     MUONMESH_RETURN_IF_ERROR(del.Int(1, seq).Run("delete job"));
   }
   MUONMESH_RETURN_IF_ERROR(tx.Commit());
   CountUnfinished(found->job, -1);
-  rows_.erase(rows_.begin() + static_cast<std::ptrdiff_t>(by_id_.at(job_id)));
-  by_id_.clear();
-  by_request_.clear();
-  for (size_t i = 0; i < rows_.size(); ++i) {
-    by_id_[rows_[i].job.id()] = i;
-    if (!rows_[i].job.request_id().empty()) by_request_[rows_[i].job.request_id()] = i;
-  }
+  if (!found->job.request_id().empty()) by_request_.erase(found->job.request_id());
+  by_id_.erase(job_id);
+  rows_.erase(seq);
   return absl::OkStatus();
 }
 
 std::vector<std::string> JobStore::FinishedBefore(int64_t unix_ms) const {
   absl::MutexLock lock(&mu_);
   std::vector<std::pair<int64_t, std::string>> found;
-  for (const Row& row : rows_) {
+  for (const auto& [seq, row] : rows_) {
     const v1::JobState s = row.job.state();
     const bool final =
         s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;

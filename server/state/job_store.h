@@ -14,15 +14,16 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "muonmesh/v1/jobs.pb.h"
 
 struct sqlite3;
@@ -153,6 +154,12 @@ class JobStore {
   };
   explicit JobStore(sqlite3* db);
   absl::Status Load() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rows of the first schema (the spec inside the job's blob): moved to the
+  // second (the spec in its own table), in one transaction.
+  absl::Status MoveSpecsApart(const std::vector<int64_t>& seqs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes a job's row: everything but its spec (stored once at submit, so
+  // a step's update does not rewrite it).
+  absl::Status WriteJob(int64_t seq, v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<const Row*> Find(const std::string& job_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Exec(const char* sql) const;
@@ -164,9 +171,9 @@ class JobStore {
   sqlite3* db_;
   int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   // seq -> job, in seq order; id and request id -> seq.
-  std::vector<Row> rows_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, size_t> by_id_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, size_t> by_request_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, Row> rows_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int64_t> by_id_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int64_t> by_request_ ABSL_GUARDED_BY(mu_);
   Limits limits_ ABSL_GUARDED_BY(mu_);
   int64_t unfinished_ ABSL_GUARDED_BY(mu_) = 0;
   // Clients with unfinished jobs only (an entry at 0 is removed).

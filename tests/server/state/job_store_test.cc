@@ -14,6 +14,7 @@
 #include <set>
 #include <string>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -310,6 +311,114 @@ TEST(JobStoreTest, UnfinishedJobsAreBoundedPerClientAndInAll) {
   // the manager; the store counts what it removes either way).
   ASSERT_TRUE((*store)->Delete(first).ok());
   EXPECT_EQ((*store)->UnfinishedCount(), 5);
+}
+
+// One integer or blob length an SQL query over the state file answers.
+int64_t QueryInt(const std::string& db, const std::string& sql) {
+  sqlite3* raw = nullptr;
+  EXPECT_EQ(sqlite3_open(db.c_str(), &raw), SQLITE_OK);
+  sqlite3_stmt* q = nullptr;
+  EXPECT_EQ(sqlite3_prepare_v2(raw, sql.c_str(), -1, &q, nullptr), SQLITE_OK) << sql;
+  const int64_t out = sqlite3_step(q) == SQLITE_ROW ? sqlite3_column_int64(q, 0) : -1;
+  sqlite3_finalize(q);
+  sqlite3_close(raw);
+  return out;
+}
+
+// A job's spec is stored once, at submit: the updates of its steps rewrite
+// only the rest of its row (a 200 kB spec stays out of every step's write),
+// and the spec comes back whole on reopen. The jobs' index is by seq, so
+// deleting one job leaves every other job found by its id and request id.
+TEST(JobStoreTest, TheSpecIsWrittenOnceAndStepUpdatesLeaveItOut) {
+  const std::string db = FreshDb("spec_apart");
+  v1::JobSpec big = Spec("big");
+  big.set_device(std::string(200'000, 'x'));
+  std::string id;
+  {
+    auto store = JobStore::Open(db);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto first = (*store)->Submit("req-0", Spec("small"), "", 1);
+    auto s = (*store)->Submit("req-1", big, "", 1);
+    auto last = (*store)->Submit("req-2", Spec("small"), "", 1);
+    ASSERT_TRUE(first.ok() && s.ok() && last.ok());
+    id = s->job.id();
+    for (int step = 0; step < 20; ++step) {
+      ASSERT_TRUE((*store)->Update(id, [&](v1::Job& j) { j.set_steps_done(step + 1); }).ok());
+    }
+    ASSERT_TRUE((*store)->Delete(first->job.id()).ok());
+    auto after = (*store)->Get(last->job.id());
+    ASSERT_TRUE(after.ok()) << after.status();
+    EXPECT_EQ(after->request_id(), "req-2");
+    auto by_request = (*store)->Submit("req-2", Spec("small"), "", 1);
+    ASSERT_TRUE(by_request.ok());
+    EXPECT_EQ(by_request->job.id(), last->job.id());
+  }
+  EXPECT_LT(QueryInt(db, "SELECT MAX(length(job)) FROM jobs"), 1000);
+  EXPECT_GT(QueryInt(db, "SELECT length(spec) FROM specs WHERE seq = 2"), 200'000);
+  auto store = JobStore::Open(db);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto job = (*store)->Get(id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec().device(), big.device());
+  EXPECT_EQ(job->steps_done(), 20);
+}
+
+// A state file of the first schema (the spec inside each job's blob) opens:
+// its specs move to their own table, its jobs read as before, and the file
+// says schema 2 from then on.
+TEST(JobStoreTest, AStateFileOfTheFirstSchemaIsMovedOnOpen) {
+  const std::string db = FreshDb("schema1");
+  v1::Job old;
+  old.set_id("j-7");
+  old.set_request_id("req-7");
+  old.set_state(v1::JOB_STATE_RUNNING);
+  old.set_last_event_index(1);
+  *old.mutable_spec() = Spec("old", 33);
+  {
+    sqlite3* raw = nullptr;
+    ASSERT_EQ(sqlite3_open(db.c_str(), &raw), SQLITE_OK);
+    const std::string blob = old.SerializeAsString();
+    const std::string sql = absl::StrCat(
+        "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        "INSERT INTO meta VALUES('schema', '1');"
+        "CREATE TABLE jobs(seq INTEGER PRIMARY KEY, id TEXT UNIQUE NOT NULL,"
+        "  request_id TEXT NOT NULL, job BLOB NOT NULL);"
+        "INSERT INTO jobs VALUES(7, 'j-7', 'req-7', x'",
+        absl::BytesToHexString(blob), "');");
+    ASSERT_EQ(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK)
+        << sqlite3_errmsg(raw);
+    sqlite3_close(raw);
+  }
+  {
+    auto store = JobStore::Open(db);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto job = (*store)->Get("j-7");
+    ASSERT_TRUE(job.ok()) << job.status();
+    EXPECT_EQ(job->spec().name(), "old");
+    EXPECT_EQ(job->spec().training().steps(), 33);
+    auto next = (*store)->Submit("", Spec("new"), "", 1);
+    ASSERT_TRUE(next.ok());
+    EXPECT_EQ(next->job.id(), "j-8");
+  }
+  EXPECT_EQ(QueryInt(db, "SELECT COUNT(*) FROM specs"), 2);
+  EXPECT_EQ(QueryInt(db, "SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'schema'"), 2);
+  v1::Job stored;
+  {
+    sqlite3* raw = nullptr;
+    ASSERT_EQ(sqlite3_open(db.c_str(), &raw), SQLITE_OK);
+    sqlite3_stmt* q = nullptr;
+    ASSERT_EQ(sqlite3_prepare_v2(raw, "SELECT job FROM jobs WHERE seq = 7", -1, &q, nullptr),
+              SQLITE_OK);
+    ASSERT_EQ(sqlite3_step(q), SQLITE_ROW);
+    ASSERT_TRUE(stored.ParseFromArray(sqlite3_column_blob(q, 0), sqlite3_column_bytes(q, 0)));
+    sqlite3_finalize(q);
+    sqlite3_close(raw);
+  }
+  EXPECT_FALSE(stored.has_spec());
+  EXPECT_EQ(stored.id(), "j-7");
+  auto again = JobStore::Open(db);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->Get("j-7")->spec().name(), "old");
 }
 
 TEST(JobStoreTest, AFileThatIsNotADatabaseIsRefusedNamingIt) {
