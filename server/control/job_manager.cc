@@ -328,25 +328,11 @@ void JobManager::Schedule() {
         const std::string device = j.device.empty() ? "cpu" : j.device;
         auto [count, fresh] = idle.try_emplace(device, 0);
         if (fresh) count->second = fleet_.IdleCount(device);
-        const bool shrinks = j.elastic && j.state == v1::JOB_STATE_RESTARTING;
-        if (count->second < j.world_size && !shrinks) continue;
-        std::optional<std::vector<std::string>> taken;
-        if (count->second >= j.world_size) taken = fleet_.Take(device, j.world_size, j.id);
-        absl::StatusOr<v1::Job> full = absl::NotFoundError("not read");
-        if (!taken.has_value() && shrinks) {
-          full = store_.Get(j.id);
-          if (!full.ok()) continue;
-          if (const int64_t w = ShrunkWorld(*full); w > 0) taken = fleet_.Take(device, w, j.id);
-        }
+        std::optional<Taken> taken = TakeGang(j, device, count->second);
         if (!taken.has_value()) continue;
-        if (!full.ok()) full = store_.Get(j.id);
-        if (!full.ok()) {
-          for (const std::string& w : *taken) fleet_.Release(w, j.id);
-          continue;
-        }
         planning_.insert(j.id);
-        job = *std::move(full);
-        gang = *std::move(taken);
+        job = std::move(taken->job);
+        gang = std::move(taken->gang);
         break;
       }
     }
@@ -387,35 +373,52 @@ void JobManager::Schedule() {
   }
 }
 
+std::optional<JobManager::Taken> JobManager::TakeGang(const JobStore::Summary& j,
+                                                      const std::string& device, int64_t idle) {
+  const bool shrinks = j.elastic && j.state == v1::JOB_STATE_RESTARTING;
+  if (idle < j.world_size && !shrinks) return std::nullopt;
+  absl::StatusOr<v1::Job> job = store_.Get(j.id);
+  if (!job.ok()) return std::nullopt;
+  std::optional<std::vector<std::string>> gang;
+  if (idle >= j.world_size) gang = fleet_.Take(device, j.world_size, j.id);
+  if (!gang.has_value() && shrinks) {
+    if (const int64_t w = ShrunkWorld(*job); w > 0) gang = fleet_.Take(device, w, j.id);
+  }
+  if (!gang.has_value()) return std::nullopt;
+  return Taken{*std::move(job), *std::move(gang)};
+}
+
 int64_t JobManager::ShrunkWorld(const v1::Job& job) {
   if (job.state() != v1::JOB_STATE_RESTARTING || !job.spec().training().has_elastic()) return 0;
-  const std::vector<int64_t> sizes = job::ElasticWorldSizes(job.spec());
+  const absl::Time now = clock_.Now();
+  auto [it, fresh] = elastic_waiting_.try_emplace(job.id());
+  ElasticWaiting& waiting = it->second;
+  if (fresh) {
+    // The wait runs from the fault (or the drain) that ended the last
+    // attempt; the sizes are worked out once a wait (a check of the
+    // parallelism config per size below the job's).
+    auto rec = recovering_.find(job.id());
+    waiting.since = rec != recovering_.end() ? rec->second : now;
+    waiting.wait = job::ElasticWait(job.spec());
+    waiting.device = DeviceOf(job.spec());
+    waiting.sizes = job::ElasticWorldSizes(job.spec());
+  }
   static const std::set<int64_t> kNone;
   auto refused_it = elastic_refused_.find(job.id());
   const std::set<int64_t>& refused =
       refused_it == elastic_refused_.end() ? kNone : refused_it->second;
-  int64_t smallest = 0;
-  for (int64_t w : sizes) {
-    if (refused.count(w) == 0) smallest = w;
+  waiting.smallest = 0;
+  for (int64_t w : waiting.sizes) {
+    if (refused.count(w) == 0) waiting.smallest = w;
   }
-  if (smallest == 0) return 0;
+  if (waiting.smallest == 0) return 0;
+  const int64_t idle = fleet_.IdleCount(waiting.device);
   // Stopped to grow: the size it grows to, at once (its workers are idle).
   if (auto grow = elastic_grow_.find(job.id()); grow != elastic_grow_.end()) {
-    return fleet_.IdleCount(DeviceOf(job.spec())) >= grow->second ? grow->second : 0;
+    return idle >= grow->second ? grow->second : 0;
   }
-  // The wait runs from the fault (or the drain) that ended the last attempt.
-  const absl::Time now = clock_.Now();
-  auto rec = recovering_.find(job.id());
-  ElasticWaiting& waiting =
-      elastic_waiting_
-          .try_emplace(job.id(),
-                       ElasticWaiting{rec != recovering_.end() ? rec->second : now,
-                                      job::ElasticWait(job.spec()), smallest, DeviceOf(job.spec())})
-          .first->second;
-  waiting.smallest = smallest;
   if (now < waiting.since + waiting.wait) return 0;
-  const int64_t idle = fleet_.IdleCount(waiting.device);
-  for (int64_t w : sizes) {
+  for (int64_t w : waiting.sizes) {
     if (w <= idle && refused.count(w) == 0) return w;
   }
   return 0;
@@ -454,7 +457,8 @@ void JobManager::CheckElastic() {
     }
     const absl::Time now = clock_.Now();
     for (const auto& [id, w] : elastic_waiting_) {
-      schedule = schedule || (now >= w.since + w.wait && fleet_.IdleCount(w.device) >= w.smallest);
+      schedule = schedule || (w.smallest > 0 && now >= w.since + w.wait &&
+                              fleet_.IdleCount(w.device) >= w.smallest);
     }
   }
   if (schedule) Schedule();

@@ -33,6 +33,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -226,8 +227,14 @@ class JobManager {
   struct ElasticWaiting {
     absl::Time since;
     absl::Duration wait;
-    int64_t smallest = 0;
+    int64_t smallest = 0;  // 0: no size it may shrink to
     std::string device;
+    std::vector<int64_t> sizes;  // job::ElasticWorldSizes, largest first
+  };
+  // A waiting job read whole and the workers taken for its next attempt.
+  struct Taken {
+    v1::Job job;
+    std::vector<std::string> gang;
   };
 
   // Appends and wakes watchers.
@@ -241,6 +248,11 @@ class JobManager {
   // shrunk).
   void StartAttempt(const v1::Job& job, const v1::JobSpec& spec,
                     const std::vector<std::string>& gang, const plan::Plan& plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The workers for waiting job `j`'s next attempt, taken from the `idle`
+  // ones of `device` (all its ranks, or with training.elastic fewer, see
+  // ShrunkWorld), with the job read whole; nullopt when it cannot start now.
+  std::optional<Taken> TakeGang(const JobStore::Summary& j, const std::string& device, int64_t idle)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The smaller world size an elastic RESTARTING job may start at now (its
   // wait over, enough idle workers), or 0.

@@ -59,6 +59,15 @@ class Background {
     }
     return false;
   }
+  // The address a coordinator started with `--listen HOST:0` serves, from
+  // its "listening on HOST:PORT" line, once it logs it within `timeout`;
+  // empty if it never does.
+  std::string ListeningAddress(std::chrono::milliseconds timeout) const {
+    if (!WaitForLog("listening on ", timeout)) return "";
+    const std::string log = Log();
+    const size_t at = log.find("listening on ") + 13;
+    return log.substr(at, log.find('\n', at) - at);
+  }
   void Signal(int sig) { kill(pid_, sig); }
   // The exit code, or -1 if it died of a signal or outlived `timeout` (then
   // it is killed).

@@ -58,13 +58,6 @@ std::vector<std::string> Lines(const std::string& text) {
   return absl::StrSplit(text, '\n', absl::SkipEmpty());
 }
 
-// The address from "... listening on HOST:PORT".
-std::string ListeningAddress(const Background& process) {
-  const std::string log = process.Log();
-  const size_t at = log.find("listening on ") + 13;
-  return log.substr(at, log.find('\n', at) - at);
-}
-
 class SecurityTest : public ::testing::Test {
  protected:
   // Certificates and token files, once for all tests.
@@ -111,8 +104,8 @@ class SecurityTest : public ::testing::Test {
     const std::vector<std::string> extra = ExtraCoordinatorFlags();
     argv.insert(argv.end(), extra.begin(), extra.end());
     coordinator_ = std::make_unique<Background>(argv, dir_ + "/coordinator.log");
-    ASSERT_TRUE(coordinator_->WaitForLog("listening on", kStart)) << coordinator_->Log();
-    address_ = ListeningAddress(*coordinator_);
+    address_ = coordinator_->ListeningAddress(kStart);
+    ASSERT_FALSE(address_.empty()) << coordinator_->Log();
   }
 
   // Flags the coordinator starts with beyond the fixture's.

@@ -160,13 +160,11 @@ class Hostile {
                                  o_.work + "/state", "--lease-ttl", "3s", "--collective-timeout",
                                  "20s", "--forget-lost-after", o_.forget_lost_after},
         o_.work + "/coordinator.log");
-    if (!coordinator_->WaitForLog("listening on", std::chrono::seconds(30))) {
+    address_ = coordinator_->ListeningAddress(std::chrono::seconds(30));
+    if (address_.empty()) {
       std::cerr << "hostile: the coordinator did not start:\n" << coordinator_->Log();
       return false;
     }
-    const std::string log = coordinator_->Log();
-    const size_t at = log.find("listening on ") + 13;
-    address_ = log.substr(at, log.find('\n', at) - at);
     return true;
   }
 

@@ -121,10 +121,8 @@ class ServiceTest : public ::testing::Test {
                                  "--data-dir", dir_ + "/state", "--lease-ttl", "3s",
                                  "--collective-timeout", "20s"},
         dir_ + "/coordinator.log");
-    ASSERT_TRUE(coordinator_->WaitForLog("listening on", kStart)) << coordinator_->Log();
-    const std::string log = coordinator_->Log();
-    const size_t at = log.find("listening on ") + 13;
-    address_ = log.substr(at, log.find('\n', at) - at);
+    address_ = coordinator_->ListeningAddress(kStart);
+    ASSERT_FALSE(address_.empty()) << coordinator_->Log();
     client_ = std::make_unique<CoordinatorClient>(address_);
   }
 
@@ -758,10 +756,9 @@ TEST_F(ServiceTest, OneDataFolderServesOneCoordinatorAndOutlivesIt) {
   coordinator_->Signal(SIGKILL);
   coordinator_->Wait(std::chrono::seconds(10));
   Background third(again, dir_ + "/third.log");
-  ASSERT_TRUE(third.WaitForLog("listening on", kStart)) << third.Log();
-  const std::string log = third.Log();
-  const size_t at = log.find("listening on ") + 13;
-  CoordinatorClient client(log.substr(at, log.find('\n', at) - at));
+  const std::string address = third.ListeningAddress(kStart);
+  ASSERT_FALSE(address.empty()) << third.Log();
+  CoordinatorClient client(address);
   absl::StatusOr<v1::Job> job = client.Get(r->job().id());
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->name(), "kept");
