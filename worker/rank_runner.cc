@@ -107,13 +107,13 @@ int64_t FileBytes(const std::string& path) {
 // job whose estimated peak exceeds this rank's memory budget; returns the
 // estimated peak otherwise.
 absl::StatusOr<double> CheckMemory(const RankOptions& options, const job::ResolvedJob& job,
-                                   const plan::Plan& plan) {
+                                   const plan::Plan& plan, bool resharding = false) {
   const int64_t budget = options.memory_budget_bytes > 0
                              ? options.memory_budget_bytes
                              : DefaultMemoryBudgetBytes(options.ranks_on_this_host);
   const MemoryEstimate estimate = EstimateRankMemory(
-      job, plan, options.rank,
-      {FileBytes(job.data_safetensors), FileBytes(job.init_safetensors)});
+      job, plan, options.rank, {FileBytes(job.data_safetensors), FileBytes(job.init_safetensors)},
+      resharding);
   MUONMESH_RETURN_IF_ERROR(CheckMemoryBudget(estimate, budget, options.rank));
   return estimate.peak_bytes;
 }
@@ -308,8 +308,9 @@ absl::Status LoadResharded(const job::ResolvedJob& job, const std::string& sourc
 // removes an earlier run's checkpoints (rank 0; no rank can save before
 // rank 0 has stepped), unless init.checkpoint is among them: the run then
 // continues their series.
-absl::Status StartFromCheckpoints(const job::ResolvedJob& job, Trainer& trainer,
-                                  const RankOptions& options, const LineSink& out) {
+absl::Status StartFromCheckpoints(const job::ResolvedJob& job, const plan::Plan& plan,
+                                  Trainer& trainer, const RankOptions& options,
+                                  const LineSink& out) {
   const bool talk = options.rank == 0;
   const std::string old = job.output_dir + "/checkpoints";
   if (!options.resume) {
@@ -329,6 +330,10 @@ absl::Status StartFromCheckpoints(const job::ResolvedJob& job, Trainer& trainer,
     if (choice.step.has_value()) {
       if (choice.manifest.world_size != job.world_size ||
           choice.manifest.layout != trainer.LayoutFingerprint()) {
+        // Checked again with the whole state it is about to hold.
+        MUONMESH_RETURN_IF_ERROR(CheckMemory(options, job, plan, /*resharding=*/true).status(),
+                                 "resume: resharding the checkpoint at step ", *choice.step,
+                                 " (written by ", choice.manifest.world_size, " ranks)");
         return LoadResharded(job, choice.dir, false, trainer, talk, out, StateSource::kResume);
       }
       const std::string file = absl::StrCat(choice.dir, "/", RankFile(options.rank));
@@ -466,7 +471,7 @@ absl::Status RunRank(const job::ResolvedJob& job, const plan::Plan& plan, comm::
   if (options.rank == 0) PrintPlan(job, plan, out);
   MUONMESH_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                             MakeTrainer(job, plan, engine, store, options));
-  MUONMESH_RETURN_IF_ERROR(StartFromCheckpoints(job, *trainer, options, out));
+  MUONMESH_RETURN_IF_ERROR(StartFromCheckpoints(job, plan, *trainer, options, out));
 
   const int64_t first_step = (trainer)->steps_done();
   RunTotals totals;

@@ -126,6 +126,28 @@ JobRun RunRanks(const std::string& dir, const std::string& job, int world,
   return run;
 }
 
+// The weights in safetensors file `actual` against those in `expected`:
+// the same tensors (names, shapes) in the same order, every value within
+// `tolerance` (0: bit for bit the same).
+void ExpectWeightsNear(const std::string& expected, const std::string& actual, double tolerance) {
+  absl::StatusOr<std::vector<io::Tensor>> a = io::ReadSafetensors(expected);
+  absl::StatusOr<std::vector<io::Tensor>> b = io::ReadSafetensors(actual);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  ASSERT_EQ(a->size(), b->size());
+  for (size_t p = 0; p < a->size(); ++p) {
+    EXPECT_EQ((*a)[p].name, (*b)[p].name);
+    EXPECT_EQ((*a)[p].shape, (*b)[p].shape);
+    ASSERT_EQ((*a)[p].data.size(), (*b)[p].data.size()) << (*a)[p].name;
+    if (tolerance == 0) {
+      EXPECT_EQ((*a)[p].data, (*b)[p].data) << (*a)[p].name;
+      continue;
+    }
+    for (size_t i = 0; i < (*a)[p].data.size(); ++i) {
+      ASSERT_NEAR((*b)[p].data[i], (*a)[p].data[i], tolerance) << (*a)[p].name << "[" << i << "]";
+    }
+  }
+}
+
 void ExpectAllOk(const JobRun& run) {
   for (size_t r = 0; r < run.ranks.size(); ++r) {
     EXPECT_EQ(run.ranks[r].exit_code, 0) << "rank " << r << " stderr: " << run.ranks[r].err;
@@ -290,18 +312,9 @@ TEST(StandaloneTest, MoeWithExpertParallelismGivesTheOneRankRun) {
   EXPECT_LT(single.losses.back(), single.losses.front());
 
   absl::StatusOr<std::vector<io::Tensor>> a = io::ReadSafetensors(one.export_path);
-  absl::StatusOr<std::vector<io::Tensor>> b = io::ReadSafetensors(four.export_path);
-  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_EQ(a->size(), 7u);
-  ASSERT_EQ(b->size(), 7u);
-  for (size_t p = 0; p < a->size(); ++p) {
-    EXPECT_EQ((*a)[p].name, (*b)[p].name);
-    EXPECT_EQ((*a)[p].shape, (*b)[p].shape);
-    ASSERT_EQ((*a)[p].data.size(), (*b)[p].data.size());
-    for (size_t i = 0; i < (*a)[p].data.size(); ++i) {
-      ASSERT_NEAR((*b)[p].data[i], (*a)[p].data[i], 1e-4) << (*a)[p].name << "[" << i << "]";
-    }
-  }
+  ExpectWeightsNear(one.export_path, four.export_path, 1e-4);
 }
 
 // The documented checkpoint folder (worker/standalone.h).
@@ -358,13 +371,7 @@ TEST(StandaloneTest, RestartFromACheckpointEndsBitIdentical) {
     EXPECT_TRUE(std::filesystem::exists(Checkpoint(job.output_dir, 6) + file)) << file;
   }
 
-  absl::StatusOr<std::vector<io::Tensor>> a = io::ReadSafetensors(dir + "/straight.safetensors");
-  absl::StatusOr<std::vector<io::Tensor>> b = io::ReadSafetensors(job.export_path);
-  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
-  ASSERT_EQ(a->size(), b->size());
-  for (size_t p = 0; p < a->size(); ++p) {
-    EXPECT_EQ((*a)[p].data, (*b)[p].data) << (*a)[p].name;
-  }
+  ExpectWeightsNear(dir + "/straight.safetensors", job.export_path, 0);
 
   // Damage one byte of rank 2's file in the newest checkpoint: a resume
   // skips it, naming the file, for the one before, and still ends with the
@@ -384,11 +391,7 @@ TEST(StandaloneTest, RestartFromACheckpointEndsBitIdentical) {
   EXPECT_THAT(again.ranks[0].out, HasSubstr("resume: from the checkpoint at step 4"));
   ASSERT_EQ(again.losses.size(), 3u);
   for (int s = 0; s < 3; ++s) EXPECT_EQ(again.losses[s], straight.losses[4 + s]) << s;
-  absl::StatusOr<std::vector<io::Tensor>> c = io::ReadSafetensors(job.export_path);
-  ASSERT_TRUE(c.ok()) << c.status();
-  for (size_t p = 0; p < a->size(); ++p) {
-    EXPECT_EQ((*a)[p].data, (*c)[p].data) << (*a)[p].name;
-  }
+  ExpectWeightsNear(dir + "/straight.safetensors", job.export_path, 0);
 }
 
 // The gpt through a failure: resumed from its checkpoint on a new attempt,
@@ -417,11 +420,7 @@ TEST(StandaloneTest, GptRestartEndsBitIdenticalAndThreeRanksMatchOne) {
   ExpectAllOk(resumed);
   ASSERT_EQ(resumed.losses.size(), 3u) << resumed.ranks[0].out;  // steps 3, 4 and 5
   for (int s = 0; s < 3; ++s) EXPECT_EQ(resumed.losses[s], straight.losses[3 + s]) << s;
-  absl::StatusOr<std::vector<io::Tensor>> a = io::ReadSafetensors(dir + "/straight.safetensors");
-  absl::StatusOr<std::vector<io::Tensor>> b = io::ReadSafetensors(job.export_path);
-  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
-  ASSERT_EQ(a->size(), b->size());
-  for (size_t p = 0; p < a->size(); ++p) EXPECT_EQ((*a)[p].data, (*b)[p].data) << (*a)[p].name;
+  ExpectWeightsNear(dir + "/straight.safetensors", job.export_path, 0);
 
   Job one = GptJob(dir, "gpt_w1");
   one.batch = 6;
@@ -459,15 +458,7 @@ TEST(StandaloneTest, GptCheckpointGoesOnUnderAnotherLayoutAndFromItsConsolidatio
     for (int s = 0; s < 3; ++s) {
       EXPECT_NEAR(run.losses[s], straight.losses[3 + s], 1e-4 * straight.losses[3 + s]) << s;
     }
-    absl::StatusOr<std::vector<io::Tensor>> a = io::ReadSafetensors(dir + "/straight.safetensors");
-    absl::StatusOr<std::vector<io::Tensor>> b = io::ReadSafetensors(weights);
-    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
-    ASSERT_EQ(a->size(), b->size());
-    for (size_t p = 0; p < a->size(); ++p) {
-      for (size_t i = 0; i < (*a)[p].data.size(); ++i) {
-        ASSERT_NEAR((*b)[p].data[i], (*a)[p].data[i], 1e-4) << (*a)[p].name << "[" << i << "]";
-      }
-    }
+    ExpectWeightsNear(dir + "/straight.safetensors", weights, 1e-4);
   };
   Job ddp = job;
   ddp.name = "gpt_reshard_ddp";
@@ -503,6 +494,50 @@ TEST(StandaloneTest, GptCheckpointGoesOnUnderAnotherLayoutAndFromItsConsolidatio
   EXPECT_THAT(done.ranks[0].err, HasSubstr("init.checkpoint"));
   EXPECT_THAT(done.ranks[0].err, HasSubstr("not below training.steps 3"));
   EXPECT_TRUE(std::filesystem::exists(dir + "/state.st"));
+}
+
+// A resume that finds a checkpoint of another world size puts the whole
+// state back together on every rank: its memory is checked for that before
+// it is loaded. Four 1024-wide matrices (on AdamW, so the whole state
+// outweighs a step's buffers) trained on 2 ranks resume on 1:
+// with room it reshards and exports; with a budget that fits the rank's
+// training (its own estimate, and 10% more) but not the whole state as
+// well, it is refused naming the checkpoint, before anything is loaded.
+TEST(StandaloneTest, AResumeThatReshardsIsCheckedForTheWholeState) {
+  const std::string dir = Fresh("reshard_budget");
+  Job job;
+  job.name = "reshard_budget";
+  job.dims = "[512, 1024, 1024, 1024, 1024, 512]";
+  job.optimizer =
+      "  muon: {lr: 0.02}\n  adamw: {lr: 0.001}\n"
+      "  rules: [{pattern: '.*', optimizer: adamw}]\n";
+  job.data = "{teacher: {seed: 3, samples: 64}}";
+  job.batch = 8;
+  job.world = 2;
+  job.steps = 2;
+  job.checkpoint_every = 2;
+  job.output_dir = dir + "/out";
+  ExpectAllOk(RunRanks(dir, WriteJob(dir, job), 2));
+  ASSERT_TRUE(std::filesystem::exists(Checkpoint(dir + "/out", 2) + "/COMPLETE"));
+
+  job.world = 1;
+  const std::string path = WriteJob(dir, job);
+  const JobRun roomy = RunRanks(dir, path, 1, {"--resume", "--attempt", "1"});
+  ExpectAllOk(roomy);
+  EXPECT_THAT(roomy.ranks[0].out, HasSubstr("resharded to 1 ranks"));
+  const size_t at = roomy.ranks[0].out.find("estimated_peak_bytes=");
+  ASSERT_NE(at, std::string::npos) << roomy.ranks[0].out;
+  const double training_peak =
+      std::stod(roomy.ranks[0].out.substr(at + std::strlen("estimated_peak_bytes=")));
+  const std::string budget =
+      absl::StrCat(static_cast<int64_t>(std::ceil(1.1 * training_peak / (1 << 20))), "MiB");
+  const JobRun tight =
+      RunRanks(dir, path, 1, {"--resume", "--attempt", "2", "--memory-budget", budget});
+  EXPECT_NE(tight.ranks[0].exit_code, 0) << "budget " << budget << ": " << tight.ranks[0].out;
+  EXPECT_THAT(tight.ranks[0].err,
+              HasSubstr("resume: resharding the checkpoint at step 2 (written by 2 ranks)"));
+  EXPECT_THAT(tight.ranks[0].err, HasSubstr("RESOURCE_EXHAUSTED"));
+  EXPECT_THAT(tight.ranks[0].err, HasSubstr("output.dir"));
 }
 
 // optimizer.rules on the gpt's parameter names, through the job file: two
@@ -621,11 +656,7 @@ TEST(StandaloneTest, AReadOnlyCheckpointFolderFailsTheJobAndKeepsTheLastCheckpoi
   straight.export_path = dir + "/straight/final.safetensors";
   const ProcessResult once = run(WriteJob(dir, straight), {});
   ASSERT_EQ(once.exit_code, 0) << once.err;
-  absl::StatusOr<std::vector<io::Tensor>> a = io::ReadSafetensors(straight.export_path);
-  absl::StatusOr<std::vector<io::Tensor>> b = io::ReadSafetensors(job.export_path);
-  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
-  ASSERT_EQ(a->size(), b->size());
-  for (size_t p = 0; p < a->size(); ++p) EXPECT_EQ((*a)[p].data, (*b)[p].data) << (*a)[p].name;
+  ExpectWeightsNear(straight.export_path, job.export_path, 0);
 }
 
 // device: cuda jobs need muonmesh-worker-cuda (the CPU worker does not load

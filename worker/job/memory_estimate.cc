@@ -243,7 +243,7 @@ double MemoryPhase::bytes() const {
 }
 
 MemoryEstimate EstimateRankMemory(const job::ResolvedJob& job, const plan::Plan& plan, int32_t rank,
-                                  const InputFileBytes& files) {
+                                  const InputFileBytes& files, bool resharding) {
   const double local_batch = static_cast<double>(job.global_batch_size) /
                              static_cast<double>(std::max<int64_t>(1, job.world_size));
   WorkloadMemory w;
@@ -279,7 +279,7 @@ MemoryEstimate EstimateRankMemory(const job::ResolvedJob& job, const plan::Plan&
              static_cast<double>(ns.bytes())}};
   }
   std::vector<MemoryItem> init;
-  if (!job.init_checkpoint.empty()) {
+  if (!job.init_checkpoint.empty() || resharding) {
     // Resharding holds the whole state and one rank's file (at most the
     // whole state again).
     double params = 0;
@@ -287,7 +287,7 @@ MemoryEstimate EstimateRankMemory(const job::ResolvedJob& job, const plan::Plan&
       for (const plan::LayoutTensor& t : u.dense.tensors) params += double(t.rows) * t.row_len;
       for (const plan::LayoutTensor& t : u.expert.tensors) params += double(t.rows) * t.row_len;
     }
-    init.push_back({"init.checkpoint",
+    init.push_back({job.init_checkpoint.empty() ? "output.dir" : "init.checkpoint",
                     "the checkpoint put back together: parameters and two optimizer states, "
                     "whole, and one rank's file",
                     2 * 3 * kFloat * params});

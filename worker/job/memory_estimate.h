@@ -77,8 +77,11 @@ struct InputFileBytes {
 
 // The host memory of rank `rank` (in [0, world_size)) running `job` with
 // `plan` (computed from the job's model with its optimizer rules applied).
+// `resharding`: the rank starts from a checkpoint of another layout (a
+// resume of an elastic job at another size), which it puts back together
+// whole as it does init.checkpoint.
 MemoryEstimate EstimateRankMemory(const job::ResolvedJob& job, const plan::Plan& plan, int32_t rank,
-                                  const InputFileBytes& files);
+                                  const InputFileBytes& files, bool resharding = false);
 
 // OK when the estimate's peak fits `budget_bytes`; otherwise
 // ResourceExhausted: "rank R needs about X while <phase>, more than its
