@@ -16,6 +16,7 @@ packages=(
   openssl  # the security tests make their certificates with it
   prometheus  # promtool and a real Prometheus server for tests
   python3-matplotlib  # the observe e2e test's PNG report (tests/deploy/observe/report_png.py)
+  python3-grpcio python3-protobuf python3-yaml  # the Python client (client/python)
   fortunes  # English text the quickstart's GPT trains on (/usr/share/games/fortunes)
   clang  # the fuzz targets and the thread-safety analysis (tests/thread_safety_check.py)
 )
