@@ -65,6 +65,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
         absl::StrCat("cannot listen on ", listen, " (address in use or not local?)"));
   }
   self->address_ = absl::StrCat(listen.substr(0, colon), ":", self->port_);
+  if (self->control_ != nullptr) self->control_->SetServing(true);
   // The empty service name ("the server") is SERVING by default; name ours
   // too so that probes can ask for the Planner specifically.
   if (grpc::HealthCheckServiceInterface* health = self->server_->GetHealthCheckService()) {
@@ -104,6 +105,7 @@ void CoordinatorServer::Shutdown(absl::Duration grace) {
   if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
     health->Shutdown();
   }
+  if (control_ != nullptr) control_->SetServing(false);
   planner_.CancelAll();
   // Wakes the streams waiting for events and assignments, so that they end
   // now rather than at the grace deadline.

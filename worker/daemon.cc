@@ -123,6 +123,12 @@ class Daemon {
       : options_(std::move(options)), log_(std::move(log)), metrics_(std::move(metrics)) {
     channel_ = rpc::CreateChannel(options_.coordinator, security, WorkerChannelArgs());
     stub_ = v1::Fleet::NewStub(channel_);
+    if (metrics_->http() != nullptr) {
+      metrics_->http()->SetChecks(nullptr, [this] { return Ready(); });
+    }
+  }
+  ~Daemon() {
+    if (metrics_->http() != nullptr) metrics_->http()->ClearChecks();
   }
 
   absl::Status Run();
@@ -147,6 +153,19 @@ class Daemon {
   std::string Lease() {
     absl::MutexLock lock(&mu_);
     return lease_id_;
+  }
+  // /readyz: registered, and the coordinator answered within three
+  // heartbeats (at least 5 s): the lease is live.
+  absl::Status Ready() {
+    absl::MutexLock lock(&mu_);
+    if (lease_id_.empty()) return absl::UnavailableError("not registered with the coordinator");
+    const absl::Duration since = absl::Now() - last_answer_;
+    if (since > std::max(3 * heartbeat_interval_, absl::Seconds(5))) {
+      return absl::UnavailableError(
+          absl::StrCat("no answer from the coordinator for ",
+                       absl::FormatDuration(absl::Trunc(since, absl::Seconds(1)))));
+    }
+    return absl::OkStatus();
   }
   // Sends the outbox's records in order; `*stop` when the coordinator says
   // the rank should stop. While the coordinator is away the records stay
@@ -177,6 +196,7 @@ class Daemon {
   absl::Mutex mu_;
   std::string lease_id_ ABSL_GUARDED_BY(mu_);
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(2);
+  absl::Time last_answer_ ABSL_GUARDED_BY(mu_);  // of Register or Heartbeat
   // The rank running now: only the serving thread (Run, Start) touches it.
   std::unique_ptr<RankTask> task_;
   std::atomic<bool> leave_{false};             // drained: the coordinator says go
@@ -223,6 +243,7 @@ absl::Status Daemon::Register() {
       {
         absl::MutexLock lock(&mu_);
         lease_id_ = response.lease_id();
+        last_answer_ = absl::Now();
         heartbeat_interval_ =
             absl::Milliseconds(std::max<int64_t>(100, response.heartbeat_interval_ms()));
       }
@@ -287,7 +308,12 @@ void Daemon::Heartbeats() {
     grpc::ClientContext context;
     SetDeadline(context);
     // (The stream notices a stale lease.)
-    if (stub_->Heartbeat(&context, request, &response).ok() && response.leave()) {
+    const bool answered = stub_->Heartbeat(&context, request, &response).ok();
+    if (answered) {
+      absl::MutexLock lock(&mu_);
+      last_answer_ = absl::Now();
+    }
+    if (answered && response.leave()) {
       log_("drained: this worker runs nothing and leaves");
       leave_ = true;
     }

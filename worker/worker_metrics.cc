@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/status_macros.h"
 #include "worker/step_log.h"
 
 namespace muonmesh::worker {
@@ -73,13 +74,8 @@ WorkerMetrics::WorkerMetrics()
 
 absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Serve(const std::string& listen) {
   auto metrics = std::make_unique<WorkerMetrics>();
-  try {
-    metrics->exposer_ = std::make_unique<prometheus::Exposer>(listen, 1);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("--metrics-listen ", listen, ": cannot serve metrics: ", e.what()));
-  }
-  metrics->exposer_->RegisterCollectable(metrics->registry_);
+  MUONMESH_ASSIGN_OR_RETURN(metrics->http_, rpc::MetricsHttp::Serve(listen));
+  metrics->http_->exposer().RegisterCollectable(metrics->registry_);
   return metrics;
 }
 
@@ -144,10 +140,6 @@ void WorkerMetrics::OnAttemptEnd(const std::string& job, const std::string& outc
   series_.erase(it);
 }
 
-int WorkerMetrics::port() const {
-  if (exposer_ == nullptr) return 0;
-  const std::vector<int> ports = exposer_->GetListeningPorts();
-  return ports.empty() ? 0 : ports.front();
-}
+int WorkerMetrics::port() const { return http_ == nullptr ? 0 : http_->port(); }
 
 }  // namespace muonmesh::worker

@@ -31,8 +31,8 @@
 #include <set>
 #include <string>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
@@ -40,6 +40,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "proto/rpc/metrics_http.h"
 #include "worker/runtime/trainer.h"
 
 namespace muonmesh::worker {
@@ -59,6 +60,8 @@ class WorkerMetrics {
 
   // The bound port (0 without an endpoint).
   int port() const;
+  // The endpoint's /healthz and /readyz (nullptr without an endpoint).
+  rpc::MetricsHttp* http() { return http_.get(); }
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 
  private:
@@ -86,7 +89,7 @@ class WorkerMetrics {
   };
   absl::Mutex mu_;
   std::map<std::string, JobSeries> series_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<rpc::MetricsHttp> http_;
 };
 
 }  // namespace muonmesh::worker

@@ -32,14 +32,12 @@ absl::StatusOr<std::unique_ptr<ControlPlane>> ControlPlane::Start(
   std::unique_ptr<ControlPlane> plane(new ControlPlane(options, std::move(lock), std::move(store)));
   plane->fleet_.ForgetLostAfter(options.forget_lost_after);
   if (!options.metrics_listen.empty()) {
-    try {
-      plane->exposer_ = std::make_unique<prometheus::Exposer>(options.metrics_listen, 1);
-    } catch (const std::exception& e) {
-      return absl::UnavailableError(absl::StrCat("--metrics-listen ", options.metrics_listen,
-                                                 ": cannot serve metrics: ", e.what()));
-    }
-    plane->exposer_->RegisterCollectable(plane->metrics_);
-    plane->exposer_->RegisterCollectable(plane->metrics_->registry());
+    MUONMESH_ASSIGN_OR_RETURN(plane->http_, rpc::MetricsHttp::Serve(options.metrics_listen));
+    plane->http_->exposer().RegisterCollectable(plane->metrics_);
+    plane->http_->exposer().RegisterCollectable(plane->metrics_->registry());
+    ControlPlane* p = plane.get();
+    plane->http_->SetChecks([p] { return p->manager_.Responsive(absl::Seconds(5)); },
+                            [p] { return p->Ready(); });
   }
   plane->manager_.Recover();
   plane->lease_thread_ = std::thread(&ControlPlane::ExpireLeases, plane.get());
@@ -77,7 +75,10 @@ ControlPlane::ControlPlane(const ControlPlaneOptions& options, std::unique_ptr<D
                      }),
       retain_finished_(options.retain_finished) {}
 
-ControlPlane::~ControlPlane() { Shutdown(); }
+ControlPlane::~ControlPlane() {
+  if (http_ != nullptr) http_->ClearChecks();  // they read what goes below
+  Shutdown();
+}
 
 std::vector<grpc::Service*> ControlPlane::services() {
   return {&jobs_service_, &fleet_service_, &store_service_};
@@ -90,9 +91,15 @@ ControlPlane::interceptor_factories() {
   return out;
 }
 
+absl::Status ControlPlane::Ready() {
+  if (!serving_) return absl::UnavailableError("not serving gRPC (starting or stopping)");
+  MUONMESH_RETURN_IF_ERROR(manager_.state_error(), "a state write failed");
+  return store_->Ping();
+}
+
 int ControlPlane::metrics_port() const {
-  if (exposer_ == nullptr) return 0;
-  const std::vector<int> ports = exposer_->GetListeningPorts();
+  if (http_ == nullptr) return 0;
+  const std::vector<int> ports = {http_->port()};
   return ports.empty() ? 0 : ports.front();
 }
 

@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/impl/service_type.h"
 #include "prometheus/exposer.h"
+#include "proto/rpc/metrics_http.h"
 #include "server/control/coordinator_metrics.h"
 #include "server/control/fleet.h"
 #include "server/control/fleet_service.h"
@@ -81,6 +82,9 @@ class ControlPlane {
   interceptor_factories();
   // The metrics port (0 without --metrics-listen).
   int metrics_port() const;
+  // Whether the gRPC server serves the control plane's services now: part
+  // of /readyz (with the state database answering and no failed write).
+  void SetServing(bool serving) { serving_ = serving; }
   void Shutdown();
   // `listener` is called once, from the lease thread, when the state first
   // fails to be written (JobManager::state_error; at once, on the next tick,
@@ -96,6 +100,8 @@ class ControlPlane {
   void ExpireLeases();
   // The lease thread's check for OnStateError.
   void ReportStateError();
+  // /readyz (see SetServing).
+  absl::Status Ready();
 
   // First member: taken before the store opens, released after it closes.
   std::unique_ptr<DataDirLock> lock_;
@@ -108,7 +114,8 @@ class ControlPlane {
   JobsService jobs_service_;
   FleetService fleet_service_;
   StoreService store_service_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<rpc::MetricsHttp> http_;  // /metrics, /healthz, /readyz
+  std::atomic<bool> serving_{false};
   std::atomic<bool> stopping_{false};
   absl::Mutex listener_mu_;
   std::function<void(const absl::Status&)> state_error_listener_ ABSL_GUARDED_BY(listener_mu_);

@@ -174,6 +174,21 @@ absl::StatusOr<v1::JobEvent> JobManager::ChangeState(const std::string& job_id,
   });
 }
 
+absl::Status JobManager::Responsive(absl::Duration within) {
+  const absl::Time until = absl::Now() + within;
+  while (true) {
+    if (mu_.TryLock()) {
+      mu_.Unlock();
+      return absl::OkStatus();
+    }
+    if (absl::Now() >= until) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return absl::UnavailableError(absl::StrCat("the job manager has been busy for ",
+                                             absl::FormatDuration(within),
+                                             " (a call or a pass stuck?)"));
+}
+
 int64_t JobManager::RecordInterval(int64_t total_steps, int64_t max_recorded_steps) {
   if (max_recorded_steps <= 0 || total_steps <= max_recorded_steps) return 1;
   return (total_steps + max_recorded_steps - 1) / max_recorded_steps;

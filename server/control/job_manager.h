@@ -187,6 +187,10 @@ class JobManager {
   // than run on a state it could not keep. OK while every write succeeded.
   absl::Status state_error() const;
 
+  // /healthz: OK when the manager's lock can be taken within `within`
+  // (every call takes it); Unavailable when it is held that long (stuck).
+  absl::Status Responsive(absl::Duration within);
+
  private:
   struct StepAggregate {
     std::set<int32_t> ranks;  // that reported the step

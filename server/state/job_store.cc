@@ -370,6 +370,13 @@ absl::StatusOr<const JobStore::Row*> JobStore::Find(const std::string& job_id) c
   return &rows_.at(it->second);
 }
 
+absl::Status JobStore::Ping() const {
+  absl::MutexLock lock(&mu_);
+  Statement q(db_, "SELECT value FROM meta WHERE key = 'schema'");
+  if (q.Step() != SQLITE_ROW) return q.Error("read the schema");
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int64_t> JobStore::LastEventIndex(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
   MUONMESH_ASSIGN_OR_RETURN(const Row* row, Find(job_id));

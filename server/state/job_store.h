@@ -143,6 +143,10 @@ class JobStore {
   // oldest first.
   std::vector<std::string> FinishedBefore(int64_t unix_ms) const;
 
+  // Whether the database answers a read (for /readyz): Internal naming
+  // SQLite's error otherwise.
+  absl::Status Ping() const;
+
   // Tests: every write from now on fails as on a read-only disk (SQLite's
   // query_only), or works again.
   absl::Status SetReadOnlyForTest(bool read_only);

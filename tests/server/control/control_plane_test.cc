@@ -806,9 +806,22 @@ TEST_F(RestartTest, AFailedStateWriteRefusesNewWorkUntilRestart) {
   const std::string w0_rank0 = st.r0.rank() == 0 ? "w0" : "w1";
   const std::string l_rank0 = st.r0.rank() == 0 ? st.l0 : st.l1;
   ASSERT_TRUE(Step(w0_rank0, l_rank0, job->id(), 0, 0).ok());
+  // /readyz: not before the gRPC server says it serves, then ready; live
+  // throughout.
+  std::string status;
+  EXPECT_THAT(testing::HttpGet(plane_->metrics_port(), "/readyz", &status),
+              HasSubstr("not serving gRPC"));
+  EXPECT_THAT(status, HasSubstr("503"));
+  plane_->SetServing(true);
+  EXPECT_EQ(testing::HttpGet(plane_->metrics_port(), "/readyz", &status), "ok\n");
   ASSERT_TRUE(plane_->job_store_for_test().SetReadOnlyForTest(true).ok());
   EXPECT_FALSE(Step(w0_rank0, l_rank0, job->id(), 0, 1).ok());
   ASSERT_TRUE(plane_->job_store_for_test().SetReadOnlyForTest(false).ok());
+  // Not ready once a write failed (even with the disk back), still live.
+  EXPECT_THAT(testing::HttpGet(plane_->metrics_port(), "/readyz", &status),
+              HasSubstr("a state write failed"));
+  EXPECT_THAT(status, HasSubstr("503"));
+  EXPECT_EQ(testing::HttpGet(plane_->metrics_port(), "/healthz", &status), "ok\n");
   absl::StatusOr<v1::Job> refused = Submit(Spec(JobYaml(dir_, "after", 2, 5)));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("could not write its state"));

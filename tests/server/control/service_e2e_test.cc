@@ -35,6 +35,7 @@
 #include "muonmesh/v1/fleet.grpc.pb.h"
 #include "muonmesh/v1/jobs.grpc.pb.h"
 #include "tests/testing/background.h"
+#include "tests/testing/http_get.h"
 #include "tests/testing/shared_specs.h"
 #include "tests/testing/subprocess.h"
 #include "worker/io/safetensors.h"
@@ -728,6 +729,33 @@ TEST_F(ServiceTest, DrainedWorkersHandTheirJobOnLosingNoStep) {
   RunStandalone(WriteJob(dir_, j, dir_ + "/alone"), 2, dir_ + "/store");
   EXPECT_EQ(ReadAll(dir_ + "/served/final.safetensors"),
             ReadAll(dir_ + "/alone/final.safetensors"));
+}
+
+// A worker's /readyz: ready once registered with a live lease; not ready
+// (saying why) within seconds of its coordinator going away; live all along.
+TEST_F(ServiceTest, AWorkersReadinessFollowsItsLease) {
+  Background worker({MUONMESH_WORKER_BIN, "--coordinator", address_, "--worker-id", "probe",
+                     "--memory-budget", "1GiB", "--metrics-listen", "127.0.0.1:0"},
+                    dir_ + "/probe.log");
+  ASSERT_TRUE(worker.WaitForLog("registered as", kStart)) << worker.Log();
+  const std::string log = worker.Log();
+  const size_t at = log.find("serving metrics on port ");
+  ASSERT_NE(at, std::string::npos) << log;
+  const int port = std::stoi(log.substr(at + 24));
+  std::string status;
+  EXPECT_EQ(testing::HttpGet(port, "/readyz", &status), "ok\n") << status;
+  coordinator_->Signal(SIGKILL);
+  coordinator_->Wait(std::chrono::seconds(10));
+  std::string body;
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < give_up) {
+    body = testing::HttpGet(port, "/readyz", &status);
+    if (body != "ok\n") break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_THAT(body, HasSubstr("no answer from the coordinator for"));
+  EXPECT_THAT(status, HasSubstr("503"));
+  EXPECT_EQ(testing::HttpGet(port, "/healthz", &status), "ok\n");
 }
 
 TEST_F(ServiceTest, SigtermStopsTheCoordinatorAndWorkersCleanly) {
