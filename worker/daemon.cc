@@ -385,6 +385,7 @@ void Daemon::Report(RankTask& task, StepOutbox& outbox, const absl::Status& resu
                                                                              : "failed");
   request.set_code(static_cast<int32_t>(result.code()));
   request.set_message(std::string(result.message()).substr(0, 4096));
+  request.set_refused_step(result.GetPayload(kRefusedStepPayload).has_value());
   // The steps first, then the end; while the coordinator is away (it
   // restarts, and the serving thread registers again naming this rank),
   // retry until it answers, it refuses the rank, or the worker stops.

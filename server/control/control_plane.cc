@@ -52,7 +52,9 @@ ControlPlane::ControlPlane(const ControlPlaneOptions& options, std::unique_ptr<D
       metrics_(std::make_shared<CoordinatorMetrics>(store_.get(), &fleet_)),
       manager_(store_.get(), &fleet_, &rendezvous_, &clock_,
                JobManagerOptions{
-                   options.collective_timeout, [m = metrics_.get()](double s) { m->OnStep(s); },
+                   options.collective_timeout,
+                   [m = metrics_.get()](const std::string& job, double s) { m->OnStep(job, s); },
+                   [m = metrics_.get()](const std::string& job) { m->OnRefusedStep(job); },
                    [m = metrics_.get()](const std::string& job, double flops) {
                      m->OnAttemptPlanned(job, flops);
                    },

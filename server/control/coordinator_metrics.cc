@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "grpcpp/support/interceptor.h"
 #include "muonmesh/v1/jobs.pb.h"
 
@@ -99,16 +100,27 @@ CoordinatorMetrics::CoordinatorMetrics(const JobStore* store, const Fleet* fleet
                           "restarted) to the first step every rank of the restarted job "
                           "finished")
                     .Register(*registry_)
-                    .Add({}, Buckets(0.1, 10000))) {}
+                    .Add({}, Buckets(0.1, 10000))),
+      refused_steps_(prometheus::BuildCounter()
+                         .Name("muonmesh_job_refused_steps_total")
+                         .Help("Attempts of a job that ended refusing a step: a reduced gradient "
+                               "was NaN or infinite (no rank updated anything)")
+                         .Register(*registry_)) {}
 
 void CoordinatorMetrics::OnRpc(const std::string& method, int code, double seconds) {
   static const prometheus::Histogram::BucketBoundaries kBuckets = Buckets(0.0001, 100);
   rpc_duration_.Add({{"method", method}, {"code", CodeName(code)}}, kBuckets).Observe(seconds);
 }
 
-void CoordinatorMetrics::OnStep(double slowest_rank_seconds) {
+void CoordinatorMetrics::OnStep(const std::string& job_id, double slowest_rank_seconds) {
   steps_.Increment();
   step_duration_.Observe(slowest_rank_seconds);
+  absl::MutexLock lock(&mu_);
+  last_progress_[job_id] = absl::Now();
+}
+
+void CoordinatorMetrics::OnRefusedStep(const std::string& job_id) {
+  refused_steps_.Add({{"job", job_id}}).Increment();
 }
 
 void CoordinatorMetrics::OnRecovered(double seconds) { recovery_.Observe(seconds); }
@@ -116,11 +128,13 @@ void CoordinatorMetrics::OnRecovered(double seconds) { recovery_.Observe(seconds
 void CoordinatorMetrics::OnAttemptPlanned(const std::string& job_id, double critical_path_flops) {
   absl::MutexLock lock(&mu_);
   critical_path_[job_id] = critical_path_flops;
+  last_progress_[job_id] = absl::Now();
 }
 
 void CoordinatorMetrics::OnAttemptDone(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   critical_path_.erase(job_id);
+  last_progress_.erase(job_id);
 }
 
 std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
@@ -150,10 +164,23 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
       prometheus::MetricType::Gauge,
       {}};
   std::map<std::string, double> planned;
+  std::map<std::string, absl::Time> progress;
   {
     absl::MutexLock lock(&mu_);
     planned = critical_path_;
+    progress = last_progress_;
   }
+  prometheus::MetricFamily step_seconds{
+      "muonmesh_job_step_seconds",
+      "Median step time of each running job's recent steps (their slowest rank)",
+      prometheus::MetricType::Gauge,
+      {}};
+  prometheus::MetricFamily since_progress{
+      "muonmesh_job_seconds_since_progress",
+      "Seconds since each running job last finished a step, or its attempt began",
+      prometheus::MetricType::Gauge,
+      {}};
+  const absl::Time now = absl::Now();
   prometheus::MetricFamily world_size{
       "muonmesh_job_world_size",
       "Ranks of each running job's attempt (below its world_size while training.elastic runs "
@@ -170,6 +197,16 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
       prometheus::ClientMetric m = GaugeValue(it->second);
       m.label = {{"job", job.id()}};
       critical_path.metric.push_back(std::move(m));
+    }
+    if (auto it = progress.find(job.id()); it != progress.end()) {
+      prometheus::ClientMetric m = GaugeValue(absl::ToDoubleSeconds(now - it->second));
+      m.label = {{"job", job.id()}};
+      since_progress.metric.push_back(std::move(m));
+    }
+    if (job.step_seconds() > 0) {
+      prometheus::ClientMetric m = GaugeValue(job.step_seconds());
+      m.label = {{"job", job.id()}};
+      step_seconds.metric.push_back(std::move(m));
     }
     if (job.has_last_val_loss()) {
       prometheus::ClientMetric v = GaugeValue(job.last_val_loss());
@@ -196,8 +233,9 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
     m.label = {{"device", key.second}, {"state", key.first}};
     workers.metric.push_back(std::move(m));
   }
-  return {std::move(jobs),     std::move(workers),       std::move(loss),
-          std::move(val_loss), std::move(critical_path), std::move(world_size)};
+  return {std::move(jobs),         std::move(workers),       std::move(loss),
+          std::move(val_loss),     std::move(critical_path), std::move(world_size),
+          std::move(step_seconds), std::move(since_progress)};
 }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>

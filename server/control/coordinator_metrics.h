@@ -16,6 +16,17 @@
 //                                                planned critical path: the
 //                                                Newton-Schulz FLOPs per step
 //                                                of its plan's busiest rank
+//   muonmesh_job_refused_steps_total{job}        counter, attempts of each job
+//                                                that ended refusing a step
+//                                                (a reduced gradient was NaN
+//                                                or infinite)
+//   muonmesh_job_step_seconds{job}               gauge, each running job's
+//                                                median step time (its
+//                                                recent steps' slowest rank)
+//   muonmesh_job_seconds_since_progress{job}     gauge, seconds since each
+//                                                running job last finished a
+//                                                step (or its attempt began):
+//                                                a stalled job grows it
 //   muonmesh_job_recovery_seconds                histogram, from a fault
 //                                                (a rank failed or lost its
 //                                                lease, the coordinator
@@ -35,6 +46,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
@@ -55,7 +67,9 @@ class CoordinatorMetrics final : public prometheus::Collectable {
   std::vector<prometheus::MetricFamily> Collect() const override;
 
   void OnRpc(const std::string& method, int code, double seconds);
-  void OnStep(double slowest_rank_seconds);
+  void OnStep(const std::string& job_id, double slowest_rank_seconds);
+  // JobManagerOptions::on_refused_step.
+  void OnRefusedStep(const std::string& job_id);
   // The plan of a job's new attempt, and the end of that attempt
   // (JobManagerOptions::on_attempt_planned, on_attempt_done).
   void OnAttemptPlanned(const std::string& job_id, double critical_path_flops);
@@ -78,8 +92,11 @@ class CoordinatorMetrics final : public prometheus::Collectable {
   prometheus::Histogram& step_duration_;
   prometheus::Histogram& recovery_;
   mutable absl::Mutex mu_;
+  prometheus::Family<prometheus::Counter>& refused_steps_;
   // job id -> its attempt's plan
   std::map<std::string, double> critical_path_ ABSL_GUARDED_BY(mu_);
+  // job id -> when its running attempt began or last finished a step
+  std::map<std::string, absl::Time> last_progress_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace muonmesh::coordinator

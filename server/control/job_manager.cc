@@ -667,7 +667,7 @@ void JobManager::CheckAdoptions() {
 
 void JobManager::StepDone(const std::string& job_id, Attempt& a, int64_t step,
                           StepAggregate& agg) {
-  if (options_.on_step_done) options_.on_step_done(agg.slowest);
+  if (options_.on_step_done) options_.on_step_done(job_id, agg.slowest);
   if (auto r = recovering_.find(job_id); r != recovering_.end()) {
     if (options_.on_recovered) {
       options_.on_recovered(job_id, absl::ToDoubleSeconds(clock_.Now() - r->second));
@@ -873,7 +873,11 @@ absl::Status JobManager::OnAttemptEnd(const std::string& worker_id,
         if (a.cancelled && a.failure.empty()) {
           a.outcome[rank] = kStopped;  // failing while cancelled is stopping
         } else {
+          const bool first = a.failure.empty();
           FailRank(end.job_id(), a, rank, end.message());
+          if (first && end.refused_step() && options_.on_refused_step) {
+            options_.on_refused_step(end.job_id());
+          }
         }
         break;
     }

@@ -54,8 +54,12 @@ struct JobManagerOptions {
   // Every collective's timeout in the workers (StartRank.collective_timeout_ms).
   absl::Duration collective_timeout = absl::Seconds(60);
   // Called with the slowest rank's seconds whenever every rank finished a
-  // step (metrics). May be empty.
-  std::function<void(double)> on_step_done;
+  // step of the job (metrics). May be empty.
+  std::function<void(const std::string& job_id, double seconds)> on_step_done;
+  // Called once per attempt that fails because its ranks refused a step (a
+  // reduced gradient was not finite: ReportAttemptRequest.refused_step).
+  // May be empty.
+  std::function<void(const std::string& job_id)> on_refused_step;
   // Called when an attempt of a job starts, with its plan's critical path
   // (the busiest rank's Newton-Schulz FLOPs per step: the largest
   // plan.ranks[r].ns_flops), and when that attempt ends (metrics). May be

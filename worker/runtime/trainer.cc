@@ -1,5 +1,6 @@
 #include "worker/runtime/trainer.h"
 
+#include "absl/strings/cord.h"
 #include "worker/runtime/unit_stream.h"
 
 namespace muonmesh::worker {
@@ -96,10 +97,12 @@ absl::StatusOr<StepReport> Trainer::Step() {
     // FailedPrecondition, not InvalidArgument (kept for bad configuration):
     // the training state cannot take this step until someone changes it
     // (a lower learning rate, an earlier checkpoint).
-    return absl::FailedPreconditionError(absl::StrCat(
-        "step ", step_, " refused: a reduced gradient is NaN or infinite (on ",
-        pair[1] * static_cast<float>(m.world), " of ", m.world,
-        " ranks); weights and optimizer state are unchanged"));
+    absl::Status refused = absl::FailedPreconditionError(
+        absl::StrCat("step ", step_, " refused: a reduced gradient is NaN or infinite (on ",
+                     pair[1] * static_cast<float>(m.world), " of ", m.world,
+                     " ranks); weights and optimizer state are unchanged"));
+    refused.SetPayload(kRefusedStepPayload, absl::Cord("1"));
+    return refused;
   }
   report.loss = pair[0];
   report.times.grad_reduce += absl::Now() - t0;

@@ -60,6 +60,12 @@ namespace muonmesh::worker {
 // (Trainer::SaveShards; read back by worker/reshard.h too).
 inline constexpr char kShardsFormat[] = "muonmesh.shards.v1";
 
+// The payload (absl::Status::SetPayload) of the error Trainer::Step returns
+// for a refused step: a reduced gradient was NaN or infinite on some rank,
+// and no rank updated anything. The daemon reports it
+// (ReportAttemptRequest.refused_step).
+inline constexpr char kRefusedStepPayload[] = "type.muonmesh.dev/refused-step";
+
 struct TrainerOptions {
   // Where shards live and the optimizer runs (required; not owned, must
   // outlive the Trainer): MakeCpuDevice(), or a CUDA device. The backend and

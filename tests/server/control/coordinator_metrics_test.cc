@@ -60,6 +60,8 @@ class CoordinatorMetricsTest : public ::testing::Test {
     };
     options.on_attempt_done = [m](const std::string& job) { m->OnAttemptDone(job); };
     options.on_recovered = [m](const std::string&, double s) { m->OnRecovered(s); };
+    options.on_step_done = [m](const std::string& job, double s) { m->OnStep(job, s); };
+    options.on_refused_step = [m](const std::string& job) { m->OnRefusedStep(job); };
     manager_ = std::make_unique<JobManager>(store_.get(), fleet_.get(), &rendezvous_, &clock_,
                                             options);
   }
@@ -101,7 +103,8 @@ class CoordinatorMetricsTest : public ::testing::Test {
   }
 
   void EndRank(const std::string& worker, const std::string& job, int32_t attempt, int32_t rank,
-               v1::AttemptOutcome outcome, const std::string& message = "test") {
+               v1::AttemptOutcome outcome, const std::string& message = "test",
+               bool refused_step = false) {
     v1::ReportAttemptRequest end;
     end.set_worker_id(worker);
     end.set_job_id(job);
@@ -109,6 +112,7 @@ class CoordinatorMetricsTest : public ::testing::Test {
     end.set_rank(rank);
     end.set_outcome(outcome);
     end.set_message(message);
+    end.set_refused_step(refused_step);
     ASSERT_TRUE(manager_->OnAttemptEnd(worker, end).ok());
   }
 
@@ -319,6 +323,52 @@ TEST_F(CoordinatorMetricsTest, RecoveryTimeRunsFromTheFaultToTheFirstStepAfterIt
   clock_.Advance(absl::Seconds(1));
   ReportStep(*manager_, {"w0"}, job, 1, 1);
   EXPECT_EQ(recovery().sample_count, 1u);
+}
+
+// A refused step (every rank refuses it together) counts once per attempt,
+// in the job's counter; while the job runs its median step time and the
+// time since its last step are shown, and both go when the attempt ends.
+TEST_F(CoordinatorMetricsTest, RefusedStepsCountOncePerAttemptAndProgressIsShown) {
+  const auto refused = [&](const std::string& job) {
+    for (const prometheus::MetricFamily& f : metrics_->registry()->Collect()) {
+      if (f.name != "muonmesh_job_refused_steps_total") continue;
+      for (const prometheus::ClientMetric& m : f.metric) {
+        if (m.label.size() == 1 && m.label[0].value == job) return m.counter.value;
+      }
+    }
+    return 0.0;
+  };
+  AddWorker("w0");
+  AddWorker("w1");
+  const std::string job = Submit("diverges", 2, "6, 16, 3", /*max_restarts=*/1);
+  ASSERT_EQ(State(job), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Planned("muonmesh_job_step_seconds").count(job), 0u);  // no step yet
+  ASSERT_EQ(Planned("muonmesh_job_seconds_since_progress").count(job), 1u);
+  const auto ranks_of = [&] {
+    const v1::Job j = *store_->Get(job);
+    return std::vector<std::string>(j.worker_ids().begin(), j.worker_ids().end());
+  };
+  std::vector<std::string> by_rank = ranks_of();
+  ReportStep(*manager_, by_rank, job, 0, 0);
+  EXPECT_DOUBLE_EQ(Planned("muonmesh_job_step_seconds")[job], 0.01);
+  const double since = Planned("muonmesh_job_seconds_since_progress")[job];
+  EXPECT_GE(since, 0.0);
+  EXPECT_LT(since, 5.0);
+  for (int32_t attempt : {0, 1}) {
+    by_rank = ranks_of();
+    for (int32_t r : {0, 1}) {
+      EndRank(by_rank[r], job, attempt, r, v1::ATTEMPT_OUTCOME_FAILED,
+              "step 1 refused: a reduced gradient is NaN or infinite", /*refused_step=*/true);
+    }
+    EXPECT_EQ(refused(job), attempt + 1.0);
+  }
+  EXPECT_EQ(State(job), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(Planned("muonmesh_job_seconds_since_progress").count(job), 0u);
+  // Another failure is not a refused step.
+  const std::string other = Submit("crashes", 1, "6, 16, 3");
+  const std::string worker = store_->Get(other)->worker_ids(0);
+  EndRank(worker, other, 0, 0, v1::ATTEMPT_OUTCOME_FAILED, "killed");
+  EXPECT_EQ(refused(other), 0.0);
 }
 
 TEST_F(CoordinatorMetricsTest, TheScrapePassesPromtool) {

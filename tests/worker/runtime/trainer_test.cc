@@ -1056,6 +1056,8 @@ TEST(TrainerTest, ANonFiniteGradientOnOneRankRefusesTheStepOnEveryRank) {
     EXPECT_EQ(refused[r].code(), absl::StatusCode::kFailedPrecondition) << "rank " << r;
     EXPECT_NE(refused[r].message().find("NaN or infinite (on 1 of 2 ranks)"), std::string::npos)
         << refused[r];
+    // Marked, so that the daemon reports a refused step, not any failure.
+    EXPECT_TRUE(refused[r].GetPayload(kRefusedStepPayload).has_value()) << "rank " << r;
     EXPECT_EQ(after[r], before[r]) << "rank " << r << " changed its weights";
   }
 }
