@@ -9,7 +9,10 @@
 //   3. every rule parses and evaluates (the API answers each expression;
 //      /api/v1/rules reports every rule healthy) and the recording rule has
 //      data;
-//   4. killing a worker makes MuonmeshWorkerLost fire;
+//   4. a job whose worker is stopped (SIGSTOP) fires MuonmeshJobStalled, a
+//      job whose gradient turns infinite fires MuonmeshStepsRefused, and
+//      killing a worker fires MuonmeshWorkerLost (every rule's `for:` cut
+//      to 2 s; rules_test.yml holds the real ones);
 //   5. the planned critical path the coordinator exports for the job
 //      (muonmesh_job_planned_critical_path_flops) equals the executed one
 //      (the busiest worker's Newton-Schulz FLOPs per step);
@@ -257,7 +260,10 @@ async function main() {
   if (jobId) await checkCriticalPath(results, jobId, t0, t1);
   await checkRules(results, t0, t1, jobId !== null);
 
-  // 6. A worker dies: its lease expires and MuonmeshWorkerLost fires.
+  // 6. A stalled job and a diverging one fire their alerts.
+  await checkStalledAndRefused(workers, workerPorts);
+
+  // 7. A worker dies: its lease expires and MuonmeshWorkerLost fires.
   const victim = workers[workers.length - 1];
   victim.kill('SIGKILL');
   log(`killed ${victim.name}; waiting for MuonmeshWorkerLost`);
@@ -275,6 +281,63 @@ async function main() {
 
   fs.writeFileSync(path.join(out, 'results.json'), JSON.stringify(results, null, 1));
   if (opts.report && !reportMissing) report();
+}
+
+function submit(name, job) {
+  const file = path.join(out, `${name}.yaml`);
+  fs.writeFileSync(file, YAML.stringify({ name, device: 'cpu', init: { seed: 5 },
+    data: { teacher: { seed: 21, samples: 256 } }, model: { mlp: { dims: [6, 16, 3] } },
+    output: { dir: path.join(out, 'runs', name) }, ...job }));
+  const r = spawnSync(opts.ctl, ['submit', file, '--coordinator', ports.coordinator], { encoding: 'utf8', timeout: 30000 });
+  if (r.status !== 0) throw new Error(`muonmeshctl submit ${name} failed (${r.status}): ${r.stdout}${r.stderr}`);
+  return r.stdout.trim().split('\n').pop().trim();
+}
+
+async function untilFiring(alertname, jobId) {
+  return until(`${alertname} to fire for ${jobId}`, async () => {
+    const { alerts } = await api('/api/v1/alerts');
+    return alerts.find((a) => a.labels.alertname === alertname && a.labels.job === jobId && a.state === 'firing');
+  }, { timeoutMs: 45000, everyMs: 500 });
+}
+
+// A job on two workers whose one worker is stopped (SIGSTOP: it keeps its
+// lease for the lease TTL, 10 s, but steps no more) fires
+// MuonmeshJobStalled; a job whose AdamW steps of 1e30 make its gradient
+// infinite at step 1 fires MuonmeshStepsRefused.
+async function checkStalledAndRefused(workers, workerPorts) {
+  const stalled = submit('e2e-stalled', { world_size: 2, training: { steps: 1000000, global_batch_size: 8 } });
+  log(`submitted ${stalled} to stall`);
+  try {
+    await until(`${stalled} to step`, async () => (await query(`muonmesh_job_step_seconds{job="${stalled}"}`)).result.length > 0,
+      { timeoutMs: 30000, everyMs: 500 });
+    const busy = (await query('muonmesh_worker_busy == 1')).result.map((r) => r.metric.instance);
+    const victim = workers.find((w, i) => busy.includes(`127.0.0.1:${workerPorts[i]}`));
+    if (!victim) throw new Error(`no busy worker among ${busy}`);
+    victim.kill('SIGSTOP');
+    log(`stopped ${victim.name}; waiting for MuonmeshJobStalled`);
+    try {
+      const alert = await untilFiring('MuonmeshJobStalled', stalled);
+      log(`MuonmeshJobStalled fires: ${alert.annotations.summary}`);
+    } finally {
+      victim.kill('SIGCONT');
+    }
+  } catch (e) {
+    fail(`MuonmeshJobStalled did not fire for a job whose worker was stopped: ${e.message}`);
+  }
+  spawnSync(opts.ctl, ['cancel', stalled, '--coordinator', ports.coordinator], { encoding: 'utf8', timeout: 30000 });
+
+  const diverges = submit('e2e-diverges', {
+    world_size: 1,
+    optimizer: { adamw: { lr: 1e30 }, rules: [{ pattern: '.*', optimizer: 'adamw' }] },
+    training: { steps: 20, global_batch_size: 8 },
+  });
+  log(`submitted ${diverges}, which diverges`);
+  try {
+    const alert = await untilFiring('MuonmeshStepsRefused', diverges);
+    log(`MuonmeshStepsRefused fires: ${alert.annotations.summary}`);
+  } catch (e) {
+    fail(`MuonmeshStepsRefused did not fire for a job refusing a step: ${e.message}`);
+  }
 }
 
 // A byte-level gpt on this repository's own prose, validated every 10
