@@ -17,7 +17,7 @@
 //              their scripts are executable, and their user, ports,
 //              entrypoints and working directories agree with the manifests.
 //   prometheusrule
-//              writes deploy/k8s/base/prometheusrule.yaml from the rules file.
+//              writes deploy/k8s/components/prometheus-operator/prometheusrule.yaml from the rules file.
 //
 // Usage (tests/deploy/observe/CMakeLists.txt runs these):
 //   observe.mjs manifests --modules DIR --rendered NAME=FILE... [--expect NAME=cpu|gpu]...

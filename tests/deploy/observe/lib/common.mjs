@@ -9,7 +9,7 @@ import path from 'node:path';
 // ------------------------------------------------------------------ options
 
 export function parseArgs(argv) {
-  const multi = new Set(['--rendered', '--expect', '--metrics-source', '--rules', '--dashboard']);
+  const multi = new Set(['--rendered', '--expect', '--metrics-source', '--rules', '--dashboard', '--core-only']);
   const single = new Set(['--modules', '--promtool', '--root', '--out', '--secrets-script']);
   const opts = { command: argv[0] };
   for (const m of multi) opts[m] = [];

@@ -146,8 +146,9 @@ function checkDevices(where, spec, expect) {
 }
 
 // Objects that refer to pods or Services by selector.
-function checkSelectors(name, objects) {
+function checkSelectors(name, objects, peers = objects) {
   const pods = objects.map((o) => ({ o, pod: podSpecOf(o) })).filter((x) => x.pod?.spec);
+  const peerPods = peers.map((o) => ({ o, pod: podSpecOf(o) })).filter((x) => x.pod?.spec);
   const podsSelectedBy = (selector) => pods.filter(({ pod }) => selects(selector, pod.labels));
   const podPorts = (list) => list.flatMap(({ pod }) => containersOf(pod.spec).flatMap((c) => c.ports ?? []));
   for (const { o, pod } of pods) {
@@ -184,7 +185,8 @@ function checkSelectors(name, objects) {
       const ports = podPorts(selected);
       for (const rule of o.spec?.ingress ?? []) {
         for (const peer of rule.from ?? []) {
-          if (peer.podSelector && !peer.namespaceSelector && podsSelectedBy(peer.podSelector).length === 0) {
+          if (peer.podSelector && !peer.namespaceSelector &&
+              peerPods.filter(({ pod }) => selects(peer.podSelector, pod.labels)).length === 0) {
             fail(`${where}: ingress from ${JSON.stringify(peer.podSelector)} matches no pod template`);
           }
         }
@@ -217,6 +219,7 @@ function checkExampleJob(require, name, objects) {
   const workers = objects.filter((o) => o.kind === 'StatefulSet' || o.kind === 'Deployment')
     .map((o) => ({ o, devices: containersOf(podSpecOf(o).spec).map(deviceOf).filter((d) => d !== null) }))
     .filter((w) => w.devices.length > 0);
+  if (workers.length === 0) return;  // a submit overlay alone: no fleet to fit
   for (const cm of objects.filter((o) => o.kind === 'ConfigMap')) {
     for (const [key, text] of Object.entries(cm.data ?? {})) {
       let job;
@@ -257,10 +260,15 @@ export function checkManifests(opts) {
   const clusterScoped = new Set(['Namespace', 'ClusterRole', 'ClusterRoleBinding', 'PersistentVolume',
     'StorageClass', 'CustomResourceDefinition', 'PriorityClass']);
   const secrets = madeSecrets(opts);  // read once, for every rendered file
+  const coreOnly = new Set(opts['--core-only']);
+  // A core-only overlay is one part of a deployment (the deployment, or a
+  // submit applied to it): what it names may be in the other parts.
+  const everything = rendered.flatMap(([, file]) => loadYamlDocuments(require, file));
   for (const [name, file] of rendered) {
     const objects = loadYamlDocuments(require, file);
     if (objects.length === 0) fail(`${name}: ${file} holds no objects`);
-    const byKindName = new Set(objects.map((o) => `${o.kind}/${o.metadata?.name}`));
+    const known = coreOnly.has(name) ? everything : objects;
+    const byKindName = new Set(known.map((o) => `${o.kind}/${o.metadata?.name}`));
     for (const secret of secrets) byKindName.add(`Secret/${secret}`);
     let gpuContainers = 0;
     let validated = 0;
@@ -294,11 +302,23 @@ export function checkManifests(opts) {
         gpuContainers += checkDevices(where, pod.spec, expect[name]);
       }
     }
-    checkSelectors(name, objects);
+    checkSelectors(name, objects, known);
     checkExampleJob(require, name, objects);
-    for (const kind of ['Deployment', 'StatefulSet', 'Service', 'PersistentVolumeClaim', 'ConfigMap', 'Job',
-      'ServiceMonitor', 'PrometheusRule', 'PodDisruptionBudget', 'NetworkPolicy']) {
-      if (!objects.some((o) => o.kind === kind)) fail(`${name}: no ${kind} rendered`);
+    if (coreOnly.has(name)) {
+      // An overlay meant to apply on any cluster: no custom resources (the
+      // Prometheus Operator's CRDs may be missing) and no Namespace (a
+      // `kubectl delete -k` would take the state and checkpoints with it).
+      for (const o of objects) {
+        if (o.apiVersion?.startsWith('monitoring.coreos.com/')) {
+          fail(`${name}: ${describe(o)} needs the Prometheus Operator (keep it in components/prometheus-operator)`);
+        }
+        if (o.kind === 'Namespace') fail(`${name}: ${describe(o)} is deleted with the overlay (keep it in components/namespace)`);
+      }
+    } else {
+      for (const kind of ['Deployment', 'StatefulSet', 'Service', 'PersistentVolumeClaim', 'ConfigMap', 'Job',
+        'ServiceMonitor', 'PrometheusRule', 'PodDisruptionBudget', 'NetworkPolicy', 'PriorityClass', 'Namespace']) {
+        if (!objects.some((o) => o.kind === kind)) fail(`${name}: no ${kind} rendered`);
+      }
     }
     if (expect[name] === 'gpu' && gpuContainers === 0) fail(`${name}: no worker requests a GPU`);
     console.log(`${name}: ${objects.length} objects, ${validated} valid against their schemas`);

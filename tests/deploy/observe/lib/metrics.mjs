@@ -194,6 +194,23 @@ export function checkMetrics(opts) {
       }
     }
   }
+  // The dashboard ConfigMap of each rendered deployment (Grafana's sidecar
+  // loads it) must be the dashboard file itself.
+  const dashboardFile = opts['--dashboard'][0];
+  for (const [name, file] of dashboardFile ? renderedFiles(opts) : []) {
+    const maps = loadYamlDocuments(require, file)
+      .filter((o) => o.kind === 'ConfigMap' && o.metadata?.labels?.grafana_dashboard === '1');
+    if (maps.length === 0) fail(`${name}: no ConfigMap labelled grafana_dashboard: "1" rendered`);
+    const want = canonical(JSON.parse(fs.readFileSync(dashboardFile, 'utf8')));
+    for (const o of maps) {
+      for (const [key, text] of Object.entries(o.data ?? {})) {
+        if (canonical(JSON.parse(text)) !== want) {
+          fail(`${name}: ${describe(o)} ${key} differs from ${dashboardFile} ` +
+            '(copy it to deploy/k8s/components/prometheus-operator/)');
+        }
+      }
+    }
+  }
   const dashboards = opts['--dashboard'].flatMap((f) => dashboardQueries(f).map((q) => ({ ...q, dashboard: true })));
   let names = 0;
   for (const q of [...expressions, ...dashboards]) {
@@ -234,7 +251,7 @@ export function writePrometheusRule(opts) {
   };
   const header = '# GENERATED from deploy/prometheus/muonmesh.rules.yml by\n' +
     '#   tests/deploy/observe/observe.mjs prometheusrule --modules DIR \\\n' +
-    '#     --rules deploy/prometheus/muonmesh.rules.yml --out deploy/k8s/base/prometheusrule.yaml\n' +
+    '#     --rules deploy/prometheus/muonmesh.rules.yml --out deploy/k8s/components/prometheus-operator/prometheusrule.yaml\n' +
     '# Do not edit: edit the rules file and regenerate (a test compares the two).\n';
   fs.writeFileSync(opts['--out'], header + YAML.stringify(object, { lineWidth: 0 }));
   console.log(`wrote ${opts['--out']}`);
