@@ -38,8 +38,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   std::unique_ptr<CoordinatorServer> self(new CoordinatorServer(options.planner));
   self->security_ = std::move(security);
   if (!options.control.data_dir.empty()) {
+    coordinator::ControlPlaneOptions control_options = options.control;
+    control_options.certificate_expiry = self->security_->certificate_expiry();
     MUONMESH_ASSIGN_OR_RETURN(std::unique_ptr<coordinator::ControlPlane> control,
-                              coordinator::ControlPlane::Start(options.control));
+                              coordinator::ControlPlane::Start(control_options));
     self->control_ = std::move(control);
   }
   grpc::ServerBuilder builder;

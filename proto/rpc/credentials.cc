@@ -158,6 +158,19 @@ absl::StatusOr<std::string> CheckCertificate(const PemFile& cert, const PemFile&
                       FormatTime(X509_get0_notAfter(x509.get())));
 }
 
+absl::StatusOr<absl::Time> CertificateNotAfter(const PemFile& cert) {
+  std::unique_ptr<BIO, BioFree> bio = MemoryBio(cert.text);
+  std::unique_ptr<X509, X509Free> x509(
+      bio != nullptr ? PEM_read_bio_X509(bio.get(), nullptr, NoPassphrase, nullptr) : nullptr);
+  std::tm tm{};
+  if (x509 == nullptr || ASN1_TIME_to_tm(X509_get0_notAfter(x509.get()), &tm) != 1) {
+    ERR_clear_error();
+    return absl::InvalidArgumentError(
+        absl::StrCat(cert.flag, " ", cert.path, ": holds no readable PEM certificate"));
+  }
+  return absl::FromTM(tm, absl::UTCTimeZone());
+}
+
 absl::Status CheckToken(absl::string_view token) {
   if (token.size() < kMinTokenLength || token.size() > kMaxTokenLength) {
     return absl::InvalidArgumentError(absl::StrCat("a token must have ", kMinTokenLength, " to ",

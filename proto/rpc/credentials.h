@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
@@ -114,6 +115,11 @@ absl::StatusOr<PemFile> LoadPemFile(absl::string_view flag, const std::string& p
 // they do not belong together; FailedPrecondition when the certificate has
 // expired or is not valid yet.
 absl::StatusOr<std::string> CheckCertificate(const PemFile& cert, const PemFile& key);
+
+// When the first certificate of `cert` expires (its notAfter), for the
+// certificate-expiry gauges. InvalidArgument naming the flag and file when
+// it does not parse.
+absl::StatusOr<absl::Time> CertificateNotAfter(const PemFile& cert);
 
 // OK when `token` has kMinTokenLength..kMaxTokenLength visible ASCII
 // characters; InvalidArgument saying which rule it breaks (not quoting it).

@@ -5,13 +5,14 @@
 #include <sys/stat.h>
 
 #include <cstdlib>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "proto/rpc/credentials.h"
 #include "core/base/status_macros.h"
+#include "proto/rpc/credentials.h"
 
 namespace muonmesh::auth {
 namespace {
@@ -169,6 +170,12 @@ absl::StatusOr<std::unique_ptr<ServerSecurity>> ServerSecurity::Load(
                             LoadSsl(options, listen, notes, &self->client_ca_));
   self->credentials_ = grpc::SslServerCredentials(ssl);
   self->tls_ = true;
+  for (const auto& [name, flag, path] : {std::tuple{"server", kCertName, options.tls_cert},
+                                         std::tuple{"client_ca", kCaName, options.tls_ca}}) {
+    if (path.empty()) continue;
+    MUONMESH_ASSIGN_OR_RETURN(rpc::PemFile pem, rpc::LoadPemFile(flag, path));
+    MUONMESH_ASSIGN_OR_RETURN(self->certificate_expiry_[name], rpc::CertificateNotAfter(pem));
+  }
 
   std::shared_ptr<const TokenTable> tokens;
   if (!options.tokens_file.empty()) {

@@ -16,12 +16,14 @@
 // Load reads and checks every file once, at start; the credentials it
 // builds own the AuthProcessor. Immutable afterwards.
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "grpcpp/security/server_credentials.h"
 #include "server/auth/auth_processor.h"
 
@@ -67,6 +69,12 @@ class ServerSecurity {
   // warnings (file modes, --insecure). Never a token or key.
   const std::vector<std::string>& notes() const { return notes_; }
 
+  // When the certificates it serves with expire: "server" (--tls-cert) and,
+  // with mutual TLS, "client_ca" (--tls-ca). Empty without TLS.
+  const std::map<std::string, absl::Time>& certificate_expiry() const {
+    return certificate_expiry_;
+  }
+
   bool tls() const { return tls_; }
   bool tokens() const { return tokens_; }
   bool client_ca() const { return client_ca_; }
@@ -76,6 +84,7 @@ class ServerSecurity {
 
   std::shared_ptr<grpc::ServerCredentials> credentials_;
   std::vector<std::string> notes_;
+  std::map<std::string, absl::Time> certificate_expiry_;
   bool tls_ = false;
   bool tokens_ = false;
   bool client_ca_ = false;

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -64,6 +65,10 @@ struct ControlPlaneOptions {
   // A LOST worker is forgotten this long after its lease ran out
   // (Fleet::ForgetLostAfter); zero: kept until a full fleet needs room.
   absl::Duration forget_lost_after = absl::Hours(1);
+  // When the certificates the gRPC port serves with expire, by name
+  // (auth::ServerSecurity::certificate_expiry): exported as
+  // muonmesh_tls_certificate_expiry_timestamp_seconds{certificate}.
+  std::map<std::string, absl::Time> certificate_expiry;
 };
 
 class ControlPlane {

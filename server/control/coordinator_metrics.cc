@@ -119,6 +119,11 @@ void CoordinatorMetrics::OnStep(const std::string& job_id, double slowest_rank_s
   last_progress_[job_id] = absl::Now();
 }
 
+void CoordinatorMetrics::SetCertificateExpiry(std::map<std::string, absl::Time> expiry) {
+  absl::MutexLock lock(&mu_);
+  certificate_expiry_ = std::move(expiry);
+}
+
 void CoordinatorMetrics::OnRefusedStep(const std::string& job_id) {
   refused_steps_.Add({{"job", job_id}}).Increment();
 }
@@ -165,10 +170,20 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
       {}};
   std::map<std::string, double> planned;
   std::map<std::string, absl::Time> progress;
+  prometheus::MetricFamily expiry{
+      "muonmesh_tls_certificate_expiry_timestamp_seconds",
+      "When each certificate the coordinator's gRPC port serves with expires (Unix seconds)",
+      prometheus::MetricType::Gauge,
+      {}};
   {
     absl::MutexLock lock(&mu_);
     planned = critical_path_;
     progress = last_progress_;
+    for (const auto& [name, at] : certificate_expiry_) {
+      prometheus::ClientMetric m = GaugeValue(absl::ToDoubleSeconds(at - absl::UnixEpoch()));
+      m.label = {{"certificate", name}};
+      expiry.metric.push_back(std::move(m));
+    }
   }
   prometheus::MetricFamily step_seconds{
       "muonmesh_job_step_seconds",
@@ -233,9 +248,9 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
     m.label = {{"device", key.second}, {"state", key.first}};
     workers.metric.push_back(std::move(m));
   }
-  return {std::move(jobs),         std::move(workers),       std::move(loss),
-          std::move(val_loss),     std::move(critical_path), std::move(world_size),
-          std::move(step_seconds), std::move(since_progress)};
+  return {std::move(jobs),         std::move(workers),        std::move(loss),
+          std::move(val_loss),     std::move(critical_path),  std::move(world_size),
+          std::move(step_seconds), std::move(since_progress), std::move(expiry)};
 }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>

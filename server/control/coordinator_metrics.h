@@ -27,6 +27,11 @@
 //                                                running job last finished a
 //                                                step (or its attempt began):
 //                                                a stalled job grows it
+//   muonmesh_tls_certificate_expiry_timestamp_seconds{certificate}  gauge,
+//                                                when each certificate the
+//                                                gRPC port serves with
+//                                                expires (Unix seconds):
+//                                                "server", "client_ca"
 //   muonmesh_job_recovery_seconds                histogram, from a fault
 //                                                (a rank failed or lost its
 //                                                lease, the coordinator
@@ -74,6 +79,8 @@ class CoordinatorMetrics final : public prometheus::Collectable {
   // (JobManagerOptions::on_attempt_planned, on_attempt_done).
   void OnAttemptPlanned(const std::string& job_id, double critical_path_flops);
   void OnAttemptDone(const std::string& job_id);
+  // The certificates' expiry times, by name (set once, at start).
+  void SetCertificateExpiry(std::map<std::string, absl::Time> expiry);
   // JobManagerOptions::on_recovered.
   void OnRecovered(double seconds);
 
@@ -97,6 +104,7 @@ class CoordinatorMetrics final : public prometheus::Collectable {
   std::map<std::string, double> critical_path_ ABSL_GUARDED_BY(mu_);
   // job id -> when its running attempt began or last finished a step
   std::map<std::string, absl::Time> last_progress_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, absl::Time> certificate_expiry_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace muonmesh::coordinator

@@ -16,10 +16,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
@@ -30,6 +32,7 @@
 #include "proto/rpc/credentials.h"
 #include "server/auth/token_table.h"
 #include "tests/testing/background.h"
+#include "tests/testing/http_get.h"
 #include "tests/testing/subprocess.h"
 #if MUONMESH_HAVE_HEALTH_PROTO
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -411,6 +414,48 @@ TEST_F(SecurityTest, AJobOutsideTheAllowedFoldersIsRefused) {
 // own client certificate (worker-w7.pem: CN w7, subjectAltName
 // w7.workers.test); the shared certificate (CN muonmesh-worker) names no
 // worker id of these.
+// The coordinator exports when its certificates expire, as openssl reads
+// them from the files, and answers /readyz and /healthz on its plain HTTP
+// port although its gRPC port speaks only TLS.
+class MetricsPortTest : public SecurityTest {
+ protected:
+  std::vector<std::string> ExtraCoordinatorFlags() const override {
+    return {"--metrics-listen", "127.0.0.1:0"};
+  }
+};
+
+TEST_F(MetricsPortTest, CertificateExpiryIsExportedAndProbesNeedNoTls) {
+  const std::string log = coordinator_->Log();
+  const size_t at = log.find("metrics on port ");
+  ASSERT_NE(at, std::string::npos) << log;
+  const int port = std::stoi(log.substr(at + 16));
+  const std::string text = testing::HttpGet(port, "/metrics");
+  for (const auto& [name, file] : {std::pair{"server", std::string("server.pem")},
+                                   std::pair{"client_ca", std::string("ca.pem")}}) {
+    // "notAfter=Dec  7 21:05:21 2026 GMT"
+    const ProcessResult end =
+        testing::Run({"/usr/bin/openssl", "x509", "-enddate", "-noout", "-in", Cert(file)},
+                     std::chrono::seconds(20));
+    ASSERT_EQ(end.exit_code, 0) << end.err;
+    absl::Time expected;
+    std::string error;
+    const std::string when(absl::StripAsciiWhitespace(end.out.substr(end.out.find('=') + 1)));
+    ASSERT_TRUE(
+        absl::ParseTime("%b %e %H:%M:%S %Y GMT", when, absl::UTCTimeZone(), &expected, &error))
+        << when << ": " << error;
+    const std::string series = absl::StrCat(
+        "muonmesh_tls_certificate_expiry_timestamp_seconds{certificate=\"", name, "\"} ");
+    const size_t found = text.find(series);
+    ASSERT_NE(found, std::string::npos) << text;
+    EXPECT_DOUBLE_EQ(std::stod(text.substr(found + series.size())),
+                     absl::ToDoubleSeconds(expected - absl::UnixEpoch()))
+        << name;
+  }
+  std::string status;
+  EXPECT_EQ(testing::HttpGet(port, "/readyz", &status), "ok\n") << status;
+  EXPECT_EQ(testing::HttpGet(port, "/healthz", &status), "ok\n") << status;
+}
+
 class WorkerIdentityTest : public SecurityTest {
  protected:
   std::vector<std::string> ExtraCoordinatorFlags() const override {
