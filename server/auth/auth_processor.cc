@@ -26,8 +26,8 @@ std::optional<absl::string_view> BearerToken(absl::string_view value) {
 
 }  // namespace
 
-AuthProcessor::AuthProcessor(std::shared_ptr<const TokenTable> tokens,
-                             AccessPolicyOptions options, LineSink log)
+AuthProcessor::AuthProcessor(std::shared_ptr<TokenFile> tokens, AccessPolicyOptions options,
+                             LineSink log)
     : tokens_(std::move(tokens)), options_(options), log_(std::move(log)) {}
 
 grpc::Status AuthProcessor::Process(const InputMetadata& auth_metadata,
@@ -44,7 +44,7 @@ grpc::Status AuthProcessor::Process(const InputMetadata& auth_metadata,
     consumed_auth_metadata->insert(
         std::make_pair(std::string(View(header->first)), std::string(View(header->second))));
     const std::optional<absl::string_view> token = BearerToken(View(header->second));
-    if (token.has_value() && tokens_ != nullptr) caller.role = tokens_->Find(*token);
+    if (token.has_value() && tokens_ != nullptr) caller.role = tokens_->Current()->Find(*token);
   }
   caller.client_certificate =
       context != nullptr && !context->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME).empty();

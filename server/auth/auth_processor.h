@@ -37,8 +37,7 @@ class AuthProcessor final : public grpc::AuthMetadataProcessor {
  public:
   // `tokens` may be null (no tokens: only the client certificate rule
   // applies). `log` receives the denial lines.
-  AuthProcessor(std::shared_ptr<const TokenTable> tokens, AccessPolicyOptions options,
-                LineSink log);
+  AuthProcessor(std::shared_ptr<TokenFile> tokens, AccessPolicyOptions options, LineSink log);
 
   // The check is a hash lookup: it runs on gRPC's thread, not a pool.
   bool IsBlocking() const override { return false; }
@@ -50,7 +49,7 @@ class AuthProcessor final : public grpc::AuthMetadataProcessor {
  private:
   void LogDenial(const std::string& line);
 
-  const std::shared_ptr<const TokenTable> tokens_;
+  const std::shared_ptr<TokenFile> tokens_;
   const AccessPolicyOptions options_;
   const LineSink log_;
   absl::Mutex mu_;

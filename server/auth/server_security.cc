@@ -177,13 +177,15 @@ absl::StatusOr<std::unique_ptr<ServerSecurity>> ServerSecurity::Load(
     MUONMESH_ASSIGN_OR_RETURN(self->certificate_expiry_[name], rpc::CertificateNotAfter(pem));
   }
 
-  std::shared_ptr<const TokenTable> tokens;
+  std::shared_ptr<TokenFile> tokens;
   if (!options.tokens_file.empty()) {
-    MUONMESH_ASSIGN_OR_RETURN(TokenTable table, TokenTable::Load(options.tokens_file));
-    notes.push_back(absl::StrCat("tokens: ", table.size(), " from ", options.tokens_file, " (",
-                                 table.Summary(), "); grpc.health.v1 needs none"));
+    MUONMESH_ASSIGN_OR_RETURN(tokens, TokenFile::Load(options.tokens_file, kTokensCheckEvery, log));
+    const std::shared_ptr<const TokenTable> table = tokens->Current();
+    notes.push_back(absl::StrCat("tokens: ", table->size(), " from ", options.tokens_file, " (",
+                                 table->Summary(),
+                                 "; read again when it changes); "
+                                 "grpc.health.v1 needs none"));
     NoteOpenMode("--tokens-file", options.tokens_file, &notes);
-    tokens = std::make_shared<const TokenTable>(std::move(table));
     self->tokens_ = true;
   } else {
     notes.push_back(absl::StrCat("no --tokens-file: whoever reaches ", listen,

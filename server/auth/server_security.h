@@ -13,8 +13,9 @@
 //                           tokens anyway (logged as a warning)
 // Without TLS and tokens the coordinator serves loopback only.
 //
-// Load reads and checks every file once, at start; the credentials it
-// builds own the AuthProcessor. Immutable afterwards.
+// Load reads and checks every file at start; the credentials it builds own
+// the AuthProcessor. The tokens file is read again when it changes
+// (kTokensCheckEvery); certificates are read once.
 
 #include <map>
 #include <memory>
@@ -33,6 +34,9 @@ inline constexpr char kTlsCertEnv[] = "MUONMESH_TLS_CERT";
 inline constexpr char kTlsKeyEnv[] = "MUONMESH_TLS_KEY";
 inline constexpr char kTlsCaEnv[] = "MUONMESH_TLS_CA";
 inline constexpr char kTokensFileEnv[] = "MUONMESH_TOKENS_FILE";
+// How often the tokens file is looked at for changes (TokenFile): a token
+// added or revoked there takes effect within this long, no restart needed.
+inline constexpr absl::Duration kTokensCheckEvery = absl::Seconds(5);
 
 struct ServerSecurityOptions {
   std::string tls_cert;

@@ -1,6 +1,7 @@
 #include "server/auth/token_table.h"
 
 #include <openssl/evp.h>
+#include <sys/stat.h>
 
 #include <fstream>
 #include <utility>
@@ -12,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "proto/rpc/credentials.h"
 #include "core/base/status_macros.h"
+#include "proto/rpc/credentials.h"
 
 namespace muonmesh::auth {
 namespace {
@@ -100,6 +101,49 @@ absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path) {
         absl::StrCat("--tokens-file ", path, ": larger than ", kMaxTokensFileBytes, " bytes"));
   }
   return Parse(text, absl::StrCat("--tokens-file ", path));
+}
+
+absl::StatusOr<std::shared_ptr<TokenFile>> TokenFile::Load(
+    std::string path, absl::Duration check_every, std::function<void(const std::string&)> log) {
+  std::shared_ptr<TokenFile> file(new TokenFile(std::move(path), check_every, std::move(log)));
+  absl::MutexLock lock(&file->mu_);
+  file->stamp_ = file->Stamp();
+  MUONMESH_ASSIGN_OR_RETURN(TokenTable table, TokenTable::Load(file->path_));
+  file->table_ = std::make_shared<const TokenTable>(std::move(table));
+  file->next_check_ = absl::Now() + check_every;
+  return file;
+}
+
+std::pair<int64_t, int64_t> TokenFile::Stamp() const {
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) != 0) return {-1, -1};
+  return {int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec,
+          static_cast<int64_t>(st.st_size)};
+}
+
+std::shared_ptr<const TokenTable> TokenFile::Current() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  if (now < next_check_) return table_;
+  next_check_ = now + check_every_;
+  const std::pair<int64_t, int64_t> stamp = Stamp();
+  if (stamp == stamp_) return table_;
+  stamp_ = stamp;  // a bad version is reported once, not on every call
+  absl::StatusOr<TokenTable> table = TokenTable::Load(path_);
+  if (!table.ok()) {
+    if (log_) {
+      log_(absl::StrCat("tokens: ", path_, " changed but cannot be used (",
+                        table.status().message(), "); keeping the ", table_->size(),
+                        " tokens in force"));
+    }
+    return table_;
+  }
+  if (log_) {
+    log_(absl::StrCat("tokens: reloaded ", table->size(), " from ", path_, " (", table->Summary(),
+                      ")"));
+  }
+  table_ = std::make_shared<const TokenTable>(*std::move(table));
+  return table_;
 }
 
 std::optional<Role> TokenTable::Find(absl::string_view token) const {

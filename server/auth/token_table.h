@@ -16,12 +16,16 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "server/auth/types.h"
 
 namespace muonmesh::auth {
@@ -48,6 +52,35 @@ class TokenTable {
 
  private:
   absl::flat_hash_map<std::string, Role> by_digest_;
+};
+
+// --tokens-file kept current without a restart: Current() returns the
+// table, read again when the file's modification time or size changed
+// (looked at most once per `check_every`, a stat). A file that no longer
+// loads keeps the tokens that were in force, and `log` says why (once per
+// change of the file); the next good version is taken up. Thread-safe.
+class TokenFile {
+ public:
+  static absl::StatusOr<std::shared_ptr<TokenFile>> Load(
+      std::string path, absl::Duration check_every,
+      std::function<void(const std::string&)> log = nullptr);
+
+  std::shared_ptr<const TokenTable> Current();
+
+ private:
+  TokenFile(std::string path, absl::Duration check_every,
+            std::function<void(const std::string&)> log)
+      : path_(std::move(path)), check_every_(check_every), log_(std::move(log)) {}
+  // The file's modification time (ns) and size, or {-1, -1}.
+  std::pair<int64_t, int64_t> Stamp() const;
+
+  const std::string path_;
+  const absl::Duration check_every_;
+  const std::function<void(const std::string&)> log_;
+  absl::Mutex mu_;
+  std::shared_ptr<const TokenTable> table_ ABSL_GUARDED_BY(mu_);
+  std::pair<int64_t, int64_t> stamp_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_check_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace muonmesh::auth

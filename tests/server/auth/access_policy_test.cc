@@ -5,10 +5,14 @@
 
 #include "server/auth/access_policy.h"
 
+#include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -245,6 +249,54 @@ TEST(TokenTableTest, BadFilesNameTheLineAndNeverTheToken) {
     EXPECT_THAT(table.status().message(), HasSubstr(expected));
     EXPECT_THAT(table.status().message(), Not(HasSubstr(secret)));
   }
+}
+
+// A tokens file edited while the coordinator runs: a token added there is
+// taken, one removed is refused, and a version that does not load keeps the
+// tokens in force (saying so once) until a good one replaces it.
+TEST(TokenFileTest, ChangesOnDiskTakeEffectAndABadVersionKeepsTheOld) {
+  const std::string path = ::testing::TempDir() + "/token_file_test.tokens";
+  const auto write = [&](const std::string& text, int generation) {
+    std::ofstream(path, std::ios::trunc) << text;
+    // A distinct modification time per version, however fast this runs.
+    std::filesystem::last_write_time(
+        path, std::filesystem::file_time_type::clock::now() + std::chrono::seconds(generation));
+  };
+  constexpr char kA[] = "first-token-0123456789";
+  constexpr char kB[] = "second-token-0123456789";
+  write(absl::StrCat("viewer ", kA, "\n"), 1);
+  std::vector<std::string> lines;
+  absl::StatusOr<std::shared_ptr<TokenFile>> file = TokenFile::Load(
+      path, absl::ZeroDuration(), [&](const std::string& line) { lines.push_back(line); });
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->Current()->Find(kA), Role::kViewer);
+  EXPECT_EQ((*file)->Current()->Find(kB), std::nullopt);
+
+  write(absl::StrCat("admin ", kB, "\n"), 2);
+  EXPECT_EQ((*file)->Current()->Find(kB), Role::kAdmin);
+  EXPECT_EQ((*file)->Current()->Find(kA), std::nullopt);  // revoked
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_THAT(lines[0], HasSubstr("tokens: reloaded 1 from"));
+
+  write("admin\n", 3);  // not "ROLE TOKEN"
+  EXPECT_EQ((*file)->Current()->Find(kB), Role::kAdmin);
+  EXPECT_EQ((*file)->Current()->Find(kB), Role::kAdmin);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_THAT(lines[1], HasSubstr("cannot be used"));
+  EXPECT_THAT(lines[1], HasSubstr("keeping the 1 tokens in force"));
+  for (const std::string& line : lines) {
+    EXPECT_THAT(line, Not(HasSubstr(kA)));
+    EXPECT_THAT(line, Not(HasSubstr(kB)));
+  }
+
+  write(absl::StrCat("submitter ", kA, "\n"), 4);
+  EXPECT_EQ((*file)->Current()->Find(kA), Role::kSubmitter);
+
+  // Looked at no more than once per check_every.
+  absl::StatusOr<std::shared_ptr<TokenFile>> slow = TokenFile::Load(path, absl::Hours(1));
+  ASSERT_TRUE(slow.ok());
+  write(absl::StrCat("viewer ", kB, "\n"), 5);
+  EXPECT_EQ((*slow)->Current()->Find(kA), Role::kSubmitter);
 }
 
 TEST(IsLoopbackHostTest, OnlyThisMachine) {
