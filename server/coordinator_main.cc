@@ -32,7 +32,8 @@ constexpr char kSynopsis[] =
     "       [--max-watches-per-client 64] [--max-recorded-steps 1000000]\n"
     "       [--forget-lost-after 1h]\n"
     "       [--max-concurrent-plans 4] [--plan-memory-mib 4096] [--max-rpc-threads 1024]\n"
-    "       [--tls-cert FILE --tls-key FILE [--tls-ca FILE] --tokens-file FILE] [--insecure]\n"
+    "       [--tls-cert FILE --tls-key FILE [--tls-ca FILE] --tokens-file FILE]\n"
+    "       [--tls-refresh 1m] [--insecure]\n"
     "       [--allowed-dirs DIR[,DIR...]]\n"
     "\n"
     "The muonmesh control plane (gRPC: muonmesh.v1.Planner, Jobs, Fleet, Store,\n"
@@ -54,6 +55,7 @@ struct Flags {
   std::string tls_cert;
   std::string tls_key;
   std::string tls_ca;
+  absl::Duration tls_refresh = absl::Minutes(1);
   std::string tokens_file;
   bool insecure = false;
   int64_t max_concurrent_plans = 4;
@@ -151,6 +153,11 @@ void DeclareFlags(muonmesh::FlagParser& parser, Flags* f) {
                 "PEM CA for mutual TLS: clients may present a certificate it signed, and Fleet "
                 "and Store (worker traffic) require one. Default $MUONMESH_TLS_CA",
                 &f->tls_ca);
+  parser.Duration("--tls-refresh", "D",
+                  "how often the --tls-cert, --tls-key and --tls-ca files are looked at for "
+                  "changes: a renewed certificate is served without a restart (the tokens file "
+                  "is looked at every 5s). In [1s, 1h], default 1m",
+                  &f->tls_refresh);
   parser.String("--tokens-file", "FILE",
                 "bearer tokens and their roles (viewer, submitter, worker, admin), one 'ROLE "
                 "TOKEN' or 'ROLE sha256:HEX' per line; needs TLS. Default $MUONMESH_TOKENS_FILE",
@@ -217,7 +224,12 @@ absl::Status OptionsFromFlags(const Flags& f, muonmesh::CoordinatorServerOptions
       .tls_ca = f.tls_ca,
       .tokens_file = f.tokens_file,
       .insecure = f.insecure,
+      .tls_refresh = f.tls_refresh,
   });
+  if (f.tls_refresh < absl::Seconds(1) || f.tls_refresh > absl::Hours(1)) {
+    return absl::InvalidArgumentError(absl::StrCat("--tls-refresh must be in [1s, 1h], got ",
+                                                   absl::FormatDuration(f.tls_refresh)));
+  }
   options->log = [](const std::string& line) {
     std::cerr << "muonmesh-coordinator: " << line << std::endl;
   };

@@ -39,7 +39,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   self->security_ = std::move(security);
   if (!options.control.data_dir.empty()) {
     coordinator::ControlPlaneOptions control_options = options.control;
-    control_options.certificate_expiry = self->security_->certificate_expiry();
+    control_options.certificate_files = self->security_->certificate_files();
     MUONMESH_ASSIGN_OR_RETURN(std::unique_ptr<coordinator::ControlPlane> control,
                               coordinator::ControlPlane::Start(control_options));
     self->control_ = std::move(control);

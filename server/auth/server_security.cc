@@ -4,14 +4,16 @@
 #include <netinet/in.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdlib>
-#include <tuple>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/base/status_macros.h"
+#include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_credentials_options.h"
 #include "proto/rpc/credentials.h"
 
 namespace muonmesh::auth {
@@ -168,14 +170,22 @@ absl::StatusOr<std::unique_ptr<ServerSecurity>> ServerSecurity::Load(
 
   MUONMESH_ASSIGN_OR_RETURN(grpc::SslServerCredentialsOptions ssl,
                             LoadSsl(options, listen, notes, &self->client_ca_));
-  self->credentials_ = grpc::SslServerCredentials(ssl);
+  // Checked above; served from the files themselves, read again every
+  // tls_refresh, so a renewed certificate needs no restart.
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      options.tls_key, options.tls_cert, options.tls_ca,
+      static_cast<unsigned int>(std::max<int64_t>(1, absl::ToInt64Seconds(options.tls_refresh))));
+  grpc::experimental::TlsServerCredentialsOptions tls(provider);
+  tls.watch_identity_key_cert_pairs();
+  if (self->client_ca_) tls.watch_root_certs();
+  tls.set_cert_request_type(ssl.client_certificate_request);
+  self->credentials_ = grpc::experimental::TlsServerCredentials(tls);
   self->tls_ = true;
-  for (const auto& [name, flag, path] : {std::tuple{"server", kCertName, options.tls_cert},
-                                         std::tuple{"client_ca", kCaName, options.tls_ca}}) {
-    if (path.empty()) continue;
-    MUONMESH_ASSIGN_OR_RETURN(rpc::PemFile pem, rpc::LoadPemFile(flag, path));
-    MUONMESH_ASSIGN_OR_RETURN(self->certificate_expiry_[name], rpc::CertificateNotAfter(pem));
-  }
+  notes.push_back(absl::StrCat("TLS files are read again every ",
+                               absl::FormatDuration(options.tls_refresh),
+                               " (--tls-refresh): renewed certificates need no restart"));
+  self->certificate_files_["server"] = options.tls_cert;
+  if (self->client_ca_) self->certificate_files_["client_ca"] = options.tls_ca;
 
   std::shared_ptr<TokenFile> tokens;
   if (!options.tokens_file.empty()) {

@@ -15,7 +15,7 @@
 //
 // Load reads and checks every file at start; the credentials it builds own
 // the AuthProcessor. The tokens file is read again when it changes
-// (kTokensCheckEvery); certificates are read once.
+// (kTokensCheckEvery), the certificate files every tls_refresh.
 
 #include <map>
 #include <memory>
@@ -44,6 +44,10 @@ struct ServerSecurityOptions {
   std::string tls_ca;
   std::string tokens_file;
   bool insecure = false;
+  // How often the certificate, key and CA files are looked at for changes
+  // (gRPC's FileWatcherCertificateProvider): a renewed certificate is
+  // served, and a new CA trusted, without a restart.
+  absl::Duration tls_refresh = absl::Minutes(1);
 };
 
 // `options` with each empty path taken from its environment variable.
@@ -73,11 +77,10 @@ class ServerSecurity {
   // warnings (file modes, --insecure). Never a token or key.
   const std::vector<std::string>& notes() const { return notes_; }
 
-  // When the certificates it serves with expire: "server" (--tls-cert) and,
-  // with mutual TLS, "client_ca" (--tls-ca). Empty without TLS.
-  const std::map<std::string, absl::Time>& certificate_expiry() const {
-    return certificate_expiry_;
-  }
+  // The certificate files it serves with, by name: "server" (--tls-cert)
+  // and, with mutual TLS, "client_ca" (--tls-ca). Empty without TLS. They
+  // may change on disk (ServerSecurityOptions::tls_refresh).
+  const std::map<std::string, std::string>& certificate_files() const { return certificate_files_; }
 
   bool tls() const { return tls_; }
   bool tokens() const { return tokens_; }
@@ -88,7 +91,7 @@ class ServerSecurity {
 
   std::shared_ptr<grpc::ServerCredentials> credentials_;
   std::vector<std::string> notes_;
-  std::map<std::string, absl::Time> certificate_expiry_;
+  std::map<std::string, std::string> certificate_files_;
   bool tls_ = false;
   bool tokens_ = false;
   bool client_ca_ = false;

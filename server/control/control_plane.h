@@ -65,10 +65,10 @@ struct ControlPlaneOptions {
   // A LOST worker is forgotten this long after its lease ran out
   // (Fleet::ForgetLostAfter); zero: kept until a full fleet needs room.
   absl::Duration forget_lost_after = absl::Hours(1);
-  // When the certificates the gRPC port serves with expire, by name
-  // (auth::ServerSecurity::certificate_expiry): exported as
-  // muonmesh_tls_certificate_expiry_timestamp_seconds{certificate}.
-  std::map<std::string, absl::Time> certificate_expiry;
+  // The certificate files the gRPC port serves with, by name
+  // (auth::ServerSecurity::certificate_files): their expiry, read at each
+  // scrape, is muonmesh_tls_certificate_expiry_timestamp_seconds{certificate}.
+  std::map<std::string, std::string> certificate_files;
 };
 
 class ControlPlane {

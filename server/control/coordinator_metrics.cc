@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "grpcpp/support/interceptor.h"
 #include "muonmesh/v1/jobs.pb.h"
+#include "proto/rpc/credentials.h"
 
 namespace muonmesh::coordinator {
 namespace {
@@ -119,9 +120,9 @@ void CoordinatorMetrics::OnStep(const std::string& job_id, double slowest_rank_s
   last_progress_[job_id] = absl::Now();
 }
 
-void CoordinatorMetrics::SetCertificateExpiry(std::map<std::string, absl::Time> expiry) {
+void CoordinatorMetrics::SetCertificateFiles(std::map<std::string, std::string> files) {
   absl::MutexLock lock(&mu_);
-  certificate_expiry_ = std::move(expiry);
+  certificate_files_ = std::move(files);
 }
 
 void CoordinatorMetrics::OnRefusedStep(const std::string& job_id) {
@@ -175,15 +176,23 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
       "When each certificate the coordinator's gRPC port serves with expires (Unix seconds)",
       prometheus::MetricType::Gauge,
       {}};
+  std::map<std::string, std::string> certificate_files;
   {
     absl::MutexLock lock(&mu_);
     planned = critical_path_;
     progress = last_progress_;
-    for (const auto& [name, at] : certificate_expiry_) {
-      prometheus::ClientMetric m = GaugeValue(absl::ToDoubleSeconds(at - absl::UnixEpoch()));
-      m.label = {{"certificate", name}};
-      expiry.metric.push_back(std::move(m));
-    }
+    certificate_files = certificate_files_;
+  }
+  for (const auto& [name, file] : certificate_files) {
+    // A file being replaced may not read for a moment: left out of this
+    // scrape rather than reported wrong.
+    absl::StatusOr<rpc::PemFile> pem = rpc::LoadPemFile("certificate", file);
+    absl::StatusOr<absl::Time> at =
+        pem.ok() ? rpc::CertificateNotAfter(*pem) : absl::StatusOr<absl::Time>(pem.status());
+    if (!at.ok()) continue;
+    prometheus::ClientMetric m = GaugeValue(absl::ToDoubleSeconds(*at - absl::UnixEpoch()));
+    m.label = {{"certificate", name}};
+    expiry.metric.push_back(std::move(m));
   }
   prometheus::MetricFamily step_seconds{
       "muonmesh_job_step_seconds",

@@ -31,7 +31,8 @@
 //                                                when each certificate the
 //                                                gRPC port serves with
 //                                                expires (Unix seconds):
-//                                                "server", "client_ca"
+//                                                "server", "client_ca"; read
+//                                                from the files when scraped
 //   muonmesh_job_recovery_seconds                histogram, from a fault
 //                                                (a rank failed or lost its
 //                                                lease, the coordinator
@@ -79,8 +80,9 @@ class CoordinatorMetrics final : public prometheus::Collectable {
   // (JobManagerOptions::on_attempt_planned, on_attempt_done).
   void OnAttemptPlanned(const std::string& job_id, double critical_path_flops);
   void OnAttemptDone(const std::string& job_id);
-  // The certificates' expiry times, by name (set once, at start).
-  void SetCertificateExpiry(std::map<std::string, absl::Time> expiry);
+  // The certificate files whose expiry is exported, by name (read at each
+  // scrape: a renewed certificate shows at once).
+  void SetCertificateFiles(std::map<std::string, std::string> files);
   // JobManagerOptions::on_recovered.
   void OnRecovered(double seconds);
 
@@ -104,7 +106,7 @@ class CoordinatorMetrics final : public prometheus::Collectable {
   std::map<std::string, double> critical_path_ ABSL_GUARDED_BY(mu_);
   // job id -> when its running attempt began or last finished a step
   std::map<std::string, absl::Time> last_progress_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, absl::Time> certificate_expiry_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> certificate_files_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace muonmesh::coordinator

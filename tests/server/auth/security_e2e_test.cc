@@ -456,6 +456,68 @@ TEST_F(MetricsPortTest, CertificateExpiryIsExportedAndProbesNeedNoTls) {
   EXPECT_EQ(testing::HttpGet(port, "/healthz", &status), "ok\n") << status;
 }
 
+// The notAfter line of the certificate `address` serves ("notAfter=..."),
+// as openssl's own TLS client reads it.
+std::string ServedCertificateEnd(const std::string& address) {
+  const ProcessResult r =
+      testing::Run({"/bin/bash", "-c",
+                    absl::StrCat("/usr/bin/openssl s_client -connect ", address,
+                                 " -alpn h2 -servername localhost </dev/null 2>/dev/null | "
+                                 "/usr/bin/openssl x509 -noout -enddate")},
+                   std::chrono::seconds(20));
+  return std::string(absl::StripAsciiWhitespace(r.out));
+}
+
+// A certificate renewed on disk is served, and its expiry exported, within
+// --tls-refresh, without a restart; clients that trust the CA go on.
+TEST_F(MetricsPortTest, ARenewedCertificateIsServedWithoutARestart) {
+  const std::string tls = dir_ + "/tls";
+  fs::create_directories(tls);
+  for (const char* name : {"server.pem", "server.key", "ca.pem", "tokens"}) {
+    fs::copy_file(Cert(name), absl::StrCat(tls, "/", name));
+  }
+  Background coordinator(
+      {MUONMESH_COORDINATOR_BIN, "--listen", "127.0.0.1:0", "--data-dir", dir_ + "/renewed-state",
+       "--tls-cert", tls + "/server.pem", "--tls-key", tls + "/server.key", "--tls-ca",
+       tls + "/ca.pem", "--tokens-file", tls + "/tokens", "--tls-refresh", "1s", "--metrics-listen",
+       "127.0.0.1:0"},
+      dir_ + "/renewed.log");
+  const std::string address = coordinator.ListeningAddress(kStart);
+  ASSERT_FALSE(address.empty()) << coordinator.Log();
+  const std::string before = ServedCertificateEnd(address);
+  ASSERT_THAT(before, HasSubstr("notAfter=")) << coordinator.Log();
+  // A new key and a certificate for 5 days (the first: 2), from the same CA.
+  const ProcessResult made = testing::Run(
+      {"/bin/bash", "-c",
+       absl::StrCat("set -e; cd ", tls,
+                    "; openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "
+                    "new.key 2>/dev/null; openssl req -new -key new.key -subj "
+                    "/CN=muonmesh-coordinator -out new.csr 2>/dev/null; printf "
+                    "'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > new.ext; openssl x509 -req "
+                    "-in new.csr -CA ",
+                    Cert("ca.pem"), " -CAkey ", Cert("ca.key"),
+                    " -set_serial 4242 -days 5 -extfile new.ext -out new.pem 2>/dev/null; "
+                    "openssl x509 -noout -enddate -in new.pem; mv new.key server.key; mv new.pem "
+                    "server.pem")},
+      std::chrono::seconds(30));
+  ASSERT_EQ(made.exit_code, 0) << made.out << made.err;
+  const std::string renewed(absl::StripAsciiWhitespace(made.out));
+  ASSERT_NE(renewed, before);
+  std::string served;
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < give_up && (served = ServedCertificateEnd(address)) != renewed) {
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_EQ(served, renewed) << coordinator.Log();
+  // Clients that trust the CA go on, with their tokens.
+  rpc::ClientSecurityOptions o;
+  o.tls_ca = Cert("ca.pem");
+  o.token = kViewerToken;
+  absl::StatusOr<rpc::ChannelSecurity> security = rpc::LoadChannelSecurity(o);
+  ASSERT_TRUE(security.ok()) << security.status();
+  EXPECT_TRUE(ListJobs(rpc::CreateChannel(address, *security)).ok());
+}
+
 class WorkerIdentityTest : public SecurityTest {
  protected:
   std::vector<std::string> ExtraCoordinatorFlags() const override {
