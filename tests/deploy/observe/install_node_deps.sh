@@ -6,7 +6,8 @@
 # install. Needs node and npm (Debian: nodejs npm) and the npm registry.
 #
 #   tests/deploy/observe/install_node_deps.sh DIR
-# Exits 77 (ctest's skip) when node or npm is missing.
+# Exits 77 (ctest's skip) when node or npm is missing, or 1 under CI (CI
+# set), where the checks must run.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -14,6 +15,10 @@ dir=${1:?usage: $0 DIR}
 
 for tool in node npm; do
   if ! command -v "$tool" >/dev/null 2>&1; then
+    if [[ -n "${CI:-}" ]]; then
+      echo "FAIL: $tool is not installed (Debian: apt-get install nodejs npm); CI must run these checks" >&2
+      exit 1
+    fi
     echo "SKIP: $tool is not installed (Debian: apt-get install nodejs npm)" >&2
     exit 77
   fi

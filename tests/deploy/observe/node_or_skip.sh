@@ -3,6 +3,10 @@
 # (see the script's header); exits 77 (ctest's skip) when node is missing.
 set -euo pipefail
 if ! command -v node >/dev/null 2>&1; then
+  if [[ -n "${CI:-}" ]]; then  # CI must run the checks, not skip them
+    echo "FAIL: node is not installed (Debian: apt-get install nodejs npm)" >&2
+    exit 1
+  fi
   echo "SKIP: node is not installed (Debian: apt-get install nodejs npm)" >&2
   exit 77
 fi

@@ -54,11 +54,43 @@ function substituteGrafana(expr) {
     .replace(/\[\[(\w+)\]\]|\$\{(\w+)(?::\w+)?\}|\$(\w+)/g, '.*');
 }
 
-// The metric names an expression selects, and its syntax errors, by
-// Prometheus's own grammar (lezer-promql, the one its UI uses).
+// The values the code gives each closed label (a label whose values are a
+// fixed set), read from the sources that emit them: a rule or a panel that
+// matches another value matches nothing, silently. `root` is the checkout.
+function closedLabels(root) {
+  const read = (rel) => fs.readFileSync(path.join(root, rel), 'utf8');
+  const literals = (text) => [...text.matchAll(/"([a-z_]+)"/g)].map((m) => m[1]);
+  const enumValues = (text, prefix) =>
+    [...text.matchAll(new RegExp(`\\b${prefix}([A-Z_]+) = `, 'g'))].map((m) => m[1]).filter((v) => v !== 'UNSPECIFIED');
+  const between = (text, from, to) => {
+    const i = text.indexOf(from);
+    if (i < 0) throw new Error(`"${from}" not found: has the code moved?`);
+    return text.slice(i, text.indexOf(to, i));
+  };
+  const phases = literals(between(read('worker/step_log.cc'), 'NamedPhases(const PhaseTimes& t) {', '}\n'));
+  const coordinator = read('server/control/coordinator_metrics.cc');
+  const codes = [...between(coordinator, 'kNames[] = {', '};').matchAll(/"([A-Z_]+)"/g)].map((m) => m[1]);
+  const devices = [...between(coordinator, 'const char* device : {', '}').matchAll(/"(\w+)"/g)].map((m) => m[1]);
+  const outcomes = [...between(read('worker/daemon.cc'), 'metrics_->OnAttemptEnd(', ';').matchAll(/"(\w+)"/g)].map((m) => m[1]);
+  const certificates = [...read('server/auth/server_security.cc').matchAll(/certificate_files_\["(\w+)"\]/g)].map((m) => m[1]);
+  const states = [...enumValues(read('proto/muonmesh/v1/jobs.proto'), 'JOB_STATE_'),
+    ...enumValues(read('proto/muonmesh/v1/fleet.proto'), 'WORKER_STATE_')];
+  const labels = {
+    phase: ['step', ...phases], code: codes, device: devices, outcome: outcomes, certificate: certificates, state: states,
+  };
+  for (const [label, values] of Object.entries(labels)) {
+    if (values.length === 0) throw new Error(`no values found for label "${label}": has the code moved?`);
+  }
+  return Object.fromEntries(Object.entries(labels).map(([k, v]) => [k, new Set(v)]));
+}
+
+// The metric names an expression selects, its label matchers ({label, op,
+// value}) and its syntax errors, by Prometheus's own grammar (lezer-promql,
+// the one its UI uses).
 function metricNamesIn(parser, expr) {
   const tree = parser.parse(expr);
   const names = [];
+  const matchers = [];
   const errors = [];
   tree.iterate({
     enter(node) {
@@ -70,13 +102,26 @@ function metricNamesIn(parser, expr) {
       } else if (node.name === 'UnquotedLabelMatcher' || node.name === 'QuotedLabelMatcher') {
         const label = node.node.getChild('LabelName') ?? node.node.getChild('QuotedLabelName');
         const value = node.node.getChild('StringLiteral');
+        const op = node.node.getChild('MatchOp');
         if (label && value && expr.slice(label.from, label.to).replace(/"/g, '') === '__name__') {
           names.push(JSON.parse(expr.slice(value.from, value.to)));
+        } else if (label && value && op) {
+          matchers.push({ label: expr.slice(label.from, label.to).replace(/"/g, ''),
+            op: expr.slice(op.from, op.to), value: JSON.parse(expr.slice(value.from, value.to)) });
         }
       }
     },
   });
-  return { names, errors };
+  return { names, matchers, errors };
+}
+
+// A matcher's literal values: "a" for =, the alternatives of "a|b|c" for
+// =~ when they are plain words (a pattern with other syntax, or a Grafana
+// variable made into ".*", is not checked).
+function literalValues({ op, value }) {
+  if (op === '=' || op === '!=') return [value];
+  if ((op === '=~' || op === '!~') && /^[\w|]+$/.test(value)) return value.split('|');
+  return [];
 }
 
 function rulesOf(require, file) {
@@ -212,11 +257,29 @@ export function checkMetrics(opts) {
     }
   }
   const dashboards = opts['--dashboard'].flatMap((f) => dashboardQueries(f).map((q) => ({ ...q, dashboard: true })));
+  let closed = null;
+  if (opts['--root']) {
+    try {
+      closed = closedLabels(opts['--root']);
+    } catch (e) {
+      fail(`label values: ${e.message}`);
+    }
+  }
   let names = 0;
   for (const q of [...expressions, ...dashboards]) {
     const expr = q.dashboard ? substituteGrafana(q.expr) : q.expr;
-    const { names: used, errors } = metricNamesIn(parser, expr);
+    const { names: used, matchers, errors } = metricNamesIn(parser, expr);
     for (const e of errors.slice(0, 1)) fail(`${q.where}: does not parse: ${e}`);
+    for (const m of matchers) {
+      const allowed = closed?.[m.label];
+      if (!allowed) continue;
+      for (const v of literalValues(m)) {
+        if (!allowed.has(v)) {
+          fail(`${q.where}: ${m.label}${m.op}"${m.value}": "${v}" is not a value the code gives ` +
+            `"${m.label}" (${[...allowed].join(', ')})`);
+        }
+      }
+    }
     for (const n of used) {
       names++;
       if (known.has(n) || recorded.has(n) || kSynthetic.has(n)) continue;
