@@ -308,9 +308,12 @@ async function checkStalledAndRefused(workers, workerPorts) {
   const stalled = submit('e2e-stalled', { world_size: 2, training: { steps: 1000000, global_batch_size: 8 } });
   log(`submitted ${stalled} to stall`);
   try {
-    await until(`${stalled} to step`, async () => (await query(`muonmesh_job_step_seconds{job="${stalled}"}`)).result.length > 0,
-      { timeoutMs: 30000, everyMs: 500 });
-    const busy = (await query('muonmesh_worker_busy == 1')).result.map((r) => r.metric.instance);
+    // Stepping, as Prometheus has seen it, on workers it has seen busy.
+    const busy = await until(`${stalled} to step`, async () => {
+      const stepped = (await query(`muonmesh_job_step_seconds{job="${stalled}"}`)).result.length > 0;
+      const running = (await query('muonmesh_worker_busy == 1')).result.map((r) => r.metric.instance);
+      return stepped && running.length > 0 ? running : null;
+    }, { timeoutMs: 30000, everyMs: 500 });
     const victim = workers.find((w, i) => busy.includes(`127.0.0.1:${workerPorts[i]}`));
     if (!victim) throw new Error(`no busy worker among ${busy}`);
     victim.kill('SIGSTOP');
