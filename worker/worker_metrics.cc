@@ -87,35 +87,35 @@ void WorkerMetrics::OnStep(const std::string& job, const StepReport& r,
   absl::MutexLock lock(&mu_);
   JobSeries& series = series_[job];
   for (const auto& [phase, d] : phases) {
-    prometheus::Histogram& h = step_duration_.Add({{"job", job}, {"phase", phase}}, kBuckets);
+    prometheus::Histogram& h = step_duration_.Add({{"job_id", job}, {"phase", phase}}, kBuckets);
     h.Observe(absl::ToDoubleSeconds(d));
     series.histograms.insert(&h);
   }
-  prometheus::Counter& steps = steps_.Add({{"job", job}});
+  prometheus::Counter& steps = steps_.Add({{"job_id", job}});
   steps.Increment();
-  prometheus::Gauge& loss = loss_.Add({{"job", job}});
+  prometheus::Gauge& loss = loss_.Add({{"job_id", job}});
   loss.Set(r.loss);
-  prometheus::Counter& flops = ns_flops_.Add({{"job", job}});
+  prometheus::Counter& flops = ns_flops_.Add({{"job_id", job}});
   flops.Increment(r.ns_flops);
   series.steps = &steps;
   series.loss = &loss;
   if (r.val_loss.has_value()) {
-    prometheus::Gauge& val_loss = val_loss_.Add({{"job", job}});
+    prometheus::Gauge& val_loss = val_loss_.Add({{"job_id", job}});
     val_loss.Set(*r.val_loss);
     series.val_loss = &val_loss;
   }
   series.flops = &flops;
   const absl::Duration optimizer = OptimizerTime(r.times);
-  prometheus::Counter& optimizer_seconds = optimizer_seconds_.Add({{"job", job}});
+  prometheus::Counter& optimizer_seconds = optimizer_seconds_.Add({{"job_id", job}});
   optimizer_seconds.Increment(absl::ToDoubleSeconds(optimizer));
   series.optimizer = &optimizer_seconds;
   absl::Duration wait;
   for (const MuonRound& round : r.muon_rounds) wait += round.wait;
-  prometheus::Counter& exchange_wait = exchange_wait_.Add({{"job", job}});
+  prometheus::Counter& exchange_wait = exchange_wait_.Add({{"job_id", job}});
   exchange_wait.Increment(absl::ToDoubleSeconds(wait));
   series.exchange_wait = &exchange_wait;
   for (const auto& [name, bytes] : r.bytes_sent) {
-    prometheus::Counter& c = collective_bytes_.Add({{"job", job}, {"collective", name}});
+    prometheus::Counter& c = collective_bytes_.Add({{"job_id", job}, {"collective", name}});
     c.Increment(static_cast<double>(bytes));
     series.bytes.insert(&c);
   }

@@ -4,20 +4,22 @@
 // daemon (--metrics-listen). Base units, _total counters, histograms for
 // durations, low-cardinality labels (a phase, a collective, and the job the
 // worker runs: one at a time, and a job's series are dropped when its rank
-// ends, so a worker exports one job's series at most):
-//   muonmesh_worker_step_duration_seconds{job, phase}  histogram; phase
+// ends, so a worker exports one job's series at most). The job's label is
+// job_id, not job: Prometheus's own `job` (the scrape job) would take that
+// name over (exported_job) unless every scrape honored labels:
+//   muonmesh_worker_step_duration_seconds{job_id, phase}  histogram; phase
 //                                                 "step" is the whole step
-//   muonmesh_worker_steps_total{job}               counter
-//   muonmesh_worker_loss{job}                      gauge, the last step's
-//   muonmesh_worker_val_loss{job}                  gauge, the last validation loss
-//   muonmesh_worker_collective_bytes_total{job, collective}  counter, bytes sent
-//   muonmesh_worker_newton_schulz_flops_total{job} counter
-//   muonmesh_worker_optimizer_seconds_total{job}   counter, the optimizer
+//   muonmesh_worker_steps_total{job_id}             counter
+//   muonmesh_worker_loss{job_id}                    gauge, the last step's
+//   muonmesh_worker_val_loss{job_id}                gauge, the last validation loss
+//   muonmesh_worker_collective_bytes_total{job_id, collective}  counter, bytes sent
+//   muonmesh_worker_newton_schulz_flops_total{job_id} counter
+//   muonmesh_worker_optimizer_seconds_total{job_id} counter, the optimizer
 //                                                 phase's time (its phase
 //                                                 timers summed: adamw, muon_*,
 //                                                 newton_schulz,
 //                                                 param_allgather_after_step)
-//   muonmesh_worker_muon_exchange_wait_seconds_total{job}  counter, time the
+//   muonmesh_worker_muon_exchange_wait_seconds_total{job_id}  counter, time the
 //                                                 Muon rounds spent in their
 //                                                 exchange calls (waiting for
 //                                                 peers included)

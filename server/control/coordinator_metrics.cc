@@ -126,7 +126,7 @@ void CoordinatorMetrics::SetCertificateFiles(std::map<std::string, std::string> 
 }
 
 void CoordinatorMetrics::OnRefusedStep(const std::string& job_id) {
-  refused_steps_.Add({{"job", job_id}}).Increment();
+  refused_steps_.Add({{"job_id", job_id}}).Increment();
 }
 
 void CoordinatorMetrics::OnRecovered(double seconds) { recovery_.Observe(seconds); }
@@ -215,31 +215,31 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
     if (job.state() != v1::JOB_STATE_RUNNING) continue;
     prometheus::ClientMetric ranks = GaugeValue(
         static_cast<double>(job.world_size() > 0 ? job.world_size() : job.worker_ids_size()));
-    ranks.label = {{"job", job.id()}};
+    ranks.label = {{"job_id", job.id()}};
     world_size.metric.push_back(std::move(ranks));
     if (auto it = planned.find(job.id()); it != planned.end()) {
       prometheus::ClientMetric m = GaugeValue(it->second);
-      m.label = {{"job", job.id()}};
+      m.label = {{"job_id", job.id()}};
       critical_path.metric.push_back(std::move(m));
     }
     if (auto it = progress.find(job.id()); it != progress.end()) {
       prometheus::ClientMetric m = GaugeValue(absl::ToDoubleSeconds(now - it->second));
-      m.label = {{"job", job.id()}};
+      m.label = {{"job_id", job.id()}};
       since_progress.metric.push_back(std::move(m));
     }
     if (job.step_seconds() > 0) {
       prometheus::ClientMetric m = GaugeValue(job.step_seconds());
-      m.label = {{"job", job.id()}};
+      m.label = {{"job_id", job.id()}};
       step_seconds.metric.push_back(std::move(m));
     }
     if (job.has_last_val_loss()) {
       prometheus::ClientMetric v = GaugeValue(job.last_val_loss());
-      v.label = {{"job", job.id()}};
+      v.label = {{"job_id", job.id()}};
       val_loss.metric.push_back(std::move(v));
     }
     if (job.steps_done() == 0) continue;
     prometheus::ClientMetric m = GaugeValue(job.last_loss());
-    m.label = {{"job", job.id()}};
+    m.label = {{"job_id", job.id()}};
     loss.metric.push_back(std::move(m));
   }
   prometheus::MetricFamily workers{"muonmesh_workers", "Registered workers by state and device",

@@ -3,27 +3,27 @@
 // The coordinator's Prometheus metrics (docs/architecture.md §8), served at /metrics:
 //   muonmesh_jobs{state}                         gauge, jobs in each state
 //   muonmesh_workers{state, device}              gauge, registered workers
-//   muonmesh_job_loss{job}                       gauge, last loss of each
+//   muonmesh_job_loss{job_id}                      gauge, last loss of each
 //                                                running job
-//   muonmesh_job_val_loss{job}                   gauge, newest validation
+//   muonmesh_job_val_loss{job_id}                  gauge, newest validation
 //                                                loss of each running job
 //   muonmesh_job_steps_total                     counter, steps every rank of
 //                                                a job finished
 //   muonmesh_job_step_duration_seconds           histogram, a step's slowest
 //                                                rank
 //   muonmesh_rpc_duration_seconds{method, code}  histogram, every RPC served
-//   muonmesh_job_planned_critical_path_flops{job}  gauge, each running job's
+//   muonmesh_job_planned_critical_path_flops{job_id} gauge, each running job's
 //                                                planned critical path: the
 //                                                Newton-Schulz FLOPs per step
 //                                                of its plan's busiest rank
-//   muonmesh_job_refused_steps_total{job}        counter, attempts of each job
+//   muonmesh_job_refused_steps_total{job_id}       counter, attempts of each job
 //                                                that ended refusing a step
 //                                                (a reduced gradient was NaN
 //                                                or infinite)
-//   muonmesh_job_step_seconds{job}               gauge, each running job's
+//   muonmesh_job_step_seconds{job_id}              gauge, each running job's
 //                                                median step time (its
 //                                                recent steps' slowest rank)
-//   muonmesh_job_seconds_since_progress{job}     gauge, seconds since each
+//   muonmesh_job_seconds_since_progress{job_id}    gauge, seconds since each
 //                                                running job last finished a
 //                                                step (or its attempt began):
 //                                                a stalled job grows it

@@ -77,28 +77,32 @@ TEST(WorkerMetricsTest, ServesTheDocumentedMetrics) {
   std::string status;
   const std::string text = testing::HttpGet((*m)->port(), "/metrics", &status);
   EXPECT_THAT(status, HasSubstr("200"));
-  EXPECT_THAT(text, HasSubstr("muonmesh_worker_steps_total{job=\"j-1\"} 2"));
-  EXPECT_THAT(text, HasSubstr("muonmesh_worker_loss{job=\"j-1\"} 0.25"));
-  EXPECT_THAT(text, HasSubstr("muonmesh_worker_collective_bytes_total{collective=\"param_allgather\""
-                              ",job=\"j-1\"} 2000"));
-  EXPECT_THAT(text, HasSubstr("muonmesh_worker_newton_schulz_flops_total{job=\"j-1\"} 10000000"));
+  EXPECT_THAT(text, HasSubstr("muonmesh_worker_steps_total{job_id=\"j-1\"} 2"));
+  EXPECT_THAT(text, HasSubstr("muonmesh_worker_loss{job_id=\"j-1\"} 0.25"));
+  EXPECT_THAT(text,
+              HasSubstr("muonmesh_worker_collective_bytes_total{collective=\"param_allgather\""
+                        ",job_id=\"j-1\"} 2000"));
+  EXPECT_THAT(text,
+              HasSubstr("muonmesh_worker_newton_schulz_flops_total{job_id=\"j-1\"} 10000000"));
   // The optimizer phase: adamw .. param_allgather_after_step, 1+2+...+64 ms
   // a step, twice; the Muon rounds' exchange waits: 3+5 ms a step, twice.
-  EXPECT_NEAR(Sample(text, "muonmesh_worker_optimizer_seconds_total{job=\"j-1\"}"), 2 * 0.127,
+  EXPECT_NEAR(Sample(text, "muonmesh_worker_optimizer_seconds_total{job_id=\"j-1\"}"), 2 * 0.127,
               1e-12);
-  EXPECT_NEAR(Sample(text, "muonmesh_worker_muon_exchange_wait_seconds_total{job=\"j-1\"}"),
+  EXPECT_NEAR(Sample(text, "muonmesh_worker_muon_exchange_wait_seconds_total{job_id=\"j-1\"}"),
               2 * 0.008, 1e-12);
   EXPECT_THAT(text, HasSubstr("muonmesh_worker_busy 1"));
   EXPECT_THAT(text, HasSubstr("muonmesh_worker_attempts_total{outcome=\"succeeded\"} 1"));
-  EXPECT_THAT(text,
-              HasSubstr("muonmesh_worker_step_duration_seconds_count{job=\"j-1\",phase=\"step\"} 2"));
-  EXPECT_THAT(text,
-              HasSubstr("muonmesh_worker_step_duration_seconds_sum{job=\"j-1\",phase=\"step\"} 0.05"));
+  EXPECT_THAT(
+      text,
+      HasSubstr("muonmesh_worker_step_duration_seconds_count{job_id=\"j-1\",phase=\"step\"} 2"));
+  EXPECT_THAT(
+      text,
+      HasSubstr("muonmesh_worker_step_duration_seconds_sum{job_id=\"j-1\",phase=\"step\"} 0.05"));
 
   // A job's series go when its rank ends.
   (*m)->OnAttemptEnd("j-1", "stopped");
   EXPECT_THAT(testing::HttpGet((*m)->port(), "/metrics"),
-              ::testing::Not(HasSubstr("job=\"j-1\"")));
+              ::testing::Not(HasSubstr("job_id=\"j-1\"")));
 
   // promtool (Debian's prometheus package, installed by the test setup)
   // checks the exposition format and naming conventions.

@@ -296,7 +296,7 @@ function submit(name, job) {
 async function untilFiring(alertname, jobId) {
   return until(`${alertname} to fire for ${jobId}`, async () => {
     const { alerts } = await api('/api/v1/alerts');
-    return alerts.find((a) => a.labels.alertname === alertname && a.labels.job === jobId && a.state === 'firing');
+    return alerts.find((a) => a.labels.alertname === alertname && a.labels.job_id === jobId && a.state === 'firing');
   }, { timeoutMs: 45000, everyMs: 500 });
 }
 
@@ -310,7 +310,7 @@ async function checkStalledAndRefused(workers, workerPorts) {
   try {
     // Stepping, as Prometheus has seen it, on workers it has seen busy.
     const busy = await until(`${stalled} to step`, async () => {
-      const stepped = (await query(`muonmesh_job_step_seconds{job="${stalled}"}`)).result.length > 0;
+      const stepped = (await query(`muonmesh_job_step_seconds{job_id="${stalled}"}`)).result.length > 0;
       const running = (await query('muonmesh_worker_busy == 1')).result.map((r) => r.metric.instance);
       return stepped && running.length > 0 ? running : null;
     }, { timeoutMs: 30000, everyMs: 500 });
@@ -377,7 +377,7 @@ async function runJob(workerPorts) {
     if (!checked) {
       for (const [i, port] of workerPorts.entries()) {
         const text = await httpText(`http://127.0.0.1:${port}/metrics`).catch(() => '');
-        if (text.includes(`muonmesh_worker_steps_total{job="${jobId}"`)) {
+        if (text.includes(`muonmesh_worker_steps_total{job_id="${jobId}"`)) {
           promtoolCheckMetrics(`worker-${i}`, text);
           promtoolCheckMetrics('coordinator-during-job', await httpText(`http://127.0.0.1:${ports.coordinatorMetrics}/metrics`));
           checked = true;
@@ -400,9 +400,9 @@ const escapeRegex = (s) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
 async function checkDashboard(results, jobId, t0, t1) {
   const dash = JSON.parse(fs.readFileSync(dashboardFile, 'utf8'));
   const variable = dash.templating.list.find((v) => v.name === 'job');
-  const metric = /label_values\(\s*([^,]+),\s*job\s*\)/.exec(variable.definition)[1];
-  const values = await api(`/api/v1/label/job/values?match[]=${encodeURIComponent(metric)}&start=${t0}&end=${t1}`);
-  if (!values.includes(jobId)) fail(`dashboard variable "job" (label_values(${metric}, job)) lacks ${jobId}: ${values}`);
+  const metric = /label_values\(\s*([^,]+),\s*job_id\s*\)/.exec(variable.definition)[1];
+  const values = await api(`/api/v1/label/job_id/values?match[]=${encodeURIComponent(metric)}&start=${t0}&end=${t1}`);
+  if (!values.includes(jobId)) fail(`dashboard variable "job" (label_values(${metric}, job_id)) lacks ${jobId}: ${values}`);
   const substitute = (expr) => expr
     .replace(/\$__rate_interval|\$\{__rate_interval\}/g, '5s')
     .replace(/\$__interval|\$\{__interval\}/g, '1s')
@@ -445,9 +445,9 @@ async function checkDashboard(results, jobId, t0, t1) {
 // never at the last instant, when the counters have stopped.
 async function checkCriticalPath(results, jobId, t0, t1) {
   const job = escapeRegex(jobId);
-  const planned = await queryRange(`max(muonmesh_job_planned_critical_path_flops{job=~"${job}"})`, t0, t1, 1);
+  const planned = await queryRange(`max(muonmesh_job_planned_critical_path_flops{job_id=~"${job}"})`, t0, t1, 1);
   const perWorker = async (metric) => {
-    const data = await queryRange(`${metric}{job=~"${job}"}`, t0, t1, 1);
+    const data = await queryRange(`${metric}{job_id=~"${job}"}`, t0, t1, 1);
     // One series per worker and job: keyed by its labels but the name.
     const key = ({ __name__, ...labels }) => JSON.stringify(Object.entries(labels).sort());
     return new Map(data.result.map((s) => [key(s.metric),
@@ -512,8 +512,8 @@ async function checkRules(results, t0, t1, hadJob) {
     if (r.health !== 'ok') fail(`Prometheus reports rule ${r.name} ${r.health}: ${r.lastError}`);
   }
   if (hadJob) {
-    const recorded = await queryRange('job:muonmesh_worker_step_seconds:max_rank_mean5m', t0, t1, 1);
-    if (!hasFiniteValue(recorded.result)) fail('job:muonmesh_worker_step_seconds:max_rank_mean5m was never recorded');
+    const recorded = await queryRange('job_id:muonmesh_worker_step_seconds:max_rank_mean5m', t0, t1, 1);
+    if (!hasFiniteValue(recorded.result)) fail('job_id:muonmesh_worker_step_seconds:max_rank_mean5m was never recorded');
   }
   log(`evaluated ${results.rules.length} rules; Prometheus reports ${count} loaded`);
 }

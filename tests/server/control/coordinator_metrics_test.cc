@@ -129,7 +129,7 @@ class CoordinatorMetricsTest : public ::testing::Test {
       EXPECT_EQ(f.type, prometheus::MetricType::Gauge);
       for (const prometheus::ClientMetric& m : f.metric) {
         EXPECT_EQ(m.label.size(), 1u);
-        if (m.label.size() == 1 && m.label[0].name == "job") {
+        if (m.label.size() == 1 && m.label[0].name == "job_id") {
           out[m.label[0].value] = m.gauge.value;
         }
       }
@@ -376,7 +376,7 @@ TEST_F(CoordinatorMetricsTest, TheScrapePassesPromtool) {
   const std::string job = Submit("scraped", 1, "6, 16, 3");
   const std::string text = prometheus::TextSerializer().Serialize(metrics_->Collect());
   EXPECT_THAT(text, HasSubstr(absl::StrCat("# TYPE ", kGauge, " gauge")));
-  EXPECT_THAT(text, HasSubstr(absl::StrCat(kGauge, "{job=\"", job, "\"} ")));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat(kGauge, "{job_id=\"", job, "\"} ")));
   if (std::system("command -v promtool > /dev/null 2>&1") != 0) {
     GTEST_SKIP() << "promtool not installed";
   }

@@ -203,9 +203,9 @@ function checkSelectors(name, objects, peers = objects) {
         if (!services.some((s) => (s.spec?.ports ?? []).some((p) => p.name === ep.port))) {
           fail(`${where}: endpoint port "${ep.port}" is not a port of the selected Services`);
         }
-        if (ep.honorLabels !== true) {
-          fail(`${where}: endpoint "${ep.port}" lacks honorLabels: true (the metrics' own job label ` +
-            'is the muonmesh job id and must not become exported_job)');
+        if (ep.honorLabels === true) {
+          fail(`${where}: endpoint "${ep.port}" sets honorLabels: true, which lets a target set ` +
+            'its own `job` and break the rules (the job id is in job_id)');
         }
       }
     }
