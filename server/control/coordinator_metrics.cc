@@ -143,6 +143,12 @@ void CoordinatorMetrics::OnAttemptDone(const std::string& job_id) {
   last_progress_.erase(job_id);
 }
 
+static void AddJobGauge(prometheus::MetricFamily& family, const std::string& job_id, double value) {
+  prometheus::ClientMetric m = GaugeValue(value);
+  m.label = {{"job_id", job_id}};
+  family.metric.push_back(std::move(m));
+}
+
 std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
   prometheus::MetricFamily jobs{"muonmesh_jobs", "Jobs in each state",
                                 prometheus::MetricType::Gauge, {}};
@@ -150,6 +156,20 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
   for (int s = v1::JOB_STATE_PENDING; s <= v1::JOB_STATE_CANCELLED; ++s) {
     by_state[static_cast<v1::JobState>(s)] = 0;
   }
+  for (const auto& [state, count] : store_.CountByState()) by_state[state] = count;
+  for (const auto& [state, count] : by_state) {
+    prometheus::ClientMetric m = GaugeValue(static_cast<double>(count));
+    m.label = {{"state", StateName(state)}};
+    jobs.metric.push_back(std::move(m));
+  }
+  std::vector<prometheus::MetricFamily> out = RunningJobFamilies();
+  out.push_back(std::move(jobs));
+  out.push_back(WorkerFamily());
+  out.push_back(CertificateFamily());
+  return out;
+}
+
+std::vector<prometheus::MetricFamily> CoordinatorMetrics::RunningJobFamilies() const {
   prometheus::MetricFamily loss{"muonmesh_job_loss", "Last loss of each running job",
                                 prometheus::MetricType::Gauge, {}};
   prometheus::MetricFamily val_loss{
@@ -157,43 +177,12 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
       "Newest validation loss of each running job (language models; see training.eval_every)",
       prometheus::MetricType::Gauge,
       {}};
-  for (const auto& [state, count] : store_.CountByState()) by_state[state] = count;
-  for (const auto& [state, count] : by_state) {
-    prometheus::ClientMetric m = GaugeValue(static_cast<double>(count));
-    m.label = {{"state", StateName(state)}};
-    jobs.metric.push_back(std::move(m));
-  }
   prometheus::MetricFamily critical_path{
       "muonmesh_job_planned_critical_path_flops",
       "Planned critical path of each running job: the Newton-Schulz FLOPs per step of the "
       "busiest rank in its attempt's plan",
       prometheus::MetricType::Gauge,
       {}};
-  std::map<std::string, double> planned;
-  std::map<std::string, absl::Time> progress;
-  prometheus::MetricFamily expiry{
-      "muonmesh_tls_certificate_expiry_timestamp_seconds",
-      "When each certificate the coordinator's gRPC port serves with expires (Unix seconds)",
-      prometheus::MetricType::Gauge,
-      {}};
-  std::map<std::string, std::string> certificate_files;
-  {
-    absl::MutexLock lock(&mu_);
-    planned = critical_path_;
-    progress = last_progress_;
-    certificate_files = certificate_files_;
-  }
-  for (const auto& [name, file] : certificate_files) {
-    // A file being replaced may not read for a moment: left out of this
-    // scrape rather than reported wrong.
-    absl::StatusOr<rpc::PemFile> pem = rpc::LoadPemFile("certificate", file);
-    absl::StatusOr<absl::Time> at =
-        pem.ok() ? rpc::CertificateNotAfter(*pem) : absl::StatusOr<absl::Time>(pem.status());
-    if (!at.ok()) continue;
-    prometheus::ClientMetric m = GaugeValue(absl::ToDoubleSeconds(*at - absl::UnixEpoch()));
-    m.label = {{"certificate", name}};
-    expiry.metric.push_back(std::move(m));
-  }
   prometheus::MetricFamily step_seconds{
       "muonmesh_job_step_seconds",
       "Median step time of each running job's recent steps (their slowest rank)",
@@ -204,44 +193,43 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
       "Seconds since each running job last finished a step, or its attempt began",
       prometheus::MetricType::Gauge,
       {}};
-  const absl::Time now = absl::Now();
   prometheus::MetricFamily world_size{
       "muonmesh_job_world_size",
       "Ranks of each running job's attempt (below its world_size while training.elastic runs "
       "it shrunk)",
       prometheus::MetricType::Gauge,
       {}};
+  std::map<std::string, double> planned;
+  std::map<std::string, absl::Time> progress;
+  {
+    absl::MutexLock lock(&mu_);
+    planned = critical_path_;
+    progress = last_progress_;
+  }
+  const absl::Time now = absl::Now();
   for (const v1::Job& job : store_.Unfinished()) {
     if (job.state() != v1::JOB_STATE_RUNNING) continue;
-    prometheus::ClientMetric ranks = GaugeValue(
+    const std::string& id = job.id();
+    AddJobGauge(
+        world_size, id,
         static_cast<double>(job.world_size() > 0 ? job.world_size() : job.worker_ids_size()));
-    ranks.label = {{"job_id", job.id()}};
-    world_size.metric.push_back(std::move(ranks));
-    if (auto it = planned.find(job.id()); it != planned.end()) {
-      prometheus::ClientMetric m = GaugeValue(it->second);
-      m.label = {{"job_id", job.id()}};
-      critical_path.metric.push_back(std::move(m));
+    if (auto it = planned.find(id); it != planned.end()) AddJobGauge(critical_path, id, it->second);
+    if (auto it = progress.find(id); it != progress.end()) {
+      AddJobGauge(since_progress, id, absl::ToDoubleSeconds(now - it->second));
     }
-    if (auto it = progress.find(job.id()); it != progress.end()) {
-      prometheus::ClientMetric m = GaugeValue(absl::ToDoubleSeconds(now - it->second));
-      m.label = {{"job_id", job.id()}};
-      since_progress.metric.push_back(std::move(m));
-    }
-    if (job.step_seconds() > 0) {
-      prometheus::ClientMetric m = GaugeValue(job.step_seconds());
-      m.label = {{"job_id", job.id()}};
-      step_seconds.metric.push_back(std::move(m));
-    }
-    if (job.has_last_val_loss()) {
-      prometheus::ClientMetric v = GaugeValue(job.last_val_loss());
-      v.label = {{"job_id", job.id()}};
-      val_loss.metric.push_back(std::move(v));
-    }
-    if (job.steps_done() == 0) continue;
-    prometheus::ClientMetric m = GaugeValue(job.last_loss());
-    m.label = {{"job_id", job.id()}};
-    loss.metric.push_back(std::move(m));
+    if (job.step_seconds() > 0) AddJobGauge(step_seconds, id, job.step_seconds());
+    if (job.has_last_val_loss()) AddJobGauge(val_loss, id, job.last_val_loss());
+    if (job.steps_done() > 0) AddJobGauge(loss, id, job.last_loss());
   }
+  std::vector<prometheus::MetricFamily> out;
+  for (prometheus::MetricFamily* f :
+       {&loss, &val_loss, &critical_path, &world_size, &step_seconds, &since_progress}) {
+    out.push_back(std::move(*f));
+  }
+  return out;
+}
+
+prometheus::MetricFamily CoordinatorMetrics::WorkerFamily() const {
   prometheus::MetricFamily workers{"muonmesh_workers", "Registered workers by state and device",
                                    prometheus::MetricType::Gauge, {}};
   std::map<std::pair<std::string, std::string>, int64_t> counts;
@@ -257,9 +245,32 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
     m.label = {{"device", key.second}, {"state", key.first}};
     workers.metric.push_back(std::move(m));
   }
-  return {std::move(jobs),         std::move(workers),        std::move(loss),
-          std::move(val_loss),     std::move(critical_path),  std::move(world_size),
-          std::move(step_seconds), std::move(since_progress), std::move(expiry)};
+  return workers;
+}
+
+prometheus::MetricFamily CoordinatorMetrics::CertificateFamily() const {
+  prometheus::MetricFamily expiry{
+      "muonmesh_tls_certificate_expiry_timestamp_seconds",
+      "When each certificate the coordinator's gRPC port serves with expires (Unix seconds)",
+      prometheus::MetricType::Gauge,
+      {}};
+  std::map<std::string, std::string> certificate_files;
+  {
+    absl::MutexLock lock(&mu_);
+    certificate_files = certificate_files_;
+  }
+  for (const auto& [name, file] : certificate_files) {
+    // A file being replaced may not read for a moment: left out of this
+    // scrape rather than reported wrong.
+    absl::StatusOr<rpc::PemFile> pem = rpc::LoadPemFile("certificate", file);
+    absl::StatusOr<absl::Time> at =
+        pem.ok() ? rpc::CertificateNotAfter(*pem) : absl::StatusOr<absl::Time>(pem.status());
+    if (!at.ok()) continue;
+    prometheus::ClientMetric m = GaugeValue(absl::ToDoubleSeconds(*at - absl::UnixEpoch()));
+    m.label = {{"certificate", name}};
+    expiry.metric.push_back(std::move(m));
+  }
+  return expiry;
 }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>

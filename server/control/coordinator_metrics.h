@@ -93,6 +93,12 @@ class CoordinatorMetrics final : public prometheus::Collectable {
   std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> InterceptorFactory();
 
  private:
+  // The per-job gauges of the running jobs; the workers by state and
+  // device; the certificates' expiry.
+  std::vector<prometheus::MetricFamily> RunningJobFamilies() const;
+  prometheus::MetricFamily WorkerFamily() const;
+  prometheus::MetricFamily CertificateFamily() const;
+
   const JobStore& store_;
   const Fleet& fleet_;
   std::shared_ptr<prometheus::Registry> registry_;
