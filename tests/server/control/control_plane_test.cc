@@ -655,6 +655,9 @@ class RestartTest : public ControlPlaneTest {
     v1::Job job;
     std::string l0, l1;
     v1::RunningRank r0;
+    // By rank: the RunningRank its worker names, the worker and its lease.
+    v1::RunningRank running[2];
+    std::string worker[2], lease[2];
   };
   Started StartJob(const std::string& name) {
     Started st;
@@ -670,6 +673,13 @@ class RestartTest : public ControlPlaneTest {
     st.r0.set_attempt(a0.attempt());
     st.r0.set_rank(a0.start().rank());
     st.r0.set_plan_fingerprint(a0.start().plan_fingerprint());
+    const int32_t r0 = st.r0.rank();
+    st.running[r0] = st.running[1 - r0] = st.r0;
+    st.running[1 - r0].set_rank(1 - r0);
+    st.worker[r0] = "w0";
+    st.worker[1 - r0] = "w1";
+    st.lease[r0] = st.l0;
+    st.lease[1 - r0] = st.l1;
     return st;
   }
 
@@ -760,13 +770,9 @@ TEST_F(RestartTest, ARankThatEndedBeforeTheRestartIsNotWaitedFor) {
 TEST_F(RestartTest, ADrainDecidedBeforeTheRestartStopsEveryRankAtTheSameStep) {
   const Started st = StartJob("drained");
   const std::string& id = st.job.id();
-  v1::RunningRank r[2];
-  r[st.r0.rank()] = st.r0;
-  r[1 - st.r0.rank()] = st.r0;
-  r[1 - st.r0.rank()].set_rank(1 - st.r0.rank());
-  const std::string w_of[2] = {st.r0.rank() == 0 ? "w0" : "w1", st.r0.rank() == 0 ? "w1" : "w0"};
-  const std::string l_of[2] = {st.r0.rank() == 0 ? st.l0 : st.l1,
-                               st.r0.rank() == 0 ? st.l1 : st.l0};
+  const v1::RunningRank* r = st.running;
+  const std::string* w_of = st.worker;
+  const std::string* l_of = st.lease;
   for (int32_t rank : {0, 1}) ASSERT_TRUE(Step(w_of[rank], l_of[rank], id, rank, 0).ok());
   {
     v1::DrainWorkerRequest request;
@@ -892,12 +898,9 @@ class SparseRestartTest : public RestartTest {
 TEST_F(SparseRestartTest, ADrainAfterTheRestartStopsEveryRankAtTheSameStep) {
   const Started st = StartJob("sparse");
   const std::string& id = st.job.id();
-  v1::RunningRank r[2];
-  r[st.r0.rank()] = st.r0;
-  r[1 - st.r0.rank()] = st.r0;
-  r[1 - st.r0.rank()].set_rank(1 - st.r0.rank());
-  const std::string w_of[2] = {st.r0.rank() == 0 ? "w0" : "w1", st.r0.rank() == 0 ? "w1" : "w0"};
-  std::string l_of[2] = {st.r0.rank() == 0 ? st.l0 : st.l1, st.r0.rank() == 0 ? st.l1 : st.l0};
+  const v1::RunningRank* r = st.running;
+  const std::string* w_of = st.worker;
+  std::string l_of[2] = {st.lease[0], st.lease[1]};
   for (int64_t step = 0; step <= 12; ++step) {
     for (int32_t rank : {0, 1}) ASSERT_TRUE(Step(w_of[rank], l_of[rank], id, rank, step).ok());
   }
