@@ -6,11 +6,14 @@
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <utility>
 
@@ -18,8 +21,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "grpcpp/create_channel.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "core/base/status_macros.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_credentials_options.h"
 
 namespace muonmesh::rpc {
 namespace {
@@ -205,6 +213,57 @@ absl::StatusOr<std::string> ReadTokenFile(absl::string_view flag, const std::str
   return token;
 }
 
+namespace {
+
+// "authorization: Bearer TOKEN" on every call, the token read again from
+// its file when the file changes (looked at once per `refresh`); a version
+// that does not read keeps the token in use.
+class TokenFilePlugin final : public grpc::MetadataCredentialsPlugin {
+ public:
+  TokenFilePlugin(std::string path, std::string token, absl::Duration refresh)
+      : path_(std::move(path)),
+        refresh_(refresh),
+        token_(std::move(token)),
+        stamp_(Stamp(path_)),
+        next_check_(absl::Now() + refresh) {}
+
+  grpc::Status GetMetadata(grpc::string_ref, grpc::string_ref, const grpc::AuthContext&,
+                           std::multimap<grpc::string, grpc::string>* metadata) override {
+    metadata->insert({"authorization", absl::StrCat("Bearer ", Current())});
+    return grpc::Status::OK;
+  }
+
+ private:
+  static std::pair<int64_t, int64_t> Stamp(const std::string& path) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return {-1, -1};
+    return {int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec,
+            static_cast<int64_t>(st.st_size)};
+  }
+
+  std::string Current() {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    if (now < next_check_) return token_;
+    next_check_ = now + refresh_;
+    const std::pair<int64_t, int64_t> stamp = Stamp(path_);
+    if (stamp == stamp_) return token_;
+    stamp_ = stamp;
+    absl::StatusOr<std::string> token = ReadTokenFile(kTokenFileName, path_);
+    if (token.ok()) token_ = *std::move(token);
+    return token_;
+  }
+
+  const std::string path_;
+  const absl::Duration refresh_;
+  absl::Mutex mu_;
+  std::string token_ ABSL_GUARDED_BY(mu_);
+  std::pair<int64_t, int64_t> stamp_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_check_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
 absl::StatusOr<ChannelSecurity> LoadChannelSecurity(const ClientSecurityOptions& options) {
   ChannelSecurity out;
   const bool has_token = !options.token_file.empty() || !options.token.empty();
@@ -238,22 +297,33 @@ absl::StatusOr<ChannelSecurity> LoadChannelSecurity(const ClientSecurityOptions&
     ssl.pem_private_key = std::move(key.text);
     out.client_certificate = true;
   }
-  out.credentials = grpc::SslCredentials(ssl);
+  // Checked above; used from the files themselves, read again every
+  // `refresh`, so a renewed certificate or CA needs no restart.
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      options.tls_key, options.tls_cert, options.tls_ca,
+      static_cast<unsigned int>(std::max<int64_t>(1, absl::ToInt64Seconds(options.refresh))));
+  grpc::experimental::TlsChannelCredentialsOptions tls;
+  tls.set_certificate_provider(provider);
+  tls.watch_root_certs();
+  if (out.client_certificate) tls.watch_identity_key_cert_pairs();
+  out.credentials = grpc::experimental::TlsCredentials(tls);
   out.tls = true;
   out.tls_server_name = options.tls_server_name;
   if (has_token) {
     std::string token = options.token;
+    // "authorization: Bearer TOKEN" on every call; gRPC sends call
+    // credentials only over a channel with privacy and integrity.
+    std::shared_ptr<grpc::CallCredentials> call;
     if (!options.token_file.empty()) {
       MUONMESH_ASSIGN_OR_RETURN(std::string read,
                                 ReadTokenFile(kTokenFileName, options.token_file));
-      token = std::move(read);
+      call = grpc::MetadataCredentialsFromPlugin(
+          std::make_unique<TokenFilePlugin>(options.token_file, std::move(read), options.refresh));
     } else {
       MUONMESH_RETURN_IF_ERROR(CheckToken(token), kTokenEnv);
+      call = grpc::AccessTokenCredentials(token);
     }
-    // "authorization: Bearer TOKEN" on every call; gRPC sends call
-    // credentials only over a channel with privacy and integrity.
-    out.credentials = grpc::CompositeChannelCredentials(out.credentials,
-                                                        grpc::AccessTokenCredentials(token));
+    out.credentials = grpc::CompositeChannelCredentials(out.credentials, call);
     out.token = true;
   }
   return out;

@@ -56,6 +56,10 @@ struct ClientSecurityOptions {
   // The token itself: only from MUONMESH_TOKEN (a token on a command line
   // would show in `ps`).
   std::string token;
+  // How often the certificate, key and CA files and the token file are
+  // looked at for changes: a renewed certificate or a new token is used
+  // without a restart (a long-running worker's channel).
+  absl::Duration refresh = absl::Minutes(1);
 };
 
 // `options` with each empty field taken from its environment variable

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -516,6 +517,54 @@ TEST_F(MetricsPortTest, ARenewedCertificateIsServedWithoutARestart) {
   absl::StatusOr<rpc::ChannelSecurity> security = rpc::LoadChannelSecurity(o);
   ASSERT_TRUE(security.ok()) << security.status();
   EXPECT_TRUE(ListJobs(rpc::CreateChannel(address, *security)).ok());
+}
+
+// Tokens rotated on disk, on both sides, without a restart: the coordinator
+// stops accepting a token removed from its tokens file (looked at every
+// 5 s), and a client whose token file is rewritten (refresh 1 s) sends the
+// new token on its next calls over the same channel.
+TEST_F(MetricsPortTest, TokensRotateOnBothSidesWithoutARestart) {
+  const std::string dir = dir_ + "/rotate";
+  fs::create_directories(dir);
+  const std::string old_token = "rotated-out-token-1234567890";
+  const std::string new_token = "rotated-in-token-0987654321";
+  const auto write = [](const std::string& path, const std::string& text, int generation) {
+    std::ofstream(path, std::ios::trunc) << text;
+    fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write);
+    fs::last_write_time(path, fs::file_time_type::clock::now() + std::chrono::seconds(generation));
+  };
+  write(dir + "/tokens", absl::StrCat("viewer ", old_token, "\nviewer ", new_token, "\n"), 1);
+  write(dir + "/client.token", old_token + "\n", 1);
+  Background coordinator({MUONMESH_COORDINATOR_BIN, "--listen", "127.0.0.1:0", "--data-dir",
+                          dir + "/state", "--tls-cert", Cert("server.pem"), "--tls-key",
+                          Cert("server.key"), "--tokens-file", dir + "/tokens"},
+                         dir + "/coordinator.log");
+  const std::string address = coordinator.ListeningAddress(kStart);
+  ASSERT_FALSE(address.empty()) << coordinator.Log();
+  rpc::ClientSecurityOptions o;
+  o.tls_ca = Cert("ca.pem");
+  o.token_file = dir + "/client.token";
+  o.refresh = absl::Seconds(1);
+  absl::StatusOr<rpc::ChannelSecurity> security = rpc::LoadChannelSecurity(o);
+  ASSERT_TRUE(security.ok()) << security.status();
+  const std::shared_ptr<grpc::Channel> channel = rpc::CreateChannel(address, *security);
+  ASSERT_TRUE(ListJobs(channel).ok());
+
+  write(dir + "/tokens", absl::StrCat("viewer ", new_token, "\n"), 2);  // revoke the old
+  const auto until = [](const std::function<bool()>& done) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(20);
+    while (!done() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(200));
+    return done();
+  };
+  EXPECT_TRUE(until([&] {
+    return ListJobs(channel).error_code() == grpc::StatusCode::UNAUTHENTICATED;
+  })) << coordinator.Log();
+  EXPECT_THAT(coordinator.Log(), HasSubstr("tokens: reloaded 1 from"));
+
+  write(dir + "/client.token", new_token + "\n", 2);  // the client takes up the new one
+  EXPECT_TRUE(until([&] { return ListJobs(channel).ok(); }));
+  EXPECT_THAT(coordinator.Log(), Not(HasSubstr(old_token)));
+  EXPECT_THAT(coordinator.Log(), Not(HasSubstr(new_token)));
 }
 
 class WorkerIdentityTest : public SecurityTest {
