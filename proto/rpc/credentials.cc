@@ -213,6 +213,13 @@ absl::StatusOr<std::string> ReadTokenFile(absl::string_view flag, const std::str
   return token;
 }
 
+std::pair<int64_t, int64_t> FileStamp(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return {-1, -1};
+  return {int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec,
+          static_cast<int64_t>(st.st_size)};
+}
+
 namespace {
 
 // "authorization: Bearer TOKEN" on every call, the token read again from
@@ -224,7 +231,7 @@ class TokenFilePlugin final : public grpc::MetadataCredentialsPlugin {
       : path_(std::move(path)),
         refresh_(refresh),
         token_(std::move(token)),
-        stamp_(Stamp(path_)),
+        stamp_(FileStamp(path_)),
         next_check_(absl::Now() + refresh) {}
 
   grpc::Status GetMetadata(grpc::string_ref, grpc::string_ref, const grpc::AuthContext&,
@@ -234,19 +241,12 @@ class TokenFilePlugin final : public grpc::MetadataCredentialsPlugin {
   }
 
  private:
-  static std::pair<int64_t, int64_t> Stamp(const std::string& path) {
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) return {-1, -1};
-    return {int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec,
-            static_cast<int64_t>(st.st_size)};
-  }
-
   std::string Current() {
     absl::MutexLock lock(&mu_);
     const absl::Time now = absl::Now();
     if (now < next_check_) return token_;
     next_check_ = now + refresh_;
-    const std::pair<int64_t, int64_t> stamp = Stamp(path_);
+    const std::pair<int64_t, int64_t> stamp = FileStamp(path_);
     if (stamp == stamp_) return token_;
     stamp_ = stamp;
     absl::StatusOr<std::string> token = ReadTokenFile(kTokenFileName, path_);
@@ -281,9 +281,8 @@ absl::StatusOr<ChannelSecurity> LoadChannelSecurity(const ClientSecurityOptions&
     }
     return out;
   }
-  MUONMESH_ASSIGN_OR_RETURN(std::string ca, ReadPemFile(kCaName, options.tls_ca));
-  grpc::SslCredentialsOptions ssl;
-  ssl.pem_root_certs = std::move(ca);
+  // Checked here; the credentials read the files themselves (below).
+  MUONMESH_RETURN_IF_ERROR(ReadPemFile(kCaName, options.tls_ca).status());
   if (options.tls_cert.empty() != options.tls_key.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("give both ", kCertName, " and ", kKeyName,
                                                    " (a client certificate and its key), or "
@@ -293,8 +292,6 @@ absl::StatusOr<ChannelSecurity> LoadChannelSecurity(const ClientSecurityOptions&
     MUONMESH_ASSIGN_OR_RETURN(PemFile cert, LoadPemFile(kCertName, options.tls_cert));
     MUONMESH_ASSIGN_OR_RETURN(PemFile key, LoadPemFile(kKeyName, options.tls_key));
     MUONMESH_RETURN_IF_ERROR(CheckCertificate(cert, key).status());
-    ssl.pem_cert_chain = std::move(cert.text);
-    ssl.pem_private_key = std::move(key.text);
     out.client_certificate = true;
   }
   // Checked above; used from the files themselves, read again every

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -99,6 +100,10 @@ absl::StatusOr<std::string> ReadPemFile(absl::string_view flag, const std::strin
 // the path when the file cannot be read, is empty, or the token is not a
 // valid token (CheckToken); the message never contains the token.
 absl::StatusOr<std::string> ReadTokenFile(absl::string_view flag, const std::string& path);
+
+// A file's modification time (ns) and size, {-1, -1} when it cannot be
+// stat'ed: what the credential reloaders compare to see a file change.
+std::pair<int64_t, int64_t> FileStamp(const std::string& path);
 
 // A PEM file as read: where its path came from (a flag or a variable), the
 // path, and its text.

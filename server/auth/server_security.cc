@@ -108,19 +108,19 @@ absl::Status CheckCombination(const ServerSecurityOptions& options, absl::string
   return absl::OkStatus();
 }
 
-// The certificate, its key and, with --tls-ca, the CA that client
-// certificates must verify against; notes what it loaded.
-absl::StatusOr<grpc::SslServerCredentialsOptions> LoadSsl(const ServerSecurityOptions& options,
-                                                          absl::string_view listen,
-                                                          std::vector<std::string>& notes,
-                                                          bool* client_ca) {
+// Checks the certificate, its key and, with --tls-ca, the CA that client
+// certificates must verify against (the credentials read the files
+// themselves); notes what it found. Returns whether clients are asked for a
+// certificate.
+absl::StatusOr<grpc_ssl_client_certificate_request_type> CheckTlsFiles(
+    const ServerSecurityOptions& options, absl::string_view listen, std::vector<std::string>& notes,
+    bool* client_ca) {
   MUONMESH_ASSIGN_OR_RETURN(rpc::PemFile cert, rpc::LoadPemFile(kCertName, options.tls_cert));
   MUONMESH_ASSIGN_OR_RETURN(rpc::PemFile key, rpc::LoadPemFile(kKeyName, options.tls_key));
   MUONMESH_ASSIGN_OR_RETURN(std::string described, rpc::CheckCertificate(cert, key));
   notes.push_back(absl::StrCat("TLS on ", listen, ": certificate ", described));
   NoteOpenMode(kKeyName, options.tls_key, &notes);
 
-  grpc::SslServerCredentialsOptions ssl(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   *client_ca = !options.tls_ca.empty();
   if (*client_ca) {
     MUONMESH_ASSIGN_OR_RETURN(rpc::PemFile ca, rpc::LoadPemFile(kCaName, options.tls_ca));
@@ -128,8 +128,6 @@ absl::StatusOr<grpc::SslServerCredentialsOptions> LoadSsl(const ServerSecurityOp
     // Requested, not required, at the handshake: viewers and submitters
     // connect without one. A certificate that is presented must verify; the
     // AuthProcessor requires one for Fleet and Store.
-    ssl.client_certificate_request = GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY;
-    ssl.pem_root_certs = std::move(ca.text);
     notes.push_back(
         absl::StrCat("mutual TLS: Fleet and Store need a client certificate signed "
                      "by the CA in ",
@@ -138,9 +136,9 @@ absl::StatusOr<grpc::SslServerCredentialsOptions> LoadSsl(const ServerSecurityOp
     notes.push_back(
         "no --tls-ca: clients are not asked for certificates; Fleet and Store rely on worker "
         "tokens alone");
+    return GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE;
   }
-  ssl.pem_key_cert_pairs.push_back({std::move(key.text), std::move(cert.text)});
-  return ssl;
+  return GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY;
 }
 
 }  // namespace
@@ -168,8 +166,8 @@ absl::StatusOr<std::unique_ptr<ServerSecurity>> ServerSecurity::Load(
     return self;
   }
 
-  MUONMESH_ASSIGN_OR_RETURN(grpc::SslServerCredentialsOptions ssl,
-                            LoadSsl(options, listen, notes, &self->client_ca_));
+  MUONMESH_ASSIGN_OR_RETURN(grpc_ssl_client_certificate_request_type request,
+                            CheckTlsFiles(options, listen, notes, &self->client_ca_));
   // Checked above; served from the files themselves, read again every
   // tls_refresh, so a renewed certificate needs no restart.
   auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
@@ -178,7 +176,7 @@ absl::StatusOr<std::unique_ptr<ServerSecurity>> ServerSecurity::Load(
   grpc::experimental::TlsServerCredentialsOptions tls(provider);
   tls.watch_identity_key_cert_pairs();
   if (self->client_ca_) tls.watch_root_certs();
-  tls.set_cert_request_type(ssl.client_certificate_request);
+  tls.set_cert_request_type(request);
   self->credentials_ = grpc::experimental::TlsServerCredentials(tls);
   self->tls_ = true;
   notes.push_back(absl::StrCat("TLS files are read again every ",

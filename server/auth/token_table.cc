@@ -1,7 +1,6 @@
 #include "server/auth/token_table.h"
 
 #include <openssl/evp.h>
-#include <sys/stat.h>
 
 #include <fstream>
 #include <utility>
@@ -107,18 +106,11 @@ absl::StatusOr<std::shared_ptr<TokenFile>> TokenFile::Load(
     std::string path, absl::Duration check_every, std::function<void(const std::string&)> log) {
   std::shared_ptr<TokenFile> file(new TokenFile(std::move(path), check_every, std::move(log)));
   absl::MutexLock lock(&file->mu_);
-  file->stamp_ = file->Stamp();
+  file->stamp_ = rpc::FileStamp(file->path_);
   MUONMESH_ASSIGN_OR_RETURN(TokenTable table, TokenTable::Load(file->path_));
   file->table_ = std::make_shared<const TokenTable>(std::move(table));
   file->next_check_ = absl::Now() + check_every;
   return file;
-}
-
-std::pair<int64_t, int64_t> TokenFile::Stamp() const {
-  struct stat st {};
-  if (::stat(path_.c_str(), &st) != 0) return {-1, -1};
-  return {int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec,
-          static_cast<int64_t>(st.st_size)};
 }
 
 std::shared_ptr<const TokenTable> TokenFile::Current() {
@@ -126,7 +118,7 @@ std::shared_ptr<const TokenTable> TokenFile::Current() {
   const absl::Time now = absl::Now();
   if (now < next_check_) return table_;
   next_check_ = now + check_every_;
-  const std::pair<int64_t, int64_t> stamp = Stamp();
+  const std::pair<int64_t, int64_t> stamp = rpc::FileStamp(path_);
   if (stamp == stamp_) return table_;
   stamp_ = stamp;  // a bad version is reported once, not on every call
   absl::StatusOr<TokenTable> table = TokenTable::Load(path_);

@@ -71,8 +71,6 @@ class TokenFile {
   TokenFile(std::string path, absl::Duration check_every,
             std::function<void(const std::string&)> log)
       : path_(std::move(path)), check_every_(check_every), log_(std::move(log)) {}
-  // The file's modification time (ns) and size, or {-1, -1}.
-  std::pair<int64_t, int64_t> Stamp() const;
 
   const std::string path_;
   const absl::Duration check_every_;

@@ -100,11 +100,7 @@ absl::Status ControlPlane::Ready() {
   return store_->Ping();
 }
 
-int ControlPlane::metrics_port() const {
-  if (http_ == nullptr) return 0;
-  const std::vector<int> ports = {http_->port()};
-  return ports.empty() ? 0 : ports.front();
-}
+int ControlPlane::metrics_port() const { return http_ == nullptr ? 0 : http_->port(); }
 
 void ControlPlane::ExpireLeases() {
   while (!stopping_.load()) {
