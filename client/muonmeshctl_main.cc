@@ -27,6 +27,7 @@
 #include "client/coordinator_client.h"
 #include "client/job_commands.h"
 #include "core/base/flag_parser.h"
+#include "proto/rpc/credentials.h"
 
 namespace muonmesh {
 namespace {
@@ -267,4 +268,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace muonmesh
 
-int main(int argc, char** argv) { return muonmesh::Main(argc, argv); }
+int main(int argc, char** argv) {
+  muonmesh::rpc::InitOpenSslWithoutExitHandler();
+  return muonmesh::Main(argc, argv);
+}

@@ -20,8 +20,9 @@
 #include "absl/time/time.h"
 #include "core/base/flag_parser.h"
 #include "core/base/status_macros.h"
-#include "server/coordinator_server.h"
 #include "proto/job/allowed_dirs.h"
+#include "proto/rpc/credentials.h"
+#include "server/coordinator_server.h"
 
 namespace {
 
@@ -360,6 +361,7 @@ bool SetUpSignals(sigset_t* stop_signals) {
 }
 
 int main(int argc, char** argv) {
+  muonmesh::rpc::InitOpenSslWithoutExitHandler();
   Flags flags;
   muonmesh::CoordinatorServerOptions options;
   if (std::optional<int> exit_code = ParseFlags(argc, argv, &flags, &options)) return *exit_code;

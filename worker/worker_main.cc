@@ -326,6 +326,7 @@ int RunConsolidateMode(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  muonmesh::rpc::InitOpenSslWithoutExitHandler();
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {

@@ -2,6 +2,7 @@
 
 #include <openssl/asn1.h>
 #include <openssl/bio.h>
+#include <openssl/crypto.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
@@ -264,7 +265,14 @@ class TokenFilePlugin final : public grpc::MetadataCredentialsPlugin {
 
 }  // namespace
 
+void InitOpenSslWithoutExitHandler() {
+  // Only the first initialisation decides whether the handler is
+  // registered; later calls with the flag change nothing.
+  OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr);
+}
+
 absl::StatusOr<ChannelSecurity> LoadChannelSecurity(const ClientSecurityOptions& options) {
+  InitOpenSslWithoutExitHandler();
   ChannelSecurity out;
   const bool has_token = !options.token_file.empty() || !options.token.empty();
   if (options.tls_ca.empty()) {

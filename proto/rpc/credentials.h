@@ -83,6 +83,16 @@ struct ChannelSecurity {
 // be read or is not PEM, when a certificate comes without its key (or the
 // reverse), or when a token is given without TLS (tokens never travel in
 // plaintext).
+// Initialises OpenSSL without its exit handler. gRPC's threads outlive
+// main() and still free TLS objects while exit() runs; OpenSSL's handler
+// (registered by its first initialisation unless told otherwise) frees the
+// library's global state under them, a double free or a crash after the
+// work is done, about one exit in a hundred for muonmeshctl over TLS. The
+// OS reclaims that state instead. Idempotent; every binary calls it first
+// in main(), and the functions here and ServerSecurity::Load call it
+// before they touch OpenSSL, so a test binary is covered too.
+void InitOpenSslWithoutExitHandler();
+
 absl::StatusOr<ChannelSecurity> LoadChannelSecurity(const ClientSecurityOptions& options);
 
 // A channel to `address` with `security` (plaintext when it has no

@@ -145,6 +145,7 @@ absl::StatusOr<grpc_ssl_client_certificate_request_type> CheckTlsFiles(
 
 absl::StatusOr<std::unique_ptr<ServerSecurity>> ServerSecurity::Load(
     const ServerSecurityOptions& options, absl::string_view listen, LineSink log) {
+  rpc::InitOpenSslWithoutExitHandler();
   const bool loopback = IsLoopbackHost(HostOf(listen));
   MUONMESH_RETURN_IF_ERROR(CheckCombination(options, listen, loopback));
   std::unique_ptr<ServerSecurity> self(new ServerSecurity());
