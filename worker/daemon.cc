@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <deque>
+#include <map>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -694,6 +695,12 @@ absl::Status RunDaemon(const DaemonOptions& options, const LineSink& log) {
                               WorkerMetrics::Serve(o.metrics_listen));
     metrics = std::move(served);
     log(absl::StrCat("serving metrics on port ", metrics->port(), " (/metrics)"));
+  }
+  if (security.tls) {
+    std::map<std::string, std::string> certificate_files;
+    certificate_files["ca"] = o.security.tls_ca;
+    if (security.client_certificate) certificate_files["client"] = o.security.tls_cert;
+    metrics->ExportCertificateExpiry(std::move(certificate_files));
   }
   Daemon daemon(std::move(o), security, log, std::move(metrics));
   return daemon.Run();

@@ -79,6 +79,12 @@ absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Serve(const std::s
   return metrics;
 }
 
+void WorkerMetrics::ExportCertificateExpiry(std::map<std::string, std::string> files) {
+  if (http_ == nullptr || certificates_ != nullptr) return;
+  certificates_ = std::make_shared<rpc::CertificateExpiry>(std::move(files));
+  http_->exposer().RegisterCollectable(certificates_);
+}
+
 void WorkerMetrics::OnStep(const std::string& job, const StepReport& r,
                            absl::Duration step_time) {
   static const prometheus::Histogram::BucketBoundaries kBuckets = DurationBuckets();

@@ -25,6 +25,10 @@
 //                                                 peers included)
 //   muonmesh_worker_busy                           gauge, 1 while a rank runs
 //   muonmesh_worker_attempts_total{outcome}        counter
+//   muonmesh_tls_certificate_expiry_timestamp_seconds{certificate}  gauge,
+//                                                 the worker's "client"
+//                                                 certificate and its "ca"
+//                                                 (rpc::CertificateExpiry)
 //
 // Thread-safe (prometheus-cpp's metrics are).
 
@@ -42,6 +46,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "proto/rpc/certificate_expiry.h"
 #include "proto/rpc/metrics_http.h"
 #include "worker/runtime/trainer.h"
 
@@ -57,6 +62,9 @@ class WorkerMetrics {
 
   void OnStep(const std::string& job, const StepReport& report, absl::Duration step_time);
   void SetBusy(bool busy);
+  // Exports the expiry of `files` (label value -> PEM file) on the
+  // endpoint; nothing without one. Call once, before any scrape matters.
+  void ExportCertificateExpiry(std::map<std::string, std::string> files);
   // "succeeded", "failed" or "stopped"; drops the job's series.
   void OnAttemptEnd(const std::string& job, const std::string& outcome);
 
@@ -92,6 +100,7 @@ class WorkerMetrics {
   absl::Mutex mu_;
   std::map<std::string, JobSeries> series_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<rpc::MetricsHttp> http_;
+  std::shared_ptr<rpc::CertificateExpiry> certificates_;
 };
 
 }  // namespace muonmesh::worker

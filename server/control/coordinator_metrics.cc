@@ -8,7 +8,7 @@
 #include "absl/time/clock.h"
 #include "grpcpp/support/interceptor.h"
 #include "muonmesh/v1/jobs.pb.h"
-#include "proto/rpc/credentials.h"
+#include "proto/rpc/certificate_expiry.h"
 
 namespace muonmesh::coordinator {
 namespace {
@@ -249,28 +249,12 @@ prometheus::MetricFamily CoordinatorMetrics::WorkerFamily() const {
 }
 
 prometheus::MetricFamily CoordinatorMetrics::CertificateFamily() const {
-  prometheus::MetricFamily expiry{
-      "muonmesh_tls_certificate_expiry_timestamp_seconds",
-      "When each certificate the coordinator's gRPC port serves with expires (Unix seconds)",
-      prometheus::MetricType::Gauge,
-      {}};
   std::map<std::string, std::string> certificate_files;
   {
     absl::MutexLock lock(&mu_);
     certificate_files = certificate_files_;
   }
-  for (const auto& [name, file] : certificate_files) {
-    // A file being replaced may not read for a moment: left out of this
-    // scrape rather than reported wrong.
-    absl::StatusOr<rpc::PemFile> pem = rpc::LoadPemFile("certificate", file);
-    absl::StatusOr<absl::Time> at =
-        pem.ok() ? rpc::CertificateNotAfter(*pem) : absl::StatusOr<absl::Time>(pem.status());
-    if (!at.ok()) continue;
-    prometheus::ClientMetric m = GaugeValue(absl::ToDoubleSeconds(*at - absl::UnixEpoch()));
-    m.label = {{"certificate", name}};
-    expiry.metric.push_back(std::move(m));
-  }
-  return expiry;
+  return rpc::CertificateExpiryFamily(certificate_files);
 }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>

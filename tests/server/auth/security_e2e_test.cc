@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -436,18 +437,20 @@ class MetricsPortTest : public SecurityTest {
   }
 };
 
-TEST_F(MetricsPortTest, CertificateExpiryIsExportedAndProbesNeedNoTls) {
-  const std::string log = coordinator_->Log();
+// The port a process's log says it serves metrics on ("... metrics on port N").
+int MetricsPortIn(const std::string& log) {
   const size_t at = log.find("metrics on port ");
-  ASSERT_NE(at, std::string::npos) << log;
-  const int port = std::stoi(log.substr(at + 16));
+  return at == std::string::npos ? -1 : std::stoi(log.substr(at + 16));
+}
+
+// The exposition text at `port` holds, for each label value, the expiry
+// openssl reads from its file.
+void ExpectExpiryExported(int port, const std::map<std::string, std::string>& files) {
   const std::string text = testing::HttpGet(port, "/metrics");
-  for (const auto& [name, file] : {std::pair{"server", std::string("server.pem")},
-                                   std::pair{"client_ca", std::string("ca.pem")}}) {
+  for (const auto& [name, file] : files) {
     // "notAfter=Dec  7 21:05:21 2026 GMT"
-    const ProcessResult end =
-        testing::Run({"/usr/bin/openssl", "x509", "-enddate", "-noout", "-in", Cert(file)},
-                     std::chrono::seconds(20));
+    const ProcessResult end = testing::Run(
+        {"/usr/bin/openssl", "x509", "-enddate", "-noout", "-in", file}, std::chrono::seconds(20));
     ASSERT_EQ(end.exit_code, 0) << end.err;
     absl::Time expected;
     std::string error;
@@ -458,14 +461,34 @@ TEST_F(MetricsPortTest, CertificateExpiryIsExportedAndProbesNeedNoTls) {
     const std::string series = absl::StrCat(
         "muonmesh_tls_certificate_expiry_timestamp_seconds{certificate=\"", name, "\"} ");
     const size_t found = text.find(series);
-    ASSERT_NE(found, std::string::npos) << text;
+    ASSERT_NE(found, std::string::npos) << name << "\n" << text;
     EXPECT_DOUBLE_EQ(std::stod(text.substr(found + series.size())),
                      absl::ToDoubleSeconds(expected - absl::UnixEpoch()))
         << name;
   }
+}
+
+TEST_F(MetricsPortTest, CertificateExpiryIsExportedAndProbesNeedNoTls) {
+  const int port = MetricsPortIn(coordinator_->Log());
+  ASSERT_GT(port, 0) << coordinator_->Log();
+  ExpectExpiryExported(port, {{"server", Cert("server.pem")}, {"client_ca", Cert("ca.pem")}});
   std::string status;
   EXPECT_EQ(testing::HttpGet(port, "/readyz", &status), "ok\n") << status;
   EXPECT_EQ(testing::HttpGet(port, "/healthz", &status), "ok\n") << status;
+}
+
+// A worker exports the expiry of its client certificate and of the CA it
+// checks the coordinator against (a different file from the coordinator's
+// certificate, so a mix-up shows).
+TEST_F(MetricsPortTest, AWorkerExportsWhenItsCertificatesExpire) {
+  Background& worker =
+      StartWorker("w0", {"--tls-cert", Cert("worker.pem"), "--tls-key", Cert("worker.key"),
+                         "--token-file", Cert("worker.token"), "--metrics-listen", "127.0.0.1:0"});
+  const int port = MetricsPortIn(worker.Log());
+  ASSERT_GT(port, 0) << worker.Log();
+  ExpectExpiryExported(port, {{"client", Cert("worker.pem")}, {"ca", Cert("ca.pem")}});
+  std::string status;
+  EXPECT_EQ(testing::HttpGet(port, "/readyz", &status), "ok\n") << status;
 }
 
 // The notAfter line of the certificate `address` serves ("notAfter=..."),

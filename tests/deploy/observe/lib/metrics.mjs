@@ -72,7 +72,8 @@ function closedLabels(root) {
   const codes = [...between(coordinator, 'kNames[] = {', '};').matchAll(/"([A-Z_]+)"/g)].map((m) => m[1]);
   const devices = [...between(coordinator, 'const char* device : {', '}').matchAll(/"(\w+)"/g)].map((m) => m[1]);
   const outcomes = [...between(read('worker/daemon.cc'), 'metrics_->OnAttemptEnd(', ';').matchAll(/"(\w+)"/g)].map((m) => m[1]);
-  const certificates = [...read('server/auth/server_security.cc').matchAll(/certificate_files_\["(\w+)"\]/g)].map((m) => m[1]);
+  const certificates = ['server/auth/server_security.cc', 'worker/daemon.cc'].flatMap((file) =>
+    [...read(file).matchAll(/certificate_files_?\["(\w+)"\]/g)].map((m) => m[1]));
   const states = [...enumValues(read('proto/muonmesh/v1/jobs.proto'), 'JOB_STATE_'),
     ...enumValues(read('proto/muonmesh/v1/fleet.proto'), 'WORKER_STATE_')];
   const labels = {
