@@ -177,6 +177,15 @@ absl::StatusOr<v1::Worker> CoordinatorClient::Drain(const std::string& worker_id
   return worker;
 }
 
+absl::Status CoordinatorClient::RemoveWorker(const std::string& worker_id) {
+  v1::RemoveWorkerRequest request;
+  request.set_worker_id(worker_id);
+  v1::RemoveWorkerResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context, options_.timeout);
+  return Error(fleet_->RemoveWorker(&context, request, &response), "workers remove");
+}
+
 absl::StatusOr<std::vector<v1::StepRecord>> CoordinatorClient::Metrics(const std::string& job_id,
                                                                        int64_t first, int64_t last,
                                                                        bool all_ranks) {

@@ -53,6 +53,8 @@ class CoordinatorClient {
   absl::StatusOr<std::vector<std::string>> Prune(absl::Time t);
   // Fleet.DrainWorker (admin): the worker as it is now (DRAINING).
   absl::StatusOr<v1::Worker> Drain(const std::string& worker_id, const std::string& reason);
+  // Fleet.RemoveWorker (admin): forgets a LOST worker.
+  absl::Status RemoveWorker(const std::string& worker_id);
   // Every step record in [first, last] (last < 0: to the end), all pages.
   absl::StatusOr<std::vector<v1::StepRecord>> Metrics(const std::string& job_id, int64_t first,
                                                       int64_t last, bool all_ranks);

@@ -383,6 +383,12 @@ int Drain(CoordinatorClient& client, const std::string& worker_id, const std::st
   return kExitOk;
 }
 
+int RemoveWorker(CoordinatorClient& client, const std::string& worker_id, Streams io) {
+  if (absl::Status s = client.RemoveWorker(worker_id); !s.ok()) return Fail(s, io);
+  io.out << worker_id << " removed\n";
+  return kExitOk;
+}
+
 int Workers(CoordinatorClient& client, bool json, Streams io) {
   absl::StatusOr<std::vector<v1::Worker>> workers = client.Workers();
   if (!workers.ok()) return Fail(workers.status(), io);

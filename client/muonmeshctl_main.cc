@@ -129,9 +129,23 @@ const JobCommand kCommands[] = {
      "Removes every job that finished more than DURATION ago (in h, m or s: 168h is a\n"
      "week), as delete does (admin role). The coordinator prunes by itself past its\n"
      "--retain-finished."},
-    {"workers", nullptr, "[--json] [--coordinator ADDR]\n\nThe registered workers."}};
+    {"workers", nullptr,
+     "[--json] [--coordinator ADDR]\n\n"
+     "The registered workers. 'muonmeshctl workers remove WORKER' forgets a LOST one."},
+    {"workers remove", "WORKER",
+     "WORKER [--coordinator ADDR]\n\n"
+     "Forgets a LOST worker now (admin role), as the coordinator's --forget-lost-after does\n"
+     "after a while: a decommissioned worker leaves the list and the LOST count. A live\n"
+     "worker is refused: drain it and stop it first."}};
 
-int RunJobCommand(const std::string& name, const std::vector<std::string>& args) {
+int RunJobCommand(std::string name, std::vector<std::string> args) {
+  // "workers remove" is a command of its own, typed as two words, the
+  // second right after the first.
+  if (absl::StrContains(name, ' ')) return -2;
+  if (name == "workers" && !args.empty() && args[0] == "remove") {
+    name = "workers remove";
+    args.erase(args.begin());
+  }
   const JobCommand* command = nullptr;
   for (const JobCommand& c : kCommands) {
     if (name == c.name) command = &c;
@@ -185,6 +199,7 @@ int RunJobCommand(const std::string& name, const std::vector<std::string>& args)
   if (name == "drain") return cli::Drain(client, positional, reason, io);
   if (name == "delete") return cli::Delete(client, positional, io);
   if (name == "prune") return cli::Prune(client, older_than, io);
+  if (name == "workers remove") return cli::RemoveWorker(client, positional, io);
   return cli::Workers(client, f.json, io);
 }
 
@@ -203,7 +218,7 @@ constexpr const char* kHelpHead =
     "  drain      take a worker out of service (its job moves, losing no step)\n"
     "  delete     remove a finished job and its records\n"
     "  prune      remove the jobs that finished before a time\n"
-    "  workers    the registered workers\n"
+    "  workers    the registered workers ('workers remove WORKER': forget a LOST one)\n"
     "  validate   check a parallelism config against a model spec\n"
     "  plan       compute the mesh, shard layout and Muon owner ranks\n"
     "  help       show this help\n"

@@ -48,6 +48,7 @@ constexpr Entry kRules[] = {
     {"/muonmesh.v1.Jobs/PruneJobs", Roles(kAdmins)},
     {"/muonmesh.v1.Fleet/ListWorkers", Roles(kAnyone)},
     {"/muonmesh.v1.Fleet/DrainWorker", Roles(kAdmins)},
+    {"/muonmesh.v1.Fleet/RemoveWorker", Roles(kAdmins)},
     {"/muonmesh.v1.Fleet/Register", Workers(kWorkers)},
     {"/muonmesh.v1.Fleet/Heartbeat", Workers(kWorkers)},
     {"/muonmesh.v1.Fleet/Assignments", Workers(kWorkers)},

@@ -154,6 +154,29 @@ absl::StatusOr<v1::Worker> Fleet::Drain(const std::string& worker_id) {
   return View(it->second);
 }
 
+absl::Status Fleet::Remove(const std::string& worker_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) {
+    return absl::NotFoundError(absl::StrCat("no worker '", worker_id.substr(0, 64), "'"));
+  }
+  const Entry& e = it->second;
+  if (e.state != v1::WORKER_STATE_LOST) {
+    if (Live(e)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker '", worker_id, "' is ",
+          v1::WorkerState_Name(View(e).state()).substr(std::string("WORKER_STATE_").size()),
+          ": only a LOST worker is removed (drain it, stop it, and remove it once it is LOST)"));
+    }
+    // Its lease ran out and Expire has not seen it yet: the next Expire
+    // still reports its job lost.
+    if (!e.job_id.empty()) lost_on_register_.push_back({worker_id, e.job_id});
+  }
+  workers_.erase(it);
+  changed_.SignalAll();
+  return absl::OkStatus();
+}
+
 void Fleet::ForgetLostAfter(absl::Duration after) {
   absl::MutexLock lock(&mu_);
   forget_lost_after_ = after;

@@ -77,6 +77,10 @@ class Fleet {
   // it DRAINING. Returns it as List would (its job, if busy). NotFound for
   // an unknown worker, FailedPrecondition for a lost one.
   absl::StatusOr<v1::Worker> Drain(const std::string& worker_id);
+  // Forgets a LOST worker, one whose lease ran out (its job, if any, is
+  // reported lost by Expire as if it were still listed). NotFound for an
+  // unknown worker, FailedPrecondition for a live one.
+  absl::Status Remove(const std::string& worker_id);
   absl::Status CheckLease(const std::string& worker_id, const std::string& lease_id) const;
 
   // How long a LOST worker stays listed before Expire forgets it (a scaled

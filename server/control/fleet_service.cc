@@ -93,6 +93,12 @@ grpc::Status FleetService::DrainWorker(grpc::ServerContext*, const v1::DrainWork
   return grpc::Status::OK;
 }
 
+grpc::Status FleetService::RemoveWorker(grpc::ServerContext*,
+                                        const v1::RemoveWorkerRequest* request,
+                                        v1::RemoveWorkerResponse*) {
+  return rpc::ToGrpcStatus(fleet_.Remove(request->worker_id()));
+}
+
 grpc::Status FleetService::Assignments(grpc::ServerContext* context,
                                        const v1::AssignmentsRequest* request,
                                        grpc::ServerWriter<v1::Assignment>* writer) {

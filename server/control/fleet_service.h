@@ -50,6 +50,8 @@ class FleetService final : public v1::Fleet::Service {
                            v1::ListWorkersResponse* response) override;
   grpc::Status DrainWorker(grpc::ServerContext* context, const v1::DrainWorkerRequest* request,
                            v1::Worker* response) override;
+  grpc::Status RemoveWorker(grpc::ServerContext* context, const v1::RemoveWorkerRequest* request,
+                            v1::RemoveWorkerResponse* response) override;
 
  private:
   // OK unless worker_ids_from_certificates and the caller's certificate

@@ -328,6 +328,15 @@ class Client:
                                   fleet_pb2.DrainWorkerRequest(worker_id=worker_id, reason=reason),
                                   f"drain {worker_id}"))
 
+    def remove_worker(self, worker_id):
+        """Forgets a LOST worker (admin), as muonmeshctl workers remove does.
+
+        Raises NotFound for an unknown worker and MuonmeshError
+        (FAILED_PRECONDITION) for a live one: drain it and stop it first.
+        """
+        self._call(self._fleet.RemoveWorker, fleet_pb2.RemoveWorkerRequest(worker_id=worker_id),
+                   f"workers remove {worker_id}")
+
     # Planner.
 
     def _config(self, request_type, model, world_size, parallelism, options):

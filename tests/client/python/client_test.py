@@ -205,6 +205,27 @@ class PlaintextClusterTest(unittest.TestCase):
         self.assertEqual(sorted((w["info"]["worker_id"], w["state"]) for w in self.client.workers()),
                          [("w0", "IDLE"), ("w1", "IDLE")], self.logs())
 
+    def test_a_lost_worker_is_removed_and_a_live_one_is_refused(self):
+        gone = Process([WORKER, "--coordinator", self.address, "--worker-id", "w-gone",
+                        "--memory-budget", "1GiB"], os.path.join(self.work, "w-gone.log"))
+        gone.wait_for("registered as")
+        gone.stop()  # SIGKILL: its lease (3 s) runs out
+        states = {}
+        end = time.monotonic() + 30
+        while states.get("w-gone") != "LOST" and time.monotonic() < end:
+            time.sleep(0.1)
+            states = {w["info"]["worker_id"]: w["state"] for w in self.client.workers()}
+        self.assertEqual(states.get("w-gone"), "LOST", states)
+        with self.assertRaises(muonmesh.MuonmeshError) as live:
+            self.client.remove_worker("w0")
+        self.assertEqual(live.exception.code.name, "FAILED_PRECONDITION")
+        self.assertIn("only a LOST worker is removed", str(live.exception))
+        with self.assertRaises(muonmesh.NotFound):
+            self.client.remove_worker("w-never")
+        self.client.remove_worker("w-gone")
+        ids = [w["info"]["worker_id"] for w in self.client.workers()]
+        self.assertEqual(sorted(ids), ["w0", "w1"])
+
     def test_validate_and_plan_answer_for_a_model_spec(self):
         model = {"name": "m", "units": [{"name": "u", "params": [
             {"name": "w", "shape": [64, 32], "optimizer": "muon"},

@@ -63,6 +63,8 @@ const std::vector<Row> kMatrix = {
     // Taking a worker out of service is the operator's (a worker drains
     // itself through its heartbeat).
     {"/muonmesh.v1.Fleet/DrainWorker", {kDenied, kDenied, kDenied, kOk}},
+    // So is forgetting a lost one.
+    {"/muonmesh.v1.Fleet/RemoveWorker", {kDenied, kDenied, kDenied, kOk}},
     {"/muonmesh.v1.Fleet/Register", {kDenied, kDenied, kOk, kOk}},
     {"/muonmesh.v1.Fleet/Heartbeat", {kDenied, kDenied, kOk, kOk}},
     {"/muonmesh.v1.Fleet/Assignments", {kDenied, kDenied, kOk, kOk}},
@@ -152,7 +154,7 @@ TEST(AuthorizeTest, EveryRpcOfEveryServiceIsPlaced) {
       EXPECT_TRUE(matrix.count(path)) << path << " is missing from this test's matrix";
     }
   }
-  EXPECT_EQ(methods, 21);  // the rpc lines of proto/muonmesh/v1/*.proto
+  EXPECT_EQ(methods, 22);  // the rpc lines of proto/muonmesh/v1/*.proto
 }
 
 TEST(AuthorizeTest, UnknownMethodsAreNotPlaced) {

@@ -168,6 +168,32 @@ TEST_F(FleetTest, AWorkerBackBeforeExpireLooksStillLosesItsOldJob) {
   EXPECT_TRUE(fleet_.Take("cpu", 1, "j-4").has_value());
 }
 
+// Remove forgets a worker whose lease ran out, and only such a one; one
+// removed before the sweep that would have seen it still has its job
+// reported lost, once.
+TEST_F(FleetTest, RemoveForgetsOnlyALostWorkerAndItsJobIsStillReported) {
+  ASSERT_TRUE(fleet_.Register(Info("a")).ok());
+  ASSERT_TRUE(fleet_.Register(Info("b")).ok());
+  ASSERT_TRUE(fleet_.Take("cpu", 1, "j-3").has_value());  // a, the first registered
+  EXPECT_EQ(fleet_.Remove("c").code(), absl::StatusCode::kNotFound);
+  const absl::Status busy = fleet_.Remove("a");
+  EXPECT_EQ(busy.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(busy.message()), HasSubstr("worker 'a' is BUSY"));
+  clock_.Advance(absl::Seconds(11));  // both leases ran out; no sweep yet
+  ASSERT_TRUE(fleet_.Remove("a").ok());
+  // The sweep reports a's job, and marks b LOST.
+  std::map<std::string, std::string> lost;
+  for (const Fleet::Lost& l : fleet_.Expire()) lost[l.worker_id] = l.job_id;
+  EXPECT_EQ(lost, (std::map<std::string, std::string>{{"a", "j-3"}, {"b", ""}}));
+  ASSERT_EQ(fleet_.List().size(), 1u);
+  EXPECT_EQ(fleet_.List()[0].state(), v1::WORKER_STATE_LOST);
+  ASSERT_TRUE(fleet_.Remove("b").ok());
+  EXPECT_TRUE(fleet_.List().empty());
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_TRUE(fleet_.Expire().empty()) << "each loss is reported once";
+  EXPECT_EQ(fleet_.Remove("a").code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(FleetTest, GangsAreAllOrNothingOfOneDeviceInRegistrationOrder) {
   for (const char* id : {"c1", "g1", "c2", "c3"}) {
     ASSERT_TRUE(fleet_.Register(Info(id, id[0] == 'g' ? "cuda" : "cpu")).ok());

@@ -978,6 +978,29 @@ TEST_F(MuonmeshctlTest, CancelEndsTheWatchWithCode6AndFreesTheWorkers) {
   EXPECT_EQ(Ctl({"status", id}).exit_code, 5);
 }
 
+// A worker that is gone for good is removed by hand, once LOST; a live
+// one and an unknown one are refused, each named.
+TEST_F(MuonmeshctlTest, WorkersRemoveForgetsALostWorkerOnly) {
+  StartWorker("w0");
+  StartWorker("w1");
+  workers_[0]->Signal(SIGKILL);
+  // The lease (3 s) runs out, then the coordinator marks it LOST.
+  ASSERT_TRUE(EventuallyPrints({"status"}, "LOST 1")) << Ctl({"workers"}).out << Logs();
+  const testing::ProcessResult live = Ctl({"workers", "remove", "w1"});
+  EXPECT_EQ(live.exit_code, 5) << live.err;
+  EXPECT_THAT(live.err, HasSubstr("worker 'w1' is IDLE: only a LOST worker is removed"));
+  const testing::ProcessResult unknown = Ctl({"workers", "remove", "w9"});
+  EXPECT_EQ(unknown.exit_code, 5) << unknown.err;
+  EXPECT_THAT(unknown.err, HasSubstr("no worker 'w9'"));
+  const testing::ProcessResult removed = Ctl({"workers", "remove", "w0"});
+  ASSERT_EQ(removed.exit_code, 0) << removed.err;
+  EXPECT_EQ(removed.out, "w0 removed\n");
+  const std::vector<std::string> listed = Lines(Ctl({"workers"}).out);
+  ASSERT_EQ(listed.size(), 2u);  // the header and w1
+  EXPECT_TRUE(absl::StartsWith(listed[1], "w1 ")) << listed[1];
+  EXPECT_THAT(Ctl({"status"}).out, Not(HasSubstr("LOST")));
+}
+
 // Flags and the positional in any order, as a user types them; and every
 // command's help, and every flag each lists: taken by that command (never
 // "unknown flag"), and --json, where listed, prints JSON.
@@ -1025,11 +1048,16 @@ TEST_F(MuonmeshctlTest, FlagsGoAnywhereAndEveryListedFlagWorks) {
       {"delete", {"j-404"}},
       {"prune", {}},
       {"workers", {}},
+      {"workers remove", {"w-404"}},
       {"validate", {"--spec", testing::SharedSpecPath("gpt2-124m"), "--world-size", "8"}},
       {"plan", {"--spec", testing::SharedSpecPath("gpt2-124m"), "--world-size", "8"}}};
   int flags_tried = 0;
   for (const auto& [command, base] : commands) {
-    const testing::ProcessResult help = Ctl({command, "--help"});
+    // "workers remove": two words.
+    const std::vector<std::string> words_of_command = absl::StrSplit(command, ' ');
+    std::vector<std::string> help_args = words_of_command;
+    help_args.push_back("--help");
+    const testing::ProcessResult help = Ctl(help_args);
     ASSERT_EQ(help.exit_code, 0) << command << ": " << help.err;
     const size_t at = help.out.find("\nFlags:\n");
     ASSERT_NE(at, std::string::npos) << command << ": " << help.out;
@@ -1039,7 +1067,7 @@ TEST_F(MuonmeshctlTest, FlagsGoAnywhereAndEveryListedFlagWorks) {
           absl::StrSplit(absl::StripLeadingAsciiWhitespace(line), ' ', absl::SkipEmpty());
       const std::string& flag = words[0];
       if (flag == "--help" || flag == "--spec" || flag == "--world-size") continue;
-      std::vector<std::string> args = {command};
+      std::vector<std::string> args = words_of_command;
       args.insert(args.end(), base.begin(), base.end());
       args.push_back(flag);
       const bool takes_value = words.size() > 1 && values.count(words[1]) != 0;
