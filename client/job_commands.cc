@@ -389,6 +389,28 @@ int RemoveWorker(CoordinatorClient& client, const std::string& worker_id, Stream
   return kExitOk;
 }
 
+int RemoveLostWorkers(CoordinatorClient& client, Streams io) {
+  absl::StatusOr<std::vector<v1::Worker>> workers = client.Workers();
+  if (!workers.ok()) return Fail(workers.status(), io);
+  int removed = 0;
+  for (const v1::Worker& w : *workers) {
+    if (w.state() != v1::WORKER_STATE_LOST) continue;
+    // Gone meanwhile (forgotten, or removed by someone else): nothing to
+    // do; registered again meanwhile: no longer lost, kept.
+    absl::Status s = client.RemoveWorker(w.info().worker_id());
+    if (s.code() == absl::StatusCode::kNotFound) continue;
+    if (s.code() == absl::StatusCode::kFailedPrecondition) {
+      io.out << w.info().worker_id() << " is back: kept\n";
+      continue;
+    }
+    if (!s.ok()) return Fail(s, io);
+    io.out << w.info().worker_id() << " removed\n";
+    ++removed;
+  }
+  io.out << removed << " lost worker(s) removed\n";
+  return kExitOk;
+}
+
 int Workers(CoordinatorClient& client, bool json, Streams io) {
   absl::StatusOr<std::vector<v1::Worker>> workers = client.Workers();
   if (!workers.ok()) return Fail(workers.status(), io);

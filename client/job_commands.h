@@ -58,7 +58,8 @@ int Drain(CoordinatorClient& client, const std::string& worker_id, const std::st
 int Cancel(CoordinatorClient& client, const std::string& job_id, const std::string& reason,
            Streams io);
 int Workers(CoordinatorClient& client, bool json, Streams io);
-// Forgets a LOST worker.
+// Forgets a LOST worker; every worker listed LOST.
 int RemoveWorker(CoordinatorClient& client, const std::string& worker_id, Streams io);
+int RemoveLostWorkers(CoordinatorClient& client, Streams io);
 
 }  // namespace muonmesh::cli

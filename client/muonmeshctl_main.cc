@@ -133,10 +133,11 @@ const JobCommand kCommands[] = {
      "[--json] [--coordinator ADDR]\n\n"
      "The registered workers. 'muonmeshctl workers remove WORKER' forgets a LOST one."},
     {"workers remove", "WORKER",
-     "WORKER [--coordinator ADDR]\n\n"
-     "Forgets a LOST worker now (admin role), as the coordinator's --forget-lost-after does\n"
-     "after a while: a decommissioned worker leaves the list and the LOST count. A live\n"
-     "worker is refused: drain it and stop it first."}};
+     "WORKER | --all-lost [--coordinator ADDR]\n\n"
+     "Forgets a LOST worker now (admin role), or every LOST one with --all-lost (after a\n"
+     "scale-down), as the coordinator's --forget-lost-after does after a while: they leave\n"
+     "the list and the LOST count. A live worker is refused: drain it and stop it first.",
+     /*positional_optional=*/true}};
 
 int RunJobCommand(std::string name, std::vector<std::string> args) {
   // "workers remove" is a command of its own, typed as two words, the
@@ -155,7 +156,7 @@ int RunJobCommand(std::string name, std::vector<std::string> args) {
   FlagParser parser(absl::StrCat("muonmeshctl ", name));
   std::string positional, request_id, states, job_name, reason, format = "table";
   int64_t from = 0;
-  bool summary = false, all_ranks = false;
+  bool summary = false, all_ranks = false, all_lost = false;
   if (name == "submit") parser.String("--request-id", "ID", "idempotency key (<= 128 bytes)", &request_id);
   if (name == "list") {
     parser.String("--state", "S", "only jobs in these states (comma-separated)", &states);
@@ -170,6 +171,7 @@ int RunJobCommand(std::string name, std::vector<std::string> args) {
   // --json where the command prints an answer as JSON (metrics: --format json).
   AddConnectionFlags(parser, &f,
                      name == "status" || name == "list" || name == "workers" || name == "metrics");
+  if (name == "workers remove") parser.Bool("--all-lost", "every LOST worker", &all_lost);
   if (name == "cancel") parser.String("--reason", "TEXT", "recorded with the cancel", &reason);
   if (name == "drain") parser.String("--reason", "TEXT", "recorded in the job's events", &reason);
   absl::Duration older_than = absl::ZeroDuration();
@@ -199,7 +201,14 @@ int RunJobCommand(std::string name, std::vector<std::string> args) {
   if (name == "drain") return cli::Drain(client, positional, reason, io);
   if (name == "delete") return cli::Delete(client, positional, io);
   if (name == "prune") return cli::Prune(client, older_than, io);
-  if (name == "workers remove") return cli::RemoveWorker(client, positional, io);
+  if (name == "workers remove") {
+    if (positional.empty() == !all_lost) {
+      return UsageError(name,
+                        absl::InvalidArgumentError("give a WORKER or --all-lost (one of the two)"));
+    }
+    return all_lost ? cli::RemoveLostWorkers(client, io)
+                    : cli::RemoveWorker(client, positional, io);
+  }
   return cli::Workers(client, f.json, io);
 }
 

@@ -337,6 +337,26 @@ class Client:
         self._call(self._fleet.RemoveWorker, fleet_pb2.RemoveWorkerRequest(worker_id=worker_id),
                    f"workers remove {worker_id}")
 
+    def remove_lost_workers(self):
+        """Forgets every worker listed LOST (admin); returns their ids.
+
+        One that is gone meanwhile, or registered again, is left out.
+        """
+        removed = []
+        for w in self.workers():
+            if w["state"] != "LOST":
+                continue
+            try:
+                self.remove_worker(w["info"]["worker_id"])
+            except errors.NotFound:
+                continue
+            except errors.MuonmeshError as e:
+                if e.code != grpc.StatusCode.FAILED_PRECONDITION:
+                    raise
+                continue
+            removed.append(w["info"]["worker_id"])
+        return removed
+
     # Planner.
 
     def _config(self, request_type, model, world_size, parallelism, options):

@@ -205,17 +205,22 @@ class PlaintextClusterTest(unittest.TestCase):
         self.assertEqual(sorted((w["info"]["worker_id"], w["state"]) for w in self.client.workers()),
                          [("w0", "IDLE"), ("w1", "IDLE")], self.logs())
 
-    def test_a_lost_worker_is_removed_and_a_live_one_is_refused(self):
-        gone = Process([WORKER, "--coordinator", self.address, "--worker-id", "w-gone",
-                        "--memory-budget", "1GiB"], os.path.join(self.work, "w-gone.log"))
-        gone.wait_for("registered as")
-        gone.stop()  # SIGKILL: its lease (3 s) runs out
+    def test_lost_workers_are_removed_and_a_live_one_is_refused(self):
+        gone = []
+        for wid in ("w-gone", "w-gone2"):
+            p = Process([WORKER, "--coordinator", self.address, "--worker-id", wid,
+                         "--memory-budget", "1GiB"], os.path.join(self.work, f"{wid}.log"))
+            p.wait_for("registered as")
+            gone.append(p)
+        for p in gone:
+            p.stop()  # SIGKILL: its lease (3 s) runs out
         states = {}
         end = time.monotonic() + 30
-        while states.get("w-gone") != "LOST" and time.monotonic() < end:
+        while time.monotonic() < end and \
+                (states.get("w-gone"), states.get("w-gone2")) != ("LOST", "LOST"):
             time.sleep(0.1)
             states = {w["info"]["worker_id"]: w["state"] for w in self.client.workers()}
-        self.assertEqual(states.get("w-gone"), "LOST", states)
+        self.assertEqual((states.get("w-gone"), states.get("w-gone2")), ("LOST", "LOST"), states)
         with self.assertRaises(muonmesh.MuonmeshError) as live:
             self.client.remove_worker("w0")
         self.assertEqual(live.exception.code.name, "FAILED_PRECONDITION")
@@ -223,6 +228,7 @@ class PlaintextClusterTest(unittest.TestCase):
         with self.assertRaises(muonmesh.NotFound):
             self.client.remove_worker("w-never")
         self.client.remove_worker("w-gone")
+        self.assertEqual(self.client.remove_lost_workers(), ["w-gone2"])
         ids = [w["info"]["worker_id"] for w in self.client.workers()]
         self.assertEqual(sorted(ids), ["w0", "w1"])
 

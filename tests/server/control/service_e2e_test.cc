@@ -978,23 +978,31 @@ TEST_F(MuonmeshctlTest, CancelEndsTheWatchWithCode6AndFreesTheWorkers) {
   EXPECT_EQ(Ctl({"status", id}).exit_code, 5);
 }
 
-// A worker that is gone for good is removed by hand, once LOST; a live
-// one and an unknown one are refused, each named.
-TEST_F(MuonmeshctlTest, WorkersRemoveForgetsALostWorkerOnly) {
+// Workers gone for good are removed by hand, once LOST, by name or all at
+// once; a live one and an unknown one are refused, each named.
+TEST_F(MuonmeshctlTest, WorkersRemoveForgetsLostWorkersOnly) {
   StartWorker("w0");
   StartWorker("w1");
+  StartWorker("w2");
   workers_[0]->Signal(SIGKILL);
-  // The lease (3 s) runs out, then the coordinator marks it LOST.
-  ASSERT_TRUE(EventuallyPrints({"status"}, "LOST 1")) << Ctl({"workers"}).out << Logs();
+  workers_[2]->Signal(SIGKILL);
+  // The leases (3 s) run out, then the coordinator marks them LOST.
+  ASSERT_TRUE(EventuallyPrints({"status"}, "LOST 2")) << Ctl({"workers"}).out << Logs();
   const testing::ProcessResult live = Ctl({"workers", "remove", "w1"});
   EXPECT_EQ(live.exit_code, 5) << live.err;
   EXPECT_THAT(live.err, HasSubstr("worker 'w1' is IDLE: only a LOST worker is removed"));
   const testing::ProcessResult unknown = Ctl({"workers", "remove", "w9"});
   EXPECT_EQ(unknown.exit_code, 5) << unknown.err;
   EXPECT_THAT(unknown.err, HasSubstr("no worker 'w9'"));
+  // One of the two ways, not neither or both.
+  EXPECT_EQ(Ctl({"workers", "remove"}).exit_code, 2);
+  EXPECT_EQ(Ctl({"workers", "remove", "w0", "--all-lost"}).exit_code, 2);
   const testing::ProcessResult removed = Ctl({"workers", "remove", "w0"});
   ASSERT_EQ(removed.exit_code, 0) << removed.err;
   EXPECT_EQ(removed.out, "w0 removed\n");
+  const testing::ProcessResult all = Ctl({"workers", "remove", "--all-lost"});
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  EXPECT_EQ(all.out, "w2 removed\n1 lost worker(s) removed\n");
   const std::vector<std::string> listed = Lines(Ctl({"workers"}).out);
   ASSERT_EQ(listed.size(), 2u);  // the header and w1
   EXPECT_TRUE(absl::StartsWith(listed[1], "w1 ")) << listed[1];
