@@ -135,7 +135,10 @@ absl::Status Fleet::Heartbeat(const std::string& worker_id, const std::string& l
   MUONMESH_RETURN_IF_ERROR(CheckLeaseLocked(worker_id, lease_id));
   Entry& e = workers_[worker_id];
   e.last_heartbeat = clock_.Now();
-  if (leave != nullptr) *leave = e.draining && e.state == v1::WORKER_STATE_IDLE;
+  if (leave != nullptr) {
+    *leave = e.draining && e.state == v1::WORKER_STATE_IDLE;
+    e.left = e.left || *leave;
+  }
   return absl::OkStatus();
 }
 
@@ -187,11 +190,15 @@ std::vector<Fleet::Lost> Fleet::Expire() {
   std::vector<Lost> lost;
   lost.swap(lost_on_register_);
   const absl::Time now = clock_.Now();
-  if (const absl::Duration after = forget_lost_after_; after > absl::ZeroDuration()) {
-    std::erase_if(workers_, [&](const auto& entry) {
-      return entry.second.state == v1::WORKER_STATE_LOST && now - entry.second.lost_at >= after;
-    });
-  }
+  const absl::Duration after = forget_lost_after_;
+  std::erase_if(workers_, [&](const auto& entry) {
+    const Entry& e = entry.second;
+    // Told to leave (drained, idle) and gone: it left, it is not lost (a
+    // scale-down pages no one).
+    if (e.left && e.state != v1::WORKER_STATE_LOST && !Live(e)) return true;
+    return after > absl::ZeroDuration() && e.state == v1::WORKER_STATE_LOST &&
+           now - e.lost_at >= after;
+  });
   for (auto& [id, e] : workers_) {
     if (e.state == v1::WORKER_STATE_LOST || Live(e)) continue;
     lost.push_back({id, e.job_id});
@@ -296,7 +303,8 @@ std::vector<v1::Worker> Fleet::List() const {
 v1::Worker Fleet::View(const Entry& e) const {
   v1::Worker w;
   *w.mutable_info() = e.info;
-  const bool lost = e.state == v1::WORKER_STATE_LOST || !Live(e);
+  // A worker that left shows DRAINING until the sweep forgets it.
+  const bool lost = e.state == v1::WORKER_STATE_LOST || (!Live(e) && !e.left);
   w.set_state(lost ? v1::WORKER_STATE_LOST : e.draining ? v1::WORKER_STATE_DRAINING : e.state);
   w.set_job_id(e.job_id);
   w.set_rank(e.rank);

@@ -91,7 +91,9 @@ class Fleet {
   // Marks every worker whose lease ran out LOST and returns them (with the
   // job and rank they held, if any), and those that registered again after
   // their lease ran out but before this call (their old job is lost too);
-  // forgets the workers LOST longer than ForgetLostAfter.
+  // forgets the workers LOST longer than ForgetLostAfter, and those told to
+  // leave (drained; Heartbeat's `leave`) whose lease ran out: they left,
+  // and are never LOST.
   struct Lost {
     std::string worker_id;
     std::string job_id;
@@ -132,6 +134,7 @@ class Fleet {
     int32_t rank = -1;
     int64_t order = 0;  // registration order, for rank assignment
     bool draining = false;
+    bool left = false;  // told to leave (drained and idle)
     absl::Time registered;
     absl::Time last_heartbeat;
     absl::Time lost_at;  // when Expire marked it LOST

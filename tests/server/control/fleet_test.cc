@@ -194,6 +194,29 @@ TEST_F(FleetTest, RemoveForgetsOnlyALostWorkerAndItsJobIsStillReported) {
   EXPECT_EQ(fleet_.Remove("a").code(), absl::StatusCode::kNotFound);
 }
 
+// A drained worker told to leave is forgotten when its lease runs out,
+// never LOST (a scale-down pages no one); a silent one is LOST as ever.
+TEST_F(FleetTest, AWorkerToldToLeaveIsForgottenNotLost) {
+  auto a = fleet_.Register(Info("a"));
+  ASSERT_TRUE(a.ok() && fleet_.Register(Info("b")).ok());
+  ASSERT_TRUE(fleet_.Drain("a").ok());
+  bool leave = false;
+  ASSERT_TRUE(fleet_.Heartbeat("a", a->lease_id, &leave).ok());
+  ASSERT_TRUE(leave);
+  clock_.Advance(absl::Seconds(11));  // both leases ran out; no sweep yet
+  std::map<std::string, v1::WorkerState> listed;
+  for (const v1::Worker& w : fleet_.List()) listed[w.info().worker_id()] = w.state();
+  EXPECT_EQ(listed, (std::map<std::string, v1::WorkerState>{{"a", v1::WORKER_STATE_DRAINING},
+                                                            {"b", v1::WORKER_STATE_LOST}}));
+  std::vector<Fleet::Lost> lost = fleet_.Expire();
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].worker_id, "b");
+  ASSERT_EQ(fleet_.List().size(), 1u);
+  EXPECT_EQ(fleet_.List()[0].info().worker_id(), "b");
+  // Its id is free for the next pod of that name.
+  EXPECT_TRUE(fleet_.Register(Info("a")).ok());
+}
+
 TEST_F(FleetTest, GangsAreAllOrNothingOfOneDeviceInRegistrationOrder) {
   for (const char* id : {"c1", "g1", "c2", "c3"}) {
     ASSERT_TRUE(fleet_.Register(Info(id, id[0] == 'g' ? "cuda" : "cpu")).ok());

@@ -727,6 +727,19 @@ TEST_F(ServiceTest, DrainedWorkersHandTheirJobOnLosingNoStep) {
   EXPECT_THAT(log.reasons, ::testing::Contains(HasSubstr("the worker is stopping (SIGTERM)")))
       << absl::StrJoin(log.reasons, "\n");
   RunStandalone(WriteJob(dir_, j, dir_ + "/alone"), 2, dir_ + "/store");
+  // The drained workers left: once their leases ran out they are
+  // forgotten, never LOST.
+  std::map<std::string, v1::WorkerState> listed;
+  for (int i = 0; i < 200; ++i) {
+    listed.clear();
+    absl::StatusOr<std::vector<v1::Worker>> workers = client_->Workers();
+    ASSERT_TRUE(workers.ok()) << workers.status();
+    for (const v1::Worker& w : *workers) listed[w.info().worker_id()] = w.state();
+    if (listed.count(first) + listed.count(second) == 0) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(listed.count(first) + listed.count(second), 0u) << first << ", " << second;
+  for (const auto& [id, state] : listed) EXPECT_NE(state, v1::WORKER_STATE_LOST) << id;
   EXPECT_EQ(ReadAll(dir_ + "/served/final.safetensors"),
             ReadAll(dir_ + "/alone/final.safetensors"));
 }
