@@ -62,7 +62,9 @@ absl::StatusOr<Fleet::Lease> Fleet::Register(const v1::WorkerInfo& info,
     changed_.SignalAll();
     return Lease{it->second.lease_id, lease_ttl_, heartbeat_interval_};
   }
-  if (it != workers_.end() && Live(it->second)) {
+  // One told to leave (drained, idle) gives its id up at once: the pod
+  // that replaces it in a rollout registers without waiting for the lease.
+  if (it != workers_.end() && Live(it->second) && !it->second.left) {
     return absl::AlreadyExistsError(absl::StrCat(
         "worker '", id, "' is registered and its lease is live (another process with the same "
         "id?); give each worker its own --worker-id, or wait ",

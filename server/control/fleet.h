@@ -58,6 +58,7 @@ class Fleet {
   };
   // InvalidArgument naming the field for a bad worker id, device or
   // address; AlreadyExists while another registration of the id lives
+  // (but not one told to leave: its id is free at once)
   // (unless `lease_id` is that registration's: then it is renewed, the
   // worker keeping its state and job); ResourceExhausted beyond kMaxWorkers
   // when none of them is lost (else the one lost longest ago is forgotten

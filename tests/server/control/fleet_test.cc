@@ -217,6 +217,25 @@ TEST_F(FleetTest, AWorkerToldToLeaveIsForgottenNotLost) {
   EXPECT_TRUE(fleet_.Register(Info("a")).ok());
 }
 
+// The pod that replaces a drained one (a rollout) registers under its id
+// at once, without waiting for the old lease; a live worker's id stays
+// taken.
+TEST_F(FleetTest, TheIdOfAWorkerThatLeftIsFreeAtOnce) {
+  auto a = fleet_.Register(Info("a"));
+  ASSERT_TRUE(a.ok() && fleet_.Register(Info("b")).ok());
+  ASSERT_TRUE(fleet_.Drain("a").ok());
+  EXPECT_EQ(fleet_.Register(Info("a")).status().code(), absl::StatusCode::kAlreadyExists)
+      << "draining, not yet told to leave";
+  bool leave = false;
+  ASSERT_TRUE(fleet_.Heartbeat("a", a->lease_id, &leave).ok() && leave);
+  auto again = fleet_.Register(Info("a"));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_NE(again->lease_id, a->lease_id);
+  EXPECT_EQ(fleet_.Heartbeat("a", a->lease_id).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(fleet_.Register(Info("b")).status().code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(fleet_.Take("cpu", 2, "j-1").has_value()) << "the new a is idle and takeable";
+}
+
 TEST_F(FleetTest, GangsAreAllOrNothingOfOneDeviceInRegistrationOrder) {
   for (const char* id : {"c1", "g1", "c2", "c3"}) {
     ASSERT_TRUE(fleet_.Register(Info(id, id[0] == 'g' ? "cuda" : "cpu")).ok());
