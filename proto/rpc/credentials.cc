@@ -214,11 +214,41 @@ absl::StatusOr<std::string> ReadTokenFile(absl::string_view flag, const std::str
   return token;
 }
 
+namespace {
+
+// A file's modification time (ns) and size; {-1, -1} when it cannot be
+// stat'ed.
 std::pair<int64_t, int64_t> FileStamp(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return {-1, -1};
   return {int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec,
           static_cast<int64_t>(st.st_size)};
+}
+
+}  // namespace
+
+FileChangeCheck::FileChangeCheck(std::string path, absl::Duration every)
+    : path_(std::move(path)),
+      every_(every),
+      stamp_(FileStamp(path_)),
+      next_check_(absl::Now() + every) {}
+
+bool FileChangeCheck::Changed() {
+  const absl::Time now = absl::Now();
+  if (now < next_check_) return false;
+  next_check_ = now + every_;
+  const std::pair<int64_t, int64_t> stamp = FileStamp(path_);
+  if (stamp == stamp_) return false;
+  stamp_ = stamp;
+  return true;
+}
+
+std::shared_ptr<grpc::experimental::CertificateProviderInterface> WatchTlsFiles(
+    const std::string& key, const std::string& cert, const std::string& ca,
+    absl::Duration refresh) {
+  return std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      key, cert, ca,
+      static_cast<unsigned int>(std::max<int64_t>(1, absl::ToInt64Seconds(refresh))));
 }
 
 namespace {
@@ -229,11 +259,7 @@ namespace {
 class TokenFilePlugin final : public grpc::MetadataCredentialsPlugin {
  public:
   TokenFilePlugin(std::string path, std::string token, absl::Duration refresh)
-      : path_(std::move(path)),
-        refresh_(refresh),
-        token_(std::move(token)),
-        stamp_(FileStamp(path_)),
-        next_check_(absl::Now() + refresh) {}
+      : file_(std::move(path), refresh), token_(std::move(token)) {}
 
   grpc::Status GetMetadata(grpc::string_ref, grpc::string_ref, const grpc::AuthContext&,
                            std::multimap<grpc::string, grpc::string>* metadata) override {
@@ -244,23 +270,16 @@ class TokenFilePlugin final : public grpc::MetadataCredentialsPlugin {
  private:
   std::string Current() {
     absl::MutexLock lock(&mu_);
-    const absl::Time now = absl::Now();
-    if (now < next_check_) return token_;
-    next_check_ = now + refresh_;
-    const std::pair<int64_t, int64_t> stamp = FileStamp(path_);
-    if (stamp == stamp_) return token_;
-    stamp_ = stamp;
-    absl::StatusOr<std::string> token = ReadTokenFile(kTokenFileName, path_);
-    if (token.ok()) token_ = *std::move(token);
+    if (file_.Changed()) {
+      absl::StatusOr<std::string> token = ReadTokenFile(kTokenFileName, file_.path());
+      if (token.ok()) token_ = *std::move(token);
+    }
     return token_;
   }
 
-  const std::string path_;
-  const absl::Duration refresh_;
   absl::Mutex mu_;
+  FileChangeCheck file_ ABSL_GUARDED_BY(mu_);
   std::string token_ ABSL_GUARDED_BY(mu_);
-  std::pair<int64_t, int64_t> stamp_ ABSL_GUARDED_BY(mu_);
-  absl::Time next_check_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
@@ -304,11 +323,9 @@ absl::StatusOr<ChannelSecurity> LoadChannelSecurity(const ClientSecurityOptions&
   }
   // Checked above; used from the files themselves, read again every
   // `refresh`, so a renewed certificate or CA needs no restart.
-  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-      options.tls_key, options.tls_cert, options.tls_ca,
-      static_cast<unsigned int>(std::max<int64_t>(1, absl::ToInt64Seconds(options.refresh))));
   grpc::experimental::TlsChannelCredentialsOptions tls;
-  tls.set_certificate_provider(provider);
+  tls.set_certificate_provider(
+      WatchTlsFiles(options.tls_key, options.tls_cert, options.tls_ca, options.refresh));
   tls.watch_root_certs();
   if (out.client_certificate) tls.watch_identity_key_cert_pairs();
   out.credentials = grpc::experimental::TlsCredentials(tls);

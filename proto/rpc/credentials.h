@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/support/channel_arguments.h"
 
 namespace muonmesh::rpc {
@@ -77,12 +78,6 @@ struct ChannelSecurity {
   bool token = false;
 };
 
-// Reads the files and builds the credentials: TLS with the CA, the client
-// certificate when given, and the token as a per-call "authorization:
-// Bearer" header. InvalidArgument naming the flag and file when one cannot
-// be read or is not PEM, when a certificate comes without its key (or the
-// reverse), or when a token is given without TLS (tokens never travel in
-// plaintext).
 // Initialises OpenSSL without its exit handler. gRPC's threads outlive
 // main() and still free TLS objects while exit() runs; OpenSSL's handler
 // (registered by its first initialisation unless told otherwise) frees the
@@ -93,6 +88,12 @@ struct ChannelSecurity {
 // before they touch OpenSSL, so a test binary is covered too.
 void InitOpenSslWithoutExitHandler();
 
+// Reads the files and builds the credentials: TLS with the CA, the client
+// certificate when given, and the token as a per-call "authorization:
+// Bearer" header. InvalidArgument naming the flag and file when one cannot
+// be read or is not PEM, when a certificate comes without its key (or the
+// reverse), or when a token is given without TLS (tokens never travel in
+// plaintext).
 absl::StatusOr<ChannelSecurity> LoadChannelSecurity(const ClientSecurityOptions& options);
 
 // A channel to `address` with `security` (plaintext when it has no
@@ -111,9 +112,32 @@ absl::StatusOr<std::string> ReadPemFile(absl::string_view flag, const std::strin
 // valid token (CheckToken); the message never contains the token.
 absl::StatusOr<std::string> ReadTokenFile(absl::string_view flag, const std::string& path);
 
-// A file's modification time (ns) and size, {-1, -1} when it cannot be
-// stat'ed: what the credential reloaders compare to see a file change.
-std::pair<int64_t, int64_t> FileStamp(const std::string& path);
+// Says whether a file changed (its modification time or size; a file that
+// cannot be stat'ed counts as one more version), looking at most once per
+// `every`: what the credential reloaders (the coordinator's tokens file, a
+// client's token file) ask before reading a file again. Not thread-safe:
+// its owner's lock guards it.
+class FileChangeCheck {
+ public:
+  FileChangeCheck(std::string path, absl::Duration every);
+  const std::string& path() const { return path_; }
+  // True when the file differs from the version last seen (at
+  // construction, or by the last call that returned true).
+  bool Changed();
+
+ private:
+  const std::string path_;
+  const absl::Duration every_;
+  std::pair<int64_t, int64_t> stamp_;
+  absl::Time next_check_;
+};
+
+// gRPC's provider of the PEM files `key`, `cert` (either may be empty: no
+// identity) and `ca`, read again every `refresh` (at least 1 s), so a
+// renewed certificate or CA needs no restart. Both sides' TLS credentials
+// are built on it.
+std::shared_ptr<grpc::experimental::CertificateProviderInterface> WatchTlsFiles(
+    const std::string& key, const std::string& cert, const std::string& ca, absl::Duration refresh);
 
 // A PEM file as read: where its path came from (a flag or a variable), the
 // path, and its text.

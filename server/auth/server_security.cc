@@ -4,7 +4,6 @@
 #include <netinet/in.h>
 #include <sys/stat.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <utility>
 
@@ -12,7 +11,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/base/status_macros.h"
-#include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_credentials_options.h"
 #include "proto/rpc/credentials.h"
 
@@ -171,10 +169,8 @@ absl::StatusOr<std::unique_ptr<ServerSecurity>> ServerSecurity::Load(
                             CheckTlsFiles(options, listen, notes, &self->client_ca_));
   // Checked above; served from the files themselves, read again every
   // tls_refresh, so a renewed certificate needs no restart.
-  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-      options.tls_key, options.tls_cert, options.tls_ca,
-      static_cast<unsigned int>(std::max<int64_t>(1, absl::ToInt64Seconds(options.tls_refresh))));
-  grpc::experimental::TlsServerCredentialsOptions tls(provider);
+  grpc::experimental::TlsServerCredentialsOptions tls(
+      rpc::WatchTlsFiles(options.tls_key, options.tls_cert, options.tls_ca, options.tls_refresh));
   tls.watch_identity_key_cert_pairs();
   if (self->client_ca_) tls.watch_root_certs();
   tls.set_cert_request_type(request);

@@ -106,33 +106,27 @@ absl::StatusOr<std::shared_ptr<TokenFile>> TokenFile::Load(
     std::string path, absl::Duration check_every, std::function<void(const std::string&)> log) {
   std::shared_ptr<TokenFile> file(new TokenFile(std::move(path), check_every, std::move(log)));
   absl::MutexLock lock(&file->mu_);
-  file->stamp_ = rpc::FileStamp(file->path_);
-  MUONMESH_ASSIGN_OR_RETURN(TokenTable table, TokenTable::Load(file->path_));
+  MUONMESH_ASSIGN_OR_RETURN(TokenTable table, TokenTable::Load(file->file_.path()));
   file->table_ = std::make_shared<const TokenTable>(std::move(table));
-  file->next_check_ = absl::Now() + check_every;
   return file;
 }
 
 std::shared_ptr<const TokenTable> TokenFile::Current() {
   absl::MutexLock lock(&mu_);
-  const absl::Time now = absl::Now();
-  if (now < next_check_) return table_;
-  next_check_ = now + check_every_;
-  const std::pair<int64_t, int64_t> stamp = rpc::FileStamp(path_);
-  if (stamp == stamp_) return table_;
-  stamp_ = stamp;  // a bad version is reported once, not on every call
-  absl::StatusOr<TokenTable> table = TokenTable::Load(path_);
+  // A bad version is reported once, not on every call.
+  if (!file_.Changed()) return table_;
+  absl::StatusOr<TokenTable> table = TokenTable::Load(file_.path());
   if (!table.ok()) {
     if (log_) {
-      log_(absl::StrCat("tokens: ", path_, " changed but cannot be used (",
+      log_(absl::StrCat("tokens: ", file_.path(), " changed but cannot be used (",
                         table.status().message(), "); keeping the ", table_->size(),
                         " tokens in force"));
     }
     return table_;
   }
   if (log_) {
-    log_(absl::StrCat("tokens: reloaded ", table->size(), " from ", path_, " (", table->Summary(),
-                      ")"));
+    log_(absl::StrCat("tokens: reloaded ", table->size(), " from ", file_.path(), " (",
+                      table->Summary(), ")"));
   }
   table_ = std::make_shared<const TokenTable>(*std::move(table));
   return table_;

@@ -26,6 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "proto/rpc/credentials.h"
 #include "server/auth/types.h"
 
 namespace muonmesh::auth {
@@ -70,15 +71,12 @@ class TokenFile {
  private:
   TokenFile(std::string path, absl::Duration check_every,
             std::function<void(const std::string&)> log)
-      : path_(std::move(path)), check_every_(check_every), log_(std::move(log)) {}
+      : log_(std::move(log)), file_(std::move(path), check_every) {}
 
-  const std::string path_;
-  const absl::Duration check_every_;
   const std::function<void(const std::string&)> log_;
   absl::Mutex mu_;
+  rpc::FileChangeCheck file_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const TokenTable> table_ ABSL_GUARDED_BY(mu_);
-  std::pair<int64_t, int64_t> stamp_ ABSL_GUARDED_BY(mu_);
-  absl::Time next_check_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace muonmesh::auth
