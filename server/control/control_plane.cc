@@ -31,11 +31,14 @@ absl::StatusOr<std::unique_ptr<ControlPlane>> ControlPlane::Start(
                     .unfinished_per_client = options.max_unfinished_jobs_per_client});
   std::unique_ptr<ControlPlane> plane(new ControlPlane(options, std::move(lock), std::move(store)));
   plane->fleet_.ForgetLostAfter(options.forget_lost_after);
-  plane->metrics_->SetCertificateFiles(options.certificate_files);
   if (!options.metrics_listen.empty()) {
     MUONMESH_ASSIGN_OR_RETURN(plane->http_, rpc::MetricsHttp::Serve(options.metrics_listen));
     plane->http_->exposer().RegisterCollectable(plane->metrics_);
     plane->http_->exposer().RegisterCollectable(plane->metrics_->registry());
+    if (!options.certificate_files.empty()) {
+      plane->certificates_ = std::make_shared<rpc::CertificateExpiry>(options.certificate_files);
+      plane->http_->exposer().RegisterCollectable(plane->certificates_);
+    }
     ControlPlane* p = plane.get();
     plane->http_->SetChecks([p] { return p->manager_.Responsive(absl::Seconds(5)); },
                             [p] { return p->Ready(); });

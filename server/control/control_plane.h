@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/impl/service_type.h"
 #include "prometheus/exposer.h"
+#include "proto/rpc/certificate_expiry.h"
 #include "proto/rpc/metrics_http.h"
 #include "server/control/coordinator_metrics.h"
 #include "server/control/fleet.h"
@@ -120,6 +121,7 @@ class ControlPlane {
   FleetService fleet_service_;
   StoreService store_service_;
   std::unique_ptr<rpc::MetricsHttp> http_;  // /metrics, /healthz, /readyz
+  std::shared_ptr<rpc::CertificateExpiry> certificates_;  // exported on http_
   std::atomic<bool> serving_{false};
   std::atomic<bool> stopping_{false};
   absl::Mutex listener_mu_;

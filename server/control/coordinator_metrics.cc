@@ -8,7 +8,6 @@
 #include "absl/time/clock.h"
 #include "grpcpp/support/interceptor.h"
 #include "muonmesh/v1/jobs.pb.h"
-#include "proto/rpc/certificate_expiry.h"
 
 namespace muonmesh::coordinator {
 namespace {
@@ -74,6 +73,13 @@ const char* CodeName(int code) {
   return code >= 0 && code < 17 ? kNames[code] : "UNKNOWN";
 }
 
+// A gauge of `family` for one job.
+void AddJobGauge(prometheus::MetricFamily& family, const std::string& job_id, double value) {
+  prometheus::ClientMetric m = GaugeValue(value);
+  m.label = {{"job_id", job_id}};
+  family.metric.push_back(std::move(m));
+}
+
 }  // namespace
 
 CoordinatorMetrics::CoordinatorMetrics(const JobStore* store, const Fleet* fleet)
@@ -120,11 +126,6 @@ void CoordinatorMetrics::OnStep(const std::string& job_id, double slowest_rank_s
   last_progress_[job_id] = absl::Now();
 }
 
-void CoordinatorMetrics::SetCertificateFiles(std::map<std::string, std::string> files) {
-  absl::MutexLock lock(&mu_);
-  certificate_files_ = std::move(files);
-}
-
 void CoordinatorMetrics::OnRefusedStep(const std::string& job_id) {
   refused_steps_.Add({{"job_id", job_id}}).Increment();
 }
@@ -143,12 +144,6 @@ void CoordinatorMetrics::OnAttemptDone(const std::string& job_id) {
   last_progress_.erase(job_id);
 }
 
-static void AddJobGauge(prometheus::MetricFamily& family, const std::string& job_id, double value) {
-  prometheus::ClientMetric m = GaugeValue(value);
-  m.label = {{"job_id", job_id}};
-  family.metric.push_back(std::move(m));
-}
-
 std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
   prometheus::MetricFamily jobs{"muonmesh_jobs", "Jobs in each state",
                                 prometheus::MetricType::Gauge, {}};
@@ -165,7 +160,6 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
   std::vector<prometheus::MetricFamily> out = RunningJobFamilies();
   out.push_back(std::move(jobs));
   out.push_back(WorkerFamily());
-  out.push_back(CertificateFamily());
   return out;
 }
 
@@ -246,15 +240,6 @@ prometheus::MetricFamily CoordinatorMetrics::WorkerFamily() const {
     workers.metric.push_back(std::move(m));
   }
   return workers;
-}
-
-prometheus::MetricFamily CoordinatorMetrics::CertificateFamily() const {
-  std::map<std::string, std::string> certificate_files;
-  {
-    absl::MutexLock lock(&mu_);
-    certificate_files = certificate_files_;
-  }
-  return rpc::CertificateExpiryFamily(certificate_files);
 }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>

@@ -28,11 +28,10 @@
 //                                                step (or its attempt began):
 //                                                a stalled job grows it
 //   muonmesh_tls_certificate_expiry_timestamp_seconds{certificate}  gauge,
-//                                                when each certificate the
-//                                                gRPC port serves with
-//                                                expires (Unix seconds):
-//                                                "server", "client_ca"; read
-//                                                from the files when scraped
+//                                                "server", "client_ca": not
+//                                                from here, but served beside
+//                                                these (rpc::CertificateExpiry,
+//                                                ControlPlane)
 //   muonmesh_job_recovery_seconds                histogram, from a fault
 //                                                (a rank failed or lost its
 //                                                lease, the coordinator
@@ -80,9 +79,6 @@ class CoordinatorMetrics final : public prometheus::Collectable {
   // (JobManagerOptions::on_attempt_planned, on_attempt_done).
   void OnAttemptPlanned(const std::string& job_id, double critical_path_flops);
   void OnAttemptDone(const std::string& job_id);
-  // The certificate files whose expiry is exported, by name (read at each
-  // scrape: a renewed certificate shows at once).
-  void SetCertificateFiles(std::map<std::string, std::string> files);
   // JobManagerOptions::on_recovered.
   void OnRecovered(double seconds);
 
@@ -94,10 +90,9 @@ class CoordinatorMetrics final : public prometheus::Collectable {
 
  private:
   // The per-job gauges of the running jobs; the workers by state and
-  // device; the certificates' expiry.
+  // device.
   std::vector<prometheus::MetricFamily> RunningJobFamilies() const;
   prometheus::MetricFamily WorkerFamily() const;
-  prometheus::MetricFamily CertificateFamily() const;
 
   const JobStore& store_;
   const Fleet& fleet_;
@@ -112,7 +107,6 @@ class CoordinatorMetrics final : public prometheus::Collectable {
   std::map<std::string, double> critical_path_ ABSL_GUARDED_BY(mu_);
   // job id -> when its running attempt began or last finished a step
   std::map<std::string, absl::Time> last_progress_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::string> certificate_files_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace muonmesh::coordinator
