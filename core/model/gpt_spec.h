@@ -2,7 +2,7 @@
 
 // The `gpt` model's parameters (worker/model/gpt.h defines the model): the
 // GPT-2 decoder with the names and shapes of GPT-2 as Hugging Face and
-// nanoGPT store it (../shared/specs/gpt2-124m.json at GPT-2 size):
+// nanoGPT store it (specs/gpt2-124m.json at GPT-2 size):
 //
 //   unit embed  wte.weight [V, C], wpe.weight [block_size, C]      adamw
 //   unit h.{l}  h.{l}.ln_1.weight [C], h.{l}.ln_1.bias [C]           adamw

@@ -32,7 +32,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "muonmesh/v1/planner.pb.h"
-#include "tests/testing/shared_specs.h"
+#include "tests/testing/model_specs.h"
 #include "tests/testing/subprocess.h"
 
 namespace muonmesh {
@@ -44,7 +44,7 @@ using ::testing::Not;
 
 constexpr std::chrono::seconds kCallBound(60);
 
-std::string Gpt2Spec() { return std::string(MUONMESH_SHARED_DIR) + "/specs/gpt2-124m.json"; }
+std::string Gpt2Spec() { return std::string(MUONMESH_SPECS_DIR) + "/gpt2-124m.json"; }
 
 
 // In a folder every test process shares (ctest runs each test as a process
@@ -333,7 +333,7 @@ class MuonmeshCtlTest : public ::testing::Test {
   std::string address_;
 };
 
-#define REQUIRE_GPT2() ASSERT_TRUE(muonmesh::testing::SharedSpecExists(Gpt2Spec()))
+#define REQUIRE_GPT2() ASSERT_TRUE(muonmesh::testing::ModelSpecExists(Gpt2Spec()))
 
 TEST_F(MuonmeshCtlTest, PlanJsonIsByteIdenticalAcrossRuns) {
   REQUIRE_GPT2();
@@ -764,7 +764,7 @@ TEST_F(MuonmeshCtlTest, PlanWhoseClientGivesUpLeavesTheServerIdle) {
   std::this_thread::sleep_for(std::chrono::seconds(2));
   EXPECT_LT(CpuSeconds(coordinator_) - cpu_at_deadline, 0.5);
   // And it serves the next call.
-  ASSERT_TRUE(muonmesh::testing::SharedSpecExists(Gpt2Spec()));
+  ASSERT_TRUE(muonmesh::testing::ModelSpecExists(Gpt2Spec()));
   EXPECT_EQ(Gpt2("plan", "8").exit_code, 0);
 }
 

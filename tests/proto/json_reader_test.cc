@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "proto/io/document.h"
 #include "proto/io/yaml_reader.h"
-#include "tests/testing/shared_specs.h"
+#include "tests/testing/model_specs.h"
 
 namespace muonmesh::protoio::internal {
 namespace {
@@ -162,8 +162,8 @@ TEST(JsonReaderTest, AgreesWithYamlCppOnRandomJson) {
 TEST(JsonReaderTest, AgreesWithYamlCppOnRealSpecs) {
   int read = 0;
   for (const char* name : {"gpt2-124m", "llama3-8b", "deepseek-v3"}) {
-    const std::string path = absl::StrCat(MUONMESH_SHARED_DIR, "/specs/", name, ".json");
-    ASSERT_TRUE(muonmesh::testing::SharedSpecExists(path));
+    const std::string path = absl::StrCat(MUONMESH_SPECS_DIR, "/", name, ".json");
+    ASSERT_TRUE(muonmesh::testing::ModelSpecExists(path));
     std::ifstream file(path, std::ios::binary);
     const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
     ExpectReadersAgree(text);

@@ -20,7 +20,7 @@
 #include "google/protobuf/wrappers.pb.h"
 #include "gtest/gtest.h"
 #include "muonmesh/v1/config.pb.h"
-#include "tests/testing/shared_specs.h"
+#include "tests/testing/model_specs.h"
 
 namespace muonmesh::protoio {
 namespace {
@@ -616,38 +616,48 @@ TEST_F(LoadMessageFileTest, FileOverLimitIsInvalid) {
 // Real inputs.
 
 std::string SpecPath(absl::string_view name) {
-  return absl::StrCat(MUONMESH_SHARED_DIR, "/specs/", name, ".json");
+  return absl::StrCat(MUONMESH_SPECS_DIR, "/", name, ".json");
 }
 
+// The counts of specs/README.md's table.
 struct SpecCase {
   const char* name;
+  int units;
   int tensors;
+  int64_t parameters;
 };
 
 class RealSpecTest : public ::testing::TestWithParam<SpecCase> {};
 
 TEST_P(RealSpecTest, LoadsWithExpectedTensorCount) {
   const std::string path = SpecPath(GetParam().name);
-  ASSERT_TRUE(muonmesh::testing::SharedSpecExists(path));
+  ASSERT_TRUE(muonmesh::testing::ModelSpecExists(path));
   muonmesh::v1::ModelSpec spec;
   const absl::Status status = LoadMessageFile(path, &spec);
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_EQ(spec.name(), GetParam().name);
   int tensors = 0;
+  int64_t parameters = 0;
   for (const muonmesh::v1::UnitSpec& unit : spec.units()) {
     EXPECT_FALSE(unit.name().empty());
     tensors += unit.params_size();
     for (const muonmesh::v1::ParamSpec& param : unit.params()) {
       EXPECT_FALSE(param.shape().empty()) << param.name();
       EXPECT_TRUE(param.optimizer() == "muon" || param.optimizer() == "adamw") << param.name();
+      int64_t elements = 1;
+      for (const int64_t dim : param.shape()) elements *= dim;
+      parameters += elements;
     }
   }
+  EXPECT_EQ(spec.units_size(), GetParam().units);
   EXPECT_EQ(tensors, GetParam().tensors);
+  EXPECT_EQ(parameters, GetParam().parameters);
 }
 
 INSTANTIATE_TEST_SUITE_P(Specs, RealSpecTest,
-                         ::testing::Values(SpecCase{"gpt2-124m", 148}, SpecCase{"llama3-8b", 291},
-                                           SpecCase{"deepseek-v3", 967}),
+                         ::testing::Values(SpecCase{"gpt2-124m", 14, 148, 124'439'808},
+                                           SpecCase{"llama3-8b", 34, 291, 8'030'261'248},
+                                           SpecCase{"deepseek-v3", 63, 967, 671'026'404'352}),
                          [](const ::testing::TestParamInfo<SpecCase>& info) {
                            std::string name = info.param.name;
                            for (char& c : name) {
@@ -658,7 +668,7 @@ INSTANTIATE_TEST_SUITE_P(Specs, RealSpecTest,
 
 TEST(RealSpecTest, Gpt2FirstTensorShape) {
   const std::string path = SpecPath("gpt2-124m");
-  ASSERT_TRUE(muonmesh::testing::SharedSpecExists(path));
+  ASSERT_TRUE(muonmesh::testing::ModelSpecExists(path));
   muonmesh::v1::ModelSpec spec;
   ASSERT_TRUE(LoadMessageFile(path, &spec).ok());
   const muonmesh::v1::ParamSpec& wte = spec.units(0).params(0);
@@ -759,7 +769,7 @@ void ExpectEveryPrefixBehaves(std::string_view text, std::size_t samples,
 
 TEST(TruncationTest, JsonSpecPrefixes) {
   const std::string path = SpecPath("gpt2-124m");
-  ASSERT_TRUE(muonmesh::testing::SharedSpecExists(path));
+  ASSERT_TRUE(muonmesh::testing::ModelSpecExists(path));
   std::ifstream file(path, std::ios::binary);
   const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
   ASSERT_GT(text.size(), 1000u);

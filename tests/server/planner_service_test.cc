@@ -47,7 +47,7 @@ using ::testing::IsEmpty;
 using ::testing::UnorderedElementsAre;
 
 std::string SpecPath(const std::string& name) {
-  return std::string(MUONMESH_SHARED_DIR) + "/specs/" + name + ".json";
+  return std::string(MUONMESH_SPECS_DIR) + "/" + name + ".json";
 }
 
 class PlannerServiceTest : public ::testing::Test {

@@ -28,7 +28,7 @@ scale=${1:-0.03125}
 steps=${2:-2}
 threads=${3:-1}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-specs="${MUONMESH_SHARED_DIR:-$root/../shared}/specs"
+specs="$root/specs"
 specs=$(cd "$specs" && pwd)
 command -v python3 >/dev/null || { echo "muon_schedule_check.sh: needs python3" >&2; exit 2; }
 work=$(mktemp -d "${TMPDIR:-/tmp}/muonmesh-schedule.XXXXXX")

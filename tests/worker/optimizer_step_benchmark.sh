@@ -23,7 +23,7 @@ scale=${2:-1.0}
 world=${3:-4}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 worker="${MUONMESH_BUILD_DIR:-$root/build}/worker/muonmesh-worker"
-spec="${MUONMESH_SHARED_DIR:-$root/../shared}/specs/gpt2-124m.json"
+spec="$root/specs/gpt2-124m.json"
 [[ -x "$worker" ]] || { echo "no $worker: build first" >&2; exit 2; }
 [[ -f "$spec" ]] || { echo "no $spec" >&2; exit 2; }
 spec=$(cd "$(dirname "$spec")" && pwd)/$(basename "$spec")

@@ -69,7 +69,7 @@ class Synthetic final : public Workload {
                                           int64_t expert_divisor, uint64_t gradient_seed);
 
   // Create on the ModelSpec file at `path` (JSON or YAML, the format of
-  // shared/specs/). NotFound for a missing file, InvalidArgument for one
+  // specs/). NotFound for a missing file, InvalidArgument for one
   // that does not parse or a spec Create rejects.
   static absl::StatusOr<Synthetic> FromSpecFile(const std::string& path, double scale,
                                                 int64_t expert_divisor, uint64_t gradient_seed);

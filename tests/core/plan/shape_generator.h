@@ -2,7 +2,7 @@
 
 // A seeded generator of plausible transformer shapes for the planner's
 // property test and benchmark: dense and MoE models in the planner's input
-// form (the same units and params as the public specs in ../shared/specs),
+// form (the same units and params as the public specs in specs/),
 // with the parallelism each is planned under. It knows nothing of the
 // planner's internals; its ranges come from published architectures:
 //  - hidden 1024-8192 (a few wider or odd: 2304, 3584, 5376, 12288), head

@@ -1,6 +1,6 @@
 #pragma once
 
-// Loads the real model specs of ../shared/specs for tests and benchmarks.
+// Loads the real model specs of specs/ for tests and benchmarks.
 
 #include <string>
 
@@ -13,7 +13,7 @@
 namespace muonmesh::testing {
 
 inline std::string SpecPath(const std::string& name) {
-  return std::string(MUONMESH_SHARED_DIR) + "/specs/" + name + ".json";
+  return std::string(MUONMESH_SPECS_DIR) + "/" + name + ".json";
 }
 
 inline absl::StatusOr<plan::ModelSpec> LoadSpec(const std::string& name) {

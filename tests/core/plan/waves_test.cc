@@ -10,7 +10,7 @@
 #include "core/plan/planner.h"
 #include "core/plan/validate.h"
 #include "tests/core/plan/spec_loader.h"
-#include "tests/testing/shared_specs.h"
+#include "tests/testing/model_specs.h"
 
 namespace muonmesh::plan {
 namespace {
@@ -76,7 +76,7 @@ void ExpectWavesShortenThePath(const std::function<PlanInput(int64_t)>& input, i
 // planner balances wave by wave shorten the path (ExpectWavesShortenThePath)
 // and own every matrix, and the domain's loads are its owners'.
 TEST(WaveBalanceTest, OwnersBalancedWaveByWaveShortenTheCriticalPath) {
-  ASSERT_TRUE(testing::SharedSpecExists(testing::SharedSpecPath("llama3-8b")));
+  ASSERT_TRUE(testing::ModelSpecExists(testing::ModelSpecPath("llama3-8b")));
   Plan waved;
   ASSERT_NO_FATAL_FAILURE(
       ExpectWavesShortenThePath([](int64_t budget) { return Llama(8, budget); }, 8, &waved));
@@ -97,7 +97,7 @@ TEST(WaveBalanceTest, OwnersBalancedWaveByWaveShortenTheCriticalPath) {
 // ranks of the set of replicas), and every matrix is orthogonalized by one
 // replica.
 TEST(WaveBalanceTest, UnderTheReplicaSplitEachWaveIsSplitAnew) {
-  ASSERT_TRUE(testing::SharedSpecExists(testing::SharedSpecPath("llama3-8b")));
+  ASSERT_TRUE(testing::ModelSpecExists(testing::ModelSpecPath("llama3-8b")));
   auto hsdp = [](int64_t budget) {
     PlanInput in = Llama(16, budget);
     in.parallelism.data_parallel_sharding_strategy = "optim_grads_params";
@@ -125,7 +125,7 @@ TEST(WaveBalanceTest, UnderTheReplicaSplitEachWaveIsSplitAnew) {
 // One wave (no budget, or one that holds the whole model) keeps the whole
 // model's owners.
 TEST(WaveBalanceTest, OneWaveKeepsTheWholeModelsOwners) {
-  ASSERT_TRUE(testing::SharedSpecExists(testing::SharedSpecPath("llama3-8b")));
+  ASSERT_TRUE(testing::ModelSpecExists(testing::ModelSpecPath("llama3-8b")));
   absl::StatusOr<Plan> whole = ComputePlan(Llama(8, 0));
   absl::StatusOr<Plan> roomy = ComputePlan(Llama(8, int64_t{1} << 50));
   ASSERT_TRUE(whole.ok() && roomy.ok());

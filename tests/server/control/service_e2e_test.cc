@@ -36,7 +36,7 @@
 #include "muonmesh/v1/jobs.grpc.pb.h"
 #include "tests/testing/background.h"
 #include "tests/testing/http_get.h"
-#include "tests/testing/shared_specs.h"
+#include "tests/testing/model_specs.h"
 #include "tests/testing/subprocess.h"
 #include "worker/io/safetensors.h"
 
@@ -1070,8 +1070,8 @@ TEST_F(MuonmeshctlTest, FlagsGoAnywhereAndEveryListedFlagWorks) {
       {"prune", {}},
       {"workers", {}},
       {"workers remove", {"w-404"}},
-      {"validate", {"--spec", testing::SharedSpecPath("gpt2-124m"), "--world-size", "8"}},
-      {"plan", {"--spec", testing::SharedSpecPath("gpt2-124m"), "--world-size", "8"}}};
+      {"validate", {"--spec", testing::ModelSpecPath("gpt2-124m"), "--world-size", "8"}},
+      {"plan", {"--spec", testing::ModelSpecPath("gpt2-124m"), "--world-size", "8"}}};
   int flags_tried = 0;
   for (const auto& [command, base] : commands) {
     // "workers remove": two words.

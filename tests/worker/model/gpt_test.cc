@@ -604,7 +604,7 @@ class JsonReader {
 };
 
 TEST(GptSpecFileTest, Gpt2SizeMatchesTheSharedSpecFile) {
-  const std::string path = MUONMESH_SHARED_DIR "/specs/gpt2-124m.json";
+  const std::string path = MUONMESH_SPECS_DIR "/gpt2-124m.json";
   std::ifstream in(path);
   if (!in) GTEST_SKIP() << path << " is missing";
   std::stringstream text;

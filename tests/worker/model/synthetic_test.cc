@@ -14,7 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/model/rng.h"
-#include "tests/testing/shared_specs.h"
+#include "tests/testing/model_specs.h"
 
 namespace muonmesh::worker {
 namespace {
@@ -51,7 +51,7 @@ plan::ModelSpec SmallSpec() {
 }
 
 std::string SpecPath(const std::string& name) {
-  return std::string(MUONMESH_SHARED_DIR) + "/specs/" + name + ".json";
+  return std::string(MUONMESH_SPECS_DIR) + "/" + name + ".json";
 }
 
 TEST(SyntheticTest, ScaleDimRoundsHalvesAwayAndKeepsOne) {
@@ -90,7 +90,7 @@ TEST(SyntheticTest, ScalesEveryDimAndRoundsExpertsUpToTheDivisor) {
 
 TEST(SyntheticTest, Gpt2SpecScalesToExpectedShapes) {
   const std::string path = SpecPath("gpt2-124m");
-  ASSERT_TRUE(muonmesh::testing::SharedSpecExists(path));
+  ASSERT_TRUE(muonmesh::testing::ModelSpecExists(path));
   absl::StatusOr<Synthetic> w = Synthetic::FromSpecFile(path, 0.125, 1, 0);
   ASSERT_TRUE(w.ok()) << w.status();
   const plan::ModelSpec& spec = w->spec();
@@ -138,7 +138,7 @@ TEST(SyntheticTest, Gpt2SpecScalesToExpectedShapes) {
 
 TEST(SyntheticTest, DeepSeekExpertsStayDivisible) {
   const std::string path = SpecPath("deepseek-v3");
-  ASSERT_TRUE(muonmesh::testing::SharedSpecExists(path));
+  ASSERT_TRUE(muonmesh::testing::ModelSpecExists(path));
   for (int64_t divisor : {1, 2, 4, 8}) {
     absl::StatusOr<Synthetic> w = Synthetic::FromSpecFile(path, 0.01, divisor, 0);
     ASSERT_TRUE(w.ok()) << w.status();
