@@ -123,31 +123,12 @@ void FillPlanOptions(const PlanOptionFlags& o, v1::PlanOptions* out) {
 // job sets, unless a flag gave them.
 absl::Status FillFromJob(const std::string& path, v1::PlanLayoutRequest* request) {
   MUONMESH_ASSIGN_OR_RETURN(v1::JobSpec job, job::LoadJobFile(path));
-  const std::filesystem::path dir = std::filesystem::absolute(path).parent_path();
-  std::string spec_path = job.model().synthetic().spec();
-  if (!spec_path.empty() && std::filesystem::path(spec_path).is_relative()) {
-    spec_path = (dir / spec_path).string();
-  }
-  MUONMESH_ASSIGN_OR_RETURN(
-      plan::ModelSpec model,
-      job::ModelSpecOf(job.model(), job.parallelism().expert_model_parallel_size(), spec_path),
-      path);
-  std::vector<std::pair<std::string, std::string>> rules;
-  for (const v1::OptimizerRule& r : job.optimizer().rules()) {
-    rules.emplace_back(r.pattern(), r.optimizer());
-  }
-  MUONMESH_ASSIGN_OR_RETURN(model, job::ApplyOptimizerRules(std::move(model), rules), path);
-  *request->mutable_model() = ModelToProto(model);
-  request->set_world_size(job.world_size());
+  const std::string dir = std::filesystem::absolute(path).parent_path().string();
+  MUONMESH_ASSIGN_OR_RETURN(plan::PlanInput input, job::PlanInputOf(job, dir), path);
+  *request->mutable_model() = ModelToProto(input.model);
+  request->set_world_size(input.world_size);
   *request->mutable_parallelism() = job.parallelism();
-  v1::PlanOptions* o = request->mutable_options();
-  o->set_owner_assignment(job.optimizer().owner_assignment());
-  o->set_ns_steps(job.optimizer().muon().ns_steps());
-  o->set_ns_algorithm(job.optimizer().muon().ns_algorithm());
-  o->set_ns_coefficients(job.optimizer().muon().coefficients());
-  o->set_device(job.device().empty() ? "cpu" : job.device());
-  o->set_threads_per_rank(job.training().threads_per_rank());
-  o->set_muon_replica_split(job.optimizer().muon_replica_split());
+  *request->mutable_options() = OptionsToProto(input.options);
   return absl::OkStatus();
 }
 

@@ -13,6 +13,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "proto/io/message_file.h"
+#include "proto/job/model_kind.h"
 
 namespace muonmesh {
 namespace {
@@ -287,12 +288,16 @@ absl::StatusOr<v1::JobSpec> LoadJobForSubmit(const std::string& path) {
   v1::OutputConfig* out = spec.mutable_output();
   out->set_dir(Absolute(base, out->dir().empty() ? absl::StrCat("runs/", spec.name()) : out->dir()));
   if (!out->export_().empty()) out->set_export_(Absolute(base, out->export_()));
-  if (spec.model().kind_case() == v1::ModelConfig::kSynthetic &&
-      !spec.model().synthetic().has_model() && !spec.model().synthetic().spec().empty()) {
-    v1::SyntheticModel* s = spec.mutable_model()->mutable_synthetic();
-    s->set_spec(Absolute(base, s->spec()));
-    MUONMESH_RETURN_IF_ERROR(protoio::LoadMessageFile(s->spec(), s->mutable_model()), path,
-                             ": model.synthetic.spec");
+  // A file the model section names travels inline: the coordinator plans
+  // without the workers' files.
+  if (const job::ModelKind* kind = job::FindModelKind(spec.model().kind_case());
+      kind != nullptr && kind->model_file != nullptr) {
+    const std::optional<job::ModelFile> file = kind->model_file(spec.model());
+    if (file.has_value() && !file->given_inline && !file->path.empty()) {
+      MUONMESH_RETURN_IF_ERROR(
+          kind->embed_model_file(spec.mutable_model(), Absolute(base, file->path)), path, ": ",
+          file->field);
+    }
   }
   return spec;
 }

@@ -9,15 +9,18 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "core/base/status_macros.h"
 #include "core/optim/ns_coefficients.h"
 #include "core/plan/mesh.h"
 #include "core/plan/validate.h"
 #include "core/plan/waves.h"
+#include "proto/job/model_specs.h"
 #include "worker/checkpoints.h"
 #include "worker/io/safetensors.h"
 #include "worker/job/memory_budget.h"
@@ -25,37 +28,23 @@
 #include "worker/math/blas_threads.h"
 #include "worker/reshard.h"
 #include "worker/runtime/muon_schedule.h"
+#include "worker/runtime/trainer.h"
 #include "worker/step_log.h"
 #include "worker/workload_factory.h"
 
 namespace muonmesh::worker {
 
-plan::PlanInput PlanInputFor(const job::ResolvedJob& job) {
-  plan::PlanInput input;
-  input.world_size = job.world_size;
-  input.parallelism = job.parallelism;
-  input.options.owner_assignment = job.owner_assignment;
-  input.options.muon_replica_split = job.muon_replica_split;
-  input.options.ns_steps = job.muon.ns.steps;
-  input.options.ns_algorithm = plan::NsAlgorithmName(job.muon.ns.algorithm);
-  // A job file names its table (job.cc), so it always has a name here.
-  input.options.ns_coefficients = plan::NsTableName(
-      math::NsTableOf(job.muon.ns.coefficients).value_or(plan::NsTable::kQuintic));
-  input.options.device = job.device;
-  input.options.threads_per_rank = job.threads_per_rank;
-  // The waves the trainer will cut (it overlaps two on the CPU).
-  input.options.muon_wave_budget_bytes = plan::JobWaveBudget(job.muon_buffer_bytes, job.device);
-  return input;
-}
-
 namespace {
 
-// A plan from elsewhere (the coordinator's) must be one made for this job:
-// the runtime indexes and divides by its geometry. Its config against the
-// job's own settings (the job is validated), its domains against the
+// A plan from elsewhere (the coordinator's, perhaps of another version) must
+// be one made for this job: the runtime indexes and divides by its geometry.
+// Its config against the config of the job's own planner input (the one
+// translation both sides use, job::PlanInputOf), its domains against the
 // geometry that config gives. The thread count is SetRankThreads's check.
 absl::Status CheckPlanFitsJob(const job::ResolvedJob& job, const plan::Plan& plan) {
-  const plan::ResolvedConfig want = plan::internal::ResolveUnchecked(PlanInputFor(job));
+  MUONMESH_ASSIGN_OR_RETURN(const plan::PlanInput input, job::PlanInputOf(job));
+  MUONMESH_ASSIGN_OR_RETURN(const plan::ResolvedConfig want, plan::Resolve(input),
+                            "the job's own planner input");
   const plan::ResolvedConfig& got = plan.config;
   std::vector<std::string> wrong;
   auto compare = [&](const char* what, int64_t planned, int64_t expected) {
@@ -145,7 +134,7 @@ absl::Status SetRankThreads(const RankOptions& options, const job::ResolvedJob& 
 // Every sample of a global batch is distinct only if the data set has at
 // least that many (the batch formula wraps around otherwise).
 absl::Status CheckBatchFitsData(const job::ResolvedJob& job, const Workload& workload) {
-  if (job.model_kind == job::ResolvedJob::ModelKind::kSynthetic) return absl::OkStatus();
+  if (job.kind->data == job::DataUse::kNone) return absl::OkStatus();
   if (job.global_batch_size <= workload.num_samples()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "training.global_batch_size: ", job.global_batch_size, " exceeds the ",

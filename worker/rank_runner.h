@@ -65,10 +65,6 @@ struct RankHooks {
 // Runs the rank (it makes the job's workload). Errors: ResourceExhausted from the memory check,
 // InvalidArgument for bad data or a plan that does not fit the workload, Unavailable /
 // DeadlineExceeded for lost or late peers, the hooks' own statuses.
-// The planner's input for `job` without its model: world size,
-// parallelism and options as the job file sets them.
-plan::PlanInput PlanInputFor(const job::ResolvedJob& job);
-
 absl::Status RunRank(const job::ResolvedJob& job, const plan::Plan& plan, comm::Store& store,
                      const RankOptions& options, const RankHooks& hooks);
 

@@ -14,9 +14,10 @@
 #include "core/base/status_macros.h"
 #include "proto/job/job.h"
 #include "proto/job/model_specs.h"
-#include "worker/model/gpt.h"
+#include "proto/job/model_kind.h"
+#include "worker/model/next_token.h"
 #include "worker/model/rng.h"
-#include "worker/model/token_windows.h"
+#include "worker/model_kinds.h"
 #include "worker/workload_factory.h"
 
 namespace muonmesh::worker {
@@ -25,21 +26,26 @@ namespace {
 constexpr uint32_t kTokenizerMagic = 20240328;
 
 struct Model {
-  model::GptDims dims;
+  std::unique_ptr<NextTokenModel> next;
   bool bytes = false;  // trained on data.text: token j is byte j
   std::vector<std::vector<float>> params;
 };
 
+// The job's model as its kind samples it (a language model's registration,
+// worker/model_kinds.h), with the weights of `weights_path`.
 absl::StatusOr<Model> LoadModel(const SampleOptions& o) {
   MUONMESH_ASSIGN_OR_RETURN(v1::JobSpec job, job::LoadJobFile(o.job_path));
-  if (!job.model().has_gpt()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(o.job_path, ": --sample needs a gpt job; this one trains another model"));
+  const job::ModelKind* kind = job::FindModelKind(job.model().kind_case());
+  const WorkerModelKind* worker = FindWorkerModelKind(job.model().kind_case());
+  if (kind == nullptr || worker == nullptr || worker->make_next_token == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        o.job_path, ": --sample needs a language model job (",
+        job::KindNamesUsing(job::DataUse::kCorpus), "); this one trains ",
+        kind == nullptr ? "no model" : kind->name));
   }
   Model m;
-  const v1::GptModel& g = job.model().gpt();
-  m.dims = {g.vocab_size(), g.block_size(), g.n_layer(), g.n_head(), g.n_embd(), g.seq_len()};
-  MUONMESH_RETURN_IF_ERROR(model::ValidateGptDims(m.dims), o.job_path, ": model.gpt");
+  MUONMESH_ASSIGN_OR_RETURN(m.next, worker->make_next_token(kind->resolve(job.model(), "")),
+                            o.job_path);
   m.bytes = job.data().has_text();
   MUONMESH_ASSIGN_OR_RETURN(plan::ModelSpec spec, job::ModelSpecOf(job.model(), 1, ""));
   MUONMESH_ASSIGN_OR_RETURN(m.params, InitialFromFile(spec, o.weights_path));
@@ -57,9 +63,9 @@ absl::StatusOr<std::vector<int32_t>> Prompt(const SampleOptions& o, const Model&
     for (unsigned char c : o.prompt) out.push_back(c);
   }
   for (int32_t id : o.prompt_ids) {
-    if (id < 0 || id >= m.dims.vocab_size) {
+    if (id < 0 || id >= m.next->vocab_size()) {
       return absl::InvalidArgumentError(absl::StrCat("--prompt-ids: ", id, " is outside [0, ",
-                                                     m.dims.vocab_size, ")"));
+                                                     m.next->vocab_size(), ")"));
     }
     out.push_back(id);
   }
@@ -117,21 +123,12 @@ absl::StatusOr<std::vector<int32_t>> SampleTokens(const SampleOptions& o, bool* 
   std::vector<const float*> params;
   for (const std::vector<float>& p : m.params) params.push_back(p.data());
   std::vector<int32_t> out;
-  // A model for the context's length; once the context fills block_size
-  // the length stays, and so does the model (with its scratch).
-  std::optional<Gpt> gpt;
   for (int64_t i = 0; i < o.tokens; ++i) {
-    const size_t seen = std::min(context.size(), static_cast<size_t>(m.dims.block_size));
-    if (!gpt.has_value() || gpt->dims().seq_len != static_cast<int64_t>(seen)) {
-      model::GptDims dims = m.dims;
-      dims.seq_len = static_cast<int64_t>(seen);
-      // The stream only satisfies Create (N > T); the context goes in below.
-      auto unused = std::make_shared<const InMemoryTokens>(std::vector<int32_t>(seen + 1, 0));
-      MUONMESH_ASSIGN_OR_RETURN(gpt, Gpt::Create(dims, unused));
-    }
+    // Only the last context_limit tokens are seen.
+    const size_t seen = std::min(context.size(), static_cast<size_t>(m.next->context_limit()));
     MUONMESH_ASSIGN_OR_RETURN(
         std::vector<float> logits,
-        gpt->NextTokenLogits(params, absl::MakeConstSpan(context).subspan(context.size() - seen)));
+        m.next->NextTokenLogits(params, absl::MakeConstSpan(context).subspan(context.size() - seen)));
     const int32_t next = Draw(logits, o, static_cast<uint64_t>(i));
     out.push_back(next);
     context.push_back(next);

@@ -1,13 +1,15 @@
 #pragma once
 
-// Text from a trained `gpt` (muonmesh-worker --sample): the job file gives
-// the model's shape, a safetensors file its weights (the job's export), and
-// tokens are drawn one at a time from the model's next-token distribution.
+// Text from a trained language model (muonmesh-worker --sample; a kind that
+// registers make_next_token in worker/model_kinds.h, such as gpt): the job
+// file gives the model's shape, a safetensors file its weights (the job's
+// export), and tokens are drawn one at a time from the model's next-token
+// distribution.
 //
 // Sampling, exactly: with context c (the prompt, then what was drawn; only
-// its last block_size tokens are seen), the logits z of the next token
-// (Gpt::NextTokenLogits) become, at temperature tau > 0, the distribution
-// p_j proportional to exp((z_j - max z) / tau) over the top_k largest z
+// its last context_limit tokens are seen: a gpt's block_size), the logits z
+// of the next token (NextTokenModel::NextTokenLogits) become, at temperature
+// tau > 0, the distribution p_j proportional to exp((z_j - max z) / tau) over the top_k largest z
 // (all when top_k is 0; ties broken by the lower id), computed in double.
 // The draw takes u_i = (UniformAt(seed, 0, i) + 1) / 2 in [0, 1)
 // (worker/model/rng.h) for the i-th new token and picks the first j, in

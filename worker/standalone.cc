@@ -29,11 +29,8 @@ absl::Status DescribeJob(const std::string& job_path, const LineSink& out) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<plan::Plan> PlanJob(const job::ResolvedJob& job, plan::ModelSpec spec) {
-  MUONMESH_ASSIGN_OR_RETURN(plan::ModelSpec model,
-                            job::ApplyOptimizerRules(std::move(spec), job.optimizer_rules));
-  plan::PlanInput input = PlanInputFor(job);
-  input.model = std::move(model);
+absl::StatusOr<plan::Plan> PlanJob(const job::ResolvedJob& job) {
+  MUONMESH_ASSIGN_OR_RETURN(plan::PlanInput input, job::PlanInputOf(job));
   MUONMESH_ASSIGN_OR_RETURN(plan::Plan plan, plan::ComputePlan(input),
                             "the planner rejects the job");
   return plan;
@@ -80,8 +77,7 @@ bool IsLoopback(const std::string& host) {
 absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out) {
   MUONMESH_ASSIGN_OR_RETURN(job::ResolvedJob job, job::LoadResolvedJob(options.job_path));
   MUONMESH_RETURN_IF_ERROR(CheckRankOptions(options, job));
-  MUONMESH_ASSIGN_OR_RETURN(plan::ModelSpec spec, job::ModelSpecOf(job));
-  MUONMESH_ASSIGN_OR_RETURN(plan::Plan plan, PlanJob(job, std::move(spec)));
+  MUONMESH_ASSIGN_OR_RETURN(plan::Plan plan, PlanJob(job));
   MUONMESH_ASSIGN_OR_RETURN(std::unique_ptr<comm::FileStore> store, OpenStore(options));
 
   RankOptions rank;

@@ -50,11 +50,11 @@ struct StandaloneOptions {
 // or late.
 absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out);
 
-// The plan the launcher runs `job` with: the job's optimizer rules applied to
-// `spec` (ModelSpecOf), then the planner with the job's options (its
-// threads_per_rank among them). InvalidArgument naming the rule or the field
-// the planner rejects.
-absl::StatusOr<plan::Plan> PlanJob(const job::ResolvedJob& job, plan::ModelSpec spec);
+// The plan the launcher runs `job` with: the planner on the job's input
+// (job::PlanInputOf, as the coordinator plans a submitted job).
+// InvalidArgument naming the rule, the file or the field the planner
+// rejects.
+absl::StatusOr<plan::Plan> PlanJob(const job::ResolvedJob& job);
 
 // What launch scripts need from a job file, one `key=value` line each:
 // name, world_size, steps, checkpoint_every, max_restarts, output_dir,

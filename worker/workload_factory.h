@@ -21,9 +21,8 @@
 
 namespace muonmesh::worker {
 
-// The job's workload on the host: mlp or moe_mlp with teacher data or the
-// data file (InvalidArgument naming the file and tensor for a wrong shape),
-// or synthetic from its spec file.
+// The job's workload on the host, made by its kind's registration
+// (worker/model_kinds.h) with its data.
 absl::StatusOr<std::unique_ptr<Workload>> MakeWorkload(const job::ResolvedJob& job);
 
 // The job's device: the CPU, or the GPU `cuda_device` (-1: rank modulo the
@@ -31,7 +30,8 @@ absl::StatusOr<std::unique_ptr<Workload>> MakeWorkload(const job::ResolvedJob& j
 absl::StatusOr<std::unique_ptr<Device>> MakeDevice(const job::ResolvedJob& job, int32_t rank,
                                                    int cuda_device);
 
-// The workload's GPU form (every built-in workload but gpt has one: Unimplemented).
+// The workload's GPU form (its kind's, worker/model/gpu_forms.h);
+// Unimplemented in the build without CUDA or for a kind without one.
 absl::StatusOr<std::unique_ptr<Workload>> OnGpu(const job::ResolvedJob& job,
                                                 std::unique_ptr<Workload> workload);
 

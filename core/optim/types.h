@@ -46,7 +46,7 @@ inline std::optional<plan::NsTable> NsTableOf(NsCoefficients coefficients) {
 
 struct NsOptions {
   // Iterations T; ValidateNsOptions accepts [1, 100].
-  int steps = 5;
+  int steps = static_cast<int>(plan::kDefaultNsSteps);
   NsCoefficients coefficients = NsCoefficients::kQuintic;
   // Used only with NsCoefficients::kTable: row t for iteration t.
   std::vector<NsCoefficientSet> table;

@@ -196,8 +196,11 @@ inline double GramNsFlops(int64_t rows, int64_t cols, int64_t steps, NsTable tab
 inline constexpr double kSpectralM2n = 6.0;
 inline constexpr double kSpectralM3 = 30.0;
 
-// The most Newton-Schulz iterations a job, a plan or a call may ask for.
+// The most Newton-Schulz iterations a job, a plan or a call may ask for,
+// and how many they run when they do not say (the one default: the
+// planner, the job file and the numerics read it from here).
 inline constexpr int64_t kMaxNsSteps = 100;
+inline constexpr int64_t kDefaultNsSteps = 5;
 
 // The largest total gain (product of |a_t| over the iterations) at which
 // the spectral form keeps its accuracy (see the top).

@@ -50,7 +50,7 @@ struct ParallelismConfig {
 
 struct PlanOptions {
   std::string owner_assignment;  // lpt (default) | round_robin | allgather | greedy_in_order
-  int64_t ns_steps = 0;          // default 5
+  int64_t ns_steps = 0;          // default kDefaultNsSteps (5)
   std::string device;            // cuda (default) | cpu
   double comm_flops_per_byte = 0;  // default by device
   // The HSDP replica split (ReplicaSplit): auto (default) | on | off.
@@ -120,7 +120,7 @@ struct ResolvedConfig {
   Strategy outer = Strategy::kNoShard;  // meaningful when instances > 1
   OwnerRule owner_rule = OwnerRule::kLpt;
   ReplicaSplit replica_split = ReplicaSplit::kAuto;
-  int64_t ns_steps = 5;
+  int64_t ns_steps = kDefaultNsSteps;
   // Resolved: on cuda, auto is the standard form (no Gram kernel there yet).
   NsAlgorithm ns_algorithm = NsAlgorithm::kAuto;
   NsTable ns_table = NsTable::kQuintic;

@@ -296,7 +296,7 @@ void CheckOptions(const PlanOptions& opt, Violations& v) {
   }
   if (opt.ns_steps < 0 || opt.ns_steps > kMaxNsSteps) {
     v.Add("options.ns_steps", absl::StrCat("must be in [1, ", kMaxNsSteps,
-                                           "] (0 or unset: 5), got ", opt.ns_steps));
+                                           "] (0 or unset: ", kDefaultNsSteps, "), got ", opt.ns_steps));
   }
   if (!opt.device.empty() && opt.device != "cpu" && opt.device != "cuda") {
     v.Add("options.device", absl::StrCat("unknown device ", Quote(opt.device),
@@ -317,7 +317,7 @@ void CheckOptions(const PlanOptions& opt, Violations& v) {
     v.Add("options.ns_algorithm", why);
   } else if (NsTable table; algorithm == NsAlgorithm::kSpectral &&
                             ParseNsTable(opt.ns_coefficients, &table)) {
-    const std::string gain = SpectralGainProblem(opt.ns_steps == 0 ? 5 : opt.ns_steps, table);
+    const std::string gain = SpectralGainProblem(opt.ns_steps == 0 ? kDefaultNsSteps : opt.ns_steps, table);
     if (!gain.empty()) v.Add("options.ns_algorithm", gain);
   }
   if (opt.threads_per_rank < 0 || opt.threads_per_rank > kMaxThreadsPerRank) {
@@ -421,7 +421,7 @@ ResolvedConfig ResolveUnchecked(const PlanInput& in) {
   if (!opt.muon_replica_split.empty()) {
     cfg.replica_split = *ParseReplicaSplit(opt.muon_replica_split);
   }
-  cfg.ns_steps = opt.ns_steps == 0 ? 5 : opt.ns_steps;
+  cfg.ns_steps = opt.ns_steps == 0 ? kDefaultNsSteps : opt.ns_steps;
   ParseNsAlgorithm(opt.ns_algorithm, &cfg.ns_algorithm);
   ParseNsTable(opt.ns_coefficients, &cfg.ns_table);
   cfg.muon_wave_budget_bytes = opt.muon_wave_budget_bytes;

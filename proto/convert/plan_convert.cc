@@ -25,6 +25,24 @@ plan::PlanOptions OptionsFromProto(const v1::PlanOptions& o) {
   return out;
 }
 
+}  // namespace
+
+v1::PlanOptions OptionsToProto(const plan::PlanOptions& o) {
+  v1::PlanOptions out;
+  out.set_owner_assignment(o.owner_assignment);
+  out.set_ns_steps(static_cast<int32_t>(o.ns_steps));
+  out.set_device(o.device);
+  out.set_comm_flops_per_byte(o.comm_flops_per_byte);
+  out.set_muon_replica_split(o.muon_replica_split);
+  out.set_ns_algorithm(o.ns_algorithm);
+  out.set_ns_coefficients(o.ns_coefficients);
+  out.set_muon_wave_budget_bytes(o.muon_wave_budget_bytes);
+  out.set_threads_per_rank(static_cast<int32_t>(o.threads_per_rank));
+  return out;
+}
+
+namespace {
+
 template <typename Request>
 plan::PlanInput InputFrom(const Request& r) {
   plan::PlanInput in;

@@ -11,6 +11,7 @@ namespace muonmesh {
 plan::ModelSpec ModelFromProto(const v1::ModelSpec& model);
 v1::ModelSpec ModelToProto(const plan::ModelSpec& model);
 plan::ParallelismConfig ParallelismFromProto(const v1::ParallelismConfig& par);
+v1::PlanOptions OptionsToProto(const plan::PlanOptions& options);
 plan::PlanInput PlanInputFromProto(const v1::PlanLayoutRequest& request);
 plan::PlanInput PlanInputFromProto(const v1::ValidateConfigRequest& request);
 

@@ -135,11 +135,10 @@ absl::Status CheckJobPathsAllowed(const ResolvedJob& job, const std::vector<std:
   if (!job.init_safetensors.empty()) paths.emplace_back("init.safetensors", job.init_safetensors);
   if (!job.init_checkpoint.empty()) paths.emplace_back("init.checkpoint", job.init_checkpoint);
   if (!job.data_safetensors.empty()) paths.emplace_back("data.safetensors", job.data_safetensors);
-  if (job.model_kind == ResolvedJob::ModelKind::kSynthetic && !job.synthetic_model.has_value() &&
-      !job.synthetic_spec_path.empty()) {
-    paths.emplace_back("model.synthetic.spec", job.synthetic_spec_path);
+  if (job.model_file.has_value() && !job.model_file->given_inline) {
+    paths.emplace_back(job.model_file->field, job.model_file->path);
   }
-  if (job.model_kind == ResolvedJob::ModelKind::kGpt) {
+  if (!job.corpus.train.empty()) {
     // Every file a pattern matches, as the worker will open it (a match may
     // be a link out of the allowed folders).
     const std::string field = job.corpus.tokens ? "data.tokens" : "data.text";
@@ -171,9 +170,12 @@ absl::Status CheckJobPathsAllowed(const v1::JobSpec& spec, const std::vector<std
       !spec.data().safetensors().empty()) {
     paths.emplace_back("data.safetensors", spec.data().safetensors());
   }
-  if (spec.model().kind_case() == v1::ModelConfig::kSynthetic &&
-      !spec.model().synthetic().has_model() && !spec.model().synthetic().spec().empty()) {
-    paths.emplace_back("model.synthetic.spec", spec.model().synthetic().spec());
+  if (const ModelKind* kind = FindModelKind(spec.model().kind_case());
+      kind != nullptr && kind->model_file != nullptr) {
+    const std::optional<ModelFile> file = kind->model_file(spec.model());
+    if (file.has_value() && !file->given_inline && !file->path.empty()) {
+      paths.emplace_back(file->field, file->path);
+    }
   }
   // A corpus pattern (the coordinator cannot expand it): its folder.
   const auto add_corpus = [&](const std::string& field, const std::string& path) {

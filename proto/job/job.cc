@@ -15,6 +15,7 @@
 #include "core/plan/validate.h"
 #include "proto/convert/plan_convert.h"
 #include "core/base/status_macros.h"
+#include "proto/job/model_specs.h"
 #include "proto/job/optimizer_rules.h"
 #include "core/optim/optimizer_options.h"
 
@@ -26,7 +27,6 @@ namespace fs = std::filesystem;
 // Defaults (see job.h).
 constexpr double kMuonLr = 0.02;
 constexpr double kMuonMomentum = 0.95;
-constexpr int kNsSteps = 5;
 constexpr double kAdamWLr = 1e-3;
 constexpr double kAdamWBeta1 = 0.9;
 constexpr double kAdamWBeta2 = 0.999;
@@ -96,11 +96,11 @@ math::MuonOptions MuonFromProto(const v1::MuonConfig& m) {
   o.weight_decay = m.weight_decay();
   o.scale =
       m.scale() == "match_rms_adamw" ? math::MuonScale::kMatchRmsAdamW : math::MuonScale::kOriginal;
-  o.ns.steps = Or(m.ns_steps(), kNsSteps);
+  o.ns.steps = static_cast<int>(Or<int64_t>(m.ns_steps(), plan::kDefaultNsSteps));
   plan::NsTable table = plan::NsTable::kQuintic;
-  plan::ParseNsTable(m.coefficients(), &table);  // checked by CheckMuon
+  plan::ParseNsTable(m.coefficients(), &table);  // checked by PlannerViolations
   o.ns.coefficients = math::NsCoefficientsOf(table);
-  plan::ParseNsAlgorithm(m.ns_algorithm(), &o.ns.algorithm);  // checked by CheckMuon
+  plan::ParseNsAlgorithm(m.ns_algorithm(), &o.ns.algorithm);  // checked by PlannerViolations
   return o;
 }
 
@@ -114,38 +114,22 @@ math::AdamWOptions AdamWFromProto(const v1::AdamWConfig& a) {
   return o;
 }
 
-void CheckMuon(const v1::MuonConfig& m, Violations& v) {
+// The Newton-Schulz settings (ns_steps, coefficients, ns_algorithm) are the
+// planner's options: plan::Validate checks them (PlannerViolations).
+// `planner_flagged`: it found one of them wrong.
+void CheckMuon(const v1::MuonConfig& m, bool planner_flagged, Violations& v) {
   const size_t before = v.size();
   CheckNonNegative("optimizer.muon.lr", m.lr(), v);
   CheckBeta("optimizer.muon.momentum", m.momentum(), v);
-  if (m.ns_steps() < 0 || m.ns_steps() > plan::kMaxNsSteps) {
-    v.Add("optimizer.muon.ns_steps",
-          absl::StrCat("must be in [1, ", plan::kMaxNsSteps, "] (0 or unset: ", kNsSteps, "), got ",
-                       m.ns_steps()));
-  }
   CheckNonNegative("optimizer.muon.weight_decay", m.weight_decay(), v);
   CheckDecayProduct("optimizer.muon.weight_decay", Or(m.lr(), kMuonLr), m.weight_decay(), v);
   if (!m.scale().empty() && m.scale() != "original" && m.scale() != "match_rms_adamw") {
     v.Add("optimizer.muon.scale", absl::StrCat("unknown scale ", plan::Quote(m.scale()),
                                                " (expected original or match_rms_adamw)"));
   }
-  if (plan::NsTable table; !plan::ParseNsTable(m.coefficients(), &table)) {
-    v.Add("optimizer.muon.coefficients",
-          absl::StrCat("unknown coefficients ", plan::Quote(m.coefficients()),
-                       " (expected quintic or polar_express)"));
-  }
-  if (plan::NsAlgorithm algorithm; !plan::ParseNsAlgorithm(m.ns_algorithm(), &algorithm)) {
-    v.Add("optimizer.muon.ns_algorithm",
-          absl::StrCat("unknown form ", plan::Quote(m.ns_algorithm()),
-                       " (expected auto, standard, gram or spectral; unset: auto)"));
-  } else if (plan::NsTable table; algorithm == plan::NsAlgorithm::kSpectral &&
-                                  plan::ParseNsTable(m.coefficients(), &table)) {
-    const std::string why = plan::SpectralGainProblem(Or(m.ns_steps(), kNsSteps), table);
-    if (!why.empty()) v.Add("optimizer.muon.ns_algorithm", why);
-  }
   // The numerics' own check, as a safety net: anything it refuses that the
   // checks above let through is reported too, rather than failing at step 1.
-  if (v.size() == before) {
+  if (v.size() == before && !planner_flagged) {
     if (absl::Status s = math::ValidateMuonOptions(MuonFromProto(m)); !s.ok()) {
       v.Add("optimizer.muon", std::string(s.message()));
     }
@@ -169,22 +153,11 @@ void CheckAdamW(const v1::AdamWConfig& a, Violations& v) {
   }
 }
 
-void CheckOptimizer(const v1::OptimizerConfig& opt, Violations& v) {
-  CheckMuon(opt.muon(), v);
+// owner_assignment and muon_replica_split are the planner's options, checked
+// by PlannerViolations.
+void CheckOptimizer(const v1::OptimizerConfig& opt, bool planner_flagged_muon, Violations& v) {
+  CheckMuon(opt.muon(), planner_flagged_muon, v);
   CheckAdamW(opt.adamw(), v);
-  const std::string& rule = opt.owner_assignment();
-  if (!rule.empty() && rule != "lpt" && rule != "round_robin" && rule != "allgather" &&
-      rule != "greedy_in_order") {
-    v.Add("optimizer.owner_assignment",
-          absl::StrCat("unknown rule ", plan::Quote(rule),
-                       " (expected lpt, round_robin, allgather or greedy_in_order)"));
-  }
-  const std::string& split = opt.muon_replica_split();
-  if (!split.empty() && split != "auto" && split != "on" && split != "off") {
-    v.Add("optimizer.muon_replica_split",
-          absl::StrCat("unknown value ", plan::Quote(split),
-                       " (expected auto, on or off; empty or unset: auto)"));
-  }
   if (opt.muon_buffer_bytes() < 0) {
     v.Add("optimizer.muon_buffer_bytes",
           absl::StrCat("must be >= 0 (0, the default: one wave for the whole model), got ",
@@ -217,52 +190,6 @@ void CheckOptimizer(const v1::OptimizerConfig& opt, Violations& v) {
   }
 }
 
-// A model width in [1, kMaxModelDim]. For a scalar field 0 means "not given";
-// a list entry of 0 is just out of range.
-void CheckDim(const std::string& field, int64_t value, bool list_entry, Violations& v) {
-  if (value < 1) {
-    v.Add(field, value == 0 && !list_entry ? std::string("required: must be >= 1")
-                                           : absl::StrCat("must be >= 1, got ", value));
-  } else if (value > kMaxModelDim) {
-    v.Add(field, absl::StrCat(value, " exceeds the limit of ", kMaxModelDim));
-  }
-}
-
-model::GptDims GptDimsOf(const v1::GptModel& g) {
-  return {g.vocab_size(), g.block_size(), g.n_layer(), g.n_head(), g.n_embd(), g.seq_len()};
-}
-
-// Each field required and in range, then the rules between them
-// (model::GptDimsViolation), and the data a GPT reads.
-void CheckGpt(const v1::JobSpec& job, Violations& v) {
-  const v1::GptModel& g = job.model().gpt();
-  const std::pair<const char*, int64_t> fields[] = {
-      {"vocab_size", g.vocab_size()}, {"block_size", g.block_size()}, {"n_layer", g.n_layer()},
-      {"n_head", g.n_head()},         {"n_embd", g.n_embd()},         {"seq_len", g.seq_len()}};
-  bool given = true;
-  for (const auto& [name, value] : fields) {
-    if (value < 1) {
-      v.Add(absl::StrCat("model.gpt.", name), value == 0 ? std::string("required: must be >= 1")
-                                                         : absl::StrCat("must be >= 1, got ", value));
-      given = false;
-    }
-  }
-  if (given) {
-    if (std::optional<FieldViolation> f = model::GptDimsViolation(GptDimsOf(g))) {
-      v.Add(absl::StrCat("model.gpt.", f->field), f->description);
-    }
-  }
-  const v1::DataConfig::SourceCase source = job.data().source_case();
-  if (source != v1::DataConfig::kText && source != v1::DataConfig::kTokens) {
-    v.Add("data", "required for the gpt model: text {train: FILE} (every byte a token) or "
-                  "tokens {train: FILE_OR_GLOB} (llm.c .bin shards)");
-  } else if (source == v1::DataConfig::kText && g.vocab_size() >= 1 && g.vocab_size() < 256) {
-    v.Add("model.gpt.vocab_size",
-          absl::StrCat(g.vocab_size(), " is too small for text data, whose tokens are bytes "
-                                       "(0..255): at least 256"));
-  }
-}
-
 // data.text or data.tokens: a training path, and a validation path or a
 // held-out fraction.
 template <typename CorpusConfig>
@@ -281,72 +208,33 @@ void CheckCorpus(const char* field, const CorpusConfig& c, Violations& v) {
   }
 }
 
+// The model section through its kind, and whether the data section is one
+// the kind trains on.
 void CheckModel(const v1::JobSpec& job, Violations& v) {
-  const v1::ModelConfig& model = job.model();
+  const ModelKind* kind = FindModelKind(job.model().kind_case());
   const v1::DataConfig::SourceCase source = job.data().source_case();
-  if (model.kind_case() != v1::ModelConfig::kGpt &&
-      (source == v1::DataConfig::kText || source == v1::DataConfig::kTokens)) {
+  const bool corpus = source == v1::DataConfig::kText || source == v1::DataConfig::kTokens;
+  const DataUse data = kind == nullptr ? DataUse::kExamples : kind->data;
+  if (corpus && data != DataUse::kCorpus) {
     v.Add(source == v1::DataConfig::kText ? "data.text" : "data.tokens",
-          "only the gpt model reads a text corpus");
+          absl::StrCat("only the ", KindNamesUsing(DataUse::kCorpus),
+                       " model reads a text corpus"));
   }
-  switch (model.kind_case()) {
-    case v1::ModelConfig::KIND_NOT_SET:
-      v.Add("model", "required: give one of mlp, moe_mlp, synthetic or gpt");
-      return;
-    case v1::ModelConfig::kGpt:
-      CheckGpt(job, v);
-      return;
-    case v1::ModelConfig::kMlp: {
-      const auto& dims = model.mlp().dims();
-      if (dims.size() < 2) {
-        v.Add("model.mlp.dims",
-              absl::StrCat("needs at least 2 sizes (input and output), got ", dims.size()));
-      } else if (static_cast<size_t>(dims.size()) > kMaxMlpLayers + 1) {
-        v.Add("model.mlp.dims",
-              absl::StrCat(dims.size() - 1, " layers exceed the limit of ", kMaxMlpLayers));
-        return;
-      }
-      for (int i = 0; i < dims.size(); ++i) {
-        CheckDim(absl::StrCat("model.mlp.dims[", i, "]"), dims[i], /*list_entry=*/true, v);
-      }
-      return;
-    }
-    case v1::ModelConfig::kMoeMlp: {
-      const v1::MoeMlpModel& moe = model.moe_mlp();
-      CheckDim("model.moe_mlp.d_in", moe.d_in(), /*list_entry=*/false, v);
-      CheckDim("model.moe_mlp.d_model", moe.d_model(), /*list_entry=*/false, v);
-      CheckDim("model.moe_mlp.d_expert", moe.d_expert(), /*list_entry=*/false, v);
-      CheckDim("model.moe_mlp.num_experts", moe.num_experts(), /*list_entry=*/false, v);
-      CheckDim("model.moe_mlp.d_out", moe.d_out(), /*list_entry=*/false, v);
-      const int64_t ep = job.parallelism().expert_model_parallel_size() == 0
-                             ? 1
-                             : job.parallelism().expert_model_parallel_size();
-      if (ep >= 1 && moe.num_experts() >= 1 && moe.num_experts() % ep != 0) {
-        v.Add("model.moe_mlp.num_experts",
-              absl::StrCat(moe.num_experts(),
-                           " experts do not divide over expert_model_parallel_size ", ep));
-      }
-      return;
-    }
-    case v1::ModelConfig::kSynthetic: {
-      const v1::SyntheticModel& s = model.synthetic();
-      if (s.spec().empty() && !s.has_model()) {
-        v.Add("model.synthetic.spec",
-              "required: the path of a model spec file (JSON or YAML), or the spec inline in "
-              "model.synthetic.model");
-      }
-      if (!std::isfinite(s.scale()) || s.scale() < 0 || s.scale() > 1) {
-        v.Add("model.synthetic.scale",
-              absl::StrCat("must be in (0, 1] (0 or unset: 1), got ", s.scale()));
-      }
-      if (job.data().source_case() != v1::DataConfig::SOURCE_NOT_SET) {
-        v.Add("data",
-              "the synthetic workload reads no data (its gradients are generated): "
-              "remove data");
-      }
-      return;
-    }
+  if (kind == nullptr) {
+    v.Add("model", absl::StrCat("required: give one of ", AllKindNames()));
+    return;
   }
+  if (data == DataUse::kCorpus && !corpus) {
+    v.Add("data", absl::StrCat("required for the ", kind->name,
+                               " model: text {train: FILE} (every byte a token) or "
+                               "tokens {train: FILE_OR_GLOB} (llm.c .bin shards)"));
+  }
+  if (data == DataUse::kNone && source != v1::DataConfig::SOURCE_NOT_SET) {
+    v.Add("data", absl::StrCat("the ", kind->name,
+                               " workload reads no data (its gradients are generated): "
+                               "remove data"));
+  }
+  kind->validate(job, v);
 }
 
 void CheckInitAndData(const v1::JobSpec& job, Violations& v) {
@@ -403,10 +291,10 @@ void CheckTraining(const v1::JobSpec& job, Violations& v) {
                                                      " data-parallel ranks (world_size)"));
   }
   // A batch larger than the data set would repeat samples within a batch.
+  const ModelKind* kind = FindModelKind(job.model().kind_case());
   const bool teacher = (job.data().source_case() == v1::DataConfig::kTeacher ||
                         job.data().source_case() == v1::DataConfig::SOURCE_NOT_SET) &&
-                       (job.model().kind_case() == v1::ModelConfig::kMlp ||
-                        job.model().kind_case() == v1::ModelConfig::kMoeMlp);
+                       kind != nullptr && kind->data == DataUse::kExamples;
   const int64_t samples = Or(job.data().teacher().samples(), kDefaultTeacherSamples);
   if (teacher && batch > samples && samples > 0 && batch <= kMaxGlobalBatchSize) {
     v.Add("training.global_batch_size",
@@ -433,37 +321,51 @@ void CheckTraining(const v1::JobSpec& job, Violations& v) {
                                                 t.eval_batches()));
   }
   if ((t.eval_every() != 0 || t.eval_batches() != 0) &&
-      job.model().kind_case() != v1::ModelConfig::kGpt) {
+      (kind == nullptr || kind->data != DataUse::kCorpus)) {
     v.Add(t.eval_every() != 0 ? "training.eval_every" : "training.eval_batches",
-          "only the gpt model has validation data");
-  }
-  if (t.threads_per_rank() < 0 || t.threads_per_rank() > plan::kMaxThreadsPerRank) {
-    v.Add("training.threads_per_rank",
-          absl::StrCat("must be in [0, ", plan::kMaxThreadsPerRank, "] (0 or unset: 1), got ",
-                       t.threads_per_rank()));
+          absl::StrCat("only the ", KindNamesUsing(DataUse::kCorpus),
+                       " model has validation data"));
   }
 }
 
-// The planner's checks of the parallelism config that do not depend on the
-// model, run on a one-parameter placeholder model, at `world_size`.
-std::vector<plan::FieldViolation> ParallelismViolations(const v1::JobSpec& job,
-                                                        int64_t world_size) {
+// The planner's checks of what the job hands it that do not depend on the
+// model, run on a one-parameter placeholder model at `world_size`, under the
+// job file's field names: the parallelism config and, with `options`, the
+// planner options (PlanOptionsOf: Newton-Schulz settings, owner rule,
+// replica split, threads). One set of checks and defaults for the planner
+// and the job file. The device and the Muon buffer keep their own checks
+// here (the planner reads an empty device as cuda; a job file, as cpu).
+std::vector<plan::FieldViolation> PlannerViolations(const v1::JobSpec& job, int64_t world_size,
+                                                    bool options) {
+  static constexpr std::pair<std::string_view, std::string_view> kOptionFields[] = {
+      {"options.owner_assignment", "optimizer.owner_assignment"},
+      {"options.muon_replica_split", "optimizer.muon_replica_split"},
+      {"options.ns_steps", "optimizer.muon.ns_steps"},
+      {"options.ns_coefficients", "optimizer.muon.coefficients"},
+      {"options.ns_algorithm", "optimizer.muon.ns_algorithm"},
+      {"options.threads_per_rank", "training.threads_per_rank"},
+  };
   plan::PlanInput input;
   input.world_size = world_size;
   input.parallelism = ParallelismFromProto(job.parallelism());
+  if (options) input.options = PlanOptionsOf(job);
   input.model.name = "placeholder";
   input.model.units.push_back({"unit", {{"param", {1}, "adamw", false}}});
   std::vector<plan::FieldViolation> out;
   for (plan::FieldViolation& f : plan::Validate(input)) {
-    if (f.field.rfind("parallelism.", 0) == 0) out.push_back(std::move(f));
+    if (f.field.rfind("parallelism.", 0) == 0) {
+      out.push_back(std::move(f));
+      continue;
+    }
+    if (!options) continue;
+    for (const auto& [planner, file] : kOptionFields) {
+      if (f.field == planner) {
+        out.push_back({std::string(file), std::move(f.description)});
+        break;
+      }
+    }
   }
   return out;
-}
-
-void CheckParallelism(const v1::JobSpec& job, Violations& v) {
-  for (plan::FieldViolation& f : ParallelismViolations(job, job.world_size())) {
-    v.Add(std::move(f.field), std::move(f.description));
-  }
 }
 
 void CheckElastic(const v1::JobSpec& job, Violations& v) {
@@ -491,13 +393,6 @@ void CheckElastic(const v1::JobSpec& job, Violations& v) {
                        ") splits training.global_batch_size ", job.training().global_batch_size(),
                        " evenly and fits the parallelism config: the job could never shrink"));
   }
-}
-
-std::string ResolvePath(const std::string& job_dir, const std::string& path) {
-  if (job_dir.empty() || path.empty()) return path;
-  const fs::path p(path);
-  if (p.is_absolute()) return path;
-  return (fs::path(job_dir) / p).lexically_normal().string();
 }
 
 // Adds a violation unless `path` is an existing regular file.
@@ -562,6 +457,10 @@ std::vector<plan::FieldViolation> CheckOutputPaths(const std::string& output_dir
   return v.Take();
 }
 
+std::string DeviceOf(const v1::JobSpec& job) {
+  return job.device().empty() ? "cpu" : job.device();
+}
+
 std::string JoinViolations(const std::vector<plan::FieldViolation>& violations) {
   std::vector<std::string> parts;
   parts.reserve(violations.size());
@@ -586,20 +485,18 @@ std::vector<plan::FieldViolation> ValidateJob(const v1::JobSpec& job) {
     v.Add("world_size",
           absl::StrCat(job.world_size(), " exceeds the limit of ", kMaxJobWorldSize, " ranks"));
   }
-  if (plan::NsAlgorithm a; job.device() == "cuda" &&
-                           plan::ParseNsAlgorithm(job.optimizer().muon().ns_algorithm(), &a)) {
-    if (const char* why = plan::NsFormUnavailable(a, job.device())) {
-      v.Add("optimizer.muon.ns_algorithm", why);
-    }
-  }
   if (!job.device().empty() && job.device() != "cpu" && job.device() != "cuda") {
     v.Add("device",
           absl::StrCat("unknown device ", plan::Quote(job.device()), " (expected cpu or cuda)"));
   }
-  CheckParallelism(job, v);
+  bool planner_flagged_muon = false;
+  for (plan::FieldViolation& f : PlannerViolations(job, job.world_size(), /*options=*/true)) {
+    planner_flagged_muon |= f.field.rfind("optimizer.muon.", 0) == 0;
+    v.Add(std::move(f.field), std::move(f.description));
+  }
   CheckModel(job, v);
   CheckInitAndData(job, v);
-  CheckOptimizer(job.optimizer(), v);
+  CheckOptimizer(job.optimizer(), planner_flagged_muon, v);
   CheckTraining(job, v);
   CheckElastic(job, v);
   return v.Take();
@@ -609,41 +506,42 @@ namespace {
 
 // A job's paths, resolved against its file's folder ("" when not used).
 struct JobPaths {
-  std::string init, init_checkpoint, data, spec, output_dir, export_path;
+  std::string init, init_checkpoint, data, output_dir, export_path;
   std::string corpus_field;            // "data.text" | "data.tokens" | ""
   std::string corpus_train, corpus_val;  // files or patterns
-  bool inline_spec = false;  // model.synthetic.model given: no spec file
+  std::optional<ModelFile> model_file;  // the file the model section names, path resolved
 };
 
 JobPaths ResolveJobPaths(const v1::JobSpec& job, const std::string& job_dir) {
   JobPaths p;
   if (job.init().source_case() == v1::InitConfig::kSafetensors) {
-    p.init = ResolvePath(job_dir, job.init().safetensors());
+    p.init = ResolveJobPath(job_dir, job.init().safetensors());
   }
   if (job.init().source_case() == v1::InitConfig::kCheckpoint) {
-    p.init_checkpoint = ResolvePath(job_dir, job.init().checkpoint());
+    p.init_checkpoint = ResolveJobPath(job_dir, job.init().checkpoint());
   }
   if (job.data().source_case() == v1::DataConfig::kSafetensors) {
-    p.data = ResolvePath(job_dir, job.data().safetensors());
+    p.data = ResolveJobPath(job_dir, job.data().safetensors());
   }
   if (job.data().source_case() == v1::DataConfig::kText) {
     p.corpus_field = "data.text";
-    p.corpus_train = ResolvePath(job_dir, job.data().text().train());
-    p.corpus_val = ResolvePath(job_dir, job.data().text().val());
+    p.corpus_train = ResolveJobPath(job_dir, job.data().text().train());
+    p.corpus_val = ResolveJobPath(job_dir, job.data().text().val());
   } else if (job.data().source_case() == v1::DataConfig::kTokens) {
     p.corpus_field = "data.tokens";
-    p.corpus_train = ResolvePath(job_dir, job.data().tokens().train());
-    p.corpus_val = ResolvePath(job_dir, job.data().tokens().val());
+    p.corpus_train = ResolveJobPath(job_dir, job.data().tokens().train());
+    p.corpus_val = ResolveJobPath(job_dir, job.data().tokens().val());
   }
-  if (job.model().kind_case() == v1::ModelConfig::kSynthetic) {
-    p.inline_spec = job.model().synthetic().has_model();
-    p.spec = ResolvePath(job_dir, job.model().synthetic().spec());
+  if (const ModelKind* kind = FindModelKind(job.model().kind_case());
+      kind != nullptr && kind->model_file != nullptr) {
+    p.model_file = kind->model_file(job.model());
+    if (p.model_file.has_value()) p.model_file->path = ResolveJobPath(job_dir, p.model_file->path);
   }
-  p.output_dir = ResolvePath(
+  p.output_dir = ResolveJobPath(
       job_dir, job.output().dir().empty() ? absl::StrCat("runs/", job.name()) : job.output().dir());
   p.export_path = job.output().export_().empty()
                       ? (fs::path(p.output_dir) / "final.safetensors").string()
-                      : ResolvePath(job_dir, job.output().export_());
+                      : ResolveJobPath(job_dir, job.output().export_());
   return p;
 }
 
@@ -658,7 +556,9 @@ void CheckJobPaths(const JobPaths& p, std::vector<plan::FieldViolation>& violati
     }
   }
   if (!p.data.empty()) CheckInputFile("data.safetensors", p.data, files);
-  if (!p.spec.empty() && !p.inline_spec) CheckInputFile("model.synthetic.spec", p.spec, files);
+  if (p.model_file.has_value() && !p.model_file->given_inline) {
+    CheckInputFile(p.model_file->field, p.model_file->path, files);
+  }
   for (const auto& [suffix, path] : {std::pair{".train", &p.corpus_train},
                                      std::pair{".val", &p.corpus_val}}) {
     if (p.corpus_field.empty() || path->empty()) continue;
@@ -675,44 +575,21 @@ void CheckJobPaths(const JobPaths& p, std::vector<plan::FieldViolation>& violati
   }
 }
 
-// The model section of a validated job.
-absl::Status ResolveModel(const v1::JobSpec& job, const JobPaths& paths, ResolvedJob& r) {
-  r.model = job.model();
-  switch (job.model().kind_case()) {
-    case v1::ModelConfig::kMlp:
-      r.model_kind = ResolvedJob::ModelKind::kMlp;
-      r.mlp_dims.assign(job.model().mlp().dims().begin(), job.model().mlp().dims().end());
-      return absl::OkStatus();
-    case v1::ModelConfig::kMoeMlp:
-      r.model_kind = ResolvedJob::ModelKind::kMoeMlp;
-      r.moe = job.model().moe_mlp();
-      return absl::OkStatus();
-    case v1::ModelConfig::kSynthetic:
-      r.model_kind = ResolvedJob::ModelKind::kSynthetic;
-      r.synthetic_spec_path = paths.spec;
-      if (paths.inline_spec) r.synthetic_model = job.model().synthetic().model();
-      r.synthetic_scale = Or(job.model().synthetic().scale(), 1.0);
-      return absl::OkStatus();
-    case v1::ModelConfig::kGpt: {
-      r.model_kind = ResolvedJob::ModelKind::kGpt;
-      r.gpt = GptDimsOf(job.model().gpt());
-      const bool tokens = job.data().source_case() == v1::DataConfig::kTokens;
-      const bool has_fraction = tokens ? job.data().tokens().has_val_fraction()
-                                       : job.data().text().has_val_fraction();
-      const double fraction =
-          tokens ? job.data().tokens().val_fraction() : job.data().text().val_fraction();
-      r.corpus.tokens = tokens;
-      r.corpus.train = paths.corpus_train;
-      r.corpus.val = paths.corpus_val;
-      r.corpus.val_fraction = !paths.corpus_val.empty() ? 0
-                              : has_fraction           ? fraction
-                                                       : kDefaultValFraction;
-      return absl::OkStatus();
-    }
-    case v1::ModelConfig::KIND_NOT_SET:
-      break;
-  }
-  return absl::InternalError("ResolveJob: a job without a model passed validation");
+// The corpus of a validated job (data.text or data.tokens), paths resolved.
+Corpus ResolveCorpus(const v1::JobSpec& job, const JobPaths& paths) {
+  Corpus c;
+  const bool tokens = job.data().source_case() == v1::DataConfig::kTokens;
+  const bool has_fraction =
+      tokens ? job.data().tokens().has_val_fraction() : job.data().text().has_val_fraction();
+  const double fraction =
+      tokens ? job.data().tokens().val_fraction() : job.data().text().val_fraction();
+  c.tokens = tokens;
+  c.train = paths.corpus_train;
+  c.val = paths.corpus_val;
+  c.val_fraction = !paths.corpus_val.empty() ? 0
+                   : has_fraction           ? fraction
+                                            : kDefaultValFraction;
+  return c;
 }
 
 }  // namespace
@@ -723,7 +600,9 @@ std::vector<int64_t> ElasticWorldSizes(const v1::JobSpec& job) {
   const int64_t batch = job.training().global_batch_size();
   for (int64_t w = job.world_size() - 1;
        w >= std::max<int64_t>(1, job.training().elastic().min_world_size()); --w) {
-    if (batch % w == 0 && ParallelismViolations(job, w).empty()) sizes.push_back(w);
+    if (batch % w == 0 && PlannerViolations(job, w, /*options=*/false).empty()) {
+      sizes.push_back(w);
+    }
   }
   return sizes;
 }
@@ -757,7 +636,14 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
     r.optimizer_rules.emplace_back(rule.pattern(), rule.optimizer());
   }
 
-  MUONMESH_RETURN_IF_ERROR(ResolveModel(job, paths, r));
+  r.kind = FindModelKind(job.model().kind_case());
+  if (r.kind == nullptr) {
+    return absl::InternalError("ResolveJob: a job without a model passed validation");
+  }
+  r.model = job.model();
+  r.model_form = r.kind->resolve(job.model(), job_dir);
+  r.model_file = paths.model_file;
+  if (!paths.corpus_field.empty()) r.corpus = ResolveCorpus(job, paths);
 
   if (job.init().source_case() == v1::InitConfig::kSafetensors) {
     r.init_safetensors = paths.init;

@@ -63,6 +63,7 @@
 #include "core/plan/types.h"
 #include "muonmesh/v1/config.pb.h"
 #include "proto/job/corpus.h"
+#include "proto/job/model_kind.h"
 
 namespace muonmesh::job {
 
@@ -86,6 +87,8 @@ inline constexpr int64_t kMaxEvalBatches = 1'000'000;
 inline constexpr double kDefaultValFraction = 0.1;
 
 struct ResolvedJob {
+  // The job as given (what the planner's input is made from: model_specs.h).
+  v1::JobSpec spec;
   std::string name;
   int64_t world_size = 1;
   std::string device;  // "cpu" | "cuda"
@@ -101,19 +104,15 @@ struct ResolvedJob {
   // (full-match regular expression, "muon" | "adamw"), in file order: the first match wins.
   std::vector<std::pair<std::string, std::string>> optimizer_rules;
 
-  // The model section as given (model_specs.h builds its spec from it).
+  // The model section: its kind (never null once resolved), as given, and
+  // resolved (the kind's alternative of ModelForm; proto/job/model_kind.h).
+  const ModelKind* kind = nullptr;
   v1::ModelConfig model;
-  enum class ModelKind { kMlp, kMoeMlp, kSynthetic, kGpt };
-  ModelKind model_kind = ModelKind::kMlp;
-  std::vector<int64_t> mlp_dims;    // kMlp: [d_in, hidden..., d_out]
-  v1::MoeMlpModel moe;              // kMoeMlp
-  std::string synthetic_spec_path;  // kSynthetic: resolved path of the ModelSpec file
-  // kSynthetic: the spec given inline (model.synthetic.model); when set, the
-  // path is not read.
-  std::optional<v1::ModelSpec> synthetic_model;
-  double synthetic_scale = 1.0;     // kSynthetic, in (0, 1]
-  model::GptDims gpt;               // kGpt
-  Corpus corpus;                    // kGpt: data.text or data.tokens, paths resolved
+  ModelForm model_form;
+  // The input file the section names (synthetic's spec), path resolved.
+  std::optional<ModelFile> model_file;
+  // data.text or data.tokens (kinds with DataUse::kCorpus), paths resolved.
+  Corpus corpus;
 
   // Exactly one of init_seed / init_safetensors / init_checkpoint is set
   // (the path non-empty). init_checkpoint: what worker/reshard.h's
@@ -176,6 +175,10 @@ std::vector<plan::FieldViolation> CheckOutputPaths(const std::string& output_dir
 // LoadJobFile, then ResolveJob against the file's folder; every error message starts with
 // `path`.
 absl::StatusOr<ResolvedJob> LoadResolvedJob(const std::string& path);
+
+// The job's device: device as given, "cpu" when unset (every component's
+// one reading of an empty device).
+std::string DeviceOf(const v1::JobSpec& job);
 
 // The violations as one message: "field: description; field: description".
 std::string JoinViolations(const std::vector<plan::FieldViolation>& violations);

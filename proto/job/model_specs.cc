@@ -1,71 +1,86 @@
 #include "proto/job/model_specs.h"
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
-#include "core/model/gpt_spec.h"
-#include "core/model/mlp_spec.h"
-#include "core/model/moe_mlp_spec.h"
-#include "core/model/synthetic_spec.h"
+#include "core/plan/waves.h"
 #include "proto/convert/plan_convert.h"
-#include "proto/io/message_file.h"
+#include "proto/job/model_kind.h"
+#include "proto/job/optimizer_rules.h"
 
 namespace muonmesh::job {
 namespace {
 
-absl::StatusOr<plan::ModelSpec> SyntheticSpecOf(const v1::SyntheticModel& synthetic,
-                                                int64_t ep, const std::string& path) {
-  const double scale = synthetic.scale() == 0 ? 1.0 : synthetic.scale();
-  if (synthetic.has_model()) {
-    return model::ScaleModelSpec(ModelFromProto(synthetic.model()), scale, ep);
+absl::StatusOr<plan::ModelSpec> SpecOf(const ModelKind& kind, const ModelForm& form,
+                                       int64_t expert_parallel_size) {
+  return kind.spec(form, std::max<int64_t>(1, expert_parallel_size));
+}
+
+absl::StatusOr<plan::PlanInput> PlanInputWith(const v1::JobSpec& job, const ModelKind& kind,
+                                              const ModelForm& form) {
+  MUONMESH_ASSIGN_OR_RETURN(
+      plan::ModelSpec model,
+      SpecOf(kind, form, job.parallelism().expert_model_parallel_size()));
+  std::vector<std::pair<std::string, std::string>> rules;
+  for (const v1::OptimizerRule& r : job.optimizer().rules()) {
+    rules.emplace_back(r.pattern(), r.optimizer());
   }
-  if (path.empty()) {
-    return absl::InvalidArgumentError(
-        "model.synthetic: neither an inline spec (model) nor a spec file (spec) is given");
+  plan::PlanInput input;
+  MUONMESH_ASSIGN_OR_RETURN(input.model, ApplyOptimizerRules(std::move(model), rules));
+  input.world_size = job.world_size();
+  input.parallelism = ParallelismFromProto(job.parallelism());
+  input.options = PlanOptionsOf(job);
+  return input;
+}
+
+absl::StatusOr<const ModelKind*> KindOf(const v1::ModelConfig& model) {
+  const ModelKind* kind = FindModelKind(model.kind_case());
+  if (kind == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("model: required (", AllKindNames(), ")"));
   }
-  v1::ModelSpec proto;
-  MUONMESH_RETURN_IF_ERROR(protoio::LoadMessageFile(path, &proto));
-  absl::StatusOr<plan::ModelSpec> scaled = model::ScaleModelSpec(ModelFromProto(proto), scale, ep);
-  if (!scaled.ok()) {
-    return absl::Status(scaled.status().code(),
-                        absl::StrCat(path, ": ", scaled.status().message()));
-  }
-  return scaled;
+  return kind;
 }
 
 }  // namespace
 
 absl::StatusOr<plan::ModelSpec> ModelSpecOf(const v1::ModelConfig& model,
                                             int64_t expert_parallel_size,
-                                            const std::string& synthetic_spec_path) {
-  const int64_t ep = std::max<int64_t>(1, expert_parallel_size);
-  switch (model.kind_case()) {
-    case v1::ModelConfig::kMlp:
-      return model::MlpSpec(
-          std::vector<int64_t>(model.mlp().dims().begin(), model.mlp().dims().end()));
-    case v1::ModelConfig::kMoeMlp: {
-      const v1::MoeMlpModel& m = model.moe_mlp();
-      return model::MoeMlpSpec(
-          {m.d_in(), m.d_model(), m.d_expert(), m.num_experts(), m.d_out()});
-    }
-    case v1::ModelConfig::kSynthetic:
-      return SyntheticSpecOf(model.synthetic(), ep, synthetic_spec_path);
-    case v1::ModelConfig::kGpt: {
-      const v1::GptModel& g = model.gpt();
-      return model::GptSpec(
-          {g.vocab_size(), g.block_size(), g.n_layer(), g.n_head(), g.n_embd(), g.seq_len()});
-    }
-    case v1::ModelConfig::KIND_NOT_SET:
-      break;
-  }
-  return absl::InvalidArgumentError("model: required (mlp, moe_mlp, synthetic or gpt)");
+                                            const std::string& job_dir) {
+  MUONMESH_ASSIGN_OR_RETURN(const ModelKind* kind, KindOf(model));
+  return SpecOf(*kind, kind->resolve(model, job_dir), expert_parallel_size);
 }
 
 absl::StatusOr<plan::ModelSpec> ModelSpecOf(const ResolvedJob& job) {
-  return ModelSpecOf(job.model, job.parallelism.expert_model_parallel_size,
-                     job.synthetic_spec_path);
+  MUONMESH_ASSIGN_OR_RETURN(const ModelKind* kind, KindOf(job.model));
+  return SpecOf(*kind, job.model_form, job.parallelism.expert_model_parallel_size);
+}
+
+plan::PlanOptions PlanOptionsOf(const v1::JobSpec& job) {
+  plan::PlanOptions o;
+  o.owner_assignment = job.optimizer().owner_assignment();
+  o.muon_replica_split = job.optimizer().muon_replica_split();
+  o.ns_steps = job.optimizer().muon().ns_steps();
+  o.ns_algorithm = job.optimizer().muon().ns_algorithm();
+  o.ns_coefficients = job.optimizer().muon().coefficients();
+  o.device = DeviceOf(job);
+  o.threads_per_rank = job.training().threads_per_rank();
+  // The waves the workers will cut (they overlap two on the CPU).
+  o.muon_wave_budget_bytes =
+      plan::JobWaveBudget(job.optimizer().muon_buffer_bytes(), o.device);
+  return o;
+}
+
+absl::StatusOr<plan::PlanInput> PlanInputOf(const v1::JobSpec& job, const std::string& job_dir) {
+  MUONMESH_ASSIGN_OR_RETURN(const ModelKind* kind, KindOf(job.model()));
+  return PlanInputWith(job, *kind, kind->resolve(job.model(), job_dir));
+}
+
+absl::StatusOr<plan::PlanInput> PlanInputOf(const ResolvedJob& job) {
+  MUONMESH_ASSIGN_OR_RETURN(const ModelKind* kind, KindOf(job.model));
+  return PlanInputWith(job.spec, *kind, job.model_form);
 }
 
 }  // namespace muonmesh::job

@@ -67,44 +67,16 @@ void CheckPaths(const v1::JobSpec& spec, std::vector<plan::FieldViolation>* v) {
   }
   CheckAbsolute("output.dir", spec.output().dir(), v);
   CheckAbsolute("output.export", spec.output().export_(), v);
-  if (spec.model().kind_case() == v1::ModelConfig::kSynthetic &&
-      !spec.model().synthetic().has_model()) {
-    v->push_back({"model.synthetic.model",
-                  "required for a job submitted to a coordinator: the spec inline "
-                  "(muonmeshctl submit reads model.synthetic.spec into it)"});
+  // The coordinator plans without the workers' files: a file the model
+  // section names travels inline.
+  const job::ModelKind* kind = job::FindModelKind(spec.model().kind_case());
+  if (kind != nullptr && kind->model_file != nullptr) {
+    const std::optional<job::ModelFile> file = kind->model_file(spec.model());
+    if (file.has_value() && !file->given_inline) {
+      v->push_back({file->field, "required inline for a job submitted to a coordinator "
+                                 "(muonmeshctl submit reads the file into the job)"});
+    }
   }
-}
-
-absl::StatusOr<plan::PlanInput> PlanInputOf(const v1::JobSpec& spec) {
-  MUONMESH_ASSIGN_OR_RETURN(
-      plan::ModelSpec model,
-      job::ModelSpecOf(spec.model(), spec.parallelism().expert_model_parallel_size(),
-                       /*synthetic_spec_path=*/""));
-  std::vector<std::pair<std::string, std::string>> rules;
-  for (const v1::OptimizerRule& r : spec.optimizer().rules()) {
-    rules.emplace_back(r.pattern(), r.optimizer());
-  }
-  MUONMESH_ASSIGN_OR_RETURN(plan::ModelSpec ruled,
-                            job::ApplyOptimizerRules(std::move(model), rules));
-  plan::PlanInput input;
-  input.model = std::move(ruled);
-  input.world_size = spec.world_size();
-  input.parallelism = ParallelismFromProto(spec.parallelism());
-  input.options.owner_assignment = spec.optimizer().owner_assignment();
-  input.options.muon_replica_split = spec.optimizer().muon_replica_split();
-  input.options.ns_steps = spec.optimizer().muon().ns_steps();
-  input.options.ns_algorithm = spec.optimizer().muon().ns_algorithm();
-  input.options.ns_coefficients = spec.optimizer().muon().coefficients();
-  input.options.device = spec.device().empty() ? "cpu" : spec.device();
-  input.options.threads_per_rank = spec.training().threads_per_rank();
-  // The waves the workers will cut (they overlap two on the CPU).
-  input.options.muon_wave_budget_bytes =
-      plan::JobWaveBudget(spec.optimizer().muon_buffer_bytes(), input.options.device);
-  return input;
-}
-
-std::string DeviceOf(const v1::JobSpec& spec) {
-  return spec.device().empty() ? "cpu" : spec.device();
 }
 
 }  // namespace
@@ -209,7 +181,7 @@ absl::StatusOr<JobStore::Submitted> JobManager::Submit(
   *violations = job::ValidateJob(spec);
   CheckPaths(spec, violations);
   if (violations->empty()) {
-    absl::StatusOr<plan::PlanInput> input = PlanInputOf(spec);
+    absl::StatusOr<plan::PlanInput> input = job::PlanInputOf(spec);
     if (!input.ok()) {
       violations->push_back({"model", std::string(input.status().message())});
     } else {
@@ -232,7 +204,7 @@ absl::StatusOr<JobStore::Submitted> JobManager::Submit(
   MUONMESH_RETURN_IF_ERROR(job::CheckJobPathsAllowed(spec, options_.allowed_dirs));
   absl::StatusOr<JobStore::Submitted> submitted = store_.Submit(
       request_id, spec,
-      absl::StrCat("waiting for ", spec.world_size(), " idle ", DeviceOf(spec), " workers"),
+      absl::StrCat("waiting for ", spec.world_size(), " idle ", job::DeviceOf(spec), " workers"),
       NowMs(), client);
   (void)NoteWrite(submitted.status());
   if (submitted.ok() && submitted->created) {
@@ -262,7 +234,7 @@ void JobManager::StartAttempt(const v1::Job& job, const v1::JobSpec& spec,
   a.total_steps = spec.training().steps();
   a.plan_fingerprint = fingerprint;
   a.target_world = job.spec().world_size();
-  a.device = DeviceOf(spec);
+  a.device = job::DeviceOf(spec);
   a.elastic_sizes = job::ElasticWorldSizes(job.spec());
   elastic_waiting_.erase(job.id());
   // The spec and the plan once for every rank (a fake worker that never
@@ -357,7 +329,7 @@ void JobManager::Schedule() {
     v1::JobSpec spec = job->spec();
     spec.set_world_size(static_cast<int64_t>(gang.size()));
     spec.mutable_training()->clear_elastic();
-    absl::StatusOr<plan::PlanInput> input = PlanInputOf(spec);
+    absl::StatusOr<plan::PlanInput> input = job::PlanInputOf(spec);
     absl::StatusOr<plan::Plan> plan = !input.ok()     ? absl::StatusOr<plan::Plan>(input.status())
                                       : options_.plan ? options_.plan(*input)
                                                       : plan::ComputePlan(*input);
@@ -415,7 +387,7 @@ int64_t JobManager::ShrunkWorld(const v1::Job& job) {
     auto rec = recovering_.find(job.id());
     waiting.since = rec != recovering_.end() ? rec->second : now;
     waiting.wait = job::ElasticWait(job.spec());
-    waiting.device = DeviceOf(job.spec());
+    waiting.device = job::DeviceOf(job.spec());
     waiting.sizes = job::ElasticWorldSizes(job.spec());
   }
   static const std::set<int64_t> kNone;
@@ -514,7 +486,7 @@ void JobManager::Adopt(const v1::Job& job) {
   a.total_steps = job.spec().training().steps();
   a.plan_fingerprint = job.plan_fingerprint();
   a.target_world = job.spec().world_size();
-  a.device = DeviceOf(job.spec());
+  a.device = job::DeviceOf(job.spec());
   a.elastic_sizes = job::ElasticWorldSizes(job.spec());
   a.steps_done = job.attempt_steps_done();
   a.max_continued_step = a.steps_done - 1;

@@ -50,9 +50,7 @@ class RankRunnerTest : public ::testing::Test {
   }
 
   plan::Plan PlanOf(const job::ResolvedJob& job) {
-    absl::StatusOr<plan::ModelSpec> spec = job::ModelSpecOf(job);
-    EXPECT_TRUE(spec.ok()) << spec.status();
-    absl::StatusOr<plan::Plan> plan = PlanJob(job, spec.ok() ? *spec : plan::ModelSpec{});
+    absl::StatusOr<plan::Plan> plan = PlanJob(job);
     EXPECT_TRUE(plan.ok()) << plan.status();
     return plan.ok() ? *std::move(plan) : plan::Plan{};
   }

@@ -194,7 +194,8 @@ TEST(SampleTest, BadInputNamesTheFlagOrFile) {
                         "training: {steps: 1, global_batch_size: 1}\n";
   o.job_path = mlp;
   o.weights_path = f.weights;
-  EXPECT_THAT(std::string(SampleTokens(o).status().message()), HasSubstr("needs a gpt job"));
+  EXPECT_THAT(std::string(SampleTokens(o).status().message()),
+              HasSubstr("needs a language model job (gpt); this one trains mlp"));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "core/plan/mesh.h"
 #include "worker/job/memory_budget.h"
 #include "worker/math/newton_schulz.h"
+#include "worker/model_kinds.h"
 #include "worker/runtime/muon_schedule.h"
 
 namespace muonmesh::worker {
@@ -17,126 +18,6 @@ namespace {
 constexpr double kFloat = 4;    // bytes of an fp32 element
 constexpr double kIndex = 8;    // bytes of a sample index
 constexpr size_t kItemsShown = 4;
-
-// What the workload holds: while it builds its dataset (`setup`, which
-// includes the dataset), for the whole run (`resident`), and per step for a
-// local batch (`step`).
-struct WorkloadMemory {
-  std::vector<MemoryItem> setup;
-  std::vector<MemoryItem> resident;
-  std::vector<MemoryItem> step;
-};
-
-double Sum(const std::vector<int64_t>& v) {
-  double s = 0;
-  for (int64_t x : v) s += static_cast<double>(x);
-  return s;
-}
-
-// The dataset: from data.safetensors (read, then kept), or the teacher's
-// x [N, d_in] and y [N, d_out].
-void AddDataset(const job::ResolvedJob& job, const InputFileBytes& files, double d_in, double d_out,
-                WorkloadMemory& w) {
-  if (!job.data_safetensors.empty()) {
-    // Up to twice the file: 16-bit tensors are widened to fp32.
-    w.resident.push_back(
-        {"data.safetensors", "dataset x, y", 2 * static_cast<double>(files.data)});
-    w.setup = w.resident;
-    return;
-  }
-  const double n = static_cast<double>(job.teacher_samples);
-  w.resident.push_back({"data.teacher.samples", "dataset x, y", kFloat * n * (d_in + d_out)});
-  w.setup = w.resident;
-}
-
-WorkloadMemory MlpMemory(const job::ResolvedJob& job, double local_batch, const InputFileBytes& files) {
-  const std::vector<int64_t>& d = job.mlp_dims;
-  double weights = 0;
-  for (size_t i = 0; i + 1 < d.size(); ++i) {
-    weights += static_cast<double>(d[i] + 1) * static_cast<double>(d[i + 1]);
-  }
-  const double max_d = static_cast<double>(*std::max_element(d.begin(), d.end()));
-  WorkloadMemory w;
-  AddDataset(job, files, static_cast<double>(d.front()), static_cast<double>(d.back()), w);
-  if (job.data_safetensors.empty()) {
-    const double n = static_cast<double>(job.teacher_samples);
-    w.setup.push_back({"model.mlp.dims", "teacher weights", kFloat * weights});
-    w.setup.push_back(
-        {"data.teacher.samples", "teacher forward pass over every sample", kFloat * n * Sum(d)});
-  }
-  // Activations of every layer, and two back-propagated deltas.
-  w.step.push_back({"training.global_batch_size", "activations of the local batch",
-                    kFloat * local_batch * (Sum(d) + 2 * max_d)});
-  return w;
-}
-
-WorkloadMemory MoeMemory(const job::ResolvedJob& job, double local_batch, const InputFileBytes& files) {
-  const auto& m = job.moe;
-  const double d_in = static_cast<double>(m.d_in());
-  const double d = static_cast<double>(m.d_model());
-  const double de = static_cast<double>(m.d_expert());
-  const double e = static_cast<double>(m.num_experts());
-  const double d_out = static_cast<double>(m.d_out());
-  const double weights = (d_in + 1) * d + d * e + 2 * e * de * d + (d + 1) * d_out;
-  // Per sample: input, hidden, gates, expert input/output/activation, the
-  // mixed output and the prediction, plus routing indices.
-  const double per_sample = kFloat * (d_in + 6 * d + 2 * de + e + 2 * d_out) + 4 * kIndex;
-  WorkloadMemory w;
-  AddDataset(job, files, d_in, d_out, w);
-  if (job.data_safetensors.empty()) {
-    const double n = static_cast<double>(job.teacher_samples);
-    w.setup.push_back({"model.moe_mlp", "teacher weights", kFloat * weights});
-    w.setup.push_back({"data.teacher.samples", "teacher forward pass over every sample",
-                       kFloat * n * (d_in + d_out) + n * per_sample});
-  }
-  w.step.push_back({"training.global_batch_size", "activations of the local batch (x2 with "
-                                                  "the backward pass)",
-                    2 * local_batch * per_sample});
-  return w;
-}
-
-// The gpt keeps every block's activations for the backward pass
-// (worker/model/gpt.h): L T (16 C + H T) floats a sample, plus the logits
-// and their gradient (2 T V) and the head's and the backward pass's own
-// rows (12 T C: the final LayerNorm, the residual gradient, the attention
-// and MLP gradients). Validation runs a local batch at a time, so it needs
-// no more. The corpus is memory-mapped: the page cache holds it, not the
-// rank.
-WorkloadMemory GptMemory(const job::ResolvedJob& job, double local_batch) {
-  const model::GptDims& d = job.gpt;
-  const double t = static_cast<double>(d.seq_len);
-  const double c = static_cast<double>(d.n_embd);
-  const double per_sample =
-      static_cast<double>(d.n_layer) * t * (16.0 * c + static_cast<double>(d.n_head) * t) +
-      2.0 * t * static_cast<double>(d.vocab_size) + 12.0 * t * c;
-  WorkloadMemory w;
-  if (job.device == "cuda") {
-    // The activations live on the GPU (worker/model/gpt_cuda.h); the host
-    // keeps the windows read and the per-position losses copied back.
-    w.step.push_back({"training.global_batch_size",
-                      "the local batch's token windows and per-position losses",
-                      local_batch * (4.0 * (t + 1.0) + 8.0 * t)});
-    return w;
-  }
-  w.step.push_back({"training.global_batch_size",
-                    "activations of the local batch kept for the backward pass",
-                    kFloat * local_batch * per_sample});
-  return w;
-}
-
-std::string ModelField(const job::ResolvedJob& job) {
-  switch (job.model_kind) {
-    case job::ResolvedJob::ModelKind::kMlp:
-      return "model.mlp.dims";
-    case job::ResolvedJob::ModelKind::kMoeMlp:
-      return "model.moe_mlp";
-    case job::ResolvedJob::ModelKind::kSynthetic:
-      return "model.synthetic.spec";
-    case job::ResolvedJob::ModelKind::kGpt:
-      return "model.gpt";
-  }
-  return "model";
-}
 
 // This rank's shards and the Muon work of one mesh, per unit.
 struct MeshMemory {
@@ -246,14 +127,12 @@ MemoryEstimate EstimateRankMemory(const job::ResolvedJob& job, const plan::Plan&
                                   const InputFileBytes& files, bool resharding) {
   const double local_batch = static_cast<double>(job.global_batch_size) /
                              static_cast<double>(std::max<int64_t>(1, job.world_size));
-  WorkloadMemory w;
-  if (job.model_kind == job::ResolvedJob::ModelKind::kMlp) w = MlpMemory(job, local_batch, files);
-  if (job.model_kind == job::ResolvedJob::ModelKind::kMoeMlp) w = MoeMemory(job, local_batch, files);
-  if (job.model_kind == job::ResolvedJob::ModelKind::kGpt) w = GptMemory(job, local_batch);
+  const WorkerModelKind* kind = FindWorkerModelKind(job.model.kind_case());
+  WorkloadMemory w = kind == nullptr ? WorkloadMemory{} : kind->memory(job, local_batch, files);
   w.step.push_back({"training.global_batch_size", "sample indices of the local batch",
                     kIndex * local_batch});
 
-  const std::string model = ModelField(job);
+  const std::string model(job.kind == nullptr ? "model" : job.kind->size_field);
   const auto [unit_local, unit_whole] = LargestUnit(plan);
   std::vector<MemoryItem> shards;
   std::vector<MemoryItem> step;

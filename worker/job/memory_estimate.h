@@ -37,6 +37,7 @@
 #include "absl/status/status.h"
 #include "core/plan/types.h"
 #include "proto/job/job.h"
+#include "worker/job/workload_memory.h"
 
 namespace muonmesh::worker {
 
@@ -50,12 +51,6 @@ inline constexpr int64_t kRuntimeBaseBytes = int64_t{96} << 20;
 // the same job on the CPU; BENCHMARKS.md), rounded up.
 inline constexpr int64_t kCudaRuntimeBytes = int64_t{1} << 30;
 
-struct MemoryItem {
-  std::string field;  // the job field its size comes from, e.g. "model.mlp.dims"
-  std::string what;   // e.g. "teacher weights"
-  double bytes = 0;
-};
-
 struct MemoryPhase {
   std::string name;
   std::vector<MemoryItem> items;
@@ -67,12 +62,6 @@ struct MemoryEstimate {
   // The largest phase (index into phases) and its bytes.
   size_t peak_phase = 0;
   double peak_bytes = 0;
-};
-
-// Sizes of the job's input files, which the job file does not give.
-struct InputFileBytes {
-  int64_t data = 0;  // data.safetensors, if any
-  int64_t init = 0;  // init.safetensors, if any
 };
 
 // The host memory of rank `rank` (in [0, world_size)) running `job` with

@@ -146,11 +146,10 @@ TEST_F(AllowedDirsTest, ACheckpointsFolderLinkedOutsideIsRefused) {
 
 TEST_F(AllowedDirsTest, AnInlineSyntheticSpecIsNotAPath) {
   job::ResolvedJob job = InsideJob();
-  job.model_kind = job::ResolvedJob::ModelKind::kSynthetic;
-  job.synthetic_spec_path = "/etc/spec.yaml";
+  job.model_file = job::ModelFile{"model.synthetic.spec", "/etc/spec.yaml", false};
   EXPECT_EQ(job::CheckJobPathsAllowed(job, allowed_).code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(job::CheckJobPathsAllowed(job, allowed_).message(), HasSubstr("model.synthetic.spec"));
-  job.synthetic_model = v1::ModelSpec();
+  job.model_file->given_inline = true;
   EXPECT_TRUE(job::CheckJobPathsAllowed(job, allowed_).ok());
 }
 

@@ -102,8 +102,9 @@ TEST(JobTest, DesignExampleResolvesWithTheValuesWritten) {
   EXPECT_EQ(r->parallelism.num_distributed_optimizer_instances, 2);
   EXPECT_EQ(r->parallelism.outer_dp_sharding_strategy, "optim");
   EXPECT_EQ(r->parallelism.expert_model_parallel_size, 1);
-  EXPECT_EQ(r->model_kind, job::ResolvedJob::ModelKind::kMlp);
-  EXPECT_THAT(r->mlp_dims, ElementsAre(32, 64, 64, 8));
+  ASSERT_NE(r->kind, nullptr);
+  EXPECT_STREQ(r->kind->name, "mlp");
+  EXPECT_THAT(std::get<job::MlpModel>(r->model_form).dims, ElementsAre(32, 64, 64, 8));
   ASSERT_TRUE(r->init_seed.has_value());
   EXPECT_EQ(*r->init_seed, 7u);
   EXPECT_EQ(r->init_safetensors, "");
@@ -240,9 +241,12 @@ TEST(JobTest, ResolvesEveryNonDefaultChoice) {
   absl::StatusOr<job::ResolvedJob> r = job::ResolveJob(job, dir.dir());
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->device, "cuda");
-  EXPECT_EQ(r->model_kind, job::ResolvedJob::ModelKind::kSynthetic);
-  EXPECT_EQ(r->synthetic_spec_path, dir.dir() + "/spec.json");
-  EXPECT_EQ(r->synthetic_scale, 0.125);
+  ASSERT_NE(r->kind, nullptr);
+  EXPECT_STREQ(r->kind->name, "synthetic");
+  EXPECT_EQ(std::get<job::SyntheticModel>(r->model_form).spec_path, dir.dir() + "/spec.json");
+  EXPECT_EQ(std::get<job::SyntheticModel>(r->model_form).scale, 0.125);
+  ASSERT_TRUE(r->model_file.has_value());
+  EXPECT_EQ(r->model_file->path, dir.dir() + "/spec.json");
   EXPECT_FALSE(r->init_seed.has_value());
   EXPECT_EQ(r->init_safetensors, abs_init);  // absolute paths are kept
   EXPECT_FALSE(r->muon.nesterov);
@@ -271,9 +275,10 @@ TEST(JobTest, MoeModelAndDataFileResolve) {
   job.mutable_data()->set_safetensors("data.safetensors");
   absl::StatusOr<job::ResolvedJob> r = job::ResolveJob(job, dir.dir());
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->model_kind, job::ResolvedJob::ModelKind::kMoeMlp);
-  EXPECT_EQ(r->moe.num_experts(), 4);
-  EXPECT_EQ(r->moe.d_expert(), 8);
+  ASSERT_NE(r->kind, nullptr);
+  EXPECT_STREQ(r->kind->name, "moe_mlp");
+  EXPECT_EQ(std::get<job::MoeMlpModel>(r->model_form).dims.num_experts, 4);
+  EXPECT_EQ(std::get<job::MoeMlpModel>(r->model_form).dims.d_expert, 8);
   EXPECT_EQ(r->parallelism.expert_model_parallel_size, 2);
   EXPECT_FALSE(r->teacher_seed.has_value());
   EXPECT_EQ(r->data_safetensors, dir.dir() + "/data.safetensors");
@@ -862,8 +867,9 @@ TEST(JobTest, InlineSyntheticSpecNeedsNoFile) {
   model->set_name("m");
   absl::StatusOr<job::ResolvedJob> r = job::ResolveJob(job, "");
   ASSERT_TRUE(r.ok()) << r.status();
-  ASSERT_TRUE(r->synthetic_model.has_value());
-  EXPECT_EQ(r->synthetic_model->name(), "m");
+  const auto& synthetic = std::get<job::SyntheticModel>(r->model_form);
+  ASSERT_TRUE(synthetic.inline_spec.has_value());
+  EXPECT_EQ(synthetic.inline_spec->name(), "m");
   job.mutable_model()->mutable_synthetic()->clear_model();
   EXPECT_THAT(std::string(job::ResolveJob(job, "").status().message()),
               HasSubstr("model.synthetic.spec: /nowhere/spec.json: no such file"));
@@ -889,9 +895,10 @@ training: {steps: 3, global_batch_size: 4, eval_every: 2}
 )");
   absl::StatusOr<job::ResolvedJob> r = job::LoadResolvedJob(path);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->model_kind, job::ResolvedJob::ModelKind::kGpt);
+  ASSERT_NE(r->kind, nullptr);
+  EXPECT_STREQ(r->kind->name, "gpt");
   EXPECT_EQ(r->device, "cuda");
-  EXPECT_EQ(r->gpt, (model::GptDims{50257, 64, 2, 2, 8, 64}));
+  EXPECT_EQ(std::get<job::GptModel>(r->model_form).dims, (model::GptDims{50257, 64, 2, 2, 8, 64}));
   EXPECT_TRUE(r->corpus.tokens);
   EXPECT_EQ(r->corpus.train, dir.dir() + "/shard_*.bin");
   EXPECT_EQ(r->corpus.val_fraction, 0.1);  // the default
