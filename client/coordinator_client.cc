@@ -14,6 +14,7 @@
 #include "grpcpp/security/credentials.h"
 #include "proto/io/message_file.h"
 #include "proto/job/model_kind.h"
+#include "proto/rpc/rpc_status.h"
 
 namespace muonmesh {
 namespace {
@@ -24,10 +25,6 @@ namespace fs = std::filesystem;
 // specs up to 64 MiB) and a page of jobs several; the coordinator sends up
 // to 1 GiB. gRPC's default of 4 MiB failed GetJob on a large inline model.
 constexpr int kMaxReceiveBytes = 1 << 30;
-
-void SetDeadline(grpc::ClientContext& c, absl::Duration d) {
-  c.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d));
-}
 
 std::string Absolute(const fs::path& base, const std::string& path) {
   if (path.empty()) return path;
@@ -57,7 +54,7 @@ absl::Status CoordinatorClient::Error(const grpc::Status& s, const std::string& 
     return absl::DeadlineExceededError(absl::StrCat(what, ": no answer from ", address_,
                                                     " before the deadline"));
   }
-  return absl::Status(code, s.error_message());
+  return rpc::FromGrpcStatus(s);
 }
 
 absl::StatusOr<v1::SubmitJobResponse> CoordinatorClient::Submit(const v1::JobSpec& spec,
@@ -67,7 +64,7 @@ absl::StatusOr<v1::SubmitJobResponse> CoordinatorClient::Submit(const v1::JobSpe
   request.set_request_id(request_id);
   v1::SubmitJobResponse response;
   grpc::ClientContext context;
-  SetDeadline(context, options_.timeout);
+  rpc::SetDeadline(context, options_.timeout);
   MUONMESH_RETURN_IF_ERROR(Error(jobs_->SubmitJob(&context, request, &response), "submit"));
   return response;
 }
@@ -77,7 +74,7 @@ absl::StatusOr<v1::Job> CoordinatorClient::Get(const std::string& job_id) {
   request.set_job_id(job_id);
   v1::Job job;
   grpc::ClientContext context;
-  SetDeadline(context, options_.timeout);
+  rpc::SetDeadline(context, options_.timeout);
   MUONMESH_RETURN_IF_ERROR(Error(jobs_->GetJob(&context, request, &job), "status"));
   return job;
 }
@@ -126,7 +123,7 @@ absl::StatusOr<std::vector<v1::Job>> CoordinatorClient::List(
     request.set_page_token(token);
     v1::ListJobsResponse response;
     grpc::ClientContext context;
-    SetDeadline(context, options_.timeout);
+    rpc::SetDeadline(context, options_.timeout);
     MUONMESH_RETURN_IF_ERROR(Error(jobs_->ListJobs(&context, request, &response), "list"));
     for (v1::Job& j : *response.mutable_jobs()) out.push_back(std::move(j));
     token = response.next_page_token();
@@ -137,7 +134,7 @@ absl::StatusOr<std::vector<v1::Job>> CoordinatorClient::List(
 
 absl::Status CoordinatorClient::Delete(const std::string& job_id) {
   grpc::ClientContext context;
-  SetDeadline(context, options_.timeout);
+  rpc::SetDeadline(context, options_.timeout);
   v1::DeleteJobRequest request;
   request.set_job_id(job_id);
   v1::DeleteJobResponse response;
@@ -146,7 +143,7 @@ absl::Status CoordinatorClient::Delete(const std::string& job_id) {
 
 absl::StatusOr<std::vector<std::string>> CoordinatorClient::Prune(absl::Time t) {
   grpc::ClientContext context;
-  SetDeadline(context, options_.timeout);
+  rpc::SetDeadline(context, options_.timeout);
   v1::PruneJobsRequest request;
   request.set_finished_before_unix_ms(absl::ToUnixMillis(t));
   v1::PruneJobsResponse response;
@@ -161,7 +158,7 @@ absl::StatusOr<v1::Job> CoordinatorClient::Cancel(const std::string& job_id,
   request.set_reason(reason);
   v1::Job job;
   grpc::ClientContext context;
-  SetDeadline(context, options_.timeout);
+  rpc::SetDeadline(context, options_.timeout);
   MUONMESH_RETURN_IF_ERROR(Error(jobs_->CancelJob(&context, request, &job), "cancel"));
   return job;
 }
@@ -173,7 +170,7 @@ absl::StatusOr<v1::Worker> CoordinatorClient::Drain(const std::string& worker_id
   request.set_reason(reason);
   v1::Worker worker;
   grpc::ClientContext context;
-  SetDeadline(context, options_.timeout);
+  rpc::SetDeadline(context, options_.timeout);
   MUONMESH_RETURN_IF_ERROR(Error(fleet_->DrainWorker(&context, request, &worker), "drain"));
   return worker;
 }
@@ -183,7 +180,7 @@ absl::Status CoordinatorClient::RemoveWorker(const std::string& worker_id) {
   request.set_worker_id(worker_id);
   v1::RemoveWorkerResponse response;
   grpc::ClientContext context;
-  SetDeadline(context, options_.timeout);
+  rpc::SetDeadline(context, options_.timeout);
   return Error(fleet_->RemoveWorker(&context, request, &response), "workers remove");
 }
 
@@ -202,7 +199,7 @@ absl::StatusOr<std::vector<v1::StepRecord>> CoordinatorClient::Metrics(const std
     request.set_page_token(token);
     v1::GetJobMetricsResponse response;
     grpc::ClientContext context;
-    SetDeadline(context, options_.timeout);
+    rpc::SetDeadline(context, options_.timeout);
     MUONMESH_RETURN_IF_ERROR(Error(jobs_->GetJobMetrics(&context, request, &response), "metrics"));
     for (v1::StepRecord& r : *response.mutable_records()) out.push_back(std::move(r));
     token = response.next_page_token();
@@ -214,7 +211,7 @@ absl::StatusOr<std::vector<v1::StepRecord>> CoordinatorClient::Metrics(const std
 absl::StatusOr<std::vector<v1::Worker>> CoordinatorClient::Workers() {
   v1::ListWorkersResponse response;
   grpc::ClientContext context;
-  SetDeadline(context, options_.timeout);
+  rpc::SetDeadline(context, options_.timeout);
   if (absl::Status s = Error(fleet_->ListWorkers(&context, {}, &response), "workers"); !s.ok()) {
     return s;
   }

@@ -34,13 +34,6 @@ absl::StatusOr<Response> Finish(const grpc::Status& status, const std::string& a
   return AnnotateStatus(error, absl::StrCat("coordinator ", address));
 }
 
-// Calls without an end are not allowed (STYLE.md: every wait is bounded);
-// a very long timeout is clamped rather than overflowing the clock.
-void SetDeadline(absl::Duration timeout, grpc::ClientContext* context) {
-  const absl::Duration bounded = std::min(timeout, absl::Hours(24 * 365));
-  context->set_deadline(std::chrono::system_clock::now() +
-                        absl::ToChronoNanoseconds(std::max(bounded, absl::ZeroDuration())));
-}
 
 }  // namespace
 
@@ -54,7 +47,7 @@ PlannerClient::PlannerClient(std::string address, PlannerClientOptions options)
 absl::StatusOr<v1::ValidateConfigResponse> PlannerClient::Validate(
     const v1::ValidateConfigRequest& request) {
   grpc::ClientContext context;
-  SetDeadline(options_.timeout, &context);
+  rpc::SetDeadline(context, options_.timeout);
   v1::ValidateConfigResponse response;
   const grpc::Status status = stub_->ValidateConfig(&context, request, &response);
   return Finish(status, address_, std::move(response));
@@ -62,7 +55,7 @@ absl::StatusOr<v1::ValidateConfigResponse> PlannerClient::Validate(
 
 absl::StatusOr<v1::PlanLayoutResponse> PlannerClient::Plan(const v1::PlanLayoutRequest& request) {
   grpc::ClientContext context;
-  SetDeadline(options_.timeout, &context);
+  rpc::SetDeadline(context, options_.timeout);
   v1::PlanLayoutResponse response;
   const grpc::Status status = stub_->PlanLayout(&context, request, &response);
   return Finish(status, address_, std::move(response));

@@ -25,16 +25,11 @@
 #include "proto/job/job.h"
 #include "worker/comm/grpc_store.h"
 #include "worker/job/memory_budget.h"
+#include "proto/rpc/rpc_status.h"
 #include "worker/worker_metrics.h"
 
 namespace muonmesh::worker {
 namespace {
-
-absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(what, ": ", s.error_message()));
-}
 
 // The rank being run, and how to stop it.
 struct RankTask {
@@ -145,10 +140,6 @@ class Daemon {
     return deadline > 0 && absl::ToUnixMillis(absl::Now()) > deadline;
   }
   bool Draining() const { return options_.drain != nullptr && options_.drain->load(); }
-  void SetDeadline(grpc::ClientContext& c) const {
-    c.set_deadline(std::chrono::system_clock::now() +
-                   absl::ToChronoMilliseconds(options_.rpc_timeout));
-  }
   absl::Status Register();
   void Heartbeats();
   std::string Lease() {
@@ -267,7 +258,7 @@ absl::Status Daemon::Register() {
     if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
         s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
         s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
-      return FromGrpc(s, "registering");
+      return rpc::FromGrpcStatus(s, "registering");
     }
     if (++tries == 1 || tries % 10 == 0) {
       log_(absl::StrCat("cannot register yet (", s.error_message(), "); retrying"));
@@ -307,7 +298,7 @@ void Daemon::Heartbeats() {
     }
     v1::HeartbeatResponse response;
     grpc::ClientContext context;
-    SetDeadline(context);
+    rpc::SetDeadline(context, options_.rpc_timeout);
     // (The stream notices a stale lease.)
     const bool answered = stub_->Heartbeat(&context, request, &response).ok();
     if (answered) {
@@ -354,7 +345,7 @@ absl::Status Daemon::FlushSteps(RankTask& task, StepOutbox& outbox, bool patient
         return absl::CancelledError(
             absl::StrCat("the coordinator stopped this rank: ", s.error_message()));
       }
-      return FromGrpc(s, "report a step");
+      return rpc::FromGrpcStatus(s, "report a step");
     }
     outbox.Pop();
     patient = true;
@@ -404,7 +395,7 @@ void Daemon::Report(RankTask& task, StepOutbox& outbox, const absl::Status& resu
       request.set_lease_id(Lease());
       v1::ReportAttemptResponse response;
       grpc::ClientContext context;
-      SetDeadline(context);
+      rpc::SetDeadline(context, options_.rpc_timeout);
       const grpc::Status s = stub_->ReportAttempt(&context, request, &response);
       if (s.ok() || !Transient(s)) {
         if (!s.ok()) {
@@ -632,7 +623,7 @@ absl::Status Daemon::Serve() {
   while (reader->Read(&a)) Start(a);
   done = true;
   watcher.join();
-  return FromGrpc(reader->Finish(), "assignments");
+  return rpc::FromGrpcStatus(reader->Finish(), "assignments");
 }
 
 absl::Status Daemon::Run() {

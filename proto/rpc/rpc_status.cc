@@ -1,5 +1,8 @@
 #include "proto/rpc/rpc_status.h"
 
+#include <algorithm>
+#include <chrono>
+
 #include <string>
 #include <utility>
 #include <vector>
@@ -106,6 +109,18 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
     lines.push_back(v.field.empty() ? v.description : absl::StrCat(v.field, ": ", v.description));
   }
   return absl::Status(code, absl::StrJoin(lines, "\n"));
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view what) {
+  const absl::Status converted = FromGrpcStatus(status);
+  if (converted.ok()) return converted;
+  return absl::Status(converted.code(), absl::StrCat(what, ": ", converted.message()));
+}
+
+void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
+  const absl::Duration bounded =
+      std::clamp(timeout, absl::ZeroDuration(), absl::Hours(24 * 365));
+  context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(bounded));
 }
 
 }  // namespace muonmesh::rpc

@@ -1,7 +1,10 @@
 #pragma once
 
-// The one place where absl::Status meets grpc::Status. Handlers work in
-// absl::Status and convert at the RPC edge; clients convert back. Bad input
+// The one place where absl::Status meets grpc::Status, and the client edge
+// of every call (deadlines). Handlers work in absl::Status and convert at
+// the RPC edge; clients (muonmeshctl's library, the worker daemon, the
+// rendezvous store) convert back with FromGrpcStatus and bound each call
+// with SetDeadline. Bad input
 // travels as google.rpc.BadRequest field violations in the binary error
 // details (the grpc-status-details-bin trailer), the convention every gRPC
 // ecosystem reads, so a user sees every problem with a request at once.
@@ -13,7 +16,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "grpcpp/client_context.h"
 #include "grpcpp/support/status.h"
 #include "core/base/field_violation.h"
 
@@ -56,5 +62,14 @@ std::vector<FieldViolation> ViolationsFromGrpcStatus(const grpc::Status& status)
 // an empty field is its description alone), or the status message when
 // there are none.
 absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// The same with `what` in front ("what: message"; the violations follow on
+// their lines). OK stays OK.
+absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view what);
+
+// Ends the call of `context` `timeout` from now. Every call has an end
+// (STYLE.md: every wait is bounded): a negative timeout is now, and one
+// beyond a year is a year (the clock would overflow).
+void SetDeadline(grpc::ClientContext& context, absl::Duration timeout);
 
 }  // namespace muonmesh::rpc

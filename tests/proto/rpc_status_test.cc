@@ -1,5 +1,6 @@
 #include "proto/rpc/rpc_status.h"
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,40 @@ TEST(RpcStatusTest, CutsMessagesOnCharacterBoundaries) {
   ASSERT_TRUE(message.size() > 3);
   EXPECT_EQ((message.size() - 3) % 3, 0u);
   EXPECT_THAT(ViolationsFromGrpcStatus(status), ElementsAre(FieldViolation{"f", "d"}));
+}
+
+// The client edge's form with a context keeps what the server sent: the
+// code, and every field violation on its own line after `what`.
+TEST(RpcStatusTest, AConversionWithContextKeepsTheViolations) {
+  EXPECT_TRUE(FromGrpcStatus(grpc::Status::OK, "registering").ok());
+  const std::vector<FieldViolation> violations = {{"world_size", "must be >= 1"},
+                                                  {"model", "required"}};
+  const grpc::Status status =
+      ToGrpcStatus(absl::InvalidArgumentError("invalid job"), violations);
+  const absl::Status converted = FromGrpcStatus(status, "submit");
+  EXPECT_EQ(converted.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(converted.message(), "submit: world_size: must be >= 1\nmodel: required");
+  EXPECT_EQ(FromGrpcStatus(grpc::Status(grpc::StatusCode::UNAVAILABLE, "peer lost"), "store"),
+            absl::UnavailableError("store: peer lost"));
+}
+
+// Every call ends: a deadline in the past is now, one beyond a year is a year.
+TEST(RpcStatusTest, DeadlinesAreBoundedBothWays) {
+  const auto now = std::chrono::system_clock::now();
+  grpc::ClientContext past;
+  SetDeadline(past, absl::Seconds(-5));
+  EXPECT_LE(past.deadline(), std::chrono::system_clock::now());
+  EXPECT_GE(past.deadline(), now - std::chrono::seconds(1));
+  grpc::ClientContext forever;
+  SetDeadline(forever, absl::InfiniteDuration());
+  EXPECT_LE(forever.deadline(), std::chrono::system_clock::now() + std::chrono::hours(24 * 366));
+  EXPECT_GE(forever.deadline(), now + std::chrono::hours(24 * 364));
+  grpc::ClientContext second;
+  const auto before = std::chrono::system_clock::now();
+  SetDeadline(second, absl::Seconds(1));
+  const auto after = std::chrono::system_clock::now();
+  EXPECT_GE(second.deadline(), before + std::chrono::seconds(1));
+  EXPECT_LE(second.deadline(), after + std::chrono::seconds(1));
 }
 
 }  // namespace

@@ -6,15 +6,13 @@
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
 #include "grpcpp/client_context.h"
+#include "proto/rpc/rpc_status.h"
 
 namespace muonmesh::comm {
 namespace {
 
-// gRPC's codes are absl's codes, number for number.
 absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat("coordinator store, ", what, ": ", s.error_message()));
+  return rpc::FromGrpcStatus(s, absl::StrCat("coordinator store, ", what));
 }
 
 }  // namespace
