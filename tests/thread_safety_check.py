@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Clang's thread-safety analysis over the code whose state absl::Mutex guards.
 
-The control plane (server/control, server/state, server/auth) and the worker daemon annotate
-what each mutex guards (ABSL_GUARDED_BY, ABSL_EXCLUSIVE_LOCKS_REQUIRED). GCC ignores the
-annotations; this check compiles those files with clang++ -fsyntax-only -Wthread-safety
--Werror, each with its flags from the build's compile_commands.json, so that touching guarded
-state without its lock fails the test suite.
+Every source file that annotates what its mutexes guard (ABSL_GUARDED_BY,
+ABSL_EXCLUSIVE_LOCKS_REQUIRED, ABSL_LOCKS_EXCLUDED, ...), in itself or in its own header
+(foo.cc beside foo.h), and everything under the control plane's folders (server/control,
+server/state, server/auth), is checked: GCC ignores the annotations, so this check compiles
+those files with clang++ -fsyntax-only -Wthread-safety -Werror, each with its flags from the
+build's compile_commands.json, so that touching guarded state without its lock fails the test
+suite. No annotated file is skipped: a file that annotates and is not in the build is reported.
 
   tests/thread_safety_check.py BUILD_DIR [CLANG++]
   tests/thread_safety_check.py --self-test BUILD_DIR [CLANG++]
@@ -17,6 +19,7 @@ fails unless clang reports it.
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -24,7 +27,34 @@ import sys
 import tempfile
 
 FOLDERS = ("server/control/", "server/state/", "server/auth/")
-FILES = ("worker/daemon.cc", "worker/worker_metrics.cc")
+LAYERS = ("core/", "proto/", "server/", "worker/", "client/")
+ANNOTATIONS = re.compile(r"\bABSL_(GUARDED_BY|PT_GUARDED_BY|EXCLUSIVE_LOCKS_REQUIRED|"
+                         r"SHARED_LOCKS_REQUIRED|LOCKS_EXCLUDED|ACQUIRED_AFTER|ACQUIRED_BEFORE)\b")
+
+
+def annotated(path):
+    """Whether `path` or its own header annotates guarded state."""
+    for candidate in (path, os.path.splitext(path)[0] + ".h"):
+        try:
+            with open(candidate, errors="replace") as f:
+                if ANNOTATIONS.search(f.read()):
+                    return True
+        except OSError:
+            pass
+    return False
+
+
+def annotated_sources(root):
+    """Every project .cc (tests aside) that annotation covers, relative to root."""
+    out = set()
+    for layer in LAYERS:
+        for dirpath, _, names in os.walk(os.path.join(root, layer)):
+            for name in names:
+                if name.endswith(".cc"):
+                    path = os.path.join(dirpath, name)
+                    if annotated(path):
+                        out.add(os.path.relpath(path, root))
+    return out
 
 PLANTED = """#include "absl/synchronization/mutex.h"
 class Counter {
@@ -60,12 +90,19 @@ def check(build, clang):
     with open(os.path.join(build, "compile_commands.json")) as f:
         entries = json.load(f)
     root = os.path.dirname(os.path.abspath(__file__)).rsplit("/tests", 1)[0] + "/"
+    wanted = annotated_sources(root)
     chosen = [e for e in entries
               if e["file"].startswith(root)
-              and (e["file"][len(root):].startswith(FOLDERS) or e["file"][len(root):] in FILES)
+              and (e["file"][len(root):].startswith(FOLDERS) or e["file"][len(root):] in wanted)
               and "/tests/" not in e["file"]]
     if not chosen:
         print("FAIL: no annotated source in compile_commands.json", file=sys.stderr)
+        return 1
+    built = {e["file"][len(root):] for e in chosen}
+    missing = sorted(wanted - built)
+    if missing:
+        print("FAIL: annotated sources the build does not compile (so not checked): "
+              + ", ".join(missing), file=sys.stderr)
         return 1
     failed = 0
     seen = set()

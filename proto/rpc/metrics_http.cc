@@ -16,7 +16,8 @@ namespace {
 // The servers of this process by port: civetweb's callbacks carry no
 // pointer of ours (CivetServer keeps its context's user data).
 absl::Mutex registry_mu(absl::kConstInit);
-absl::flat_hash_map<int, MetricsHttp*>& Registry() ABSL_EXCLUSIVE_LOCKS_REQUIRED(registry_mu) {
+// Readers (Answer) hold registry_mu shared; Serve and the destructor, exclusively.
+absl::flat_hash_map<int, MetricsHttp*>& Registry() ABSL_SHARED_LOCKS_REQUIRED(registry_mu) {
   static auto* servers = new absl::flat_hash_map<int, MetricsHttp*>();
   return *servers;
 }

@@ -288,7 +288,11 @@ class JobManager {
   Clock& clock_;
   const JobManagerOptions options_;
 
-  absl::Mutex mu_;
+  // Lock order (docs/architecture.md §7): mu_ is taken first. With it held,
+  // the manager calls into JobStore, Fleet and Rendezvous, whose own mutexes
+  // are leaves (they call nothing that locks), and takes state_mu_ and
+  // events_mu_, leaves too. Nothing takes mu_ while holding any of them.
+  absl::Mutex mu_ ABSL_ACQUIRED_BEFORE(state_mu_, events_mu_);
   // job id -> its running attempt
   std::map<std::string, Attempt> active_ ABSL_GUARDED_BY(mu_);
   // Jobs whose gang is taken and whose plan is being computed (outside mu_).
