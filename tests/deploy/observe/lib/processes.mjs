@@ -70,8 +70,12 @@ export async function until(what, probe, { timeoutMs = 60000, everyMs = 500, dea
   throw new Error(`timed out waiting for ${what}${last ? ` (last error: ${last.message})` : ''}`);
 }
 
-// A TCP port free on 127.0.0.1 now.
-export function freePort() {
+// Ports this process has handed out: the kernel may offer a port again
+// once its probe socket is closed, and two listeners given one port make the
+// second fail to bind (seen: a coordinator's gRPC and metrics ports).
+const handedOut = new Set();
+
+function probePort() {
   return new Promise((resolve, reject) => {
     const server = net.createServer();
     server.on('error', reject);
@@ -80,4 +84,15 @@ export function freePort() {
       server.close(() => resolve(port));
     });
   });
+}
+
+// A TCP port free on 127.0.0.1 now, never one handed out before.
+export async function freePort() {
+  for (;;) {
+    const port = await probePort();
+    if (!handedOut.has(port)) {
+      handedOut.add(port);
+      return port;
+    }
+  }
 }
