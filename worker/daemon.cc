@@ -26,6 +26,7 @@
 #include "worker/comm/grpc_store.h"
 #include "worker/job/memory_budget.h"
 #include "proto/rpc/rpc_status.h"
+#include "worker/local_address.h"
 #include "worker/worker_metrics.h"
 
 namespace muonmesh::worker {
@@ -664,6 +665,15 @@ absl::Status RunDaemon(const DaemonOptions& options, const LineSink& log) {
     char host[256] = {};
     ::gethostname(host, sizeof(host) - 1);
     o.worker_id = absl::StrCat(host, "/", o.device, "/", ::getpid());
+  }
+  if (o.address.empty()) {
+    // What its peers on other hosts can dial: the address this host reaches
+    // the coordinator from (127.0.0.1 when the coordinator is local).
+    MUONMESH_ASSIGN_OR_RETURN(o.address, LocalAddressToward(o.coordinator),
+                              "--address (not given: the address toward --coordinator)");
+    log(absl::StrCat("advertising ", o.address,
+                     " to peers (the address this host reaches the coordinator from; "
+                     "--address overrides)"));
   }
   MUONMESH_ASSIGN_OR_RETURN(rpc::ChannelSecurity security, rpc::LoadChannelSecurity(o.security));
   MUONMESH_ASSIGN_OR_RETURN(std::vector<std::string> allowed,

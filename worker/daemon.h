@@ -33,8 +33,10 @@ struct DaemonOptions {
   // Unique in the fleet; default "<hostname>/<device>".
   std::string worker_id;
   std::string device = "cpu";  // "cpu" or "cuda:N"
-  // Where peers reach this worker for collectives (Gloo TCP).
-  std::string address = "127.0.0.1";
+  // Where peers reach this worker for collectives (Gloo TCP); empty: the
+  // local address this host reaches the coordinator from
+  // (worker/local_address.h).
+  std::string address;
   // Host memory a rank may plan to use; 0: the machine's default.
   int64_t memory_budget_bytes = 0;
   // HOST:PORT to serve Prometheus metrics on (/metrics); empty: none.

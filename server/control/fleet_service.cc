@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "grpc/grpc_security_constants.h"
+#include "core/base/net_address.h"
 #include "proto/rpc/rpc_status.h"
 
 namespace muonmesh::coordinator {
@@ -33,10 +34,28 @@ absl::Status FleetService::CheckIdentity(const grpc::ServerContext* context,
   return CheckWorkerNamedBy(worker_id, names);
 }
 
+absl::Status CheckAdvertisedAddress(const std::string& worker_id, const std::string& advertised,
+                                    const std::string& peer) {
+  if (!IsLoopbackAddress(advertised)) return absl::OkStatus();
+  const std::string from = PeerHost(peer);
+  if (from.empty() || IsLoopbackAddress(from)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "info.address: worker ", worker_id.substr(0, 200), " advertises ", advertised.substr(0, 64),
+      ", a loopback address, but reaches the coordinator from ", from,
+      ", another host: its peers could not dial it. Start it with --address ", from,
+      " (or without --address: a worker then advertises the address it reaches the "
+      "coordinator from)"));
+}
+
 grpc::Status FleetService::Register(grpc::ServerContext* context,
                                     const v1::RegisterRequest* request,
                                     v1::RegisterResponse* response) {
   if (absl::Status s = CheckIdentity(context, request->info().worker_id()); !s.ok()) {
+    return rpc::ToGrpcStatus(s);
+  }
+  if (absl::Status s = CheckAdvertisedAddress(request->info().worker_id(),
+                                              request->info().address(), context->peer());
+      !s.ok()) {
     return rpc::ToGrpcStatus(s);
   }
   const v1::RunningRank* running = request->has_running() ? &request->running() : nullptr;

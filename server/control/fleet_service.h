@@ -30,6 +30,14 @@ struct FleetServiceOptions {
 absl::Status CheckWorkerNamedBy(const std::string& worker_id,
                                 const std::vector<std::string>& names);
 
+// OK unless a worker advertises a loopback `advertised` address while it
+// reaches the coordinator from a `peer` (gRPC's peer string) on another
+// host: its peers would dial themselves and the gang would hang until the
+// collective timeout. FAILED_PRECONDITION naming both addresses and the
+// --address to give otherwise.
+absl::Status CheckAdvertisedAddress(const std::string& worker_id, const std::string& advertised,
+                                    const std::string& peer);
+
 class FleetService final : public v1::Fleet::Service {
  public:
   FleetService(Fleet* fleet, JobManager* manager, FleetServiceOptions options = {})

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/control/fleet_service.h"
 #include "tests/server/control/fake_clock.h"
 
 namespace muonmesh::coordinator {
@@ -322,6 +323,25 @@ TEST_F(FleetTest, AssignmentsAreDeliveredInOrderAndWaitsEnd) {
   fleet_.Shutdown();
   EXPECT_EQ(fleet_.Next("a", a->lease_id, absl::Seconds(5), nullptr).status().code(),
             absl::StatusCode::kCancelled);
+}
+
+// A worker that advertises a loopback address but reaches the coordinator
+// from another host would leave its peers dialling themselves: refused at
+// registration, naming both addresses and the flag. The regression: workers
+// in their own network namespaces advertised 127.0.0.1 and a 4-rank job
+// failed only after 302 s of Gloo timeouts.
+TEST(AdvertisedAddressTest, ALoopbackAddressFromAnotherHostIsRefused) {
+  const absl::Status refused = CheckAdvertisedAddress("w1", "127.0.0.1", "ipv4:10.0.0.5:41234");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(), HasSubstr("info.address: worker w1 advertises 127.0.0.1"));
+  EXPECT_THAT(refused.message(), HasSubstr("reaches the coordinator from 10.0.0.5"));
+  EXPECT_THAT(refused.message(), HasSubstr("--address 10.0.0.5"));
+  EXPECT_FALSE(CheckAdvertisedAddress("w1", "localhost", "ipv6:[2001:db8::7]:9").ok());
+  // On one host, or with a reachable address, or over a socket file: fine.
+  EXPECT_TRUE(CheckAdvertisedAddress("w1", "127.0.0.1", "ipv4:127.0.0.1:41234").ok());
+  EXPECT_TRUE(CheckAdvertisedAddress("w1", "::1", "ipv6:[::1]:41234").ok());
+  EXPECT_TRUE(CheckAdvertisedAddress("w1", "10.0.0.5", "ipv4:10.0.0.5:41234").ok());
+  EXPECT_TRUE(CheckAdvertisedAddress("w1", "127.0.0.1", "unix:/run/coordinator.sock").ok());
 }
 
 }  // namespace
