@@ -13,7 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "google/protobuf/util/json_util.h"
+#include "client/json_writer.h"
 
 namespace muonmesh::cli {
 namespace {
@@ -22,12 +22,12 @@ std::string StateName(v1::JobState s) {
   return v1::JobState_Name(s).substr(std::string("JOB_STATE_").size());
 }
 
+// Every --json output in one dialect (client/json_writer.h): every field,
+// numbers as numbers, states as the tables name them.
 std::string Json(const google::protobuf::Message& m) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions o;
-  o.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
-  return out;
+  JsonOptions options;
+  options.short_enum_names = true;
+  return ToJson(m, options);
 }
 
 int Fail(const absl::Status& s, Streams io) {

@@ -54,7 +54,8 @@ std::string Quote(const std::string& text) { return ::muonmesh::text::JsonString
 class Writer {
  public:
   explicit Writer(const JsonOptions& options)
-      : omit_(options.omit_fields.begin(), options.omit_fields.end()) {}
+      : omit_(options.omit_fields.begin(), options.omit_fields.end()),
+        short_enums_(options.short_enum_names) {}
 
   std::string Take() { return std::move(out_); }
 
@@ -194,7 +195,7 @@ class Writer {
 
   // One scalar: element `index` of a repeated field, or the singular field
   // when index < 0.
-  static std::string Scalar(const Message& message, const FieldDescriptor* field, int index) {
+  std::string Scalar(const Message& message, const FieldDescriptor* field, int index) const {
     const Reflection* r = message.GetReflection();
     const bool rep = index >= 0;
     switch (field->cpp_type()) {
@@ -225,7 +226,9 @@ class Writer {
             rep ? r->GetRepeatedEnumValue(message, field, index) : r->GetEnumValue(message, field);
         const google::protobuf::EnumValueDescriptor* value =
             field->enum_type()->FindValueByNumber(number);
-        return value != nullptr ? Quote(value->name()) : absl::StrCat(number);
+        if (value == nullptr) return absl::StrCat(number);
+        return Quote(short_enums_ ? value->name().substr(SharedPrefix(*field->enum_type()))
+                                  : value->name());
       }
       case FieldDescriptor::CPPTYPE_STRING: {
         const std::string text =
@@ -239,7 +242,27 @@ class Writer {
     return "null";
   }
 
+  // The length of the prefix every value name of `type` shares, cut after
+  // its last '_' ("JOB_STATE_" of JOB_STATE_PENDING, JOB_STATE_RUNNING, ...);
+  // 0 when that would leave a name empty.
+  static size_t SharedPrefix(const google::protobuf::EnumDescriptor& type) {
+    std::string prefix = type.value(0)->name();
+    for (int i = 1; i < type.value_count(); ++i) {
+      const std::string& name = type.value(i)->name();
+      size_t n = 0;
+      while (n < prefix.size() && n < name.size() && prefix[n] == name[n]) ++n;
+      prefix.resize(n);
+    }
+    const size_t cut = prefix.rfind('_');
+    if (cut == std::string::npos) return 0;
+    for (int i = 0; i < type.value_count(); ++i) {
+      if (type.value(i)->name().size() <= cut + 1) return 0;
+    }
+    return cut + 1;
+  }
+
   absl::flat_hash_set<std::string> omit_;
+  bool short_enums_ = false;
   std::string out_;
 };
 

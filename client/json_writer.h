@@ -15,7 +15,8 @@
 //   significant digits that read back to the same value (%.17g at most;
 //   integral values below 1e15 without a decimal point); NaN and infinities
 //   as the strings "NaN", "Infinity", "-Infinity";
-// - enums by value name (the number when unknown), bytes as base64;
+// - enums by value name (the number when unknown; JsonOptions can drop the
+//   prefix their type's values share), bytes as base64;
 // - repeated scalars as one-line arrays ([1, 2]), repeated messages as
 //   arrays of objects one per line, maps as objects sorted by key.
 // Well-known types (Any, Timestamp, ...) are written as ordinary messages.
@@ -34,6 +35,9 @@ struct JsonOptions {
   // values that differ between runs on the same input, such as timings,
   // would break byte-identical output.
   std::vector<std::string> omit_fields;
+  // Enum values without the prefix every value of their type shares
+  // ("RUNNING" for JOB_STATE_RUNNING), as muonmeshctl's tables print them.
+  bool short_enum_names = false;
 };
 
 // `message` as JSON, without a trailing newline.

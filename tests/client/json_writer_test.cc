@@ -13,6 +13,7 @@
 #include "google/protobuf/wrappers.pb.h"
 #include "gtest/gtest.h"
 #include "muonmesh/v1/config.pb.h"
+#include "muonmesh/v1/fleet.pb.h"
 #include "muonmesh/v1/planner.pb.h"
 
 namespace muonmesh {
@@ -137,6 +138,24 @@ TEST(JsonWriterTest, FieldNumberOrderAndEnumNames) {
             "  },\n"
             "  \"json_name\": \"jf\"\n"
             "}");
+}
+
+// With short_enum_names each value loses the prefix its type's values all
+// share: "LABEL_REPEATED" is "REPEATED", "TYPE_INT64" is "INT64"; a job's
+// state is written as muonmeshctl's tables name it.
+TEST(JsonWriterTest, ShortEnumNamesDropTheSharedPrefix) {
+  google::protobuf::FieldDescriptorProto field;
+  field.set_type(google::protobuf::FieldDescriptorProto::TYPE_INT64);
+  field.set_label(google::protobuf::FieldDescriptorProto::LABEL_REPEATED);
+  JsonOptions options;
+  options.short_enum_names = true;
+  EXPECT_EQ(ToJson(field, options),
+            "{\n"
+            "  \"label\": \"REPEATED\",\n"
+            "  \"type\": \"INT64\"\n"
+            "}");
+  v1::WorkerInfo info;
+  EXPECT_EQ(ToJson(info), ToJson(info, options));  // no enum: the same bytes
 }
 
 TEST(JsonWriterTest, MapsAreSortedObjects) {

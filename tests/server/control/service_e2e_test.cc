@@ -1034,7 +1034,13 @@ TEST_F(MuonmeshctlTest, FlagsGoAnywhereAndEveryListedFlagWorks) {
   const testing::ProcessResult status = Ctl({"status", "--coordinator", address_, id, "--json"});
   ASSERT_EQ(status.exit_code, 0) << status.err;
   EXPECT_TRUE(absl::StartsWith(status.out, "{")) << status.out;
-  EXPECT_THAT(status.out, HasSubstr(absl::StrCat("\"id\":\"", id, "\"")));
+  // The one JSON dialect (client/json_writer.h): every field, numbers as
+  // numbers, short state names.
+  EXPECT_THAT(status.out, HasSubstr(absl::StrCat("\"id\": \"", id, "\"")));
+  EXPECT_THAT(status.out,
+              ::testing::ContainsRegex("\"state\": \"(PENDING|RUNNING|SUCCEEDED)\""));
+  EXPECT_THAT(status.out, ::testing::ContainsRegex("\"steps_done\": [0-9]+,"));
+  EXPECT_THAT(status.out, HasSubstr("\"attempt\": 0"));  // a zero is written too
   // Two positionals, or one where none is taken: the stray one is named.
   const testing::ProcessResult two = Ctl({"status", id, "j-2"});
   EXPECT_EQ(two.exit_code, 2);
