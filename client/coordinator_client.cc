@@ -152,10 +152,11 @@ absl::StatusOr<std::vector<std::string>> CoordinatorClient::Prune(absl::Time t) 
 }
 
 absl::StatusOr<v1::Job> CoordinatorClient::Cancel(const std::string& job_id,
-                                                  const std::string& reason) {
+                                                  const std::string& reason, bool checkpoint) {
   v1::CancelJobRequest request;
   request.set_job_id(job_id);
   request.set_reason(reason);
+  request.set_checkpoint(checkpoint);
   v1::Job job;
   grpc::ClientContext context;
   rpc::SetDeadline(context, options_.timeout);
@@ -256,6 +257,18 @@ absl::Status CoordinatorClient::Watch(const std::string& job_id, int64_t from_in
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
   }
+}
+
+absl::StatusOr<v1::JobSpec> ResumeSpecOf(const v1::JobSpec& earlier, int64_t world_size) {
+  if (earlier.output().dir().empty()) {
+    return absl::InvalidArgumentError(
+        "output.dir: the job has no output folder, so no checkpoint to resume from");
+  }
+  v1::JobSpec spec = earlier;
+  spec.clear_init();
+  spec.mutable_init()->set_checkpoint(earlier.output().dir());
+  if (world_size > 0) spec.set_world_size(world_size);
+  return spec;
 }
 
 absl::StatusOr<v1::JobSpec> LoadJobForSubmit(const std::string& path) {

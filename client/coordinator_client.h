@@ -46,7 +46,9 @@ class CoordinatorClient {
   // Every job matching the filter (all pages).
   absl::StatusOr<std::vector<v1::Job>> List(const std::vector<v1::JobState>& states,
                                             const std::string& name);
-  absl::StatusOr<v1::Job> Cancel(const std::string& job_id, const std::string& reason);
+  // `checkpoint`: the ranks checkpoint their current step before they stop.
+  absl::StatusOr<v1::Job> Cancel(const std::string& job_id, const std::string& reason,
+                                 bool checkpoint = false);
   // Jobs.DeleteJob: a finished job and its records.
   absl::Status Delete(const std::string& job_id);
   // Jobs.PruneJobs (admin): the ids of the jobs that finished before `t`.
@@ -83,5 +85,15 @@ class CoordinatorClient {
 // model.synthetic.model. Errors as protoio::LoadMessageFile, naming the
 // file.
 absl::StatusOr<v1::JobSpec> LoadJobForSubmit(const std::string& path);
+
+// The job that continues `earlier` (a submitted job's spec) from the newest
+// complete checkpoint in its output folder: the same job with
+// init: {checkpoint: <its output.dir>} (any other init dropped), at
+// `world_size` ranks when > 0 (a checkpoint loads under any layout). It
+// writes into the same folder, continuing its series and appending to its
+// metrics, so the earlier job must have ended (the coordinator refuses two
+// unfinished jobs in one folder). InvalidArgument when the earlier job has
+// no output folder.
+absl::StatusOr<v1::JobSpec> ResumeSpecOf(const v1::JobSpec& earlier, int64_t world_size);
 
 }  // namespace muonmesh

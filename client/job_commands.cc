@@ -103,6 +103,22 @@ int Submit(CoordinatorClient& client, const std::string& file, const std::string
   return kExitOk;
 }
 
+int Resume(CoordinatorClient& client, const std::string& job_id, int64_t world_size,
+           const std::string& request_id, Streams io) {
+  absl::StatusOr<v1::Job> earlier = client.Get(job_id);
+  if (!earlier.ok()) return Fail(earlier.status(), io);
+  absl::StatusOr<v1::JobSpec> spec = ResumeSpecOf(earlier->spec(), world_size);
+  if (!spec.ok()) return Fail(spec.status(), io);
+  absl::StatusOr<v1::SubmitJobResponse> r = client.Submit(*spec, request_id);
+  if (!r.ok()) return Fail(r.status(), io);
+  io.err << (r->created() ? "submitted " : "already submitted (same request id) ")
+         << r->job().name() << " as the resume of " << job_id << " from "
+         << spec->init().checkpoint() << " at " << spec->world_size() << " ranks: "
+         << StateName(r->job().state()) << ", " << r->job().reason() << "\n";
+  io.out << r->job().id() << "\n";
+  return kExitOk;
+}
+
 namespace {
 
 // `status` without a job: how many jobs are in each state and how many
@@ -343,8 +359,8 @@ int Metrics(CoordinatorClient& client, const std::string& job_id, const std::str
 }
 
 int Cancel(CoordinatorClient& client, const std::string& job_id, const std::string& reason,
-           Streams io) {
-  absl::StatusOr<v1::Job> job = client.Cancel(job_id, reason);
+           bool checkpoint, Streams io) {
+  absl::StatusOr<v1::Job> job = client.Cancel(job_id, reason, checkpoint);
   if (!job.ok()) return Fail(job.status(), io);
   io.out << job->id() << " " << StateName(job->state()) << ": " << job->reason() << "\n";
   return kExitOk;

@@ -55,8 +55,13 @@ int Delete(CoordinatorClient& client, const std::string& job_id, Streams io);
 int Prune(CoordinatorClient& client, absl::Duration older_than, Streams io);
 int Drain(CoordinatorClient& client, const std::string& worker_id, const std::string& reason,
           Streams io);
+// A new job continuing `job_id` from the newest checkpoint in its output
+// folder (ResumeSpecOf), at `world_size` ranks when > 0; prints its id.
+int Resume(CoordinatorClient& client, const std::string& job_id, int64_t world_size,
+           const std::string& request_id, Streams io);
+// `checkpoint`: the ranks checkpoint their current step before they stop.
 int Cancel(CoordinatorClient& client, const std::string& job_id, const std::string& reason,
-           Streams io);
+           bool checkpoint, Streams io);
 int Workers(CoordinatorClient& client, bool json, Streams io);
 // Forgets a LOST worker; every worker listed LOST.
 int RemoveWorker(CoordinatorClient& client, const std::string& worker_id, Streams io);

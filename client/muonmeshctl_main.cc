@@ -96,6 +96,12 @@ const JobCommand kCommands[] = {
      "its folder, output.dir defaults to <its folder>/runs/<name>, and a synthetic model's\n"
      "spec file is sent inline. Prints the job id alone on the last line of stdout.\n"
      "Repeating a submit with the same --request-id makes one job."},
+    {"resume", "JOB",
+     "JOB [--world-size N] [--request-id ID] [--coordinator ADDR]\n\n"
+     "Submits the job again, continuing from the newest complete checkpoint in its output\n"
+     "folder (init: {checkpoint: <output.dir>}), at --world-size ranks (default: as before;\n"
+     "a checkpoint loads under any layout). The job must have ended (cancel it first,\n"
+     "with --checkpoint to keep its last step). Prints the new job's id."},
     {"status", "JOB",
      "[JOB] [--json] [--coordinator ADDR]\n\n"
      "The job's state, progress and timing; without JOB, how many jobs are in each state\n"
@@ -114,7 +120,10 @@ const JobCommand kCommands[] = {
      "The job's per-step records: loss, step time and every phase, bytes sent, Newton-Schulz\n"
      "FLOPs (rank 0's, or every rank's with --all-ranks); --summary adds medians and totals."},
     {"cancel", "JOB",
-     "JOB [--reason TEXT] [--coordinator ADDR]\n\nStops the job; its workers are freed."},
+     "JOB [--reason TEXT] [--checkpoint] [--coordinator ADDR]\n\n"
+     "Stops the job; its workers are freed. With --checkpoint its ranks first finish their\n"
+     "current step and checkpoint it, so that `muonmeshctl resume JOB` loses no step (cancel\n"
+     "again without it to stop them at once)."},
     {"drain", "WORKER",
      "WORKER [--reason TEXT] [--coordinator ADDR]\n\n"
      "Takes a worker out of service (admin role): it gets no new rank; a job it runs writes a\n"
@@ -139,6 +148,84 @@ const JobCommand kCommands[] = {
      "the list and the LOST count. A live worker is refused: drain it and stop it first.",
      /*positional_optional=*/true}};
 
+// The values of a job command's own flags.
+struct JobFlags {
+  std::string request_id, states, job_name, reason, format = "table";
+  int64_t from = 0;
+  int64_t world_size = 0;
+  bool summary = false, all_ranks = false, all_lost = false, checkpoint = false;
+  absl::Duration older_than = absl::ZeroDuration();
+};
+
+// Registers the flags command `name` takes besides the connection's.
+void AddJobFlags(const std::string& name, FlagParser& parser, JobFlags* j) {
+  if (name == "submit" || name == "resume") {
+    parser.String("--request-id", "ID", "idempotency key (<= 128 bytes)", &j->request_id);
+  }
+  if (name == "resume") {
+    parser.Int("--world-size", "N", "ranks of the resumed job (default: as before)",
+               &j->world_size);
+  }
+  if (name == "list") {
+    parser.String("--state", "S", "only jobs in these states (comma-separated)", &j->states);
+    parser.String("--name", "NAME", "only jobs of this name", &j->job_name);
+  }
+  if (name == "watch") parser.Int("--from", "INDEX", "first event to show (default 1)", &j->from);
+  if (name == "metrics") {
+    parser.String("--format", "F", "table (default), json or csv", &j->format);
+    parser.Bool("--summary", "add medians and totals", &j->summary);
+    parser.Bool("--all-ranks", "every rank's records, not rank 0's", &j->all_ranks);
+  }
+  if (name == "workers remove") parser.Bool("--all-lost", "every LOST worker", &j->all_lost);
+  if (name == "cancel") {
+    parser.String("--reason", "TEXT", "recorded with the cancel", &j->reason);
+    parser.Bool("--checkpoint", "checkpoint the current step before stopping", &j->checkpoint);
+  }
+  if (name == "drain") {
+    parser.String("--reason", "TEXT", "recorded in the job's events", &j->reason);
+  }
+  if (name == "prune") {
+    parser.Duration("--older-than", "DURATION", "jobs that finished longer ago go (required)",
+                    &j->older_than);
+  }
+}
+
+// Runs parsed command `name` against the coordinator.
+int DispatchJobCommand(const std::string& name, const std::string& positional, const JobFlags& j,
+                       bool json, bool format_given, CoordinatorClient& client, cli::Streams io) {
+  if (name == "submit") return cli::Submit(client, positional, j.request_id, io);
+  if (name == "resume") {
+    if (j.world_size < 0) {
+      return UsageError(name, absl::InvalidArgumentError(absl::StrCat(
+                                  "--world-size: must be >= 1, got ", j.world_size)));
+    }
+    return cli::Resume(client, positional, j.world_size, j.request_id, io);
+  }
+  if (name == "status") return cli::Status(client, positional, json, io);
+  if (name == "list") return cli::List(client, j.states, j.job_name, json, io);
+  if (name == "watch") return cli::Watch(client, positional, j.from, io);
+  if (name == "metrics") {
+    if (json && format_given && j.format != "json") {
+      return UsageError(name, absl::InvalidArgumentError(absl::StrCat(
+                                  "--json and --format ", j.format, " ask for two formats")));
+    }
+    return cli::Metrics(client, positional, json ? "json" : j.format, j.summary, j.all_ranks, io);
+  }
+  if (name == "cancel") return cli::Cancel(client, positional, j.reason, j.checkpoint, io);
+  if (name == "drain") return cli::Drain(client, positional, j.reason, io);
+  if (name == "delete") return cli::Delete(client, positional, io);
+  if (name == "prune") return cli::Prune(client, j.older_than, io);
+  if (name == "workers remove") {
+    if (positional.empty() == !j.all_lost) {
+      return UsageError(name,
+                        absl::InvalidArgumentError("give a WORKER or --all-lost (one of the two)"));
+    }
+    return j.all_lost ? cli::RemoveLostWorkers(client, io)
+                      : cli::RemoveWorker(client, positional, io);
+  }
+  return cli::Workers(client, json, io);
+}
+
 int RunJobCommand(std::string name, std::vector<std::string> args) {
   // "workers remove" is a command of its own, typed as two words, the
   // second right after the first.
@@ -154,62 +241,20 @@ int RunJobCommand(std::string name, std::vector<std::string> args) {
   if (command == nullptr) return -2;
   ConfigFlags f;
   FlagParser parser(absl::StrCat("muonmeshctl ", name));
-  std::string positional, request_id, states, job_name, reason, format = "table";
-  int64_t from = 0;
-  bool summary = false, all_ranks = false, all_lost = false;
-  if (name == "submit") parser.String("--request-id", "ID", "idempotency key (<= 128 bytes)", &request_id);
-  if (name == "list") {
-    parser.String("--state", "S", "only jobs in these states (comma-separated)", &states);
-    parser.String("--name", "NAME", "only jobs of this name", &job_name);
-  }
-  if (name == "watch") parser.Int("--from", "INDEX", "first event to show (default 1)", &from);
-  if (name == "metrics") {
-    parser.String("--format", "F", "table (default), json or csv", &format);
-    parser.Bool("--summary", "add medians and totals", &summary);
-    parser.Bool("--all-ranks", "every rank's records, not rank 0's", &all_ranks);
-  }
+  JobFlags j;
+  AddJobFlags(name, parser, &j);
   // --json where the command prints an answer as JSON (metrics: --format json).
   AddConnectionFlags(parser, &f,
                      name == "status" || name == "list" || name == "workers" || name == "metrics");
-  if (name == "workers remove") parser.Bool("--all-lost", "every LOST worker", &all_lost);
-  if (name == "cancel") parser.String("--reason", "TEXT", "recorded with the cancel", &reason);
-  if (name == "drain") parser.String("--reason", "TEXT", "recorded in the job's events", &reason);
-  absl::Duration older_than = absl::ZeroDuration();
-  if (name == "prune") {
-    parser.Duration("--older-than", "DURATION", "jobs that finished longer ago go (required)",
-                    &older_than);
-  }
+  std::string positional;
   if (const int code = ParseJobCommand(*command, args, parser, &f, &positional); code != kExitOk) {
     return code < 0 ? kExitOk : code;
   }
   absl::StatusOr<rpc::ChannelSecurity> security = Security(f);
   if (!security.ok()) return UsageError(name, security.status());
   CoordinatorClient client(f.coordinator, {absl::Seconds(f.timeout_seconds), *security});
-  cli::Streams io{std::cout, std::cerr, isatty(STDOUT_FILENO) != 0};
-  if (name == "submit") return cli::Submit(client, positional, request_id, io);
-  if (name == "status") return cli::Status(client, positional, f.json, io);
-  if (name == "list") return cli::List(client, states, job_name, f.json, io);
-  if (name == "watch") return cli::Watch(client, positional, from, io);
-  if (name == "metrics") {
-    if (f.json && parser.Seen("--format") && format != "json") {
-      return UsageError(name, absl::InvalidArgumentError(absl::StrCat(
-                                  "--json and --format ", format, " ask for two formats")));
-    }
-    return cli::Metrics(client, positional, f.json ? "json" : format, summary, all_ranks, io);
-  }
-  if (name == "cancel") return cli::Cancel(client, positional, reason, io);
-  if (name == "drain") return cli::Drain(client, positional, reason, io);
-  if (name == "delete") return cli::Delete(client, positional, io);
-  if (name == "prune") return cli::Prune(client, older_than, io);
-  if (name == "workers remove") {
-    if (positional.empty() == !all_lost) {
-      return UsageError(name,
-                        absl::InvalidArgumentError("give a WORKER or --all-lost (one of the two)"));
-    }
-    return all_lost ? cli::RemoveLostWorkers(client, io)
-                    : cli::RemoveWorker(client, positional, io);
-  }
-  return cli::Workers(client, f.json, io);
+  return DispatchJobCommand(name, positional, j, f.json, parser.Seen("--format"), client,
+                            cli::Streams{std::cout, std::cerr, isatty(STDOUT_FILENO) != 0});
 }
 
 constexpr const char* kHelpHead =

@@ -135,18 +135,19 @@ absl::Status SaveCheckpoint(Trainer& trainer, const std::string& output_dir, int
   return absl::OkStatus();
 }
 
-absl::Status PruneCheckpoints(const std::string& output_dir) {
-  // Keep the two newest complete checkpoints; drop everything older.
+absl::Status PruneCheckpoints(const std::string& output_dir, int64_t keep) {
+  // Keep the `keep` newest complete checkpoints; drop everything older.
+  keep = std::max<int64_t>(1, keep);
   const std::vector<StepFolder> all = StepFolders(output_dir + "/checkpoints");
   std::vector<int64_t> complete;
   for (const StepFolder& f : all) {
     if (f.complete) complete.push_back(f.step);
   }
   std::sort(complete.rbegin(), complete.rend());
-  if (complete.size() <= 2) return absl::OkStatus();
+  if (complete.size() <= static_cast<size_t>(keep)) return absl::OkStatus();
   std::string failed;
   for (const StepFolder& f : all) {
-    if (f.step >= complete[1]) continue;
+    if (f.step >= complete[static_cast<size_t>(keep) - 1]) continue;
     std::error_code ec;
     std::filesystem::remove_all(f.path, ec);
     if (ec) absl::StrAppend(&failed, failed.empty() ? "" : "; ", f.path.string(), ": ", ec.message());

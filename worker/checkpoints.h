@@ -8,8 +8,9 @@
 // fingerprint and every rank file's size and CRC-32. A resume takes the newest
 // checkpoint whose manifest is there and whose files all match it; one that
 // is partial or damaged is skipped for the one before, with the reason.
-// Rank 0 then keeps the two newest complete checkpoints and removes older
-// folders (PruneCheckpoints), so a failed write (a full or read-only disk)
+// Rank 0 then keeps the training.keep_checkpoints newest complete ones (2 by
+// default) and removes older folders (PruneCheckpoints), so a failed write
+// (a full or read-only disk)
 // leaves the previous checkpoint as it was.
 //
 // Free functions; a Trainer is driven by one thread, so is SaveCheckpoint.
@@ -76,9 +77,10 @@ absl::Status SaveCheckpoint(Trainer& trainer, const std::string& output_dir, int
                             int32_t rank);
 
 // Rank 0, after SaveCheckpoint: removes the checkpoint folders older than the
-// second newest complete one. A folder it cannot remove is named in the error
-// (the new checkpoint stays valid; the caller warns and trains on).
-absl::Status PruneCheckpoints(const std::string& output_dir);
+// `keep`-th newest complete one (training.keep_checkpoints, >= 1). A folder
+// it cannot remove is named in the error (the new checkpoint stays valid;
+// the caller warns and trains on).
+absl::Status PruneCheckpoints(const std::string& output_dir, int64_t keep = 2);
 
 // Writes `text` to `path` atomically and durably: a temporary file, synced,
 // renamed over `path`, then the folder synced. FailedPrecondition, writing

@@ -379,6 +379,7 @@ void Daemon::Report(RankTask& task, StepOutbox& outbox, const absl::Status& resu
   request.set_code(static_cast<int32_t>(result.code()));
   request.set_message(std::string(result.message()).substr(0, 4096));
   request.set_refused_step(result.GetPayload(kRefusedStepPayload).has_value());
+  request.set_job_error(result.GetPayload(kJobErrorPayload).has_value());
   // The steps first, then the end; while the coordinator is away (it
   // restarts, and the serving thread registers again naming this rank),
   // retry until it answers, it refuses the rank, or the worker stops.
@@ -507,9 +508,10 @@ absl::Status Daemon::OnRankStep(RankTask& task, StepOutbox& outbox, const job::R
   }
   buffering = !outbox.empty();
   if (stop && checkpoint) {
-    // A drain: this step's checkpoint, then stop (RunRank asks below).
-    log_(tag + absl::StrCat("a worker of this job is drained: checkpoint of step ", r.step + 1,
-                            ", then stop"));
+    // A drain or a cancel with a checkpoint: this step's checkpoint, then
+    // stop (RunRank asks below).
+    log_(tag + absl::StrCat("the coordinator asks for a checkpoint of step ", r.step + 1,
+                            ", then a stop (a drain, or a cancel --checkpoint)"));
     task.checkpoint_stop = true;
     task.stop = true;
     return absl::OkStatus();

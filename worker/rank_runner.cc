@@ -250,6 +250,104 @@ bool Within(const std::string& path, const std::string& dir) {
   return !ec && end == d.end();
 }
 
+// Whether the job continues the series of its own output folder's
+// checkpoints: init.checkpoint lies among them (or holds them).
+bool ContinuesOwnSeries(const job::ResolvedJob& job) {
+  const std::string own = job.output_dir + "/checkpoints";
+  return !job.init_checkpoint.empty() &&
+         (Within(job.init_checkpoint, own) || Within(own, job.init_checkpoint));
+}
+
+// What an earlier run left in the job's output folder that a fresh start
+// would overwrite: its checkpoints (any entry of checkpoints/), its metrics
+// files and its export. Paths, for the message.
+std::vector<std::string> EarlierOutputs(const job::ResolvedJob& job) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> found;
+  std::error_code ec;
+  const fs::path dir(job.output_dir);
+  if (const fs::path sub = dir / "checkpoints"; fs::is_directory(sub, ec) && !fs::is_empty(sub, ec)) {
+    const std::optional<int64_t> newest = NewestCheckpoint(job.output_dir);
+    found.push_back(newest.has_value() ? absl::StrCat(sub.string(), "/ (up to step ", *newest, ")")
+                                       : sub.string() + "/");
+  }
+  if (const fs::path sub = dir / "metrics"; fs::is_directory(sub, ec) && !fs::is_empty(sub, ec)) {
+    found.push_back(sub.string() + "/");
+  }
+  if (!job.export_path.empty() && fs::exists(fs::symlink_status(job.export_path, ec))) {
+    found.push_back(job.export_path);
+  }
+  return found;
+}
+
+// Rank 0 under init.fresh: the earlier run's outputs into
+// <output.dir>/earlier-<UTC time>/ (renamed, never copied or deleted).
+absl::Status MoveEarlierRunAside(const job::ResolvedJob& job, const LineSink& out) {
+  namespace fs = std::filesystem;
+  const fs::path dir(job.output_dir);
+  const std::string stamp = absl::FormatTime("%Y%m%dT%H%M%SZ", absl::Now(), absl::UTCTimeZone());
+  fs::path aside = dir / ("earlier-" + stamp);
+  std::error_code ec;
+  for (int n = 2; fs::exists(fs::symlink_status(aside, ec)); ++n) {
+    aside = dir / absl::StrCat("earlier-", stamp, "-", n);
+  }
+  fs::create_directories(aside, ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat(aside.string(), ": cannot create: ", ec.message()));
+  }
+  std::vector<std::pair<fs::path, fs::path>> moves = {{dir / "checkpoints", aside / "checkpoints"},
+                                                      {dir / "metrics", aside / "metrics"}};
+  if (!job.export_path.empty()) {
+    moves.emplace_back(job.export_path, aside / fs::path(job.export_path).filename());
+  }
+  for (const auto& [from, to] : moves) {
+    if (!fs::exists(fs::symlink_status(from, ec))) continue;
+    fs::rename(from, to, ec);
+    if (ec) {
+      return absl::InternalError(absl::StrCat("init.fresh: cannot move ", from.string(), " to ",
+                                              to.string(), ": ", ec.message()));
+    }
+  }
+  out(absl::StrCat("init.fresh: the earlier run's outputs are now in ", aside.string()));
+  return absl::OkStatus();
+}
+
+// An error of the job that no restart can mend (kJobErrorPayload).
+absl::Status JobError(absl::Status status) {
+  status.SetPayload(kJobErrorPayload, absl::Cord());
+  return status;
+}
+
+// A first attempt that starts over (no resume, not continuing its folder's
+// own checkpoints) must not overwrite what an earlier run left in its
+// output folder: refused, as an error of the job (a restart would resume
+// that earlier run), unless init.fresh says to move those outputs aside.
+// Every rank checks before it writes anything; under init.fresh rank 0
+// moves them before the group's rendezvous, which every rank passes before
+// it opens its metrics file.
+absl::Status GuardEarlierRun(const job::ResolvedJob& job, const RankOptions& options,
+                             const LineSink& out) {
+  if (options.resume) return absl::OkStatus();
+  const bool continues = ContinuesOwnSeries(job);
+  if (continues && job.fresh_start) {
+    return JobError(absl::InvalidArgumentError(absl::StrCat(
+        "init.fresh: init.checkpoint ", job.init_checkpoint, " lies in the job's own ",
+        job.output_dir, "/checkpoints, which init.fresh would move aside: continue the run "
+        "(drop init.fresh) or start over (drop init.checkpoint)")));
+  }
+  if (continues) return absl::OkStatus();
+  const std::vector<std::string> earlier = EarlierOutputs(job);
+  if (earlier.empty()) return absl::OkStatus();
+  if (job.fresh_start) return options.rank == 0 ? MoveEarlierRunAside(job, out) : absl::OkStatus();
+  return JobError(absl::FailedPreconditionError(absl::StrCat(
+      "output.dir: ", job.output_dir, " holds an earlier run's outputs (",
+      absl::StrJoin(earlier, ", "),
+      ") that this job, starting at step 0, would overwrite. Continue that run (init: "
+      "{checkpoint: ", job.output_dir, "}), give this job another output.dir, or set "
+      "init: {fresh: true} to start over with them moved to ", job.output_dir,
+      "/earlier-<time>/")));
+}
+
 // Puts the state `source` holds (worker/reshard.h) into the trainer: the
 // job's own newest checkpoint on a resume (which may be its last step: the
 // job then only exports), else init.checkpoint, which must leave steps to
@@ -293,25 +391,14 @@ absl::Status LoadResharded(const job::ResolvedJob& job, const std::string& sourc
 // Where the run starts. A resume takes the newest complete checkpoint of
 // the job, written by any number of ranks under any layout (one of another
 // layout is resharded; docs/architecture.md §7); without one, or on a fresh
-// start, init.checkpoint when the job names one, else step 0. A fresh start
-// removes an earlier run's checkpoints (rank 0; no rank can save before
-// rank 0 has stepped), unless init.checkpoint is among them: the run then
-// continues their series.
+// start, init.checkpoint when the job names one, else step 0 (GuardEarlierRun
+// has made sure that a fresh start overwrites nothing an earlier run wrote).
 absl::Status StartFromCheckpoints(const job::ResolvedJob& job, const plan::Plan& plan,
                                   Trainer& trainer, const RankOptions& options,
                                   const LineSink& out) {
   const bool talk = options.rank == 0;
   const std::string old = job.output_dir + "/checkpoints";
-  if (!options.resume) {
-    const bool keep = !job.init_checkpoint.empty() &&
-                      (Within(job.init_checkpoint, old) || Within(old, job.init_checkpoint));
-    std::error_code ec;
-    if (talk && !keep && std::filesystem::exists(old, ec)) {
-      std::filesystem::remove_all(old, ec);
-      if (ec) return absl::InternalError(absl::StrCat(old, ": cannot remove: ", ec.message()));
-      out(absl::StrCat("fresh start: removed the checkpoints of an earlier run in ", old));
-    }
-  } else {
+  if (options.resume) {
     const CheckpointChoice choice = NewestValidCheckpoint(job.output_dir, kAnyWorldSize);
     if (talk) {
       for (const std::string& why : choice.skipped) out(absl::StrCat("resume: skipping ", why));
@@ -371,7 +458,8 @@ absl::Status TrainSteps(const job::ResolvedJob& job, Trainer& trainer, const Ran
   const bool talk = options.rank == 0;
   MUONMESH_ASSIGN_OR_RETURN(
       std::unique_ptr<StepLog> log,
-      StepLog::Open(job.output_dir, options.rank, options.attempt, options.resume));
+      StepLog::Open(job.output_dir, options.rank, options.attempt,
+                    /*append=*/options.resume || ContinuesOwnSeries(job)));
   for (int64_t s = trainer.steps_done(); s < job.steps; ++s) {
     if (s == options.fail_at_step && options.attempt == 0) {
       return absl::AbortedError(absl::StrCat("--fail-at-step ", s, ": failing on purpose"));
@@ -401,7 +489,8 @@ absl::Status TrainSteps(const job::ResolvedJob& job, Trainer& trainer, const Ran
       MUONMESH_RETURN_IF_ERROR(
           SaveCheckpoint(trainer, job.output_dir, job.world_size, options.rank));
       if (options.rank == 0) {
-        if (absl::Status pruned = PruneCheckpoints(job.output_dir); !pruned.ok()) {
+        if (absl::Status pruned = PruneCheckpoints(job.output_dir, job.keep_checkpoints);
+            !pruned.ok()) {
           hooks.out(absl::StrCat("warning: pruning old checkpoints: ", pruned.message()));
         }
       }
@@ -455,6 +544,7 @@ absl::Status RunRank(const job::ResolvedJob& job, const plan::Plan& plan, comm::
   h.out = out;
   MUONMESH_RETURN_IF_ERROR(CheckPlanFitsJob(job, plan));
   MUONMESH_ASSIGN_OR_RETURN(double estimated_peak, CheckMemory(options, job, plan));
+  MUONMESH_RETURN_IF_ERROR(GuardEarlierRun(job, options, out));
   MUONMESH_RETURN_IF_ERROR(SetRankThreads(options, job, plan, out));
   MUONMESH_ASSIGN_OR_RETURN(Engine engine, MakeEngine(job, options));
   if (options.rank == 0) PrintPlan(job, plan, out);

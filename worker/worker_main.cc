@@ -24,6 +24,7 @@
 #include "worker/daemon.h"
 #include "worker/job/memory_budget.h"
 #include "worker/reshard.h"
+#include "worker/runtime/trainer.h"
 #include "worker/sample.h"
 #include "worker/standalone.h"
 
@@ -75,7 +76,9 @@ constexpr const char* kUsage =
     "rank 0 marks the folder COMPLETE; --resume continues from the newest complete\n"
     "checkpoint (give every rank of the new attempt --resume, a new --attempt and a fresh\n"
     "--store). --fail-at-step S makes this rank fail just before step S in attempt 0 only\n"
-    "(to test restarts: the next attempt gets past it).\n"
+    "(to test restarts: the next attempt gets past it). A first attempt refuses to start\n"
+    "over an earlier run's outputs in output.dir (checkpoints, metrics, the export) unless\n"
+    "the job sets init: {fresh: true}, which moves them to output.dir/earlier-<time>/.\n"
     "\n"
     "Memory: before it allocates a job's data and shards, each rank estimates its peak\n"
     "host memory and refuses the job (RESOURCE_EXHAUSTED, naming the job fields) above\n"
@@ -103,7 +106,11 @@ constexpr const char* kUsage =
     "--tokenizer (llm.c's gpt2_tokenizer.bin format), and takes its prompt as --prompt-ids.\n"
     "\n"
     "Exit codes: 0 done (or stopped by a signal), 1 the job is invalid or failed (out of\n"
-    "memory included) or the daemon cannot serve, 2 usage error.\n";
+    "memory included) or the daemon cannot serve, 2 usage error, 3 the job's own error,\n"
+    "which no restart can mend (launchers must not --resume it).\n";
+
+// Exit code of a failure that is the job's own (kJobErrorPayload).
+constexpr int kExitJobError = 3;
 
 int Usage(const std::string& problem) {
   std::cerr << "muonmesh-worker: " << problem << "\n" << kUsage;
@@ -374,6 +381,10 @@ int main(int argc, char** argv) {
   } catch (const std::length_error& e) {
     st = absl::ResourceExhaustedError(absl::StrCat("out of memory: ", e.what()));
   }
-  if (!st.ok()) return Fail(absl::StrCat("muonmesh-worker rank ", options.rank), st);
+  if (!st.ok()) {
+    Fail(absl::StrCat("muonmesh-worker rank ", options.rank), st);
+    // The job's own error: launchers must not restart it (run-job.sh).
+    return st.GetPayload(muonmesh::worker::kJobErrorPayload).has_value() ? kExitJobError : 1;
+  }
   return 0;
 }

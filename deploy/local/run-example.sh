@@ -59,6 +59,14 @@ for i in 0 1 2 3; do
 done
 
 export MUONMESH_COORDINATOR=$address
+# A job never starts over an earlier run's outputs (it would overwrite
+# them); the example is meant to run again, so it moves them aside first.
+output_dir=$("$worker" --describe --job "$job" | sed -n 's/^output_dir=//p')
+if [[ -n "$output_dir" && -d "$output_dir" && -n "$(ls -A "$output_dir")" ]]; then
+  aside="$output_dir.earlier-$(date -u +%Y%m%dT%H%M%SZ)"
+  mv "$output_dir" "$aside"
+  echo "the earlier run's outputs are now in $aside"
+fi
 echo
 "$ctl" plan --job "$job"
 echo

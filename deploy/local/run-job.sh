@@ -56,8 +56,14 @@ for ((attempt = 0; attempt <= max_restarts; ++attempt)); do
   pids+=($!)
 
   status=0
+  job_error=0
   for pid in "${pids[@]}"; do
-    wait "$pid" || status=1
+    rc=0
+    wait "$pid" || rc=$?
+    ((rc == 0)) || status=1
+    # 3: the job's own error (a restart cannot change it, or would resume an
+    # earlier run's checkpoints): no restart.
+    ((rc != 3)) || job_error=1
   done
   pids=()
   if ((status == 0)); then
@@ -68,6 +74,10 @@ for ((attempt = 0; attempt <= max_restarts; ++attempt)); do
   for f in "$dir"/rank*.log; do
     [[ -s "$f" ]] && { echo "--- $f" >&2; tail -n 3 "$f" >&2; }
   done
+  if ((job_error)); then
+    echo "run-job: the job itself is at fault (see above); not restarting" >&2
+    exit 1
+  fi
   if ((attempt < max_restarts)); then
     echo "run-job: restarting (attempt $((attempt + 1)) of at most $max_restarts restarts)" \
       "from the newest complete checkpoint" >&2

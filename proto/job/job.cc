@@ -303,6 +303,11 @@ void CheckTraining(const v1::JobSpec& job, Violations& v) {
                                                            : "data.teacher.samples ",
                        samples, ")"));
   }
+  if (t.keep_checkpoints() < 0 || t.keep_checkpoints() > kMaxKeepCheckpoints) {
+    v.Add("training.keep_checkpoints",
+          absl::StrCat("must be in [0, ", kMaxKeepCheckpoints, "] (0 or unset: ",
+                       kDefaultKeepCheckpoints, "), got ", t.keep_checkpoints()));
+  }
   if (t.checkpoint_every() < 0) {
     v.Add("training.checkpoint_every",
           absl::StrCat("must be >= 0 (0: no checkpoints), got ", t.checkpoint_every()));
@@ -623,7 +628,9 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
   ResolvedJob r;
   r.name = job.name();
   r.world_size = job.world_size();
-  r.device = job.device().empty() ? "cpu" : job.device();
+  r.spec = job;
+  r.fresh_start = job.init().fresh();
+  r.device = DeviceOf(job);
   r.parallelism = ParallelismFromProto(job.parallelism());
   r.owner_assignment =
       job.optimizer().owner_assignment().empty() ? "lpt" : job.optimizer().owner_assignment();
@@ -663,6 +670,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
   r.steps = job.training().steps();
   r.global_batch_size = job.training().global_batch_size();
   r.checkpoint_every = job.training().checkpoint_every();
+  r.keep_checkpoints = Or(job.training().keep_checkpoints(), kDefaultKeepCheckpoints);
   r.max_restarts = job.training().max_restarts();
   r.threads_per_rank = std::max(1, job.training().threads_per_rank());
   r.eval_every = job.training().eval_every();

@@ -17,13 +17,16 @@
 //   optimizer.owner_assignment  lpt
 //   optimizer.muon_replica_split auto
 //   model.synthetic.scale       1 (full size)
-//   init                        seed 0 when neither seed nor safetensors is given
+//   init                        seed 0 when neither seed nor safetensors is given;
+//                               init.fresh false (a start over an earlier run's outputs
+//                               in output.dir is refused)
 //   data                        teacher {seed: 0, samples: 4096} when nothing is given
 //   data.teacher.samples        4096
 //   data.text/tokens.val_fraction 0.1 (without val; 0 means no validation)
 //   training.eval_every         0 (validate after the last step only)
 //   training.eval_batches       4
 //   training.checkpoint_every   0 (no checkpoints)
+//   training.keep_checkpoints   2 (the newest complete checkpoints kept)
 //   training.max_restarts       0
 //   training.threads_per_rank   1 (OpenBLAS threads a rank runs its math on)
 //   output.dir                  runs/<name>
@@ -85,6 +88,8 @@ inline constexpr int64_t kDefaultTeacherSamples = 4096;
 inline constexpr int64_t kDefaultEvalBatches = 4;
 inline constexpr int64_t kMaxEvalBatches = 1'000'000;
 inline constexpr double kDefaultValFraction = 0.1;
+inline constexpr int64_t kDefaultKeepCheckpoints = 2;
+inline constexpr int64_t kMaxKeepCheckpoints = 1'000'000'000;
 
 struct ResolvedJob {
   // The job as given (what the planner's input is made from: model_specs.h).
@@ -122,6 +127,9 @@ struct ResolvedJob {
   std::string init_safetensors;
   std::string init_checkpoint;
   bool fresh_optimizer_state = false;
+  // init.fresh: start over in an output folder with an earlier run's
+  // outputs, moving them aside (worker/rank_runner.cc, GuardEarlierRun).
+  bool fresh_start = false;
   // Exactly one of teacher_seed / data_safetensors is set; teacher_samples goes with the seed.
   std::optional<uint64_t> teacher_seed;
   int64_t teacher_samples = 0;
@@ -130,6 +138,7 @@ struct ResolvedJob {
   int64_t steps = 0;
   int64_t global_batch_size = 0;
   int64_t checkpoint_every = 0;  // 0: no checkpoints
+  int64_t keep_checkpoints = kDefaultKeepCheckpoints;  // complete ones kept, >= 1
   int64_t max_restarts = 0;
   int64_t threads_per_rank = 1;  // OpenBLAS threads the rank runs (resolved: >= 1)
   // Language models: validation every eval_every steps (0: after the last

@@ -94,6 +94,7 @@ absl::Status JobManager::NoteWrite(absl::Status s) {
   if (s.ok() || s.code() == absl::StatusCode::kNotFound ||
       s.code() == absl::StatusCode::kInvalidArgument ||
       s.code() == absl::StatusCode::kAlreadyExists ||
+      s.code() == absl::StatusCode::kFailedPrecondition ||  // an output folder in use
       s.code() == absl::StatusCode::kResourceExhausted) {
     return s;
   }
@@ -723,7 +724,7 @@ absl::Status JobManager::OnStep(const std::string& worker_id, const std::string&
   }
   const bool draining = !a.drained.empty() && !a.cancelled;
   *stop = (a.cancelled || draining) && record.step() >= a.stop_at_step;
-  if (checkpoint != nullptr) *checkpoint = *stop && draining;
+  if (checkpoint != nullptr) *checkpoint = *stop && (draining || a.cancel_checkpoint);
   if (!*stop) a.max_continued_step = std::max(a.max_continued_step, record.step());
   // A step already finished, or a rank's record sent again: stored, not
   // counted twice.
@@ -757,14 +758,7 @@ void JobManager::FailRank(const std::string& job_id, Attempt& a, int32_t rank,
   a.failed_at = clock_.Now();
   // The others cannot go on without it: tell them to stop (they end at their
   // next step report, or when a collective with the lost rank times out).
-  for (size_t r = 0; r < a.workers.size(); ++r) {
-    if (a.outcome[r] != kRunning) continue;
-    v1::Assignment stop;
-    stop.set_job_id(job_id);
-    stop.set_attempt(a.attempt);
-    stop.mutable_stop()->set_reason(a.failure);
-    fleet_.Push(a.workers[r], std::move(stop));
-  }
+  PushStops(job_id, a, a.failure);
   a.cancelled = true;
   a.stop_at_step = std::min(a.stop_at_step, a.max_continued_step + 1);
 }
@@ -801,7 +795,8 @@ void JobManager::MaybeFinish(const std::string& job_id) {
                       [](v1::Job& j) { j.set_drained_attempts(j.drained_attempts() + 1); });
     return;
   }
-  if (done.attempt - job->drained_attempts() < job->spec().training().max_restarts()) {
+  if (!done.job_error &&
+      done.attempt - job->drained_attempts() < job->spec().training().max_restarts()) {
     recovering_[job_id] = done.failed_at;
     (void)ChangeState(job_id, v1::JOB_STATE_RESTARTING,
                       absl::StrCat("attempt ", done.attempt, " failed: ", done.failure,
@@ -809,7 +804,11 @@ void JobManager::MaybeFinish(const std::string& job_id) {
                       done.attempt);
   } else {
     ForgetElastic(job_id);
-    (void)ChangeState(job_id, v1::JOB_STATE_FAILED, done.failure, done.attempt);
+    (void)ChangeState(job_id, v1::JOB_STATE_FAILED,
+                      done.job_error ? absl::StrCat(done.failure, " (not restarted: no restart "
+                                                                  "can change this)")
+                                     : done.failure,
+                      done.attempt);
   }
 }
 
@@ -846,6 +845,7 @@ absl::Status JobManager::OnAttemptEnd(const std::string& worker_id,
           a.outcome[rank] = kStopped;  // failing while cancelled is stopping
         } else {
           const bool first = a.failure.empty();
+          if (first && end.job_error()) a.job_error = true;
           FailRank(end.job_id(), a, rank, end.message());
           if (first && end.refused_step() && options_.on_refused_step) {
             options_.on_refused_step(end.job_id());
@@ -895,36 +895,56 @@ absl::StatusOr<v1::Worker> JobManager::Drain(const std::string& worker_id,
   return w;
 }
 
-absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id, const std::string& reason) {
+absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id, const std::string& reason,
+                                           bool checkpoint) {
   const std::string why = reason.empty() ? "cancelled" : absl::StrCat("cancelled: ", reason);
   {
     absl::MutexLock lock(&mu_);
     MUONMESH_ASSIGN_OR_RETURN(v1::Job job, store_.Get(job_id));
     recovering_.erase(job_id);
     ForgetElastic(job_id);
-    if (job.state() == v1::JOB_STATE_CANCELLED) return job;
+    auto it = active_.find(job_id);
+    Attempt* a = it == active_.end() ? nullptr : &it->second;
+    if (job.state() == v1::JOB_STATE_CANCELLED) {
+      // Cancelled with a checkpoint whose step has not come: now at once.
+      if (a != nullptr && a->cancel_checkpoint && !checkpoint) {
+        a->cancel_checkpoint = false;
+        PushStops(job_id, *a, why);
+      }
+      return job;
+    }
     if (IsFinal(job.state())) {
       return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " has already finished (",
                                                         v1::JobState_Name(job.state()), ")"));
     }
-    auto it = active_.find(job_id);
-    if (it != active_.end()) {
-      Attempt& a = it->second;
-      a.cancelled = true;
-      a.stop_at_step = std::min(a.stop_at_step, a.max_continued_step + 1);
-      for (size_t r = 0; r < a.workers.size(); ++r) {
-        if (a.outcome[r] != kRunning) continue;
-        v1::Assignment stop;
-        stop.set_job_id(job_id);
-        stop.set_attempt(a.attempt);
-        stop.mutable_stop()->set_reason(why);
-        fleet_.Push(a.workers[r], std::move(stop));
-      }
+    if (a != nullptr) {
+      a->cancelled = true;
+      a->stop_at_step = std::min(a->stop_at_step, a->max_continued_step + 1);
+      // With a checkpoint, OnStep tells each rank at its next step.
+      a->cancel_checkpoint = checkpoint;
+      if (!checkpoint) PushStops(job_id, *a, why);
     }
-    MUONMESH_ASSIGN_OR_RETURN(v1::JobEvent e,
-                              ChangeState(job_id, v1::JOB_STATE_CANCELLED, why, job.attempt()));
+    MUONMESH_ASSIGN_OR_RETURN(
+        v1::JobEvent e,
+        ChangeState(job_id, v1::JOB_STATE_CANCELLED,
+                    a != nullptr && checkpoint
+                        ? absl::StrCat(why, " (the ranks checkpoint step ", a->stop_at_step + 1,
+                                       " before they stop)")
+                        : why,
+                    job.attempt()));
   }
   return store_.Get(job_id);
+}
+
+void JobManager::PushStops(const std::string& job_id, const Attempt& a, const std::string& why) {
+  for (size_t r = 0; r < a.workers.size(); ++r) {
+    if (a.outcome[r] != kRunning) continue;
+    v1::Assignment stop;
+    stop.set_job_id(job_id);
+    stop.set_attempt(a.attempt);
+    stop.mutable_stop()->set_reason(why);
+    fleet_.Push(a.workers[r], std::move(stop));
+  }
 }
 
 bool JobManager::AttemptRuns(const std::string& job_id, int32_t attempt) {

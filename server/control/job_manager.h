@@ -109,8 +109,10 @@ class JobManager {
   // Every how many steps RecordsStep keeps one (1: every step).
   static int64_t RecordInterval(int64_t total_steps, int64_t max_recorded_steps);
 
-  // See Jobs.CancelJob.
-  absl::StatusOr<v1::Job> Cancel(const std::string& job_id, const std::string& reason);
+  // See Jobs.CancelJob. `checkpoint`: the running ranks stop after their
+  // next step with its checkpoint (as a drain's), instead of at once.
+  absl::StatusOr<v1::Job> Cancel(const std::string& job_id, const std::string& reason,
+                                 bool checkpoint = false);
 
   // Whether `attempt` of the job runs now (adopted ones included): the
   // rendezvous scopes the Store serves.
@@ -212,6 +214,11 @@ class JobManager {
     bool cancelled = false;
     int64_t stop_at_step = INT64_MAX;
     std::string failure;  // the first failure
+    // A rank reported the failure as the job's own (job_error): no restart.
+    bool job_error = false;
+    // Cancelled with a checkpoint: the ranks are told at their next step to
+    // write it and stop (OnStep), not pushed a stop.
+    bool cancel_checkpoint = false;
     absl::Time failed_at;  // when it was detected
     std::deque<double> recent_seconds;
     std::string plan_fingerprint;
@@ -278,6 +285,9 @@ class JobManager {
   void Adopt(const v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the attempt once no rank runs.
   void MaybeFinish(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells every running rank of the attempt to stop now.
+  void PushStops(const std::string& job_id, const Attempt& a, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StepDone(const std::string& job_id, Attempt& a, int64_t step, StepAggregate& agg)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t NowMs();

@@ -128,7 +128,8 @@ grpc::Status JobsService::WatchJob(grpc::ServerContext* context,
 
 grpc::Status JobsService::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
                                     v1::Job* response) {
-  absl::StatusOr<v1::Job> job = manager_.Cancel(request->job_id(), request->reason().substr(0, 1024));
+  absl::StatusOr<v1::Job> job = manager_.Cancel(request->job_id(), request->reason().substr(0, 1024),
+                                                   request->checkpoint());
   if (!job.ok()) return rpc::ToGrpcStatus(job.status());
   *response = *std::move(job);
   return grpc::Status::OK;

@@ -3,6 +3,7 @@
 #include <sqlite3.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <functional>
 #include <iterator>
 #include <limits>
@@ -10,6 +11,7 @@
 #include <memory>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
@@ -26,6 +28,59 @@ constexpr int32_t kDefaultPage = 100;
 constexpr int32_t kMaxPage = 1000;
 constexpr int32_t kDefaultStepPage = 1000;
 constexpr int32_t kMaxStepPage = 10000;
+
+// Whether folder `a` is `b` or lies inside it (lexically: the paths a
+// coordinator sees are absolute and normalized by the client).
+bool SameOrInside(const std::filesystem::path& a, const std::filesystem::path& b) {
+  auto ai = a.begin();
+  for (auto bi = b.begin(); bi != b.end(); ++bi, ++ai) {
+    if (bi->empty()) continue;  // a trailing separator
+    if (ai == a.end() || *ai != *bi) return false;
+  }
+  return true;
+}
+
+// What two jobs must not share while both are unfinished: the output folder
+// (metrics, checkpoints, the default export) and the export file. Empty
+// when `spec` and `other` can run together; otherwise why not.
+std::string OutputOverlap(const v1::JobSpec& spec, const v1::JobSpec& other) {
+  const std::filesystem::path dir = std::filesystem::path(spec.output().dir()).lexically_normal();
+  const std::filesystem::path other_dir =
+      std::filesystem::path(other.output().dir()).lexically_normal();
+  if (!spec.output().dir().empty() && !other.output().dir().empty()) {
+    if (dir == other_dir) return absl::StrCat("its output folder ", dir.string());
+    if (SameOrInside(dir, other_dir)) {
+      return absl::StrCat("the output folder ", other_dir.string(), ", which holds ",
+                          dir.string());
+    }
+    if (SameOrInside(other_dir, dir)) {
+      return absl::StrCat("the output folder ", other_dir.string(), ", inside ", dir.string());
+    }
+  }
+  const std::filesystem::path file =
+      std::filesystem::path(spec.output().export_()).lexically_normal();
+  const std::filesystem::path other_file =
+      std::filesystem::path(other.output().export_()).lexically_normal();
+  if (!spec.output().export_().empty()) {
+    if (file == other_file) return absl::StrCat("its export file ", file.string());
+    if (!other.output().dir().empty() && SameOrInside(file, other_dir)) {
+      return absl::StrCat("the output folder ", other_dir.string(), ", which holds this job's "
+                          "export file ", file.string());
+    }
+  }
+  if (!other.output().export_().empty() && !spec.output().dir().empty() &&
+      SameOrInside(other_file, dir)) {
+    return absl::StrCat("its export file ", other_file.string(), ", inside ", dir.string());
+  }
+  return "";
+}
+
+// "RUNNING" for JOB_STATE_RUNNING.
+std::string ShortStateName(v1::JobState s) {
+  const std::string name = v1::JobState_Name(s);
+  constexpr absl::string_view kPrefix = "JOB_STATE_";
+  return absl::StartsWith(name, kPrefix) ? name.substr(kPrefix.size()) : name;
+}
 
 bool IsFinal(v1::JobState s) {
   return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
@@ -318,6 +373,17 @@ absl::StatusOr<JobStore::Submitted> JobStore::Submit(const std::string& request_
     }
   }
   MUONMESH_RETURN_IF_ERROR(AdmitsLocked(client));
+  for (const auto& [seq, other] : rows_) {
+    if (IsFinal(other.job.state())) continue;
+    const std::string overlap = OutputOverlap(spec, other.job.spec());
+    if (overlap.empty()) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "output.dir: this job would share ", overlap, " with job ", other.job.id(), " (",
+        other.job.name(), ", ", ShortStateName(other.job.state()),
+        "), which has not finished; two jobs writing one folder tear each other's metrics, "
+        "checkpoints and export. Give this job another output.dir (or name), or wait for ",
+        other.job.id(), " to end (muonmeshctl cancel ", other.job.id(), " stops it)"));
+  }
   Row row;
   row.seq = next_seq_;
   v1::Job& job = row.job;

@@ -61,7 +61,11 @@ class JobStore {
   // AlreadyExists when the request id was used with another spec;
   // InvalidArgument for a request id over kMaxRequestIdBytes;
   // ResourceExhausted, naming the bound, when a new job would pass one of
-  // the Limits (a request id seen before is answered whatever the bounds).
+  // the Limits (a request id seen before is answered whatever the bounds);
+  // FailedPrecondition naming the other job when an unfinished job's output
+  // folder is the new one's, holds it or lies in it, or the two name one
+  // export file (checked with the insert, under one lock: two submits at
+  // once cannot both pass).
   absl::StatusOr<Submitted> Submit(const std::string& request_id, const v1::JobSpec& spec,
                                    const std::string& reason, int64_t now_ms,
                                    const std::string& client = "");

@@ -133,6 +133,18 @@ TEST_F(CheckpointsTest, PruningKeepsTheTwoNewestCompleteAndAnythingNewer) {
   EXPECT_EQ(NewestValidCheckpoint(out_, 2).step, 4);
 }
 
+// training.keep_checkpoints: the `keep` newest complete ones stay, whatever
+// is partial among them.
+TEST_F(CheckpointsTest, PruningKeepsAsManyAsTheJobSays) {
+  for (int64_t s : {1, 2, 3, 4, 5, 6}) Make(s, 2, s != 5);
+  ASSERT_TRUE(PruneCheckpoints(out_, 3).ok());
+  EXPECT_THAT(Folders(), ElementsAre(3, 4, 5, 6));  // 3, 4, 6 complete; 5 partial
+  ASSERT_TRUE(PruneCheckpoints(out_, 1).ok());
+  EXPECT_THAT(Folders(), ElementsAre(6));
+  ASSERT_TRUE(PruneCheckpoints(out_, 1000).ok());
+  EXPECT_THAT(Folders(), ElementsAre(6));
+}
+
 TEST_F(CheckpointsTest, PruningNeverDropsTheOnlyCompleteCheckpoints) {
   Make(1, 2, false);
   Make(2, 2, true);

@@ -38,13 +38,17 @@ std::string Fresh(const std::string& name) {
   return dir;
 }
 
-// A one-rank job whose `model`, `data`, `training` and extra lines are given.
+// A one-rank job whose `model`, `data`, `training` and extra lines are given,
+// with an output folder of its own unless `extra` names one (a job never
+// starts over another run's outputs).
 std::string WriteJob(const std::string& dir, const std::string& model, const std::string& data,
                      const std::string& training, const std::string& extra = "") {
+  static int jobs = 0;
   std::ostringstream y;
   y << "name: hostile\nworld_size: 1\nmodel: " << model << "\n";
   if (!data.empty()) y << "data: " << data << "\n";
   y << "training: " << training << "\n" << extra;
+  if (extra.find("output:") == std::string::npos) y << "output: {dir: runs/job-" << ++jobs << "}\n";
   const std::string path = dir + "/job.yaml";
   std::ofstream(path) << y.str();
   return path;

@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "proto/job/job.h"
 #include "proto/job/model_specs.h"
 #include "worker/math/blas_threads.h"
+#include "worker/runtime/trainer.h"
 #include "worker/standalone.h"
 #include "worker/workload_factory.h"
 
@@ -39,11 +41,13 @@ class RankRunnerTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   // A one-rank MLP job on `threads` OpenBLAS threads, its outputs in out/.
-  job::ResolvedJob Job(int threads) {
+  // `extra`: more of the job file (an init section, say).
+  job::ResolvedJob Job(int threads, const std::string& extra = "") {
     const std::string path = dir_ + "/job.yaml";
     std::ofstream(path) << "name: threads\nworld_size: 1\nmodel: {mlp: {dims: [4, 2]}}\n"
                         << "training: {steps: 1, global_batch_size: 2, threads_per_rank: "
-                        << threads << "}\noutput: {dir: " << dir_ << "/out}\n";
+                        << threads << "}\noutput: {dir: " << dir_ << "/out}\n"
+                        << extra;
     absl::StatusOr<job::ResolvedJob> job = job::LoadResolvedJob(path);
     EXPECT_TRUE(job.ok()) << job.status();
     return job.ok() ? *std::move(job) : job::ResolvedJob{};
@@ -57,10 +61,12 @@ class RankRunnerTest : public ::testing::Test {
 
   // Runs rank 0 of `job` with `plan` through a fresh store; the lines it
   // printed go to lines_.
-  absl::Status Run(const job::ResolvedJob& job, const plan::Plan& plan, const std::string& store) {
+  absl::Status Run(const job::ResolvedJob& job, const plan::Plan& plan, const std::string& store,
+                   bool resume = false) {
     absl::StatusOr<std::unique_ptr<comm::FileStore>> s = comm::FileStore::Open(dir_ + "/" + store);
     if (!s.ok()) return s.status();
     RankOptions options;
+    options.resume = resume;
     options.group_prefix = "threads/" + store;
     RankHooks hooks;
     hooks.out = [this](const std::string& line) { lines_.push_back(line); };
@@ -119,6 +125,54 @@ TEST_F(RankRunnerTest, TheJobsOwnPlanRunsOnTheJobsThreads) {
   EXPECT_EQ(math::BlasThreads(), 2);
   EXPECT_THAT(::testing::PrintToString(lines_), HasSubstr("2 threads a rank"));
   math::SetBlasThreads(1);
+}
+
+std::string Contents(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// A first attempt over the outputs an earlier run left (its metrics and
+// export) overwrites none of them: it is refused naming the folder, as an
+// error of the job (no restart may resume that earlier run); a resume goes
+// on; init.fresh moves them, byte for byte, into out/earlier-<time>/.
+// The regression: a resubmit deleted the earlier run's checkpoints.
+TEST_F(RankRunnerTest, AFreshStartNeverOverwritesAnEarlierRun) {
+  const job::ResolvedJob job = Job(1);
+  ASSERT_TRUE(Run(job, PlanOf(job), "first").ok());
+  const std::string metrics = dir_ + "/out/metrics/rank-0.jsonl";
+  const std::string weights = dir_ + "/out/final.safetensors";
+  const std::string first_metrics = Contents(metrics);
+  const std::string first_weights = Contents(weights);
+  ASSERT_FALSE(first_metrics.empty());
+  ASSERT_FALSE(first_weights.empty());
+
+  const absl::Status refused = Run(job, PlanOf(job), "second");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("output.dir: " + dir_ + "/out holds an earlier run"));
+  EXPECT_THAT(refused.message(), HasSubstr(weights));
+  EXPECT_THAT(refused.message(), HasSubstr("init: {fresh: true}"));
+  EXPECT_TRUE(refused.GetPayload(kJobErrorPayload).has_value());
+  EXPECT_EQ(Contents(metrics), first_metrics);
+  EXPECT_EQ(Contents(weights), first_weights);
+
+  // A resume (a restart of the same job) is not a fresh start.
+  EXPECT_TRUE(Run(job, PlanOf(job), "resumed", /*resume=*/true).ok());
+
+  const std::string resumed_metrics = Contents(metrics);
+  const job::ResolvedJob fresh = Job(1, "init: {fresh: true}\n");
+  ASSERT_TRUE(fresh.fresh_start);
+  ASSERT_TRUE(Run(fresh, PlanOf(fresh), "fresh").ok());
+  std::vector<fs::path> aside;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir_ + "/out")) {
+    if (e.path().filename().string().rfind("earlier-", 0) == 0) aside.push_back(e.path());
+  }
+  ASSERT_EQ(aside.size(), 1u);
+  EXPECT_EQ(Contents((aside[0] / "metrics" / "rank-0.jsonl").string()), resumed_metrics);
+  EXPECT_TRUE(fs::exists(aside[0] / "final.safetensors"));
+  // The fresh run's own outputs, from step 0.
+  EXPECT_THAT(Contents(metrics), HasSubstr("\"step\": 0"));
+  EXPECT_TRUE(fs::exists(weights));
 }
 
 }  // namespace

@@ -487,8 +487,11 @@ TEST(StandaloneTest, GptCheckpointGoesOnUnderAnotherLayoutAndFromItsConsolidatio
   one.export_path = dir + "/one.safetensors";
   expect_goes_on(RunRanks(dir, WriteJob(dir, one), 1), one.export_path);
 
-  // Nothing left to run: refused, naming the field, the checkpoint kept.
+  // Nothing left to run: refused, naming the field, the checkpoint kept
+  // (in a folder of its own: "one" holds the run above).
   one.steps = 3;
+  one.output_dir = dir + "/one-done";
+  one.export_path = dir + "/one-done.safetensors";
   const JobRun done = RunRanks(dir, WriteJob(dir, one), 1);
   EXPECT_NE(done.ranks[0].exit_code, 0);
   EXPECT_THAT(done.ranks[0].err, HasSubstr("init.checkpoint"));
@@ -812,6 +815,7 @@ TEST(StandaloneTest, RanksRunTheJobsThreadsPerRank) {
   ExpectAllOk(one);
   EXPECT_THAT(one.ranks[0].out, HasSubstr("global batch 24, 1 thread a rank\n"));
   job.threads_per_rank = 3;
+  job.output_dir = dir + "/three";  // not over the first run's outputs
   const JobRun three = RunRanks(dir, WriteJob(dir, job), 2);
   ExpectAllOk(three);
   if (three.ranks[0].out.find("threads: OpenBLAS runs ") != std::string::npos) {

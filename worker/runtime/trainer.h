@@ -66,6 +66,10 @@ inline constexpr char kShardsFormat[] = "muonmesh.shards.v1";
 // (ReportAttemptRequest.refused_step).
 inline constexpr char kRefusedStepPayload[] = "type.muonmesh.dev/refused-step";
 
+// The payload of an error that is the job's own, which no restart can mend
+// (ReportAttemptRequest.job_error): the coordinator fails the job at once.
+inline constexpr char kJobErrorPayload[] = "type.muonmesh.dev/job-error";
+
 struct TrainerOptions {
   // Where shards live and the optimizer runs (required; not owned, must
   // outlive the Trainer): MakeCpuDevice(), or a CUDA device. The backend and

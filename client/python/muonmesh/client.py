@@ -191,6 +191,17 @@ class Client:
 
     # Jobs.
 
+    def _submit_spec(self, spec, request_id):
+        request = jobs_pb2.SubmitJobRequest(request_id=request_id or str(uuid.uuid4()), spec=spec)
+        for attempt in range(3):
+            try:
+                return self._call(self._jobs.SubmitJob, request, "submit").job.id
+            except errors.Unavailable:
+                if attempt == 2:
+                    raise
+                time.sleep(0.5 * (attempt + 1))
+        raise AssertionError("unreachable")
+
     def submit(self, job, request_id=None):
         """Submits a job: a path to a YAML or JSON job file, a dict of the
         same, or a JobSpec. Returns the job's id.
@@ -200,16 +211,28 @@ class Client:
         one a fresh id is made, so a retry after a lost answer (done here on
         UNAVAILABLE) makes no second job. Raises JobRejected, with every
         violation, for a job the coordinator refuses."""
-        request = jobs_pb2.SubmitJobRequest(request_id=request_id or str(uuid.uuid4()),
-                                            spec=jobfile.load(job))
-        for attempt in range(3):
-            try:
-                return self._call(self._jobs.SubmitJob, request, "submit").job.id
-            except errors.Unavailable:
-                if attempt == 2:
-                    raise
-                time.sleep(0.5 * (attempt + 1))
-        raise AssertionError("unreachable")
+        return self._submit_spec(jobfile.load(job), request_id)
+
+    def resume(self, job_id, world_size=None, request_id=None):
+        """Submits the job again from the newest complete checkpoint in its
+        output folder (init: {checkpoint: <output.dir>}, any other init
+        dropped), at `world_size` ranks when given, as `muonmeshctl resume`
+        does; returns the new job's id. The job must have ended (cancel it
+        first, with checkpoint=True to keep its last step)."""
+        earlier = self._call(self._jobs.GetJob, jobs_pb2.GetJobRequest(job_id=job_id),
+                             f"resume {job_id}")
+        spec = config_pb2.JobSpec()
+        spec.CopyFrom(earlier.spec)
+        if not spec.output.dir:
+            raise errors.MuonmeshError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "output.dir: the job has no output folder, so no checkpoint to resume from",
+                call=f"resume {job_id}")
+        spec.ClearField("init")
+        spec.init.checkpoint = spec.output.dir
+        if world_size:
+            spec.world_size = world_size
+        return self._submit_spec(spec, request_id)
 
     def get(self, job_id):
         """The job as a dict (state, reason, steps_done, last_loss, ...)."""
@@ -228,10 +251,13 @@ class Client:
             jobs.extend(to_dict(j) for j in page.jobs)
         return jobs
 
-    def cancel(self, job_id, reason=""):
-        """Cancels a job; returns it as a dict (CANCELLED)."""
+    def cancel(self, job_id, reason="", checkpoint=False):
+        """Cancels a job; returns it as a dict (CANCELLED). With checkpoint,
+        its ranks first finish their current step and checkpoint it (for
+        resume); cancelling again without it stops them at once."""
         return to_dict(self._call(self._jobs.CancelJob,
-                                  jobs_pb2.CancelJobRequest(job_id=job_id, reason=reason),
+                                  jobs_pb2.CancelJobRequest(job_id=job_id, reason=reason,
+                                                            checkpoint=checkpoint),
                                   f"cancel {job_id}"))
 
     def delete(self, job_id):

@@ -8,6 +8,7 @@ ranks), the coordinator's documented answers and the C++ client's tests,
 not from the client under test.
 """
 
+import json
 import math
 import os
 import re
@@ -187,7 +188,10 @@ class PlaintextClusterTest(unittest.TestCase):
         self.assertIn("no-such-job.yaml", str(file_error.exception))
 
     def test_a_cancelled_job_ends_its_watch_cancelled(self):
-        job_id = self.client.submit(job("long", world=1, steps=100000))
+        # Its own output folder: a job never starts over an earlier run's
+        # outputs (a rerun of this test in the same build tree).
+        job_id = self.client.submit(job("long", world=1, steps=100000,
+                                        out=os.path.join(self.work, "long")))
         for event in self.client.watch(job_id, timeout=60):
             if "step" in event:
                 break  # it trains
@@ -204,6 +208,53 @@ class PlaintextClusterTest(unittest.TestCase):
             time.sleep(0.1)
         self.assertEqual(sorted((w["info"]["worker_id"], w["state"]) for w in self.client.workers()),
                          [("w0", "IDLE"), ("w1", "IDLE")], self.logs())
+
+    def wait_idle(self):
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            if all(w["state"] == "IDLE" for w in self.client.workers()):
+                return
+            time.sleep(0.1)
+        self.fail("the workers did not come back idle\n" + self.logs())
+
+    def test_a_cancel_with_a_checkpoint_is_resumed_without_losing_a_step(self):
+        out = os.path.join(self.work, "resumable")
+        job_id = self.client.submit(job("resumable", world=2, steps=100000, out=out))
+        for event in self.client.watch(job_id, timeout=60):
+            if event.get("step", {}).get("step", 0) >= 2:
+                break
+        cancelled = self.client.cancel(job_id, reason="to resume", checkpoint=True)
+        self.assertEqual(cancelled["state"], "CANCELLED")
+        self.assertIn("checkpoint step", cancelled["reason"])
+        self.wait_idle()
+        done = sorted(d for d in os.listdir(os.path.join(out, "checkpoints"))
+                      if os.path.isfile(os.path.join(out, "checkpoints", d, "COMPLETE")))
+        self.assertTrue(done, self.logs())
+        checkpoint_step = int(done[-1].split("-")[1])
+        self.assertGreaterEqual(checkpoint_step, 3)  # after the step seen above
+        metrics = os.path.join(out, "metrics", "rank-0.jsonl")
+        with open(metrics) as f:
+            before = len(f.readlines())
+        # A second job in the folder while the resume runs is refused,
+        # naming the job that owns it.
+        resumed = self.client.resume(job_id)
+        self.assertEqual(self.client.get(resumed)["spec"]["init"]["checkpoint"], out)
+        with self.assertRaises(muonmesh.MuonmeshError) as clash:
+            self.client.submit(job("resumable", world=2, steps=100000, out=out))
+        self.assertEqual(clash.exception.code.name, "FAILED_PRECONDITION")
+        self.assertIn(resumed, str(clash.exception))
+        # The resumed job appends to the folder's metrics, from the step the
+        # checkpoint holds.
+        end = time.monotonic() + 60
+        lines = []
+        while time.monotonic() < end and len(lines) <= before:
+            time.sleep(0.1)
+            with open(metrics) as f:
+                lines = [line for line in f.readlines() if line.endswith("\n")]
+        self.assertGreater(len(lines), before, self.logs())
+        self.assertEqual(json.loads(lines[before])["step"], checkpoint_step, self.logs())
+        self.client.cancel(resumed)
+        self.wait_idle()
 
     def test_lost_workers_are_removed_and_a_live_one_is_refused(self):
         gone = []
@@ -286,7 +337,7 @@ class TlsTokenTest(unittest.TestCase):
         with open(token_file, "w") as f:
             f.write(self.TOKENS["submitter"] + "\n")
         with muonmesh.Client(self.address, tls=self.ca, token_file=token_file) as c:
-            job_id = c.submit(job("waits", world=1))
+            job_id = c.submit(job("waits", world=1, out=os.path.join(self.work, "waits")))
             self.assertEqual(c.get(job_id)["state"], "PENDING")
         with muonmesh.Client(self.address, tls=self.ca, token=self.TOKENS["viewer"]) as viewer:
             self.assertEqual(viewer.get(job_id)["name"], "waits")

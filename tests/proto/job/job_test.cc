@@ -205,6 +205,8 @@ TEST(JobTest, MinimalJobGetsTheDocumentedDefaults) {
   EXPECT_EQ(r->checkpoint_every, 0);
   EXPECT_EQ(r->max_restarts, 0);
   EXPECT_EQ(r->threads_per_rank, 1);
+  EXPECT_EQ(r->keep_checkpoints, 2);
+  EXPECT_FALSE(r->fresh_start);
   EXPECT_EQ(r->output_dir, dir.dir() + "/runs/tiny");
   EXPECT_EQ(r->export_path, dir.dir() + "/runs/tiny/final.safetensors");
   // The resolved options pass the numerics' own validation.
@@ -491,6 +493,9 @@ std::vector<BrokenJob> BrokenJobs() {
        "optimizer.adamw.weight_decay", ">= 0"},
       {"OwnerRuleUnknown", [](J& j) { j.mutable_optimizer()->set_owner_assignment("random"); },
        "optimizer.owner_assignment", "unknown rule 'random'"},
+      {"KeepCheckpointsNegative",
+       [](J& j) { j.mutable_training()->set_keep_checkpoints(-1); },
+       "training.keep_checkpoints", "must be in [0, 1000000000] (0 or unset: 2), got -1"},
       {"MuonBufferBelowMinusOne", [](J& j) { j.mutable_optimizer()->set_muon_buffer_bytes(-1); },
        "optimizer.muon_buffer_bytes", "must be >= 0 (0, the default: one wave"},
       {"MuonReplicaSplitUnknown",

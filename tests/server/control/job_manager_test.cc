@@ -253,6 +253,80 @@ TEST_F(ElasticTest, ShrinksAfterItsWaitAndGrowsBackWithoutSpendingRestarts) {
                            ::testing::HasSubstr("training.elastic: growing from 3 to 4 ranks")));
 }
 
+// A rank's failure reported as the job's own (job_error: a fresh start
+// refused over an earlier run's outputs) fails the job at once, restarts
+// left or not: a restart would resume that earlier run. Any other failure
+// of the same job restarts it.
+TEST_F(ElasticTest, AJobErrorIsNotRestarted) {
+  const auto submit = [&](const std::string& request, const std::string& dir) {
+    v1::JobSpec spec;
+    EXPECT_TRUE(protoio::ParseMessageText(
+                    absl::StrCat("name: once\nworld_size: 2\nmodel: {mlp: {dims: [6, 3]}}\n"
+                                 "training: {steps: 5, global_batch_size: 4, max_restarts: 3}\n"
+                                 "output: {dir: ",
+                                 dir, "}\n"),
+                    "job", &spec)
+                    .ok());
+    std::vector<plan::FieldViolation> violations;
+    absl::StatusOr<JobStore::Submitted> s = manager_->Submit(request, spec, &violations);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? s->job.id() : std::string();
+  };
+  const auto fail_rank0 = [&](const std::string& id, bool job_error) {
+    const v1::Job job = *store_->Get(id);
+    v1::ReportAttemptRequest end;
+    end.set_job_id(id);
+    end.set_attempt(job.attempt());
+    end.set_rank(0);
+    end.set_outcome(v1::ATTEMPT_OUTCOME_FAILED);
+    end.set_message("output.dir: /runs/once holds an earlier run's outputs");
+    end.set_job_error(job_error);
+    ASSERT_TRUE(manager_->OnAttemptEnd(job.worker_ids(0), end).ok());
+    end.set_rank(1);
+    end.set_job_error(false);
+    end.set_message("stopped");
+    ASSERT_TRUE(manager_->OnAttemptEnd(job.worker_ids(1), end).ok());
+  };
+  const std::string refused = submit("a", "/tmp/job_manager_test/once-a");
+  fail_rank0(refused, /*job_error=*/true);
+  const v1::Job failed = *store_->Get(refused);
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED) << failed.reason();
+  EXPECT_EQ(failed.attempt(), 0);
+  EXPECT_THAT(failed.reason(), ::testing::HasSubstr("earlier run's outputs"));
+  EXPECT_THAT(failed.reason(), ::testing::HasSubstr("not restarted"));
+
+  const std::string restarted = submit("b", "/tmp/job_manager_test/once-b");
+  fail_rank0(restarted, /*job_error=*/false);
+  EXPECT_EQ(store_->Get(restarted)->state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(store_->Get(restarted)->attempt(), 1);
+}
+
+// A submit refused because another unfinished job owns its output folder is
+// an answer to the caller, not a failed write: the coordinator keeps taking
+// work. (The regression: the refusal locked the coordinator's state.)
+TEST_F(ElasticTest, AnOutputFolderInUseIsRefusedAndTheCoordinatorGoesOn) {
+  const auto spec_in = [](const std::string& dir) {
+    v1::JobSpec spec;
+    EXPECT_TRUE(protoio::ParseMessageText(
+                    absl::StrCat("name: owner\nworld_size: 1\nmodel: {mlp: {dims: [6, 3]}}\n"
+                                 "training: {steps: 5, global_batch_size: 4}\noutput: {dir: ",
+                                 dir, "}\n"),
+                    "job", &spec)
+                    .ok());
+    return spec;
+  };
+  std::vector<plan::FieldViolation> violations;
+  absl::StatusOr<JobStore::Submitted> first =
+      manager_->Submit("one", spec_in("/tmp/job_manager_test/owned"), &violations);
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<JobStore::Submitted> clash =
+      manager_->Submit("two", spec_in("/tmp/job_manager_test/owned/inner"), &violations);
+  EXPECT_EQ(clash.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(clash.status().message()), ::testing::HasSubstr(first->job.id()));
+  EXPECT_TRUE(manager_->state_error().ok()) << manager_->state_error();
+  EXPECT_TRUE(manager_->Submit("three", spec_in("/tmp/job_manager_test/other"), &violations).ok());
+}
+
 TEST_F(ElasticTest, SizesTheParallelismConfigRefusesAreSkipped) {
   // world 4 with EP 2 for moe_mlp: 3 does not fit EP 2 (the parallelism
   // check keeps it out of the sizes); 2 does.

@@ -1071,6 +1071,7 @@ TEST_F(MuonmeshctlTest, FlagsGoAnywhereAndEveryListedFlagWorks) {
       {"watch", {"j-404"}},  // the job waits for workers: its watch would too
       {"metrics", {id}},
       {"cancel", {"j-404"}},
+      {"resume", {"j-404"}},
       {"drain", {"w-404"}},
       {"delete", {"j-404"}},
       {"prune", {}},

@@ -93,6 +93,52 @@ TEST(JobStoreTest, RequestIdWithAnotherSpecIsRefused) {
   EXPECT_NE(a->job.id(), b->job.id());
 }
 
+v1::JobSpec Writing(const std::string& name, const std::string& dir,
+                    const std::string& export_path = "") {
+  v1::JobSpec spec = Spec(name);
+  spec.mutable_output()->set_dir(dir);
+  if (!export_path.empty()) spec.mutable_output()->set_export_(export_path);
+  return spec;
+}
+
+// Two unfinished jobs never share an output folder (or export file): the
+// second submit is refused naming the first, whatever the nesting, until
+// the first is final. The regression: two submits of one job file both ran
+// and tore metrics/rank-0.jsonl.
+TEST(JobStoreTest, AnUnfinishedJobsOutputFolderIsItsOwn) {
+  auto store = JobStore::Open(FreshDb("outputs"));
+  ASSERT_TRUE(store.ok());
+  auto first = (*store)->Submit("req-a", Writing("a", "/runs/a"), "", 1);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string id = first->job.id();
+  for (const v1::JobSpec& clash :
+       {Writing("a", "/runs/a"), Writing("b", "/runs/a/"), Writing("b", "/runs/a/inner"),
+        Writing("b", "/runs"), Writing("b", "/runs/x/../a"),
+        Writing("b", "/other", "/runs/a/final.safetensors")}) {
+    SCOPED_TRACE(clash.output().dir());
+    auto refused = (*store)->Submit("", clash, "", 2);
+    ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr("output.dir"));
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr(id));
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr("PENDING"));
+  }
+  // Same-prefix siblings are other folders; the same request is the same job.
+  EXPECT_TRUE((*store)->Submit("", Writing("c", "/runs/a2"), "", 3).ok());
+  EXPECT_TRUE((*store)->Submit("", Writing("d", "/runs/b"), "", 3).ok());
+  auto again = (*store)->Submit("req-a", Writing("a", "/runs/a"), "", 4);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->created);
+  EXPECT_EQ((*store)->UnfinishedCount(), 3);
+  // Once the first has ended, its folder may be written again (a resume
+  // or a new run of the same job file).
+  v1::JobEvent done;
+  done.mutable_state_change()->set_state(v1::JOB_STATE_CANCELLED);
+  ASSERT_TRUE((*store)
+                  ->Append(id, done, 5, [](v1::Job& j) { j.set_state(v1::JOB_STATE_CANCELLED); })
+                  .ok());
+  EXPECT_TRUE((*store)->Submit("", Writing("a", "/runs/a"), "", 6).ok());
+}
+
 TEST(JobStoreTest, EventsAreGaplessAndReadFromAnyIndex) {
   auto store = JobStore::Open(FreshDb("events"));
   ASSERT_TRUE(store.ok());
