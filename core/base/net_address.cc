@@ -2,12 +2,18 @@
 
 #include <arpa/inet.h>
 
+#include <cctype>
+
 namespace muonmesh {
 
 bool IsLoopbackAddress(const std::string& address) {
   std::string a = address;
   if (a.size() > 2 && a.front() == '[' && a.back() == ']') a = a.substr(1, a.size() - 2);
-  if (a == "localhost") return true;
+  if (a.size() == 9) {
+    std::string lower = a;
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (lower == "localhost") return true;
+  }
   in_addr v4{};
   if (inet_pton(AF_INET, a.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
   in6_addr v6{};

@@ -11,7 +11,10 @@
 namespace muonmesh {
 
 // Whether `address` (a host name or a numeric address, IPv6 bracketed or
-// not) is a loopback one: localhost, 127.0.0.0/8 or ::1.
+// not) names only this machine: "localhost" (any case), 127.0.0.0/8, ::1 or
+// ::ffff:127.x.y.z. Wildcards ("0.0.0.0", "::", "") and every other name
+// are not. (The coordinator serves such an address without TLS; a worker
+// on another host must not advertise one.)
 bool IsLoopbackAddress(const std::string& address);
 
 // The host of a gRPC peer string ("ipv4:10.0.0.5:41234" -> "10.0.0.5",

@@ -1,7 +1,5 @@
 #include "server/auth/server_security.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/stat.h>
 
 #include <cstdlib>
@@ -10,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/base/net_address.h"
 #include "core/base/status_macros.h"
 #include "grpcpp/security/tls_credentials_options.h"
 #include "proto/rpc/credentials.h"
@@ -56,22 +55,6 @@ ServerSecurityOptions WithEnvironment(ServerSecurityOptions options) {
   if (options.tls_ca.empty()) options.tls_ca = Env(kTlsCaEnv);
   if (options.tokens_file.empty()) options.tokens_file = Env(kTokensFileEnv);
   return options;
-}
-
-bool IsLoopbackHost(absl::string_view host) {
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  if (absl::EqualsIgnoreCase(host, "localhost")) return true;
-  const std::string text(host);
-  in_addr v4{};
-  if (inet_pton(AF_INET, text.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
-  in6_addr v6{};
-  if (inet_pton(AF_INET6, text.c_str(), &v6) == 1) {
-    if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
-    return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
-  }
-  return false;
 }
 
 namespace {
@@ -144,7 +127,7 @@ absl::StatusOr<grpc_ssl_client_certificate_request_type> CheckTlsFiles(
 absl::StatusOr<std::unique_ptr<ServerSecurity>> ServerSecurity::Load(
     const ServerSecurityOptions& options, absl::string_view listen, LineSink log) {
   rpc::InitOpenSslWithoutExitHandler();
-  const bool loopback = IsLoopbackHost(HostOf(listen));
+  const bool loopback = IsLoopbackAddress(std::string(HostOf(listen)));
   MUONMESH_RETURN_IF_ERROR(CheckCombination(options, listen, loopback));
   std::unique_ptr<ServerSecurity> self(new ServerSecurity());
   std::vector<std::string>& notes = self->notes_;

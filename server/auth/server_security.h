@@ -53,11 +53,6 @@ struct ServerSecurityOptions {
 // `options` with each empty path taken from its environment variable.
 ServerSecurityOptions WithEnvironment(ServerSecurityOptions options);
 
-// Whether `host` (from HOST:PORT, brackets allowed) names only this
-// machine: "localhost", 127.0.0.0/8, ::1 or ::ffff:127.x.y.z. Wildcards
-// ("0.0.0.0", "::", "") and every other name are not.
-bool IsLoopbackHost(absl::string_view host);
-
 class ServerSecurity {
  public:
   // Reads and checks the files for serving `listen` (HOST:PORT). Errors:

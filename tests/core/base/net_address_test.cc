@@ -9,12 +9,14 @@ namespace muonmesh {
 namespace {
 
 TEST(NetAddressTest, LoopbackIsLocalhost127Slash8AndColonColon1) {
-  for (const char* loopback : {"localhost", "127.0.0.1", "127.255.0.9", "::1", "[::1]",
-                               "::ffff:127.0.0.1"}) {
+  for (const char* loopback : {"localhost", "LOCALHOST", "127.0.0.1", "127.255.0.9", "::1",
+                               "[::1]", "::ffff:127.0.0.1"}) {
     EXPECT_TRUE(IsLoopbackAddress(loopback)) << loopback;
   }
-  for (const char* other : {"10.0.0.5", "128.0.0.1", "0.0.0.0", "::", "fe80::1", "::ffff:10.0.0.1",
-                            "node3.example", "", "127.0.0.1.example"}) {
+  // Wildcards are every interface, not this machine alone.
+  for (const char* other : {"10.0.0.5", "128.0.0.1", "0.0.0.0", "::", "[::]", "fe80::1",
+                            "::ffff:10.0.0.1", "node3.example", "", "127.0.0.1.example",
+                            "localhost.example.com"}) {
     EXPECT_FALSE(IsLoopbackAddress(other)) << other;
   }
 }
