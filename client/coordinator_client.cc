@@ -222,7 +222,9 @@ absl::StatusOr<std::vector<v1::Worker>> CoordinatorClient::Workers() {
 absl::Status CoordinatorClient::Watch(const std::string& job_id, int64_t from_index,
                                       absl::Duration deadline,
                                       const std::function<bool(const v1::JobEvent&)>& on_event) {
-  const auto end = std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline);
+  // An infinite deadline is a year (the clock would overflow).
+  const auto end = std::chrono::system_clock::now() +
+                   absl::ToChronoMilliseconds(std::min(deadline, absl::Hours(24 * 365)));
   int64_t next = std::max<int64_t>(from_index, 1);
   // A broken stream (a coordinator restart, a network blip) is resumed
   // after the last event seen, for up to kWatchOutage without one.

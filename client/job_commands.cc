@@ -1,6 +1,7 @@
 #include "client/job_commands.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <deque>
 #include <map>
@@ -223,7 +224,19 @@ int List(CoordinatorClient& client, const std::string& states, const std::string
   return kExitOk;
 }
 
-int Watch(CoordinatorClient& client, const std::string& job_id, int64_t from_index, Streams io) {
+namespace {
+std::atomic<int64_t> watch_next_index{1};
+}  // namespace
+
+int64_t WatchNextIndex() { return watch_next_index.load(); }
+
+std::string WatchResumeHint(const std::string& job_id, int64_t next_index) {
+  return absl::StrCat("muonmeshctl watch ", job_id, " --from ", next_index);
+}
+
+int Watch(CoordinatorClient& client, const std::string& job_id, int64_t from_index,
+          absl::Duration timeout, Streams io) {
+  watch_next_index = std::max<int64_t>(from_index, 1);
   absl::StatusOr<v1::Job> job = client.Get(job_id);
   if (!job.ok()) return Fail(job.status(), io);
   const int64_t total = job->steps_total();
@@ -237,7 +250,8 @@ int Watch(CoordinatorClient& client, const std::string& job_id, int64_t from_ind
   // status does), so one slow step does not swing it.
   constexpr std::size_t kRecent = 16;
   std::deque<double> recent;
-  absl::Status st = client.Watch(job_id, from_index, absl::Hours(24 * 365), [&](const v1::JobEvent& e) {
+  absl::Status st = client.Watch(job_id, from_index, timeout, [&](const v1::JobEvent& e) {
+    watch_next_index = e.index() + 1;
     if (e.has_state_change()) {
       end_bar();
       last = e.state_change().state();
@@ -272,9 +286,17 @@ int Watch(CoordinatorClient& client, const std::string& job_id, int64_t from_ind
         }
       }
     }
+    // Each line as it happens, also into a pipe or a file.
+    io.out << std::flush;
     return true;
   });
   end_bar();
+  if (st.code() == absl::StatusCode::kDeadlineExceeded) {
+    io.err << "muonmeshctl: watch: --timeout " << absl::FormatDuration(timeout)
+           << " passed before job " << job_id << " ended; go on with: "
+           << WatchResumeHint(job_id, watch_next_index.load()) << "\n";
+    return ExitCode(st);
+  }
   if (!st.ok()) return Fail(st, io);
   if (last == v1::JOB_STATE_FAILED || last == v1::JOB_STATE_CANCELLED) return kExitJobFailed;
   return kExitOk;

@@ -43,7 +43,20 @@ int List(CoordinatorClient& client, const std::string& states, const std::string
          bool json, Streams io);
 // Follows the job to its end; exits kExitJobFailed when it ends FAILED or
 // CANCELLED.
-int Watch(CoordinatorClient& client, const std::string& job_id, int64_t from_index, Streams io);
+// Follows the job from event `from_index` until it ends, or for `timeout`
+// (infinite: to the end); every line is written as its event comes. On a
+// timeout (or Ctrl-C, muonmeshctl_main.cc) it says how to go on: the
+// `--from` of the next event (WatchResumeHint).
+int Watch(CoordinatorClient& client, const std::string& job_id, int64_t from_index,
+          absl::Duration timeout, Streams io);
+
+// "muonmeshctl watch JOB --from N" for the event after the last one a watch
+// printed; what a stopped watch tells its user.
+std::string WatchResumeHint(const std::string& job_id, int64_t next_index);
+
+// The event index a running Watch would go on from (for a SIGINT handler:
+// lock-free).
+int64_t WatchNextIndex();
 // format: "table" (default), "json" or "csv"; `summary` adds medians and
 // totals after the table.
 int Metrics(CoordinatorClient& client, const std::string& job_id, const std::string& format,

@@ -9,10 +9,12 @@
 //   5  the coordinator refused or failed the call (RESOURCE_EXHAUSTED: too big
 //      or too busy; INTERNAL; any other error)
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -112,9 +114,11 @@ const JobCommand kCommands[] = {
      "Jobs, newest first (states: pending, running, restarting, succeeded, failed, "
      "cancelled)."},
     {"watch", "JOB",
-     "JOB [--from INDEX] [--coordinator ADDR]\n\n"
+     "JOB [--from INDEX] [--timeout SECONDS] [--coordinator ADDR]\n\n"
      "Follows the job to its end: every state change, and every step's loss, time and ETA\n"
-     "(a live progress bar on a terminal). Resumes from event INDEX (default: the first)."},
+     "(a live progress bar on a terminal; a line per event, written as it comes, otherwise).\n"
+     "Resumes from event INDEX (default: the first). With --timeout it stops after that long;\n"
+     "stopped early (or by Ctrl-C) it prints the --from to go on with."},
     {"metrics", "JOB",
      "JOB [--format table|json|csv | --json] [--summary] [--all-ranks] [--coordinator ADDR]\n\n"
      "The job's per-step records: loss, step time and every phase, bytes sent, Newton-Schulz\n"
@@ -148,6 +152,38 @@ const JobCommand kCommands[] = {
      "the list and the LOST count. A live worker is refused: drain it and stop it first.",
      /*positional_optional=*/true}};
 
+// Ctrl-C during a watch: end the line the progress bar was on and say how to
+// go on (the event after the last one printed), then exit 130 as a shell
+// does for SIGINT. Only async-signal-safe calls.
+char watched_job[160] = {};
+
+void WriteAll(const char* text) { (void)!::write(STDERR_FILENO, text, std::strlen(text)); }
+
+void OnWatchInterrupted(int) {
+  char number[24] = {};
+  int64_t n = cli::WatchNextIndex();
+  int at = sizeof(number) - 1;
+  do {
+    number[--at] = static_cast<char>('0' + n % 10);
+    n /= 10;
+  } while (n > 0 && at > 0);
+  (void)!::write(STDOUT_FILENO, "\n", 1);
+  WriteAll("muonmeshctl: watch interrupted; go on with: muonmeshctl watch ");
+  WriteAll(watched_job);
+  WriteAll(" --from ");
+  WriteAll(number + at);
+  WriteAll("\n");
+  ::_exit(130);
+}
+
+void OnInterruptDuringWatch(const std::string& job_id) {
+  std::strncpy(watched_job, job_id.c_str(), sizeof(watched_job) - 1);
+  struct sigaction action {};
+  action.sa_handler = OnWatchInterrupted;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+}
+
 // The values of a job command's own flags.
 struct JobFlags {
   std::string request_id, states, job_name, reason, format = "table";
@@ -155,6 +191,8 @@ struct JobFlags {
   int64_t world_size = 0;
   bool summary = false, all_ranks = false, all_lost = false, checkpoint = false;
   absl::Duration older_than = absl::ZeroDuration();
+  // watch: how long to follow (--timeout when given; else to the job's end).
+  absl::Duration watch_timeout = absl::InfiniteDuration();
 };
 
 // Registers the flags command `name` takes besides the connection's.
@@ -203,7 +241,10 @@ int DispatchJobCommand(const std::string& name, const std::string& positional, c
   }
   if (name == "status") return cli::Status(client, positional, json, io);
   if (name == "list") return cli::List(client, j.states, j.job_name, json, io);
-  if (name == "watch") return cli::Watch(client, positional, j.from, io);
+  if (name == "watch") {
+    OnInterruptDuringWatch(positional);
+    return cli::Watch(client, positional, j.from, j.watch_timeout, io);
+  }
   if (name == "metrics") {
     if (json && format_given && j.format != "json") {
       return UsageError(name, absl::InvalidArgumentError(absl::StrCat(
@@ -253,6 +294,7 @@ int RunJobCommand(std::string name, std::vector<std::string> args) {
   absl::StatusOr<rpc::ChannelSecurity> security = Security(f);
   if (!security.ok()) return UsageError(name, security.status());
   CoordinatorClient client(f.coordinator, {absl::Seconds(f.timeout_seconds), *security});
+  if (parser.Seen("--timeout")) j.watch_timeout = absl::Seconds(f.timeout_seconds);
   return DispatchJobCommand(name, positional, j, f.json, parser.Seen("--format"), client,
                             cli::Streams{std::cout, std::cerr, isatty(STDOUT_FILENO) != 0});
 }

@@ -991,6 +991,41 @@ TEST_F(MuonmeshctlTest, CancelEndsTheWatchWithCode6AndFreesTheWorkers) {
   EXPECT_EQ(Ctl({"status", id}).exit_code, 5);
 }
 
+// watch --timeout stops following after that long (the job waits for
+// workers that never come) and says which --from goes on; without it the
+// watch would wait to the job's end. The regression: --timeout was ignored.
+TEST_F(MuonmeshctlTest, WatchStopsAtItsTimeoutAndSaysHowToGoOn) {
+  JobText j{"waits", 8};  // wider than the fleet (none): PENDING for good
+  const testing::ProcessResult submit = Ctl({"submit", WriteJob(dir_, j, dir_ + "/out")});
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const std::string id = Lines(submit.out).back();
+  const testing::ProcessResult watch = Ctl({"watch", id, "--timeout", "2"});
+  EXPECT_NE(watch.exit_code, 0);
+  EXPECT_THAT(watch.out, HasSubstr("[1] PENDING: waiting for 8 idle cpu workers"));
+  EXPECT_THAT(watch.err, HasSubstr("--timeout 2s passed before job " + id + " ended"));
+  EXPECT_THAT(watch.err, HasSubstr("muonmeshctl watch " + id + " --from 2"));
+  // Going on from there prints nothing twice.
+  const testing::ProcessResult again = Ctl({"watch", id, "--from", "2", "--timeout", "1"});
+  EXPECT_THAT(again.out, Not(HasSubstr("[1]")));
+}
+
+// A watch into a file (not a terminal) writes each event's line as it comes
+// (the log holds it while the watch still runs); Ctrl-C ends it with exit
+// code 130 and the --from to go on with.
+TEST_F(MuonmeshctlTest, AWatchWritesLinesAsTheyComeAndCtrlCSaysHowToGoOn) {
+  JobText j{"waits", 8};  // PENDING for good: no worker
+  const testing::ProcessResult submit = Ctl({"submit", WriteJob(dir_, j, dir_ + "/out")});
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const std::string id = Lines(submit.out).back();
+  Background watch({MUONMESHCTL_BIN, "watch", id, "--coordinator", address_},
+                   dir_ + "/watch.log");
+  ASSERT_TRUE(watch.WaitForLog("[1] PENDING", std::chrono::seconds(20))) << watch.Log();
+  watch.Signal(SIGINT);
+  EXPECT_EQ(watch.Wait(std::chrono::seconds(20)), 130) << watch.Log();
+  EXPECT_THAT(watch.Log(), HasSubstr("watch interrupted; go on with: muonmeshctl watch " + id +
+                                     " --from 2"));
+}
+
 // Workers gone for good are removed by hand, once LOST, by name or all at
 // once; a live one and an unknown one are refused, each named.
 TEST_F(MuonmeshctlTest, WorkersRemoveForgetsLostWorkersOnly) {
