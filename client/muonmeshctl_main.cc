@@ -30,6 +30,7 @@
 #include "client/job_commands.h"
 #include "core/base/flag_parser.h"
 #include "proto/rpc/credentials.h"
+#include "proto/rpc/version.h"
 
 namespace muonmesh {
 namespace {
@@ -366,6 +367,10 @@ int Main(int argc, char** argv) {
   args.insert(args.end(), leading.begin(), leading.end());
   if (command == "help" || command == "--help" || command == "-h") {
     std::cout << Help();
+    return kExitOk;
+  }
+  if (command == "version" || command == "--version") {
+    std::cout << "muonmeshctl " << rpc::Version() << "\n";
     return kExitOk;
   }
   if (command == "validate") return cli::RunValidate(args);

@@ -22,6 +22,7 @@
 #include "core/base/status_macros.h"
 #include "proto/job/allowed_dirs.h"
 #include "proto/rpc/credentials.h"
+#include "proto/rpc/version.h"
 #include "server/coordinator_server.h"
 
 namespace {
@@ -319,6 +320,12 @@ void StopOnSignals(const sigset_t& signals, absl::Duration grace,
 // printed).
 std::optional<int> ParseFlags(int argc, char** argv, Flags* flags,
                               muonmesh::CoordinatorServerOptions* options) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--version") {
+      std::cout << "muonmesh-coordinator " << muonmesh::rpc::Version() << "\n";
+      return 0;
+    }
+  }
   muonmesh::FlagParser parser("muonmesh-coordinator");
   DeclareFlags(parser, flags);
   bool help = false;

@@ -26,6 +26,7 @@
 #include "worker/comm/grpc_store.h"
 #include "worker/job/memory_budget.h"
 #include "proto/rpc/rpc_status.h"
+#include "proto/rpc/version.h"
 #include "worker/local_address.h"
 #include "worker/worker_metrics.h"
 
@@ -205,7 +206,7 @@ absl::Status Daemon::Register() {
   info->set_memory_bytes(options_.memory_budget_bytes > 0 ? options_.memory_budget_bytes
                                                           : DefaultMemoryBudgetBytes(1));
   info->set_address(options_.address);
-  info->set_version("muonmesh-worker 0.4");
+  info->set_version(absl::StrCat("muonmesh-worker ", rpc::Version()));
   absl::Duration backoff = absl::Milliseconds(100);
   int tries = 0;
   while (!Stopping()) {

@@ -21,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "core/base/flag_parser.h"
 #include "proto/rpc/credentials.h"
+#include "proto/rpc/version.h"
 #include "worker/daemon.h"
 #include "worker/job/memory_budget.h"
 #include "worker/reshard.h"
@@ -41,6 +42,7 @@ constexpr const char* kUsage =
     "                       [--resume] [--fail-at-step S] [--cuda-device N]\n"
     "                       [--create-store] [--memory-budget SIZE]\n"
     "       muonmesh-worker --describe --job FILE\n"
+    "       muonmesh-worker --version\n"
     "       muonmesh-worker --consolidate CHECKPOINT --out FILE\n"
     "       muonmesh-worker --sample --job FILE --weights FILE [--prompt TEXT]\n"
     "                       [--prompt-ids ID,ID...] [--tokens 200] [--temperature 1]\n"
@@ -341,6 +343,10 @@ int main(int argc, char** argv) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
       std::cout << kUsage;
+      return 0;
+    }
+    if (arg == "--version") {
+      std::cout << "muonmesh-worker " << muonmesh::rpc::Version() << "\n";
       return 0;
     }
   }

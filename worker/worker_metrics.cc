@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
 #include "worker/step_log.h"
+#include "proto/rpc/metrics_http.h"
 
 namespace muonmesh::worker {
 namespace {
@@ -70,7 +71,9 @@ WorkerMetrics::WorkerMetrics()
       attempts_(prometheus::BuildCounter()
                     .Name("muonmesh_worker_attempts_total")
                     .Help("Ranks this worker ran to their end, by outcome")
-                    .Register(*registry_)) {}
+                    .Register(*registry_)) {
+  rpc::RegisterBuildInfo(*registry_, "worker");
+}
 
 absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Serve(const std::string& listen) {
   auto metrics = std::make_unique<WorkerMetrics>();

@@ -9,6 +9,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "prometheus/gauge.h"
+#include "proto/rpc/version.h"
 
 namespace muonmesh::rpc {
 namespace {
@@ -50,6 +52,15 @@ const CivetCallbacks& Callbacks() {
 }
 
 }  // namespace
+
+void RegisterBuildInfo(prometheus::Registry& registry, const std::string& binary) {
+  prometheus::BuildGauge()
+      .Name("muonmesh_build_info")
+      .Help("The muonmesh release this process runs (always 1)")
+      .Register(registry)
+      .Add({{"binary", binary}, {"version", Version()}})
+      .Set(1);
+}
 
 absl::StatusOr<std::unique_ptr<MetricsHttp>> MetricsHttp::Serve(const std::string& listen) {
   std::unique_ptr<MetricsHttp> http(new MetricsHttp());

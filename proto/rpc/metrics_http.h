@@ -21,8 +21,13 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "prometheus/exposer.h"
+#include "prometheus/registry.h"
 
 namespace muonmesh::rpc {
+
+// muonmesh_build_info{binary, version} 1 in `registry`: which release each
+// process serving metrics runs (a rollout's progress, a mixed fleet).
+void RegisterBuildInfo(prometheus::Registry& registry, const std::string& binary);
 
 class MetricsHttp {
  public:

@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "grpcpp/support/interceptor.h"
 #include "muonmesh/v1/jobs.pb.h"
+#include "proto/rpc/metrics_http.h"
 
 namespace muonmesh::coordinator {
 namespace {
@@ -112,7 +113,9 @@ CoordinatorMetrics::CoordinatorMetrics(const JobStore* store, const Fleet* fleet
                          .Name("muonmesh_job_refused_steps_total")
                          .Help("Attempts of a job that ended refusing a step: a reduced gradient "
                                "was NaN or infinite (no rank updated anything)")
-                         .Register(*registry_)) {}
+                         .Register(*registry_)) {
+  rpc::RegisterBuildInfo(*registry_, "coordinator");
+}
 
 void CoordinatorMetrics::OnRpc(const std::string& method, int code, double seconds) {
   static const prometheus::Histogram::BucketBoundaries kBuckets = Buckets(0.0001, 100);

@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/http_get.h"
+#include "muonmesh/config.h"
 
 namespace muonmesh::worker {
 namespace {
@@ -91,6 +92,8 @@ TEST(WorkerMetricsTest, ServesTheDocumentedMetrics) {
   EXPECT_NEAR(Sample(text, "muonmesh_worker_muon_exchange_wait_seconds_total{job_id=\"j-1\"}"),
               2 * 0.008, 1e-12);
   EXPECT_THAT(text, HasSubstr("muonmesh_worker_busy 1"));
+  EXPECT_THAT(text, HasSubstr(std::string("muonmesh_build_info{binary=\"worker\",version=\"") +
+                              MUONMESH_VERSION + "\"} 1"));
   EXPECT_THAT(text, HasSubstr("muonmesh_worker_attempts_total{outcome=\"succeeded\"} 1"));
   EXPECT_THAT(
       text,

@@ -25,6 +25,7 @@
 #include "proto/io/message_file.h"
 #include "server/control/job_manager.h"
 #include "tests/server/control/fake_clock.h"
+#include "muonmesh/config.h"
 
 namespace muonmesh::coordinator {
 namespace {
@@ -369,6 +370,14 @@ TEST_F(CoordinatorMetricsTest, RefusedStepsCountOncePerAttemptAndProgressIsShown
   const std::string worker = store_->Get(other)->worker_ids(0);
   EndRank(worker, other, 0, 0, v1::ATTEMPT_OUTCOME_FAILED, "killed");
   EXPECT_EQ(refused(other), 0.0);
+}
+
+// Which release serves the metrics: muonmesh_build_info, in the registry
+// the Exposer serves beside the state gauges.
+TEST_F(CoordinatorMetricsTest, TheBuildInfoNamesTheRelease) {
+  const std::string text = prometheus::TextSerializer().Serialize(metrics_->registry()->Collect());
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("muonmesh_build_info{binary=\"coordinator\",version=\"",
+                                           MUONMESH_VERSION, "\"} 1")));
 }
 
 TEST_F(CoordinatorMetricsTest, TheScrapePassesPromtool) {
