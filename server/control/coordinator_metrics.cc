@@ -33,8 +33,8 @@ prometheus::ClientMetric GaugeValue(double v) {
 // Times one RPC from its arrival to its status.
 class RpcTimer final : public grpc::experimental::Interceptor {
  public:
-  RpcTimer(CoordinatorMetrics* metrics, std::string method)
-      : metrics_(*metrics), method_(std::move(method)),
+  RpcTimer(CoordinatorMetrics* metrics, std::string method, bool stream)
+      : metrics_(*metrics), method_(std::move(method)), stream_(stream),
         start_(std::chrono::steady_clock::now()) {}
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
@@ -42,7 +42,8 @@ class RpcTimer final : public grpc::experimental::Interceptor {
             grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-      metrics_.OnRpc(method_, static_cast<int>(methods->GetSendStatus().error_code()), seconds);
+      metrics_.OnRpc(method_, static_cast<int>(methods->GetSendStatus().error_code()), seconds,
+                     stream_);
     }
     methods->Proceed();
   }
@@ -50,6 +51,7 @@ class RpcTimer final : public grpc::experimental::Interceptor {
  private:
   CoordinatorMetrics& metrics_;
   std::string method_;
+  bool stream_;
   std::chrono::steady_clock::time_point start_;
 };
 
@@ -58,7 +60,8 @@ class RpcTimerFactory final : public grpc::experimental::ServerInterceptorFactor
   explicit RpcTimerFactory(CoordinatorMetrics* metrics) : metrics_(metrics) {}
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override {
-    return new RpcTimer(metrics_, info->method() != nullptr ? info->method() : "unknown");
+    return new RpcTimer(metrics_, info->method() != nullptr ? info->method() : "unknown",
+                        info->type() != grpc::experimental::ServerRpcInfo::Type::UNARY);
   }
 
  private:
@@ -89,9 +92,14 @@ CoordinatorMetrics::CoordinatorMetrics(const JobStore* store, const Fleet* fleet
       registry_(std::make_shared<prometheus::Registry>()),
       rpc_duration_(prometheus::BuildHistogram()
                         .Name("muonmesh_rpc_duration_seconds")
-                        .Help("Time the coordinator took to serve an RPC, by method and status "
-                              "code (streams: their whole life)")
+                        .Help("Time the coordinator took to serve a unary RPC, by method and "
+                              "status code (streams are counted apart)")
                         .Register(*registry_)),
+      rpc_streams_(prometheus::BuildCounter()
+                       .Name("muonmesh_rpc_streams_total")
+                       .Help("Streaming RPCs the coordinator served (watches, assignments), by "
+                             "method and the status code they ended with")
+                       .Register(*registry_)),
       steps_(prometheus::BuildCounter()
                  .Name("muonmesh_job_steps_total")
                  .Help("Training steps finished by every rank of a job")
@@ -117,8 +125,13 @@ CoordinatorMetrics::CoordinatorMetrics(const JobStore* store, const Fleet* fleet
   rpc::RegisterBuildInfo(*registry_, "coordinator");
 }
 
-void CoordinatorMetrics::OnRpc(const std::string& method, int code, double seconds) {
+void CoordinatorMetrics::OnRpc(const std::string& method, int code, double seconds,
+                               bool stream) {
   static const prometheus::Histogram::BucketBoundaries kBuckets = Buckets(0.0001, 100);
+  if (stream) {
+    rpc_streams_.Add({{"method", method}, {"code", CodeName(code)}}).Increment();
+    return;
+  }
   rpc_duration_.Add({{"method", method}, {"code", CodeName(code)}}, kBuckets).Observe(seconds);
 }
 

@@ -11,7 +11,11 @@
 //                                                a job finished
 //   muonmesh_job_step_duration_seconds           histogram, a step's slowest
 //                                                rank
-//   muonmesh_rpc_duration_seconds{method, code}  histogram, every RPC served
+//   muonmesh_rpc_duration_seconds{method, code}  histogram, every unary RPC
+//                                                served (latency)
+//   muonmesh_rpc_streams_total{method, code}     counter, streams served, by
+//                                                how they ended (a stream's
+//                                                life is not a latency)
 //   muonmesh_job_planned_critical_path_flops{job_id} gauge, each running job's
 //                                                planned critical path: the
 //                                                Newton-Schulz FLOPs per step
@@ -71,7 +75,9 @@ class CoordinatorMetrics final : public prometheus::Collectable {
   // The state gauges (prometheus::Collectable).
   std::vector<prometheus::MetricFamily> Collect() const override;
 
-  void OnRpc(const std::string& method, int code, double seconds);
+  // A call ended with `code` after `seconds`: a unary one is timed, a
+  // stream (`stream`) counted.
+  void OnRpc(const std::string& method, int code, double seconds, bool stream = false);
   void OnStep(const std::string& job_id, double slowest_rank_seconds);
   // JobManagerOptions::on_refused_step.
   void OnRefusedStep(const std::string& job_id);
@@ -98,6 +104,7 @@ class CoordinatorMetrics final : public prometheus::Collectable {
   const Fleet& fleet_;
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Histogram>& rpc_duration_;
+  prometheus::Family<prometheus::Counter>& rpc_streams_;
   prometheus::Counter& steps_;
   prometheus::Histogram& step_duration_;
   prometheus::Histogram& recovery_;

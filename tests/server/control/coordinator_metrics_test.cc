@@ -380,6 +380,21 @@ TEST_F(CoordinatorMetricsTest, TheBuildInfoNamesTheRelease) {
                                            MUONMESH_VERSION, "\"} 1")));
 }
 
+// Latency is for unary calls: a stream's life (a watch of a day) would
+// swamp the percentiles, so streams are counted by how they ended instead.
+TEST_F(CoordinatorMetricsTest, StreamsAreCountedApartFromUnaryLatencies) {
+  metrics_->OnRpc("/muonmesh.v1.Jobs/GetJob", 0, 0.002);
+  metrics_->OnRpc("/muonmesh.v1.Jobs/WatchJob", 1, 3600.0, /*stream=*/true);
+  metrics_->OnRpc("/muonmesh.v1.Jobs/WatchJob", 1, 60.0, /*stream=*/true);
+  const std::string text = prometheus::TextSerializer().Serialize(metrics_->registry()->Collect());
+  EXPECT_THAT(text, HasSubstr("muonmesh_rpc_duration_seconds_count{code=\"OK\","
+                              "method=\"/muonmesh.v1.Jobs/GetJob\"} 1"));
+  EXPECT_THAT(text, HasSubstr("muonmesh_rpc_streams_total{code=\"CANCELLED\","
+                              "method=\"/muonmesh.v1.Jobs/WatchJob\"} 2"));
+  EXPECT_THAT(text, ::testing::Not(
+                        HasSubstr("muonmesh_rpc_duration_seconds_count{code=\"CANCELLED\"")));
+}
+
 TEST_F(CoordinatorMetricsTest, TheScrapePassesPromtool) {
   AddWorker("w0");
   const std::string job = Submit("scraped", 1, "6, 16, 3");
