@@ -302,14 +302,12 @@ absl::StatusOr<v1::JobSpec> LoadJobForSubmit(const std::string& path) {
   if (!out->export_().empty()) out->set_export_(Absolute(base, out->export_()));
   // A file the model section names travels inline: the coordinator plans
   // without the workers' files.
-  if (const job::ModelKind* kind = job::FindModelKind(spec.model().kind_case());
-      kind != nullptr && kind->model_file != nullptr) {
-    const std::optional<job::ModelFile> file = kind->model_file(spec.model());
-    if (file.has_value() && !file->given_inline && !file->path.empty()) {
-      MUONMESH_RETURN_IF_ERROR(
-          kind->embed_model_file(spec.mutable_model(), Absolute(base, file->path)), path, ": ",
-          file->field);
-    }
+  if (const std::optional<job::ModelFile> file = job::ModelFileOf(spec.model());
+      file.has_value() && !file->given_inline && !file->path.empty()) {
+    const job::ModelKind* kind = job::FindModelKind(spec.model().kind_case());
+    MUONMESH_RETURN_IF_ERROR(
+        kind->embed_model_file(spec.mutable_model(), Absolute(base, file->path)), path, ": ",
+        file->field);
   }
   return spec;
 }

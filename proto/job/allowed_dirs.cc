@@ -170,12 +170,9 @@ absl::Status CheckJobPathsAllowed(const v1::JobSpec& spec, const std::vector<std
       !spec.data().safetensors().empty()) {
     paths.emplace_back("data.safetensors", spec.data().safetensors());
   }
-  if (const ModelKind* kind = FindModelKind(spec.model().kind_case());
-      kind != nullptr && kind->model_file != nullptr) {
-    const std::optional<ModelFile> file = kind->model_file(spec.model());
-    if (file.has_value() && !file->given_inline && !file->path.empty()) {
-      paths.emplace_back(file->field, file->path);
-    }
+  if (const std::optional<ModelFile> file = ModelFileOf(spec.model());
+      file.has_value() && !file->given_inline && !file->path.empty()) {
+    paths.emplace_back(file->field, file->path);
   }
   // A corpus pattern (the coordinator cannot expand it): its folder.
   const auto add_corpus = [&](const std::string& field, const std::string& path) {

@@ -537,11 +537,8 @@ JobPaths ResolveJobPaths(const v1::JobSpec& job, const std::string& job_dir) {
     p.corpus_train = ResolveJobPath(job_dir, job.data().tokens().train());
     p.corpus_val = ResolveJobPath(job_dir, job.data().tokens().val());
   }
-  if (const ModelKind* kind = FindModelKind(job.model().kind_case());
-      kind != nullptr && kind->model_file != nullptr) {
-    p.model_file = kind->model_file(job.model());
-    if (p.model_file.has_value()) p.model_file->path = ResolveJobPath(job_dir, p.model_file->path);
-  }
+  p.model_file = ModelFileOf(job.model());
+  if (p.model_file.has_value()) p.model_file->path = ResolveJobPath(job_dir, p.model_file->path);
   p.output_dir = ResolveJobPath(
       job_dir, job.output().dir().empty() ? absl::StrCat("runs/", job.name()) : job.output().dir());
   p.export_path = job.output().export_().empty()

@@ -85,12 +85,12 @@ struct ModelKind {
   // The parameter list (before the optimizer rules), expert stacks split
   // `ep` ways (>= 1). InvalidArgument naming the field or file otherwise.
   absl::StatusOr<plan::ModelSpec> (*spec)(const ModelForm& form, int64_t ep);
-  // The input file the section names, if any (nullptr: the kind never
-  // names one).
-  std::optional<ModelFile> (*model_file)(const v1::ModelConfig& model);
+  // The input file the section names, if any (nullptr, the default: the
+  // kind never names one).
+  std::optional<ModelFile> (*model_file)(const v1::ModelConfig& model) = nullptr;
   // Reads the section's file (at `path`, absolute) into the section, so a
   // job submitted to a coordinator carries it (nullptr with model_file).
-  absl::Status (*embed_model_file)(v1::ModelConfig* model, const std::string& path);
+  absl::Status (*embed_model_file)(v1::ModelConfig* model, const std::string& path) = nullptr;
 };
 
 // Every registered kind, in the oneof's order.
@@ -98,6 +98,10 @@ absl::Span<const ModelKind* const> ModelKinds();
 
 // The kind of a model section; nullptr when none is set (or unregistered).
 const ModelKind* FindModelKind(v1::ModelConfig::KindCase proto_case);
+
+// The input file `model` names through its kind's model_file (the path as
+// written); nullopt when the kind names none or this section gives none.
+std::optional<ModelFile> ModelFileOf(const v1::ModelConfig& model);
 
 // The names of the kinds that train on `data`, as a sentence part:
 // "gpt", "gpt and transformer", "mlp, moe_mlp and synthetic".

@@ -69,13 +69,10 @@ void CheckPaths(const v1::JobSpec& spec, std::vector<plan::FieldViolation>* v) {
   CheckAbsolute("output.export", spec.output().export_(), v);
   // The coordinator plans without the workers' files: a file the model
   // section names travels inline.
-  const job::ModelKind* kind = job::FindModelKind(spec.model().kind_case());
-  if (kind != nullptr && kind->model_file != nullptr) {
-    const std::optional<job::ModelFile> file = kind->model_file(spec.model());
-    if (file.has_value() && !file->given_inline) {
-      v->push_back({file->field, "required inline for a job submitted to a coordinator "
-                                 "(muonmeshctl submit reads the file into the job)"});
-    }
+  if (const std::optional<job::ModelFile> file = job::ModelFileOf(spec.model());
+      file.has_value() && !file->given_inline) {
+    v->push_back({file->field, "required inline for a job submitted to a coordinator "
+                               "(muonmeshctl submit reads the file into the job)"});
   }
 }
 

@@ -60,8 +60,6 @@ const ModelKind kGpt = {
     .validate = &Validate,
     .resolve = &Resolve,
     .spec = &Spec,
-    .model_file = nullptr,
-    .embed_model_file = nullptr,
 };
 
 }  // namespace muonmesh::job::kinds

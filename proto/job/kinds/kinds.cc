@@ -35,6 +35,12 @@ const ModelKind* FindModelKind(v1::ModelConfig::KindCase proto_case) {
   return nullptr;
 }
 
+std::optional<ModelFile> ModelFileOf(const v1::ModelConfig& model) {
+  const ModelKind* kind = FindModelKind(model.kind_case());
+  if (kind == nullptr || kind->model_file == nullptr) return std::nullopt;
+  return kind->model_file(model);
+}
+
 std::string KindNamesUsing(DataUse data) {
   std::vector<const char*> names;
   for (const ModelKind* kind : kRegistered) {

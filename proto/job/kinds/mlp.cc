@@ -44,8 +44,6 @@ const ModelKind kMlp = {
     .validate = &Validate,
     .resolve = &Resolve,
     .spec = &Spec,
-    .model_file = nullptr,
-    .embed_model_file = nullptr,
 };
 
 }  // namespace muonmesh::job::kinds

@@ -43,8 +43,6 @@ const ModelKind kMoeMlp = {
     .validate = &Validate,
     .resolve = &Resolve,
     .spec = &Spec,
-    .model_file = nullptr,
-    .embed_model_file = nullptr,
 };
 
 }  // namespace muonmesh::job::kinds
