@@ -25,16 +25,20 @@
 // any rank gets an answer to decides: once cancelled, ranks are told to stop
 // after the first step that no rank has yet been told to continue past.
 //
+// Its parts, each with its own tests: job_admission.h (whether a job is
+// taken), attempt.h (an attempt's ranks, step counting and stop rules),
+// elastic.h (shrinking and growing), recovery.h (what a restart does with
+// running jobs), job_events.h (the event log, watchers, failed writes). The
+// manager keeps one record per job and does the I/O their decisions need.
+//
 // Thread-safe: gRPC handlers call it concurrently; one mutex guards the
-// attempts, the job store has its own. Planning runs outside the mutex (a
+// records, the job store has its own. Planning runs outside the mutex (a
 // large job's plan takes seconds; every other call needs the mutex).
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -44,7 +48,10 @@
 #include "core/plan/types.h"
 #include "muonmesh/v1/fleet.pb.h"
 #include "muonmesh/v1/jobs.pb.h"
+#include "server/control/attempt.h"
+#include "server/control/elastic.h"
 #include "server/control/fleet.h"
+#include "server/control/job_events.h"
 #include "server/control/rendezvous.h"
 #include "server/state/job_store.h"
 
@@ -198,53 +205,18 @@ class JobManager {
   absl::Status Responsive(absl::Duration within);
 
  private:
-  struct StepAggregate {
-    std::set<int32_t> ranks;  // that reported the step
-    double slowest = 0;
-    v1::StepRecord rank0;
-  };
-  enum Outcome { kRunning, kSucceeded, kFailed, kStopped };
-  struct Attempt {
-    int32_t attempt = 0;
-    std::vector<std::string> workers;  // by rank
-    std::vector<Outcome> outcome;      // by rank
-    int64_t total_steps = 0;           // the job's training.steps
-    std::map<int64_t, StepAggregate> steps;
-    int64_t max_continued_step = -1;
-    bool cancelled = false;
-    int64_t stop_at_step = INT64_MAX;
-    std::string failure;  // the first failure
-    // A rank reported the failure as the job's own (job_error): no restart.
-    bool job_error = false;
-    // Cancelled with a checkpoint: the ranks are told at their next step to
-    // write it and stop (OnStep), not pushed a stop.
-    bool cancel_checkpoint = false;
-    absl::Time failed_at;  // when it was detected
-    std::deque<double> recent_seconds;
-    std::string plan_fingerprint;
-    int64_t steps_done = 0;  // one past the newest step every rank finished
-    // Adopted after a coordinator restart: which ranks' workers came back,
-    // and until when the others may.
-    bool adopting = false;
-    std::vector<bool> rejoined;
-    absl::Time adopt_by;
-    // A worker of the attempt is being drained: the ranks stop at
-    // stop_at_step with a checkpoint.
-    std::string drained;  // why ("worker w3 drained: ..."); empty: not draining
-    // The job's world size, its device, and with training.elastic the
-    // sizes it may run at below it (largest first).
-    int64_t target_world = 0;
-    std::string device;
-    std::vector<int64_t> elastic_sizes;
-  };
-  // An elastic RESTARTING job waiting for workers: since when, how long it
-  // waits before shrinking, and what it needs then.
-  struct ElasticWaiting {
-    absl::Time since;
-    absl::Duration wait;
-    int64_t smallest = 0;  // 0: no size it may shrink to
-    std::string device;
-    std::vector<int64_t> sizes;  // job::ElasticWorldSizes, largest first
+  // Everything the manager keeps of one job between calls (the store holds
+  // the rest). A record with nothing in it is dropped.
+  struct JobRecord {
+    std::optional<Attempt> attempt;  // the running one (adopted ones included)
+    bool planning = false;           // its gang taken, its plan being computed (outside mu_)
+    // A restarted job whose new attempt has not finished a step yet: when the
+    // fault that ended the previous one was detected.
+    std::optional<absl::Time> fault_at;
+    ElasticState elastic;  // training.elastic's bookkeeping
+    bool empty() const {
+      return !attempt.has_value() && !planning && !fault_at.has_value() && elastic.empty();
+    }
   };
   // A waiting job read whole and the workers taken for its next attempt.
   struct Taken {
@@ -252,12 +224,15 @@ class JobManager {
     std::vector<std::string> gang;
   };
 
-  // Appends and wakes watchers.
-  absl::StatusOr<v1::JobEvent> Append(const std::string& job_id, v1::JobEvent event,
-                                      const std::function<void(v1::Job&)>& update);
-  absl::StatusOr<v1::JobEvent> ChangeState(const std::string& job_id, v1::JobState state,
-                                           const std::string& reason, int32_t attempt,
-                                           const std::function<void(v1::Job&)>& more = nullptr);
+  // The job's record, made when missing.
+  JobRecord& Record(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's running attempt, or nullptr.
+  Attempt* Running(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the job's record if nothing is left in it.
+  void Tidy(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets everything but the running attempt (an ended or cancelled job).
+  void ForgetBetweenAttempts(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Starts the attempt of `job` on `gang` with `plan`.
   // `spec` is the job's, with world_size the gang's (an elastic job may run
   // shrunk).
@@ -265,15 +240,11 @@ class JobManager {
                     const std::vector<std::string>& gang, const plan::Plan& plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The workers for waiting job `j`'s next attempt, taken from the `idle`
-  // ones of `device` (all its ranks, or with training.elastic fewer, see
-  // ShrunkWorld), with the job read whole; nullopt when it cannot start now.
+  // ones of `device` (all its ranks, or with training.elastic fewer), with
+  // the job read whole; nullopt when it cannot start now.
   std::optional<Taken> TakeGang(const JobStore::Summary& j, const std::string& device, int64_t idle)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The smaller world size an elastic RESTARTING job may start at now (its
-  // wait over, enough idle workers), or 0.
-  int64_t ShrunkWorld(const v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops an ended job's elastic bookkeeping.
-  void ForgetElastic(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails `rank`; the first failure tells every other running rank to stop.
   void FailRank(const std::string& job_id, Attempt& a, int32_t rank, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts a drain of the attempt: every rank stops after the step after the
@@ -288,45 +259,24 @@ class JobManager {
   // Tells every running rank of the attempt to stop now.
   void PushStops(const std::string& job_id, const Attempt& a, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StepDone(const std::string& job_id, Attempt& a, int64_t step, StepAggregate& agg)
+  // Every rank finished `step`: its event, the job's progress, metrics.
+  void StepDone(const std::string& job_id, Attempt& a, int64_t step, const StepAggregate& agg)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int64_t NowMs();
 
   JobStore& store_;
   Fleet& fleet_;
   Rendezvous& rendezvous_;
   Clock& clock_;
   const JobManagerOptions options_;
+  // The event log and the state-write record; its mutexes are leaves.
+  JobEvents events_;
 
   // Lock order (docs/architecture.md §7): mu_ is taken first. With it held,
-  // the manager calls into JobStore, Fleet and Rendezvous, whose own mutexes
-  // are leaves (they call nothing that locks), and takes state_mu_ and
-  // events_mu_, leaves too. Nothing takes mu_ while holding any of them.
-  absl::Mutex mu_ ABSL_ACQUIRED_BEFORE(state_mu_, events_mu_);
-  // job id -> its running attempt
-  std::map<std::string, Attempt> active_ ABSL_GUARDED_BY(mu_);
-  // Jobs whose gang is taken and whose plan is being computed (outside mu_).
-  std::set<std::string> planning_ ABSL_GUARDED_BY(mu_);
-  // Restarted jobs whose new attempt has not finished a step yet -> when the
-  // fault that ended the previous one was detected.
-  std::map<std::string, absl::Time> recovering_ ABSL_GUARDED_BY(mu_);
-  // Elastic jobs waiting to restart (ShrunkWorld), and the sizes each found
-  // the planner refuses.
-  std::map<std::string, ElasticWaiting> elastic_waiting_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::set<int64_t>> elastic_refused_ ABSL_GUARDED_BY(mu_);
-  // Elastic jobs stopped to grow to a size below their world_size: that
-  // size, which their restart takes at once.
-  std::map<std::string, int64_t> elastic_grow_ ABSL_GUARDED_BY(mu_);
-
-  // Records a failed state write (state_error). Returns `s`.
-  absl::Status NoteWrite(absl::Status s);
-  mutable absl::Mutex state_mu_;
-  absl::Status state_error_ ABSL_GUARDED_BY(state_mu_);
-
-  // Signalled when a job gains an event (WatchEvents waits on it).
-  absl::Mutex events_mu_;
-  absl::CondVar events_cv_;
-  bool shutdown_ ABSL_GUARDED_BY(events_mu_) = false;
+  // the manager calls into JobStore, Fleet, Rendezvous and JobEvents, whose
+  // own mutexes are leaves (they call nothing that locks). Nothing takes
+  // mu_ while holding any of them.
+  absl::Mutex mu_;
+  std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace muonmesh::coordinator

@@ -11,11 +11,6 @@
 namespace muonmesh::coordinator {
 namespace {
 
-bool IsFinal(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
-         s == v1::JOB_STATE_CANCELLED;
-}
-
 // How long one wait for new events lasts before the stream checks the
 // client (a watch itself lasts until the job ends or the deadline passes).
 constexpr absl::Duration kWatchSlice = absl::Seconds(1);

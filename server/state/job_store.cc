@@ -82,11 +82,6 @@ std::string ShortStateName(v1::JobState s) {
   return absl::StartsWith(name, kPrefix) ? name.substr(kPrefix.size()) : name;
 }
 
-bool IsFinal(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
-         s == v1::JOB_STATE_CANCELLED;
-}
-
 // One prepared statement; finalized on destruction.
 class Statement {
  public:
@@ -669,6 +664,11 @@ absl::StatusOr<JobStore::StepPage> JobStore::Steps(const std::string& job_id, in
   }
   if (rc != SQLITE_DONE && rc != SQLITE_ROW) return q.Error("read step records");
   return page;
+}
+
+bool IsFinal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
+         s == v1::JOB_STATE_CANCELLED;
 }
 
 }  // namespace muonmesh::coordinator

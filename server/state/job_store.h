@@ -188,4 +188,7 @@ class JobStore {
   absl::flat_hash_map<std::string, int64_t> unfinished_by_client_ ABSL_GUARDED_BY(mu_);
 };
 
+// Whether `state` is one a job never leaves (SUCCEEDED, FAILED, CANCELLED).
+bool IsFinal(v1::JobState state);
+
 }  // namespace muonmesh::coordinator
