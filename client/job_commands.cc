@@ -321,7 +321,7 @@ int Metrics(CoordinatorClient& client, const std::string& job_id, const std::str
     for (const auto& [name, get] : Phases()) io.out << "," << name;
     // val_loss last (empty on steps that were not evaluated), so that the
     // columns before it stay where scripts found them.
-    io.out << ",bytes_sent,ns_flops,val_loss\n";
+    io.out << ",bytes_sent,ns_flops,val_loss,grad_norm,lr_scale\n";
     for (const v1::StepRecord& r : *records) {
       int64_t bytes = 0;
       for (const auto& [name, b] : r.bytes_sent()) bytes += b;
@@ -332,26 +332,28 @@ int Metrics(CoordinatorClient& client, const std::string& job_id, const std::str
       for (const auto& [name, get] : Phases()) {
         io.out << absl::StrFormat(",%.6f", (r.phases().*get)());
       }
-      io.out << absl::StrFormat(",%d,%.6g,%s\n", bytes, r.ns_flops(),
-                                r.has_val_loss() ? absl::StrFormat("%.17g", r.val_loss()) : "");
+      io.out << absl::StrFormat(",%d,%.6g,%s,%.9g,%.9g\n", bytes, r.ns_flops(),
+                                r.has_val_loss() ? absl::StrFormat("%.17g", r.val_loss()) : "",
+                                r.grad_norm(), r.lr_scale());
     }
     return kExitOk;
   }
-  io.out << absl::StrFormat("%6s %4s %13s %13s %9s %9s %9s %9s %9s %12s\n", "STEP", "RANK",
-                            "LOSS", "VAL LOSS", "STEP ms", "GATHER", "FWD/BWD", "REDUCE", "MUON",
-                            "SENT B");
+  io.out << absl::StrFormat("%6s %4s %13s %13s %10s %6s %9s %9s %9s %9s %9s %12s\n", "STEP",
+                            "RANK", "LOSS", "VAL LOSS", "GRAD NORM", "LR x", "STEP ms", "GATHER",
+                            "FWD/BWD", "REDUCE", "MUON", "SENT B");
   for (const v1::StepRecord& r : *records) {
     const v1::PhaseSeconds& p = r.phases();
     const double muon = p.muon_prepare() + p.muon_gather() + p.newton_schulz() +
                         p.muon_scatter() + p.muon_apply();
     int64_t bytes = 0;
     for (const auto& [name, b] : r.bytes_sent()) bytes += b;
-    io.out << absl::StrFormat("%6d %4d %13.6e %13s %9.2f %9.2f %9.2f %9.2f %9.2f %12d\n",
-                              r.step(), r.rank(), r.loss(),
-                              r.has_val_loss() ? absl::StrFormat("%.6e", r.val_loss()) : "-",
-                              1e3 * r.step_seconds(),
-                              1e3 * p.param_gather(), 1e3 * p.forward_backward(),
-                              1e3 * p.grad_reduce(), 1e3 * muon, bytes);
+    io.out << absl::StrFormat(
+        "%6d %4d %13.6e %13s %10.3e %6.3f %9.2f %9.2f %9.2f %9.2f %9.2f %12d\n",
+        r.step(), r.rank(), r.loss(),
+        r.has_val_loss() ? absl::StrFormat("%.6e", r.val_loss()) : "-",
+        r.grad_norm(), r.lr_scale(), 1e3 * r.step_seconds(),
+        1e3 * p.param_gather(), 1e3 * p.forward_backward(),
+        1e3 * p.grad_reduce(), 1e3 * muon, bytes);
   }
   if (!summary || records->empty()) return kExitOk;
   std::vector<double> step;

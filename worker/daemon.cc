@@ -435,6 +435,8 @@ v1::StepRecord StepRecordOf(const StepReport& r, int32_t rank, int32_t attempt,
   rec.set_rank(rank);
   rec.set_attempt(attempt);
   rec.set_loss(r.loss);
+  rec.set_grad_norm(r.grad_norm);
+  rec.set_lr_scale(r.lr_scale);
   if (r.val_loss.has_value()) rec.set_val_loss(*r.val_loss);
   rec.set_step_seconds(absl::ToDoubleSeconds(took));
   rec.set_ns_flops(r.ns_flops);

@@ -235,6 +235,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const job::ResolvedJob& job
   topts.muon_buffer_bytes = job.muon_buffer_bytes;
   topts.adamw = job.adamw;
   topts.global_batch_size = job.global_batch_size;
+  topts.lr_schedule = job.lr_schedule;
+  topts.total_steps = job.steps;
+  topts.momentum_warmup = job.momentum_warmup;
+  topts.clip_grad_norm = job.clip_grad_norm.value_or(0.0);
   topts.init_seed = job.init_seed.value_or(0);
   // `initial` goes out of scope on return: the trainer holds its shards.
   return Trainer::Create(plan, engine.workload.get(), options.rank, topts);
@@ -432,9 +436,9 @@ std::string StepLine(int64_t s, const StepReport& r) {
   for (const auto& [name, b] : r.bytes_sent) bytes += b;
   const PhaseTimes& t = r.times;
   return absl::StrFormat(
-      "step %4d  loss %.6e  | ms: gather %s fwd/bwd %s dispatch %s reduce %s adamw %s "
-      "muon %s/%s/%s/%s after %s | sent %d B",
-      s, r.loss, Ms(t.param_gather), Ms(t.forward_backward), Ms(t.expert_dispatch),
+      "step %4d  loss %.6e  grad_norm %.3e  lr x%.3f  | ms: gather %s fwd/bwd %s dispatch %s "
+      "reduce %s adamw %s muon %s/%s/%s/%s after %s | sent %d B",
+      s, r.loss, r.grad_norm, r.lr_scale, Ms(t.param_gather), Ms(t.forward_backward), Ms(t.expert_dispatch),
       Ms(t.grad_reduce), Ms(t.adamw), Ms(t.muon_gather), Ms(t.newton_schulz),
       Ms(t.muon_scatter), Ms(t.muon_apply), Ms(t.param_allgather_after_step), bytes);
 }

@@ -60,6 +60,8 @@ std::string StepJson(const StepReport& r, absl::Duration step_time, int32_t rank
                                  r.val_loss.has_value()
                                      ? absl::StrCat(", \"val_loss\": ", Number(*r.val_loss))
                                      : std::string(),
+                                 ", \"grad_norm\": ", Number(r.grad_norm),
+                                 ", \"lr_scale\": ", Number(r.lr_scale),
                                  ", \"step_seconds\": ", Number(absl::ToDoubleSeconds(step_time)),
                                  ", \"phases\": {");
   for (size_t i = 0; i < phases.size(); ++i) {

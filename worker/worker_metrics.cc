@@ -42,6 +42,16 @@ WorkerMetrics::WorkerMetrics()
                     .Help("Mean validation loss of the last evaluated step of this worker's job "
                           "(language models: training.eval_every and the last step)")
                     .Register(*registry_)),
+      grad_norm_(prometheus::BuildGauge()
+                     .Name("muonmesh_worker_grad_norm")
+                     .Help("Global gradient norm of the last step this worker finished, before "
+                           "clipping (every parameter, dense and expert, each element once)")
+                     .Register(*registry_)),
+      lr_scale_(prometheus::BuildGauge()
+                    .Name("muonmesh_worker_lr_scale")
+                    .Help("Learning-rate multiplier m(s) of the last step this worker finished "
+                          "(training.lr_schedule; 1 without one)")
+                    .Register(*registry_)),
       collective_bytes_(prometheus::BuildCounter()
                             .Name("muonmesh_worker_collective_bytes_total")
                             .Help("Bytes this worker sent, per collective of the plan")
@@ -108,6 +118,12 @@ void WorkerMetrics::OnStep(const std::string& job, const StepReport& r,
   flops.Increment(r.ns_flops);
   series.steps = &steps;
   series.loss = &loss;
+  prometheus::Gauge& grad_norm = grad_norm_.Add({{"job_id", job}});
+  grad_norm.Set(r.grad_norm);
+  series.grad_norm = &grad_norm;
+  prometheus::Gauge& lr_scale = lr_scale_.Add({{"job_id", job}});
+  lr_scale.Set(r.lr_scale);
+  series.lr_scale = &lr_scale;
   if (r.val_loss.has_value()) {
     prometheus::Gauge& val_loss = val_loss_.Add({{"job_id", job}});
     val_loss.Set(*r.val_loss);
@@ -143,6 +159,8 @@ void WorkerMetrics::OnAttemptEnd(const std::string& job, const std::string& outc
   if (s.steps != nullptr) steps_.Remove(s.steps);
   if (s.loss != nullptr) loss_.Remove(s.loss);
   if (s.val_loss != nullptr) val_loss_.Remove(s.val_loss);
+  if (s.grad_norm != nullptr) grad_norm_.Remove(s.grad_norm);
+  if (s.lr_scale != nullptr) lr_scale_.Remove(s.lr_scale);
   if (s.flops != nullptr) ns_flops_.Remove(s.flops);
   if (s.optimizer != nullptr) optimizer_seconds_.Remove(s.optimizer);
   if (s.exchange_wait != nullptr) exchange_wait_.Remove(s.exchange_wait);

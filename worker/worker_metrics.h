@@ -12,6 +12,10 @@
 //   muonmesh_worker_steps_total{job_id}             counter
 //   muonmesh_worker_loss{job_id}                    gauge, the last step's
 //   muonmesh_worker_val_loss{job_id}                gauge, the last validation loss
+//   muonmesh_worker_grad_norm{job_id}               gauge, the last step's global gradient
+//                                                   norm before clipping
+//   muonmesh_worker_lr_scale{job_id}                gauge, the last step's learning-rate
+//                                                   multiplier (training.lr_schedule)
 //   muonmesh_worker_collective_bytes_total{job_id, collective}  counter, bytes sent
 //   muonmesh_worker_newton_schulz_flops_total{job_id} counter
 //   muonmesh_worker_optimizer_seconds_total{job_id} counter, the optimizer
@@ -80,6 +84,8 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>& steps_;
   prometheus::Family<prometheus::Gauge>& loss_;
   prometheus::Family<prometheus::Gauge>& val_loss_;
+  prometheus::Family<prometheus::Gauge>& grad_norm_;
+  prometheus::Family<prometheus::Gauge>& lr_scale_;
   prometheus::Family<prometheus::Counter>& collective_bytes_;
   prometheus::Family<prometheus::Counter>& ns_flops_;
   prometheus::Family<prometheus::Counter>& optimizer_seconds_;
@@ -93,6 +99,8 @@ class WorkerMetrics {
     prometheus::Counter* steps = nullptr;
     prometheus::Gauge* loss = nullptr;
     prometheus::Gauge* val_loss = nullptr;
+    prometheus::Gauge* grad_norm = nullptr;
+    prometheus::Gauge* lr_scale = nullptr;
     prometheus::Counter* flops = nullptr;
     prometheus::Counter* optimizer = nullptr;
     prometheus::Counter* exchange_wait = nullptr;

@@ -104,6 +104,15 @@ math::MuonOptions MuonFromProto(const v1::MuonConfig& m) {
   return o;
 }
 
+math::LrSchedule ScheduleFromProto(const v1::LrSchedule& s) {
+  math::LrSchedule o;
+  o.warmup_steps = s.warmup_steps();
+  o.decay = math::ParseLrDecay(s.decay()).value_or(math::LrDecay::kConstant);  // checked
+  o.decay_steps = s.decay_steps();
+  o.min_lr_ratio = s.min_lr_ratio();
+  return o;
+}
+
 math::AdamWOptions AdamWFromProto(const v1::AdamWConfig& a) {
   math::AdamWOptions o;
   o.lr = Or(a.lr(), kAdamWLr);
@@ -126,6 +135,14 @@ void CheckMuon(const v1::MuonConfig& m, bool planner_flagged, Violations& v) {
   if (!m.scale().empty() && m.scale() != "original" && m.scale() != "match_rms_adamw") {
     v.Add("optimizer.muon.scale", absl::StrCat("unknown scale ", plan::Quote(m.scale()),
                                                " (expected original or match_rms_adamw)"));
+  }
+  if (m.has_momentum_warmup()) {
+    CheckBeta("optimizer.muon.momentum_warmup.start", m.momentum_warmup().start(), v);
+    if (m.momentum_warmup().steps() < 1) {
+      v.Add("optimizer.muon.momentum_warmup.steps",
+            absl::StrCat("must be >= 1 (the steps over which momentum rises from start), got ",
+                         m.momentum_warmup().steps()));
+    }
   }
   // The numerics' own check, as a safety net: anything it refuses that the
   // checks above let through is reported too, rather than failing at step 1.
@@ -268,6 +285,27 @@ void CheckInitAndData(const v1::JobSpec& job, Violations& v) {
   }
 }
 
+// The schedule and clipping (docs/architecture.md §5, "The recipe").
+void CheckRecipe(const v1::TrainingConfig& t, Violations& v) {
+  if (t.has_lr_schedule()) {
+    if (!math::ParseLrDecay(t.lr_schedule().decay()).has_value()) {
+      v.Add("training.lr_schedule.decay",
+            absl::StrCat("unknown decay ", plan::Quote(t.lr_schedule().decay()),
+                         " (expected constant, cosine, linear or wsd)"));
+    } else {
+      std::string field;
+      const std::string why = math::ScheduleError(ScheduleFromProto(t.lr_schedule()), t.steps(),
+                                                  "training.lr_schedule", &field);
+      if (!why.empty()) v.Add(field, why);
+    }
+  }
+  if (t.has_clip_grad_norm() && !(std::isfinite(t.clip_grad_norm()) && t.clip_grad_norm() > 0)) {
+    v.Add("training.clip_grad_norm",
+          absl::StrCat("must be a finite number > 0 (leave it out for no clipping), got ",
+                       t.clip_grad_norm()));
+  }
+}
+
 void CheckTraining(const v1::JobSpec& job, Violations& v) {
   const v1::TrainingConfig& t = job.training();
   if (t.steps() < 1) {
@@ -325,6 +363,7 @@ void CheckTraining(const v1::JobSpec& job, Violations& v) {
                                                 "] (0 or unset: ", kDefaultEvalBatches, "), got ",
                                                 t.eval_batches()));
   }
+  CheckRecipe(t, v);
   if ((t.eval_every() != 0 || t.eval_batches() != 0) &&
       (kind == nullptr || kind->data != DataUse::kCorpus)) {
     v.Add(t.eval_every() != 0 ? "training.eval_every" : "training.eval_batches",
@@ -636,6 +675,10 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
       job.optimizer().muon_replica_split().empty() ? "auto" : job.optimizer().muon_replica_split();
   r.muon = MuonFromProto(job.optimizer().muon());
   r.adamw = AdamWFromProto(job.optimizer().adamw());
+  if (job.optimizer().muon().has_momentum_warmup()) {
+    r.momentum_warmup = math::MomentumWarmup{job.optimizer().muon().momentum_warmup().start(),
+                                             job.optimizer().muon().momentum_warmup().steps()};
+  }
   for (const v1::OptimizerRule& rule : job.optimizer().rules()) {
     r.optimizer_rules.emplace_back(rule.pattern(), rule.optimizer());
   }
@@ -672,6 +715,8 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
   r.threads_per_rank = std::max(1, job.training().threads_per_rank());
   r.eval_every = job.training().eval_every();
   r.eval_batches = Or(job.training().eval_batches(), kDefaultEvalBatches);
+  r.lr_schedule = ScheduleFromProto(job.training().lr_schedule());
+  if (job.training().has_clip_grad_norm()) r.clip_grad_norm = job.training().clip_grad_norm();
 
   r.output_dir = paths.output_dir;
   r.export_path = paths.export_path;

@@ -62,6 +62,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/model/gpt_spec.h"
+#include "core/optim/schedule.h"
 #include "core/optim/types.h"
 #include "core/plan/types.h"
 #include "muonmesh/v1/config.pb.h"
@@ -106,6 +107,8 @@ struct ResolvedJob {
 
   math::MuonOptions muon;
   math::AdamWOptions adamw;
+  // optimizer.muon.momentum_warmup; unset: muon.momentum throughout.
+  std::optional<math::MomentumWarmup> momentum_warmup;
   // (full-match regular expression, "muon" | "adamw"), in file order: the first match wins.
   std::vector<std::pair<std::string, std::string>> optimizer_rules;
 
@@ -145,6 +148,10 @@ struct ResolvedJob {
   // step only) on eval_batches global batches of validation windows.
   int64_t eval_every = 0;
   int64_t eval_batches = 4;
+  // training.lr_schedule (constant without one) and training.clip_grad_norm
+  // (unset: no clipping).
+  math::LrSchedule lr_schedule;
+  std::optional<double> clip_grad_norm;
 
   std::string output_dir;   // resolved
   std::string export_path;  // resolved

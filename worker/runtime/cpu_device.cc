@@ -70,6 +70,15 @@ class CpuDevice final : public Device {
     }
     return true;
   }
+  absl::StatusOr<double> SumOfSquares(const float* x, int64_t count) override {
+    double sum = 0;
+    for (int64_t i = 0; i < count; ++i) sum += static_cast<double>(x[i]) * x[i];
+    return sum;
+  }
+  absl::Status Scale(float* x, int64_t count, float factor) override {
+    for (int64_t i = 0; i < count; ++i) x[i] *= factor;
+    return absl::OkStatus();
+  }
   absl::Status NewtonSchulz(float* x, int64_t rows, int64_t cols,
                             const math::NsOptions& options) override {
     return ns_.Run(x, rows, cols, options);

@@ -1,4 +1,8 @@
 #include "worker/runtime/device.h"
+
+#include <algorithm>
+#include <vector>
+
 #include "core/base/status_macros.h"
 
 namespace muonmesh::worker {
@@ -7,6 +11,34 @@ absl::StatusOr<DeviceBuffer> Device::AllocateZeroed(int64_t count) {
   MUONMESH_ASSIGN_OR_RETURN(DeviceBuffer b, Allocate(count));
   MUONMESH_RETURN_IF_ERROR(Fill(b.data(), count, 0.0f));
   return b;
+}
+
+namespace {
+
+constexpr int64_t kHostChunk = int64_t{1} << 20;  // floats per host copy
+
+}  // namespace
+
+absl::StatusOr<double> Device::SumOfSquares(const float* x, int64_t count) {
+  std::vector<float> host(static_cast<size_t>(std::min(count, kHostChunk)));
+  double sum = 0;
+  for (int64_t at = 0; at < count; at += kHostChunk) {
+    const int64_t n = std::min(kHostChunk, count - at);
+    MUONMESH_RETURN_IF_ERROR(CopyToHost(host.data(), x + at, n));
+    for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(host[i]) * host[i];
+  }
+  return sum;
+}
+
+absl::Status Device::Scale(float* x, int64_t count, float factor) {
+  std::vector<float> host(static_cast<size_t>(std::min(count, kHostChunk)));
+  for (int64_t at = 0; at < count; at += kHostChunk) {
+    const int64_t n = std::min(kHostChunk, count - at);
+    MUONMESH_RETURN_IF_ERROR(CopyToHost(host.data(), x + at, n));
+    for (int64_t i = 0; i < n; ++i) host[i] *= factor;
+    MUONMESH_RETURN_IF_ERROR(CopyFromHost(x + at, host.data(), n));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace muonmesh::worker

@@ -96,6 +96,12 @@ class Device {
                                  float* param, int64_t count) = 0;
   // Whether every one of `count` floats at x is finite (not NaN or infinite).
   virtual absl::StatusOr<bool> AllFinite(const float* x, int64_t count) = 0;
+  // The sum of the squares of `count` floats at x, accumulated in double
+  // (the gradient norm, docs/architecture.md §5 "The recipe"); and x *= factor. The
+  // defaults go through host copies a chunk at a time (correct on any
+  // device; a device with kernels for them overrides them).
+  virtual absl::StatusOr<double> SumOfSquares(const float* x, int64_t count);
+  virtual absl::Status Scale(float* x, int64_t count, float factor);
 
   // Orthogonalises the row-major rows x cols matrix x in place.
   virtual absl::Status NewtonSchulz(float* x, int64_t rows, int64_t cols,

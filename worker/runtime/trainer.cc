@@ -1,5 +1,7 @@
 #include "worker/runtime/trainer.h"
 
+#include <cmath>
+
 #include "absl/strings/cord.h"
 #include "worker/runtime/unit_stream.h"
 
@@ -79,36 +81,37 @@ absl::StatusOr<StepReport> Trainer::Step() {
                                   report.times.grad_reduce - report.times.expert_dispatch;
 
   t0 = absl::Now();
-  // The loss, and whether any rank holds a non-finite gradient, in one
-  // all-reduce: then every rank refuses the step together, before any
-  // update, instead of one rank refusing while the others wait for it.
-  float pair[2] = {static_cast<float>(*loss), 0.0f};
-  for (const UnitState& u : m.units) {
-    MUONMESH_ASSIGN_OR_RETURN(bool finite, m.dev->AllFinite(u.grad.data(), u.grad.size()));
-    if (!finite) pair[1] = 1.0f;
-  }
-  absl::Status st = m.dev->CopyFromHost(m.scalar.data(), pair, 2);
-  if (st.ok()) {
-    st = m.world_comm->AllReduce(m.scalar.data(), 2, comm::ReduceOp::kAvg, m.options.collective);
-  }
-  if (st.ok()) st = m.dev->CopyToHost(pair, m.scalar.data(), 2);
-  MUONMESH_RETURN_IF_ERROR(st);
-  if (pair[1] != 0.0f) {
+  // The loss, whether any rank holds a non-finite gradient, and the squared
+  // gradient norm, in one all-reduce: then every rank refuses the step
+  // together, before any update, instead of one rank refusing while the
+  // others wait for it; and every rank clips by the same factor.
+  MUONMESH_ASSIGN_OR_RETURN(const StepTotals totals, m.ReduceStepTotals(*loss));
+  if (totals.nonfinite_ranks > 0) {
     // FailedPrecondition, not InvalidArgument (kept for bad configuration):
     // the training state cannot take this step until someone changes it
     // (a lower learning rate, an earlier checkpoint).
     absl::Status refused = absl::FailedPreconditionError(
         absl::StrCat("step ", step_, " refused: a reduced gradient is NaN or infinite (on ",
-                     pair[1] * static_cast<float>(m.world), " of ", m.world,
+                     totals.nonfinite_ranks, " of ", m.world,
                      " ranks); weights and optimizer state are unchanged"));
     refused.SetPayload(kRefusedStepPayload, absl::Cord("1"));
     return refused;
   }
-  report.loss = pair[0];
+  report.loss = totals.loss;
+  report.grad_norm = totals.grad_norm;
+  MUONMESH_RETURN_IF_ERROR(m.ClipGradients(totals.grad_norm));
   report.times.grad_reduce += absl::Now() - t0;
 
+  // This step's rates (the same on every rank: a function of the step).
+  report.lr_scale = math::LrMultiplier(m.options.lr_schedule, step_, m.options.total_steps);
+  m.step_muon = m.options.muon;
+  m.step_muon.lr *= report.lr_scale;
+  m.step_muon.momentum = math::MomentumAt(m.options.muon.momentum, m.options.momentum_warmup,
+                                          step_);
+  m.step_adamw = m.options.adamw;
+  m.step_adamw.lr *= report.lr_scale;
   // AdamW's bias correction counts the steps of its own state.
-  st = m.Optimize(step_ - adamw_origin_, &report);
+  absl::Status st = m.Optimize(step_ - adamw_origin_, &report);
   MUONMESH_RETURN_IF_ERROR(st);
 
   t0 = absl::Now();
@@ -126,6 +129,45 @@ absl::StatusOr<StepReport> Trainer::Step() {
   report.times.param_allgather_after_step = absl::Now() - t0;
   ++step_;
   return report;
+}
+
+absl::StatusOr<StepTotals> Trainer::Impl::ReduceStepTotals(double local_loss) {
+  // Ranks holding the same optimizer shard: the dense mesh's domains, and
+  // the expert mesh's domains of one EP group.
+  const double dense_copies = static_cast<double>(world / dense.domain_size);
+  const double expert_copies =
+      plan->has_experts ? static_cast<double>(world / (ep * expert.domain_size)) : 1.0;
+  double sum_sq = 0;
+  float flag = 0.0f;
+  for (const UnitState& u : units) {
+    MUONMESH_ASSIGN_OR_RETURN(bool finite, dev->AllFinite(u.grad.data(), u.grad.size()));
+    if (!finite) flag = 1.0f;
+    MUONMESH_ASSIGN_OR_RETURN(double sq, dev->SumOfSquares(u.grad.data(), u.grad.size()));
+    sum_sq += sq / (u.mesh->kind == plan::MeshKind::kExpert ? expert_copies : dense_copies);
+  }
+  // Averaged over the ranks: the sum comes back as its mean times the world.
+  const float w = static_cast<float>(world);
+  float three[3] = {static_cast<float>(local_loss), flag, static_cast<float>(sum_sq) * w};
+  if (!std::isfinite(three[2])) three[2] = 0.0f;  // refused by the flag anyway
+  MUONMESH_RETURN_IF_ERROR(dev->CopyFromHost(scalar.data(), three, 3));
+  MUONMESH_RETURN_IF_ERROR(
+      world_comm->AllReduce(scalar.data(), 3, comm::ReduceOp::kAvg, options.collective));
+  MUONMESH_RETURN_IF_ERROR(dev->CopyToHost(three, scalar.data(), 3));
+  StepTotals totals;
+  totals.loss = three[0];
+  totals.nonfinite_ranks = std::llround(three[1] * w);
+  totals.grad_norm = std::sqrt(std::max(0.0, static_cast<double>(three[2])));
+  return totals;
+}
+
+absl::Status Trainer::Impl::ClipGradients(double grad_norm) {
+  if (options.clip_grad_norm <= 0) return absl::OkStatus();
+  const double factor = options.clip_grad_norm / (grad_norm + 1e-6);
+  if (factor >= 1.0) return absl::OkStatus();
+  for (UnitState& u : units) {
+    MUONMESH_RETURN_IF_ERROR(dev->Scale(u.grad.data(), u.grad.size(), static_cast<float>(factor)));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> Trainer::GatherParameters() {

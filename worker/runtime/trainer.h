@@ -45,6 +45,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "core/optim/schedule.h"
 #include "core/optim/types.h"
 #include "core/plan/types.h"
 #include "worker/comm/communicator.h"
@@ -84,6 +85,16 @@ struct TrainerOptions {
   math::MuonOptions muon;  // its ns.algorithm is ignored: the plan's (config.ns_algorithm) runs
   math::AdamWOptions adamw;
   int64_t global_batch_size = 1;
+  // The recipe (core/optim/schedule.h, docs/architecture.md §5): both learning rates,
+  // and the decoupled weight decay with them, times m(s) of `lr_schedule`
+  // over `total_steps` (the job's training.steps; 0 with a constant
+  // schedule); Muon's momentum warmup; and, when clip_grad_norm > 0, every
+  // gradient times min(1, clip_grad_norm / (norm + 1e-6)) before the
+  // optimizers run. The norm is computed every step (StepReport::grad_norm).
+  math::LrSchedule lr_schedule;
+  int64_t total_steps = 0;
+  std::optional<math::MomentumWarmup> momentum_warmup;
+  double clip_grad_norm = 0;
   uint64_t init_seed = 0;
   // When set, initial parameters (flat spec order) instead of the seed.
   const std::vector<std::vector<float>>* initial_parameters = nullptr;
@@ -140,6 +151,11 @@ struct MuonRound {
 struct StepReport {
   int64_t step = 0;           // 0-based
   double loss = 0;            // global-batch mean, the same on every rank
+  // The global gradient norm before clipping (every parameter, dense and
+  // expert, each element once), and the learning-rate multiplier m(s) the
+  // step ran at; the same on every rank.
+  double grad_norm = 0;
+  double lr_scale = 1;
   PhaseTimes times;
   // Bytes this rank sent per collective name during the step: the names of
   // plan::CollectiveBytes (param_allgather, grad_reduce_scatter, ...) for the

@@ -147,6 +147,16 @@ MatrixIndex IndexMatrices(const plan::DomainPlan& d);
 
 }  // namespace trainer_internal
 
+namespace trainer_internal {
+
+struct StepTotals {
+  double loss = 0;
+  int64_t nonfinite_ranks = 0;
+  double grad_norm = 0;
+};
+
+}  // namespace trainer_internal
+
 struct Trainer::Impl {
   const plan::Plan* plan = nullptr;  // copied below; points into `plan_copy`
   plan::Plan plan_copy;
@@ -178,7 +188,10 @@ struct Trainer::Impl {
   // their initial values, handed out by Acquire as they are.
   std::vector<std::vector<std::vector<float>>> frozen;
   DeviceBuffer full;                         // one unit-mesh padded buffer, D * S
-  DeviceBuffer scalar;  // two floats: the loss and the non-finite flag, all-reduced
+  DeviceBuffer scalar;  // ReduceStepTotals' three floats
+  // This step's optimizer options: the job's with the schedule applied.
+  math::MuonOptions step_muon;
+  math::AdamWOptions step_adamw;
 
   // The Muon phase's waves (muon_schedule.h) and, per wave, the indices
   // into `units` of its units' states, dense before expert for each unit.
@@ -313,13 +326,23 @@ struct Trainer::Impl {
       const plan::Segment& seg = l.segments[i];
       if (u.muon[seg.tensor]) continue;
       const int64_t n = seg.row_count * l.tensors[seg.tensor].row_len;
-      MUONMESH_RETURN_IF_ERROR(dev->AdamWStep(options.adamw, step + 1, u.grad.data() + seg.offset,
+      MUONMESH_RETURN_IF_ERROR(dev->AdamWStep(step_adamw, step + 1, u.grad.data() + seg.offset,
                                               u.state1.data() + seg.offset,
                                               u.state2.data() + seg.offset, p + seg.offset, n),
                                "AdamW on ", plan->units[u.unit].name);
     }
     return absl::OkStatus();
   }
+
+  // The step's totals over every rank (one all-reduce of three floats):
+  // the global-batch loss from this rank's `local_loss`, how many ranks hold
+  // a non-finite gradient, and the global gradient norm (every element
+  // once: each rank counts its optimizer shards divided by the ranks that
+  // hold the same shard).
+  absl::StatusOr<StepTotals> ReduceStepTotals(double local_loss);
+  // Multiplies every gradient shard by min(1, clip / (norm + 1e-6)) when
+  // options.clip_grad_norm is set (> 0).
+  absl::Status ClipGradients(double grad_norm);
 
   // Trainer::Create's phases, in order: the process groups (world, meshes,
   // replicas, tokens) and the loss buffer; each parameter's size and the

@@ -148,8 +148,8 @@ absl::Status Trainer::Impl::JoinGroups() {
         comm::MemorySpaceName(world_comm->memory_space()), " memory, the device ", dev->name(),
         " holds ", comm::MemorySpaceName(dev->memory_space()), " memory"));
   }
-  MUONMESH_ASSIGN_OR_RETURN(DeviceBuffer two, dev->Allocate(2));
-  scalar = std::move(two);
+  MUONMESH_ASSIGN_OR_RETURN(DeviceBuffer three, dev->Allocate(3));
+  scalar = std::move(three);
   MUONMESH_RETURN_IF_ERROR(
       JoinMesh(plan::MeshGeometry::Dense(plan->config), rank, options, &dense));
   MUONMESH_RETURN_IF_ERROR(JoinReplicas());

@@ -99,13 +99,16 @@ def _value(field, value):
 
 def _step_row(record):
     """A step record as one flat dict: step, rank, loss, step_seconds, the
-    phases by name, val_loss (None when not evaluated), attempt, ns_flops,
+    phases by name, val_loss (None when not evaluated), grad_norm (before
+    clipping), lr_scale (the schedule's multiplier), attempt, ns_flops,
     bytes_sent (a dict)."""
     row = {"step": record.step, "rank": record.rank, "loss": record.loss,
            "step_seconds": record.step_seconds}
     for phase in PHASES:
         row[phase] = getattr(record.phases, phase)
     row["val_loss"] = record.val_loss if record.HasField("val_loss") else None
+    row["grad_norm"] = record.grad_norm
+    row["lr_scale"] = record.lr_scale
     row["attempt"] = record.attempt
     row["ns_flops"] = record.ns_flops
     row["bytes_sent"] = dict(record.bytes_sent)
@@ -306,7 +309,8 @@ class Client:
     def metrics(self, job_id, first_step=0, last_step=-1, all_ranks=False, frame=None):
         """The job's per-step records: one row a step (rank 0's, or every
         rank's with all_ranks) with step, rank, loss, step_seconds, each
-        phase's seconds (PHASES), val_loss, attempt, ns_flops, bytes_sent.
+        phase's seconds (PHASES), val_loss, grad_norm, lr_scale, attempt,
+        ns_flops, bytes_sent.
         A pandas DataFrame when pandas is installed (frame=None) or asked
         for (frame=True), else a list of dicts."""
         request = jobs_pb2.GetJobMetricsRequest(job_id=job_id, first_step=first_step,

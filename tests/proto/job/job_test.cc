@@ -263,6 +263,38 @@ TEST(JobTest, ResolvesEveryNonDefaultChoice) {
   EXPECT_EQ(r->export_path, "/abs/out/final.safetensors");
 }
 
+TEST(JobTest, TheRecipeResolvesAndIsOffByDefault) {
+  absl::StatusOr<job::ResolvedJob> plain = job::ResolveJob(DesignJob(), "");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->lr_schedule.decay, math::LrDecay::kConstant);
+  EXPECT_EQ(plain->lr_schedule.warmup_steps, 0);
+  EXPECT_FALSE(plain->clip_grad_norm.has_value());
+  EXPECT_FALSE(plain->momentum_warmup.has_value());
+
+  TempDir dir;
+  const std::string path = dir.Write("job.yaml", R"(name: recipe
+world_size: 2
+model: {mlp: {dims: [4, 2]}}
+optimizer: {muon: {momentum_warmup: {start: 0.85, steps: 300}}}
+training:
+  steps: 20
+  global_batch_size: 2
+  clip_grad_norm: 1.0
+  lr_schedule: {warmup_steps: 4, decay: wsd, decay_steps: 6, min_lr_ratio: 0.1}
+)");
+  absl::StatusOr<job::ResolvedJob> r = job::LoadResolvedJob(path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->lr_schedule.decay, math::LrDecay::kWsd);
+  EXPECT_EQ(r->lr_schedule.warmup_steps, 4);
+  EXPECT_EQ(r->lr_schedule.decay_steps, 6);
+  EXPECT_DOUBLE_EQ(r->lr_schedule.min_lr_ratio, 0.1);
+  ASSERT_TRUE(r->clip_grad_norm.has_value());
+  EXPECT_DOUBLE_EQ(*r->clip_grad_norm, 1.0);
+  ASSERT_TRUE(r->momentum_warmup.has_value());
+  EXPECT_DOUBLE_EQ(r->momentum_warmup->start, 0.85);
+  EXPECT_EQ(r->momentum_warmup->steps, 300);
+}
+
 TEST(JobTest, MoeModelAndDataFileResolve) {
   TempDir dir;
   dir.Write("data.safetensors", "");
@@ -623,6 +655,53 @@ std::vector<BrokenJob> BrokenJobs() {
        "training.threads_per_rank", "must be in [0, 256] (0 or unset: 1), got -1"},
       {"ThreadsTooMany", [](J& j) { j.mutable_training()->set_threads_per_rank(257); },
        "training.threads_per_rank", "got 257"},
+      // The recipe (training.steps is 20).
+      {"ScheduleUnknownDecay",
+       [](J& j) { j.mutable_training()->mutable_lr_schedule()->set_decay("exponential"); },
+       "training.lr_schedule.decay", "unknown decay 'exponential'"},
+      {"ScheduleWarmupFillsTheRun",
+       [](J& j) {
+         j.mutable_training()->mutable_lr_schedule()->set_decay("cosine");
+         j.mutable_training()->mutable_lr_schedule()->set_warmup_steps(20);
+       },
+       "training.lr_schedule.warmup_steps", "at most 19"},
+      {"ScheduleWarmupNegative",
+       [](J& j) { j.mutable_training()->mutable_lr_schedule()->set_warmup_steps(-1); },
+       "training.lr_schedule.warmup_steps", ">= 0"},
+      {"ScheduleMinRatioAboveOne",
+       [](J& j) { j.mutable_training()->mutable_lr_schedule()->set_min_lr_ratio(1.5); },
+       "training.lr_schedule.min_lr_ratio", "outside [0, 1]"},
+      {"WsdWithoutDecaySteps",
+       [](J& j) { j.mutable_training()->mutable_lr_schedule()->set_decay("wsd"); },
+       "training.lr_schedule.decay_steps", ">= 1 with decay: wsd"},
+      {"WsdDecayLongerThanTheRun",
+       [](J& j) {
+         auto* s = j.mutable_training()->mutable_lr_schedule();
+         s->set_decay("wsd");
+         s->set_warmup_steps(5);
+         s->set_decay_steps(16);
+       },
+       "training.lr_schedule.decay_steps", "more than the 15 steps after the warmup"},
+      {"DecayStepsWithoutWsd",
+       [](J& j) {
+         j.mutable_training()->mutable_lr_schedule()->set_decay("cosine");
+         j.mutable_training()->mutable_lr_schedule()->set_decay_steps(4);
+       },
+       "training.lr_schedule.decay_steps", "only for decay: wsd"},
+      {"ClipZero", [](J& j) { j.mutable_training()->set_clip_grad_norm(0); },
+       "training.clip_grad_norm", "> 0"},
+      {"ClipNegative", [](J& j) { j.mutable_training()->set_clip_grad_norm(-1); },
+       "training.clip_grad_norm", "got -1"},
+      {"MomentumWarmupStartAtOne",
+       [](J& j) {
+         auto* w = j.mutable_optimizer()->mutable_muon()->mutable_momentum_warmup();
+         w->set_start(1.0);
+         w->set_steps(10);
+       },
+       "optimizer.muon.momentum_warmup.start", "[0, 1)"},
+      {"MomentumWarmupWithoutSteps",
+       [](J& j) { j.mutable_optimizer()->mutable_muon()->mutable_momentum_warmup()->set_start(0.85); },
+       "optimizer.muon.momentum_warmup.steps", ">= 1"},
   };
 }
 

@@ -186,7 +186,7 @@ inline RefTrainResult ReferenceTrainMoe(const RefMoeDims& m, const Tensors& init
                                         const std::vector<double>& x, const std::vector<double>& y,
                                         int64_t N, int64_t steps, int64_t B,
                                         const RefMuonOptions& muon, const RefAdamWOptions& adamw,
-                                        double* min_gap = nullptr) {
+                                        double* min_gap = nullptr, const RefRecipe& recipe = {}) {
   internal::CheckMoe(m, init);
   internal::Require(N >= 1 && x.size() == static_cast<size_t>(N * m.d_in) &&
                         y.size() == static_cast<size_t>(N * m.d_out),
@@ -202,13 +202,15 @@ inline RefTrainResult ReferenceTrainMoe(const RefMoeDims& m, const Tensors& init
   }
   // One Muon step on rows x cols matrix `index` of parameter `i` (a stack
   // holds several back to back), with its own momentum.
+  RefMuonOptions muon_s = muon;
+  RefAdamWOptions adamw_s = adamw;
   auto muon_step = [&](size_t i, int64_t index, int64_t rows, int64_t cols, const Tensors& grads) {
     const size_t size = static_cast<size_t>(rows * cols);
     const size_t at = static_cast<size_t>(index) * size;
     std::vector<double> gm(grads[i].begin() + at, grads[i].begin() + at + size);
     std::vector<double> mm(m1[i].begin() + at, m1[i].begin() + at + size);
     std::vector<double> pm(result.params[i].begin() + at, result.params[i].begin() + at + size);
-    MuonStep(muon, rows, cols, gm, &mm, &pm);
+    MuonStep(muon_s, rows, cols, gm, &mm, &pm);
     std::copy(mm.begin(), mm.end(), m1[i].begin() + at);
     std::copy(pm.begin(), pm.end(), result.params[i].begin() + at);
   };
@@ -217,6 +219,9 @@ inline RefTrainResult ReferenceTrainMoe(const RefMoeDims& m, const Tensors& init
   for (int64_t s = 0; s < steps; ++s) {
     for (int64_t j = 0; j < B; ++j) batch[j] = (s * B + j) % N;
     result.losses.push_back(MoeLossAndGrad(m, result.params, x, y, batch, &grads, min_gap));
+    muon_s = muon;
+    adamw_s = adamw;
+    ApplyRecipe(recipe, s, &muon_s, &adamw_s, &grads, &result);
     muon_step(0, 0, m.d, m.d_in, grads);
     for (int64_t e = 0; e < m.experts; ++e) {
       muon_step(3, e, m.d_e, m.d, grads);
@@ -224,7 +229,7 @@ inline RefTrainResult ReferenceTrainMoe(const RefMoeDims& m, const Tensors& init
     }
     muon_step(5, 0, m.d_out, m.d, grads);
     for (size_t i : {size_t{1}, size_t{2}, size_t{6}}) {
-      AdamWStep(adamw, s + 1, grads[i], &m1[i], &m2[i], &result.params[i]);
+      AdamWStep(adamw_s, s + 1, grads[i], &m1[i], &m2[i], &result.params[i]);
     }
   }
   return result;

@@ -63,10 +63,48 @@ struct RefAdamWOptions {
   double weight_decay = 0.0;
 };
 
+// The recipe's per-step changes (docs/architecture.md §5, "The recipe"), given
+// step by step so that the reference computes no schedule itself: step s
+// runs both optimizers at lr * lr_scale[s] (weight decay with it) and Muon
+// at momentum[s] (empty vectors: 1 and the options' momentum); with
+// clip_grad_norm > 0 every gradient is first multiplied by
+// min(1, clip / (norm + 1e-6)), norm over all of them.
+struct RefRecipe {
+  std::vector<double> lr_scale;
+  std::vector<double> momentum;
+  double clip_grad_norm = 0;
+};
+
 struct RefTrainResult {
   Tensors params;              // flat order: W_0, b_0, W_1, b_1, ...
   std::vector<double> losses;  // one per step, before that step's update
+  std::vector<double> grad_norms;  // one per step, before clipping
 };
+
+// Step s's options under `recipe`; clips `grads` in place and records their
+// norm.
+inline void ApplyRecipe(const RefRecipe& recipe, int64_t s, RefMuonOptions* muon,
+                        RefAdamWOptions* adamw, std::vector<std::vector<double>>* grads,
+                        RefTrainResult* result) {
+  const size_t k = static_cast<size_t>(s);
+  if (k < recipe.lr_scale.size()) {
+    muon->lr *= recipe.lr_scale[k];
+    adamw->lr *= recipe.lr_scale[k];
+  }
+  if (k < recipe.momentum.size()) muon->momentum = recipe.momentum[k];
+  double sq = 0;
+  for (const auto& g : *grads) {
+    for (double v : g) sq += v * v;
+  }
+  const double norm = std::sqrt(sq);
+  result->grad_norms.push_back(norm);
+  if (recipe.clip_grad_norm > 0 && recipe.clip_grad_norm / (norm + 1e-6) < 1) {
+    const double f = recipe.clip_grad_norm / (norm + 1e-6);
+    for (auto& g : *grads) {
+      for (double& v : g) v *= f;
+    }
+  }
+}
 
 namespace internal {
 
@@ -298,7 +336,8 @@ inline RefTrainResult ReferenceTrain(const std::vector<int64_t>& dims, const Ten
                                      const std::vector<double>& x, const std::vector<double>& y,
                                      int64_t N, int64_t steps, int64_t B,
                                      const RefMuonOptions& muon, const RefAdamWOptions& adamw,
-                                     std::vector<bool> use_muon = {}) {
+                                     std::vector<bool> use_muon = {},
+                                     const RefRecipe& recipe = {}) {
   internal::CheckMlp(dims, init);
   internal::Require(N >= 1 && x.size() == static_cast<size_t>(N * dims.front()) &&
                         y.size() == static_cast<size_t>(N * dims.back()),
@@ -325,12 +364,15 @@ inline RefTrainResult ReferenceTrain(const std::vector<int64_t>& dims, const Ten
   for (int64_t s = 0; s < steps; ++s) {
     for (int64_t j = 0; j < B; ++j) batch[j] = (s * B + j) % N;
     result.losses.push_back(MlpLossAndGrad(dims, result.params, x, y, batch, &grads));
+    RefMuonOptions muon_s = muon;
+    RefAdamWOptions adamw_s = adamw;
+    ApplyRecipe(recipe, s, &muon_s, &adamw_s, &grads, &result);
     for (size_t i = 0; i < init.size(); ++i) {
       if (use_muon[i]) {
         const size_t layer = i / 2;
-        MuonStep(muon, dims[layer + 1], dims[layer], grads[i], &m1[i], &result.params[i]);
+        MuonStep(muon_s, dims[layer + 1], dims[layer], grads[i], &m1[i], &result.params[i]);
       } else {
-        AdamWStep(adamw, s + 1, grads[i], &m1[i], &m2[i], &result.params[i]);
+        AdamWStep(adamw_s, s + 1, grads[i], &m1[i], &m2[i], &result.params[i]);
       }
     }
   }

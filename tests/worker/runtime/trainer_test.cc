@@ -145,6 +145,8 @@ void PrintTo(const Config& c, std::ostream* os) { *os << c.name; }
 
 struct RunResult {
   std::vector<double> losses;
+  std::vector<double> grad_norms;   // rank 0's, one per step
+  std::vector<double> lr_scales;
   std::vector<std::vector<float>> weights;       // as rank 0 gathers them
   std::vector<std::vector<float>> last_weights;  // as the last rank does (its own replica)
   std::map<std::string, int64_t> bytes;  // summed over ranks and steps
@@ -170,9 +172,17 @@ struct Checkpoints {
   bool reshard = false;
 };
 
+// The recipe's options of a run (TrainerOptions), none by default.
+struct RunRecipe {
+  math::LrSchedule schedule;
+  int64_t total_steps = 0;
+  std::optional<math::MomentumWarmup> momentum_warmup;
+  double clip_grad_norm = 0;
+};
+
 RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpoints& ck = {},
                  int64_t muon_buffer_bytes = 0, bool muon_overlap = true,
-                 const char* replica_split = "") {
+                 const char* replica_split = "", const RunRecipe& recipe = {}) {
   const std::unique_ptr<Workload> model = MakeWorkload(c.moe, c.mlp);
   plan::PlanInput in;
   in.model = model->spec();
@@ -203,6 +213,8 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
   auto hub = std::make_shared<comm::InProcessHub>();
   std::vector<std::thread> threads;
   std::vector<std::vector<double>> losses(c.world);
+  std::vector<std::vector<double>> norms(c.world);
+  std::vector<double> lr_scales;
   std::vector<std::map<std::string, int64_t>> bytes(c.world);
   std::vector<absl::Status> status(c.world);
   std::vector<std::vector<float>> weights;
@@ -233,6 +245,10 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
       o.init_seed = 3;
       o.muon_buffer_bytes = muon_buffer_bytes;
       o.muon_overlap = muon_overlap;
+      o.lr_schedule = recipe.schedule;
+      o.total_steps = recipe.total_steps;
+      o.momentum_warmup = recipe.momentum_warmup;
+      o.clip_grad_norm = recipe.clip_grad_norm;
       absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(*plan, local.get(), r, o);
       if (!t.ok()) {
         status[r] = t.status();
@@ -256,6 +272,8 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
           return;
         }
         losses[r].push_back(rep->loss);
+        norms[r].push_back(rep->grad_norm);
+        if (r == 0) lr_scales.push_back(rep->lr_scale);
         for (const auto& [k, v] : rep->bytes_sent) bytes[r][k] += v;
         result.rounds[r] = rep->muon_rounds;
         result.exchange_calls[r] = rep->muon_exchange_calls;
@@ -280,11 +298,14 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
     EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
     if (r > 0) {
       EXPECT_EQ(losses[r], losses[0]) << "ranks disagree on the loss";
+      EXPECT_EQ(norms[r], norms[0]) << "ranks disagree on the gradient norm";
     }
     for (const auto& [k, v] : bytes[r]) result.bytes[k] += v;
   }
   result.wire = hub->TrafficBytes();
   result.losses = losses[0];
+  result.grad_norms = norms[0];
+  result.lr_scales = lr_scales;
   result.weights = weights;
   result.last_weights = last_weights;
   return result;
@@ -371,6 +392,100 @@ TEST_P(TrainerConfigTest, MatchesTheIndependentReference) {
   }
   // The tolerance is far below what training moved the weights.
   EXPECT_GT(moved, 1e-2);
+}
+
+// The recipe (a warmup then cosine decay, Muon's momentum warmup, and
+// clipping active on some steps) against the independent reference, which
+// is handed each step's factors as this test works them out from the
+// formulas of docs/architecture.md §5 and computes the gradient norm over the whole
+// gradients itself: every layout, dense and expert, agrees with it on the
+// losses, the norms (each element counted once) and the final weights.
+TEST_P(TrainerConfigTest, TheRecipeMatchesTheIndependentReference) {
+  Config c = GetParam();
+  c.mlp = true;
+  constexpr int kSteps = 6;
+  constexpr int kWarmup = 2;
+  constexpr double kMinRatio = 0.1;
+  reference::RefRecipe ref_recipe;
+  for (int s = 0; s < kSteps; ++s) {
+    const double q = static_cast<double>(s - kWarmup) / (kSteps - kWarmup);
+    ref_recipe.lr_scale.push_back(
+        s < kWarmup ? (s + 1.0) / kWarmup
+                    : kMinRatio + (1 - kMinRatio) * 0.5 * (1 + std::cos(M_PI * q)));
+    ref_recipe.momentum.push_back(0.85 + (0.95 - 0.85) * std::min(1.0, s / 4.0));
+  }
+  const RunResult start = RunJob(c, "lpt", /*steps=*/0);
+  ASSERT_FALSE(start.weights.empty());
+  reference::Tensors init;
+  for (const auto& w : start.weights) init.emplace_back(w.begin(), w.end());
+  reference::RefMuonOptions muon;
+  muon.lr = 0.02;
+  muon.momentum = 0.95;
+  muon.weight_decay = 0.01;
+  reference::RefAdamWOptions adamw;
+  adamw.lr = 1e-3;
+  adamw.eps = 0.05;
+  constexpr int64_t kBatch = 24;
+  const std::unique_ptr<Workload> model = MakeWorkload(c.moe, c.mlp);
+  const auto reference_run = [&](const reference::RefRecipe& recipe) {
+    if (c.moe) {
+      const auto* moe = static_cast<const MoeMlp*>(model.get());
+      const std::vector<double> x(moe->x().begin(), moe->x().end());
+      const std::vector<double> y(moe->y().begin(), moe->y().end());
+      double gap = 0;
+      reference::RefTrainResult r = reference::ReferenceTrainMoe(
+          {kMoeDims.d_in, kMoeDims.d_model, kMoeDims.d_expert, kMoeDims.num_experts,
+           kMoeDims.d_out},
+          init, x, y, kTeacherSamples, kSteps, kBatch, muon, adamw, &gap, recipe);
+      EXPECT_GT(gap, 1e-4) << "a routing decision this close to a tie may differ in fp32";
+      return r;
+    }
+    const auto* mlp = static_cast<const Mlp*>(model.get());
+    const std::vector<double> x(mlp->x().begin(), mlp->x().end());
+    const std::vector<double> y(mlp->y().begin(), mlp->y().end());
+    return reference::ReferenceTrain(kMlpDims, init, x, y, kTeacherSamples, kSteps, kBatch, muon,
+                                     adamw, {}, recipe);
+  };
+  // Clip at the median unclipped norm of the first steps: some steps are
+  // clipped, some are not.
+  std::vector<double> unclipped = reference_run(ref_recipe).grad_norms;
+  std::sort(unclipped.begin(), unclipped.end());
+  ref_recipe.clip_grad_norm = unclipped[unclipped.size() / 2];
+  const reference::RefTrainResult ref = reference_run(ref_recipe);
+  int clipped = 0;
+  for (double n : ref.grad_norms) clipped += n > ref_recipe.clip_grad_norm ? 1 : 0;
+  ASSERT_GT(clipped, 0);
+  ASSERT_LT(clipped, kSteps);
+
+  RunRecipe recipe;
+  recipe.schedule = {.warmup_steps = kWarmup, .decay = math::LrDecay::kCosine,
+                     .min_lr_ratio = kMinRatio};
+  recipe.total_steps = kSteps;
+  recipe.momentum_warmup = math::MomentumWarmup{.start = 0.85, .steps = 4};
+  recipe.clip_grad_norm = ref_recipe.clip_grad_norm;
+  const RunResult run = RunJob(c, "lpt", kSteps, {}, 0, true, "", recipe);
+  ASSERT_EQ(run.losses.size(), static_cast<size_t>(kSteps));
+  for (int s = 0; s < kSteps; ++s) {
+    EXPECT_NEAR(run.losses[s], ref.losses[s], 1e-5 * std::abs(ref.losses[s])) << "step " << s;
+    EXPECT_NEAR(run.grad_norms[s], ref.grad_norms[s], 1e-4 * ref.grad_norms[s]) << "step " << s;
+    EXPECT_NEAR(run.lr_scales[s], ref_recipe.lr_scale[s], 1e-12) << "step " << s;
+  }
+  ASSERT_EQ(run.weights.size(), ref.params.size());
+  for (size_t p = 0; p < ref.params.size(); ++p) {
+    ASSERT_EQ(run.weights[p].size(), ref.params[p].size()) << "param " << p;
+    for (size_t i = 0; i < ref.params[p].size(); ++i) {
+      EXPECT_NEAR(run.weights[p][i], ref.params[p][i], 1e-5) << "param " << p << " [" << i << "]";
+    }
+  }
+  // Without the recipe the weights end elsewhere: the test sees it act.
+  const RunResult plain = RunJob(c, "lpt", kSteps);
+  double apart = 0;
+  for (size_t p = 0; p < plain.weights.size(); ++p) {
+    for (size_t i = 0; i < plain.weights[p].size(); ++i) {
+      apart = std::max(apart, static_cast<double>(std::abs(plain.weights[p][i] - run.weights[p][i])));
+    }
+  }
+  EXPECT_GT(apart, 1e-3);
 }
 
 TEST_P(TrainerConfigTest, OwnerBasedAndAllgatherEndBitIdentical) {
