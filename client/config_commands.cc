@@ -121,8 +121,17 @@ void FillPlanOptions(const PlanOptionFlags& o, v1::PlanOptions* out) {
 // The request a job's workers will plan: its model's spec (the optimizer
 // rules applied), world size and parallelism config; the plan options the
 // job sets, unless a flag gave them.
-absl::Status FillFromJob(const std::string& path, v1::PlanLayoutRequest* request) {
+absl::Status FillFromJob(const std::string& path, v1::PlanLayoutRequest* request,
+                         v1::JobSpec* loaded) {
   MUONMESH_ASSIGN_OR_RETURN(v1::JobSpec job, job::LoadJobFile(path));
+  // The job file's own rules first: a plan of a job that cannot run would
+  // say nothing true.
+  if (const std::vector<plan::FieldViolation> v = job::ValidateJob(job); !v.empty()) {
+    std::string all;
+    for (const plan::FieldViolation& f : v) absl::StrAppend(&all, "\n  ", f.field, ": ", f.description);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": invalid job", all));
+  }
+  *loaded = job;
   const std::string dir = std::filesystem::absolute(path).parent_path().string();
   MUONMESH_ASSIGN_OR_RETURN(plan::PlanInput input, job::PlanInputOf(job, dir), path);
   *request->mutable_model() = ModelToProto(input.model);
@@ -220,8 +229,9 @@ int RunPlan(const std::vector<std::string>& args) {
   }
 
   v1::PlanLayoutRequest request;
+  v1::JobSpec job;
   if (!f.job.empty()) {
-    if (absl::Status st = FillFromJob(f.job, &request); !st.ok()) {
+    if (absl::Status st = FillFromJob(f.job, &request, &job); !st.ok()) {
       std::cerr << st.message() << "\n";
       return st.code() == absl::StatusCode::kInvalidArgument ? kExitInvalidConfig : kExitUsage;
     }
@@ -256,6 +266,7 @@ int RunPlan(const std::vector<std::string>& args) {
     std::cout << FormatPlanTable(request.model().name(), *plan);
     std::cout << absl::StrFormat("\nplanned in %.1f ms by %s\n",
                                  1e3 * plan->summary().plan_seconds(), client.address());
+    if (!f.job.empty()) std::cout << "\n" << job::DescribeRecipe(job);
   }
   return kExitOk;
 }

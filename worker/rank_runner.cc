@@ -239,6 +239,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const job::ResolvedJob& job
   topts.total_steps = job.steps;
   topts.momentum_warmup = job.momentum_warmup;
   topts.clip_grad_norm = job.clip_grad_norm.value_or(0.0);
+  MUONMESH_ASSIGN_OR_RETURN(topts.param_rates,
+                            job::ParamRatesOf(engine.workload->spec(), job.optimizer_rules));
   topts.init_seed = job.init_seed.value_or(0);
   // `initial` goes out of scope on return: the trainer holds its shards.
   return Trainer::Create(plan, engine.workload.get(), options.rank, topts);

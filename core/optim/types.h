@@ -79,6 +79,15 @@ struct MuonOptions {
   NsOptions ns;
 };
 
+// What an optimizer.rules entry changes for the tensors it matches (a torch
+// param group): the learning rate times lr_scale, and weight_decay instead
+// of the optimizer's when set.
+struct ParamRates {
+  double lr_scale = 1.0;
+  std::optional<double> weight_decay;
+  bool operator==(const ParamRates&) const = default;
+};
+
 struct AdamWOptions {
   double lr = 1e-3;
   double beta1 = 0.9;

@@ -5,11 +5,13 @@
 #include <cmath>
 #include <exception>
 #include <filesystem>
+#include <set>
 #include <string_view>
 #include <system_error>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "proto/io/message_file.h"
 #include "core/plan/validate.h"
@@ -170,6 +172,33 @@ void CheckAdamW(const v1::AdamWConfig& a, Violations& v) {
   }
 }
 
+// A rule's optimizer and rates: at least one given; a rate > 0, a decay
+// >= 0 whose product with the rate it runs at stays <= 1.
+void CheckRuleRates(const v1::OptimizerConfig& opt, const v1::OptimizerRule& r,
+                    const std::string& path, Violations& v) {
+  if (!r.optimizer().empty() && r.optimizer() != "muon" && r.optimizer() != "adamw") {
+    v.Add(path + ".optimizer", absl::StrCat("unknown optimizer ", plan::Quote(r.optimizer()),
+                                            " (expected muon or adamw)"));
+  }
+  if (r.optimizer().empty() && !r.has_lr_scale() && !r.has_weight_decay()) {
+    v.Add(path, "sets nothing: give optimizer (muon or adamw), lr_scale or weight_decay");
+  }
+  if (r.has_lr_scale() && !(std::isfinite(r.lr_scale()) && r.lr_scale() > 0)) {
+    v.Add(path + ".lr_scale", absl::StrCat("must be a finite number > 0, got ", r.lr_scale()));
+  }
+  if (!r.has_weight_decay()) return;
+  CheckNonNegative(path + ".weight_decay", r.weight_decay(), v);
+  // The largest rate the matched tensors may run at: their optimizer's, or
+  // either one's when the rule keeps the spec's choice.
+  const double muon_lr = Or(opt.muon().lr(), kMuonLr);
+  const double adamw_lr = Or(opt.adamw().lr(), kAdamWLr);
+  const double lr = r.optimizer() == "muon"    ? muon_lr
+                    : r.optimizer() == "adamw" ? adamw_lr
+                                               : std::max(muon_lr, adamw_lr);
+  CheckDecayProduct(path + ".weight_decay", lr * (r.has_lr_scale() ? r.lr_scale() : 1.0),
+                    r.weight_decay(), v);
+}
+
 // owner_assignment and muon_replica_split are the planner's options, checked
 // by PlannerViolations.
 void CheckOptimizer(const v1::OptimizerConfig& opt, bool planner_flagged_muon, Violations& v) {
@@ -198,12 +227,7 @@ void CheckOptimizer(const v1::OptimizerConfig& opt, bool planner_flagged_muon, V
       v.Add(path + ".pattern", absl::StrCat("invalid regular expression ", plan::Quote(r.pattern()),
                                             " (RE2 syntax): ", re.status().message()));
     }
-    if (r.optimizer() != "muon" && r.optimizer() != "adamw") {
-      v.Add(path + ".optimizer",
-            r.optimizer().empty() ? std::string("required: muon or adamw")
-                                  : absl::StrCat("unknown optimizer ", plan::Quote(r.optimizer()),
-                                                 " (expected muon or adamw)"));
-    }
+    CheckRuleRates(opt, r, path, v);
   }
 }
 
@@ -679,9 +703,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
     r.momentum_warmup = math::MomentumWarmup{job.optimizer().muon().momentum_warmup().start(),
                                              job.optimizer().muon().momentum_warmup().steps()};
   }
-  for (const v1::OptimizerRule& rule : job.optimizer().rules()) {
-    r.optimizer_rules.emplace_back(rule.pattern(), rule.optimizer());
-  }
+  r.optimizer_rules = OptimizerRulesOf(job);
 
   r.kind = FindModelKind(job.model().kind_case());
   if (r.kind == nullptr) {
@@ -721,6 +743,65 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
   r.output_dir = paths.output_dir;
   r.export_path = paths.export_path;
   return r;
+}
+
+std::vector<OptimizerRule> OptimizerRulesOf(const v1::JobSpec& job) {
+  std::vector<OptimizerRule> rules;
+  for (const v1::OptimizerRule& r : job.optimizer().rules()) {
+    OptimizerRule rule{r.pattern(), r.optimizer(), std::nullopt, std::nullopt};
+    if (r.has_lr_scale()) rule.lr_scale = r.lr_scale();
+    if (r.has_weight_decay()) rule.weight_decay = r.weight_decay();
+    rules.push_back(std::move(rule));
+  }
+  return rules;
+}
+
+std::string DescribeRecipe(const v1::JobSpec& job) {
+  const math::LrSchedule s = ScheduleFromProto(job.training().lr_schedule());
+  const int64_t steps = job.training().steps();
+  const math::MuonOptions muon = MuonFromProto(job.optimizer().muon());
+  const math::AdamWOptions adamw = AdamWFromProto(job.optimizer().adamw());
+  std::optional<math::MomentumWarmup> warmup;
+  if (job.optimizer().muon().has_momentum_warmup()) {
+    warmup = math::MomentumWarmup{job.optimizer().muon().momentum_warmup().start(),
+                                  job.optimizer().muon().momentum_warmup().steps()};
+  }
+  std::string out = "learning rate: ";
+  if (s.warmup_steps > 0) absl::StrAppend(&out, "warmup over ", s.warmup_steps, " steps, then ");
+  const int64_t decay_from = s.decay == math::LrDecay::kWsd ? steps - s.decay_steps
+                                                            : std::min(s.warmup_steps, steps);
+  if (s.decay == math::LrDecay::kConstant) {
+    absl::StrAppend(&out, "constant");
+  } else {
+    absl::StrAppend(&out, math::LrDecayName(s.decay), " decay to ", s.min_lr_ratio,
+                    "x over steps ", decay_from, "-", steps - 1);
+  }
+  absl::StrAppend(&out, "; gradient clipping: ",
+                  job.training().has_clip_grad_norm()
+                      ? absl::StrCat("global norm ", job.training().clip_grad_norm())
+                      : std::string("none"),
+                  "; Muon momentum: ",
+                  warmup.has_value() ? absl::StrCat(warmup->start, " -> ", muon.momentum,
+                                                    " over ", warmup->steps, " steps")
+                                     : absl::StrCat(muon.momentum),
+                  "\n");
+  std::set<int64_t> at = {0, steps - 1, s.warmup_steps - 1, s.warmup_steps, decay_from,
+                          decay_from + (steps - decay_from) / 2};
+  std::string line_step = absl::StrFormat("%-10s", "step");
+  std::string line_muon = absl::StrFormat("%-10s", "muon lr");
+  std::string line_adamw = absl::StrFormat("%-10s", "adamw lr");
+  std::string line_beta = absl::StrFormat("%-10s", "momentum");
+  for (int64_t step : at) {
+    if (step < 0 || step >= steps) continue;
+    const double m = math::LrMultiplier(s, step, steps);
+    absl::StrAppend(&line_step, absl::StrFormat(" %10d", step));
+    absl::StrAppend(&line_muon, absl::StrFormat(" %10.4g", muon.lr * m));
+    absl::StrAppend(&line_adamw, absl::StrFormat(" %10.4g", adamw.lr * m));
+    absl::StrAppend(&line_beta, absl::StrFormat(" %10.4g", math::MomentumAt(muon.momentum, warmup,
+                                                                            step)));
+  }
+  absl::StrAppend(&out, line_step, "\n", line_muon, "\n", line_adamw, "\n", line_beta, "\n");
+  return out;
 }
 
 absl::StatusOr<ResolvedJob> LoadResolvedJob(const std::string& path) {

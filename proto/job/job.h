@@ -68,6 +68,7 @@
 #include "muonmesh/v1/config.pb.h"
 #include "proto/job/corpus.h"
 #include "proto/job/model_kind.h"
+#include "proto/job/optimizer_rules.h"
 
 namespace muonmesh::job {
 
@@ -109,8 +110,8 @@ struct ResolvedJob {
   math::AdamWOptions adamw;
   // optimizer.muon.momentum_warmup; unset: muon.momentum throughout.
   std::optional<math::MomentumWarmup> momentum_warmup;
-  // (full-match regular expression, "muon" | "adamw"), in file order: the first match wins.
-  std::vector<std::pair<std::string, std::string>> optimizer_rules;
+  // optimizer.rules in file order: the first match wins.
+  std::vector<OptimizerRule> optimizer_rules;
 
   // The model section: its kind (never null once resolved), as given, and
   // resolved (the kind's alternative of ModelForm; proto/job/model_kind.h).
@@ -172,6 +173,16 @@ std::vector<plan::FieldViolation> ValidateJob(const v1::JobSpec& job);
 // for input files (init, data, synthetic spec) that do not exist or are not regular files, and
 // from CheckOutputPaths, as "field: description; field: description".
 absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string& job_dir);
+
+// optimizer.rules as the job file gives them, in order.
+std::vector<OptimizerRule> OptimizerRulesOf(const v1::JobSpec& job);
+
+// What the job's recipe runs, for people (muonmeshctl plan --job): the
+// schedule, clipping and momentum warmup in words, then both learning rates
+// (and Muon's momentum) at the steps where the schedule turns: the first,
+// the warmup's last, the decay's first, its middle and the last. Lines end
+// with a newline. `job` must be valid (ValidateJob).
+std::string DescribeRecipe(const v1::JobSpec& job);
 
 // training.elastic: the world sizes the job may shrink to, largest first
 // (w in [min_world_size, world_size) that split the global batch evenly and

@@ -8,6 +8,7 @@
 #include "core/base/status_macros.h"
 #include "core/plan/waves.h"
 #include "proto/convert/plan_convert.h"
+#include "proto/job/job.h"
 #include "proto/job/model_kind.h"
 #include "proto/job/optimizer_rules.h"
 
@@ -24,12 +25,9 @@ absl::StatusOr<plan::PlanInput> PlanInputWith(const v1::JobSpec& job, const Mode
   MUONMESH_ASSIGN_OR_RETURN(
       plan::ModelSpec model,
       SpecOf(kind, form, job.parallelism().expert_model_parallel_size()));
-  std::vector<std::pair<std::string, std::string>> rules;
-  for (const v1::OptimizerRule& r : job.optimizer().rules()) {
-    rules.emplace_back(r.pattern(), r.optimizer());
-  }
   plan::PlanInput input;
-  MUONMESH_ASSIGN_OR_RETURN(input.model, ApplyOptimizerRules(std::move(model), rules));
+  MUONMESH_ASSIGN_OR_RETURN(input.model,
+                            ApplyOptimizerRules(std::move(model), OptimizerRulesOf(job)));
   input.world_size = job.world_size();
   input.parallelism = ParallelismFromProto(job.parallelism());
   input.options = PlanOptionsOf(job);

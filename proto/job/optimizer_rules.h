@@ -15,12 +15,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/optim/types.h"
 #include "core/plan/types.h"
 
 namespace re2 {
@@ -37,11 +39,26 @@ inline constexpr int64_t kMaxRuleProgramBytes = int64_t{1} << 20;
 // with RE2's reason (including "pattern too large") otherwise.
 absl::StatusOr<std::unique_ptr<re2::RE2>> CompileRulePattern(const std::string& pattern);
 
+// One optimizer.rules entry, as the job file gives it.
+struct OptimizerRule {
+  std::string pattern;
+  std::string optimizer = "";  // "muon" | "adamw"; empty: the spec's
+  std::optional<double> lr_scale = std::nullopt;
+  std::optional<double> weight_decay = std::nullopt;
+  bool operator==(const OptimizerRule&) const = default;
+};
+
 // `spec` with each parameter's optimizer replaced by that of the first rule
-// (pattern, optimizer) whose pattern matches its whole name. The patterns
-// must compile (ValidateJob checks them); InvalidArgument naming the rule
-// otherwise.
-absl::StatusOr<plan::ModelSpec> ApplyOptimizerRules(
-    plan::ModelSpec spec, const std::vector<std::pair<std::string, std::string>>& rules);
+// whose pattern matches its whole name (when that rule names one). The
+// patterns must compile (ValidateJob checks them); InvalidArgument naming
+// the rule otherwise.
+absl::StatusOr<plan::ModelSpec> ApplyOptimizerRules(plan::ModelSpec spec,
+                                                    const std::vector<OptimizerRule>& rules);
+
+// Per parameter of `spec` (flat spec order), the rates of the first rule
+// matching its whole name (the defaults where none does). Errors as
+// ApplyOptimizerRules.
+absl::StatusOr<std::vector<math::ParamRates>> ParamRatesOf(const plan::ModelSpec& spec,
+                                                           const std::vector<OptimizerRule>& rules);
 
 }  // namespace muonmesh::job

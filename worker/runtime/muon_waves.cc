@@ -384,7 +384,7 @@ absl::Status Trainer::Impl::WaveRun::ApplyUpdates() {
       const plan::MatrixPlan& mp = MatricesOf(u)[u.matrices[i]];
       const int64_t n = u.mine[i].row_count * mp.cols;
       if (n == 0) continue;
-      st = m.dev->MuonApply(m.step_muon, mp.rows, mp.cols, u.grad.data() + u.mine[i].offset,
+      st = m.dev->MuonApply(m.MuonFor(m.unit_base[mp.unit] + mp.param), mp.rows, mp.cols, u.grad.data() + u.mine[i].offset,
                             rows.data() + u.rows_base + u.rows_offset[i],
                             u.state1.data() + u.mine[i].offset, p + u.mine[i].offset, n);
       MUONMESH_RETURN_IF_ERROR(st, "Muon update of ", m.plan->units[u.unit].name);

@@ -95,6 +95,10 @@ struct TrainerOptions {
   int64_t total_steps = 0;
   std::optional<math::MomentumWarmup> momentum_warmup;
   double clip_grad_norm = 0;
+  // Per parameter (flat spec order), what optimizer.rules give it: its
+  // learning rate times lr_scale, its own weight decay (a torch param
+  // group). Empty: every tensor at its optimizer's rates.
+  std::vector<math::ParamRates> param_rates;
   uint64_t init_seed = 0;
   // When set, initial parameters (flat spec order) instead of the seed.
   const std::vector<std::vector<float>>* initial_parameters = nullptr;

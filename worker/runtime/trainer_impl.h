@@ -326,12 +326,33 @@ struct Trainer::Impl {
       const plan::Segment& seg = l.segments[i];
       if (u.muon[seg.tensor]) continue;
       const int64_t n = seg.row_count * l.tensors[seg.tensor].row_len;
-      MUONMESH_RETURN_IF_ERROR(dev->AdamWStep(step_adamw, step + 1, u.grad.data() + seg.offset,
+      MUONMESH_RETURN_IF_ERROR(dev->AdamWStep(AdamWFor(u.flat[seg.tensor]), step + 1, u.grad.data() + seg.offset,
                                               u.state1.data() + seg.offset,
                                               u.state2.data() + seg.offset, p + seg.offset, n),
                                "AdamW on ", plan->units[u.unit].name);
     }
     return absl::OkStatus();
+  }
+
+  // This step's options for flat parameter `flat`: its optimizer.rules rates
+  // (TrainerOptions::param_rates) applied.
+  math::AdamWOptions AdamWFor(int32_t flat) const {
+    math::AdamWOptions o = step_adamw;
+    if (static_cast<size_t>(flat) < options.param_rates.size()) {
+      const math::ParamRates& r = options.param_rates[flat];
+      o.lr *= r.lr_scale;
+      if (r.weight_decay.has_value()) o.weight_decay = *r.weight_decay;
+    }
+    return o;
+  }
+  math::MuonOptions MuonFor(int32_t flat) const {
+    math::MuonOptions o = step_muon;
+    if (static_cast<size_t>(flat) < options.param_rates.size()) {
+      const math::ParamRates& r = options.param_rates[flat];
+      o.lr *= r.lr_scale;
+      if (r.weight_decay.has_value()) o.weight_decay = *r.weight_decay;
+    }
+    return o;
   }
 
   // The step's totals over every rank (one all-reduce of three floats):

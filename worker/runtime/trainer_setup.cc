@@ -71,6 +71,14 @@ absl::Status CheckCreateArguments(const plan::Plan& plan, const Workload& worklo
                                                      ": the plan and the workload disagree"));
     }
   }
+  size_t params = 0;
+  for (const plan::UnitSpec& u : spec.units) params += u.params.size();
+  if (!options.param_rates.empty() && options.param_rates.size() != params) {
+    return absl::InvalidArgumentError(absl::StrCat("TrainerOptions.param_rates: ",
+                                                   options.param_rates.size(),
+                                                   " entries for a model of ", params,
+                                                   " parameters"));
+  }
   const int64_t world = plan.config.world_size;
   const int64_t ep = std::max<int64_t>(1, plan.config.ep);
   if (rank < 0 || rank >= world) {

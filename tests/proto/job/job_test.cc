@@ -257,7 +257,7 @@ TEST(JobTest, ResolvesEveryNonDefaultChoice) {
   EXPECT_EQ(r->muon.ns.steps, 8);
   EXPECT_EQ(r->muon.weight_decay, 0.1);
   EXPECT_EQ(r->owner_assignment, "allgather");
-  using Rule = std::pair<std::string, std::string>;
+  using Rule = job::OptimizerRule;
   EXPECT_THAT(r->optimizer_rules, ElementsAre(Rule{".*\\.bias", "adamw"}, Rule{"embed.*", "muon"}));
   EXPECT_EQ(r->output_dir, "/abs/out");
   EXPECT_EQ(r->export_path, "/abs/out/final.safetensors");
@@ -655,6 +655,32 @@ std::vector<BrokenJob> BrokenJobs() {
        "training.threads_per_rank", "must be in [0, 256] (0 or unset: 1), got -1"},
       {"ThreadsTooMany", [](J& j) { j.mutable_training()->set_threads_per_rank(257); },
        "training.threads_per_rank", "got 257"},
+      {"RuleSetsNothing",
+       [](J& j) { j.mutable_optimizer()->add_rules()->set_pattern("head.*"); },
+       "optimizer.rules[0]", "sets nothing"},
+      {"RuleLrScaleZero",
+       [](J& j) {
+         auto* r = j.mutable_optimizer()->add_rules();
+         r->set_pattern("head.*");
+         r->set_lr_scale(0);
+       },
+       "optimizer.rules[0].lr_scale", "> 0"},
+      {"RuleWeightDecayNegative",
+       [](J& j) {
+         auto* r = j.mutable_optimizer()->add_rules();
+         r->set_pattern("head.*");
+         r->set_weight_decay(-0.1);
+       },
+       "optimizer.rules[0].weight_decay", ">= 0"},
+      {"RuleDecayFlipsWeights",
+       [](J& j) {
+         auto* r = j.mutable_optimizer()->add_rules();
+         r->set_pattern("head.*");
+         r->set_optimizer("muon");
+         r->set_lr_scale(10);
+         r->set_weight_decay(6);  // 0.02 * 10 * 6 = 1.2
+       },
+       "optimizer.rules[0].weight_decay", "would flip the sign"},
       // The recipe (training.steps is 20).
       {"ScheduleUnknownDecay",
        [](J& j) { j.mutable_training()->mutable_lr_schedule()->set_decay("exponential"); },
@@ -908,7 +934,7 @@ TEST(JobTest, OptimizerRulesMatchWholeNamesFirstRuleFirstInLinearTime) {
   spec.units.push_back({"u", {{"layers.0.weight", {4, 4}, "muon", false},
                               {"layers.0.bias", {4}, "adamw", false},
                               {std::string(5000, 'a'), {4, 4}, "muon", false}}});
-  const std::vector<std::pair<std::string, std::string>> rules = {
+  const std::vector<job::OptimizerRule> rules = {
       {"(.*.*)*(.*.*)*(.*.*)*(.*.*)*X", "adamw"},
       {"layers\\.\\d+\\.weight", "adamw"},
       {"layers.*", "muon"},
@@ -918,8 +944,40 @@ TEST(JobTest, OptimizerRulesMatchWholeNamesFirstRuleFirstInLinearTime) {
   EXPECT_EQ(out->units[0].params[0].optimizer, "adamw");  // second rule, not the third
   EXPECT_EQ(out->units[0].params[1].optimizer, "muon");   // third rule
   EXPECT_EQ(out->units[0].params[2].optimizer, "muon");   // no rule: as in the spec
-  EXPECT_EQ(job::ApplyOptimizerRules(spec, {{"(a", "adamw"}}).status().code(),
+  EXPECT_EQ(job::ApplyOptimizerRules(spec, {{"(a", "adamw", {}, {}}}).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The first rule matching a whole name gives its rates; a rule without an
+// optimizer keeps the spec's; names no rule matches keep the defaults.
+TEST(JobTest, OptimizerRulesGiveRatesByFirstMatch) {
+  plan::ModelSpec spec;
+  spec.units.push_back({"u", {{"head.weight", {4, 4}, "muon", false},
+                              {"head.bias", {4}, "adamw", false},
+                              {"ln.weight", {4}, "adamw", false}}});
+  const std::vector<job::OptimizerRule> rules = {
+      {.pattern = "head\\.weight", .lr_scale = 0.5},
+      {.pattern = ".*\\.bias", .optimizer = "muon", .weight_decay = 0.0},
+      {.pattern = "head.*", .lr_scale = 3.0, .weight_decay = 0.2}};  // after the first: never
+  absl::StatusOr<std::vector<math::ParamRates>> rates = job::ParamRatesOf(spec, rules);
+  ASSERT_TRUE(rates.ok()) << rates.status();
+  EXPECT_THAT(*rates, ElementsAre(math::ParamRates{0.5, std::nullopt},
+                                  math::ParamRates{1.0, 0.0}, math::ParamRates{}));
+  absl::StatusOr<plan::ModelSpec> out = job::ApplyOptimizerRules(spec, rules);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->units[0].params[0].optimizer, "muon");  // its rule names none
+  EXPECT_EQ(out->units[0].params[1].optimizer, "muon");
+  EXPECT_EQ(out->units[0].params[2].optimizer, "adamw");
+
+  // From a job file.
+  v1::JobSpec job = DesignJob();
+  auto* r = job.mutable_optimizer()->add_rules();
+  r->set_pattern("layers\\.0\\..*");
+  r->set_lr_scale(0.25);
+  r->set_weight_decay(0.01);
+  ASSERT_THAT(job::ValidateJob(job), IsEmpty());
+  EXPECT_THAT(job::OptimizerRulesOf(job),
+              ElementsAre(job::OptimizerRule{"layers\\.0\\..*", "", 0.25, 0.01}));
 }
 
 TEST(JobTest, OutputPathsMustBeFoldersAndRegularFiles) {

@@ -210,7 +210,7 @@ inline RefTrainResult ReferenceTrainMoe(const RefMoeDims& m, const Tensors& init
     std::vector<double> gm(grads[i].begin() + at, grads[i].begin() + at + size);
     std::vector<double> mm(m1[i].begin() + at, m1[i].begin() + at + size);
     std::vector<double> pm(result.params[i].begin() + at, result.params[i].begin() + at + size);
-    MuonStep(muon_s, rows, cols, gm, &mm, &pm);
+    MuonStep(ForParam(recipe, i, muon_s), rows, cols, gm, &mm, &pm);
     std::copy(mm.begin(), mm.end(), m1[i].begin() + at);
     std::copy(pm.begin(), pm.end(), result.params[i].begin() + at);
   };
@@ -229,7 +229,7 @@ inline RefTrainResult ReferenceTrainMoe(const RefMoeDims& m, const Tensors& init
     }
     muon_step(5, 0, m.d_out, m.d, grads);
     for (size_t i : {size_t{1}, size_t{2}, size_t{6}}) {
-      AdamWStep(adamw_s, s + 1, grads[i], &m1[i], &m2[i], &result.params[i]);
+      AdamWStep(ForParam(recipe, i, adamw_s), s + 1, grads[i], &m1[i], &m2[i], &result.params[i]);
     }
   }
   return result;

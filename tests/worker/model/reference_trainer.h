@@ -69,11 +69,26 @@ struct RefAdamWOptions {
 // at momentum[s] (empty vectors: 1 and the options' momentum); with
 // clip_grad_norm > 0 every gradient is first multiplied by
 // min(1, clip / (norm + 1e-6)), norm over all of them.
+// Per parameter i (flat order; empty: none), optimizer.rules' rates: its lr
+// times param_lr_scale[i], and param_weight_decay[i] instead of its
+// optimizer's unless NaN.
 struct RefRecipe {
   std::vector<double> lr_scale;
   std::vector<double> momentum;
   double clip_grad_norm = 0;
+  std::vector<double> param_lr_scale;
+  std::vector<double> param_weight_decay;
 };
+
+// `o` for parameter i under the recipe's per-parameter rates.
+template <typename Options>
+Options ForParam(const RefRecipe& recipe, size_t i, Options o) {
+  if (i < recipe.param_lr_scale.size()) o.lr *= recipe.param_lr_scale[i];
+  if (i < recipe.param_weight_decay.size() && !std::isnan(recipe.param_weight_decay[i])) {
+    o.weight_decay = recipe.param_weight_decay[i];
+  }
+  return o;
+}
 
 struct RefTrainResult {
   Tensors params;              // flat order: W_0, b_0, W_1, b_1, ...
@@ -370,9 +385,11 @@ inline RefTrainResult ReferenceTrain(const std::vector<int64_t>& dims, const Ten
     for (size_t i = 0; i < init.size(); ++i) {
       if (use_muon[i]) {
         const size_t layer = i / 2;
-        MuonStep(muon_s, dims[layer + 1], dims[layer], grads[i], &m1[i], &result.params[i]);
+        MuonStep(ForParam(recipe, i, muon_s), dims[layer + 1], dims[layer], grads[i], &m1[i],
+                 &result.params[i]);
       } else {
-        AdamWStep(adamw_s, s + 1, grads[i], &m1[i], &m2[i], &result.params[i]);
+        AdamWStep(ForParam(recipe, i, adamw_s), s + 1, grads[i], &m1[i], &m2[i],
+                  &result.params[i]);
       }
     }
   }

@@ -178,6 +178,7 @@ struct RunRecipe {
   int64_t total_steps = 0;
   std::optional<math::MomentumWarmup> momentum_warmup;
   double clip_grad_norm = 0;
+  std::vector<math::ParamRates> param_rates;
 };
 
 RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpoints& ck = {},
@@ -249,6 +250,7 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
       o.total_steps = recipe.total_steps;
       o.momentum_warmup = recipe.momentum_warmup;
       o.clip_grad_norm = recipe.clip_grad_norm;
+      o.param_rates = recipe.param_rates;
       absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(*plan, local.get(), r, o);
       if (!t.ok()) {
         status[r] = t.status();
@@ -394,8 +396,9 @@ TEST_P(TrainerConfigTest, MatchesTheIndependentReference) {
   EXPECT_GT(moved, 1e-2);
 }
 
-// The recipe (a warmup then cosine decay, Muon's momentum warmup, and
-// clipping active on some steps) against the independent reference, which
+// The recipe (a warmup then cosine decay, Muon's momentum warmup, clipping
+// active on some steps, and per-parameter rates as optimizer.rules give them,
+// Muon and AdamW tensors alike) against the independent reference, which
 // is handed each step's factors as this test works them out from the
 // formulas of docs/architecture.md §5 and computes the gradient norm over the whole
 // gradients itself: every layout, dense and expert, agrees with it on the
@@ -418,6 +421,20 @@ TEST_P(TrainerConfigTest, TheRecipeMatchesTheIndependentReference) {
   ASSERT_FALSE(start.weights.empty());
   reference::Tensors init;
   for (const auto& w : start.weights) init.emplace_back(w.begin(), w.end());
+  // Rates by flat index: parameter 3 at half the rate; the other odd ones
+  // at twice the rate with decay 0.05; parameter 2 at half with decay 0.1.
+  std::vector<math::ParamRates> rates(init.size());
+  for (size_t i = 0; i < init.size(); ++i) {
+    if (i == 3) {
+      rates[i] = {0.5, std::nullopt};
+    } else if (i % 2 == 1) {
+      rates[i] = {2.0, 0.05};
+    } else if (i == 2) {
+      rates[i] = {0.5, 0.1};
+    }
+    ref_recipe.param_lr_scale.push_back(rates[i].lr_scale);
+    ref_recipe.param_weight_decay.push_back(rates[i].weight_decay.value_or(std::nan("")));
+  }
   reference::RefMuonOptions muon;
   muon.lr = 0.02;
   muon.momentum = 0.95;
@@ -463,6 +480,7 @@ TEST_P(TrainerConfigTest, TheRecipeMatchesTheIndependentReference) {
   recipe.total_steps = kSteps;
   recipe.momentum_warmup = math::MomentumWarmup{.start = 0.85, .steps = 4};
   recipe.clip_grad_norm = ref_recipe.clip_grad_norm;
+  recipe.param_rates = rates;
   const RunResult run = RunJob(c, "lpt", kSteps, {}, 0, true, "", recipe);
   ASSERT_EQ(run.losses.size(), static_cast<size_t>(kSteps));
   for (int s = 0; s < kSteps; ++s) {
