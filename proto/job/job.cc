@@ -323,6 +323,11 @@ void CheckRecipe(const v1::TrainingConfig& t, Violations& v) {
       if (!why.empty()) v.Add(field, why);
     }
   }
+  if (t.micro_batch_size() < 0) {
+    v.Add("training.micro_batch_size",
+          absl::StrCat("must be >= 0 (0 or unset: the whole local batch), got ",
+                       t.micro_batch_size()));
+  }
   if (t.has_clip_grad_norm() && !(std::isfinite(t.clip_grad_norm()) && t.clip_grad_norm() > 0)) {
     v.Add("training.clip_grad_norm",
           absl::StrCat("must be a finite number > 0 (leave it out for no clipping), got ",
@@ -351,6 +356,11 @@ void CheckTraining(const v1::JobSpec& job, Violations& v) {
     // the batch splits over all world_size ranks.
     v.Add("training.global_batch_size", absl::StrCat(batch, " does not split evenly over the ", w,
                                                      " data-parallel ranks (world_size)"));
+  } else if (const int64_t micro = t.micro_batch_size();
+             w >= 1 && w <= kMaxJobWorldSize && micro > 0 && (batch / w) % micro != 0) {
+    v.Add("training.micro_batch_size",
+          absl::StrCat(micro, " does not divide the local batch of ", batch / w,
+                       " samples (global_batch_size ", batch, " over ", w, " ranks)"));
   }
   // A batch larger than the data set would repeat samples within a batch.
   const ModelKind* kind = FindModelKind(job.model().kind_case());
@@ -665,7 +675,9 @@ std::vector<int64_t> ElasticWorldSizes(const v1::JobSpec& job) {
   const int64_t batch = job.training().global_batch_size();
   for (int64_t w = job.world_size() - 1;
        w >= std::max<int64_t>(1, job.training().elastic().min_world_size()); --w) {
-    if (batch % w == 0 && PlannerViolations(job, w, /*options=*/false).empty()) {
+    const int64_t micro = job.training().micro_batch_size();
+    if (batch % w == 0 && (micro <= 0 || (batch / w) % micro == 0) &&
+        PlannerViolations(job, w, /*options=*/false).empty()) {
       sizes.push_back(w);
     }
   }
@@ -739,6 +751,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
   r.eval_batches = Or(job.training().eval_batches(), kDefaultEvalBatches);
   r.lr_schedule = ScheduleFromProto(job.training().lr_schedule());
   if (job.training().has_clip_grad_norm()) r.clip_grad_norm = job.training().clip_grad_norm();
+  r.micro_batch_size = job.training().micro_batch_size();
 
   r.output_dir = paths.output_dir;
   r.export_path = paths.export_path;

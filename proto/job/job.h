@@ -153,6 +153,8 @@ struct ResolvedJob {
   // (unset: no clipping).
   math::LrSchedule lr_schedule;
   std::optional<double> clip_grad_norm;
+  // training.micro_batch_size: 0 for the whole local batch at once.
+  int64_t micro_batch_size = 0;
 
   std::string output_dir;   // resolved
   std::string export_path;  // resolved

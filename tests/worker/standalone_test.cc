@@ -249,8 +249,10 @@ Job GptJob(const std::string& dir, const std::string& name) {
 TEST_P(StandaloneConfigTest, GptFourRanksGiveTheOneRankLosses) {
   const std::string dir = Fresh(std::string("gpt_") + GetParam().name);
   Job one = GptJob(dir, std::string("gpt_one_") + GetParam().name);
-  // eval every 4 steps: after steps 3, 7 and 11 (the last).
-  one.training_extra = ", eval_every: 4, eval_batches: 2";
+  // eval every 4 steps: after steps 3, 7 and 11 (the last); the recipe on.
+  one.training_extra =
+      ", eval_every: 4, eval_batches: 2, clip_grad_norm: 0.5, "
+      "lr_schedule: {warmup_steps: 2, decay: cosine, min_lr_ratio: 0.2}";
   const std::string one_path = WriteJob(dir, one);
   const JobRun single = RunRanks(dir, one_path, 1);
   ExpectAllOk(single);
@@ -264,6 +266,8 @@ TEST_P(StandaloneConfigTest, GptFourRanksGiveTheOneRankLosses) {
   four.strategy = GetParam().strategy;
   four.instances = GetParam().instances;
   four.outer = GetParam().outer;
+  // And with gradient accumulation: the local batch of 2 one sample at a time.
+  four.training_extra += ", micro_batch_size: 1";
   const std::string four_path = WriteJob(dir, four);
   const JobRun many = RunRanks(dir, four_path, 4);
   ExpectAllOk(many);

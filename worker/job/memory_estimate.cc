@@ -128,7 +128,19 @@ MemoryEstimate EstimateRankMemory(const job::ResolvedJob& job, const plan::Plan&
   const double local_batch = static_cast<double>(job.global_batch_size) /
                              static_cast<double>(std::max<int64_t>(1, job.world_size));
   const WorkerModelKind* kind = FindWorkerModelKind(job.model.kind_case());
-  WorkloadMemory w = kind == nullptr ? WorkloadMemory{} : kind->memory(job, local_batch, files);
+  // Activations are a micro-batch's with gradient accumulation.
+  const double micro = job.micro_batch_size > 0 ? static_cast<double>(job.micro_batch_size)
+                                                 : local_batch;
+  WorkloadMemory w = kind == nullptr ? WorkloadMemory{} : kind->memory(job, micro, files);
+  if (job.micro_batch_size > 0) {
+    for (MemoryItem& item : w.step) {
+      if (item.field != "training.global_batch_size") continue;
+      item.field = "training.micro_batch_size";
+      if (const size_t at = item.what.find("the local batch"); at != std::string::npos) {
+        item.what.replace(at, 15, "one micro-batch");
+      }
+    }
+  }
   w.step.push_back({"training.global_batch_size", "sample indices of the local batch",
                     kIndex * local_batch});
 

@@ -75,6 +75,10 @@ class CpuDevice final : public Device {
     for (int64_t i = 0; i < count; ++i) sum += static_cast<double>(x[i]) * x[i];
     return sum;
   }
+  absl::Status Add(float* dst, const float* src, int64_t count) override {
+    for (int64_t i = 0; i < count; ++i) dst[i] += src[i];
+    return absl::OkStatus();
+  }
   absl::Status Scale(float* x, int64_t count, float factor) override {
     for (int64_t i = 0; i < count; ++i) x[i] *= factor;
     return absl::OkStatus();

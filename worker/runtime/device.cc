@@ -41,4 +41,17 @@ absl::Status Device::Scale(float* x, int64_t count, float factor) {
   return absl::OkStatus();
 }
 
+absl::Status Device::Add(float* dst, const float* src, int64_t count) {
+  std::vector<float> a(static_cast<size_t>(std::min(count, kHostChunk)));
+  std::vector<float> b(a.size());
+  for (int64_t at = 0; at < count; at += kHostChunk) {
+    const int64_t n = std::min(kHostChunk, count - at);
+    MUONMESH_RETURN_IF_ERROR(CopyToHost(a.data(), dst + at, n));
+    MUONMESH_RETURN_IF_ERROR(CopyToHost(b.data(), src + at, n));
+    for (int64_t i = 0; i < n; ++i) a[i] += b[i];
+    MUONMESH_RETURN_IF_ERROR(CopyFromHost(dst + at, a.data(), n));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace muonmesh::worker

@@ -102,6 +102,8 @@ class Device {
   // device; a device with kernels for them overrides them).
   virtual absl::StatusOr<double> SumOfSquares(const float* x, int64_t count);
   virtual absl::Status Scale(float* x, int64_t count, float factor);
+  // dst += src for `count` floats (gradient accumulation).
+  virtual absl::Status Add(float* dst, const float* src, int64_t count);
 
   // Orthogonalises the row-major rows x cols matrix x in place.
   virtual absl::Status NewtonSchulz(float* x, int64_t rows, int64_t cols,

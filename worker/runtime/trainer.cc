@@ -69,14 +69,34 @@ absl::StatusOr<StepReport> Trainer::Step() {
   for (int64_t j = 0; j < b; ++j) {
     samples[j] = (step_ * m.options.global_batch_size + m.rank * b + j) % n;
   }
-  // Forward and backward, unit by unit: the gathers, the reductions and the
-  // token exchanges run inside (timed into param_gather, grad_reduce and
-  // expert_dispatch, which are then taken out of forward_backward).
-  UnitStream stream(m, &report);
-  absl::StatusOr<double> loss = m.workload->ForwardBackwardByUnit(step_, stream, samples);
-  stream.ReleaseAll();
-  MUONMESH_RETURN_IF_ERROR(loss.status());
-  MUONMESH_RETURN_IF_ERROR(stream.CheckAllCommitted());
+  // Forward and backward, unit by unit, one micro-batch after another: the
+  // gathers, the reductions and the token exchanges run inside (timed into
+  // param_gather, grad_reduce and expert_dispatch, which are then taken out
+  // of forward_backward). Every micro-batch's gradients are reduced into the
+  // shards and added up; their mean is the local batch's.
+  const int64_t micro = m.options.micro_batch_size > 0 ? m.options.micro_batch_size : b;
+  const int64_t micro_batches = b / micro;
+  double loss_sum = 0;
+  m.accumulating = false;
+  for (int64_t k = 0; k < micro_batches; ++k) {
+    const std::vector<int64_t> slice(samples.begin() + k * micro,
+                                     samples.begin() + (k + 1) * micro);
+    UnitStream stream(m, &report);
+    absl::StatusOr<double> loss = m.workload->ForwardBackwardByUnit(step_, stream, slice);
+    stream.ReleaseAll();
+    MUONMESH_RETURN_IF_ERROR(loss.status());
+    MUONMESH_RETURN_IF_ERROR(stream.CheckAllCommitted());
+    loss_sum += *loss;
+    m.accumulating = true;
+  }
+  m.accumulating = false;
+  if (micro_batches > 1) {
+    const float mean = 1.0f / static_cast<float>(micro_batches);
+    for (UnitState& u : m.units) {
+      MUONMESH_RETURN_IF_ERROR(m.dev->Scale(u.grad.data(), u.grad.size(), mean));
+    }
+  }
+  const double local_loss = loss_sum / static_cast<double>(micro_batches);
   report.times.forward_backward = (absl::Now() - t0) - report.times.param_gather -
                                   report.times.grad_reduce - report.times.expert_dispatch;
 
@@ -85,7 +105,7 @@ absl::StatusOr<StepReport> Trainer::Step() {
   // gradient norm, in one all-reduce: then every rank refuses the step
   // together, before any update, instead of one rank refusing while the
   // others wait for it; and every rank clips by the same factor.
-  MUONMESH_ASSIGN_OR_RETURN(const StepTotals totals, m.ReduceStepTotals(*loss));
+  MUONMESH_ASSIGN_OR_RETURN(const StepTotals totals, m.ReduceStepTotals(local_loss));
   if (totals.nonfinite_ranks > 0) {
     // FailedPrecondition, not InvalidArgument (kept for bad configuration):
     // the training state cannot take this step until someone changes it
@@ -253,22 +273,25 @@ absl::StatusOr<double> Trainer::Evaluate(int64_t batches) {
   if (batches < 1) return absl::InvalidArgumentError("Evaluate: batches must be >= 1");
   const int64_t g = m.options.global_batch_size;
   const int64_t b = g / m.world;
-  // One local batch at a time, so that validation holds no more activations
-  // than a step; the batches are the same size, so the mean of their means
-  // is the mean over all of them.
+  // One micro-batch at a time (the local batch without micro-batches), so
+  // that validation holds no more activations than a step; the pieces are
+  // the same size, so the mean of their means is the mean over all of them.
+  const int64_t micro = m.options.micro_batch_size > 0 ? m.options.micro_batch_size : b;
   double sum = 0;
-  std::vector<int64_t> samples(static_cast<size_t>(b));
+  std::vector<int64_t> samples(static_cast<size_t>(micro));
   for (int64_t k = 0; k < batches; ++k) {
-    for (int64_t j = 0; j < b; ++j) samples[j] = (k * g + m.rank * b + j) % n;
-    // The gathers count into a report of their own: validation is not a step.
-    StepReport scratch;
-    UnitStream stream(m, &scratch);
-    absl::StatusOr<double> loss = m.workload->ValidationLossByUnit(stream, samples);
-    stream.ReleaseAll();
-    MUONMESH_RETURN_IF_ERROR(loss.status(), "validation");
-    sum += *loss;
+    for (int64_t first = 0; first < b; first += micro) {
+      for (int64_t j = 0; j < micro; ++j) samples[j] = (k * g + m.rank * b + first + j) % n;
+      // The gathers count into a report of their own: validation is not a step.
+      StepReport scratch;
+      UnitStream stream(m, &scratch);
+      absl::StatusOr<double> loss = m.workload->ValidationLossByUnit(stream, samples);
+      stream.ReleaseAll();
+      MUONMESH_RETURN_IF_ERROR(loss.status(), "validation");
+      sum += *loss;
+    }
   }
-  float mean = static_cast<float>(sum / static_cast<double>(batches));
+  float mean = static_cast<float>(sum / static_cast<double>(batches * (b / micro)));
   MUONMESH_RETURN_IF_ERROR(m.dev->CopyFromHost(m.scalar.data(), &mean, 1));
   MUONMESH_RETURN_IF_ERROR(
       m.world_comm->AllReduce(m.scalar.data(), 1, comm::ReduceOp::kAvg, m.options.collective));

@@ -99,6 +99,11 @@ struct TrainerOptions {
   // learning rate times lr_scale, its own weight decay (a torch param
   // group). Empty: every tensor at its optimizer's rates.
   std::vector<math::ParamRates> param_rates;
+  // Gradient accumulation (training.micro_batch_size): the local batch in
+  // micro-batches of this many samples, each reduced as it is produced and
+  // added up; the step's gradient and loss are their means. 0: the whole
+  // local batch at once. Must divide the local batch.
+  int64_t micro_batch_size = 0;
   uint64_t init_seed = 0;
   // When set, initial parameters (flat spec order) instead of the seed.
   const std::vector<std::vector<float>>* initial_parameters = nullptr;

@@ -189,6 +189,9 @@ struct Trainer::Impl {
   std::vector<std::vector<std::vector<float>>> frozen;
   DeviceBuffer full;                         // one unit-mesh padded buffer, D * S
   DeviceBuffer scalar;  // ReduceStepTotals' three floats
+  // Set after a step's first micro-batch: ReduceUnit adds to the gradient
+  // shards instead of overwriting them.
+  bool accumulating = false;
   // This step's optimizer options: the job's with the schedule applied.
   math::MuonOptions step_muon;
   math::AdamWOptions step_adamw;
@@ -315,7 +318,8 @@ struct Trainer::Impl {
       });
       MUONMESH_RETURN_IF_ERROR(st);
     }
-    return dev->Copy(u.grad.data(), cur, s);
+    // Micro-batches after the first add to the first's (gradient accumulation).
+    return accumulating ? dev->Add(u.grad.data(), cur, s) : dev->Copy(u.grad.data(), cur, s);
   }
 
   absl::Status AdamW(UnitState& u, int64_t step) {

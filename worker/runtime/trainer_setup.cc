@@ -89,6 +89,13 @@ absl::Status CheckCreateArguments(const plan::Plan& plan, const Workload& worklo
         absl::StrCat("training.global_batch_size ", options.global_batch_size,
                      " does not split evenly over ", world, " data-parallel ranks"));
   }
+  const int64_t local = options.global_batch_size / world;
+  if (options.micro_batch_size < 0 ||
+      (options.micro_batch_size > 0 && local % options.micro_batch_size != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("training.micro_batch_size ", options.micro_batch_size,
+                     " does not divide the local batch of ", local, " samples"));
+  }
   for (const plan::UnitSpec& u : spec.units) {
     for (const plan::ParamSpec& p : u.params) {
       if (p.expert && (p.shape.empty() || p.shape[0] % ep != 0)) {

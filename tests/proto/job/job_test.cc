@@ -681,6 +681,11 @@ std::vector<BrokenJob> BrokenJobs() {
          r->set_weight_decay(6);  // 0.02 * 10 * 6 = 1.2
        },
        "optimizer.rules[0].weight_decay", "would flip the sign"},
+      {"MicroBatchNegative", [](J& j) { j.mutable_training()->set_micro_batch_size(-2); },
+       "training.micro_batch_size", ">= 0"},
+      {"MicroBatchDoesNotDivide", [](J& j) { j.mutable_training()->set_micro_batch_size(5); },
+       "training.micro_batch_size",
+       "5 does not divide the local batch of 16 samples (global_batch_size 64 over 4 ranks)"},
       // The recipe (training.steps is 20).
       {"ScheduleUnknownDecay",
        [](J& j) { j.mutable_training()->mutable_lr_schedule()->set_decay("exponential"); },
@@ -825,6 +830,16 @@ TEST(JobTest, ElasticSizesSplitTheBatchAndFitTheParallelism) {
   job.mutable_training()->mutable_elastic()->set_wait("2m");
   EXPECT_EQ(job::ElasticWorldSizes(job), std::vector<int64_t>({4, 2, 1}));
   EXPECT_EQ(job::ElasticWait(job), absl::Minutes(2));
+  // Micro-batches must divide the local batch at every size: of 8 at 4 ranks
+  // (16 each), sizes 2 (32) and 1 (64); of 32 at 2 ranks, size 1.
+  job.set_world_size(4);
+  job.mutable_training()->set_micro_batch_size(8);
+  EXPECT_EQ(job::ElasticWorldSizes(job), std::vector<int64_t>({2, 1}));
+  job.mutable_training()->set_micro_batch_size(32);
+  job.set_world_size(2);
+  EXPECT_EQ(job::ElasticWorldSizes(job), std::vector<int64_t>({1}));
+  job.set_world_size(4);  // 16 each: 32 does not divide it
+  EXPECT_THAT(Fields(job::ValidateJob(job)), ElementsAre("training.micro_batch_size"));
 }
 
 TEST(JobTest, InitCheckpointIsAFileOrAFolderThatExists) {

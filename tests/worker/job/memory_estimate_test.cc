@@ -1,0 +1,64 @@
+// A rank's memory estimate (worker/job/memory_estimate.h) with gradient
+// accumulation: the step holds one micro-batch's activations, named by
+// training.micro_batch_size, and the rest of the estimate does not change.
+
+#include "worker/job/memory_estimate.h"
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "core/plan/planner.h"
+#include "gtest/gtest.h"
+#include "proto/job/model_specs.h"
+
+namespace muonmesh::worker {
+namespace {
+
+// The training phase's activation item, and the phase's total.
+struct Activations {
+  MemoryItem item;
+  double phase_bytes = 0;
+};
+
+Activations TrainingActivations(int64_t micro) {
+  const std::string dir = ::testing::TempDir() + "/memory_estimate_" + std::to_string(micro);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/job.yaml") << absl::StrCat(
+      "name: m\nworld_size: 2\nmodel: {mlp: {dims: [6, 5, 3]}}\n",
+      "data: {teacher: {samples: 64}}\n",
+      "training: {steps: 1, global_batch_size: 16, micro_batch_size: ", micro, "}\n",
+      "output: {dir: ", dir, "/out}\n");
+  absl::StatusOr<job::ResolvedJob> job = job::LoadResolvedJob(dir + "/job.yaml");
+  EXPECT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<plan::PlanInput> input = job::PlanInputOf(*job);
+  EXPECT_TRUE(input.ok()) << input.status();
+  absl::StatusOr<plan::Plan> plan = plan::ComputePlan(*input);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  const MemoryEstimate estimate = EstimateRankMemory(*job, *plan, 0, {});
+  Activations out;
+  for (const MemoryPhase& phase : estimate.phases) {
+    for (const MemoryItem& item : phase.items) {
+      if (item.what.find("activations") == std::string::npos) continue;
+      out.item = item;
+      out.phase_bytes = phase.bytes();
+    }
+  }
+  return out;
+}
+
+TEST(MemoryEstimateTest, AccumulationHoldsOneMicroBatchOfActivations) {
+  const Activations whole = TrainingActivations(0);  // the local batch of 8
+  const Activations micro = TrainingActivations(2);
+  EXPECT_EQ(whole.item.field, "training.global_batch_size");
+  EXPECT_EQ(micro.item.field, "training.micro_batch_size");
+  EXPECT_NE(micro.item.what.find("one micro-batch"), std::string::npos) << micro.item.what;
+  // The mlp's activations are linear in the samples: 8 -> 2 is a quarter.
+  ASSERT_GT(whole.item.bytes, 0);
+  EXPECT_DOUBLE_EQ(micro.item.bytes, whole.item.bytes / 4);
+  EXPECT_DOUBLE_EQ(whole.phase_bytes - micro.phase_bytes, whole.item.bytes - micro.item.bytes);
+}
+
+}  // namespace
+}  // namespace muonmesh::worker
