@@ -38,7 +38,7 @@ LayoutCounts Count(const UnitSpec& unit, const UnitLayout& layout) {
   for (const Segment& s : layout.segments) {
     const ParamSpec& p = unit.params[layout.tensors[s.tensor].param];
     if (p.optimizer != "muon") continue;
-    const int64_t rows = AsMatrix(p).rows;  // of one expert
+    const int64_t rows = MuonMatrixOf(p).rows;  // of one expert, or one block
     c.holders += static_cast<double>((s.row_start + s.row_count - 1) / rows -
                                      s.row_start / rows + 1);
   }
@@ -56,7 +56,7 @@ class CountCache {
     for (const LayoutTensor& t : tensors) {
       const ParamSpec& p = unit.params[t.param];
       // Muon rows per expert decide how runs split into holder entries.
-      const int64_t muon_rows = p.optimizer == "muon" ? AsMatrix(p).rows : 0;
+      const int64_t muon_rows = p.optimizer == "muon" ? MuonMatrixOf(p).rows : 0;
       key.insert(key.end(), {t.param, t.rows, t.row_len, muon_rows});
     }
     auto it = cache_.find(key);
@@ -78,10 +78,12 @@ std::pair<double, double> UnitMatrices(const UnitSpec& unit, bool expert, int64_
   double name_bytes = 0;
   for (const ParamSpec& p : unit.params) {
     if (p.expert != expert || p.optimizer != "muon") continue;
-    const double copies = p.expert ? static_cast<double>(p.shape[0] / ep) : 1.0;
+    const double copies = (p.expert ? static_cast<double>(p.shape[0] / ep) : 1.0) *
+                          static_cast<double>(MuonBlocksOf(p));
     matrices += copies;
-    // "name[e]": two brackets and at most 18 digits.
-    name_bytes += copies * static_cast<double>(p.name.size() + (p.expert ? 20 : 0));
+    // "name[e]": two brackets and at most 18 digits; "[r0:r1]" per block.
+    name_bytes += copies * static_cast<double>(p.name.size() + (p.expert ? 20 : 0) +
+                                               (p.muon_block_rows > 0 ? 40 : 0));
   }
   return {matrices, name_bytes};
 }

@@ -53,13 +53,15 @@ std::vector<MatrixPlan> UnitMatrices(const UnitSpec& unit, int32_t u, const Unit
   for (size_t t = 0; t < layout.tensors.size(); ++t) {
     const ParamSpec& p = unit.params[layout.tensors[t].param];
     if (p.optimizer != "muon") continue;
-    const MatrixView mv = AsMatrix(p);
-    const int64_t experts = p.expert ? p.shape[0] / cfg.ep : 1;
-    for (int64_t e = 0; e < experts; ++e) {
+    const MatrixView mv = MuonMatrixOf(p);
+    const int64_t blocks = MuonBlocksOf(p);
+    const int64_t matrices = (p.expert ? p.shape[0] / cfg.ep : 1) * blocks;
+    for (int64_t e = 0; e < matrices; ++e) {
       MatrixPlan m;
       m.unit = u;
       m.param = layout.tensors[t].param;
-      m.expert = p.expert ? static_cast<int32_t>(e) : -1;
+      m.expert = p.expert ? static_cast<int32_t>(e / blocks) : -1;
+      m.row_offset = e * mv.rows;
       m.rows = mv.rows;
       m.cols = mv.cols;
       m.ns_form = ChooseNsForm(cfg.ns_algorithm, mv.rows, mv.cols, cfg.ns_steps, cfg.ns_table,

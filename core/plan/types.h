@@ -22,6 +22,10 @@ struct ParamSpec {
   std::vector<int64_t> shape;
   std::string optimizer;  // "muon" | "adamw"
   bool expert = false;    // a stack [E, rows, cols...] of E expert tensors
+  // Muon orthogonalizes each block of this many rows alone (of each expert
+  // of a stack): q, k and v of a fused attention projection, or each head.
+  // 0: the whole matrix. Must divide the matrix's rows.
+  int64_t muon_block_rows = 0;
 };
 
 struct UnitSpec {
@@ -201,6 +205,9 @@ struct MatrixPlan {
   int32_t unit = 0;
   int32_t param = 0;
   int32_t expert = -1;  // local expert index within the EP group, -1 if dense
+  // Where its rows start among the tensor's local rows: the expert's first
+  // row in its stack, plus the block's (ParamSpec::muon_block_rows).
+  int64_t row_offset = 0;
   int64_t rows = 0;
   int64_t cols = 0;
   NsAlgorithm ns_form = NsAlgorithm::kStandard;  // the form that runs (auto resolved)

@@ -108,6 +108,12 @@ int64_t CheckShape(const ParamSpec& p, const ParamPath& path, int64_t ep, Violat
   } else if (p.expert && ep > 0 && p.shape[0] % ep != 0) {
     v.Add(path(".shape[0]"),
           absl::StrCat(p.shape[0], " experts do not divide over expert_model_parallel_size ", ep));
+  } else if (p.muon_block_rows != 0 &&
+             (!muon || p.muon_block_rows < 0 || AsMatrix(p).rows % p.muon_block_rows != 0)) {
+    v.Add(path(".muon_block_rows"),
+          !muon ? std::string("only for Muon tensors")
+                : absl::StrCat(p.muon_block_rows, " does not divide the matrix's ",
+                               AsMatrix(p).rows, " rows"));
   }
   return numel;
 }
@@ -221,6 +227,16 @@ MatrixView AsMatrix(const ParamSpec& p) {
   int64_t cols = 1;
   for (size_t d = first + 1; d < p.shape.size(); ++d) cols *= p.shape[d];
   return {p.shape[first], cols};
+}
+
+MatrixView MuonMatrixOf(const ParamSpec& p) {
+  MatrixView m = AsMatrix(p);
+  if (p.muon_block_rows > 0) m.rows = p.muon_block_rows;
+  return m;
+}
+
+int64_t MuonBlocksOf(const ParamSpec& p) {
+  return p.muon_block_rows > 0 ? AsMatrix(p).rows / p.muon_block_rows : 1;
 }
 
 namespace {

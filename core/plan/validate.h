@@ -57,6 +57,11 @@ struct MatrixView {
   int64_t cols;
 };
 MatrixView AsMatrix(const ParamSpec& p);
+// The matrix Muon orthogonalizes (a block of AsMatrix's rows with
+// muon_block_rows), and how many of them one expert's (or a dense) tensor
+// holds.
+MatrixView MuonMatrixOf(const ParamSpec& p);
+int64_t MuonBlocksOf(const ParamSpec& p);
 int64_t NumElements(const ParamSpec& p);
 
 }  // namespace muonmesh::plan

@@ -61,6 +61,7 @@ void DomainPlanTo(const plan::DomainPlan& d, v1::ExecDomainPlan* out) {
     x->set_unit(m.unit);
     x->set_param(m.param);
     x->set_expert(m.expert);
+    x->set_row_offset(m.row_offset);
     x->set_rows(m.rows);
     x->set_cols(m.cols);
     x->set_cost_flops(m.cost_flops);
@@ -164,6 +165,7 @@ absl::StatusOr<plan::DomainPlan> DomainPlanFrom(const v1::ExecDomainPlan& d,
     m.unit = x.unit();
     m.param = x.param();
     m.expert = x.expert();
+    m.row_offset = x.row_offset();
     m.rows = x.rows();
     m.cols = x.cols();
     m.ns_form = plan::ChooseNsForm(config.ns_algorithm, m.rows, m.cols, config.ns_steps,

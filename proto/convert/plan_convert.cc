@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/plan/mesh.h"
 #include "core/plan/ns_cost.h"
+#include "core/plan/validate.h"
 #include "core/plan/waves.h"
 
 namespace muonmesh {
@@ -113,12 +114,17 @@ void MatricesToProto(const plan::PlanInput& input, const plan::Plan& p, const pl
     for (const plan::MatrixPlan& m : dp.matrices) {
       const plan::ParamSpec& spec = input.model.units[m.unit].params[m.param];
       v1::Matrix* o = out->add_matrices();
+      std::string name = spec.name;
       if (m.expert >= 0) {
         const int64_t per_group = spec.shape[0] / p.config.ep;
-        o->set_name(absl::StrCat(spec.name, "[", group * per_group + m.expert, "]"));
-      } else {
-        o->set_name(spec.name);
+        absl::StrAppend(&name, "[", group * per_group + m.expert, "]");
       }
+      if (spec.muon_block_rows > 0) {
+        // The block's rows within its matrix (its expert's, or the tensor).
+        const int64_t first = m.row_offset % plan::AsMatrix(spec).rows;
+        absl::StrAppend(&name, "[", first, ":", first + m.rows, "]");
+      }
+      o->set_name(std::move(name));
       o->set_rows(m.rows);
       o->set_cols(m.cols);
       o->set_domain(dom.id);
@@ -163,6 +169,7 @@ plan::ModelSpec ModelFromProto(const v1::ModelSpec& model) {
       param.shape.assign(p.shape().begin(), p.shape().end());
       param.optimizer = p.optimizer();
       param.expert = p.expert();
+      param.muon_block_rows = p.muon_block_rows();
     }
   }
   return out;
@@ -181,6 +188,7 @@ v1::ModelSpec ModelToProto(const plan::ModelSpec& model) {
       for (int64_t d : p.shape) param->add_shape(d);
       param->set_optimizer(p.optimizer);
       param->set_expert(p.expert);
+      param->set_muon_block_rows(p.muon_block_rows);
     }
   }
   return out;

@@ -276,6 +276,16 @@ void CheckModel(const v1::JobSpec& job, Violations& v) {
                                "remove data"));
   }
   kind->validate(job, v);
+  const v1::MuonConfig& muon = job.optimizer().muon();
+  if ((muon.split_qkv() || muon.per_head()) && kind->attention_blocks == nullptr) {
+    std::vector<std::string> with;
+    for (const ModelKind* k : ModelKinds()) {
+      if (k->attention_blocks != nullptr) with.push_back(k->name);
+    }
+    v.Add(muon.per_head() ? "optimizer.muon.per_head" : "optimizer.muon.split_qkv",
+          absl::StrCat("the ", kind->name, " model has no attention (models with attention: ",
+                       absl::StrJoin(with, ", "), ")"));
+  }
 }
 
 void CheckInitAndData(const v1::JobSpec& job, Violations& v) {

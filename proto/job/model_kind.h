@@ -91,6 +91,13 @@ struct ModelKind {
   // Reads the section's file (at `path`, absolute) into the section, so a
   // job submitted to a coordinator carries it (nullptr with model_file).
   absl::Status (*embed_model_file)(v1::ModelConfig* model, const std::string& path) = nullptr;
+  // Muon's attention options (optimizer.muon.split_qkv, per_head): sets
+  // ParamSpec::muon_block_rows on the spec's attention projections, so the
+  // planner sees q, k and v (or each head) as the matrices they are
+  // (nullptr, the default: the kind has no attention, and a job asking for
+  // them is refused).
+  void (*attention_blocks)(const ModelForm& form, bool split_qkv, bool per_head,
+                           plan::ModelSpec* spec) = nullptr;
 };
 
 // Every registered kind, in the oneof's order.

@@ -25,6 +25,10 @@ absl::StatusOr<plan::PlanInput> PlanInputWith(const v1::JobSpec& job, const Mode
   MUONMESH_ASSIGN_OR_RETURN(
       plan::ModelSpec model,
       SpecOf(kind, form, job.parallelism().expert_model_parallel_size()));
+  const v1::MuonConfig& muon = job.optimizer().muon();
+  if ((muon.split_qkv() || muon.per_head()) && kind.attention_blocks != nullptr) {
+    kind.attention_blocks(form, muon.split_qkv(), muon.per_head(), &model);
+  }
   plan::PlanInput input;
   MUONMESH_ASSIGN_OR_RETURN(input.model,
                             ApplyOptimizerRules(std::move(model), OptimizerRulesOf(job)));

@@ -93,7 +93,9 @@ TEST(JsonWriterTest, UnsetSubmessagesAndOptionalsAreLeftOut) {
       "  \"weight_decay\": 0,\n"
       "  \"scale\": \"\",\n"
       "  \"coefficients\": \"\",\n"
-      "  \"ns_algorithm\": \"\"\n"
+      "  \"ns_algorithm\": \"\",\n"
+      "  \"split_qkv\": false,\n"
+      "  \"per_head\": false\n"
       "}";
   EXPECT_EQ(ToJson(muon), unset);
   muon.set_nesterov(false);
@@ -106,7 +108,9 @@ TEST(JsonWriterTest, UnsetSubmessagesAndOptionalsAreLeftOut) {
             "  \"weight_decay\": 0,\n"
             "  \"scale\": \"\",\n"
             "  \"coefficients\": \"\",\n"
-            "  \"ns_algorithm\": \"\"\n"
+            "  \"ns_algorithm\": \"\",\n"
+            "  \"split_qkv\": false,\n"
+            "  \"per_head\": false\n"
             "}");
 
   // A oneof writes only its set member.

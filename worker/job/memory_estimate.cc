@@ -115,6 +115,25 @@ MemoryPhase Phase(std::string name, std::vector<std::vector<MemoryItem>> parts) 
   return phase;
 }
 
+// What the job's workload holds; a step's activations are one
+// micro-batch's with gradient accumulation (named by its field).
+WorkloadMemory WorkloadMemoryOf(const job::ResolvedJob& job, double local_batch,
+                                const InputFileBytes& files) {
+  const WorkerModelKind* kind = FindWorkerModelKind(job.model.kind_case());
+  const double micro = job.micro_batch_size > 0 ? static_cast<double>(job.micro_batch_size)
+                                                 : local_batch;
+  WorkloadMemory w = kind == nullptr ? WorkloadMemory{} : kind->memory(job, micro, files);
+  if (job.micro_batch_size <= 0) return w;
+  for (MemoryItem& item : w.step) {
+    if (item.field != "training.global_batch_size") continue;
+    item.field = "training.micro_batch_size";
+    if (const size_t at = item.what.find("the local batch"); at != std::string::npos) {
+      item.what.replace(at, 15, "one micro-batch");
+    }
+  }
+  return w;
+}
+
 }  // namespace
 
 double MemoryPhase::bytes() const {
@@ -127,20 +146,7 @@ MemoryEstimate EstimateRankMemory(const job::ResolvedJob& job, const plan::Plan&
                                   const InputFileBytes& files, bool resharding) {
   const double local_batch = static_cast<double>(job.global_batch_size) /
                              static_cast<double>(std::max<int64_t>(1, job.world_size));
-  const WorkerModelKind* kind = FindWorkerModelKind(job.model.kind_case());
-  // Activations are a micro-batch's with gradient accumulation.
-  const double micro = job.micro_batch_size > 0 ? static_cast<double>(job.micro_batch_size)
-                                                 : local_batch;
-  WorkloadMemory w = kind == nullptr ? WorkloadMemory{} : kind->memory(job, micro, files);
-  if (job.micro_batch_size > 0) {
-    for (MemoryItem& item : w.step) {
-      if (item.field != "training.global_batch_size") continue;
-      item.field = "training.micro_batch_size";
-      if (const size_t at = item.what.find("the local batch"); at != std::string::npos) {
-        item.what.replace(at, 15, "one micro-batch");
-      }
-    }
-  }
+  WorkloadMemory w = WorkloadMemoryOf(job, local_batch, files);
   w.step.push_back({"training.global_batch_size", "sample indices of the local batch",
                     kIndex * local_batch});
 

@@ -56,6 +56,40 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
 
+absl::StatusOr<double> Trainer::Impl::ForwardBackward(int64_t step,
+                                                      const std::vector<int64_t>& samples,
+                                                      StepReport* report) {
+  const int64_t b = static_cast<int64_t>(samples.size());
+  // Unit by unit, one micro-batch after another: the
+  // gathers, the reductions and the token exchanges run inside (timed into
+  // param_gather, grad_reduce and expert_dispatch, which are then taken out
+  // of forward_backward). Every micro-batch's gradients are reduced into the
+  // shards and added up; their mean is the local batch's.
+  const int64_t micro = options.micro_batch_size > 0 ? options.micro_batch_size : b;
+  const int64_t micro_batches = b / micro;
+  double loss_sum = 0;
+  accumulating = false;
+  for (int64_t k = 0; k < micro_batches; ++k) {
+    const std::vector<int64_t> slice(samples.begin() + k * micro,
+                                     samples.begin() + (k + 1) * micro);
+    UnitStream stream(*this, report);
+    absl::StatusOr<double> loss = workload->ForwardBackwardByUnit(step, stream, slice);
+    stream.ReleaseAll();
+    MUONMESH_RETURN_IF_ERROR(loss.status());
+    MUONMESH_RETURN_IF_ERROR(stream.CheckAllCommitted());
+    loss_sum += *loss;
+    accumulating = true;
+  }
+  accumulating = false;
+  if (micro_batches > 1) {
+    const float mean = 1.0f / static_cast<float>(micro_batches);
+    for (UnitState& u : units) {
+      MUONMESH_RETURN_IF_ERROR(dev->Scale(u.grad.data(), u.grad.size(), mean));
+    }
+  }
+  return loss_sum / static_cast<double>(micro_batches);
+}
+
 absl::StatusOr<StepReport> Trainer::Step() {
   Impl& m = *impl_;
   StepReport report;
@@ -69,34 +103,7 @@ absl::StatusOr<StepReport> Trainer::Step() {
   for (int64_t j = 0; j < b; ++j) {
     samples[j] = (step_ * m.options.global_batch_size + m.rank * b + j) % n;
   }
-  // Forward and backward, unit by unit, one micro-batch after another: the
-  // gathers, the reductions and the token exchanges run inside (timed into
-  // param_gather, grad_reduce and expert_dispatch, which are then taken out
-  // of forward_backward). Every micro-batch's gradients are reduced into the
-  // shards and added up; their mean is the local batch's.
-  const int64_t micro = m.options.micro_batch_size > 0 ? m.options.micro_batch_size : b;
-  const int64_t micro_batches = b / micro;
-  double loss_sum = 0;
-  m.accumulating = false;
-  for (int64_t k = 0; k < micro_batches; ++k) {
-    const std::vector<int64_t> slice(samples.begin() + k * micro,
-                                     samples.begin() + (k + 1) * micro);
-    UnitStream stream(m, &report);
-    absl::StatusOr<double> loss = m.workload->ForwardBackwardByUnit(step_, stream, slice);
-    stream.ReleaseAll();
-    MUONMESH_RETURN_IF_ERROR(loss.status());
-    MUONMESH_RETURN_IF_ERROR(stream.CheckAllCommitted());
-    loss_sum += *loss;
-    m.accumulating = true;
-  }
-  m.accumulating = false;
-  if (micro_batches > 1) {
-    const float mean = 1.0f / static_cast<float>(micro_batches);
-    for (UnitState& u : m.units) {
-      MUONMESH_RETURN_IF_ERROR(m.dev->Scale(u.grad.data(), u.grad.size(), mean));
-    }
-  }
-  const double local_loss = loss_sum / static_cast<double>(micro_batches);
+  MUONMESH_ASSIGN_OR_RETURN(const double local_loss, m.ForwardBackward(step_, samples, &report));
   report.times.forward_backward = (absl::Now() - t0) - report.times.param_gather -
                                   report.times.grad_reduce - report.times.expert_dispatch;
 

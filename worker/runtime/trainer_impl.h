@@ -224,7 +224,7 @@ struct Trainer::Impl {
   static LocalRows Mine(const UnitState& u, const plan::MatrixPlan& m) {
     const plan::UnitLayout& l = *u.layout;
     const int64_t shard = MyShard(u);
-    const int64_t lo = m.expert >= 0 ? m.expert * m.rows : 0;
+    const int64_t lo = m.row_offset;
     const int64_t hi = lo + m.rows;
     for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
       const plan::Segment& seg = l.segments[i];
@@ -358,6 +358,12 @@ struct Trainer::Impl {
     }
     return o;
   }
+
+  // Forward and backward over this rank's `samples` of `step` (in
+  // micro-batches with options.micro_batch_size), the gradients reduced into
+  // the shards (their mean over the micro-batches); the local loss.
+  absl::StatusOr<double> ForwardBackward(int64_t step, const std::vector<int64_t>& samples,
+                                         StepReport* report);
 
   // The step's totals over every rank (one all-reduce of three floats):
   // the global-batch loss from this rank's `local_loss`, how many ranks hold

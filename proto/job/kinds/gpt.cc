@@ -3,6 +3,7 @@
 
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/model/gpt_spec.h"
 #include "proto/job/kinds/kinds.h"
@@ -50,6 +51,19 @@ absl::StatusOr<plan::ModelSpec> Spec(const ModelForm& form, int64_t /*ep*/) {
   return model::GptSpec(std::get<GptModel>(form).dims);
 }
 
+// c_attn.weight [3C, C] holds q, k and v: split, three [C, C] blocks; per
+// head, 3H blocks of [C/H, C].
+void AttentionBlocks(const ModelForm& form, bool split_qkv, bool per_head,
+                     plan::ModelSpec* spec) {
+  const model::GptDims& d = std::get<GptModel>(form).dims;
+  const int64_t rows = per_head ? d.n_embd / d.n_head : split_qkv ? d.n_embd : 0;
+  for (plan::UnitSpec& unit : spec->units) {
+    for (plan::ParamSpec& p : unit.params) {
+      if (absl::EndsWith(p.name, ".attn.c_attn.weight")) p.muon_block_rows = rows;
+    }
+  }
+}
+
 }  // namespace
 
 const ModelKind kGpt = {
@@ -60,6 +74,7 @@ const ModelKind kGpt = {
     .validate = &Validate,
     .resolve = &Resolve,
     .spec = &Spec,
+    .attention_blocks = &AttentionBlocks,
 };
 
 }  // namespace muonmesh::job::kinds

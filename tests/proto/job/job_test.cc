@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,8 @@
 #include "worker/math/adamw.h"
 #include "worker/math/muon.h"
 #include "proto/job/optimizer_rules.h"
+#include "proto/job/model_specs.h"
+#include "core/plan/planner.h"
 #include "proto/io/message_file.h"
 
 namespace muonmesh::worker {
@@ -681,6 +685,12 @@ std::vector<BrokenJob> BrokenJobs() {
          r->set_weight_decay(6);  // 0.02 * 10 * 6 = 1.2
        },
        "optimizer.rules[0].weight_decay", "would flip the sign"},
+      {"PerHeadWithoutAttention",
+       [](J& j) { j.mutable_optimizer()->mutable_muon()->set_per_head(true); },
+       "optimizer.muon.per_head", "the mlp model has no attention (models with attention: gpt"},
+      {"SplitQkvWithoutAttention",
+       [](J& j) { j.mutable_optimizer()->mutable_muon()->set_split_qkv(true); },
+       "optimizer.muon.split_qkv", "the mlp model has no attention"},
       {"MicroBatchNegative", [](J& j) { j.mutable_training()->set_micro_batch_size(-2); },
        "training.micro_batch_size", ">= 0"},
       {"MicroBatchDoesNotDivide", [](J& j) { j.mutable_training()->set_micro_batch_size(5); },
@@ -993,6 +1003,56 @@ TEST(JobTest, OptimizerRulesGiveRatesByFirstMatch) {
   ASSERT_THAT(job::ValidateJob(job), IsEmpty());
   EXPECT_THAT(job::OptimizerRulesOf(job),
               ElementsAre(job::OptimizerRule{"layers\\.0\\..*", "", 0.25, 0.01}));
+}
+
+// split_qkv and per_head cut gpt's c_attn.weight [3C, C] into blocks the
+// planner sees as matrices: 3 of [C, C], or 3H of [C/H, C]; nothing else.
+TEST(JobTest, AttentionOptionsCutTheFusedProjectionIntoBlocks) {
+  v1::JobSpec job;
+  ASSERT_TRUE(protoio::ParseMessageText(
+                  "name: g\nworld_size: 2\nmodel: {gpt: {vocab_size: 256, block_size: 16, "
+                  "n_layer: 2, n_head: 4, n_embd: 32, seq_len: 16}}\n"
+                  "data: {text: {train: /x.txt}}\ntraining: {steps: 1, global_batch_size: 2}\n",
+                  "job", &job)
+                  .ok());
+  const auto blocks = [&](bool split, bool per_head) {
+    job.mutable_optimizer()->mutable_muon()->set_split_qkv(split);
+    job.mutable_optimizer()->mutable_muon()->set_per_head(per_head);
+    EXPECT_THAT(job::ValidateJob(job), IsEmpty());
+    absl::StatusOr<plan::PlanInput> in = job::PlanInputOf(job, "");
+    EXPECT_TRUE(in.ok()) << in.status();
+    std::map<std::string, int64_t> out;
+    for (const plan::UnitSpec& u : in->model.units) {
+      for (const plan::ParamSpec& p : u.params) {
+        if (p.muon_block_rows != 0) out[p.name] = p.muon_block_rows;
+      }
+    }
+    return out;
+  };
+  using Blocks = std::map<std::string, int64_t>;
+  EXPECT_THAT(blocks(false, false), IsEmpty());
+  EXPECT_EQ(blocks(true, false),
+            (Blocks{{"h.0.attn.c_attn.weight", 32}, {"h.1.attn.c_attn.weight", 32}}));
+  EXPECT_EQ(blocks(false, true),
+            (Blocks{{"h.0.attn.c_attn.weight", 8}, {"h.1.attn.c_attn.weight", 8}}));
+  EXPECT_EQ(blocks(true, true),
+            (Blocks{{"h.0.attn.c_attn.weight", 8}, {"h.1.attn.c_attn.weight", 8}}));
+  // The plan: per layer 3H = 12 blocks of [8, 32] in place of one [96, 32].
+  absl::StatusOr<plan::PlanInput> in = job::PlanInputOf(job, "");
+  ASSERT_TRUE(in.ok());
+  absl::StatusOr<plan::Plan> plan = plan::ComputePlan(*in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::set<int64_t> offsets;
+  for (const plan::MatrixPlan& m : plan->dense.matrices) {
+    const plan::ParamSpec& p = in->model.units[m.unit].params[m.param];
+    if (p.name != "h.0.attn.c_attn.weight") continue;
+    EXPECT_EQ(m.rows, 8);
+    EXPECT_EQ(m.cols, 32);
+    offsets.insert(m.row_offset);
+  }
+  std::set<int64_t> expected;
+  for (int64_t b = 0; b < 12; ++b) expected.insert(8 * b);
+  EXPECT_EQ(offsets, expected);
 }
 
 TEST(JobTest, OutputPathsMustBeFoldersAndRegularFiles) {

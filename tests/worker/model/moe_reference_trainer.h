@@ -210,7 +210,7 @@ inline RefTrainResult ReferenceTrainMoe(const RefMoeDims& m, const Tensors& init
     std::vector<double> gm(grads[i].begin() + at, grads[i].begin() + at + size);
     std::vector<double> mm(m1[i].begin() + at, m1[i].begin() + at + size);
     std::vector<double> pm(result.params[i].begin() + at, result.params[i].begin() + at + size);
-    MuonStep(ForParam(recipe, i, muon_s), rows, cols, gm, &mm, &pm);
+    MuonStepBlocks(ForParam(recipe, i, muon_s), rows, cols, BlockRows(recipe, i), gm, &mm, &pm);
     std::copy(mm.begin(), mm.end(), m1[i].begin() + at);
     std::copy(pm.begin(), pm.end(), result.params[i].begin() + at);
   };

@@ -78,6 +78,9 @@ struct RefRecipe {
   double clip_grad_norm = 0;
   std::vector<double> param_lr_scale;
   std::vector<double> param_weight_decay;
+  // Per parameter: Muon orthogonalizes each block of this many rows alone
+  // (0 or missing: the whole matrix).
+  std::vector<int64_t> param_block_rows;
 };
 
 // `o` for parameter i under the recipe's per-parameter rates.
@@ -326,6 +329,33 @@ inline void MuonStep(const RefMuonOptions& opt, int64_t rows, int64_t cols,
   for (size_t k = 0; k < size; ++k) (*param)[k] -= opt.lr * scale * o[k];
 }
 
+// MuonStep on each block of `block_rows` rows of a rows x cols matrix
+// alone (block_rows 0: the whole matrix), each with its momentum rows.
+inline void MuonStepBlocks(const RefMuonOptions& opt, int64_t rows, int64_t cols,
+                           int64_t block_rows, const std::vector<double>& grad,
+                           std::vector<double>* momentum, std::vector<double>* param) {
+  if (block_rows <= 0 || block_rows == rows) {
+    MuonStep(opt, rows, cols, grad, momentum, param);
+    return;
+  }
+  internal::Require(rows % block_rows == 0, "block_rows does not divide rows");
+  const size_t n = static_cast<size_t>(block_rows * cols);
+  for (int64_t b = 0; b < rows / block_rows; ++b) {
+    const size_t at = static_cast<size_t>(b) * n;
+    std::vector<double> g(grad.begin() + at, grad.begin() + at + n);
+    std::vector<double> m(momentum->begin() + at, momentum->begin() + at + n);
+    std::vector<double> p(param->begin() + at, param->begin() + at + n);
+    MuonStep(opt, block_rows, cols, g, &m, &p);
+    std::copy(m.begin(), m.end(), momentum->begin() + at);
+    std::copy(p.begin(), p.end(), param->begin() + at);
+  }
+}
+
+// The block rows the recipe gives parameter i.
+inline int64_t BlockRows(const RefRecipe& recipe, size_t i) {
+  return i < recipe.param_block_rows.size() ? recipe.param_block_rows[i] : 0;
+}
+
 // One AdamW step (torch.optim.AdamW); t is the 1-based step count.
 inline void AdamWStep(const RefAdamWOptions& opt, int64_t t, const std::vector<double>& grad,
                       std::vector<double>* m, std::vector<double>* v, std::vector<double>* param) {
@@ -385,8 +415,8 @@ inline RefTrainResult ReferenceTrain(const std::vector<int64_t>& dims, const Ten
     for (size_t i = 0; i < init.size(); ++i) {
       if (use_muon[i]) {
         const size_t layer = i / 2;
-        MuonStep(ForParam(recipe, i, muon_s), dims[layer + 1], dims[layer], grads[i], &m1[i],
-                 &result.params[i]);
+        MuonStepBlocks(ForParam(recipe, i, muon_s), dims[layer + 1], dims[layer],
+                       BlockRows(recipe, i), grads[i], &m1[i], &result.params[i]);
       } else {
         AdamWStep(ForParam(recipe, i, adamw_s), s + 1, grads[i], &m1[i], &m2[i],
                   &result.params[i]);

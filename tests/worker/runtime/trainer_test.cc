@@ -180,6 +180,8 @@ struct RunRecipe {
   double clip_grad_norm = 0;
   std::vector<math::ParamRates> param_rates;
   int64_t micro_batch_size = 0;
+  // Per flat parameter, ParamSpec::muon_block_rows for the plan (empty: none).
+  std::vector<int64_t> block_rows;
 };
 
 RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpoints& ck = {},
@@ -188,6 +190,12 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
   const std::unique_ptr<Workload> model = MakeWorkload(c.moe, c.mlp);
   plan::PlanInput in;
   in.model = model->spec();
+  for (size_t u = 0, flat = 0; u < in.model.units.size(); ++u) {
+    for (plan::ParamSpec& p : in.model.units[u].params) {
+      if (flat < recipe.block_rows.size()) p.muon_block_rows = recipe.block_rows[flat];
+      ++flat;
+    }
+  }
   in.world_size = c.world;
   in.parallelism.expert_model_parallel_size = c.ep;
   in.parallelism.data_parallel_sharding_strategy = c.inner;
@@ -503,6 +511,84 @@ TEST_P(TrainerConfigTest, TheRecipeMatchesTheIndependentReference) {
   for (size_t p = 0; p < plain.weights.size(); ++p) {
     for (size_t i = 0; i < plain.weights[p].size(); ++i) {
       apart = std::max(apart, static_cast<double>(std::abs(plain.weights[p][i] - run.weights[p][i])));
+    }
+  }
+  EXPECT_GT(apart, 1e-3);
+}
+
+// Muon on row blocks (ParamSpec::muon_block_rows: split q/k/v, per head):
+// every Muon matrix with an even number of rows orthogonalized as its two
+// halves, experts' included. The plan holds one matrix per block, and every
+// layout matches the independent reference doing Muon on each half alone.
+TEST_P(TrainerConfigTest, MuonBlocksMatchTheIndependentReference) {
+  Config c = GetParam();
+  c.mlp = true;
+  constexpr int kSteps = 4;
+  const std::unique_ptr<Workload> model = MakeWorkload(c.moe, c.mlp);
+  RunRecipe recipe;
+  reference::RefRecipe ref_recipe;
+  int64_t expected_matrices = 0;  // over the model: experts x blocks, all EP groups
+  for (const plan::UnitSpec& u : model->spec().units) {
+    for (const plan::ParamSpec& p : u.params) {
+      const int64_t rows = p.shape[p.expert ? 1 : 0];
+      const int64_t half = p.optimizer == "muon" && rows % 2 == 0 ? rows / 2 : 0;
+      recipe.block_rows.push_back(half);
+      ref_recipe.param_block_rows.push_back(half);
+      if (p.optimizer == "muon") {
+        expected_matrices += (p.expert ? p.shape[0] : 1) * (half > 0 ? 2 : 1);
+      }
+    }
+  }
+  const RunResult start = RunJob(c, "lpt", /*steps=*/0, {}, 0, true, "", recipe);
+  ASSERT_FALSE(start.weights.empty());
+  // Matrices per domain class: dense once, experts once per EP group.
+  int64_t planned = static_cast<int64_t>(start.plan.dense.matrices.size()) +
+                    static_cast<int64_t>(start.plan.expert.matrices.size()) * c.ep;
+  EXPECT_EQ(planned, expected_matrices);
+  reference::Tensors init;
+  for (const auto& w : start.weights) init.emplace_back(w.begin(), w.end());
+  const RunResult run = RunJob(c, "lpt", kSteps, {}, 0, true, "", recipe);
+  reference::RefMuonOptions muon;
+  muon.lr = 0.02;
+  muon.momentum = 0.95;
+  muon.weight_decay = 0.01;
+  reference::RefAdamWOptions adamw;
+  adamw.lr = 1e-3;
+  adamw.eps = 0.05;
+  reference::RefTrainResult ref;
+  if (c.moe) {
+    const auto* moe = static_cast<const MoeMlp*>(model.get());
+    const std::vector<double> x(moe->x().begin(), moe->x().end());
+    const std::vector<double> y(moe->y().begin(), moe->y().end());
+    double gap = 0;
+    ref = reference::ReferenceTrainMoe({kMoeDims.d_in, kMoeDims.d_model, kMoeDims.d_expert,
+                                        kMoeDims.num_experts, kMoeDims.d_out},
+                                       init, x, y, kTeacherSamples, kSteps, 24, muon, adamw, &gap,
+                                       ref_recipe);
+    ASSERT_GT(gap, 1e-4);
+  } else {
+    const auto* mlp = static_cast<const Mlp*>(model.get());
+    const std::vector<double> x(mlp->x().begin(), mlp->x().end());
+    const std::vector<double> y(mlp->y().begin(), mlp->y().end());
+    ref = reference::ReferenceTrain(kMlpDims, init, x, y, kTeacherSamples, kSteps, 24, muon, adamw,
+                                    {}, ref_recipe);
+  }
+  ASSERT_EQ(run.losses.size(), static_cast<size_t>(kSteps));
+  for (int s = 0; s < kSteps; ++s) {
+    EXPECT_NEAR(run.losses[s], ref.losses[s], 1e-5 * std::abs(ref.losses[s])) << "step " << s;
+  }
+  ASSERT_EQ(run.weights.size(), ref.params.size());
+  for (size_t p = 0; p < ref.params.size(); ++p) {
+    for (size_t i = 0; i < ref.params[p].size(); ++i) {
+      EXPECT_NEAR(run.weights[p][i], ref.params[p][i], 1e-5) << "param " << p << " [" << i << "]";
+    }
+  }
+  // Whole-matrix Muon ends elsewhere: the blocks are really apart.
+  const RunResult whole = RunJob(c, "lpt", kSteps);
+  double apart = 0;
+  for (size_t p = 0; p < whole.weights.size(); ++p) {
+    for (size_t i = 0; i < whole.weights[p].size(); ++i) {
+      apart = std::max(apart, static_cast<double>(std::abs(whole.weights[p][i] - run.weights[p][i])));
     }
   }
   EXPECT_GT(apart, 1e-3);
