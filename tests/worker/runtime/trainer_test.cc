@@ -16,6 +16,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <thread>
 
@@ -344,6 +345,77 @@ TEST_P(TrainerConfigTest, MatchesTheSingleRankRun) {
   }
 }
 
+// The independent reference (double precision, plain loops) on config c's
+// workload from `init`, with the options RunJob gives the trainer and
+// `recipe`. `gap`: the expert reference's closest routing decision.
+reference::RefTrainResult ReferenceRun(const Config& c, const reference::Tensors& init,
+                                       int steps, const reference::RefRecipe& recipe = {},
+                                       double* gap = nullptr) {
+  reference::RefMuonOptions muon;
+  muon.lr = 0.02;
+  muon.momentum = 0.95;
+  muon.nesterov = true;
+  muon.weight_decay = 0.01;
+  reference::RefAdamWOptions adamw;
+  adamw.lr = 1e-3;
+  adamw.eps = 0.05;
+  constexpr int64_t kBatch = 24;
+  const std::unique_ptr<Workload> model = MakeWorkload(c.moe, c.mlp);
+  if (c.moe) {
+    const auto* moe = static_cast<const MoeMlp*>(model.get());
+    const std::vector<double> x(moe->x().begin(), moe->x().end());
+    const std::vector<double> y(moe->y().begin(), moe->y().end());
+    double min_gap = 0;
+    reference::RefTrainResult r = reference::ReferenceTrainMoe(
+        {kMoeDims.d_in, kMoeDims.d_model, kMoeDims.d_expert, kMoeDims.num_experts,
+         kMoeDims.d_out},
+        init, x, y, kTeacherSamples, steps, kBatch, muon, adamw, &min_gap, recipe);
+    if (gap != nullptr) *gap = min_gap;
+    return r;
+  }
+  const auto* mlp = static_cast<const Mlp*>(model.get());
+  const std::vector<double> x(mlp->x().begin(), mlp->x().end());
+  const std::vector<double> y(mlp->y().begin(), mlp->y().end());
+  if (gap != nullptr) *gap = std::numeric_limits<double>::infinity();
+  return reference::ReferenceTrain(kMlpDims, init, x, y, kTeacherSamples, steps, kBatch, muon,
+                                   adamw, {}, recipe);
+}
+
+// The weights a run starts from (gathered after zero steps), as the
+// reference takes them.
+reference::Tensors InitialWeights(const RunResult& start) {
+  reference::Tensors init;
+  for (const auto& w : start.weights) init.emplace_back(w.begin(), w.end());
+  return init;
+}
+
+// The run's losses and final weights against the reference's, within fp32
+// rounding of a few steps.
+void ExpectMatchesReference(const RunResult& run, const reference::RefTrainResult& ref) {
+  ASSERT_EQ(run.losses.size(), ref.losses.size());
+  for (size_t s = 0; s < ref.losses.size(); ++s) {
+    EXPECT_NEAR(run.losses[s], ref.losses[s], 1e-5 * std::abs(ref.losses[s])) << "step " << s;
+  }
+  ASSERT_EQ(run.weights.size(), ref.params.size());
+  for (size_t p = 0; p < ref.params.size(); ++p) {
+    ASSERT_EQ(run.weights[p].size(), ref.params[p].size()) << "param " << p;
+    for (size_t i = 0; i < ref.params[p].size(); ++i) {
+      EXPECT_NEAR(run.weights[p][i], ref.params[p][i], 1e-5) << "param " << p << " [" << i << "]";
+    }
+  }
+}
+
+// The largest difference between two runs' final weights.
+double MaxApart(const RunResult& a, const RunResult& b) {
+  double apart = 0;
+  for (size_t p = 0; p < a.weights.size() && p < b.weights.size(); ++p) {
+    for (size_t i = 0; i < a.weights[p].size() && i < b.weights[p].size(); ++i) {
+      apart = std::max(apart, static_cast<double>(std::abs(a.weights[p][i] - b.weights[p][i])));
+    }
+  }
+  return apart;
+}
+
 // The sharded run against the independent reference (double precision,
 // plain loops) from the same initial weights (the run's own, gathered after
 // zero steps) on the workload's data: losses and final weights within fp32
@@ -356,49 +428,15 @@ TEST_P(TrainerConfigTest, MatchesTheIndependentReference) {
   const RunResult start = RunJob(c, "lpt", /*steps=*/0);
   const RunResult run = RunJob(c, "lpt", kSteps);
   ASSERT_FALSE(start.weights.empty());
-  ASSERT_EQ(run.losses.size(), static_cast<size_t>(kSteps));
-  reference::Tensors init;
-  for (const auto& w : start.weights) init.emplace_back(w.begin(), w.end());
-  // The options RunJob gives the trainer.
-  reference::RefMuonOptions muon;
-  muon.lr = 0.02;
-  muon.momentum = 0.95;
-  muon.nesterov = true;
-  muon.weight_decay = 0.01;
-  reference::RefAdamWOptions adamw;
-  adamw.lr = 1e-3;
-  adamw.eps = 0.05;
-  constexpr int64_t kBatch = 24;
-  const std::unique_ptr<Workload> model = MakeWorkload(c.moe, c.mlp);
-  reference::RefTrainResult ref;
-  if (c.moe) {
-    const auto* moe = static_cast<const MoeMlp*>(model.get());
-    const std::vector<double> x(moe->x().begin(), moe->x().end());
-    const std::vector<double> y(moe->y().begin(), moe->y().end());
-    double gap = 0;
-    ref = reference::ReferenceTrainMoe({kMoeDims.d_in, kMoeDims.d_model, kMoeDims.d_expert,
-                                        kMoeDims.num_experts, kMoeDims.d_out},
-                                       init, x, y, kTeacherSamples, kSteps, kBatch, muon, adamw,
-                                       &gap);
-    ASSERT_GT(gap, 1e-4) << "a routing decision this close to a tie may differ in fp32";
-  } else {
-    const auto* mlp = static_cast<const Mlp*>(model.get());
-    const std::vector<double> x(mlp->x().begin(), mlp->x().end());
-    const std::vector<double> y(mlp->y().begin(), mlp->y().end());
-    ref = reference::ReferenceTrain(kMlpDims, init, x, y, kTeacherSamples, kSteps, kBatch, muon,
-                                    adamw);
-  }
-  ASSERT_EQ(ref.losses.size(), static_cast<size_t>(kSteps));
-  for (int s = 0; s < kSteps; ++s) {
-    EXPECT_NEAR(run.losses[s], ref.losses[s], 1e-5 * std::abs(ref.losses[s])) << "step " << s;
-  }
+  const reference::Tensors init = InitialWeights(start);
+  double gap = 0;
+  const reference::RefTrainResult ref = ReferenceRun(c, init, kSteps, {}, &gap);
+  ASSERT_GT(gap, 1e-4) << "a routing decision this close to a tie may differ in fp32";
+  ExpectMatchesReference(run, ref);
   EXPECT_LT(ref.losses.back(), ref.losses.front());
-  ASSERT_EQ(run.weights.size(), ref.params.size());
   double moved = 0;
   for (size_t p = 0; p < ref.params.size(); ++p) {
-    ASSERT_EQ(run.weights[p].size(), ref.params[p].size()) << "param " << p;
     for (size_t i = 0; i < ref.params[p].size(); ++i) {
-      EXPECT_NEAR(run.weights[p][i], ref.params[p][i], 1e-5) << "param " << p << " [" << i << "]";
       moved = std::max(moved, std::abs(ref.params[p][i] - init[p][i]));
     }
   }
@@ -429,8 +467,7 @@ TEST_P(TrainerConfigTest, TheRecipeMatchesTheIndependentReference) {
   }
   const RunResult start = RunJob(c, "lpt", /*steps=*/0);
   ASSERT_FALSE(start.weights.empty());
-  reference::Tensors init;
-  for (const auto& w : start.weights) init.emplace_back(w.begin(), w.end());
+  const reference::Tensors init = InitialWeights(start);
   // Rates by flat index: parameter 3 at half the rate; the other odd ones
   // at twice the rate with decay 0.05; parameter 2 at half with decay 0.1.
   std::vector<math::ParamRates> rates(init.size());
@@ -445,33 +482,11 @@ TEST_P(TrainerConfigTest, TheRecipeMatchesTheIndependentReference) {
     ref_recipe.param_lr_scale.push_back(rates[i].lr_scale);
     ref_recipe.param_weight_decay.push_back(rates[i].weight_decay.value_or(std::nan("")));
   }
-  reference::RefMuonOptions muon;
-  muon.lr = 0.02;
-  muon.momentum = 0.95;
-  muon.weight_decay = 0.01;
-  reference::RefAdamWOptions adamw;
-  adamw.lr = 1e-3;
-  adamw.eps = 0.05;
-  constexpr int64_t kBatch = 24;
-  const std::unique_ptr<Workload> model = MakeWorkload(c.moe, c.mlp);
-  const auto reference_run = [&](const reference::RefRecipe& recipe) {
-    if (c.moe) {
-      const auto* moe = static_cast<const MoeMlp*>(model.get());
-      const std::vector<double> x(moe->x().begin(), moe->x().end());
-      const std::vector<double> y(moe->y().begin(), moe->y().end());
-      double gap = 0;
-      reference::RefTrainResult r = reference::ReferenceTrainMoe(
-          {kMoeDims.d_in, kMoeDims.d_model, kMoeDims.d_expert, kMoeDims.num_experts,
-           kMoeDims.d_out},
-          init, x, y, kTeacherSamples, kSteps, kBatch, muon, adamw, &gap, recipe);
-      EXPECT_GT(gap, 1e-4) << "a routing decision this close to a tie may differ in fp32";
-      return r;
-    }
-    const auto* mlp = static_cast<const Mlp*>(model.get());
-    const std::vector<double> x(mlp->x().begin(), mlp->x().end());
-    const std::vector<double> y(mlp->y().begin(), mlp->y().end());
-    return reference::ReferenceTrain(kMlpDims, init, x, y, kTeacherSamples, kSteps, kBatch, muon,
-                                     adamw, {}, recipe);
+  const auto reference_run = [&](const reference::RefRecipe& r) {
+    double gap = 0;
+    reference::RefTrainResult out = ReferenceRun(c, init, kSteps, r, &gap);
+    EXPECT_GT(gap, 1e-4) << "a routing decision this close to a tie may differ in fp32";
+    return out;
   };
   // Clip at the median unclipped norm of the first steps: some steps are
   // clipped, some are not.
@@ -492,28 +507,14 @@ TEST_P(TrainerConfigTest, TheRecipeMatchesTheIndependentReference) {
   recipe.clip_grad_norm = ref_recipe.clip_grad_norm;
   recipe.param_rates = rates;
   const RunResult run = RunJob(c, "lpt", kSteps, {}, 0, true, "", recipe);
-  ASSERT_EQ(run.losses.size(), static_cast<size_t>(kSteps));
+  ExpectMatchesReference(run, ref);
+  ASSERT_EQ(run.grad_norms.size(), static_cast<size_t>(kSteps));
   for (int s = 0; s < kSteps; ++s) {
-    EXPECT_NEAR(run.losses[s], ref.losses[s], 1e-5 * std::abs(ref.losses[s])) << "step " << s;
     EXPECT_NEAR(run.grad_norms[s], ref.grad_norms[s], 1e-4 * ref.grad_norms[s]) << "step " << s;
     EXPECT_NEAR(run.lr_scales[s], ref_recipe.lr_scale[s], 1e-12) << "step " << s;
   }
-  ASSERT_EQ(run.weights.size(), ref.params.size());
-  for (size_t p = 0; p < ref.params.size(); ++p) {
-    ASSERT_EQ(run.weights[p].size(), ref.params[p].size()) << "param " << p;
-    for (size_t i = 0; i < ref.params[p].size(); ++i) {
-      EXPECT_NEAR(run.weights[p][i], ref.params[p][i], 1e-5) << "param " << p << " [" << i << "]";
-    }
-  }
   // Without the recipe the weights end elsewhere: the test sees it act.
-  const RunResult plain = RunJob(c, "lpt", kSteps);
-  double apart = 0;
-  for (size_t p = 0; p < plain.weights.size(); ++p) {
-    for (size_t i = 0; i < plain.weights[p].size(); ++i) {
-      apart = std::max(apart, static_cast<double>(std::abs(plain.weights[p][i] - run.weights[p][i])));
-    }
-  }
-  EXPECT_GT(apart, 1e-3);
+  EXPECT_GT(MaxApart(RunJob(c, "lpt", kSteps), run), 1e-3);
 }
 
 // Muon on row blocks (ParamSpec::muon_block_rows: split q/k/v, per head):
@@ -545,53 +546,14 @@ TEST_P(TrainerConfigTest, MuonBlocksMatchTheIndependentReference) {
   int64_t planned = static_cast<int64_t>(start.plan.dense.matrices.size()) +
                     static_cast<int64_t>(start.plan.expert.matrices.size()) * c.ep;
   EXPECT_EQ(planned, expected_matrices);
-  reference::Tensors init;
-  for (const auto& w : start.weights) init.emplace_back(w.begin(), w.end());
   const RunResult run = RunJob(c, "lpt", kSteps, {}, 0, true, "", recipe);
-  reference::RefMuonOptions muon;
-  muon.lr = 0.02;
-  muon.momentum = 0.95;
-  muon.weight_decay = 0.01;
-  reference::RefAdamWOptions adamw;
-  adamw.lr = 1e-3;
-  adamw.eps = 0.05;
-  reference::RefTrainResult ref;
-  if (c.moe) {
-    const auto* moe = static_cast<const MoeMlp*>(model.get());
-    const std::vector<double> x(moe->x().begin(), moe->x().end());
-    const std::vector<double> y(moe->y().begin(), moe->y().end());
-    double gap = 0;
-    ref = reference::ReferenceTrainMoe({kMoeDims.d_in, kMoeDims.d_model, kMoeDims.d_expert,
-                                        kMoeDims.num_experts, kMoeDims.d_out},
-                                       init, x, y, kTeacherSamples, kSteps, 24, muon, adamw, &gap,
-                                       ref_recipe);
-    ASSERT_GT(gap, 1e-4);
-  } else {
-    const auto* mlp = static_cast<const Mlp*>(model.get());
-    const std::vector<double> x(mlp->x().begin(), mlp->x().end());
-    const std::vector<double> y(mlp->y().begin(), mlp->y().end());
-    ref = reference::ReferenceTrain(kMlpDims, init, x, y, kTeacherSamples, kSteps, 24, muon, adamw,
-                                    {}, ref_recipe);
-  }
-  ASSERT_EQ(run.losses.size(), static_cast<size_t>(kSteps));
-  for (int s = 0; s < kSteps; ++s) {
-    EXPECT_NEAR(run.losses[s], ref.losses[s], 1e-5 * std::abs(ref.losses[s])) << "step " << s;
-  }
-  ASSERT_EQ(run.weights.size(), ref.params.size());
-  for (size_t p = 0; p < ref.params.size(); ++p) {
-    for (size_t i = 0; i < ref.params[p].size(); ++i) {
-      EXPECT_NEAR(run.weights[p][i], ref.params[p][i], 1e-5) << "param " << p << " [" << i << "]";
-    }
-  }
+  double gap = 0;
+  const reference::RefTrainResult ref =
+      ReferenceRun(c, InitialWeights(start), kSteps, ref_recipe, &gap);
+  ASSERT_GT(gap, 1e-4);
+  ExpectMatchesReference(run, ref);
   // Whole-matrix Muon ends elsewhere: the blocks are really apart.
-  const RunResult whole = RunJob(c, "lpt", kSteps);
-  double apart = 0;
-  for (size_t p = 0; p < whole.weights.size(); ++p) {
-    for (size_t i = 0; i < whole.weights[p].size(); ++i) {
-      apart = std::max(apart, static_cast<double>(std::abs(whole.weights[p][i] - run.weights[p][i])));
-    }
-  }
-  EXPECT_GT(apart, 1e-3);
+  EXPECT_GT(MaxApart(RunJob(c, "lpt", kSteps), run), 1e-3);
 }
 
 // Gradient accumulation: the local batch one sample at a time (6 micro-
