@@ -796,8 +796,10 @@ std::string DescribeRecipe(const v1::JobSpec& job) {
   if (s.decay == math::LrDecay::kConstant) {
     absl::StrAppend(&out, "constant");
   } else {
-    absl::StrAppend(&out, math::LrDecayName(s.decay), " decay to ", s.min_lr_ratio,
-                    "x over steps ", decay_from, "-", steps - 1);
+    absl::StrAppend(&out, math::LrDecayName(s.decay), " decay to ",
+                    s.min_lr_ratio == 0 ? std::string("0")
+                                        : absl::StrCat(s.min_lr_ratio, " of the peak"),
+                    " over steps ", decay_from, "-", steps - 1);
   }
   absl::StrAppend(&out, "; gradient clipping: ",
                   job.training().has_clip_grad_norm()

@@ -6,12 +6,15 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <cmath>
+#include <sstream>
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -27,6 +30,7 @@ namespace muonmesh::worker {
 namespace {
 
 namespace fs = std::filesystem;
+using ::testing::DoubleNear;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -297,6 +301,52 @@ training:
   ASSERT_TRUE(r->momentum_warmup.has_value());
   EXPECT_DOUBLE_EQ(r->momentum_warmup->start, 0.85);
   EXPECT_EQ(r->momentum_warmup->steps, 300);
+}
+
+// What plan --job prints of the recipe: the schedule in words, then both
+// rates and the momentum at the steps where the schedule turns, each worked
+// out here from the formulas (S = 20, W = 4, cosine to 0.1).
+TEST(JobTest, DescribeRecipeGivesTheRatesWhereTheScheduleTurns) {
+  v1::JobSpec job = DesignJob();  // muon lr 0.02, adamw lr 0.001, 20 steps
+  auto* s = job.mutable_training()->mutable_lr_schedule();
+  s->set_warmup_steps(4);
+  s->set_decay("cosine");
+  s->set_min_lr_ratio(0.1);
+  job.mutable_training()->set_clip_grad_norm(1.0);
+  auto* w = job.mutable_optimizer()->mutable_muon()->mutable_momentum_warmup();
+  w->set_start(0.85);
+  w->set_steps(10);
+  ASSERT_THAT(job::ValidateJob(job), IsEmpty());
+  const std::string text = job::DescribeRecipe(job);
+  EXPECT_THAT(text, HasSubstr("warmup over 4 steps, then cosine decay to 0.1 of the peak over "
+                              "steps 4-19"));
+  EXPECT_THAT(text, HasSubstr("gradient clipping: global norm 1"));
+  EXPECT_THAT(text, HasSubstr("Muon momentum: 0.85 -> 0.95 over 10 steps"));
+  // Rows: step, muon lr, adamw lr, momentum; columns: the first step, the
+  // warmup's last, the decay's first, its middle (4 + 16 / 2) and the last;
+  // values to the 4 significant digits printed.
+  std::map<std::string, std::vector<double>> rows;
+  std::istringstream lines(text);
+  std::string line;
+  std::getline(lines, line);  // the words
+  while (std::getline(lines, line)) {
+    const size_t label_end = line.find_first_of("0123456789");
+    const std::string label(absl::StripAsciiWhitespace(line.substr(0, label_end)));
+    std::istringstream values(line.substr(label_end));
+    for (double v; values >> v;) rows[label].push_back(v);
+  }
+  EXPECT_THAT(rows["step"], ElementsAre(0, 3, 4, 12, 19));
+  const std::vector<double> m = {0.25, 1.0, 1.0, 0.55,  // q = 8/16: cos = 0
+                                 0.1 + 0.45 * (1 + std::cos(M_PI * 15.0 / 16))};
+  ASSERT_EQ(rows["muon lr"].size(), m.size());
+  ASSERT_EQ(rows["adamw lr"].size(), m.size());
+  for (size_t i = 0; i < m.size(); ++i) {
+    EXPECT_NEAR(rows["muon lr"][i], 0.02 * m[i], 6e-4 * 0.02 * m[i]) << i;
+    EXPECT_NEAR(rows["adamw lr"][i], 0.001 * m[i], 6e-4 * 0.001 * m[i]) << i;
+  }
+  EXPECT_THAT(rows["momentum"], ElementsAre(DoubleNear(0.85, 1e-9), DoubleNear(0.88, 1e-9),
+                                            DoubleNear(0.89, 1e-9), DoubleNear(0.95, 1e-9),
+                                            DoubleNear(0.95, 1e-9)));
 }
 
 TEST(JobTest, MoeModelAndDataFileResolve) {
