@@ -340,17 +340,10 @@ struct Trainer::Impl {
 
   // This step's options for flat parameter `flat`: its optimizer.rules rates
   // (TrainerOptions::param_rates) applied.
-  math::AdamWOptions AdamWFor(int32_t flat) const {
-    math::AdamWOptions o = step_adamw;
-    if (static_cast<size_t>(flat) < options.param_rates.size()) {
-      const math::ParamRates& r = options.param_rates[flat];
-      o.lr *= r.lr_scale;
-      if (r.weight_decay.has_value()) o.weight_decay = *r.weight_decay;
-    }
-    return o;
-  }
-  math::MuonOptions MuonFor(int32_t flat) const {
-    math::MuonOptions o = step_muon;
+  math::AdamWOptions AdamWFor(int32_t flat) const { return WithRates(step_adamw, flat); }
+  math::MuonOptions MuonFor(int32_t flat) const { return WithRates(step_muon, flat); }
+  template <typename Options>
+  Options WithRates(Options o, int32_t flat) const {
     if (static_cast<size_t>(flat) < options.param_rates.size()) {
       const math::ParamRates& r = options.param_rates[flat];
       o.lr *= r.lr_scale;
