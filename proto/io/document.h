@@ -35,6 +35,10 @@ struct ReadLimits {
   // YAML only: the most non-blank bytes yaml-cpp may read ahead of the last
   // node it handed over (see yaml_reader.h); 4096 at least.
   std::size_t max_yaml_lookahead = kMaxYamlLookahead;
+  // JSON only: strict RFC 8259 (no comments, every string valid UTF-8), as
+  // json_document.h's formats want, or YAML comments read as blanks and
+  // string bytes left to the filler, as job files and specs are read.
+  bool strict_json = false;
 };
 
 inline constexpr std::size_t kNodeAllowance = 1024;

@@ -1,10 +1,14 @@
 #include "proto/io/json_reader.h"
 
+#include <memory>
+#include <new>
+
 #include <cstdint>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "core/base/text.h"
+#include "proto/io/json_document.h"
 
 namespace muonmesh::protoio::internal {
 namespace {
@@ -25,7 +29,10 @@ class JsonReader {
  public:
   JsonReader(absl::string_view text, absl::string_view source, const ReadLimits& limits,
              Document* doc)
-      : text_(text), source_(source), tree_(doc, text.size(), TreeBuilder::kJson, limits) {}
+      : text_(text),
+        source_(source),
+        strict_(limits.strict_json),
+        tree_(doc, text.size(), TreeBuilder::kJson, limits) {}
 
   JsonVerdict Read(absl::Status* error) {
     if (!SkipSpace() || !Value() || !SkipSpace()) {
@@ -74,7 +81,7 @@ class JsonReader {
           return Syntax("carriage return without a line feed");
         }
         ++pos_;
-      } else if (c == '#' && (pos_ == 0 || text_[pos_ - 1] == ' ' || text_[pos_ - 1] == '\t' ||
+      } else if (c == '#' && !strict_ && (pos_ == 0 || text_[pos_ - 1] == ' ' || text_[pos_ - 1] == '\t' ||
                               text_[pos_ - 1] == '\n')) {
         const std::size_t eol = text_.find('\n', pos_);
         pos_ = eol == absl::string_view::npos ? text_.size() : eol;
@@ -163,9 +170,22 @@ class JsonReader {
       }
       if (c == '\\') return EscapedString(where, begin);
       if (c < 0x20) return Syntax("control character in a string");
-      ++pos_;
+      if (!Utf8()) return false;
     }
     return Syntax("the input ends inside a string");
+  }
+
+  // Steps over one character of a string: a byte, or in strict mode a
+  // whole UTF-8 sequence, refusing an invalid one.
+  bool Utf8() {
+    if (!strict_ || static_cast<unsigned char>(text_[pos_]) < 0x80) {
+      ++pos_;
+      return true;
+    }
+    const std::size_t n = ::muonmesh::text::Utf8SequenceLength(std::string_view(text_.data(), text_.size()), pos_);
+    if (n == 0) return Syntax("invalid UTF-8 in a string");
+    pos_ += n;
+    return true;
   }
 
   bool EscapedString(Location where, std::size_t begin) {
@@ -180,8 +200,9 @@ class JsonReader {
       }
       if (c < 0x20) return Syntax("control character in a string");
       if (c != '\\') {
-        out.push_back(static_cast<char>(c));
-        ++pos_;
+        const std::size_t from = pos_;
+        if (!Utf8()) return false;
+        out.append(text_.data() + from, pos_ - from);
         continue;
       }
       if (pos_ + 1 >= text_.size()) break;
@@ -252,6 +273,9 @@ class JsonReader {
     if (text_[pos_] == '-') ++pos_;
     if (pos_ < text_.size() && text_[pos_] == '0') {
       ++pos_;
+      if (pos_ < text_.size() && IsDigit(text_[pos_])) {
+        return Syntax("a number with a leading zero");
+      }
     } else if (!Digits()) {
       return Syntax("bad number");
     }
@@ -289,6 +313,7 @@ class JsonReader {
 
   absl::string_view text_;
   absl::string_view source_;
+  bool strict_;
   TreeBuilder tree_;
   std::size_t pos_ = 0;
   std::uint32_t line_ = 0;
@@ -321,3 +346,38 @@ JsonVerdict ReadJson(absl::string_view text, absl::string_view source, const Rea
 }
 
 }  // namespace muonmesh::protoio::internal
+
+namespace muonmesh::protoio {
+
+absl::StatusOr<std::unique_ptr<JsonDocument>> ReadJsonDocument(absl::string_view text,
+                                                               absl::string_view source,
+                                                               const JsonOptions& options) {
+  internal::ReadLimits limits;
+  limits.max_nodes = options.max_nodes;
+  limits.max_depth = options.max_depth;
+  limits.strict_json = true;
+  try {
+    auto doc = std::make_unique<JsonDocument>(text);
+    absl::Status error;
+    if (internal::ReadJson(text, source, limits, doc.get(), &error) != internal::JsonVerdict::kRead) {
+      return error;
+    }
+    return doc;
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(source, ": out of memory reading ", text.size(), " bytes of JSON"));
+  }
+}
+
+bool IsJsonString(const JsonNode& node) { return node.is_scalar() && !node.plain; }
+
+const char* JsonKindName(const JsonDocument& doc, const JsonNode& node) {
+  if (node.is_map()) return "an object";
+  if (node.is_sequence()) return "an array";
+  if (node.is_null()) return "null";
+  if (IsJsonString(node)) return "a string";
+  const absl::string_view value = doc.Scalar(node);
+  return value == "true" || value == "false" ? "a boolean" : "a number";
+}
+
+}  // namespace muonmesh::protoio

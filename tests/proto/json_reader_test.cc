@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/io/document.h"
+#include "proto/io/json_document.h"
 #include "proto/io/yaml_reader.h"
 #include "tests/testing/model_specs.h"
 
@@ -204,7 +205,7 @@ TEST(JsonReaderTest, SyntaxErrorsAreLocated) {
   for (const NotJsonCase& c : {
            NotJsonCase{"{name: x}", "t:1:2: syntax error: expected a string in double quotes"},
            NotJsonCase{"[1, 2,]", "t:1:7: syntax error: expected a value, got ']'"},
-           NotJsonCase{"[01]", "t:1:3: syntax error: expected ',' or ']'"},
+           NotJsonCase{"[01]", "t:1:3: syntax error: a number with a leading zero"},
            NotJsonCase{"[1]\n[2]", "t:2:1: syntax error: content after the JSON value"},
            NotJsonCase{"[\"a\tb\"]", "t:1:4: syntax error: control character in a string"},
            NotJsonCase{"[\"\\ud800\"]", "t:1:3: syntax error: unpaired surrogate"},
@@ -250,6 +251,45 @@ TEST(JsonReaderTest, LimitsRefuseWhileReading) {
     EXPECT_EQ(ReadJson(text, "t", ReadLimits(), &doc, &error), JsonVerdict::kRefused);
     EXPECT_THAT(std::string(error.message()), HasSubstr("t:1:66: nesting deeper than 64 levels"));
   }
+}
+
+
+// Strict JSON (json_document.h) refuses what job files may hold beyond RFC
+// 8259 (comments) and strings that are not UTF-8, which the job-file mode
+// leaves to the filler; what both accept reads the same.
+TEST(JsonReaderTest, StrictModeRefusesCommentsAndInvalidUtf8) {
+  const std::string with_comment = "{\"a\": 1} # note";
+  const std::string bad_utf8 = "[\"\xc0\xaf\"]";
+  const std::string escaped_bad_utf8 = "[\"\\n\xff\"]";
+  for (const std::string& text : {with_comment, bad_utf8, escaped_bad_utf8}) {
+    Document lenient(text);
+    absl::Status error;
+    EXPECT_EQ(ReadJson(text, "t", ReadLimits(), &lenient, &error), JsonVerdict::kRead) << text;
+    EXPECT_FALSE(ReadJsonDocument(text, "t").ok()) << text;
+  }
+  EXPECT_THAT(std::string(ReadJsonDocument(with_comment, "t").status().message()),
+              HasSubstr("t:1:10: syntax error: content after the JSON value"));
+  EXPECT_THAT(std::string(ReadJsonDocument(bad_utf8, "t").status().message()),
+              HasSubstr("t:1:3: syntax error: invalid UTF-8 in a string"));
+  EXPECT_THAT(std::string(ReadJsonDocument(escaped_bad_utf8, "t").status().message()),
+              HasSubstr("t:1:5: syntax error: invalid UTF-8 in a string"));
+
+  const std::string text = "{\"na\\u00efve \xc3\xa9\": [1, true, null, \"s\", {}]}";
+  auto doc = ReadJsonDocument(text, "t");
+  ASSERT_TRUE(doc.ok()) << doc.status();
+  const JsonDocument& d = **doc;
+  ASSERT_EQ(d.size(), 8u);  // map, key, sequence, 1, true, null, "s", {}
+  EXPECT_EQ(d.Scalar(d[1]), "na\u00efve \xc3\xa9");
+  const char* kinds[] = {"an object", "a string", "an array", "a number",
+                         "a boolean", "null",     "a string", "an object"};
+  for (std::uint32_t i = 0; i < d.size(); ++i) EXPECT_EQ(JsonKindName(d, d[i]), std::string(kinds[i]));
+  EXPECT_TRUE(IsJsonString(d[6]));
+  EXPECT_FALSE(IsJsonString(d[3]));
+
+  JsonOptions options;
+  options.max_nodes = 3;
+  EXPECT_THAT(std::string(ReadJsonDocument("[1, 2, 3]", "t", options).status().message()),
+              HasSubstr("more than 3 nodes"));
 }
 
 }  // namespace
