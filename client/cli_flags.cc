@@ -7,7 +7,7 @@
 #include "client/job_commands.h"
 #include "core/base/status_macros.h"
 
-namespace muonmesh::cli {
+namespace muonmesh::client {
 
 void AddConfigFlags(FlagParser& parser, ConfigFlags* f) {
   parser.String("--spec", "FILE", "model spec (ModelSpec as YAML or JSON); required", &f->spec);
@@ -34,29 +34,29 @@ void AddConnectionFlags(FlagParser& parser, ConfigFlags* f, bool with_json) {
   if (with_json) parser.Bool("--json", "print the answer as JSON on stdout", &f->json);
   parser.String("--tls-ca", "FILE",
                 absl::StrCat("talk TLS, trusting the coordinator's certificate if this CA "
-                             "signed it (default $", rpc::kTlsCaEnv, ")"),
+                             "signed it (default $", credentials::kTlsCaEnv, ")"),
                 &f->security.tls_ca);
   parser.String("--tls-cert", "FILE",
-                absl::StrCat("client certificate for mutual TLS (default $", rpc::kTlsCertEnv,
+                absl::StrCat("client certificate for mutual TLS (default $", credentials::kTlsCertEnv,
                              ")"),
                 &f->security.tls_cert);
   parser.String("--tls-key", "FILE",
-                absl::StrCat("its private key (default $", rpc::kTlsKeyEnv, ")"),
+                absl::StrCat("its private key (default $", credentials::kTlsKeyEnv, ")"),
                 &f->security.tls_key);
   parser.String("--tls-server-name", "NAME",
                 absl::StrCat("the name the coordinator's certificate must carry, when not the "
-                             "address's host (default $", rpc::kTlsServerNameEnv, ")"),
+                             "address's host (default $", credentials::kTlsServerNameEnv, ")"),
                 &f->security.tls_server_name);
   parser.String("--token-file", "FILE",
                 absl::StrCat("file whose first line is the bearer token (default $",
-                             rpc::kTokenFileEnv, ", else the token in $", rpc::kTokenEnv, ")"),
+                             credentials::kTokenFileEnv, ", else the token in $", credentials::kTokenEnv, ")"),
                 &f->security.token_file);
 }
 
 // The connection's TLS and token from the flags and the environment; an
 // InvalidArgument naming the flag or file is a usage error.
-absl::StatusOr<rpc::ChannelSecurity> Security(const ConfigFlags& f) {
-  return rpc::LoadChannelSecurity(rpc::WithEnvironment(f.security));
+absl::StatusOr<credentials::ChannelSecurity> Security(const ConfigFlags& f) {
+  return credentials::LoadChannelSecurity(credentials::WithEnvironment(f.security));
 }
 
 // The API cannot tell 0 from unset (proto3), so 0 would silently mean the
@@ -118,4 +118,4 @@ int ReportError(const std::string& command, const absl::Status& status) {
   return ExitCode(status);
 }
 
-}  // namespace muonmesh::cli
+}  // namespace muonmesh::client

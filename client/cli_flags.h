@@ -11,9 +11,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/base/flag_parser.h"
-#include "proto/rpc/credentials.h"
+#include "proto/credentials/credentials.h"
 
-namespace muonmesh::cli {
+namespace muonmesh::client {
 
 inline constexpr const char* kDefaultCoordinator = "127.0.0.1:50051";
 inline constexpr const char* kCoordinatorEnv = "MUONMESH_COORDINATOR";
@@ -43,7 +43,7 @@ struct ConfigFlags {
   std::string coordinator;
   int64_t timeout_seconds = 60;
   bool json = false;
-  rpc::ClientSecurityOptions security;
+  credentials::ClientSecurityOptions security;
 };
 
 void AddConfigFlags(FlagParser& parser, ConfigFlags* f);
@@ -53,7 +53,7 @@ void AddConnectionFlags(FlagParser& parser, ConfigFlags* f, bool with_json = tru
 
 // The connection's TLS and token from the flags and the environment; an
 // InvalidArgument naming the flag or file is a usage error.
-absl::StatusOr<rpc::ChannelSecurity> Security(const ConfigFlags& f);
+absl::StatusOr<credentials::ChannelSecurity> Security(const ConfigFlags& f);
 
 // InvalidArgument naming `flag` when it was given as 0 (proto3 cannot tell 0
 // from unset, so 0 would silently mean `fallback`).
@@ -72,4 +72,4 @@ int UsageError(const std::string& command, const absl::Status& status);
 // (InvalidArgument) are the user's to fix.
 int ReportError(const std::string& command, const absl::Status& status);
 
-}  // namespace muonmesh::cli
+}  // namespace muonmesh::client

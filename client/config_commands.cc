@@ -22,7 +22,7 @@
 #include "proto/job/model_specs.h"
 #include "proto/job/optimizer_rules.h"
 
-namespace muonmesh::cli {
+namespace muonmesh::client {
 namespace {
 
 constexpr int kExitInvalidConfig = kExitInvalid;
@@ -134,10 +134,10 @@ absl::Status FillFromJob(const std::string& path, v1::PlanLayoutRequest* request
   *loaded = job;
   const std::string dir = std::filesystem::absolute(path).parent_path().string();
   MUONMESH_ASSIGN_OR_RETURN(plan::PlanInput input, job::PlanInputOf(job, dir), path);
-  *request->mutable_model() = ModelToProto(input.model);
+  *request->mutable_model() = convert::ModelToProto(input.model);
   request->set_world_size(input.world_size);
   *request->mutable_parallelism() = job.parallelism();
-  *request->mutable_options() = OptionsToProto(input.options);
+  *request->mutable_options() = convert::OptionsToProto(input.options);
   return absl::OkStatus();
 }
 
@@ -177,7 +177,7 @@ int RunValidate(const std::vector<std::string>& args) {
   request.set_world_size(f.world_size);
   FillParallelism(f, request.mutable_parallelism());
 
-  absl::StatusOr<rpc::ChannelSecurity> security = Security(f);
+  absl::StatusOr<credentials::ChannelSecurity> security = Security(f);
   if (!security.ok()) return UsageError("validate", security.status());
   PlannerClient client(f.coordinator,
                        {.timeout = absl::Seconds(f.timeout_seconds), .security = *security});
@@ -250,7 +250,7 @@ int RunPlan(const std::vector<std::string>& args) {
   // thousands of ranks is a tenth of the size.
   request.set_omit_holders(omit_holders || !f.json);
 
-  absl::StatusOr<rpc::ChannelSecurity> security = Security(f);
+  absl::StatusOr<credentials::ChannelSecurity> security = Security(f);
   if (!security.ok()) return UsageError("plan", security.status());
   PlannerClient client(f.coordinator,
                        {.timeout = absl::Seconds(f.timeout_seconds), .security = *security});
@@ -271,4 +271,4 @@ int RunPlan(const std::vector<std::string>& args) {
   return kExitOk;
 }
 
-}  // namespace muonmesh::cli
+}  // namespace muonmesh::client

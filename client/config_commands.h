@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-namespace muonmesh::cli {
+namespace muonmesh::client {
 
 int RunValidate(const std::vector<std::string>& args);
 int RunPlan(const std::vector<std::string>& args);
 
-}  // namespace muonmesh::cli
+}  // namespace muonmesh::client

@@ -16,7 +16,7 @@
 #include "proto/job/model_kind.h"
 #include "proto/rpc/rpc_status.h"
 
-namespace muonmesh {
+namespace muonmesh::client {
 namespace {
 
 namespace fs = std::filesystem;
@@ -38,7 +38,7 @@ CoordinatorClient::CoordinatorClient(std::string address, CoordinatorClientOptio
     : address_(std::move(address)), options_(options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxReceiveBytes);
-  auto channel = rpc::CreateChannel(address_, options_.security, args);
+  auto channel = credentials::CreateChannel(address_, options_.security, args);
   jobs_ = v1::Jobs::NewStub(channel);
   fleet_ = v1::Fleet::NewStub(channel);
 }
@@ -312,4 +312,4 @@ absl::StatusOr<v1::JobSpec> LoadJobForSubmit(const std::string& path) {
   return spec;
 }
 
-}  // namespace muonmesh
+}  // namespace muonmesh::client

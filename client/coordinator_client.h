@@ -16,15 +16,15 @@
 #include "absl/time/time.h"
 #include "muonmesh/v1/fleet.grpc.pb.h"
 #include "muonmesh/v1/jobs.grpc.pb.h"
-#include "proto/rpc/credentials.h"
+#include "proto/credentials/credentials.h"
 
-namespace muonmesh {
+namespace muonmesh::client {
 
 struct CoordinatorClientOptions {
   absl::Duration timeout = absl::Seconds(30);
-  // TLS, client certificate and token (rpc::LoadChannelSecurity); default:
+  // TLS, client certificate and token (credentials::LoadChannelSecurity); default:
   // plaintext.
-  rpc::ChannelSecurity security;
+  credentials::ChannelSecurity security;
   // The most pages one List or Metrics call reads before it gives up on the
   // coordinator (DataLoss; a page token seen twice is one too).
   int max_pages = 100000;
@@ -96,4 +96,4 @@ absl::StatusOr<v1::JobSpec> LoadJobForSubmit(const std::string& path);
 // no output folder.
 absl::StatusOr<v1::JobSpec> ResumeSpecOf(const v1::JobSpec& earlier, int64_t world_size);
 
-}  // namespace muonmesh
+}  // namespace muonmesh::client

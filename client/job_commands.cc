@@ -16,7 +16,7 @@
 #include "absl/time/time.h"
 #include "client/json_writer.h"
 
-namespace muonmesh::cli {
+namespace muonmesh::client {
 namespace {
 
 std::string StateName(v1::JobState s) {
@@ -473,4 +473,4 @@ int Workers(CoordinatorClient& client, bool json, Streams io) {
   return kExitOk;
 }
 
-}  // namespace muonmesh::cli
+}  // namespace muonmesh::client

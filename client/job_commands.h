@@ -13,7 +13,7 @@
 #include "absl/status/status.h"
 #include "client/coordinator_client.h"
 
-namespace muonmesh::cli {
+namespace muonmesh::client {
 
 // Exit codes of muonmeshctl, which scripts rely on.
 inline constexpr int kExitOk = 0;
@@ -80,4 +80,4 @@ int Workers(CoordinatorClient& client, bool json, Streams io);
 int RemoveWorker(CoordinatorClient& client, const std::string& worker_id, Streams io);
 int RemoveLostWorkers(CoordinatorClient& client, Streams io);
 
-}  // namespace muonmesh::cli
+}  // namespace muonmesh::client

@@ -14,7 +14,7 @@
 #include "google/protobuf/descriptor.h"
 #include "core/base/text.h"
 
-namespace muonmesh {
+namespace muonmesh::client {
 namespace {
 
 using google::protobuf::FieldDescriptor;
@@ -274,4 +274,4 @@ std::string ToJson(const google::protobuf::Message& message, const JsonOptions& 
   return writer.Take();
 }
 
-}  // namespace muonmesh
+}  // namespace muonmesh::client

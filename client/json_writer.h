@@ -28,7 +28,7 @@
 
 #include "google/protobuf/message.h"
 
-namespace muonmesh {
+namespace muonmesh::client {
 
 struct JsonOptions {
   // Fields to leave out, by full name ("muonmesh.v1.PlanSummary.plan_seconds"):
@@ -43,4 +43,4 @@ struct JsonOptions {
 // `message` as JSON, without a trailing newline.
 std::string ToJson(const google::protobuf::Message& message, const JsonOptions& options = {});
 
-}  // namespace muonmesh
+}  // namespace muonmesh::client

@@ -29,21 +29,21 @@
 #include "client/coordinator_client.h"
 #include "client/job_commands.h"
 #include "core/base/flag_parser.h"
-#include "proto/rpc/credentials.h"
+#include "proto/credentials/credentials.h"
 #include "proto/rpc/version.h"
 
-namespace muonmesh {
+namespace muonmesh::client {
 namespace {
 
-using cli::AddConnectionFlags;
-using cli::ConfigFlags;
-using cli::kCoordinatorEnv;
-using cli::kDefaultCoordinator;
-using cli::kExitCodes;
-using cli::kExitOk;
-using cli::kExitUsage;
-using cli::Security;
-using cli::UsageError;
+using client::AddConnectionFlags;
+using client::ConfigFlags;
+using client::kCoordinatorEnv;
+using client::kDefaultCoordinator;
+using client::kExitCodes;
+using client::kExitOk;
+using client::kExitUsage;
+using client::Security;
+using client::UsageError;
 
 // ---------------------------------------------------------------- jobs
 
@@ -162,7 +162,7 @@ void WriteAll(const char* text) { (void)!::write(STDERR_FILENO, text, std::strle
 
 void OnWatchInterrupted(int) {
   char number[24] = {};
-  int64_t n = cli::WatchNextIndex();
+  int64_t n = client::WatchNextIndex();
   int at = sizeof(number) - 1;
   do {
     number[--at] = static_cast<char>('0' + n % 10);
@@ -231,41 +231,41 @@ void AddJobFlags(const std::string& name, FlagParser& parser, JobFlags* j) {
 
 // Runs parsed command `name` against the coordinator.
 int DispatchJobCommand(const std::string& name, const std::string& positional, const JobFlags& j,
-                       bool json, bool format_given, CoordinatorClient& client, cli::Streams io) {
-  if (name == "submit") return cli::Submit(client, positional, j.request_id, io);
+                       bool json, bool format_given, CoordinatorClient& client, client::Streams io) {
+  if (name == "submit") return client::Submit(client, positional, j.request_id, io);
   if (name == "resume") {
     if (j.world_size < 0) {
       return UsageError(name, absl::InvalidArgumentError(absl::StrCat(
                                   "--world-size: must be >= 1, got ", j.world_size)));
     }
-    return cli::Resume(client, positional, j.world_size, j.request_id, io);
+    return client::Resume(client, positional, j.world_size, j.request_id, io);
   }
-  if (name == "status") return cli::Status(client, positional, json, io);
-  if (name == "list") return cli::List(client, j.states, j.job_name, json, io);
+  if (name == "status") return client::Status(client, positional, json, io);
+  if (name == "list") return client::List(client, j.states, j.job_name, json, io);
   if (name == "watch") {
     OnInterruptDuringWatch(positional);
-    return cli::Watch(client, positional, j.from, j.watch_timeout, io);
+    return client::Watch(client, positional, j.from, j.watch_timeout, io);
   }
   if (name == "metrics") {
     if (json && format_given && j.format != "json") {
       return UsageError(name, absl::InvalidArgumentError(absl::StrCat(
                                   "--json and --format ", j.format, " ask for two formats")));
     }
-    return cli::Metrics(client, positional, json ? "json" : j.format, j.summary, j.all_ranks, io);
+    return client::Metrics(client, positional, json ? "json" : j.format, j.summary, j.all_ranks, io);
   }
-  if (name == "cancel") return cli::Cancel(client, positional, j.reason, j.checkpoint, io);
-  if (name == "drain") return cli::Drain(client, positional, j.reason, io);
-  if (name == "delete") return cli::Delete(client, positional, io);
-  if (name == "prune") return cli::Prune(client, j.older_than, io);
+  if (name == "cancel") return client::Cancel(client, positional, j.reason, j.checkpoint, io);
+  if (name == "drain") return client::Drain(client, positional, j.reason, io);
+  if (name == "delete") return client::Delete(client, positional, io);
+  if (name == "prune") return client::Prune(client, j.older_than, io);
   if (name == "workers remove") {
     if (positional.empty() == !j.all_lost) {
       return UsageError(name,
                         absl::InvalidArgumentError("give a WORKER or --all-lost (one of the two)"));
     }
-    return j.all_lost ? cli::RemoveLostWorkers(client, io)
-                      : cli::RemoveWorker(client, positional, io);
+    return j.all_lost ? client::RemoveLostWorkers(client, io)
+                      : client::RemoveWorker(client, positional, io);
   }
-  return cli::Workers(client, json, io);
+  return client::Workers(client, json, io);
 }
 
 int RunJobCommand(std::string name, std::vector<std::string> args) {
@@ -292,12 +292,12 @@ int RunJobCommand(std::string name, std::vector<std::string> args) {
   if (const int code = ParseJobCommand(*command, args, parser, &f, &positional); code != kExitOk) {
     return code < 0 ? kExitOk : code;
   }
-  absl::StatusOr<rpc::ChannelSecurity> security = Security(f);
+  absl::StatusOr<credentials::ChannelSecurity> security = Security(f);
   if (!security.ok()) return UsageError(name, security.status());
   CoordinatorClient client(f.coordinator, {absl::Seconds(f.timeout_seconds), *security});
   if (parser.Seen("--timeout")) j.watch_timeout = absl::Seconds(f.timeout_seconds);
   return DispatchJobCommand(name, positional, j, f.json, parser.Seen("--format"), client,
-                            cli::Streams{std::cout, std::cerr, isatty(STDOUT_FILENO) != 0});
+                            client::Streams{std::cout, std::cerr, isatty(STDOUT_FILENO) != 0});
 }
 
 constexpr const char* kHelpHead =
@@ -373,8 +373,8 @@ int Main(int argc, char** argv) {
     std::cout << "muonmeshctl " << rpc::Version() << "\n";
     return kExitOk;
   }
-  if (command == "validate") return cli::RunValidate(args);
-  if (command == "plan") return cli::RunPlan(args);
+  if (command == "validate") return client::RunValidate(args);
+  if (command == "plan") return client::RunPlan(args);
   if (const int code = RunJobCommand(command, args); code != -2) return code;
   std::cerr << "muonmeshctl: unknown command '" << command << "'\n"
             << "Run 'muonmeshctl help' for the list of commands.\n";
@@ -382,9 +382,9 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace muonmesh
+}  // namespace muonmesh::client
 
 int main(int argc, char** argv) {
-  muonmesh::rpc::InitOpenSslWithoutExitHandler();
-  return muonmesh::Main(argc, argv);
+  muonmesh::credentials::InitOpenSslWithoutExitHandler();
+  return muonmesh::client::Main(argc, argv);
 }

@@ -12,7 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
-namespace muonmesh {
+namespace muonmesh::client {
 namespace {
 
 // Optimizer state, gradients and updates are fp32 in the planner's cost
@@ -357,4 +357,4 @@ std::string FormatPlanTable(const std::string& model_name, const v1::Plan& plan)
   return out;
 }
 
-}  // namespace muonmesh
+}  // namespace muonmesh::client

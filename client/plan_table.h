@@ -12,7 +12,7 @@
 
 #include "muonmesh/v1/planner.pb.h"
 
-namespace muonmesh {
+namespace muonmesh::client {
 
 // World sizes above this show only the most and least loaded ranks.
 inline constexpr int kPlanTableAllRanksUpTo = 16;
@@ -29,4 +29,4 @@ std::string FormatBytes(double bytes);
 std::string FormatFlops(double flops);
 std::string FormatCount(int64_t n);
 
-}  // namespace muonmesh
+}  // namespace muonmesh::client

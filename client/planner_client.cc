@@ -13,7 +13,7 @@
 #include "proto/rpc/rpc_status.h"
 #include "core/base/status_macros.h"
 
-namespace muonmesh {
+namespace muonmesh::client {
 namespace {
 
 // Plans of big worlds exceed gRPC's 4 MiB default; the server sends up to
@@ -41,7 +41,7 @@ PlannerClient::PlannerClient(std::string address, PlannerClientOptions options)
     : address_(std::move(address)), options_(options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxReceiveBytes);
-  stub_ = v1::Planner::NewStub(rpc::CreateChannel(address_, options_.security, args));
+  stub_ = v1::Planner::NewStub(credentials::CreateChannel(address_, options_.security, args));
 }
 
 absl::StatusOr<v1::ValidateConfigResponse> PlannerClient::Validate(
@@ -61,4 +61,4 @@ absl::StatusOr<v1::PlanLayoutResponse> PlannerClient::Plan(const v1::PlanLayoutR
   return Finish(status, address_, std::move(response));
 }
 
-}  // namespace muonmesh
+}  // namespace muonmesh::client

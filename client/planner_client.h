@@ -11,17 +11,17 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "muonmesh/v1/planner.grpc.pb.h"
-#include "proto/rpc/credentials.h"
+#include "proto/credentials/credentials.h"
 
-namespace muonmesh {
+namespace muonmesh::client {
 
 struct PlannerClientOptions {
   // Deadline of each call. A coordinator that cannot be reached fails the
   // call with UNAVAILABLE or DEADLINE_EXCEEDED within it.
   absl::Duration timeout = absl::Seconds(60);
-  // TLS, client certificate and token (rpc::LoadChannelSecurity); default:
+  // TLS, client certificate and token (credentials::LoadChannelSecurity); default:
   // plaintext.
-  rpc::ChannelSecurity security;
+  credentials::ChannelSecurity security;
 };
 
 class PlannerClient {
@@ -47,4 +47,4 @@ class PlannerClient {
   std::unique_ptr<v1::Planner::Stub> stub_;
 };
 
-}  // namespace muonmesh
+}  // namespace muonmesh::client

@@ -21,7 +21,7 @@
 #include "core/base/flag_parser.h"
 #include "core/base/status_macros.h"
 #include "proto/job/allowed_dirs.h"
-#include "proto/rpc/credentials.h"
+#include "proto/credentials/credentials.h"
 #include "proto/rpc/version.h"
 #include "server/coordinator_server.h"
 
@@ -181,7 +181,7 @@ void DeclareFlags(muonmesh::FlagParser& parser, Flags* f) {
 
 // The flags as server options. InvalidArgument naming a flag out of range.
 // The bound flags, checked, into `options`.
-absl::Status BoundOptions(const Flags& f, muonmesh::CoordinatorServerOptions* options) {
+absl::Status BoundOptions(const Flags& f, muonmesh::coordinator::CoordinatorServerOptions* options) {
   if (f.max_concurrent_plans < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max-concurrent-plans must be >= 1, got ", f.max_concurrent_plans));
@@ -218,7 +218,7 @@ absl::Status BoundOptions(const Flags& f, muonmesh::CoordinatorServerOptions* op
   return absl::OkStatus();
 }
 
-absl::Status OptionsFromFlags(const Flags& f, muonmesh::CoordinatorServerOptions* options) {
+absl::Status OptionsFromFlags(const Flags& f, muonmesh::coordinator::CoordinatorServerOptions* options) {
   options->listen = f.listen;
   options->security = muonmesh::auth::WithEnvironment({
       .tls_cert = f.tls_cert,
@@ -293,7 +293,7 @@ std::atomic<int> g_unblocked_signal{0};
 extern "C" void RecordStopSignal(int signal_number) { g_unblocked_signal.store(signal_number); }
 
 void StopOnSignals(const sigset_t& signals, absl::Duration grace,
-                   muonmesh::CoordinatorServer& server, const std::atomic<bool>& done) {
+                   muonmesh::coordinator::CoordinatorServer& server, const std::atomic<bool>& done) {
   std::thread shutdown;
   // A short timeout, so that `done` is seen soon after a clean stop.
   const timespec poll = {0, 100'000'000};
@@ -319,7 +319,7 @@ void StopOnSignals(const sigset_t& signals, absl::Duration grace,
 // else the exit code (0 after --help, 2 on a usage error, which it has
 // printed).
 std::optional<int> ParseFlags(int argc, char** argv, Flags* flags,
-                              muonmesh::CoordinatorServerOptions* options) {
+                              muonmesh::coordinator::CoordinatorServerOptions* options) {
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--version") {
       std::cout << "muonmesh-coordinator " << muonmesh::rpc::Version() << "\n";
@@ -368,15 +368,15 @@ bool SetUpSignals(sigset_t* stop_signals) {
 }
 
 int main(int argc, char** argv) {
-  muonmesh::rpc::InitOpenSslWithoutExitHandler();
+  muonmesh::credentials::InitOpenSslWithoutExitHandler();
   Flags flags;
-  muonmesh::CoordinatorServerOptions options;
+  muonmesh::coordinator::CoordinatorServerOptions options;
   if (std::optional<int> exit_code = ParseFlags(argc, argv, &flags, &options)) return *exit_code;
   sigset_t stop_signals;
   if (!SetUpSignals(&stop_signals)) return 1;
 
-  absl::StatusOr<std::unique_ptr<muonmesh::CoordinatorServer>> server =
-      muonmesh::CoordinatorServer::Start(options);
+  absl::StatusOr<std::unique_ptr<muonmesh::coordinator::CoordinatorServer>> server =
+      muonmesh::coordinator::CoordinatorServer::Start(options);
   if (!server.ok()) {
     std::cerr << "muonmesh-coordinator: " << server.status().message() << "\n";
     return 1;

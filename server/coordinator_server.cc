@@ -15,7 +15,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 
-namespace muonmesh {
+namespace muonmesh::coordinator {
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const CoordinatorServerOptions& options) {
@@ -117,4 +117,4 @@ void CoordinatorServer::Shutdown(absl::Duration grace) {
 
 void CoordinatorServer::Wait() { server_->Wait(); }
 
-}  // namespace muonmesh
+}  // namespace muonmesh::coordinator

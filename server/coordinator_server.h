@@ -22,7 +22,7 @@
 #include "server/control/control_plane.h"
 #include "server/planner_service.h"
 
-namespace muonmesh {
+namespace muonmesh::coordinator {
 
 struct CoordinatorServerOptions {
   // HOST:PORT (IPv6 hosts in brackets). Port 0 picks a free port; port()
@@ -94,4 +94,4 @@ class CoordinatorServer {
   std::string address_;
 };
 
-}  // namespace muonmesh
+}  // namespace muonmesh::coordinator

@@ -5,7 +5,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 
-namespace muonmesh {
+namespace muonmesh::coordinator {
 namespace {
 
 double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
@@ -57,4 +57,4 @@ void PlanAdmission::Release(int64_t bytes) {
   bytes_ -= bytes;
 }
 
-}  // namespace muonmesh
+}  // namespace muonmesh::coordinator

@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
-namespace muonmesh {
+namespace muonmesh::coordinator {
 
 struct PlanAdmissionLimits {
   // Plan calls computed at once (>= 1).
@@ -68,4 +68,4 @@ class PlanAdmission {
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-}  // namespace muonmesh
+}  // namespace muonmesh::coordinator

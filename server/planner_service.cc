@@ -17,7 +17,7 @@
 #include "proto/rpc/rpc_status.h"
 #include "core/base/status_macros.h"
 
-namespace muonmesh {
+namespace muonmesh::coordinator {
 namespace {
 
 // Serialized bytes per element of the answer, upper bounds for realistic
@@ -111,7 +111,7 @@ grpc::Status PlannerService::ValidateConfig(grpc::ServerContext* context,
   plan::CancelToken cancel([context] { return context->IsCancelled(); });
   plan::PlanSize size;
   absl::StatusOr<std::vector<rpc::FieldViolation>> violations =
-      CheckInput(PlanInputFromProto(*request), &cancel, &size);
+      CheckInput(convert::PlanInputFromProto(*request), &cancel, &size);
   if (!violations.ok()) {
     return cancel.cancelled() ? Stopped(/*stopping=*/false)
                               : rpc::ToGrpcStatus(violations.status());
@@ -132,7 +132,7 @@ grpc::Status PlannerService::PlanLayout(grpc::ServerContext* context,
   // Polled by work done, a few thousand planner steps apart (CancelToken).
   plan::CancelToken cancel([&] { return stopping_.load() || context->IsCancelled(); });
   if (cancel.Poll()) return Stopped(stopping_.load());
-  const plan::PlanInput input = PlanInputFromProto(*request);
+  const plan::PlanInput input = convert::PlanInputFromProto(*request);
   // Sizes first: a plan too big to build, to answer or to afford is refused
   // before any of it is built.
   plan::PlanSize size;
@@ -157,10 +157,10 @@ grpc::Status PlannerService::PlanLayout(grpc::ServerContext* context,
   if (!plan.ok()) return rpc::ToGrpcStatus(plan.status());
 
   v1::Plan* out = response->mutable_plan();
-  PlanToProto(input, *plan, request->include_shards(), out, !request->omit_holders());
+  convert::PlanToProto(input, *plan, request->include_shards(), out, !request->omit_holders());
   out->mutable_summary()->set_plan_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return grpc::Status::OK;
 }
 
-}  // namespace muonmesh
+}  // namespace muonmesh::coordinator

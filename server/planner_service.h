@@ -21,7 +21,7 @@
 #include "core/plan/types.h"
 #include "server/plan_admission.h"
 
-namespace muonmesh {
+namespace muonmesh::coordinator {
 
 // Largest request the server reads. The largest real model spec is ~130 KiB;
 // this leaves room for generated specs while bounding what one call can make
@@ -84,4 +84,4 @@ class PlannerService final : public v1::Planner::Service {
   std::atomic<bool> stopping_{false};
 };
 
-}  // namespace muonmesh
+}  // namespace muonmesh::coordinator

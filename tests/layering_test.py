@@ -3,7 +3,7 @@
 
     core  <-  proto  <-  { server, worker, client }
 
-with nothing between server, worker and client, checked three ways:
+with nothing between server, worker and client, checked four ways:
 
   includes  every `#include "..."` of the project's own code, every spelling:
             a project header must be named from the repository root
@@ -16,7 +16,11 @@ with nothing between server, worker and client, checked three ways:
             its own folder may depend on, and the coordinator's and clients'
             targets link no OpenBLAS, NCCL, Gloo or CUDA;
   binaries  the built coordinator and muonmeshctl need no OpenBLAS, Gloo,
-            CUDA or NCCL shared library (read from their ELF headers).
+            CUDA or NCCL shared library (read from their ELF headers);
+  namespaces every folder of sources is listed in NAMESPACES, and its files
+            declare only its namespace (or one nested in it as `internal`):
+            a program's folder and its parts share the program's namespace,
+            a library has its own, named for its folder, used nowhere else.
 
     tests/layering_test.py ROOT [--link-graph FILE] [--binary PATH]...
     tests/layering_test.py --self-test
@@ -50,6 +54,39 @@ CORE_ALLOWED = {
     "optim": {"base", "plan", "optim"},
     "model": {"base", "plan", "model"},
 }
+
+# The namespace of each folder of sources (docs/architecture.md, "Folders
+# and namespaces"). The programs' own parts share the program's namespace
+# (server/ -> coordinator, worker/ -> worker, client/ -> client); every
+# library has one of its own, named for its folder. core/base is the root's
+# vocabulary (Status macros, flags, addresses) with its text helpers apart.
+NAMESPACES = {
+    "core/base": {"muonmesh", "muonmesh::text"},
+    "core/plan": {"muonmesh::plan"},
+    "core/model": {"muonmesh::model"},
+    "core/optim": {"muonmesh::optim"},
+    "proto/convert": {"muonmesh::convert"},
+    "proto/credentials": {"muonmesh::credentials"},
+    "proto/http": {"muonmesh::http"},
+    "proto/io": {"muonmesh::protoio"},
+    "proto/job": {"muonmesh::job"},
+    "proto/job/kinds": {"muonmesh::job::kinds", "muonmesh::job"},
+    "proto/rpc": {"muonmesh::rpc"},
+    "server": {"muonmesh::coordinator"},
+    "server/control": {"muonmesh::coordinator"},
+    "server/state": {"muonmesh::coordinator"},
+    "server/auth": {"muonmesh::auth"},
+    "worker": {"muonmesh::worker"},
+    "worker/job": {"muonmesh::worker"},
+    "worker/model": {"muonmesh::worker"},
+    "worker/runtime": {"muonmesh::worker"},
+    "worker/comm": {"muonmesh::comm"},
+    "worker/cuda": {"muonmesh::cuda"},
+    "worker/io": {"muonmesh::io"},
+    "worker/math": {"muonmesh::math"},
+    "client": {"muonmesh::client"},
+}
+NAMESPACE = re.compile(r"^\s*namespace\s+([A-Za-z_][\w:]*)\s*\{")
 
 # Quoted includes that are not the project's own sources: third-party
 # headers and what the build generates (the API stubs under muonmesh/v1,
@@ -130,6 +167,56 @@ def check_includes(root):
     return problems
 
 
+# Namespaces of other projects a header may forward-declare into.
+EXTERNAL_NAMESPACES = ("std", "google", "grpc", "re2", "absl", "prometheus", "gloo")
+
+
+def namespace_problem(name, folder, allowed):
+    """The problem with `namespace NAME {` in a file of `folder`, or None."""
+    first = name.split("::")[0]
+    if first in EXTERNAL_NAMESPACES:
+        return None  # a forward declaration
+    if first != "muonmesh":
+        # nested: `internal`, `something_internal`, or a part named in full
+        # in the folder's row (proto/job/kinds: `kinds` inside muonmesh::job)
+        if name == "internal" or name.endswith("_internal"):
+            return None
+        if any(a.endswith("::" + name) for a in allowed):
+            return None
+        return f"namespace {name} nested without its full name (write namespace muonmesh::...)"
+    base = name[:-len("::internal")] if name.endswith("::internal") else name
+    if base in allowed:
+        return None
+    return f"namespace {name} in {folder}/, whose namespace is {' or '.join(sorted(allowed))}"
+
+
+def check_namespaces(root):
+    problems = []
+    folders_of = {}
+    for folder, names in NAMESPACES.items():
+        for name in names:
+            folders_of.setdefault(name, []).append(folder)
+    for name, folders in sorted(folders_of.items()):
+        top = min(folders, key=len)  # one library, or one program and its parts
+        strays = [f for f in folders if f != top and not f.startswith(top + "/")]
+        if strays:
+            problems.append(f"NAMESPACES gives {name} to {top} and {', '.join(strays)}")
+    for rel in sources(root):
+        folder = os.path.dirname(rel)
+        if layer_of(rel) is None:
+            continue
+        if folder not in NAMESPACES:
+            problems.append(f"{rel}: folder {folder}/ has no namespace in NAMESPACES")
+            continue
+        with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as f:
+            for number, line in enumerate(f, 1):
+                m = NAMESPACE.match(line)
+                problem = m and namespace_problem(m.group(1), folder, NAMESPACES[folder])
+                if problem:
+                    problems.append(f"{rel}:{number}: {problem}")
+    return problems
+
+
 def check_link_graph(path):
     folder, deps = {}, {}
     with open(path, encoding="utf-8") as f:
@@ -184,6 +271,16 @@ PLANTS = [
     ("worker/model/planted4.h", '#include "mlp.h"\n', "relative to its own folder"),
 ]
 
+NAMESPACE_PLANTS = [
+    ("core/optim/planted.h", "namespace muonmesh::math {\n}\n", "namespace muonmesh::math in core/optim/"),
+    ("worker/io/planted.h", "namespace muonmesh::worker {\n}\n", "namespace muonmesh::worker in worker/io/"),
+    ("client/planted.h", "namespace muonmesh {\n}\n", "namespace muonmesh in client/"),
+    ("worker/newroom/planted.h", "namespace muonmesh::worker {\n}\n", "has no namespace"),
+    ("server/planted.h", "namespace control {\n}\n", "nested without its full name"),
+    ("proto/io/planted.h", "namespace muonmesh::worker {\n}\n",
+     "namespace muonmesh::worker in proto/io/"),
+]
+
 LINK_PLANTS = [
     ("muonmesh_control\tserver/control\tmuonmesh_model\n", "links muonmesh_model"),
     ("muonmesh_plan\tcore/plan\tmuonmesh_proto\n", "links muonmesh_proto"),
@@ -214,6 +311,15 @@ def self_test():
             os.remove(path)
             if not found:
                 failures.append(f"planted {rel} ({text.strip()}) was not reported as '{expected}'")
+        for rel, text, expected in NAMESPACE_PLANTS:
+            path = os.path.join(root, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+            found = [p for p in check_namespaces(root) if expected in p]
+            os.remove(path)
+            if not found:
+                failures.append(f"planted {rel} ({text.strip()}) was not reported as '{expected}'")
         graph = os.path.join(root, "link_graph.txt")
         for line, expected in LINK_PLANTS:
             with open(graph, "w") as f:
@@ -223,8 +329,8 @@ def self_test():
     for f in failures:
         print("FAIL:", f, file=sys.stderr)
     if not failures:
-        print(f"self-test: all {len(PLANTS)} planted includes and {len(LINK_PLANTS)} "
-              "planted links reported")
+        print(f"self-test: all {len(PLANTS)} planted includes, {len(NAMESPACE_PLANTS)} planted "
+              f"namespaces and {len(LINK_PLANTS)} planted links reported")
     return 1 if failures else 0
 
 
@@ -239,7 +345,7 @@ def main():
         return self_test()
     if not args.root:
         parser.error("ROOT is required")
-    problems = check_includes(args.root)
+    problems = check_includes(args.root) + check_namespaces(args.root)
     if args.link_graph:
         problems += check_link_graph(args.link_graph)
     for binary in args.binary:
@@ -248,7 +354,8 @@ def main():
         print("FAIL:", p, file=sys.stderr)
     if problems:
         return 1
-    print("layering: includes and links point core <- proto <- {server, worker, client}; "
+    print("layering: includes and links point core <- proto <- {server, worker, client}, "
+          "namespaces match folders; "
           f"{len(args.binary)} binaries need no BLAS, Gloo or CUDA")
     return 0
 

@@ -116,10 +116,10 @@ grpc::ChannelArguments WorkerChannelArgs() {
 
 class Daemon {
  public:
-  Daemon(DaemonOptions options, const rpc::ChannelSecurity& security, LineSink log,
+  Daemon(DaemonOptions options, const credentials::ChannelSecurity& security, LineSink log,
          std::unique_ptr<WorkerMetrics> metrics)
       : options_(std::move(options)), log_(std::move(log)), metrics_(std::move(metrics)) {
-    channel_ = rpc::CreateChannel(options_.coordinator, security, WorkerChannelArgs());
+    channel_ = credentials::CreateChannel(options_.coordinator, security, WorkerChannelArgs());
     stub_ = v1::Fleet::NewStub(channel_);
     if (metrics_->http() != nullptr) {
       metrics_->http()->SetChecks(nullptr, [this] { return Ready(); });
@@ -544,11 +544,11 @@ void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
     MUONMESH_RETURN_IF_ERROR(job::CheckJobPathsAllowed(start.spec(), options_.allowed_dirs));
     MUONMESH_ASSIGN_OR_RETURN(job::ResolvedJob job, job::ResolveJob(start.spec(), ""));
     MUONMESH_RETURN_IF_ERROR(job::CheckJobPathsAllowed(job, options_.allowed_dirs));
-    if (PlanFingerprint(start.plan()) != start.plan_fingerprint()) {
+    if (convert::PlanFingerprint(start.plan()) != start.plan_fingerprint()) {
       return absl::InvalidArgumentError(
           "the assignment's plan does not match its fingerprint; refusing to run it");
     }
-    MUONMESH_ASSIGN_OR_RETURN(plan::Plan plan, PlanFromExec(start.plan()));
+    MUONMESH_ASSIGN_OR_RETURN(plan::Plan plan, convert::PlanFromExec(start.plan()));
     comm::GrpcStore store(channel_, task->job_id, task->attempt);
     {
       absl::MutexLock lock(&task->store_mu);
@@ -680,7 +680,7 @@ absl::Status RunDaemon(const DaemonOptions& options, const LineSink& log) {
                      " to peers (the address this host reaches the coordinator from; "
                      "--address overrides)"));
   }
-  MUONMESH_ASSIGN_OR_RETURN(rpc::ChannelSecurity security, rpc::LoadChannelSecurity(o.security));
+  MUONMESH_ASSIGN_OR_RETURN(credentials::ChannelSecurity security, credentials::LoadChannelSecurity(o.security));
   MUONMESH_ASSIGN_OR_RETURN(std::vector<std::string> allowed,
                             job::ResolveAllowedDirs(o.allowed_dirs));
   o.allowed_dirs = std::move(allowed);

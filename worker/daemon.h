@@ -23,7 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "proto/rpc/credentials.h"
+#include "proto/credentials/credentials.h"
 #include "worker/rank_runner.h"
 
 namespace muonmesh::worker {
@@ -42,9 +42,9 @@ struct DaemonOptions {
   // HOST:PORT to serve Prometheus metrics on (/metrics); empty: none.
   std::string metrics_listen;
   // TLS, client certificate and token for the coordinator
-  // (proto/rpc/credentials.h; flags already merged with the environment).
+  // (proto/credentials/credentials.h; flags already merged with the environment).
   // Empty: plaintext.
-  rpc::ClientSecurityOptions security;
+  credentials::ClientSecurityOptions security;
   // The only folders job files may make this worker read or write
   // (proto/job/allowed_dirs.h); empty: no restriction.
   std::vector<std::string> allowed_dirs;

@@ -175,7 +175,7 @@ absl::StatusOr<std::unique_ptr<Workload>> MakeSynthetic(const job::ResolvedJob& 
   const int64_t ep = std::max<int64_t>(1, job.parallelism.expert_model_parallel_size);
   MUONMESH_ASSIGN_OR_RETURN(
       Synthetic s, m.inline_spec.has_value()
-                       ? Synthetic::Create(ModelFromProto(*m.inline_spec), m.scale, ep,
+                       ? Synthetic::Create(convert::ModelFromProto(*m.inline_spec), m.scale, ep,
                                            job.init_seed.value_or(0))
                        : Synthetic::FromSpecFile(m.spec_path, m.scale, ep,
                                                  job.init_seed.value_or(0)));
@@ -202,7 +202,7 @@ absl::StatusOr<std::shared_ptr<const TokenStream>> OpenCorpusPart(const job::Cor
                                                                   const std::string& field,
                                                                   const std::string& pattern) {
   MUONMESH_ASSIGN_OR_RETURN(std::vector<std::string> files, job::ExpandCorpus(field, pattern));
-  return OpenTokenFiles(files, corpus.tokens ? TokenFormat::kShards : TokenFormat::kText);
+  return io::OpenTokenFiles(files, corpus.tokens ? io::TokenFormat::kShards : io::TokenFormat::kText);
 }
 
 absl::StatusOr<Corpus> OpenCorpus(const job::Corpus& corpus) {
@@ -221,8 +221,8 @@ absl::StatusOr<Corpus> OpenCorpus(const job::Corpus& corpus) {
     return absl::InvalidArgumentError(absl::StrCat(field, ".val_fraction: holds out all ",
                                                    total, " tokens"));
   }
-  MUONMESH_ASSIGN_OR_RETURN(out.val, SliceTokens(out.train, total - held, total));
-  MUONMESH_ASSIGN_OR_RETURN(out.train, SliceTokens(out.train, 0, total - held));
+  MUONMESH_ASSIGN_OR_RETURN(out.val, io::SliceTokens(out.train, total - held, total));
+  MUONMESH_ASSIGN_OR_RETURN(out.train, io::SliceTokens(out.train, 0, total - held));
   return out;
 }
 

@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "core/base/flag_parser.h"
-#include "proto/rpc/credentials.h"
+#include "proto/credentials/credentials.h"
 #include "proto/rpc/version.h"
 #include "worker/daemon.h"
 #include "worker/job/memory_budget.h"
@@ -292,7 +292,7 @@ int RunDaemonMode(const Args& args) {
   static_assert(std::atomic<bool>::is_always_lock_free);
   std::atomic<bool>& stop = g_stop;
   muonmesh::worker::DaemonOptions options = args.daemon;
-  options.security = muonmesh::rpc::WithEnvironment(options.security);
+  options.security = muonmesh::credentials::WithEnvironment(options.security);
   options.stop = &stop;
   options.drain = &g_drain;
   std::mutex log_mu;
@@ -338,7 +338,7 @@ int RunConsolidateMode(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  muonmesh::rpc::InitOpenSslWithoutExitHandler();
+  muonmesh::credentials::InitOpenSslWithoutExitHandler();
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
 #include "worker/step_log.h"
-#include "proto/rpc/metrics_http.h"
+#include "proto/http/metrics_http.h"
 
 namespace muonmesh::worker {
 namespace {
@@ -82,19 +82,19 @@ WorkerMetrics::WorkerMetrics()
                     .Name("muonmesh_worker_attempts_total")
                     .Help("Ranks this worker ran to their end, by outcome")
                     .Register(*registry_)) {
-  rpc::RegisterBuildInfo(*registry_, "worker");
+  http::RegisterBuildInfo(*registry_, "worker");
 }
 
 absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Serve(const std::string& listen) {
   auto metrics = std::make_unique<WorkerMetrics>();
-  MUONMESH_ASSIGN_OR_RETURN(metrics->http_, rpc::MetricsHttp::Serve(listen));
+  MUONMESH_ASSIGN_OR_RETURN(metrics->http_, http::MetricsHttp::Serve(listen));
   metrics->http_->exposer().RegisterCollectable(metrics->registry_);
   return metrics;
 }
 
 void WorkerMetrics::ExportCertificateExpiry(std::map<std::string, std::string> files) {
   if (http_ == nullptr || certificates_ != nullptr) return;
-  certificates_ = std::make_shared<rpc::CertificateExpiry>(std::move(files));
+  certificates_ = std::make_shared<credentials::CertificateExpiry>(std::move(files));
   http_->exposer().RegisterCollectable(certificates_);
 }
 

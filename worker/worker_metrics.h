@@ -32,7 +32,7 @@
 //   muonmesh_tls_certificate_expiry_timestamp_seconds{certificate}  gauge,
 //                                                 the worker's "client"
 //                                                 certificate and its "ca"
-//                                                 (rpc::CertificateExpiry)
+//                                                 (credentials::CertificateExpiry)
 //
 // Thread-safe (prometheus-cpp's metrics are).
 
@@ -50,8 +50,8 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
-#include "proto/rpc/certificate_expiry.h"
-#include "proto/rpc/metrics_http.h"
+#include "proto/credentials/certificate_expiry.h"
+#include "proto/http/metrics_http.h"
 #include "worker/runtime/trainer.h"
 
 namespace muonmesh::worker {
@@ -75,7 +75,7 @@ class WorkerMetrics {
   // The bound port (0 without an endpoint).
   int port() const;
   // The endpoint's /healthz and /readyz (nullptr without an endpoint).
-  rpc::MetricsHttp* http() { return http_.get(); }
+  http::MetricsHttp* http() { return http_.get(); }
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 
  private:
@@ -107,8 +107,8 @@ class WorkerMetrics {
   };
   absl::Mutex mu_;
   std::map<std::string, JobSeries> series_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<rpc::MetricsHttp> http_;
-  std::shared_ptr<rpc::CertificateExpiry> certificates_;
+  std::unique_ptr<http::MetricsHttp> http_;
+  std::shared_ptr<credentials::CertificateExpiry> certificates_;
 };
 
 }  // namespace muonmesh::worker

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-namespace muonmesh::math {
+namespace muonmesh::optim {
 namespace {
 
 bool Finite(const NsCoefficientSet& s) {
@@ -72,4 +72,4 @@ double NewtonSchulzFlops(int64_t rows, int64_t cols, int steps) {
   return plan::StandardNsFlops(rows, cols, steps);
 }
 
-}  // namespace muonmesh::math
+}  // namespace muonmesh::optim

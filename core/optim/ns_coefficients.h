@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "core/optim/types.h"
 
-namespace muonmesh::math {
+namespace muonmesh::optim {
 
 // The tables live with the cost model, which needs their leading
 // coefficients (plan/ns_cost.h).
@@ -34,4 +34,4 @@ double NsFlopsFor(const NsOptions& options, int64_t rows, int64_t cols);
 // FLOPs of T iterations counted as dense products (docs/architecture.md §4).
 double NewtonSchulzFlops(int64_t rows, int64_t cols, int steps);
 
-}  // namespace muonmesh::math
+}  // namespace muonmesh::optim

@@ -6,7 +6,7 @@
 #include "absl/status/status.h"
 #include "core/optim/ns_coefficients.h"
 
-namespace muonmesh::math {
+namespace muonmesh::optim {
 
 absl::Status ValidateAdamWOptions(const AdamWOptions& o) {
   auto nonneg = [](double v) { return std::isfinite(v) && v >= 0.0; };
@@ -70,4 +70,4 @@ double MuonUpdateScale(MuonScale scale, int64_t rows, int64_t cols) {
   return 1.0;
 }
 
-}  // namespace muonmesh::math
+}  // namespace muonmesh::optim

@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "core/optim/types.h"
 
-namespace muonmesh::math {
+namespace muonmesh::optim {
 
 // OK or InvalidArgument naming the field: lr, eps, weight_decay finite and
 // >= 0, betas in [0, 1), lr * weight_decay <= 1.
@@ -39,4 +39,4 @@ absl::Status ValidateMuonOptions(const MuonOptions& options);
 // sqrt(max(1, rows / cols)) or 0.2 sqrt(max(rows, cols)).
 double MuonUpdateScale(MuonScale scale, int64_t rows, int64_t cols);
 
-}  // namespace muonmesh::math
+}  // namespace muonmesh::optim

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace muonmesh::math {
+namespace muonmesh::optim {
 
 std::optional<LrDecay> ParseLrDecay(std::string_view name) {
   if (name.empty() || name == "constant") return LrDecay::kConstant;
@@ -92,4 +92,4 @@ double MomentumAt(double momentum, const std::optional<MomentumWarmup>& warmup, 
   return warmup->start + (momentum - warmup->start) * f;
 }
 
-}  // namespace muonmesh::math
+}  // namespace muonmesh::optim

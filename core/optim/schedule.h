@@ -23,7 +23,7 @@
 #include <string>
 #include <string_view>
 
-namespace muonmesh::math {
+namespace muonmesh::optim {
 
 enum class LrDecay { kConstant, kCosine, kLinear, kWsd };
 
@@ -54,4 +54,4 @@ struct MomentumWarmup {
 // beta(s): `momentum` itself without a warmup.
 double MomentumAt(double momentum, const std::optional<MomentumWarmup>& warmup, int64_t step);
 
-}  // namespace muonmesh::math
+}  // namespace muonmesh::optim

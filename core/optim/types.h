@@ -10,7 +10,7 @@
 
 #include "core/plan/ns_cost.h"
 
-namespace muonmesh::math {
+namespace muonmesh::optim {
 
 // One Newton-Schulz iteration X <- a X + (b A + c A^2) X with A = X X^T.
 using NsCoefficientSet = plan::NsCoefficientSet;
@@ -96,4 +96,4 @@ struct AdamWOptions {
   double weight_decay = 1e-2;  // decoupled: p <- p (1 - lr wd) first
 };
 
-}  // namespace muonmesh::math
+}  // namespace muonmesh::optim

@@ -11,7 +11,7 @@
 #include "core/plan/ns_cost.h"
 #include "core/base/status_macros.h"
 
-namespace muonmesh {
+namespace muonmesh::convert {
 namespace {
 
 template <typename Enum>
@@ -390,4 +390,4 @@ std::string PlanFingerprint(const v1::ExecutionPlan& exec) {
   return absl::StrFormat("%016x%016x-%d", a, b, bytes.size());
 }
 
-}  // namespace muonmesh
+}  // namespace muonmesh::convert

@@ -12,7 +12,7 @@
 #include "muonmesh/v1/execution_plan.pb.h"
 #include "core/plan/types.h"
 
-namespace muonmesh {
+namespace muonmesh::convert {
 
 v1::ExecutionPlan PlanToExec(const plan::Plan& plan);
 
@@ -24,4 +24,4 @@ absl::StatusOr<plan::Plan> PlanFromExec(const v1::ExecutionPlan& exec);
 // compare with the assignment's plan_fingerprint.
 std::string PlanFingerprint(const v1::ExecutionPlan& exec);
 
-}  // namespace muonmesh
+}  // namespace muonmesh::convert

@@ -9,7 +9,7 @@
 #include "core/plan/validate.h"
 #include "core/plan/waves.h"
 
-namespace muonmesh {
+namespace muonmesh::convert {
 namespace {
 
 plan::PlanOptions OptionsFromProto(const v1::PlanOptions& o) {
@@ -323,4 +323,4 @@ void PlanToProto(const plan::PlanInput& input, const plan::Plan& p, bool include
   SummaryToProto(p, out->mutable_summary());
 }
 
-}  // namespace muonmesh
+}  // namespace muonmesh::convert

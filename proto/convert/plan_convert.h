@@ -6,7 +6,7 @@
 #include "muonmesh/v1/planner.pb.h"
 #include "core/plan/types.h"
 
-namespace muonmesh {
+namespace muonmesh::convert {
 
 plan::ModelSpec ModelFromProto(const v1::ModelSpec& model);
 v1::ModelSpec ModelToProto(const plan::ModelSpec& model);
@@ -21,4 +21,4 @@ plan::PlanInput PlanInputFromProto(const v1::ValidateConfigRequest& request);
 void PlanToProto(const plan::PlanInput& input, const plan::Plan& plan, bool include_shards,
                  v1::Plan* out, bool include_holders = true);
 
-}  // namespace muonmesh
+}  // namespace muonmesh::convert

@@ -90,33 +90,33 @@ void CheckDecayProduct(const std::string& field, double lr, double weight_decay,
   }
 }
 
-math::MuonOptions MuonFromProto(const v1::MuonConfig& m) {
-  math::MuonOptions o;
+optim::MuonOptions MuonFromProto(const v1::MuonConfig& m) {
+  optim::MuonOptions o;
   o.lr = Or(m.lr(), kMuonLr);
   o.momentum = Or(m.momentum(), kMuonMomentum);
   o.nesterov = m.has_nesterov() ? m.nesterov() : true;
   o.weight_decay = m.weight_decay();
   o.scale =
-      m.scale() == "match_rms_adamw" ? math::MuonScale::kMatchRmsAdamW : math::MuonScale::kOriginal;
+      m.scale() == "match_rms_adamw" ? optim::MuonScale::kMatchRmsAdamW : optim::MuonScale::kOriginal;
   o.ns.steps = static_cast<int>(Or<int64_t>(m.ns_steps(), plan::kDefaultNsSteps));
   plan::NsTable table = plan::NsTable::kQuintic;
   plan::ParseNsTable(m.coefficients(), &table);  // checked by PlannerViolations
-  o.ns.coefficients = math::NsCoefficientsOf(table);
+  o.ns.coefficients = optim::NsCoefficientsOf(table);
   plan::ParseNsAlgorithm(m.ns_algorithm(), &o.ns.algorithm);  // checked by PlannerViolations
   return o;
 }
 
-math::LrSchedule ScheduleFromProto(const v1::LrSchedule& s) {
-  math::LrSchedule o;
+optim::LrSchedule ScheduleFromProto(const v1::LrSchedule& s) {
+  optim::LrSchedule o;
   o.warmup_steps = s.warmup_steps();
-  o.decay = math::ParseLrDecay(s.decay()).value_or(math::LrDecay::kConstant);  // checked
+  o.decay = optim::ParseLrDecay(s.decay()).value_or(optim::LrDecay::kConstant);  // checked
   o.decay_steps = s.decay_steps();
   o.min_lr_ratio = s.min_lr_ratio();
   return o;
 }
 
-math::AdamWOptions AdamWFromProto(const v1::AdamWConfig& a) {
-  math::AdamWOptions o;
+optim::AdamWOptions AdamWFromProto(const v1::AdamWConfig& a) {
+  optim::AdamWOptions o;
   o.lr = Or(a.lr(), kAdamWLr);
   o.beta1 = Or(a.beta1(), kAdamWBeta1);
   o.beta2 = Or(a.beta2(), kAdamWBeta2);
@@ -149,7 +149,7 @@ void CheckMuon(const v1::MuonConfig& m, bool planner_flagged, Violations& v) {
   // The numerics' own check, as a safety net: anything it refuses that the
   // checks above let through is reported too, rather than failing at step 1.
   if (v.size() == before && !planner_flagged) {
-    if (absl::Status s = math::ValidateMuonOptions(MuonFromProto(m)); !s.ok()) {
+    if (absl::Status s = optim::ValidateMuonOptions(MuonFromProto(m)); !s.ok()) {
       v.Add("optimizer.muon", std::string(s.message()));
     }
   }
@@ -166,7 +166,7 @@ void CheckAdamW(const v1::AdamWConfig& a, Violations& v) {
   CheckNonNegative("optimizer.adamw.weight_decay", a.weight_decay(), v);
   CheckDecayProduct("optimizer.adamw.weight_decay", Or(a.lr(), kAdamWLr), a.weight_decay(), v);
   if (v.size() == before) {
-    if (absl::Status s = math::ValidateAdamWOptions(AdamWFromProto(a)); !s.ok()) {
+    if (absl::Status s = optim::ValidateAdamWOptions(AdamWFromProto(a)); !s.ok()) {
       v.Add("optimizer.adamw", std::string(s.message()));
     }
   }
@@ -322,13 +322,13 @@ void CheckInitAndData(const v1::JobSpec& job, Violations& v) {
 // The schedule and clipping (docs/architecture.md §5, "The recipe").
 void CheckRecipe(const v1::TrainingConfig& t, Violations& v) {
   if (t.has_lr_schedule()) {
-    if (!math::ParseLrDecay(t.lr_schedule().decay()).has_value()) {
+    if (!optim::ParseLrDecay(t.lr_schedule().decay()).has_value()) {
       v.Add("training.lr_schedule.decay",
             absl::StrCat("unknown decay ", plan::Quote(t.lr_schedule().decay()),
                          " (expected constant, cosine, linear or wsd)"));
     } else {
       std::string field;
-      const std::string why = math::ScheduleError(ScheduleFromProto(t.lr_schedule()), t.steps(),
+      const std::string why = optim::ScheduleError(ScheduleFromProto(t.lr_schedule()), t.steps(),
                                                   "training.lr_schedule", &field);
       if (!why.empty()) v.Add(field, why);
     }
@@ -435,7 +435,7 @@ std::vector<plan::FieldViolation> PlannerViolations(const v1::JobSpec& job, int6
   };
   plan::PlanInput input;
   input.world_size = world_size;
-  input.parallelism = ParallelismFromProto(job.parallelism());
+  input.parallelism = convert::ParallelismFromProto(job.parallelism());
   if (options) input.options = PlanOptionsOf(job);
   input.model.name = "placeholder";
   input.model.units.push_back({"unit", {{"param", {1}, "adamw", false}}});
@@ -713,7 +713,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
   r.spec = job;
   r.fresh_start = job.init().fresh();
   r.device = DeviceOf(job);
-  r.parallelism = ParallelismFromProto(job.parallelism());
+  r.parallelism = convert::ParallelismFromProto(job.parallelism());
   r.owner_assignment =
       job.optimizer().owner_assignment().empty() ? "lpt" : job.optimizer().owner_assignment();
   r.muon_buffer_bytes = job.optimizer().muon_buffer_bytes();
@@ -722,7 +722,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
   r.muon = MuonFromProto(job.optimizer().muon());
   r.adamw = AdamWFromProto(job.optimizer().adamw());
   if (job.optimizer().muon().has_momentum_warmup()) {
-    r.momentum_warmup = math::MomentumWarmup{job.optimizer().muon().momentum_warmup().start(),
+    r.momentum_warmup = optim::MomentumWarmup{job.optimizer().muon().momentum_warmup().start(),
                                              job.optimizer().muon().momentum_warmup().steps()};
   }
   r.optimizer_rules = OptimizerRulesOf(job);
@@ -780,23 +780,23 @@ std::vector<OptimizerRule> OptimizerRulesOf(const v1::JobSpec& job) {
 }
 
 std::string DescribeRecipe(const v1::JobSpec& job) {
-  const math::LrSchedule s = ScheduleFromProto(job.training().lr_schedule());
+  const optim::LrSchedule s = ScheduleFromProto(job.training().lr_schedule());
   const int64_t steps = job.training().steps();
-  const math::MuonOptions muon = MuonFromProto(job.optimizer().muon());
-  const math::AdamWOptions adamw = AdamWFromProto(job.optimizer().adamw());
-  std::optional<math::MomentumWarmup> warmup;
+  const optim::MuonOptions muon = MuonFromProto(job.optimizer().muon());
+  const optim::AdamWOptions adamw = AdamWFromProto(job.optimizer().adamw());
+  std::optional<optim::MomentumWarmup> warmup;
   if (job.optimizer().muon().has_momentum_warmup()) {
-    warmup = math::MomentumWarmup{job.optimizer().muon().momentum_warmup().start(),
+    warmup = optim::MomentumWarmup{job.optimizer().muon().momentum_warmup().start(),
                                   job.optimizer().muon().momentum_warmup().steps()};
   }
   std::string out = "learning rate: ";
   if (s.warmup_steps > 0) absl::StrAppend(&out, "warmup over ", s.warmup_steps, " steps, then ");
-  const int64_t decay_from = s.decay == math::LrDecay::kWsd ? steps - s.decay_steps
+  const int64_t decay_from = s.decay == optim::LrDecay::kWsd ? steps - s.decay_steps
                                                             : std::min(s.warmup_steps, steps);
-  if (s.decay == math::LrDecay::kConstant) {
+  if (s.decay == optim::LrDecay::kConstant) {
     absl::StrAppend(&out, "constant");
   } else {
-    absl::StrAppend(&out, math::LrDecayName(s.decay), " decay to ",
+    absl::StrAppend(&out, optim::LrDecayName(s.decay), " decay to ",
                     s.min_lr_ratio == 0 ? std::string("0")
                                         : absl::StrCat(s.min_lr_ratio, " of the peak"),
                     " over steps ", decay_from, "-", steps - 1);
@@ -818,11 +818,11 @@ std::string DescribeRecipe(const v1::JobSpec& job) {
   std::string line_beta = absl::StrFormat("%-10s", "momentum");
   for (int64_t step : at) {
     if (step < 0 || step >= steps) continue;
-    const double m = math::LrMultiplier(s, step, steps);
+    const double m = optim::LrMultiplier(s, step, steps);
     absl::StrAppend(&line_step, absl::StrFormat(" %10d", step));
     absl::StrAppend(&line_muon, absl::StrFormat(" %10.4g", muon.lr * m));
     absl::StrAppend(&line_adamw, absl::StrFormat(" %10.4g", adamw.lr * m));
-    absl::StrAppend(&line_beta, absl::StrFormat(" %10.4g", math::MomentumAt(muon.momentum, warmup,
+    absl::StrAppend(&line_beta, absl::StrFormat(" %10.4g", optim::MomentumAt(muon.momentum, warmup,
                                                                             step)));
   }
   absl::StrAppend(&out, line_step, "\n", line_muon, "\n", line_adamw, "\n", line_beta, "\n");

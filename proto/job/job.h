@@ -106,10 +106,10 @@ struct ResolvedJob {
   int64_t muon_buffer_bytes = 0;  // optimizer.muon_buffer_bytes (TrainerOptions)
   std::string muon_replica_split;  // optimizer.muon_replica_split: auto | on | off
 
-  math::MuonOptions muon;
-  math::AdamWOptions adamw;
+  optim::MuonOptions muon;
+  optim::AdamWOptions adamw;
   // optimizer.muon.momentum_warmup; unset: muon.momentum throughout.
-  std::optional<math::MomentumWarmup> momentum_warmup;
+  std::optional<optim::MomentumWarmup> momentum_warmup;
   // optimizer.rules in file order: the first match wins.
   std::vector<OptimizerRule> optimizer_rules;
 
@@ -151,7 +151,7 @@ struct ResolvedJob {
   int64_t eval_batches = 4;
   // training.lr_schedule (constant without one) and training.clip_grad_norm
   // (unset: no clipping).
-  math::LrSchedule lr_schedule;
+  optim::LrSchedule lr_schedule;
   std::optional<double> clip_grad_norm;
   // training.micro_batch_size: 0 for the whole local batch at once.
   int64_t micro_batch_size = 0;

@@ -33,7 +33,7 @@ absl::StatusOr<plan::PlanInput> PlanInputWith(const v1::JobSpec& job, const Mode
   MUONMESH_ASSIGN_OR_RETURN(input.model,
                             ApplyOptimizerRules(std::move(model), OptimizerRulesOf(job)));
   input.world_size = job.world_size();
-  input.parallelism = ParallelismFromProto(job.parallelism());
+  input.parallelism = convert::ParallelismFromProto(job.parallelism());
   input.options = PlanOptionsOf(job);
   return input;
 }

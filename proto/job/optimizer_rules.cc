@@ -55,13 +55,13 @@ absl::StatusOr<plan::ModelSpec> ApplyOptimizerRules(plan::ModelSpec spec,
   return spec;
 }
 
-absl::StatusOr<std::vector<math::ParamRates>> ParamRatesOf(const plan::ModelSpec& spec,
+absl::StatusOr<std::vector<optim::ParamRates>> ParamRatesOf(const plan::ModelSpec& spec,
                                                            const std::vector<OptimizerRule>& rules) {
   MUONMESH_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<re2::RE2>> compiled, CompileAll(rules));
-  std::vector<math::ParamRates> rates;
+  std::vector<optim::ParamRates> rates;
   for (const plan::UnitSpec& unit : spec.units) {
     for (const plan::ParamSpec& p : unit.params) {
-      math::ParamRates r;
+      optim::ParamRates r;
       if (const int i = FirstMatch(p.name, compiled); i >= 0) {
         r.lr_scale = rules[i].lr_scale.value_or(1.0);
         r.weight_decay = rules[i].weight_decay;

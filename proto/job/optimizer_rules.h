@@ -58,7 +58,7 @@ absl::StatusOr<plan::ModelSpec> ApplyOptimizerRules(plan::ModelSpec spec,
 // Per parameter of `spec` (flat spec order), the rates of the first rule
 // matching its whole name (the defaults where none does). Errors as
 // ApplyOptimizerRules.
-absl::StatusOr<std::vector<math::ParamRates>> ParamRatesOf(const plan::ModelSpec& spec,
+absl::StatusOr<std::vector<optim::ParamRates>> ParamRatesOf(const plan::ModelSpec& spec,
                                                            const std::vector<OptimizerRule>& rules);
 
 }  // namespace muonmesh::job

@@ -11,7 +11,7 @@
 #include "core/base/net_address.h"
 #include "core/base/status_macros.h"
 #include "grpcpp/security/tls_credentials_options.h"
-#include "proto/rpc/credentials.h"
+#include "proto/credentials/credentials.h"
 
 namespace muonmesh::auth {
 namespace {
@@ -96,16 +96,16 @@ absl::Status CheckCombination(const ServerSecurityOptions& options, absl::string
 absl::StatusOr<grpc_ssl_client_certificate_request_type> CheckTlsFiles(
     const ServerSecurityOptions& options, absl::string_view listen, std::vector<std::string>& notes,
     bool* client_ca) {
-  MUONMESH_ASSIGN_OR_RETURN(rpc::PemFile cert, rpc::LoadPemFile(kCertName, options.tls_cert));
-  MUONMESH_ASSIGN_OR_RETURN(rpc::PemFile key, rpc::LoadPemFile(kKeyName, options.tls_key));
-  MUONMESH_ASSIGN_OR_RETURN(std::string described, rpc::CheckCertificate(cert, key));
+  MUONMESH_ASSIGN_OR_RETURN(credentials::PemFile cert, credentials::LoadPemFile(kCertName, options.tls_cert));
+  MUONMESH_ASSIGN_OR_RETURN(credentials::PemFile key, credentials::LoadPemFile(kKeyName, options.tls_key));
+  MUONMESH_ASSIGN_OR_RETURN(std::string described, credentials::CheckCertificate(cert, key));
   notes.push_back(absl::StrCat("TLS on ", listen, ": certificate ", described));
   NoteOpenMode(kKeyName, options.tls_key, &notes);
 
   *client_ca = !options.tls_ca.empty();
   if (*client_ca) {
-    MUONMESH_ASSIGN_OR_RETURN(rpc::PemFile ca, rpc::LoadPemFile(kCaName, options.tls_ca));
-    MUONMESH_ASSIGN_OR_RETURN(std::string ca_described, rpc::CheckCertificate(ca, rpc::PemFile{}));
+    MUONMESH_ASSIGN_OR_RETURN(credentials::PemFile ca, credentials::LoadPemFile(kCaName, options.tls_ca));
+    MUONMESH_ASSIGN_OR_RETURN(std::string ca_described, credentials::CheckCertificate(ca, credentials::PemFile{}));
     // Requested, not required, at the handshake: viewers and submitters
     // connect without one. A certificate that is presented must verify; the
     // AuthProcessor requires one for Fleet and Store.
@@ -126,7 +126,7 @@ absl::StatusOr<grpc_ssl_client_certificate_request_type> CheckTlsFiles(
 
 absl::StatusOr<std::unique_ptr<ServerSecurity>> ServerSecurity::Load(
     const ServerSecurityOptions& options, absl::string_view listen, LineSink log) {
-  rpc::InitOpenSslWithoutExitHandler();
+  credentials::InitOpenSslWithoutExitHandler();
   const bool loopback = IsLoopbackAddress(std::string(HostOf(listen)));
   MUONMESH_RETURN_IF_ERROR(CheckCombination(options, listen, loopback));
   std::unique_ptr<ServerSecurity> self(new ServerSecurity());
@@ -153,7 +153,7 @@ absl::StatusOr<std::unique_ptr<ServerSecurity>> ServerSecurity::Load(
   // Checked above; served from the files themselves, read again every
   // tls_refresh, so a renewed certificate needs no restart.
   grpc::experimental::TlsServerCredentialsOptions tls(
-      rpc::WatchTlsFiles(options.tls_key, options.tls_cert, options.tls_ca, options.tls_refresh));
+      credentials::WatchTlsFiles(options.tls_key, options.tls_cert, options.tls_ca, options.tls_refresh));
   tls.watch_identity_key_cert_pairs();
   if (self->client_ca_) tls.watch_root_certs();
   tls.set_cert_request_type(request);

@@ -13,7 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/base/status_macros.h"
-#include "proto/rpc/credentials.h"
+#include "proto/credentials/credentials.h"
 
 namespace muonmesh::auth {
 namespace {
@@ -37,7 +37,7 @@ absl::StatusOr<std::string> DigestOf(absl::string_view word) {
     }
     return absl::HexStringToBytes(absl::AsciiStrToLower(hex));
   }
-  MUONMESH_RETURN_IF_ERROR(rpc::CheckToken(word));
+  MUONMESH_RETURN_IF_ERROR(credentials::CheckToken(word));
   return Sha256(word);
 }
 

@@ -26,7 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "proto/rpc/credentials.h"
+#include "proto/credentials/credentials.h"
 #include "server/auth/types.h"
 
 namespace muonmesh::auth {
@@ -38,7 +38,7 @@ class TokenTable {
  public:
   // Reads and parses `path`. NotFound / InvalidArgument naming the file (and
   // line) when it cannot be read, a line is not "ROLE TOKEN" or "ROLE
-  // sha256:HEX", a role is unknown, a token breaks rpc::CheckToken, a token
+  // sha256:HEX", a role is unknown, a token breaks credentials::CheckToken, a token
   // appears twice, or there is no token at all. Messages never quote a token.
   static absl::StatusOr<TokenTable> Load(const std::string& path);
   // The same for text already read; `origin` names it in messages.
@@ -75,7 +75,7 @@ class TokenFile {
 
   const std::function<void(const std::string&)> log_;
   absl::Mutex mu_;
-  rpc::FileChangeCheck file_ ABSL_GUARDED_BY(mu_);
+  credentials::FileChangeCheck file_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const TokenTable> table_ ABSL_GUARDED_BY(mu_);
 };
 

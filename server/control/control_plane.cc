@@ -32,11 +32,11 @@ absl::StatusOr<std::unique_ptr<ControlPlane>> ControlPlane::Start(
   std::unique_ptr<ControlPlane> plane(new ControlPlane(options, std::move(lock), std::move(store)));
   plane->fleet_.ForgetLostAfter(options.forget_lost_after);
   if (!options.metrics_listen.empty()) {
-    MUONMESH_ASSIGN_OR_RETURN(plane->http_, rpc::MetricsHttp::Serve(options.metrics_listen));
+    MUONMESH_ASSIGN_OR_RETURN(plane->http_, http::MetricsHttp::Serve(options.metrics_listen));
     plane->http_->exposer().RegisterCollectable(plane->metrics_);
     plane->http_->exposer().RegisterCollectable(plane->metrics_->registry());
     if (!options.certificate_files.empty()) {
-      plane->certificates_ = std::make_shared<rpc::CertificateExpiry>(options.certificate_files);
+      plane->certificates_ = std::make_shared<credentials::CertificateExpiry>(options.certificate_files);
       plane->http_->exposer().RegisterCollectable(plane->certificates_);
     }
     ControlPlane* p = plane.get();

@@ -2,7 +2,7 @@
 
 // Everything the coordinator serves beyond the Planner: the durable job
 // store, the fleet, the rendezvous store, the job manager, their gRPC
-// services, and the thread that expires leases. CoordinatorServer owns one
+// services, and the thread that expires leases. coordinator::CoordinatorServer owns one
 // and registers its services.
 //
 // Thread-safe; Shutdown() wakes every waiting stream and stops the lease
@@ -21,8 +21,8 @@
 #include "absl/time/time.h"
 #include "grpcpp/impl/service_type.h"
 #include "prometheus/exposer.h"
-#include "proto/rpc/certificate_expiry.h"
-#include "proto/rpc/metrics_http.h"
+#include "proto/credentials/certificate_expiry.h"
+#include "proto/http/metrics_http.h"
 #include "server/control/coordinator_metrics.h"
 #include "server/control/fleet.h"
 #include "server/control/fleet_service.h"
@@ -120,8 +120,8 @@ class ControlPlane {
   JobsService jobs_service_;
   FleetService fleet_service_;
   StoreService store_service_;
-  std::unique_ptr<rpc::MetricsHttp> http_;  // /metrics, /healthz, /readyz
-  std::shared_ptr<rpc::CertificateExpiry> certificates_;  // exported on http_
+  std::unique_ptr<http::MetricsHttp> http_;  // /metrics, /healthz, /readyz
+  std::shared_ptr<credentials::CertificateExpiry> certificates_;  // exported on http_
   std::atomic<bool> serving_{false};
   std::atomic<bool> stopping_{false};
   absl::Mutex listener_mu_;

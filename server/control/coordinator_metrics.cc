@@ -8,7 +8,7 @@
 #include "absl/time/clock.h"
 #include "grpcpp/support/interceptor.h"
 #include "muonmesh/v1/jobs.pb.h"
-#include "proto/rpc/metrics_http.h"
+#include "proto/http/metrics_http.h"
 
 namespace muonmesh::coordinator {
 namespace {
@@ -122,7 +122,7 @@ CoordinatorMetrics::CoordinatorMetrics(const JobStore* store, const Fleet* fleet
                          .Help("Attempts of a job that ended refusing a step: a reduced gradient "
                                "was NaN or infinite (no rank updated anything)")
                          .Register(*registry_)) {
-  rpc::RegisterBuildInfo(*registry_, "coordinator");
+  http::RegisterBuildInfo(*registry_, "coordinator");
 }
 
 void CoordinatorMetrics::OnRpc(const std::string& method, int code, double seconds,

@@ -34,7 +34,7 @@
 //   muonmesh_tls_certificate_expiry_timestamp_seconds{certificate}  gauge,
 //                                                "server", "client_ca": not
 //                                                from here, but served beside
-//                                                these (rpc::CertificateExpiry,
+//                                                these (credentials::CertificateExpiry,
 //                                                ControlPlane)
 //   muonmesh_job_recovery_seconds                histogram, from a fault
 //                                                (a rank failed or lost its

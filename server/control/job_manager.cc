@@ -98,8 +98,8 @@ void JobManager::StartAttempt(const v1::Job& job, const v1::JobSpec& spec,
         job.id(), plan::WaveCriticalPathNsFlops(
                       plan, plan::PlanMuonWaves(plan, plan.config.muon_wave_budget_bytes)));
   }
-  v1::ExecutionPlan exec = PlanToExec(plan);
-  const std::string fingerprint = PlanFingerprint(exec);
+  v1::ExecutionPlan exec = convert::PlanToExec(plan);
+  const std::string fingerprint = convert::PlanFingerprint(exec);
   JobRecord& record = Record(job.id());
   const Attempt& a = record.attempt.emplace(Attempt::Begin(attempt, job, gang, fingerprint));
   record.elastic.waiting.reset();

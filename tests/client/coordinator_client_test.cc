@@ -18,7 +18,7 @@
 #include "gtest/gtest.h"
 #include "muonmesh/v1/jobs.grpc.pb.h"
 
-namespace muonmesh {
+namespace muonmesh::client {
 namespace {
 
 using ::testing::HasSubstr;
@@ -80,4 +80,4 @@ INSTANTIATE_TEST_SUITE_P(Tokens, PageLoopTest, ::testing::Values(true, false),
                          [](const auto& info) { return info.param ? "Repeated" : "Endless"; });
 
 }  // namespace
-}  // namespace muonmesh
+}  // namespace muonmesh::client

@@ -16,7 +16,7 @@
 #include "muonmesh/v1/fleet.pb.h"
 #include "muonmesh/v1/planner.pb.h"
 
-namespace muonmesh {
+namespace muonmesh::client {
 namespace {
 
 TEST(JsonWriterTest, NestedRepeatedAndZeroFields) {
@@ -243,4 +243,4 @@ TEST(JsonWriterTest, SameMessageSameBytes) {
 }
 
 }  // namespace
-}  // namespace muonmesh
+}  // namespace muonmesh::client

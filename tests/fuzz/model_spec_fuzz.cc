@@ -21,7 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   muonmesh::v1::ModelSpec spec;
   if (!muonmesh::protoio::ParseMessageText(text, "fuzz.yaml", &spec).ok()) return 0;
   muonmesh::plan::PlanInput in;
-  in.model = muonmesh::ModelFromProto(spec);
+  in.model = muonmesh::convert::ModelFromProto(spec);
   in.world_size = world;
   in.parallelism.expert_model_parallel_size = ep % 9;
   static const char* kStrategies[] = {"no_shard", "optim", "optim_grads", "optim_grads_params",

@@ -194,17 +194,17 @@ TEST(ExecPlanConvertTest, PlansOfRealModelsRoundTripFieldByField) {
       other_forms += m.ns_form != plan::NsAlgorithm::kStandard;
     }
     EXPECT_GT(other_forms, 0);
-    const v1::ExecutionPlan exec = PlanToExec(*original);
-    absl::StatusOr<plan::Plan> back = PlanFromExec(exec);
+    const v1::ExecutionPlan exec = convert::PlanToExec(*original);
+    absl::StatusOr<plan::Plan> back = convert::PlanFromExec(exec);
     ASSERT_TRUE(back.ok()) << back.status();
     ExpectSamePlan(*original, *back);
     // The fingerprint is a function of the plan: the same for the same plan,
     // different once anything changes.
-    EXPECT_EQ(PlanFingerprint(exec), PlanFingerprint(PlanToExec(*back)));
+    EXPECT_EQ(convert::PlanFingerprint(exec), convert::PlanFingerprint(convert::PlanToExec(*back)));
     v1::ExecutionPlan changed = exec;
     changed.mutable_dense()->mutable_matrices(0)->set_owner(
         (changed.dense().matrices(0).owner() + 1) % static_cast<int>(changed.dense().size()));
-    EXPECT_NE(PlanFingerprint(exec), PlanFingerprint(changed));
+    EXPECT_NE(convert::PlanFingerprint(exec), convert::PlanFingerprint(changed));
   }
 }
 
@@ -216,44 +216,44 @@ TEST(ExecPlanConvertTest, DamagedPlansAreRefusedNamingTheField) {
   input.world_size = 4;
   absl::StatusOr<plan::Plan> p = plan::ComputePlan(input);
   ASSERT_TRUE(p.ok());
-  const v1::ExecutionPlan good = PlanToExec(*p);
+  const v1::ExecutionPlan good = convert::PlanToExec(*p);
 
   v1::ExecutionPlan bad = good;
   bad.mutable_units(1)->mutable_dense()->add_segment_offset(7);
-  EXPECT_THAT(std::string(PlanFromExec(bad).status().message()),
+  EXPECT_THAT(std::string(convert::PlanFromExec(bad).status().message()),
               HasSubstr("units[1].dense: segment arrays differ"));
   bad = good;
   bad.mutable_units(0)->mutable_dense()->set_segment_tensor(0, 99);
-  EXPECT_THAT(std::string(PlanFromExec(bad).status().message()),
+  EXPECT_THAT(std::string(convert::PlanFromExec(bad).status().message()),
               HasSubstr("units[0].dense.segment_tensor[0]"));
   bad = good;
   bad.mutable_units(0)->mutable_dense()->set_num_shards(1000);
-  EXPECT_THAT(std::string(PlanFromExec(bad).status().message()), HasSubstr("shard_begin"));
+  EXPECT_THAT(std::string(convert::PlanFromExec(bad).status().message()), HasSubstr("shard_begin"));
   bad = good;
   bad.mutable_config()->set_owner_rule(static_cast<v1::ExecOwnerRule>(9));
-  EXPECT_THAT(std::string(PlanFromExec(bad).status().message()), HasSubstr("config.owner_rule"));
+  EXPECT_THAT(std::string(convert::PlanFromExec(bad).status().message()), HasSubstr("config.owner_rule"));
   bad = good;
   bad.mutable_dense()->mutable_matrices(0)->set_replica(0);  // no split: -1 only
-  EXPECT_THAT(std::string(PlanFromExec(bad).status().message()),
+  EXPECT_THAT(std::string(convert::PlanFromExec(bad).status().message()),
               HasSubstr("dense.matrices[0].replica"));
   bad = good;
   bad.mutable_config()->set_replica_split(7);
-  EXPECT_THAT(std::string(PlanFromExec(bad).status().message()), HasSubstr("config.replica_split"));
+  EXPECT_THAT(std::string(convert::PlanFromExec(bad).status().message()), HasSubstr("config.replica_split"));
   bad = good;
   bad.mutable_config()->set_threads_per_rank(-2);
-  EXPECT_THAT(std::string(PlanFromExec(bad).status().message()),
+  EXPECT_THAT(std::string(convert::PlanFromExec(bad).status().message()),
               HasSubstr("config.threads_per_rank: must be in [0, 256], got -2"));
   bad = good;
   bad.mutable_config()->set_threads_per_rank(0);  // a plan from before the field: one thread
-  ASSERT_TRUE(PlanFromExec(bad).ok());
-  EXPECT_EQ(PlanFromExec(bad)->config.threads_per_rank, 1);
+  ASSERT_TRUE(convert::PlanFromExec(bad).ok());
+  EXPECT_EQ(convert::PlanFromExec(bad)->config.threads_per_rank, 1);
   bad = good;
   bad.mutable_config()->set_ns_steps(1 << 30);  // refused before the forms loop over them
-  EXPECT_THAT(std::string(PlanFromExec(bad).status().message()),
+  EXPECT_THAT(std::string(convert::PlanFromExec(bad).status().message()),
               HasSubstr("config.ns_steps: must be in [1, 100], got 1073741824"));
   bad = good;
   bad.mutable_dense()->mutable_matrices(0)->add_holder_row_start(1);
-  EXPECT_THAT(std::string(PlanFromExec(bad).status().message()),
+  EXPECT_THAT(std::string(convert::PlanFromExec(bad).status().message()),
               HasSubstr("dense.matrices[0]: holder arrays"));
 }
 

@@ -3,7 +3,7 @@
 // /metrics; a port with no checks set is live but not ready; a check being
 // cleared waits for one running now.
 
-#include "proto/rpc/metrics_http.h"
+#include "proto/http/metrics_http.h"
 
 #include <atomic>
 #include <memory>
@@ -18,7 +18,7 @@
 #include "prometheus/registry.h"
 #include "tests/testing/http_get.h"
 
-namespace muonmesh::rpc {
+namespace muonmesh::http {
 namespace {
 
 using muonmesh::testing::HttpGet;
@@ -94,4 +94,4 @@ TEST(MetricsHttpTest, AnAddressInUseIsRefusedNamingIt) {
 }
 
 }  // namespace
-}  // namespace muonmesh::rpc
+}  // namespace muonmesh::http

@@ -39,7 +39,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #endif
 
-namespace muonmesh {
+namespace muonmesh::coordinator {
 namespace {
 
 using ::testing::HasSubstr;
@@ -55,15 +55,15 @@ class PlannerServiceTest : public ::testing::Test {
   void SetUp() override { StartServer({}); }
 
   // (Re)starts the server with these planner limits.
-  void StartServer(const PlannerServiceOptions& planner) {
+  void StartServer(const coordinator::PlannerServiceOptions& planner) {
     if (server_ != nullptr) {
       server_->Shutdown(absl::ZeroDuration());
       server_->Wait();
     }
-    CoordinatorServerOptions options;
+    coordinator::CoordinatorServerOptions options;
     options.listen = "127.0.0.1:0";
     options.planner = planner;
-    absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(options);
+    absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> server = coordinator::CoordinatorServer::Start(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
     ASSERT_GT(server_->port(), 0);
@@ -156,7 +156,7 @@ class PlannerServiceTest : public ::testing::Test {
     return fields;
   }
 
-  std::unique_ptr<CoordinatorServer> server_;
+  std::unique_ptr<coordinator::CoordinatorServer> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Planner::Stub> stub_;
 };
@@ -582,11 +582,11 @@ TEST_F(PlannerServiceTest, PlansBeyondTheConcurrencyLimitAreRefused) {
 // with the plans in flight is refused until they end; small ones still fit.
 TEST_F(PlannerServiceTest, PlansBeyondTheMemoryBudgetAreRefused) {
   const v1::PlanLayoutRequest slow = SlowRequest();
-  const plan::PlanInput input = PlanInputFromProto(slow);
+  const plan::PlanInput input = convert::PlanInputFromProto(slow);
   absl::StatusOr<plan::PlanSize> size = plan::EstimatePlanSize(input);
   ASSERT_TRUE(size.ok()) << size.status();
-  const double bytes = PlanCallBytes(*size, static_cast<double>(slow.ByteSizeLong()),
-                                     ResponseBytesBound(input, *size, false));
+  const double bytes = coordinator::PlanCallBytes(*size, static_cast<double>(slow.ByteSizeLong()),
+                                     coordinator::ResponseBytesBound(input, *size, false));
 
   StartServer({.admission = {.max_calls = 8, .max_bytes = static_cast<int64_t>(bytes / 2)}});
   v1::PlanLayoutResponse response;
@@ -696,10 +696,10 @@ TEST_F(PlannerServiceTest, AStateItCannotWriteTurnsItsControlServicesNotServing)
 #if MUONMESH_HAVE_HEALTH_PROTO
   const std::string dir = ::testing::TempDir() + "/planner_service_state_error";
   std::filesystem::remove_all(dir);
-  CoordinatorServerOptions options;
+  coordinator::CoordinatorServerOptions options;
   options.listen = "127.0.0.1:0";
   options.control.data_dir = dir;
-  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(options);
+  absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> server = coordinator::CoordinatorServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
   auto health = grpc::health::v1::Health::NewStub(channel);
@@ -752,11 +752,11 @@ int ThreadCount() {
 TEST_F(PlannerServiceTest, AbandonedStreamsAreBoundedByTheThreadQuota) {
   const std::string dir = ::testing::TempDir() + "/planner_service_threads";
   std::filesystem::remove_all(dir);
-  CoordinatorServerOptions options;
+  coordinator::CoordinatorServerOptions options;
   options.listen = "127.0.0.1:0";
   options.control.data_dir = dir;
   options.max_rpc_threads = 16;
-  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(options);
+  absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> server = coordinator::CoordinatorServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
   auto jobs = v1::Jobs::NewStub(channel);
@@ -815,13 +815,13 @@ TEST_F(PlannerServiceTest, AbandonedStreamsAreBoundedByTheThreadQuota) {
 }
 
 TEST_F(PlannerServiceTest, SecondServerCannotTakeABoundPort) {
-  CoordinatorServerOptions options;
+  coordinator::CoordinatorServerOptions options;
   options.listen = server_->address();
-  const absl::StatusOr<std::unique_ptr<CoordinatorServer>> second =
-      CoordinatorServer::Start(options);
+  const absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> second =
+      coordinator::CoordinatorServer::Start(options);
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
   ExpectServing();
 }
 
 }  // namespace
-}  // namespace muonmesh
+}  // namespace muonmesh::coordinator

@@ -13,8 +13,8 @@ namespace {
 
 using testing::Gaussian;
 
-AdamWOptions Options() {
-  AdamWOptions o;
+optim::AdamWOptions Options() {
+  optim::AdamWOptions o;
   o.lr = 0.1;
   o.beta1 = 0.9;
   o.beta2 = 0.999;
@@ -50,7 +50,7 @@ TEST(AdamWTest, HandComputedTwoSteps) {
 // lr * 1e-6 / (1e-6 + 1e-8) = 0.0990 lr; inside the root it would be
 // lr * 1e-6 / sqrt(1e-12 + 1e-8) = 0.0100 lr.
 TEST(AdamWTest, EpsOutsideSquareRoot) {
-  AdamWOptions o = Options();
+  optim::AdamWOptions o = Options();
   o.weight_decay = 0.0;
   std::vector<float> p = {0.0f}, m = {0.0f}, v = {0.0f};
   ASSERT_TRUE(AdamWStep(o, 1, std::vector<float>{1e-6f}, absl::MakeSpan(m), absl::MakeSpan(v),
@@ -61,7 +61,7 @@ TEST(AdamWTest, EpsOutsideSquareRoot) {
 // Twenty steps on a vector against an fp64 restatement of torch.optim.AdamW.
 TEST(AdamWTest, MatchesFp64ReferenceOverSteps) {
   const size_t n = 257;
-  const AdamWOptions o = Options();
+  const optim::AdamWOptions o = Options();
   std::vector<float> p = Gaussian(n, 1), m(n, 0.0f), v(n, 0.0f);
   std::vector<double> rp(p.begin(), p.end()), rm(n, 0.0), rv(n, 0.0);
   for (int t = 1; t <= 20; ++t) {
@@ -112,7 +112,7 @@ TEST(AdamWTest, InvalidArguments) {
   EXPECT_EQ(AdamWStep(Options(), 1, g, absl::MakeSpan(m), absl::MakeSpan(short_v),
                       absl::MakeSpan(p)).code(),
             absl::StatusCode::kInvalidArgument);
-  AdamWOptions o = Options();
+  optim::AdamWOptions o = Options();
   o.beta2 = 1.0;
   EXPECT_EQ(AdamWStep(o, 1, g, absl::MakeSpan(m), absl::MakeSpan(v), absl::MakeSpan(p)).code(),
             absl::StatusCode::kInvalidArgument);

@@ -159,7 +159,7 @@ void ExpectNoOwnAllocations(const Allocations& a, int blas_calls, const char* wh
 
 TEST(AllocationTest, NewtonSchulzAllocatesOnlyToGrow) {
   NewtonSchulz ns;
-  NsOptions options;
+  optim::NsOptions options;
   const int calls = 3 * options.steps;
   std::vector<float> x = testing::Gaussian(96 * 160, 1);
   const std::vector<float> x0 = x;
@@ -191,16 +191,16 @@ TEST(AllocationTest, NewtonSchulzReserveMeansNoAllocationOnFirstRun) {
   NewtonSchulz ns;
   // The form auto runs on this shape (the spectral one, which has buffers of
   // its own).
-  ASSERT_TRUE(ns.Reserve(64, 128, NsFormFor(NsOptions{}, 128, 64)).ok());
+  ASSERT_TRUE(ns.Reserve(64, 128, optim::NsFormFor(optim::NsOptions{}, 128, 64)).ok());
   std::vector<float> x = testing::Gaussian(64 * 128, 2);
   ExpectNoOwnAllocations(
-      AllocationsDuring([&] { ASSERT_TRUE(ns.Run(x.data(), 128, 64, NsOptions{}).ok()); }), 15,
+      AllocationsDuring([&] { ASSERT_TRUE(ns.Run(x.data(), 128, 64, optim::NsOptions{}).ok()); }), 15,
       "first Run after Reserve 128x64");
 }
 
 TEST(AllocationTest, MuonStepAllocatesOnlyOnWarmUp) {
   Muon muon;
-  MuonOptions options;
+  optim::MuonOptions options;
   const int64_t rows = 48, cols = 80, n = rows * cols;
   const std::vector<float> g = testing::Gaussian(n, 3);
   std::vector<float> p = testing::Gaussian(n, 4), m(n, 0.0f);

@@ -21,8 +21,8 @@ double Iterate(double s, int steps) {
   return s;
 }
 
-MuonOptions Options() {
-  MuonOptions o;
+optim::MuonOptions Options() {
+  optim::MuonOptions o;
   o.lr = 0.1;
   o.momentum = 0.9;
   o.nesterov = true;
@@ -42,7 +42,7 @@ TEST(MuonTest, HandComputedScalar) {
   EXPECT_NEAR(p[0], 0.999 - 0.1 * Iterate(1.0, 5), 1e-6);
 
   // Without Nesterov the input is m' itself: same sign, same NS result.
-  MuonOptions plain = Options();
+  optim::MuonOptions plain = Options();
   plain.nesterov = false;
   std::vector<float> u(1);
   ASSERT_TRUE(MuonPrepare(plain, g, std::vector<float>{0.2f}, absl::MakeSpan(u)).ok());
@@ -55,10 +55,10 @@ TEST(MuonTest, HandComputedScalar) {
 // ||u||_F = 0.5, so NS sees diag(0.6, 0.8), and each diagonal entry follows
 // the scalar map on its own. match_rms_adamw scale: 0.2 sqrt(2).
 TEST(MuonTest, HandComputedDiagonal) {
-  MuonOptions o = Options();
+  optim::MuonOptions o = Options();
   o.nesterov = false;
   o.weight_decay = 0.0;
-  o.scale = MuonScale::kMatchRmsAdamW;
+  o.scale = optim::MuonScale::kMatchRmsAdamW;
   std::vector<float> p = {1.0f, 2.0f, 3.0f, 4.0f}, m(4, 0.0f);
   const std::vector<float> g = {3.0f, 0.0f, 0.0f, 4.0f};
   Muon muon;
@@ -74,7 +74,7 @@ TEST(MuonTest, HandComputedDiagonal) {
 
 // 4 x 1: a column has one singular value; original scale sqrt(4 / 1) = 2.
 TEST(MuonTest, HandComputedTallColumnScale) {
-  MuonOptions o = Options();
+  optim::MuonOptions o = Options();
   o.momentum = 0.0;  // u = g
   o.weight_decay = 0.0;
   std::vector<float> p(4, 0.0f), m(4, 0.0f);
@@ -86,10 +86,10 @@ TEST(MuonTest, HandComputedTallColumnScale) {
 }
 
 TEST(MuonTest, UpdateScale) {
-  EXPECT_DOUBLE_EQ(MuonUpdateScale(MuonScale::kOriginal, 1024, 256), 2.0);
-  EXPECT_DOUBLE_EQ(MuonUpdateScale(MuonScale::kOriginal, 256, 1024), 1.0);
-  EXPECT_DOUBLE_EQ(MuonUpdateScale(MuonScale::kMatchRmsAdamW, 256, 1024), 0.2 * 32.0);
-  EXPECT_DOUBLE_EQ(MuonUpdateScale(MuonScale::kMatchRmsAdamW, 1024, 256), 0.2 * 32.0);
+  EXPECT_DOUBLE_EQ(optim::MuonUpdateScale(optim::MuonScale::kOriginal, 1024, 256), 2.0);
+  EXPECT_DOUBLE_EQ(optim::MuonUpdateScale(optim::MuonScale::kOriginal, 256, 1024), 1.0);
+  EXPECT_DOUBLE_EQ(optim::MuonUpdateScale(optim::MuonScale::kMatchRmsAdamW, 256, 1024), 0.2 * 32.0);
+  EXPECT_DOUBLE_EQ(optim::MuonUpdateScale(optim::MuonScale::kMatchRmsAdamW, 1024, 256), 0.2 * 32.0);
 }
 
 // The sharded runtime's path (prepare on row shards, NS on the gathered
@@ -99,7 +99,7 @@ TEST(MuonTest, ShardedPhasesEqualWholeMatrixStep) {
   const std::vector<float> g = Gaussian(rows * cols, 1);
   const std::vector<float> m0 = Gaussian(rows * cols, 2, 0.1);
   const std::vector<float> p0 = Gaussian(rows * cols, 3);
-  const MuonOptions o = Options();
+  const optim::MuonOptions o = Options();
 
   std::vector<float> p_whole = p0, m_whole = m0;
   Muon muon;
@@ -127,7 +127,7 @@ TEST(MuonTest, ShardedPhasesEqualWholeMatrixStep) {
 // Three steps against an fp64 restatement of torch.optim.Muon.
 TEST(MuonTest, MatchesFp64ReferenceOverSteps) {
   const int64_t rows = 12, cols = 20;
-  MuonOptions o = Options();
+  optim::MuonOptions o = Options();
   std::vector<float> p = Gaussian(rows * cols, 4), m(rows * cols, 0.0f);
   std::vector<double> rp(p.begin(), p.end()), rm(rows * cols, 0.0);
   Muon muon;
@@ -198,7 +198,7 @@ TEST(MuonTest, NonFiniteRefusesStepAndWritesNothing) {
   std::vector<float> p = p0, m = m0;
   p[0] = std::numeric_limits<float>::max();
   const std::vector<float> p_before = p;
-  MuonOptions huge = Options();
+  optim::MuonOptions huge = Options();
   huge.lr = 1e38;
   huge.weight_decay = 0.0;
   std::vector<float> o(n, -1.0f);
@@ -225,7 +225,7 @@ TEST(MuonTest, ZeroGradientAndEmptyShards) {
 
 TEST(MuonTest, InvalidOptionsAndSizes) {
   std::vector<float> g(4, 1.0f), m(4, 0.0f), p(4, 1.0f), u(3);
-  MuonOptions o = Options();
+  optim::MuonOptions o = Options();
   o.momentum = 1.0;
   EXPECT_EQ(MuonPrepare(o, g, m, absl::MakeSpan(g.data(), 4)).code(),
             absl::StatusCode::kInvalidArgument);

@@ -11,7 +11,7 @@
 //   BM_NewtonSchulzSpectral/<rows>/<cols>: the Gram form evaluated on the
 //       eigenvalues of X X^T (plan/ns_cost.h), counted the same way.
 //   BM_NewtonSchulzAuto/<rows>/<cols>: the form auto picks, priced for the
-//       OpenBLAS threads this process runs (NsOptions::threads): on a good
+//       OpenBLAS threads this process runs (optim::NsOptions::threads): on a good
 //       cost model its figure is the best of the three above.
 //   BM_Sgemm/<m>/<n>/<k>: C = A B, FLOPS = 2 m n k. For an m x n
 //       Newton-Schulz the comparison is m/m/n, the shape of X X^T.
@@ -96,7 +96,7 @@ void RunNewtonSchulz(benchmark::State& state, plan::NsAlgorithm algorithm) {
   const std::vector<float> input = Filled(static_cast<size_t>(rows * cols), 1);
   std::vector<float> x = input;
   NewtonSchulz ns;
-  NsOptions options;
+  optim::NsOptions options;
   options.steps = kSteps;
   options.algorithm = algorithm;
   options.threads = openblas_get_num_threads();
@@ -123,8 +123,8 @@ void RunNewtonSchulz(benchmark::State& state, plan::NsAlgorithm algorithm) {
     benchmark::ClobberMemory();
   }
   state.counters["FLOPS"] =
-      wall.Rate(NewtonSchulzFlops(rows, cols, kSteps) * static_cast<double>(state.iterations()));
-  state.SetLabel(plan::NsAlgorithmName(NsFormFor(options, rows, cols)));  // the form that ran
+      wall.Rate(optim::NewtonSchulzFlops(rows, cols, kSteps) * static_cast<double>(state.iterations()));
+  state.SetLabel(plan::NsAlgorithmName(optim::NsFormFor(options, rows, cols)));  // the form that ran
 }
 
 void BM_NewtonSchulz(benchmark::State& state) {

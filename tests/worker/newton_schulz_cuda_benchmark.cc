@@ -66,7 +66,7 @@ double TimeNewtonSchulz(muonmesh::cuda::CudaNewtonSchulz& ns, int64_t rows, int6
   BENCH_CHECK(cudaMalloc(&x, count * sizeof(float)) == cudaSuccess);
   BENCH_CHECK(cudaMemcpy(x, host.data(), count * sizeof(float), cudaMemcpyHostToDevice) ==
               cudaSuccess);
-  muonmesh::math::NsOptions options;
+  muonmesh::optim::NsOptions options;
   options.steps = steps;
   options.algorithm = algorithm;
   BENCH_CHECK(ns.Reserve(rows, cols).ok());
@@ -196,7 +196,7 @@ int main(int argc, char** argv) {
           TimeNewtonSchulz(*ns, r, c, target,
                            gram ? muonmesh::plan::NsAlgorithm::kGram
                                 : muonmesh::plan::NsAlgorithm::kStandard);
-      flops[gram] = muonmesh::math::NewtonSchulzFlops(r, c, kSteps) / seconds[gram];
+      flops[gram] = muonmesh::optim::NewtonSchulzFlops(r, c, kSteps) / seconds[gram];
       std::printf("%-34s %12.3f %14.1f\n",
                   ((gram ? "BM_NewtonSchulzGram/" : "BM_NewtonSchulz/") + shape).c_str(),
                   seconds[gram] * 1e3, flops[gram] / 1e12);

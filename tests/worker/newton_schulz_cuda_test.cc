@@ -90,8 +90,8 @@ class DeviceVector {
   size_t size_;
 };
 
-math::NsOptions Quintic(int steps = 5) {
-  math::NsOptions o;
+optim::NsOptions Quintic(int steps = 5) {
+  optim::NsOptions o;
   o.steps = steps;
   return o;
 }
@@ -101,10 +101,10 @@ struct Case {
 };
 
 // Five steps of the quintic or of Polar Express, and the reference's table.
-std::pair<math::NsOptions, std::vector<Triple>> Table(bool polar) {
-  math::NsOptions options = Quintic();
+std::pair<optim::NsOptions, std::vector<Triple>> Table(bool polar) {
+  optim::NsOptions options = Quintic();
   if (!polar) return {options, {kQuintic}};
-  options.coefficients = math::NsCoefficients::kPolarExpress;
+  options.coefficients = optim::NsCoefficients::kPolarExpress;
   return {options, kPolarExpress};
 }
 
@@ -120,7 +120,7 @@ class CudaNewtonSchulzTest : public ::testing::Test {
 
   // Runs NS on a host matrix through the device; returns the result.
   std::vector<float> Run(const std::vector<float>& x, int64_t rows, int64_t cols,
-                         const math::NsOptions& options) {
+                         const optim::NsOptions& options) {
     DeviceVector d(x);
     const absl::Status s = ns_->Run(d.get(), rows, cols, options);
     EXPECT_TRUE(s.ok()) << s;
@@ -207,7 +207,7 @@ TEST_F(CudaNewtonSchulzTest, NonFiniteInputRefusedAndUntouched) {
 // The spectral form has no CUDA evaluation: refused, x untouched.
 TEST_F(CudaNewtonSchulzTest, SpectralIsRefused) {
   const std::vector<float> x = Gaussian(16 * 48, 31);
-  math::NsOptions spectral = Quintic();
+  optim::NsOptions spectral = Quintic();
   spectral.algorithm = plan::NsAlgorithm::kSpectral;
   DeviceVector d(x);
   EXPECT_EQ(ns_->Run(d.get(), 16, 48, spectral).code(), absl::StatusCode::kInvalidArgument);
@@ -277,13 +277,13 @@ TEST_F(CudaNewtonSchulzTest, GramMatchesFp64Reference) {
 TEST_F(CudaNewtonSchulzTest, GramKeepsTheFormsProperties) {
   const int64_t rows = 48, cols = 192, size = rows * cols;
   const std::vector<float> x = Gaussian(size, 21);
-  math::NsOptions automatic = Quintic();
+  optim::NsOptions automatic = Quintic();
   automatic.algorithm = plan::NsAlgorithm::kAuto;
-  math::NsOptions standard = Quintic();
+  optim::NsOptions standard = Quintic();
   standard.algorithm = plan::NsAlgorithm::kStandard;
   const std::vector<float> standard_result = Run(x, rows, cols, standard);
   EXPECT_EQ(Run(x, rows, cols, automatic), standard_result);
-  math::NsOptions gram = Quintic();
+  optim::NsOptions gram = Quintic();
   gram.algorithm = plan::NsAlgorithm::kGram;
   const std::vector<float> y = Run(x, rows, cols, gram);
   EXPECT_NE(y, standard_result);  // another form ran
@@ -310,7 +310,7 @@ TEST_F(CudaNewtonSchulzTest, WorkspaceReusedAfterWarmUp) {
   EXPECT_EQ(ns_->workspace_bytes(), bytes);
   // Reserving for the Gram form adds its buffers (5 fp32 m x m and the bf16
   // m x n low half of X_0), after which a Gram run allocates nothing.
-  math::NsOptions gram = Quintic();
+  optim::NsOptions gram = Quintic();
   gram.algorithm = plan::NsAlgorithm::kGram;
   ASSERT_TRUE(ns_->Reserve(256, 512, plan::NsAlgorithm::kGram).ok());
   const size_t gram_bytes = ns_->workspace_bytes();

@@ -32,17 +32,17 @@ struct Shape {
   int64_t cols;
 };
 
-NsOptions Quintic(int steps = 5, plan::NsAlgorithm algorithm = plan::NsAlgorithm::kStandard) {
-  NsOptions o;
+optim::NsOptions Quintic(int steps = 5, plan::NsAlgorithm algorithm = plan::NsAlgorithm::kStandard) {
+  optim::NsOptions o;
   o.steps = steps;
   o.algorithm = algorithm;
   return o;
 }
 
-NsOptions PolarExpress(int steps, plan::NsAlgorithm algorithm = plan::NsAlgorithm::kStandard) {
-  NsOptions o;
+optim::NsOptions PolarExpress(int steps, plan::NsAlgorithm algorithm = plan::NsAlgorithm::kStandard) {
+  optim::NsOptions o;
   o.steps = steps;
-  o.coefficients = NsCoefficients::kPolarExpress;
+  o.coefficients = optim::NsCoefficients::kPolarExpress;
   o.algorithm = algorithm;
   return o;
 }
@@ -59,7 +59,7 @@ TEST(NewtonSchulzTest, MatchesFp64Reference) {
   for (const Shape& s : shapes) {
     for (int variant = 0; variant < 3; ++variant) {
       const std::vector<float> x = Gaussian(s.rows * s.cols, seed++);
-      NsOptions options;
+      optim::NsOptions options;
       std::vector<Triple> coeffs;
       if (variant == 0) {
         options = Quintic(5);
@@ -109,7 +109,7 @@ TEST_P(NewtonSchulzGramFormsTest, MatchesTheStandardFp64Reference) {
         x = IllConditioned(s.rows, s.cols, seed++, input == 2 ? m / 2 : -1);
       }
       for (int variant = 0; variant < 3; ++variant) {
-        NsOptions options = variant == 0   ? Quintic(5, form)
+        optim::NsOptions options = variant == 0   ? Quintic(5, form)
                             : variant == 1 ? PolarExpress(5, form)
                                            : PolarExpress(10, form);
         if (form == kSpectral && variant == 2) {
@@ -125,7 +125,7 @@ TEST_P(NewtonSchulzGramFormsTest, MatchesTheStandardFp64Reference) {
             variant == 0 ? std::vector<Triple>{kQuintic} : kPolarExpress;
         std::vector<float> y = x;
         ASSERT_TRUE(ns.Run(y.data(), s.rows, s.cols, options).ok());
-        NsOptions standard_options = options;
+        optim::NsOptions standard_options = options;
         standard_options.algorithm = plan::NsAlgorithm::kStandard;
         std::vector<float> z = x;
         ASSERT_TRUE(ns.Run(z.data(), s.rows, s.cols, standard_options).ok());
@@ -284,12 +284,12 @@ TEST_P(NewtonSchulzGramFormsTest, ALargerShapeStaysWithinTheBound) {
   NewtonSchulz ns;
   for (int64_t rank : {m, m / 2}) {
     const std::vector<float> x = IllConditioned(m, n, 1300 + static_cast<uint64_t>(rank), rank);
-    for (const NsOptions& gram : {Quintic(5, GetParam()), PolarExpress(5, GetParam())}) {
+    for (const optim::NsOptions& gram : {Quintic(5, GetParam()), PolarExpress(5, GetParam())}) {
       const std::vector<Triple> coeffs =
-          gram.coefficients == NsCoefficients::kQuintic ? std::vector<Triple>{kQuintic}
+          gram.coefficients == optim::NsCoefficients::kQuintic ? std::vector<Triple>{kQuintic}
                                                         : kPolarExpress;
       const testing::Mat ref = ReferenceNewtonSchulz(testing::FromFloats(x, m, n), 5, coeffs);
-      NsOptions standard = gram;
+      optim::NsOptions standard = gram;
       standard.algorithm = plan::NsAlgorithm::kStandard;
       std::vector<float> y = x, z = x;
       ASSERT_TRUE(ns.Run(y.data(), m, n, gram).ok());
@@ -350,13 +350,13 @@ TEST(NewtonSchulzGramTest, AutoRunsTheChosenForm) {
 // (plan/ns_cost.h: on two threads the Gram iteration wins up to n / m =
 // 11.07); SetBlasThreads sets OpenBLAS's count and returns the one before.
 TEST(NewtonSchulzGramTest, AutoFollowsTheThreadsItIsPricedFor) {
-  NsOptions options = Quintic(5, plan::NsAlgorithm::kAuto);
-  EXPECT_EQ(NsFormFor(options, 1024, 4096), kSpectral);
+  optim::NsOptions options = Quintic(5, plan::NsAlgorithm::kAuto);
+  EXPECT_EQ(optim::NsFormFor(options, 1024, 4096), kSpectral);
   options.threads = 2;
-  EXPECT_EQ(NsFormFor(options, 1024, 4096), kGram);
-  EXPECT_EQ(NsFormFor(options, 4096, 1024), kGram);
-  EXPECT_EQ(NsFormFor(options, 64, 1024), kSpectral);  // 16:1
-  EXPECT_DOUBLE_EQ(NsFlopsFor(options, 1024, 4096),
+  EXPECT_EQ(optim::NsFormFor(options, 1024, 4096), kGram);
+  EXPECT_EQ(optim::NsFormFor(options, 4096, 1024), kGram);
+  EXPECT_EQ(optim::NsFormFor(options, 64, 1024), kSpectral);  // 16:1
+  EXPECT_DOUBLE_EQ(optim::NsFlopsFor(options, 1024, 4096),
                    plan::GramNsFlops(1024, 4096, 5, plan::NsTable::kQuintic));
   const int before = SetBlasThreads(3);
   const int limit = BlasThreads();  // below 3 only in a build for fewer threads
@@ -373,7 +373,7 @@ TEST(NewtonSchulzTest, BatchedEqualsPerMatrixBitForBit) {
     const int64_t size = s.rows * s.cols;
     const std::vector<float> stack = Gaussian(count * size, 99);
     // Every form (the Gram forms forced even on the square shape).
-    for (const NsOptions& options :
+    for (const optim::NsOptions& options :
          {Quintic(), PolarExpress(9), Quintic(5, kGram), PolarExpress(9, kGram),
           Quintic(5, kSpectral), PolarExpress(5, kSpectral)}) {
       std::vector<float> batched = stack;
@@ -512,8 +512,8 @@ TEST(NewtonSchulzTest, SpectralPastItsShortSideIsRefused) {
 }
 
 TEST(NewtonSchulzTest, DivergingTableRefusedAndUntouched) {
-  NsOptions options;
-  options.coefficients = NsCoefficients::kTable;
+  optim::NsOptions options;
+  options.coefficients = optim::NsCoefficients::kTable;
   options.table = {{1e12, 0.0, 0.0}};
   options.steps = 10;  // 1e120 overflows float
   std::vector<float> x = Gaussian(6 * 9, 8);
@@ -566,12 +566,12 @@ TEST(NewtonSchulzTest, InvalidOptionsAndShapesRefused) {
   NewtonSchulz ns;
   std::vector<float> x = Gaussian(4 * 6, 2);
   const std::vector<float> before = x;
-  NsOptions zero_steps = Quintic(0);
+  optim::NsOptions zero_steps = Quintic(0);
   EXPECT_EQ(ns.Run(x.data(), 4, 6, zero_steps).code(), absl::StatusCode::kInvalidArgument);
-  NsOptions empty_table;
-  empty_table.coefficients = NsCoefficients::kTable;
+  optim::NsOptions empty_table;
+  empty_table.coefficients = optim::NsCoefficients::kTable;
   EXPECT_EQ(ns.Run(x.data(), 4, 6, empty_table).code(), absl::StatusCode::kInvalidArgument);
-  NsOptions bad_eps;
+  optim::NsOptions bad_eps;
   bad_eps.eps = 0.0;
   EXPECT_EQ(ns.Run(x.data(), 4, 6, bad_eps).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ns.Run(x.data(), -1, 6, Quintic()).code(), absl::StatusCode::kInvalidArgument);
@@ -583,8 +583,8 @@ TEST(NewtonSchulzTest, CoefficientChoices) {
   NewtonSchulz ns;
   std::vector<float> quintic = x, table = x, polar = x;
   ASSERT_TRUE(ns.Run(quintic.data(), 12, 20, Quintic()).ok());
-  NsOptions as_table;
-  as_table.coefficients = NsCoefficients::kTable;
+  optim::NsOptions as_table;
+  as_table.coefficients = optim::NsCoefficients::kTable;
   as_table.table = {{3.4445, -4.7750, 2.0315}};
   as_table.algorithm = plan::NsAlgorithm::kStandard;
   ASSERT_TRUE(ns.Run(table.data(), 12, 20, as_table).ok());
@@ -605,10 +605,10 @@ TEST(NewtonSchulzTest, CoefficientChoices) {
 // A named table maps to the planner's name and back; a custom one has none.
 TEST(NewtonSchulzTest, NamedTablesMapToThePlannersNames) {
   for (plan::NsTable t : {plan::NsTable::kQuintic, plan::NsTable::kPolarExpress}) {
-    EXPECT_EQ(NsTableOf(NsCoefficientsOf(t)), t);
+    EXPECT_EQ(optim::NsTableOf(optim::NsCoefficientsOf(t)), t);
   }
-  EXPECT_EQ(NsCoefficientsOf(plan::NsTable::kPolarExpress), NsCoefficients::kPolarExpress);
-  EXPECT_EQ(NsTableOf(NsCoefficients::kTable), std::nullopt);
+  EXPECT_EQ(optim::NsCoefficientsOf(plan::NsTable::kPolarExpress), optim::NsCoefficients::kPolarExpress);
+  EXPECT_EQ(optim::NsTableOf(optim::NsCoefficients::kTable), std::nullopt);
 }
 
 TEST(NewtonSchulzTest, ReserveAvoidsGrowth) {

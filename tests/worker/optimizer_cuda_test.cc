@@ -84,7 +84,7 @@ class CudaOptimizerTest : public ::testing::Test {
 
 TEST_F(CudaOptimizerTest, AdamWMatchesTorchsFormulaBitForBit) {
   const size_t n = 100'003;  // not a multiple of the block size
-  math::AdamWOptions o;
+  optim::AdamWOptions o;
   o.lr = 3e-3;
   o.beta1 = 0.9;
   o.beta2 = 0.995;
@@ -130,7 +130,7 @@ TEST_F(CudaOptimizerTest, MuonPhasesMatchTorchsFormulaBitForBit) {
   const int64_t rows = 300, cols = 257;
   const size_t n = rows * cols;
   for (bool nesterov : {true, false}) {
-    math::MuonOptions o;
+    optim::MuonOptions o;
     o.lr = 0.02;
     o.momentum = 0.95;
     o.nesterov = nesterov;
@@ -166,14 +166,14 @@ TEST_F(CudaOptimizerTest, RefusedStepsChangeNothing) {
   g[4321] = std::numeric_limits<float>::quiet_NaN();
   const std::vector<float> m = Random(n, 8, 0.1f), v(n, 0.5f), p = Random(n, 9, 1.0f);
   Buffer dg(g), dm(m), dv(v), dp(p), du(std::vector<float>(n, 7.0f));
-  math::AdamWOptions a;
+  optim::AdamWOptions a;
   a.lr = 1e-3;
   a.beta1 = 0.9;
   a.beta2 = 0.999;
   absl::Status st = opt_->AdamWStep(a, 1, dg.get(), dm.get(), dv.get(), dp.get(), n);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("element 4321"), std::string::npos) << st;
-  math::MuonOptions o;
+  optim::MuonOptions o;
   o.lr = 0.02;
   o.momentum = 0.95;
   EXPECT_EQ(opt_->MuonPrepare(o, dg.get(), dm.get(), du.get(), n).code(),
@@ -198,7 +198,7 @@ TEST_F(CudaOptimizerTest, FiniteExtremesThatOverflowAreRefusedAsOnTheCpu) {
   // lerp(m, g, 1 - beta) computes g - m = 6e38, which overflows float.
   const std::vector<float> g = {3e38f, 1.0f}, m = {-3e38f, 0.5f};
   Buffer dg(g), dm(m), du(std::vector<float>(2, 7.0f));
-  math::MuonOptions o;
+  optim::MuonOptions o;
   o.lr = 0.02;
   o.momentum = 0.95;
   EXPECT_EQ(opt_->MuonPrepare(o, dg.get(), dm.get(), du.get(), 2).code(),

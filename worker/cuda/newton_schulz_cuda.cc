@@ -54,8 +54,8 @@ absl::Status CheckShape(int64_t rows, int64_t cols) {
 }
 
 // The numerics' checks, and the forms this class runs (not the spectral one).
-absl::Status ValidateOptions(const math::NsOptions& options) {
-  MUONMESH_RETURN_IF_ERROR(math::ValidateNsOptions(options));
+absl::Status ValidateOptions(const optim::NsOptions& options) {
+  MUONMESH_RETURN_IF_ERROR(optim::ValidateNsOptions(options));
   if (options.algorithm == plan::NsAlgorithm::kSpectral) {
     return absl::InvalidArgumentError("CUDA Newton-Schulz: the spectral form runs on the CPU only");
   }
@@ -112,14 +112,14 @@ absl::Status CudaNewtonSchulz::Reserve(int64_t rows, int64_t cols, plan::NsAlgor
 }
 
 absl::Status CudaNewtonSchulz::Run(float* x, int64_t rows, int64_t cols,
-                                   const math::NsOptions& options) {
+                                   const optim::NsOptions& options) {
   MUONMESH_RETURN_IF_ERROR(ValidateOptions(options));
   MUONMESH_RETURN_IF_ERROR(CheckShape(rows, cols));
   return RunValidated(x, rows, cols, options);
 }
 
 absl::Status CudaNewtonSchulz::RunBatched(float* x, int64_t count, int64_t rows, int64_t cols,
-                                          const math::NsOptions& options) {
+                                          const optim::NsOptions& options) {
   MUONMESH_RETURN_IF_ERROR(ValidateOptions(options));
   MUONMESH_RETURN_IF_ERROR(CheckShape(rows, cols));
   if (count < 0) return absl::InvalidArgumentError("CUDA Newton-Schulz: negative batch count");
@@ -131,7 +131,7 @@ absl::Status CudaNewtonSchulz::RunBatched(float* x, int64_t count, int64_t rows,
 }
 
 absl::Status CudaNewtonSchulz::RunValidated(float* x, int64_t rows, int64_t cols,
-                                            const math::NsOptions& options) {
+                                            const optim::NsOptions& options) {
   if (rows == 0 || cols == 0) return absl::OkStatus();
   MUONMESH_RETURN_IF_ERROR(Reserve(rows, cols, options.algorithm));
 
@@ -189,7 +189,7 @@ absl::Status CudaNewtonSchulz::RunValidated(float* x, int64_t rows, int64_t cols
 }
 
 absl::Status CudaNewtonSchulz::IterateStandard(int64_t m, int64_t n,
-                                               const math::NsOptions& options) {
+                                               const optim::NsOptions& options) {
   auto* xf = static_cast<float*>(x_.get());
   auto* xb = static_cast<__nv_bfloat16*>(xb_.get());
   auto* ab = static_cast<__nv_bfloat16*>(ab_.get());
@@ -202,7 +202,7 @@ absl::Status CudaNewtonSchulz::IterateStandard(int64_t m, int64_t n,
   const float one = 1.0f;
   const float zero = 0.0f;
   for (int t = 0; t < options.steps; ++t) {
-    const math::NsCoefficientSet k = math::NsCoefficientsForStep(options, t);
+    const optim::NsCoefficientSet k = optim::NsCoefficientsForStep(options, t);
     const float ka = static_cast<float>(k.a);
     const float kb = static_cast<float>(k.b);
     const float kc = static_cast<float>(k.c);
@@ -228,7 +228,7 @@ absl::Status CudaNewtonSchulz::IterateStandard(int64_t m, int64_t n,
   return absl::OkStatus();
 }
 
-absl::Status CudaNewtonSchulz::IterateGram(int64_t m, int64_t n, const math::NsOptions& options) {
+absl::Status CudaNewtonSchulz::IterateGram(int64_t m, int64_t n, const optim::NsOptions& options) {
   const size_t mm = static_cast<size_t>(m) * static_cast<size_t>(m);
   auto* xf = static_cast<float*>(x_.get());
   auto* xh = static_cast<__nv_bfloat16*>(xb_.get());  // bf16(X_0)
@@ -270,7 +270,7 @@ absl::Status CudaNewtonSchulz::IterateGram(int64_t m, int64_t n, const math::NsO
   };
   MUONMESH_CUDA_CHECK(internal::LaunchSplitBf16(xf, xh, xl, mn, stream_));
   plan::GramRestartRule rule;
-  bool starts = rule.Next(math::NsCoefficientsForStep(options, 0).a);
+  bool starts = rule.Next(optim::NsCoefficientsForStep(options, 0).a);
   for (int t = 0; t < options.steps; ++t) {
     if (starts) {
       if (t > 0) {  // restart: X = Q X_0 becomes the new X_0
@@ -283,7 +283,7 @@ absl::Status CudaNewtonSchulz::IterateGram(int64_t m, int64_t n, const math::NsO
                                          CUDA_R_32F, im, CUBLAS_COMPUTE_32F,
                                          CUBLAS_GEMM_DEFAULT));
     }
-    const math::NsCoefficientSet k = math::NsCoefficientsForStep(options, t);
+    const optim::NsCoefficientSet k = optim::NsCoefficientsForStep(options, t);
     const float kb = static_cast<float>(k.b);
     // P = c R R, then P = P + b R (in place), then a on the diagonal.
     MUONMESH_RETURN_IF_ERROR(product(r, r, static_cast<float>(k.c), p));
@@ -299,7 +299,7 @@ absl::Status CudaNewtonSchulz::IterateGram(int64_t m, int64_t n, const math::NsO
     }
     // R is needed again unless this is the last iteration or the next one
     // restarts: R <- P P R.
-    starts = t + 1 < options.steps && rule.Next(math::NsCoefficientsForStep(options, t + 1).a);
+    starts = t + 1 < options.steps && rule.Next(optim::NsCoefficientsForStep(options, t + 1).a);
     if (t + 1 < options.steps && !starts) {
       MUONMESH_RETURN_IF_ERROR(product(p, p, 1.0f, s));
       MUONMESH_RETURN_IF_ERROR(product(s, r, 1.0f, s2));

@@ -98,24 +98,24 @@ class CudaNewtonSchulz {
   //    infinity in x, or a non-finite result (a diverging user table).
   //  - ResourceExhausted / FailedPrecondition / Internal from CUDA or cuBLAS,
   //    with the failing call and its file:line.
-  absl::Status Run(float* x, int64_t rows, int64_t cols, const math::NsOptions& options);
+  absl::Status Run(float* x, int64_t rows, int64_t cols, const optim::NsOptions& options);
 
   // `count` matrices stored back to back ([count, rows, cols]); each equals
   // Run on that matrix bit for bit. Stops at the first error: earlier
   // matrices hold their results, that one and later ones are untouched.
   absl::Status RunBatched(float* x, int64_t count, int64_t rows, int64_t cols,
-                          const math::NsOptions& options);
+                          const optim::NsOptions& options);
 
   cudaStream_t stream() const { return stream_; }
   size_t workspace_bytes() const;
 
  private:
   CudaNewtonSchulz(cublasHandle_t handle, cudaStream_t stream);
-  absl::Status RunValidated(float* x, int64_t rows, int64_t cols, const math::NsOptions& options);
+  absl::Status RunValidated(float* x, int64_t rows, int64_t cols, const optim::NsOptions& options);
   // The iterations on the normalised x_ (fp32) and xb_ (bf16), m <= n; the
   // result in x_.
-  absl::Status IterateStandard(int64_t m, int64_t n, const math::NsOptions& options);
-  absl::Status IterateGram(int64_t m, int64_t n, const math::NsOptions& options);
+  absl::Status IterateStandard(int64_t m, int64_t n, const optim::NsOptions& options);
+  absl::Status IterateGram(int64_t m, int64_t n, const optim::NsOptions& options);
 
   cublasHandle_t handle_;
   cudaStream_t stream_;

@@ -45,16 +45,16 @@ absl::StatusOr<int64_t> CudaOptimizer::FirstBad(int64_t count, Launch check) {
   return static_cast<int64_t>(*host_flag_);
 }
 
-absl::Status CudaOptimizer::AdamWStep(const math::AdamWOptions& options, int64_t step,
+absl::Status CudaOptimizer::AdamWStep(const optim::AdamWOptions& options, int64_t step,
                                       const float* grad, float* exp_avg, float* exp_avg_sq,
                                       float* param, int64_t count) {
-  MUONMESH_RETURN_IF_ERROR(math::ValidateAdamWOptions(options));
+  MUONMESH_RETURN_IF_ERROR(optim::ValidateAdamWOptions(options));
   if (step < 1) {
     return absl::InvalidArgumentError(absl::StrCat("adamw: step ", step, " < 1 (t is 1-based)"));
   }
   if (count < 0) return absl::InvalidArgumentError("AdamWStep: negative count");
   if (count == 0) return absl::OkStatus();
-  const math::AdamWScalars m = math::AdamWScalarsFor(options, step);
+  const optim::AdamWScalars m = optim::AdamWScalarsFor(options, step);
   const internal::AdamWScalars k{m.decay,           m.one_minus_beta1,
                                  m.beta2,           m.one_minus_beta2,
                                  m.bias_correction2_sqrt, m.eps,
@@ -80,22 +80,22 @@ absl::StatusOr<int64_t> CudaOptimizer::FirstNonFinite(const float* x, int64_t co
 }
 
 namespace {
-internal::MuonScalars MuonScalarsOf(const math::MuonOptions& o, int64_t rows, int64_t cols) {
+internal::MuonScalars MuonScalarsOf(const optim::MuonOptions& o, int64_t rows, int64_t cols) {
   internal::MuonScalars k;
   k.one_minus_beta = static_cast<float>(1.0 - o.momentum);
   k.beta = static_cast<float>(o.momentum);
   k.nesterov = o.nesterov;
   k.decay = static_cast<float>(1.0 - o.lr * o.weight_decay);
   k.step = rows > 0 && cols > 0
-               ? static_cast<float>(-(o.lr * math::MuonUpdateScale(o.scale, rows, cols)))
+               ? static_cast<float>(-(o.lr * optim::MuonUpdateScale(o.scale, rows, cols)))
                : 0.0f;
   return k;
 }
 }  // namespace
 
-absl::Status CudaOptimizer::MuonPrepare(const math::MuonOptions& options, const float* grad,
+absl::Status CudaOptimizer::MuonPrepare(const optim::MuonOptions& options, const float* grad,
                                         const float* momentum, float* update, int64_t count) {
-  MUONMESH_RETURN_IF_ERROR(math::ValidateMuonOptions(options));
+  MUONMESH_RETURN_IF_ERROR(optim::ValidateMuonOptions(options));
   if (count < 0) return absl::InvalidArgumentError("MuonPrepare: negative count");
   if (count == 0) return absl::OkStatus();
   const internal::MuonScalars k = MuonScalarsOf(options, 0, 0);
@@ -113,11 +113,11 @@ absl::Status CudaOptimizer::MuonPrepare(const math::MuonOptions& options, const 
   return absl::OkStatus();
 }
 
-absl::Status CudaOptimizer::MuonApply(const math::MuonOptions& options, int64_t rows,
+absl::Status CudaOptimizer::MuonApply(const optim::MuonOptions& options, int64_t rows,
                                       int64_t cols, const float* grad,
                                       const float* orthogonalized, float* momentum, float* param,
                                       int64_t count) {
-  MUONMESH_RETURN_IF_ERROR(math::ValidateMuonOptions(options));
+  MUONMESH_RETURN_IF_ERROR(optim::ValidateMuonOptions(options));
   if (rows <= 0 || cols <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("MuonApply: matrix shape ", rows, " x ", cols, " is not positive"));

@@ -33,15 +33,15 @@ class CudaOptimizer {
   CudaOptimizer& operator=(const CudaOptimizer&) = delete;
 
   // math::AdamWStep on `count` elements of device buffers.
-  absl::Status AdamWStep(const math::AdamWOptions& options, int64_t step, const float* grad,
+  absl::Status AdamWStep(const optim::AdamWOptions& options, int64_t step, const float* grad,
                          float* exp_avg, float* exp_avg_sq, float* param, int64_t count);
 
   // math::MuonPrepare: writes `update`.
-  absl::Status MuonPrepare(const math::MuonOptions& options, const float* grad,
+  absl::Status MuonPrepare(const optim::MuonOptions& options, const float* grad,
                            const float* momentum, float* update, int64_t count);
 
   // math::MuonApply on a shard of whole rows of a rows x cols matrix.
-  absl::Status MuonApply(const math::MuonOptions& options, int64_t rows, int64_t cols,
+  absl::Status MuonApply(const optim::MuonOptions& options, int64_t rows, int64_t cols,
                          const float* grad, const float* orthogonalized, float* momentum,
                          float* param, int64_t count);
 

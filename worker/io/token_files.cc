@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace muonmesh::worker {
+namespace muonmesh::io {
 namespace {
 
 // One read-only mapping, unmapped on destruction.
@@ -109,7 +109,7 @@ absl::StatusOr<Piece> CheckShard(std::unique_ptr<MappedFile> file) {
   return piece;
 }
 
-class FileTokens final : public TokenStream {
+class FileTokens final : public worker::TokenStream {
  public:
   FileTokens(std::vector<Piece> pieces, TokenFormat format)
       : pieces_(std::move(pieces)), format_(format) {
@@ -138,7 +138,7 @@ class FileTokens final : public TokenStream {
   }
 
   std::string Where(int64_t position) const override {
-    if (position < 0 || position >= num_tokens()) return TokenStream::Where(position);
+    if (position < 0 || position >= num_tokens()) return worker::TokenStream::Where(position);
     const size_t i =
         std::upper_bound(starts_.begin(), starts_.end(), position) - starts_.begin() - 1;
     const int64_t k = position - starts_[i];
@@ -161,9 +161,9 @@ class FileTokens final : public TokenStream {
   TokenFormat format_;
 };
 
-class SlicedTokens final : public TokenStream {
+class SlicedTokens final : public worker::TokenStream {
  public:
-  SlicedTokens(std::shared_ptr<const TokenStream> base, int64_t begin, int64_t end)
+  SlicedTokens(std::shared_ptr<const worker::TokenStream> base, int64_t begin, int64_t end)
       : base_(std::move(base)), begin_(begin), end_(end) {}
   int64_t num_tokens() const override { return end_ - begin_; }
   absl::Status Read(int64_t begin, int64_t count, int32_t* out) const override {
@@ -176,13 +176,13 @@ class SlicedTokens final : public TokenStream {
   std::string Where(int64_t position) const override { return base_->Where(begin_ + position); }
 
  private:
-  std::shared_ptr<const TokenStream> base_;
+  std::shared_ptr<const worker::TokenStream> base_;
   int64_t begin_, end_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<const TokenStream>> OpenTokenFiles(
+absl::StatusOr<std::shared_ptr<const worker::TokenStream>> OpenTokenFiles(
     const std::vector<std::string>& files, TokenFormat format) {
   if (files.empty()) return absl::InvalidArgumentError("no token files");
   std::vector<Piece> pieces;
@@ -204,17 +204,17 @@ absl::StatusOr<std::shared_ptr<const TokenStream>> OpenTokenFiles(
     piece.file = *std::move(file);
     pieces.push_back(std::move(piece));
   }
-  return std::shared_ptr<const TokenStream>(new FileTokens(std::move(pieces), format));
+  return std::shared_ptr<const worker::TokenStream>(new FileTokens(std::move(pieces), format));
 }
 
-absl::StatusOr<std::shared_ptr<const TokenStream>> SliceTokens(
-    std::shared_ptr<const TokenStream> stream, int64_t begin, int64_t end) {
+absl::StatusOr<std::shared_ptr<const worker::TokenStream>> SliceTokens(
+    std::shared_ptr<const worker::TokenStream> stream, int64_t begin, int64_t end) {
   if (stream == nullptr || begin < 0 || begin >= end || end > stream->num_tokens()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tokens [", begin, ", ", end, ") are not a non-empty part of [0, ",
         stream == nullptr ? 0 : stream->num_tokens(), ")"));
   }
-  return std::shared_ptr<const TokenStream>(new SlicedTokens(std::move(stream), begin, end));
+  return std::shared_ptr<const worker::TokenStream>(new SlicedTokens(std::move(stream), begin, end));
 }
 
-}  // namespace muonmesh::worker
+}  // namespace muonmesh::io

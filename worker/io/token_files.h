@@ -1,6 +1,6 @@
 #pragma once
 
-// A language model's corpus on disk as one TokenStream
+// A language model's corpus on disk as one worker::TokenStream
 // (worker/model/token_windows.h): files memory-mapped (never read whole into
 // memory) and concatenated in the order given.
 //
@@ -19,7 +19,7 @@
 #include "absl/status/statusor.h"
 #include "worker/model/token_windows.h"
 
-namespace muonmesh::worker {
+namespace muonmesh::io {
 
 inline constexpr int32_t kTokenShardMagic = 20240520;
 inline constexpr int32_t kTokenShardVersion = 1;
@@ -31,13 +31,13 @@ enum class TokenFormat { kText, kShards };
 // file for an empty text file, a shard with a wrong magic or version, or
 // a shard whose size is not the header plus its token count; NotFound or
 // the OS's error for a file that cannot be opened or mapped.
-absl::StatusOr<std::shared_ptr<const TokenStream>> OpenTokenFiles(
+absl::StatusOr<std::shared_ptr<const worker::TokenStream>> OpenTokenFiles(
     const std::vector<std::string>& files, TokenFormat format);
 
 // Tokens [begin, end) of `stream` as a stream of their own (the training
 // and validation parts of one corpus). InvalidArgument unless
 // 0 <= begin < end <= N.
-absl::StatusOr<std::shared_ptr<const TokenStream>> SliceTokens(
-    std::shared_ptr<const TokenStream> stream, int64_t begin, int64_t end);
+absl::StatusOr<std::shared_ptr<const worker::TokenStream>> SliceTokens(
+    std::shared_ptr<const worker::TokenStream> stream, int64_t begin, int64_t end);
 
-}  // namespace muonmesh::worker
+}  // namespace muonmesh::io

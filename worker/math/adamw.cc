@@ -19,7 +19,7 @@ inline float Lerp(float s, float e, float w) {
   return std::fabs(w) < 0.5f ? s + w * (e - s) : e - (e - s) * (1.0f - w);
 }
 
-inline Moments Update(const AdamWScalars& k, float g, float p, float m, float v) {
+inline Moments Update(const optim::AdamWScalars& k, float g, float p, float m, float v) {
   const float p_decayed = p * k.decay;
   const float m_new = Lerp(m, g, k.one_minus_beta1);
   const float v_new = v * k.beta2 + k.one_minus_beta2 * g * g;
@@ -33,10 +33,10 @@ bool Finite(const Moments& r) {
 
 }  // namespace
 
-absl::Status AdamWStep(const AdamWOptions& options, int64_t step, absl::Span<const float> grad,
+absl::Status AdamWStep(const optim::AdamWOptions& options, int64_t step, absl::Span<const float> grad,
                        absl::Span<float> exp_avg, absl::Span<float> exp_avg_sq,
                        absl::Span<float> param) {
-  MUONMESH_RETURN_IF_ERROR(ValidateAdamWOptions(options));
+  MUONMESH_RETURN_IF_ERROR(optim::ValidateAdamWOptions(options));
   if (step < 1) {
     return absl::InvalidArgumentError(absl::StrCat("adamw: step ", step, " < 1 (t is 1-based)"));
   }
@@ -44,7 +44,7 @@ absl::Status AdamWStep(const AdamWOptions& options, int64_t step, absl::Span<con
   if (grad.size() != n || exp_avg.size() != n || exp_avg_sq.size() != n) {
     return absl::InvalidArgumentError("AdamWStep: buffer sizes differ");
   }
-  const AdamWScalars k = AdamWScalarsFor(options, step);
+  const optim::AdamWScalars k = optim::AdamWScalarsFor(options, step);
   // Check every result before writing any (the step is all or nothing).
   for (size_t i = 0; i < n; ++i) {
     if (!std::isfinite(grad[i])) {

@@ -24,7 +24,7 @@ namespace muonmesh::math {
 // buffers have the same size. InvalidArgument, with nothing written, for
 // invalid options, step < 1, mismatched sizes, a NaN/infinity in grad or the
 // state, or a result that would be non-finite (the step is refused).
-absl::Status AdamWStep(const AdamWOptions& options, int64_t step, absl::Span<const float> grad,
+absl::Status AdamWStep(const optim::AdamWOptions& options, int64_t step, absl::Span<const float> grad,
                        absl::Span<float> exp_avg, absl::Span<float> exp_avg_sq,
                        absl::Span<float> param);
 

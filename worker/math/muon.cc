@@ -25,7 +25,7 @@ struct MuonScalars {
   bool nesterov;
 };
 
-MuonScalars ScalarsOf(const MuonOptions& o) {
+MuonScalars ScalarsOf(const optim::MuonOptions& o) {
   return {static_cast<float>(1.0 - o.momentum), static_cast<float>(o.momentum), o.nesterov};
 }
 
@@ -53,9 +53,9 @@ absl::Status CheckSizes(const char* what, std::initializer_list<size_t> sizes) {
 
 }  // namespace
 
-absl::Status MuonPrepare(const MuonOptions& options, absl::Span<const float> grad,
+absl::Status MuonPrepare(const optim::MuonOptions& options, absl::Span<const float> grad,
                          absl::Span<const float> momentum, absl::Span<float> update) {
-  MUONMESH_RETURN_IF_ERROR(ValidateMuonOptions(options));
+  MUONMESH_RETURN_IF_ERROR(optim::ValidateMuonOptions(options));
   if (absl::Status s = CheckSizes("MuonPrepare", {grad.size(), momentum.size(), update.size()});
       !s.ok()) {
     return s;
@@ -73,10 +73,10 @@ absl::Status MuonPrepare(const MuonOptions& options, absl::Span<const float> gra
   return absl::OkStatus();
 }
 
-absl::Status MuonApply(const MuonOptions& options, int64_t rows, int64_t cols,
+absl::Status MuonApply(const optim::MuonOptions& options, int64_t rows, int64_t cols,
                        absl::Span<const float> grad, absl::Span<const float> orthogonalized,
                        absl::Span<float> momentum, absl::Span<float> param) {
-  MUONMESH_RETURN_IF_ERROR(ValidateMuonOptions(options));
+  MUONMESH_RETURN_IF_ERROR(optim::ValidateMuonOptions(options));
   if (rows <= 0 || cols <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("MuonApply: matrix shape ", rows, " x ", cols, " is not positive"));
@@ -96,7 +96,7 @@ absl::Status MuonApply(const MuonOptions& options, int64_t rows, int64_t cols,
   const MuonScalars s = ScalarsOf(options);
   const float decay = static_cast<float>(1.0 - options.lr * options.weight_decay);
   const float step =
-      static_cast<float>(-(options.lr * MuonUpdateScale(options.scale, rows, cols)));
+      static_cast<float>(-(options.lr * optim::MuonUpdateScale(options.scale, rows, cols)));
   auto new_param = [&](size_t i) { return param[i] * decay + step * orthogonalized[i]; };
   // Check everything before writing anything.
   for (size_t i = 0; i < param.size(); ++i) {

@@ -35,7 +35,7 @@ namespace muonmesh::math {
 // Phase 1 on a shard of any number of whole rows: writes u (same size as
 // grad and momentum). InvalidArgument, with u untouched, for invalid options,
 // mismatched sizes or a NaN/infinity in grad or momentum.
-absl::Status MuonPrepare(const MuonOptions& options, absl::Span<const float> grad,
+absl::Status MuonPrepare(const optim::MuonOptions& options, absl::Span<const float> grad,
                          absl::Span<const float> momentum, absl::Span<float> update);
 
 // Phase 3 on the same shard: `orthogonalized` holds this shard's rows of O,
@@ -43,7 +43,7 @@ absl::Status MuonPrepare(const MuonOptions& options, absl::Span<const float> gra
 // Commits momentum and param. InvalidArgument, with nothing written, for
 // invalid options or shape, mismatched sizes, a NaN/infinity in O, or an
 // update that would make a weight or momentum value non-finite.
-absl::Status MuonApply(const MuonOptions& options, int64_t rows, int64_t cols,
+absl::Status MuonApply(const optim::MuonOptions& options, int64_t rows, int64_t cols,
                        absl::Span<const float> grad, absl::Span<const float> orthogonalized,
                        absl::Span<float> momentum, absl::Span<float> param);
 
@@ -54,7 +54,7 @@ class Muon {
  public:
   // One step on a row-major rows x cols matrix. On any error, param and
   // momentum are untouched; the errors are those of the phases.
-  absl::Status Step(const MuonOptions& options, int64_t rows, int64_t cols,
+  absl::Status Step(const optim::MuonOptions& options, int64_t rows, int64_t cols,
                     absl::Span<const float> grad, absl::Span<float> momentum,
                     absl::Span<float> param);
 
@@ -62,7 +62,7 @@ class Muon {
   // stack [count, rows, cols]); each matrix is orthogonalised on its own and
   // the result equals `count` calls of Step bit for bit. All or nothing: on
   // any error no matrix is updated.
-  absl::Status StepBatched(const MuonOptions& options, int64_t count, int64_t rows, int64_t cols,
+  absl::Status StepBatched(const optim::MuonOptions& options, int64_t count, int64_t rows, int64_t cols,
                            absl::Span<const float> grad, absl::Span<float> momentum,
                            absl::Span<float> param);
 

@@ -8,13 +8,13 @@
 
 namespace muonmesh::math {
 
-absl::Status Muon::Step(const MuonOptions& options, int64_t rows, int64_t cols,
+absl::Status Muon::Step(const optim::MuonOptions& options, int64_t rows, int64_t cols,
                         absl::Span<const float> grad, absl::Span<float> momentum,
                         absl::Span<float> param) {
   return StepBatched(options, 1, rows, cols, grad, momentum, param);
 }
 
-absl::Status Muon::StepBatched(const MuonOptions& options, int64_t count, int64_t rows,
+absl::Status Muon::StepBatched(const optim::MuonOptions& options, int64_t count, int64_t rows,
                                int64_t cols, absl::Span<const float> grad,
                                absl::Span<float> momentum, absl::Span<float> param) {
   if (count < 0 || rows < 0 || cols < 0) {
@@ -26,7 +26,7 @@ absl::Status Muon::StepBatched(const MuonOptions& options, int64_t count, int64_
     return absl::InvalidArgumentError(absl::StrCat("Muon: param holds ", param.size(),
                                                    " values, expected ", total));
   }
-  if (total == 0) return ValidateMuonOptions(options);
+  if (total == 0) return optim::ValidateMuonOptions(options);
   if (!update_.Reserve(total)) {
     return absl::ResourceExhaustedError("Muon: cannot allocate the update buffer");
   }

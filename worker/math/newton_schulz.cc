@@ -137,7 +137,7 @@ void SymmetricProduct(const float* a, const float* b, int64_t m, float* c) {
 
 // out (upper triangle) = a I + b A + c A A for the full symmetric m x m A:
 // A A = A A^T is a rank-k update.
-void PolynomialOf(const float* a, int64_t m, const NsCoefficientSet& k, float* out) {
+void PolynomialOf(const float* a, int64_t m, const optim::NsCoefficientSet& k, float* out) {
   const int im = static_cast<int>(m);
   std::memcpy(out, a, static_cast<size_t>(m) * static_cast<size_t>(m) * sizeof(float));
   cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, im, im, static_cast<float>(k.c), a, im,
@@ -211,15 +211,15 @@ size_t NewtonSchulz::workspace_bytes() const {
          (g_.capacity() + dwork_.capacity()) * sizeof(double) + iwork_.capacity() * sizeof(int);
 }
 
-absl::Status NewtonSchulz::Run(float* x, int64_t rows, int64_t cols, const NsOptions& options) {
-  MUONMESH_RETURN_IF_ERROR(ValidateNsOptions(options));
+absl::Status NewtonSchulz::Run(float* x, int64_t rows, int64_t cols, const optim::NsOptions& options) {
+  MUONMESH_RETURN_IF_ERROR(optim::ValidateNsOptions(options));
   MUONMESH_RETURN_IF_ERROR(CheckShape(rows, cols));
   return RunValidated(x, rows, cols, options);
 }
 
 absl::Status NewtonSchulz::RunBatched(float* x, int64_t count, int64_t rows, int64_t cols,
-                                      const NsOptions& options) {
-  MUONMESH_RETURN_IF_ERROR(ValidateNsOptions(options));
+                                      const optim::NsOptions& options) {
+  MUONMESH_RETURN_IF_ERROR(optim::ValidateNsOptions(options));
   MUONMESH_RETURN_IF_ERROR(CheckShape(rows, cols));
   if (count < 0) return absl::InvalidArgumentError("Newton-Schulz: negative batch count");
   const size_t size = static_cast<size_t>(rows) * static_cast<size_t>(cols);
@@ -237,13 +237,13 @@ absl::Status NewtonSchulz::RunBatched(float* x, int64_t count, int64_t rows, int
 }
 
 absl::Status NewtonSchulz::RunValidated(float* x, int64_t rows, int64_t cols,
-                                        const NsOptions& options) {
+                                        const optim::NsOptions& options) {
   if (rows == 0 || cols == 0) return absl::OkStatus();
-  const plan::NsAlgorithm form = NsFormFor(options, rows, cols);
+  const plan::NsAlgorithm form = optim::NsFormFor(options, rows, cols);
   if (form == plan::NsAlgorithm::kSpectral) {
     // The message only when refusing: a call that runs allocates nothing.
     const double gain = plan::NsTotalGain(options.steps, [&](int64_t t) {
-      return NsCoefficientsForStep(options, static_cast<int>(t)).a;
+      return optim::NsCoefficientsForStep(options, static_cast<int>(t)).a;
     });
     if (gain > plan::kSpectralGainLimit) {
       const std::string what = absl::StrCat(options.steps, " iterations of these coefficients");
@@ -298,7 +298,7 @@ absl::Status NewtonSchulz::RunValidated(float* x, int64_t rows, int64_t cols,
   return absl::OkStatus();
 }
 
-const float* NewtonSchulz::IterateStandard(int64_t m, int64_t n, const NsOptions& options) {
+const float* NewtonSchulz::IterateStandard(int64_t m, int64_t n, const optim::NsOptions& options) {
   float* xa = x0_.data();
   float* xb = x1_.data();
   float* a = a_.data();
@@ -306,7 +306,7 @@ const float* NewtonSchulz::IterateStandard(int64_t m, int64_t n, const NsOptions
   const int im = static_cast<int>(m);
   const int in = static_cast<int>(n);
   for (int t = 0; t < options.steps; ++t) {
-    const NsCoefficientSet k = NsCoefficientsForStep(options, t);
+    const optim::NsCoefficientSet k = optim::NsCoefficientsForStep(options, t);
     // A = X X^T (upper triangle), then made full: the next rank-k update
     // reads A as a general matrix.
     cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, im, in, 1.0f, xa, in, 0.0f, a, im);
@@ -325,7 +325,7 @@ const float* NewtonSchulz::IterateStandard(int64_t m, int64_t n, const NsOptions
 // (SymmetricProduct), and P^2 = P P^T is a rank-k update. X_0 stays in x0_
 // until a restart replaces it with Q X_0; the result lands in x1_ (or x0_
 // after an odd number of restarts).
-const float* NewtonSchulz::IterateGram(int64_t m, int64_t n, const NsOptions& options) {
+const float* NewtonSchulz::IterateGram(int64_t m, int64_t n, const optim::NsOptions& options) {
   float* x_start = x0_.data();
   float* x_other = x1_.data();
   float* r = a_.data();
@@ -336,7 +336,7 @@ const float* NewtonSchulz::IterateGram(int64_t m, int64_t n, const NsOptions& op
   const int in = static_cast<int>(n);
   const size_t mm = static_cast<size_t>(m) * static_cast<size_t>(m);
   plan::GramRestartRule rule;
-  bool starts = rule.Next(NsCoefficientsForStep(options, 0).a);
+  bool starts = rule.Next(optim::NsCoefficientsForStep(options, 0).a);
   for (int t = 0; t < options.steps; ++t) {
     if (starts) {
       if (t > 0) {  // restart: X = Q X_0 becomes the new X_0
@@ -347,7 +347,7 @@ const float* NewtonSchulz::IterateGram(int64_t m, int64_t n, const NsOptions& op
       cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, im, in, 1.0f, x_start, in, 0.0f, r, im);
       MirrorUpperToLower(r, m);
     }
-    const NsCoefficientSet k = NsCoefficientsForStep(options, t);
+    const optim::NsCoefficientSet k = optim::NsCoefficientsForStep(options, t);
     PolynomialOf(r, m, k, p);  // P = a I + b R + c R^2, upper triangle
     MirrorUpperToLower(p, m);
     if (starts) {
@@ -358,7 +358,7 @@ const float* NewtonSchulz::IterateGram(int64_t m, int64_t n, const NsOptions& op
     }
     // R is needed again unless this is the last iteration or the next one
     // restarts from a fresh X X^T.
-    starts = t + 1 < options.steps && rule.Next(NsCoefficientsForStep(options, t + 1).a);
+    starts = t + 1 < options.steps && rule.Next(optim::NsCoefficientsForStep(options, t + 1).a);
     if (t + 1 < options.steps && !starts) {
       // R <- P^2 R: P^2 = P P^T (upper triangle, then full) into scratch.
       cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, im, im, 1.0f, p, im, 0.0f, scratch, im);
@@ -380,7 +380,7 @@ const float* NewtonSchulz::IterateGram(int64_t m, int64_t n, const NsOptions& op
 // computed small eigenvalues may dip below), then in fp32 Q = V diag(q) V^T
 // (a_ holds V^T, b_ holds diag(q) V^T) and X_T = Q X_0 in x1_.
 absl::StatusOr<const float*> NewtonSchulz::EvaluateSpectral(int64_t m, int64_t n,
-                                                            const NsOptions& options) {
+                                                            const optim::NsOptions& options) {
   const float* x0 = x0_.data();
   double* g = g_.data();
   double* eigenvalues = dwork_.data();
@@ -411,7 +411,7 @@ absl::StatusOr<const float*> NewtonSchulz::EvaluateSpectral(int64_t m, int64_t n
     double r = std::max(eigenvalues[k], 0.0);
     double q = 1.0;
     for (int t = 0; t < options.steps; ++t) {
-      const NsCoefficientSet c = NsCoefficientsForStep(options, t);
+      const optim::NsCoefficientSet c = optim::NsCoefficientsForStep(options, t);
       const double p = c.a + r * (c.b + r * c.c);
       q *= p;
       r *= p * p;

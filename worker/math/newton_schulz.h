@@ -20,12 +20,12 @@
 // NS(x)^T because the transposed input is laid out identically before any
 // arithmetic.
 //
-// NsOptions::algorithm picks the Gram form instead (plan/ns_cost.h: the
+// optim::NsOptions::algorithm picks the Gram form instead (plan/ns_cost.h: the
 // iteration on the m x m matrices X X^T and Q with X_k = Q X_0, restarted
 // from a fresh X X^T as plan::GramStartsAt says), or its spectral
 // evaluation (the same X_T = q_T(X_0 X_0^T) X_0 through the eigenvalues of
 // X_0 X_0^T in fp64: LAPACK's dsyevd, which OpenBLAS carries); kAuto takes
-// the form with the fewest FLOPs for NsOptions::threads (NsFormFor: at 5
+// the form with the fewest FLOPs for optim::NsOptions::threads (optim::NsFormFor: at 5
 // quintic iterations on one thread, wide matrices beyond about 1:1.43 go to
 // the spectral form; on two, the Gram iteration keeps them up to about
 // 1:11), which is what the planner charges the owner. Same properties:
@@ -107,7 +107,7 @@ class NewtonSchulz {
   //  - InvalidArgument if the iteration produced a non-finite value (only a
   //    diverging user table can); x is then untouched.
   //  - ResourceExhausted if the workspace could not grow; x untouched.
-  absl::Status Run(float* x, int64_t rows, int64_t cols, const NsOptions& options);
+  absl::Status Run(float* x, int64_t rows, int64_t cols, const optim::NsOptions& options);
 
   // Orthogonalises `count` row-major rows x cols matrices stored one after
   // another (an expert stack [count, rows, cols]); each result equals Run on
@@ -116,18 +116,18 @@ class NewtonSchulz {
   // result (diverging user table) stops at that matrix: the earlier ones hold
   // their results, that one and the later ones are untouched.
   absl::Status RunBatched(float* x, int64_t count, int64_t rows, int64_t cols,
-                          const NsOptions& options);
+                          const optim::NsOptions& options);
 
   // Bytes of workspace currently held.
   size_t workspace_bytes() const;
 
  private:
-  absl::Status RunValidated(float* x, int64_t rows, int64_t cols, const NsOptions& options);
+  absl::Status RunValidated(float* x, int64_t rows, int64_t cols, const optim::NsOptions& options);
   // The iterations on the normalised m x n matrix in x0_; return where the
   // result is (x0_ or x1_).
-  const float* IterateStandard(int64_t m, int64_t n, const NsOptions& options);
-  const float* IterateGram(int64_t m, int64_t n, const NsOptions& options);
-  absl::StatusOr<const float*> EvaluateSpectral(int64_t m, int64_t n, const NsOptions& options);
+  const float* IterateStandard(int64_t m, int64_t n, const optim::NsOptions& options);
+  const float* IterateGram(int64_t m, int64_t n, const optim::NsOptions& options);
+  absl::StatusOr<const float*> EvaluateSpectral(int64_t m, int64_t n, const optim::NsOptions& options);
 
   internal::AlignedFloats x0_;  // m x n, ping
   internal::AlignedFloats x1_;  // m x n, pong

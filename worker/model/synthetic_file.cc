@@ -15,7 +15,7 @@ absl::StatusOr<Synthetic> Synthetic::FromSpecFile(const std::string& path, doubl
   v1::ModelSpec proto;
   MUONMESH_RETURN_IF_ERROR(protoio::LoadMessageFile(path, &proto));
   absl::StatusOr<Synthetic> out =
-      Create(ModelFromProto(proto), scale, expert_divisor, gradient_seed);
+      Create(convert::ModelFromProto(proto), scale, expert_divisor, gradient_seed);
   if (!out.ok()) {
     return absl::Status(out.status().code(), absl::StrCat(path, ": ", out.status().message()));
   }

@@ -42,7 +42,7 @@ class CpuDevice final : public Device {
   absl::Status CopyToHost(float* host_dst, const float* src, int64_t count) override {
     return Copy(host_dst, src, count);
   }
-  absl::Status AdamWStep(const math::AdamWOptions& options, int64_t step, const float* grad,
+  absl::Status AdamWStep(const optim::AdamWOptions& options, int64_t step, const float* grad,
                          float* exp_avg, float* exp_avg_sq, float* param,
                          int64_t count) override {
     const size_t n = static_cast<size_t>(count);
@@ -50,13 +50,13 @@ class CpuDevice final : public Device {
                            absl::MakeSpan(exp_avg, n), absl::MakeSpan(exp_avg_sq, n),
                            absl::MakeSpan(param, n));
   }
-  absl::Status MuonPrepare(const math::MuonOptions& options, const float* grad,
+  absl::Status MuonPrepare(const optim::MuonOptions& options, const float* grad,
                            const float* momentum, float* update, int64_t count) override {
     const size_t n = static_cast<size_t>(count);
     return math::MuonPrepare(options, absl::MakeConstSpan(grad, n),
                              absl::MakeConstSpan(momentum, n), absl::MakeSpan(update, n));
   }
-  absl::Status MuonApply(const math::MuonOptions& options, int64_t rows, int64_t cols,
+  absl::Status MuonApply(const optim::MuonOptions& options, int64_t rows, int64_t cols,
                          const float* grad, const float* orthogonalized, float* momentum,
                          float* param, int64_t count) override {
     const size_t n = static_cast<size_t>(count);
@@ -84,7 +84,7 @@ class CpuDevice final : public Device {
     return absl::OkStatus();
   }
   absl::Status NewtonSchulz(float* x, int64_t rows, int64_t cols,
-                            const math::NsOptions& options) override {
+                            const optim::NsOptions& options) override {
     return ns_.Run(x, rows, cols, options);
   }
 

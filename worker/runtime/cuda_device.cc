@@ -59,16 +59,16 @@ class CudaDevice final : public Device {
   absl::Status CopyToHost(float* host_dst, const float* src, int64_t count) override {
     return Memcpy(host_dst, src, count, cudaMemcpyDeviceToHost);
   }
-  absl::Status AdamWStep(const math::AdamWOptions& options, int64_t step, const float* grad,
+  absl::Status AdamWStep(const optim::AdamWOptions& options, int64_t step, const float* grad,
                          float* exp_avg, float* exp_avg_sq, float* param,
                          int64_t count) override {
     return Done(optimizer_->AdamWStep(options, step, grad, exp_avg, exp_avg_sq, param, count));
   }
-  absl::Status MuonPrepare(const math::MuonOptions& options, const float* grad,
+  absl::Status MuonPrepare(const optim::MuonOptions& options, const float* grad,
                            const float* momentum, float* update, int64_t count) override {
     return Done(optimizer_->MuonPrepare(options, grad, momentum, update, count));
   }
-  absl::Status MuonApply(const math::MuonOptions& options, int64_t rows, int64_t cols,
+  absl::Status MuonApply(const optim::MuonOptions& options, int64_t rows, int64_t cols,
                          const float* grad, const float* orthogonalized, float* momentum,
                          float* param, int64_t count) override {
     return Done(optimizer_->MuonApply(options, rows, cols, grad, orthogonalized, momentum, param,
@@ -79,7 +79,7 @@ class CudaDevice final : public Device {
     return first >= count;
   }
   absl::Status NewtonSchulz(float* x, int64_t rows, int64_t cols,
-                            const math::NsOptions& options) override {
+                            const optim::NsOptions& options) override {
     return ns_->Run(x, rows, cols, options);  // returns with the result in x
   }
 

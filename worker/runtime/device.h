@@ -86,12 +86,12 @@ class Device {
   virtual absl::Status CopyToHost(float* host_dst, const float* src, int64_t count) = 0;
 
   // math::AdamWStep, math::MuonPrepare, math::MuonApply on `count` elements.
-  virtual absl::Status AdamWStep(const math::AdamWOptions& options, int64_t step,
+  virtual absl::Status AdamWStep(const optim::AdamWOptions& options, int64_t step,
                                  const float* grad, float* exp_avg, float* exp_avg_sq,
                                  float* param, int64_t count) = 0;
-  virtual absl::Status MuonPrepare(const math::MuonOptions& options, const float* grad,
+  virtual absl::Status MuonPrepare(const optim::MuonOptions& options, const float* grad,
                                    const float* momentum, float* update, int64_t count) = 0;
-  virtual absl::Status MuonApply(const math::MuonOptions& options, int64_t rows, int64_t cols,
+  virtual absl::Status MuonApply(const optim::MuonOptions& options, int64_t rows, int64_t cols,
                                  const float* grad, const float* orthogonalized, float* momentum,
                                  float* param, int64_t count) = 0;
   // Whether every one of `count` floats at x is finite (not NaN or infinite).
@@ -107,7 +107,7 @@ class Device {
 
   // Orthogonalises the row-major rows x cols matrix x in place.
   virtual absl::Status NewtonSchulz(float* x, int64_t rows, int64_t cols,
-                                    const math::NsOptions& options) = 0;
+                                    const optim::NsOptions& options) = 0;
 };
 
 // The host: worker/math on OpenBLAS (worker/runtime/cpu_device.cc).

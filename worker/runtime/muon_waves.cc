@@ -332,7 +332,7 @@ absl::Status Trainer::Impl::WaveRun::OrthogonalizeHeld(StepReport* report) {
       if (!st.ok()) {
         st = AnnotateStatus(st, absl::StrCat("Newton-Schulz on ", m.plan->units[u.unit].name));
       }
-      round.ns_flops += math::NsFlopsFor(m.options.muon.ns, mp.rows, mp.cols);
+      round.ns_flops += optim::NsFlopsFor(m.options.muon.ns, mp.rows, mp.cols);
     }
   }
   report->ns_flops += round.ns_flops;

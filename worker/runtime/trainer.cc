@@ -130,10 +130,10 @@ absl::StatusOr<StepReport> Trainer::Step() {
   report.times.grad_reduce += absl::Now() - t0;
 
   // This step's rates (the same on every rank: a function of the step).
-  report.lr_scale = math::LrMultiplier(m.options.lr_schedule, step_, m.options.total_steps);
+  report.lr_scale = optim::LrMultiplier(m.options.lr_schedule, step_, m.options.total_steps);
   m.step_muon = m.options.muon;
   m.step_muon.lr *= report.lr_scale;
-  m.step_muon.momentum = math::MomentumAt(m.options.muon.momentum, m.options.momentum_warmup,
+  m.step_muon.momentum = optim::MomentumAt(m.options.muon.momentum, m.options.momentum_warmup,
                                           step_);
   m.step_adamw = m.options.adamw;
   m.step_adamw.lr *= report.lr_scale;

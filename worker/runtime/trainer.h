@@ -82,8 +82,8 @@ struct TrainerOptions {
   // Prefix of every group name: unique per job attempt.
   std::string group_prefix = "job";
   comm::CollectiveOptions collective;
-  math::MuonOptions muon;  // its ns.algorithm is ignored: the plan's (config.ns_algorithm) runs
-  math::AdamWOptions adamw;
+  optim::MuonOptions muon;  // its ns.algorithm is ignored: the plan's (config.ns_algorithm) runs
+  optim::AdamWOptions adamw;
   int64_t global_batch_size = 1;
   // The recipe (core/optim/schedule.h, docs/architecture.md §5): both learning rates,
   // and the decoupled weight decay with them, times m(s) of `lr_schedule`
@@ -91,14 +91,14 @@ struct TrainerOptions {
   // schedule); Muon's momentum warmup; and, when clip_grad_norm > 0, every
   // gradient times min(1, clip_grad_norm / (norm + 1e-6)) before the
   // optimizers run. The norm is computed every step (StepReport::grad_norm).
-  math::LrSchedule lr_schedule;
+  optim::LrSchedule lr_schedule;
   int64_t total_steps = 0;
-  std::optional<math::MomentumWarmup> momentum_warmup;
+  std::optional<optim::MomentumWarmup> momentum_warmup;
   double clip_grad_norm = 0;
   // Per parameter (flat spec order), what optimizer.rules give it: its
   // learning rate times lr_scale, its own weight decay (a torch param
   // group). Empty: every tensor at its optimizer's rates.
-  std::vector<math::ParamRates> param_rates;
+  std::vector<optim::ParamRates> param_rates;
   // Gradient accumulation (training.micro_batch_size): the local batch in
   // micro-batches of this many samples, each reduced as it is produced and
   // added up; the step's gradient and loss are their means. 0: the whole

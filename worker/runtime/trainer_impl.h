@@ -193,8 +193,8 @@ struct Trainer::Impl {
   // shards instead of overwriting them.
   bool accumulating = false;
   // This step's optimizer options: the job's with the schedule applied.
-  math::MuonOptions step_muon;
-  math::AdamWOptions step_adamw;
+  optim::MuonOptions step_muon;
+  optim::AdamWOptions step_adamw;
 
   // The Muon phase's waves (muon_schedule.h) and, per wave, the indices
   // into `units` of its units' states, dense before expert for each unit.
@@ -340,12 +340,12 @@ struct Trainer::Impl {
 
   // This step's options for flat parameter `flat`: its optimizer.rules rates
   // (TrainerOptions::param_rates) applied.
-  math::AdamWOptions AdamWFor(int32_t flat) const { return WithRates(step_adamw, flat); }
-  math::MuonOptions MuonFor(int32_t flat) const { return WithRates(step_muon, flat); }
+  optim::AdamWOptions AdamWFor(int32_t flat) const { return WithRates(step_adamw, flat); }
+  optim::MuonOptions MuonFor(int32_t flat) const { return WithRates(step_muon, flat); }
   template <typename Options>
   Options WithRates(Options o, int32_t flat) const {
     if (static_cast<size_t>(flat) < options.param_rates.size()) {
-      const math::ParamRates& r = options.param_rates[flat];
+      const optim::ParamRates& r = options.param_rates[flat];
       o.lr *= r.lr_scale;
       if (r.weight_decay.has_value()) o.weight_decay = *r.weight_decay;
     }

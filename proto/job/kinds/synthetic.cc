@@ -42,7 +42,7 @@ ModelForm Resolve(const v1::ModelConfig& model, const std::string& job_dir) {
 absl::StatusOr<plan::ModelSpec> Spec(const ModelForm& form, int64_t ep) {
   const SyntheticModel& s = std::get<SyntheticModel>(form);
   if (s.inline_spec.has_value()) {
-    return model::ScaleModelSpec(ModelFromProto(*s.inline_spec), s.scale, ep);
+    return model::ScaleModelSpec(convert::ModelFromProto(*s.inline_spec), s.scale, ep);
   }
   if (s.spec_path.empty()) {
     return absl::InvalidArgumentError(
@@ -50,7 +50,7 @@ absl::StatusOr<plan::ModelSpec> Spec(const ModelForm& form, int64_t ep) {
   }
   v1::ModelSpec proto;
   MUONMESH_RETURN_IF_ERROR(protoio::LoadMessageFile(s.spec_path, &proto));
-  absl::StatusOr<plan::ModelSpec> scaled = model::ScaleModelSpec(ModelFromProto(proto), s.scale, ep);
+  absl::StatusOr<plan::ModelSpec> scaled = model::ScaleModelSpec(convert::ModelFromProto(proto), s.scale, ep);
   if (!scaled.ok()) {
     return absl::Status(scaled.status().code(),
                         absl::StrCat(s.spec_path, ": ", scaled.status().message()));

@@ -9,7 +9,7 @@
 
 #include "gtest/gtest.h"
 
-namespace muonmesh::math {
+namespace muonmesh::optim {
 namespace {
 
 TEST(LrScheduleTest, WarmupThenCosineToTheFloor) {
@@ -86,4 +86,4 @@ TEST(MomentumWarmupTest, RisesLinearlyFromItsStart) {
 }
 
 }  // namespace
-}  // namespace muonmesh::math
+}  // namespace muonmesh::optim

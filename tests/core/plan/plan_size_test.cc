@@ -68,7 +68,7 @@ void ExpectSizeOfPlan(const PlanInput& in) {
     for (const MatrixPlan& m : d->matrices) holders += static_cast<double>(m.holders.size());
   }
   v1::Plan answer;
-  PlanToProto(in, *plan, false, &answer);
+  convert::PlanToProto(in, *plan, false, &answer);
   double listed_holders = 0;
   double name_bytes = 0;
   for (const v1::Matrix& m : answer.matrices()) {

@@ -134,7 +134,7 @@ void CheckInvariants(const PlanInput& in, const Plan& p) {
   // Matrices: holders tile each matrix's rows, owners hold rows or pay.
   const v1::Plan proto = [&] {
     v1::Plan out;
-    PlanToProto(in, p, false, &out);
+    convert::PlanToProto(in, p, false, &out);
     return out;
   }();
   std::map<std::string, int> copies;  // matrix name -> domains listing it
@@ -241,8 +241,8 @@ TEST_P(PlannerConfigTest, SameInputGivesByteIdenticalPlans) {
   absl::StatusOr<Plan> b = ComputePlan(in);
   ASSERT_TRUE(a.ok() && b.ok());
   v1::Plan pa, pb;
-  PlanToProto(in, *a, true, &pa);
-  PlanToProto(in, *b, true, &pb);
+  convert::PlanToProto(in, *a, true, &pa);
+  convert::PlanToProto(in, *b, true, &pb);
   std::string sa, sb;
   ASSERT_TRUE(pa.SerializeToString(&sa));
   ASSERT_TRUE(pb.SerializeToString(&sb));
@@ -345,8 +345,8 @@ TEST(PlannerTest, CancelTokenStopsThePlan) {
   absl::StatusOr<Plan> ticked = ComputePlan(in, &never);
   ASSERT_TRUE(ticked.ok()) << ticked.status();
   v1::Plan a, b;
-  PlanToProto(in, *plain, true, &a);
-  PlanToProto(in, *ticked, true, &b);
+  convert::PlanToProto(in, *plain, true, &a);
+  convert::PlanToProto(in, *ticked, true, &b);
   EXPECT_EQ(a.SerializeAsString(), b.SerializeAsString());
 
   // Polled once per tick: stopping at the k-th poll stops in every phase.

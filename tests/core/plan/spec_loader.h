@@ -20,7 +20,7 @@ inline absl::StatusOr<plan::ModelSpec> LoadSpec(const std::string& name) {
   v1::ModelSpec spec;
   absl::Status st = protoio::LoadMessageFile(SpecPath(name), &spec);
   if (!st.ok()) return st;
-  return ModelFromProto(spec);
+  return convert::ModelFromProto(spec);
 }
 
 }  // namespace muonmesh::testing

@@ -125,8 +125,8 @@ TEST(JobTest, DesignExampleResolvesWithTheValuesWritten) {
   EXPECT_TRUE(r->muon.nesterov);
   EXPECT_EQ(r->muon.ns.steps, 5);
   EXPECT_EQ(r->muon.weight_decay, 0.0);
-  EXPECT_EQ(r->muon.scale, math::MuonScale::kOriginal);
-  EXPECT_EQ(r->muon.ns.coefficients, math::NsCoefficients::kQuintic);
+  EXPECT_EQ(r->muon.scale, optim::MuonScale::kOriginal);
+  EXPECT_EQ(r->muon.ns.coefficients, optim::NsCoefficients::kQuintic);
   EXPECT_EQ(r->adamw.lr, 0.001);
   EXPECT_EQ(r->adamw.beta1, 0.9);
   EXPECT_EQ(r->adamw.beta2, 0.999);
@@ -191,14 +191,14 @@ TEST(JobTest, MinimalJobGetsTheDocumentedDefaults) {
   EXPECT_EQ(r->parallelism.num_distributed_optimizer_instances, 0);
   EXPECT_EQ(r->owner_assignment, "lpt");
   // Muon: lr 0.02, momentum 0.95, nesterov, 5 quintic steps, no weight decay
-  // (math::MuonOptions' own defaults differ: lr 1e-3, weight_decay 0.1).
+  // (optim::MuonOptions' own defaults differ: lr 1e-3, weight_decay 0.1).
   EXPECT_EQ(r->muon.lr, 0.02);
   EXPECT_EQ(r->muon.momentum, 0.95);
   EXPECT_TRUE(r->muon.nesterov);
   EXPECT_EQ(r->muon.ns.steps, 5);
-  EXPECT_EQ(r->muon.ns.coefficients, math::NsCoefficients::kQuintic);
+  EXPECT_EQ(r->muon.ns.coefficients, optim::NsCoefficients::kQuintic);
   EXPECT_EQ(r->muon.weight_decay, 0.0);
-  EXPECT_EQ(r->muon.scale, math::MuonScale::kOriginal);
+  EXPECT_EQ(r->muon.scale, optim::MuonScale::kOriginal);
   // AdamW: torch's defaults except weight_decay 0 (torch: 1e-2).
   EXPECT_EQ(r->adamw.lr, 1e-3);
   EXPECT_EQ(r->adamw.beta1, 0.9);
@@ -218,8 +218,8 @@ TEST(JobTest, MinimalJobGetsTheDocumentedDefaults) {
   EXPECT_EQ(r->output_dir, dir.dir() + "/runs/tiny");
   EXPECT_EQ(r->export_path, dir.dir() + "/runs/tiny/final.safetensors");
   // The resolved options pass the numerics' own validation.
-  EXPECT_TRUE(math::ValidateMuonOptions(r->muon).ok());
-  EXPECT_TRUE(math::ValidateAdamWOptions(r->adamw).ok());
+  EXPECT_TRUE(optim::ValidateMuonOptions(r->muon).ok());
+  EXPECT_TRUE(optim::ValidateAdamWOptions(r->adamw).ok());
 }
 
 TEST(JobTest, ResolvesEveryNonDefaultChoice) {
@@ -260,8 +260,8 @@ TEST(JobTest, ResolvesEveryNonDefaultChoice) {
   EXPECT_FALSE(r->init_seed.has_value());
   EXPECT_EQ(r->init_safetensors, abs_init);  // absolute paths are kept
   EXPECT_FALSE(r->muon.nesterov);
-  EXPECT_EQ(r->muon.scale, math::MuonScale::kMatchRmsAdamW);
-  EXPECT_EQ(r->muon.ns.coefficients, math::NsCoefficients::kPolarExpress);
+  EXPECT_EQ(r->muon.scale, optim::MuonScale::kMatchRmsAdamW);
+  EXPECT_EQ(r->muon.ns.coefficients, optim::NsCoefficients::kPolarExpress);
   EXPECT_EQ(r->muon.ns.steps, 8);
   EXPECT_EQ(r->muon.weight_decay, 0.1);
   EXPECT_EQ(r->owner_assignment, "allgather");
@@ -274,7 +274,7 @@ TEST(JobTest, ResolvesEveryNonDefaultChoice) {
 TEST(JobTest, TheRecipeResolvesAndIsOffByDefault) {
   absl::StatusOr<job::ResolvedJob> plain = job::ResolveJob(DesignJob(), "");
   ASSERT_TRUE(plain.ok()) << plain.status();
-  EXPECT_EQ(plain->lr_schedule.decay, math::LrDecay::kConstant);
+  EXPECT_EQ(plain->lr_schedule.decay, optim::LrDecay::kConstant);
   EXPECT_EQ(plain->lr_schedule.warmup_steps, 0);
   EXPECT_FALSE(plain->clip_grad_norm.has_value());
   EXPECT_FALSE(plain->momentum_warmup.has_value());
@@ -292,7 +292,7 @@ training:
 )");
   absl::StatusOr<job::ResolvedJob> r = job::LoadResolvedJob(path);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->lr_schedule.decay, math::LrDecay::kWsd);
+  EXPECT_EQ(r->lr_schedule.decay, optim::LrDecay::kWsd);
   EXPECT_EQ(r->lr_schedule.warmup_steps, 4);
   EXPECT_EQ(r->lr_schedule.decay_steps, 6);
   EXPECT_DOUBLE_EQ(r->lr_schedule.min_lr_ratio, 0.1);
@@ -1034,10 +1034,10 @@ TEST(JobTest, OptimizerRulesGiveRatesByFirstMatch) {
       {.pattern = "head\\.weight", .lr_scale = 0.5},
       {.pattern = ".*\\.bias", .optimizer = "muon", .weight_decay = 0.0},
       {.pattern = "head.*", .lr_scale = 3.0, .weight_decay = 0.2}};  // after the first: never
-  absl::StatusOr<std::vector<math::ParamRates>> rates = job::ParamRatesOf(spec, rules);
+  absl::StatusOr<std::vector<optim::ParamRates>> rates = job::ParamRatesOf(spec, rules);
   ASSERT_TRUE(rates.ok()) << rates.status();
-  EXPECT_THAT(*rates, ElementsAre(math::ParamRates{0.5, std::nullopt},
-                                  math::ParamRates{1.0, 0.0}, math::ParamRates{}));
+  EXPECT_THAT(*rates, ElementsAre(optim::ParamRates{0.5, std::nullopt},
+                                  optim::ParamRates{1.0, 0.0}, optim::ParamRates{}));
   absl::StatusOr<plan::ModelSpec> out = job::ApplyOptimizerRules(spec, rules);
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(out->units[0].params[0].optimizer, "muon");  // its rule names none

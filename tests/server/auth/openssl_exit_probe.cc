@@ -4,7 +4,7 @@
 // every handler registered later, exits 3 if OpenSSL's global state was
 // freed by then: that happens when OpenSSL registered its exit handler,
 // which races gRPC's threads still freeing TLS objects
-// (rpc::InitOpenSslWithoutExitHandler). Exits 1 if it cannot connect.
+// (credentials::InitOpenSslWithoutExitHandler). Exits 1 if it cannot connect.
 //
 // A program of its own because the order of exit handlers is per process:
 // in a test binary another test may have initialised OpenSSL first.
@@ -16,7 +16,7 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "proto/rpc/credentials.h"
+#include "proto/credentials/credentials.h"
 
 namespace {
 
@@ -36,17 +36,17 @@ int main(int argc, char** argv) {
     std::cerr << "usage: openssl_exit_probe ADDRESS CA_FILE TOKEN_FILE\n";
     return 2;
   }
-  muonmesh::rpc::ClientSecurityOptions options;
+  muonmesh::credentials::ClientSecurityOptions options;
   options.tls_ca = argv[2];
   options.token_file = argv[3];
-  absl::StatusOr<muonmesh::rpc::ChannelSecurity> security =
-      muonmesh::rpc::LoadChannelSecurity(options);
+  absl::StatusOr<muonmesh::credentials::ChannelSecurity> security =
+      muonmesh::credentials::LoadChannelSecurity(options);
   if (!security.ok()) {
     std::cerr << "openssl_exit_probe: " << security.status().message() << "\n";
     return 1;
   }
   const bool connected =
-      muonmesh::rpc::CreateChannel(argv[1], *security)
+      muonmesh::credentials::CreateChannel(argv[1], *security)
           ->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(20));
   std::cout << (connected ? "connected over TLS\n" : "not connected\n");
   return connected ? 0 : 1;

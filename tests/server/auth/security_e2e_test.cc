@@ -31,7 +31,7 @@
 #include "gtest/gtest.h"
 #include "muonmesh/v1/fleet.grpc.pb.h"
 #include "muonmesh/v1/jobs.grpc.pb.h"
-#include "proto/rpc/credentials.h"
+#include "proto/credentials/credentials.h"
 #include "server/auth/token_table.h"
 #include "tests/testing/background.h"
 #include "tests/testing/http_get.h"
@@ -121,16 +121,16 @@ class SecurityTest : public ::testing::Test {
   // `certificate` names one ("worker", "rogue-worker").
   std::shared_ptr<grpc::Channel> Channel(const std::string& token,
                                          const std::string& certificate = "", bool tls = true) {
-    rpc::ClientSecurityOptions o;
+    credentials::ClientSecurityOptions o;
     if (tls) o.tls_ca = Cert("ca.pem");
     o.token = token;
     if (!certificate.empty()) {
       o.tls_cert = Cert(certificate + ".pem");
       o.tls_key = Cert(certificate + ".key");
     }
-    absl::StatusOr<rpc::ChannelSecurity> security = rpc::LoadChannelSecurity(o);
+    absl::StatusOr<credentials::ChannelSecurity> security = credentials::LoadChannelSecurity(o);
     EXPECT_TRUE(security.ok()) << security.status();
-    return rpc::CreateChannel(address_, security.ok() ? *security : rpc::ChannelSecurity{});
+    return credentials::CreateChannel(address_, security.ok() ? *security : credentials::ChannelSecurity{});
   }
 
   static grpc::Status ListJobs(const std::shared_ptr<grpc::Channel>& channel) {
@@ -273,7 +273,7 @@ TEST_F(SecurityTest, NoTokenAWrongTokenAndAViewerSubmittingAreRefused) {
 TEST_F(SecurityTest, ASubmitterSubmitsAndCancels) {
   const std::string job = WriteJob("wait", 2, dir_ + "/runs/wait");
   // The token from the environment this time.
-  const std::vector<std::string> env = {absl::StrCat(rpc::kTokenEnv, "=", kSubmitterToken)};
+  const std::vector<std::string> env = {absl::StrCat(credentials::kTokenEnv, "=", kSubmitterToken)};
   ProcessResult r = Ctl({"submit", job}, "", env);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::string id = Lines(r.out).back();
@@ -545,12 +545,12 @@ TEST_F(MetricsPortTest, ARenewedCertificateIsServedWithoutARestart) {
   }
   EXPECT_EQ(served, renewed) << coordinator.Log();
   // Clients that trust the CA go on, with their tokens.
-  rpc::ClientSecurityOptions o;
+  credentials::ClientSecurityOptions o;
   o.tls_ca = Cert("ca.pem");
   o.token = kViewerToken;
-  absl::StatusOr<rpc::ChannelSecurity> security = rpc::LoadChannelSecurity(o);
+  absl::StatusOr<credentials::ChannelSecurity> security = credentials::LoadChannelSecurity(o);
   ASSERT_TRUE(security.ok()) << security.status();
-  EXPECT_TRUE(ListJobs(rpc::CreateChannel(address, *security)).ok());
+  EXPECT_TRUE(ListJobs(credentials::CreateChannel(address, *security)).ok());
 }
 
 // Tokens rotated on disk, on both sides, without a restart: the coordinator
@@ -575,13 +575,13 @@ TEST_F(MetricsPortTest, TokensRotateOnBothSidesWithoutARestart) {
                          dir + "/coordinator.log");
   const std::string address = coordinator.ListeningAddress(kStart);
   ASSERT_FALSE(address.empty()) << coordinator.Log();
-  rpc::ClientSecurityOptions o;
+  credentials::ClientSecurityOptions o;
   o.tls_ca = Cert("ca.pem");
   o.token_file = dir + "/client.token";
   o.refresh = absl::Seconds(1);
-  absl::StatusOr<rpc::ChannelSecurity> security = rpc::LoadChannelSecurity(o);
+  absl::StatusOr<credentials::ChannelSecurity> security = credentials::LoadChannelSecurity(o);
   ASSERT_TRUE(security.ok()) << security.status();
-  const std::shared_ptr<grpc::Channel> channel = rpc::CreateChannel(address, *security);
+  const std::shared_ptr<grpc::Channel> channel = credentials::CreateChannel(address, *security);
   ASSERT_TRUE(ListJobs(channel).ok());
 
   write(dir + "/tokens", absl::StrCat("viewer ", new_token, "\n"), 2);  // revoke the old

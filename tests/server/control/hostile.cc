@@ -111,7 +111,7 @@ class Hostile {
     std::filesystem::remove_all(o_.work);
     std::filesystem::create_directories(o_.work);
     if (!StartCoordinator()) return 1;
-    client_ = std::make_unique<CoordinatorClient>(address_);
+    client_ = std::make_unique<client::CoordinatorClient>(address_);
     for (int i = 0; i < 2; ++i) StartWorker(i);
     if (!SubmitRealJob()) return 1;
     Sample quiet_start = Take();
@@ -192,7 +192,7 @@ class Hostile {
                         << "data: {teacher: {seed: 7, samples: 512}}\n"
                         << "training: {steps: 100000000, global_batch_size: 64}\n"
                         << "output: {dir: " << o_.work << "/real}\n";
-    absl::StatusOr<v1::JobSpec> spec = LoadJobForSubmit(file);
+    absl::StatusOr<v1::JobSpec> spec = client::LoadJobForSubmit(file);
     if (!spec.ok()) {
       std::cerr << "hostile: " << spec.status() << "\n";
       return false;
@@ -421,7 +421,7 @@ class Hostile {
   const Options o_;
   std::unique_ptr<Background> coordinator_;
   std::vector<std::unique_ptr<Background>> workers_;
-  std::unique_ptr<CoordinatorClient> client_;
+  std::unique_ptr<client::CoordinatorClient> client_;
   std::string address_, real_;
   std::atomic<bool> stop_{false};
   Counts counts_;

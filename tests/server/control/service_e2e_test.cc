@@ -124,7 +124,7 @@ class ServiceTest : public ::testing::Test {
         dir_ + "/coordinator.log");
     address_ = coordinator_->ListeningAddress(kStart);
     ASSERT_FALSE(address_.empty()) << coordinator_->Log();
-    client_ = std::make_unique<CoordinatorClient>(address_);
+    client_ = std::make_unique<client::CoordinatorClient>(address_);
   }
 
   void StartWorker(const std::string& id) {
@@ -137,7 +137,7 @@ class ServiceTest : public ::testing::Test {
 
   // Submits the job file and follows it to its end; returns the job.
   v1::Job SubmitAndWatch(const std::string& file) {
-    absl::StatusOr<v1::JobSpec> spec = LoadJobForSubmit(file);
+    absl::StatusOr<v1::JobSpec> spec = client::LoadJobForSubmit(file);
     EXPECT_TRUE(spec.ok()) << spec.status();
     if (!spec.ok()) return v1::Job();
     absl::StatusOr<v1::SubmitJobResponse> r = client_->Submit(*spec, "");
@@ -161,7 +161,7 @@ class ServiceTest : public ::testing::Test {
   std::string address_;
   std::unique_ptr<Background> coordinator_;
   std::vector<std::unique_ptr<Background>> workers_;
-  std::unique_ptr<CoordinatorClient> client_;
+  std::unique_ptr<client::CoordinatorClient> client_;
 };
 
 TEST_F(ServiceTest, ServedJobsEndWithTheStandaloneLaunchersExactWeights) {
@@ -218,7 +218,7 @@ TEST_F(ServiceTest, AKilledWorkerRestartsTheJobFromItsCheckpoint) {
   j.steps = kFaultedJobSteps;
   j.checkpoint_every = 5;
   j.max_restarts = 1;
-  absl::StatusOr<v1::JobSpec> spec = LoadJobForSubmit(WriteJob(dir_, j, dir_ + "/served"));
+  absl::StatusOr<v1::JobSpec> spec = client::LoadJobForSubmit(WriteJob(dir_, j, dir_ + "/served"));
   ASSERT_TRUE(spec.ok());
   absl::StatusOr<v1::SubmitJobResponse> r = client_->Submit(*spec, "");
   ASSERT_TRUE(r.ok()) << r.status();
@@ -249,7 +249,7 @@ TEST_F(ServiceTest, AKilledWorkerRestartsTheJobFromItsCheckpoint) {
 }
 
 // The reasons of the job's state changes, in order, from its event log.
-std::vector<std::string> StateReasons(CoordinatorClient& client, const std::string& id) {
+std::vector<std::string> StateReasons(client::CoordinatorClient& client, const std::string& id) {
   std::vector<std::string> reasons;
   absl::Status watched = client.Watch(id, 0, absl::Minutes(1), [&](const v1::JobEvent& e) {
     if (e.has_state_change()) {
@@ -264,7 +264,7 @@ std::vector<std::string> StateReasons(CoordinatorClient& client, const std::stri
 
 // Polls the job until `ready` says so (up to a minute); returns it then.
 template <typename Ready>
-std::optional<v1::Job> WaitFor(CoordinatorClient& client, const std::string& id, Ready ready) {
+std::optional<v1::Job> WaitFor(client::CoordinatorClient& client, const std::string& id, Ready ready) {
   for (int i = 0; i < 6000; ++i) {
     absl::StatusOr<v1::Job> job = client.Get(id);
     if (job.ok() && ready(*job)) return *job;
@@ -285,7 +285,7 @@ TEST_F(ServiceTest, AnElasticJobShrinksForALostWorkerAndGrowsBack) {
   j.checkpoint_every = 5;
   j.max_restarts = 1;
   j.training_extra = ", elastic: {min_world_size: 2, wait: 1s}";
-  absl::StatusOr<v1::JobSpec> spec = LoadJobForSubmit(WriteJob(dir_, j, dir_ + "/served"));
+  absl::StatusOr<v1::JobSpec> spec = client::LoadJobForSubmit(WriteJob(dir_, j, dir_ + "/served"));
   ASSERT_TRUE(spec.ok()) << spec.status();
   absl::StatusOr<v1::SubmitJobResponse> r = client_->Submit(*spec, "");
   ASSERT_TRUE(r.ok()) << r.status();
@@ -380,7 +380,7 @@ TEST_F(ServiceTest, AStoppedWorkerIsCaughtByItsLeaseAndTheJobResumesExactly) {
   j.steps = kFaultedJobSteps;
   j.checkpoint_every = 5;
   j.max_restarts = 1;
-  absl::StatusOr<v1::JobSpec> spec = LoadJobForSubmit(WriteJob(dir_, j, dir_ + "/served"));
+  absl::StatusOr<v1::JobSpec> spec = client::LoadJobForSubmit(WriteJob(dir_, j, dir_ + "/served"));
   ASSERT_TRUE(spec.ok());
   absl::StatusOr<v1::SubmitJobResponse> r = client_->Submit(*spec, "");
   ASSERT_TRUE(r.ok()) << r.status();
@@ -431,7 +431,7 @@ TEST_F(ServiceTest, AFailedCheckpointWriteFailsTheJobAndKeepsTheOneBefore) {
   // (a full or read-only disk fails the same call; as root a read-only mode
   // would not stop the write: standalone_test runs that case as nobody).
   const std::string out = dir_ + "/served";
-  absl::StatusOr<v1::JobSpec> spec = LoadJobForSubmit(WriteJob(dir_, j, out));
+  absl::StatusOr<v1::JobSpec> spec = client::LoadJobForSubmit(WriteJob(dir_, j, out));
   ASSERT_TRUE(spec.ok());
   absl::StatusOr<v1::SubmitJobResponse> r = client_->Submit(*spec, "");
   ASSERT_TRUE(r.ok()) << r.status();
@@ -497,7 +497,7 @@ TEST_F(ServiceTest, ACoordinatorKilledRightAfterAcknowledgingSubmitsLosesNone) {
     j.checkpoint_every = 5;
     j.max_restarts = 1;
     absl::StatusOr<v1::JobSpec> spec =
-        LoadJobForSubmit(WriteJob(dir_, j, absl::StrCat(dir_, "/out", i)));
+        client::LoadJobForSubmit(WriteJob(dir_, j, absl::StrCat(dir_, "/out", i)));
     ASSERT_TRUE(spec.ok()) << spec.status();
     absl::StatusOr<v1::SubmitJobResponse> r = client_->Submit(*spec, absl::StrCat("req-", i));
     ASSERT_TRUE(r.ok()) << r.status();
@@ -511,7 +511,7 @@ TEST_F(ServiceTest, ACoordinatorKilledRightAfterAcknowledgingSubmitsLosesNone) {
                     "--lease-ttl", "3s", "--collective-timeout", "20s"},
                    dir_ + "/coordinator-again.log");
   ASSERT_TRUE(again.WaitForLog("listening on", kStart)) << again.Log();
-  CoordinatorClient client(address_);
+  client::CoordinatorClient client(address_);
   for (int i = 0; i < kJobs; ++i) {
     absl::Status watched =
         client.Watch(ids[i], 0, absl::Minutes(3), [](const v1::JobEvent&) { return true; });
@@ -526,7 +526,7 @@ TEST_F(ServiceTest, ACoordinatorKilledRightAfterAcknowledgingSubmitsLosesNone) {
     j.checkpoint_every = 5;
     j.max_restarts = 1;
     absl::StatusOr<v1::JobSpec> spec =
-        LoadJobForSubmit(WriteJob(dir_, j, absl::StrCat(dir_, "/out", i)));
+        client::LoadJobForSubmit(WriteJob(dir_, j, absl::StrCat(dir_, "/out", i)));
     absl::StatusOr<v1::SubmitJobResponse> r = client.Submit(*spec, absl::StrCat("req-", i));
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->job().id(), ids[i]);
@@ -557,7 +557,7 @@ struct WatchLog {
 // Watches `id` on `address` until it ends, on a thread of its own.
 std::thread WatchInBackground(const std::string& address, const std::string& id, WatchLog* log) {
   return std::thread([address, id, log] {
-    CoordinatorClient client(address);
+    client::CoordinatorClient client(address);
     log->watched = client.Watch(id, 0, absl::Minutes(3), [log](const v1::JobEvent& e) {
       if (e.has_step()) {
         log->steps.push_back(
@@ -585,7 +585,7 @@ TEST_F(ServiceTest, ACoordinatorKilledMidJobCostsNoStepAndNoRestart) {
   j.steps = 800;
   j.checkpoint_every = 100;
   j.max_restarts = 1;
-  absl::StatusOr<v1::JobSpec> spec = LoadJobForSubmit(WriteJob(dir_, j, dir_ + "/served"));
+  absl::StatusOr<v1::JobSpec> spec = client::LoadJobForSubmit(WriteJob(dir_, j, dir_ + "/served"));
   ASSERT_TRUE(spec.ok()) << spec.status();
   absl::StatusOr<v1::SubmitJobResponse> r = client_->Submit(*spec, "kept-1");
   ASSERT_TRUE(r.ok()) << r.status();
@@ -626,7 +626,7 @@ TEST_F(ServiceTest, ACoordinatorKilledMidJobCostsNoStepAndNoRestart) {
     }
   }
   ASSERT_TRUE(log.watched.ok()) << log.watched << "\n" << again.Log() << Logs();
-  CoordinatorClient client(address_);
+  client::CoordinatorClient client(address_);
   absl::StatusOr<v1::Job> done = client.Get(id);
   ASSERT_TRUE(done.ok()) << done.status();
   ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->reason() << "\n"
@@ -662,7 +662,7 @@ TEST_F(ServiceTest, DrainedWorkersHandTheirJobOnLosingNoStep) {
   // drained worker has exited (a served step takes 2-10 ms).
   j.steps = 2000;
   j.max_restarts = 0;
-  absl::StatusOr<v1::JobSpec> spec = LoadJobForSubmit(WriteJob(dir_, j, dir_ + "/served"));
+  absl::StatusOr<v1::JobSpec> spec = client::LoadJobForSubmit(WriteJob(dir_, j, dir_ + "/served"));
   ASSERT_TRUE(spec.ok()) << spec.status();
   absl::StatusOr<v1::SubmitJobResponse> r = client_->Submit(*spec, "");
   ASSERT_TRUE(r.ok()) << r.status();
@@ -781,7 +781,7 @@ TEST_F(ServiceTest, SigtermStopsTheCoordinatorAndWorkersCleanly) {
 
 TEST_F(ServiceTest, OneDataFolderServesOneCoordinatorAndOutlivesIt) {
   // A job to find again after a restart (no worker: it stays pending).
-  absl::StatusOr<v1::JobSpec> spec = LoadJobForSubmit(WriteJob(dir_, JobText{"kept", 2}, dir_ + "/out"));
+  absl::StatusOr<v1::JobSpec> spec = client::LoadJobForSubmit(WriteJob(dir_, JobText{"kept", 2}, dir_ + "/out"));
   ASSERT_TRUE(spec.ok()) << spec.status();
   absl::StatusOr<v1::SubmitJobResponse> r = client_->Submit(*spec, "");
   ASSERT_TRUE(r.ok()) << r.status();
@@ -799,7 +799,7 @@ TEST_F(ServiceTest, OneDataFolderServesOneCoordinatorAndOutlivesIt) {
   Background third(again, dir_ + "/third.log");
   const std::string address = third.ListeningAddress(kStart);
   ASSERT_FALSE(address.empty()) << third.Log();
-  CoordinatorClient client(address);
+  client::CoordinatorClient client(address);
   absl::StatusOr<v1::Job> job = client.Get(r->job().id());
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->name(), "kept");
@@ -816,7 +816,7 @@ TEST_F(ServiceTest, BadRequestsGetTheRightCodeAndCreateNothing) {
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
     return rpc(&context);
   };
-  absl::StatusOr<v1::JobSpec> spec = LoadJobForSubmit(WriteJob(dir_, JobText{"ok", 1}, dir_ + "/out"));
+  absl::StatusOr<v1::JobSpec> spec = client::LoadJobForSubmit(WriteJob(dir_, JobText{"ok", 1}, dir_ + "/out"));
   ASSERT_TRUE(spec.ok()) << spec.status();
   v1::SubmitJobResponse submitted;
   // Over the coordinator's 64 MiB request limit: refused by the transport.

@@ -68,7 +68,7 @@ class Soak {
     std::filesystem::remove_all(o_.work);
     std::filesystem::create_directories(o_.work);
     if (!StartCoordinator("127.0.0.1:0")) return 1;
-    client_ = std::make_unique<CoordinatorClient>(address_);
+    client_ = std::make_unique<client::CoordinatorClient>(address_);
     for (int i = 0; i < o_.workers; ++i) StartWorker(i);
     if (!SubmitAll()) return 1;
 
@@ -144,7 +144,7 @@ class Soak {
                           << "training: {steps: " << steps(rng_)
                           << ", global_batch_size: 24, checkpoint_every: 5, max_restarts: 6}\n"
                           << "output: {dir: " << dir << "/out}\n";
-      absl::StatusOr<v1::JobSpec> spec = LoadJobForSubmit(file);
+      absl::StatusOr<v1::JobSpec> spec = client::LoadJobForSubmit(file);
       if (!spec.ok()) {
         std::cerr << "soak: " << spec.status() << "\n";
         return false;
@@ -222,7 +222,7 @@ class Soak {
     faults_.push_back(std::move(f));
     absl::SleepFor(absl::Seconds(2));
     if (!StartCoordinator(address_)) std::cerr << "soak: the coordinator did not come back\n";
-    client_ = std::make_unique<CoordinatorClient>(address_);
+    client_ = std::make_unique<client::CoordinatorClient>(address_);
   }
 
   // When the job's first step after the fault was recorded: of an attempt
@@ -308,7 +308,7 @@ class Soak {
   std::mt19937 rng_;
   std::unique_ptr<Background> coordinator_;
   std::map<int, std::unique_ptr<Background>> workers_;
-  std::unique_ptr<CoordinatorClient> client_;
+  std::unique_ptr<client::CoordinatorClient> client_;
   std::string address_;
   std::vector<std::string> ids_;
   std::vector<Fault> faults_;

@@ -15,7 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace muonmesh::worker {
+namespace muonmesh::io {
 namespace {
 
 using ::testing::HasSubstr;
@@ -55,7 +55,7 @@ std::string Write(const std::string& dir, const std::string& name, const std::st
   return path;
 }
 
-std::vector<int32_t> ReadAll(const TokenStream& s) {
+std::vector<int32_t> ReadAll(const worker::TokenStream& s) {
   std::vector<int32_t> out(static_cast<size_t>(s.num_tokens()));
   EXPECT_TRUE(s.Read(0, s.num_tokens(), out.data()).ok());
   return out;
@@ -65,7 +65,7 @@ TEST(TokenFilesTest, TextIsOneTokenPerByteAcrossFiles) {
   const std::string dir = TempDir();
   const std::string a = Write(dir, "a.txt", "Hi\n");
   const std::string b = Write(dir, "b.txt", std::string("\xff\x00z", 3));
-  absl::StatusOr<std::shared_ptr<const TokenStream>> s =
+  absl::StatusOr<std::shared_ptr<const worker::TokenStream>> s =
       OpenTokenFiles({a, b}, TokenFormat::kText);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(ReadAll(**s), (std::vector<int32_t>{'H', 'i', '\n', 255, 0, 'z'}));
@@ -81,14 +81,14 @@ TEST(TokenFilesTest, ShardsReadLittleEndianUint16) {
   const std::string dir = TempDir();
   const std::string a = Write(dir, "a.bin", Shard({50256, 1, 0x1234}));
   const std::string b = Write(dir, "b.bin", Shard({65535}));
-  absl::StatusOr<std::shared_ptr<const TokenStream>> s =
+  absl::StatusOr<std::shared_ptr<const worker::TokenStream>> s =
       OpenTokenFiles({a, b}, TokenFormat::kShards);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(ReadAll(**s), (std::vector<int32_t>{50256, 1, 0x1234, 65535}));
   // Token 3 is b.bin's first: right after its 1024-byte header.
   EXPECT_EQ((*s)->Where(3), b + " at byte 1024");
   EXPECT_EQ((*s)->Where(2), a + " at byte 1028");
-  absl::StatusOr<std::shared_ptr<const TokenStream>> tail = SliceTokens(*s, 2, 4);
+  absl::StatusOr<std::shared_ptr<const worker::TokenStream>> tail = SliceTokens(*s, 2, 4);
   ASSERT_TRUE(tail.ok());
   EXPECT_EQ((*tail)->Where(1), b + " at byte 1024");
 }
@@ -106,7 +106,7 @@ TEST(TokenFilesTest, BrokenShardsNameTheFile) {
   };
   for (const auto& c : cases) {
     const std::string path = Write(dir, "bad.bin", c.bytes);
-    absl::StatusOr<std::shared_ptr<const TokenStream>> s =
+    absl::StatusOr<std::shared_ptr<const worker::TokenStream>> s =
         OpenTokenFiles({path}, TokenFormat::kShards);
     ASSERT_FALSE(s.ok()) << c.why;
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
@@ -120,8 +120,8 @@ TEST(TokenFilesTest, BrokenShardsNameTheFile) {
 }
 
 TEST(TokenFilesTest, SlicesAreViewsOfTheirRange) {
-  auto base = std::make_shared<const InMemoryTokens>(std::vector<int32_t>{0, 1, 2, 3, 4, 5});
-  absl::StatusOr<std::shared_ptr<const TokenStream>> tail = SliceTokens(base, 4, 6);
+  auto base = std::make_shared<const worker::InMemoryTokens>(std::vector<int32_t>{0, 1, 2, 3, 4, 5});
+  absl::StatusOr<std::shared_ptr<const worker::TokenStream>> tail = SliceTokens(base, 4, 6);
   ASSERT_TRUE(tail.ok()) << tail.status();
   EXPECT_EQ(ReadAll(**tail), (std::vector<int32_t>{4, 5}));
   int32_t one;
@@ -132,15 +132,15 @@ TEST(TokenFilesTest, SlicesAreViewsOfTheirRange) {
 
 TEST(TokenWindowsTest, PeriodAndStartsFollowTheFormula) {
   // N = 10, T = 4: p(k) = 4k mod 6 = 0, 4, 2, 0, ...: period 3 = 6 / gcd(4, 6).
-  EXPECT_EQ(WindowPeriod(10, 4), 3);
-  EXPECT_EQ(WindowStart(0, 10, 4), 0);
-  EXPECT_EQ(WindowStart(1, 10, 4), 4);
-  EXPECT_EQ(WindowStart(2, 10, 4), 2);
+  EXPECT_EQ(worker::WindowPeriod(10, 4), 3);
+  EXPECT_EQ(worker::WindowStart(0, 10, 4), 0);
+  EXPECT_EQ(worker::WindowStart(1, 10, 4), 4);
+  EXPECT_EQ(worker::WindowStart(2, 10, 4), 2);
   // No overflow where k T passes 2^63: (2^40 * 2^24) mod (2^40 + 7 - 2^24),
   // worked out with Python's integers.
   const int64_t n = (int64_t{1} << 40) + 7;
-  EXPECT_EQ(WindowStart(int64_t{1} << 40, n, 1 << 24), int64_t{4177524992});
+  EXPECT_EQ(worker::WindowStart(int64_t{1} << 40, n, 1 << 24), int64_t{4177524992});
 }
 
 }  // namespace
-}  // namespace muonmesh::worker
+}  // namespace muonmesh::io

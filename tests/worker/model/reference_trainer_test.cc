@@ -110,7 +110,7 @@ TEST(ReferenceTrainerTest, OptimizerStepsAgreeWithWorkerMath) {
     RefMuonOptions ref;
     ref.lr = 0.05;
     ref.weight_decay = 0.1;
-    math::MuonOptions opt;
+    optim::MuonOptions opt;
     opt.lr = ref.lr;
     opt.momentum = ref.momentum;
     opt.nesterov = ref.nesterov;
@@ -134,7 +134,7 @@ TEST(ReferenceTrainerTest, OptimizerStepsAgreeWithWorkerMath) {
   RefAdamWOptions ref;
   ref.lr = 0.01;
   ref.weight_decay = 0.1;
-  math::AdamWOptions opt;
+  optim::AdamWOptions opt;
   opt.lr = ref.lr;
   opt.beta1 = ref.beta1;
   opt.beta2 = ref.beta2;
@@ -201,11 +201,11 @@ TEST(ReferenceTrainerTest, ShortRunAgreesWithTheProductionPieces) {
       ReferenceTrain(dims, ToDouble(*init), ToDouble(mlp->x()), ToDouble(mlp->y()), kN, kSteps, kB,
                      ref_muon, ref_adamw);
 
-  math::MuonOptions muon_opt;
+  optim::MuonOptions muon_opt;
   muon_opt.lr = ref_muon.lr;
   muon_opt.momentum = ref_muon.momentum;
   muon_opt.weight_decay = ref_muon.weight_decay;
-  math::AdamWOptions adamw_opt;
+  optim::AdamWOptions adamw_opt;
   adamw_opt.lr = ref_adamw.lr;
   adamw_opt.weight_decay = ref_adamw.weight_decay;
   std::vector<std::vector<float>> p = *init, g = *init, m1 = *init, m2 = *init;

@@ -110,25 +110,25 @@ class ReferenceHost final : public Device {
   }
   absl::Status CopyFromHost(float* d, const float* s, int64_t n) override { return Copy(d, s, n); }
   absl::Status CopyToHost(float* d, const float* s, int64_t n) override { return Copy(d, s, n); }
-  absl::Status AdamWStep(const math::AdamWOptions& o, int64_t t, const float* g, float* m,
+  absl::Status AdamWStep(const optim::AdamWOptions& o, int64_t t, const float* g, float* m,
                          float* v, float* p, int64_t n) override {
     const size_t k = static_cast<size_t>(n);
-    math::AdamWOptions used = o;
+    optim::AdamWOptions used = o;
     if (bug_ == Bug::kNoAdamWDecay) used.weight_decay = 0;
     return math::AdamWStep(used, t, absl::MakeConstSpan(g, k), absl::MakeSpan(m, k),
                            absl::MakeSpan(v, k), absl::MakeSpan(p, k));
   }
-  absl::Status MuonPrepare(const math::MuonOptions& o, const float* g, const float* m, float* u,
+  absl::Status MuonPrepare(const optim::MuonOptions& o, const float* g, const float* m, float* u,
                            int64_t n) override {
     const size_t k = static_cast<size_t>(n);
     if (bug_ == Bug::kSwappedMomentum) std::swap(g, m);
     return math::MuonPrepare(o, absl::MakeConstSpan(g, k), absl::MakeConstSpan(m, k),
                              absl::MakeSpan(u, k));
   }
-  absl::Status MuonApply(const math::MuonOptions& o, int64_t r, int64_t c, const float* g,
+  absl::Status MuonApply(const optim::MuonOptions& o, int64_t r, int64_t c, const float* g,
                          const float* x, float* m, float* p, int64_t n) override {
     const size_t k = static_cast<size_t>(n);
-    math::MuonOptions used = o;
+    optim::MuonOptions used = o;
     if (bug_ == Bug::kNoMuonDecay) used.weight_decay = 0;
     return math::MuonApply(used, r, c, absl::MakeConstSpan(g, k), absl::MakeConstSpan(x, k),
                            absl::MakeSpan(m, k), absl::MakeSpan(p, k));
@@ -139,7 +139,7 @@ class ReferenceHost final : public Device {
     }
     return true;
   }
-  absl::Status NewtonSchulz(float* x, int64_t r, int64_t c, const math::NsOptions& o) override {
+  absl::Status NewtonSchulz(float* x, int64_t r, int64_t c, const optim::NsOptions& o) override {
     std::vector<float> in(x, x + r * c);
     const math::testing::Mat out = math::testing::ReferenceNewtonSchulz(
         math::testing::FromFloats(in, r, c), o.steps, {math::testing::kQuintic});

@@ -175,11 +175,11 @@ struct Checkpoints {
 
 // The recipe's options of a run (TrainerOptions), none by default.
 struct RunRecipe {
-  math::LrSchedule schedule;
+  optim::LrSchedule schedule;
   int64_t total_steps = 0;
-  std::optional<math::MomentumWarmup> momentum_warmup;
+  std::optional<optim::MomentumWarmup> momentum_warmup;
   double clip_grad_norm = 0;
-  std::vector<math::ParamRates> param_rates;
+  std::vector<optim::ParamRates> param_rates;
   int64_t micro_batch_size = 0;
   // Per flat parameter, ParamSpec::muon_block_rows for the plan (empty: none).
   std::vector<int64_t> block_rows;
@@ -470,7 +470,7 @@ TEST_P(TrainerConfigTest, TheRecipeMatchesTheIndependentReference) {
   const reference::Tensors init = InitialWeights(start);
   // Rates by flat index: parameter 3 at half the rate; the other odd ones
   // at twice the rate with decay 0.05; parameter 2 at half with decay 0.1.
-  std::vector<math::ParamRates> rates(init.size());
+  std::vector<optim::ParamRates> rates(init.size());
   for (size_t i = 0; i < init.size(); ++i) {
     if (i == 3) {
       rates[i] = {0.5, std::nullopt};
@@ -500,10 +500,10 @@ TEST_P(TrainerConfigTest, TheRecipeMatchesTheIndependentReference) {
   ASSERT_LT(clipped, kSteps);
 
   RunRecipe recipe;
-  recipe.schedule = {.warmup_steps = kWarmup, .decay = math::LrDecay::kCosine,
+  recipe.schedule = {.warmup_steps = kWarmup, .decay = optim::LrDecay::kCosine,
                      .min_lr_ratio = kMinRatio};
   recipe.total_steps = kSteps;
-  recipe.momentum_warmup = math::MomentumWarmup{.start = 0.85, .steps = 4};
+  recipe.momentum_warmup = optim::MomentumWarmup{.start = 0.85, .steps = 4};
   recipe.clip_grad_norm = ref_recipe.clip_grad_norm;
   recipe.param_rates = rates;
   const RunResult run = RunJob(c, "lpt", kSteps, {}, 0, true, "", recipe);
@@ -1149,22 +1149,22 @@ class PretendGpu final : public Device {
   absl::Status CopyToHost(float* d, const float* s, int64_t n) override {
     return cpu_->CopyToHost(d, s, n);
   }
-  absl::Status AdamWStep(const math::AdamWOptions& o, int64_t t, const float* g, float* m,
+  absl::Status AdamWStep(const optim::AdamWOptions& o, int64_t t, const float* g, float* m,
                          float* v, float* p, int64_t n) override {
     return cpu_->AdamWStep(o, t, g, m, v, p, n);
   }
-  absl::Status MuonPrepare(const math::MuonOptions& o, const float* g, const float* m, float* u,
+  absl::Status MuonPrepare(const optim::MuonOptions& o, const float* g, const float* m, float* u,
                            int64_t n) override {
     return cpu_->MuonPrepare(o, g, m, u, n);
   }
-  absl::Status MuonApply(const math::MuonOptions& o, int64_t r, int64_t c, const float* g,
+  absl::Status MuonApply(const optim::MuonOptions& o, int64_t r, int64_t c, const float* g,
                          const float* x, float* m, float* p, int64_t n) override {
     return cpu_->MuonApply(o, r, c, g, x, m, p, n);
   }
   absl::StatusOr<bool> AllFinite(const float* x, int64_t n) override {
     return cpu_->AllFinite(x, n);
   }
-  absl::Status NewtonSchulz(float* x, int64_t r, int64_t c, const math::NsOptions& o) override {
+  absl::Status NewtonSchulz(float* x, int64_t r, int64_t c, const optim::NsOptions& o) override {
     return cpu_->NewtonSchulz(x, r, c, o);
   }
 

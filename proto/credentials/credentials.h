@@ -25,7 +25,7 @@
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/support/channel_arguments.h"
 
-namespace muonmesh::rpc {
+namespace muonmesh::credentials {
 
 // Environment variables read when the matching flag is not given.
 inline constexpr char kTlsCaEnv[] = "MUONMESH_TLS_CA";
@@ -168,4 +168,4 @@ absl::StatusOr<absl::Time> CertificateNotAfter(const PemFile& cert);
 // characters; InvalidArgument saying which rule it breaks (not quoting it).
 absl::Status CheckToken(absl::string_view token);
 
-}  // namespace muonmesh::rpc
+}  // namespace muonmesh::credentials

@@ -1,4 +1,4 @@
-#include "proto/rpc/credentials.h"
+#include "proto/credentials/credentials.h"
 
 #include <openssl/asn1.h>
 #include <openssl/bio.h>
@@ -30,7 +30,7 @@
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_credentials_options.h"
 
-namespace muonmesh::rpc {
+namespace muonmesh::credentials {
 namespace {
 
 // A certificate bundle or key is a few KiB; more is the wrong file.
@@ -361,4 +361,4 @@ std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address,
       args);
 }
 
-}  // namespace muonmesh::rpc
+}  // namespace muonmesh::credentials

@@ -1,4 +1,4 @@
-#include "proto/rpc/metrics_http.h"
+#include "proto/http/metrics_http.h"
 
 #include <CivetServer.h>
 #include <civetweb.h>
@@ -12,7 +12,7 @@
 #include "prometheus/gauge.h"
 #include "proto/rpc/version.h"
 
-namespace muonmesh::rpc {
+namespace muonmesh::http {
 namespace {
 
 // The servers of this process by port: civetweb's callbacks carry no
@@ -58,7 +58,7 @@ void RegisterBuildInfo(prometheus::Registry& registry, const std::string& binary
       .Name("muonmesh_build_info")
       .Help("The muonmesh release this process runs (always 1)")
       .Register(registry)
-      .Add({{"binary", binary}, {"version", Version()}})
+      .Add({{"binary", binary}, {"version", rpc::Version()}})
       .Set(1);
 }
 
@@ -122,4 +122,4 @@ bool MetricsHttp::AnswerHere(const std::string& path, int* code, std::string* bo
   return true;
 }
 
-}  // namespace muonmesh::rpc
+}  // namespace muonmesh::http

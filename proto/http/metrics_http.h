@@ -23,7 +23,7 @@
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 
-namespace muonmesh::rpc {
+namespace muonmesh::http {
 
 // muonmesh_build_info{binary, version} 1 in `registry`: which release each
 // process serving metrics runs (a rollout's progress, a mixed fleet).
@@ -65,4 +65,4 @@ class MetricsHttp {
   Check ready_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace muonmesh::rpc
+}  // namespace muonmesh::http

@@ -14,7 +14,7 @@
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
 
-namespace muonmesh::rpc {
+namespace muonmesh::credentials {
 
 // The family for `files` (label value -> PEM file). A file that does not
 // read as a certificate (being replaced, say) is left out of this scrape
@@ -33,4 +33,4 @@ class CertificateExpiry final : public prometheus::Collectable {
   const std::map<std::string, std::string> files_;
 };
 
-}  // namespace muonmesh::rpc
+}  // namespace muonmesh::credentials

@@ -1,4 +1,4 @@
-#include "proto/rpc/certificate_expiry.h"
+#include "proto/credentials/certificate_expiry.h"
 
 #include <utility>
 
@@ -6,9 +6,9 @@
 #include "absl/time/time.h"
 #include "prometheus/client_metric.h"
 #include "prometheus/metric_type.h"
-#include "proto/rpc/credentials.h"
+#include "proto/credentials/credentials.h"
 
-namespace muonmesh::rpc {
+namespace muonmesh::credentials {
 
 prometheus::MetricFamily CertificateExpiryFamily(const std::map<std::string, std::string>& files) {
   prometheus::MetricFamily expiry{
@@ -30,4 +30,4 @@ prometheus::MetricFamily CertificateExpiryFamily(const std::map<std::string, std
   return expiry;
 }
 
-}  // namespace muonmesh::rpc
+}  // namespace muonmesh::credentials
