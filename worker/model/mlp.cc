@@ -324,68 +324,39 @@ absl::StatusOr<double> Mlp::ForwardBackward(int64_t /*step*/, absl::Span<const f
 
 absl::StatusOr<double> Mlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& units,
                                                   absl::Span<const int64_t> samples) {
-  MUONMESH_RETURN_IF_ERROR(CheckSamples(samples));
+  return RunMlpPasses(dims_, num_samples_, *this, units, samples);
+}
+
+absl::Status Mlp::Gather(absl::Span<const int64_t> samples) {
   const int64_t n = static_cast<int64_t>(samples.size());
-  const int64_t layers = NumLayers(dims_);
   const int64_t d_in = dims_.front();
-  const int64_t d_out = dims_.back();
   Reserve(n);
-
-  // Acquires layer i's whole tensors (W_i, b_i), checked; released on error.
-  auto acquire = [&](int64_t i) -> absl::StatusOr<absl::Span<const float* const>> {
-    MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, units.Acquire(static_cast<int>(i)));
-    HeldUnit held(units, static_cast<int>(i));
-    if (p.size() != 2 || AnyNull(p)) {
-      return absl::InvalidArgumentError(absl::StrCat("mlp: unit ", i, " was acquired as ", p.size(),
-                                                     " tensors, expected 2 non-null"));
-    }
-    held.Keep();
-    return p;
-  };
-
-  // Forward, one layer at a time: the same LinearForward calls as Forward.
   float* const x = acts_[0].data();
   for (int64_t r = 0; r < n; ++r) {
     std::copy_n(x_.data() + samples[r] * d_in, d_in, x + r * d_in);
   }
   for (size_t i = 0; i < acts_.size(); ++i) act_ptrs_[i] = acts_[i].data();
-  absl::Span<const float* const> held;  // the last layer's, kept into the backward pass
-  for (int64_t i = 0; i < layers; ++i) {
-    MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, acquire(i));
-    LinearForward(n, dims_[i], dims_[i + 1], act_ptrs_[i], p[0], p[1],
-                  /*activate=*/i + 1 < layers, act_ptrs_[i + 1]);
-    if (i + 1 < layers) {
-      units.Release(static_cast<int>(i));
-    } else {
-      held = p;
-    }
-  }
+  return absl::OkStatus();
+}
 
-  const double denom = static_cast<double>(n) * static_cast<double>(d_out);
+// The same LinearForward calls as Forward, one layer at a time.
+absl::Status Mlp::ForwardLayer(int64_t i, int64_t n, const float* weight, const float* bias) {
+  LinearForward(n, dims_[i], dims_[i + 1], act_ptrs_[i], weight, bias,
+                /*activate=*/i + 1 < NumLayers(dims_), act_ptrs_[i + 1]);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Mlp::OutputLoss(absl::Span<const int64_t> samples) {
   const double sum = LossAndOutputDelta(samples);
-  float* delta = delta_.data();
-  float* delta_next = delta_next_.data();
+  pass_delta_ = delta_.data();
+  pass_delta_next_ = delta_next_.data();
+  return sum;
+}
 
-  // Backward, layers in reverse, as ForwardBackward: each layer's gradients
-  // are committed as soon as they are written.
-  for (int64_t i = layers - 1; i >= 0; --i) {
-    const int u = static_cast<int>(i);
-    absl::Span<const float* const> p = held;
-    if (i + 1 < layers) {
-      MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> again, acquire(i));
-      p = again;
-    }
-    HeldUnit unit(units, u);  // released after its commit, or on an error
-    MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g, units.GradientBuffers(u));
-    if (g.size() != 2 || AnyNull(g)) {
-      return absl::InvalidArgumentError(absl::StrCat("mlp: unit ", i, " has ", g.size(),
-                                                     " gradient buffers, expected 2 non-null"));
-    }
-    LayerBackward(i, n, p[0], delta, delta_next, g[0], g[1]);
-    MUONMESH_RETURN_IF_ERROR(units.Commit(u));
-    std::swap(delta, delta_next);
-  }
-  return sum / denom;
+absl::Status Mlp::BackwardLayer(int64_t i, int64_t n, const float* weight, float* dw, float* db) {
+  LayerBackward(i, n, weight, pass_delta_, pass_delta_next_, dw, db);
+  std::swap(pass_delta_, pass_delta_next_);
+  return absl::OkStatus();
 }
 
 }  // namespace muonmesh::worker

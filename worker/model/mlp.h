@@ -48,6 +48,7 @@
 #include "absl/types/span.h"
 #include "core/plan/types.h"
 #include "core/model/mlp_spec.h"
+#include "worker/model/mlp_passes.h"
 #include "worker/model/workload.h"
 
 namespace muonmesh::worker {
@@ -81,7 +82,7 @@ absl::StatusOr<std::vector<float>> MlpForward(absl::Span<const int64_t> dims,
 // ForwardBackward reuses scratch buffers sized for the largest batch seen,
 // so after the first call with that batch it allocates nothing; const
 // methods may be called concurrently.
-class Mlp final : public Workload {
+class Mlp final : public Workload, private MlpPasses {
  public:
   // Takes the dataset: x holds N * d_0 floats, y N * d_L (row-major, N >= 1,
   // N * max(d_0, d_L) <= kMlpMaxDataElements, every value finite).
@@ -142,6 +143,15 @@ class Mlp final : public Workload {
   // Grows the scratch buffers to hold `n` samples (never shrinks them).
   void Reserve(int64_t n);
 
+  // The host's passes (mlp_passes.h), which RunMlpPasses drives; the same
+  // LinearForward, LossAndOutputDelta and LayerBackward calls as
+  // ForwardBackward.
+  absl::Status Gather(absl::Span<const int64_t> samples) override;
+  absl::Status ForwardLayer(int64_t i, int64_t n, const float* weight, const float* bias) override;
+  absl::StatusOr<double> OutputLoss(absl::Span<const int64_t> samples) override;
+  absl::Status BackwardLayer(int64_t i, int64_t n, const float* weight, float* dw,
+                             float* db) override;
+
   // The two halves both ForwardBackward variants share, so they stay bit
   // for bit the same. LossAndOutputDelta: the summed squared error of the
   // forward pass in acts_, with dL/dy written to delta_. LayerBackward:
@@ -165,6 +175,10 @@ class Mlp final : public Workload {
   std::vector<float*> act_ptrs_;  // acts_[i].data()
   std::vector<float> delta_;
   std::vector<float> delta_next_;
+  // The passes' dL/dz of the layer being walked and its successor's
+  // (pointing into delta_ and delta_next_, swapped each layer).
+  float* pass_delta_ = nullptr;
+  float* pass_delta_next_ = nullptr;
 };
 
 }  // namespace muonmesh::worker

@@ -93,51 +93,33 @@ absl::Status CudaMlp::Backward(int64_t i, int64_t n, const float* weight, const 
   return absl::OkStatus();
 }
 
-namespace {
-
-// Unit i's parameters, which must be two tensors (weight, bias).
-absl::StatusOr<absl::Span<const float* const>> AcquireLayer(UnitAccess& units, int64_t i) {
-  MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, units.Acquire(static_cast<int>(i)));
-  HeldUnit held(units, static_cast<int>(i));
-  if (p.size() != 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("mlp: unit ", i, " was acquired as ", p.size(), " tensors, expected 2"));
-  }
-  held.Keep();
-  return p;
+absl::StatusOr<double> CudaMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& units,
+                                                      absl::Span<const int64_t> samples) {
+  return RunMlpPasses(dims_, cpu_.num_samples(), *this, units, samples);
 }
 
-}  // namespace
-
-absl::Status CudaMlp::ForwardLayers(UnitAccess& units, int64_t n,
-                                    absl::Span<const float* const>* held) {
-  const int64_t layers = static_cast<int64_t>(dims_.size()) - 1;
-  for (int64_t i = 0; i < layers; ++i) {
-    MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, AcquireLayer(units, i));
-    absl::Status st = Gemm(false, true, n, dims_[i + 1], dims_[i], acts_[i], p[0], acts_[i + 1]);
-    if (st.ok()) {
-      const cudaError_t e = cuda::internal::LaunchBiasActivate(acts_[i + 1], p[1], n, dims_[i + 1],
-                                                               i + 1 < layers, stream_);
-      if (e == cudaSuccess) {
-        const cudaError_t s = cudaStreamSynchronize(stream_);
-        if (s != cudaSuccess) st = cuda::CudaErrorToStatus(s, "sync", __FILE__, __LINE__);
-      } else {
-        st = cuda::CudaErrorToStatus(e, "LaunchBiasActivate", __FILE__, __LINE__);
-      }
-    }
-    HeldUnit unit(units, static_cast<int>(i));  // released on an error
-    MUONMESH_RETURN_IF_ERROR(st);
-    unit.Keep();
-    if (i + 1 < layers) {
-      units.Release(static_cast<int>(i));
-    } else {
-      *held = p;
-    }
-  }
+absl::Status CudaMlp::Gather(absl::Span<const int64_t> samples) {
+  const int64_t n = static_cast<int64_t>(samples.size());
+  MUONMESH_RETURN_IF_ERROR(Reserve(n));
+  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(rows_, samples.data(), sizeof(int64_t) * n,
+                                      cudaMemcpyHostToDevice, stream_));
+  MUONMESH_CUDA_CHECK(
+      cuda::internal::LaunchGatherRows(x_, rows_, n, dims_.front(), acts_[0], stream_));
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> CudaMlp::OutputLoss(int64_t n) {
+absl::Status CudaMlp::ForwardLayer(int64_t i, int64_t n, const float* weight, const float* bias) {
+  const int64_t layers = static_cast<int64_t>(dims_.size()) - 1;
+  MUONMESH_RETURN_IF_ERROR(Gemm(false, true, n, dims_[i + 1], dims_[i], acts_[i], weight,
+                                acts_[i + 1]));
+  MUONMESH_CUDA_CHECK(cuda::internal::LaunchBiasActivate(acts_[i + 1], bias, n, dims_[i + 1],
+                                                         i + 1 < layers, stream_));
+  MUONMESH_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> CudaMlp::OutputLoss(absl::Span<const int64_t> samples) {
+  const int64_t n = static_cast<int64_t>(samples.size());
   const int64_t layers = static_cast<int64_t>(dims_.size()) - 1;
   const int64_t d_out = dims_.back();
   const double denom = static_cast<double>(n) * static_cast<double>(d_out);
@@ -149,52 +131,16 @@ absl::StatusOr<double> CudaMlp::OutputLoss(int64_t n) {
   MUONMESH_CUDA_CHECK(cudaStreamSynchronize(stream_));
   double sum = 0.0;
   for (double v : partial) sum += v;
-  return sum / denom;
+  pass_delta_ = delta_;
+  pass_delta_next_ = delta_next_;
+  return sum;
 }
 
-absl::Status CudaMlp::BackwardLayers(UnitAccess& units, int64_t n,
-                                     absl::Span<const float* const> held) {
-  const int64_t layers = static_cast<int64_t>(dims_.size()) - 1;
-  float* delta = delta_;
-  float* delta_next = delta_next_;
-  for (int64_t i = layers - 1; i >= 0; --i) {
-    const int u = static_cast<int>(i);
-    absl::Span<const float* const> p = held;
-    if (i + 1 < layers) {
-      MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> again, AcquireLayer(units, i));
-      p = again;
-    }
-    HeldUnit unit(units, u);  // released after its commit, or on an error
-    MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g, units.GradientBuffers(u));
-    if (g.size() != 2) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("mlp: unit ", i, " has ", g.size(), " gradient buffers, expected 2"));
-    }
-    MUONMESH_RETURN_IF_ERROR(Backward(i, n, p[0], delta, delta_next, g[0], g[1]));
-    MUONMESH_RETURN_IF_ERROR(units.Commit(u));
-    std::swap(delta, delta_next);
-  }
+absl::Status CudaMlp::BackwardLayer(int64_t i, int64_t n, const float* weight, float* dw,
+                                    float* db) {
+  MUONMESH_RETURN_IF_ERROR(Backward(i, n, weight, pass_delta_, pass_delta_next_, dw, db));
+  std::swap(pass_delta_, pass_delta_next_);
   return absl::OkStatus();
-}
-
-absl::StatusOr<double> CudaMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& units,
-                                                      absl::Span<const int64_t> samples) {
-  MUONMESH_RETURN_IF_ERROR(internal::CheckSampleList("mlp", samples, cpu_.num_samples(), INT_MAX));
-  const int64_t n = static_cast<int64_t>(samples.size());
-  const int layers = static_cast<int>(dims_.size()) - 1;
-  MUONMESH_RETURN_IF_ERROR(Reserve(n));
-  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(rows_, samples.data(), sizeof(int64_t) * n,
-                                      cudaMemcpyHostToDevice, stream_));
-  MUONMESH_CUDA_CHECK(
-      cuda::internal::LaunchGatherRows(x_, rows_, n, dims_.front(), acts_[0], stream_));
-  // The last unit stays acquired from the forward pass into the backward one.
-  absl::Span<const float* const> held;
-  MUONMESH_RETURN_IF_ERROR(ForwardLayers(units, n, &held));
-  HeldUnit last(units, layers - 1);  // released if the loss fails
-  MUONMESH_ASSIGN_OR_RETURN(double loss, OutputLoss(n));
-  last.Keep();  // BackwardLayers releases it
-  MUONMESH_RETURN_IF_ERROR(BackwardLayers(units, n, held));
-  return loss;
 }
 
 }  // namespace muonmesh::worker

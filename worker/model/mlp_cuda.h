@@ -3,8 +3,9 @@
 // The `mlp` workload (worker/model/mlp.h) on a CUDA GPU, for jobs with
 // `device: cuda`: the same spec, initialisation (written on the host) and
 // model, with the dataset in device memory, the products on cuBLAS (fp32)
-// and the elementwise loops as kernels (worker/cuda/mlp_kernels.h). The
-// calls to the runtime are Mlp::ForwardBackwardByUnit's, in the same order.
+// and the elementwise loops as kernels (worker/cuda/mlp_kernels.h). Both
+// forms run RunMlpPasses (worker/model/mlp_passes.h): the calls to the
+// runtime are Mlp::ForwardBackwardByUnit's, in the same order.
 // cuBLAS and the GPU's tanhf round differently from OpenBLAS and the CPU's
 // tanh, so results agree with the CPU workload to fp32 rounding, not bit for
 // bit; the loss is summed in double in a fixed order, the same on every run.
@@ -21,12 +22,13 @@
 
 #include "absl/status/statusor.h"
 #include "worker/model/mlp.h"
+#include "worker/model/mlp_passes.h"
 #include "worker/model/cuda_workload.h"
 #include "worker/model/workload.h"
 
 namespace muonmesh::worker {
 
-class CudaMlp final : public CudaWorkload<Mlp> {
+class CudaMlp final : public CudaWorkload<Mlp>, private MlpPasses {
  public:
   // Copies `mlp`'s dataset to the current GPU.
   static absl::StatusOr<std::unique_ptr<CudaMlp>> Create(Mlp mlp);
@@ -46,13 +48,12 @@ class CudaMlp final : public CudaWorkload<Mlp> {
                     const float* b, float* c);
   absl::Status Backward(int64_t i, int64_t n, const float* weight, const float* delta,
                         float* delta_next, float* dw, float* db);
-  // The steps of ForwardBackwardByUnit on the n gathered samples. Forward
-  // releases every unit but the last, which it leaves acquired in *held (the
-  // backward pass starts with it); OutputLoss leaves dL/dy in delta_ and
-  // returns the loss; BackwardLayers commits each unit's gradients.
-  absl::Status ForwardLayers(UnitAccess& units, int64_t n, absl::Span<const float* const>* held);
-  absl::StatusOr<double> OutputLoss(int64_t n);
-  absl::Status BackwardLayers(UnitAccess& units, int64_t n, absl::Span<const float* const> held);
+  // MlpPasses on the GPU, which RunMlpPasses drives.
+  absl::Status Gather(absl::Span<const int64_t> samples) override;
+  absl::Status ForwardLayer(int64_t i, int64_t n, const float* weight, const float* bias) override;
+  absl::StatusOr<double> OutputLoss(absl::Span<const int64_t> samples) override;
+  absl::Status BackwardLayer(int64_t i, int64_t n, const float* weight, float* dw,
+                             float* db) override;
 
   std::vector<int64_t> dims_;
   cudaStream_t stream_ = nullptr;
@@ -65,6 +66,8 @@ class CudaMlp final : public CudaWorkload<Mlp> {
   float* delta_ = nullptr;           // [capacity, max d]
   float* delta_next_ = nullptr;
   double* partial_ = nullptr;        // loss partial sums
+  float* pass_delta_ = nullptr;      // the passes' dL/dz: delta_ or delta_next_
+  float* pass_delta_next_ = nullptr;
 };
 
 }  // namespace muonmesh::worker
