@@ -57,8 +57,6 @@ void InitParam(const MoeMlpDims& d, uint64_t seed, int p, float* out) {
 }
 
 
-using Held = HeldUnit;
-
 // out[c] = float(sum over rows r, in order, of double(x[r, c])): a bias
 // gradient.
 void ColumnSums(const float* x, int64_t n, int64_t width, float* out) {
@@ -73,17 +71,6 @@ absl::Status CheckTensors(absl::Span<const float* const> ts, const char* what) {
   if (ts.size() != kNumParams || AnyNull(ts)) {
     return absl::InvalidArgumentError(absl::StrCat("moe_mlp: ", what, " must be ", kNumParams,
                                                    " non-null tensors, got ", ts.size()));
-  }
-  return absl::OkStatus();
-}
-
-// The tensors the runtime handed over for a unit: the right count, non-null.
-template <typename T>
-absl::Status CheckUnitTensors(absl::Span<T* const> ts, int unit, const char* what) {
-  if (static_cast<int>(ts.size()) != kUnitParams[unit] || AnyNull(ts)) {
-    return absl::InternalError(absl::StrCat("moe_mlp: unit ", unit, " ", what, ": got ",
-                                            ts.size(), " tensors, expected ", kUnitParams[unit],
-                                            " non-null"));
   }
   return absl::OkStatus();
 }
@@ -223,10 +210,6 @@ absl::Status MoeMlp::InitializeUnit(uint64_t seed, int unit,
   return absl::OkStatus();
 }
 
-absl::Status MoeMlp::CheckSamples(absl::Span<const int64_t> samples) const {
-  return internal::CheckSampleList("moe_mlp", samples, num_samples_, kMoeMaxSamplesPerCall);
-}
-
 absl::StatusOr<std::vector<float>> MoeMlp::Forward(absl::Span<const float* const> params,
                                                    int64_t n) {
   MUONMESH_RETURN_IF_ERROR(CheckTensors(params, "params"));
@@ -236,10 +219,9 @@ absl::StatusOr<std::vector<float>> MoeMlp::Forward(absl::Span<const float* const
   }
   std::vector<int64_t> samples(static_cast<size_t>(n));
   for (int64_t s = 0; s < n; ++s) samples[s] = s;
-  MUONMESH_RETURN_IF_ERROR(CheckSamples(samples));
   WholeModelAccess units(spec_, params, {});
-  MUONMESH_RETURN_IF_ERROR(ForwardPass(units, samples));
-  units.Release(2);
+  MUONMESH_RETURN_IF_ERROR(
+      RunMoeMlpPasses(dims_, num_samples_, *this, units, samples, /*gradients=*/false).status());
   return std::vector<float>(y_out_.begin(), y_out_.begin() + n * dims_.d_out);
 }
 
@@ -256,92 +238,68 @@ absl::StatusOr<double> MoeMlp::ForwardBackward(int64_t step,
   return ForwardBackwardByUnit(step, units, samples);
 }
 
-absl::Status MoeMlp::ForwardPass(UnitAccess& units, absl::Span<const int64_t> samples) {
-  const int64_t n = static_cast<int64_t>(samples.size());
-  const int ep = units.expert_parallel_size();
-  if (ep < 1 || dims_.num_experts % ep != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("moe_mlp: num_experts ", dims_.num_experts,
-                                                   " does not split over ", ep,
-                                                   " expert-parallel groups"));
-  }
-  MUONMESH_RETURN_IF_ERROR(InputLayer(units, samples));
-  {
-    MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, units.Acquire(1));
-    Held held1(units, 1);
-    MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(p, 1, "parameters"));
-    MUONMESH_RETURN_IF_ERROR(DispatchTokens(units, n, p[0]));
-    RunExperts(p[1], p[2]);
-    MUONMESH_RETURN_IF_ERROR(CombineExpertOutputs(units, n));
-  }
-  return OutputLayer(units, n);
+absl::StatusOr<double> MoeMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& units,
+                                                     absl::Span<const int64_t> samples) {
+  return RunMoeMlpPasses(dims_, num_samples_, *this, units, samples, /*gradients=*/true);
 }
 
-absl::Status MoeMlp::InputLayer(UnitAccess& units, absl::Span<const int64_t> samples) {
+absl::Status MoeMlp::Gather(absl::Span<const int64_t> samples, int /*ep*/) {
   const int64_t n = static_cast<int64_t>(samples.size());
   const int64_t d_in = dims_.d_in;
-  const int64_t d = dims_.d_model;
   xs_.resize(n * d_in);
   for (int64_t s = 0; s < n; ++s) {
     std::copy_n(x_.data() + samples[s] * d_in, d_in, xs_.data() + s * d_in);
   }
-  MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, units.Acquire(0));
-  Held held(units, 0);
-  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(p, 0, "parameters"));
+  return absl::OkStatus();
+}
+
+absl::Status MoeMlp::InputForward(int64_t n, const float* weight, const float* bias) {
+  const int64_t d = dims_.d_model;
   h_.resize(n * d);
-  Gemm(false, true, n, d, d_in, 1.0f, xs_.data(), p[0], 0.0f, h_.data());
+  Gemm(false, true, n, d, dims_.d_in, 1.0f, xs_.data(), weight, 0.0f, h_.data());
   for (int64_t s = 0; s < n; ++s) {
-    for (int64_t j = 0; j < d; ++j) h_[s * d + j] = std::tanh(h_[s * d + j] + p[1][j]);
+    for (int64_t j = 0; j < d; ++j) h_[s * d + j] = std::tanh(h_[s * d + j] + bias[j]);
   }
   return absl::OkStatus();
 }
 
-absl::Status MoeMlp::DispatchTokens(UnitAccess& units, int64_t n, const float* w_router) {
-  const int64_t d = dims_.d_model;
+absl::StatusOr<std::vector<int64_t>> MoeMlp::Route(int64_t n, int ep, const float* w_router) {
   const int64_t e_total = dims_.num_experts;
-  const int ep = units.expert_parallel_size();
   const int64_t local = e_total / ep;
   g_.resize(n * e_total);
-  Gemm(false, true, n, e_total, d, 1.0f, h_.data(), w_router, 0.0f, g_.data());
+  Gemm(false, true, n, e_total, dims_.d_model, 1.0f, h_.data(), w_router, 0.0f, g_.data());
   RouteTokens(g_.data(), n, e_total, &routing_);
-  const std::vector<int64_t>& per_expert = routing_.per_expert;
-  send_tokens_.assign(ep, 0);
+  std::vector<int64_t> send_tokens(ep);
+  count_send_.assign(ep, 0.0f);
+  count_recv_.assign(ep, 0.0f);
   for (int q = 0; q < ep; ++q) {
-    send_tokens_[q] = per_expert[(q + 1) * local] - per_expert[q * local];
+    send_tokens[q] = routing_.per_expert[(q + 1) * local] - routing_.per_expert[q * local];
+    count_send_[q] = static_cast<float>(send_tokens[q]);
   }
+  local_experts_ = local;
+  return send_tokens;
+}
 
-  // Token counts first (as floats: exact below 2^24), then the tokens.
-  std::vector<float> count_send(ep), count_recv(ep);
-  for (int q = 0; q < ep; ++q) count_send[q] = static_cast<float>(send_tokens_[q]);
-  const std::vector<int64_t> ones(ep, 1);
-  MUONMESH_RETURN_IF_ERROR(units.ExchangeTokens(count_send.data(), ones, count_recv.data(), ones));
-  recv_tokens_.assign(ep, 0);
-  int64_t received = 0;
-  for (int q = 0; q < ep; ++q) {
-    const float c = count_recv[q];
-    if (!(c >= 0.0f && c <= static_cast<float>(kMoeMaxSamplesPerCall)) || c != std::floor(c)) {
-      return absl::InternalError(
-          absl::StrCat("moe_mlp: expert-parallel group ", q, " announced ", c, " tokens"));
-    }
-    recv_tokens_[q] = static_cast<int64_t>(c);
-    received += recv_tokens_[q];
-  }
+absl::StatusOr<std::vector<float>> MoeMlp::ReceivedCounts(int /*ep*/) { return count_recv_; }
+
+absl::Status MoeMlp::PackTokens(int64_t n, int64_t received) {
+  const int64_t d = dims_.d_model;
   const int64_t row = d + 1;  // local expert id, then h
-  std::vector<int64_t> send_counts(ep), recv_counts(ep);
-  for (int q = 0; q < ep; ++q) {
-    send_counts[q] = send_tokens_[q] * row;
-    recv_counts[q] = recv_tokens_[q] * row;
-  }
   send_.resize(std::max<int64_t>(n * row, 1));
   recv_.resize(std::max<int64_t>(received * row, 1));
   for (int64_t j = 0; j < n; ++j) {
     const int64_t s = routing_.order[j];
-    send_[j * row] = static_cast<float>(routing_.expert[s] % local);
+    send_[j * row] = static_cast<float>(routing_.expert[s] % local_experts_);
     std::copy_n(h_.data() + s * d, d, send_.data() + j * row + 1);
   }
-  MUONMESH_RETURN_IF_ERROR(
-      units.ExchangeTokens(send_.data(), send_counts, recv_.data(), recv_counts));
+  return absl::OkStatus();
+}
 
+absl::Status MoeMlp::ExpertsForward(int64_t received, int64_t local, const float* w1,
+                                    const float* w2) {
   // Expert side: group the received tokens by local expert.
+  const int64_t d = dims_.d_model;
+  const int64_t row = d + 1;
   MUONMESH_RETURN_IF_ERROR(internal::GroupByLocalExpert(recv_.data(), row, received, local,
                                                         &ex_local_, &ex_begin_, &ex_order_));
   ex_h_.resize(std::max<int64_t>(received * d, 1));
@@ -349,6 +307,7 @@ absl::Status MoeMlp::DispatchTokens(UnitAccess& units, int64_t n, const float* w
     std::copy_n(recv_.data() + static_cast<int64_t>(ex_order_[i]) * row + 1, d,
                 ex_h_.data() + i * d);
   }
+  RunExperts(w1, w2);
   return absl::OkStatus();
 }
 
@@ -374,16 +333,8 @@ void MoeMlp::RunExperts(const float* w1, const float* w2) {
   }
 }
 
-absl::Status MoeMlp::CombineExpertOutputs(UnitAccess& units, int64_t n) {
+absl::Status MoeMlp::Combine(int64_t n) {
   const int64_t d = dims_.d_model;
-  const int ep = units.expert_parallel_size();
-  std::vector<int64_t> send_counts(ep), recv_counts(ep);
-  for (int q = 0; q < ep; ++q) {
-    send_counts[q] = send_tokens_[q] * d;
-    recv_counts[q] = recv_tokens_[q] * d;
-  }
-  MUONMESH_RETURN_IF_ERROR(
-      units.ExchangeTokens(recv_.data(), recv_counts, send_.data(), send_counts));
   o_.resize(n * d);
   z_.resize(n * d);
   for (int64_t j = 0; j < n; ++j) {
@@ -397,119 +348,89 @@ absl::Status MoeMlp::CombineExpertOutputs(UnitAccess& units, int64_t n) {
   return absl::OkStatus();
 }
 
-absl::Status MoeMlp::OutputLayer(UnitAccess& units, int64_t n) {
-  const int64_t d = dims_.d_model;
+absl::Status MoeMlp::OutputLayer(int64_t n, const float* weight, const float* bias) {
   const int64_t d_out = dims_.d_out;
-  // Stays acquired for the backward pass.
-  MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> out, units.Acquire(2));
-  HeldUnit held(units, 2);  // released if the check fails
-  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(out, 2, "parameters"));
-  held.Keep();
   y_out_.resize(n * d_out);
-  Gemm(false, true, n, d_out, d, 1.0f, z_.data(), out[0], 0.0f, y_out_.data());
+  Gemm(false, true, n, d_out, dims_.d_model, 1.0f, z_.data(), weight, 0.0f, y_out_.data());
   for (int64_t s = 0; s < n; ++s) {
-    for (int64_t o = 0; o < d_out; ++o) y_out_[s * d_out + o] += out[1][o];
+    for (int64_t o = 0; o < d_out; ++o) y_out_[s * d_out + o] += bias[o];
   }
-  out_params_ = out;
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> MoeMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& units,
-                                                     absl::Span<const int64_t> samples) {
-  MUONMESH_RETURN_IF_ERROR(CheckSamples(samples));
-  MUONMESH_RETURN_IF_ERROR(ForwardPass(units, samples));
+absl::StatusOr<double> MoeMlp::OutputLoss(absl::Span<const int64_t> samples) {
   const int64_t n = static_cast<int64_t>(samples.size());
-  std::vector<float> dz;
-  MUONMESH_ASSIGN_OR_RETURN(double loss, OutputBackward(units, samples, &dz));
-  std::vector<float> dh;
-  MUONMESH_RETURN_IF_ERROR(ExpertsBackward(units, n, dz, &dh));
-
-  // Input layer: through tanh, then its gradients (its parameters are not
-  // needed).
-  const int64_t d = dims_.d_model;
-  for (int64_t k = 0; k < n * d; ++k) dh[k] *= 1.0f - h_[k] * h_[k];
-  MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g0, units.GradientBuffers(0));
-  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(g0, 0, "gradients"));
-  Gemm(true, false, d, dims_.d_in, n, 1.0f, dh.data(), xs_.data(), 0.0f, g0[0]);
-  ColumnSums(dh.data(), n, d, g0[1]);
-  MUONMESH_RETURN_IF_ERROR(units.Commit(0));
-  return loss;
-}
-
-absl::StatusOr<double> MoeMlp::OutputBackward(UnitAccess& units,
-                                              absl::Span<const int64_t> samples,
-                                              std::vector<float>* dz) {
-  const int64_t n = static_cast<int64_t>(samples.size());
-  const int64_t d = dims_.d_model;
   const int64_t d_out = dims_.d_out;
-  // Loss, dL/dy, the output layer's gradients, dL/dz.
-  Held held2(units, 2);  // acquired by ForwardPass
   const double denom = static_cast<double>(n) * static_cast<double>(d_out);
   double loss_sum = 0.0;
-  std::vector<float> dy(n * d_out);
+  dy_.resize(n * d_out);
   for (int64_t s = 0; s < n; ++s) {
     const float* target = y_.data() + samples[s] * d_out;
     for (int64_t o = 0; o < d_out; ++o) {
       const double diff =
           static_cast<double>(y_out_[s * d_out + o]) - static_cast<double>(target[o]);
       loss_sum += diff * diff;
-      dy[s * d_out + o] = static_cast<float>(diff * 2.0 / denom);
+      dy_[s * d_out + o] = static_cast<float>(diff * 2.0 / denom);
     }
   }
-  dz->assign(n * d, 0.0f);
-  MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g, units.GradientBuffers(2));
-  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(g, 2, "gradients"));
-  Gemm(true, false, d_out, d, n, 1.0f, dy.data(), z_.data(), 0.0f, g[0]);
-  ColumnSums(dy.data(), n, d_out, g[1]);
-  Gemm(false, false, n, d, d_out, 1.0f, dy.data(), out_params_[0], 0.0f, dz->data());
-  MUONMESH_RETURN_IF_ERROR(units.Commit(2));
-  return loss_sum / denom;
+  return loss_sum;
 }
 
-absl::Status MoeMlp::ExpertsBackward(UnitAccess& units, int64_t n, const std::vector<float>& dz,
-                                     std::vector<float>* dh) {
+absl::Status MoeMlp::OutputBackward(int64_t n, const float* weight, float* dw, float* db) {
   const int64_t d = dims_.d_model;
-  const int64_t e_total = dims_.num_experts;
-  const int ep = units.expert_parallel_size();
-  MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, units.Acquire(1));
-  Held held1(units, 1);
-  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(p, 1, "parameters"));
-  std::vector<double> dgate(n);
+  const int64_t d_out = dims_.d_out;
+  dz_.assign(n * d, 0.0f);
+  Gemm(true, false, d_out, d, n, 1.0f, dy_.data(), z_.data(), 0.0f, dw);
+  ColumnSums(dy_.data(), n, d_out, db);
+  Gemm(false, false, n, d, d_out, 1.0f, dy_.data(), weight, 0.0f, dz_.data());
+  return absl::OkStatus();
+}
+
+absl::Status MoeMlp::PackGateGradients(int64_t n) {
+  const int64_t d = dims_.d_model;
+  dgate_.resize(n);
   for (int64_t s = 0; s < n; ++s) {
     double sum = 0.0;
     for (int64_t k = 0; k < d; ++k) {
-      sum += static_cast<double>(dz[s * d + k]) * static_cast<double>(o_[s * d + k]);
+      sum += static_cast<double>(dz_[s * d + k]) * static_cast<double>(o_[s * d + k]);
     }
-    dgate[s] = sum;
+    dgate_[s] = sum;
   }
-  std::vector<int64_t> send_counts(ep), recv_counts(ep);
-  for (int q = 0; q < ep; ++q) {
-    send_counts[q] = send_tokens_[q] * d;
-    recv_counts[q] = recv_tokens_[q] * d;
-  }
-  const std::vector<int64_t>& order = routing_.order;
   for (int64_t j = 0; j < n; ++j) {
-    const int64_t s = order[j];
-    for (int64_t k = 0; k < d; ++k) send_[j * d + k] = routing_.gate[s] * dz[s * d + k];
+    const int64_t s = routing_.order[j];
+    for (int64_t k = 0; k < d; ++k) send_[j * d + k] = routing_.gate[s] * dz_[s * d + k];
   }
-  MUONMESH_RETURN_IF_ERROR(
-      units.ExchangeTokens(send_.data(), send_counts, recv_.data(), recv_counts));
-  MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g, units.GradientBuffers(1));
-  MUONMESH_RETURN_IF_ERROR(CheckUnitTensors(g, 1, "gradients"));
-  ExpertGradients(ep, p[1], p[2], g[1], g[2]);
-  MUONMESH_RETURN_IF_ERROR(
-      units.ExchangeTokens(recv_.data(), recv_counts, send_.data(), send_counts));
-  *dh = dz;
+  return absl::OkStatus();
+}
+
+absl::Status MoeMlp::ExpertsBackward(int64_t /*received*/, int64_t /*local*/, int ep,
+                                     const float* w1, const float* w2, float* gw1, float* gw2) {
+  ExpertGradients(ep, w1, w2, gw1, gw2);
+  return absl::OkStatus();
+}
+
+absl::Status MoeMlp::RouterBackward(int64_t n, const float* w_router, float* gw_router) {
+  const int64_t d = dims_.d_model;
+  const int64_t e_total = dims_.num_experts;
+  dh_ = dz_;
   for (int64_t j = 0; j < n; ++j) {
-    const int64_t s = order[j];
-    for (int64_t k = 0; k < d; ++k) (*dh)[s * d + k] += send_[j * d + k];
+    const int64_t s = routing_.order[j];
+    for (int64_t k = 0; k < d; ++k) dh_[s * d + k] += send_[j * d + k];
   }
   // Router: dL/dlogit_j = g_e (delta_je - g_j) dL/dg_e.
   std::vector<float> dlogits(n * e_total);
-  RouterLogitGradient(g_.data(), routing_, dgate.data(), n, e_total, dlogits.data());
-  Gemm(true, false, e_total, d, n, 1.0f, dlogits.data(), h_.data(), 0.0f, g[0]);
-  Gemm(false, false, n, d, e_total, 1.0f, dlogits.data(), p[0], 1.0f, dh->data());
-  return units.Commit(1);
+  RouterLogitGradient(g_.data(), routing_, dgate_.data(), n, e_total, dlogits.data());
+  Gemm(true, false, e_total, d, n, 1.0f, dlogits.data(), h_.data(), 0.0f, gw_router);
+  Gemm(false, false, n, d, e_total, 1.0f, dlogits.data(), w_router, 1.0f, dh_.data());
+  return absl::OkStatus();
+}
+
+absl::Status MoeMlp::InputBackward(int64_t n, float* dw, float* db) {
+  const int64_t d = dims_.d_model;
+  for (int64_t k = 0; k < n * d; ++k) dh_[k] *= 1.0f - h_[k] * h_[k];
+  Gemm(true, false, d, dims_.d_in, n, 1.0f, dh_.data(), xs_.data(), 0.0f, dw);
+  ColumnSums(dh_.data(), n, d, db);
+  return absl::OkStatus();
 }
 
 void MoeMlp::ExpertGradients(int ep, const float* w1, const float* w2, float* gw1, float* gw2) {

@@ -59,6 +59,7 @@
 #include "absl/types/span.h"
 #include "core/plan/types.h"
 #include "core/model/moe_mlp_spec.h"
+#include "worker/model/moe_mlp_passes.h"
 #include "worker/model/workload.h"
 
 namespace muonmesh::worker {
@@ -93,7 +94,7 @@ void RouteTokens(float* probs, int64_t n, int64_t num_experts, MoeRouting* routi
 void RouterLogitGradient(const float* probs, const MoeRouting& routing, const double* dgate,
                          int64_t n, int64_t num_experts, float* dlogits);
 
-class MoeMlp final : public Workload {
+class MoeMlp final : public Workload, private MoeMlpPasses {
  public:
   // Takes the dataset x [N, d_in], y [N, d_out] (row-major, N >= 1, finite).
   static absl::StatusOr<MoeMlp> Create(const MoeMlpDims& dims, std::vector<float> x,
@@ -143,28 +144,31 @@ class MoeMlp final : public Workload {
   MoeMlp(const MoeMlpDims& dims, std::vector<float> x, std::vector<float> y,
          plan::ModelSpec spec);
 
-  absl::Status CheckSamples(absl::Span<const int64_t> samples) const;
-
-  // The forward pass up to and including the output layer (unit 2 stays
-  // acquired on success); fills the scratch below. Releases what it holds
-  // on error.
-  absl::Status ForwardPass(UnitAccess& units, absl::Span<const int64_t> samples);
-  // Its phases: the input layer (h), routing and sending the tokens to their
-  // experts' ranks (grouped there by local expert), the experts, their
-  // outputs sent back and gated (o, z), and the output layer (y).
-  absl::Status InputLayer(UnitAccess& units, absl::Span<const int64_t> samples);
-  absl::Status DispatchTokens(UnitAccess& units, int64_t n, const float* w_router);
+  // The host's passes (moe_mlp_passes.h), which RunMoeMlpPasses drives.
+  absl::Status Gather(absl::Span<const int64_t> samples, int ep) override;
+  absl::Status InputForward(int64_t n, const float* weight, const float* bias) override;
+  absl::StatusOr<std::vector<int64_t>> Route(int64_t n, int ep, const float* w_router) override;
+  absl::StatusOr<std::vector<float>> ReceivedCounts(int ep) override;
+  absl::Status PackTokens(int64_t n, int64_t received) override;
+  absl::Status ExpertsForward(int64_t received, int64_t local, const float* w1,
+                              const float* w2) override;
+  absl::Status Combine(int64_t n) override;
+  absl::Status OutputLayer(int64_t n, const float* weight, const float* bias) override;
+  absl::StatusOr<double> OutputLoss(absl::Span<const int64_t> samples) override;
+  absl::Status OutputBackward(int64_t n, const float* weight, float* dw, float* db) override;
+  absl::Status PackGateGradients(int64_t n) override;
+  absl::Status ExpertsBackward(int64_t received, int64_t local, int ep, const float* w1,
+                               const float* w2, float* gw1, float* gw2) override;
+  absl::Status RouterBackward(int64_t n, const float* w_router, float* gw_router) override;
+  absl::Status InputBackward(int64_t n, float* dw, float* db) override;
+  float* counts_send() override { return count_send_.data(); }
+  float* counts_recv() override { return count_recv_.data(); }
+  float* send() override { return send_.data(); }
+  float* recv() override { return recv_.data(); }
+  // The experts on the received tokens, grouped by local expert (outputs
+  // into recv_ in the order received); their gradients from dL/do in recv_
+  // (dL/dh of the tokens back into recv_).
   void RunExperts(const float* w1, const float* w2);
-  absl::Status CombineExpertOutputs(UnitAccess& units, int64_t n);
-  absl::Status OutputLayer(UnitAccess& units, int64_t n);
-
-  // The backward pass after ForwardPass, by unit: the loss and the output
-  // layer's gradients (dL/dz out), then the mixture's (dL/dh out, the
-  // tokens' gradients travelling back to their ranks), the experts' own.
-  absl::StatusOr<double> OutputBackward(UnitAccess& units, absl::Span<const int64_t> samples,
-                                        std::vector<float>* dz);
-  absl::Status ExpertsBackward(UnitAccess& units, int64_t n, const std::vector<float>& dz,
-                               std::vector<float>* dh);
   void ExpertGradients(int ep, const float* w1, const float* w2, float* gw1, float* gw2);
 
   MoeMlpDims dims_;
@@ -186,8 +190,11 @@ class MoeMlp final : public Workload {
   std::vector<int64_t> ex_begin_;   // per local expert + 1: offsets into ex_order_
   std::vector<float> ex_h_, ex_a_;
   std::vector<float> send_, recv_;
-  // The output layer's parameters, acquired by ForwardPass.
-  absl::Span<const float* const> out_params_;
+  std::vector<float> count_send_, count_recv_;  // tokens per EP group, as floats
+  int64_t local_experts_ = 0;                   // experts per EP group
+  // Backward: dL/dy, dL/dz, dL/dh per sample, dL/dgate per sample.
+  std::vector<float> dy_, dz_, dh_;
+  std::vector<double> dgate_;
 };
 
 }  // namespace muonmesh::worker
