@@ -90,7 +90,9 @@ absl::StatusOr<std::unique_ptr<CudaMoeMlp>> CudaMoeMlp::Create(MoeMlp moe) {
 }
 
 CudaMoeMlp::CudaMoeMlp(MoeMlp cpu)
-    : CudaWorkload(std::move(cpu)), scratch_(std::make_unique<Scratch>()) {}
+    : CudaWorkload(std::move(cpu)),
+      scratch_(std::make_unique<Scratch>()),
+      pass_(std::make_unique<Pass>()) {}
 
 absl::Status CudaMoeMlp::Init() {
   MUONMESH_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -107,6 +109,7 @@ absl::Status CudaMoeMlp::Init() {
 }
 
 CudaMoeMlp::~CudaMoeMlp() {
+  pass_.reset();
   scratch_.reset();
   cudaFree(x_);
   cudaFree(y_);
@@ -126,31 +129,17 @@ absl::Status CudaMoeMlp::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, 
 
 absl::StatusOr<double> CudaMoeMlp::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& units,
                                                          absl::Span<const int64_t> samples) {
-  MUONMESH_RETURN_IF_ERROR(
-      internal::CheckSampleList("moe_mlp", samples, cpu_.num_samples(), kMoeMaxSamplesPerCall));
-  return Run(units, samples);
+  return RunMoeMlpPasses(cpu_.dims(), cpu_.num_samples(), *this, units, samples,
+                         /*gradients=*/true);
 }
 
-// One call's routing and token counts, from the forward pass to the
-// backward one.
+// One call's routing, from the forward pass to the backward one.
 struct CudaMoeMlp::Pass {
-  int64_t n = 0;      // tokens of this rank
-  int ep = 1;         // expert-parallel ranks
-  int64_t local = 0;  // experts on this rank
-  std::vector<float> g;  // router probabilities [n, experts] (host)
+  int64_t local = 0;              // experts on this rank
+  std::vector<float> g;           // router probabilities [n, experts] (host)
   MoeRouting routing;
-  std::vector<int64_t> send_tokens, recv_tokens;  // per expert-parallel rank
-  int64_t received = 0;                           // tokens this rank's experts take
   std::vector<int64_t> ex_begin;  // received tokens of local expert l: [ex_begin[l], [l + 1])
-  std::vector<int64_t> send_counts, recv_counts;  // of the exchange in flight, in floats
-
-  // The exchange counts for tokens of `width` floats each.
-  void SetCounts(int64_t width) {
-    for (int q = 0; q < ep; ++q) {
-      send_counts[q] = send_tokens[q] * width;
-      recv_counts[q] = recv_tokens[q] * width;
-    }
-  }
+  std::vector<double> dgate;      // dL/dgate per token (host)
 };
 
 absl::Status CudaMoeMlp::ReserveFor(int64_t n, int ep) {
@@ -176,72 +165,74 @@ absl::Status CudaMoeMlp::ReserveFor(int64_t n, int ep) {
   return absl::OkStatus();
 }
 
-absl::Status CudaMoeMlp::InputForward(UnitAccess& units, int64_t n) {
-  const MoeMlpDims& dm = cpu_.dims();
-  const int64_t d_in = dm.d_in, d = dm.d_model;
+absl::Status CudaMoeMlp::Gather(absl::Span<const int64_t> samples, int ep) {
+  const int64_t n = static_cast<int64_t>(samples.size());
+  MUONMESH_RETURN_IF_ERROR(ReserveFor(n, ep));
   Scratch& s = *scratch_;
-  MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, units.Acquire(0));
-  Held held(units, 0);
-  SyncOnExit synced(stream_);
-  MUONMESH_RETURN_IF_ERROR(Expect(p, 2, 0, "parameters"));
-  MUONMESH_RETURN_IF_ERROR(Gemm(false, true, n, d, d_in, 1.0f, s.xs.get(), p[0], 0.0f, s.h.get()));
-  MUONMESH_LAUNCH(k::LaunchBiasActivate(s.h.get(), p[1], n, d, true, stream_));
-  MUONMESH_RETURN_IF_ERROR(Sync());
-  return absl::OkStatus();
+  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(s.samples.get(), samples.data(), sizeof(int64_t) * n,
+                                      cudaMemcpyHostToDevice, stream_));
+  MUONMESH_LAUNCH(
+      k::LaunchGatherRows(x_, s.samples.get(), n, cpu_.dims().d_in, s.xs.get(), stream_));
+  return Sync();
 }
 
-// The router (on the host, in double, as the CPU), then the tokens sent to
-// the ranks holding their experts.
-absl::Status CudaMoeMlp::Dispatch(UnitAccess& units, const float* w_router, Pass& pass) {
+absl::Status CudaMoeMlp::InputForward(int64_t n, const float* weight, const float* bias) {
   const MoeMlpDims& dm = cpu_.dims();
-  const int64_t n = pass.n, d = dm.d_model, de = dm.d_expert, e_total = dm.num_experts,
-                local = pass.local;
-  const int ep = pass.ep;
   Scratch& s = *scratch_;
-  MUONMESH_RETURN_IF_ERROR(Gemm(false, true, n, e_total, d, 1.0f, s.h.get(), w_router, 0.0f,
-                                s.logits.get()));
+  SyncOnExit synced(stream_);
+  MUONMESH_RETURN_IF_ERROR(
+      Gemm(false, true, n, dm.d_model, dm.d_in, 1.0f, s.xs.get(), weight, 0.0f, s.h.get()));
+  MUONMESH_LAUNCH(k::LaunchBiasActivate(s.h.get(), bias, n, dm.d_model, true, stream_));
+  return Sync();
+}
+
+// The router's probabilities, on the host in double as the CPU's.
+absl::StatusOr<std::vector<int64_t>> CudaMoeMlp::Route(int64_t n, int ep, const float* w_router) {
+  const MoeMlpDims& dm = cpu_.dims();
+  const int64_t e_total = dm.num_experts, local = e_total / ep;
+  Scratch& s = *scratch_;
+  Pass& pass = *pass_;
+  SyncOnExit synced(stream_);
+  pass.local = local;
+  MUONMESH_RETURN_IF_ERROR(Gemm(false, true, n, e_total, dm.d_model, 1.0f, s.h.get(), w_router,
+                                0.0f, s.logits.get()));
   pass.g.resize(static_cast<size_t>(n * e_total));
   MUONMESH_CUDA_CHECK(cudaMemcpyAsync(pass.g.data(), s.logits.get(), sizeof(float) * pass.g.size(),
                                       cudaMemcpyDeviceToHost, stream_));
   MUONMESH_RETURN_IF_ERROR(Sync());
   RouteTokens(pass.g.data(), n, e_total, &pass.routing);
-  const std::vector<int32_t>& expert = pass.routing.expert;
-  const std::vector<float>& gate = pass.routing.gate;
-  const std::vector<int64_t>& order = pass.routing.order;
-  const std::vector<int64_t>& per_expert = pass.routing.per_expert;
-  pass.send_tokens.assign(ep, 0);
-  pass.recv_tokens.assign(ep, 0);
-  std::vector<float> count_send(ep), count_recv(ep), ids(n);
+  const MoeRouting& r = pass.routing;
+  std::vector<int64_t> send_tokens(ep);
+  std::vector<float> count_send(ep), ids(n);
   for (int q = 0; q < ep; ++q) {
-    pass.send_tokens[q] = per_expert[(q + 1) * local] - per_expert[q * local];
-    count_send[q] = static_cast<float>(pass.send_tokens[q]);
+    send_tokens[q] = r.per_expert[(q + 1) * local] - r.per_expert[q * local];
+    count_send[q] = static_cast<float>(send_tokens[q]);
   }
-  for (int64_t j = 0; j < n; ++j) ids[j] = static_cast<float>(expert[order[j]] % local);
-  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(s.gate.get(), gate.data(), sizeof(float) * n,
+  for (int64_t j = 0; j < n; ++j) ids[j] = static_cast<float>(r.expert[r.order[j]] % local);
+  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(s.gate.get(), r.gate.data(), sizeof(float) * n,
                                       cudaMemcpyHostToDevice, stream_));
-  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(s.order.get(), order.data(), sizeof(int64_t) * n,
+  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(s.order.get(), r.order.data(), sizeof(int64_t) * n,
                                       cudaMemcpyHostToDevice, stream_));
   MUONMESH_CUDA_CHECK(cudaMemcpyAsync(s.ids.get(), ids.data(), sizeof(float) * n,
                                       cudaMemcpyHostToDevice, stream_));
   MUONMESH_CUDA_CHECK(cudaMemcpyAsync(s.counts_send.get(), count_send.data(), sizeof(float) * ep,
                                       cudaMemcpyHostToDevice, stream_));
   MUONMESH_RETURN_IF_ERROR(Sync());
-  const std::vector<int64_t> ones(ep, 1);
-  MUONMESH_RETURN_IF_ERROR(
-      units.ExchangeTokens(s.counts_send.get(), ones, s.counts_recv.get(), ones));
-  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(count_recv.data(), s.counts_recv.get(), sizeof(float) * ep,
-                                      cudaMemcpyDeviceToHost, stream_));
+  return send_tokens;
+}
+
+absl::StatusOr<std::vector<float>> CudaMoeMlp::ReceivedCounts(int ep) {
+  std::vector<float> counts(ep);
+  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(counts.data(), scratch_->counts_recv.get(),
+                                      sizeof(float) * ep, cudaMemcpyDeviceToHost, stream_));
   MUONMESH_RETURN_IF_ERROR(Sync());
-  for (int q = 0; q < ep; ++q) {
-    const float c = count_recv[q];
-    if (!(c >= 0.0f && c <= static_cast<float>(kMoeMaxSamplesPerCall)) || c != std::floor(c)) {
-      return absl::InternalError(
-          absl::StrCat("moe_mlp: expert-parallel group ", q, " announced ", c, " tokens"));
-    }
-    pass.recv_tokens[q] = static_cast<int64_t>(c);
-    pass.received += pass.recv_tokens[q];
-  }
-  const int64_t received = pass.received;
+  return counts;
+}
+
+absl::Status CudaMoeMlp::PackTokens(int64_t n, int64_t received) {
+  const MoeMlpDims& dm = cpu_.dims();
+  const int64_t d = dm.d_model, de = dm.d_expert;
+  Scratch& s = *scratch_;
   for (DevArray<float>* b : {&s.ex_h, &s.ex_o, &s.ex_do}) {
     MUONMESH_RETURN_IF_ERROR(b->Reserve(std::max<int64_t>(received * d, 1)));
   }
@@ -250,24 +241,18 @@ absl::Status CudaMoeMlp::Dispatch(UnitAccess& units, const float* w_router, Pass
   }
   MUONMESH_RETURN_IF_ERROR(s.recv.Reserve(std::max<int64_t>(received * (d + 1), 1)));
   MUONMESH_RETURN_IF_ERROR(s.ex_order.Reserve(std::max<int64_t>(received, 1)));
-  pass.send_counts.assign(ep, 0);
-  pass.recv_counts.assign(ep, 0);
-  pass.SetCounts(d + 1);
   MUONMESH_LAUNCH(
       k::LaunchPackTokens(s.h.get(), s.order.get(), s.ids.get(), n, d, s.send.get(), stream_));
-  MUONMESH_RETURN_IF_ERROR(Sync());
-  MUONMESH_RETURN_IF_ERROR(
-      units.ExchangeTokens(s.send.get(), pass.send_counts, s.recv.get(), pass.recv_counts));
-  return absl::OkStatus();
+  return Sync();
 }
 
-// The received tokens through their local experts, grouped by expert, and
-// the results sent back.
-absl::Status CudaMoeMlp::ExpertsForward(UnitAccess& units, const float* w1, const float* w2,
-                                        Pass& pass) {
+// The received tokens through their local experts, grouped by expert.
+absl::Status CudaMoeMlp::ExpertsForward(int64_t received, int64_t local, const float* w1,
+                                        const float* w2) {
   const MoeMlpDims& dm = cpu_.dims();
-  const int64_t d = dm.d_model, de = dm.d_expert, local = pass.local, received = pass.received;
+  const int64_t d = dm.d_model, de = dm.d_expert;
   Scratch& s = *scratch_;
+  SyncOnExit synced(stream_);
   std::vector<float> recv_ids(static_cast<size_t>(received));
   if (received > 0) {
     MUONMESH_CUDA_CHECK(cudaMemcpy2DAsync(recv_ids.data(), sizeof(float), s.recv.get(),
@@ -278,8 +263,8 @@ absl::Status CudaMoeMlp::ExpertsForward(UnitAccess& units, const float* w1, cons
   std::vector<int64_t> ex_order;
   std::vector<int32_t> ex_local;
   MUONMESH_RETURN_IF_ERROR(internal::GroupByLocalExpert(recv_ids.data(), 1, received, local,
-                                                        &ex_local, &pass.ex_begin, &ex_order));
-  const std::vector<int64_t>& ex_begin = pass.ex_begin;
+                                                        &ex_local, &pass_->ex_begin, &ex_order));
+  const std::vector<int64_t>& ex_begin = pass_->ex_begin;
   if (received > 0) {
     MUONMESH_CUDA_CHECK(cudaMemcpyAsync(s.ex_order.get(), ex_order.data(),
                                         sizeof(int64_t) * received, cudaMemcpyHostToDevice,
@@ -301,26 +286,32 @@ absl::Status CudaMoeMlp::ExpertsForward(UnitAccess& units, const float* w1, cons
   // Back in the order received (recv is free: the inputs were copied out).
   MUONMESH_LAUNCH(
       k::LaunchScatterRows(s.ex_o.get(), s.ex_order.get(), received, d, s.recv.get(), stream_));
-  MUONMESH_RETURN_IF_ERROR(Sync());
-  pass.SetCounts(d);
-  MUONMESH_RETURN_IF_ERROR(
-      units.ExchangeTokens(s.recv.get(), pass.recv_counts, s.send.get(), pass.send_counts));
-  return absl::OkStatus();
+  return Sync();
 }
 
-// The output layer, the loss and dL/dy, its gradients and dL/dz; returns the
-// sum of squared errors.
-absl::StatusOr<double> CudaMoeMlp::OutputLayer(UnitAccess& units, int64_t n) {
-  const MoeMlpDims& dm = cpu_.dims();
-  const int64_t d = dm.d_model, d_out = dm.d_out;
+absl::Status CudaMoeMlp::Combine(int64_t n) {
+  const int64_t d = cpu_.dims().d_model;
   Scratch& s = *scratch_;
-  MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p2, units.Acquire(2));
-  Held held2(units, 2);
-  SyncOnExit synced2(stream_);
-  MUONMESH_RETURN_IF_ERROR(Expect(p2, 2, 2, "parameters"));
+  MUONMESH_LAUNCH(k::LaunchScatterRows(s.send.get(), s.order.get(), n, d, s.o.get(), stream_));
+  MUONMESH_LAUNCH(
+      k::LaunchGatedResidual(s.h.get(), s.gate.get(), s.o.get(), n, d, s.z.get(), stream_));
+  return Sync();
+}
+
+absl::Status CudaMoeMlp::OutputLayer(int64_t n, const float* weight, const float* bias) {
+  const MoeMlpDims& dm = cpu_.dims();
+  Scratch& s = *scratch_;
+  SyncOnExit synced(stream_);
   MUONMESH_RETURN_IF_ERROR(
-      Gemm(false, true, n, d_out, d, 1.0f, s.z.get(), p2[0], 0.0f, s.yout.get()));
-  MUONMESH_LAUNCH(k::LaunchBiasActivate(s.yout.get(), p2[1], n, d_out, false, stream_));
+      Gemm(false, true, n, dm.d_out, dm.d_model, 1.0f, s.z.get(), weight, 0.0f, s.yout.get()));
+  MUONMESH_LAUNCH(k::LaunchBiasActivate(s.yout.get(), bias, n, dm.d_out, false, stream_));
+  return Sync();
+}
+
+absl::StatusOr<double> CudaMoeMlp::OutputLoss(absl::Span<const int64_t> samples) {
+  const int64_t n = static_cast<int64_t>(samples.size());
+  const int64_t d_out = cpu_.dims().d_out;
+  Scratch& s = *scratch_;
   const double denom = static_cast<double>(n) * static_cast<double>(d_out);
   MUONMESH_LAUNCH(k::LaunchOutputDelta(s.yout.get(), y_, s.samples.get(), n, d_out, denom,
                                        s.dy.get(), s.partial.get(), stream_));
@@ -331,50 +322,41 @@ absl::StatusOr<double> CudaMoeMlp::OutputLayer(UnitAccess& units, int64_t n) {
   MUONMESH_RETURN_IF_ERROR(Sync());
   double loss_sum = 0.0;
   for (double v : partial) loss_sum += v;
-  {
-    MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g2, units.GradientBuffers(2));
-    MUONMESH_RETURN_IF_ERROR(Expect(g2, 2, 2, "gradients"));
-    MUONMESH_RETURN_IF_ERROR(
-        Gemm(true, false, d_out, d, n, 1.0f, s.dy.get(), s.z.get(), 0.0f, g2[0]));
-    MUONMESH_LAUNCH(k::LaunchColumnSums(s.dy.get(), n, d_out, g2[1], stream_));
-    MUONMESH_RETURN_IF_ERROR(
-        Gemm(false, false, n, d, d_out, 1.0f, s.dy.get(), p2[0], 0.0f, s.dz.get()));
-    MUONMESH_RETURN_IF_ERROR(Sync());
-    MUONMESH_RETURN_IF_ERROR(units.Commit(2));
-  }
   return loss_sum;
 }
 
-// dL/dz through the combine, back to the experts' ranks, through the
-// experts, and home again into dL/dh; the router's gradients.
-absl::Status CudaMoeMlp::ExpertsBackward(UnitAccess& units, const Pass& pass) {
+absl::Status CudaMoeMlp::OutputBackward(int64_t n, const float* weight, float* dw, float* db) {
   const MoeMlpDims& dm = cpu_.dims();
-  const int64_t n = pass.n, d = dm.d_model, de = dm.d_expert, e_total = dm.num_experts,
-                local = pass.local, received = pass.received;
-  const int ep = pass.ep;
-  const std::vector<int64_t>& ex_begin = pass.ex_begin;
+  const int64_t d = dm.d_model, d_out = dm.d_out;
   Scratch& s = *scratch_;
-  MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p1, units.Acquire(1));
-  Held again(units, 1);
-  SyncOnExit synced_again(stream_);
-  MUONMESH_RETURN_IF_ERROR(Expect(p1, 3, 1, "parameters"));
-  const float* w_router = p1[0];
-  const float* w1 = p1[1];
-  const float* w2 = p1[2];
-  std::vector<double> dgate(n);
+  SyncOnExit synced(stream_);
+  MUONMESH_RETURN_IF_ERROR(Gemm(true, false, d_out, d, n, 1.0f, s.dy.get(), s.z.get(), 0.0f, dw));
+  MUONMESH_LAUNCH(k::LaunchColumnSums(s.dy.get(), n, d_out, db, stream_));
+  MUONMESH_RETURN_IF_ERROR(
+      Gemm(false, false, n, d, d_out, 1.0f, s.dy.get(), weight, 0.0f, s.dz.get()));
+  return Sync();
+}
+
+absl::Status CudaMoeMlp::PackGateGradients(int64_t n) {
+  const int64_t d = cpu_.dims().d_model;
+  Scratch& s = *scratch_;
+  pass_->dgate.resize(static_cast<size_t>(n));
   MUONMESH_LAUNCH(k::LaunchRowDots(s.dz.get(), s.o.get(), n, d, s.dots.get(), stream_));
-  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(dgate.data(), s.dots.get(), sizeof(double) * n,
+  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(pass_->dgate.data(), s.dots.get(), sizeof(double) * n,
                                       cudaMemcpyDeviceToHost, stream_));
   MUONMESH_LAUNCH(k::LaunchGatherScaledRows(s.dz.get(), s.gate.get(), s.order.get(), n, d,
                                             s.send.get(), stream_));
-  MUONMESH_RETURN_IF_ERROR(Sync());
-  MUONMESH_RETURN_IF_ERROR(
-      units.ExchangeTokens(s.send.get(), pass.send_counts, s.recv.get(), pass.recv_counts));
-  MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g1, units.GradientBuffers(1));
-  MUONMESH_RETURN_IF_ERROR(Expect(g1, 3, 1, "gradients"));
-  float* gw_router = g1[0];
-  float* gw1 = g1[1];
-  float* gw2 = g1[2];
+  return Sync();
+}
+
+absl::Status CudaMoeMlp::ExpertsBackward(int64_t received, int64_t local, int ep,
+                                         const float* w1, const float* w2, float* gw1,
+                                         float* gw2) {
+  const MoeMlpDims& dm = cpu_.dims();
+  const int64_t d = dm.d_model, de = dm.d_expert;
+  const std::vector<int64_t>& ex_begin = pass_->ex_begin;
+  Scratch& s = *scratch_;
+  SyncOnExit synced(stream_);
   const float alpha = 1.0f / static_cast<float>(ep);  // the mean loss of the EP ranks
   MUONMESH_LAUNCH(
       k::LaunchGatherRows(s.recv.get(), s.ex_order.get(), received, d, s.ex_do.get(), stream_));
@@ -401,16 +383,23 @@ absl::Status CudaMoeMlp::ExpertsBackward(UnitAccess& units, const Pass& pass) {
   }
   MUONMESH_LAUNCH(
       k::LaunchScatterRows(s.ex_do.get(), s.ex_order.get(), received, d, s.recv.get(), stream_));
-  MUONMESH_RETURN_IF_ERROR(Sync());
-  MUONMESH_RETURN_IF_ERROR(
-      units.ExchangeTokens(s.recv.get(), pass.recv_counts, s.send.get(), pass.send_counts));
+  return Sync();
+}
+
+// dL/dh = dL/dz + the experts' part + the router's (dL/dlogit_j =
+// g_e (delta_je - g_j) dL/dg_e, on the host).
+absl::Status CudaMoeMlp::RouterBackward(int64_t n, const float* w_router, float* gw_router) {
+  const MoeMlpDims& dm = cpu_.dims();
+  const int64_t d = dm.d_model, e_total = dm.num_experts;
+  Scratch& s = *scratch_;
+  SyncOnExit synced(stream_);
   MUONMESH_CUDA_CHECK(cudaMemcpyAsync(s.dh.get(), s.dz.get(), sizeof(float) * n * d,
                                       cudaMemcpyDeviceToDevice, stream_));
   MUONMESH_LAUNCH(
       k::LaunchScatterAddRows(s.send.get(), s.order.get(), n, d, s.dh.get(), stream_));
-  // Router: dL/dlogit_j = g_e (delta_je - g_j) dL/dg_e, on the host.
   std::vector<float> dlogits(static_cast<size_t>(n * e_total));
-  RouterLogitGradient(pass.g.data(), pass.routing, dgate.data(), n, e_total, dlogits.data());
+  RouterLogitGradient(pass_->g.data(), pass_->routing, pass_->dgate.data(), n, e_total,
+                      dlogits.data());
   MUONMESH_CUDA_CHECK(cudaMemcpyAsync(s.dlogits.get(), dlogits.data(),
                                       sizeof(float) * dlogits.size(), cudaMemcpyHostToDevice,
                                       stream_));
@@ -418,64 +407,23 @@ absl::Status CudaMoeMlp::ExpertsBackward(UnitAccess& units, const Pass& pass) {
                                 0.0f, gw_router));
   MUONMESH_RETURN_IF_ERROR(Gemm(false, false, n, d, e_total, 1.0f, s.dlogits.get(), w_router,
                                 1.0f, s.dh.get()));
-  MUONMESH_RETURN_IF_ERROR(Sync());
-  MUONMESH_RETURN_IF_ERROR(units.Commit(1));
-  return absl::OkStatus();
+  return Sync();
 }
 
-// dL/dh through tanh, then the input layer's gradients.
-absl::Status CudaMoeMlp::InputBackward(UnitAccess& units, int64_t n) {
+absl::Status CudaMoeMlp::InputBackward(int64_t n, float* dw, float* db) {
   const MoeMlpDims& dm = cpu_.dims();
-  const int64_t d_in = dm.d_in, d = dm.d_model;
+  const int64_t d = dm.d_model;
   Scratch& s = *scratch_;
+  SyncOnExit synced(stream_);
   MUONMESH_LAUNCH(k::LaunchTanhBackward(s.dh.get(), s.h.get(), n * d, stream_));
-  MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g0, units.GradientBuffers(0));
-  MUONMESH_RETURN_IF_ERROR(Expect(g0, 2, 0, "gradients"));
-  MUONMESH_RETURN_IF_ERROR(
-      Gemm(true, false, d, d_in, n, 1.0f, s.dh.get(), s.xs.get(), 0.0f, g0[0]));
-  MUONMESH_LAUNCH(k::LaunchColumnSums(s.dh.get(), n, d, g0[1], stream_));
-  MUONMESH_RETURN_IF_ERROR(Sync());
-  MUONMESH_RETURN_IF_ERROR(units.Commit(0));
-  return absl::OkStatus();
+  MUONMESH_RETURN_IF_ERROR(Gemm(true, false, d, dm.d_in, n, 1.0f, s.dh.get(), s.xs.get(), 0.0f, dw));
+  MUONMESH_LAUNCH(k::LaunchColumnSums(s.dh.get(), n, d, db, stream_));
+  return Sync();
 }
 
-absl::StatusOr<double> CudaMoeMlp::Run(UnitAccess& units, absl::Span<const int64_t> samples) {
-  const MoeMlpDims& dm = cpu_.dims();
-  const int64_t e_total = dm.num_experts, d = dm.d_model;
-  Pass pass;
-  pass.n = static_cast<int64_t>(samples.size());
-  pass.ep = units.expert_parallel_size();
-  const int64_t n = pass.n;
-  const int ep = pass.ep;
-  if (ep < 1 || e_total % ep != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "moe_mlp: num_experts ", e_total, " does not split over ", ep, " expert-parallel groups"));
-  }
-  pass.local = e_total / ep;
-  MUONMESH_RETURN_IF_ERROR(ReserveFor(n, ep));
-  Scratch& s = *scratch_;
-  MUONMESH_CUDA_CHECK(cudaMemcpyAsync(s.samples.get(), samples.data(), sizeof(int64_t) * n,
-                                      cudaMemcpyHostToDevice, stream_));
-  MUONMESH_LAUNCH(k::LaunchGatherRows(x_, s.samples.get(), n, dm.d_in, s.xs.get(), stream_));
-  MUONMESH_RETURN_IF_ERROR(InputForward(units, n));
-
-  // Router, dispatch, experts, combine.
-  {
-    MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p1, units.Acquire(1));
-    Held held1(units, 1);
-    SyncOnExit synced1(stream_);
-    MUONMESH_RETURN_IF_ERROR(Expect(p1, 3, 1, "parameters"));
-    MUONMESH_RETURN_IF_ERROR(Dispatch(units, p1[0], pass));
-    MUONMESH_RETURN_IF_ERROR(ExpertsForward(units, p1[1], p1[2], pass));
-  }
-  MUONMESH_LAUNCH(k::LaunchScatterRows(s.send.get(), s.order.get(), n, d, s.o.get(), stream_));
-  MUONMESH_LAUNCH(
-      k::LaunchGatedResidual(s.h.get(), s.gate.get(), s.o.get(), n, d, s.z.get(), stream_));
-
-  MUONMESH_ASSIGN_OR_RETURN(double loss_sum, OutputLayer(units, n));
-  MUONMESH_RETURN_IF_ERROR(ExpertsBackward(units, pass));
-  MUONMESH_RETURN_IF_ERROR(InputBackward(units, n));
-  return loss_sum / (static_cast<double>(n) * static_cast<double>(dm.d_out));
-}
+float* CudaMoeMlp::counts_send() { return scratch_->counts_send.get(); }
+float* CudaMoeMlp::counts_recv() { return scratch_->counts_recv.get(); }
+float* CudaMoeMlp::send() { return scratch_->send.get(); }
+float* CudaMoeMlp::recv() { return scratch_->recv.get(); }
 
 }  // namespace muonmesh::worker

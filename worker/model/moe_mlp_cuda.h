@@ -1,8 +1,9 @@
 #pragma once
 
 // The `moe_mlp` workload (worker/model/moe_mlp.h) on a CUDA GPU, for jobs
-// with `device: cuda`: the same definition, the same call order and the same
-// token exchanges (ExchangeTokens buffers in device memory), with the
+// with `device: cuda`: the same definition, and the same walk over the units
+// and token exchanges as the host's (RunMoeMlpPasses, moe_mlp_passes.h; the
+// exchange buffers in device memory), with the
 // products on cuBLAS (fp32) and the row moves and elementwise steps as
 // kernels (worker/cuda/mlp_kernels.h). The routing bookkeeping is small and
 // stays on the host: the router's logits come back to the host, where the
@@ -25,12 +26,13 @@
 
 #include "absl/status/statusor.h"
 #include "worker/model/moe_mlp.h"
+#include "worker/model/moe_mlp_passes.h"
 #include "worker/model/cuda_workload.h"
 #include "worker/model/workload.h"
 
 namespace muonmesh::worker {
 
-class CudaMoeMlp final : public CudaWorkload<MoeMlp> {
+class CudaMoeMlp final : public CudaWorkload<MoeMlp>, private MoeMlpPasses {
  public:
   // Copies `moe`'s dataset to the current GPU.
   static absl::StatusOr<std::unique_ptr<CudaMoeMlp>> Create(MoeMlp moe);
@@ -46,18 +48,30 @@ class CudaMoeMlp final : public CudaWorkload<MoeMlp> {
   class Scratch;
   explicit CudaMoeMlp(MoeMlp cpu);
   absl::Status Init();
-  struct Pass;  // one call's routing and token counts
-  absl::StatusOr<double> Run(UnitAccess& units, absl::Span<const int64_t> samples);
-  // The steps of Run, in order. Each acquires the units it uses and releases
-  // them, except that Dispatch and ExpertsForward run under Run's hold of
-  // unit 1; OutputLayer returns the sum of squared errors.
+  struct Pass;  // one call's routing, from the forward pass to the backward one
   absl::Status ReserveFor(int64_t n, int ep);
-  absl::Status InputForward(UnitAccess& units, int64_t n);
-  absl::Status Dispatch(UnitAccess& units, const float* w_router, Pass& pass);
-  absl::Status ExpertsForward(UnitAccess& units, const float* w1, const float* w2, Pass& pass);
-  absl::StatusOr<double> OutputLayer(UnitAccess& units, int64_t n);
-  absl::Status ExpertsBackward(UnitAccess& units, const Pass& pass);
-  absl::Status InputBackward(UnitAccess& units, int64_t n);
+  // MoeMlpPasses on the GPU, which RunMoeMlpPasses drives. Each waits for
+  // its work before returning, so no unit is released while a kernel reads it.
+  absl::Status Gather(absl::Span<const int64_t> samples, int ep) override;
+  absl::Status InputForward(int64_t n, const float* weight, const float* bias) override;
+  absl::StatusOr<std::vector<int64_t>> Route(int64_t n, int ep, const float* w_router) override;
+  absl::StatusOr<std::vector<float>> ReceivedCounts(int ep) override;
+  absl::Status PackTokens(int64_t n, int64_t received) override;
+  absl::Status ExpertsForward(int64_t received, int64_t local, const float* w1,
+                              const float* w2) override;
+  absl::Status Combine(int64_t n) override;
+  absl::Status OutputLayer(int64_t n, const float* weight, const float* bias) override;
+  absl::StatusOr<double> OutputLoss(absl::Span<const int64_t> samples) override;
+  absl::Status OutputBackward(int64_t n, const float* weight, float* dw, float* db) override;
+  absl::Status PackGateGradients(int64_t n) override;
+  absl::Status ExpertsBackward(int64_t received, int64_t local, int ep, const float* w1,
+                               const float* w2, float* gw1, float* gw2) override;
+  absl::Status RouterBackward(int64_t n, const float* w_router, float* gw_router) override;
+  absl::Status InputBackward(int64_t n, float* dw, float* db) override;
+  float* counts_send() override;
+  float* counts_recv() override;
+  float* send() override;
+  float* recv() override;
   // C[m, n] = alpha op(A) op(B) + beta C (row-major), on cuBLAS.
   absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                     const float* a, const float* b, float beta, float* c);
@@ -68,6 +82,7 @@ class CudaMoeMlp final : public CudaWorkload<MoeMlp> {
   float* x_ = nullptr;
   float* y_ = nullptr;
   std::unique_ptr<Scratch> scratch_;
+  std::unique_ptr<Pass> pass_;
 };
 
 }  // namespace muonmesh::worker
