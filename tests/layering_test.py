@@ -302,24 +302,17 @@ def self_test():
             open(os.path.join(root, rel), "w").close()
         if check_includes(root):
             failures.append(f"a clean tree is reported: {check_includes(root)}")
-        for rel, text, expected in PLANTS:
-            path = os.path.join(root, rel)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                f.write(text)
-            found = [p for p in check_includes(root) if expected in p]
-            os.remove(path)
-            if not found:
-                failures.append(f"planted {rel} ({text.strip()}) was not reported as '{expected}'")
-        for rel, text, expected in NAMESPACE_PLANTS:
-            path = os.path.join(root, rel)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                f.write(text)
-            found = [p for p in check_namespaces(root) if expected in p]
-            os.remove(path)
-            if not found:
-                failures.append(f"planted {rel} ({text.strip()}) was not reported as '{expected}'")
+        for plants, check in ((PLANTS, check_includes), (NAMESPACE_PLANTS, check_namespaces)):
+            for rel, text, expected in plants:
+                path = os.path.join(root, rel)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "w") as f:
+                    f.write(text)
+                found = [p for p in check(root) if expected in p]
+                os.remove(path)
+                if not found:
+                    failures.append(
+                        f"planted {rel} ({text.strip()}) was not reported as '{expected}'")
         graph = os.path.join(root, "link_graph.txt")
         for line, expected in LINK_PLANTS:
             with open(graph, "w") as f:
