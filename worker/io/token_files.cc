@@ -65,12 +65,6 @@ class MappedFile {
   size_t size_;
 };
 
-int32_t LittleEndianInt32(const unsigned char* p) {
-  return static_cast<int32_t>(static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
-                              static_cast<uint32_t>(p[2]) << 16 |
-                              static_cast<uint32_t>(p[3]) << 24);
-}
-
 // One file's tokens: where they start in the mapping and how many.
 struct Piece {
   std::unique_ptr<MappedFile> file;
@@ -79,32 +73,14 @@ struct Piece {
 };
 
 absl::StatusOr<Piece> CheckShard(std::unique_ptr<MappedFile> file) {
-  const std::string& path = file->path();
-  if (static_cast<int64_t>(file->size()) < kTokenShardHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": ", file->size(), " bytes, shorter than a token shard's 1024-byte header"));
-  }
-  const int32_t magic = LittleEndianInt32(file->data());
-  const int32_t version = LittleEndianInt32(file->data() + 4);
-  const int64_t count = LittleEndianInt32(file->data() + 8);
-  if (magic != kTokenShardMagic) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": magic ", magic, ", a token shard has ",
-                                                   kTokenShardMagic, " (llm.c .bin format)"));
-  }
-  if (version != kTokenShardVersion) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": version ", version, ", only version ", kTokenShardVersion,
-        " (uint16 tokens) is read"));
-  }
-  const int64_t want = kTokenShardHeaderBytes + 2 * count;
-  if (count < 0 || static_cast<int64_t>(file->size()) != want) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": the header counts ", count,
-                                                   " tokens (", want, " bytes) but the file has ",
-                                                   file->size(), " bytes"));
-  }
+  const size_t head = std::min(file->size(), static_cast<size_t>(kTokenShardHeaderBytes));
+  absl::StatusOr<int64_t> count = job::ShardTokenCount(
+      file->path(), absl::string_view(reinterpret_cast<const char*>(file->data()), head),
+      static_cast<int64_t>(file->size()));
+  if (!count.ok()) return count.status();
   Piece piece;
   piece.first = file->data() + kTokenShardHeaderBytes;
-  piece.count = count;
+  piece.count = *count;
   piece.file = std::move(file);
   return piece;
 }

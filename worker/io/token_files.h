@@ -17,13 +17,15 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "proto/job/corpus.h"
 #include "worker/model/token_windows.h"
 
 namespace muonmesh::io {
 
-inline constexpr int32_t kTokenShardMagic = 20240520;
-inline constexpr int32_t kTokenShardVersion = 1;
-inline constexpr int64_t kTokenShardHeaderBytes = 256 * 4;
+// The shard format is read in one place (proto/job/corpus.h).
+using job::kTokenShardHeaderBytes;
+using job::kTokenShardMagic;
+using job::kTokenShardVersion;
 
 enum class TokenFormat { kText, kShards };
 

@@ -14,6 +14,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/token_shard.h"
 
 namespace muonmesh::io {
 namespace {
@@ -28,31 +29,10 @@ std::string TempDir() {
   return dir.string();
 }
 
-void PutInt32(std::string& out, int32_t v) {
-  for (int k = 0; k < 4; ++k) {
-    out.push_back(static_cast<char>((static_cast<uint32_t>(v) >> (8 * k)) & 0xFF));
-  }
-}
-
-// A shard: magic, version, count, 253 zero ints, then uint16 tokens.
-std::string Shard(const std::vector<uint16_t>& tokens, int32_t magic = 20240520,
-                  int32_t version = 1, int64_t count = -1) {
-  std::string out;
-  PutInt32(out, magic);
-  PutInt32(out, version);
-  PutInt32(out, static_cast<int32_t>(count < 0 ? static_cast<int64_t>(tokens.size()) : count));
-  for (int i = 3; i < 256; ++i) PutInt32(out, 0);
-  for (uint16_t t : tokens) {
-    out.push_back(static_cast<char>(t & 0xFF));
-    out.push_back(static_cast<char>(t >> 8));
-  }
-  return out;
-}
+using ::muonmesh::testing::Shard;
 
 std::string Write(const std::string& dir, const std::string& name, const std::string& bytes) {
-  const std::string path = dir + "/" + name;
-  std::ofstream(path, std::ios::binary) << bytes;
-  return path;
+  return ::muonmesh::testing::WriteFile(dir, name, bytes);
 }
 
 std::vector<int32_t> ReadAll(const worker::TokenStream& s) {
