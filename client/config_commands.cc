@@ -1,5 +1,6 @@
 #include "client/config_commands.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <iostream>
@@ -18,6 +19,9 @@
 #include "muonmesh/v1/planner.pb.h"
 #include "proto/convert/plan_convert.h"
 #include "proto/io/message_file.h"
+#include "core/plan/mesh.h"
+#include "core/plan/validate.h"
+#include "proto/job/corpus.h"
 #include "proto/job/job.h"
 #include "proto/job/model_specs.h"
 #include "proto/job/optimizer_rules.h"
@@ -44,10 +48,16 @@ void FillParallelism(const ConfigFlags& f, v1::ParallelismConfig* p) {
 }
 
 constexpr const char* kValidateSynopsis =
-    "--spec FILE --world-size W [--instances I] [--strategy S] [--outer-strategy S] [--ep E] "
-    "[--coordinator ADDR] [--timeout SECONDS] [--json]\n\n"
-    "Asks the coordinator whether the parallelism config fits the model. Prints every\n"
-    "violation as 'field: description' on stderr and exits 1 when it does not.";
+    "(--spec FILE --world-size W [--instances I] [--strategy S] [--outer-strategy S] [--ep E] "
+    "[--coordinator ADDR] [--timeout SECONDS] | --job JOB.yaml [--no-scan]) [--json]\n\n"
+    "With --spec: asks the coordinator whether the parallelism config fits the model.\n"
+    "With --job: checks a job file here, before it is submitted, without a coordinator:\n"
+    "its fields, the planner's rules for its model and parallelism, its input files\n"
+    "(paths and globs, token shards' headers and every token against the vocabulary;\n"
+    "--no-scan reads the headers only) and its outputs; then prints the job with every\n"
+    "default filled in and every path resolved (--json: that job alone, as JSON). Files\n"
+    "are read where this runs: a coordinator or workers on other hosts see their own.\n"
+    "Prints every violation as 'field: description' on stderr and exits 1 when invalid.";
 
 
 constexpr const char* kPlanSynopsis =
@@ -124,15 +134,15 @@ void FillPlanOptions(const PlanOptionFlags& o, v1::PlanOptions* out) {
 absl::Status FillFromJob(const std::string& path, v1::PlanLayoutRequest* request,
                          v1::JobSpec* loaded) {
   MUONMESH_ASSIGN_OR_RETURN(v1::JobSpec job, job::LoadJobFile(path));
-  // The job file's own rules first: a plan of a job that cannot run would
-  // say nothing true.
-  if (const std::vector<plan::FieldViolation> v = job::ValidateJob(job); !v.empty()) {
+  const std::string dir = std::filesystem::absolute(path).parent_path().string();
+  // The job file's own rules first, its files included: a plan of a job
+  // that cannot run would say nothing true.
+  if (const std::vector<plan::FieldViolation> v = job::JobViolations(job, dir); !v.empty()) {
     std::string all;
     for (const plan::FieldViolation& f : v) absl::StrAppend(&all, "\n  ", f.field, ": ", f.description);
     return absl::InvalidArgumentError(absl::StrCat(path, ": invalid job", all));
   }
   *loaded = job;
-  const std::string dir = std::filesystem::absolute(path).parent_path().string();
   MUONMESH_ASSIGN_OR_RETURN(plan::PlanInput input, job::PlanInputOf(job, dir), path);
   *request->mutable_model() = convert::ModelToProto(input.model);
   request->set_world_size(input.world_size);
@@ -157,12 +167,86 @@ void FillPlanOptionsOver(const FlagParser& parser, const PlanOptionFlags& o,
   if (parser.Seen("--threads-per-rank")) out->set_threads_per_rank(flags.threads_per_rank());
 }
 
+// Prints the violations ("field: description", one a line) of a status
+// whose message is job::JoinViolations's, prefixed with nothing.
+int PrintInvalid(const absl::Status& status) {
+  std::cerr << status.message() << "\n";
+  return status.code() == absl::StatusCode::kInvalidArgument ? kExitInvalidConfig : kExitUsage;
+}
+
+// `validate --job`: everything a worker would refuse, found here first.
+int ValidateJobFile(const std::string& path, bool scan, bool json) {
+  absl::StatusOr<v1::JobSpec> spec = job::LoadJobFile(path);
+  if (!spec.ok()) return PrintInvalid(spec.status());
+  const std::string dir = std::filesystem::absolute(path).parent_path().string();
+  std::vector<plan::FieldViolation> violations = job::JobViolations(*spec, dir);
+  absl::StatusOr<plan::PlanInput> input = job::PlanInputOf(*spec, dir);
+  if (violations.empty() && !input.ok()) return PrintInvalid(input.status());
+  if (input.ok()) {
+    for (plan::FieldViolation& v : plan::Validate(*input)) {
+      // The job's own checks ran the planner's model-independent ones already.
+      const bool seen = std::any_of(violations.begin(), violations.end(), [&v](const auto& w) {
+        return w.field == v.field && w.description == v.description;
+      });
+      if (!seen) violations.push_back(std::move(v));
+    }
+  }
+  if (!violations.empty()) {
+    for (const plan::FieldViolation& v : violations) {
+      std::cerr << v.field << ": " << v.description << "\n";
+    }
+    return kExitInvalidConfig;
+  }
+  absl::StatusOr<job::ResolvedJob> r = job::ResolveJob(*spec, dir);
+  if (!r.ok()) return PrintInvalid(r.status());
+  absl::StatusOr<plan::ResolvedConfig> config = plan::Resolve(*input);
+  if (!config.ok()) return PrintInvalid(config.status());
+  std::string data;
+  if (r->kind->data == job::DataUse::kCorpus) {
+    const int64_t vocab = r->kind->vocab_size(r->model_form);
+    absl::StatusOr<job::CorpusReport> report = job::CheckCorpus(r->corpus, vocab, scan);
+    if (!report.ok()) return PrintInvalid(report.status());
+    data = absl::StrCat("data: ", report->train.tokens, " training tokens in ",
+                        report->train.files, " files");
+    if (report->val.files > 0) {
+      absl::StrAppend(&data, ", ", report->val.tokens, " validation tokens in ",
+                      report->val.files, " files");
+    }
+    absl::StrAppend(&data, scan ? absl::StrCat(", every token below the vocabulary (", vocab, ")")
+                                : " (headers only: --no-scan)");
+  }
+  v1::JobSpec filled = job::FilledSpec(*r);
+  // The planner's defaults for the parallelism config too.
+  v1::ParallelismConfig& par = *filled.mutable_parallelism();
+  par.set_data_parallel_sharding_strategy(plan::StrategyName(config->inner));
+  par.set_num_distributed_optimizer_instances(config->instances);
+  if (config->instances > 1) par.set_outer_dp_sharding_strategy(plan::StrategyName(config->outer));
+  par.set_expert_model_parallel_size(config->ep);
+  if (json) {
+    std::cout << ToJson(filled) << "\n";
+    return kExitOk;
+  }
+  std::cout << "valid: " << r->name << ", " << r->kind->name << " on " << r->world_size << " "
+            << r->device << " ranks\n";
+  if (!data.empty()) std::cout << data << "\n";
+  std::cout << "\nthe job as it runs (every default filled in, paths resolved):\n"
+            << ToJson(filled) << "\n";
+  return kExitOk;
+}
+
 }  // namespace
 
 int RunValidate(const std::vector<std::string>& args) {
   ConfigFlags f;
   FlagParser parser("muonmeshctl validate");
   AddConfigFlags(parser, &f);
+  parser.String("--job", "FILE",
+                "check this job file here instead (its fields, plan, input files and outputs)",
+                &f.job);
+  bool no_scan = false;
+  parser.Bool("--no-scan",
+              "with --job: read the corpus's headers only, not every token (large corpora)",
+              &no_scan);
   AddConnectionFlags(parser, &f);
   bool help = false;
   if (absl::Status st = parser.Parse(args, &help); !st.ok()) return UsageError("validate", st);
@@ -171,6 +255,8 @@ int RunValidate(const std::vector<std::string>& args) {
     return kExitOk;
   }
   if (absl::Status st = CheckConfigFlags(parser, &f); !st.ok()) return UsageError("validate", st);
+  if (!f.job.empty()) return ValidateJobFile(f.job, !no_scan, f.json);
+  if (no_scan) return UsageError("validate", absl::InvalidArgumentError("--no-scan needs --job"));
 
   v1::ValidateConfigRequest request;
   if (!LoadSpec(f.spec, request.mutable_model())) return kExitUsage;

@@ -205,7 +205,11 @@ absl::StatusOr<std::shared_ptr<const TokenStream>> OpenCorpusPart(const job::Cor
   return io::OpenTokenFiles(files, corpus.tokens ? io::TokenFormat::kShards : io::TokenFormat::kText);
 }
 
-absl::StatusOr<Corpus> OpenCorpus(const job::Corpus& corpus) {
+// Every token is checked against the vocabulary first (job::CheckCorpus,
+// one read of the files), so bad data fails before step 0, naming the file
+// and the token, not at the step that first reads it.
+absl::StatusOr<Corpus> OpenCorpus(const job::Corpus& corpus, int64_t vocab_size) {
+  MUONMESH_RETURN_IF_ERROR(job::CheckCorpus(corpus, vocab_size, /*scan=*/true).status());
   const std::string field = corpus.tokens ? "data.tokens" : "data.text";
   Corpus out;
   MUONMESH_ASSIGN_OR_RETURN(out.train, OpenCorpusPart(corpus, field + ".train", corpus.train));
@@ -227,7 +231,8 @@ absl::StatusOr<Corpus> OpenCorpus(const job::Corpus& corpus) {
 }
 
 absl::StatusOr<std::unique_ptr<Workload>> MakeGpt(const job::ResolvedJob& job) {
-  MUONMESH_ASSIGN_OR_RETURN(Corpus corpus, OpenCorpus(job.corpus));
+  MUONMESH_ASSIGN_OR_RETURN(Corpus corpus,
+                            OpenCorpus(job.corpus, job.kind->vocab_size(job.model_form)));
   MUONMESH_ASSIGN_OR_RETURN(
       Gpt gpt, Gpt::Create(std::get<job::GptModel>(job.model_form).dims, corpus.train));
   MUONMESH_RETURN_IF_ERROR(gpt.SetValidation(corpus.val));

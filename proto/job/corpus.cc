@@ -218,4 +218,20 @@ absl::StatusOr<std::vector<std::string>> ExpandCorpus(const std::string& field,
   return files;
 }
 
+absl::StatusOr<CorpusReport> CheckCorpus(const Corpus& corpus, int64_t vocab_size, bool scan) {
+  const std::string field = corpus.tokens ? "data.tokens" : "data.text";
+  CorpusReport report;
+  absl::StatusOr<CorpusSummary> train =
+      CheckCorpusFiles(field + ".train", corpus.train, corpus.tokens, vocab_size, scan);
+  if (!train.ok()) return train.status();
+  report.train = *train;
+  if (!corpus.val.empty()) {
+    absl::StatusOr<CorpusSummary> val =
+        CheckCorpusFiles(field + ".val", corpus.val, corpus.tokens, vocab_size, scan);
+    if (!val.ok()) return val.status();
+    report.val = *val;
+  }
+  return report;
+}
+
 }  // namespace muonmesh::job

@@ -64,4 +64,12 @@ absl::StatusOr<CorpusSummary> CheckCorpusFiles(const std::string& field,
                                                const std::string& pattern, bool tokens,
                                                int64_t vocab_size, bool scan);
 
+// The pre-flight of a job's corpus: its training pattern and, when given,
+// its validation pattern, through CheckCorpusFiles under the fields
+// data.tokens.* or data.text.*.
+struct CorpusReport {
+  CorpusSummary train, val;
+};
+absl::StatusOr<CorpusReport> CheckCorpus(const Corpus& corpus, int64_t vocab_size, bool scan);
+
 }  // namespace muonmesh::job

@@ -701,11 +701,18 @@ absl::Duration ElasticWait(const v1::JobSpec& job) {
   return wait;
 }
 
-absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string& job_dir) {
+std::vector<plan::FieldViolation> JobViolations(const v1::JobSpec& job,
+                                                const std::string& job_dir) {
   std::vector<plan::FieldViolation> violations = ValidateJob(job);
+  CheckJobPaths(ResolveJobPaths(job, job_dir), violations);
+  return violations;
+}
+
+absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string& job_dir) {
+  if (const std::vector<plan::FieldViolation> v = JobViolations(job, job_dir); !v.empty()) {
+    return absl::InvalidArgumentError(JoinViolations(v));
+  }
   const JobPaths paths = ResolveJobPaths(job, job_dir);
-  CheckJobPaths(paths, violations);
-  if (!violations.empty()) return absl::InvalidArgumentError(JoinViolations(violations));
 
   ResolvedJob r;
   r.name = job.name();
@@ -766,6 +773,60 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
   r.output_dir = paths.output_dir;
   r.export_path = paths.export_path;
   return r;
+}
+
+v1::JobSpec FilledSpec(const ResolvedJob& r) {
+  v1::JobSpec out = r.spec;
+  out.set_device(r.device);
+  v1::OptimizerConfig& opt = *out.mutable_optimizer();
+  opt.set_owner_assignment(r.owner_assignment);
+  opt.set_muon_replica_split(r.muon_replica_split);
+  v1::MuonConfig& muon = *opt.mutable_muon();
+  muon.set_lr(r.muon.lr);
+  muon.set_momentum(r.muon.momentum);
+  muon.set_nesterov(r.muon.nesterov);
+  muon.set_ns_steps(r.muon.ns.steps);
+  muon.set_weight_decay(r.muon.weight_decay);
+  muon.set_scale(r.muon.scale == optim::MuonScale::kMatchRmsAdamW ? "match_rms_adamw"
+                                                                   : "original");
+  muon.set_coefficients(plan::NsTableName(*optim::NsTableOf(r.muon.ns.coefficients)));
+  muon.set_ns_algorithm(plan::NsAlgorithmName(r.muon.ns.algorithm));
+  v1::AdamWConfig& adamw = *opt.mutable_adamw();
+  adamw.set_lr(r.adamw.lr);
+  adamw.set_beta1(r.adamw.beta1);
+  adamw.set_beta2(r.adamw.beta2);
+  adamw.set_eps(r.adamw.eps);
+  adamw.set_weight_decay(r.adamw.weight_decay);
+
+  v1::InitConfig& init = *out.mutable_init();
+  if (r.init_seed.has_value()) init.set_seed(*r.init_seed);
+  if (!r.init_safetensors.empty()) init.set_safetensors(r.init_safetensors);
+  if (!r.init_checkpoint.empty()) init.set_checkpoint(r.init_checkpoint);
+  init.set_fresh(r.fresh_start);
+  v1::DataConfig& data = *out.mutable_data();
+  if (!r.data_safetensors.empty()) data.set_safetensors(r.data_safetensors);
+  if (r.kind->data == DataUse::kExamples && r.teacher_seed.has_value()) {
+    data.mutable_teacher()->set_seed(*r.teacher_seed);
+    data.mutable_teacher()->set_samples(r.teacher_samples);
+  }
+  if (r.kind->data == DataUse::kCorpus) {
+    auto fill = [&r](auto* corpus) {
+      corpus->set_train(r.corpus.train);
+      corpus->set_val(r.corpus.val);
+      if (r.corpus.val.empty()) corpus->set_val_fraction(r.corpus.val_fraction);
+    };
+    if (r.corpus.tokens) fill(data.mutable_tokens());
+    if (!r.corpus.tokens) fill(data.mutable_text());
+  }
+
+  v1::TrainingConfig& t = *out.mutable_training();
+  t.set_keep_checkpoints(r.keep_checkpoints);
+  t.set_threads_per_rank(static_cast<int32_t>(r.threads_per_rank));
+  t.set_eval_batches(r.eval_batches);
+  t.mutable_lr_schedule()->set_decay(optim::LrDecayName(r.lr_schedule.decay));
+  out.mutable_output()->set_dir(r.output_dir);
+  out.mutable_output()->set_export_(r.export_path);
+  return out;
 }
 
 std::vector<OptimizerRule> OptimizerRulesOf(const v1::JobSpec& job) {

@@ -160,6 +160,11 @@ struct ResolvedJob {
   std::string export_path;  // resolved
 };
 
+// The job as `r` runs it, as a JobSpec: the file's own values with every
+// default of the table above filled in and every path resolved (what
+// `muonmeshctl validate --job` prints). Resolving it again gives `r` back.
+v1::JobSpec FilledSpec(const ResolvedJob& r);
+
 // Reads a job file (YAML or JSON) through protoio. Returns NotFound if it does not exist, and
 // InvalidArgument located as "FILE:LINE:COL: field.path: reason" (with a "did you mean"
 // suggestion for a misspelt field) if it does not parse.
@@ -175,6 +180,10 @@ std::vector<plan::FieldViolation> ValidateJob(const v1::JobSpec& job);
 // for input files (init, data, synthetic spec) that do not exist or are not regular files, and
 // from CheckOutputPaths, as "field: description; field: description".
 absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string& job_dir);
+// What ResolveJob refuses, every violation: ValidateJob's and the paths'
+// (inputs that must be readable files or match a glob, outputs that must be
+// writable), relative paths joined to `job_dir`.
+std::vector<plan::FieldViolation> JobViolations(const v1::JobSpec& job, const std::string& job_dir);
 
 // optimizer.rules as the job file gives them, in order.
 std::vector<OptimizerRule> OptimizerRulesOf(const v1::JobSpec& job);

@@ -98,6 +98,9 @@ struct ModelKind {
   // them is refused).
   void (*attention_blocks)(const ModelForm& form, bool split_qkv, bool per_head,
                            plan::ModelSpec* spec) = nullptr;
+  // DataUse::kCorpus kinds: the vocabulary size, every token of the corpus
+  // must be below it (the data pre-flight, corpus.h's CheckCorpusFiles).
+  int64_t (*vocab_size)(const ModelForm& form) = nullptr;
 };
 
 // Every registered kind, in the oneof's order.

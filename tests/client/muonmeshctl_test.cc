@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -31,6 +32,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "muonmesh/v1/config.pb.h"
 #include "muonmesh/v1/planner.pb.h"
 #include "tests/testing/model_specs.h"
 #include "tests/testing/subprocess.h"
@@ -797,6 +799,94 @@ TEST_F(MuonmeshCtlTest, SigintDuringAPlanExitsWithinTheGrace) {
 }
 
 TEST_F(MuonmeshCtlTest, CoordinatorStopsCleanlyOnSigint) { StopCoordinator(SIGINT); }
+
+
+// `validate --job`: a job checked here, with no coordinator running, every
+// violation on its own line; a valid one printed with its defaults filled
+// in; a token outside the vocabulary named with its file and index.
+std::string ValidateDir() {
+  const std::string dir = ::testing::TempDir() + "/muonmeshctl_validate_job";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::string WriteText(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+TEST(MuonmeshCtlValidateJobTest, EveryViolationOnItsOwnLineWithoutACoordinator) {
+  const std::string dir = ValidateDir();
+  const std::string job = WriteText(dir + "/bad.yaml", R"(name: bad
+world_size: 2
+model: {gpt: {vocab_size: 256, block_size: 8, n_layer: 1, n_head: 1, n_embd: 8, seq_len: 8}}
+data: {tokens: {train: "missing_*.bin"}}
+training: {steps: 1, global_batch_size: 3}
+)");
+  const ProcessResult r =
+      testing::Run({MUONMESHCTL_BIN, "validate", "--job", job}, kCallBound);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.out, "");
+  const std::vector<std::string> lines = absl::StrSplit(r.err, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 2u) << r.err;
+  EXPECT_THAT(lines[0], ::testing::StartsWith("training.global_batch_size: 3 does not split"));
+  EXPECT_THAT(lines[1], ::testing::StartsWith("data.tokens.train: no file matches"));
+}
+
+TEST(MuonmeshCtlValidateJobTest, AValidJobIsPrintedWithItsDefaultsAndItsData) {
+  const std::string dir = ValidateDir();
+  WriteText(dir + "/corpus.txt", std::string(300, 'x'));
+  const std::string job = WriteText(dir + "/lm.yaml", R"(name: lm
+world_size: 2
+model: {gpt: {vocab_size: 256, block_size: 8, n_layer: 1, n_head: 1, n_embd: 8, seq_len: 8}}
+data: {text: {train: corpus.txt}}
+training: {steps: 1, global_batch_size: 2}
+)");
+  const ProcessResult r =
+      testing::Run({MUONMESHCTL_BIN, "validate", "--job", job}, kCallBound);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::StartsWith("valid: lm, gpt on 2 cpu ranks\n"
+                                           "data: 300 training tokens in 1 files"));
+  const ProcessResult j =
+      testing::Run({MUONMESHCTL_BIN, "validate", "--job", job, "--json"}, kCallBound);
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  v1::JobSpec filled;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(j.out, &filled).ok()) << j.out;
+  EXPECT_EQ(filled.optimizer().muon().lr(), 0.02);  // job.h's table of defaults
+  EXPECT_EQ(filled.optimizer().adamw().beta2(), 0.999);
+  EXPECT_EQ(filled.training().keep_checkpoints(), 2);
+  EXPECT_EQ(filled.parallelism().data_parallel_sharding_strategy(), "optim_grads_params");
+  EXPECT_EQ(filled.parallelism().num_distributed_optimizer_instances(), 1);
+  EXPECT_EQ(filled.output().dir(),
+            (std::filesystem::path(dir) / "runs/lm").lexically_normal().string());
+}
+
+TEST(MuonmeshCtlValidateJobTest, ATokenOutsideTheVocabularyIsNamedUnlessNotScanned) {
+  const std::string dir = ValidateDir();
+  // An llm.c shard of 3 tokens, the last 300 (magic, version, count, 253 zero ints).
+  std::string shard;
+  for (int32_t v : {20240520, 1, 3}) shard.append(reinterpret_cast<const char*>(&v), 4);
+  shard.append(253 * 4, '\0');
+  for (uint16_t t : {1, 2, 300}) shard.append(reinterpret_cast<const char*>(&t), 2);
+  const std::string bin = WriteText(dir + "/s.bin", shard);
+  const std::string job = WriteText(dir + "/lm.yaml", R"(name: lm
+world_size: 1
+model: {gpt: {vocab_size: 300, block_size: 2, n_layer: 1, n_head: 1, n_embd: 8, seq_len: 2}}
+data: {tokens: {train: s.bin, val_fraction: 0}}
+training: {steps: 1, global_batch_size: 1}
+)");
+  const ProcessResult r =
+      testing::Run({MUONMESHCTL_BIN, "validate", "--job", job}, kCallBound);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "data.tokens.train: " +
+                       (std::filesystem::path(dir) / "s.bin").lexically_normal().string() +
+                       ": token 2 is 300, outside the model's vocabulary [0, 300)\n");
+  const ProcessResult headers =
+      testing::Run({MUONMESHCTL_BIN, "validate", "--job", job, "--no-scan"}, kCallBound);
+  EXPECT_EQ(headers.exit_code, 0) << headers.err;
+  EXPECT_THAT(headers.out, ::testing::HasSubstr("(headers only: --no-scan)"));
+}
 
 }  // namespace
 }  // namespace muonmesh

@@ -8,10 +8,12 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "proto/job/job.h"
 #include "proto/job/model_kind.h"
+#include "tests/testing/token_shard.h"
 #include "worker/model/gpu_forms.h"
 
 namespace muonmesh::worker {
@@ -60,6 +62,31 @@ TEST(WorkerModelKindTest, TheWorkloadAndMemoryFollowTheJob) {
     }
   }
   EXPECT_TRUE(teacher);
+}
+
+// A token outside the vocabulary fails the workload's making (before any
+// step), naming the file and the token, not the step that would read it.
+TEST(WorkerModelKindTest, ACorpusTokenOutsideTheVocabularyFailsBeforeAnyStep) {
+  const std::string dir = ::testing::TempDir() + "/worker_model_kinds_vocab";
+  std::filesystem::create_directories(dir);
+  // Token 300 at index 700, well past the first windows, in a vocabulary of 300.
+  std::vector<uint16_t> tokens(1000, 7);
+  tokens[700] = 300;
+  testing::WriteFile(dir, "corpus.bin", testing::Shard(tokens));
+  std::ofstream(dir + "/job.yaml")
+      << "name: v\nworld_size: 1\n"
+      << "model: {gpt: {vocab_size: 300, block_size: 8, n_layer: 1, n_head: 1, n_embd: 8, "
+      << "seq_len: 8}}\ndata: {tokens: {train: corpus.bin, val_fraction: 0}}\n"
+      << "training: {steps: 1, global_batch_size: 1}\noutput: {dir: " << dir << "/out}\n";
+  absl::StatusOr<job::ResolvedJob> job = job::LoadResolvedJob(dir + "/job.yaml");
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<std::unique_ptr<Workload>> workload =
+      FindWorkerModelKind(job->model.kind_case())->make_workload(*job);
+  ASSERT_FALSE(workload.ok());
+  const std::string file = (std::filesystem::path(dir) / "corpus.bin").lexically_normal().string();
+  EXPECT_EQ(std::string(workload.status().message()),
+            "data.tokens.train: " + file + ": token 700 is 300, outside the model's "
+            "vocabulary [0, 300)");
 }
 
 }  // namespace

@@ -75,6 +75,7 @@ const ModelKind kGpt = {
     .resolve = &Resolve,
     .spec = &Spec,
     .attention_blocks = &AttentionBlocks,
+    .vocab_size = [](const ModelForm& form) { return std::get<GptModel>(form).dims.vocab_size; },
 };
 
 }  // namespace muonmesh::job::kinds

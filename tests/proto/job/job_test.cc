@@ -1188,6 +1188,65 @@ training: {steps: 1, global_batch_size: 1}
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("data.text.train: no file matches"));
 }
 
+// What `muonmeshctl validate --job` prints: the minimal job with the table
+// of job.h filled in (the values written out here from that table), every
+// path resolved; resolved again, from any folder, it is the same job.
+TEST(JobTest, FilledSpecWritesEveryDefaultAndResolvesToItself) {
+  TempDir dir;
+  dir.Write("a.txt", "hello world");
+  const std::string path = dir.Write("lm.yaml", R"(
+name: lm
+world_size: 2
+model: {gpt: {vocab_size: 256, block_size: 8, n_layer: 1, n_head: 1, n_embd: 8, seq_len: 8}}
+data: {text: {train: a.txt}}
+training: {steps: 3, global_batch_size: 2}
+)");
+  absl::StatusOr<job::ResolvedJob> r = job::LoadResolvedJob(path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const v1::JobSpec f = job::FilledSpec(*r);
+  EXPECT_EQ(f.device(), "cpu");
+  EXPECT_EQ(f.optimizer().owner_assignment(), "lpt");
+  EXPECT_EQ(f.optimizer().muon_replica_split(), "auto");
+  const v1::MuonConfig& m = f.optimizer().muon();
+  EXPECT_EQ(m.lr(), 0.02);
+  EXPECT_EQ(m.momentum(), 0.95);
+  EXPECT_TRUE(m.has_nesterov() && m.nesterov());
+  EXPECT_EQ(m.ns_steps(), 5);
+  EXPECT_EQ(m.weight_decay(), 0.0);
+  EXPECT_EQ(m.scale(), "original");
+  EXPECT_EQ(m.coefficients(), "quintic");
+  EXPECT_EQ(m.ns_algorithm(), "auto");
+  const v1::AdamWConfig& a = f.optimizer().adamw();
+  EXPECT_EQ(a.lr(), 1e-3);
+  EXPECT_EQ(a.beta1(), 0.9);
+  EXPECT_EQ(a.beta2(), 0.999);
+  EXPECT_TRUE(a.has_eps());
+  EXPECT_EQ(a.eps(), 1e-8);
+  EXPECT_EQ(f.init().seed(), 0u);
+  EXPECT_FALSE(f.init().fresh());
+  EXPECT_EQ(f.data().text().train(), dir.dir() + "/a.txt");
+  EXPECT_EQ(f.data().text().val_fraction(), 0.1);
+  EXPECT_FALSE(f.data().has_teacher());  // a language model reads its corpus only
+  EXPECT_EQ(f.training().keep_checkpoints(), 2);
+  EXPECT_EQ(f.training().threads_per_rank(), 1);
+  EXPECT_EQ(f.training().eval_batches(), 4);
+  EXPECT_EQ(f.training().lr_schedule().decay(), "constant");
+  EXPECT_EQ(f.output().dir(), dir.dir() + "/runs/lm");
+  EXPECT_EQ(f.output().export_(), dir.dir() + "/runs/lm/final.safetensors");
+
+  absl::StatusOr<job::ResolvedJob> again = job::ResolveJob(f, "/");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(job::FilledSpec(*again).SerializeAsString(), f.SerializeAsString());
+  EXPECT_EQ(again->output_dir, r->output_dir);
+  EXPECT_EQ(again->corpus.train, r->corpus.train);
+
+  // An mlp keeps its teacher, with the default samples written out.
+  const std::string mlp = dir.Write("mlp.yaml", kMinimalJob);
+  absl::StatusOr<job::ResolvedJob> rm = job::LoadResolvedJob(mlp);
+  ASSERT_TRUE(rm.ok()) << rm.status();
+  EXPECT_EQ(job::FilledSpec(*rm).data().teacher().samples(), 4096);
+}
+
 TEST(JobTest, EveryExampleIsAValidJobOrSpec) {
   int jobs = 0;
   for (const auto& entry : fs::directory_iterator(MUONMESH_EXAMPLES_DIR)) {

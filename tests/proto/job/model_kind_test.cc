@@ -63,6 +63,8 @@ TEST(ModelKindTest, EveryRegistrationHasEveryPart) {
         << kind->size_field;
     // A section that names a file must be able to carry it inline.
     EXPECT_EQ(kind->model_file == nullptr, kind->embed_model_file == nullptr);
+    // A kind that reads a corpus says which tokens it takes (the pre-flight).
+    EXPECT_EQ(kind->data == DataUse::kCorpus, kind->vocab_size != nullptr);
   }
 }
 
