@@ -240,6 +240,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const job::ResolvedJob& job
   topts.momentum_warmup = job.momentum_warmup;
   topts.clip_grad_norm = job.clip_grad_norm.value_or(0.0);
   topts.micro_batch_size = job.micro_batch_size;
+  topts.shuffle_seed = job.shuffle_seed;
   MUONMESH_ASSIGN_OR_RETURN(topts.param_rates,
                             job::ParamRatesOf(engine.workload->spec(), job.optimizer_rules));
   topts.init_seed = job.init_seed.value_or(0);

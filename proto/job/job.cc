@@ -275,6 +275,10 @@ void CheckModel(const v1::JobSpec& job, Violations& v) {
                                " workload reads no data (its gradients are generated): "
                                "remove data"));
   }
+  if (data == DataUse::kNone && job.data().has_shuffle()) {
+    v.Add("data.shuffle", absl::StrCat("the ", kind->name,
+                                       " workload reads no samples: nothing to shuffle"));
+  }
   kind->validate(job, v);
   const v1::MuonConfig& muon = job.optimizer().muon();
   if ((muon.split_qkv() || muon.per_head()) && kind->attention_blocks == nullptr) {
@@ -751,6 +755,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
   } else {
     r.init_seed = job.init().seed();  // 0 when init is not given
   }
+  if (job.data().has_shuffle()) r.shuffle_seed = job.data().shuffle().seed();
   if (job.data().source_case() == v1::DataConfig::kSafetensors) {
     r.data_safetensors = paths.data;
   } else {

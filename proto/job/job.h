@@ -23,6 +23,7 @@
 //   data                        teacher {seed: 0, samples: 4096} when nothing is given
 //   data.teacher.samples        4096
 //   data.text/tokens.val_fraction 0.1 (without val; 0 means no validation)
+//   data.shuffle                unset: samples in order (k mod N)
 //   training.eval_every         0 (validate after the last step only)
 //   training.eval_batches       4
 //   training.checkpoint_every   0 (no checkpoints)
@@ -138,6 +139,9 @@ struct ResolvedJob {
   std::optional<uint64_t> teacher_seed;
   int64_t teacher_samples = 0;
   std::string data_safetensors;
+  // data.shuffle's seed: training samples in a seeded order per epoch
+  // (core/model/sample_order.h); unset: in order.
+  std::optional<uint64_t> shuffle_seed;
 
   int64_t steps = 0;
   int64_t global_batch_size = 0;

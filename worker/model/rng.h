@@ -35,19 +35,13 @@
 
 #include <cstdint>
 
+#include "core/base/splitmix64.h"
+
 namespace muonmesh::worker {
 
-inline constexpr uint64_t kSplitMix64Gamma = 0x9E3779B97F4A7C15ULL;
-
-// The SplitMix64 finaliser (the last three lines of the algorithm).
-constexpr uint64_t SplitMix64Mix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
-// H(x): the output of one SplitMix64 call whose state was x before the call.
-constexpr uint64_t SplitMix64Hash(uint64_t x) { return SplitMix64Mix(x + kSplitMix64Gamma); }
+using ::muonmesh::kSplitMix64Gamma;
+using ::muonmesh::SplitMix64Hash;
+using ::muonmesh::SplitMix64Mix;
 
 // The top 24 bits of `bits` as a float in [-1, 1): (bits >> 40) * 2^-23 - 1.
 constexpr float UniformFromBits(uint64_t bits) {

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/cord.h"
+#include "core/model/sample_order.h"
 #include "worker/runtime/unit_stream.h"
 
 namespace muonmesh::worker {
@@ -95,13 +96,16 @@ absl::StatusOr<StepReport> Trainer::Step() {
   StepReport report;
   report.step = step_;
 
-  // My slice of the global batch: samples (s B + j) mod N.
+  // My slice of the global batch: global samples k = s B + r b + j, each
+  // reading sample k mod N, or its shuffled place (core/model/sample_order.h).
   absl::Time t0 = absl::Now();
   const int64_t b = m.options.global_batch_size / m.world;
   const int64_t n = m.workload->num_samples();
+  const std::optional<uint64_t>& shuffle = m.options.shuffle_seed;
   std::vector<int64_t> samples(b);
   for (int64_t j = 0; j < b; ++j) {
-    samples[j] = (step_ * m.options.global_batch_size + m.rank * b + j) % n;
+    const int64_t k = step_ * m.options.global_batch_size + m.rank * b + j;
+    samples[j] = model::SampleOf(k, n, shuffle.has_value(), shuffle.value_or(0));
   }
   MUONMESH_ASSIGN_OR_RETURN(const double local_loss, m.ForwardBackward(step_, samples, &report));
   report.times.forward_backward = (absl::Now() - t0) - report.times.param_gather -

@@ -104,6 +104,10 @@ struct TrainerOptions {
   // added up; the step's gradient and loss are their means. 0: the whole
   // local batch at once. Must divide the local batch.
   int64_t micro_batch_size = 0;
+  // data.shuffle: global sample k reads sample model::SampleOf(k, N, true,
+  // seed) (core/model/sample_order.h), a seeded permutation per epoch;
+  // unset: sample k mod N.
+  std::optional<uint64_t> shuffle_seed;
   uint64_t init_seed = 0;
   // When set, initial parameters (flat spec order) instead of the seed.
   const std::vector<std::vector<float>>* initial_parameters = nullptr;

@@ -659,6 +659,13 @@ std::vector<BrokenJob> BrokenJobs() {
       {"SyntheticWithData",
        [](J& j) { j.mutable_model()->mutable_synthetic()->set_spec("spec.json"); }, "data",
        "reads no data"},
+      {"SyntheticShuffled",
+       [](J& j) {
+         j.mutable_model()->mutable_synthetic()->set_spec("spec.json");
+         j.clear_data();
+         j.mutable_data()->mutable_shuffle()->set_seed(1);
+       },
+       "data.shuffle", "nothing to shuffle"},
       {"InitEmptyPath", [](J& j) { j.mutable_init()->set_safetensors(""); }, "init.safetensors",
        "empty path"},
       {"DataEmptyPath", [](J& j) { j.mutable_data()->set_safetensors(""); }, "data.safetensors",
@@ -1239,6 +1246,15 @@ training: {steps: 3, global_batch_size: 2}
   EXPECT_EQ(job::FilledSpec(*again).SerializeAsString(), f.SerializeAsString());
   EXPECT_EQ(again->output_dir, r->output_dir);
   EXPECT_EQ(again->corpus.train, r->corpus.train);
+
+  // data.shuffle's seed is read, and kept.
+  v1::JobSpec shuffled = f;
+  shuffled.mutable_data()->mutable_shuffle()->set_seed(5);
+  absl::StatusOr<job::ResolvedJob> rs = job::ResolveJob(shuffled, "/");
+  ASSERT_TRUE(rs.ok()) << rs.status();
+  EXPECT_EQ(rs->shuffle_seed, std::optional<uint64_t>(5));
+  EXPECT_EQ(job::FilledSpec(*rs).data().shuffle().seed(), 5u);
+  EXPECT_FALSE(r->shuffle_seed.has_value());  // in order by default
 
   // An mlp keeps its teacher, with the default samples written out.
   const std::string mlp = dir.Write("mlp.yaml", kMinimalJob);

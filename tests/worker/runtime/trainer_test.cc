@@ -183,6 +183,7 @@ struct RunRecipe {
   int64_t micro_batch_size = 0;
   // Per flat parameter, ParamSpec::muon_block_rows for the plan (empty: none).
   std::vector<int64_t> block_rows;
+  std::optional<uint64_t> shuffle_seed;
 };
 
 RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpoints& ck = {},
@@ -262,6 +263,7 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
       o.clip_grad_norm = recipe.clip_grad_norm;
       o.param_rates = recipe.param_rates;
       o.micro_batch_size = recipe.micro_batch_size;
+      o.shuffle_seed = recipe.shuffle_seed;
       absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(*plan, local.get(), r, o);
       if (!t.ok()) {
         status[r] = t.status();
@@ -559,6 +561,31 @@ TEST_P(TrainerConfigTest, MuonBlocksMatchTheIndependentReference) {
 // Gradient accumulation: the local batch one sample at a time (6 micro-
 // batches a step at 4 ranks, 24 at 1, 3 at 8) gives the unaccumulated step
 // to float rounding, losses and weights.
+// data.shuffle draws the same samples for every layout (the order is a
+// function of the global index): the layout's run ends where one rank's
+// does; and it is another order than the unshuffled one.
+TEST_P(TrainerConfigTest, ShuffledSamplesAreTheSameUnderEveryLayout) {
+  RunRecipe shuffled;
+  shuffled.shuffle_seed = 17;
+  const Config single = {"single", 1, "optim_grads_params", 1, "", 1, GetParam().moe};
+  const RunResult one = RunJob(single, "lpt", 5, {}, 0, true, "", shuffled);
+  const RunResult many = RunJob(GetParam(), "lpt", 5, {}, 0, true, "", shuffled);
+  const RunResult in_order = RunJob(single, "lpt");
+  ASSERT_EQ(many.losses.size(), one.losses.size());
+  bool differs = false;
+  for (size_t s = 0; s < one.losses.size(); ++s) {
+    EXPECT_NEAR(many.losses[s], one.losses[s], 1e-5 * std::abs(one.losses[s])) << "step " << s;
+    differs = differs || std::abs(one.losses[s] - in_order.losses[s]) > 1e-4 * in_order.losses[s];
+  }
+  EXPECT_TRUE(differs) << "the shuffled run read the samples in order";
+  ASSERT_EQ(many.weights.size(), one.weights.size());
+  for (size_t p = 0; p < one.weights.size(); ++p) {
+    for (size_t i = 0; i < one.weights[p].size(); ++i) {
+      EXPECT_NEAR(many.weights[p][i], one.weights[p][i], 1e-5) << "param " << p << " [" << i << "]";
+    }
+  }
+}
+
 TEST_P(TrainerConfigTest, MicroBatchesGiveTheUnaccumulatedStep) {
   Config c = GetParam();
   c.mlp = true;
