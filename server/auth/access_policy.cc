@@ -46,6 +46,7 @@ constexpr Entry kRules[] = {
     {"/muonmesh.v1.Jobs/CancelJob", Roles(kSubmitters)},
     {"/muonmesh.v1.Jobs/DeleteJob", Roles(kSubmitters)},
     {"/muonmesh.v1.Jobs/PruneJobs", Roles(kAdmins)},
+    {"/muonmesh.v1.Jobs/ParseJobFile", Roles(kReaders)},
     {"/muonmesh.v1.Fleet/ListWorkers", Roles(kAnyone)},
     {"/muonmesh.v1.Fleet/DrainWorker", Roles(kAdmins)},
     {"/muonmesh.v1.Fleet/RemoveWorker", Roles(kAdmins)},

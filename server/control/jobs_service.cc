@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "proto/io/message_file.h"
 #include "proto/rpc/rpc_status.h"
 
 namespace muonmesh::coordinator {
@@ -14,6 +15,11 @@ namespace {
 // How long one wait for new events lasts before the stream checks the
 // client (a watch itself lasts until the job ends or the deadline passes).
 constexpr absl::Duration kWatchSlice = absl::Seconds(1);
+
+// ParseJobFile's largest text: parsing costs up to ~24 bytes a byte
+// (proto/io/message_file.h), so 4 MiB bounds one call near 100 MB; job
+// files are a few KiB and DeepSeek-V3's spec 130 KiB.
+constexpr size_t kMaxParseTextBytes = size_t{4} << 20;
 
 }  // namespace
 
@@ -145,6 +151,22 @@ grpc::Status JobsService::PruneJobs(grpc::ServerContext*, const v1::PruneJobsReq
   if (!ids.ok()) return rpc::ToGrpcStatus(ids.status());
   for (std::string& id : *ids) response->add_job_ids(std::move(id));
   return grpc::Status::OK;
+}
+
+grpc::Status JobsService::ParseJobFile(grpc::ServerContext*,
+                                       const v1::ParseJobFileRequest* request,
+                                       v1::ParseJobFileResponse* response) {
+  const std::string source = request->source_name().empty() ? "job" : request->source_name();
+  if (request->text().size() > kMaxParseTextBytes) {
+    return rpc::ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        source, ": ", request->text().size(), " bytes: this coordinator parses files of up to ",
+        kMaxParseTextBytes, " bytes (job files and model specs are far smaller)")));
+  }
+  google::protobuf::Message* out = request->model_spec()
+                                       ? static_cast<google::protobuf::Message*>(
+                                             response->mutable_model_spec())
+                                       : response->mutable_job();
+  return rpc::ToGrpcStatus(protoio::ParseMessageText(request->text(), source, out));
 }
 
 grpc::Status JobsService::GetJobMetrics(grpc::ServerContext*,

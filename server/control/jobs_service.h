@@ -45,6 +45,8 @@ class JobsService final : public v1::Jobs::Service {
                          v1::DeleteJobResponse* response) override;
   grpc::Status PruneJobs(grpc::ServerContext* context, const v1::PruneJobsRequest* request,
                          v1::PruneJobsResponse* response) override;
+  grpc::Status ParseJobFile(grpc::ServerContext* context, const v1::ParseJobFileRequest* request,
+                            v1::ParseJobFileResponse* response) override;
   grpc::Status GetJobMetrics(grpc::ServerContext* context,
                              const v1::GetJobMetricsRequest* request,
                              v1::GetJobMetricsResponse* response) override;

@@ -194,6 +194,22 @@ class Client:
 
     # Jobs.
 
+    def _parse_text(self, text, source, message):
+        """`message` (a JobSpec or ModelSpec) from a file's text, parsed by
+        the coordinator (Jobs.ParseJobFile): the rules muonmeshctl reads
+        files with. Raises jobfile.JobFileError with its FILE:LINE:COL."""
+        model_spec = isinstance(message, config_pb2.ModelSpec)
+        request = jobs_pb2.ParseJobFileRequest(text=text, source_name=source,
+                                               model_spec=model_spec)
+        try:
+            response = self._jobs.ParseJobFile(request, timeout=self.timeout)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise jobfile.JobFileError(e.details()) from None
+            raise errors.from_rpc_error(e, f"parse {source}") from None
+        message.CopyFrom(response.model_spec if model_spec else response.job)
+        return message
+
     def _submit_spec(self, spec, request_id):
         request = jobs_pb2.SubmitJobRequest(request_id=request_id or str(uuid.uuid4()), spec=spec)
         for attempt in range(3):
@@ -214,7 +230,7 @@ class Client:
         one a fresh id is made, so a retry after a lost answer (done here on
         UNAVAILABLE) makes no second job. Raises JobRejected, with every
         violation, for a job the coordinator refuses."""
-        return self._submit_spec(jobfile.load(job), request_id)
+        return self._submit_spec(jobfile.load(job, self._parse_text), request_id)
 
     def resume(self, job_id, world_size=None, request_id=None):
         """Submits the job again from the newest complete checkpoint in its
@@ -390,7 +406,8 @@ class Client:
     # Planner.
 
     def _config(self, request_type, model, world_size, parallelism, options):
-        request = request_type(model=jobfile.load_model(model), world_size=world_size)
+        request = request_type(model=jobfile.load_model(model, self._parse_text),
+                               world_size=world_size)
         if parallelism:
             request.parallelism.CopyFrom(jobfile._parse(dict(parallelism),
                                                         config_pb2.ParallelismConfig(),

@@ -23,6 +23,7 @@ import muonmesh
 
 COORDINATOR = os.environ["MUONMESH_COORDINATOR_BIN"]
 WORKER = os.environ["MUONMESH_WORKER_BIN"]
+CTL = os.environ["MUONMESH_CTL_BIN"]
 MAKE_CERTS = os.environ["MUONMESH_MAKE_TEST_CERTS"]
 START = 30  # seconds a process may take to start
 
@@ -186,6 +187,34 @@ class PlaintextClusterTest(unittest.TestCase):
         with self.assertRaises(muonmesh.JobFileError) as file_error:
             self.client.submit(os.path.join(self.work, "no-such-job.yaml"))
         self.assertIn("no-such-job.yaml", str(file_error.exception))
+
+    def test_a_file_means_what_it_means_to_muonmeshctl(self):
+        # The coordinator parses files for the client (Jobs.ParseJobFile), as
+        # muonmeshctl does: `off` is the string "off" (PyYAML would read YAML
+        # 1.1's false), a number written as a string is refused, and errors
+        # carry FILE:LINE:COL and the proto field name.
+        folder = os.path.join(self.work, "parser")
+        os.makedirs(folder, exist_ok=True)
+        base = ("name: {name}\nworld_size: {world}\nmodel: {{mlp: {{dims: [6, 16, 3]}}}}\n"
+                "training: {{steps: 1, global_batch_size: 24}}\n")
+        off = os.path.join(folder, "off.yaml")
+        with open(off, "w") as f:
+            f.write(base.format(name="off", world=1) + "optimizer: {muon_replica_split: off}\n")
+        job_id = self.client.submit(off)
+        self.assertEqual(self.client.get(job_id)["spec"]["optimizer"]["muon_replica_split"], "off")
+        self.assertEqual(self.client.wait(job_id, timeout=120)["state"], "SUCCEEDED", self.logs())
+        quoted = os.path.join(folder, "quoted.yaml")
+        with open(quoted, "w") as f:
+            f.write(base.format(name="quoted", world='"2"'))
+        with self.assertRaises(muonmesh.JobFileError) as bad:
+            self.client.submit(quoted)
+        message = str(bad.exception)
+        self.assertTrue(message.startswith(quoted + ":2:"), message)
+        self.assertIn("world_size", message)
+        self.assertNotIn("worldSize", message)
+        ctl = subprocess.run([CTL, "validate", "--job", quoted], capture_output=True, text=True)
+        self.assertEqual(ctl.returncode, 1)
+        self.assertEqual(ctl.stderr.strip(), message)
 
     def test_a_cancelled_job_ends_its_watch_cancelled(self):
         # Its own output folder: a job never starts over an earlier run's
