@@ -59,6 +59,7 @@ const std::vector<Row> kMatrix = {
     {"/muonmesh.v1.Jobs/DeleteJob", {kDenied, kOk, kDenied, kOk}},
     // Removing everyone's old jobs is the operator's.
     {"/muonmesh.v1.Jobs/PruneJobs", {kDenied, kDenied, kDenied, kOk}},
+    {"/muonmesh.v1.Jobs/ParseJobFile", {kOk, kOk, kDenied, kOk}},
     {"/muonmesh.v1.Fleet/ListWorkers", {kOk, kOk, kOk, kOk}},
     // Taking a worker out of service is the operator's (a worker drains
     // itself through its heartbeat).
@@ -154,7 +155,7 @@ TEST(AuthorizeTest, EveryRpcOfEveryServiceIsPlaced) {
       EXPECT_TRUE(matrix.count(path)) << path << " is missing from this test's matrix";
     }
   }
-  EXPECT_EQ(methods, 22);  // the rpc lines of proto/muonmesh/v1/*.proto
+  EXPECT_EQ(methods, 23);  // the rpc lines of proto/muonmesh/v1/*.proto
 }
 
 TEST(AuthorizeTest, UnknownMethodsAreNotPlaced) {
