@@ -25,6 +25,7 @@
 #include "gloo/rendezvous/store.h"
 #include "gloo/transport/tcp/device.h"
 #include "core/base/status_macros.h"
+#include "worker/comm/peer_probe.h"
 #include "worker/comm/reduce.h"
 
 namespace muonmesh::comm {
@@ -309,6 +310,10 @@ absl::Status GlooCommunicator::DoBarrier(absl::Time deadline) {
   });
 }
 
+// How long a rank tries to open a connection to a peer before the group
+// fails naming the two (a healthy network answers in milliseconds).
+constexpr absl::Duration kProbeConnectTimeout = absl::Seconds(5);
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
@@ -335,6 +340,15 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
         ": ", status.message()));
   }
 
+  // Every peer reachable first, within seconds (peer_probe.h), rather than
+  // Gloo's connect waiting out the whole timeout for one that is not.
+  if (options.gloo_interface.empty()) {
+    MUONMESH_RETURN_IF_ERROR(ProbePeers(store, absl::StrCat(group_name, "/"), rank, size,
+                                        options.gloo_hostname,
+                                        std::min(options.connect_timeout, kProbeConnectTimeout),
+                                        options.connect_timeout),
+                             where(), ": rendezvous failed");
+  }
   auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
   const auto connect_ms = std::chrono::milliseconds(
       std::max<int64_t>(1, absl::ToInt64Milliseconds(options.connect_timeout)));

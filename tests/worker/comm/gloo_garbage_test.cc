@@ -17,6 +17,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -121,6 +122,36 @@ TEST(GlooGarbageTest, AConnectedGroupListensOnNothingAndItsCollectivesStayRight)
   });
 }
 
+// Rank 1's view of the store: it reads rank 0's Gloo address only after
+// `gate` opens, so that the attacker reaches rank 0's port first (both ranks
+// pass the reachability probe, peer_probe.h, before publishing it).
+class GatedStore final : public Store {
+ public:
+  GatedStore(Store& inner, std::string gated_key, absl::Barrier* gate)
+      : inner_(inner), gated_key_(std::move(gated_key)), gate_(gate) {}
+  absl::Status Set(absl::string_view key, absl::string_view value) override {
+    return inner_.Set(key, value);
+  }
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override {
+    Pass(key);
+    return inner_.Get(key, timeout);
+  }
+  absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override {
+    for (const std::string& k : keys) Pass(k);
+    return inner_.Wait(keys, timeout);
+  }
+
+ private:
+  void Pass(absl::string_view key) {
+    if (key != gated_key_ || gate_ == nullptr) return;
+    gate_->Block();
+    gate_ = nullptr;
+  }
+  Store& inner_;
+  const std::string gated_key_;
+  absl::Barrier* gate_;
+};
+
 // The attacker connects first, naming the sequence number of the pair a rank
 // waits on, and sends garbage: Gloo takes its connection for the peer's.
 // The group then fails within its connect timeout (or connects, if the real
@@ -153,11 +184,11 @@ TEST(GlooGarbageTest, GarbageThatWinsTheRendezvousFailsTheGroupInItsTimeout) {
       for (int fd : open) ::close(fd);
       return;
     }
-    if (who == 1) first_attacked.Block();
+    GatedStore gated(**store, group + "/gloo/0", who == 1 ? &first_attacked : nullptr);
     GroupOptions options;
     options.connect_timeout = kConnect;
     const absl::Time start = absl::Now();
-    auto comm = CreateGroup(Backend::kGloo, **store, group, who, 2, options);
+    auto comm = CreateGroup(Backend::kGloo, gated, group, who, 2, options);
     took[who] = absl::Now() - start;
     result[who] = comm.status();
     if (comm.ok()) {

@@ -1,0 +1,107 @@
+// The reachability probe before a Gloo rendezvous (worker/comm/peer_probe.h):
+// ranks that reach each other pass; a rank whose peer's address refuses or
+// does not answer fails within the probe's timeout, naming both ends.
+
+#include "worker/comm/peer_probe.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/comm/file_store.h"
+
+namespace muonmesh::comm {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+std::unique_ptr<FileStore> FreshStore() {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/peer_probe_", ::getpid(), "_",
+                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  std::filesystem::remove_all(dir);
+  absl::StatusOr<std::unique_ptr<FileStore>> store = FileStore::Open(dir);
+  EXPECT_TRUE(store.ok()) << store.status();
+  return std::move(*store);
+}
+
+// A loopback port nothing listens on (bound, then closed).
+int ClosedPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+TEST(PeerProbeTest, RanksThatReachEachOtherPass) {
+  std::unique_ptr<FileStore> store = FreshStore();
+  constexpr int kSize = 4;
+  std::vector<absl::Status> status(kSize);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kSize; ++r) {
+    ranks.emplace_back([&, r] {
+      status[r] = ProbePeers(*store, "g/", r, kSize, "127.0.0.1", absl::Seconds(5),
+                             absl::Seconds(30));
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  for (int r = 0; r < kSize; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+}
+
+TEST(PeerProbeTest, APeerThatRefusesFailsAtOnceNamingBothEnds) {
+  std::unique_ptr<FileStore> store = FreshStore();
+  const std::string peer = absl::StrCat("127.0.0.1:", ClosedPort());
+  ASSERT_TRUE(store->Set("g/probe/1", peer).ok());  // rank 1 published, then went away
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status s =
+      ProbePeers(*store, "g/", 0, 2, "127.0.0.1", absl::Seconds(5), absl::Seconds(60));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(std::string(s.message()),
+              StartsWith("rank 0 (127.0.0.1) cannot reach rank 1 at " + peer + ": "));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("refused"));
+  EXPECT_LT(seconds, 5.0);  // not the 60 s rendezvous timeout
+}
+
+TEST(PeerProbeTest, APeerThatDoesNotAnswerFailsWithinTheConnectTimeout) {
+  std::unique_ptr<FileStore> store = FreshStore();
+  // TEST-NET-1 (RFC 5737): routed nowhere; a connect either hangs or is
+  // refused by the network at once.
+  ASSERT_TRUE(store->Set("g/probe/1", "192.0.2.1:9").ok());
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status s =
+      ProbePeers(*store, "g/", 0, 2, "127.0.0.1", absl::Seconds(1), absl::Seconds(60));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(std::string(s.message()),
+              StartsWith("rank 0 (127.0.0.1) cannot reach rank 1 at 192.0.2.1:9: "));
+  EXPECT_LT(seconds, 10.0);
+}
+
+TEST(PeerProbeTest, AHostItCannotListenOnIsNamed) {
+  std::unique_ptr<FileStore> store = FreshStore();
+  const absl::Status s =
+      ProbePeers(*store, "g/", 0, 2, "192.0.2.1", absl::Seconds(1), absl::Seconds(1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("cannot listen on 192.0.2.1"));
+}
+
+}  // namespace
+}  // namespace muonmesh::comm

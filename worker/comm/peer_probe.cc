@@ -1,0 +1,188 @@
+#include "worker/comm/peer_probe.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
+#include "core/base/status_macros.h"
+
+namespace muonmesh::comm {
+namespace {
+
+// A file descriptor closed on destruction.
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+std::string Errno(int e) { return std::strerror(e); }
+
+// "host:port", brackets around an IPv6 host.
+std::string JoinHostPort(const std::string& host, int port) {
+  return host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
+                                             : absl::StrCat(host, ":", port);
+}
+
+bool SplitHostPort(const std::string& address, std::string* host, std::string* port) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  *host = address.substr(0, colon);
+  *port = address.substr(colon + 1);
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);
+  }
+  return !port->empty();
+}
+
+// A listening socket on `host`, any port; the port in *port.
+absl::StatusOr<int> Listen(const std::string& host, int* port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), "0", &hints, &found); rc != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer probe: cannot resolve ", host, ": ", ::gai_strerror(rc)));
+  }
+  std::string last = "no address";
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    sockaddr_storage bound{};
+    socklen_t len = sizeof bound;
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 128) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) == 0) {
+      *port = ntohs(bound.ss_family == AF_INET6
+                        ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                        : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+      ::freeaddrinfo(found);
+      return fd;
+    }
+    last = Errno(errno);
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return absl::InvalidArgumentError(absl::StrCat("peer probe: cannot listen on ", host, ": ", last));
+}
+
+// Connects to `address` within `timeout`; "" on success, else why not.
+std::string TryConnect(const std::string& address, absl::Duration timeout) {
+  std::string host, port;
+  if (!SplitHostPort(address, &host, &port)) return "not a host:port address";
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    return ::gai_strerror(rc);
+  }
+  std::string why = "no address";
+  const absl::Time deadline = absl::Now() + timeout;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol));
+    if (fd.get() < 0) {
+      why = Errno(errno);
+      continue;
+    }
+    if (::connect(fd.get(), a->ai_addr, a->ai_addrlen) == 0) {
+      why.clear();
+      break;
+    }
+    if (errno != EINPROGRESS) {
+      why = Errno(errno);
+      continue;
+    }
+    pollfd p{fd.get(), POLLOUT, 0};
+    const int64_t ms = std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now()));
+    const int ready = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(ms, 1 << 30)));
+    if (ready == 0) {
+      why = absl::StrCat("no answer within ", absl::FormatDuration(timeout));
+      continue;
+    }
+    int error = 0;
+    socklen_t len = sizeof error;
+    if (ready < 0 || ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &error, &len) != 0) {
+      error = errno;
+    }
+    if (error == 0) {
+      why.clear();
+      break;
+    }
+    why = Errno(error);
+  }
+  ::freeaddrinfo(found);
+  return why;
+}
+
+}  // namespace
+
+absl::Status ProbePeers(Store& store, const std::string& prefix, int rank, int size,
+                        const std::string& host, absl::Duration connect_timeout,
+                        absl::Duration rendezvous_timeout) {
+  if (size <= 1) return absl::OkStatus();
+  int port = 0;
+  MUONMESH_ASSIGN_OR_RETURN(const int listen_fd, Listen(host, &port));
+  Fd listener(listen_fd);
+  // Accepts (and drops) the peers' connections until every rank is done.
+  std::atomic<bool> stop{false};
+  std::thread acceptor([&] {
+    while (!stop.load()) {
+      pollfd p{listener.get(), POLLIN, 0};
+      if (::poll(&p, 1, 50) > 0) {
+        const int fd = ::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC);
+        if (fd >= 0) ::close(fd);
+      }
+    }
+  });
+  const auto finish = [&](absl::Status status) {
+    stop.store(true);
+    acceptor.join();
+    return status;
+  };
+  const std::string me = JoinHostPort(host, port);
+  if (absl::Status s = store.Set(absl::StrCat(prefix, "probe/", rank), me); !s.ok()) {
+    return finish(s);
+  }
+  for (int q = 0; q < size; ++q) {
+    if (q == rank) continue;
+    absl::StatusOr<std::string> peer =
+        store.Get(absl::StrCat(prefix, "probe/", q), rendezvous_timeout);
+    if (!peer.ok()) return finish(peer.status());
+    if (const std::string why = TryConnect(*peer, connect_timeout); !why.empty()) {
+      return finish(absl::UnavailableError(absl::StrCat("rank ", rank, " (", host,
+                                                        ") cannot reach rank ", q, " at ", *peer,
+                                                        ": ", why)));
+    }
+  }
+  // Keep listening until the others have reached this rank too.
+  if (absl::Status s = store.Set(absl::StrCat(prefix, "probed/", rank), "1"); !s.ok()) {
+    return finish(s);
+  }
+  std::vector<std::string> done;
+  for (int q = 0; q < size; ++q) done.push_back(absl::StrCat(prefix, "probed/", q));
+  return finish(store.Wait(done, rendezvous_timeout));
+}
+
+}  // namespace muonmesh::comm
