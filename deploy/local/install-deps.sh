@@ -14,6 +14,7 @@ packages=(
   libsqlite3-dev libyaml-cpp-dev libabsl-dev libre2-dev
   libssl-dev  # SHA-256 of tokens, certificate checks (gRPC links it too)
   openssl  # the security tests make their certificates with it
+  iproute2  # the multi-host test's network namespaces (tests/deploy/multihost_test.sh)
   prometheus  # promtool and a real Prometheus server for tests
   python3-matplotlib  # the observe e2e test's PNG report (tests/deploy/observe/report_png.py)
   python3-grpcio python3-protobuf python3-yaml  # the Python client (client/python)

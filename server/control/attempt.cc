@@ -89,6 +89,10 @@ double Attempt::Finish(int64_t step, double slowest) {
   return sorted[sorted.size() / 2];
 }
 
+namespace {
+constexpr const char* kLost = "the worker was lost (no heartbeat)";
+}  // namespace
+
 bool Attempt::Fail(int32_t rank, const std::string& why, absl::Time now) {
   outcome[rank] = kFailed;
   if (!failure.empty()) return false;
@@ -102,9 +106,21 @@ bool Attempt::Fail(int32_t rank, const std::string& why, absl::Time now) {
   }
   failure = absl::StrCat("rank ", rank, " (worker ", workers[rank], "): ", why.substr(0, cut),
                          cut < why.size() ? " [cut]" : "");
+  failure_names_lost = why == kLost;
   failed_at = now;
   StopAll();
   return true;
+}
+
+bool Attempt::FailLost(int32_t rank, absl::Time now) {
+  if (failure.empty()) return Fail(rank, kLost, now);
+  outcome[rank] = kFailed;
+  if (!failure_names_lost) {
+    failure = absl::StrCat("rank ", rank, " (worker ", workers[rank], "): ", kLost,
+                           "; first reported by ", failure);
+    failure_names_lost = true;
+  }
+  return false;
 }
 
 void Attempt::StopAll() {

@@ -45,7 +45,8 @@ struct Attempt {
   int64_t max_continued_step = -1;
   bool cancelled = false;
   int64_t stop_at_step = INT64_MAX;
-  std::string failure;  // the first failure
+  std::string failure;  // the first failure (a lost worker's, once one is lost)
+  bool failure_names_lost = false;
   // A rank reported the failure as the job's own (job_error): no restart.
   bool job_error = false;
   // Cancelled with a checkpoint: the ranks are told at their next step to
@@ -109,6 +110,11 @@ struct Attempt {
   // attempt's first failure: `failure` names it, and every other rank is to
   // stop after the first step none has been told to go on past.
   bool Fail(int32_t rank, const std::string& why, absl::Time now);
+  // `rank`'s worker was lost (its lease ran out). As Fail, except that a
+  // lost worker is the cause whoever reported first: the survivors' broken
+  // collectives usually reach the coordinator before the lease runs out, and
+  // the failure then names the lost worker, with the first report after it.
+  bool FailLost(int32_t rank, absl::Time now);
   // Every rank stops after the first step none has been told to go on past.
   void StopAll();
   // The step a drain begun now stops after.

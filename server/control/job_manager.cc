@@ -613,8 +613,9 @@ void JobManager::OnWorkersLost(const std::vector<Fleet::Lost>& lost) {
       Attempt* a = Running(l.job_id);
       if (a == nullptr) continue;
       for (size_t r = 0; r < a->workers.size(); ++r) {
-        if (a->workers[r] == l.worker_id && a->outcome[r] == Attempt::kRunning) {
-          FailRank(l.job_id, *a, static_cast<int32_t>(r), "the worker was lost (no heartbeat)");
+        if (a->workers[r] == l.worker_id && a->outcome[r] == Attempt::kRunning &&
+            a->FailLost(static_cast<int32_t>(r), clock_.Now())) {
+          PushStops(l.job_id, *a, a->failure);
         }
       }
       MaybeFinish(l.job_id);

@@ -115,6 +115,28 @@ TEST(AttemptTest, ACancelWithACheckpointAndADrainAskForOne) {
   EXPECT_FALSE(drained.AnswerStep(7).checkpoint);
 }
 
+// A killed worker's peers see their collectives break before its lease runs
+// out: the failure they report first must not stand as the cause once the
+// worker is found lost.
+TEST(AttemptTest, ALostWorkerIsNamedEvenWhenItsPeersReportedFirst) {
+  Attempt a = Started(3);
+  const absl::Time t = absl::FromUnixSeconds(42);
+  EXPECT_TRUE(a.Fail(0, "gloo: connection closed by peer", t));
+  EXPECT_FALSE(a.Fail(1, "gloo: connection closed by peer", t));
+  EXPECT_FALSE(a.FailLost(2, t + absl::Seconds(10)));
+  EXPECT_EQ(a.failure,
+            "rank 2 (worker w2): the worker was lost (no heartbeat); first reported by rank 0 "
+            "(worker w0): gloo: connection closed by peer");
+  EXPECT_EQ(a.failed_at, t);  // the fault's time: the first report
+  EXPECT_EQ(a.Running(), 0);
+
+  // Lost first: the plain reason, kept when a second worker is lost.
+  Attempt b = Started(3);
+  EXPECT_TRUE(b.FailLost(1, t));
+  EXPECT_FALSE(b.FailLost(2, t));
+  EXPECT_EQ(b.failure, "rank 1 (worker w1): the worker was lost (no heartbeat)");
+}
+
 TEST(AttemptTest, TheFirstFailureNamesItsRankAndWorkerAndStopsTheOthers) {
   Attempt a = Started(3);
   a.AnswerStep(5);
