@@ -40,6 +40,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (!options.control.data_dir.empty()) {
     coordinator::ControlPlaneOptions control_options = options.control;
     control_options.certificate_files = self->security_->certificate_files();
+    if (!control_options.log) control_options.log = options.log;
     MUONMESH_ASSIGN_OR_RETURN(std::unique_ptr<coordinator::ControlPlane> control,
                               coordinator::ControlPlane::Start(control_options));
     self->control_ = std::move(control);

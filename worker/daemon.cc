@@ -464,6 +464,7 @@ RankOptions RankOptionsFor(const v1::StartRank& start, int32_t attempt,
   o.attempt = attempt;
   o.group_prefix = start.store_prefix();
   o.hostname = options.address;
+  o.gloo_interface = options.gloo_interface;
   o.timeout = absl::Milliseconds(std::max<int64_t>(1000, start.collective_timeout_ms()));
   o.resume = start.resume();
   int ordinal = -1;

@@ -37,6 +37,9 @@ struct DaemonOptions {
   // local address this host reaches the coordinator from
   // (worker/local_address.h).
   std::string address;
+  // The network interface the ranks' Gloo binds (--gloo-interface); empty:
+  // the address above.
+  std::string gloo_interface;
   // Host memory a rank may plan to use; 0: the machine's default.
   int64_t memory_budget_bytes = 0;
   // HOST:PORT to serve Prometheus metrics on (/metrics); empty: none.

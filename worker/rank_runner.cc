@@ -228,6 +228,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const job::ResolvedJob& job
   topts.backend = job.device == "cuda" ? comm::Backend::kNccl : comm::Backend::kGloo;
   topts.store = &store;
   topts.group_options.gloo_hostname = options.hostname;
+  topts.group_options.gloo_interface = options.gloo_interface;
   topts.group_options.connect_timeout = options.timeout;
   topts.collective.timeout = options.timeout;
   topts.group_prefix = options.group_prefix;

@@ -35,6 +35,8 @@ struct RankOptions {
   // Prefix of every process group's name: unique per job attempt.
   std::string group_prefix;
   std::string hostname = "127.0.0.1";  // this rank's address for Gloo
+  // The network interface Gloo binds (--gloo-interface); empty: `hostname`.
+  std::string gloo_interface;
   absl::Duration timeout = absl::Seconds(60);  // rendezvous and every collective
   bool resume = false;
   // Tests of restarts: in attempt 0, fail just before this 0-based step.

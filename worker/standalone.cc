@@ -85,6 +85,7 @@ absl::Status RunStandalone(const StandaloneOptions& options, const LineSink& out
   rank.attempt = options.attempt;
   rank.group_prefix = absl::StrCat(job.name, "/attempt-", options.attempt);
   rank.hostname = options.hostname;
+  rank.gloo_interface = options.gloo_interface;
   rank.timeout = options.timeout;
   rank.resume = options.resume;
   rank.fail_at_step = options.fail_at_step;

@@ -30,6 +30,7 @@ struct StandaloneOptions {
   // they run on loopback (one machine), the whole default otherwise.
   int64_t memory_budget_bytes = 0;
   std::string hostname = "127.0.0.1";  // this rank's address for Gloo
+  std::string gloo_interface;          // --gloo-interface (RankOptions)
   absl::Duration timeout = absl::Seconds(60);  // rendezvous and every collective
   int attempt = 0;  // part of every group name
   // Continue from the newest complete checkpoint under the job's output

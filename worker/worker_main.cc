@@ -33,12 +33,14 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: muonmesh-worker --coordinator HOST:PORT [--device cpu|cuda:N] [--worker-id ID]\n"
-    "                       [--address HOST] [--memory-budget SIZE] [--drain-timeout 5m]\n"
+    "                       [--address HOST] [--gloo-interface IFACE] [--memory-budget SIZE]\n"
+    "                       [--drain-timeout 5m]\n"
     "                       [--metrics-listen HOST:PORT] [--allowed-dirs DIR[,DIR...]]\n"
     "                       [--tls-ca FILE [--tls-cert FILE --tls-key FILE]\n"
     "                        [--token-file FILE] [--tls-server-name NAME]]\n"
     "       muonmesh-worker --standalone --job FILE --rank R --world-size W --store DIR\n"
-    "                       [--hostname 127.0.0.1] [--timeout-seconds 60] [--attempt 0]\n"
+    "                       [--hostname 127.0.0.1] [--gloo-interface IFACE]\n"
+    "                       [--timeout-seconds 60] [--attempt 0]\n"
     "                       [--resume] [--fail-at-step S] [--cuda-device N]\n"
     "                       [--create-store] [--memory-budget SIZE]\n"
     "       muonmesh-worker --describe --job FILE\n"
@@ -52,7 +54,8 @@ constexpr const char* kUsage =
     "(as --worker-id, default <hostname>/<device>/<pid>; peers reach it at --address,\n"
     "default the address this host reaches the coordinator from, so 127.0.0.1 only when\n"
     "the coordinator is on this host; a coordinator refuses a worker that advertises a\n"
-    "loopback address from another host), keeps its lease with heartbeats, runs the ranks\n"
+    "loopback address from another host; --gloo-interface IFACE makes its collectives\n"
+    "bind that interface instead), keeps its lease with heartbeats, runs the ranks\n"
     "the coordinator assigns with the coordinator's plan and rendezvous, reports every\n"
     "step, and stops a rank when its job is cancelled. It runs until SIGINT (at once) or\n"
     "SIGTERM: then it\n"
@@ -173,6 +176,7 @@ void AddDaemonFlags(muonmesh::FlagParser& p, muonmesh::worker::DaemonOptions& d,
   p.String("--worker-id", "ID", "", &d.worker_id);
   p.String("--device", "cpu|cuda:N", "", &d.device);
   p.String("--address", "HOST", "", &d.address);
+  p.String("--gloo-interface", "IFACE", "", &d.gloo_interface);
   p.String("--metrics-listen", "HOST:PORT", "", &d.metrics_listen);
   p.String("--allowed-dirs", "DIR[,DIR...]", "", &allowed_dirs);
   p.String("--tls-ca", "FILE", "", &d.security.tls_ca);
@@ -228,6 +232,12 @@ std::string Parse(int argc, char** argv, Args& args) {
     }
     args.mode = mode;
   }
+  if (args.mode == Mode::kDaemon && p.Seen("--hostname")) {
+    return "--hostname is a --standalone flag: a worker daemon's peers reach it at --address "
+           "(default: the address this host reaches the coordinator from), and --gloo-interface "
+           "names the interface its collectives bind";
+  }
+  s.gloo_interface = d.gloo_interface;
   if (std::string problem = ParseSampleFlags(sf.prompt_ids, sf.temperature, sf.seed, args.sample);
       !problem.empty()) {
     return problem;

@@ -71,7 +71,7 @@ ControlPlane::ControlPlane(const ControlPlaneOptions& options, std::unique_ptr<D
                        ? options.adopt_grace
                        : std::max(options.lease_ttl, absl::Seconds(10)),
                    options.allowed_dirs, options.max_recorded_steps,
-                   /*plan=*/nullptr}),
+                   /*plan=*/nullptr, options.log}),
       jobs_service_(&manager_, store_.get(), options.max_watches_per_client),
       fleet_service_(&fleet_, &manager_,
                      {.worker_ids_from_certificates = options.worker_ids_from_certificates}),

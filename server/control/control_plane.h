@@ -38,6 +38,9 @@ namespace muonmesh::coordinator {
 struct ControlPlaneOptions {
   // Folder of the durable state (state.db); created if missing.
   std::string data_dir;
+  // Lines for the operator's log (job state changes with their reasons,
+  // lost workers); may be empty.
+  std::function<void(const std::string& line)> log;
   absl::Duration lease_ttl = absl::Seconds(10);
   absl::Duration heartbeat_interval = absl::Seconds(2);
   // After a restart, how long a running attempt waits for its workers to

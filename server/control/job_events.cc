@@ -65,7 +65,7 @@ absl::StatusOr<v1::JobEvent> JobEvents::ChangeState(const std::string& job_id, v
   change->set_reason(reason);
   change->set_attempt(attempt);
   const int64_t now = NowMs();
-  return Append(job_id, std::move(event), [&](v1::Job& job) {
+  absl::StatusOr<v1::JobEvent> e = Append(job_id, std::move(event), [&](v1::Job& job) {
     job.set_state(state);
     job.set_reason(reason);
     job.set_attempt(attempt);
@@ -76,6 +76,13 @@ absl::StatusOr<v1::JobEvent> JobEvents::ChangeState(const std::string& job_id, v
     }
     if (more) more(job);
   });
+  if (e.ok() && on_change_) {
+    std::string name = v1::JobState_Name(state);
+    if (name.rfind("JOB_STATE_", 0) == 0) name = name.substr(10);
+    on_change_(absl::StrCat("job ", job_id, " ", name, " (attempt ", attempt, ")",
+                            reason.empty() ? "" : ": ", reason));
+  }
+  return e;
 }
 
 absl::StatusOr<std::vector<v1::JobEvent>> JobEvents::Wait(const std::string& job_id,

@@ -25,7 +25,11 @@ namespace muonmesh::coordinator {
 class JobEvents {
  public:
   // Neither pointer is owned; both must outlive this.
-  JobEvents(JobStore* store, Clock* clock) : store_(*store), clock_(*clock) {}
+  // `on_change`, when given, is called with a line for every state change
+  // written ("job j-1 RESTARTING (attempt 2): reason").
+  JobEvents(JobStore* store, Clock* clock,
+            std::function<void(const std::string& line)> on_change = nullptr)
+      : store_(*store), clock_(*clock), on_change_(std::move(on_change)) {}
 
   // Stores `event` for the job, `update` applied to its row in the same
   // write, and wakes every watcher.
@@ -61,6 +65,7 @@ class JobEvents {
  private:
   JobStore& store_;
   Clock& clock_;
+  std::function<void(const std::string& line)> on_change_;
 
   mutable absl::Mutex state_mu_;
   absl::Status state_error_ ABSL_GUARDED_BY(state_mu_);

@@ -19,7 +19,7 @@ namespace muonmesh::coordinator {
 JobManager::JobManager(JobStore* store, Fleet* fleet, Rendezvous* rendezvous, Clock* clock,
                        JobManagerOptions options)
     : store_(*store), fleet_(*fleet), rendezvous_(*rendezvous), clock_(*clock),
-      options_(std::move(options)), events_(store, clock) {}
+      options_(std::move(options)), events_(store, clock, options_.log) {}
 
 absl::Status JobManager::state_error() const { return events_.state_error(); }
 
@@ -607,6 +607,12 @@ absl::Status JobManager::OnAttemptEnd(const std::string& worker_id,
 }
 
 void JobManager::OnWorkersLost(const std::vector<Fleet::Lost>& lost) {
+  if (options_.log) {
+    for (const Fleet::Lost& l : lost) {
+      options_.log(absl::StrCat("worker ", l.worker_id, " lost (no heartbeat within its lease)",
+                                l.job_id.empty() ? "" : absl::StrCat("; it ran job ", l.job_id)));
+    }
+  }
   {
     absl::MutexLock lock(&mu_);
     for (const Fleet::Lost& l : lost) {

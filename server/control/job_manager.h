@@ -93,6 +93,10 @@ struct JobManagerOptions {
   int64_t max_recorded_steps = 1'000'000;
   // How an attempt is planned; empty: plan::ComputePlan (tests replace it).
   std::function<absl::StatusOr<plan::Plan>(const plan::PlanInput&)> plan;
+  // A line for the operator's log at every change of a job's state (with
+  // its reason: a failed attempt, a restart, a drain) and every lost worker.
+  // May be empty.
+  std::function<void(const std::string& line)> log;
 };
 
 class JobManager {

@@ -292,6 +292,25 @@ TEST_P(StandaloneConfigTest, GptFourRanksGiveTheOneRankLosses) {
 // moe_mlp with its experts split over two EP groups (and ZeRO-3 over the
 // expert data-parallel pairs): the 1-rank losses, and final weights (whole
 // expert stacks gathered from both groups) close to the 1-rank run's.
+// --gloo-interface binds the ranks' collectives to a named interface: "lo"
+// trains as the default does; an interface this host lacks fails every rank
+// naming it.
+TEST(StandaloneTest, TheGlooInterfaceFlagBindsTheCollectives) {
+  const std::string dir = Fresh("gloo_interface");
+  Job two;
+  two.name = "iface";
+  two.world = 2;
+  const JobRun lo = RunRanks(dir, WriteJob(dir, two), 2, {"--gloo-interface", "lo"});
+  ExpectAllOk(lo);
+  EXPECT_EQ(lo.losses.size(), 5u) << lo.ranks[0].out;
+  two.name = "iface_missing";
+  const JobRun missing = RunRanks(dir, WriteJob(dir, two), 2, {"--gloo-interface", "nosuch9"});
+  for (const ProcessResult& r : missing.ranks) {
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_THAT(r.err, HasSubstr("interface nosuch9")) << r.err;
+  }
+}
+
 TEST(StandaloneTest, MoeWithExpertParallelismGivesTheOneRankRun) {
   const std::string dir = Fresh("moe");
   Job one;
@@ -714,6 +733,9 @@ TEST(StandaloneTest, UsageErrorsNameTheFlagAndExit2) {
        "--rank is required"},
       {{}, "give --coordinator, --standalone, --describe, --sample or --consolidate"},
       {{"--consolidate", "ckpt"}, "--out is required with --consolidate"},
+      // Accepted and ignored before: the daemon's peers reach it at --address.
+      {{"--coordinator", "127.0.0.1:1", "--hostname", "10.0.0.7"},
+       "--hostname is a --standalone flag"},
       {{"--consolidate", "ckpt", "--sample"},
        "give one of --coordinator, --standalone, --describe, --sample and --consolidate"},
   };

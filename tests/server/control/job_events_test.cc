@@ -26,7 +26,8 @@ class JobEventsTest : public ::testing::Test {
     auto store = JobStore::Open(":memory:");
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = *std::move(store);
-    events_ = std::make_unique<JobEvents>(store_.get(), &clock_);
+    events_ = std::make_unique<JobEvents>(store_.get(), &clock_,
+                                          [this](const std::string& line) { log_.push_back(line); });
     v1::JobSpec spec;
     ASSERT_TRUE(protoio::ParseMessageText("name: w\nworld_size: 1\nmodel: {mlp: {dims: [2, 2]}}\n"
                                           "training: {steps: 3, global_batch_size: 2}\n"
@@ -45,7 +46,24 @@ class JobEventsTest : public ::testing::Test {
   std::unique_ptr<JobEvents> events_;
   std::string id_;
   int64_t first_ = 0;  // the index the next event gets
+  std::vector<std::string> log_;  // the operator's log lines
 };
+
+// The coordinator's log says what happened to a job (issue: only `watch`
+// and the event log did): one line per state change, with its reason.
+TEST_F(JobEventsTest, EveryStateChangeIsALogLineWithItsReason) {
+  ASSERT_TRUE(events_->ChangeState(id_, v1::JOB_STATE_RUNNING, "on 1 worker", 0).ok());
+  ASSERT_TRUE(events_->ChangeState(id_, v1::JOB_STATE_RESTARTING,
+                                   "rank 0 (worker w0): the worker was lost (no heartbeat)", 1)
+                  .ok());
+  ASSERT_TRUE(events_->ChangeState(id_, v1::JOB_STATE_FAILED, "", 1).ok());
+  EXPECT_EQ(log_, (std::vector<std::string>{
+                      "job " + id_ + " RUNNING (attempt 0): on 1 worker",
+                      "job " + id_ +
+                          " RESTARTING (attempt 1): rank 0 (worker w0): the worker was lost (no "
+                          "heartbeat)",
+                      "job " + id_ + " FAILED (attempt 1)"}));
+}
 
 TEST_F(JobEventsTest, AStateChangeSetsTheJobAndItsTimes) {
   clock_.Advance(absl::Seconds(3));
