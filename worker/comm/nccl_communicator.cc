@@ -21,7 +21,17 @@ using internal::NcclErrorToStatus;
 // How long the destructor lets ncclCommFinalize flush before aborting.
 constexpr absl::Duration kFinalizeTimeout = absl::Seconds(10);
 
-ncclRedOp_t ToNccl(ReduceOp op) { return op == ReduceOp::kAvg ? ncclAvg : ncclSum; }
+ncclRedOp_t ToNccl(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kSum:
+      break;
+  }
+  return ncclSum;
+}
 
 // Sleeps a little longer each time, up to 100 us: the wait for a collective
 // stays responsive without burning a core.

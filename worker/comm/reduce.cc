@@ -1,5 +1,6 @@
 #include "worker/comm/reduce.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace muonmesh::comm::internal {
@@ -12,6 +13,13 @@ void ReduceInRankOrder(absl::Span<const float* const> parts, int64_t count, Redu
   // Rank-major: each pass adds one rank's values, so every element sees the
   // additions in rank order whatever the vectorisation (the build forbids
   // reassociation: no -ffast-math).
+  if (op == ReduceOp::kMax) {
+    for (size_t q = 1; q < parts.size(); ++q) {
+      const float* part = parts[q];
+      for (size_t i = 0; i < n; ++i) out[i] = std::max(out[i], part[i]);
+    }
+    return;
+  }
   for (size_t q = 1; q < parts.size(); ++q) {
     const float* part = parts[q];
     for (size_t i = 0; i < n; ++i) out[i] += part[i];

@@ -12,7 +12,8 @@
 namespace muonmesh::comm::internal {
 
 // out[i] = ((parts[0][i] + parts[1][i]) + parts[2][i]) + ... for i < count,
-// then divided by parts.size() for kAvg. `out` may equal parts[0]; it must
+// then divided by parts.size() for kAvg; for kMax the elementwise maximum
+// (NaN where parts[0] is NaN, as std::max keeps its first argument). `out` may equal parts[0]; it must
 // not overlap any other part.
 void ReduceInRankOrder(absl::Span<const float* const> parts, int64_t count, ReduceOp op,
                        float* out);

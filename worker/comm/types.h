@@ -41,6 +41,8 @@ enum class ReduceOp {
   // The sum divided by the group size (CPU backends: the rank-order sum, then
   // one division; NCCL: ncclAvg).
   kAvg,
+  // The elementwise maximum (QK-clip's per-head logits; NCCL: ncclMax).
+  kMax,
 };
 
 // The collectives a Communicator offers, for counters and error messages.

@@ -262,6 +262,37 @@ TEST_P(ConformanceTest, ReduceScatterSumAndAverage) {
   });
 }
 
+// kMax: every element's largest value comes from a different rank (and is
+// negative on some), so a sum, a first-rank or a last-rank answer all fail.
+TEST_P(ConformanceTest, AllReduceAndReduceScatterMax) {
+  auto value = [&](int r, int64_t i) {
+    return static_cast<float>(((r + i) % n_) * 10 - 25) + 0.5f * static_cast<float>(i);
+  };
+  auto largest = [&](int64_t i) {
+    float m = value(0, i);
+    for (int q = 1; q < n_; ++q) m = m > value(q, i) ? m : value(q, i);
+    return m;
+  };
+  RunGroup([&](int r, Communicator& comm) {
+    for (int64_t count : {int64_t{1}, int64_t{7}, int64_t{300}}) {
+      std::vector<float> values(count);
+      for (int64_t i = 0; i < count; ++i) values[i] = value(r, i);
+      Buffer buf(space(), values);
+      ASSERT_TRUE(comm.AllReduce(buf.data(), count, ReduceOp::kMax, kOpts).ok());
+      const std::vector<float> got = buf.Host();
+      for (int64_t i = 0; i < count; ++i) ASSERT_EQ(got[i], largest(i)) << "i " << i;
+
+      std::vector<float> in(n_ * count);
+      for (int64_t j = 0; j < n_ * count; ++j) in[j] = value(r, j);
+      Buffer in_buf(space(), in);
+      Buffer out(space(), count);
+      ASSERT_TRUE(comm.ReduceScatter(in_buf.data(), out.data(), count, ReduceOp::kMax, kOpts).ok());
+      const std::vector<float> mine = out.Host();
+      for (int64_t i = 0; i < count; ++i) ASSERT_EQ(mine[i], largest(r * count + i)) << "i " << i;
+    }
+  });
+}
+
 TEST_P(ConformanceTest, ReduceScatterInPlace) {
   RunGroup([&](int r, Communicator& comm) {
     const int64_t count = 7;

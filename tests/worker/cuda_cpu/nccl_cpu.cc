@@ -7,6 +7,7 @@
 
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -105,7 +106,12 @@ void RunCollective(Clique& c, std::map<int, Part>& parts) {
         // NCCL's float average multiplies each input by float(1 / n) and
         // sums; the sum here is in rank order (NCCL's follows its ring).
         const float scale = p.op == ncclAvg ? static_cast<float>(1.0 / n) : 1.0f;
-        for (size_t i = 0; i < count; ++i) {
+        for (size_t i = 0; i < count && p.op == ncclMax; ++i) {
+          float max = in[0][offset + i];
+          for (int q = 1; q < n; ++q) max = std::max(max, in[q][offset + i]);
+          p.recv[i] = max;
+        }
+        for (size_t i = 0; i < count && p.op != ncclMax; ++i) {
           float sum = 0.0f;
           for (int q = 0; q < n; ++q) {
             sum += p.op == ncclAvg ? in[q][offset + i] * scale : in[q][offset + i];

@@ -22,7 +22,7 @@ enum ncclResult_t {
 };
 
 enum ncclDataType_t { ncclFloat = 7 };
-enum ncclRedOp_t { ncclSum = 0, ncclAvg = 4 };
+enum ncclRedOp_t { ncclSum = 0, ncclMax = 2, ncclAvg = 4 };
 
 struct ncclComm;
 using ncclComm_t = ncclComm*;
