@@ -302,6 +302,45 @@ int Watch(CoordinatorClient& client, const std::string& job_id, int64_t from_ind
   return kExitOk;
 }
 
+// The step's largest attention logit over its layers in `format`, or
+// `none` for a model without attention.
+std::string MaxLogit(const v1::StepRecord& r, const absl::FormatSpec<double>& format,
+                     const char* none) {
+  if (r.max_attn_logit().empty()) return none;
+  float top = r.max_attn_logit(0);
+  for (float v : r.max_attn_logit()) top = std::max(top, v);
+  return absl::StrFormat(format, top);
+}
+
+// `metrics --format csv`: a header, then a line per record.
+void WriteMetricsCsv(const std::vector<v1::StepRecord>& records, Streams io) {
+  io.out << "step,rank,attempt,loss,step_seconds";
+  for (const auto& [name, get] : Phases()) io.out << "," << name;
+  // val_loss last (empty on steps that were not evaluated), so that the
+  // columns before it stay where scripts found them.
+  io.out << ",bytes_sent,ns_flops,val_loss,grad_norm,lr_scale,max_attn_logit,muon_elements,"
+            "muon_planned_elements,muon_update_rms,muon_ortho_error_max\n";
+  for (const v1::StepRecord& r : records) {
+    int64_t bytes = 0;
+    for (const auto& [name, b] : r.bytes_sent()) bytes += b;
+    // The loss exactly (%.17g reads back to the same double), so that a
+    // value rounded from it agrees with what watch and table print.
+    io.out << absl::StrFormat("%d,%d,%d,%.17g,%.6f", r.step(), r.rank(), r.attempt(), r.loss(),
+                              r.step_seconds());
+    for (const auto& [name, get] : Phases()) {
+      io.out << absl::StrFormat(",%.6f", (r.phases().*get)());
+    }
+    io.out << absl::StrFormat(",%d,%.6g,%s,%.9g,%.9g,%s,%d,%d,%.9g,%s\n", bytes, r.ns_flops(),
+                              r.has_val_loss() ? absl::StrFormat("%.17g", r.val_loss()) : "",
+                              r.grad_norm(), r.lr_scale(), MaxLogit(r, "%.9g", ""),
+                              r.muon().elements(), r.muon().planned_elements(),
+                              r.muon().update_rms(),
+                              r.muon().has_ortho_error_max()
+                                  ? absl::StrFormat("%.9g", r.muon().ortho_error_max())
+                                  : "");
+  }
+}
+
 int Metrics(CoordinatorClient& client, const std::string& job_id, const std::string& format,
             bool summary, bool all_ranks, Streams io) {
   if (format != "table" && format != "json" && format != "csv") {
@@ -317,30 +356,13 @@ int Metrics(CoordinatorClient& client, const std::string& job_id, const std::str
     return kExitOk;
   }
   if (format == "csv") {
-    io.out << "step,rank,attempt,loss,step_seconds";
-    for (const auto& [name, get] : Phases()) io.out << "," << name;
-    // val_loss last (empty on steps that were not evaluated), so that the
-    // columns before it stay where scripts found them.
-    io.out << ",bytes_sent,ns_flops,val_loss,grad_norm,lr_scale\n";
-    for (const v1::StepRecord& r : *records) {
-      int64_t bytes = 0;
-      for (const auto& [name, b] : r.bytes_sent()) bytes += b;
-      // The loss exactly (%.17g reads back to the same double), so that a
-      // value rounded from it agrees with what watch and table print.
-      io.out << absl::StrFormat("%d,%d,%d,%.17g,%.6f", r.step(), r.rank(), r.attempt(), r.loss(),
-                                r.step_seconds());
-      for (const auto& [name, get] : Phases()) {
-        io.out << absl::StrFormat(",%.6f", (r.phases().*get)());
-      }
-      io.out << absl::StrFormat(",%d,%.6g,%s,%.9g,%.9g\n", bytes, r.ns_flops(),
-                                r.has_val_loss() ? absl::StrFormat("%.17g", r.val_loss()) : "",
-                                r.grad_norm(), r.lr_scale());
-    }
+    WriteMetricsCsv(*records, io);
     return kExitOk;
   }
-  io.out << absl::StrFormat("%6s %4s %13s %13s %10s %6s %9s %9s %9s %9s %9s %12s\n", "STEP",
-                            "RANK", "LOSS", "VAL LOSS", "GRAD NORM", "LR x", "STEP ms", "GATHER",
-                            "FWD/BWD", "REDUCE", "MUON", "SENT B");
+  io.out << absl::StrFormat("%6s %4s %13s %13s %10s %6s %9s %9s %9s %9s %9s %12s %9s %9s\n",
+                            "STEP", "RANK", "LOSS", "VAL LOSS", "GRAD NORM", "LR x", "STEP ms",
+                            "GATHER", "FWD/BWD", "REDUCE", "MUON", "SENT B", "MAX LOGIT",
+                            "MUON RMS");
   for (const v1::StepRecord& r : *records) {
     const v1::PhaseSeconds& p = r.phases();
     const double muon = p.muon_prepare() + p.muon_gather() + p.newton_schulz() +
@@ -348,12 +370,12 @@ int Metrics(CoordinatorClient& client, const std::string& job_id, const std::str
     int64_t bytes = 0;
     for (const auto& [name, b] : r.bytes_sent()) bytes += b;
     io.out << absl::StrFormat(
-        "%6d %4d %13.6e %13s %10.3e %6.3f %9.2f %9.2f %9.2f %9.2f %9.2f %12d\n",
+        "%6d %4d %13.6e %13s %10.3e %6.3f %9.2f %9.2f %9.2f %9.2f %9.2f %12d %9s %9.3e\n",
         r.step(), r.rank(), r.loss(),
         r.has_val_loss() ? absl::StrFormat("%.6e", r.val_loss()) : "-",
         r.grad_norm(), r.lr_scale(), 1e3 * r.step_seconds(),
         1e3 * p.param_gather(), 1e3 * p.forward_backward(),
-        1e3 * p.grad_reduce(), 1e3 * muon, bytes);
+        1e3 * p.grad_reduce(), 1e3 * muon, bytes, MaxLogit(r, "%.3f", "-"), r.muon().update_rms());
   }
   if (!summary || records->empty()) return kExitOk;
   std::vector<double> step;

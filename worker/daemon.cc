@@ -437,6 +437,15 @@ v1::StepRecord StepRecordOf(const StepReport& r, int32_t rank, int32_t attempt,
   rec.set_loss(r.loss);
   rec.set_grad_norm(r.grad_norm);
   rec.set_lr_scale(r.lr_scale);
+  for (float v : r.max_attn_logit) rec.add_max_attn_logit(v);
+  v1::MuonHealth* h = rec.mutable_muon();
+  h->set_matrices(r.muon.matrices);
+  h->set_planned_matrices(r.muon.planned_matrices);
+  h->set_elements(r.muon.elements);
+  h->set_planned_elements(r.muon.planned_elements);
+  h->set_update_rms(r.muon.update_rms);
+  if (r.muon.ortho_error_max.has_value()) h->set_ortho_error_max(*r.muon.ortho_error_max);
+  if (r.muon.ortho_error_median.has_value()) h->set_ortho_error_median(*r.muon.ortho_error_median);
   if (r.val_loss.has_value()) rec.set_val_loss(*r.val_loss);
   rec.set_step_seconds(absl::ToDoubleSeconds(took));
   rec.set_ns_flops(r.ns_flops);
@@ -483,7 +492,7 @@ RankOptions RankOptionsFor(const v1::StartRank& start, int32_t attempt,
 absl::Status Daemon::OnRankStep(RankTask& task, StepOutbox& outbox, const job::ResolvedJob& job,
                                 const std::string& tag, bool& buffering, const StepReport& r,
                                 absl::Duration took) {
-  metrics_->OnStep(task.job_id, r, took);
+  metrics_->OnStep(task.job_id, r, took, job.qk_clip);
   outbox.Push(StepRecordOf(r, task.rank, task.attempt, took));
   bool stop = false;
   bool checkpoint = false;

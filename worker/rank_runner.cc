@@ -240,6 +240,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const job::ResolvedJob& job
   topts.total_steps = job.steps;
   topts.momentum_warmup = job.momentum_warmup;
   topts.clip_grad_norm = job.clip_grad_norm.value_or(0.0);
+  topts.qk_clip = job.qk_clip;
+  topts.health_every = job.muon_health_every;
   topts.micro_batch_size = job.micro_batch_size;
   topts.shuffle_seed = job.shuffle_seed;
   MUONMESH_ASSIGN_OR_RETURN(topts.param_rates,

@@ -53,6 +53,29 @@ absl::Duration OptimizerTime(const PhaseTimes& t) {
          t.muon_apply + t.param_allgather_after_step;
 }
 
+// `, "max_attn_logit": [...]` (models with attention) and `, "muon": {...}`.
+std::string RecipeJson(const StepReport& r) {
+  std::string out;
+  if (!r.max_attn_logit.empty()) {
+    absl::StrAppend(&out, ", \"max_attn_logit\": [");
+    for (size_t i = 0; i < r.max_attn_logit.size(); ++i) {
+      absl::StrAppend(&out, i ? ", " : "", Number(r.max_attn_logit[i]));
+    }
+    absl::StrAppend(&out, "]");
+  }
+  const MuonHealth& h = r.muon;
+  absl::StrAppend(&out, ", \"muon\": {\"matrices\": ", h.matrices,
+                  ", \"planned_matrices\": ", h.planned_matrices, ", \"elements\": ", h.elements,
+                  ", \"planned_elements\": ", h.planned_elements,
+                  ", \"update_rms\": ", Number(h.update_rms));
+  if (h.ortho_error_max.has_value()) {
+    absl::StrAppend(&out, ", \"ortho_error_max\": ", Number(*h.ortho_error_max),
+                    ", \"ortho_error_median\": ", Number(h.ortho_error_median.value_or(0)));
+  }
+  absl::StrAppend(&out, "}");
+  return out;
+}
+
 std::string StepJson(const StepReport& r, absl::Duration step_time, int32_t rank, int attempt) {
   const std::vector<std::pair<const char*, absl::Duration>> phases = NamedPhases(r.times);
   std::string out = absl::StrCat("{\"step\": ", r.step, ", \"attempt\": ", attempt,
@@ -61,7 +84,7 @@ std::string StepJson(const StepReport& r, absl::Duration step_time, int32_t rank
                                      ? absl::StrCat(", \"val_loss\": ", Number(*r.val_loss))
                                      : std::string(),
                                  ", \"grad_norm\": ", Number(r.grad_norm),
-                                 ", \"lr_scale\": ", Number(r.lr_scale),
+                                 ", \"lr_scale\": ", Number(r.lr_scale), RecipeJson(r),
                                  ", \"step_seconds\": ", Number(absl::ToDoubleSeconds(step_time)),
                                  ", \"phases\": {");
   for (size_t i = 0; i < phases.size(); ++i) {

@@ -20,6 +20,57 @@ prometheus::Histogram::BucketBoundaries DurationBuckets() {
   return b;
 }
 
+// The recipe's and Muon health's gauges (WorkerMetrics::health_, in order).
+enum HealthGauge {
+  kMaxAttnLogit,
+  kQkClip,
+  kMuonMatrices,
+  kMuonPlannedMatrices,
+  kMuonElements,
+  kMuonPlannedElements,
+  kMuonUpdateRms,
+  kMuonOrthoError,
+};
+// The families of HealthGauge, in its order.
+std::vector<prometheus::Family<prometheus::Gauge>*> HealthFamilies(prometheus::Registry& r) {
+  return {
+      &prometheus::BuildGauge()
+           .Name("muonmesh_worker_max_attn_logit")
+           .Help("Largest pre-softmax attention logit of any head of each layer over the "
+                 "last step's global batch (before QK-clip)")
+           .Register(r),
+      &prometheus::BuildGauge()
+           .Name("muonmesh_worker_qk_clip")
+           .Help("The job's optimizer.muon.qk_clip (tau), when it clips")
+           .Register(r),
+      &prometheus::BuildGauge()
+           .Name("muonmesh_worker_muon_matrices")
+           .Help("Muon matrices (blocks, experts) the last step updated")
+           .Register(r),
+      &prometheus::BuildGauge()
+           .Name("muonmesh_worker_muon_planned_matrices")
+           .Help("Muon matrices the job's plan holds")
+           .Register(r),
+      &prometheus::BuildGauge()
+           .Name("muonmesh_worker_muon_elements")
+           .Help("Elements Muon updated in the last step, each once")
+           .Register(r),
+      &prometheus::BuildGauge()
+           .Name("muonmesh_worker_muon_planned_elements")
+           .Help("Elements of the job's Muon matrices")
+           .Register(r),
+      &prometheus::BuildGauge()
+           .Name("muonmesh_worker_muon_update_rms")
+           .Help("Root mean square of the last step's Muon update")
+           .Register(r),
+      &prometheus::BuildGauge()
+           .Name("muonmesh_worker_muon_ortho_error")
+           .Help("||O O^T - I||_F / sqrt(min(rows, cols)) of the orthogonalized matrices at "
+                 "the last health step (optimizer.muon.health_every): stat=max or median")
+           .Register(r),
+  };
+}
+
 }  // namespace
 
 WorkerMetrics::WorkerMetrics()
@@ -82,6 +133,7 @@ WorkerMetrics::WorkerMetrics()
                     .Name("muonmesh_worker_attempts_total")
                     .Help("Ranks this worker ran to their end, by outcome")
                     .Register(*registry_)) {
+  health_ = HealthFamilies(*registry_);
   http::RegisterBuildInfo(*registry_, "worker");
 }
 
@@ -98,8 +150,33 @@ void WorkerMetrics::ExportCertificateExpiry(std::map<std::string, std::string> f
   http_->exposer().RegisterCollectable(certificates_);
 }
 
-void WorkerMetrics::OnStep(const std::string& job, const StepReport& r,
-                           absl::Duration step_time) {
+void WorkerMetrics::OnHealth(const std::string& job, const StepReport& r, double qk_clip,
+                             JobSeries& series) {
+  auto set = [&](HealthGauge which, prometheus::Labels labels, double value) {
+    labels["job_id"] = job;
+    prometheus::Gauge& g = health_[which]->Add(labels);
+    g.Set(value);
+    series.gauges.insert({health_[which], &g});
+  };
+  for (size_t l = 0; l < r.max_attn_logit.size(); ++l) {
+    set(kMaxAttnLogit, {{"layer", std::to_string(l)}}, r.max_attn_logit[l]);
+  }
+  if (qk_clip > 0) set(kQkClip, {}, qk_clip);
+  const MuonHealth& h = r.muon;
+  if (h.planned_matrices == 0) return;  // no Muon in this job
+  set(kMuonMatrices, {}, static_cast<double>(h.matrices));
+  set(kMuonPlannedMatrices, {}, static_cast<double>(h.planned_matrices));
+  set(kMuonElements, {}, static_cast<double>(h.elements));
+  set(kMuonPlannedElements, {}, static_cast<double>(h.planned_elements));
+  set(kMuonUpdateRms, {}, h.update_rms);
+  if (h.ortho_error_max.has_value()) set(kMuonOrthoError, {{"stat", "max"}}, *h.ortho_error_max);
+  if (h.ortho_error_median.has_value()) {
+    set(kMuonOrthoError, {{"stat", "median"}}, *h.ortho_error_median);
+  }
+}
+
+void WorkerMetrics::OnStep(const std::string& job, const StepReport& r, absl::Duration step_time,
+                           double qk_clip) {
   static const prometheus::Histogram::BucketBoundaries kBuckets = DurationBuckets();
   std::vector<std::pair<const char*, absl::Duration>> phases = NamedPhases(r.times);
   phases.insert(phases.begin(), {"step", step_time});
@@ -144,6 +221,7 @@ void WorkerMetrics::OnStep(const std::string& job, const StepReport& r,
     c.Increment(static_cast<double>(bytes));
     series.bytes.insert(&c);
   }
+  OnHealth(job, r, qk_clip, series);
 }
 
 void WorkerMetrics::SetBusy(bool busy) { busy_.Set(busy ? 1 : 0); }
@@ -164,6 +242,7 @@ void WorkerMetrics::OnAttemptEnd(const std::string& job, const std::string& outc
   if (s.flops != nullptr) ns_flops_.Remove(s.flops);
   if (s.optimizer != nullptr) optimizer_seconds_.Remove(s.optimizer);
   if (s.exchange_wait != nullptr) exchange_wait_.Remove(s.exchange_wait);
+  for (const auto& [family, gauge] : s.gauges) family->Remove(gauge);
   series_.erase(it);
 }
 

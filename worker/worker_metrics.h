@@ -27,6 +27,18 @@
 //                                                 Muon rounds spent in their
 //                                                 exchange calls (waiting for
 //                                                 peers included)
+//   muonmesh_worker_max_attn_logit{job_id, layer}   gauge, the last step's largest
+//                                                   pre-softmax logit per layer
+//   muonmesh_worker_qk_clip{job_id}                 gauge, optimizer.muon.qk_clip (set
+//                                                   only when the job clips)
+//   muonmesh_worker_muon_matrices{job_id}           gauge, Muon matrices the last step
+//   muonmesh_worker_muon_planned_matrices{job_id}     updated, and what the plan holds
+//   muonmesh_worker_muon_elements{job_id}           gauge, the same in elements
+//   muonmesh_worker_muon_planned_elements{job_id}
+//   muonmesh_worker_muon_update_rms{job_id}         gauge, RMS of the last Muon update
+//   muonmesh_worker_muon_ortho_error{job_id, stat}  gauge, stat max | median of the last
+//                                                   health step (docs/architecture.md,
+//                                                   "Muon health")
 //   muonmesh_worker_busy                           gauge, 1 while a rank runs
 //   muonmesh_worker_attempts_total{outcome}        counter
 //   muonmesh_tls_certificate_expiry_timestamp_seconds{certificate}  gauge,
@@ -40,6 +52,8 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -64,7 +78,9 @@ class WorkerMetrics {
   // Unavailable naming the address when it cannot be bound.
   static absl::StatusOr<std::unique_ptr<WorkerMetrics>> Serve(const std::string& listen);
 
-  void OnStep(const std::string& job, const StepReport& report, absl::Duration step_time);
+  // `qk_clip`: the job's optimizer.muon.qk_clip (0: none).
+  void OnStep(const std::string& job, const StepReport& report, absl::Duration step_time,
+              double qk_clip = 0);
   void SetBusy(bool busy);
   // Exports the expiry of `files` (label value -> PEM file) on the
   // endpoint; nothing without one. Call once, before any scrape matters.
@@ -90,6 +106,9 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>& ns_flops_;
   prometheus::Family<prometheus::Counter>& optimizer_seconds_;
   prometheus::Family<prometheus::Counter>& exchange_wait_;
+  // The recipe's and Muon health's gauges, in the order of kHealthGauges
+  // (worker_metrics.cc).
+  std::vector<prometheus::Family<prometheus::Gauge>*> health_;
   prometheus::Gauge& busy_;
   prometheus::Family<prometheus::Counter>& attempts_;
   // The series of each job, to drop when its rank ends.
@@ -104,7 +123,10 @@ class WorkerMetrics {
     prometheus::Counter* flops = nullptr;
     prometheus::Counter* optimizer = nullptr;
     prometheus::Counter* exchange_wait = nullptr;
+    std::set<std::pair<prometheus::Family<prometheus::Gauge>*, prometheus::Gauge*>> gauges;
   };
+  // OnStep's part for the recipe and Muon health.
+  void OnHealth(const std::string& job, const StepReport& r, double qk_clip, JobSeries& series);
   absl::Mutex mu_;
   std::map<std::string, JobSeries> series_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<http::MetricsHttp> http_;

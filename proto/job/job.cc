@@ -146,6 +146,16 @@ void CheckMuon(const v1::MuonConfig& m, bool planner_flagged, Violations& v) {
                          m.momentum_warmup().steps()));
     }
   }
+  if (m.has_qk_clip() && !(std::isfinite(m.qk_clip()) && m.qk_clip() > 0)) {
+    v.Add("optimizer.muon.qk_clip",
+          absl::StrCat("must be > 0 (the largest attention logit kept, tau; Kimi K2 used 100), "
+                       "got ", m.qk_clip()));
+  }
+  if (m.has_health_every() && m.health_every() < 0) {
+    v.Add("optimizer.muon.health_every",
+          absl::StrCat("must be >= 0 (steps between orthogonality checks; 0: never), got ",
+                       m.health_every()));
+  }
   // The numerics' own check, as a safety net: anything it refuses that the
   // checks above let through is reported too, rather than failing at step 1.
   if (v.size() == before && !planner_flagged) {
@@ -281,12 +291,20 @@ void CheckModel(const v1::JobSpec& job, Violations& v) {
   }
   kind->validate(job, v);
   const v1::MuonConfig& muon = job.optimizer().muon();
-  if ((muon.split_qkv() || muon.per_head()) && kind->attention_blocks == nullptr) {
+  // (A qk_clip <= 0 is CheckMuon's: one violation for one mistake.)
+  const bool qk_clip = muon.has_qk_clip() && muon.qk_clip() > 0;
+  if (qk_clip && kind->attention_blocks != nullptr && job.device() == "cuda") {
+    v.Add("optimizer.muon.qk_clip",
+          "not on device cuda yet: the GPU forms do not record attention logits (use device cpu)");
+  }
+  if ((muon.split_qkv() || muon.per_head() || qk_clip) && kind->attention_blocks == nullptr) {
     std::vector<std::string> with;
     for (const ModelKind* k : ModelKinds()) {
       if (k->attention_blocks != nullptr) with.push_back(k->name);
     }
-    v.Add(muon.per_head() ? "optimizer.muon.per_head" : "optimizer.muon.split_qkv",
+    v.Add(muon.per_head()    ? "optimizer.muon.per_head"
+          : muon.split_qkv() ? "optimizer.muon.split_qkv"
+                             : "optimizer.muon.qk_clip",
           absl::StrCat("the ", kind->name, " model has no attention (models with attention: ",
                        absl::StrJoin(with, ", "), ")"));
   }
@@ -736,6 +754,10 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
     r.momentum_warmup = optim::MomentumWarmup{job.optimizer().muon().momentum_warmup().start(),
                                              job.optimizer().muon().momentum_warmup().steps()};
   }
+  if (job.optimizer().muon().has_qk_clip()) r.qk_clip = job.optimizer().muon().qk_clip();
+  if (job.optimizer().muon().has_health_every()) {
+    r.muon_health_every = job.optimizer().muon().health_every();
+  }
   r.optimizer_rules = OptimizerRulesOf(job);
 
   r.kind = FindModelKind(job.model().kind_case());
@@ -796,6 +818,7 @@ v1::JobSpec FilledSpec(const ResolvedJob& r) {
                                                                    : "original");
   muon.set_coefficients(plan::NsTableName(*optim::NsTableOf(r.muon.ns.coefficients)));
   muon.set_ns_algorithm(plan::NsAlgorithmName(r.muon.ns.algorithm));
+  muon.set_health_every(r.muon_health_every);
   v1::AdamWConfig& adamw = *opt.mutable_adamw();
   adamw.set_lr(r.adamw.lr);
   adamw.set_beta1(r.adamw.beta1);
@@ -875,6 +898,9 @@ std::string DescribeRecipe(const v1::JobSpec& job) {
                   warmup.has_value() ? absl::StrCat(warmup->start, " -> ", muon.momentum,
                                                     " over ", warmup->steps, " steps")
                                      : absl::StrCat(muon.momentum),
+                  job.optimizer().muon().has_qk_clip()
+                      ? absl::StrCat("; QK-clip at ", job.optimizer().muon().qk_clip())
+                      : std::string(),
                   "\n");
   std::set<int64_t> at = {0, steps - 1, s.warmup_steps - 1, s.warmup_steps, decay_from,
                           decay_from + (steps - decay_from) / 2};

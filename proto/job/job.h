@@ -94,6 +94,10 @@ inline constexpr double kDefaultValFraction = 0.1;
 inline constexpr int64_t kDefaultKeepCheckpoints = 2;
 inline constexpr int64_t kMaxKeepCheckpoints = 1'000'000'000;
 
+// optimizer.muon.health_every when unset: the orthogonality error every 100
+// steps (its cost: docs/architecture.md, "Muon health").
+inline constexpr int64_t kDefaultMuonHealthEvery = 100;
+
 struct ResolvedJob {
   // The job as given (what the planner's input is made from: model_specs.h).
   v1::JobSpec spec;
@@ -111,6 +115,10 @@ struct ResolvedJob {
   optim::AdamWOptions adamw;
   // optimizer.muon.momentum_warmup; unset: muon.momentum throughout.
   std::optional<optim::MomentumWarmup> momentum_warmup;
+  // optimizer.muon.qk_clip (0: no clipping) and optimizer.muon.health_every
+  // (0: no orthogonality error).
+  double qk_clip = 0;
+  int64_t muon_health_every = kDefaultMuonHealthEvery;
   // optimizer.rules in file order: the first match wins.
   std::vector<OptimizerRule> optimizer_rules;
 

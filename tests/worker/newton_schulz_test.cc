@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "core/plan/ns_cost.h"
 #include "worker/math/blas_threads.h"
+#include "worker/math/orthogonality.h"
 #include "core/optim/ns_coefficients.h"
 #include "tests/worker/ns_reference.h"
 
@@ -658,6 +659,38 @@ TEST(NewtonSchulzTest, TheWorkspaceBoundIsWhatRunningTheShapesHolds) {
   // The wide spectral matrix and the square one together hold more than
   // either alone, which the largest single workspace missed.
   EXPECT_GT(bound.bytes(), largest_single);
+}
+
+// OrthogonalityError against matrices whose singular values are known: a
+// scaled permutation-with-signs (every singular value s) gives
+// sqrt(m (s^2 - 1)^2 / m) = |s^2 - 1| on either side; a matrix with
+// singular values s_i (orthogonal rows of those lengths) gives
+// sqrt(sum (s_i^2 - 1)^2 / m); bad shapes are refused.
+TEST(OrthogonalityErrorTest, KnownSingularValues) {
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{3, 7}, {7, 3}, {5, 5}}) {
+    const int64_t m = std::min(rows, cols);
+    for (double s : {1.0, 0.5, 1.25}) {
+      std::vector<float> x(static_cast<size_t>(rows * cols), 0.0f);
+      for (int64_t i = 0; i < m; ++i) {
+        const int64_t r = rows <= cols ? i : (i * 2) % rows;
+        const int64_t c = rows <= cols ? (i * 3) % cols : i;
+        x[r * cols + c] = static_cast<float>(i % 2 == 0 ? s : -s);
+      }
+      absl::StatusOr<double> err = OrthogonalityError(x.data(), rows, cols);
+      ASSERT_TRUE(err.ok()) << err.status();
+      EXPECT_NEAR(*err, std::abs(s * s - 1.0), 1e-6) << rows << "x" << cols << " s " << s;
+    }
+  }
+  // Rows (1, 1, 0, 0) / sqrt 2 * 2 and (0, 0, 1, -1) / sqrt 2 * 0.5: lengths 2 and 0.5.
+  const float a = static_cast<float>(2.0 / std::sqrt(2.0));
+  const float b = static_cast<float>(0.5 / std::sqrt(2.0));
+  const std::vector<float> x = {a, a, 0, 0, 0, 0, b, -b};
+  const double want = std::sqrt((9.0 + 0.5625) / 2.0);  // (4 - 1)^2 + (0.25 - 1)^2
+  absl::StatusOr<double> err = OrthogonalityError(x.data(), 2, 4);
+  ASSERT_TRUE(err.ok());
+  EXPECT_NEAR(*err, want, 1e-6);
+  EXPECT_FALSE(OrthogonalityError(x.data(), 0, 4).ok());
+  EXPECT_FALSE(OrthogonalityError(nullptr, 2, 4).ok());
 }
 
 }  // namespace

@@ -891,6 +891,43 @@ TEST(StandaloneTest, EveryRankWritesItsStepRecords) {
   }
 }
 
+// A gpt with QK-clip and health every 2 steps: each step's record carries
+// both layers' largest logit and Muon's counts against the plan (counted
+// here from gpt_spec.h: 4 matrices a layer, [3C, C], [C, C], [4C, C],
+// [C, 4C] at C = 16), the orthogonality error on steps 0 and 2 only.
+TEST(StandaloneTest, StepRecordsCarryTheLogitsAndMuonsHealth) {
+  const std::string dir = Fresh("health");
+  Job job = GptJob(dir, "health");
+  job.world = 2;
+  job.steps = 4;
+  job.optimizer =
+      "  muon: {lr: 0.02, momentum: 0.95, qk_clip: 5, health_every: 2}\n"
+      "  adamw: {lr: 0.01, beta2: 0.95}\n";
+  job.output_dir = dir + "/out";
+  const JobRun run = RunRanks(dir, WriteJob(dir, job), 2);
+  ExpectAllOk(run);
+  std::ifstream in(dir + "/out/metrics/rank-0.jsonl");
+  ASSERT_TRUE(in.good());
+  constexpr int64_t kC = 16;
+  const int64_t elements = 2 * (3 * kC * kC + kC * kC + 4 * kC * kC + 4 * kC * kC);
+  const std::string counts = absl::StrCat("\"muon\": {\"matrices\": 8, \"planned_matrices\": 8, ",
+                                          "\"elements\": ", elements,
+                                          ", \"planned_elements\": ", elements, ", ");
+  std::string line;
+  int step = 0;
+  while (std::getline(in, line)) {
+    EXPECT_THAT(line, HasSubstr(counts)) << line;
+    const size_t at = line.find("\"max_attn_logit\": [");
+    ASSERT_NE(at, std::string::npos) << line;
+    const std::string list = line.substr(at + 19, line.find(']', at) - at - 19);
+    EXPECT_EQ(std::count(list.begin(), list.end(), ','), 1) << list;  // two layers
+    EXPECT_GT(std::stod(list), 0.0) << list;
+    EXPECT_EQ(line.find("\"ortho_error_max\": ") != std::string::npos, step % 2 == 0) << line;
+    ++step;
+  }
+  EXPECT_EQ(step, 4);
+}
+
 TEST(StandaloneTest, DataFileWithTheWrongShapeIsAClearError) {
   const std::string dir = Fresh("badshape");
   std::vector<float> x(10 * 3), y(10 * 3);

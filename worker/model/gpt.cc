@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numbers>
 #include <utility>
 
@@ -156,15 +157,19 @@ void ShiftedExps(const float* row, int64_t n, float max, float* e) {
 // Row t of s [T, T] (scores) becomes softmax over j <= t, 0 above: e_j =
 // ExpF(s_j - max) in float (`e`, T entries), their sum in double
 // (SumInDouble), p_j = float(e_j / sum).
-void CausalSoftmax(int64_t t_len, float* s, float* e) {
+// Returns the largest score over the causal positions (QK-clip's S).
+float CausalSoftmax(int64_t t_len, float* s, float* e) {
+  float top = -std::numeric_limits<float>::infinity();
   for (int64_t t = 0; t < t_len; ++t) {
     float* row = s + t * t_len;
     const float max = *std::max_element(row, row + t + 1);
+    top = std::max(top, max);
     ShiftedExps(row, t + 1, max, e);
     const double sum = SumInDouble(e, t + 1);
     for (int64_t j = 0; j <= t; ++j) row[j] = static_cast<float>(static_cast<double>(e[j]) / sum);
     std::fill(row + t + 1, row + t_len, 0.0f);
   }
+  return top;
 }
 
 // d [T, T] = dL/dp becomes dL/dscores: p_j (d_j - sum_k p_k d_k), 0 above.
@@ -240,6 +245,8 @@ Gpt::Gpt(model::GptDims dims, std::shared_ptr<const TokenStream> train, plan::Mo
       train_(std::move(train)),
       spec_(std::move(spec)),
       num_samples_(WindowPeriod(train_->num_tokens(), dims.seq_len)),
+      logit_max_(static_cast<size_t>(dims.n_layer * dims.n_head),
+                 -std::numeric_limits<float>::infinity()),
       blocks_(static_cast<size_t>(dims.n_layer)),
       datt_(static_cast<size_t>(dims.seq_len * dims.seq_len)),
       col_sums_(static_cast<size_t>(8 * dims.n_embd)) {}
@@ -356,7 +363,7 @@ absl::Status Gpt::EmbedForward(int64_t n, const float* wte, const float* wpe) {
   return absl::OkStatus();
 }
 
-void Gpt::AttentionForward(BlockActs& a, int64_t n) {
+void Gpt::AttentionForward(BlockActs& a, int64_t n, float* head_max) {
   const int64_t t_len = dims_.seq_len;
   const int64_t c = dims_.n_embd;
   const int64_t hs = c / dims_.n_head;
@@ -369,7 +376,8 @@ void Gpt::AttentionForward(BlockActs& a, int64_t n) {
       const float* v = qkv + 2 * c + h * hs;
       float* att = a.att.data() + (b * dims_.n_head + h) * t_len * t_len;
       Gemm(false, true, t_len, t_len, hs, scale, q, 3 * c, k, 3 * c, att, t_len);
-      CausalSoftmax(t_len, att, exp_.data());
+      const float top = CausalSoftmax(t_len, att, exp_.data());
+      if (head_max != nullptr) head_max[h] = std::max(head_max[h], top);
       float* y = a.atty.data() + b * t_len * c + h * hs;
       Gemm(false, false, t_len, hs, t_len, 1.0f, att, t_len, v, 3 * c, y, c);
     }
@@ -383,7 +391,7 @@ absl::Status Gpt::BlockForward(int64_t layer, int64_t n, absl::Span<const float*
   LayerNormForward(rows, c, a.resid_in.data(), p[0], p[1], a.ln1.data(), a.ln1_mean.data(),
                    a.ln1_rstd.data());
   LinearForward(rows, c, 3 * c, a.ln1.data(), p[2], p[3], a.qkv.data());
-  AttentionForward(a, n);
+  AttentionForward(a, n, record_logits_ ? logit_max_.data() + layer * dims_.n_head : nullptr);
   LinearForward(rows, c, c, a.atty.data(), p[4], p[5], a.resid_mid.data());
   for (int64_t i = 0; i < rows * c; ++i) a.resid_mid[i] += a.resid_in[i];
   LayerNormForward(rows, c, a.resid_mid.data(), p[6], p[7], a.ln2.data(), a.ln2_mean.data(),
@@ -527,12 +535,41 @@ absl::StatusOr<double> Gpt::ForwardBackward(int64_t /*step*/, absl::Span<const f
   MUONMESH_RETURN_IF_ERROR(CheckWhole(spec_, params.size(), AnyNull(params), "gpt params"));
   MUONMESH_RETURN_IF_ERROR(CheckWhole(spec_, grads.size(), AnyNull(grads), "gpt grads"));
   WholeModelAccess whole(spec_, params, grads);
-  return RunGptPasses(dims_, *this, whole, *train_, samples, /*gradients=*/true, tokens_);
+  record_logits_ = true;
+  absl::StatusOr<double> loss =
+      RunGptPasses(dims_, *this, whole, *train_, samples, /*gradients=*/true, tokens_);
+  record_logits_ = false;
+  return loss;
 }
 
 absl::StatusOr<double> Gpt::ForwardBackwardByUnit(int64_t /*step*/, UnitAccess& units,
                                                   absl::Span<const int64_t> samples) {
-  return RunGptPasses(dims_, *this, units, *train_, samples, /*gradients=*/true, tokens_);
+  record_logits_ = true;
+  absl::StatusOr<double> loss =
+      RunGptPasses(dims_, *this, units, *train_, samples, /*gradients=*/true, tokens_);
+  record_logits_ = false;
+  return loss;
+}
+
+void Gpt::ResetAttentionLogits() {
+  std::fill(logit_max_.begin(), logit_max_.end(), -std::numeric_limits<float>::infinity());
+}
+
+std::vector<RowScale> Gpt::QkClipRows(absl::Span<const float> logits, double tau) const {
+  std::vector<RowScale> rows;
+  const int64_t hs = dims_.n_embd / dims_.n_head;
+  for (int64_t l = 0; l < dims_.n_layer; ++l) {
+    for (int64_t h = 0; h < dims_.n_head; ++h) {
+      const size_t i = static_cast<size_t>(l * dims_.n_head + h);
+      if (i >= logits.size() || !(logits[i] > tau)) continue;
+      // MHA: q and k each take the square root, so q.k scales by tau / S.
+      const float factor = static_cast<float>(std::sqrt(tau / static_cast<double>(logits[i])));
+      const int32_t w = model::GptBlockParam(l) + 2;  // h.{l}.attn.c_attn.weight
+      rows.push_back({w, h * hs, hs, factor});
+      rows.push_back({w, dims_.n_embd + h * hs, hs, factor});
+    }
+  }
+  return rows;
 }
 
 absl::StatusOr<double> Gpt::Loss(absl::Span<const float* const> params, const TokenStream& tokens,

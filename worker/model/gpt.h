@@ -169,6 +169,15 @@ class Gpt final : public Workload, private GptPasses {
   absl::StatusOr<double> ValidationLossByUnit(UnitAccess& units,
                                               absl::Span<const int64_t> samples) override;
 
+  // QK-clip (workload.h): H logits per layer; a head's rows are its query
+  // rows [h D, (h + 1) D) and key rows C + [h D, (h + 1) D) of c_attn.weight,
+  // each scaled by sqrt(tau / S_h) (MHA); c_attn.bias is left alone.
+  int64_t attention_layers() const override { return dims_.n_layer; }
+  int64_t attention_heads() const override { return dims_.n_head; }
+  void ResetAttentionLogits() override;
+  absl::Span<const float> attention_logits() const override { return logit_max_; }
+  std::vector<RowScale> QkClipRows(absl::Span<const float> logits, double tau) const override;
+
   const model::GptDims& dims() const { return dims_; }
   const TokenStream& train() const { return *train_; }
   // The validation stream, or null.
@@ -211,7 +220,8 @@ class Gpt final : public Workload, private GptPasses {
 
   // Grows the activation scratch to hold n samples.
   void Reserve(int64_t n);
-  void AttentionForward(BlockActs& a, int64_t n);
+  // `head_max`, when not null: raised to each head's largest logit (H).
+  void AttentionForward(BlockActs& a, int64_t n, float* head_max);
   void AttentionBackward(const BlockActs& a, int64_t n, const float* datty, float* dqkv);
 
   // x at block l's output: block l + 1's input, or resid_out_ after the last.
@@ -222,6 +232,10 @@ class Gpt final : public Workload, private GptPasses {
   plan::ModelSpec spec_;
   int64_t num_samples_ = 0;
   std::shared_ptr<const TokenStream> val_;  // null: no validation
+  // [L H] the largest logits since ResetAttentionLogits; raised only while
+  // record_logits_ (a training pass) is set.
+  std::vector<float> logit_max_;
+  bool record_logits_ = false;
   int64_t num_val_samples_ = 0;
 
   // Scratch (rows = n T for the call's n samples).

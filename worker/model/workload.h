@@ -123,6 +123,17 @@ class WholeModelAccess final : public UnitAccess {
   std::vector<size_t> count_;  // per unit: its number of parameters
 };
 
+// QK-clip (docs/architecture.md, "QK-clip"): rows of one parameter the
+// runtime multiplies by `factor` after a step: rows [row_start, row_start +
+// rows) of flat parameter `flat` (a row: the parameter's elements divided by
+// its first dimension).
+struct RowScale {
+  int32_t flat = 0;
+  int64_t row_start = 0;
+  int64_t rows = 0;
+  float factor = 1.0f;
+};
+
 class Workload {
  public:
   virtual ~Workload() = default;
@@ -176,6 +187,25 @@ class Workload {
   virtual int64_t num_validation_samples() const { return 0; }
   virtual absl::StatusOr<double> ValidationLossByUnit(UnitAccess& units,
                                                       absl::Span<const int64_t> samples);
+
+  // Attention (models with heads; the defaults: none). Every training pass
+  // (ForwardBackward, ForwardBackwardByUnit; not validation or loss-only
+  // passes) raises attention_logits()[l * heads + h] to the largest
+  // pre-softmax logit q.k / sqrt(D) of head h of layer l over the causal
+  // positions of its samples; ResetAttentionLogits() sets them to -infinity.
+  // A workload whose device does not record them returns 0 layers.
+  virtual int64_t attention_layers() const { return 0; }
+  virtual int64_t attention_heads() const { return 0; }
+  virtual void ResetAttentionLogits() {}
+  virtual absl::Span<const float> attention_logits() const { return {}; }
+  // MuonClip: given every head's largest logit over the global batch
+  // (`logits`, as attention_logits() lays them out) and tau > 0, the rows to
+  // rescale so that each head with a logit above tau is brought to tau
+  // (docs/architecture.md, "QK-clip"). Heads at or below tau: no rows.
+  virtual std::vector<RowScale> QkClipRows(absl::Span<const float> /*logits*/,
+                                           double /*tau*/) const {
+    return {};
+  }
 };
 
 }  // namespace muonmesh::worker

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/base/status_macros.h"
+#include "worker/math/orthogonality.h"
 
 namespace muonmesh::worker {
 
@@ -28,6 +29,13 @@ absl::StatusOr<double> Device::SumOfSquares(const float* x, int64_t count) {
     for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(host[i]) * host[i];
   }
   return sum;
+}
+
+absl::StatusOr<double> Device::OrthogonalityError(const float* x, int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0) return math::OrthogonalityError(nullptr, rows, cols);
+  std::vector<float> host(static_cast<size_t>(rows * cols));
+  MUONMESH_RETURN_IF_ERROR(CopyToHost(host.data(), x, rows * cols));
+  return math::OrthogonalityError(host.data(), rows, cols);
 }
 
 absl::Status Device::Scale(float* x, int64_t count, float factor) {

@@ -105,6 +105,10 @@ class Device {
   // dst += src for `count` floats (gradient accumulation).
   virtual absl::Status Add(float* dst, const float* src, int64_t count);
 
+  // math::OrthogonalityError of the rows x cols matrix at x (Muon health).
+  // The default copies it to the host and computes it there.
+  virtual absl::StatusOr<double> OrthogonalityError(const float* x, int64_t rows, int64_t cols);
+
   // Orthogonalises the row-major rows x cols matrix x in place.
   virtual absl::Status NewtonSchulz(float* x, int64_t rows, int64_t cols,
                                     const optim::NsOptions& options) = 0;

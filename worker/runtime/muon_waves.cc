@@ -2,6 +2,7 @@
 // non-Muon shards, then the Muon waves, each gathering its matrices' rows to
 // their owners, orthogonalizing there and scattering the updates back, with
 // the next wave's gather posted while Newton-Schulz runs.
+#include "core/optim/optimizer_options.h"
 #include "worker/runtime/trainer_impl.h"
 
 namespace muonmesh::worker {
@@ -332,6 +333,11 @@ absl::Status Trainer::Impl::WaveRun::OrthogonalizeHeld(StepReport* report) {
       if (!st.ok()) {
         st = AnnotateStatus(st, absl::StrCat("Newton-Schulz on ", m.plan->units[u.unit].name));
       }
+      if (st.ok() && m.health_step) {
+        absl::StatusOr<double> err = m.dev->OrthogonalityError(u.whole[i].data(), mp.rows, mp.cols);
+        st = err.status();
+        if (st.ok()) m.ortho_errors[m.HealthIndex(u, u.matrices[i])] = static_cast<float>(*err);
+      }
       round.ns_flops += optim::NsFlopsFor(m.options.muon.ns, mp.rows, mp.cols);
     }
   }
@@ -384,10 +390,18 @@ absl::Status Trainer::Impl::WaveRun::ApplyUpdates() {
       const plan::MatrixPlan& mp = MatricesOf(u)[u.matrices[i]];
       const int64_t n = u.mine[i].row_count * mp.cols;
       if (n == 0) continue;
-      st = m.dev->MuonApply(m.MuonFor(m.unit_base[mp.unit] + mp.param), mp.rows, mp.cols, u.grad.data() + u.mine[i].offset,
-                            rows.data() + u.rows_base + u.rows_offset[i],
+      const optim::MuonOptions opt = m.MuonFor(m.unit_base[mp.unit] + mp.param);
+      const float* o = rows.data() + u.rows_base + u.rows_offset[i];
+      st = m.dev->MuonApply(opt, mp.rows, mp.cols, u.grad.data() + u.mine[i].offset, o,
                             u.state1.data() + u.mine[i].offset, p + u.mine[i].offset, n);
       MUONMESH_RETURN_IF_ERROR(st, "Muon update of ", m.plan->units[u.unit].name);
+      // Health: what this update moved (lr * scale * O on my rows).
+      MUONMESH_ASSIGN_OR_RETURN(const double o_sq, m.dev->SumOfSquares(o, n));
+      const double step = opt.lr * optim::MuonUpdateScale(opt.scale, mp.rows, mp.cols);
+      const int mesh = u.mesh->kind == plan::MeshKind::kExpert ? 1 : 0;
+      m.muon_tally.elements[mesh] += static_cast<double>(n);
+      m.muon_tally.matrices[mesh] += u.mine[i].row_start == 0 ? 1.0 : 0.0;
+      m.muon_tally.sum_sq[mesh] += step * step * o_sq;
     }
   }
   return absl::OkStatus();

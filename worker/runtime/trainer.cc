@@ -107,6 +107,7 @@ absl::StatusOr<StepReport> Trainer::Step() {
     const int64_t k = step_ * m.options.global_batch_size + m.rank * b + j;
     samples[j] = model::SampleOf(k, n, shuffle.has_value(), shuffle.value_or(0));
   }
+  m.workload->ResetAttentionLogits();
   MUONMESH_ASSIGN_OR_RETURN(const double local_loss, m.ForwardBackward(step_, samples, &report));
   report.times.forward_backward = (absl::Now() - t0) - report.times.param_gather -
                                   report.times.grad_reduce - report.times.expert_dispatch;
@@ -141,11 +142,17 @@ absl::StatusOr<StepReport> Trainer::Step() {
                                           step_);
   m.step_adamw = m.options.adamw;
   m.step_adamw.lr *= report.lr_scale;
+  m.muon_tally = {};
+  m.health_step = m.options.health_every > 0 && step_ % m.options.health_every == 0;
+  if (m.health_step) m.ortho_errors.assign(m.MuonMatrixCount(), -1.0f);
   // AdamW's bias correction counts the steps of its own state.
   absl::Status st = m.Optimize(step_ - adamw_origin_, &report);
   MUONMESH_RETURN_IF_ERROR(st);
 
+  // QK-clip rescales my shards before the gather below hands them round.
   t0 = absl::Now();
+  MUONMESH_RETURN_IF_ERROR(m.ReduceAttentionLogits(&report));
+  MUONMESH_RETURN_IF_ERROR(m.ReduceMuonHealth(&report));
   for (UnitState& u : m.units) {
     MeshState& mesh = *u.mesh;
     if (mesh.k == 1) continue;
@@ -198,6 +205,138 @@ absl::Status Trainer::Impl::ClipGradients(double grad_norm) {
   for (UnitState& u : units) {
     MUONMESH_RETURN_IF_ERROR(dev->Scale(u.grad.data(), u.grad.size(), static_cast<float>(factor)));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Impl::ReduceAttentionLogits(StepReport* report) {
+  const int64_t layers = workload->attention_layers();
+  const int64_t heads = workload->attention_heads();
+  const absl::Span<const float> local = workload->attention_logits();
+  if (layers == 0 || heads == 0) return absl::OkStatus();
+  if (static_cast<int64_t>(local.size()) != layers * heads) {
+    return absl::InternalError(absl::StrCat("the workload records ", local.size(),
+                                            " attention logits for ", layers, " layers of ",
+                                            heads, " heads"));
+  }
+  std::vector<float> global(local.begin(), local.end());
+  MUONMESH_ASSIGN_OR_RETURN(DeviceBuffer buf, dev->Allocate(global.size()));
+  MUONMESH_RETURN_IF_ERROR(dev->CopyFromHost(buf.data(), global.data(), global.size()));
+  MUONMESH_RETURN_IF_ERROR(world_comm->AllReduce(buf.data(), static_cast<int64_t>(global.size()),
+                                                 comm::ReduceOp::kMax, options.collective));
+  MUONMESH_RETURN_IF_ERROR(dev->CopyToHost(global.data(), buf.data(), global.size()));
+  report->max_attn_logit.clear();
+  for (int64_t l = 0; l < layers; ++l) {
+    report->max_attn_logit.push_back(
+        *std::max_element(global.begin() + l * heads, global.begin() + (l + 1) * heads));
+  }
+  if (options.qk_clip <= 0) return absl::OkStatus();
+  const std::vector<RowScale> rows = workload->QkClipRows(global, options.qk_clip);
+  if (rows.empty()) return absl::OkStatus();
+  // Every copy of a row is scaled where it sits in u.param (all k shards
+  // of my group: the gather after the step then hands round values that
+  // are already the same on every rank).
+  std::vector<int64_t> first_dim;  // flat spec order
+  for (const plan::UnitSpec& unit : workload->spec().units) {
+    for (const plan::ParamSpec& p : unit.params) {
+      first_dim.push_back(p.shape.empty() ? 1 : std::max<int64_t>(1, p.shape[0]));
+    }
+  }
+  for (UnitState& u : units) {
+    for (const ShardRun& run : ParamRuns(u)) {
+      const int64_t row_len = param_sizes[run.flat] / first_dim[run.flat];
+      for (const RowScale& r : rows) {
+        if (r.flat != run.flat) continue;
+        const int64_t lo = std::max(run.whole_start, r.row_start * row_len);
+        const int64_t hi = std::min(run.whole_start + run.count, (r.row_start + r.rows) * row_len);
+        if (lo >= hi) continue;
+        float* at = u.param.data() + run.offset + (lo - run.whole_start);
+        MUONMESH_RETURN_IF_ERROR(dev->Scale(at, hi - lo, r.factor));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+size_t Trainer::Impl::MuonMatrixCount() const {
+  const size_t dense_count = dense.domain == nullptr ? 0 : dense.domain->matrices.size();
+  const size_t expert_count =
+      plan->has_experts && expert.domain != nullptr ? expert.domain->matrices.size() : 0;
+  return dense_count + static_cast<size_t>(ep) * expert_count;
+}
+
+size_t Trainer::Impl::HealthIndex(const UnitState& u, int32_t matrix) const {
+  if (u.mesh->kind != plan::MeshKind::kExpert) return static_cast<size_t>(matrix);
+  const size_t dense_count = dense.domain == nullptr ? 0 : dense.domain->matrices.size();
+  return dense_count + static_cast<size_t>(ep_index) * expert.domain->matrices.size() +
+         static_cast<size_t>(matrix);
+}
+
+absl::Status Trainer::Impl::ReduceMuonHealth(StepReport* report) {
+  MuonHealth& h = report->muon;
+  h.planned_matrices = static_cast<int64_t>(MuonMatrixCount());
+  auto planned_elements = [](const MeshState& mesh) {
+    int64_t n = 0;
+    if (mesh.domain == nullptr) return n;
+    for (const plan::MatrixPlan& mp : mesh.domain->matrices) n += mp.rows * mp.cols;
+    return n;
+  };
+  h.planned_elements = planned_elements(dense) + (plan->has_experts ? ep * planned_elements(expert)
+                                                                    : int64_t{0});
+  if (h.planned_matrices == 0) return absl::OkStatus();
+  // Per rank, per mesh: elements as two exact halves (n = hi 2^22 + lo),
+  // matrices, the update's sum of squares. Summed over the ranks in double,
+  // then over the copies of each optimizer shard (as the gradient norm).
+  constexpr double kHalf = 4194304.0;  // 2^22
+  float mine[8];
+  for (int mesh = 0; mesh < 2; ++mesh) {
+    const double hi = std::floor(muon_tally.elements[mesh] / kHalf);
+    mine[4 * mesh] = static_cast<float>(hi);
+    mine[4 * mesh + 1] = static_cast<float>(muon_tally.elements[mesh] - hi * kHalf);
+    mine[4 * mesh + 2] = static_cast<float>(muon_tally.matrices[mesh]);
+    mine[4 * mesh + 3] = static_cast<float>(muon_tally.sum_sq[mesh]);
+  }
+  std::vector<float> all(static_cast<size_t>(8 * world));
+  MUONMESH_ASSIGN_OR_RETURN(DeviceBuffer buf, dev->Allocate(8 * (world + 1)));
+  MUONMESH_RETURN_IF_ERROR(dev->CopyFromHost(buf.data(), mine, 8));
+  MUONMESH_RETURN_IF_ERROR(world_comm->AllGather(buf.data(), 8, buf.data() + 8, options.collective));
+  MUONMESH_RETURN_IF_ERROR(dev->CopyToHost(all.data(), buf.data() + 8, 8 * world));
+  const double copies[2] = {
+      static_cast<double>(world / dense.domain_size),
+      plan->has_experts ? static_cast<double>(world / (ep * expert.domain_size)) : 1.0};
+  double elements = 0, matrices = 0, sum_sq = 0;
+  for (int mesh = 0; mesh < 2; ++mesh) {
+    double e = 0, mats = 0, sq = 0;
+    for (int64_t r = 0; r < world; ++r) {
+      const float* f = all.data() + 8 * r + 4 * mesh;
+      e += static_cast<double>(f[0]) * kHalf + f[1];
+      mats += f[2];
+      sq += f[3];
+    }
+    elements += e / copies[mesh];
+    matrices += mats / copies[mesh];
+    sum_sq += sq / copies[mesh];
+  }
+  h.elements = std::llround(elements);
+  h.matrices = std::llround(matrices);
+  h.update_rms = elements > 0 ? std::sqrt(sum_sq / elements) : 0.0;
+  if (!health_step) return absl::OkStatus();
+  std::vector<float>& errs = ortho_errors;
+  MUONMESH_ASSIGN_OR_RETURN(DeviceBuffer ebuf, dev->Allocate(static_cast<int64_t>(errs.size())));
+  MUONMESH_RETURN_IF_ERROR(dev->CopyFromHost(ebuf.data(), errs.data(), errs.size()));
+  MUONMESH_RETURN_IF_ERROR(world_comm->AllReduce(ebuf.data(), static_cast<int64_t>(errs.size()),
+                                                 comm::ReduceOp::kMax, options.collective));
+  MUONMESH_RETURN_IF_ERROR(dev->CopyToHost(errs.data(), ebuf.data(), errs.size()));
+  std::vector<float> measured;
+  for (float e : errs) {
+    if (e >= 0) measured.push_back(e);
+  }
+  if (measured.empty()) return absl::OkStatus();
+  std::sort(measured.begin(), measured.end());
+  h.ortho_error_max = measured.back();
+  const size_t mid = measured.size() / 2;
+  h.ortho_error_median = measured.size() % 2 == 1
+                             ? static_cast<double>(measured[mid])
+                             : 0.5 * (static_cast<double>(measured[mid - 1]) + measured[mid]);
   return absl::OkStatus();
 }
 

@@ -95,6 +95,15 @@ struct TrainerOptions {
   int64_t total_steps = 0;
   std::optional<optim::MomentumWarmup> momentum_warmup;
   double clip_grad_norm = 0;
+  // MuonClip (optimizer.muon.qk_clip; docs/architecture.md, "QK-clip"):
+  // after both optimizers, the rows Workload::QkClipRows names for the
+  // heads whose largest logit over the global batch exceeded it are
+  // rescaled. 0: no clipping; the logits are recorded either way.
+  double qk_clip = 0;
+  // Muon health (StepReport::muon): the orthogonality error of every
+  // orthogonalized matrix on steps s with s % health_every == 0; 0: never.
+  // The counts and the update RMS come every step.
+  int64_t health_every = 0;
   // Per parameter (flat spec order), what optimizer.rules give it: its
   // learning rate times lr_scale, its own weight decay (a torch param
   // group). Empty: every tensor at its optimizer's rates.
@@ -161,6 +170,22 @@ struct MuonRound {
   absl::Duration wait;     // in the round's exchange calls (waiting for peers included)
 };
 
+// Whether Muon did its job in a step (docs/architecture.md, "Muon health"),
+// over the whole model, each element once whatever the layout: the Muon
+// matrices (blocks, one per expert) and elements updated, against what the
+// plan holds; the RMS of the update lr * scale * O over those elements; and
+// on health steps each orthogonalized matrix's math::OrthogonalityError, the
+// largest and the median. The same on every rank.
+struct MuonHealth {
+  int64_t matrices = 0;
+  int64_t planned_matrices = 0;
+  int64_t elements = 0;
+  int64_t planned_elements = 0;
+  double update_rms = 0;
+  std::optional<double> ortho_error_max;
+  std::optional<double> ortho_error_median;
+};
+
 struct StepReport {
   int64_t step = 0;           // 0-based
   double loss = 0;            // global-batch mean, the same on every rank
@@ -169,6 +194,11 @@ struct StepReport {
   // step ran at; the same on every rank.
   double grad_norm = 0;
   double lr_scale = 1;
+  // Models with attention: per layer, the largest pre-softmax logit of any
+  // head over the step's global batch (before QK-clip rescales); empty
+  // otherwise. The same on every rank.
+  std::vector<float> max_attn_logit;
+  MuonHealth muon;
   PhaseTimes times;
   // Bytes this rank sent per collective name during the step: the names of
   // plan::CollectiveBytes (param_allgather, grad_reduce_scatter, ...) for the

@@ -192,6 +192,18 @@ struct Trainer::Impl {
   // Set after a step's first micro-batch: ReduceUnit adds to the gradient
   // shards instead of overwriting them.
   bool accumulating = false;
+  // Muon health of this step: per mesh (0 dense, 1 expert), the elements
+  // and matrices whose update I applied and the update's sum of squares
+  // (ApplyUpdates); on health steps, every matrix's orthogonality error as
+  // its owner measured it (dense matrices, then each EP group's expert
+  // matrices; -1 where I measured none).
+  struct MuonTally {
+    double elements[2] = {0, 0};
+    double matrices[2] = {0, 0};
+    double sum_sq[2] = {0, 0};
+  } muon_tally;
+  bool health_step = false;
+  std::vector<float> ortho_errors;
   // This step's optimizer options: the job's with the schedule applied.
   optim::MuonOptions step_muon;
   optim::AdamWOptions step_adamw;
@@ -367,6 +379,18 @@ struct Trainer::Impl {
   // Multiplies every gradient shard by min(1, clip / (norm + 1e-6)) when
   // options.clip_grad_norm is set (> 0).
   absl::Status ClipGradients(double grad_norm);
+  // The workload's attention logits max-reduced over the world into
+  // report->max_attn_logit (per layer) and, with options.qk_clip, the
+  // QK-clip rescaling of my parameter shards. Nothing without attention.
+  absl::Status ReduceAttentionLogits(StepReport* report);
+  // Muon health (StepReport::muon): the step's tallies summed over the
+  // world (one all-gather of a few floats per rank) and, on health steps,
+  // the orthogonality errors max-reduced.
+  absl::Status ReduceMuonHealth(StepReport* report);
+  // Every Muon matrix of the model: the dense mesh's and every EP group's.
+  size_t MuonMatrixCount() const;
+  // Where matrix `matrix` of a unit state's mesh sits among ortho_errors.
+  size_t HealthIndex(const UnitState& u, int32_t matrix) const;
 
   // Trainer::Create's phases, in order: the process groups (world, meshes,
   // replicas, tokens) and the loss buffer; each parameter's size and the

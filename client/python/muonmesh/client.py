@@ -101,7 +101,11 @@ def _step_row(record):
     """A step record as one flat dict: step, rank, loss, step_seconds, the
     phases by name, val_loss (None when not evaluated), grad_norm (before
     clipping), lr_scale (the schedule's multiplier), attempt, ns_flops,
-    bytes_sent (a dict)."""
+    bytes_sent (a dict), max_attn_logit (a list, one per layer; empty
+    without attention), and Muon's health: muon_matrices,
+    muon_planned_matrices, muon_elements, muon_planned_elements,
+    muon_update_rms, muon_ortho_error_max and muon_ortho_error_median (None
+    off the health steps)."""
     row = {"step": record.step, "rank": record.rank, "loss": record.loss,
            "step_seconds": record.step_seconds}
     for phase in PHASES:
@@ -112,6 +116,12 @@ def _step_row(record):
     row["attempt"] = record.attempt
     row["ns_flops"] = record.ns_flops
     row["bytes_sent"] = dict(record.bytes_sent)
+    row["max_attn_logit"] = list(record.max_attn_logit)
+    health = record.muon
+    for field in ("matrices", "planned_matrices", "elements", "planned_elements", "update_rms"):
+        row["muon_" + field] = getattr(health, field)
+    for field in ("ortho_error_max", "ortho_error_median"):
+        row["muon_" + field] = getattr(health, field) if health.HasField(field) else None
     return row
 
 
@@ -326,7 +336,7 @@ class Client:
         """The job's per-step records: one row a step (rank 0's, or every
         rank's with all_ranks) with step, rank, loss, step_seconds, each
         phase's seconds (PHASES), val_loss, grad_norm, lr_scale, attempt,
-        ns_flops, bytes_sent.
+        ns_flops, bytes_sent, max_attn_logit and the muon_* health fields.
         A pandas DataFrame when pandas is installed (frame=None) or asked
         for (frame=True), else a list of dicts."""
         request = jobs_pb2.GetJobMetricsRequest(job_id=job_id, first_step=first_step,

@@ -344,7 +344,9 @@ async function checkStalledAndRefused(workers, workerPorts) {
 }
 
 // A byte-level gpt on this repository's own prose, validated every 10
-// steps, so that every panel (validation loss included) has data.
+// steps, so that every panel (validation loss included) has data; a
+// qk_clip far above its logits (never acting) puts tau on the logit panel,
+// and a health step every 5 the orthogonality error on its own.
 async function runJob(workerPorts) {
   const corpus = path.join(out, 'corpus.txt');
   fs.writeFileSync(corpus, ['README.md', 'docs/architecture.md', 'BENCHMARKS.md']
@@ -357,7 +359,10 @@ async function runJob(workerPorts) {
     model: { gpt: { vocab_size: 256, block_size: 64, n_layer: 2, n_head: 4, n_embd: opts.embd, seq_len: 64 } },
     init: { seed: 7 },
     data: { text: { train: corpus } },
-    optimizer: { muon: { lr: 0.02, momentum: 0.95 }, adamw: { lr: 0.003, beta2: 0.95 } },
+    optimizer: {
+      muon: { lr: 0.02, momentum: 0.95, qk_clip: 1000, health_every: 5 },
+      adamw: { lr: 0.003, beta2: 0.95 },
+    },
     training: { steps: opts.steps, global_batch_size: 8, eval_every: 10, eval_batches: 2 },
     output: { dir: path.join(out, 'runs/e2e-observe') },
   };

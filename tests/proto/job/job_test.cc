@@ -745,6 +745,16 @@ std::vector<BrokenJob> BrokenJobs() {
       {"PerHeadWithoutAttention",
        [](J& j) { j.mutable_optimizer()->mutable_muon()->set_per_head(true); },
        "optimizer.muon.per_head", "the mlp model has no attention (models with attention: gpt"},
+      {"QkClipWithoutAttention",
+       [](J& j) { j.mutable_optimizer()->mutable_muon()->set_qk_clip(50); },
+       "optimizer.muon.qk_clip", "the mlp model has no attention"},
+      {"QkClipZero", [](J& j) { j.mutable_optimizer()->mutable_muon()->set_qk_clip(0); },
+       "optimizer.muon.qk_clip", "must be > 0"},
+      {"QkClipNegative", [](J& j) { j.mutable_optimizer()->mutable_muon()->set_qk_clip(-3); },
+       "optimizer.muon.qk_clip", "got -3"},
+      {"HealthEveryNegative",
+       [](J& j) { j.mutable_optimizer()->mutable_muon()->set_health_every(-1); },
+       "optimizer.muon.health_every", "got -1"},
       {"SplitQkvWithoutAttention",
        [](J& j) { j.mutable_optimizer()->mutable_muon()->set_split_qkv(true); },
        "optimizer.muon.split_qkv", "the mlp model has no attention"},
@@ -1060,6 +1070,25 @@ TEST(JobTest, OptimizerRulesGiveRatesByFirstMatch) {
   ASSERT_THAT(job::ValidateJob(job), IsEmpty());
   EXPECT_THAT(job::OptimizerRulesOf(job),
               ElementsAre(job::OptimizerRule{"layers\\.0\\..*", "", 0.25, 0.01}));
+}
+
+// QK-clip on a model with attention: valid on the CPU, refused on CUDA
+// (whose forms record no logits yet), naming the field.
+TEST(JobTest, QkClipIsRefusedOnCudaOnly) {
+  v1::JobSpec job;
+  ASSERT_TRUE(protoio::ParseMessageText(
+                  "name: g\nworld_size: 1\nmodel: {gpt: {vocab_size: 256, block_size: 16, "
+                  "n_layer: 1, n_head: 2, n_embd: 8, seq_len: 16}}\n"
+                  "data: {text: {train: /x.txt}}\ntraining: {steps: 1, global_batch_size: 1}\n"
+                  "optimizer: {muon: {qk_clip: 100, health_every: 0}}\n",
+                  "job", &job)
+                  .ok());
+  EXPECT_THAT(job::ValidateJob(job), IsEmpty());
+  job.set_device("cuda");
+  const std::vector<plan::FieldViolation> v = job::ValidateJob(job);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].field, "optimizer.muon.qk_clip");
+  EXPECT_THAT(v[0].description, HasSubstr("not on device cuda"));
 }
 
 // split_qkv and per_head cut gpt's c_attn.weight [3C, C] into blocks the

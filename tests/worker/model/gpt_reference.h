@@ -164,6 +164,7 @@ class Model {
       for (int64_t i = 0; i < c; ++i) x_[t][i] = p_[0][tok_[t] * c + i] + p_[1][t * c + i];
     }
     blocks_.assign(d_.layers, {});
+    logit_max_.assign(d_.layers * d_.heads, -1e300);
     for (int64_t l = 0; l < d_.layers; ++l) BlockForward(l);
     return HeadForward();
   }
@@ -182,10 +183,14 @@ class Model {
     }
   }
 
+  // [L H] the largest pre-softmax logit of each head in the last Forward.
+  const std::vector<double>& logit_max() const { return logit_max_; }
+
  private:
   const std::vector<double>& P(int64_t l, int j) const { return p_[BlockIndex(l, j)]; }
 
   void BlockForward(int64_t l) {
+    layer_ = l;
     BlockState& s = blocks_[l];
     const int64_t t_len = d_.seq;
     const int64_t c = d_.embd;
@@ -223,6 +228,7 @@ class Model {
           for (int64_t k = 0; k < hs; ++k) dot += s.qkv[t][h * hs + k] * s.qkv[j][c + h * hs + k];
           e[j] = dot * scale;
           top = std::max(top, e[j]);
+          logit_max_[layer_ * d_.heads + h] = std::max(logit_max_[layer_ * d_.heads + h], e[j]);
         }
         double z = 0;
         for (double& v : e) z += (v = std::exp(v - top));
@@ -344,6 +350,8 @@ class Model {
   std::vector<int32_t> tok_;
   std::vector<std::vector<double>> x_;  // the residual stream [T][C]
   std::vector<BlockState> blocks_;
+  std::vector<double> logit_max_;
+  int64_t layer_ = 0;  // the block BlockForward is in
   std::vector<Norm> nf_;
   std::vector<std::vector<double>> probs_;  // [T][V] softmax of the logits
 };
@@ -371,10 +379,12 @@ inline void CheckShapes(const RefGptDims& d, const GptTensors& p) {
 
 // The mean cross-entropy over every position of the windows `samples` of
 // `tokens` and, if grads is not null, its gradient with respect to every
-// parameter (flat order, overwritten).
+// parameter (flat order, overwritten); if logit_max is not null, each head's
+// largest pre-softmax logit over the samples' causal positions ([L H]).
 inline double GptRefLossAndGrad(const RefGptDims& d, const GptTensors& params,
                                 const std::vector<int32_t>& tokens,
-                                const std::vector<int64_t>& samples, GptTensors* grads) {
+                                const std::vector<int64_t>& samples, GptTensors* grads,
+                                std::vector<double>* logit_max = nullptr) {
   gpt_internal::CheckShapes(d, params);
   const int64_t num = static_cast<int64_t>(tokens.size());
   gpt_internal::Need(num > d.seq, "stream too short");
@@ -391,6 +401,12 @@ inline double GptRefLossAndGrad(const RefGptDims& d, const GptTensors& params,
     const std::vector<int32_t> window(tokens.begin() + start, tokens.begin() + start + d.seq + 1);
     gpt_internal::Model model(d, params);
     sum += model.Forward(window);
+    if (logit_max != nullptr) {
+      logit_max->resize(model.logit_max().size(), -1e300);
+      for (size_t i = 0; i < logit_max->size(); ++i) {
+        (*logit_max)[i] = std::max((*logit_max)[i], model.logit_max()[i]);
+      }
+    }
     if (grads != nullptr) model.Backward(scale, *grads);
   }
   return sum * scale;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <numbers>
 #include <random>
@@ -469,6 +470,76 @@ TEST(GptTest, LossAndLossByUnitEqualForwardBackwardsLoss) {
   EXPECT_THAT(gpt.Loss(p, val_stream, {8}).status().message(), HasSubstr("outside [0, 8)"));
   InMemoryTokens short_stream({1, 2, 3, 4, 5});
   EXPECT_THAT(gpt.Loss(p, short_stream, {0}).status().message(), HasSubstr("5 tokens"));
+}
+
+// ---------------------------------------------------------------- QK-clip
+
+// Each head's largest logit, against the reference's (its own q.k / sqrt(D)
+// in double over causal positions): raised by training passes only, across
+// calls until reset, the same whole and by unit.
+TEST(GptTest, AttentionLogitsAreEachHeadsLargestCausalLogit) {
+  const model::GptDims dims = Tiny();
+  const std::vector<int32_t> tokens = TinyTokens(23, 11);
+  Gpt gpt = MakeGpt(dims, tokens);
+  ASSERT_EQ(gpt.attention_layers(), 2);
+  ASSERT_EQ(gpt.attention_heads(), 2);
+  for (float v : gpt.attention_logits()) EXPECT_EQ(v, -std::numeric_limits<float>::infinity());
+  const Floats params = TestParams(gpt.spec(), 5);
+  std::vector<double> want;
+  reference::GptRefLossAndGrad(RefDims(dims), ToDouble(params), tokens, {0, 7, 7, 17}, nullptr,
+                               &want);
+  ASSERT_EQ(want.size(), 4u);
+  // Two calls (a step's micro-batches) without a reset: the max of both.
+  Whole(gpt, params, {0, 7});
+  Whole(gpt, params, {7, 17});
+  std::vector<float> got(gpt.attention_logits().begin(), gpt.attention_logits().end());
+  ASSERT_EQ(got.size(), 4u);
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], 1e-5 + 1e-5 * std::abs(want[i])) << "layer " << i / 2 << " head "
+                                                                   << i % 2;
+  }
+  EXPECT_NE(want[0], want[1]);  // heads differ, so a mixed-up index shows
+
+  // Loss-only passes (validation) leave them alone.
+  gpt.ResetAttentionLogits();
+  std::vector<const float*> p = ConstPtrs(params);
+  ASSERT_TRUE(gpt.Loss(p, gpt.train(), {0, 7}).ok());
+  for (float v : gpt.attention_logits()) EXPECT_EQ(v, -std::numeric_limits<float>::infinity());
+
+  // By unit: the same values as the whole pass on the same samples.
+  Whole(gpt, params, {0, 7, 7, 17});
+  got.assign(gpt.attention_logits().begin(), gpt.attention_logits().end());
+  gpt.ResetAttentionLogits();
+  RecordingAccess access(gpt.spec(), params);
+  ASSERT_TRUE(gpt.ForwardBackwardByUnit(0, access, {0, 7, 7, 17}).ok());
+  EXPECT_THAT(gpt.attention_logits(), ElementsAreArray(got));
+}
+
+// The rows MuonClip scales: head h's query rows [h D, (h+1) D) and key rows
+// C + [h D, (h+1) D) of its layer's c_attn.weight (flat 2 + 12 l + 2), by
+// sqrt(tau / S); nothing for heads at or below tau.
+TEST(GptTest, QkClipRowsAreTheClippedHeadsQueryAndKeyRows) {
+  Gpt gpt = MakeGpt(Tiny(), TinyTokens(23, 11));
+  const std::vector<float> logits = {3.0f, 9.0f, 4.0f, 16.0f};  // [layer][head]
+  const std::vector<RowScale> rows = gpt.QkClipRows(logits, 4.0);
+  ASSERT_EQ(rows.size(), 4u);  // heads (0, 1) and (1, 1); (1, 0) sits at tau
+  const int64_t d = 8 / 2;
+  struct Want {
+    int32_t flat;
+    int64_t row_start;
+    double factor;
+  };
+  const Want want[] = {{4, d, std::sqrt(4.0 / 9.0)}, {4, 8 + d, std::sqrt(4.0 / 9.0)},
+                       {16, d, 0.5}, {16, 8 + d, 0.5}};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i].flat, want[i].flat) << i;
+    EXPECT_EQ(rows[i].row_start, want[i].row_start) << i;
+    EXPECT_EQ(rows[i].rows, d) << i;
+    EXPECT_FLOAT_EQ(rows[i].factor, static_cast<float>(want[i].factor)) << i;
+    EXPECT_EQ(gpt.spec().units[1 + (rows[i].flat - 4) / 12].params[2].name,
+              absl::StrCat("h.", (rows[i].flat - 4) / 12, ".attn.c_attn.weight"));
+  }
+  EXPECT_TRUE(gpt.QkClipRows(logits, 20.0).empty());
 }
 
 // ---------------------------------------------------------------- errors

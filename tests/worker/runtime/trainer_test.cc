@@ -25,12 +25,15 @@
 #include "core/plan/owners.h"
 #include "core/plan/planner.h"
 #include "gtest/gtest.h"
+#include "tests/worker/model/gpt_reference.h"
 #include "tests/worker/model/moe_reference_trainer.h"
 #include "tests/worker/model/reference_trainer.h"
 #include "worker/checkpoints.h"
 #include "worker/comm/file_store.h"
 #include "worker/comm/inprocess_communicator.h"
 #include "worker/io/safetensors.h"
+#include "worker/model/token_windows.h"
+#include "worker/model/gpt.h"
 #include "worker/model/mlp.h"
 #include "worker/model/moe_mlp.h"
 #include "worker/reshard.h"
@@ -121,6 +124,7 @@ struct Config {
   int64_t ep = 1;
   bool moe = false;
   bool mlp = false;  // dense configs: the mlp workload instead of TwoLayerLinear
+  bool gpt = false;  // dense configs: a tiny gpt (QK-clip)
 };
 
 constexpr int64_t kTeacherSamples = 64;
@@ -130,7 +134,21 @@ constexpr MoeMlpDims kMoeDims = {5, 8, 6, 4, 3};
 // Dense: TwoLayerLinear, or the mlp workload [6, 12, 5] on 64 teacher
 // samples; expert: d_in 5, d_model 8, d_expert 6, 4 experts, d_out 3 on 64
 // teacher samples.
-std::unique_ptr<Workload> MakeWorkload(bool moe, bool mlp = false) {
+// The gpt of the QK-clip tests: V 11, block 8, 2 layers, 2 heads, C 8, T 5,
+// on 23 tokens (18 windows).
+constexpr model::GptDims kGptDims = {11, 8, 2, 2, 8, 5};
+std::vector<int32_t> GptTokens() {
+  std::vector<int32_t> t;
+  for (int32_t i = 0; i < 23; ++i) t.push_back((7 * i * i + 3 * i) % 11);
+  return t;
+}
+
+std::unique_ptr<Workload> MakeWorkload(bool moe, bool mlp = false, bool gpt = false) {
+  if (gpt) {
+    absl::StatusOr<Gpt> g = Gpt::Create(kGptDims, std::make_shared<InMemoryTokens>(GptTokens()));
+    EXPECT_TRUE(g.ok()) << g.status();
+    return std::make_unique<Gpt>(*std::move(g));
+  }
   if (!moe && mlp) {
     absl::StatusOr<Mlp> m = Mlp::FromTeacher(kMlpDims, 21, kTeacherSamples);
     EXPECT_TRUE(m.ok()) << m.status();
@@ -159,6 +177,8 @@ struct RunResult {
   std::vector<std::vector<MuonRound>> rounds;
   std::vector<int32_t> exchange_calls;
   std::vector<double> ns_flops;
+  std::vector<std::vector<float>> max_attn_logits;  // rank 0's, per step
+  std::vector<MuonHealth> health;                    // rank 0's, per step
 };
 
 // Checkpoint hooks of a run: ranks load their shards from `load_dir` before
@@ -184,12 +204,14 @@ struct RunRecipe {
   // Per flat parameter, ParamSpec::muon_block_rows for the plan (empty: none).
   std::vector<int64_t> block_rows;
   std::optional<uint64_t> shuffle_seed;
+  double qk_clip = 0;
+  int64_t health_every = 0;
 };
 
 RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpoints& ck = {},
                  int64_t muon_buffer_bytes = 0, bool muon_overlap = true,
                  const char* replica_split = "", const RunRecipe& recipe = {}) {
-  const std::unique_ptr<Workload> model = MakeWorkload(c.moe, c.mlp);
+  const std::unique_ptr<Workload> model = MakeWorkload(c.moe, c.mlp, c.gpt);
   plan::PlanInput in;
   in.model = model->spec();
   for (size_t u = 0, flat = 0; u < in.model.units.size(); ++u) {
@@ -226,6 +248,8 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
   std::vector<std::thread> threads;
   std::vector<std::vector<double>> losses(c.world);
   std::vector<std::vector<double>> norms(c.world);
+  std::vector<std::vector<std::vector<float>>> logits(c.world);
+  std::vector<std::vector<MuonHealth>> health(c.world);
   std::vector<double> lr_scales;
   std::vector<std::map<std::string, int64_t>> bytes(c.world);
   std::vector<absl::Status> status(c.world);
@@ -236,7 +260,7 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
   result.ns_flops.resize(c.world);
   for (int32_t r = 0; r < c.world; ++r) {
     threads.emplace_back([&, r] {
-      const std::unique_ptr<Workload> local = MakeWorkload(c.moe, c.mlp);
+      const std::unique_ptr<Workload> local = MakeWorkload(c.moe, c.mlp, c.gpt);
       const std::unique_ptr<Device> cpu = MakeCpuDevice();
       TrainerOptions o;
       o.device = cpu.get();
@@ -264,6 +288,8 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
       o.param_rates = recipe.param_rates;
       o.micro_batch_size = recipe.micro_batch_size;
       o.shuffle_seed = recipe.shuffle_seed;
+      o.qk_clip = recipe.qk_clip;
+      o.health_every = recipe.health_every;
       absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(*plan, local.get(), r, o);
       if (!t.ok()) {
         status[r] = t.status();
@@ -288,6 +314,8 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
         }
         losses[r].push_back(rep->loss);
         norms[r].push_back(rep->grad_norm);
+        logits[r].push_back(rep->max_attn_logit);
+        health[r].push_back(rep->muon);
         if (r == 0) lr_scales.push_back(rep->lr_scale);
         for (const auto& [k, v] : rep->bytes_sent) bytes[r][k] += v;
         result.rounds[r] = rep->muon_rounds;
@@ -314,12 +342,20 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
     if (r > 0) {
       EXPECT_EQ(losses[r], losses[0]) << "ranks disagree on the loss";
       EXPECT_EQ(norms[r], norms[0]) << "ranks disagree on the gradient norm";
+      EXPECT_EQ(logits[r], logits[0]) << "ranks disagree on the attention logits";
+      for (size_t st = 0; st < health[r].size() && st < health[0].size(); ++st) {
+        EXPECT_EQ(health[r][st].elements, health[0][st].elements) << "step " << st;
+        EXPECT_EQ(health[r][st].update_rms, health[0][st].update_rms) << "step " << st;
+        EXPECT_EQ(health[r][st].ortho_error_max, health[0][st].ortho_error_max) << "step " << st;
+      }
     }
     for (const auto& [k, v] : bytes[r]) result.bytes[k] += v;
   }
   result.wire = hub->TrafficBytes();
   result.losses = losses[0];
   result.grad_norms = norms[0];
+  result.max_attn_logits = logits[0];
+  result.health = health[0];
   result.lr_scales = lr_scales;
   result.weights = weights;
   result.last_weights = last_weights;
@@ -564,6 +600,67 @@ TEST_P(TrainerConfigTest, MuonBlocksMatchTheIndependentReference) {
 // data.shuffle draws the same samples for every layout (the order is a
 // function of the global index): the layout's run ends where one rank's
 // does; and it is another order than the unshuffled one.
+// Muon health under every layout: each step counts every Muon matrix and
+// element once (against the workload's spec, counted here: an expert stack
+// [E, r, c] is E matrices), the update's RMS is what the weights moved by
+// (step 0: p0 (1 - lr wd) - p1 over the Muon tensors, lr 0.02, wd 0.01),
+// and the orthogonality error comes on the health steps only, at the values
+// one rank measures.
+TEST_P(TrainerConfigTest, MuonHealthCountsEachMatrixOnceAndMeasuresTheUpdate) {
+  const Config c = GetParam();
+  const Config single = {"single", 1, "optim_grads_params", 1, "", 1, c.moe};
+  RunRecipe recipe;
+  recipe.health_every = 2;
+  const RunResult start = RunJob(c, "lpt", /*steps=*/0);
+  const RunResult first = RunJob(c, "lpt", 1, {}, 0, true, "", recipe);
+  const RunResult run = RunJob(c, "lpt", 3, {}, 0, true, "", recipe);
+  const RunResult one = RunJob(single, "lpt", 3, {}, 0, true, "", recipe);
+  int64_t matrices = 0, elements = 0;
+  std::vector<bool> muon;
+  const std::unique_ptr<Workload> model = MakeWorkload(c.moe);
+  for (const plan::UnitSpec& unit : model->spec().units) {
+    for (const plan::ParamSpec& p : unit.params) {
+      muon.push_back(p.optimizer == "muon");
+      if (!muon.back()) continue;
+      matrices += p.expert ? p.shape[0] : 1;
+      int64_t size = 1;
+      for (int64_t d : p.shape) size *= d;
+      elements += size;
+    }
+  }
+  ASSERT_EQ(run.health.size(), 3u);
+  for (size_t st = 0; st < 3; ++st) {
+    const MuonHealth& h = run.health[st];
+    EXPECT_EQ(h.matrices, matrices) << "step " << st;
+    EXPECT_EQ(h.planned_matrices, matrices) << "step " << st;
+    EXPECT_EQ(h.elements, elements) << "step " << st;
+    EXPECT_EQ(h.planned_elements, elements) << "step " << st;
+    EXPECT_NEAR(h.update_rms, one.health[st].update_rms, 1e-4 * one.health[st].update_rms);
+    EXPECT_EQ(h.ortho_error_max.has_value(), st % 2 == 0) << "step " << st;
+    EXPECT_EQ(h.ortho_error_median.has_value(), st % 2 == 0) << "step " << st;
+    if (st % 2 != 0) continue;
+    EXPECT_NEAR(*h.ortho_error_max, *one.health[st].ortho_error_max, 1e-4);
+    EXPECT_NEAR(*h.ortho_error_median, *one.health[st].ortho_error_median, 1e-4);
+    EXPECT_LE(*h.ortho_error_median, *h.ortho_error_max);
+    EXPECT_GT(*h.ortho_error_median, 0.0);
+    // Singular values in [0, sqrt 2] keep each term (s^2 - 1)^2 <= 1.
+    EXPECT_LE(*h.ortho_error_max, 1.0);
+  }
+  double sum_sq = 0;
+  int64_t n = 0;
+  for (size_t p = 0; p < muon.size(); ++p) {
+    if (!muon[p]) continue;
+    for (size_t i = 0; i < start.weights[p].size(); ++i) {
+      const double moved = start.weights[p][i] * (1.0 - 0.02 * 0.01) - first.weights[p][i];
+      sum_sq += moved * moved;
+      ++n;
+    }
+  }
+  ASSERT_EQ(first.health.size(), 1u);
+  const double want = std::sqrt(sum_sq / static_cast<double>(n));
+  EXPECT_NEAR(first.health[0].update_rms, want, 1e-3 * want);
+}
+
 TEST_P(TrainerConfigTest, ShuffledSamplesAreTheSameUnderEveryLayout) {
   RunRecipe shuffled;
   shuffled.shuffle_seed = 17;
@@ -1466,6 +1563,106 @@ INSTANTIATE_TEST_SUITE_P(
                       Config{"moe_ep2_hsdp", 4, "optim_grads_params", 2, "no_shard", 2, true},
                       Config{"moe_ep2_hfsdp", 4, "optim_grads_params", 2, "optim", 2, true},
                       Config{"moe_ep2_zero3_w8", 8, "optim_grads_params", 1, "", 2, true}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// ---------------------------------------------------------------- QK-clip
+
+// One rank, one step from the initial weights: each head's largest logit
+// comes from the independent reference (double precision, its own q.k /
+// sqrt(D)); the step's record holds each layer's largest; with tau between
+// the heads', the clipped run equals the unclipped one except the clipped
+// heads' query and key rows of c_attn.weight, scaled by sqrt(tau / S_h)
+// (docs/architecture.md, "QK-clip"), the bias and every other tensor
+// untouched.
+TEST(QkClipTest, RescalesTheClippedHeadsQueryAndKeyRowsAfterTheStep) {
+  Config one = {"gpt_single", 1, "optim_grads_params", 1, ""};
+  one.gpt = true;
+  const RunResult start = RunJob(one, "lpt", /*steps=*/0);
+  const RunResult plain = RunJob(one, "lpt", /*steps=*/1);
+  ASSERT_FALSE(start.weights.empty());
+  std::vector<int64_t> samples;  // step 0's batch of 24: samples k mod 18
+  for (int64_t k = 0; k < 24; ++k) samples.push_back(k % 18);
+  std::vector<double> s;
+  reference::GptRefLossAndGrad({11, 8, 2, 2, 8, 5}, InitialWeights(start), GptTokens(), samples,
+                               nullptr, &s);
+  ASSERT_EQ(s.size(), 4u);
+  ASSERT_EQ(plain.max_attn_logits.size(), 1u);
+  ASSERT_EQ(plain.max_attn_logits[0].size(), 2u);
+  for (int l = 0; l < 2; ++l) {
+    const double want = std::max(s[2 * l], s[2 * l + 1]);
+    EXPECT_NEAR(plain.max_attn_logits[0][l], want, 1e-5 * std::abs(want)) << "layer " << l;
+  }
+  std::vector<double> sorted = s;
+  std::sort(sorted.begin(), sorted.end());
+  const double tau = 0.5 * (sorted[1] + sorted[2]);
+  ASSERT_GT(tau, 0);
+  ASSERT_LT(tau / sorted[3], 0.98) << "the heads' logits are too close for this test";
+
+  RunRecipe recipe;
+  recipe.qk_clip = tau;
+  const RunResult clipped = RunJob(one, "lpt", 1, {}, 0, true, "", recipe);
+  ASSERT_EQ(clipped.weights.size(), plain.weights.size());
+  EXPECT_EQ(clipped.max_attn_logits, plain.max_attn_logits);  // recorded before the rescaling
+  constexpr int64_t kC = 8, kD = 4;
+  int scaled = 0;
+  for (size_t p = 0; p < plain.weights.size(); ++p) {
+    const bool c_attn = p == 4 || p == 16;  // 2 + 12 l + 2
+    const int l = p == 16 ? 1 : 0;
+    for (size_t i = 0; i < plain.weights[p].size(); ++i) {
+      const int64_t row = static_cast<int64_t>(i) / kC;
+      const int64_t h = (row % kC) / kD;  // q rows [0, C), k rows [C, 2C)
+      const double head_s = s[2 * l + h];
+      if (!c_attn || row >= 2 * kC || head_s <= tau) {
+        EXPECT_EQ(clipped.weights[p][i], plain.weights[p][i]) << "param " << p << " [" << i << "]";
+        continue;
+      }
+      const double want = plain.weights[p][i] * std::sqrt(tau / head_s);
+      EXPECT_NEAR(clipped.weights[p][i], want, 1e-5 * std::abs(want) + 1e-9)
+          << "param " << p << " [" << i << "]";
+      ++scaled;
+    }
+  }
+  EXPECT_EQ(scaled, 2 * 2 * kD * kC);  // two heads, q and k rows
+}
+
+// Every layout clips as one rank does: the same logits in every step's
+// record, losses and final weights within fp32 rounding, after steps where
+// QK-clip rescaled heads (it changes the outcome against an unclipped run).
+class QkClipLayoutTest : public ::testing::TestWithParam<Config> {};
+
+TEST_P(QkClipLayoutTest, EveryLayoutClipsAsOneRankDoes) {
+  constexpr int kSteps = 4;
+  Config one = {"gpt_single", 1, "optim_grads_params", 1, ""};
+  one.gpt = true;
+  Config many = GetParam();
+  many.gpt = true;
+  const RunResult plain = RunJob(one, "lpt", kSteps);
+  ASSERT_EQ(plain.max_attn_logits.size(), static_cast<size_t>(kSteps));
+  RunRecipe recipe;
+  recipe.qk_clip = 0.7 * std::min(plain.max_attn_logits[0][0], plain.max_attn_logits[0][1]);
+  const RunResult a = RunJob(one, "lpt", kSteps, {}, 0, true, "", recipe);
+  const RunResult b = RunJob(many, "lpt", kSteps, {}, 0, true, "", recipe);
+  EXPECT_GT(MaxApart(a, plain), 1e-4) << "QK-clip changed nothing";
+  ASSERT_EQ(b.losses.size(), a.losses.size());
+  for (size_t st = 0; st < a.losses.size(); ++st) {
+    EXPECT_NEAR(b.losses[st], a.losses[st], 1e-5 * std::abs(a.losses[st])) << "step " << st;
+    ASSERT_EQ(b.max_attn_logits[st].size(), 2u);
+    for (int l = 0; l < 2; ++l) {
+      EXPECT_NEAR(b.max_attn_logits[st][l], a.max_attn_logits[st][l],
+                  1e-5 * std::abs(a.max_attn_logits[st][l]))
+          << "step " << st << " layer " << l;
+    }
+  }
+  EXPECT_LE(MaxApart(a, b), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, QkClipLayoutTest,
+    ::testing::Values(Config{"ddp", 2, "no_shard", 1, ""}, Config{"zero1", 4, "optim", 1, ""},
+                      Config{"zero2", 4, "optim_grads", 1, ""},
+                      Config{"zero3_w3", 3, "optim_grads_params", 1, ""},
+                      Config{"hsdp", 4, "optim_grads_params", 2, "no_shard"},
+                      Config{"hfsdp", 4, "optim_grads_params", 2, "optim"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
