@@ -234,6 +234,19 @@ std::string WatchResumeHint(const std::string& job_id, int64_t next_index) {
   return absl::StrCat("muonmeshctl watch ", job_id, " --from ", next_index);
 }
 
+std::string HealthWarning(const v1::StepRecord& r) {
+  const v1::MuonHealth& h = r.muon();
+  if (h.planned_elements() > 0 && h.elements() < h.planned_elements()) {
+    return absl::StrFormat("step %d  warning: Muon updated %d of the %d elements planned", r.step(),
+                           h.elements(), h.planned_elements());
+  }
+  if (h.has_ortho_error_max() && h.ortho_error_max() > 1.0) {
+    return absl::StrFormat("step %d  warning: orthogonality error %.3f (above 1)", r.step(),
+                           h.ortho_error_max());
+  }
+  return "";
+}
+
 int Watch(CoordinatorClient& client, const std::string& job_id, int64_t from_index,
           absl::Duration timeout, Streams io) {
   watch_next_index = std::max<int64_t>(from_index, 1);
@@ -264,6 +277,10 @@ int Watch(CoordinatorClient& client, const std::string& job_id, int64_t from_ind
       std::vector<double> sorted(recent.begin(), recent.end());
       std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
       const double eta = sorted[sorted.size() / 2] * static_cast<double>(total - r.step() - 1);
+      if (const std::string warning = HealthWarning(r); !warning.empty()) {
+        end_bar();
+        io.out << "[" << e.index() << "] " << warning << "\n";
+      }
       if (io.terminal) {
         constexpr int kWidth = 30;
         const int filled =

@@ -50,6 +50,12 @@ int List(CoordinatorClient& client, const std::string& states, const std::string
 int Watch(CoordinatorClient& client, const std::string& job_id, int64_t from_index,
           absl::Duration timeout, Streams io);
 
+// The line `watch` adds for a step whose Muon did not do its job (fewer
+// elements updated than planned, or an orthogonality error above 1;
+// docs/architecture.md, "Muon health"), without a newline; empty for a
+// healthy step.
+std::string HealthWarning(const v1::StepRecord& r);
+
 // "muonmeshctl watch JOB --from N" for the event after the last one a watch
 // printed; what a stopped watch tells its user.
 std::string WatchResumeHint(const std::string& job_id, int64_t next_index);

@@ -10,8 +10,12 @@ per run, the validation loss every EVAL steps; then each optimizer at its best l
 (lowest final validation loss), the step at which each first reaches AdamW's best validation
 loss, and their ratio; and draws both curves into a PNG.
 
+With --schedule both optimizers run the recipe real runs use: a linear warmup over the
+first 5 % of the steps, then a cosine decay to 10 % of the peak, and the global gradient
+norm clipped at 1 (training.lr_schedule, training.clip_grad_norm); the sweep is the same.
+
   tests/worker/model/muon_vs_adamw.py [--worker build/worker/muonmesh-worker]
-      [--corpus '/usr/share/games/fortunes/*.u8'] [--steps 400] [--out DIR]
+      [--corpus '/usr/share/games/fortunes/*.u8'] [--steps 400] [--schedule] [--out DIR]
 """
 
 import argparse
@@ -38,9 +42,17 @@ data:
 optimizer:
   muon: {{lr: {muon_lr}, momentum: 0.95, nesterov: true, ns_steps: 5}}
   adamw: {{lr: {adamw_lr}, beta1: 0.9, beta2: 0.95, weight_decay: 0.0}}
-{rules}training: {{steps: {steps}, global_batch_size: 16, eval_every: {eval}, eval_batches: 8}}
+{rules}training: {{steps: {steps}, global_batch_size: 16, eval_every: {eval}, eval_batches: 8{recipe}}}
 output: {{dir: {out}}}
 """
+
+
+def recipe(args):
+    if not args.schedule:
+        return ""
+    warmup = max(1, args.steps // 20)
+    return (f",\n  lr_schedule: {{warmup_steps: {warmup}, decay: cosine, min_lr_ratio: 0.1}},"
+            f"\n  clip_grad_norm: 1.0")
 
 
 def run(args, name, muon_lr, adamw_lr, all_adamw):
@@ -48,7 +60,8 @@ def run(args, name, muon_lr, adamw_lr, all_adamw):
     os.makedirs(folder, exist_ok=True)
     rules = "  rules: [{pattern: '.*', optimizer: adamw}]\n" if all_adamw else ""
     job = JOB.format(name=name, corpus=args.corpus, muon_lr=muon_lr, adamw_lr=adamw_lr,
-                     rules=rules, steps=args.steps, eval=EVAL, out=os.path.join(folder, "out"))
+                     rules=rules, steps=args.steps, eval=EVAL, out=os.path.join(folder, "out"),
+                     recipe=recipe(args))
     path = os.path.join(folder, "job.yaml")
     with open(path, "w") as f:
         f.write(job)
@@ -86,10 +99,12 @@ def plot(args, muon, adamw, muon_name, adamw_name):
     ax.plot(*zip(*adamw), marker="s", label=f"AdamW only ({adamw_name})")
     ax.set_xlabel("step")
     ax.set_ylabel("validation loss (nats per byte)")
-    ax.set_title("Character-level GPT-2 (2 layers, 64 wide) on the fortunes texts")
+    ax.set_title("Character-level GPT-2 (2 layers, 64 wide) on the fortunes texts"
+                 + (", warmup + cosine" if args.schedule else ""))
     ax.grid(True, alpha=0.3)
     ax.legend()
-    png = os.path.join(args.out, "muon_vs_adamw.png")
+    png = os.path.join(args.out,
+                       "muon_vs_adamw_schedule.png" if args.schedule else "muon_vs_adamw.png")
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     print(f"curves: {png}")
@@ -100,6 +115,8 @@ def main():
     parser.add_argument("--worker", default="build/worker/muonmesh-worker")
     parser.add_argument("--corpus", default="/usr/share/games/fortunes/*.u8")
     parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--schedule", action="store_true",
+                        help="warmup + cosine decay and clipping at 1 for both optimizers")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     args.out = args.out or tempfile.mkdtemp(prefix="muon_vs_adamw.")
