@@ -13,6 +13,7 @@
 #include "core/plan/validate.h"
 #include "worker/math/elementwise.h"
 #include "worker/model/checks.h"
+#include "worker/model/host_ops.h"
 #include "worker/model/rng.h"
 
 namespace muonmesh::worker {
@@ -25,15 +26,6 @@ constexpr double kLayerNormEps = 1e-5;
 constexpr double kInitStd = 0.02;
 
 // ---------------------------------------------------------------- math
-
-// c [m, n] = alpha op(a) op(b), row-major, beta = 0 (overwrites c).
-void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), 0.0f,
-              c, static_cast<int>(ldc));
-}
 
 // y [rows, out] = x [rows, in] W^T + b, W [out, in].
 void LinearForward(int64_t rows, int64_t in, int64_t out, const float* x, const float* w,
@@ -135,55 +127,6 @@ void GeluForward(int64_t count, const float* x, float* y) {
 // d *= gelu'(x).
 void GeluBackward(int64_t count, const float* x, float* d) {
   for (int64_t i = 0; i < count; ++i) d[i] = d[i] * math::GeluSlope(x[i]);
-}
-
-// sum of e[0, n) in double: four partial sums s_k over j = k mod 4, in
-// order, then (s_0 + s_1) + (s_2 + s_3) (four chains instead of one).
-double SumInDouble(const float* e, int64_t n) {
-  double s[4] = {0.0, 0.0, 0.0, 0.0};
-  int64_t j = 0;
-  for (; j + 4 <= n; j += 4) {
-    for (int k = 0; k < 4; ++k) s[k] += static_cast<double>(e[j + k]);
-  }
-  for (; j < n; ++j) s[j % 4] += static_cast<double>(e[j]);
-  return (s[0] + s[1]) + (s[2] + s[3]);
-}
-
-// e[j] = ExpF(row[j] - max) for j < n.
-void ShiftedExps(const float* row, int64_t n, float max, float* e) {
-  for (int64_t j = 0; j < n; ++j) e[j] = math::ExpF(row[j] - max);
-}
-
-// Row t of s [T, T] (scores) becomes softmax over j <= t, 0 above: e_j =
-// ExpF(s_j - max) in float (`e`, T entries), their sum in double
-// (SumInDouble), p_j = float(e_j / sum).
-// Returns the largest score over the causal positions (QK-clip's S).
-float CausalSoftmax(int64_t t_len, float* s, float* e) {
-  float top = -std::numeric_limits<float>::infinity();
-  for (int64_t t = 0; t < t_len; ++t) {
-    float* row = s + t * t_len;
-    const float max = *std::max_element(row, row + t + 1);
-    top = std::max(top, max);
-    ShiftedExps(row, t + 1, max, e);
-    const double sum = SumInDouble(e, t + 1);
-    for (int64_t j = 0; j <= t; ++j) row[j] = static_cast<float>(static_cast<double>(e[j]) / sum);
-    std::fill(row + t + 1, row + t_len, 0.0f);
-  }
-  return top;
-}
-
-// d [T, T] = dL/dp becomes dL/dscores: p_j (d_j - sum_k p_k d_k), 0 above.
-void CausalSoftmaxBackward(int64_t t_len, const float* p, float* d) {
-  for (int64_t t = 0; t < t_len; ++t) {
-    const float* pr = p + t * t_len;
-    float* dr = d + t * t_len;
-    double dot = 0.0;
-    for (int64_t j = 0; j <= t; ++j) dot += static_cast<double>(pr[j]) * dr[j];
-    for (int64_t j = 0; j <= t; ++j) {
-      dr[j] = static_cast<float>(static_cast<double>(pr[j]) * (static_cast<double>(dr[j]) - dot));
-    }
-    std::fill(dr + t + 1, dr + t_len, 0.0f);
-  }
 }
 
 // ---------------------------------------------------------------- access
@@ -413,28 +356,11 @@ absl::Status Gpt::FinalNorm(int64_t n, const float* w, const float* b) {
 // The logits, the summed cross-entropy (returned, in double) and, if
 // `gradients`, dL/dlogits = (softmax - onehot) / (n T) written over them.
 absl::StatusOr<double> Gpt::LogitsAndLoss(int64_t n, const float* wte, bool gradients) {
-  const int64_t t_len = dims_.seq_len;
-  const int64_t v_size = dims_.vocab_size;
-  const int64_t rows = n * t_len;
-  Gemm(false, true, rows, v_size, dims_.n_embd, 1.0f, lnf_.data(), dims_.n_embd, wte, dims_.n_embd,
-       logits_.data(), v_size);
-  const double denom = static_cast<double>(rows);
-  double loss = 0.0;
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = logits_.data() + r * v_size;
-    const int64_t target = tokens_[(r / t_len) * (t_len + 1) + r % t_len + 1];
-    const float max = *std::max_element(row, row + v_size);
-    float* e = exp_.data();
-    ShiftedExps(row, v_size, max, e);
-    const double sum = SumInDouble(e, v_size);
-    loss += static_cast<double>(max) + std::log(sum) - static_cast<double>(row[target]);
-    if (!gradients) continue;
-    for (int64_t j = 0; j < v_size; ++j) {
-      row[j] = static_cast<float>(static_cast<double>(e[j]) / sum / denom);
-    }
-    row[target] = static_cast<float>((static_cast<double>(e[target]) / sum - 1.0) / denom);
-  }
-  return loss;
+  const int64_t rows = n * dims_.seq_len;
+  Gemm(false, true, rows, dims_.vocab_size, dims_.n_embd, 1.0f, lnf_.data(), dims_.n_embd, wte,
+       dims_.n_embd, logits_.data(), dims_.vocab_size);
+  return WindowCrossEntropy(n, dims_.seq_len, dims_.vocab_size, tokens_.data(), logits_.data(),
+                            exp_.data(), gradients);
 }
 
 // ---------------------------------------------------------------- backward

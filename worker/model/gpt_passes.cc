@@ -105,31 +105,36 @@ absl::Status Driver::BlockBackwardStep(int64_t layer, int64_t n) {
 
 }  // namespace
 
-absl::Status ReadGptWindows(const model::GptDims& dims, const TokenStream& tokens,
-                            absl::Span<const int64_t> samples, std::vector<int32_t>& windows) {
-  const int64_t t_len = dims.seq_len;
+absl::Status ReadWindows(const char* model, int64_t vocab_size, int64_t t_len,
+                         const TokenStream& tokens, absl::Span<const int64_t> samples,
+                         std::vector<int32_t>& windows) {
   const int64_t num_tokens = tokens.num_tokens();
   if (num_tokens <= t_len) {
-    return absl::InvalidArgumentError(absl::StrCat("gpt: the token stream has ", num_tokens,
+    return absl::InvalidArgumentError(absl::StrCat(model, ": the token stream has ", num_tokens,
                                                    " tokens, need more than seq_len = ", t_len));
   }
   MUONMESH_RETURN_IF_ERROR(
-      internal::CheckSampleList("gpt", samples, WindowPeriod(num_tokens, t_len), INT_MAX / t_len));
+      internal::CheckSampleList(model, samples, WindowPeriod(num_tokens, t_len), INT_MAX / t_len));
   const size_t need = samples.size() * static_cast<size_t>(t_len + 1);
   if (windows.size() < need) windows.resize(need);
   for (size_t k = 0; k < samples.size(); ++k) {
     const int64_t p = WindowStart(samples[k], num_tokens, t_len);
     int32_t* window = windows.data() + k * static_cast<size_t>(t_len + 1);
-    MUONMESH_RETURN_IF_ERROR(tokens.Read(p, t_len + 1, window), "gpt: sample ", samples[k]);
+    MUONMESH_RETURN_IF_ERROR(tokens.Read(p, t_len + 1, window), model, ": sample ", samples[k]);
     for (int64_t j = 0; j <= t_len; ++j) {
-      if (window[j] < 0 || window[j] >= dims.vocab_size) {
+      if (window[j] < 0 || window[j] >= vocab_size) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "gpt: token ", p + j, " (in sample ", samples[k], "; ", tokens.Where(p + j), ") is ",
-            window[j], ", outside the vocabulary [0, ", dims.vocab_size, ")"));
+            model, ": token ", p + j, " (in sample ", samples[k], "; ", tokens.Where(p + j),
+            ") is ", window[j], ", outside the vocabulary [0, ", vocab_size, ")"));
       }
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status ReadGptWindows(const model::GptDims& dims, const TokenStream& tokens,
+                            absl::Span<const int64_t> samples, std::vector<int32_t>& windows) {
+  return ReadWindows("gpt", dims.vocab_size, dims.seq_len, tokens, samples, windows);
 }
 
 absl::StatusOr<double> RunGptPasses(const model::GptDims& dims, GptPasses& passes,

@@ -53,6 +53,12 @@ class GptPasses {
   virtual absl::Status EmbedBackward(int64_t n, float* dwte, float* dwpe) = 0;
 };
 
+// ReadGptWindows for any language model: `model` names it in errors
+// ("transformer"), tokens must be below `vocab_size`.
+absl::Status ReadWindows(const char* model, int64_t vocab_size, int64_t t_len,
+                         const TokenStream& tokens, absl::Span<const int64_t> samples,
+                         std::vector<int32_t>& windows);
+
 // Reads the windows of `samples` from `tokens` into `windows` ([n, T + 1],
 // grown as needed). InvalidArgument for a stream of N <= T tokens, empty
 // samples, a sample outside [0, WindowPeriod(N, T)), more than

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,8 @@
 #include "worker/model/mlp.h"
 #include "worker/model/moe_mlp.h"
 #include "worker/model/synthetic.h"
+#include "worker/model/token_windows.h"
+#include "worker/model/transformer.h"
 #include "worker/model/workload.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -298,6 +301,59 @@ plan::ModelSpec SmallSpec() {
                          {"v", {3, 3}, "muon", false}}});
   spec.units.push_back({"head", {{"out", {5, 2}, "muon", false}}});
   return spec;
+}
+
+// The transformer streams as transformer.h documents: embed for the lookup,
+// each layer, the head (with embed again when tied), each layer again in
+// reverse, embed's gradient last; bit for bit ForwardBackward's.
+TEST(TransformerByUnitTest, BitIdenticalInTheDocumentedOrder) {
+  for (bool tied : {false, true}) {
+    model::TransformerDims d;
+    d.vocab_size = 11;
+    d.seq_len = 5;
+    d.n_layer = 2;
+    d.d_model = 8;
+    d.n_head = 4;
+    d.n_kv_head = 2;
+    d.head_dim = 4;
+    d.ffn_hidden = 6;
+    d.tie_embeddings = tied;
+    std::vector<int32_t> tokens;
+    for (int32_t i = 0; i < 23; ++i) tokens.push_back((5 * i + 3) % 11);
+    absl::StatusOr<Transformer> model =
+        Transformer::Create(d, std::make_shared<InMemoryTokens>(tokens));
+    ASSERT_TRUE(model.ok()) << model.status();
+    std::vector<std::vector<float>> params = ZerosLike(model->spec());
+    std::vector<float *> init;
+    for (auto &v : params) init.push_back(v.data());
+    ASSERT_TRUE(model->Initialize(4, init).ok());
+    std::vector<std::vector<float>> grads = ZerosLike(model->spec());
+    std::vector<const float *> p;
+    std::vector<float *> g;
+    for (size_t i = 0; i < params.size(); ++i) {
+      p.push_back(params[i].data());
+      g.push_back(grads[i].data());
+    }
+    const std::vector<int64_t> samples = {1, 4, 4};
+    absl::StatusOr<double> whole = model->ForwardBackward(0, p, samples, absl::MakeSpan(g));
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    RecordingAccess access(model->spec(), params);
+    absl::StatusOr<double> by_unit = model->ForwardBackwardByUnit(0, access, samples);
+    ASSERT_TRUE(by_unit.ok()) << by_unit.status();
+    EXPECT_EQ(*whole, *by_unit);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      EXPECT_TRUE(BitEqual(grads[i], access.grads()[i])) << "tied " << tied << " gradient " << i;
+    }
+    const std::vector<std::string> untied_order = {
+        "A0", "R0", "A1", "R1", "A2", "R2", "A3", "G3", "C3", "R3",
+        "A2", "G2", "C2", "R2", "A1", "G1", "C1", "R1", "G0", "C0"};
+    const std::vector<std::string> tied_order = {
+        "A0", "R0", "A1", "R1", "A2", "R2", "A3", "A0", "G3", "G0", "C3", "R3",
+        "R0", "A2", "G2", "C2", "R2", "A1", "G1", "C1", "R1", "C0"};
+    EXPECT_THAT(access.calls(), ElementsAreArray(tied ? tied_order : untied_order));
+    EXPECT_EQ(access.acquired_now(), 0);
+    for (int c : access.committed()) EXPECT_EQ(c, 1);
+  }
 }
 
 TEST(SyntheticByUnitTest, BitIdenticalToForwardBackwardUnitByUnit) {

@@ -1,0 +1,81 @@
+#include "worker/model/host_ops.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "worker/math/elementwise.h"
+
+namespace muonmesh::worker {
+
+void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, float beta) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+              c, static_cast<int>(ldc));
+}
+
+double SumInDouble(const float* e, int64_t n) {
+  double s[4] = {0.0, 0.0, 0.0, 0.0};
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    for (int k = 0; k < 4; ++k) s[k] += static_cast<double>(e[j + k]);
+  }
+  for (; j < n; ++j) s[j % 4] += static_cast<double>(e[j]);
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+void ShiftedExps(const float* row, int64_t n, float max, float* e) {
+  for (int64_t j = 0; j < n; ++j) e[j] = math::ExpF(row[j] - max);
+}
+
+float CausalSoftmax(int64_t t_len, float* s, float* e) {
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < t_len; ++t) {
+    float* row = s + t * t_len;
+    const float max = *std::max_element(row, row + t + 1);
+    top = std::max(top, max);
+    ShiftedExps(row, t + 1, max, e);
+    const double sum = SumInDouble(e, t + 1);
+    for (int64_t j = 0; j <= t; ++j) row[j] = static_cast<float>(static_cast<double>(e[j]) / sum);
+    std::fill(row + t + 1, row + t_len, 0.0f);
+  }
+  return top;
+}
+
+void CausalSoftmaxBackward(int64_t t_len, const float* p, float* d) {
+  for (int64_t t = 0; t < t_len; ++t) {
+    const float* pr = p + t * t_len;
+    float* dr = d + t * t_len;
+    double dot = 0.0;
+    for (int64_t j = 0; j <= t; ++j) dot += static_cast<double>(pr[j]) * dr[j];
+    for (int64_t j = 0; j <= t; ++j) {
+      dr[j] = static_cast<float>(static_cast<double>(pr[j]) * (static_cast<double>(dr[j]) - dot));
+    }
+    std::fill(dr + t + 1, dr + t_len, 0.0f);
+  }
+}
+
+double WindowCrossEntropy(int64_t n, int64_t t_len, int64_t v, const int32_t* windows,
+                          float* logits, float* e, bool gradients) {
+  const int64_t rows = n * t_len;
+  const double denom = static_cast<double>(rows);
+  double loss = 0.0;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = logits + r * v;
+    const int64_t target = windows[(r / t_len) * (t_len + 1) + r % t_len + 1];
+    const float max = *std::max_element(row, row + v);
+    ShiftedExps(row, v, max, e);
+    const double sum = SumInDouble(e, v);
+    loss += static_cast<double>(max) + std::log(sum) - static_cast<double>(row[target]);
+    if (!gradients) continue;
+    for (int64_t j = 0; j < v; ++j) row[j] = static_cast<float>(static_cast<double>(e[j]) / sum / denom);
+    row[target] = static_cast<float>((static_cast<double>(e[target]) / sum - 1.0) / denom);
+  }
+  return loss;
+}
+
+}  // namespace muonmesh::worker

@@ -1,0 +1,158 @@
+#pragma once
+
+// The `transformer` workload on the host (docs/architecture.md §6;
+// core/model/transformer_spec.h lists its parameters): a pre-norm decoder
+// with RMSNorm, rotate-half RoPE, grouped-query attention and a SwiGLU MLP,
+// an untied or tied head, trained on token windows exactly as `gpt` is
+// (token_windows.h; sample k of N tokens reads the window at
+// p = (k T) mod (N - T)). This form covers the dense Llama-style model
+// (attention: mha, no moe); Create refuses the rest, naming the field.
+//
+// Per layer l, rows = n T for n windows:
+//   h  = x + o_proj(Attn(RMSNorm(x; attn_norm)))
+//   x' = h + down_proj(silu(gate_proj(m)) * up_proj(m)),  m = RMSNorm(h; mlp_norm)
+// with RMSNorm y = x / sqrt(mean(x^2) + eps) * w (the mean and the inverse
+// root in double, rounded once per row); RoPE on each head of q and k at the
+// window position t (angles t theta^(-2i/D) in double, their cos and sin
+// rounded to float); head h attends with kv head h / (H / Hkv), causal
+// softmax of q k^T / sqrt(D) (host_ops.h). logits = RMSNorm(x_L; final_norm)
+// lm_head^T (embed.weight^T when tied); the loss is the mean cross-entropy
+// over every position.
+//
+// Streaming: ForwardBackwardByUnit acquires embed (the lookup; released
+// unless the head is tied), each layer in order, head (and embed again when
+// tied) for the logits, then each layer again in reverse for its backward
+// pass; embed's gradient is committed last. Activations of every layer are
+// kept from the forward pass (n T rows of each).
+//
+// Initialisation (seeded): every matrix N(0, 0.02) from GptStandardNormal's
+// stream of its flat index, except o_proj and down_proj N(0, 0.02 /
+// sqrt(2 L)); norms 1.
+//
+// Thread-compatible, like every workload.
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/model/transformer_spec.h"
+#include "worker/model/token_windows.h"
+#include "worker/model/workload.h"
+
+namespace muonmesh::worker {
+
+class Transformer final : public Workload {
+ public:
+  // InvalidArgument naming the field for bad dims (TransformerDimsViolation)
+  // or a stream of N <= T tokens; Unimplemented for attention: mla or moe
+  // (not in this form yet).
+  static absl::StatusOr<Transformer> Create(model::TransformerDims dims,
+                                            std::shared_ptr<const TokenStream> train);
+
+  const plan::ModelSpec& spec() const override { return spec_; }
+  int64_t num_samples() const override { return num_samples_; }
+  absl::Status Initialize(uint64_t seed, absl::Span<float* const> params) const override;
+  absl::Status InitializeUnit(uint64_t seed, int unit,
+                              absl::Span<float* const> params) const override;
+  absl::StatusOr<double> ForwardBackward(int64_t step, absl::Span<const float* const> params,
+                                         absl::Span<const int64_t> samples,
+                                         absl::Span<float* const> grads) override;
+  absl::StatusOr<double> ForwardBackwardByUnit(int64_t step, UnitAccess& units,
+                                               absl::Span<const int64_t> samples) override;
+
+  // The mean loss over `samples` of `tokens` with nothing committed.
+  absl::StatusOr<double> LossByUnit(UnitAccess& units, const TokenStream& tokens,
+                                    absl::Span<const int64_t> samples);
+  absl::Status SetValidation(std::shared_ptr<const TokenStream> val);
+  int64_t num_validation_samples() const override { return num_val_samples_; }
+  absl::StatusOr<double> ValidationLossByUnit(UnitAccess& units,
+                                              absl::Span<const int64_t> samples) override;
+
+  // QK-clip (workload.h). MHA (n_kv_head = H): head h's rows [h D, (h + 1) D)
+  // of q_proj and k_proj, each by sqrt(tau / S_h); GQA: its q_proj rows alone
+  // by tau / S_h (the key rows are shared by the group).
+  int64_t attention_layers() const override { return dims_.n_layer; }
+  int64_t attention_heads() const override { return dims_.n_head; }
+  void ResetAttentionLogits() override;
+  absl::Span<const float> attention_logits() const override { return logit_max_; }
+  std::vector<RowScale> QkClipRows(absl::Span<const float> logits, double tau) const override;
+
+  const model::TransformerDims& dims() const { return dims_; }
+  const TokenStream& train_stream() const { return *train_; }
+
+ private:
+  // What a layer's backward pass needs from its forward pass (rows = n T).
+  struct LayerActs {
+    std::vector<float> x;     // [rows, C] the layer's input
+    std::vector<float> n1;    // [rows, C] RMSNorm(x; attn_norm)
+    std::vector<float> r1;    // [rows] its inverse root
+    std::vector<float> q;     // [rows, H D] after RoPE
+    std::vector<float> k;     // [rows, Hkv D] after RoPE
+    std::vector<float> v;     // [rows, Hkv D]
+    std::vector<float> att;   // [n, H, T, T] probabilities, 0 above the diagonal
+    std::vector<float> a;     // [rows, H D] attention output
+    std::vector<float> h;     // [rows, C] after the attention residual
+    std::vector<float> n2;    // [rows, C] RMSNorm(h; mlp_norm)
+    std::vector<float> r2;    // [rows]
+    std::vector<float> gate;  // [rows, F]
+    std::vector<float> up;    // [rows, F]
+    std::vector<float> m;     // [rows, F] silu(gate) * up
+  };
+
+  Transformer(model::TransformerDims dims, std::shared_ptr<const TokenStream> train,
+              plan::ModelSpec spec);
+
+  int head_unit() const { return static_cast<int>(dims_.n_layer) + 1; }
+  absl::StatusOr<double> Run(UnitAccess& units, const TokenStream& tokens,
+                             absl::Span<const int64_t> samples, bool gradients);
+  absl::Status Forward(UnitAccess& units, int64_t n);
+  // The layers' backward passes in reverse, then the lookup's rows into
+  // `dembed` (the tied head's gradient already there), or, when it is null,
+  // into embed's gradient buffers taken then and zeroed.
+  absl::Status Backward(UnitAccess& units, int64_t n, float* dembed);
+  void Reserve(int64_t n);
+  void LayerForward(int64_t layer, int64_t n, absl::Span<const float* const> p);
+  void AttentionForward(LayerActs& a, int64_t n, float* head_max);
+  void LayerBackward(int64_t layer, int64_t n, absl::Span<const float* const> p,
+                     absl::Span<float* const> g);
+  void AttentionBackward(const LayerActs& a, int64_t n, const float* da, float* dq, float* dk,
+                         float* dv);
+  void Rope(float* x, int64_t rows, int64_t heads, float sign) const;
+  // The head's logits and loss, and with gradients dL/dx of the last layer's
+  // output in dx_ and the head's gradients (final_norm, and lm_head or the
+  // tied embedding's part).
+  double Head(int64_t n, const float* final_norm, const float* head_w, bool gradients,
+              float* dfinal_norm, float* dhead_w);
+
+  model::TransformerDims dims_;
+  std::shared_ptr<const TokenStream> train_;
+  plan::ModelSpec spec_;
+  int64_t num_samples_ = 0;
+  std::shared_ptr<const TokenStream> val_;
+  int64_t num_val_samples_ = 0;
+  std::vector<float> logit_max_;  // [L H]
+  bool record_logits_ = false;
+  std::vector<float> cos_, sin_;  // [T, D/2]
+
+  int64_t capacity_ = 0;
+  std::vector<int32_t> tokens_;  // [n, T + 1]
+  std::vector<LayerActs> layers_;
+  std::vector<float> x_out_;   // [rows, C] the last layer's output
+  std::vector<float> nf_;      // [rows, C]
+  std::vector<float> rf_;      // [rows]
+  std::vector<float> logits_;  // [rows, V]; dL/dlogits after the loss
+  std::vector<float> dx_;      // [rows, C] dL/dx of the residual stream
+  std::vector<float> dn_;      // [rows, C] dL/d(a norm's output)
+  std::vector<float> da_;      // [rows, H D]
+  std::vector<float> dq_;      // [rows, H D]
+  std::vector<float> dk_, dv_;  // [rows, Hkv D]
+  std::vector<float> dgate_, dup_;  // [rows, F]
+  std::vector<float> exp_;     // [max(V, T)]
+  std::vector<float> datt_;    // [T, T]
+  std::vector<double> acc_;    // [C] norm weight gradients in double
+};
+
+}  // namespace muonmesh::worker
