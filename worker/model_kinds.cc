@@ -22,6 +22,7 @@
 #include "worker/model/moe_mlp.h"
 #include "worker/model/synthetic.h"
 #include "worker/model/token_windows.h"
+#include "worker/model/transformer.h"
 
 namespace muonmesh::worker {
 namespace {
@@ -309,12 +310,53 @@ absl::StatusOr<std::unique_ptr<NextTokenModel>> MakeGptNextToken(const job::Mode
   return std::unique_ptr<NextTokenModel>(new GptNextToken(dims));
 }
 
+// ---------------------------------------------------------------- transformer
+
+absl::StatusOr<std::unique_ptr<Workload>> MakeTransformer(const job::ResolvedJob& job) {
+  MUONMESH_ASSIGN_OR_RETURN(Corpus corpus,
+                            OpenCorpus(job.corpus, job.kind->vocab_size(job.model_form)));
+  MUONMESH_ASSIGN_OR_RETURN(
+      Transformer t,
+      Transformer::Create(std::get<job::TransformerModel>(job.model_form).dims, corpus.train),
+      "model.transformer");
+  MUONMESH_RETURN_IF_ERROR(t.SetValidation(corpus.val));
+  return std::unique_ptr<Workload>(new Transformer(std::move(t)));
+}
+
+// The transformer keeps every layer's activations for the backward pass
+// (worker/model/transformer.h): per layer and position 4 C (its input, both
+// norms' outputs, the residual after attention) + 2 (the inverse roots) +
+// 2 H D (q, the attention output) + 2 Hkv D (k, v) + 3 F (gate, up, their
+// product) floats and H T attention probabilities; the head's logits (T V,
+// their gradient in place) and the backward pass's rows (4 C + 2 H D +
+// 2 Hkv D + 2 F a position).
+WorkloadMemory TransformerMemory(const job::ResolvedJob& job, double local_batch,
+                                 const InputFileBytes& /*files*/) {
+  const model::TransformerDims& d = std::get<job::TransformerModel>(job.model_form).dims;
+  const double t = static_cast<double>(d.seq_len);
+  const double c = static_cast<double>(d.d_model);
+  const double qd = static_cast<double>(d.n_head * d.head_dim);
+  const double kd = static_cast<double>(d.n_kv_head * d.head_dim);
+  const double f = static_cast<double>(d.ffn_hidden);
+  const double per_layer = t * (4 * c + 2 + 2 * qd + 2 * kd + 3 * f) +
+                           static_cast<double>(d.n_head) * t * t;
+  const double per_sample = static_cast<double>(d.n_layer) * per_layer +
+                            t * (static_cast<double>(d.vocab_size) + 4 * c + 2 * qd + 2 * kd +
+                                 2 * f + 1);
+  WorkloadMemory w;
+  w.step.push_back({"training.global_batch_size",
+                    "activations of the local batch kept for the backward pass",
+                    kFloat * local_batch * per_sample});
+  return w;
+}
+
 // The registrations, one per kind of proto/job/model_kind.h.
 constexpr WorkerModelKind kKinds[] = {
     {v1::ModelConfig::kMlp, &MakeMlp, &MlpMemory, nullptr},
     {v1::ModelConfig::kMoeMlp, &MakeMoeMlp, &MoeMemory, nullptr},
     {v1::ModelConfig::kSynthetic, &MakeSynthetic, &SyntheticMemory, nullptr},
     {v1::ModelConfig::kGpt, &MakeGpt, &GptMemory, &MakeGptNextToken},
+    {v1::ModelConfig::kTransformer, &MakeTransformer, &TransformerMemory, nullptr},
 };
 
 }  // namespace

@@ -259,6 +259,14 @@ void CheckCorpus(const char* field, const CorpusConfig& c, Violations& v) {
   }
 }
 
+// "only the gpt model <one>", or with several kinds on a corpus "only the
+// gpt and transformer models <many>".
+std::string OnlyTheCorpusModels(const char* one, const char* many) {
+  const std::string names = KindNamesUsing(DataUse::kCorpus);
+  const bool single = names.find(' ') == std::string::npos;
+  return absl::StrCat("only the ", names, single ? " model " : " models ", single ? one : many);
+}
+
 // The model section through its kind, and whether the data section is one
 // the kind trains on.
 void CheckModel(const v1::JobSpec& job, Violations& v) {
@@ -268,8 +276,7 @@ void CheckModel(const v1::JobSpec& job, Violations& v) {
   const DataUse data = kind == nullptr ? DataUse::kExamples : kind->data;
   if (corpus && data != DataUse::kCorpus) {
     v.Add(source == v1::DataConfig::kText ? "data.text" : "data.tokens",
-          absl::StrCat("only the ", KindNamesUsing(DataUse::kCorpus),
-                       " model reads a text corpus"));
+          OnlyTheCorpusModels("reads a text corpus", "read a text corpus"));
   }
   if (kind == nullptr) {
     v.Add("model", absl::StrCat("required: give one of ", AllKindNames()));
@@ -433,8 +440,7 @@ void CheckTraining(const v1::JobSpec& job, Violations& v) {
   if ((t.eval_every() != 0 || t.eval_batches() != 0) &&
       (kind == nullptr || kind->data != DataUse::kCorpus)) {
     v.Add(t.eval_every() != 0 ? "training.eval_every" : "training.eval_batches",
-          absl::StrCat("only the ", KindNamesUsing(DataUse::kCorpus),
-                       " model has validation data"));
+          OnlyTheCorpusModels("has validation data", "have validation data"));
   }
 }
 
@@ -847,6 +853,14 @@ v1::JobSpec FilledSpec(const ResolvedJob& r) {
     if (!r.corpus.tokens) fill(data.mutable_text());
   }
 
+  if (const auto* tr = std::get_if<TransformerModel>(&r.model_form)) {
+    v1::TransformerModel& m = *out.mutable_model()->mutable_transformer();
+    m.set_n_kv_head(tr->dims.n_kv_head);
+    m.set_head_dim(tr->dims.head_dim);
+    m.set_norm_eps(tr->dims.norm_eps);
+    m.set_rope_theta(tr->dims.rope_theta);
+    if (m.attention().empty()) m.set_attention("mha");
+  }
   v1::TrainingConfig& t = *out.mutable_training();
   t.set_keep_checkpoints(r.keep_checkpoints);
   t.set_threads_per_rank(static_cast<int32_t>(r.threads_per_rank));

@@ -30,6 +30,7 @@
 #include "absl/types/span.h"
 #include "core/model/gpt_spec.h"
 #include "core/model/moe_mlp_spec.h"
+#include "core/model/transformer_spec.h"
 #include "core/plan/types.h"
 #include "muonmesh/v1/config.pb.h"
 
@@ -58,7 +59,10 @@ struct SyntheticModel {
 struct GptModel {
   model::GptDims dims;
 };
-using ModelForm = std::variant<MlpModel, MoeMlpModel, SyntheticModel, GptModel>;
+struct TransformerModel {
+  model::TransformerDims dims;  // every default filled in
+};
+using ModelForm = std::variant<MlpModel, MoeMlpModel, SyntheticModel, GptModel, TransformerModel>;
 
 // An input file a model section names itself (synthetic's spec), beyond
 // init.* and data.*.

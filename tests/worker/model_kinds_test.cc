@@ -1,6 +1,7 @@
 // The worker side of the model-kind registry: every kind of the job file
 // (proto/job/model_kind.h) has a host workload, a memory estimate and a GPU
-// form, and the host workload made for a job is that kind's.
+// form (or its jobs are refused on cuda), and the host workload made for a
+// job is that kind's.
 
 #include "worker/model_kinds.h"
 
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "proto/job/job.h"
 #include "proto/job/model_kind.h"
@@ -26,9 +28,26 @@ TEST(WorkerModelKindTest, EveryKindOfTheJobFileHasEveryWorkerPart) {
     ASSERT_NE(worker, nullptr) << "no registration in worker/model_kinds.cc";
     EXPECT_NE(worker->make_workload, nullptr);
     EXPECT_NE(worker->memory, nullptr);
-    EXPECT_NE(std::find(std::begin(kGpuFormNames), std::end(kGpuFormNames), kind->name),
-              std::end(kGpuFormNames))
-        << "no GPU form in worker/model/gpu_forms.cc";
+    if (std::find(std::begin(kGpuFormNames), std::end(kGpuFormNames), kind->name) !=
+        std::end(kGpuFormNames)) {
+      continue;
+    }
+    // A kind without a GPU form yet: its jobs must be refused on cuda before
+    // any worker sees them, naming the model.
+    v1::JobSpec job;
+    job.set_device("cuda");
+    job.mutable_model()->CopyFrom(v1::ModelConfig());
+    const google::protobuf::FieldDescriptor* field =
+        v1::ModelConfig::descriptor()->FindFieldByNumber(kind->proto_case);
+    ASSERT_NE(field, nullptr);
+    job.mutable_model()->GetReflection()->MutableMessage(job.mutable_model(), field);
+    bool refused = false;
+    for (const plan::FieldViolation& f : job::ValidateJob(job)) {
+      refused |= f.field == absl::StrCat("model.", kind->name) &&
+                 f.description.find("cuda") != std::string::npos;
+    }
+    EXPECT_TRUE(refused) << "no GPU form in worker/model/gpu_forms.cc, and device cuda is not "
+                            "refused for it";
   }
   EXPECT_EQ(WorkerModelKinds().size(), job::ModelKinds().size())
       << "a worker registration without a job-file kind";

@@ -289,6 +289,49 @@ TEST_P(StandaloneConfigTest, GptFourRanksGiveTheOneRankLosses) {
   EXPECT_LT(single.losses.back(), single.losses.front() - 0.5);
 }
 
+// A Llama-style transformer (grouped-query attention, RoPE, RMSNorm,
+// SwiGLU, QK-clip on) on the same corpus: every parallelism config gives the
+// 1-rank losses and validation losses, the logits each step records
+// included, and the loss falls.
+TEST_P(StandaloneConfigTest, TransformerFourRanksGiveTheOneRankLosses) {
+  const std::string dir = Fresh(std::string("transformer_") + GetParam().name);
+  Job one = GptJob(dir, std::string("tr_one_") + GetParam().name);
+  one.model = "{transformer: {vocab_size: 256, seq_len: 16, n_layer: 2, d_model: 16, n_head: 4, "
+              "n_kv_head: 2, ffn_hidden: 40}}";
+  one.optimizer = "  muon: {lr: 0.02, momentum: 0.95, qk_clip: 30}\n"
+                  "  adamw: {lr: 0.01, beta2: 0.95}\n";
+  one.training_extra = ", eval_every: 6, eval_batches: 2, clip_grad_norm: 1.0";
+  one.output_dir = dir + "/one";
+  const JobRun single = RunRanks(dir, WriteJob(dir, one), 1);
+  ExpectAllOk(single);
+  ASSERT_EQ(single.losses.size(), 12u) << single.ranks[0].out;
+  Job four = one;
+  four.name = std::string("tr_four_") + GetParam().name;
+  four.world = 4;
+  four.strategy = GetParam().strategy;
+  four.instances = GetParam().instances;
+  four.outer = GetParam().outer;
+  four.output_dir = dir + "/four";
+  const JobRun many = RunRanks(dir, WriteJob(dir, four), 4);
+  ExpectAllOk(many);
+  ASSERT_EQ(many.losses.size(), 12u) << many.ranks[0].out;
+  for (size_t st = 0; st < single.losses.size(); ++st) {
+    EXPECT_NEAR(many.losses[st], single.losses[st], 1e-4 * std::abs(single.losses[st]))
+        << "step " << st;
+  }
+  const std::vector<double> one_val = ValLosses(single.ranks[0]);
+  const std::vector<double> four_val = ValLosses(many.ranks[0]);
+  ASSERT_EQ(one_val.size(), 2u);
+  ASSERT_EQ(four_val.size(), 2u);
+  for (size_t e = 0; e < 2; ++e) EXPECT_NEAR(four_val[e], one_val[e], 1e-4 * one_val[e]);
+  EXPECT_NEAR(single.losses.front(), std::log(256.0), 0.3);
+  EXPECT_LT(single.losses.back(), single.losses.front() - 0.5);
+  std::ifstream records(dir + "/four/metrics/rank-0.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(records, line));
+  EXPECT_THAT(line, HasSubstr("\"max_attn_logit\": ["));
+}
+
 // moe_mlp with its experts split over two EP groups (and ZeRO-3 over the
 // expert data-parallel pairs): the 1-rank losses, and final weights (whole
 // expert stacks gathered from both groups) close to the 1-rank run's.

@@ -12,7 +12,7 @@ namespace muonmesh::job {
 namespace {
 
 constexpr const ModelKind* kRegistered[] = {&kinds::kMlp, &kinds::kMoeMlp, &kinds::kSynthetic,
-                                            &kinds::kGpt};
+                                            &kinds::kGpt, &kinds::kTransformer};
 
 // "a", "a or b", "a, b or c" (with `last` as the final joint).
 std::string Sentence(const std::vector<const char*>& names, const char* last) {

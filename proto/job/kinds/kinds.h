@@ -16,6 +16,7 @@ extern const ModelKind kMlp;
 extern const ModelKind kMoeMlp;
 extern const ModelKind kSynthetic;
 extern const ModelKind kGpt;
+extern const ModelKind kTransformer;
 
 // A model width in [1, kMaxModelDim] (job.h). For a scalar field 0 means
 // "not given"; a list entry of 0 is just out of range.

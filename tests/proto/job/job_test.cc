@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -22,6 +23,7 @@
 #include "worker/math/adamw.h"
 #include "worker/math/muon.h"
 #include "proto/job/optimizer_rules.h"
+#include "proto/job/model_kind.h"
 #include "proto/job/model_specs.h"
 #include "core/plan/planner.h"
 #include "proto/io/message_file.h"
@@ -30,6 +32,7 @@ namespace muonmesh::worker {
 namespace {
 
 namespace fs = std::filesystem;
+using ::testing::Contains;
 using ::testing::DoubleNear;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -459,9 +462,9 @@ std::vector<BrokenJob> BrokenJobs() {
        },
        "data.tokens.val_fraction", "[0, 1)"},
       {"TextForMlp", [](J& j) { j.mutable_data()->mutable_text()->set_train("a.txt"); },
-       "data.text", "only the gpt model"},
+       "data.text", "only the gpt and transformer models read a text corpus"},
       {"EvalForMlp", [](J& j) { j.mutable_training()->set_eval_every(5); }, "training.eval_every",
-       "only the gpt model"},
+       "only the gpt and transformer models have validation data"},
       {"EvalBatchesNegative",
        [](J& j) {
          SetGpt(j);
@@ -1072,6 +1075,69 @@ TEST(JobTest, OptimizerRulesGiveRatesByFirstMatch) {
               ElementsAre(job::OptimizerRule{"layers\\.0\\..*", "", 0.25, 0.01}));
 }
 
+// The transformer's section: a Llama-style job is valid with its defaults
+// filled in (n_kv_head = n_head, head_dim = d_model / n_head, eps, theta);
+// each mistake is named by its field; MLA, experts and cuda are refused as
+// not trained yet.
+TEST(JobTest, TransformerSectionsAreCheckedFieldByField) {
+  const std::string base =
+      "name: t\nworld_size: 2\ndata: {text: {train: /x.txt}}\n"
+      "training: {steps: 1, global_batch_size: 2}\nmodel: {transformer: {";
+  auto job_of = [&](const std::string& section) {
+    v1::JobSpec job;
+    EXPECT_TRUE(protoio::ParseMessageText(base + section + "}}\n", "job", &job).ok()) << section;
+    return job;
+  };
+  const std::string llama =
+      "vocab_size: 256, seq_len: 16, n_layer: 2, d_model: 32, n_head: 4, ffn_hidden: 64";
+  v1::JobSpec ok = job_of(llama);
+  EXPECT_THAT(job::ValidateJob(ok), IsEmpty());
+  absl::StatusOr<job::ResolvedJob> r = job::ResolveJob(ok, "");
+  ASSERT_TRUE(r.ok() || absl::StrContains(r.status().message(), "x.txt")) << r.status();
+  const job::ModelKind* kind = job::FindModelKind(v1::ModelConfig::kTransformer);
+  ASSERT_NE(kind, nullptr);
+  const model::TransformerDims d =
+      std::get<job::TransformerModel>(kind->resolve(ok.model(), "")).dims;
+  EXPECT_EQ(d.n_kv_head, 4);
+  EXPECT_EQ(d.head_dim, 8);
+  EXPECT_EQ(d.norm_eps, 1e-5);
+  EXPECT_EQ(d.rope_theta, 10000.0);
+  const struct {
+    std::string section;
+    const char* field;
+    const char* says;
+  } bad[] = {
+      {llama + ", n_kv_head: 3", "model.transformer.n_kv_head", "does not divide n_head 4"},
+      {"vocab_size: 256, seq_len: 16, n_layer: 2, n_head: 4, ffn_hidden: 64",
+       "model.transformer.d_model", "required"},
+      {llama + ", attention: gqa", "model.transformer.attention", "expected mha or mla"},
+      {llama + ", attention: mla, mla: {kv_lora_rank: 16, qk_nope_head_dim: 8, "
+               "qk_rope_head_dim: 4, v_head_dim: 8}",
+       "model.transformer.attention", "not trained by this release yet"},
+      {llama + ", moe: {n_routed_experts: 4, top_k: 2, moe_ffn_hidden: 16}",
+       "model.transformer.moe", "not trained by this release yet"},
+      {llama + ", moe: {n_routed_experts: 4, top_k: 5, moe_ffn_hidden: 16}",
+       "model.transformer.moe.top_k", "not in [1, 4]"},
+      {"vocab_size: 100, seq_len: 16, n_layer: 2, d_model: 32, n_head: 4, ffn_hidden: 64",
+       "model.transformer.vocab_size", "at least 256"},
+  };
+  for (const auto& b : bad) {
+    std::vector<std::string> fields;
+    std::string all;
+    for (const plan::FieldViolation& f : job::ValidateJob(job_of(b.section))) {
+      fields.push_back(f.field);
+      if (f.field == b.field) all += f.description;
+    }
+    EXPECT_THAT(fields, Contains(b.field)) << b.section;
+    EXPECT_THAT(all, HasSubstr(b.says)) << b.section;
+  }
+  v1::JobSpec cuda = ok;
+  cuda.set_device("cuda");
+  std::vector<std::string> fields;
+  for (const plan::FieldViolation& f : job::ValidateJob(cuda)) fields.push_back(f.field);
+  EXPECT_THAT(fields, ElementsAre("model.transformer"));
+}
+
 // QK-clip on a model with attention: valid on the CPU, refused on CUDA
 // (whose forms record no logits yet), naming the field.
 TEST(JobTest, QkClipIsRefusedOnCudaOnly) {
@@ -1275,6 +1341,30 @@ training: {steps: 3, global_batch_size: 2}
   EXPECT_EQ(job::FilledSpec(*again).SerializeAsString(), f.SerializeAsString());
   EXPECT_EQ(again->output_dir, r->output_dir);
   EXPECT_EQ(again->corpus.train, r->corpus.train);
+
+  // A transformer's section gets its defaults written too, and resolves to
+  // the same dims.
+  const std::string tpath = dir.Write("tr.yaml", R"(
+name: tr
+world_size: 1
+model: {transformer: {vocab_size: 256, seq_len: 8, n_layer: 1, d_model: 16, n_head: 4,
+                      ffn_hidden: 32}}
+data: {text: {train: a.txt}}
+training: {steps: 1, global_batch_size: 1}
+)");
+  absl::StatusOr<job::ResolvedJob> rt = job::LoadResolvedJob(tpath);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  const v1::JobSpec ft = job::FilledSpec(*rt);
+  EXPECT_EQ(ft.model().transformer().n_kv_head(), 4);
+  EXPECT_EQ(ft.model().transformer().head_dim(), 4);
+  EXPECT_EQ(ft.model().transformer().norm_eps(), 1e-5);
+  EXPECT_EQ(ft.model().transformer().rope_theta(), 10000.0);
+  EXPECT_EQ(ft.model().transformer().attention(), "mha");
+  absl::StatusOr<job::ResolvedJob> rt2 = job::ResolveJob(ft, "/");
+  ASSERT_TRUE(rt2.ok()) << rt2.status();
+  EXPECT_EQ(std::get<job::TransformerModel>(rt2->model_form).dims,
+            std::get<job::TransformerModel>(rt->model_form).dims);
+  EXPECT_EQ(job::FilledSpec(*rt2).SerializeAsString(), ft.SerializeAsString());
 
   // data.shuffle's seed is read, and kept.
   v1::JobSpec shuffled = f;
