@@ -38,9 +38,14 @@ absl::StatusOr<Model> LoadModel(const SampleOptions& o) {
   const job::ModelKind* kind = job::FindModelKind(job.model().kind_case());
   const WorkerModelKind* worker = FindWorkerModelKind(job.model().kind_case());
   if (kind == nullptr || worker == nullptr || worker->make_next_token == nullptr) {
+    std::vector<std::string> samplers;  // the kinds with a next-token form
+    for (const job::ModelKind* k : job::ModelKinds()) {
+      const WorkerModelKind* w = FindWorkerModelKind(k->proto_case);
+      if (w != nullptr && w->make_next_token != nullptr) samplers.push_back(k->name);
+    }
     return absl::InvalidArgumentError(absl::StrCat(
-        o.job_path, ": --sample needs a language model job (",
-        job::KindNamesUsing(job::DataUse::kCorpus), "); this one trains ",
+        o.job_path, ": --sample needs a job whose model can be sampled (",
+        absl::StrJoin(samplers, ", "), "); this one trains ",
         kind == nullptr ? "no model" : kind->name));
   }
   Model m;

@@ -195,7 +195,7 @@ TEST(SampleTest, BadInputNamesTheFlagOrFile) {
   o.job_path = mlp;
   o.weights_path = f.weights;
   EXPECT_THAT(std::string(SampleTokens(o).status().message()),
-              HasSubstr("needs a language model job (gpt); this one trains mlp"));
+              HasSubstr("needs a job whose model can be sampled (gpt); this one trains mlp"));
 }
 
 }  // namespace

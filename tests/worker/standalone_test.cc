@@ -499,9 +499,18 @@ TEST(StandaloneTest, GptRestartEndsBitIdenticalAndThreeRanksMatchOne) {
 // consolidated into one file (--consolidate) on 1 rank: both end where 6
 // steps on 2 ranks end, within the reduction order's 1e-4 (documented in
 // BENCHMARKS.md), and a checkpoint with nothing left to run is refused.
-TEST(StandaloneTest, GptCheckpointGoesOnUnderAnotherLayoutAndFromItsConsolidation) {
-  const std::string dir = Fresh("gpt_reshard");
-  Job job = GptJob(dir, "gpt_reshard");
+// gpt, and the Llama-style transformer on the same corpus.
+struct LanguageModel {
+  const char* name;
+  const char* model;  // the job's model: value; "" keeps GptJob's
+};
+
+class LanguageModelTest : public ::testing::TestWithParam<LanguageModel> {};
+
+TEST_P(LanguageModelTest, ACheckpointGoesOnUnderAnotherLayoutAndFromItsConsolidation) {
+  const std::string dir = Fresh(std::string(GetParam().name) + "_reshard");
+  Job job = GptJob(dir, std::string(GetParam().name) + "_reshard");
+  if (*GetParam().model != '\0') job.model = GetParam().model;
   job.world = 2;
   job.steps = 6;
   job.batch = 6;
@@ -527,7 +536,7 @@ TEST(StandaloneTest, GptCheckpointGoesOnUnderAnotherLayoutAndFromItsConsolidatio
     ExpectWeightsNear(dir + "/straight.safetensors", weights, 1e-4);
   };
   Job ddp = job;
-  ddp.name = "gpt_reshard_ddp";
+  ddp.name = std::string(GetParam().name) + "_reshard_ddp";
   ddp.world = 3;
   ddp.strategy = "no_shard";
   ddp.steps = 6;
@@ -546,7 +555,7 @@ TEST(StandaloneTest, GptCheckpointGoesOnUnderAnotherLayoutAndFromItsConsolidatio
   ASSERT_EQ(consolidated.exit_code, 0) << consolidated.err;
   EXPECT_THAT(consolidated.out, HasSubstr("with their optimizer state at step 3"));
   Job one = ddp;
-  one.name = "gpt_reshard_one";
+  one.name = std::string(GetParam().name) + "_reshard_one";
   one.world = 1;
   one.init = "{checkpoint: state.st}";
   one.output_dir = dir + "/one";
@@ -564,6 +573,14 @@ TEST(StandaloneTest, GptCheckpointGoesOnUnderAnotherLayoutAndFromItsConsolidatio
   EXPECT_THAT(done.ranks[0].err, HasSubstr("not below training.steps 3"));
   EXPECT_TRUE(std::filesystem::exists(dir + "/state.st"));
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, LanguageModelTest,
+    ::testing::Values(LanguageModel{"gpt", ""},
+                      LanguageModel{"transformer",
+                                    "{transformer: {vocab_size: 256, seq_len: 16, n_layer: 2, "
+                                    "d_model: 16, n_head: 4, n_kv_head: 2, ffn_hidden: 40}}"}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 // A resume that finds a checkpoint of another world size puts the whole
 // state back together on every rank: its memory is checked for that before

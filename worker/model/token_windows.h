@@ -52,6 +52,32 @@ inline int64_t WindowStart(int64_t sample, int64_t num_tokens, int64_t seq_len) 
   return static_cast<int64_t>((static_cast<__int128>(sample) * seq_len) % span);
 }
 
+// A language model's training stream: OK, or InvalidArgument (naming
+// `data`) for none or one of N <= T tokens.
+inline absl::Status CheckTrainingStream(const TokenStream* train, int64_t seq_len) {
+  if (train == nullptr) return absl::InvalidArgumentError("data: no token stream");
+  if (train->num_tokens() <= seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data: ", train->num_tokens(), " tokens, need more than seq_len = ", seq_len));
+  }
+  return absl::OkStatus();
+}
+
+// The validation stream's number of distinct windows (0 without one), or
+// InvalidArgument (naming `data`) for one of N <= T tokens.
+inline absl::Status ValidationWindows(const TokenStream* val, int64_t seq_len, int64_t* windows) {
+  *windows = 0;
+  if (val == nullptr) return absl::OkStatus();
+  if (val->num_tokens() <= seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("data: the validation data has ",
+                                                   val->num_tokens(), " tokens; a window of "
+                                                   "seq_len ", seq_len, " needs at least ",
+                                                   seq_len + 1));
+  }
+  *windows = WindowPeriod(val->num_tokens(), seq_len);
+  return absl::OkStatus();
+}
+
 // Tokens held in memory (tests, small corpora).
 class InMemoryTokens final : public TokenStream {
  public:

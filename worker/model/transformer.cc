@@ -129,11 +129,7 @@ absl::StatusOr<Transformer> Transformer::Create(model::TransformerDims dims,
     return absl::UnimplementedError(
         "model.transformer.moe: mixtures of experts are not trained by this build yet");
   }
-  if (train == nullptr) return absl::InvalidArgumentError("data: no token stream");
-  if (train->num_tokens() <= dims.seq_len) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data: ", train->num_tokens(), " tokens, need more than seq_len = ", dims.seq_len));
-  }
+  MUONMESH_RETURN_IF_ERROR(CheckTrainingStream(train.get(), dims.seq_len));
   return Transformer(dims, std::move(train), std::move(spec));
 }
 
@@ -482,17 +478,9 @@ absl::StatusOr<double> Transformer::LossByUnit(UnitAccess& units, const TokenStr
 }
 
 absl::Status Transformer::SetValidation(std::shared_ptr<const TokenStream> val) {
-  if (val == nullptr) {
-    val_ = nullptr;
-    num_val_samples_ = 0;
-    return absl::OkStatus();
-  }
-  if (val->num_tokens() <= dims_.seq_len) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data: the validation data has ", val->num_tokens(), " tokens; a window of "
-                     "seq_len ", dims_.seq_len, " needs at least ", dims_.seq_len + 1));
-  }
-  num_val_samples_ = WindowPeriod(val->num_tokens(), dims_.seq_len);
+  int64_t windows = 0;
+  MUONMESH_RETURN_IF_ERROR(ValidationWindows(val.get(), dims_.seq_len, &windows));
+  num_val_samples_ = windows;
   val_ = std::move(val);
   return absl::OkStatus();
 }

@@ -145,6 +145,9 @@ TEST_F(PlanInputTest, CoordinatorAndWorkerMakeOneInputForEveryKind) {
        ""},
       {"{gpt: {vocab_size: 256, block_size: 16, n_layer: 1, n_head: 2, n_embd: 8, seq_len: 16}}",
        "data: {text: {train: corpus.txt}}\n"},
+      {"{transformer: {vocab_size: 256, seq_len: 16, n_layer: 1, d_model: 16, n_head: 4, "
+       "n_kv_head: 2, ffn_hidden: 24}}",
+       "data: {text: {train: corpus.txt}}\n"},
   };
   std::set<std::string> covered;
   for (const auto& [model, data] : jobs) {
