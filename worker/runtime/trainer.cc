@@ -219,11 +219,12 @@ absl::Status Trainer::Impl::ReduceAttentionLogits(StepReport* report) {
                                             heads, " heads"));
   }
   std::vector<float> global(local.begin(), local.end());
-  MUONMESH_ASSIGN_OR_RETURN(DeviceBuffer buf, dev->Allocate(global.size()));
-  MUONMESH_RETURN_IF_ERROR(dev->CopyFromHost(buf.data(), global.data(), global.size()));
-  MUONMESH_RETURN_IF_ERROR(world_comm->AllReduce(buf.data(), static_cast<int64_t>(global.size()),
-                                                 comm::ReduceOp::kMax, options.collective));
-  MUONMESH_RETURN_IF_ERROR(dev->CopyToHost(global.data(), buf.data(), global.size()));
+  const auto count = static_cast<int64_t>(global.size());
+  MUONMESH_ASSIGN_OR_RETURN(float* buf, Scratch(logit_buf, count));
+  MUONMESH_RETURN_IF_ERROR(dev->CopyFromHost(buf, global.data(), count));
+  MUONMESH_RETURN_IF_ERROR(
+      world_comm->AllReduce(buf, count, comm::ReduceOp::kMax, options.collective));
+  MUONMESH_RETURN_IF_ERROR(dev->CopyToHost(global.data(), buf, count));
   report->max_attn_logit.clear();
   for (int64_t l = 0; l < layers; ++l) {
     report->max_attn_logit.push_back(
@@ -255,6 +256,13 @@ absl::Status Trainer::Impl::ReduceAttentionLogits(StepReport* report) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<float*> Trainer::Impl::Scratch(DeviceBuffer& buf, int64_t count) {
+  if (buf.size() < count) {
+    MUONMESH_ASSIGN_OR_RETURN(buf, dev->Allocate(count));
+  }
+  return buf.data();
 }
 
 size_t Trainer::Impl::MuonMatrixCount() const {
@@ -296,10 +304,10 @@ absl::Status Trainer::Impl::ReduceMuonHealth(StepReport* report) {
     mine[4 * mesh + 3] = static_cast<float>(muon_tally.sum_sq[mesh]);
   }
   std::vector<float> all(static_cast<size_t>(8 * world));
-  MUONMESH_ASSIGN_OR_RETURN(DeviceBuffer buf, dev->Allocate(8 * (world + 1)));
-  MUONMESH_RETURN_IF_ERROR(dev->CopyFromHost(buf.data(), mine, 8));
-  MUONMESH_RETURN_IF_ERROR(world_comm->AllGather(buf.data(), 8, buf.data() + 8, options.collective));
-  MUONMESH_RETURN_IF_ERROR(dev->CopyToHost(all.data(), buf.data() + 8, 8 * world));
+  MUONMESH_ASSIGN_OR_RETURN(float* buf, Scratch(health_buf, 8 * (world + 1)));
+  MUONMESH_RETURN_IF_ERROR(dev->CopyFromHost(buf, mine, 8));
+  MUONMESH_RETURN_IF_ERROR(world_comm->AllGather(buf, 8, buf + 8, options.collective));
+  MUONMESH_RETURN_IF_ERROR(dev->CopyToHost(all.data(), buf + 8, 8 * world));
   const double copies[2] = {
       static_cast<double>(world / dense.domain_size),
       plan->has_experts ? static_cast<double>(world / (ep * expert.domain_size)) : 1.0};
@@ -321,11 +329,11 @@ absl::Status Trainer::Impl::ReduceMuonHealth(StepReport* report) {
   h.update_rms = elements > 0 ? std::sqrt(sum_sq / elements) : 0.0;
   if (!health_step) return absl::OkStatus();
   std::vector<float>& errs = ortho_errors;
-  MUONMESH_ASSIGN_OR_RETURN(DeviceBuffer ebuf, dev->Allocate(static_cast<int64_t>(errs.size())));
-  MUONMESH_RETURN_IF_ERROR(dev->CopyFromHost(ebuf.data(), errs.data(), errs.size()));
-  MUONMESH_RETURN_IF_ERROR(world_comm->AllReduce(ebuf.data(), static_cast<int64_t>(errs.size()),
-                                                 comm::ReduceOp::kMax, options.collective));
-  MUONMESH_RETURN_IF_ERROR(dev->CopyToHost(errs.data(), ebuf.data(), errs.size()));
+  const auto n = static_cast<int64_t>(errs.size());
+  MUONMESH_ASSIGN_OR_RETURN(float* ebuf, Scratch(ortho_buf, n));
+  MUONMESH_RETURN_IF_ERROR(dev->CopyFromHost(ebuf, errs.data(), n));
+  MUONMESH_RETURN_IF_ERROR(world_comm->AllReduce(ebuf, n, comm::ReduceOp::kMax, options.collective));
+  MUONMESH_RETURN_IF_ERROR(dev->CopyToHost(errs.data(), ebuf, n));
   std::vector<float> measured;
   for (float e : errs) {
     if (e >= 0) measured.push_back(e);

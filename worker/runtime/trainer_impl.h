@@ -189,6 +189,14 @@ struct Trainer::Impl {
   std::vector<std::vector<std::vector<float>>> frozen;
   DeviceBuffer full;                         // one unit-mesh padded buffer, D * S
   DeviceBuffer scalar;  // ReduceStepTotals' three floats
+  // The after-step reductions' buffers (ReduceAttentionLogits,
+  // ReduceMuonHealth), allocated at their first step and kept, so steady
+  // steps allocate nothing for them.
+  DeviceBuffer logit_buf;
+  DeviceBuffer health_buf;
+  DeviceBuffer ortho_buf;
+  // A buffer of at least `count` floats in `buf`, allocated once.
+  absl::StatusOr<float*> Scratch(DeviceBuffer& buf, int64_t count);
   // Set after a step's first micro-batch: ReduceUnit adds to the gradient
   // shards instead of overwriting them.
   bool accumulating = false;
