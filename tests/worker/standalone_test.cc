@@ -292,12 +292,23 @@ TEST_P(StandaloneConfigTest, GptFourRanksGiveTheOneRankLosses) {
 // A Llama-style transformer (grouped-query attention, RoPE, RMSNorm,
 // SwiGLU, QK-clip on) on the same corpus: every parallelism config gives the
 // 1-rank losses and validation losses, the logits each step records
-// included, and the loss falls.
+// included, and the loss falls. The sharded configs (ZeRO-3, HSDP, HFSDP)
+// run it with DeepSeek's multi-head latent attention (q_lora on HSDP)
+// instead, so each attention meets a sharded layout.
 TEST_P(StandaloneConfigTest, TransformerFourRanksGiveTheOneRankLosses) {
   const std::string dir = Fresh(std::string("transformer_") + GetParam().name);
   Job one = GptJob(dir, std::string("tr_one_") + GetParam().name);
-  one.model = "{transformer: {vocab_size: 256, seq_len: 16, n_layer: 2, d_model: 16, n_head: 4, "
-              "n_kv_head: 2, ffn_hidden: 40}}";
+  const std::string name = GetParam().name;
+  const std::string attention =
+      name == "zero3"  ? "attention: mla, mla: {kv_lora_rank: 8, qk_nope_head_dim: 4, "
+                         "qk_rope_head_dim: 2, v_head_dim: 4}"
+      : name == "hsdp" ? "attention: mla, mla: {q_lora_rank: 8, kv_lora_rank: 8, "
+                         "qk_nope_head_dim: 4, qk_rope_head_dim: 2, v_head_dim: 4}"
+      : name == "hfsdp" ? "attention: mla, mla: {q_lora_rank: 12, kv_lora_rank: 6, "
+                          "qk_nope_head_dim: 2, qk_rope_head_dim: 4, v_head_dim: 6}"
+                        : "n_kv_head: 2";
+  one.model = "{transformer: {vocab_size: 256, seq_len: 16, n_layer: 2, d_model: 16, n_head: 4, " +
+              attention + ", ffn_hidden: 40}}";
   one.optimizer = "  muon: {lr: 0.02, momentum: 0.95, qk_clip: 30}\n"
                   "  adamw: {lr: 0.01, beta2: 0.95}\n";
   one.training_extra = ", eval_every: 6, eval_batches: 2, clip_grad_norm: 1.0";

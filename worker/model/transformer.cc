@@ -4,8 +4,10 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
 #include "core/plan/validate.h"
@@ -22,8 +24,6 @@ using internal::AnyNull;
 
 constexpr int kEmbedUnit = 0;
 constexpr double kInitStd = 0.02;
-// A layer's parameters in spec order (transformer_spec.h, mha, dense).
-enum LayerParam { kAttnNorm, kQ, kK, kV, kO, kMlpNorm, kGate, kUp, kDown, kLayerParams };
 
 // y [rows, out] = x [rows, in] W^T, W [out, in].
 void Linear(int64_t rows, int64_t in, int64_t out, const float* x, const float* w, float* y) {
@@ -77,17 +77,27 @@ void RmsBackward(int64_t rows, int64_t c, const float* x, const float* r, const 
 
 float Sigmoid(float x) { return 1.0f / (1.0f + math::ExpF(-x)); }
 
-// Layer l's initial standard deviation of parameter j (0: a norm, set to 1).
-double LayerInitStd(int j, int64_t layers) {
-  switch (j) {
-    case kAttnNorm:
-    case kMlpNorm:
-      return 0.0;
-    case kO:
-    case kDown:
-      return kInitStd / std::sqrt(2.0 * static_cast<double>(layers));
-    default:
-      return kInitStd;
+// A parameter's initial standard deviation (0: a norm, set to 1).
+double InitStd(const plan::ParamSpec& p, int64_t layers) {
+  if (p.shape.size() == 1) return 0.0;
+  if (absl::EndsWith(p.name, "o_proj.weight") || absl::StrContains(p.name, "down_proj")) {
+    return kInitStd / std::sqrt(2.0 * static_cast<double>(layers));
+  }
+  return kInitStd;
+}
+
+// Row r of x [rows, stride] from column `from`, `width` values, to y [rows,
+// width] (or back when `into_x`).
+void CopyColumns(int64_t rows, int64_t stride, int64_t from, int64_t width, float* x, float* y,
+                 bool into_x) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* xr = x + r * stride + from;
+    float* yr = y + r * width;
+    if (into_x) {
+      std::copy(yr, yr + width, xr);
+    } else {
+      std::copy(xr, xr + width, yr);
+    }
   }
 }
 
@@ -103,17 +113,59 @@ Transformer::Transformer(model::TransformerDims dims, std::shared_ptr<const Toke
                  -std::numeric_limits<float>::infinity()),
       layers_(static_cast<size_t>(dims.n_layer)),
       datt_(static_cast<size_t>(dims.seq_len * dims.seq_len)),
-      acc_(static_cast<size_t>(dims.d_model)) {
-  const int64_t half = dims.head_dim / 2;
+      acc_(static_cast<size_t>(
+          std::max({dims.d_model, dims.mla.q_lora_rank, dims.mla.kv_lora_rank}))) {
+  const bool mla = dims.attention == model::Attention::kMla;
+  qk_ = mla ? dims.mla.qk_nope_head_dim + dims.mla.qk_rope_head_dim : dims.head_dim;
+  vd_ = mla ? dims.mla.v_head_dim : dims.head_dim;
+  kvh_ = mla ? dims.n_head : dims.n_kv_head;
+  rope_ = mla ? dims.mla.qk_rope_head_dim : dims.head_dim;
+  MapSlots();
+  const int64_t half = rope_ / 2;
   cos_.resize(static_cast<size_t>(dims.seq_len * half));
   sin_.resize(cos_.size());
   for (int64_t t = 0; t < dims.seq_len; ++t) {
     for (int64_t i = 0; i < half; ++i) {
-      const double angle =
-          static_cast<double>(t) *
-          std::pow(dims.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(dims.head_dim));
+      const double angle = static_cast<double>(t) *
+                           std::pow(dims.rope_theta, -2.0 * static_cast<double>(i) /
+                                                         static_cast<double>(rope_));
       cos_[t * half + i] = static_cast<float>(std::cos(angle));
       sin_[t * half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+}
+
+void Transformer::MapSlots() {
+  static constexpr std::pair<const char*, int Slots::*> kNames[] = {
+      {"attn_norm.weight", &Slots::attn_norm},
+      {"attn.q_proj.weight", &Slots::q},
+      {"attn.q_a_proj.weight", &Slots::q_a},
+      {"attn.q_a_norm.weight", &Slots::q_a_norm},
+      {"attn.q_b_proj.weight", &Slots::q_b},
+      {"attn.k_proj.weight", &Slots::k},
+      {"attn.v_proj.weight", &Slots::v},
+      {"attn.kv_a_proj.weight", &Slots::kv_a},
+      {"attn.kv_a_norm.weight", &Slots::kv_a_norm},
+      {"attn.kv_b_proj.weight", &Slots::kv_b},
+      {"attn.o_proj.weight", &Slots::o},
+      {"mlp_norm.weight", &Slots::mlp_norm},
+      {"mlp.gate_proj.weight", &Slots::gate},
+      {"mlp.up_proj.weight", &Slots::up},
+      {"mlp.down_proj.weight", &Slots::down},
+  };
+  slots_.assign(static_cast<size_t>(dims_.n_layer), Slots{});
+  int first = static_cast<int>(spec_.units[kEmbedUnit].params.size());
+  for (int64_t l = 0; l < dims_.n_layer; ++l) {
+    const std::vector<plan::ParamSpec>& params = spec_.units[l + 1].params;
+    Slots& s = slots_[l];
+    s.first = first;
+    s.count = static_cast<int>(params.size());
+    first += s.count;
+    const std::string prefix = absl::StrCat("layers.", l, ".");
+    for (int j = 0; j < s.count; ++j) {
+      for (const auto& [name, slot] : kNames) {
+        if (params[j].name == absl::StrCat(prefix, name)) s.*slot = j;
+      }
     }
   }
 }
@@ -121,10 +173,6 @@ Transformer::Transformer(model::TransformerDims dims, std::shared_ptr<const Toke
 absl::StatusOr<Transformer> Transformer::Create(model::TransformerDims dims,
                                                 std::shared_ptr<const TokenStream> train) {
   MUONMESH_ASSIGN_OR_RETURN(plan::ModelSpec spec, model::TransformerSpec(dims));
-  if (dims.attention != model::Attention::kMha) {
-    return absl::UnimplementedError(
-        "model.transformer.attention: mla is not trained by this build yet (mha is)");
-  }
   if (dims.moe.has_value()) {
     return absl::UnimplementedError(
         "model.transformer.moe: mixtures of experts are not trained by this build yet");
@@ -159,14 +207,11 @@ absl::Status Transformer::InitializeUnit(uint64_t seed, int unit,
   const std::vector<plan::ParamSpec>& specs = spec_.units[unit].params;
   MUONMESH_RETURN_IF_ERROR(
       internal::CheckUnitTensors("transformer", params, specs.size(), "init", unit));
-  const int first = unit == kEmbedUnit ? 0 : 1 + kLayerParams * (unit - 1);
+  size_t first = 0;  // the unit's first flat index: its parameters' streams
+  for (int u = 0; u < unit; ++u) first += spec_.units[u].params.size();
   for (size_t j = 0; j < specs.size(); ++j) {
     const int64_t count = plan::NumElements(specs[j]);
-    double sigma = kInitStd;  // embed, lm_head
-    if (unit == head_unit() && j == 0) sigma = 0.0;  // final_norm
-    if (unit != kEmbedUnit && unit != head_unit()) {
-      sigma = LayerInitStd(static_cast<int>(j), dims_.n_layer);
-    }
+    const double sigma = InitStd(specs[j], dims_.n_layer);
     if (sigma == 0.0) {
       std::fill(params[j], params[j] + count, 1.0f);
       continue;
@@ -184,40 +229,59 @@ void Transformer::Reserve(int64_t n) {
   if (n <= capacity_) return;
   const auto rows = static_cast<size_t>(n * dims_.seq_len);
   const auto c = static_cast<size_t>(dims_.d_model);
-  const auto qd = static_cast<size_t>(dims_.n_head * dims_.head_dim);
-  const auto kd = static_cast<size_t>(dims_.n_kv_head * dims_.head_dim);
+  const auto qw = static_cast<size_t>(dims_.n_head * qk_);
+  const auto kw = static_cast<size_t>(kvh_ * qk_);
+  const auto vw = static_cast<size_t>(kvh_ * vd_);
+  const auto aw = static_cast<size_t>(dims_.n_head * vd_);
   const auto f = static_cast<size_t>(dims_.ffn_hidden);
   const auto t = static_cast<size_t>(dims_.seq_len);
+  const bool mla = dims_.attention == model::Attention::kMla;
+  const auto rq = static_cast<size_t>(mla ? dims_.mla.q_lora_rank : 0);
+  const auto rkv = static_cast<size_t>(mla ? dims_.mla.kv_lora_rank : 0);
+  const auto dr = static_cast<size_t>(mla ? dims_.mla.qk_rope_head_dim : 0);
+  const auto kvb = static_cast<size_t>(
+      mla ? dims_.n_head * (dims_.mla.qk_nope_head_dim + dims_.mla.v_head_dim) : 0);
   for (LayerActs& a : layers_) {
     for (std::vector<float>* v : {&a.x, &a.n1, &a.h, &a.n2}) v->resize(rows * c);
-    a.r1.resize(rows);
-    a.r2.resize(rows);
-    a.q.resize(rows * qd);
-    a.a.resize(rows * qd);
-    a.k.resize(rows * kd);
-    a.v.resize(rows * kd);
+    for (std::vector<float>* v : {&a.r1, &a.r2}) v->resize(rows);
+    a.q.resize(rows * qw);
+    a.k.resize(rows * kw);
+    a.v.resize(rows * vw);
+    a.a.resize(rows * aw);
     a.att.resize(static_cast<size_t>(n) * static_cast<size_t>(dims_.n_head) * t * t);
     for (std::vector<float>* v : {&a.gate, &a.up, &a.m}) v->resize(rows * f);
+    for (std::vector<float>* v : {&a.qa, &a.qn}) v->resize(rows * rq);
+    for (std::vector<float>* v : {&a.ckv, &a.cn}) v->resize(rows * rkv);
+    a.rqa.resize(rq > 0 ? rows : 0);
+    a.rckv.resize(mla ? rows : 0);
   }
   for (std::vector<float>* v : {&x_out_, &nf_, &dx_, &dn_}) v->resize(rows * c);
   rf_.resize(rows);
   logits_.resize(rows * static_cast<size_t>(dims_.vocab_size));
-  for (std::vector<float>* v : {&da_, &dq_}) v->resize(rows * qd);
-  for (std::vector<float>* v : {&dk_, &dv_}) v->resize(rows * kd);
+  tokens_.resize(static_cast<size_t>(n) * (t + 1));
+  da_.resize(rows * aw);
+  dq_.resize(rows * qw);
+  dk_.resize(rows * kw);
+  dv_.resize(rows * vw);
   for (std::vector<float>* v : {&dgate_, &dup_}) v->resize(rows * f);
+  for (std::vector<float>* v : {&kva_}) v->resize(rows * (rkv + dr));
+  kvb_.resize(rows * kvb);
+  pe_.resize(rows * dr);
+  for (std::vector<float>* v : {&dc_, &dckv_}) v->resize(rows * rkv);
+  for (std::vector<float>* v : {&dqn_, &dqa_}) v->resize(rows * rq);
   exp_.resize(static_cast<size_t>(std::max(dims_.vocab_size, dims_.seq_len)));
   capacity_ = n;
 }
 
-void Transformer::Rope(float* x, int64_t rows, int64_t heads, float sign) const {
-  const int64_t d = dims_.head_dim;
-  const int64_t half = d / 2;
+void Transformer::Rope(float* x, int64_t rows, int64_t row_stride, int64_t heads,
+                       int64_t head_stride, float sign) const {
+  const int64_t half = rope_ / 2;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t t = r % dims_.seq_len;
     const float* c = cos_.data() + t * half;
     const float* s = sin_.data() + t * half;
     for (int64_t h = 0; h < heads; ++h) {
-      float* v = x + (r * heads + h) * d;
+      float* v = x + r * row_stride + h * head_stride;
       for (int64_t i = 0; i < half; ++i) {
         const float a = v[i];
         const float b = v[i + half];
@@ -229,51 +293,98 @@ void Transformer::Rope(float* x, int64_t rows, int64_t heads, float sign) const 
   }
 }
 
+void Transformer::Project(const Slots& s, LayerActs& a, int64_t rows,
+                          absl::Span<const float* const> p) {
+  if (dims_.attention == model::Attention::kMla) return MlaProject(s, a, rows, p);
+  const int64_t c = dims_.d_model;
+  const int64_t qw = dims_.n_head * qk_;
+  const int64_t kw = kvh_ * qk_;
+  Linear(rows, c, qw, a.n1.data(), p[s.q], a.q.data());
+  Linear(rows, c, kw, a.n1.data(), p[s.k], a.k.data());
+  Linear(rows, c, kw, a.n1.data(), p[s.v], a.v.data());
+  Rope(a.q.data(), rows, qw, dims_.n_head, qk_, 1.0f);
+  Rope(a.k.data(), rows, kw, kvh_, qk_, 1.0f);
+}
+
+void Transformer::MlaProject(const Slots& s, LayerActs& a, int64_t rows,
+                             absl::Span<const float* const> p) {
+  const model::MlaDims& m = dims_.mla;
+  const int64_t c = dims_.d_model;
+  const int64_t h_n = dims_.n_head;
+  const int64_t qw = h_n * qk_;
+  const int64_t dn = m.qk_nope_head_dim;
+  const int64_t dr = m.qk_rope_head_dim;
+  const int64_t rkv = m.kv_lora_rank;
+  const int64_t kvb = h_n * (dn + vd_);
+  if (m.q_lora_rank > 0) {
+    const int64_t rq = m.q_lora_rank;
+    Linear(rows, c, rq, a.n1.data(), p[s.q_a], a.qa.data());
+    RmsForward(rows, rq, a.qa.data(), p[s.q_a_norm], dims_.norm_eps, a.qn.data(), a.rqa.data());
+    Linear(rows, rq, qw, a.qn.data(), p[s.q_b], a.q.data());
+  } else {
+    Linear(rows, c, qw, a.n1.data(), p[s.q], a.q.data());
+  }
+  Linear(rows, c, rkv + dr, a.n1.data(), p[s.kv_a], kva_.data());
+  CopyColumns(rows, rkv + dr, 0, rkv, kva_.data(), a.ckv.data(), false);
+  CopyColumns(rows, rkv + dr, rkv, dr, kva_.data(), pe_.data(), false);
+  RmsForward(rows, rkv, a.ckv.data(), p[s.kv_a_norm], dims_.norm_eps, a.cn.data(), a.rckv.data());
+  Linear(rows, rkv, kvb, a.cn.data(), p[s.kv_b], kvb_.data());
+  Rope(a.q.data() + dn, rows, qw, h_n, qk_, 1.0f);
+  Rope(pe_.data(), rows, dr, 1, dr, 1.0f);
+  // Head h's key [k_nope | k_pe] and value from kv_b_proj's [k_nope | v].
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* pe = pe_.data() + r * dr;
+    for (int64_t h = 0; h < h_n; ++h) {
+      const float* row = kvb_.data() + r * kvb + h * (dn + vd_);
+      float* k = a.k.data() + r * qw + h * qk_;
+      std::copy(row, row + dn, k);
+      std::copy(pe, pe + dr, k + dn);
+      std::copy(row + dn, row + dn + vd_, a.v.data() + r * h_n * vd_ + h * vd_);
+    }
+  }
+}
+
 void Transformer::AttentionForward(LayerActs& a, int64_t n, float* head_max) {
   const int64_t t_len = dims_.seq_len;
-  const int64_t d = dims_.head_dim;
-  const int64_t qd = dims_.n_head * d;
-  const int64_t kd = dims_.n_kv_head * d;
-  const int64_t group = dims_.n_head / dims_.n_kv_head;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  const int64_t qw = dims_.n_head * qk_;
+  const int64_t kw = kvh_ * qk_;
+  const int64_t vw = kvh_ * vd_;
+  const int64_t aw = dims_.n_head * vd_;
+  const int64_t group = dims_.n_head / kvh_;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(qk_)));
   for (int64_t b = 0; b < n; ++b) {
     for (int64_t h = 0; h < dims_.n_head; ++h) {
       const int64_t kv = h / group;
-      const float* q = a.q.data() + b * t_len * qd + h * d;
-      const float* k = a.k.data() + b * t_len * kd + kv * d;
-      const float* v = a.v.data() + b * t_len * kd + kv * d;
+      const float* q = a.q.data() + b * t_len * qw + h * qk_;
+      const float* k = a.k.data() + b * t_len * kw + kv * qk_;
+      const float* v = a.v.data() + b * t_len * vw + kv * vd_;
       float* att = a.att.data() + (b * dims_.n_head + h) * t_len * t_len;
-      Gemm(false, true, t_len, t_len, d, scale, q, qd, k, kd, att, t_len);
+      Gemm(false, true, t_len, t_len, qk_, scale, q, qw, k, kw, att, t_len);
       const float top = CausalSoftmax(t_len, att, exp_.data());
       if (head_max != nullptr) head_max[h] = std::max(head_max[h], top);
-      Gemm(false, false, t_len, d, t_len, 1.0f, att, t_len, v, kd, a.a.data() + b * t_len * qd + h * d,
-           qd);
+      Gemm(false, false, t_len, vd_, t_len, 1.0f, att, t_len, v, vw,
+           a.a.data() + b * t_len * aw + h * vd_, aw);
     }
   }
 }
 
 void Transformer::LayerForward(int64_t layer, int64_t n, absl::Span<const float* const> p) {
+  const Slots& s = slots_[layer];
   const int64_t rows = n * dims_.seq_len;
   const int64_t c = dims_.d_model;
-  const int64_t qd = dims_.n_head * dims_.head_dim;
-  const int64_t kd = dims_.n_kv_head * dims_.head_dim;
   const int64_t f = dims_.ffn_hidden;
   LayerActs& a = layers_[layer];
-  RmsForward(rows, c, a.x.data(), p[kAttnNorm], dims_.norm_eps, a.n1.data(), a.r1.data());
-  Linear(rows, c, qd, a.n1.data(), p[kQ], a.q.data());
-  Linear(rows, c, kd, a.n1.data(), p[kK], a.k.data());
-  Linear(rows, c, kd, a.n1.data(), p[kV], a.v.data());
-  Rope(a.q.data(), rows, dims_.n_head, 1.0f);
-  Rope(a.k.data(), rows, dims_.n_kv_head, 1.0f);
+  RmsForward(rows, c, a.x.data(), p[s.attn_norm], dims_.norm_eps, a.n1.data(), a.r1.data());
+  Project(s, a, rows, p);
   AttentionForward(a, n, record_logits_ ? logit_max_.data() + layer * dims_.n_head : nullptr);
-  Linear(rows, qd, c, a.a.data(), p[kO], a.h.data());
+  Linear(rows, dims_.n_head * vd_, c, a.a.data(), p[s.o], a.h.data());
   for (int64_t i = 0; i < rows * c; ++i) a.h[i] += a.x[i];
-  RmsForward(rows, c, a.h.data(), p[kMlpNorm], dims_.norm_eps, a.n2.data(), a.r2.data());
-  Linear(rows, c, f, a.n2.data(), p[kGate], a.gate.data());
-  Linear(rows, c, f, a.n2.data(), p[kUp], a.up.data());
+  RmsForward(rows, c, a.h.data(), p[s.mlp_norm], dims_.norm_eps, a.n2.data(), a.r2.data());
+  Linear(rows, c, f, a.n2.data(), p[s.gate], a.gate.data());
+  Linear(rows, c, f, a.n2.data(), p[s.up], a.up.data());
   for (int64_t i = 0; i < rows * f; ++i) a.m[i] = a.gate[i] * Sigmoid(a.gate[i]) * a.up[i];
   float* out = layer + 1 < dims_.n_layer ? layers_[layer + 1].x.data() : x_out_.data();
-  Linear(rows, f, c, a.m.data(), p[kDown], out);
+  Linear(rows, f, c, a.m.data(), p[s.down], out);
   for (int64_t i = 0; i < rows * c; ++i) out[i] += a.h[i];
 }
 
@@ -297,60 +408,119 @@ double Transformer::Head(int64_t n, const float* final_norm, const float* head_w
 void Transformer::AttentionBackward(const LayerActs& a, int64_t n, const float* da, float* dq,
                                     float* dk, float* dv) {
   const int64_t t_len = dims_.seq_len;
-  const int64_t d = dims_.head_dim;
-  const int64_t qd = dims_.n_head * d;
-  const int64_t kd = dims_.n_kv_head * d;
-  const int64_t group = dims_.n_head / dims_.n_kv_head;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  const int64_t qw = dims_.n_head * qk_;
+  const int64_t kw = kvh_ * qk_;
+  const int64_t vw = kvh_ * vd_;
+  const int64_t aw = dims_.n_head * vd_;
+  const int64_t group = dims_.n_head / kvh_;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(qk_)));
   float* datt = datt_.data();
   for (int64_t b = 0; b < n; ++b) {
     for (int64_t h = 0; h < dims_.n_head; ++h) {
       const int64_t kv = h / group;
       const float beta = h % group == 0 ? 0.0f : 1.0f;  // the group's heads add up
-      const int64_t qo = b * t_len * qd + h * d;
-      const int64_t ko = b * t_len * kd + kv * d;
+      const int64_t qo = b * t_len * qw + h * qk_;
+      const int64_t ko = b * t_len * kw + kv * qk_;
+      const int64_t vo = b * t_len * vw + kv * vd_;
+      const int64_t ao = b * t_len * aw + h * vd_;
       const float* att = a.att.data() + (b * dims_.n_head + h) * t_len * t_len;
       // dP = dY V^T; dV += P^T dY; dS = softmax'(dP); dQ = s dS K; dK += s dS^T Q.
-      Gemm(false, true, t_len, t_len, d, 1.0f, da + qo, qd, a.v.data() + ko, kd, datt, t_len);
-      Gemm(true, false, t_len, d, t_len, 1.0f, att, t_len, da + qo, qd, dv + ko, kd, beta);
+      Gemm(false, true, t_len, t_len, vd_, 1.0f, da + ao, aw, a.v.data() + vo, vw, datt, t_len);
+      Gemm(true, false, t_len, vd_, t_len, 1.0f, att, t_len, da + ao, aw, dv + vo, vw, beta);
       CausalSoftmaxBackward(t_len, att, datt);
-      Gemm(false, false, t_len, d, t_len, scale, datt, t_len, a.k.data() + ko, kd, dq + qo, qd);
-      Gemm(true, false, t_len, d, t_len, scale, datt, t_len, a.q.data() + qo, qd, dk + ko, kd,
+      Gemm(false, false, t_len, qk_, t_len, scale, datt, t_len, a.k.data() + ko, kw, dq + qo, qw);
+      Gemm(true, false, t_len, qk_, t_len, scale, datt, t_len, a.q.data() + qo, qw, dk + ko, kw,
            beta);
     }
   }
 }
 
+void Transformer::ProjectBackward(const Slots& s, const LayerActs& a, int64_t rows,
+                                  absl::Span<const float* const> p, absl::Span<float* const> g) {
+  if (dims_.attention == model::Attention::kMla) return MlaProjectBackward(s, a, rows, p, g);
+  const int64_t c = dims_.d_model;
+  const int64_t qw = dims_.n_head * qk_;
+  const int64_t kw = kvh_ * qk_;
+  Rope(dq_.data(), rows, qw, dims_.n_head, qk_, -1.0f);
+  Rope(dk_.data(), rows, kw, kvh_, qk_, -1.0f);
+  LinearBackward(rows, c, qw, dq_.data(), a.n1.data(), p[s.q], g[s.q], dn_.data(), false);
+  LinearBackward(rows, c, kw, dk_.data(), a.n1.data(), p[s.k], g[s.k], dn_.data(), true);
+  LinearBackward(rows, c, kw, dv_.data(), a.n1.data(), p[s.v], g[s.v], dn_.data(), true);
+}
+
+void Transformer::MlaProjectBackward(const Slots& s, const LayerActs& a, int64_t rows,
+                                     absl::Span<const float* const> p,
+                                     absl::Span<float* const> g) {
+  const model::MlaDims& m = dims_.mla;
+  const int64_t c = dims_.d_model;
+  const int64_t h_n = dims_.n_head;
+  const int64_t qw = h_n * qk_;
+  const int64_t dn = m.qk_nope_head_dim;
+  const int64_t dr = m.qk_rope_head_dim;
+  const int64_t rkv = m.kv_lora_rank;
+  const int64_t kvb = h_n * (dn + vd_);
+  Rope(dq_.data() + dn, rows, qw, h_n, qk_, -1.0f);
+  // k_pe serves every head: its gradient is the heads' sum.
+  std::fill(pe_.begin(), pe_.begin() + rows * dr, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* pe = pe_.data() + r * dr;
+    for (int64_t h = 0; h < h_n; ++h) {
+      const float* dk = dk_.data() + r * qw + h * qk_;
+      float* row = kvb_.data() + r * kvb + h * (dn + vd_);
+      std::copy(dk, dk + dn, row);
+      for (int64_t i = 0; i < dr; ++i) pe[i] += dk[dn + i];
+      const float* dv = dv_.data() + r * h_n * vd_ + h * vd_;
+      std::copy(dv, dv + vd_, row + dn);
+    }
+  }
+  Rope(pe_.data(), rows, dr, 1, dr, -1.0f);
+  LinearBackward(rows, rkv, kvb, kvb_.data(), a.cn.data(), p[s.kv_b], g[s.kv_b], dc_.data(),
+                 false);
+  std::fill(dckv_.begin(), dckv_.begin() + rows * rkv, 0.0f);
+  RmsBackward(rows, rkv, a.ckv.data(), a.rckv.data(), p[s.kv_a_norm], dc_.data(), dckv_.data(),
+              g[s.kv_a_norm], acc_.data());
+  CopyColumns(rows, rkv + dr, 0, rkv, kva_.data(), dckv_.data(), true);
+  CopyColumns(rows, rkv + dr, rkv, dr, kva_.data(), pe_.data(), true);
+  if (m.q_lora_rank > 0) {
+    const int64_t rq = m.q_lora_rank;
+    LinearBackward(rows, rq, qw, dq_.data(), a.qn.data(), p[s.q_b], g[s.q_b], dqn_.data(), false);
+    std::fill(dqa_.begin(), dqa_.begin() + rows * rq, 0.0f);
+    RmsBackward(rows, rq, a.qa.data(), a.rqa.data(), p[s.q_a_norm], dqn_.data(), dqa_.data(),
+                g[s.q_a_norm], acc_.data());
+    LinearBackward(rows, c, rq, dqa_.data(), a.n1.data(), p[s.q_a], g[s.q_a], dn_.data(), false);
+  } else {
+    LinearBackward(rows, c, qw, dq_.data(), a.n1.data(), p[s.q], g[s.q], dn_.data(), false);
+  }
+  LinearBackward(rows, c, rkv + dr, kva_.data(), a.n1.data(), p[s.kv_a], g[s.kv_a], dn_.data(),
+                 true);
+}
+
 void Transformer::LayerBackward(int64_t layer, int64_t n, absl::Span<const float* const> p,
                                 absl::Span<float* const> g) {
+  const Slots& s = slots_[layer];
   const int64_t rows = n * dims_.seq_len;
   const int64_t c = dims_.d_model;
-  const int64_t qd = dims_.n_head * dims_.head_dim;
-  const int64_t kd = dims_.n_kv_head * dims_.head_dim;
   const int64_t f = dims_.ffn_hidden;
   const LayerActs& a = layers_[layer];
   // x' = h + down(m): dL/dm, then through silu(gate) * up.
-  LinearBackward(rows, f, c, dx_.data(), a.m.data(), p[kDown], g[kDown], dgate_.data(), false);
+  LinearBackward(rows, f, c, dx_.data(), a.m.data(), p[s.down], g[s.down], dgate_.data(), false);
   for (int64_t i = 0; i < rows * f; ++i) {
     const float dm = dgate_[i];
-    const float s = Sigmoid(a.gate[i]);
-    dup_[i] = dm * a.gate[i] * s;
-    dgate_[i] = dm * a.up[i] * s * (1.0f + a.gate[i] * (1.0f - s));
+    const float sg = Sigmoid(a.gate[i]);
+    dup_[i] = dm * a.gate[i] * sg;
+    dgate_[i] = dm * a.up[i] * sg * (1.0f + a.gate[i] * (1.0f - sg));
   }
-  LinearBackward(rows, c, f, dgate_.data(), a.n2.data(), p[kGate], g[kGate], dn_.data(), false);
-  LinearBackward(rows, c, f, dup_.data(), a.n2.data(), p[kUp], g[kUp], dn_.data(), true);
-  RmsBackward(rows, c, a.h.data(), a.r2.data(), p[kMlpNorm], dn_.data(), dx_.data(), g[kMlpNorm],
-              acc_.data());
+  LinearBackward(rows, c, f, dgate_.data(), a.n2.data(), p[s.gate], g[s.gate], dn_.data(), false);
+  LinearBackward(rows, c, f, dup_.data(), a.n2.data(), p[s.up], g[s.up], dn_.data(), true);
+  RmsBackward(rows, c, a.h.data(), a.r2.data(), p[s.mlp_norm], dn_.data(), dx_.data(),
+              g[s.mlp_norm], acc_.data());
   // h = x + o(attn): dL/da, the attention, then q, k, v back through RoPE.
-  LinearBackward(rows, qd, c, dx_.data(), a.a.data(), p[kO], g[kO], da_.data(), false);
+  LinearBackward(rows, dims_.n_head * vd_, c, dx_.data(), a.a.data(), p[s.o], g[s.o], da_.data(),
+                 false);
   AttentionBackward(a, n, da_.data(), dq_.data(), dk_.data(), dv_.data());
-  Rope(dq_.data(), rows, dims_.n_head, -1.0f);
-  Rope(dk_.data(), rows, dims_.n_kv_head, -1.0f);
-  LinearBackward(rows, c, qd, dq_.data(), a.n1.data(), p[kQ], g[kQ], dn_.data(), false);
-  LinearBackward(rows, c, kd, dk_.data(), a.n1.data(), p[kK], g[kK], dn_.data(), true);
-  LinearBackward(rows, c, kd, dv_.data(), a.n1.data(), p[kV], g[kV], dn_.data(), true);
-  RmsBackward(rows, c, a.x.data(), a.r1.data(), p[kAttnNorm], dn_.data(), dx_.data(),
-              g[kAttnNorm], acc_.data());
+  ProjectBackward(s, a, rows, p, g);
+  RmsBackward(rows, c, a.x.data(), a.r1.data(), p[s.attn_norm], dn_.data(), dx_.data(),
+              g[s.attn_norm], acc_.data());
 }
 
 absl::Status Transformer::Forward(UnitAccess& units, int64_t n) {
@@ -372,7 +542,7 @@ absl::Status Transformer::Forward(UnitAccess& units, int64_t n) {
     MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, units.Acquire(unit));
     HeldUnit held(units, unit);
     MUONMESH_RETURN_IF_ERROR(
-        internal::CheckUnitTensors("transformer", p, kLayerParams, "acquire", unit));
+        internal::CheckUnitTensors("transformer", p, slots_[l].count, "acquire", unit));
     LayerForward(l, n, p);
   }
   return absl::OkStatus();
@@ -385,10 +555,10 @@ absl::Status Transformer::Backward(UnitAccess& units, int64_t n, float* dembed) 
     MUONMESH_ASSIGN_OR_RETURN(absl::Span<const float* const> p, units.Acquire(unit));
     HeldUnit held(units, unit);
     MUONMESH_RETURN_IF_ERROR(
-        internal::CheckUnitTensors("transformer", p, kLayerParams, "acquire", unit));
+        internal::CheckUnitTensors("transformer", p, slots_[l].count, "acquire", unit));
     MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g, units.GradientBuffers(unit));
     MUONMESH_RETURN_IF_ERROR(
-        internal::CheckUnitTensors("transformer", g, kLayerParams, "gradients", unit));
+        internal::CheckUnitTensors("transformer", g, slots_[l].count, "gradients", unit));
     LayerBackward(l, n, p, g);
     MUONMESH_RETURN_IF_ERROR(units.Commit(unit));
   }
@@ -497,18 +667,29 @@ void Transformer::ResetAttentionLogits() {
 
 std::vector<RowScale> Transformer::QkClipRows(absl::Span<const float> logits, double tau) const {
   std::vector<RowScale> rows;
+  const bool mla = dims_.attention == model::Attention::kMla;
+  const bool mha = !mla && dims_.n_kv_head == dims_.n_head;
   for (int64_t l = 0; l < dims_.n_layer; ++l) {
+    const Slots& s = slots_[l];
     for (int64_t h = 0; h < dims_.n_head; ++h) {
       const size_t i = static_cast<size_t>(l * dims_.n_head + h);
       if (i >= logits.size() || !(logits[i] > tau)) continue;
       // MHA: q and k rows each by sqrt(gamma); GQA: the key rows serve the
-      // whole group, so the query takes all of gamma.
+      // whole group, so the query takes all of gamma; MLA: the nope parts
+      // by sqrt(gamma), q_pe by gamma (k_pe is every head's).
       const double gamma = tau / static_cast<double>(logits[i]);
-      const bool mha = dims_.n_kv_head == dims_.n_head;
-      const int32_t q = static_cast<int32_t>(1 + kLayerParams * l + kQ);
-      const float factor = static_cast<float>(mha ? std::sqrt(gamma) : gamma);
-      rows.push_back({q, h * dims_.head_dim, dims_.head_dim, factor});
-      if (mha) rows.push_back({q + 1, h * dims_.head_dim, dims_.head_dim, factor});
+      const auto root = static_cast<float>(std::sqrt(gamma));
+      if (!mla) {
+        const int32_t q = s.first + s.q;
+        rows.push_back({q, h * qk_, qk_, mha ? root : static_cast<float>(gamma)});
+        if (mha) rows.push_back({s.first + s.k, h * qk_, qk_, root});
+        continue;
+      }
+      const int64_t dn = dims_.mla.qk_nope_head_dim;
+      const int32_t q = s.first + (s.q_b >= 0 ? s.q_b : s.q);
+      rows.push_back({q, h * qk_, dn, root});
+      rows.push_back({q, h * qk_ + dn, dims_.mla.qk_rope_head_dim, static_cast<float>(gamma)});
+      rows.push_back({s.first + s.kv_b, h * (dn + vd_), dn, root});
     }
   }
   return rows;

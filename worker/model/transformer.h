@@ -2,11 +2,12 @@
 
 // The `transformer` workload on the host (docs/architecture.md §6;
 // core/model/transformer_spec.h lists its parameters): a pre-norm decoder
-// with RMSNorm, rotate-half RoPE, grouped-query attention and a SwiGLU MLP,
-// an untied or tied head, trained on token windows exactly as `gpt` is
-// (token_windows.h; sample k of N tokens reads the window at
-// p = (k T) mod (N - T)). This form covers the dense Llama-style model
-// (attention: mha, no moe); Create refuses the rest, naming the field.
+// with RMSNorm, rotate-half RoPE, grouped-query attention (mha) or
+// multi-head latent attention (mla) and a SwiGLU MLP, an untied or tied
+// head, trained on token windows exactly as `gpt` is (token_windows.h;
+// sample k of N tokens reads the window at p = (k T) mod (N - T)). This
+// form covers dense models (no moe); Create refuses the rest, naming the
+// field.
 //
 // Per layer l, rows = n T for n windows:
 //   h  = x + o_proj(Attn(RMSNorm(x; attn_norm)))
@@ -15,7 +16,12 @@
 // root in double, rounded once per row); RoPE on each head of q and k at the
 // window position t (angles t theta^(-2i/D) in double, their cos and sin
 // rounded to float); head h attends with kv head h / (H / Hkv), causal
-// softmax of q k^T / sqrt(D) (host_ops.h). logits = RMSNorm(x_L; final_norm)
+// softmax of q k^T / sqrt(D) (host_ops.h). MLA: q = q_b_proj(RMSNorm(
+// q_a_proj(n1); q_a_norm)) (or q_proj(n1)), per head [q_nope dn | q_pe dr];
+// kv_a_proj(n1) = [c_kv | k_pe]; kv_b_proj(RMSNorm(c_kv; kv_a_norm)) per head
+// [k_nope dn | v dv]; RoPE (R = dr) on each q_pe and on the one k_pe, which
+// every head's key shares: k = [k_nope | k_pe], softmax of q k^T /
+// sqrt(dn + dr), o_proj from H dv. logits = RMSNorm(x_L; final_norm)
 // lm_head^T (embed.weight^T when tied); the loss is the mean cross-entropy
 // over every position.
 //
@@ -73,7 +79,9 @@ class Transformer final : public Workload {
 
   // QK-clip (workload.h). MHA (n_kv_head = H): head h's rows [h D, (h + 1) D)
   // of q_proj and k_proj, each by sqrt(tau / S_h); GQA: its q_proj rows alone
-  // by tau / S_h (the key rows are shared by the group).
+  // by tau / S_h (the key rows are shared by the group). MLA: head h's
+  // q_nope rows (q_b_proj or q_proj) and k_nope rows (kv_b_proj) by
+  // sqrt(tau / S_h), its q_pe rows by tau / S_h (k_pe is shared).
   int64_t attention_layers() const override { return dims_.n_layer; }
   int64_t attention_heads() const override { return dims_.n_head; }
   void ResetAttentionLogits() override;
@@ -84,16 +92,28 @@ class Transformer final : public Workload {
   const TokenStream& train_stream() const { return *train_; }
 
  private:
+  // A layer's parameters: their positions in its unit (-1: absent).
+  struct Slots {
+    int attn_norm = -1, q = -1, q_a = -1, q_a_norm = -1, q_b = -1, k = -1, v = -1;
+    int kv_a = -1, kv_a_norm = -1, kv_b = -1, o = -1;
+    int mlp_norm = -1, gate = -1, up = -1, down = -1;
+    int count = 0;
+    int first = 0;  // the flat index of the layer's first parameter
+  };
   // What a layer's backward pass needs from its forward pass (rows = n T).
+  // Attention geometry: heads of qk_ (query and key) and vd_ (value) over
+  // kvh_ kv heads (mha: D, D, Hkv; mla: dn + dr, dv, H).
   struct LayerActs {
     std::vector<float> x;     // [rows, C] the layer's input
     std::vector<float> n1;    // [rows, C] RMSNorm(x; attn_norm)
     std::vector<float> r1;    // [rows] its inverse root
-    std::vector<float> q;     // [rows, H D] after RoPE
-    std::vector<float> k;     // [rows, Hkv D] after RoPE
-    std::vector<float> v;     // [rows, Hkv D]
+    std::vector<float> qa, qn, rqa;    // mla q_lora: [rows, rq] twice, [rows]
+    std::vector<float> ckv, cn, rckv;  // mla: [rows, rkv] twice, [rows]
+    std::vector<float> q;     // [rows, H qk] after RoPE
+    std::vector<float> k;     // [rows, kvh qk] after RoPE
+    std::vector<float> v;     // [rows, kvh vd]
     std::vector<float> att;   // [n, H, T, T] probabilities, 0 above the diagonal
-    std::vector<float> a;     // [rows, H D] attention output
+    std::vector<float> a;     // [rows, H vd] attention output
     std::vector<float> h;     // [rows, C] after the attention residual
     std::vector<float> n2;    // [rows, C] RMSNorm(h; mlp_norm)
     std::vector<float> r2;    // [rows]
@@ -106,6 +126,7 @@ class Transformer final : public Workload {
               plan::ModelSpec spec);
 
   int head_unit() const { return static_cast<int>(dims_.n_layer) + 1; }
+  void MapSlots();
   absl::StatusOr<double> Run(UnitAccess& units, const TokenStream& tokens,
                              absl::Span<const int64_t> samples, bool gradients);
   absl::Status Forward(UnitAccess& units, int64_t n);
@@ -115,12 +136,23 @@ class Transformer final : public Workload {
   absl::Status Backward(UnitAccess& units, int64_t n, float* dembed);
   void Reserve(int64_t n);
   void LayerForward(int64_t layer, int64_t n, absl::Span<const float* const> p);
+  // q, k, v (after RoPE) from a.n1, and back: dq_, dk_, dv_ to dn_
+  // (overwritten) and the projections' gradients.
+  void Project(const Slots& s, LayerActs& a, int64_t rows, absl::Span<const float* const> p);
+  void ProjectBackward(const Slots& s, const LayerActs& a, int64_t rows,
+                       absl::Span<const float* const> p, absl::Span<float* const> g);
+  void MlaProject(const Slots& s, LayerActs& a, int64_t rows, absl::Span<const float* const> p);
+  void MlaProjectBackward(const Slots& s, const LayerActs& a, int64_t rows,
+                          absl::Span<const float* const> p, absl::Span<float* const> g);
   void AttentionForward(LayerActs& a, int64_t n, float* head_max);
   void LayerBackward(int64_t layer, int64_t n, absl::Span<const float* const> p,
                      absl::Span<float* const> g);
   void AttentionBackward(const LayerActs& a, int64_t n, const float* da, float* dq, float* dk,
                          float* dv);
-  void Rope(float* x, int64_t rows, int64_t heads, float sign) const;
+  // RoPE (R = rope_) on the vector at x + r row_stride + h head_stride of
+  // each row r (position r mod T) and head h < heads; sign -1: backward.
+  void Rope(float* x, int64_t rows, int64_t row_stride, int64_t heads, int64_t head_stride,
+            float sign) const;
   // The head's logits and loss, and with gradients dL/dx of the last layer's
   // output in dx_ and the head's gradients (final_norm, and lm_head or the
   // tied embedding's part).
@@ -133,9 +165,11 @@ class Transformer final : public Workload {
   int64_t num_samples_ = 0;
   std::shared_ptr<const TokenStream> val_;
   int64_t num_val_samples_ = 0;
+  std::vector<Slots> slots_;      // per layer
+  int64_t qk_ = 0, vd_ = 0, kvh_ = 0, rope_ = 0;
   std::vector<float> logit_max_;  // [L H]
   bool record_logits_ = false;
-  std::vector<float> cos_, sin_;  // [T, D/2]
+  std::vector<float> cos_, sin_;  // [T, rope_ / 2]
 
   int64_t capacity_ = 0;
   std::vector<int32_t> tokens_;  // [n, T + 1]
@@ -146,13 +180,18 @@ class Transformer final : public Workload {
   std::vector<float> logits_;  // [rows, V]; dL/dlogits after the loss
   std::vector<float> dx_;      // [rows, C] dL/dx of the residual stream
   std::vector<float> dn_;      // [rows, C] dL/d(a norm's output)
-  std::vector<float> da_;      // [rows, H D]
-  std::vector<float> dq_;      // [rows, H D]
-  std::vector<float> dk_, dv_;  // [rows, Hkv D]
+  std::vector<float> da_;      // [rows, H vd]
+  std::vector<float> dq_;      // [rows, H qk]
+  std::vector<float> dk_;      // [rows, kvh qk]
+  std::vector<float> dv_;      // [rows, kvh vd]
   std::vector<float> dgate_, dup_;  // [rows, F]
+  // mla: kv_a_proj's output and its gradient [rows, rkv + dr], kv_b_proj's
+  // output or gradient [rows, H (dn + dv)], k_pe or its gradient [rows, dr],
+  // gradients of the latent [rows, rkv] and q_lora's [rows, rq].
+  std::vector<float> kva_, kvb_, pe_, dc_, dckv_, dqn_, dqa_;
   std::vector<float> exp_;     // [max(V, T)]
   std::vector<float> datt_;    // [T, T]
-  std::vector<double> acc_;    // [C] norm weight gradients in double
+  std::vector<double> acc_;    // [max(C, rq, rkv)] norm weight gradients in double
 };
 
 }  // namespace muonmesh::worker

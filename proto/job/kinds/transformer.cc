@@ -1,7 +1,8 @@
-// model: {transformer: {...}}: a Llama-style pre-norm decoder on a token
-// corpus (worker/model/transformer.h; core/model/transformer_spec.h). MLA and
-// mixtures of experts are planned (their spec is complete) but not trained
-// yet: a job asking for them is refused, naming the field.
+// model: {transformer: {...}}: a Llama-style or DeepSeek-style (MLA)
+// pre-norm decoder on a token corpus (worker/model/transformer.h;
+// core/model/transformer_spec.h). Mixtures of experts are planned (their
+// spec is complete) but not trained yet: a job asking for them is refused,
+// naming the field.
 
 #include <string>
 #include <utility>
@@ -87,10 +88,11 @@ void Validate(const v1::JobSpec& job, plan::Violations& v) {
       v.Add(absl::StrCat("model.transformer.", f->field), f->description);
     }
   }
-  if (t.attention() == "mla") {
-    v.Add("model.transformer.attention",
-          "mla is planned but not trained by this release yet (use mha; muonmeshctl plan "
-          "--spec plans an MLA model)");
+  const v1::MuonConfig& muon = job.optimizer().muon();
+  if (t.attention() == "mla" && (muon.split_qkv() || muon.per_head())) {
+    v.Add(muon.per_head() ? "optimizer.muon.per_head" : "optimizer.muon.split_qkv",
+          "not on attention: mla yet (kv_b_proj's per-head [k_nope | v] rows would need blocks "
+          "of two sizes); the option applies to mha's q/k/v_proj");
   }
   if (t.has_moe()) {
     v.Add("model.transformer.moe",

@@ -1112,8 +1112,8 @@ TEST(JobTest, TransformerSectionsAreCheckedFieldByField) {
        "model.transformer.d_model", "required"},
       {llama + ", attention: gqa", "model.transformer.attention", "expected mha or mla"},
       {llama + ", attention: mla, mla: {kv_lora_rank: 16, qk_nope_head_dim: 8, "
-               "qk_rope_head_dim: 4, v_head_dim: 8}",
-       "model.transformer.attention", "not trained by this release yet"},
+               "qk_rope_head_dim: 3, v_head_dim: 8}",
+       "model.transformer.mla.qk_rope_head_dim", "odd"},
       {llama + ", moe: {n_routed_experts: 4, top_k: 2, moe_ffn_hidden: 16}",
        "model.transformer.moe", "not trained by this release yet"},
       {llama + ", moe: {n_routed_experts: 4, top_k: 5, moe_ffn_hidden: 16}",
@@ -1136,6 +1136,14 @@ TEST(JobTest, TransformerSectionsAreCheckedFieldByField) {
   std::vector<std::string> fields;
   for (const plan::FieldViolation& f : job::ValidateJob(cuda)) fields.push_back(f.field);
   EXPECT_THAT(fields, ElementsAre("model.transformer"));
+  // MLA trains; per_head and split_qkv on it are refused, naming the option.
+  v1::JobSpec mla = job_of(llama + ", attention: mla, mla: {q_lora_rank: 8, kv_lora_rank: 16, "
+                                   "qk_nope_head_dim: 8, qk_rope_head_dim: 4, v_head_dim: 8}");
+  EXPECT_THAT(job::ValidateJob(mla), IsEmpty());
+  mla.mutable_optimizer()->mutable_muon()->set_per_head(true);
+  fields.clear();
+  for (const plan::FieldViolation& f : job::ValidateJob(mla)) fields.push_back(f.field);
+  EXPECT_THAT(fields, ElementsAre("optimizer.muon.per_head"));
 }
 
 // QK-clip on a model with attention: valid on the CPU, refused on CUDA

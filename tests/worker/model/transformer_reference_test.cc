@@ -1,6 +1,7 @@
-// The dense `transformer`'s double-precision reference
-// (transformer_reference.h) against central differences of its own loss,
-// with grouped-query attention and both heads (untied, tied); and its RoPE
+// The `transformer`'s double-precision reference (transformer_reference.h)
+// against central differences of its own loss, with grouped-query attention
+// and both heads (untied, tied), and with multi-head latent attention (with
+// and without q_lora); and its RoPE
 // and RMSNorm against values worked out by hand.
 
 #include "tests/worker/model/transformer_reference.h"
@@ -8,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -16,8 +18,10 @@
 namespace muonmesh::reference {
 namespace {
 
-// V 11, T 5, 2 layers, C 8, 4 heads over 2 kv heads of D 4, F 6.
-RefTransformerDims Tiny(bool tied) {
+// V 11, T 5, 2 layers, C 8, 4 heads over 2 kv heads of D 4, F 6; with
+// `mla`, heads of dn 2 + dr 2 (v 3) from a kv rank of 5 and a q rank of
+// `q_rank`.
+RefTransformerDims Tiny(bool tied, bool mla = false, int64_t q_rank = 0) {
   RefTransformerDims d;
   d.vocab = 11;
   d.seq = 5;
@@ -29,6 +33,12 @@ RefTransformerDims Tiny(bool tied) {
   d.ffn = 6;
   d.theta = 100.0;  // angles that turn within T positions
   d.tied = tied;
+  d.mla = mla;
+  d.q_rank = q_rank;
+  d.kv_rank = 5;
+  d.dn = 2;
+  d.dr = 2;
+  d.dv = 3;
   return d;
 }
 
@@ -37,18 +47,14 @@ RefTransformerDims Tiny(bool tied) {
 TransformerTensors Params(const RefTransformerDims& d, uint64_t seed) {
   std::mt19937_64 gen(seed);
   auto uniform = [&gen] { return static_cast<double>(gen() >> 40) * 0x1p-24 * 2.0 - 1.0; };
-  const int64_t c = d.embd, qd = d.heads * d.head_dim, kd = d.kv_heads * d.head_dim;
-  std::vector<std::pair<int64_t, bool>> shapes = {{d.vocab * c, false}};
+  std::vector<std::pair<int64_t, bool>> shapes = {{d.vocab * d.embd, false}};
   for (int64_t l = 0; l < d.layers; ++l) {
-    for (auto s : {std::pair{c, true}, std::pair{qd * c, false}, std::pair{kd * c, false},
-                   std::pair{kd * c, false}, std::pair{c * qd, false}, std::pair{c, true},
-                   std::pair{d.ffn * c, false}, std::pair{d.ffn * c, false},
-                   std::pair{c * d.ffn, false}}) {
-      shapes.push_back(s);
+    for (const transformer_internal::Named& n : transformer_internal::LayerNames(d)) {
+      shapes.push_back({n.size, n.name.find("norm") != std::string::npos});
     }
   }
-  shapes.push_back({c, true});
-  if (!d.tied) shapes.push_back({d.vocab * c, false});
+  shapes.push_back({d.embd, true});
+  if (!d.tied) shapes.push_back({d.vocab * d.embd, false});
   TransformerTensors out;
   for (auto [size, norm] : shapes) {
     std::vector<double> v(size);
@@ -64,10 +70,16 @@ std::vector<int32_t> Tokens(int64_t count, int32_t vocab) {
   return t;
 }
 
-class TransformerReferenceTest : public ::testing::TestWithParam<bool> {};
+struct RefCase {
+  const char* name;
+  bool tied, mla;
+  int64_t q_rank;
+};
+
+class TransformerReferenceTest : public ::testing::TestWithParam<RefCase> {};
 
 TEST_P(TransformerReferenceTest, GradientsMatchCentralDifferences) {
-  const RefTransformerDims d = Tiny(GetParam());
+  const RefTransformerDims d = Tiny(GetParam().tied, GetParam().mla, GetParam().q_rank);
   TransformerTensors params = Params(d, 5);
   const std::vector<int32_t> tokens = Tokens(23, 11);
   const std::vector<int64_t> samples = {0, 3, 3};  // a repeat: gradients add up
@@ -84,8 +96,12 @@ TEST_P(TransformerReferenceTest, GradientsMatchCentralDifferences) {
   for (size_t i = 0; i < largest.size(); ++i) EXPECT_GT(largest[i], 1e-4) << "param " << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(Heads, TransformerReferenceTest, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "tied" : "untied"; });
+INSTANTIATE_TEST_SUITE_P(Heads, TransformerReferenceTest,
+                         ::testing::Values(RefCase{"untied", false, false, 0},
+                                           RefCase{"tied", true, false, 0},
+                                           RefCase{"mla", false, true, 0},
+                                           RefCase{"mla_q_lora", true, true, 3}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 // RoPE at position t turns pair (x_i, x_{i+R/2}) by t theta^(-2i/R); its
 // transpose turns it back. RMSNorm of (3, 4) with eps 0: (3, 4) / sqrt(12.5).

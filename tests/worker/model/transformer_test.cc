@@ -39,6 +39,15 @@ model::TransformerDims Tiny(int64_t kv, bool tied) {
   return d;
 }
 
+// Tiny with MLA: heads of dn 2 + dr 2 (v 3) from a kv rank of 5, and a q
+// rank of `q_rank`.
+model::TransformerDims TinyMla(int64_t q_rank, bool tied) {
+  model::TransformerDims d = Tiny(4, tied);
+  d.attention = model::Attention::kMla;
+  d.mla = {q_rank, 5, 2, 2, 3};
+  return d;
+}
+
 reference::RefTransformerDims RefDims(const model::TransformerDims& d) {
   reference::RefTransformerDims r;
   r.vocab = d.vocab_size;
@@ -52,6 +61,12 @@ reference::RefTransformerDims RefDims(const model::TransformerDims& d) {
   r.eps = d.norm_eps;
   r.theta = d.rope_theta;
   r.tied = d.tie_embeddings;
+  r.mla = d.attention == model::Attention::kMla;
+  r.q_rank = d.mla.q_lora_rank;
+  r.kv_rank = d.mla.kv_lora_rank;
+  r.dn = d.mla.qk_nope_head_dim;
+  r.dr = d.mla.qk_rope_head_dim;
+  r.dv = d.mla.v_head_dim;
   return r;
 }
 
@@ -89,9 +104,14 @@ Floats Params(const plan::ModelSpec& spec, uint64_t seed) {
 
 struct Case {
   const char* name;
-  int64_t kv;
+  int64_t kv;  // -1: mla
   bool tied;
+  int64_t q_rank = 0;
 };
+
+model::TransformerDims DimsOf(const Case& c) {
+  return c.kv < 0 ? TinyMla(c.q_rank, c.tied) : Tiny(c.kv, c.tied);
+}
 
 class TransformerTest : public ::testing::TestWithParam<Case> {};
 
@@ -99,7 +119,7 @@ class TransformerTest : public ::testing::TestWithParam<Case> {};
 // gradient entry within 1e-5 + 1e-4 |want| (the sums here have at most
 // 8 terms of O(1) values), and each head's largest logit within 1e-5.
 TEST_P(TransformerTest, ForwardBackwardMatchesTheReference) {
-  const model::TransformerDims d = Tiny(GetParam().kv, GetParam().tied);
+  const model::TransformerDims d = DimsOf(GetParam());
   Transformer model = Make(d);
   const Floats params = Params(model.spec(), 5);
   const std::vector<int64_t> samples = {0, 3, 3, 17};
@@ -143,7 +163,9 @@ TEST_P(TransformerTest, ForwardBackwardMatchesTheReference) {
 
 INSTANTIATE_TEST_SUITE_P(Heads, TransformerTest,
                          ::testing::Values(Case{"gqa_untied", 2, false}, Case{"mha_tied", 4, true},
-                                           Case{"mqa_untied", 1, false}),
+                                           Case{"mqa_untied", 1, false},
+                                           Case{"mla_untied", -1, false},
+                                           Case{"mla_q_lora_tied", -1, true, 3}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // MHA: head h's q and k rows by sqrt(tau / S); GQA: its q rows by tau / S.
@@ -165,6 +187,34 @@ TEST(TransformerQkClipTest, RowsFollowTheHeadLayout) {
   EXPECT_EQ(rows[1].flat, 3);  // layers.0.attn.k_proj.weight
   EXPECT_FLOAT_EQ(rows[1].factor, static_cast<float>(std::sqrt(2.0 / 9.0)));
   EXPECT_EQ(mha.spec().units[1].params[2].name, "layers.0.attn.k_proj.weight");
+}
+
+// MLA (q_lora): head h's q_nope rows [h 4, h 4 + 2) of q_b_proj and its
+// k_nope rows [h 5, h 5 + 2) of kv_b_proj by sqrt(tau / S), its q_pe rows
+// [h 4 + 2, h 4 + 4) by tau / S.
+TEST(TransformerQkClipTest, MlaScalesNopeByTheRootAndRopeByGamma) {
+  const std::vector<float> logits = {1, 1, 8, 1, 1, 1, 1, 1};
+  Transformer mla = Make(TinyMla(3, false));
+  const std::vector<RowScale> rows = mla.QkClipRows(logits, 2.0);
+  ASSERT_EQ(rows.size(), 3u);
+  const std::vector<plan::ParamSpec>& layer = mla.spec().units[1].params;
+  EXPECT_EQ(layer[rows[0].flat - 1].name, "layers.0.attn.q_b_proj.weight");
+  EXPECT_EQ(rows[0].row_start, 8);
+  EXPECT_EQ(rows[0].rows, 2);
+  EXPECT_FLOAT_EQ(rows[0].factor, 0.5f);
+  EXPECT_EQ(rows[1].flat, rows[0].flat);
+  EXPECT_EQ(rows[1].row_start, 10);
+  EXPECT_EQ(rows[1].rows, 2);
+  EXPECT_FLOAT_EQ(rows[1].factor, 0.25f);
+  EXPECT_EQ(layer[rows[2].flat - 1].name, "layers.0.attn.kv_b_proj.weight");
+  EXPECT_EQ(rows[2].row_start, 10);
+  EXPECT_EQ(rows[2].rows, 2);
+  EXPECT_FLOAT_EQ(rows[2].factor, 0.5f);
+  // Without q_lora the query rows are q_proj's.
+  Transformer plain = Make(TinyMla(0, false));
+  const std::vector<RowScale> q = plain.QkClipRows(logits, 2.0);
+  ASSERT_EQ(q.size(), 3u);
+  EXPECT_EQ(plain.spec().units[1].params[q[0].flat - 1].name, "layers.0.attn.q_proj.weight");
 }
 
 // The documented initialisation, by its statistics on a wider model: norms
@@ -223,11 +273,6 @@ TEST(TransformerInitTest, FollowsTheDocumentedDistribution) {
 
 TEST(TransformerCreateTest, RefusesWhatThisFormDoesNotTrain) {
   auto tokens = std::make_shared<InMemoryTokens>(Tokens(23, 11));
-  model::TransformerDims mla = Tiny(2, false);
-  mla.attention = model::Attention::kMla;
-  mla.mla = {0, 8, 4, 2, 4};
-  EXPECT_THAT(Transformer::Create(mla, tokens).status().message(),
-              HasSubstr("model.transformer.attention"));
   model::TransformerDims moe = Tiny(2, false);
   moe.moe = model::MoeDims{4, 2, 6};
   absl::Status st = Transformer::Create(moe, tokens).status();
