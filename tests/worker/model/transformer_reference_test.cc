@@ -49,7 +49,7 @@ TransformerTensors Params(const RefTransformerDims& d, uint64_t seed) {
   auto uniform = [&gen] { return static_cast<double>(gen() >> 40) * 0x1p-24 * 2.0 - 1.0; };
   std::vector<std::pair<int64_t, bool>> shapes = {{d.vocab * d.embd, false}};
   for (int64_t l = 0; l < d.layers; ++l) {
-    for (const transformer_internal::Named& n : transformer_internal::LayerNames(d)) {
+    for (const transformer_internal::Named& n : transformer_internal::LayerNames(d, l)) {
       shapes.push_back({n.size, n.name.find("norm") != std::string::npos});
     }
   }
@@ -74,23 +74,53 @@ struct RefCase {
   const char* name;
   bool tied, mla;
   int64_t q_rank;
+  int moe = 0;  // 0: dense; 1: softmax, shared, no balance loss; 2: sigmoid, balance loss
 };
+
+// Experts in layer 1 (layer 0 dense): 4 of width 3, top 2, biased.
+void AddExperts(int kind, RefTransformerDims& d, MoeState& state) {
+  if (kind == 0) return;
+  d.experts = 4;
+  d.top_k = 2;
+  d.expert_ffn = 3;
+  d.first_dense = 1;
+  d.shared = kind == 1 ? 1 : 0;
+  d.sigmoid = kind == 2;
+  d.norm_topk = kind == 1;
+  d.route_scale = kind == 1 ? 1.0 : 2.5;
+  d.aux_coef = kind == 2 ? 0.3 : 0.0;
+  state.bias = {{}, {0.01, -0.02, 0.03, 0.0}};
+}
 
 class TransformerReferenceTest : public ::testing::TestWithParam<RefCase> {};
 
 TEST_P(TransformerReferenceTest, GradientsMatchCentralDifferences) {
-  const RefTransformerDims d = Tiny(GetParam().tied, GetParam().mla, GetParam().q_rank);
+  RefTransformerDims d = Tiny(GetParam().tied, GetParam().mla, GetParam().q_rank);
+  MoeState state;
+  AddExperts(GetParam().moe, d, state);
   TransformerTensors params = Params(d, 5);
   const std::vector<int32_t> tokens = Tokens(23, 11);
   const std::vector<int64_t> samples = {0, 3, 3};  // a repeat: gradients add up
   TransformerTensors grads;
   std::vector<double> logits;
-  const double loss = TransformerRefLossAndGrad(d, params, tokens, samples, &grads, &logits);
+  const double loss =
+      TransformerRefLossAndGrad(d, params, tokens, samples, &grads, &logits, &state);
   EXPECT_GT(loss, 0.5);
   ASSERT_EQ(logits.size(), 8u);
   for (double m : logits) EXPECT_GT(m, -1e300);
+  if (GetParam().moe != 0) {
+    // Every position of every sample sends K = 2 tokens in the MoE layer.
+    int64_t routed = 0;
+    for (int64_t c : state.counts[1]) routed += c;
+    EXPECT_EQ(routed, 2 * 5 * 3);
+    EXPECT_EQ(state.counts[0], std::vector<int64_t>(4, 0));
+    if (d.aux_coef > 0) {
+      EXPECT_GT(state.aux, 0.0);
+    }
+  }
   auto f = [&](const TransformerTensors& p) {
-    return TransformerRefLossAndGrad(d, p, tokens, samples, nullptr);
+    MoeState again = state;
+    return TransformerRefLossAndGrad(d, p, tokens, samples, nullptr, nullptr, &again);
   };
   const std::vector<double> largest = ExpectGradientsMatchCentralDifferences(f, params, grads);
   for (size_t i = 0; i < largest.size(); ++i) EXPECT_GT(largest[i], 1e-4) << "param " << i;
@@ -100,7 +130,9 @@ INSTANTIATE_TEST_SUITE_P(Heads, TransformerReferenceTest,
                          ::testing::Values(RefCase{"untied", false, false, 0},
                                            RefCase{"tied", true, false, 0},
                                            RefCase{"mla", false, true, 0},
-                                           RefCase{"mla_q_lora", true, true, 3}),
+                                           RefCase{"mla_q_lora", true, true, 3},
+                                           RefCase{"moe_softmax_shared", false, false, 0, 1},
+                                           RefCase{"moe_sigmoid_aux_mla", false, true, 3, 2}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // RoPE at position t turns pair (x_i, x_{i+R/2}) by t theta^(-2i/R); its
