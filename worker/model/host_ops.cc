@@ -18,6 +18,68 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
               c, static_cast<int>(ldc));
 }
 
+void LinearNoBias(int64_t rows, int64_t in, int64_t out, const float* x, const float* w, float* y) {
+  Gemm(false, true, rows, out, in, 1.0f, x, in, w, in, y, out);
+}
+
+void LinearNoBiasBackward(int64_t rows, int64_t in, int64_t out, const float* dy, const float* x,
+                          const float* w, float* dw, float* dx, bool add) {
+  Gemm(true, false, out, in, rows, 1.0f, dy, out, x, in, dw, in);
+  Gemm(false, false, rows, in, out, 1.0f, dy, out, w, in, dx, in, add ? 1.0f : 0.0f);
+}
+
+void RmsNormRows(int64_t rows, int64_t c, const float* x, const float* w, double eps, float* y,
+                 float* r) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* xr = x + i * c;
+    double ss = 0.0;
+    for (int64_t j = 0; j < c; ++j) ss += static_cast<double>(xr[j]) * xr[j];
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(c) + eps));
+    r[i] = inv;
+    float* yr = y + i * c;
+    for (int64_t j = 0; j < c; ++j) yr[j] = xr[j] * inv * w[j];
+  }
+}
+
+void RmsNormRowsBackward(int64_t rows, int64_t c, const float* x, const float* r, const float* w,
+                         const float* dy, float* dx, float* dw, double* acc) {
+  std::fill(acc, acc + c, 0.0);
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* xr = x + i * c;
+    const float* dyr = dy + i * c;
+    float* dxr = dx + i * c;
+    const double inv = r[i];
+    double dot = 0.0;
+    for (int64_t j = 0; j < c; ++j) {
+      dot += static_cast<double>(dyr[j]) * w[j] * xr[j];
+      acc[j] += static_cast<double>(dyr[j]) * xr[j] * inv;
+    }
+    const double k = inv * inv * inv * dot / static_cast<double>(c);
+    for (int64_t j = 0; j < c; ++j) {
+      dxr[j] += static_cast<float>(inv * w[j] * dyr[j] - xr[j] * k);
+    }
+  }
+  for (int64_t j = 0; j < c; ++j) dw[j] = static_cast<float>(acc[j]);
+}
+
+namespace {
+float Sigmoid(float x) { return 1.0f / (1.0f + math::ExpF(-x)); }
+}  // namespace
+
+void SwiGlu(int64_t n, const float* gate, const float* up, float* m) {
+  for (int64_t i = 0; i < n; ++i) m[i] = gate[i] * Sigmoid(gate[i]) * up[i];
+}
+
+void SwiGluBackward(int64_t n, const float* gate, const float* up, const float* dm, float* dgate,
+                    float* dup) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float d = dm[i];
+    const float s = Sigmoid(gate[i]);
+    dup[i] = d * gate[i] * s;
+    dgate[i] = d * up[i] * s * (1.0f + gate[i] * (1.0f - s));
+  }
+}
+
 double SumInDouble(const float* e, int64_t n) {
   double s[4] = {0.0, 0.0, 0.0, 0.0};
   int64_t j = 0;

@@ -25,58 +25,6 @@ using internal::AnyNull;
 constexpr int kEmbedUnit = 0;
 constexpr double kInitStd = 0.02;
 
-// y [rows, out] = x [rows, in] W^T, W [out, in].
-void Linear(int64_t rows, int64_t in, int64_t out, const float* x, const float* w, float* y) {
-  Gemm(false, true, rows, out, in, 1.0f, x, in, w, in, y, out);
-}
-
-// dW [out, in] = dy^T x (overwritten), and dx [rows, in] = dy W, added to
-// dx when `add`.
-void LinearBackward(int64_t rows, int64_t in, int64_t out, const float* dy, const float* x,
-                    const float* w, float* dw, float* dx, bool add) {
-  Gemm(true, false, out, in, rows, 1.0f, dy, out, x, in, dw, in);
-  Gemm(false, false, rows, in, out, 1.0f, dy, out, w, in, dx, in, add ? 1.0f : 0.0f);
-}
-
-// y = x / sqrt(mean(x^2) + eps) * w per row; r keeps each row's inverse root.
-void RmsForward(int64_t rows, int64_t c, const float* x, const float* w, double eps, float* y,
-                float* r) {
-  for (int64_t i = 0; i < rows; ++i) {
-    const float* xr = x + i * c;
-    double ss = 0.0;
-    for (int64_t j = 0; j < c; ++j) ss += static_cast<double>(xr[j]) * xr[j];
-    const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(c) + eps));
-    r[i] = inv;
-    float* yr = y + i * c;
-    for (int64_t j = 0; j < c; ++j) yr[j] = xr[j] * inv * w[j];
-  }
-}
-
-// dx += r w dy - x r^3 / C sum_j dy_j w_j x_j per row; dw = sum over rows of
-// dy x r (in double in `acc`, rounded once).
-void RmsBackward(int64_t rows, int64_t c, const float* x, const float* r, const float* w,
-                 const float* dy, float* dx, float* dw, double* acc) {
-  std::fill(acc, acc + c, 0.0);
-  for (int64_t i = 0; i < rows; ++i) {
-    const float* xr = x + i * c;
-    const float* dyr = dy + i * c;
-    float* dxr = dx + i * c;
-    const double inv = r[i];
-    double dot = 0.0;
-    for (int64_t j = 0; j < c; ++j) {
-      dot += static_cast<double>(dyr[j]) * w[j] * xr[j];
-      acc[j] += static_cast<double>(dyr[j]) * xr[j] * inv;
-    }
-    const double k = inv * inv * inv * dot / static_cast<double>(c);
-    for (int64_t j = 0; j < c; ++j) {
-      dxr[j] += static_cast<float>(inv * w[j] * dyr[j] - xr[j] * k);
-    }
-  }
-  for (int64_t j = 0; j < c; ++j) dw[j] = static_cast<float>(acc[j]);
-}
-
-float Sigmoid(float x) { return 1.0f / (1.0f + math::ExpF(-x)); }
-
 // A parameter's initial standard deviation (0: a norm, set to 1).
 double InitStd(const plan::ParamSpec& p, int64_t layers) {
   if (p.shape.size() == 1) return 0.0;
@@ -152,8 +100,19 @@ void Transformer::MapSlots() {
       {"mlp.gate_proj.weight", &Slots::gate},
       {"mlp.up_proj.weight", &Slots::up},
       {"mlp.down_proj.weight", &Slots::down},
+      {"mlp.router.weight", &Slots::router},
+      {"mlp.experts.gate_proj", &Slots::ex_gate},
+      {"mlp.experts.up_proj", &Slots::ex_up},
+      {"mlp.experts.down_proj", &Slots::ex_down},
+      {"mlp.shared.gate_proj.weight", &Slots::sh_gate},
+      {"mlp.shared.up_proj.weight", &Slots::sh_up},
+      {"mlp.shared.down_proj.weight", &Slots::sh_down},
   };
   slots_.assign(static_cast<size_t>(dims_.n_layer), Slots{});
+  moe_.resize(static_cast<size_t>(dims_.n_layer));
+  for (int64_t l = 0; l < dims_.n_layer; ++l) {
+    if (model::IsMoeLayer(dims_, l)) moe_[l].emplace(dims_);
+  }
   int first = static_cast<int>(spec_.units[kEmbedUnit].params.size());
   for (int64_t l = 0; l < dims_.n_layer; ++l) {
     const std::vector<plan::ParamSpec>& params = spec_.units[l + 1].params;
@@ -173,10 +132,6 @@ void Transformer::MapSlots() {
 absl::StatusOr<Transformer> Transformer::Create(model::TransformerDims dims,
                                                 std::shared_ptr<const TokenStream> train) {
   MUONMESH_ASSIGN_OR_RETURN(plan::ModelSpec spec, model::TransformerSpec(dims));
-  if (dims.moe.has_value()) {
-    return absl::UnimplementedError(
-        "model.transformer.moe: mixtures of experts are not trained by this build yet");
-  }
   MUONMESH_RETURN_IF_ERROR(CheckTrainingStream(train.get(), dims.seq_len));
   return Transformer(dims, std::move(train), std::move(spec));
 }
@@ -299,9 +254,9 @@ void Transformer::Project(const Slots& s, LayerActs& a, int64_t rows,
   const int64_t c = dims_.d_model;
   const int64_t qw = dims_.n_head * qk_;
   const int64_t kw = kvh_ * qk_;
-  Linear(rows, c, qw, a.n1.data(), p[s.q], a.q.data());
-  Linear(rows, c, kw, a.n1.data(), p[s.k], a.k.data());
-  Linear(rows, c, kw, a.n1.data(), p[s.v], a.v.data());
+  LinearNoBias(rows, c, qw, a.n1.data(), p[s.q], a.q.data());
+  LinearNoBias(rows, c, kw, a.n1.data(), p[s.k], a.k.data());
+  LinearNoBias(rows, c, kw, a.n1.data(), p[s.v], a.v.data());
   Rope(a.q.data(), rows, qw, dims_.n_head, qk_, 1.0f);
   Rope(a.k.data(), rows, kw, kvh_, qk_, 1.0f);
 }
@@ -318,17 +273,17 @@ void Transformer::MlaProject(const Slots& s, LayerActs& a, int64_t rows,
   const int64_t kvb = h_n * (dn + vd_);
   if (m.q_lora_rank > 0) {
     const int64_t rq = m.q_lora_rank;
-    Linear(rows, c, rq, a.n1.data(), p[s.q_a], a.qa.data());
-    RmsForward(rows, rq, a.qa.data(), p[s.q_a_norm], dims_.norm_eps, a.qn.data(), a.rqa.data());
-    Linear(rows, rq, qw, a.qn.data(), p[s.q_b], a.q.data());
+    LinearNoBias(rows, c, rq, a.n1.data(), p[s.q_a], a.qa.data());
+    RmsNormRows(rows, rq, a.qa.data(), p[s.q_a_norm], dims_.norm_eps, a.qn.data(), a.rqa.data());
+    LinearNoBias(rows, rq, qw, a.qn.data(), p[s.q_b], a.q.data());
   } else {
-    Linear(rows, c, qw, a.n1.data(), p[s.q], a.q.data());
+    LinearNoBias(rows, c, qw, a.n1.data(), p[s.q], a.q.data());
   }
-  Linear(rows, c, rkv + dr, a.n1.data(), p[s.kv_a], kva_.data());
+  LinearNoBias(rows, c, rkv + dr, a.n1.data(), p[s.kv_a], kva_.data());
   CopyColumns(rows, rkv + dr, 0, rkv, kva_.data(), a.ckv.data(), false);
   CopyColumns(rows, rkv + dr, rkv, dr, kva_.data(), pe_.data(), false);
-  RmsForward(rows, rkv, a.ckv.data(), p[s.kv_a_norm], dims_.norm_eps, a.cn.data(), a.rckv.data());
-  Linear(rows, rkv, kvb, a.cn.data(), p[s.kv_b], kvb_.data());
+  RmsNormRows(rows, rkv, a.ckv.data(), p[s.kv_a_norm], dims_.norm_eps, a.cn.data(), a.rckv.data());
+  LinearNoBias(rows, rkv, kvb, a.cn.data(), p[s.kv_b], kvb_.data());
   Rope(a.q.data() + dn, rows, qw, h_n, qk_, 1.0f);
   Rope(pe_.data(), rows, dr, 1, dr, 1.0f);
   // Head h's key [k_nope | k_pe] and value from kv_b_proj's [k_nope | v].
@@ -368,24 +323,44 @@ void Transformer::AttentionForward(LayerActs& a, int64_t n, float* head_max) {
   }
 }
 
-void Transformer::LayerForward(int64_t layer, int64_t n, absl::Span<const float* const> p) {
+absl::Status Transformer::LayerForward(UnitAccess& units, int64_t layer, int64_t n,
+                                       absl::Span<const float* const> p) {
   const Slots& s = slots_[layer];
   const int64_t rows = n * dims_.seq_len;
   const int64_t c = dims_.d_model;
   const int64_t f = dims_.ffn_hidden;
   LayerActs& a = layers_[layer];
-  RmsForward(rows, c, a.x.data(), p[s.attn_norm], dims_.norm_eps, a.n1.data(), a.r1.data());
+  RmsNormRows(rows, c, a.x.data(), p[s.attn_norm], dims_.norm_eps, a.n1.data(), a.r1.data());
   Project(s, a, rows, p);
   AttentionForward(a, n, record_logits_ ? logit_max_.data() + layer * dims_.n_head : nullptr);
-  Linear(rows, dims_.n_head * vd_, c, a.a.data(), p[s.o], a.h.data());
+  LinearNoBias(rows, dims_.n_head * vd_, c, a.a.data(), p[s.o], a.h.data());
   for (int64_t i = 0; i < rows * c; ++i) a.h[i] += a.x[i];
-  RmsForward(rows, c, a.h.data(), p[s.mlp_norm], dims_.norm_eps, a.n2.data(), a.r2.data());
-  Linear(rows, c, f, a.n2.data(), p[s.gate], a.gate.data());
-  Linear(rows, c, f, a.n2.data(), p[s.up], a.up.data());
-  for (int64_t i = 0; i < rows * f; ++i) a.m[i] = a.gate[i] * Sigmoid(a.gate[i]) * a.up[i];
+  RmsNormRows(rows, c, a.h.data(), p[s.mlp_norm], dims_.norm_eps, a.n2.data(), a.r2.data());
   float* out = layer + 1 < dims_.n_layer ? layers_[layer + 1].x.data() : x_out_.data();
-  Linear(rows, f, c, a.m.data(), p[s.down], out);
+  if (moe_[layer].has_value()) {
+    std::copy(a.h.begin(), a.h.begin() + rows * c, out);
+    MUONMESH_ASSIGN_OR_RETURN(const double aux,
+                              moe_[layer]->Forward(units, exchange_, n, a.n2.data(),
+                                                   MoeTensors(s, p), record_logits_, out));
+    aux_ += aux;
+    return absl::OkStatus();
+  }
+  LinearNoBias(rows, c, f, a.n2.data(), p[s.gate], a.gate.data());
+  LinearNoBias(rows, c, f, a.n2.data(), p[s.up], a.up.data());
+  SwiGlu(rows * f, a.gate.data(), a.up.data(), a.m.data());
+  LinearNoBias(rows, f, c, a.m.data(), p[s.down], out);
   for (int64_t i = 0; i < rows * c; ++i) out[i] += a.h[i];
+  return absl::OkStatus();
+}
+
+MoeWeights Transformer::MoeTensors(const Slots& s, absl::Span<const float* const> p) const {
+  MoeWeights w{p[s.router], p[s.ex_gate], p[s.ex_up], p[s.ex_down]};
+  if (s.sh_gate >= 0) {
+    w.shared_gate = p[s.sh_gate];
+    w.shared_up = p[s.sh_up];
+    w.shared_down = p[s.sh_down];
+  }
+  return w;
 }
 
 double Transformer::Head(int64_t n, const float* final_norm, const float* head_w, bool gradients,
@@ -393,14 +368,14 @@ double Transformer::Head(int64_t n, const float* final_norm, const float* head_w
   const int64_t rows = n * dims_.seq_len;
   const int64_t c = dims_.d_model;
   const int64_t v = dims_.vocab_size;
-  RmsForward(rows, c, x_out_.data(), final_norm, dims_.norm_eps, nf_.data(), rf_.data());
-  Linear(rows, c, v, nf_.data(), head_w, logits_.data());
+  RmsNormRows(rows, c, x_out_.data(), final_norm, dims_.norm_eps, nf_.data(), rf_.data());
+  LinearNoBias(rows, c, v, nf_.data(), head_w, logits_.data());
   const double loss = WindowCrossEntropy(n, dims_.seq_len, v, tokens_.data(), logits_.data(),
                                          exp_.data(), gradients);
   if (!gradients) return loss;
-  LinearBackward(rows, c, v, logits_.data(), nf_.data(), head_w, dhead_w, dn_.data(), false);
+  LinearNoBiasBackward(rows, c, v, logits_.data(), nf_.data(), head_w, dhead_w, dn_.data(), false);
   std::fill(dx_.begin(), dx_.begin() + rows * c, 0.0f);
-  RmsBackward(rows, c, x_out_.data(), rf_.data(), final_norm, dn_.data(), dx_.data(), dfinal_norm,
+  RmsNormRowsBackward(rows, c, x_out_.data(), rf_.data(), final_norm, dn_.data(), dx_.data(), dfinal_norm,
               acc_.data());
   return loss;
 }
@@ -443,9 +418,9 @@ void Transformer::ProjectBackward(const Slots& s, const LayerActs& a, int64_t ro
   const int64_t kw = kvh_ * qk_;
   Rope(dq_.data(), rows, qw, dims_.n_head, qk_, -1.0f);
   Rope(dk_.data(), rows, kw, kvh_, qk_, -1.0f);
-  LinearBackward(rows, c, qw, dq_.data(), a.n1.data(), p[s.q], g[s.q], dn_.data(), false);
-  LinearBackward(rows, c, kw, dk_.data(), a.n1.data(), p[s.k], g[s.k], dn_.data(), true);
-  LinearBackward(rows, c, kw, dv_.data(), a.n1.data(), p[s.v], g[s.v], dn_.data(), true);
+  LinearNoBiasBackward(rows, c, qw, dq_.data(), a.n1.data(), p[s.q], g[s.q], dn_.data(), false);
+  LinearNoBiasBackward(rows, c, kw, dk_.data(), a.n1.data(), p[s.k], g[s.k], dn_.data(), true);
+  LinearNoBiasBackward(rows, c, kw, dv_.data(), a.n1.data(), p[s.v], g[s.v], dn_.data(), true);
 }
 
 void Transformer::MlaProjectBackward(const Slots& s, const LayerActs& a, int64_t rows,
@@ -474,53 +449,70 @@ void Transformer::MlaProjectBackward(const Slots& s, const LayerActs& a, int64_t
     }
   }
   Rope(pe_.data(), rows, dr, 1, dr, -1.0f);
-  LinearBackward(rows, rkv, kvb, kvb_.data(), a.cn.data(), p[s.kv_b], g[s.kv_b], dc_.data(),
+  LinearNoBiasBackward(rows, rkv, kvb, kvb_.data(), a.cn.data(), p[s.kv_b], g[s.kv_b], dc_.data(),
                  false);
   std::fill(dckv_.begin(), dckv_.begin() + rows * rkv, 0.0f);
-  RmsBackward(rows, rkv, a.ckv.data(), a.rckv.data(), p[s.kv_a_norm], dc_.data(), dckv_.data(),
+  RmsNormRowsBackward(rows, rkv, a.ckv.data(), a.rckv.data(), p[s.kv_a_norm], dc_.data(), dckv_.data(),
               g[s.kv_a_norm], acc_.data());
   CopyColumns(rows, rkv + dr, 0, rkv, kva_.data(), dckv_.data(), true);
   CopyColumns(rows, rkv + dr, rkv, dr, kva_.data(), pe_.data(), true);
   if (m.q_lora_rank > 0) {
     const int64_t rq = m.q_lora_rank;
-    LinearBackward(rows, rq, qw, dq_.data(), a.qn.data(), p[s.q_b], g[s.q_b], dqn_.data(), false);
+    LinearNoBiasBackward(rows, rq, qw, dq_.data(), a.qn.data(), p[s.q_b], g[s.q_b], dqn_.data(), false);
     std::fill(dqa_.begin(), dqa_.begin() + rows * rq, 0.0f);
-    RmsBackward(rows, rq, a.qa.data(), a.rqa.data(), p[s.q_a_norm], dqn_.data(), dqa_.data(),
+    RmsNormRowsBackward(rows, rq, a.qa.data(), a.rqa.data(), p[s.q_a_norm], dqn_.data(), dqa_.data(),
                 g[s.q_a_norm], acc_.data());
-    LinearBackward(rows, c, rq, dqa_.data(), a.n1.data(), p[s.q_a], g[s.q_a], dn_.data(), false);
+    LinearNoBiasBackward(rows, c, rq, dqa_.data(), a.n1.data(), p[s.q_a], g[s.q_a], dn_.data(), false);
   } else {
-    LinearBackward(rows, c, qw, dq_.data(), a.n1.data(), p[s.q], g[s.q], dn_.data(), false);
+    LinearNoBiasBackward(rows, c, qw, dq_.data(), a.n1.data(), p[s.q], g[s.q], dn_.data(), false);
   }
-  LinearBackward(rows, c, rkv + dr, kva_.data(), a.n1.data(), p[s.kv_a], g[s.kv_a], dn_.data(),
+  LinearNoBiasBackward(rows, c, rkv + dr, kva_.data(), a.n1.data(), p[s.kv_a], g[s.kv_a], dn_.data(),
                  true);
 }
 
-void Transformer::LayerBackward(int64_t layer, int64_t n, absl::Span<const float* const> p,
-                                absl::Span<float* const> g) {
+void Transformer::DenseMlpBackward(const Slots& s, const LayerActs& a, int64_t rows,
+                                   absl::Span<const float* const> p, absl::Span<float* const> g) {
+  const int64_t c = dims_.d_model;
+  const int64_t f = dims_.ffn_hidden;
+  // x' = h + down(m): dL/dm, then through silu(gate) * up.
+  LinearNoBiasBackward(rows, f, c, dx_.data(), a.m.data(), p[s.down], g[s.down], dgate_.data(),
+                       false);
+  SwiGluBackward(rows * f, a.gate.data(), a.up.data(), dgate_.data(), dgate_.data(), dup_.data());
+  LinearNoBiasBackward(rows, c, f, dgate_.data(), a.n2.data(), p[s.gate], g[s.gate], dn_.data(),
+                       false);
+  LinearNoBiasBackward(rows, c, f, dup_.data(), a.n2.data(), p[s.up], g[s.up], dn_.data(), true);
+}
+
+absl::Status Transformer::LayerBackward(UnitAccess& units, int64_t layer, int64_t n,
+                                        absl::Span<const float* const> p,
+                                        absl::Span<float* const> g) {
   const Slots& s = slots_[layer];
   const int64_t rows = n * dims_.seq_len;
   const int64_t c = dims_.d_model;
-  const int64_t f = dims_.ffn_hidden;
   const LayerActs& a = layers_[layer];
-  // x' = h + down(m): dL/dm, then through silu(gate) * up.
-  LinearBackward(rows, f, c, dx_.data(), a.m.data(), p[s.down], g[s.down], dgate_.data(), false);
-  for (int64_t i = 0; i < rows * f; ++i) {
-    const float dm = dgate_[i];
-    const float sg = Sigmoid(a.gate[i]);
-    dup_[i] = dm * a.gate[i] * sg;
-    dgate_[i] = dm * a.up[i] * sg * (1.0f + a.gate[i] * (1.0f - sg));
+  if (moe_[layer].has_value()) {
+    MoeGrads mg{g[s.router], g[s.ex_gate], g[s.ex_up], g[s.ex_down]};
+    if (s.sh_gate >= 0) {
+      mg.shared_gate = g[s.sh_gate];
+      mg.shared_up = g[s.sh_up];
+      mg.shared_down = g[s.sh_down];
+    }
+    MUONMESH_RETURN_IF_ERROR(moe_[layer]->Backward(units, exchange_, a.n2.data(),
+                                                   MoeTensors(s, p), dx_.data(),
+                                                   1.0 / static_cast<double>(n), mg, dn_.data()));
+  } else {
+    DenseMlpBackward(s, a, rows, p, g);
   }
-  LinearBackward(rows, c, f, dgate_.data(), a.n2.data(), p[s.gate], g[s.gate], dn_.data(), false);
-  LinearBackward(rows, c, f, dup_.data(), a.n2.data(), p[s.up], g[s.up], dn_.data(), true);
-  RmsBackward(rows, c, a.h.data(), a.r2.data(), p[s.mlp_norm], dn_.data(), dx_.data(),
-              g[s.mlp_norm], acc_.data());
+  RmsNormRowsBackward(rows, c, a.h.data(), a.r2.data(), p[s.mlp_norm], dn_.data(), dx_.data(),
+                      g[s.mlp_norm], acc_.data());
   // h = x + o(attn): dL/da, the attention, then q, k, v back through RoPE.
-  LinearBackward(rows, dims_.n_head * vd_, c, dx_.data(), a.a.data(), p[s.o], g[s.o], da_.data(),
-                 false);
+  LinearNoBiasBackward(rows, dims_.n_head * vd_, c, dx_.data(), a.a.data(), p[s.o], g[s.o],
+                       da_.data(), false);
   AttentionBackward(a, n, da_.data(), dq_.data(), dk_.data(), dv_.data());
   ProjectBackward(s, a, rows, p, g);
-  RmsBackward(rows, c, a.x.data(), a.r1.data(), p[s.attn_norm], dn_.data(), dx_.data(),
-              g[s.attn_norm], acc_.data());
+  RmsNormRowsBackward(rows, c, a.x.data(), a.r1.data(), p[s.attn_norm], dn_.data(), dx_.data(),
+                      g[s.attn_norm], acc_.data());
+  return absl::OkStatus();
 }
 
 absl::Status Transformer::Forward(UnitAccess& units, int64_t n) {
@@ -543,7 +535,7 @@ absl::Status Transformer::Forward(UnitAccess& units, int64_t n) {
     HeldUnit held(units, unit);
     MUONMESH_RETURN_IF_ERROR(
         internal::CheckUnitTensors("transformer", p, slots_[l].count, "acquire", unit));
-    LayerForward(l, n, p);
+    MUONMESH_RETURN_IF_ERROR(LayerForward(units, l, n, p));
   }
   return absl::OkStatus();
 }
@@ -559,7 +551,7 @@ absl::Status Transformer::Backward(UnitAccess& units, int64_t n, float* dembed) 
     MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> g, units.GradientBuffers(unit));
     MUONMESH_RETURN_IF_ERROR(
         internal::CheckUnitTensors("transformer", g, slots_[l].count, "gradients", unit));
-    LayerBackward(l, n, p, g);
+    MUONMESH_RETURN_IF_ERROR(LayerBackward(units, l, n, p, g));
     MUONMESH_RETURN_IF_ERROR(units.Commit(unit));
   }
   // The lookup: each position's dL/dx into its token's row (untied: into
@@ -587,6 +579,7 @@ absl::StatusOr<double> Transformer::Run(UnitAccess& units, const TokenStream& to
       ReadWindows("transformer", dims_.vocab_size, dims_.seq_len, tokens, samples, tokens_));
   const int64_t n = static_cast<int64_t>(samples.size());
   Reserve(n);
+  aux_ = 0.0;
   MUONMESH_RETURN_IF_ERROR(Forward(units, n));
   const int head = head_unit();
   const size_t head_params = dims_.tie_embeddings ? 1 : 2;
@@ -604,7 +597,9 @@ absl::StatusOr<double> Transformer::Run(UnitAccess& units, const TokenStream& to
   }
   const float* head_w = dims_.tie_embeddings ? ep[0] : hp[1];
   const double denom = static_cast<double>(n * dims_.seq_len);
-  if (!gradients) return Head(n, hp[0], head_w, false, nullptr, nullptr) / denom;
+  // The balance term's mean over the windows (0 without it).
+  const double aux = aux_ / static_cast<double>(n);
+  if (!gradients) return Head(n, hp[0], head_w, false, nullptr, nullptr) / denom + aux;
   MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> hg, units.GradientBuffers(head));
   MUONMESH_RETURN_IF_ERROR(
       internal::CheckUnitTensors("transformer", hg, head_params, "gradients", head));
@@ -623,7 +618,7 @@ absl::StatusOr<double> Transformer::Run(UnitAccess& units, const TokenStream& to
   if (held_embed.has_value()) held_embed->Release();
   MUONMESH_RETURN_IF_ERROR(Backward(units, n, dembed));
   MUONMESH_RETURN_IF_ERROR(units.Commit(kEmbedUnit));
-  return loss / denom;
+  return loss / denom + aux;
 }
 
 absl::StatusOr<double> Transformer::ForwardBackward(int64_t /*step*/,
@@ -693,6 +688,83 @@ std::vector<RowScale> Transformer::QkClipRows(absl::Span<const float> logits, do
     }
   }
   return rows;
+}
+
+std::vector<BufferSpec> Transformer::buffers() const {
+  std::vector<BufferSpec> out;
+  for (int64_t l = 0; l < dims_.n_layer; ++l) {
+    if (moe_[l].has_value()) {
+      out.push_back({absl::StrCat("layers.", l, ".mlp.router.bias"),
+                     {dims_.moe->n_routed_experts}});
+    }
+  }
+  return out;
+}
+
+std::vector<std::vector<float>> Transformer::BufferValues() const {
+  std::vector<std::vector<float>> out;
+  for (const std::optional<MoeLayer>& m : moe_) {
+    if (m.has_value()) out.push_back(m->bias());
+  }
+  return out;
+}
+
+absl::Status Transformer::SetBuffers(absl::Span<const std::vector<float>> values) {
+  const std::vector<BufferSpec> specs = buffers();
+  if (values.size() != specs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("transformer: ", values.size(),
+                                                   " buffers given, the model has ",
+                                                   specs.size()));
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (static_cast<int64_t>(values[i].size()) != specs[i].shape[0]) {
+      return absl::InvalidArgumentError(absl::StrCat(specs[i].name, ": ", values[i].size(),
+                                                     " values, expected ", specs[i].shape[0]));
+    }
+  }
+  size_t i = 0;
+  for (std::optional<MoeLayer>& m : moe_) {
+    if (m.has_value()) m->bias() = values[i++];
+  }
+  return absl::OkStatus();
+}
+
+void Transformer::ResetBufferStats() {
+  for (std::optional<MoeLayer>& m : moe_) {
+    if (m.has_value()) m->ResetCounts();
+  }
+}
+
+absl::Span<const float> Transformer::buffer_stats() const {
+  stats_.clear();
+  for (const std::optional<MoeLayer>& m : moe_) {
+    if (m.has_value()) stats_.insert(stats_.end(), m->counts().begin(), m->counts().end());
+  }
+  return stats_;
+}
+
+absl::Status Transformer::UpdateBuffers(absl::Span<const float> global) {
+  const int64_t e_n = dims_.moe.has_value() ? dims_.moe->n_routed_experts : 0;
+  size_t layers = 0;
+  for (const std::optional<MoeLayer>& m : moe_) layers += m.has_value() ? 1 : 0;
+  if (global.size() != layers * static_cast<size_t>(e_n)) {
+    return absl::InternalError(absl::StrCat("transformer: ", global.size(),
+                                            " expert counts, expected ", layers * e_n));
+  }
+  load_.clear();
+  size_t at = 0;
+  for (std::optional<MoeLayer>& m : moe_) {
+    if (!m.has_value()) continue;
+    const absl::Span<const float> c = global.subspan(at, static_cast<size_t>(e_n));
+    at += static_cast<size_t>(e_n);
+    double sum = 0.0;
+    for (float v : c) sum += v;
+    const double mean = sum / static_cast<double>(e_n);
+    const auto [lo, hi] = std::minmax_element(c.begin(), c.end());
+    load_.push_back({mean > 0 ? *lo / mean : 0.0, mean > 0 ? *hi / mean : 0.0, 0});
+    m->UpdateBias(c);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace muonmesh::worker

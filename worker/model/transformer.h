@@ -5,9 +5,11 @@
 // with RMSNorm, rotate-half RoPE, grouped-query attention (mha) or
 // multi-head latent attention (mla) and a SwiGLU MLP, an untied or tied
 // head, trained on token windows exactly as `gpt` is (token_windows.h;
-// sample k of N tokens reads the window at p = (k T) mod (N - T)). This
-// form covers dense models (no moe); Create refuses the rest, naming the
-// field.
+// sample k of N tokens reads the window at p = (k T) mod (N - T)), and
+// from layer first_k_dense on with `moe`, a mixture of routed and shared
+// experts (transformer_moe.h: routing, the balancing bias, the balance
+// loss, expert parallelism). The loss is the mean cross-entropy plus the
+// balance term's mean over the windows.
 //
 // Per layer l, rows = n T for n windows:
 //   h  = x + o_proj(Attn(RMSNorm(x; attn_norm)))
@@ -39,6 +41,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -46,6 +49,7 @@
 #include "absl/types/span.h"
 #include "core/model/transformer_spec.h"
 #include "worker/model/token_windows.h"
+#include "worker/model/transformer_moe.h"
 #include "worker/model/workload.h"
 
 namespace muonmesh::worker {
@@ -53,8 +57,7 @@ namespace muonmesh::worker {
 class Transformer final : public Workload {
  public:
   // InvalidArgument naming the field for bad dims (TransformerDimsViolation)
-  // or a stream of N <= T tokens; Unimplemented for attention: mla or moe
-  // (not in this form yet).
+  // or a stream of N <= T tokens.
   static absl::StatusOr<Transformer> Create(model::TransformerDims dims,
                                             std::shared_ptr<const TokenStream> train);
 
@@ -88,6 +91,18 @@ class Transformer final : public Workload {
   absl::Span<const float> attention_logits() const override { return logit_max_; }
   std::vector<RowScale> QkClipRows(absl::Span<const float> logits, double tau) const override;
 
+  // Buffers: each MoE layer's balancing bias layers.N.mlp.router.bias [E]
+  // (0 at first); the stats are the tokens each MoE layer routed to each
+  // expert ([MoE layers, E]); UpdateBuffers moves each bias by
+  // bias_update_rate sign(mean - count) and keeps the layers' load.
+  std::vector<BufferSpec> buffers() const override;
+  std::vector<std::vector<float>> BufferValues() const override;
+  absl::Status SetBuffers(absl::Span<const std::vector<float>> values) override;
+  void ResetBufferStats() override;
+  absl::Span<const float> buffer_stats() const override;
+  absl::Status UpdateBuffers(absl::Span<const float> global) override;
+  std::vector<ExpertLoad> expert_load() const override { return load_; }
+
   const model::TransformerDims& dims() const { return dims_; }
   const TokenStream& train_stream() const { return *train_; }
 
@@ -97,6 +112,8 @@ class Transformer final : public Workload {
     int attn_norm = -1, q = -1, q_a = -1, q_a_norm = -1, q_b = -1, k = -1, v = -1;
     int kv_a = -1, kv_a_norm = -1, kv_b = -1, o = -1;
     int mlp_norm = -1, gate = -1, up = -1, down = -1;
+    int router = -1, ex_gate = -1, ex_up = -1, ex_down = -1;
+    int sh_gate = -1, sh_up = -1, sh_down = -1;
     int count = 0;
     int first = 0;  // the flat index of the layer's first parameter
   };
@@ -135,7 +152,8 @@ class Transformer final : public Workload {
   // into embed's gradient buffers taken then and zeroed.
   absl::Status Backward(UnitAccess& units, int64_t n, float* dembed);
   void Reserve(int64_t n);
-  void LayerForward(int64_t layer, int64_t n, absl::Span<const float* const> p);
+  absl::Status LayerForward(UnitAccess& units, int64_t layer, int64_t n,
+                            absl::Span<const float* const> p);
   // q, k, v (after RoPE) from a.n1, and back: dq_, dk_, dv_ to dn_
   // (overwritten) and the projections' gradients.
   void Project(const Slots& s, LayerActs& a, int64_t rows, absl::Span<const float* const> p);
@@ -145,8 +163,12 @@ class Transformer final : public Workload {
   void MlaProjectBackward(const Slots& s, const LayerActs& a, int64_t rows,
                           absl::Span<const float* const> p, absl::Span<float* const> g);
   void AttentionForward(LayerActs& a, int64_t n, float* head_max);
-  void LayerBackward(int64_t layer, int64_t n, absl::Span<const float* const> p,
-                     absl::Span<float* const> g);
+  absl::Status LayerBackward(UnitAccess& units, int64_t layer, int64_t n,
+                             absl::Span<const float* const> p, absl::Span<float* const> g);
+  // The dense MLP's backward pass: dL/d RMSNorm(h; mlp_norm) into dn_.
+  void DenseMlpBackward(const Slots& s, const LayerActs& a, int64_t rows,
+                        absl::Span<const float* const> p, absl::Span<float* const> g);
+  MoeWeights MoeTensors(const Slots& s, absl::Span<const float* const> p) const;
   void AttentionBackward(const LayerActs& a, int64_t n, const float* da, float* dq, float* dk,
                          float* dv);
   // RoPE (R = rope_) on the vector at x + r row_stride + h head_stride of
@@ -166,6 +188,11 @@ class Transformer final : public Workload {
   std::shared_ptr<const TokenStream> val_;
   int64_t num_val_samples_ = 0;
   std::vector<Slots> slots_;      // per layer
+  std::vector<std::optional<MoeLayer>> moe_;  // per layer: set for MoE layers
+  MoeExchange exchange_;
+  double aux_ = 0;                 // the balance term summed over the call's windows
+  mutable std::vector<float> stats_;  // buffer_stats()
+  std::vector<ExpertLoad> load_;
   int64_t qk_ = 0, vd_ = 0, kvh_ = 0, rope_ = 0;
   std::vector<float> logit_max_;  // [L H]
   bool record_logits_ = false;

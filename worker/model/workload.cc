@@ -143,4 +143,12 @@ absl::StatusOr<absl::Span<float* const>> WholeModelAccess::GradientBuffers(int u
   return grads_.subspan(first_[unit], count_[unit]);
 }
 
+absl::Status Workload::SetBuffers(absl::Span<const std::vector<float>> values) {
+  if (!values.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(spec().name, " has no buffers, got ",
+                                                   values.size()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace muonmesh::worker

@@ -134,6 +134,25 @@ struct RowScale {
   float factor = 1.0f;
 };
 
+// A buffer: a replicated tensor a workload keeps beside its parameters,
+// not trained by gradients and the same on every rank, saved in checkpoints
+// and exports under its name (a transformer's balancing bias,
+// layers.N.mlp.router.bias [E]).
+struct BufferSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// A mixture-of-experts layer's load in one step: the tokens of the global
+// batch routed to its least and most loaded expert over the mean per expert
+// (1 and 1: perfectly balanced), and the tokens dropped (none: no capacity
+// limit).
+struct ExpertLoad {
+  double min_over_mean = 0;
+  double max_over_mean = 0;
+  int64_t dropped = 0;
+};
+
 class Workload {
  public:
   virtual ~Workload() = default;
@@ -206,6 +225,26 @@ class Workload {
                                            double /*tau*/) const {
     return {};
   }
+
+  // Buffers (the default: none): names and shapes, their values (one
+  // vector each, in buffers() order), and SetBuffers (InvalidArgument
+  // naming the buffer for a wrong count or size; nothing changed then).
+  virtual std::vector<BufferSpec> buffers() const { return {}; }
+  virtual std::vector<std::vector<float>> BufferValues() const { return {}; }
+  virtual absl::Status SetBuffers(absl::Span<const std::vector<float>> values);
+  // What training passes gather for the buffers' update (a transformer:
+  // the tokens routed to each expert of each MoE layer, as floats). The
+  // runtime resets them before a step, sums them over every rank after it
+  // (each rank's own samples: every token counted once) and hands the sums
+  // to UpdateBuffers on every rank, so that every rank updates alike.
+  // Validation passes gather nothing.
+  virtual void ResetBufferStats() {}
+  virtual absl::Span<const float> buffer_stats() const { return {}; }
+  virtual absl::Status UpdateBuffers(absl::Span<const float> /*global*/) {
+    return absl::OkStatus();
+  }
+  // Per MoE layer, the load the last UpdateBuffers saw (empty: no experts).
+  virtual std::vector<ExpertLoad> expert_load() const { return {}; }
 };
 
 }  // namespace muonmesh::worker

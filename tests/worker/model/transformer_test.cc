@@ -67,6 +67,17 @@ reference::RefTransformerDims RefDims(const model::TransformerDims& d) {
   r.dn = d.mla.qk_nope_head_dim;
   r.dr = d.mla.qk_rope_head_dim;
   r.dv = d.mla.v_head_dim;
+  if (d.moe.has_value()) {
+    r.experts = d.moe->n_routed_experts;
+    r.top_k = d.moe->top_k;
+    r.expert_ffn = d.moe->moe_ffn_hidden;
+    r.shared = d.moe->n_shared_experts;
+    r.first_dense = d.moe->first_k_dense;
+    r.sigmoid = d.moe->score == model::RouterScore::kSigmoid;
+    r.norm_topk = d.moe->norm_topk_prob;
+    r.route_scale = d.moe->route_scale;
+    r.aux_coef = d.moe->aux_loss_coef;
+  }
   return r;
 }
 
@@ -107,10 +118,19 @@ struct Case {
   int64_t kv;  // -1: mla
   bool tied;
   int64_t q_rank = 0;
+  // 0: dense; 1: experts in layer 1 (softmax, a shared expert, top 2 of 4,
+  // renormalized); 2: in both layers (sigmoid, top 3 of 4, scaled by 2.5,
+  // the balance loss).
+  int moe = 0;
 };
 
 model::TransformerDims DimsOf(const Case& c) {
-  return c.kv < 0 ? TinyMla(c.q_rank, c.tied) : Tiny(c.kv, c.tied);
+  model::TransformerDims d = c.kv < 0 ? TinyMla(c.q_rank, c.tied) : Tiny(c.kv, c.tied);
+  if (c.moe == 1) d.moe = model::MoeDims{4, 2, 3, 1, 1};
+  if (c.moe == 2) {
+    d.moe = model::MoeDims{4, 3, 3, 0, 0, model::RouterScore::kSigmoid, false, 2.5, 0.001, 0.3};
+  }
+  return d;
 }
 
 class TransformerTest : public ::testing::TestWithParam<Case> {};
@@ -130,7 +150,18 @@ TEST_P(TransformerTest, ForwardBackwardMatchesTheReference) {
     p.push_back(params[i].data());
     g.push_back(grads[i].data());
   }
+  // A balancing bias that changes some choices: each MoE layer's own.
+  reference::MoeState state;
+  std::vector<std::vector<float>> bias;
+  for (int64_t l = 0; l < d.n_layer; ++l) {
+    state.bias.emplace_back();
+    if (!model::IsMoeLayer(d, l)) continue;
+    bias.push_back({0.05f * static_cast<float>(l), -0.0625f, 0.125f, 0.0f});
+    state.bias.back().assign(bias.back().begin(), bias.back().end());
+  }
+  ASSERT_TRUE(model.SetBuffers(bias).ok());
   model.ResetAttentionLogits();
+  model.ResetBufferStats();
   absl::StatusOr<double> loss = model.ForwardBackward(0, p, samples, absl::MakeSpan(g));
   ASSERT_TRUE(loss.ok()) << loss.status();
   reference::TransformerTensors ref_params;
@@ -138,7 +169,13 @@ TEST_P(TransformerTest, ForwardBackwardMatchesTheReference) {
   reference::TransformerTensors want;
   std::vector<double> logits;
   const double want_loss = reference::TransformerRefLossAndGrad(
-      RefDims(d), ref_params, Tokens(23, 11), samples, &want, &logits);
+      RefDims(d), ref_params, Tokens(23, 11), samples, &want, &logits, &state);
+  // The tokens routed per expert, layer by layer, as the reference routed them.
+  std::vector<float> counts;
+  for (int64_t l = 0; l < d.n_layer; ++l) {
+    if (model::IsMoeLayer(d, l)) counts.insert(counts.end(), state.counts[l].begin(), state.counts[l].end());
+  }
+  EXPECT_THAT(model.buffer_stats(), ::testing::ElementsAreArray(counts));
   EXPECT_NEAR(*loss, want_loss, 1e-6 * want_loss);
   ASSERT_EQ(want.size(), grads.size());
   for (size_t i = 0; i < want.size(); ++i) {
@@ -165,7 +202,9 @@ INSTANTIATE_TEST_SUITE_P(Heads, TransformerTest,
                          ::testing::Values(Case{"gqa_untied", 2, false}, Case{"mha_tied", 4, true},
                                            Case{"mqa_untied", 1, false},
                                            Case{"mla_untied", -1, false},
-                                           Case{"mla_q_lora_tied", -1, true, 3}),
+                                           Case{"mla_q_lora_tied", -1, true, 3},
+                                           Case{"moe_gqa", 2, false, 0, 1},
+                                           Case{"moe_sigmoid_aux_mla", -1, true, 3, 2}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // MHA: head h's q and k rows by sqrt(tau / S); GQA: its q rows by tau / S.
@@ -271,19 +310,17 @@ TEST(TransformerInitTest, FollowsTheDocumentedDistribution) {
   }
 }
 
-TEST(TransformerCreateTest, RefusesWhatThisFormDoesNotTrain) {
+TEST(TransformerCreateTest, RefusesBadDimsAndShortStreams) {
   auto tokens = std::make_shared<InMemoryTokens>(Tokens(23, 11));
-  model::TransformerDims moe = Tiny(2, false);
-  moe.moe = model::MoeDims{4, 2, 6};
-  absl::Status st = Transformer::Create(moe, tokens).status();
-  EXPECT_TRUE(absl::IsUnimplemented(st)) << st;
-  EXPECT_THAT(st.message(), HasSubstr("model.transformer.moe"));
-  model::TransformerDims bad = Tiny(3, false);
-  st = Transformer::Create(bad, tokens).status();
+  absl::Status st = Transformer::Create(Tiny(3, false), tokens).status();
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
   EXPECT_THAT(st.message(), HasSubstr("n_kv_head"));
   st = Transformer::Create(Tiny(2, false), std::make_shared<InMemoryTokens>(Tokens(5, 11))).status();
   EXPECT_THAT(st.message(), HasSubstr("need more than seq_len = 5"));
+  model::TransformerDims moe = Tiny(2, false);
+  moe.moe = model::MoeDims{4, 5, 6};
+  st = Transformer::Create(moe, tokens).status();
+  EXPECT_THAT(st.message(), HasSubstr("moe.top_k"));
 }
 
 }  // namespace
