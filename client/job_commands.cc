@@ -329,6 +329,16 @@ std::string MaxLogit(const v1::StepRecord& r, const absl::FormatSpec<double>& fo
   return absl::StrFormat(format, top);
 }
 
+// The step's most loaded expert over its MoE layers (tokens over the mean)
+// in `format`, or `none` for a model without experts.
+std::string MaxExpertLoad(const v1::StepRecord& r, const absl::FormatSpec<double>& format,
+                          const char* none) {
+  if (r.expert_load().empty()) return none;
+  double top = 0;
+  for (const v1::ExpertLoad& e : r.expert_load()) top = std::max(top, e.max_over_mean());
+  return absl::StrFormat(format, top);
+}
+
 // `metrics --format csv`: a header, then a line per record.
 void WriteMetricsCsv(const std::vector<v1::StepRecord>& records, Streams io) {
   io.out << "step,rank,attempt,loss,step_seconds";
@@ -336,7 +346,7 @@ void WriteMetricsCsv(const std::vector<v1::StepRecord>& records, Streams io) {
   // val_loss last (empty on steps that were not evaluated), so that the
   // columns before it stay where scripts found them.
   io.out << ",bytes_sent,ns_flops,val_loss,grad_norm,lr_scale,max_attn_logit,muon_elements,"
-            "muon_planned_elements,muon_update_rms,muon_ortho_error_max\n";
+            "muon_planned_elements,muon_update_rms,muon_ortho_error_max,expert_load_max\n";
   for (const v1::StepRecord& r : records) {
     int64_t bytes = 0;
     for (const auto& [name, b] : r.bytes_sent()) bytes += b;
@@ -347,14 +357,15 @@ void WriteMetricsCsv(const std::vector<v1::StepRecord>& records, Streams io) {
     for (const auto& [name, get] : Phases()) {
       io.out << absl::StrFormat(",%.6f", (r.phases().*get)());
     }
-    io.out << absl::StrFormat(",%d,%.6g,%s,%.9g,%.9g,%s,%d,%d,%.9g,%s\n", bytes, r.ns_flops(),
+    io.out << absl::StrFormat(",%d,%.6g,%s,%.9g,%.9g,%s,%d,%d,%.9g,%s,%s\n", bytes, r.ns_flops(),
                               r.has_val_loss() ? absl::StrFormat("%.17g", r.val_loss()) : "",
                               r.grad_norm(), r.lr_scale(), MaxLogit(r, "%.9g", ""),
                               r.muon().elements(), r.muon().planned_elements(),
                               r.muon().update_rms(),
                               r.muon().has_ortho_error_max()
                                   ? absl::StrFormat("%.9g", r.muon().ortho_error_max())
-                                  : "");
+                                  : "",
+                              MaxExpertLoad(r, "%.9g", ""));
   }
 }
 

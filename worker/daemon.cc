@@ -438,6 +438,14 @@ v1::StepRecord StepRecordOf(const StepReport& r, int32_t rank, int32_t attempt,
   rec.set_grad_norm(r.grad_norm);
   rec.set_lr_scale(r.lr_scale);
   for (float v : r.max_attn_logit) rec.add_max_attn_logit(v);
+  if (r.aux_loss.has_value()) rec.set_aux_loss(*r.aux_loss);
+  for (const ExpertLoad& e : r.expert_load) {
+    v1::ExpertLoad* load = rec.add_expert_load();
+    load->set_layer(static_cast<int32_t>(e.layer));
+    load->set_min_over_mean(e.min_over_mean);
+    load->set_max_over_mean(e.max_over_mean);
+    load->set_dropped(e.dropped);
+  }
   v1::MuonHealth* h = rec.mutable_muon();
   h->set_matrices(r.muon.matrices);
   h->set_planned_matrices(r.muon.planned_matrices);

@@ -324,29 +324,55 @@ absl::StatusOr<std::unique_ptr<Workload>> MakeTransformer(const job::ResolvedJob
 }
 
 // The transformer keeps every layer's activations for the backward pass
-// (worker/model/transformer.h): per layer and position 4 C (its input, both
-// norms' outputs, the residual after attention) + 2 (the inverse roots) +
-// 2 H D (q, the attention output) + 2 Hkv D (k, v) + 3 F (gate, up, their
-// product) floats and H T attention probabilities; the head's logits (T V,
-// their gradient in place) and the backward pass's rows (4 C + 2 H D +
-// 2 Hkv D + 2 F a position).
+// (worker/model/transformer.h), per position: 4 C (the layer's input, both
+// norms' outputs, the residual after attention) + 2 (the inverse roots);
+// the attention's q, k, v and output (mha: 2 H D + 2 Hkv D; mla: 2 H (dn +
+// dr) + 2 H dv, and the latents and q_lora's 2 rkv + 2 rq + 2) and H T
+// probabilities; a dense MLP's 3 F; an MoE layer's scores E, choices and
+// gates 2 K, 2 for the chosen sum, the K expert outputs K C, the shared
+// block's 3 S Fe, and the expert side of the tokens it receives, K (C +
+// 3 Fe) a position when routing spreads them evenly (a skewed step can
+// send an EP group up to EP times that). Then the head's logits (T V) and
+// the backward pass's rows, and the token exchanges' buffers.
+double TransformerFloatsPerSample(const model::TransformerDims& d) {
+  const double t = static_cast<double>(d.seq_len);
+  const double c = static_cast<double>(d.d_model);
+  const double h = static_cast<double>(d.n_head);
+  double attn = 2 * h * static_cast<double>(d.head_dim) +
+                2 * static_cast<double>(d.n_kv_head * d.head_dim);
+  if (d.attention == model::Attention::kMla) {
+    const model::MlaDims& m = d.mla;
+    attn = 2 * h * static_cast<double>(m.qk_nope_head_dim + m.qk_rope_head_dim) +
+           2 * h * static_cast<double>(m.v_head_dim) +
+           2 * static_cast<double>(m.kv_lora_rank + m.q_lora_rank) + 2;
+  }
+  const double dense = 3 * static_cast<double>(d.ffn_hidden);
+  double moe = 0;
+  double exchange = 0;
+  if (d.moe.has_value()) {
+    const model::MoeDims& m = *d.moe;
+    const double k = static_cast<double>(m.top_k);
+    const double fe = static_cast<double>(m.moe_ffn_hidden);
+    moe = static_cast<double>(m.n_routed_experts) + 2 * k + 2 + k * c +
+          3 * static_cast<double>(m.n_shared_experts) * fe + k * (c + 3 * fe);
+    exchange = t * (2 * k * (c + 1) + k * (c + 2 * fe));
+  }
+  double layers = 0;
+  for (int64_t l = 0; l < d.n_layer; ++l) {
+    layers += t * (4 * c + 2 + attn + (model::IsMoeLayer(d, l) ? moe : dense)) + h * t * t;
+  }
+  return layers + exchange +
+         t * (static_cast<double>(d.vocab_size) + 4 * c + attn + 2 * dense / 3 + 1);
+}
+
 WorkloadMemory TransformerMemory(const job::ResolvedJob& job, double local_batch,
                                  const InputFileBytes& /*files*/) {
   const model::TransformerDims& d = std::get<job::TransformerModel>(job.model_form).dims;
-  const double t = static_cast<double>(d.seq_len);
-  const double c = static_cast<double>(d.d_model);
-  const double qd = static_cast<double>(d.n_head * d.head_dim);
-  const double kd = static_cast<double>(d.n_kv_head * d.head_dim);
-  const double f = static_cast<double>(d.ffn_hidden);
-  const double per_layer = t * (4 * c + 2 + 2 * qd + 2 * kd + 3 * f) +
-                           static_cast<double>(d.n_head) * t * t;
-  const double per_sample = static_cast<double>(d.n_layer) * per_layer +
-                            t * (static_cast<double>(d.vocab_size) + 4 * c + 2 * qd + 2 * kd +
-                                 2 * f + 1);
   WorkloadMemory w;
   w.step.push_back({"training.global_batch_size",
-                    "activations of the local batch kept for the backward pass",
-                    kFloat * local_batch * per_sample});
+                    "activations of the local batch kept for the backward pass (the routed "
+                    "tokens' and the token exchanges' included)",
+                    kFloat * local_batch * TransformerFloatsPerSample(d)});
   return w;
 }
 

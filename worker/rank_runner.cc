@@ -224,6 +224,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const job::ResolvedJob& job
                               InitialFromFile(engine.workload->spec(), job.init_safetensors));
     initial = std::move(init);
     topts.initial_parameters = &initial;
+    MUONMESH_ASSIGN_OR_RETURN(std::vector<std::vector<float>> buffers,
+                              BuffersFromFile(engine.workload->buffers(), job.init_safetensors));
+    MUONMESH_RETURN_IF_ERROR(engine.workload->SetBuffers(buffers));
   }
   topts.backend = job.device == "cuda" ? comm::Backend::kNccl : comm::Backend::kGloo;
   topts.store = &store;
@@ -528,11 +531,19 @@ absl::Status ExportWeights(const job::ResolvedJob& job, Trainer& trainer, const 
     for (const plan::UnitSpec& u : workload.spec().units) {
       for (const plan::ParamSpec& p : u.params) entries.push_back({p.name, p.shape});
     }
+    // The buffers after the parameters, named in metadata "buffers"
+    // (whole_state.h) so that a later init or resharding tells them apart.
+    std::string buffers;
+    for (const BufferSpec& b : workload.buffers()) {
+      entries.push_back({b.name, b.shape});
+      absl::StrAppend(&buffers, b.name, "\n");
+    }
     std::error_code ec;
     const std::filesystem::path parent = std::filesystem::path(job.export_path).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent, ec);
     MUONMESH_ASSIGN_OR_RETURN(std::unique_ptr<io::SafetensorsWriter> w,
-                              io::SafetensorsWriter::Create(job.export_path, std::move(entries)));
+                              io::SafetensorsWriter::Create(job.export_path, std::move(entries),
+                                                            {{"buffers", buffers}}));
     writer = std::move(w);
   }
   absl::Status gathered = trainer.GatherParameters(
@@ -541,6 +552,9 @@ absl::Status ExportWeights(const job::ResolvedJob& job, Trainer& trainer, const 
       });
   MUONMESH_RETURN_IF_ERROR(gathered, "gathering the final weights");
   if (writer == nullptr) return absl::OkStatus();
+  for (const std::vector<float>& values : workload.BufferValues()) {
+    MUONMESH_RETURN_IF_ERROR(writer->Append(values));
+  }
   MUONMESH_RETURN_IF_ERROR(writer->Finish());
   out(absl::StrCat("wrote ", job.export_path));
   return absl::OkStatus();

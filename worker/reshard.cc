@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -106,6 +108,23 @@ absl::Status Place(const std::vector<Run>& runs, const io::Tensor& from, bool pa
   return absl::OkStatus();
 }
 
+// A buffer's copy ("buffer/NAME"): rank 0's is kept, the others must equal
+// it (every rank holds the same values).
+absl::Status AddBuffer(const io::Tensor& t, int64_t rank, Assembly& a) {
+  const std::string name = t.name.substr(std::string(kBufferTensorPrefix).size());
+  auto it = std::find_if(a.state.buffers.begin(), a.state.buffers.end(),
+                         [&](const WholeBuffer& b) { return b.name == name; });
+  if (rank == 0 && it == a.state.buffers.end()) {
+    a.state.buffers.push_back({name, t.shape, t.data});
+    return absl::OkStatus();
+  }
+  if (it == a.state.buffers.end() || it->shape != t.shape || it->values != t.data) {
+    return absl::DataLossError(
+        absl::StrCat("buffer ", name, " differs from rank 0's copy (or rank 0 has none)"));
+  }
+  return absl::OkStatus();
+}
+
 // One rank's file into the assembly (its tensors list must be the one
 // already there; `rank` and `step` what the manifest says).
 absl::Status AddRankFile(const std::string& path, int64_t rank, const CheckpointManifest& m,
@@ -164,6 +183,10 @@ absl::Status AddRankFile(const std::string& path, int64_t rank, const Checkpoint
     if (!same) return absl::InvalidArgumentError("its tensors differ from rank 0's");
   }
   for (const io::Tensor& t : tensors) {
+    if (absl::StartsWith(t.name, kBufferTensorPrefix)) {
+      MUONMESH_RETURN_IF_ERROR(AddBuffer(t, rank, a));
+      continue;
+    }
     // "units.{u}.{dense|expert}.{param|state1|state2}"
     const size_t dot = t.name.rfind('.');
     const std::string what = dot == std::string::npos ? "" : t.name.substr(dot + 1);
@@ -244,20 +267,35 @@ absl::Status WriteConsolidated(const WholeState& state, const std::string& path)
           {absl::StrCat("optimizer/", t.name, "/exp_avg_sq"), t.shape, t.state2.data()});
     }
   }
+  std::string buffers;
+  for (const WholeBuffer& b : state.buffers) {
+    views.push_back({b.name, b.shape, b.values.data()});
+    absl::StrAppend(&buffers, b.name, "\n");
+  }
   return io::WriteSafetensors(path, views,
                               {{"format", kStateFormat},
                                {"step", absl::StrCat(state.step)},
                                {"adamw_origin", absl::StrCat(state.adamw_origin)},
-                               {"tensors", listed}});
+                               {"tensors", listed},
+                               {"buffers", buffers}});
 }
 
 absl::StatusOr<WholeState> ReadConsolidated(const std::string& path) {
   std::map<std::string, std::string> meta;
   MUONMESH_ASSIGN_OR_RETURN(std::vector<io::Tensor> tensors, io::ReadSafetensors(path, &meta));
   WholeState state;
+  // The tensors metadata "buffers" names are the model's buffers.
+  std::set<std::string> buffer_names;
+  for (absl::string_view name : absl::StrSplit(meta["buffers"], '\n', absl::SkipEmpty())) {
+    buffer_names.insert(std::string(name));
+  }
+  for (io::Tensor& t : tensors) {
+    if (buffer_names.count(t.name) > 0) state.buffers.push_back({t.name, t.shape, t.data});
+  }
   if (meta["format"] != kStateFormat) {
-    // Parameters only: an export or an init.safetensors file.
+    // Parameters (and buffers) only: an export or an init.safetensors file.
     for (io::Tensor& t : tensors) {
+      if (buffer_names.count(t.name) > 0) continue;
       state.tensors.push_back({t.name, t.shape, TensorOptimizer::kNone, std::move(t.data), {}, {}});
     }
     return state;

@@ -53,13 +53,26 @@ absl::Duration OptimizerTime(const PhaseTimes& t) {
          t.muon_apply + t.param_allgather_after_step;
 }
 
-// `, "max_attn_logit": [...]` (models with attention) and `, "muon": {...}`.
+// `, "max_attn_logit": [...]` (models with attention), `, "expert_load":
+// [{...}, ...]` (mixtures of experts) and `, "muon": {...}`.
 std::string RecipeJson(const StepReport& r) {
   std::string out;
   if (!r.max_attn_logit.empty()) {
     absl::StrAppend(&out, ", \"max_attn_logit\": [");
     for (size_t i = 0; i < r.max_attn_logit.size(); ++i) {
       absl::StrAppend(&out, i ? ", " : "", Number(r.max_attn_logit[i]));
+    }
+    absl::StrAppend(&out, "]");
+  }
+  if (r.aux_loss.has_value()) absl::StrAppend(&out, ", \"aux_loss\": ", Number(*r.aux_loss));
+  if (!r.expert_load.empty()) {
+    absl::StrAppend(&out, ", \"expert_load\": [");
+    for (size_t i = 0; i < r.expert_load.size(); ++i) {
+      const ExpertLoad& e = r.expert_load[i];
+      absl::StrAppend(&out, i ? ", " : "", "{\"layer\": ", e.layer,
+                      ", \"min_over_mean\": ", Number(e.min_over_mean),
+                      ", \"max_over_mean\": ", Number(e.max_over_mean),
+                      ", \"dropped\": ", e.dropped, "}");
     }
     absl::StrAppend(&out, "]");
   }

@@ -30,6 +30,8 @@ enum HealthGauge {
   kMuonPlannedElements,
   kMuonUpdateRms,
   kMuonOrthoError,
+  kExpertLoad,
+  kExpertTokensDropped,
 };
 // The families of HealthGauge, in its order.
 std::vector<prometheus::Family<prometheus::Gauge>*> HealthFamilies(prometheus::Registry& r) {
@@ -67,6 +69,17 @@ std::vector<prometheus::Family<prometheus::Gauge>*> HealthFamilies(prometheus::R
            .Name("muonmesh_worker_muon_ortho_error")
            .Help("||O O^T - I||_F / sqrt(min(rows, cols)) of the orthogonalized matrices at "
                  "the last health step (optimizer.muon.health_every): stat=max or median")
+           .Register(r),
+      &prometheus::BuildGauge()
+           .Name("muonmesh_worker_expert_load")
+           .Help("Tokens of the last step's global batch routed to a mixture-of-experts "
+                 "layer's least (stat=min) or most (stat=max) loaded expert, over the mean "
+                 "per expert")
+           .Register(r),
+      &prometheus::BuildGauge()
+           .Name("muonmesh_worker_expert_tokens_dropped")
+           .Help("Tokens a mixture-of-experts layer dropped in the last step (0: no capacity "
+                 "limit)")
            .Register(r),
   };
 }
@@ -162,6 +175,12 @@ void WorkerMetrics::OnHealth(const std::string& job, const StepReport& r, double
     set(kMaxAttnLogit, {{"layer", std::to_string(l)}}, r.max_attn_logit[l]);
   }
   if (qk_clip > 0) set(kQkClip, {}, qk_clip);
+  for (const ExpertLoad& e : r.expert_load) {
+    const std::string layer = std::to_string(e.layer);
+    set(kExpertLoad, {{"layer", layer}, {"stat", "min"}}, e.min_over_mean);
+    set(kExpertLoad, {{"layer", layer}, {"stat", "max"}}, e.max_over_mean);
+    set(kExpertTokensDropped, {{"layer", layer}}, static_cast<double>(e.dropped));
+  }
   const MuonHealth& h = r.muon;
   if (h.planned_matrices == 0) return;  // no Muon in this job
   set(kMuonMatrices, {}, static_cast<double>(h.matrices));

@@ -39,6 +39,13 @@
 //   muonmesh_worker_muon_ortho_error{job_id, stat}  gauge, stat max | median of the last
 //                                                   health step (docs/architecture.md,
 //                                                   "Muon health")
+//   muonmesh_worker_expert_load{job_id, layer, stat}  gauge, stat min | max: the
+//                                                   last step's tokens routed to the
+//                                                   layer's least or most loaded
+//                                                   expert over the mean (layer: the
+//                                                   model's, layers.N)
+//   muonmesh_worker_expert_tokens_dropped{job_id, layer}  gauge, 0 (no capacity
+//                                                   limit)
 //   muonmesh_worker_busy                           gauge, 1 while a rank runs
 //   muonmesh_worker_attempts_total{outcome}        counter
 //   muonmesh_tls_certificate_expiry_timestamp_seconds{certificate}  gauge,

@@ -103,4 +103,26 @@ absl::StatusOr<std::vector<std::vector<float>>> InitialFromFile(const plan::Mode
   return out;
 }
 
+absl::StatusOr<std::vector<std::vector<float>>> BuffersFromFile(
+    const std::vector<BufferSpec>& buffers, const std::string& path) {
+  std::vector<std::vector<float>> out;
+  if (buffers.empty()) return out;
+  MUONMESH_ASSIGN_OR_RETURN(std::vector<io::Tensor> tensors, io::ReadSafetensors(path));
+  for (const BufferSpec& b : buffers) {
+    int64_t n = 1;
+    for (int64_t d : b.shape) n *= d;
+    out.emplace_back(static_cast<size_t>(n), 0.0f);
+    for (io::Tensor& t : tensors) {
+      if (t.name != b.name) continue;
+      if (t.shape != b.shape) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ": buffer '", b.name, "' has shape [", absl::StrJoin(t.shape, ", "),
+            "], the model needs [", absl::StrJoin(b.shape, ", "), "]"));
+      }
+      out.back() = std::move(t.data);
+    }
+  }
+  return out;
+}
+
 }  // namespace muonmesh::worker

@@ -40,5 +40,10 @@ absl::StatusOr<std::unique_ptr<Workload>> OnGpu(const job::ResolvedJob& job,
 // another shape.
 absl::StatusOr<std::vector<std::vector<float>>> InitialFromFile(const plan::ModelSpec& spec,
                                                                 const std::string& path);
+// The workload's buffers (in `buffers` order) from the same file, by name; a
+// buffer the file lacks is 0 (an init file need not carry them);
+// InvalidArgument naming it for another shape.
+absl::StatusOr<std::vector<std::vector<float>>> BuffersFromFile(
+    const std::vector<BufferSpec>& buffers, const std::string& path);
 
 }  // namespace muonmesh::worker

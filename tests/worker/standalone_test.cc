@@ -246,6 +246,17 @@ Job GptJob(const std::string& dir, const std::string& name) {
   return j;
 }
 
+// A DeepSeek-V3-style transformer at toy size: MLA with q_lora, layer 0
+// dense, layer 1 four routed experts (top 2, sigmoid scores, renormalized,
+// scaled) and a shared one, the balancing bias moving fast enough to change
+// choices within a few steps, and a small balance loss.
+constexpr char kDeepSeekProxy[] =
+    "{transformer: {vocab_size: 256, seq_len: 16, n_layer: 2, d_model: 16, n_head: 4, "
+    "ffn_hidden: 40, attention: mla, mla: {q_lora_rank: 12, kv_lora_rank: 8, "
+    "qk_nope_head_dim: 4, qk_rope_head_dim: 2, v_head_dim: 4}, moe: {n_routed_experts: 4, "
+    "top_k: 2, moe_ffn_hidden: 8, n_shared_experts: 1, first_k_dense: 1, score: sigmoid, "
+    "route_scale: 2.5, bias_update_rate: 0.01, aux_loss_coef: 0.001}}}";
+
 TEST_P(StandaloneConfigTest, GptFourRanksGiveTheOneRankLosses) {
   const std::string dir = Fresh(std::string("gpt_") + GetParam().name);
   Job one = GptJob(dir, std::string("gpt_one_") + GetParam().name);
@@ -394,6 +405,45 @@ TEST(StandaloneTest, MoeWithExpertParallelismGivesTheOneRankRun) {
   ExpectWeightsNear(one.export_path, four.export_path, 1e-4);
 }
 
+// The seed's validation at toy size: a DeepSeek-V3-style transformer
+// (kDeepSeekProxy) under HFSDP on 4 ranks with its experts over 2 EP groups
+// and clip_grad_norm 1.0 trains as one data-parallel instance does: the
+// same losses and final weights (the balancing bias included), loss falling.
+TEST(StandaloneTest, DeepSeekProxyUnderHfsdpWithExpertParallelismGivesTheOneRankRun) {
+  const std::string dir = Fresh("deepseek_proxy");
+  Job one = GptJob(dir, "ds_one");
+  one.model = kDeepSeekProxy;
+  one.training_extra = ", clip_grad_norm: 1.0";
+  one.export_path = dir + "/one.safetensors";
+  const JobRun single = RunRanks(dir, WriteJob(dir, one), 1);
+  ExpectAllOk(single);
+  ASSERT_EQ(single.losses.size(), 12u) << single.ranks[0].out;
+  Job four = one;
+  four.name = "ds_four";
+  four.world = 4;
+  four.strategy = "optim_grads_params";
+  four.instances = 2;
+  four.outer = "optim";
+  four.ep = 2;
+  four.export_path = dir + "/four.safetensors";
+  four.output_dir = dir + "/four";
+  const JobRun many = RunRanks(dir, WriteJob(dir, four), 4);
+  ExpectAllOk(many);
+  ASSERT_EQ(many.losses.size(), 12u) << many.ranks[0].out;
+  for (size_t s = 0; s < single.losses.size(); ++s) {
+    EXPECT_NEAR(many.losses[s], single.losses[s], 1e-4 * std::abs(single.losses[s])) << "step " << s;
+  }
+  EXPECT_LT(single.losses.back(), single.losses.front() - 0.5);
+  ExpectWeightsNear(one.export_path, four.export_path, 1e-4);
+  // Every record has the MoE layer's load and the balance loss's part.
+  std::ifstream records(dir + "/four/metrics/rank-0.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(records, line));
+  EXPECT_THAT(line, HasSubstr("\"expert_load\": [{\"layer\": 1, \"min_over_mean\": "));
+  EXPECT_THAT(line, HasSubstr("\"dropped\": 0}]"));
+  EXPECT_THAT(line, HasSubstr("\"aux_loss\": "));
+}
+
 // The documented checkpoint folder (worker/standalone.h).
 std::string Checkpoint(const std::string& output_dir, int step) {
   char name[32];
@@ -510,10 +560,14 @@ TEST(StandaloneTest, GptRestartEndsBitIdenticalAndThreeRanksMatchOne) {
 // consolidated into one file (--consolidate) on 1 rank: both end where 6
 // steps on 2 ranks end, within the reduction order's 1e-4 (documented in
 // BENCHMARKS.md), and a checkpoint with nothing left to run is refused.
-// gpt, and the Llama-style transformer on the same corpus.
+// gpt, the Llama-style transformer on the same corpus, and a DeepSeek-style
+// one (MLA, a dense first layer, routed and shared experts with the
+// balancing bias, a buffer the checkpoint carries) whose first run splits
+// its experts over 2 EP groups and goes on with 1.
 struct LanguageModel {
   const char* name;
   const char* model;  // the job's model: value; "" keeps GptJob's
+  int ep = 1;         // the first runs' expert_model_parallel_size
 };
 
 class LanguageModelTest : public ::testing::TestWithParam<LanguageModel> {};
@@ -523,6 +577,7 @@ TEST_P(LanguageModelTest, ACheckpointGoesOnUnderAnotherLayoutAndFromItsConsolida
   Job job = GptJob(dir, std::string(GetParam().name) + "_reshard");
   if (*GetParam().model != '\0') job.model = GetParam().model;
   job.world = 2;
+  job.ep = GetParam().ep;
   job.steps = 6;
   job.batch = 6;
   job.output_dir = dir + "/straight";
@@ -549,6 +604,7 @@ TEST_P(LanguageModelTest, ACheckpointGoesOnUnderAnotherLayoutAndFromItsConsolida
   Job ddp = job;
   ddp.name = std::string(GetParam().name) + "_reshard_ddp";
   ddp.world = 3;
+  ddp.ep = 1;
   ddp.strategy = "no_shard";
   ddp.steps = 6;
   ddp.checkpoint_every = 0;
@@ -590,7 +646,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(LanguageModel{"gpt", ""},
                       LanguageModel{"transformer",
                                     "{transformer: {vocab_size: 256, seq_len: 16, n_layer: 2, "
-                                    "d_model: 16, n_head: 4, n_kv_head: 2, ffn_hidden: 40}}"}),
+                                    "d_model: 16, n_head: 4, n_kv_head: 2, ffn_hidden: 40}}"},
+                      LanguageModel{"moe", kDeepSeekProxy, 2}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // A resume that finds a checkpoint of another world size puts the whole

@@ -597,9 +597,12 @@ absl::StatusOr<double> Transformer::Run(UnitAccess& units, const TokenStream& to
   }
   const float* head_w = dims_.tie_embeddings ? ep[0] : hp[1];
   const double denom = static_cast<double>(n * dims_.seq_len);
-  // The balance term's mean over the windows (0 without it).
+  // The balance term's mean over the windows (0 without it), part of the
+  // training loss only.
   const double aux = aux_ / static_cast<double>(n);
-  if (!gradients) return Head(n, hp[0], head_w, false, nullptr, nullptr) / denom + aux;
+  if (!gradients) return Head(n, hp[0], head_w, false, nullptr, nullptr) / denom;
+  aux_passes_sum_ += aux;
+  ++aux_passes_;
   MUONMESH_ASSIGN_OR_RETURN(absl::Span<float* const> hg, units.GradientBuffers(head));
   MUONMESH_RETURN_IF_ERROR(
       internal::CheckUnitTensors("transformer", hg, head_params, "gradients", head));
@@ -729,7 +732,16 @@ absl::Status Transformer::SetBuffers(absl::Span<const std::vector<float>> values
   return absl::OkStatus();
 }
 
+std::optional<double> Transformer::aux_loss() const {
+  if (!dims_.moe.has_value() || dims_.moe->aux_loss_coef <= 0 || aux_passes_ == 0) {
+    return std::nullopt;
+  }
+  return aux_passes_sum_ / static_cast<double>(aux_passes_);
+}
+
 void Transformer::ResetBufferStats() {
+  aux_passes_sum_ = 0.0;
+  aux_passes_ = 0;
   for (std::optional<MoeLayer>& m : moe_) {
     if (m.has_value()) m->ResetCounts();
   }
@@ -753,7 +765,8 @@ absl::Status Transformer::UpdateBuffers(absl::Span<const float> global) {
   }
   load_.clear();
   size_t at = 0;
-  for (std::optional<MoeLayer>& m : moe_) {
+  for (int64_t l = 0; l < dims_.n_layer; ++l) {
+    std::optional<MoeLayer>& m = moe_[l];
     if (!m.has_value()) continue;
     const absl::Span<const float> c = global.subspan(at, static_cast<size_t>(e_n));
     at += static_cast<size_t>(e_n);
@@ -761,7 +774,7 @@ absl::Status Transformer::UpdateBuffers(absl::Span<const float> global) {
     for (float v : c) sum += v;
     const double mean = sum / static_cast<double>(e_n);
     const auto [lo, hi] = std::minmax_element(c.begin(), c.end());
-    load_.push_back({mean > 0 ? *lo / mean : 0.0, mean > 0 ? *hi / mean : 0.0, 0});
+    load_.push_back({l, mean > 0 ? *lo / mean : 0.0, mean > 0 ? *hi / mean : 0.0, 0});
     m->UpdateBias(c);
   }
   return absl::OkStatus();

@@ -72,7 +72,8 @@ class Transformer final : public Workload {
   absl::StatusOr<double> ForwardBackwardByUnit(int64_t step, UnitAccess& units,
                                                absl::Span<const int64_t> samples) override;
 
-  // The mean loss over `samples` of `tokens` with nothing committed.
+  // The mean cross-entropy over `samples` of `tokens` (no balance term:
+  // what validation measures) with nothing committed.
   absl::StatusOr<double> LossByUnit(UnitAccess& units, const TokenStream& tokens,
                                     absl::Span<const int64_t> samples);
   absl::Status SetValidation(std::shared_ptr<const TokenStream> val);
@@ -102,6 +103,9 @@ class Transformer final : public Workload {
   absl::Span<const float> buffer_stats() const override;
   absl::Status UpdateBuffers(absl::Span<const float> global) override;
   std::vector<ExpertLoad> expert_load() const override { return load_; }
+  // With moe.aux_loss_coef > 0: the balance term (its mean over the
+  // windows) averaged over the training passes since ResetBufferStats.
+  std::optional<double> aux_loss() const override;
 
   const model::TransformerDims& dims() const { return dims_; }
   const TokenStream& train_stream() const { return *train_; }
@@ -191,6 +195,8 @@ class Transformer final : public Workload {
   std::vector<std::optional<MoeLayer>> moe_;  // per layer: set for MoE layers
   MoeExchange exchange_;
   double aux_ = 0;                 // the balance term summed over the call's windows
+  double aux_passes_sum_ = 0;      // training passes' balance terms (means) since the reset
+  int64_t aux_passes_ = 0;
   mutable std::vector<float> stats_;  // buffer_stats()
   std::vector<ExpertLoad> load_;
   int64_t qk_ = 0, vd_ = 0, kvh_ = 0, rope_ = 0;

@@ -29,6 +29,7 @@
 // override it to stream.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -143,11 +144,12 @@ struct BufferSpec {
   std::vector<int64_t> shape;
 };
 
-// A mixture-of-experts layer's load in one step: the tokens of the global
-// batch routed to its least and most loaded expert over the mean per expert
-// (1 and 1: perfectly balanced), and the tokens dropped (none: no capacity
-// limit).
+// A mixture-of-experts layer's load in one step: the model's layer, the
+// tokens of the global batch routed to its least and most loaded expert
+// over the mean per expert (1 and 1: perfectly balanced), and the tokens
+// dropped (none: no capacity limit).
 struct ExpertLoad {
+  int64_t layer = 0;
   double min_over_mean = 0;
   double max_over_mean = 0;
   int64_t dropped = 0;
@@ -245,6 +247,11 @@ class Workload {
   }
   // Per MoE layer, the load the last UpdateBuffers saw (empty: no experts).
   virtual std::vector<ExpertLoad> expert_load() const { return {}; }
+  // A loss term beside the data's (a transformer's balance loss): its mean
+  // over the training passes since ResetBufferStats, each pass's the mean
+  // over its samples; nothing for a model without one. The runtime averages
+  // it over the ranks (StepReport::aux_loss).
+  virtual std::optional<double> aux_loss() const { return std::nullopt; }
 };
 
 }  // namespace muonmesh::worker

@@ -108,6 +108,7 @@ absl::StatusOr<StepReport> Trainer::Step() {
     samples[j] = model::SampleOf(k, n, shuffle.has_value(), shuffle.value_or(0));
   }
   m.workload->ResetAttentionLogits();
+  m.workload->ResetBufferStats();
   MUONMESH_ASSIGN_OR_RETURN(const double local_loss, m.ForwardBackward(step_, samples, &report));
   report.times.forward_backward = (absl::Now() - t0) - report.times.param_gather -
                                   report.times.grad_reduce - report.times.expert_dispatch;
@@ -153,6 +154,7 @@ absl::StatusOr<StepReport> Trainer::Step() {
   t0 = absl::Now();
   MUONMESH_RETURN_IF_ERROR(m.ReduceAttentionLogits(&report));
   MUONMESH_RETURN_IF_ERROR(m.ReduceMuonHealth(&report));
+  MUONMESH_RETURN_IF_ERROR(m.ReduceBufferStats(&report));
   for (UnitState& u : m.units) {
     MeshState& mesh = *u.mesh;
     if (mesh.k == 1) continue;
@@ -205,6 +207,30 @@ absl::Status Trainer::Impl::ClipGradients(double grad_norm) {
   for (UnitState& u : units) {
     MUONMESH_RETURN_IF_ERROR(dev->Scale(u.grad.data(), u.grad.size(), static_cast<float>(factor)));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Impl::ReduceBufferStats(StepReport* report) {
+  const absl::Span<const float> local = workload->buffer_stats();
+  const std::optional<double> aux = workload->aux_loss();
+  if (local.empty() && !aux.has_value()) return absl::OkStatus();
+  // Counts below 2^24 sum exactly in float, in any order: every rank gets
+  // the same totals and so updates its buffers alike. The balance term
+  // rides along (its mean over the ranks: equal slices of the batch).
+  std::vector<float> global(local.begin(), local.end());
+  if (aux.has_value()) global.push_back(static_cast<float>(*aux));
+  const auto count = static_cast<int64_t>(global.size());
+  MUONMESH_ASSIGN_OR_RETURN(float* buf, Scratch(stats_buf, count));
+  MUONMESH_RETURN_IF_ERROR(dev->CopyFromHost(buf, global.data(), count));
+  MUONMESH_RETURN_IF_ERROR(
+      world_comm->AllReduce(buf, count, comm::ReduceOp::kSum, options.collective));
+  MUONMESH_RETURN_IF_ERROR(dev->CopyToHost(global.data(), buf, count));
+  if (aux.has_value()) {
+    report->aux_loss = global.back() / static_cast<double>(world);
+    global.pop_back();
+  }
+  MUONMESH_RETURN_IF_ERROR(workload->UpdateBuffers(global));
+  report->expert_load = workload->expert_load();
   return absl::OkStatus();
 }
 

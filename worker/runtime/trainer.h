@@ -198,6 +198,12 @@ struct StepReport {
   // head over the step's global batch (before QK-clip rescales); empty
   // otherwise. The same on every rank.
   std::vector<float> max_attn_logit;
+  // Mixtures of experts: per MoE layer, the global batch's expert load
+  // (Workload::expert_load); empty otherwise. The same on every rank.
+  std::vector<ExpertLoad> expert_load;
+  // The balance loss's part of `loss` (moe.aux_loss_coef > 0), averaged
+  // over the global batch; nothing otherwise.
+  std::optional<double> aux_loss;
   MuonHealth muon;
   PhaseTimes times;
   // Bytes this rank sent per collective name during the step: the names of

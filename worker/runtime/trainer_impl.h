@@ -190,9 +190,10 @@ struct Trainer::Impl {
   DeviceBuffer full;                         // one unit-mesh padded buffer, D * S
   DeviceBuffer scalar;  // ReduceStepTotals' three floats
   // The after-step reductions' buffers (ReduceAttentionLogits,
-  // ReduceMuonHealth), allocated at their first step and kept, so steady
-  // steps allocate nothing for them.
+  // ReduceMuonHealth, ReduceBufferStats), allocated at their first step and
+  // kept, so steady steps allocate nothing for them.
   DeviceBuffer logit_buf;
+  DeviceBuffer stats_buf;
   DeviceBuffer health_buf;
   DeviceBuffer ortho_buf;
   // A buffer of at least `count` floats in `buf`, allocated once.
@@ -395,6 +396,13 @@ struct Trainer::Impl {
   // world (one all-gather of a few floats per rank) and, on health steps,
   // the orthogonality errors max-reduced.
   absl::Status ReduceMuonHealth(StepReport* report);
+  // The workload's buffer statistics (a transformer's tokens per expert)
+  // summed over the world and handed back to it (Workload::UpdateBuffers),
+  // its experts' load into report->expert_load. Nothing without buffers.
+  absl::Status ReduceBufferStats(StepReport* report);
+  // The workload's buffers from a whole state (absent ones 0), or
+  // InvalidArgument naming a buffer the model does not have.
+  absl::StatusOr<std::vector<std::vector<float>>> CheckBuffers(const WholeState& state) const;
   // Every Muon matrix of the model: the dense mesh's and every EP group's.
   size_t MuonMatrixCount() const;
   // Where matrix `matrix` of a unit state's mesh sits among ortho_errors.

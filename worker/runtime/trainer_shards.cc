@@ -64,6 +64,15 @@ absl::Status Trainer::SaveShards(const std::string& path) const {
       views.push_back({ShardTensorName(u, what), {v->size()}, data});
     }
   }
+  // The workload's buffers, the same on every rank: each rank keeps a copy.
+  const std::vector<BufferSpec> buffer_specs = impl_->workload->buffers();
+  const std::vector<std::vector<float>> buffer_values = impl_->workload->BufferValues();
+  std::string buffer_names;
+  for (size_t b = 0; b < buffer_specs.size() && b < buffer_values.size(); ++b) {
+    views.push_back({kBufferTensorPrefix + buffer_specs[b].name, buffer_specs[b].shape,
+                     buffer_values[b].data()});
+    absl::StrAppend(&buffer_names, buffer_specs[b].name, "\n");
+  }
   // What a resharding needs to put these shards back together without the
   // plan that laid them out: the model's tensors and each buffer's runs.
   std::map<std::string, std::string> metadata = {{"format", kShardsFormat},
@@ -72,7 +81,8 @@ absl::Status Trainer::SaveShards(const std::string& path) const {
                                                  {"step", absl::StrCat(step_)},
                                                  {"adamw_origin", absl::StrCat(adamw_origin_)},
                                                  {"layout", LayoutFingerprint()},
-                                                 {"tensors", impl_->TensorsText()}};
+                                                 {"tensors", impl_->TensorsText()},
+                                                 {"buffers", buffer_names}};
   for (const UnitState& u : impl_->units) {
     metadata[absl::StrCat("runs.", ShardTensorName(u, "param"))] = RunsText(ParamRuns(u));
     metadata[absl::StrCat("runs.", ShardTensorName(u, "state"))] = RunsText(StateRuns(u));
@@ -133,10 +143,22 @@ absl::Status Trainer::LoadShards(const std::string& path) {
       copies.push_back({it->second, v});
     }
   }
-  if (copies.size() != tensors.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": ", tensors.size(), " tensors, this rank holds ", copies.size()));
+  std::vector<std::vector<float>> buffers;
+  for (const BufferSpec& b : impl_->workload->buffers()) {
+    auto it = by_name.find(kBufferTensorPrefix + b.name);
+    if (it == by_name.end() || it->second->shape != b.shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": no tensor '", kBufferTensorPrefix, b.name, "' of shape [",
+          absl::StrJoin(b.shape, ","), "] (the model's buffer ", b.name, ")"));
+    }
+    buffers.push_back(it->second->data);
   }
+  if (copies.size() + buffers.size() != tensors.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", tensors.size(),
+                                                   " tensors, this rank holds ",
+                                                   copies.size() + buffers.size()));
+  }
+  MUONMESH_RETURN_IF_ERROR(impl_->workload->SetBuffers(buffers), path);
   for (auto& [from, to] : copies) {
     absl::Status st = impl_->dev->CopyFromHost(to->data(), from->data.data(), to->size());
     MUONMESH_RETURN_IF_ERROR(st);
@@ -187,7 +209,30 @@ absl::Status Trainer::Impl::CheckWholeState(const WholeState& state, bool fresh_
       }
     }
   }
-  return absl::OkStatus();
+  return CheckBuffers(state).status();
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> Trainer::Impl::CheckBuffers(
+    const WholeState& state) const {
+  const std::vector<BufferSpec> specs = workload->buffers();
+  std::vector<std::vector<float>> values;
+  for (const BufferSpec& b : specs) {
+    int64_t n = 1;
+    for (int64_t d : b.shape) n *= d;
+    values.emplace_back(static_cast<size_t>(n), 0.0f);
+  }
+  for (const WholeBuffer& given : state.buffers) {
+    size_t i = 0;
+    while (i < specs.size() && specs[i].name != given.name) ++i;
+    if (i == specs.size() || specs[i].shape != given.shape ||
+        given.values.size() != values[i].size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "buffer ", given.name, " [", absl::StrJoin(given.shape, ","), "] is not one of the model ",
+          workload->spec().name, "'s (a checkpoint of another model?)"));
+    }
+    values[i] = given.values;
+  }
+  return values;
 }
 
 absl::Status Trainer::LoadState(const WholeState& state, bool fresh_optimizer_state) {
@@ -221,6 +266,8 @@ absl::Status Trainer::LoadState(const WholeState& state, bool fresh_optimizer_st
       m.frozen[u][j] = state.tensors[m.unit_base[u] + j].param;
     }
   }
+  MUONMESH_ASSIGN_OR_RETURN(std::vector<std::vector<float>> buffers, m.CheckBuffers(state));
+  MUONMESH_RETURN_IF_ERROR(m.workload->SetBuffers(buffers));
   step_ = state.step;
   adamw_origin_ = fresh_optimizer_state ? state.step : state.adamw_origin;
   return absl::OkStatus();

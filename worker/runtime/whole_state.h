@@ -31,12 +31,25 @@ struct WholeTensor {
   std::vector<float> state2;
 };
 
+// A model buffer (Workload::buffers: replicated, not trained) with its
+// values. Shard files keep buffer NAME as tensor "buffer/NAME"
+// (kBufferTensorPrefix, on every rank); consolidated files and exports
+// keep it as NAME, listed in metadata "buffers" (one NAME a line), so it is
+// not taken for a parameter.
+struct WholeBuffer {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
+inline constexpr char kBufferTensorPrefix[] = "buffer/";
+
 struct WholeState {
   int64_t step = 0;                  // steps done
   // Steps done before the optimizer state began (a start with fresh state):
   // AdamW's bias correction counts from it.
   int64_t adamw_origin = 0;
   std::vector<WholeTensor> tensors;  // flat spec order
+  std::vector<WholeBuffer> buffers;  // by name; a model buffer absent here loads as 0
 };
 
 }  // namespace muonmesh::worker

@@ -105,7 +105,10 @@ def _step_row(record):
     without attention), and Muon's health: muon_matrices,
     muon_planned_matrices, muon_elements, muon_planned_elements,
     muon_update_rms, muon_ortho_error_max and muon_ortho_error_median (None
-    off the health steps)."""
+    off the health steps), and expert_load (a list of dicts, one per
+    mixture-of-experts layer: layer, min_over_mean, max_over_mean, dropped;
+    empty without experts) with aux_loss (the balance loss's part of loss,
+    None without one)."""
     row = {"step": record.step, "rank": record.rank, "loss": record.loss,
            "step_seconds": record.step_seconds}
     for phase in PHASES:
@@ -117,6 +120,10 @@ def _step_row(record):
     row["ns_flops"] = record.ns_flops
     row["bytes_sent"] = dict(record.bytes_sent)
     row["max_attn_logit"] = list(record.max_attn_logit)
+    row["aux_loss"] = record.aux_loss if record.HasField("aux_loss") else None
+    row["expert_load"] = [{"layer": e.layer, "min_over_mean": e.min_over_mean,
+                           "max_over_mean": e.max_over_mean, "dropped": e.dropped}
+                          for e in record.expert_load]
     health = record.muon
     for field in ("matrices", "planned_matrices", "elements", "planned_elements", "update_rms"):
         row["muon_" + field] = getattr(health, field)

@@ -1,8 +1,6 @@
-// model: {transformer: {...}}: a Llama-style or DeepSeek-style (MLA)
-// pre-norm decoder on a token corpus (worker/model/transformer.h;
-// core/model/transformer_spec.h). Mixtures of experts are planned (their
-// spec is complete) but not trained yet: a job asking for them is refused,
-// naming the field.
+// model: {transformer: {...}}: a Llama-style or DeepSeek-style (MLA,
+// routed and shared experts) pre-norm decoder on a token corpus
+// (worker/model/transformer.h; core/model/transformer_spec.h).
 
 #include <string>
 #include <utility>
@@ -93,11 +91,6 @@ void Validate(const v1::JobSpec& job, plan::Violations& v) {
     v.Add(muon.per_head() ? "optimizer.muon.per_head" : "optimizer.muon.split_qkv",
           "not on attention: mla yet (kv_b_proj's per-head [k_nope | v] rows would need blocks "
           "of two sizes); the option applies to mha's q/k/v_proj");
-  }
-  if (t.has_moe()) {
-    v.Add("model.transformer.moe",
-          "mixtures of experts are planned but not trained by this release yet (muonmeshctl "
-          "plan --spec plans one; the moe_mlp model trains experts)");
   }
   if (job.device() == "cuda") {
     v.Add("model.transformer", "not on device cuda yet: the transformer has no GPU form");

@@ -1114,8 +1114,8 @@ TEST(JobTest, TransformerSectionsAreCheckedFieldByField) {
       {llama + ", attention: mla, mla: {kv_lora_rank: 16, qk_nope_head_dim: 8, "
                "qk_rope_head_dim: 3, v_head_dim: 8}",
        "model.transformer.mla.qk_rope_head_dim", "odd"},
-      {llama + ", moe: {n_routed_experts: 4, top_k: 2, moe_ffn_hidden: 16}",
-       "model.transformer.moe", "not trained by this release yet"},
+      {llama + ", moe: {n_routed_experts: 4, top_k: 2, moe_ffn_hidden: 16, first_k_dense: 3}",
+       "model.transformer.moe.first_k_dense", "not in [0, 2]"},
       {llama + ", moe: {n_routed_experts: 4, top_k: 5, moe_ffn_hidden: 16}",
        "model.transformer.moe.top_k", "not in [1, 4]"},
       {"vocab_size: 100, seq_len: 16, n_layer: 2, d_model: 32, n_head: 4, ffn_hidden: 64",
