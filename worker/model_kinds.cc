@@ -333,7 +333,8 @@ absl::StatusOr<std::unique_ptr<Workload>> MakeTransformer(const job::ResolvedJob
 // block's 3 S Fe, and the expert side of the tokens it receives, K (C +
 // 3 Fe) a position when routing spreads them evenly (a skewed step can
 // send an EP group up to EP times that). Then the head's logits (T V) and
-// the backward pass's rows, and the token exchanges' buffers.
+// the backward pass's rows, and the token exchanges' buffers and scratch
+// (once for every MoE layer).
 double TransformerFloatsPerSample(const model::TransformerDims& d) {
   const double t = static_cast<double>(d.seq_len);
   const double c = static_cast<double>(d.d_model);
@@ -355,14 +356,23 @@ double TransformerFloatsPerSample(const model::TransformerDims& d) {
     const double fe = static_cast<double>(m.moe_ffn_hidden);
     moe = static_cast<double>(m.n_routed_experts) + 2 * k + 2 + k * c +
           3 * static_cast<double>(m.n_shared_experts) * fe + k * (c + 3 * fe);
-    exchange = t * (2 * k * (c + 1) + k * (c + 2 * fe));
+    // The exchanges and the layers' shared scratch: tokens out and in,
+    // outputs and gradients of the received tokens, the shared block's.
+    exchange = t * (2 * k * (c + 1) + 2 * k * c + 2 * k * fe + 2 * k +
+                    static_cast<double>(m.n_shared_experts) * fe);
   }
   double layers = 0;
   for (int64_t l = 0; l < d.n_layer; ++l) {
     layers += t * (4 * c + 2 + attn + (model::IsMoeLayer(d, l) ? moe : dense)) + h * t * t;
   }
+  // MLA's scratch: kv_a_proj's and kv_b_proj's outputs and k_pe.
+  const double mla_scratch =
+      d.attention == model::Attention::kMla
+          ? static_cast<double>(d.mla.kv_lora_rank + 2 * d.mla.qk_rope_head_dim) +
+                h * static_cast<double>(d.mla.qk_nope_head_dim + d.mla.v_head_dim)
+          : 0.0;
   return layers + exchange +
-         t * (static_cast<double>(d.vocab_size) + 4 * c + attn + 2 * dense / 3 + 1);
+         t * (static_cast<double>(d.vocab_size) + 4 * c + attn + mla_scratch + 2 * dense / 3 + 1);
 }
 
 WorkloadMemory TransformerMemory(const job::ResolvedJob& job, double local_batch,

@@ -256,6 +256,17 @@ TEST(HostileJobTest, MeasuredPeakStaysBelowTheEstimate) {
       {"{gpt: {vocab_size: 256, block_size: 128, n_layer: 4, n_head: 4, n_embd: 256, "
        "seq_len: 128}}",
        "{text: {train: corpus.txt}}", "{steps: 2, global_batch_size: 16}"},
+      // The same for the Llama-style transformer, and a DeepSeek-style one
+      // (MLA, routed and shared experts: the routed tokens' activations and
+      // the token exchanges' buffers).
+      {"{transformer: {vocab_size: 256, seq_len: 128, n_layer: 4, d_model: 256, n_head: 4, "
+       "n_kv_head: 2, ffn_hidden: 688}}",
+       "{text: {train: corpus.txt}}", "{steps: 2, global_batch_size: 16}"},
+      {"{transformer: {vocab_size: 256, seq_len: 128, n_layer: 4, d_model: 256, n_head: 4, "
+       "ffn_hidden: 688, attention: mla, mla: {q_lora_rank: 128, kv_lora_rank: 64, "
+       "qk_nope_head_dim: 32, qk_rope_head_dim: 16, v_head_dim: 32}, moe: {n_routed_experts: 8, "
+       "top_k: 2, moe_ffn_hidden: 256, n_shared_experts: 1, first_k_dense: 1}}}",
+       "{text: {train: corpus.txt}}", "{steps: 2, global_batch_size: 16}"},
   };
   {
     std::ofstream corpus(dir + "/corpus.txt");

@@ -196,7 +196,8 @@ void Transformer::Reserve(int64_t n) {
   const auto dr = static_cast<size_t>(mla ? dims_.mla.qk_rope_head_dim : 0);
   const auto kvb = static_cast<size_t>(
       mla ? dims_.n_head * (dims_.mla.qk_nope_head_dim + dims_.mla.v_head_dim) : 0);
-  for (LayerActs& a : layers_) {
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    LayerActs& a = layers_[l];
     for (std::vector<float>* v : {&a.x, &a.n1, &a.h, &a.n2}) v->resize(rows * c);
     for (std::vector<float>* v : {&a.r1, &a.r2}) v->resize(rows);
     a.q.resize(rows * qw);
@@ -204,7 +205,8 @@ void Transformer::Reserve(int64_t n) {
     a.v.resize(rows * vw);
     a.a.resize(rows * aw);
     a.att.resize(static_cast<size_t>(n) * static_cast<size_t>(dims_.n_head) * t * t);
-    for (std::vector<float>* v : {&a.gate, &a.up, &a.m}) v->resize(rows * f);
+    // A MoE layer keeps its MLP's activations in its MoeLayer.
+    for (std::vector<float>* v : {&a.gate, &a.up, &a.m}) v->resize(moe_[l].has_value() ? 0 : rows * f);
     for (std::vector<float>* v : {&a.qa, &a.qn}) v->resize(rows * rq);
     for (std::vector<float>* v : {&a.ckv, &a.cn}) v->resize(rows * rkv);
     a.rqa.resize(rq > 0 ? rows : 0);

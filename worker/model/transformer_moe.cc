@@ -164,8 +164,8 @@ absl::StatusOr<double> MoeLayer::Forward(UnitAccess& units, MoeExchange& ex, int
     LinearNoBias(rows_, c_, fs_, m, w.shared_gate, Grow(sh_gate_, rows_ * fs_));
     LinearNoBias(rows_, c_, fs_, m, w.shared_up, Grow(sh_up_, rows_ * fs_));
     SwiGlu(rows_ * fs_, sh_gate_.data(), sh_up_.data(), Grow(sh_m_, rows_ * fs_));
-    LinearNoBias(rows_, fs_, c_, sh_m_.data(), w.shared_down, Grow(tmp_, rows_ * c_));
-    for (int64_t i = 0; i < rows_ * c_; ++i) out[i] += tmp_[i];
+    LinearNoBias(rows_, fs_, c_, sh_m_.data(), w.shared_down, Grow(ex.tmp, rows_ * c_));
+    for (int64_t i = 0; i < rows_ * c_; ++i) out[i] += ex.tmp[i];
   }
   const double aux = Route(n, m, w.router, record);
   MUONMESH_RETURN_IF_ERROR(Dispatch(units, ex, ep, local));
@@ -221,7 +221,7 @@ void MoeLayer::ExpertsForward(MoeExchange& ex, int64_t local, const MoeWeights& 
   Grow(ex_gate_, received_ * fe_);
   Grow(ex_up_, received_ * fe_);
   Grow(ex_m_, received_ * fe_);
-  float* y = Grow(tmp_, received_ * c_);
+  float* y = Grow(ex.tmp, received_ * c_);
   for (int64_t l = 0; l < local; ++l) {
     const int64_t j0 = ex_begin_[l];
     const int64_t cnt = ex_begin_[l + 1] - j0;
@@ -245,10 +245,10 @@ absl::Status MoeLayer::Backward(UnitAccess& units, MoeExchange& ex, const float*
   const int64_t local = e_ / ep;
   const int64_t total = rows_ * k_;
   if (fs_ > 0) {
-    float* dsm = Grow(tmp2_, rows_ * fs_);
+    float* dsm = Grow(ex.tmp2, rows_ * fs_);
     LinearNoBiasBackward(rows_, fs_, c_, dout, sh_m_.data(), w.shared_down, g.shared_down, dsm,
                          false);
-    float* dup = Grow(tmp_, rows_ * fs_);
+    float* dup = Grow(ex.tmp, rows_ * fs_);
     SwiGluBackward(rows_ * fs_, sh_gate_.data(), sh_up_.data(), dsm, dsm, dup);
     LinearNoBiasBackward(rows_, c_, fs_, dsm, m, w.shared_gate, g.shared_gate, dm, false);
     LinearNoBiasBackward(rows_, c_, fs_, dup, m, w.shared_up, g.shared_up, dm, true);
@@ -256,7 +256,7 @@ absl::Status MoeLayer::Backward(UnitAccess& units, MoeExchange& ex, const float*
     std::fill(dm, dm + rows_ * c_, 0.0f);
   }
   // Each assignment's gate gradient dout . y, and g dout out in dispatch order.
-  dgate_.assign(static_cast<size_t>(total), 0.0);
+  ex.dgate.assign(static_cast<size_t>(total), 0.0);
   float* send = Grow(ex.send, total * c_);
   for (int64_t j = 0; j < total; ++j) {
     const int64_t a = order_[j];
@@ -264,7 +264,7 @@ absl::Status MoeLayer::Backward(UnitAccess& units, MoeExchange& ex, const float*
     const float* y = y_.data() + a * c_;
     double dot = 0.0;
     for (int64_t i = 0; i < c_; ++i) dot += static_cast<double>(d[i]) * y[i];
-    dgate_[a] = dot;
+    ex.dgate[a] = dot;
     const float gate = gates_[a];
     for (int64_t i = 0; i < c_; ++i) send[j * c_ + i] = gate * d[i];
   }
@@ -283,7 +283,7 @@ absl::Status MoeLayer::Backward(UnitAccess& units, MoeExchange& ex, const float*
     float* row = dm + (order_[j] / k_) * c_;
     for (int64_t i = 0; i < c_; ++i) row[i] += d[i];
   }
-  ScoreGradients(dgate_.data(), aux_weight);
+  ScoreGradients(ex.dgate.data(), aux_weight);
   LinearNoBiasBackward(rows_, c_, e_, probs_.data(), m, w.router, g.router, dm, true);
   return absl::OkStatus();
 }
@@ -292,14 +292,14 @@ void MoeLayer::ExpertsBackward(MoeExchange& ex, int64_t local, int ep, const Moe
                                const MoeGrads& g) {
   // dy of the received tokens grouped by expert; dL/dx back into ex.recv at
   // the arrival positions.
-  float* dy = Grow(tmp_, received_ * c_);
+  float* dy = Grow(ex.tmp, received_ * c_);
   for (int64_t j = 0; j < received_; ++j) {
     const float* row = ex.recv.data() + ex_order_[j] * c_;
     std::copy(row, row + c_, dy + j * c_);
   }
-  float* dhm = Grow(tmp2_, received_ * fe_);
-  float* dup = Grow(tmp3_, received_ * fe_);
-  float* dx = Grow(dx_, received_ * c_);
+  float* dhm = Grow(ex.tmp2, received_ * fe_);
+  float* dup = Grow(ex.tmp3, received_ * fe_);
+  float* dx = Grow(ex.dx, received_ * c_);
   const float scale = 1.0f / static_cast<float>(ep);
   for (int64_t l = 0; l < local; ++l) {
     const int64_t j0 = ex_begin_[l];

@@ -62,10 +62,13 @@ struct MoeGrads {
   float* shared_down = nullptr;
 };
 
-// The exchange buffers every MoE layer of a model shares (grown, never
-// shrunk).
+// The exchange buffers and the scratch every MoE layer of a model shares
+// (grown, never shrunk; nothing in them outlives a Forward or Backward
+// call).
 struct MoeExchange {
-  std::vector<float> send, recv, counts_send, counts_recv, ones;
+  std::vector<float> send, recv, counts_send, counts_recv;
+  std::vector<float> tmp, tmp2, tmp3, dx;
+  std::vector<double> dgate;
 };
 
 class MoeLayer {
@@ -136,10 +139,8 @@ class MoeLayer {
   std::vector<int64_t> ex_begin_;
   std::vector<int64_t> ex_order_;
   std::vector<float> ex_x_, ex_gate_, ex_up_, ex_m_;
-  // The shared block's activations [rows, S Fe] and scratch.
+  // The shared block's activations [rows, S Fe].
   std::vector<float> sh_gate_, sh_up_, sh_m_;
-  std::vector<float> tmp_, tmp2_, tmp3_, dx_;
-  std::vector<double> dgate_;
 };
 
 }  // namespace muonmesh::worker

@@ -343,10 +343,12 @@ async function checkStalledAndRefused(workers, workerPorts) {
   }
 }
 
-// A byte-level gpt on this repository's own prose, validated every 10
-// steps, so that every panel (validation loss included) has data; a
-// qk_clip far above its logits (never acting) puts tau on the logit panel,
-// and a health step every 5 the orthogonality error on its own.
+// A byte-level transformer with a mixture of experts in its second layer
+// (its experts split over the ranks) on this repository's own prose,
+// validated every 10 steps, so that every panel (validation loss and
+// expert load included) has data; a qk_clip far above its logits (never
+// acting) puts tau on the logit panel, and a health step every 5 the
+// orthogonality error on its own.
 async function runJob(workerPorts) {
   const corpus = path.join(out, 'corpus.txt');
   fs.writeFileSync(corpus, ['README.md', 'docs/architecture.md', 'BENCHMARKS.md']
@@ -355,8 +357,17 @@ async function runJob(workerPorts) {
     name: 'e2e-observe',
     world_size: Math.min(opts.workers, 2),
     device: 'cpu',
-    parallelism: { data_parallel_sharding_strategy: 'optim_grads_params' },
-    model: { gpt: { vocab_size: 256, block_size: 64, n_layer: 2, n_head: 4, n_embd: opts.embd, seq_len: 64 } },
+    parallelism: {
+      data_parallel_sharding_strategy: 'optim_grads_params',
+      expert_model_parallel_size: Math.min(opts.workers, 2),
+    },
+    model: {
+      transformer: {
+        vocab_size: 256, seq_len: 64, n_layer: 2, d_model: opts.embd, n_head: 4, n_kv_head: 2,
+        ffn_hidden: 2 * opts.embd,
+        moe: { n_routed_experts: 4, top_k: 2, moe_ffn_hidden: opts.embd, n_shared_experts: 1, first_k_dense: 1 },
+      },
+    },
     init: { seed: 7 },
     data: { text: { train: corpus } },
     optimizer: {

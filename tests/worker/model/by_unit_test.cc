@@ -305,9 +305,12 @@ plan::ModelSpec SmallSpec() {
 
 // The transformer streams as transformer.h documents: embed for the lookup,
 // each layer, the head (with embed again when tied), each layer again in
-// reverse, embed's gradient last; bit for bit ForwardBackward's.
+// reverse, embed's gradient last; bit for bit ForwardBackward's. Untied,
+// tied, and DeepSeek-style (MLA, experts in layer 1: the same order, the
+// token exchanges inside the layer).
 TEST(TransformerByUnitTest, BitIdenticalInTheDocumentedOrder) {
-  for (bool tied : {false, true}) {
+  for (int variant : {0, 1, 2}) {
+    const bool tied = variant == 1;
     model::TransformerDims d;
     d.vocab_size = 11;
     d.seq_len = 5;
@@ -318,6 +321,11 @@ TEST(TransformerByUnitTest, BitIdenticalInTheDocumentedOrder) {
     d.head_dim = 4;
     d.ffn_hidden = 6;
     d.tie_embeddings = tied;
+    if (variant == 2) {
+      d.attention = model::Attention::kMla;
+      d.mla = {3, 5, 2, 2, 3};
+      d.moe = model::MoeDims{4, 2, 3, 1, 1};
+    }
     std::vector<int32_t> tokens;
     for (int32_t i = 0; i < 23; ++i) tokens.push_back((5 * i + 3) % 11);
     absl::StatusOr<Transformer> model =
@@ -342,7 +350,7 @@ TEST(TransformerByUnitTest, BitIdenticalInTheDocumentedOrder) {
     ASSERT_TRUE(by_unit.ok()) << by_unit.status();
     EXPECT_EQ(*whole, *by_unit);
     for (size_t i = 0; i < grads.size(); ++i) {
-      EXPECT_TRUE(BitEqual(grads[i], access.grads()[i])) << "tied " << tied << " gradient " << i;
+      EXPECT_TRUE(BitEqual(grads[i], access.grads()[i])) << "variant " << variant << " gradient " << i;
     }
     const std::vector<std::string> untied_order = {
         "A0", "R0", "A1", "R1", "A2", "R2", "A3", "G3", "C3", "R3",
