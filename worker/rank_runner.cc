@@ -521,29 +521,62 @@ absl::Status TrainSteps(const job::ResolvedJob& job, Trainer& trainer, const Ran
   return absl::OkStatus();
 }
 
+// The export file's tensors and metadata: the spec's names and the buffers
+// after them (listed in metadata "buffers", whole_state.h), or with
+// output.export_format hf the Hugging Face names (model_kind.h's HfExport)
+// and the metadata transformers' loader asks for.
+absl::StatusOr<std::vector<io::SafetensorsWriter::Entry>> ExportEntries(
+    const Workload& workload, const job::HfExport* hf, std::map<std::string, std::string>* metadata) {
+  std::vector<io::SafetensorsWriter::Entry> entries;
+  for (const plan::UnitSpec& u : workload.spec().units) {
+    for (const plan::ParamSpec& p : u.params) {
+      if (hf == nullptr) {
+        entries.push_back({p.name, p.shape});
+        continue;
+      }
+      auto it = hf->names.find(p.name);
+      if (it == hf->names.end()) {
+        return absl::InternalError(absl::StrCat("output.export_format hf: no name for ", p.name));
+      }
+      entries.push_back({it->second, p.shape});
+    }
+  }
+  if (hf != nullptr) {
+    (*metadata)["format"] = "pt";
+    return entries;
+  }
+  std::string buffers;
+  for (const BufferSpec& b : workload.buffers()) {
+    entries.push_back({b.name, b.shape});
+    absl::StrAppend(&buffers, b.name, "\n");
+  }
+  (*metadata)["buffers"] = buffers;
+  return entries;
+}
+
 // The final weights, gathered a unit at a time; rank 0 streams them into the
-// export file as they come (no rank holds the whole model).
+// export file as they come (no rank holds the whole model), then, for a
+// Hugging Face export, writes config.json beside it.
 absl::Status ExportWeights(const job::ResolvedJob& job, Trainer& trainer, const Workload& workload,
                            const RankOptions& options, const LineSink& out) {
   std::unique_ptr<io::SafetensorsWriter> writer;
+  std::optional<job::HfExport> hf;
   if (options.rank == 0 && !job.export_path.empty()) {
-    std::vector<io::SafetensorsWriter::Entry> entries;
-    for (const plan::UnitSpec& u : workload.spec().units) {
-      for (const plan::ParamSpec& p : u.params) entries.push_back({p.name, p.shape});
+    if (job.export_format == "hf") {
+      if (job.kind->hf_export == nullptr) {
+        return absl::InvalidArgumentError("output.export_format: hf: the model has no such form");
+      }
+      MUONMESH_ASSIGN_OR_RETURN(hf, job.kind->hf_export(job.model_form), "output.export_format");
     }
-    // The buffers after the parameters, named in metadata "buffers"
-    // (whole_state.h) so that a later init or resharding tells them apart.
-    std::string buffers;
-    for (const BufferSpec& b : workload.buffers()) {
-      entries.push_back({b.name, b.shape});
-      absl::StrAppend(&buffers, b.name, "\n");
-    }
+    std::map<std::string, std::string> metadata;
+    MUONMESH_ASSIGN_OR_RETURN(std::vector<io::SafetensorsWriter::Entry> entries,
+                              ExportEntries(workload, hf ? &*hf : nullptr, &metadata));
     std::error_code ec;
     const std::filesystem::path parent = std::filesystem::path(job.export_path).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-    MUONMESH_ASSIGN_OR_RETURN(std::unique_ptr<io::SafetensorsWriter> w,
-                              io::SafetensorsWriter::Create(job.export_path, std::move(entries),
-                                                            {{"buffers", buffers}}));
+    MUONMESH_ASSIGN_OR_RETURN(
+        std::unique_ptr<io::SafetensorsWriter> w,
+        io::SafetensorsWriter::Create(job.export_path, std::move(entries), metadata));
     writer = std::move(w);
   }
   absl::Status gathered = trainer.GatherParameters(
@@ -552,11 +585,19 @@ absl::Status ExportWeights(const job::ResolvedJob& job, Trainer& trainer, const 
       });
   MUONMESH_RETURN_IF_ERROR(gathered, "gathering the final weights");
   if (writer == nullptr) return absl::OkStatus();
-  for (const std::vector<float>& values : workload.BufferValues()) {
-    MUONMESH_RETURN_IF_ERROR(writer->Append(values));
+  if (!hf.has_value()) {
+    for (const std::vector<float>& values : workload.BufferValues()) {
+      MUONMESH_RETURN_IF_ERROR(writer->Append(values));
+    }
   }
   MUONMESH_RETURN_IF_ERROR(writer->Finish());
   out(absl::StrCat("wrote ", job.export_path));
+  if (hf.has_value()) {
+    const std::string config =
+        (std::filesystem::path(job.export_path).parent_path() / "config.json").string();
+    MUONMESH_RETURN_IF_ERROR(WriteFileAtomically(config, hf->config_json), "output.export_format hf");
+    out(absl::StrCat("wrote ", config, " (Hugging Face LlamaForCausalLM)"));
+  }
   return absl::OkStatus();
 }
 

@@ -269,6 +269,33 @@ std::string OnlyTheCorpusModels(const char* one, const char* many) {
 
 // The model section through its kind, and whether the data section is one
 // the kind trains on.
+// output.export_format: muonmesh (or empty) for any model; hf for a kind
+// with a Hugging Face form, and only forms it can write (asked once the
+// model section is valid).
+void CheckExportFormat(const v1::JobSpec& job, const ModelKind& kind, bool model_valid,
+                       Violations& v) {
+  const std::string& format = job.output().export_format();
+  if (format.empty() || format == "muonmesh") return;
+  if (format != "hf") {
+    v.Add("output.export_format",
+          absl::StrCat("unknown format ", plan::Quote(format), " (expected muonmesh or hf)"));
+    return;
+  }
+  if (kind.hf_export == nullptr) {
+    std::vector<std::string> with;
+    for (const ModelKind* k : ModelKinds()) {
+      if (k->hf_export != nullptr) with.push_back(k->name);
+    }
+    v.Add("output.export_format",
+          absl::StrCat("hf: the ", kind.name, " model has no Hugging Face form (models with one: ",
+                       absl::StrJoin(with, ", "), ")"));
+    return;
+  }
+  if (!model_valid) return;
+  absl::StatusOr<HfExport> hf = kind.hf_export(kind.resolve(job.model(), ""));
+  if (!hf.ok()) v.Add("output.export_format", std::string(hf.status().message()));
+}
+
 void CheckModel(const v1::JobSpec& job, Violations& v) {
   const ModelKind* kind = FindModelKind(job.model().kind_case());
   const v1::DataConfig::SourceCase source = job.data().source_case();
@@ -296,7 +323,9 @@ void CheckModel(const v1::JobSpec& job, Violations& v) {
     v.Add("data.shuffle", absl::StrCat("the ", kind->name,
                                        " workload reads no samples: nothing to shuffle"));
   }
+  const size_t before = v.size();
   kind->validate(job, v);
+  CheckExportFormat(job, *kind, /*model_valid=*/v.size() == before, v);
   const v1::MuonConfig& muon = job.optimizer().muon();
   // (A qk_clip <= 0 is CheckMuon's: one violation for one mistake.)
   const bool qk_clip = muon.has_qk_clip() && muon.qk_clip() > 0;
@@ -652,8 +681,10 @@ JobPaths ResolveJobPaths(const v1::JobSpec& job, const std::string& job_dir) {
   if (p.model_file.has_value()) p.model_file->path = ResolveJobPath(job_dir, p.model_file->path);
   p.output_dir = ResolveJobPath(
       job_dir, job.output().dir().empty() ? absl::StrCat("runs/", job.name()) : job.output().dir());
+  const bool hf = job.output().export_format() == "hf";
   p.export_path = job.output().export_().empty()
-                      ? (fs::path(p.output_dir) / "final.safetensors").string()
+                      ? (fs::path(p.output_dir) / (hf ? "hf/model.safetensors" : "final.safetensors"))
+                            .string()
                       : ResolveJobPath(job_dir, job.output().export_());
   return p;
 }
@@ -805,6 +836,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
 
   r.output_dir = paths.output_dir;
   r.export_path = paths.export_path;
+  r.export_format = job.output().export_format().empty() ? "muonmesh" : job.output().export_format();
   return r;
 }
 
@@ -868,6 +900,7 @@ v1::JobSpec FilledSpec(const ResolvedJob& r) {
   t.mutable_lr_schedule()->set_decay(optim::LrDecayName(r.lr_schedule.decay));
   out.mutable_output()->set_dir(r.output_dir);
   out.mutable_output()->set_export_(r.export_path);
+  out.mutable_output()->set_export_format(r.export_format);
   return out;
 }
 

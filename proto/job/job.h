@@ -170,6 +170,9 @@ struct ResolvedJob {
 
   std::string output_dir;   // resolved
   std::string export_path;  // resolved
+  // output.export_format: "muonmesh" or "hf" (config.json goes beside
+  // export_path).
+  std::string export_format = "muonmesh";
 };
 
 // The job as `r` runs it, as a JobSpec: the file's own values with every

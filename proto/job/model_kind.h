@@ -21,6 +21,7 @@
 // read it.
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <variant>
@@ -64,6 +65,13 @@ struct TransformerModel {
 };
 using ModelForm = std::variant<MlpModel, MoeMlpModel, SyntheticModel, GptModel, TransformerModel>;
 
+// A model as a Hugging Face checkpoint: each spec parameter's name there
+// (every parameter has one) and the config.json that goes beside it.
+struct HfExport {
+  std::map<std::string, std::string> names;  // spec name -> Hugging Face name
+  std::string config_json;
+};
+
 // An input file a model section names itself (synthetic's spec), beyond
 // init.* and data.*.
 struct ModelFile {
@@ -105,6 +113,10 @@ struct ModelKind {
   // DataUse::kCorpus kinds: the vocabulary size, every token of the corpus
   // must be below it (the data pre-flight, corpus.h's CheckCorpusFiles).
   int64_t (*vocab_size)(const ModelForm& form) = nullptr;
+  // output.export_format: hf: what a Hugging Face model of this form
+  // needs, or why it has none (a sentence for the violation); nullptr: the
+  // kind has no Hugging Face form.
+  absl::StatusOr<HfExport> (*hf_export)(const ModelForm& form) = nullptr;
 };
 
 // Every registered kind, in the oneof's order.

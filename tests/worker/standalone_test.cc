@@ -17,10 +17,14 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
 #include "tests/worker/model/reference_trainer.h"
+#include "tests/worker/model/transformer_reference.h"
 #include "worker/io/safetensors.h"
 
 namespace muonmesh::worker {
@@ -59,6 +63,7 @@ struct Job {
   std::string training_extra;  // more training fields, ", key: value" each
   std::string output_dir;
   std::string export_path;
+  std::string export_format;  // "": not written
 };
 
 std::string WriteJob(const std::string& dir, const Job& j) {
@@ -80,10 +85,11 @@ std::string WriteJob(const std::string& dir, const Job& j) {
     << ", checkpoint_every: " << j.checkpoint_every;
   if (j.threads_per_rank > 0) y << ", threads_per_rank: " << j.threads_per_rank;
   y << j.training_extra << "}\n";
-  y << "output: {";
-  if (!j.output_dir.empty()) y << "dir: " << j.output_dir << (j.export_path.empty() ? "" : ", ");
-  if (!j.export_path.empty()) y << "export: " << j.export_path;
-  y << "}\n";
+  std::vector<std::string> output;
+  if (!j.output_dir.empty()) output.push_back("dir: " + j.output_dir);
+  if (!j.export_path.empty()) output.push_back("export: " + j.export_path);
+  if (!j.export_format.empty()) output.push_back("export_format: " + j.export_format);
+  y << "output: {" << absl::StrJoin(output, ", ") << "}\n";
   const std::string path = dir + "/job.yaml";
   std::ofstream(path) << y.str();
   return path;
@@ -442,6 +448,87 @@ TEST(StandaloneTest, DeepSeekProxyUnderHfsdpWithExpertParallelismGivesTheOneRank
   EXPECT_THAT(line, HasSubstr("\"expert_load\": [{\"layer\": 1, \"min_over_mean\": "));
   EXPECT_THAT(line, HasSubstr("\"dropped\": 0}]"));
   EXPECT_THAT(line, HasSubstr("\"aux_loss\": "));
+}
+
+// output.export_format: hf writes the final weights under the names of
+// Hugging Face's LlamaForCausalLM (model.embed_tokens, model.layers.N.
+// self_attn.q_proj, ..., model.norm, lm_head), with the metadata format "pt"
+// their loader asks for, and config.json beside them. Read back by those
+// names alone, with the sizes config.json gives, the independent reference
+// computes the run's last validation loss from them.
+TEST(StandaloneTest, HuggingFaceExportGivesTheRunsValidationLoss) {
+  const std::string dir = Fresh("hf_export");
+  Job job = GptJob(dir, "hf");
+  const std::string val = "The lazy dog sleeps while Muon orthogonalizes the momentum.\n";
+  std::ofstream(dir + "/val.txt") << val;
+  job.model = "{transformer: {vocab_size: 256, seq_len: 16, n_layer: 2, d_model: 16, n_head: 4, "
+              "n_kv_head: 2, ffn_hidden: 40, rope_theta: 500}}";
+  job.data = "{text: {train: corpus.txt, val: val.txt}}";
+  job.training_extra = ", eval_every: 12, eval_batches: 2";
+  job.output_dir = dir + "/out";
+  job.export_format = "hf";
+  job.world = 2;
+  const JobRun run = RunRanks(dir, WriteJob(dir, job), 2);
+  ExpectAllOk(run);
+  std::map<std::string, std::string> meta;
+  absl::StatusOr<std::vector<io::Tensor>> tensors =
+      io::ReadSafetensors(dir + "/out/hf/model.safetensors", &meta);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  EXPECT_EQ(meta["format"], "pt");
+  std::map<std::string, std::vector<float>> by_name;
+  for (io::Tensor& t : *tensors) by_name[t.name] = std::move(t.data);
+  std::ifstream config_file(dir + "/out/hf/config.json");
+  const std::string config_text((std::istreambuf_iterator<char>(config_file)),
+                                std::istreambuf_iterator<char>());
+  google::protobuf::Struct config;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(config_text, &config).ok())
+      << config_text;
+  auto number = [&](const char* key) { return config.fields().at(key).number_value(); };
+  EXPECT_EQ(config.fields().at("architectures").list_value().values(0).string_value(),
+            "LlamaForCausalLM");
+  EXPECT_EQ(config.fields().at("hidden_act").string_value(), "silu");
+  EXPECT_FALSE(config.fields().at("tie_word_embeddings").bool_value());
+  reference::RefTransformerDims d;
+  d.vocab = static_cast<int64_t>(number("vocab_size"));
+  d.seq = static_cast<int64_t>(number("max_position_embeddings"));
+  d.layers = static_cast<int64_t>(number("num_hidden_layers"));
+  d.embd = static_cast<int64_t>(number("hidden_size"));
+  d.heads = static_cast<int64_t>(number("num_attention_heads"));
+  d.kv_heads = static_cast<int64_t>(number("num_key_value_heads"));
+  d.head_dim = static_cast<int64_t>(number("head_dim"));
+  d.ffn = static_cast<int64_t>(number("intermediate_size"));
+  d.eps = number("rms_norm_eps");
+  d.theta = number("rope_theta");
+  EXPECT_EQ(d.theta, 500.0);
+  // The reference's order from Hugging Face's names.
+  std::vector<std::string> names = {"model.embed_tokens.weight"};
+  for (int l = 0; l < d.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    for (const char* n : {"input_layernorm", "self_attn.q_proj", "self_attn.k_proj",
+                          "self_attn.v_proj", "self_attn.o_proj", "post_attention_layernorm",
+                          "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}) {
+      names.push_back(p + n + ".weight");
+    }
+  }
+  names.push_back("model.norm.weight");
+  names.push_back("lm_head.weight");
+  ASSERT_EQ(by_name.size(), names.size());
+  reference::TransformerTensors params;
+  for (const std::string& n : names) {
+    ASSERT_EQ(by_name.count(n), 1u) << n;
+    params.emplace_back(by_name[n].begin(), by_name[n].end());
+  }
+  const std::vector<int32_t> tokens(val.begin(), val.end());
+  std::vector<int64_t> samples;
+  for (int64_t j = 0; j < job.batch * 2; ++j) samples.push_back(j);
+  const double want = reference::TransformerRefLossAndGrad(d, params, tokens, samples, nullptr);
+  std::ifstream records(dir + "/out/metrics/rank-0.jsonl");
+  std::string line, last;
+  while (std::getline(records, line)) last = line;
+  const size_t at = last.find("\"val_loss\": ");
+  ASSERT_NE(at, std::string::npos) << last;
+  const double got = std::stod(last.substr(at + 12));
+  EXPECT_NEAR(got, want, 1e-5 * want);
 }
 
 // The documented checkpoint folder (worker/standalone.h).

@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/model/transformer_spec.h"
 #include "proto/job/kinds/kinds.h"
 
@@ -129,6 +130,51 @@ void AttentionBlocks(const ModelForm& form, bool /*split_qkv*/, bool per_head,
   }
 }
 
+// The Hugging Face form of a dense Llama-style model (LlamaForCausalLM,
+// models/llama in transformers): their tensor names and config.json. Both
+// use rotate-half RoPE, [out, in] weights and RMSNorm with the weight
+// after the normalization, so the tensors go over unchanged.
+absl::StatusOr<HfExport> HfExportOf(const ModelForm& form) {
+  const model::TransformerDims& d = std::get<TransformerModel>(form).dims;
+  if (d.attention != model::Attention::kMha || d.moe.has_value()) {
+    return absl::InvalidArgumentError(
+        "hf writes a dense Llama-style transformer (attention: mha, no moe): LlamaForCausalLM "
+        "has no MLA or experts");
+  }
+  HfExport out;
+  out.names["embed.weight"] = "model.embed_tokens.weight";
+  for (int64_t l = 0; l < d.n_layer; ++l) {
+    const std::string ours = absl::StrCat("layers.", l, ".");
+    const std::string theirs = absl::StrCat("model.layers.", l, ".");
+    const std::pair<const char*, const char*> per_layer[] = {
+        {"attn_norm.weight", "input_layernorm.weight"},
+        {"attn.q_proj.weight", "self_attn.q_proj.weight"},
+        {"attn.k_proj.weight", "self_attn.k_proj.weight"},
+        {"attn.v_proj.weight", "self_attn.v_proj.weight"},
+        {"attn.o_proj.weight", "self_attn.o_proj.weight"},
+        {"mlp_norm.weight", "post_attention_layernorm.weight"},
+        {"mlp.gate_proj.weight", "mlp.gate_proj.weight"},
+        {"mlp.up_proj.weight", "mlp.up_proj.weight"},
+        {"mlp.down_proj.weight", "mlp.down_proj.weight"}};
+    for (const auto& [a, b] : per_layer) out.names[ours + a] = theirs + b;
+  }
+  out.names["final_norm.weight"] = "model.norm.weight";
+  if (!d.tie_embeddings) out.names["lm_head.weight"] = "lm_head.weight";
+  out.config_json = absl::StrCat(
+      "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n",
+      "  \"vocab_size\": ", d.vocab_size, ",\n  \"hidden_size\": ", d.d_model,
+      ",\n  \"intermediate_size\": ", d.ffn_hidden, ",\n  \"num_hidden_layers\": ", d.n_layer,
+      ",\n  \"num_attention_heads\": ", d.n_head, ",\n  \"num_key_value_heads\": ", d.n_kv_head,
+      ",\n  \"head_dim\": ", d.head_dim, ",\n  \"max_position_embeddings\": ", d.seq_len,
+      ",\n  \"rms_norm_eps\": ", absl::StrFormat("%.17g", d.norm_eps),
+      ",\n  \"rope_theta\": ", absl::StrFormat("%.17g", d.rope_theta),
+      ",\n  \"rope_scaling\": null,\n  \"hidden_act\": \"silu\",\n",
+      "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n  \"tie_word_embeddings\": ",
+      d.tie_embeddings ? "true" : "false", ",\n  \"initializer_range\": 0.02,\n",
+      "  \"torch_dtype\": \"float32\"\n}\n");
+  return out;
+}
+
 }  // namespace
 
 const ModelKind kTransformer = {
@@ -142,6 +188,7 @@ const ModelKind kTransformer = {
     .attention_blocks = &AttentionBlocks,
     .vocab_size =
         [](const ModelForm& form) { return std::get<TransformerModel>(form).dims.vocab_size; },
+    .hf_export = &HfExportOf,
 };
 
 }  // namespace muonmesh::job::kinds

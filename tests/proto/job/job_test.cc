@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -1144,6 +1145,78 @@ TEST(JobTest, TransformerSectionsAreCheckedFieldByField) {
   fields.clear();
   for (const plan::FieldViolation& f : job::ValidateJob(mla)) fields.push_back(f.field);
   EXPECT_THAT(fields, ElementsAre("optimizer.muon.per_head"));
+}
+
+// output.export_format: muonmesh or hf; hf only for a dense Llama-style
+// transformer, whose every parameter gets a distinct Hugging Face name and
+// whose config.json states its sizes; the default file moves to hf/.
+TEST(JobTest, HuggingFaceExportIsForDenseLlamaStyleTransformers) {
+  const std::string head =
+      "name: t\nworld_size: 1\ndata: {text: {train: /x.txt}}\n"
+      "training: {steps: 1, global_batch_size: 1}\noutput: {dir: /tmp/out, export_format: ";
+  auto fields = [&](const std::string& format, const std::string& model) {
+    v1::JobSpec job;
+    EXPECT_TRUE(
+        protoio::ParseMessageText(head + format + "}\nmodel: " + model + "\n", "job", &job).ok());
+    std::vector<std::string> out;
+    std::string said;
+    for (const plan::FieldViolation& f : job::ValidateJob(job)) {
+      out.push_back(f.field);
+      said += f.description;
+    }
+    return std::pair{out, said};
+  };
+  const std::string llama =
+      "{transformer: {vocab_size: 256, seq_len: 16, n_layer: 2, d_model: 32, n_head: 8, "
+      "n_kv_head: 4, ffn_hidden: 64}}";
+  EXPECT_THAT(fields("hf", llama).first, IsEmpty());
+  EXPECT_THAT(fields("muonmesh", llama).first, IsEmpty());
+  auto [f, said] = fields("onnx", llama);
+  EXPECT_THAT(f, ElementsAre("output.export_format"));
+  EXPECT_THAT(said, HasSubstr("expected muonmesh or hf"));
+  std::tie(f, said) = fields("hf", "{gpt: {vocab_size: 256, block_size: 16, n_layer: 1, "
+                                   "n_head: 2, n_embd: 8, seq_len: 16}}");
+  EXPECT_THAT(f, ElementsAre("output.export_format"));
+  EXPECT_THAT(said, HasSubstr("models with one: transformer"));
+  std::tie(f, said) = fields(
+      "hf", "{transformer: {vocab_size: 256, seq_len: 16, n_layer: 2, d_model: 32, n_head: 4, "
+            "ffn_hidden: 64, moe: {n_routed_experts: 4, top_k: 2, moe_ffn_hidden: 16}}}");
+  EXPECT_THAT(f, ElementsAre("output.export_format"));
+  EXPECT_THAT(said, HasSubstr("no MLA or experts"));
+
+  v1::JobSpec job;
+  ASSERT_TRUE(protoio::ParseMessageText(head + "hf}\nmodel: " + llama + "\n", "job", &job).ok());
+  const job::ModelKind* kind = job::FindModelKind(v1::ModelConfig::kTransformer);
+  const job::ModelForm form = kind->resolve(job.model(), "");
+  absl::StatusOr<job::HfExport> hf = kind->hf_export(form);
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  absl::StatusOr<plan::ModelSpec> spec = kind->spec(form, 1);
+  ASSERT_TRUE(spec.ok());
+  std::set<std::string> theirs;
+  for (const plan::UnitSpec& u : spec->units) {
+    for (const plan::ParamSpec& p : u.params) {
+      ASSERT_EQ(hf->names.count(p.name), 1u) << p.name;
+      theirs.insert(hf->names.at(p.name));
+    }
+  }
+  EXPECT_EQ(theirs.size(), hf->names.size());
+  EXPECT_EQ(theirs.count("model.layers.1.self_attn.k_proj.weight"), 1u);
+  EXPECT_EQ(hf->names.at("layers.0.mlp_norm.weight"),
+            "model.layers.0.post_attention_layernorm.weight");
+  for (const char* want : {"\"num_key_value_heads\": 4", "\"head_dim\": 4",
+                           "\"intermediate_size\": 64", "\"rms_norm_eps\": 1.0000000000000001e-05",
+                           "\"rope_theta\": 10000", "\"tie_word_embeddings\": false"}) {
+    EXPECT_THAT(hf->config_json, HasSubstr(want));
+  }
+  const std::string dir = ::testing::TempDir() + "/hf_export_job";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/train.txt") << "some text to train on\n";
+  job.mutable_data()->mutable_text()->set_train(dir + "/train.txt");
+  job.mutable_output()->set_dir(dir + "/out");
+  absl::StatusOr<job::ResolvedJob> r = job::ResolveJob(job, "");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->export_path, dir + "/out/hf/model.safetensors");
+  EXPECT_EQ(r->export_format, "hf");
 }
 
 // QK-clip on a model with attention: valid on the CPU, refused on CUDA
