@@ -323,6 +323,68 @@ absl::StatusOr<std::unique_ptr<Workload>> MakeTransformer(const job::ResolvedJob
   return std::unique_ptr<Workload>(new Transformer(std::move(t)));
 }
 
+// The transformer's next token: a Transformer for the context's length
+// (RoPE's positions 0..len-1, as the training windows have them), up to
+// seq_len, carrying the loaded buffers.
+class TransformerNextToken final : public NextTokenModel {
+ public:
+  explicit TransformerNextToken(const model::TransformerDims& dims) : dims_(dims) {}
+
+  int64_t vocab_size() const override { return dims_.vocab_size; }
+  int64_t context_limit() const override { return dims_.seq_len; }
+  std::vector<BufferSpec> buffers() const override {
+    absl::StatusOr<Transformer> probe = Model(1);
+    return probe.ok() ? probe->buffers() : std::vector<BufferSpec>{};
+  }
+  // Checked against a model of this form, kept for each context length's.
+  absl::Status SetBuffers(absl::Span<const std::vector<float>> values) override {
+    MUONMESH_ASSIGN_OR_RETURN(Transformer probe, Model(1));
+    MUONMESH_RETURN_IF_ERROR(probe.SetBuffers(values));
+    buffers_.assign(values.begin(), values.end());
+    model_.reset();
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<float>> NextTokenLogits(absl::Span<const float* const> params,
+                                                     absl::Span<const int32_t> context) override {
+    const auto seen = static_cast<int64_t>(context.size());
+    if (seen < 1 || seen > dims_.seq_len) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a context of ", seen, " tokens; the model sees 1 to ", dims_.seq_len));
+    }
+    if (!model_.has_value() || model_->dims().seq_len != seen) {
+      MUONMESH_ASSIGN_OR_RETURN(Transformer t, Model(seen));
+      model_.emplace(std::move(t));
+      if (!buffers_.empty()) MUONMESH_RETURN_IF_ERROR(model_->SetBuffers(buffers_));
+    }
+    return model_->NextTokenLogits(params, context);
+  }
+
+ private:
+  // A model for contexts of `seen` tokens (the stream only satisfies
+  // Create: N > T; the context goes in through NextTokenLogits).
+  absl::StatusOr<Transformer> Model(int64_t seen) const {
+    model::TransformerDims dims = dims_;
+    dims.seq_len = seen;
+    auto unused = std::make_shared<const InMemoryTokens>(std::vector<int32_t>(seen + 1, 0));
+    return Transformer::Create(dims, unused);
+  }
+
+  model::TransformerDims dims_;
+  std::vector<std::vector<float>> buffers_;
+  std::optional<Transformer> model_;
+};
+
+absl::StatusOr<std::unique_ptr<NextTokenModel>> MakeTransformerNextToken(
+    const job::ModelForm& form) {
+  const model::TransformerDims& dims = std::get<job::TransformerModel>(form).dims;
+  if (std::optional<FieldViolation> v = model::TransformerDimsViolation(dims)) {
+    return absl::InvalidArgumentError(absl::StrCat("model.transformer.", v->field, ": ",
+                                                   v->description));
+  }
+  return std::unique_ptr<NextTokenModel>(new TransformerNextToken(dims));
+}
+
 // The transformer keeps every layer's activations for the backward pass
 // (worker/model/transformer.h), per position: 4 C (the layer's input, both
 // norms' outputs, the residual after attention) + 2 (the inverse roots);
@@ -392,7 +454,8 @@ constexpr WorkerModelKind kKinds[] = {
     {v1::ModelConfig::kMoeMlp, &MakeMoeMlp, &MoeMemory, nullptr},
     {v1::ModelConfig::kSynthetic, &MakeSynthetic, &SyntheticMemory, nullptr},
     {v1::ModelConfig::kGpt, &MakeGpt, &GptMemory, &MakeGptNextToken},
-    {v1::ModelConfig::kTransformer, &MakeTransformer, &TransformerMemory, nullptr},
+    {v1::ModelConfig::kTransformer, &MakeTransformer, &TransformerMemory,
+     &MakeTransformerNextToken},
 };
 
 }  // namespace

@@ -54,6 +54,9 @@ absl::StatusOr<Model> LoadModel(const SampleOptions& o) {
   m.bytes = job.data().has_text();
   MUONMESH_ASSIGN_OR_RETURN(plan::ModelSpec spec, job::ModelSpecOf(job.model(), 1, ""));
   MUONMESH_ASSIGN_OR_RETURN(m.params, InitialFromFile(spec, o.weights_path));
+  MUONMESH_ASSIGN_OR_RETURN(std::vector<std::vector<float>> buffers,
+                            BuffersFromFile(m.next->buffers(), o.weights_path));
+  if (!buffers.empty()) MUONMESH_RETURN_IF_ERROR(m.next->SetBuffers(buffers), o.weights_path);
   return m;
 }
 

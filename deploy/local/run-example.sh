@@ -8,7 +8,8 @@
 #  3. submits it, watches it to the end (every step's loss and time, the
 #     validation loss every 50 steps), prints its step records and a
 #     summary, and the fleet;
-#  4. for a gpt job, prints text the trained model writes (muonmesh-worker
+#  4. for a language model (gpt, transformer), prints text the trained
+#     model writes (muonmesh-worker
 #     --sample);
 #  5. stops everything it started. The final weights are in
 #     deploy/local/examples/runs/<job name>/final.safetensors.
@@ -78,7 +79,8 @@ echo
 echo
 "$ctl" workers
 "$ctl" status "$id" | grep -q SUCCEEDED || { echo "the job did not succeed" >&2; exit 1; }
-if grep -qE '^[[:space:]]*gpt:' "$job"; then
+# Language models (gpt, transformer) exported in muonmesh's own format.
+if grep -qE '^[[:space:]]*(gpt|transformer):' "$job" && ! grep -qE 'export_format:[[:space:]]*hf' "$job"; then
   weights=$("$worker" --describe --job "$job" | sed -n 's/^export=//p')
   echo
   echo "A sample from the trained model (muonmesh-worker --sample, temperature 0.8, top-k 40):"

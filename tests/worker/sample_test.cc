@@ -15,9 +15,11 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/worker/model/gpt_reference.h"
+#include "tests/worker/model/transformer_reference.h"
 #include "worker/io/safetensors.h"
 #include "worker/model/gpt.h"
 #include "worker/model/token_windows.h"
+#include "worker/model/transformer.h"
 
 namespace muonmesh::worker {
 namespace {
@@ -97,6 +99,114 @@ TEST(SampleTest, GreedyMatchesTheReference) {
   const std::vector<int32_t> context(o.prompt.begin(), o.prompt.end());
   ASSERT_EQ(out->size(), 1u);
   EXPECT_EQ((*out)[0], ReferenceGreedy(f, context));
+}
+
+// A DeepSeek-style transformer (MLA, experts in layer 1 with a balancing
+// bias that changes choices, read from the weights file like the
+// parameters): each greedy token is the reference's, whose window with that
+// token last has the smallest loss; from a context shorter than seq_len the
+// model sees positions 0.. as a window does.
+TEST(SampleTest, TransformerGreedyMatchesTheReference) {
+  const std::string dir = ::testing::TempDir() + "/sample_transformer";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string job = dir + "/job.yaml";
+  std::ofstream(job) << "name: s\nworld_size: 1\nmodel: {transformer: {vocab_size: 256, "
+                        "seq_len: 5, n_layer: 2, d_model: 8, n_head: 2, ffn_hidden: 12, "
+                        "attention: mla, mla: {q_lora_rank: 6, kv_lora_rank: 4, "
+                        "qk_nope_head_dim: 2, qk_rope_head_dim: 2, v_head_dim: 3}, "
+                        "moe: {n_routed_experts: 4, top_k: 2, moe_ffn_hidden: 3, "
+                        "n_shared_experts: 1, first_k_dense: 1}}}\n"
+                        "data: {text: {train: t.txt}}\ntraining: {steps: 1, global_batch_size: 1}\n";
+  model::TransformerDims d;
+  d.vocab_size = 256;
+  d.seq_len = 5;
+  d.n_layer = 2;
+  d.d_model = 8;
+  d.n_head = 2;
+  d.n_kv_head = 2;
+  d.head_dim = 4;
+  d.ffn_hidden = 12;
+  d.attention = model::Attention::kMla;
+  d.mla = {6, 4, 2, 2, 3};
+  d.moe = model::MoeDims{4, 2, 3, 1, 1};
+  absl::StatusOr<Transformer> t = Transformer::Create(
+      d, std::make_shared<const InMemoryTokens>(std::vector<int32_t>(8, 1)));
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::vector<std::vector<float>> params;
+  std::vector<float*> ptrs;
+  std::vector<io::TensorView> views;
+  for (const plan::UnitSpec& u : t->spec().units) {
+    for (const plan::ParamSpec& p : u.params) {
+      int64_t n = 1;
+      for (int64_t dim : p.shape) n *= dim;
+      params.emplace_back(static_cast<size_t>(n));
+    }
+  }
+  for (std::vector<float>& p : params) ptrs.push_back(p.data());
+  // Weights larger than the initialisation's, so the choices are clear.
+  ASSERT_TRUE(t->Initialize(3, ptrs).ok());
+  for (std::vector<float>& p : params) {
+    for (float& x : p) x = x == 1.0f ? 1.0f : 25.0f * x;
+  }
+  size_t i = 0;
+  for (const plan::UnitSpec& u : t->spec().units) {
+    for (const plan::ParamSpec& p : u.params) views.push_back({p.name, p.shape, ptrs[i++]});
+  }
+  std::vector<float> bias = {-1.0f, 0.75f, 1.0f, -0.5f};
+  views.push_back({"layers.1.mlp.router.bias", {4}, bias.data()});
+  const std::string weights = dir + "/w.safetensors";
+  ASSERT_TRUE(io::WriteSafetensors(weights, views).ok());
+
+  SampleOptions o;
+  o.job_path = job;
+  o.weights_path = weights;
+  o.prompt = "Muo";  // three bytes: the first draws see fewer than seq_len tokens
+  o.tokens = 4;
+  o.temperature = 0;
+  absl::StatusOr<std::vector<int32_t>> out = SampleTokens(o);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->size(), 4u);
+  reference::RefTransformerDims r;
+  r.vocab = 256;
+  r.layers = 2;
+  r.embd = 8;
+  r.heads = 2;
+  r.ffn = 12;
+  r.mla = true;
+  r.q_rank = 6;
+  r.kv_rank = 4;
+  r.dn = 2;
+  r.dr = 2;
+  r.dv = 3;
+  r.experts = 4;
+  r.top_k = 2;
+  r.expert_ffn = 3;
+  r.shared = 1;
+  r.first_dense = 1;
+  reference::TransformerTensors ref;
+  for (const std::vector<float>& p : params) ref.emplace_back(p.begin(), p.end());
+  std::vector<int32_t> context(o.prompt.begin(), o.prompt.end());
+  for (int32_t got : *out) {
+    r.seq = static_cast<int64_t>(context.size());
+    int32_t best = -1;
+    double best_loss = 0;
+    for (int32_t j = 0; j < 256; ++j) {
+      std::vector<int32_t> window = context;
+      window.push_back(j);
+      reference::MoeState state;
+      state.bias = {{}, {bias.begin(), bias.end()}};
+      const double loss =
+          reference::TransformerRefLossAndGrad(r, ref, window, {0}, nullptr, nullptr, &state);
+      if (best < 0 || loss < best_loss) {
+        best = j;
+        best_loss = loss;
+      }
+    }
+    EXPECT_EQ(got, best) << "after " << context.size() << " tokens";
+    context.push_back(got);
+    if (static_cast<int64_t>(context.size()) > 5) context.erase(context.begin());
+  }
 }
 
 TEST(SampleTest, SeededDrawsRepeatAndTopOneIsGreedy) {
@@ -195,7 +305,8 @@ TEST(SampleTest, BadInputNamesTheFlagOrFile) {
   o.job_path = mlp;
   o.weights_path = f.weights;
   EXPECT_THAT(std::string(SampleTokens(o).status().message()),
-              HasSubstr("needs a job whose model can be sampled (gpt); this one trains mlp"));
+              HasSubstr("needs a job whose model can be sampled (gpt, transformer); this one "
+                        "trains mlp"));
 }
 
 }  // namespace

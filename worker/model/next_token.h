@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "worker/model/workload.h"
 
 namespace muonmesh::worker {
 
@@ -26,6 +27,12 @@ class NextTokenModel {
   // the model's spec). InvalidArgument for a wrong length or token.
   virtual absl::StatusOr<std::vector<float>> NextTokenLogits(
       absl::Span<const float* const> params, absl::Span<const int32_t> context) = 0;
+  // The model's buffers (workload.h; a transformer's balancing bias, which
+  // routing reads), loaded with the weights; none by default.
+  virtual std::vector<BufferSpec> buffers() const { return {}; }
+  virtual absl::Status SetBuffers(absl::Span<const std::vector<float>> /*values*/) {
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace muonmesh::worker

@@ -661,6 +661,23 @@ absl::StatusOr<double> Transformer::ValidationLossByUnit(UnitAccess& units,
   return LossByUnit(units, *val_, samples);
 }
 
+absl::StatusOr<std::vector<float>> Transformer::NextTokenLogits(
+    absl::Span<const float* const> params, absl::Span<const int32_t> context) {
+  if (static_cast<int64_t>(context.size()) != dims_.seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("transformer: a context of ", context.size(),
+                                                   " tokens for seq_len ", dims_.seq_len));
+  }
+  // One window: the context, then any target (its loss is not used).
+  std::vector<int32_t> window(context.begin(), context.end());
+  window.push_back(0);
+  const InMemoryTokens stream(std::move(window));
+  const int64_t sample = 0;
+  WholeModelAccess whole(spec_, params, {});
+  MUONMESH_RETURN_IF_ERROR(LossByUnit(whole, stream, absl::MakeConstSpan(&sample, 1)).status());
+  const float* last = logits_.data() + (dims_.seq_len - 1) * dims_.vocab_size;
+  return std::vector<float>(last, last + dims_.vocab_size);
+}
+
 void Transformer::ResetAttentionLogits() {
   std::fill(logit_max_.begin(), logit_max_.end(), -std::numeric_limits<float>::infinity());
 }

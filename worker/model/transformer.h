@@ -72,6 +72,12 @@ class Transformer final : public Workload {
   absl::StatusOr<double> ForwardBackwardByUnit(int64_t step, UnitAccess& units,
                                                absl::Span<const int64_t> samples) override;
 
+  // The logits [V] after `context` (exactly seq_len tokens) with whole
+  // parameters `params` (flat order) and this model's buffers: the last
+  // position's of a forward pass.
+  absl::StatusOr<std::vector<float>> NextTokenLogits(absl::Span<const float* const> params,
+                                                     absl::Span<const int32_t> context);
+
   // The mean cross-entropy over `samples` of `tokens` (no balance term:
   // what validation measures) with nothing committed.
   absl::StatusOr<double> LossByUnit(UnitAccess& units, const TokenStream& tokens,
