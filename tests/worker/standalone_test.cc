@@ -642,7 +642,8 @@ TEST(StandaloneTest, GptRestartEndsBitIdenticalAndThreeRanksMatchOne) {
 }
 
 // Resharding through the job file: a gpt trained 3 steps on 2 ranks under
-// ZeRO-3 goes on from its checkpoint on 3 ranks under DDP (init.checkpoint
+// ZeRO-3 resumes bit for bit under the same layout, and goes on from its
+// checkpoint on 3 ranks under DDP (init.checkpoint
 // naming the job's checkpoints/ folder), and from the checkpoint
 // consolidated into one file (--consolidate) on 1 rank: both end where 6
 // steps on 2 ranks end, within the reduction order's 1e-4 (documented in
@@ -679,6 +680,20 @@ TEST_P(LanguageModelTest, ACheckpointGoesOnUnderAnotherLayoutAndFromItsConsolida
   job.export_path = "";
   ExpectAllOk(RunRanks(dir, WriteJob(dir, job), 2));
   ASSERT_TRUE(std::filesystem::exists(Checkpoint(dir + "/first", 3) + "/COMPLETE"));
+
+  // A resume under the layout that wrote it (its own shard files, the
+  // buffers included) ends bit for bit where the straight run does.
+  std::filesystem::copy(dir + "/first", dir + "/again", std::filesystem::copy_options::recursive);
+  Job again = job;
+  again.steps = 6;
+  again.output_dir = dir + "/again";
+  again.export_path = dir + "/again.safetensors";
+  const JobRun resumed = RunRanks(dir, WriteJob(dir, again), 2, {"--resume", "--attempt", "1"});
+  ExpectAllOk(resumed);
+  EXPECT_THAT(resumed.ranks[0].out, HasSubstr("resume: from the checkpoint at step 3"));
+  ASSERT_EQ(resumed.losses.size(), 3u) << resumed.ranks[0].out;
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(resumed.losses[s], straight.losses[3 + s]) << s;
+  ExpectWeightsNear(dir + "/straight.safetensors", again.export_path, 0);
 
   auto expect_goes_on = [&](const JobRun& run, const std::string& weights) {
     ExpectAllOk(run);
