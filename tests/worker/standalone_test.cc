@@ -360,6 +360,73 @@ TEST_P(StandaloneConfigTest, TransformerFourRanksGiveTheOneRankLosses) {
   EXPECT_THAT(line, HasSubstr("\"max_attn_logit\": ["));
 }
 
+// The DeepSeek-style transformer (kDeepSeekProxy: MLA, routed experts with
+// a shared one, the bias, the balance loss) under every parallelism config
+// with its 4 experts over 4, 2 and 1 EP groups in turn, against one rank:
+// the same losses. The routers keep the documented N(0, 0.02) init: at this
+// size the top-2 gaps stay far above the layouts' rounding differences
+// over 8 steps (a flip would show as a loss jump, not a drift).
+TEST_P(StandaloneConfigTest, DeepSeekProxyFourRanksGiveTheOneRankLosses) {
+  const std::string dir = Fresh(std::string("ds_config_") + GetParam().name);
+  Job one = GptJob(dir, std::string("ds_one_") + GetParam().name);
+  one.model = kDeepSeekProxy;
+  one.steps = 8;
+  one.training_extra = ", clip_grad_norm: 1.0";
+  const JobRun single = RunRanks(dir, WriteJob(dir, one), 1);
+  ExpectAllOk(single);
+  ASSERT_EQ(single.losses.size(), 8u) << single.ranks[0].out;
+  Job four = one;
+  four.name = std::string("ds_four_") + GetParam().name;
+  four.world = 4;
+  four.strategy = GetParam().strategy;
+  four.instances = GetParam().instances;
+  four.outer = GetParam().outer;
+  const std::string name = GetParam().name;
+  four.ep = name == "ddp" || name == "zero3" ? 4 : name == "zero2" ? 1 : 2;
+  const JobRun many = RunRanks(dir, WriteJob(dir, four), 4);
+  ExpectAllOk(many);
+  ASSERT_EQ(many.losses.size(), 8u) << many.ranks[0].out;
+  for (size_t st = 0; st < single.losses.size(); ++st) {
+    EXPECT_NEAR(many.losses[st], single.losses[st], 1e-4 * std::abs(single.losses[st]))
+        << "step " << st << ", EP " << four.ep;
+  }
+}
+
+// Three ranks (W = 3, the batch of 6 in slices of 2): the dense GQA model,
+// MLA and the MoE (6 experts over 3 EP groups) give the one-rank losses.
+TEST(StandaloneTest, TransformersOnThreeRanksGiveTheOneRankLosses) {
+  const std::string dir = Fresh("transformer_w3");
+  const std::pair<std::string, int> models[] = {
+      {"{transformer: {vocab_size: 256, seq_len: 16, n_layer: 2, d_model: 16, n_head: 4, "
+       "n_kv_head: 2, ffn_hidden: 40}}", 1},
+      {"{transformer: {vocab_size: 256, seq_len: 16, n_layer: 2, d_model: 16, n_head: 4, "
+       "ffn_hidden: 40, attention: mla, mla: {kv_lora_rank: 8, qk_nope_head_dim: 4, "
+       "qk_rope_head_dim: 2, v_head_dim: 4}, moe: {n_routed_experts: 6, top_k: 2, "
+       "moe_ffn_hidden: 8, n_shared_experts: 1, first_k_dense: 1}}}", 3},
+  };
+  int i = 0;
+  for (const auto& [model, ep] : models) {
+    SCOPED_TRACE(model);
+    Job one = GptJob(dir, "w3_one_" + std::to_string(i));
+    one.model = model;
+    one.steps = 6;
+    one.batch = 6;
+    const JobRun single = RunRanks(dir, WriteJob(dir, one), 1);
+    ExpectAllOk(single);
+    Job three = one;
+    three.name = "w3_three_" + std::to_string(i++);
+    three.world = 3;
+    three.ep = ep;
+    const JobRun many = RunRanks(dir, WriteJob(dir, three), 3);
+    ExpectAllOk(many);
+    ASSERT_EQ(many.losses.size(), 6u) << many.ranks[0].out;
+    ASSERT_EQ(single.losses.size(), 6u) << single.ranks[0].out;
+    for (size_t st = 0; st < 6; ++st) {
+      EXPECT_NEAR(many.losses[st], single.losses[st], 1e-4 * std::abs(single.losses[st])) << st;
+    }
+  }
+}
+
 // moe_mlp with its experts split over two EP groups (and ZeRO-3 over the
 // expert data-parallel pairs): the 1-rank losses, and final weights (whole
 // expert stacks gathered from both groups) close to the 1-rank run's.
