@@ -263,16 +263,17 @@ void Transformer::Project(const Slots& s, LayerActs& a, int64_t rows,
   Rope(a.k.data(), rows, kw, kvh_, qk_, 1.0f);
 }
 
+Transformer::MlaShape Transformer::MlaSizes() const {
+  const model::MlaDims& m = dims_.mla;
+  return {dims_.d_model, dims_.n_head, dims_.n_head * qk_, m.qk_nope_head_dim,
+          m.qk_rope_head_dim, m.kv_lora_rank,
+          dims_.n_head * (m.qk_nope_head_dim + vd_)};
+}
+
 void Transformer::MlaProject(const Slots& s, LayerActs& a, int64_t rows,
                              absl::Span<const float* const> p) {
   const model::MlaDims& m = dims_.mla;
-  const int64_t c = dims_.d_model;
-  const int64_t h_n = dims_.n_head;
-  const int64_t qw = h_n * qk_;
-  const int64_t dn = m.qk_nope_head_dim;
-  const int64_t dr = m.qk_rope_head_dim;
-  const int64_t rkv = m.kv_lora_rank;
-  const int64_t kvb = h_n * (dn + vd_);
+  const auto [c, h_n, qw, dn, dr, rkv, kvb] = MlaSizes();
   if (m.q_lora_rank > 0) {
     const int64_t rq = m.q_lora_rank;
     LinearNoBias(rows, c, rq, a.n1.data(), p[s.q_a], a.qa.data());
@@ -429,13 +430,7 @@ void Transformer::MlaProjectBackward(const Slots& s, const LayerActs& a, int64_t
                                      absl::Span<const float* const> p,
                                      absl::Span<float* const> g) {
   const model::MlaDims& m = dims_.mla;
-  const int64_t c = dims_.d_model;
-  const int64_t h_n = dims_.n_head;
-  const int64_t qw = h_n * qk_;
-  const int64_t dn = m.qk_nope_head_dim;
-  const int64_t dr = m.qk_rope_head_dim;
-  const int64_t rkv = m.kv_lora_rank;
-  const int64_t kvb = h_n * (dn + vd_);
+  const auto [c, h_n, qw, dn, dr, rkv, kvb] = MlaSizes();
   Rope(dq_.data() + dn, rows, qw, h_n, qk_, -1.0f);
   // k_pe serves every head: its gradient is the heads' sum.
   std::fill(pe_.begin(), pe_.begin() + rows * dr, 0.0f);

@@ -169,6 +169,11 @@ class Transformer final : public Workload {
   void Project(const Slots& s, LayerActs& a, int64_t rows, absl::Span<const float* const> p);
   void ProjectBackward(const Slots& s, const LayerActs& a, int64_t rows,
                        absl::Span<const float* const> p, absl::Span<float* const> g);
+  // MLA's widths: C, H, H (dn + dr), dn, dr, the kv rank, H (dn + dv).
+  struct MlaShape {
+    int64_t c, h, qw, dn, dr, rkv, kvb;
+  };
+  MlaShape MlaSizes() const;
   void MlaProject(const Slots& s, LayerActs& a, int64_t rows, absl::Span<const float* const> p);
   void MlaProjectBackward(const Slots& s, const LayerActs& a, int64_t rows,
                           absl::Span<const float* const> p, absl::Span<float* const> g);
