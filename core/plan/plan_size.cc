@@ -38,9 +38,14 @@ LayoutCounts Count(const UnitSpec& unit, const UnitLayout& layout) {
   for (const Segment& s : layout.segments) {
     const ParamSpec& p = unit.params[layout.tensors[s.tensor].param];
     if (p.optimizer != "muon") continue;
-    const int64_t rows = MuonMatrixOf(p).rows;  // of one expert, or one block
-    c.holders += static_cast<double>((s.row_start + s.row_count - 1) / rows -
-                                     s.row_start / rows + 1);
+    // The blocks (of every expert) the run crosses.
+    const int64_t rows = AsMatrix(p).rows;  // of one expert
+    const int64_t blocks = MuonBlocksOf(p);
+    auto block_of = [&](int64_t row) {
+      return (row / rows) * blocks + MuonBlockOfRow(p, row % rows);
+    };
+    c.holders += static_cast<double>(block_of(s.row_start + s.row_count - 1) -
+                                     block_of(s.row_start) + 1);
   }
   return c;
 }
@@ -57,7 +62,7 @@ class CountCache {
       const ParamSpec& p = unit.params[t.param];
       // Muon rows per expert decide how runs split into holder entries.
       const int64_t muon_rows = p.optimizer == "muon" ? MuonMatrixOf(p).rows : 0;
-      key.insert(key.end(), {t.param, t.rows, t.row_len, muon_rows});
+      key.insert(key.end(), {t.param, t.rows, t.row_len, muon_rows, p.muon_block_rows_next});
     }
     auto it = cache_.find(key);
     if (it == cache_.end()) {

@@ -53,23 +53,25 @@ std::vector<MatrixPlan> UnitMatrices(const UnitSpec& unit, int32_t u, const Unit
   for (size_t t = 0; t < layout.tensors.size(); ++t) {
     const ParamSpec& p = unit.params[layout.tensors[t].param];
     if (p.optimizer != "muon") continue;
-    const MatrixView mv = MuonMatrixOf(p);
+    const MatrixView whole = AsMatrix(p);
     const int64_t blocks = MuonBlocksOf(p);
     const int64_t matrices = (p.expert ? p.shape[0] / cfg.ep : 1) * blocks;
     for (int64_t e = 0; e < matrices; ++e) {
+      // Block e % blocks of expert e / blocks (blocks may alternate sizes).
+      const RowRange block = MuonBlockRows(p, e % blocks);
       MatrixPlan m;
       m.unit = u;
       m.param = layout.tensors[t].param;
       m.expert = p.expert ? static_cast<int32_t>(e / blocks) : -1;
-      m.row_offset = e * mv.rows;
-      m.rows = mv.rows;
-      m.cols = mv.cols;
-      m.ns_form = ChooseNsForm(cfg.ns_algorithm, mv.rows, mv.cols, cfg.ns_steps, cfg.ns_table,
+      m.row_offset = (e / blocks) * whole.rows + block.start;
+      m.rows = block.count;
+      m.cols = whole.cols;
+      m.ns_form = ChooseNsForm(cfg.ns_algorithm, m.rows, m.cols, cfg.ns_steps, cfg.ns_table,
                                cfg.threads_per_rank);
-      m.cost_flops = NsFlops(m.ns_form, mv.rows, mv.cols, cfg.ns_steps, cfg.ns_table,
+      m.cost_flops = NsFlops(m.ns_form, m.rows, m.cols, cfg.ns_steps, cfg.ns_table,
                              cfg.threads_per_rank);
-      const int64_t lo = e * mv.rows;
-      const int64_t hi = lo + mv.rows;
+      const int64_t lo = m.row_offset;
+      const int64_t hi = lo + m.rows;
       for (const Holder& h : held[t]) {
         const RowRange r = IntersectRows(lo, hi, h.row_start, h.row_count);
         if (r.count > 0) m.holders.push_back(Holder{h.position, r.start - lo, r.count});

@@ -26,6 +26,11 @@ struct ParamSpec {
   // of a stack): q, k and v of a fused attention projection, or each head.
   // 0: the whole matrix. Must divide the matrix's rows.
   int64_t muon_block_rows = 0;
+  // With muon_block_rows, blocks of two sizes in turn: muon_block_rows rows,
+  // then this many, then muon_block_rows again (MLA's kv_b_proj per head:
+  // k_nope rows, then v rows). 0: every block has muon_block_rows. The pair
+  // must divide the matrix's rows.
+  int64_t muon_block_rows_next = 0;
 };
 
 struct UnitSpec {

@@ -109,11 +109,16 @@ int64_t CheckShape(const ParamSpec& p, const ParamPath& path, int64_t ep, Violat
     v.Add(path(".shape[0]"),
           absl::StrCat(p.shape[0], " experts do not divide over expert_model_parallel_size ", ep));
   } else if (p.muon_block_rows != 0 &&
-             (!muon || p.muon_block_rows < 0 || AsMatrix(p).rows % p.muon_block_rows != 0)) {
+             (!muon || p.muon_block_rows < 0 || AsMatrix(p).rows % MuonBlockPeriod(p) != 0)) {
     v.Add(path(".muon_block_rows"),
           !muon ? std::string("only for Muon tensors")
-                : absl::StrCat(p.muon_block_rows, " does not divide the matrix's ",
+                : absl::StrCat(MuonBlockPeriod(p), " does not divide the matrix's ",
                                AsMatrix(p).rows, " rows"));
+  } else if (p.muon_block_rows_next != 0 &&
+             (p.muon_block_rows <= 0 || p.muon_block_rows_next < 0)) {
+    v.Add(path(".muon_block_rows_next"),
+          p.muon_block_rows_next < 0 ? absl::StrCat("must be >= 0, got ", p.muon_block_rows_next)
+                                     : std::string("needs muon_block_rows"));
   }
   return numel;
 }
@@ -235,8 +240,28 @@ MatrixView MuonMatrixOf(const ParamSpec& p) {
   return m;
 }
 
+int64_t MuonBlockPeriod(const ParamSpec& p) {
+  return p.muon_block_rows + std::max<int64_t>(0, p.muon_block_rows_next);
+}
+
 int64_t MuonBlocksOf(const ParamSpec& p) {
-  return p.muon_block_rows > 0 ? AsMatrix(p).rows / p.muon_block_rows : 1;
+  if (p.muon_block_rows <= 0) return 1;
+  const int64_t periods = AsMatrix(p).rows / MuonBlockPeriod(p);
+  return p.muon_block_rows_next > 0 ? 2 * periods : periods;
+}
+
+RowRange MuonBlockRows(const ParamSpec& p, int64_t block) {
+  if (p.muon_block_rows <= 0) return {0, AsMatrix(p).rows};
+  if (p.muon_block_rows_next <= 0) return {block * p.muon_block_rows, p.muon_block_rows};
+  const int64_t start = (block / 2) * MuonBlockPeriod(p) + (block % 2) * p.muon_block_rows;
+  return {start, block % 2 == 0 ? p.muon_block_rows : p.muon_block_rows_next};
+}
+
+int64_t MuonBlockOfRow(const ParamSpec& p, int64_t row) {
+  if (p.muon_block_rows <= 0) return 0;
+  if (p.muon_block_rows_next <= 0) return row / p.muon_block_rows;
+  const int64_t period = MuonBlockPeriod(p);
+  return 2 * (row / period) + (row % period >= p.muon_block_rows ? 1 : 0);
 }
 
 namespace {

@@ -62,6 +62,12 @@ MatrixView AsMatrix(const ParamSpec& p);
 // holds.
 MatrixView MuonMatrixOf(const ParamSpec& p);
 int64_t MuonBlocksOf(const ParamSpec& p);
+// Blocks of two sizes (muon_block_rows_next): the rows of one pair, block
+// b's rows within its expert's (or the dense) matrix, and the block a row
+// of that matrix falls in. Uniform blocks and whole matrices alike.
+int64_t MuonBlockPeriod(const ParamSpec& p);
+RowRange MuonBlockRows(const ParamSpec& p, int64_t block);
+int64_t MuonBlockOfRow(const ParamSpec& p, int64_t row);
 int64_t NumElements(const ParamSpec& p);
 
 }  // namespace muonmesh::plan

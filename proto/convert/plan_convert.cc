@@ -170,6 +170,7 @@ plan::ModelSpec ModelFromProto(const v1::ModelSpec& model) {
       param.optimizer = p.optimizer();
       param.expert = p.expert();
       param.muon_block_rows = p.muon_block_rows();
+      param.muon_block_rows_next = p.muon_block_rows_next();
     }
   }
   return out;
@@ -189,6 +190,7 @@ v1::ModelSpec ModelToProto(const plan::ModelSpec& model) {
       param->set_optimizer(p.optimizer);
       param->set_expert(p.expert);
       param->set_muon_block_rows(p.muon_block_rows);
+      param->set_muon_block_rows_next(p.muon_block_rows_next);
     }
   }
   return out;

@@ -310,8 +310,8 @@ TEST_P(StandaloneConfigTest, GptFourRanksGiveTheOneRankLosses) {
 // SwiGLU, QK-clip on) on the same corpus: every parallelism config gives the
 // 1-rank losses and validation losses, the logits each step records
 // included, and the loss falls. The sharded configs (ZeRO-3, HSDP, HFSDP)
-// run it with DeepSeek's multi-head latent attention (q_lora on HSDP)
-// instead, so each attention meets a sharded layout.
+// run it with DeepSeek's multi-head latent attention (q_lora and per_head
+// on HSDP) instead, so each attention meets a sharded layout.
 TEST_P(StandaloneConfigTest, TransformerFourRanksGiveTheOneRankLosses) {
   const std::string dir = Fresh(std::string("transformer_") + GetParam().name);
   Job one = GptJob(dir, std::string("tr_one_") + GetParam().name);
@@ -326,8 +326,11 @@ TEST_P(StandaloneConfigTest, TransformerFourRanksGiveTheOneRankLosses) {
                         : "n_kv_head: 2";
   one.model = "{transformer: {vocab_size: 256, seq_len: 16, n_layer: 2, d_model: 16, n_head: 4, " +
               attention + ", ffn_hidden: 40}}";
-  one.optimizer = "  muon: {lr: 0.02, momentum: 0.95, qk_clip: 30}\n"
-                  "  adamw: {lr: 0.01, beta2: 0.95}\n";
+  // HSDP's MLA orthogonalizes per head (q_b_proj's heads, kv_b_proj's
+  // k_nope and v blocks in turn).
+  one.optimizer = std::string("  muon: {lr: 0.02, momentum: 0.95, qk_clip: 30") +
+                  (name == "hsdp" ? ", per_head: true" : "") +
+                  "}\n  adamw: {lr: 0.01, beta2: 0.95}\n";
   one.training_extra = ", eval_every: 6, eval_batches: 2, clip_grad_norm: 1.0";
   one.output_dir = dir + "/one";
   const JobRun single = RunRanks(dir, WriteJob(dir, one), 1);

@@ -88,10 +88,10 @@ void Validate(const v1::JobSpec& job, plan::Violations& v) {
     }
   }
   const v1::MuonConfig& muon = job.optimizer().muon();
-  if (t.attention() == "mla" && (muon.split_qkv() || muon.per_head())) {
-    v.Add(muon.per_head() ? "optimizer.muon.per_head" : "optimizer.muon.split_qkv",
-          "not on attention: mla yet (kv_b_proj's per-head [k_nope | v] rows would need blocks "
-          "of two sizes); the option applies to mha's q/k/v_proj");
+  if (t.attention() == "mla" && muon.split_qkv() && !muon.per_head()) {
+    v.Add("optimizer.muon.split_qkv",
+          "not on attention: mla yet (kv_b_proj's k_nope rows and v rows interleave head by "
+          "head, so neither group is one block of rows); per_head cuts them per head");
   }
   if (job.device() == "cuda") {
     v.Add("model.transformer", "not on device cuda yet: the transformer has no GPU form");
@@ -114,17 +114,27 @@ absl::StatusOr<plan::ModelSpec> Spec(const ModelForm& form, int64_t /*ep*/) {
 
 // q, k and v are separate already: split_qkv changes nothing on mha;
 // per_head cuts q_proj per head and k_proj, v_proj per kv head (head_dim
-// rows each).
+// rows each). MLA: per_head cuts q_b_proj (or q_proj) into [dn + dr] blocks
+// per head and kv_b_proj into [dn] and [dv] blocks per head in turn;
+// q_a_proj, kv_a_proj and o_proj stay whole.
 void AttentionBlocks(const ModelForm& form, bool /*split_qkv*/, bool per_head,
                      plan::ModelSpec* spec) {
   const model::TransformerDims& d = std::get<TransformerModel>(form).dims;
-  if (!per_head || d.attention != model::Attention::kMha) return;
+  if (!per_head) return;
+  const bool mla = d.attention == model::Attention::kMla;
+  const int64_t dn = d.mla.qk_nope_head_dim;
   for (plan::UnitSpec& unit : spec->units) {
     for (plan::ParamSpec& p : unit.params) {
-      if (absl::EndsWith(p.name, ".attn.q_proj.weight") ||
-          absl::EndsWith(p.name, ".attn.k_proj.weight") ||
-          absl::EndsWith(p.name, ".attn.v_proj.weight")) {
+      const bool q = absl::EndsWith(p.name, ".attn.q_proj.weight") ||
+                     absl::EndsWith(p.name, ".attn.q_b_proj.weight");
+      if (!mla && (q || absl::EndsWith(p.name, ".attn.k_proj.weight") ||
+                   absl::EndsWith(p.name, ".attn.v_proj.weight"))) {
         p.muon_block_rows = d.head_dim;
+      } else if (mla && q) {
+        p.muon_block_rows = dn + d.mla.qk_rope_head_dim;
+      } else if (mla && absl::EndsWith(p.name, ".attn.kv_b_proj.weight")) {
+        p.muon_block_rows = dn;
+        p.muon_block_rows_next = d.mla.v_head_dim;
       }
     }
   }

@@ -3,13 +3,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <cmath>
-#include <sstream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -27,6 +27,7 @@
 #include "proto/job/model_kind.h"
 #include "proto/job/model_specs.h"
 #include "core/plan/planner.h"
+#include "core/plan/validate.h"
 #include "proto/io/message_file.h"
 
 namespace muonmesh::worker {
@@ -1137,14 +1138,17 @@ TEST(JobTest, TransformerSectionsAreCheckedFieldByField) {
   std::vector<std::string> fields;
   for (const plan::FieldViolation& f : job::ValidateJob(cuda)) fields.push_back(f.field);
   EXPECT_THAT(fields, ElementsAre("model.transformer"));
-  // MLA trains; per_head and split_qkv on it are refused, naming the option.
+  // MLA trains, and per_head on it; split_qkv alone is refused, naming it.
   v1::JobSpec mla = job_of(llama + ", attention: mla, mla: {q_lora_rank: 8, kv_lora_rank: 16, "
                                    "qk_nope_head_dim: 8, qk_rope_head_dim: 4, v_head_dim: 8}");
   EXPECT_THAT(job::ValidateJob(mla), IsEmpty());
   mla.mutable_optimizer()->mutable_muon()->set_per_head(true);
+  EXPECT_THAT(job::ValidateJob(mla), IsEmpty());
+  mla.mutable_optimizer()->mutable_muon()->set_per_head(false);
+  mla.mutable_optimizer()->mutable_muon()->set_split_qkv(true);
   fields.clear();
   for (const plan::FieldViolation& f : job::ValidateJob(mla)) fields.push_back(f.field);
-  EXPECT_THAT(fields, ElementsAre("optimizer.muon.per_head"));
+  EXPECT_THAT(fields, ElementsAre("optimizer.muon.split_qkv"));
 }
 
 // output.export_format: muonmesh or hf; hf only for a dense Llama-style
@@ -1217,6 +1221,40 @@ TEST(JobTest, HuggingFaceExportIsForDenseLlamaStyleTransformers) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->export_path, dir + "/out/hf/model.safetensors");
   EXPECT_EQ(r->export_format, "hf");
+}
+
+// per_head on MLA: q_b_proj in [dn + dr] blocks per head, kv_b_proj in [dn]
+// and [dv] blocks per head in turn (k_nope, then v), the rest whole; the
+// plan orthogonalizes each block as the matrix it is, 2 ranks under ZeRO-3.
+TEST(JobTest, PerHeadCutsMlaIntoBlocksOfTwoSizes) {
+  v1::JobSpec job;
+  ASSERT_TRUE(protoio::ParseMessageText(
+                  "name: m\nworld_size: 2\nmodel: {transformer: {vocab_size: 256, seq_len: 16, "
+                  "n_layer: 1, d_model: 32, n_head: 4, ffn_hidden: 64, attention: mla, "
+                  "mla: {q_lora_rank: 16, kv_lora_rank: 12, qk_nope_head_dim: 6, "
+                  "qk_rope_head_dim: 2, v_head_dim: 5}}}\n"
+                  "data: {text: {train: /x.txt}}\ntraining: {steps: 1, global_batch_size: 2}\n"
+                  "optimizer: {muon: {per_head: true}}\n",
+                  "job", &job)
+                  .ok());
+  EXPECT_THAT(job::ValidateJob(job), IsEmpty());
+  absl::StatusOr<plan::PlanInput> in = job::PlanInputOf(job, "");
+  ASSERT_TRUE(in.ok()) << in.status();
+  absl::StatusOr<plan::Plan> plan = plan::ComputePlan(*in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> blocks;  // offset, rows
+  for (const plan::MatrixPlan& m : plan->dense.matrices) {
+    const plan::ParamSpec& p = in->model.units[m.unit].params[m.param];
+    blocks[p.name].push_back({m.row_offset, m.rows});
+    EXPECT_EQ(m.cols, plan::AsMatrix(p).cols) << p.name;
+  }
+  for (auto& [name, list] : blocks) std::sort(list.begin(), list.end());
+  using Rows = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(blocks["layers.0.attn.q_b_proj.weight"], (Rows{{0, 8}, {8, 8}, {16, 8}, {24, 8}}));
+  EXPECT_EQ(blocks["layers.0.attn.kv_b_proj.weight"],
+            (Rows{{0, 6}, {6, 5}, {11, 6}, {17, 5}, {22, 6}, {28, 5}, {33, 6}, {39, 5}}));
+  EXPECT_EQ(blocks["layers.0.attn.q_a_proj.weight"], (Rows{{0, 16}}));
+  EXPECT_EQ(blocks["layers.0.attn.o_proj.weight"], (Rows{{0, 32}}));
 }
 
 // QK-clip on a model with attention: valid on the CPU, refused on CUDA

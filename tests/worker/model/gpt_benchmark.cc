@@ -1,4 +1,4 @@
-// The gpt workload's forward and backward pass (worker/model/gpt.h) at
+// The gpt and transformer workloads' forward and backward passes at
 // GPT-2-small widths against plain OpenBLAS sgemm, in one process so that the
 // ratio of their FLOP/s means something on a shared machine.
 //
@@ -11,6 +11,13 @@
 //       forward's. Elementwise work (LayerNorm, GELU, softmax) is not
 //       counted, so the figure is the rate a user sees on the products.
 //       Steady state: an untimed first call allocates the activations.
+//   BM_TransformerForwardBackward/<n_layer>/<seq_len>/<moe>: the same for the
+//       transformer (worker/model/transformer.h) at C = 768, 12 heads of 64
+//       over 4 kv heads, SwiGLU 2048, V = 256, untied: forward 2 n T (C (2 C
+//       + 2 Hkv D) + 3 C F + C V) per layer's products and the head's, plus
+//       4 T^2 C L for attention; with <moe> 1 every layer is 8 experts of
+//       width 512, top 2, and a shared one (3 (K + S) C Fe + C E instead of
+//       3 C F); backward twice the forward.
 //   BM_Sgemm/<m>/<n>/<k>: C = A B, FLOPS = 2 m n k, on the shapes the model's
 //       largest products have (T rows by 3072 by 768; T by V by 768).
 //
@@ -32,6 +39,7 @@
 #include "benchmark/benchmark.h"
 #include "core/plan/validate.h"
 #include "worker/model/gpt.h"
+#include "worker/model/transformer.h"
 #include "worker/model/token_windows.h"
 
 namespace muonmesh::worker {
@@ -96,6 +104,71 @@ void BM_GptForwardBackward(benchmark::State& state) {
   Rates()["gpt"] = std::max(Rates()["gpt"], rate);
 }
 
+double TransformerFlops(const model::TransformerDims& d) {
+  const double c = static_cast<double>(d.d_model);
+  const double t = static_cast<double>(d.seq_len);
+  const double kd = static_cast<double>(d.n_kv_head * d.head_dim);
+  double mlp = 3 * c * static_cast<double>(d.ffn_hidden);
+  if (d.moe.has_value()) {
+    const model::MoeDims& m = *d.moe;
+    mlp = 3 * static_cast<double>(m.top_k + m.n_shared_experts) * c *
+              static_cast<double>(m.moe_ffn_hidden) +
+          c * static_cast<double>(m.n_routed_experts);
+  }
+  const double per_layer = 2 * t * (c * (2 * c + 2 * kd) + mlp) + 4 * t * t * c;
+  const double forward = static_cast<double>(d.n_layer) * per_layer +
+                         2 * t * c * static_cast<double>(d.vocab_size);
+  return 3 * forward;
+}
+
+void BM_TransformerForwardBackward(benchmark::State& state) {
+  model::TransformerDims d;
+  d.vocab_size = 256;
+  d.seq_len = state.range(1);
+  d.n_layer = state.range(0);
+  d.d_model = kEmbd;
+  d.n_head = kHeads;
+  d.n_kv_head = 4;
+  d.head_dim = kEmbd / kHeads;
+  d.ffn_hidden = 2048;
+  if (state.range(2) != 0) d.moe = model::MoeDims{8, 2, 512, 1, 0};
+  std::vector<int32_t> tokens(static_cast<size_t>(4 * d.seq_len));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7919) % 256);
+  absl::StatusOr<Transformer> model =
+      Transformer::Create(d, std::make_shared<InMemoryTokens>(tokens));
+  if (!model.ok()) return state.SkipWithError(std::string(model.status().message()).c_str());
+  std::vector<std::vector<float>> params, grads;
+  std::vector<float*> p, g;
+  for (const plan::UnitSpec& u : model->spec().units) {
+    for (const plan::ParamSpec& ps : u.params) {
+      params.emplace_back(static_cast<size_t>(plan::NumElements(ps)));
+      grads.emplace_back(params.back().size());
+    }
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    p.push_back(params[i].data());
+    g.push_back(grads[i].data());
+  }
+  if (!model->Initialize(1, p).ok()) return state.SkipWithError("Initialize failed");
+  const std::vector<const float*> cp(p.begin(), p.end());
+  const std::vector<int64_t> samples = {0};
+  if (!model->ForwardBackward(0, cp, samples, g).ok()) {
+    return state.SkipWithError("warm-up failed");
+  }
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<double> loss = model->ForwardBackward(0, cp, samples, g);
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!loss.ok()) return state.SkipWithError(std::string(loss.status().message()).c_str());
+    benchmark::DoNotOptimize(*loss);
+  }
+  const double rate = TransformerFlops(d) * static_cast<double>(state.iterations()) / seconds;
+  state.counters["FLOPS"] = rate;
+  const std::string key = state.range(2) != 0 ? "transformer moe" : "transformer";
+  Rates()[key] = std::max(Rates()[key], rate);
+}
+
 void BM_Sgemm(benchmark::State& state) {
   const int m = static_cast<int>(state.range(0)), n = static_cast<int>(state.range(1)),
             k = static_cast<int>(state.range(2));
@@ -118,6 +191,10 @@ BENCHMARK(BM_GptForwardBackward)
     ->Args({2, 256, 50257})
     ->Args({2, 256, 256})
     ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_TransformerForwardBackward)
+    ->Args({2, 256, 0})
+    ->Args({2, 256, 1})
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Sgemm)->Args({256, 3072, 768})->Args({256, 50257, 768})->Unit(benchmark::kMillisecond);
 
 }  // namespace
@@ -132,8 +209,10 @@ int main(int argc, char** argv) {
   benchmark::Shutdown();
   auto& r = muonmesh::worker::Rates();
   if (r["sgemm"] > 0) {
-    std::printf("gpt forward+backward %.1f GFLOP/s, best sgemm %.1f GFLOP/s: ratio %.2f\n",
-                r["gpt"] / 1e9, r["sgemm"] / 1e9, r["gpt"] / r["sgemm"]);
+    for (const char* model : {"gpt", "transformer", "transformer moe"}) {
+      std::printf("%s forward+backward %.1f GFLOP/s, best sgemm %.1f GFLOP/s: ratio %.2f\n",
+                  model, r[model] / 1e9, r["sgemm"] / 1e9, r[model] / r["sgemm"]);
+    }
   }
   return 0;
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Muon against AdamW on the character-level GPT (BENCHMARKS.md, "Muon against AdamW").
+"""Muon against AdamW on a character-level language model (BENCHMARKS.md, "Muon against AdamW").
 
 Trains the same model on the same text from the same initialisation twice over a small
 learning-rate sweep: once as the product runs it (Muon on the four matrices of each block,
@@ -10,12 +10,19 @@ per run, the validation loss every EVAL steps; then each optimizer at its best l
 (lowest final validation loss), the step at which each first reaches AdamW's best validation
 loss, and their ratio; and draws both curves into a PNG.
 
+--model picks the model (the same width, depth and data): gpt (GPT-2's block, the default),
+transformer (the Llama-style one: RMSNorm, RoPE, grouped-query attention, SwiGLU) or moe (the
+DeepSeek-style one: MLA, a dense first layer, then 8 routed experts, top 2, and a shared one,
+the balancing bias at 0.01). Muon takes every matrix inside the layers (each expert's alone)
+but the routers.
+
 With --schedule both optimizers run the recipe real runs use: a linear warmup over the
 first 5 % of the steps, then a cosine decay to 10 % of the peak, and the global gradient
 norm clipped at 1 (training.lr_schedule, training.clip_grad_norm); the sweep is the same.
 
   tests/worker/model/muon_vs_adamw.py [--worker build/worker/muonmesh-worker]
-      [--corpus '/usr/share/games/fortunes/*.u8'] [--steps 400] [--schedule] [--out DIR]
+      [--corpus '/usr/share/games/fortunes/*.u8'] [--steps 400] [--schedule]
+      [--model gpt|transformer|moe] [--out DIR]
 """
 
 import argparse
@@ -27,15 +34,32 @@ import tempfile
 import time
 
 MUON_LRS = [0.01, 0.02, 0.04]
+# The transformers' best Muon rate sits at the gpt sweep's low end: their sweep goes a step lower.
+MUON_LRS_TRANSFORMER = [0.005, 0.01, 0.02, 0.04]
 ADAMW_LRS = [0.0003, 0.001, 0.003, 0.01]
 ADAMW_LR_BESIDE_MUON = 0.003  # embeddings, biases and LayerNorms in the Muon runs
 EVAL = 25
+MODELS = {
+    "gpt": "gpt: {vocab_size: 256, block_size: 64, n_layer: 2, n_head: 4, n_embd: 64, seq_len: 64}",
+    "transformer": "transformer: {vocab_size: 256, seq_len: 64, n_layer: 2, d_model: 64, "
+                   "n_head: 4, n_kv_head: 2, ffn_hidden: 172}",
+    "moe": "transformer: {vocab_size: 256, seq_len: 64, n_layer: 2, d_model: 64, n_head: 4, "
+           "ffn_hidden: 172, attention: mla, mla: {q_lora_rank: 48, kv_lora_rank: 32, "
+           "qk_nope_head_dim: 16, qk_rope_head_dim: 8, v_head_dim: 16}, "
+           "moe: {n_routed_experts: 8, top_k: 2, moe_ffn_hidden: 48, n_shared_experts: 1, "
+           "first_k_dense: 1, score: sigmoid, route_scale: 2.5, bias_update_rate: 0.01}}",
+}
+TITLES = {
+    "gpt": "Character-level GPT-2 (2 layers, 64 wide)",
+    "transformer": "Character-level Llama-style transformer (2 layers, 64 wide)",
+    "moe": "Character-level DeepSeek-style MoE (2 layers, 64 wide, 8 experts)",
+}
 
 JOB = """name: {name}
 world_size: 1
 device: cpu
 model:
-  gpt: {{vocab_size: 256, block_size: 64, n_layer: 2, n_head: 4, n_embd: 64, seq_len: 64}}
+  {model}
 init: {{seed: 1}}
 data:
   text: {{train: "{corpus}", val_fraction: 0.1}}
@@ -59,7 +83,8 @@ def run(args, name, muon_lr, adamw_lr, all_adamw):
     folder = os.path.join(args.out, name)
     os.makedirs(folder, exist_ok=True)
     rules = "  rules: [{pattern: '.*', optimizer: adamw}]\n" if all_adamw else ""
-    job = JOB.format(name=name, corpus=args.corpus, muon_lr=muon_lr, adamw_lr=adamw_lr,
+    job = JOB.format(name=name, model=MODELS[args.model], corpus=args.corpus, muon_lr=muon_lr,
+                     adamw_lr=adamw_lr,
                      rules=rules, steps=args.steps, eval=EVAL, out=os.path.join(folder, "out"),
                      recipe=recipe(args))
     path = os.path.join(folder, "job.yaml")
@@ -99,12 +124,13 @@ def plot(args, muon, adamw, muon_name, adamw_name):
     ax.plot(*zip(*adamw), marker="s", label=f"AdamW only ({adamw_name})")
     ax.set_xlabel("step")
     ax.set_ylabel("validation loss (nats per byte)")
-    ax.set_title("Character-level GPT-2 (2 layers, 64 wide) on the fortunes texts"
-                 + (", warmup + cosine" if args.schedule else ""))
+    ax.set_title(TITLES[args.model] + "\non the fortunes texts"
+                 + (", warmup + cosine" if args.schedule else ""), fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend()
-    png = os.path.join(args.out,
-                       "muon_vs_adamw_schedule.png" if args.schedule else "muon_vs_adamw.png")
+    model = "" if args.model == "gpt" else f"_{args.model}"
+    png = os.path.join(args.out, f"muon_vs_adamw{model}"
+                       + ("_schedule.png" if args.schedule else ".png"))
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     print(f"curves: {png}")
@@ -117,11 +143,13 @@ def main():
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--schedule", action="store_true",
                         help="warmup + cosine decay and clipping at 1 for both optimizers")
+    parser.add_argument("--model", choices=sorted(MODELS), default="gpt")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     args.out = args.out or tempfile.mkdtemp(prefix="muon_vs_adamw.")
     args.worker = os.path.abspath(args.worker)
-    muon = {lr: run(args, f"muon-lr{lr}", lr, ADAMW_LR_BESIDE_MUON, False) for lr in MUON_LRS}
+    muon_lrs = MUON_LRS if args.model == "gpt" else MUON_LRS_TRANSFORMER
+    muon = {lr: run(args, f"muon-lr{lr}", lr, ADAMW_LR_BESIDE_MUON, False) for lr in muon_lrs}
     adamw = {lr: run(args, f"adamw-lr{lr}", 0.02, lr, True) for lr in ADAMW_LRS}
     best_muon = min(muon, key=lambda lr: muon[lr][-1][1])
     best_adamw = min(adamw, key=lambda lr: adamw[lr][-1][1])
