@@ -62,6 +62,41 @@ double GptFlops(int64_t layers, int64_t t, int64_t vocab) {
   return 3 * forward;
 }
 
+// Times `w`'s ForwardBackward on one sample, after one untimed call that
+// allocates the activations (and pays their first-touch page faults, which a
+// training step does once per run); `flops` per call give the FLOPS counter
+// and the best rate under `key`.
+void TimeForwardBackward(benchmark::State& state, Workload& w, double flops,
+                         const std::string& key) {
+  std::vector<std::vector<float>> params, grads;
+  std::vector<float*> p, g;
+  for (const plan::UnitSpec& u : w.spec().units) {
+    for (const plan::ParamSpec& ps : u.params) {
+      params.emplace_back(static_cast<size_t>(plan::NumElements(ps)));
+      grads.emplace_back(params.back().size());
+    }
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    p.push_back(params[i].data());
+    g.push_back(grads[i].data());
+  }
+  if (!w.Initialize(1, p).ok()) return state.SkipWithError("Initialize failed");
+  const std::vector<const float*> cp(p.begin(), p.end());
+  const std::vector<int64_t> samples = {0};
+  if (!w.ForwardBackward(0, cp, samples, g).ok()) return state.SkipWithError("warm-up failed");
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<double> loss = w.ForwardBackward(0, cp, samples, g);
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!loss.ok()) return state.SkipWithError(std::string(loss.status().message()).c_str());
+    benchmark::DoNotOptimize(*loss);
+  }
+  const double rate = flops * static_cast<double>(state.iterations()) / seconds;
+  state.counters["FLOPS"] = rate;
+  Rates()[key] = std::max(Rates()[key], rate);
+}
+
 void BM_GptForwardBackward(benchmark::State& state) {
   const int64_t layers = state.range(0), t = state.range(1), vocab = state.range(2);
   const model::GptDims dims{vocab, t, layers, kHeads, kEmbd, t};
@@ -72,36 +107,7 @@ void BM_GptForwardBackward(benchmark::State& state) {
     state.SkipWithError(std::string(gpt.status().message()).c_str());
     return;
   }
-  std::vector<std::vector<float>> params, grads;
-  std::vector<float*> p, g;
-  for (const plan::UnitSpec& u : gpt->spec().units) {
-    for (const plan::ParamSpec& ps : u.params) {
-      params.emplace_back(static_cast<size_t>(plan::NumElements(ps)));
-      grads.emplace_back(params.back().size());
-    }
-  }
-  for (size_t i = 0; i < params.size(); ++i) {
-    p.push_back(params[i].data());
-    g.push_back(grads[i].data());
-  }
-  if (!gpt->Initialize(1, p).ok()) return state.SkipWithError("Initialize failed");
-  const std::vector<const float*> cp(p.begin(), p.end());
-  const std::vector<int64_t> samples = {0};
-  // One call first, untimed: it allocates the activations (and pays their
-  // first-touch page faults), which a training step does once per run.
-  if (!gpt->ForwardBackward(0, cp, samples, g).ok()) return state.SkipWithError("warm-up failed");
-  double seconds = 0;
-  for (auto _ : state) {
-    const auto start = std::chrono::steady_clock::now();
-    absl::StatusOr<double> loss = gpt->ForwardBackward(0, cp, samples, g);
-    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (!loss.ok()) return state.SkipWithError(std::string(loss.status().message()).c_str());
-    benchmark::DoNotOptimize(*loss);
-  }
-  const double rate =
-      GptFlops(layers, t, vocab) * static_cast<double>(state.iterations()) / seconds;
-  state.counters["FLOPS"] = rate;
-  Rates()["gpt"] = std::max(Rates()["gpt"], rate);
+  TimeForwardBackward(state, *gpt, GptFlops(layers, t, vocab), "gpt");
 }
 
 double TransformerFlops(const model::TransformerDims& d) {
@@ -137,36 +143,8 @@ void BM_TransformerForwardBackward(benchmark::State& state) {
   absl::StatusOr<Transformer> model =
       Transformer::Create(d, std::make_shared<InMemoryTokens>(tokens));
   if (!model.ok()) return state.SkipWithError(std::string(model.status().message()).c_str());
-  std::vector<std::vector<float>> params, grads;
-  std::vector<float*> p, g;
-  for (const plan::UnitSpec& u : model->spec().units) {
-    for (const plan::ParamSpec& ps : u.params) {
-      params.emplace_back(static_cast<size_t>(plan::NumElements(ps)));
-      grads.emplace_back(params.back().size());
-    }
-  }
-  for (size_t i = 0; i < params.size(); ++i) {
-    p.push_back(params[i].data());
-    g.push_back(grads[i].data());
-  }
-  if (!model->Initialize(1, p).ok()) return state.SkipWithError("Initialize failed");
-  const std::vector<const float*> cp(p.begin(), p.end());
-  const std::vector<int64_t> samples = {0};
-  if (!model->ForwardBackward(0, cp, samples, g).ok()) {
-    return state.SkipWithError("warm-up failed");
-  }
-  double seconds = 0;
-  for (auto _ : state) {
-    const auto start = std::chrono::steady_clock::now();
-    absl::StatusOr<double> loss = model->ForwardBackward(0, cp, samples, g);
-    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (!loss.ok()) return state.SkipWithError(std::string(loss.status().message()).c_str());
-    benchmark::DoNotOptimize(*loss);
-  }
-  const double rate = TransformerFlops(d) * static_cast<double>(state.iterations()) / seconds;
-  state.counters["FLOPS"] = rate;
-  const std::string key = state.range(2) != 0 ? "transformer moe" : "transformer";
-  Rates()[key] = std::max(Rates()[key], rate);
+  TimeForwardBackward(state, *model, TransformerFlops(d),
+                      state.range(2) != 0 ? "transformer moe" : "transformer");
 }
 
 void BM_Sgemm(benchmark::State& state) {
