@@ -44,8 +44,10 @@
 //    double (p_t(r) = a_t + b_t r + c_t r^2, r = l, q = 1), then
 //    Q = V diag(q) V^T and X_T = Q X_0 in fp32. No recurrence on matrices, so
 //    no drift and no restarts; the cost does not grow with T. Counted as
-//    kSpectralM2n m^2 n + kSpectralM3 m^3, constants fitted to its measured
-//    time against the iterative forms' on one OpenBLAS thread. The
+//    kSpectralM2n m^2 n + kSpectralM3 m^3 + kSpectralM2 m^2, constants
+//    fitted to its measured time against the iterative forms' on one
+//    OpenBLAS thread (the m^2 term is the eigensolver's scalar part, which
+//    makes the form a poor choice for small matrices). The
 //    eigensolver (kSpectralEigenShare of the m^3 term) barely speeds up with
 //    more threads while the products, and the other forms, do: on a rank of
 //    T threads (TrainingConfig.threads_per_rank) that share is charged
@@ -195,6 +197,15 @@ inline double GramNsFlops(int64_t rows, int64_t cols, int64_t steps, NsTable tab
 // The spectral form's cost in the counted FLOPs of the others (see the top).
 inline constexpr double kSpectralM2n = 6.0;
 inline constexpr double kSpectralM3 = 30.0;
+// The eigensolver's cost that does not shrink with m^3: dsyevd's
+// divide-and-conquer solves a secular equation per eigenvalue at every merge
+// (dlaed4), O(m^2) work at a scalar rate, which dominates the spectral form's
+// time at small m. Fitted to where the Gram iteration and the spectral form
+// cost the same on one thread (BENCHMARKS.md, "Newton-Schulz on small
+// matrices"): about 1:13 at m = 128, 1:6 at 256, below 1:3 at 768, where the
+// m^3 and m^2 n terms alone put it at 1:1 for every m; with this term at
+// 1:(1 + 1500 / m). Charged like the eigensolver's share on several threads.
+inline constexpr double kSpectralM2 = 3000.0;
 
 // The most Newton-Schulz iterations a job, a plan or a call may ask for,
 // and how many they run when they do not say (the one default: the
@@ -274,7 +285,8 @@ inline double SpectralNsFlops(int64_t rows, int64_t cols, int64_t threads = 1) {
   const double eigen_slowdown =
       threads <= 1 ? 1.0 : static_cast<double>(threads) / kSpectralEigenSpeedup;
   const double m3 = (1.0 - kSpectralEigenShare) + kSpectralEigenShare * eigen_slowdown;
-  return std::nearbyint(kSpectralM2n * m * m * n + kSpectralM3 * m3 * m * m * m);
+  return std::nearbyint(kSpectralM2n * m * m * n + kSpectralM3 * m3 * m * m * m +
+                        kSpectralM2 * eigen_slowdown * m * m);
 }
 
 // The form that runs for `algorithm` on this shape, on a rank of `threads`

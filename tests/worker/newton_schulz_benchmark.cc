@@ -238,7 +238,9 @@ void BM_SpectralPhases(benchmark::State& state) {
 
 // {rows, cols} of each Newton-Schulz shape; its GEMM is m/m/n.
 const std::vector<std::pair<int64_t, int64_t>> kShapes = {
-    {768, 3072}, {1024, 1024}, {1024, 4096}, {1024, 8192}, {4096, 4096}};
+    {128, 128}, {128, 344}, {128, 1152}, {128, 2048}, {256, 256}, {256, 688}, {256, 1536},
+    {512, 1376},
+    {768, 2304}, {768, 3072}, {1024, 1024}, {1024, 4096}, {1024, 8192}, {4096, 4096}};
 
 void RegisterAll() {
   const std::pair<const char*, void (*)(benchmark::State&)> forms[] = {

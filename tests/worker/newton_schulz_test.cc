@@ -324,11 +324,12 @@ INSTANTIATE_TEST_SUITE_P(Forms, NewtonSchulzGramFormsTest, ::testing::Values(kGr
                          });
 
 // auto runs exactly what its choice (plan::ChooseNsForm) names: bit for bit
-// the spectral form on a wide matrix (at 5 quintic iterations it needs the
-// fewest FLOPs there) and the standard form on a square one.
+// the spectral form on a very wide matrix (at 5 quintic iterations it needs
+// the fewest FLOPs there; on narrower small ones its eigensolver's m^2 term
+// leaves them to the Gram iteration) and the standard form on a square one.
 TEST(NewtonSchulzGramTest, AutoRunsTheChosenForm) {
   NewtonSchulz ns;
-  for (const Shape s : {Shape{16, 128}, Shape{128, 16}, Shape{40, 40}}) {
+  for (const Shape s : {Shape{16, 8192}, Shape{8192, 16}, Shape{40, 40}}) {
     const std::vector<float> x = Gaussian(s.rows * s.cols, 3);
     const plan::NsAlgorithm chosen =
         plan::ChooseNsForm(plan::NsAlgorithm::kAuto, s.rows, s.cols, 5, plan::NsTable::kQuintic);
@@ -349,14 +350,15 @@ TEST(NewtonSchulzGramTest, AutoRunsTheChosenForm) {
 
 // auto prices the spectral form's eigensolver for the threads it is told
 // (plan/ns_cost.h: on two threads the Gram iteration wins up to n / m =
-// 11.07); SetBlasThreads sets OpenBLAS's count and returns the one before.
+// 13.64 at m = 1024, and further at smaller m); SetBlasThreads sets OpenBLAS's count and returns the one before.
 TEST(NewtonSchulzGramTest, AutoFollowsTheThreadsItIsPricedFor) {
   optim::NsOptions options = Quintic(5, plan::NsAlgorithm::kAuto);
   EXPECT_EQ(optim::NsFormFor(options, 1024, 4096), kSpectral);
   options.threads = 2;
   EXPECT_EQ(optim::NsFormFor(options, 1024, 4096), kGram);
   EXPECT_EQ(optim::NsFormFor(options, 4096, 1024), kGram);
-  EXPECT_EQ(optim::NsFormFor(options, 64, 1024), kSpectral);  // 16:1
+  EXPECT_EQ(optim::NsFormFor(options, 64, 1024), kGram);       // 16:1, small
+  EXPECT_EQ(optim::NsFormFor(options, 64, 8192), kSpectral);  // 128:1
   EXPECT_DOUBLE_EQ(optim::NsFlopsFor(options, 1024, 4096),
                    plan::GramNsFlops(1024, 4096, 5, plan::NsTable::kQuintic));
   const int before = SetBlasThreads(3);

@@ -26,9 +26,9 @@
 // evaluation (the same X_T = q_T(X_0 X_0^T) X_0 through the eigenvalues of
 // X_0 X_0^T in fp64: LAPACK's dsyevd, which OpenBLAS carries); kAuto takes
 // the form with the fewest FLOPs for optim::NsOptions::threads (optim::NsFormFor: at 5
-// quintic iterations on one thread, wide matrices beyond about 1:1.43 go to
-// the spectral form; on two, the Gram iteration keeps them up to about
-// 1:11), which is what the planner charges the owner. Same properties:
+// quintic iterations on one thread, matrices beyond 1:1.5 go to the Gram
+// iteration and beyond 1:(1 + 1500 / m) to the spectral form; on two, the
+// Gram iteration keeps them up to about 1:13.6 at m = 1024), which is what the planner charges the owner. Same properties:
 // deterministic, exact under transposition, batched equal to per-matrix.
 
 #include <cstddef>

@@ -118,8 +118,8 @@ TEST(NsCostTest, OnlyGramFormsOffTheCpuAreUnavailable) {
 // auto against the three costs written out by hand at 5 iterations (m, n the
 // short and long sides): standard 5 (4 m^2 n + 2 m^3); the Gram iteration
 // 8 m^2 n + 28 m^3 (quintic: segments of 3 and 2) or 12 m^2 n + 22 m^3
-// (Polar Express: 2, 2 and 1); spectral 6 m^2 n + 30 m^3 (both tables'
-// gains, 485 and 976, within its limit). Ties go to standard.
+// (Polar Express: 2, 2 and 1); spectral 6 m^2 n + 30 m^3 + 3000 m^2 (both
+// tables' gains, 485 and 976, within its limit). Ties go to standard.
 TEST(NsCostTest, AutoPicksTheCheaperFormOnTheRealSpecs) {
   int spectral = 0, standard = 0;
   for (const char* name : {"gpt2-124m", "llama3-8b", "deepseek-v3"}) {
@@ -137,7 +137,7 @@ TEST(NsCostTest, AutoPicksTheCheaperFormOnTheRealSpecs) {
           const double costs[] = {5 * (4 * m * m * n + 2 * m * m * m),
                                   quintic ? 8 * m * m * n + 28 * m * m * m
                                           : 12 * m * m * n + 22 * m * m * m,
-                                  6 * m * m * n + 30 * m * m * m};
+                                  6 * m * m * n + 30 * m * m * m + 3000 * m * m};
           const NsAlgorithm forms[] = {NsAlgorithm::kStandard, NsAlgorithm::kGram,
                                        NsAlgorithm::kSpectral};
           int best = 0;
@@ -160,7 +160,7 @@ TEST(NsCostTest, AutoPicksTheCheaperFormOnTheRealSpecs) {
 PlanInput SmallInput(const std::string& device, const std::string& algorithm) {
   PlanInput in;
   in.model.name = "m";
-  in.model.units.push_back({"u", {{"wide", {16, 96}, "muon", false},
+  in.model.units.push_back({"u", {{"wide", {16, 4096}, "muon", false},
                                   {"square", {32, 32}, "muon", false},
                                   {"b", {16}, "adamw", false}}});
   in.world_size = 2;
@@ -195,7 +195,9 @@ TEST(NsCostTest, ThePlannerChargesTheFormThatRuns) {
       const double hi = static_cast<double>(std::max(m.rows, m.cols));
       double want = StandardNsFlops(m.rows, m.cols, 5);
       if (form == NsAlgorithm::kGram) want = GramNsFlops(m.rows, m.cols, 5, NsTable::kQuintic);
-      if (form == NsAlgorithm::kSpectral) want = 6 * lo * lo * hi + 30 * lo * lo * lo;
+      if (form == NsAlgorithm::kSpectral) {
+        want = 6 * lo * lo * hi + 30 * lo * lo * lo + 3000 * lo * lo;
+      }
       EXPECT_EQ(m.ns_form, form) << m.rows << "x" << m.cols;
       EXPECT_DOUBLE_EQ(m.cost_flops, want) << m.rows << "x" << m.cols;
     }
@@ -234,9 +236,9 @@ TEST(NsCostTest, SpectralStopsAtItsGainLimit) {
   EXPECT_TRUE(SpectralGainProblem(5, NsTable::kQuintic).empty());
   EXPECT_TRUE(SpectralGainProblem(6, NsTable::kPolarExpress).empty());
   EXPECT_FALSE(SpectralGainProblem(7, NsTable::kPolarExpress).empty());
-  EXPECT_NE(ChooseNsForm(NsAlgorithm::kAuto, 64, 512, 10, NsTable::kQuintic),
+  EXPECT_NE(ChooseNsForm(NsAlgorithm::kAuto, 256, 8192, 10, NsTable::kQuintic),
             NsAlgorithm::kSpectral);
-  EXPECT_EQ(ChooseNsForm(NsAlgorithm::kAuto, 64, 512, 5, NsTable::kQuintic),
+  EXPECT_EQ(ChooseNsForm(NsAlgorithm::kAuto, 256, 8192, 5, NsTable::kQuintic),
             NsAlgorithm::kSpectral);
   // Nor past LAPACK's 32-bit work size: 1 + 6 m + 2 m^2 <= 2^31 - 1 up to m = 32766.
   EXPECT_LE(1 + 6 * kSpectralMaxShortSide + 2 * kSpectralMaxShortSide * kSpectralMaxShortSide,
@@ -287,19 +289,22 @@ TEST(NsCostTest, SpectralPastItsShortSideIsRefusedByThePlanner) {
 }
 
 // The thread count prices the spectral form's eigensolver: on T >= 2
-// threads its share (0.89) of the 30 m^3 term costs T / 1.14 times over, the
-// rest as on one thread. With five quintic iterations the Gram iteration
-// costs 8 m^2 n + 28 m^3 (two segments), the spectral form on one thread
-// 6 m^2 n + 30 m^3 (so it wins from n / m = 1 upwards, where the Gram form
-// itself wins over the standard one, n / m > 1.5) and on two
-// 6 m^2 n + 30 (0.11 + 0.89 * 2 / 1.14) m^3 = 6 m^2 n + 50.14 m^3, so the
-// Gram form wins up to n / m = 11.07: at 1:4 as measured there (2.11x sgemm
-// against 1.94x; at 1:8 the two measured within 2%). On eight threads
-// (190.7 m^3) the spectral form needs n / m > 81.3.
+// threads its share (0.89) of the 30 m^3 term and its 3000 m^2 term cost
+// T / 1.14 times over, the rest as on one thread. With five quintic
+// iterations the Gram iteration costs 8 m^2 n + 28 m^3 (two segments), the
+// standard one 20 m^2 n + 10 m^3, the spectral form on one thread
+// 6 m^2 n + 30 m^3 + 3000 m^2, so with r = n / m it wins over the Gram form
+// from r = 1 + 1500 / m (2.46 at m = 1024, 12.7 at m = 128; the Gram form
+// wins over the standard one from r = 1.5). On two threads
+// 6 m^2 n + 30 (0.11 + 0.89 * 2 / 1.14) m^3 + 3000 (2 / 1.14) m^2, at
+// m = 1024 (6 r + 55.28) m^3, so the Gram form wins up to r = 13.64: at 1:4
+// as measured there (2.11x sgemm against 1.94x; at 1:8 the two measured
+// within 2%). On eight threads at m = 64, (6 r + 519.6) m^3 needs r > 245.8.
 TEST(NsCostTest, ThreadsPriceTheSpectralEigensolver) {
   const double m = 1024;
   const auto cubes = [](int64_t threads) {
-    return threads == 1 ? 30.0 : 30.0 * (0.11 + 0.89 * static_cast<double>(threads) / 1.14);
+    const double slowdown = threads == 1 ? 1.0 : static_cast<double>(threads) / 1.14;
+    return 30.0 * (0.11 + 0.89 * slowdown) + 3000.0 * slowdown / 1024.0;
   };
   for (const int64_t threads : {1, 2, 3, 8}) {
     EXPECT_NEAR(SpectralNsFlops(1024, 4096, threads) / (m * m * m), 24 + cubes(threads), 1e-9)
@@ -313,13 +318,19 @@ TEST(NsCostTest, ThreadsPriceTheSpectralEigensolver) {
   const auto form = [](int64_t rows, int64_t cols, int64_t threads) {
     return ChooseNsForm(NsAlgorithm::kAuto, rows, cols, 5, NsTable::kQuintic, threads);
   };
-  EXPECT_EQ(form(1024, 4096, 1), NsAlgorithm::kSpectral);
+  EXPECT_EQ(form(1024, 1472, 1), NsAlgorithm::kStandard);  // n / m = 1.4375
+  EXPECT_EQ(form(1024, 1600, 1), NsAlgorithm::kGram);      // 1.5625
+  EXPECT_EQ(form(1024, 2432, 1), NsAlgorithm::kGram);      // 2.375
+  EXPECT_EQ(form(1024, 2560, 1), NsAlgorithm::kSpectral);  // 2.5
   EXPECT_EQ(form(1024, 8192, 1), NsAlgorithm::kSpectral);
+  EXPECT_EQ(form(128, 344, 1), NsAlgorithm::kGram);        // small: the m^2 term
+  EXPECT_EQ(form(128, 1536, 1), NsAlgorithm::kGram);       // 12
+  EXPECT_EQ(form(128, 1664, 1), NsAlgorithm::kSpectral);   // 13
   EXPECT_EQ(form(1024, 4096, 2), NsAlgorithm::kGram);
-  EXPECT_EQ(form(1024, 11264, 2), NsAlgorithm::kGram);     // n / m = 11
-  EXPECT_EQ(form(1024, 11392, 2), NsAlgorithm::kSpectral); // 11.125
-  EXPECT_EQ(form(64, 5184, 8), NsAlgorithm::kGram);        // 81
-  EXPECT_EQ(form(64, 5248, 8), NsAlgorithm::kSpectral);    // 82
+  EXPECT_EQ(form(1024, 13824, 2), NsAlgorithm::kGram);     // 13.5
+  EXPECT_EQ(form(1024, 14336, 2), NsAlgorithm::kSpectral); // 14
+  EXPECT_EQ(form(64, 15680, 8), NsAlgorithm::kGram);       // 245
+  EXPECT_EQ(form(64, 15808, 8), NsAlgorithm::kSpectral);   // 247
   EXPECT_EQ(form(1024, 1024, 1), NsAlgorithm::kStandard);
   // What the planner charges follows the form and the threads; explicit
   // forms do not change with threads.
