@@ -17,7 +17,47 @@
 #define MUONMESH_HOST_DEVICE
 #endif
 
+// Run-time dispatch for the host's hot loops: GCC compiles the function twice,
+// for generic x86-64 (SSE2, what the build targets) and for AVX2, and the
+// loader binds calls to the one the CPU supports (an ifunc). The two clones
+// compute the same IEEE operations in the same order (no contraction into
+// fused multiply-adds: -ffp-contract=off, and AVX2 alone does not enable FMA;
+// no reassociation), so results are bit-identical whichever runs; only the
+// vector width differs. Elsewhere (other compilers or architectures, nvcc) a
+// plain function. Put it on the function that holds the loop: a clone is
+// called through the ifunc and so is never inlined.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__CUDACC__) && \
+    defined(__linux__)
+#define MUONMESH_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define MUONMESH_VECTOR_CLONES
+#endif
+
 namespace muonmesh::math {
+
+// 1 when x is an infinity or a NaN (every exponent bit set), else 0: integer
+// arithmetic, so that a loop OR-ing it over elements vectorises, where
+// std::isfinite with an early exit does not.
+MUONMESH_HOST_DEVICE inline uint32_t NonFiniteBit(float x) {
+#if defined(__CUDA_ARCH__)
+  const uint32_t bits = static_cast<uint32_t>(__float_as_int(x));
+#else
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+#endif
+  return (bits & 0x7f800000u) == 0x7f800000u ? 1u : 0u;
+}
+
+// a where mask is all ones, b where it is zero, by bits: a branch-free
+// select, so that a loop choosing between two formulas by a loop-invariant
+// flag still vectorises (both are computed; the chosen one's bits are kept).
+MUONMESH_HOST_DEVICE inline float SelectBits(uint32_t mask, float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return mask != 0 ? a : b;
+#else
+  return std::bit_cast<float>((std::bit_cast<uint32_t>(a) & mask) |
+                              (std::bit_cast<uint32_t>(b) & ~mask));
+#endif
+}
 
 // e^x in float: x clamped to [-87.3, 88.3], then x = n ln 2 + r with n =
 // round(x / ln 2) (the 1.5 * 2^23 rounding trick) and ln 2 split in two

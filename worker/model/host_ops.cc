@@ -28,12 +28,41 @@ void LinearNoBiasBackward(int64_t rows, int64_t in, int64_t out, const float* dy
   Gemm(false, false, rows, in, out, 1.0f, dy, out, w, in, dx, in, add ? 1.0f : 0.0f);
 }
 
-void RmsNormRows(int64_t rows, int64_t c, const float* x, const float* w, double eps, float* y,
+namespace {
+
+// Sums in double over four interleaved partial sums (j mod 4), combined as
+// (s0 + s1) + (s2 + s3): a fixed order, so every clone and every layout gets
+// the same bits, and four independent chains instead of one, so the loop
+// runs at the adder's throughput rather than its latency. Inlined into the
+// (cloned) callers.
+inline double DotInDouble(const float* a, const float* b, int64_t n) {
+  double s[4] = {0.0, 0.0, 0.0, 0.0};
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    for (int k = 0; k < 4; ++k) s[k] += static_cast<double>(a[j + k]) * b[j + k];
+  }
+  for (; j < n; ++j) s[j % 4] += static_cast<double>(a[j]) * b[j];
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+// The same for sum_j a_j b_j c_j, each term (a_j b_j) c_j in double.
+inline double DotInDouble(const float* a, const float* b, const float* c, int64_t n) {
+  double s[4] = {0.0, 0.0, 0.0, 0.0};
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    for (int k = 0; k < 4; ++k) s[k] += static_cast<double>(a[j + k]) * b[j + k] * c[j + k];
+  }
+  for (; j < n; ++j) s[j % 4] += static_cast<double>(a[j]) * b[j] * c[j];
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+}  // namespace
+
+MUONMESH_VECTOR_CLONES void RmsNormRows(int64_t rows, int64_t c, const float* x, const float* w, double eps, float* y,
                  float* r) {
   for (int64_t i = 0; i < rows; ++i) {
     const float* xr = x + i * c;
-    double ss = 0.0;
-    for (int64_t j = 0; j < c; ++j) ss += static_cast<double>(xr[j]) * xr[j];
+    const double ss = DotInDouble(xr, xr, c);
     const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(c) + eps));
     r[i] = inv;
     float* yr = y + i * c;
@@ -41,7 +70,7 @@ void RmsNormRows(int64_t rows, int64_t c, const float* x, const float* w, double
   }
 }
 
-void RmsNormRowsBackward(int64_t rows, int64_t c, const float* x, const float* r, const float* w,
+MUONMESH_VECTOR_CLONES void RmsNormRowsBackward(int64_t rows, int64_t c, const float* x, const float* r, const float* w,
                          const float* dy, float* dx, float* dw, double* acc) {
   std::fill(acc, acc + c, 0.0);
   for (int64_t i = 0; i < rows; ++i) {
@@ -49,11 +78,8 @@ void RmsNormRowsBackward(int64_t rows, int64_t c, const float* x, const float* r
     const float* dyr = dy + i * c;
     float* dxr = dx + i * c;
     const double inv = r[i];
-    double dot = 0.0;
-    for (int64_t j = 0; j < c; ++j) {
-      dot += static_cast<double>(dyr[j]) * w[j] * xr[j];
-      acc[j] += static_cast<double>(dyr[j]) * xr[j] * inv;
-    }
+    const double dot = DotInDouble(dyr, w, xr, c);
+    for (int64_t j = 0; j < c; ++j) acc[j] += static_cast<double>(dyr[j]) * xr[j] * inv;
     const double k = inv * inv * inv * dot / static_cast<double>(c);
     for (int64_t j = 0; j < c; ++j) {
       dxr[j] += static_cast<float>(inv * w[j] * dyr[j] - xr[j] * k);
@@ -66,11 +92,11 @@ namespace {
 float Sigmoid(float x) { return 1.0f / (1.0f + math::ExpF(-x)); }
 }  // namespace
 
-void SwiGlu(int64_t n, const float* gate, const float* up, float* m) {
+MUONMESH_VECTOR_CLONES void SwiGlu(int64_t n, const float* gate, const float* up, float* m) {
   for (int64_t i = 0; i < n; ++i) m[i] = gate[i] * Sigmoid(gate[i]) * up[i];
 }
 
-void SwiGluBackward(int64_t n, const float* gate, const float* up, const float* dm, float* dgate,
+MUONMESH_VECTOR_CLONES void SwiGluBackward(int64_t n, const float* gate, const float* up, const float* dm, float* dgate,
                     float* dup) {
   for (int64_t i = 0; i < n; ++i) {
     const float d = dm[i];
@@ -80,7 +106,10 @@ void SwiGluBackward(int64_t n, const float* gate, const float* up, const float* 
   }
 }
 
-double SumInDouble(const float* e, int64_t n) {
+namespace {
+
+// SumInDouble's body, inlined into the (cloned) softmax.
+inline double SumLanes(const float* e, int64_t n) {
   double s[4] = {0.0, 0.0, 0.0, 0.0};
   int64_t j = 0;
   for (; j + 4 <= n; j += 4) {
@@ -90,30 +119,41 @@ double SumInDouble(const float* e, int64_t n) {
   return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
+// The largest of n >= 1 floats (branch-free, so it vectorises; a -0 against
+// a +0 may come out either way, which the shifted exponentials do not see).
+inline float MaxOf(const float* x, int64_t n) {
+  float m = x[0];
+  for (int64_t j = 1; j < n; ++j) m = x[j] > m ? x[j] : m;
+  return m;
+}
+
+}  // namespace
+
+double SumInDouble(const float* e, int64_t n) { return SumLanes(e, n); }
+
 void ShiftedExps(const float* row, int64_t n, float max, float* e) {
   for (int64_t j = 0; j < n; ++j) e[j] = math::ExpF(row[j] - max);
 }
 
-float CausalSoftmax(int64_t t_len, float* s, float* e) {
+MUONMESH_VECTOR_CLONES float CausalSoftmax(int64_t t_len, float* s, float* e) {
   float top = -std::numeric_limits<float>::infinity();
   for (int64_t t = 0; t < t_len; ++t) {
     float* row = s + t * t_len;
-    const float max = *std::max_element(row, row + t + 1);
+    const float max = MaxOf(row, t + 1);
     top = std::max(top, max);
-    ShiftedExps(row, t + 1, max, e);
-    const double sum = SumInDouble(e, t + 1);
+    for (int64_t j = 0; j <= t; ++j) e[j] = math::ExpF(row[j] - max);
+    const double sum = SumLanes(e, t + 1);
     for (int64_t j = 0; j <= t; ++j) row[j] = static_cast<float>(static_cast<double>(e[j]) / sum);
     std::fill(row + t + 1, row + t_len, 0.0f);
   }
   return top;
 }
 
-void CausalSoftmaxBackward(int64_t t_len, const float* p, float* d) {
+MUONMESH_VECTOR_CLONES void CausalSoftmaxBackward(int64_t t_len, const float* p, float* d) {
   for (int64_t t = 0; t < t_len; ++t) {
     const float* pr = p + t * t_len;
     float* dr = d + t * t_len;
-    double dot = 0.0;
-    for (int64_t j = 0; j <= t; ++j) dot += static_cast<double>(pr[j]) * dr[j];
+    const double dot = DotInDouble(pr, dr, t + 1);
     for (int64_t j = 0; j <= t; ++j) {
       dr[j] = static_cast<float>(static_cast<double>(pr[j]) * (static_cast<double>(dr[j]) - dot));
     }

@@ -12,10 +12,14 @@ Runs, in one invocation so that both see the same machine load:
      windows of the same text and the same optimizer split (torch.optim.AdamW on embed, head,
      norms and routers; Muon written out as torch.optim.Muon defines it on every other matrix,
      each expert's alone), timing forward, backward and both optimizers per step.
-Both on THREADS threads (OpenBLAS's and torch's). Prints the two medians and their ratio.
+Both on THREADS threads (OpenBLAS's and torch's). Prints each round and the median ratio.
 
   tests/worker/model/transformer_vs_torch.py [--model dense|moe] [--threads 1] [--steps 30]
-      [--worker build/worker/muonmesh-worker] [--batch 8]
+      [--worker build/worker/muonmesh-worker] [--batch 8] [--rounds 5]
+
+The two run in turn, --rounds times, each round one muonmesh run and one PyTorch run; the
+figure is the median of the rounds' ratios (the machine is shared, and alternating lets both
+sides sample the same load).
 """
 
 import argparse
@@ -260,16 +264,26 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worker", default="build/worker/muonmesh-worker")
     parser.add_argument("--model", choices=("dense", "moe"), default="dense")
-    for flag, default in (("threads", 1), ("steps", 30), ("batch", 8)):
+    for flag, default in (("threads", 1), ("steps", 30), ("batch", 8), ("rounds", 5)):
         parser.add_argument(f"--{flag}", type=int, default=default)
     args = parser.parse_args()
     args.worker = os.path.abspath(args.worker)
-    with tempfile.TemporaryDirectory() as out:
-        ours = muonmesh_step(args, out)
-    theirs, version = torch_step(args)
+    ratios, ours_all, theirs_all = [], [], []
+    for r in range(args.rounds):  # alternating, so both sides sample the same load
+        with tempfile.TemporaryDirectory() as out:
+            ours = muonmesh_step(args, out)
+        theirs, version = torch_step(args)
+        ratios.append(ours / theirs)
+        ours_all.append(ours)
+        theirs_all.append(theirs)
+        print(f"round {r}: muonmesh {1e3 * ours:.1f} ms, PyTorch {1e3 * theirs:.1f} ms, "
+              f"ratio {ours / theirs:.2f}", flush=True)
     print(f"transformer ({args.model}) L={L} C={C} T={T} V={V} batch {args.batch}, "
-          f"{args.threads} thread(s): muonmesh {1e3 * ours:.1f} ms a step, "
-          f"PyTorch {version} eager {1e3 * theirs:.1f} ms: muonmesh/PyTorch time {ours / theirs:.2f}")
+          f"{args.threads} thread(s), {args.rounds} rounds: muonmesh "
+          f"{1e3 * statistics.median(ours_all):.1f} ms a step, PyTorch {version} eager "
+          f"{1e3 * statistics.median(theirs_all):.1f} ms (medians): muonmesh/PyTorch time, "
+          f"median of the rounds' ratios {statistics.median(ratios):.2f} "
+          f"(range {min(ratios):.2f}-{max(ratios):.2f})")
 
 
 if __name__ == "__main__":
