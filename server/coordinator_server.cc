@@ -57,6 +57,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   // gRPC sets SO_REUSEPORT by default on Linux, which lets a second
   // coordinator bind the same port and silently take half the calls.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  credentials::AddServerKeepalive(builder);
   builder.RegisterService(&self->planner_);
   if (self->control_ != nullptr) {
     for (grpc::Service* service : self->control_->services()) builder.RegisterService(service);

@@ -355,10 +355,40 @@ std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address,
                                              const ChannelSecurity& security,
                                              grpc::ChannelArguments args) {
   if (!security.tls_server_name.empty()) args.SetSslTargetNameOverride(security.tls_server_name);
+  // Set only what the caller did not (grpc_channel_args takes the first of
+  // a duplicated key, so an override must not be appended after).
+  const auto has = [&args](const char* key) {
+    // Taken afresh each time: SetInt may move the arguments.
+    const grpc_channel_args given = args.c_channel_args();
+    for (size_t i = 0; i < given.num_args; ++i) {
+      if (std::string_view(given.args[i].key) == key) return true;
+    }
+    return false;
+  };
+  const std::pair<const char*, int> keepalive[] = {
+      {GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs},
+      {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs},
+      {GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1},
+      // Pings keep going while no data flows (the default stops after 2).
+      {GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0}};
+  for (const auto& [key, value] : keepalive) {
+    if (!has(key)) args.SetInt(key, value);
+  }
   return grpc::CreateCustomChannel(
       address,
       security.credentials != nullptr ? security.credentials : grpc::InsecureChannelCredentials(),
       args);
+}
+
+void AddServerKeepalive(grpc::ServerBuilder& builder) {
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // Clients ping every kKeepaliveTimeMs; a ping sooner than this is a strike
+  // (two and the server says GOAWAY).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             kMinPingIntervalMs);
 }
 
 }  // namespace muonmesh::credentials

@@ -21,6 +21,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "grpcpp/channel.h"
+#include "grpcpp/server_builder.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/support/channel_arguments.h"
@@ -96,11 +97,30 @@ void InitOpenSslWithoutExitHandler();
 // plaintext).
 absl::StatusOr<ChannelSecurity> LoadChannelSecurity(const ClientSecurityOptions& options);
 
+// Keepalive on every channel and stream between the project's processes
+// (docs/architecture.md §7, "Keepalive"): a client pings its server after
+// kKeepaliveTimeMs without traffic, with or without a call open, and drops
+// the connection when no answer comes within kKeepaliveTimeoutMs, so a
+// worker whose link to the coordinator went silent (a partition, a dead
+// host: no reset, no FIN) sees its stream fail within about 10 s and
+// reconnects, instead of waiting for TCP's retransmission timeout (minutes;
+// after a 30 s partition, 27 s more before the first retransmission got
+// through). The coordinator pings its clients on the same clock and accepts
+// their pings down to kMinPingIntervalMs apart.
+inline constexpr int kKeepaliveTimeMs = 5000;
+inline constexpr int kKeepaliveTimeoutMs = 5000;
+inline constexpr int kMinPingIntervalMs = 4000;
+
 // A channel to `address` with `security` (plaintext when it has no
-// credentials) and `args` (the target name override is added to them).
+// credentials), keepalive as above, and `args` (the target name override
+// is added to them; keepalive settings in `args` win).
 std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address,
                                              const ChannelSecurity& security,
                                              grpc::ChannelArguments args = {});
+
+// The server side of the keepalive above, for a server that project
+// clients talk to.
+void AddServerKeepalive(grpc::ServerBuilder& builder);
 
 // The text of a PEM file. `flag` names where the path came from
 // ("--tls-cert") for the error: NotFound / InvalidArgument naming the flag

@@ -28,6 +28,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/coordinator_client.h"
+#include "proto/credentials/credentials.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -35,6 +36,7 @@
 #include "muonmesh/v1/fleet.grpc.pb.h"
 #include "muonmesh/v1/jobs.grpc.pb.h"
 #include "tests/testing/background.h"
+#include "tests/testing/blackhole_proxy.h"
 #include "tests/testing/http_get.h"
 #include "tests/testing/model_specs.h"
 #include "tests/testing/subprocess.h"
@@ -579,6 +581,57 @@ std::thread WatchInBackground(const std::string& address, const std::string& id,
 // restart spent, no checkpoint reloaded) with the weights of a run that
 // never saw the fault, and a watch that spans the restart sees every step
 // exactly once.
+// A silent link (a partition: no reset, no FIN) between a worker and the
+// coordinator: gRPC keepalive ends the worker's assignment stream within
+// about kKeepaliveTimeMs + kKeepaliveTimeoutMs, so when the link comes back
+// the worker is registered again within a second or two. Without keepalive
+// the stream sat on the dead connection until TCP gave up (minutes), and
+// after a heal the worker noticed only when TCP's next retransmission got
+// through (27 s after a 30 s partition).
+TEST_F(ServiceTest, KeepaliveEndsAStreamOnASilentLinkAndTheWorkerComesBack) {
+  const int coordinator_port = std::stoi(address_.substr(address_.rfind(':') + 1));
+  testing::BlackholeProxy proxy(coordinator_port);
+  ASSERT_NE(proxy.port(), 0);
+  const std::string log_file = dir_ + "/w0.log";
+  Background worker({MUONMESH_WORKER_BIN, "--coordinator", proxy.address(), "--worker-id", "w0",
+                     "--memory-budget", "1GiB"},
+                    log_file);
+  ASSERT_TRUE(worker.WaitForLog("registered as", kStart)) << worker.Log();
+  const auto count = [&worker](const std::string& text) {
+    const std::string log = worker.Log();
+    int n = 0;
+    for (size_t at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) ++n;
+    return n;
+  };
+  const int registered = count("registered as");
+  proxy.Block();
+  const absl::Time blocked = absl::Now();
+  const absl::Duration keepalive =
+      absl::Milliseconds(credentials::kKeepaliveTimeMs + credentials::kKeepaliveTimeoutMs);
+  ASSERT_TRUE(worker.WaitForLog("assignment stream ended", std::chrono::seconds(25)))
+      << worker.Log();
+  const absl::Duration noticed = absl::Now() - blocked;
+  // Keepalive's clock starts at the last traffic (a heartbeat at most 2 s
+  // before the block), and the timeout fires on the next ping after it.
+  EXPECT_LE(noticed, keepalive + absl::Seconds(3)) << worker.Log();
+  absl::SleepFor(absl::Seconds(2));  // the partition outlasts the detection
+  proxy.Open();
+  const absl::Time opened = absl::Now();
+  while (count("registered as") <= registered && absl::Now() - opened < absl::Seconds(20)) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const absl::Duration back = absl::Now() - opened;
+  std::printf("link blocked: stream ended after %.2f s; link open: registered again after %.2f s\n",
+              absl::ToDoubleSeconds(noticed), absl::ToDoubleSeconds(back));
+  ASSERT_GT(count("registered as"), registered) << worker.Log();
+  EXPECT_LE(back, absl::Seconds(5)) << worker.Log();
+  client::CoordinatorClient client(address_);
+  absl::StatusOr<std::vector<v1::Worker>> workers = client.Workers();
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  ASSERT_EQ(workers->size(), 1u);
+  EXPECT_EQ(workers->front().state(), v1::WORKER_STATE_IDLE) << workers->front().DebugString();
+}
+
 TEST_F(ServiceTest, ACoordinatorKilledMidJobCostsNoStepAndNoRestart) {
   for (int i = 0; i < 4; ++i) StartWorker(absl::StrCat("w", i));
   JobText j{"kept", 4};
