@@ -112,9 +112,12 @@ bool Attempt::Fail(int32_t rank, const std::string& why, absl::Time now) {
   return true;
 }
 
-bool Attempt::FailLost(int32_t rank, absl::Time now) {
-  if (failure.empty()) return Fail(rank, kLost, now);
+bool Attempt::FailLost(int32_t rank, absl::Time last_heard) {
+  if (failure.empty()) return Fail(rank, kLost, last_heard);
   outcome[rank] = kFailed;
+  // Its peers' broken collectives were reported first, but the fault came
+  // when it went silent.
+  failed_at = std::min(failed_at, last_heard);
   if (!failure_names_lost) {
     failure = absl::StrCat("rank ", rank, " (worker ", workers[rank], "): ", kLost,
                            "; first reported by ", failure);

@@ -52,7 +52,7 @@ struct Attempt {
   // Cancelled with a checkpoint: the ranks are told at their next step to
   // write it and stop (Answer), not pushed a stop.
   bool cancel_checkpoint = false;
-  absl::Time failed_at;  // when the first failure was detected
+  absl::Time failed_at;  // when the first failure happened (FailLost) or was detected
   std::deque<double> recent_seconds;  // the newest steps' slowest seconds
   std::string plan_fingerprint;
   int64_t steps_done = 0;  // one past the newest step every rank finished
@@ -114,7 +114,9 @@ struct Attempt {
   // lost worker is the cause whoever reported first: the survivors' broken
   // collectives usually reach the coordinator before the lease runs out, and
   // the failure then names the lost worker, with the first report after it.
-  bool FailLost(int32_t rank, absl::Time now);
+  // The fault dates from `last_heard` (the worker's last heartbeat), not from
+  // when the lease ran out; failed_at moves back to it.
+  bool FailLost(int32_t rank, absl::Time last_heard);
   // Every rank stops after the first step none has been told to go on past.
   void StopAll();
   // The step a drain begun now stops after.

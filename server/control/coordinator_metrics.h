@@ -37,11 +37,13 @@
 //                                                these (credentials::CertificateExpiry,
 //                                                ControlPlane)
 //   muonmesh_job_recovery_seconds                histogram, from a fault
-//                                                (a rank failed or lost its
-//                                                lease, the coordinator
+//                                                (a rank failed, a worker
+//                                                went silent: from its last
+//                                                heartbeat, the coordinator
 //                                                restarted) to the first step
 //                                                every rank of the restarted
-//                                                job finished
+//                                                job finished, across every
+//                                                attempt that failed between
 // The gauges are computed when scraped, from the job store and the fleet
 // (the planned critical path from what OnAttemptPlanned recorded, for the
 // jobs the store has RUNNING);

@@ -78,7 +78,7 @@ absl::StatusOr<Fleet::Lease> Fleet::Register(const v1::WorkerInfo& info,
   // gone, and so is the rank it ran, even if Expire has not looked yet.
   if (it != workers_.end() && it->second.state != v1::WORKER_STATE_LOST &&
       !it->second.job_id.empty()) {
-    lost_on_register_.push_back({id, it->second.job_id});
+    lost_on_register_.push_back({id, it->second.job_id, it->second.last_heartbeat});
   }
   Entry& e = workers_[id];
   e = Entry();
@@ -175,7 +175,7 @@ absl::Status Fleet::Remove(const std::string& worker_id) {
     }
     // Its lease ran out and Expire has not seen it yet: the next Expire
     // still reports its job lost.
-    if (!e.job_id.empty()) lost_on_register_.push_back({worker_id, e.job_id});
+    if (!e.job_id.empty()) lost_on_register_.push_back({worker_id, e.job_id, e.last_heartbeat});
   }
   workers_.erase(it);
   changed_.SignalAll();
@@ -203,7 +203,7 @@ std::vector<Fleet::Lost> Fleet::Expire() {
   });
   for (auto& [id, e] : workers_) {
     if (e.state == v1::WORKER_STATE_LOST || Live(e)) continue;
-    lost.push_back({id, e.job_id});
+    lost.push_back({id, e.job_id, e.last_heartbeat});
     e.state = v1::WORKER_STATE_LOST;
     e.lost_at = now;
     e.job_id.clear();

@@ -98,6 +98,7 @@ class Fleet {
   struct Lost {
     std::string worker_id;
     std::string job_id;
+    absl::Time last_heard;  // its last registration or heartbeat: the fault came after
   };
   std::vector<Lost> Expire();
 

@@ -533,7 +533,7 @@ void JobManager::MaybeFinish(const std::string& job_id) {
       // Every rank stopped at a checkpoint without a failure or a cancel: a
       // drain (its reason kept in the job across a coordinator restart).
       // From that checkpoint on other workers; no restart spent.
-      record.fault_at = clock_.Now();
+      KeepEarliestFault(record, clock_.Now());
       (void)events_.ChangeState(
           job_id, v1::JOB_STATE_RESTARTING,
           absl::StrCat(done.drained.empty() ? std::string("every rank stopped at a checkpoint "
@@ -546,7 +546,7 @@ void JobManager::MaybeFinish(const std::string& job_id) {
       break;
   }
   if (!done.job_error && MayRestart(*job, done.attempt)) {
-    record.fault_at = done.failed_at;
+    KeepEarliestFault(record, done.failed_at);
     (void)events_.ChangeState(job_id, v1::JOB_STATE_RESTARTING,
                               absl::StrCat("attempt ", done.attempt, " failed: ", done.failure,
                                            "; restarting from the newest checkpoint"),
@@ -620,7 +620,7 @@ void JobManager::OnWorkersLost(const std::vector<Fleet::Lost>& lost) {
       if (a == nullptr) continue;
       for (size_t r = 0; r < a->workers.size(); ++r) {
         if (a->workers[r] == l.worker_id && a->outcome[r] == Attempt::kRunning &&
-            a->FailLost(static_cast<int32_t>(r), clock_.Now())) {
+            a->FailLost(static_cast<int32_t>(r), l.last_heard)) {
           PushStops(l.job_id, *a, a->failure);
         }
       }

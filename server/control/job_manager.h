@@ -215,13 +215,20 @@ class JobManager {
     std::optional<Attempt> attempt;  // the running one (adopted ones included)
     bool planning = false;           // its gang taken, its plan being computed (outside mu_)
     // A restarted job whose new attempt has not finished a step yet: when the
-    // fault that ended the previous one was detected.
+    // first fault of this recovery happened (KeepEarliestFault), however many
+    // attempts failed since; the first step after it ends the recovery.
     std::optional<absl::Time> fault_at;
     ElasticState elastic;  // training.elastic's bookkeeping
     bool empty() const {
       return !attempt.has_value() && !planning && !fault_at.has_value() && elastic.empty();
     }
   };
+  // Sets `record.fault_at` to `at` unless an earlier fault of the same
+  // recovery is already there: muonmesh_job_recovery_seconds measures from the
+  // first failure to the first step after it, across every attempt between.
+  static void KeepEarliestFault(JobRecord& record, absl::Time at) {
+    if (!record.fault_at.has_value() || at < *record.fault_at) record.fault_at = at;
+  }
   // A waiting job read whole and the workers taken for its next attempt.
   struct Taken {
     v1::Job job;

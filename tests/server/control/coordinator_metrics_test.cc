@@ -67,6 +67,14 @@ class CoordinatorMetricsTest : public ::testing::Test {
                                             options);
   }
 
+  prometheus::ClientMetric::Histogram Recovery() {
+    for (const prometheus::MetricFamily& f : metrics_->registry()->Collect()) {
+      if (f.name == "muonmesh_job_recovery_seconds") return f.metric.at(0).histogram;
+    }
+    ADD_FAILURE() << "no muonmesh_job_recovery_seconds";
+    return prometheus::ClientMetric::Histogram{};
+  }
+
   void AddWorker(const std::string& id) {
     v1::WorkerInfo info;
     info.set_worker_id(id);
@@ -298,13 +306,7 @@ void ReportStep(JobManager& manager, const std::vector<std::string>& workers,
 }
 
 TEST_F(CoordinatorMetricsTest, RecoveryTimeRunsFromTheFaultToTheFirstStepAfterIt) {
-  const auto recovery = [&] {
-    for (const prometheus::MetricFamily& f : metrics_->registry()->Collect()) {
-      if (f.name == "muonmesh_job_recovery_seconds") return f.metric.at(0).histogram;
-    }
-    ADD_FAILURE() << "no muonmesh_job_recovery_seconds";
-    return prometheus::ClientMetric::Histogram{};
-  };
+  const auto recovery = [&] { return Recovery(); };
   AddWorker("w0");
   const std::string job = Submit("recovers", 1, "6, 16, 3", /*max_restarts=*/1);
   ASSERT_EQ(State(job), v1::JOB_STATE_RUNNING);
@@ -324,6 +326,50 @@ TEST_F(CoordinatorMetricsTest, RecoveryTimeRunsFromTheFaultToTheFirstStepAfterIt
   clock_.Advance(absl::Seconds(1));
   ReportStep(*manager_, {"w0"}, job, 1, 1);
   EXPECT_EQ(recovery().sample_count, 1u);
+}
+
+// A recovery that takes several attempts is measured from its first fault:
+// attempt 0 fails, attempt 1 fails 3 s later, attempt 2 finishes its first
+// step 4 s after that: 7 s, not the last attempt's 4 s.
+TEST_F(CoordinatorMetricsTest, RecoveryRunsFromTheFirstFaultAcrossFailedAttempts) {
+  AddWorker("w0");
+  const std::string job = Submit("recovers-late", 1, "6, 16, 3", /*max_restarts=*/2);
+  ASSERT_EQ(State(job), v1::JOB_STATE_RUNNING);
+  ReportStep(*manager_, {"w0"}, job, 0, 0);
+  EndRank("w0", job, 0, 0, v1::ATTEMPT_OUTCOME_FAILED);
+  ASSERT_EQ(store_->Get(job)->attempt(), 1);
+  clock_.Advance(absl::Seconds(3));
+  EndRank("w0", job, 1, 0, v1::ATTEMPT_OUTCOME_FAILED);
+  ASSERT_EQ(store_->Get(job)->attempt(), 2);
+  clock_.Advance(absl::Seconds(4));
+  ReportStep(*manager_, {"w0"}, job, 2, 0);
+  EXPECT_EQ(Recovery().sample_count, 1u);
+  EXPECT_DOUBLE_EQ(Recovery().sample_sum, 7.0);
+}
+
+// A lost worker's fault dates from when the coordinator last heard from it,
+// not from when its lease ran out (60 s later here): w0 heartbeats, goes
+// silent, is found lost at +61 s, and the job's next attempt (on w1)
+// finishes a step 2 s after that: 63 s.
+TEST_F(CoordinatorMetricsTest, ALostWorkersFaultDatesFromItsLastHeartbeat) {
+  AddWorker("w0");
+  const std::string job = Submit("loses-a-worker", 1, "6, 16, 3", /*max_restarts=*/1);
+  ASSERT_EQ(State(job), v1::JOB_STATE_RUNNING);
+  AddWorker("w1");
+  ReportStep(*manager_, {"w0"}, job, 0, 0);
+  ASSERT_TRUE(fleet_->Heartbeat("w0", leases_["w0"]).ok());
+  clock_.Advance(absl::Seconds(59));
+  ASSERT_TRUE(fleet_->Heartbeat("w1", leases_["w1"]).ok());  // w1 stays live
+  clock_.Advance(absl::Seconds(2));
+  const std::vector<Fleet::Lost> lost = fleet_->Expire();
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].worker_id, "w0");
+  manager_->OnWorkersLost(lost);
+  ASSERT_EQ(store_->Get(job)->attempt(), 1) << store_->Get(job)->reason();
+  clock_.Advance(absl::Seconds(2));
+  ReportStep(*manager_, {"w1"}, job, 1, 0);
+  EXPECT_EQ(Recovery().sample_count, 1u);
+  EXPECT_DOUBLE_EQ(Recovery().sample_sum, 63.0);
 }
 
 // A refused step (every rank refuses it together) counts once per attempt,

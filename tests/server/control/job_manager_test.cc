@@ -217,7 +217,7 @@ TEST_F(ElasticTest, ShrinksAfterItsWaitAndGrowsBackWithoutSpendingRestarts) {
   EXPECT_EQ(job.world_size(), 4);
 
   // w3 is lost for good; the others stop.
-  manager_->OnWorkersLost({{"w3", id}});
+  manager_->OnWorkersLost({{"w3", id, clock_.Now()}});
   EndRanks(job, v1::ATTEMPT_OUTCOME_FAILED);
   job = *store_->Get(id);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RESTARTING) << job.reason();
@@ -345,7 +345,7 @@ TEST_F(ElasticTest, SizesTheParallelismConfigRefusesAreSkipped) {
   absl::StatusOr<JobStore::Submitted> s = manager_->Submit("m-1", spec, &violations);
   ASSERT_TRUE(s.ok()) << s.status() << (violations.empty() ? "" : violations[0].description);
   v1::Job job = *store_->Get(s->job.id());
-  manager_->OnWorkersLost({{"w3", job.id()}});
+  manager_->OnWorkersLost({{"w3", job.id(), clock_.Now()}});
   EndRanks(job, v1::ATTEMPT_OUTCOME_FAILED);
   clock_.Advance(absl::Seconds(2));
   manager_->CheckElastic();
