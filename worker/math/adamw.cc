@@ -55,9 +55,9 @@ MUONMESH_VECTOR_CLONES void StepInto(const optim::AdamWScalars& k, size_t n,
                                      const float* __restrict g, float* __restrict p,
                                      float* __restrict m, float* __restrict v) {
   const uint32_t small = SmallMask(k);
+  const optim::AdamWScalars local = k;  // in registers: the stores cannot touch it
   for (size_t i = 0; i < n; ++i) {
-    const float gi = g[i], pi = p[i], mi = m[i], vi = v[i];
-    const Moments r = Update(k, small, gi, pi, mi, vi);
+    const Moments r = Update(local, small, g[i], p[i], m[i], v[i]);
     p[i] = r.param;
     m[i] = r.exp_avg;
     v[i] = r.exp_avg_sq;
