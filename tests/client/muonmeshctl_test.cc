@@ -824,8 +824,11 @@ TEST_F(MuonmeshCtlTest, CoordinatorStopsCleanlyOnSigint) { StopCoordinator(SIGIN
 // `validate --job`: a job checked here, with no coordinator running, every
 // violation on its own line; a valid one printed with its defaults filled
 // in; a token outside the vocabulary named with its file and index.
+// One directory per test: ctest runs each test as its own process, two at
+// a time, and a shared one was emptied under its neighbour.
 std::string ValidateDir() {
-  const std::string dir = ::testing::TempDir() + "/muonmeshctl_validate_job";
+  const std::string dir = ::testing::TempDir() + "/muonmeshctl_validate_job_" +
+                          ::testing::UnitTest::GetInstance()->current_test_info()->name();
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
