@@ -29,7 +29,8 @@ namespace {
 
 constexpr char kSynopsis[] =
     "[--listen HOST:PORT] [--data-dir DIR] [--metrics-listen HOST:PORT]\n"
-    "       [--lease-ttl 10s] [--collective-timeout 60s] [--shutdown-grace 5s]\n"
+    "       [--lease-ttl 10s] [--partition-grace 30s] [--collective-timeout 60s]\n"
+    "       [--shutdown-grace 5s]\n"
     "       [--retain-finished 720h] [--max-jobs 10000] [--max-jobs-per-client 1000]\n"
     "       [--max-watches-per-client 64] [--max-recorded-steps 1000000]\n"
     "       [--forget-lost-after 1h]\n"
@@ -51,6 +52,7 @@ struct Flags {
   std::string data_dir;
   std::string metrics_listen;
   absl::Duration lease_ttl = absl::Seconds(10);
+  absl::Duration partition_grace = absl::Seconds(30);
   absl::Duration collective_timeout = absl::Seconds(60);
   absl::Duration retain_finished = absl::Hours(24 * 30);
   absl::Duration forget_lost_after = absl::Hours(1);
@@ -126,10 +128,16 @@ void DeclareFlags(muonmesh::FlagParser& parser, Flags* f) {
                 "(printed when ready). Default: no metrics endpoint",
                 &f->metrics_listen);
   parser.Duration("--lease-ttl", "D",
-                  "how long a worker may go without a heartbeat before it counts as lost (its "
-                  "job attempt fails and restarts if it may); workers heartbeat every "
-                  "lease-ttl / 5. In [500ms, 1h], default 10s",
+                  "how long a worker may go without a heartbeat before it counts as lost (an "
+                  "idle one at once; one running a rank after --partition-grace more); workers "
+                  "heartbeat every lease-ttl / 5. In [500ms, 1h], default 10s",
                   &f->lease_ttl);
+  parser.Duration("--partition-grace", "D",
+                  "how long a worker silent past its lease keeps its rank while its peers train "
+                  "on: it registers again within it (a partition healed) and its attempt goes "
+                  "on, or it counts as lost then and the attempt fails over. 0: lost at the "
+                  "lease. In [0, 1h], default 30s",
+                  &f->partition_grace);
   parser.Duration("--collective-timeout", "D",
                   "the timeout of every collective in the workers of a job (a stalled peer is "
                   "caught after at most this long). In [1s, 24h], default 60s",
@@ -249,6 +257,10 @@ absl::Status OptionsFromFlags(const Flags& f, muonmesh::coordinator::Coordinator
                                                    absl::FormatDuration(f.retain_finished)));
   }
   options->control.retain_finished = f.retain_finished;
+  if (f.partition_grace < absl::ZeroDuration() || f.partition_grace > absl::Hours(1)) {
+    return absl::InvalidArgumentError(absl::StrCat("--partition-grace must be in [0, 1h], got ",
+                                                   absl::FormatDuration(f.partition_grace)));
+  }
   if (f.lease_ttl < absl::Milliseconds(500) || f.lease_ttl > absl::Hours(1)) {
     return absl::InvalidArgumentError(absl::StrCat("--lease-ttl must be in [500ms, 1h], got ",
                                                    absl::FormatDuration(f.lease_ttl)));
@@ -275,6 +287,7 @@ absl::Status OptionsFromFlags(const Flags& f, muonmesh::coordinator::Coordinator
   }
   options->control.worker_ids_from_certificates = f.worker_ids_from_certificates;
   options->control.lease_ttl = f.lease_ttl;
+  options->control.partition_grace = f.partition_grace;
   options->control.heartbeat_interval = f.lease_ttl / 5;
   options->control.collective_timeout = f.collective_timeout;
   return absl::OkStatus();

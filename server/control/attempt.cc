@@ -136,9 +136,27 @@ int64_t Attempt::DrainStopStep() const { return std::min(stop_at_step, max_conti
 bool Attempt::Rejoin(int32_t rank) {
   if (!adopting) return false;
   rejoined[rank] = true;
+  if (!silent_since.empty()) silent_since[rank] = absl::InfinitePast();
   if (std::count(rejoined.begin(), rejoined.end(), false) > 0) return false;
   adopting = false;
   return true;
+}
+
+void Attempt::Silent(int32_t rank, absl::Time last_heard, absl::Time until) {
+  if (silent_since.empty()) silent_since.assign(workers.size(), absl::InfinitePast());
+  silent_since[rank] = last_heard;
+  if (!adopting) {
+    adopting = true;
+    rejoined.assign(workers.size(), true);
+    adopt_by = until;
+  }
+  rejoined[rank] = false;
+  adopt_by = std::max(adopt_by, until);
+}
+
+bool Attempt::IsSilent(int32_t rank) const {
+  return adopting && !silent_since.empty() && silent_since[rank] != absl::InfinitePast() &&
+         !rejoined[rank];
 }
 
 std::optional<std::vector<int32_t>> Attempt::EndAdoption(absl::Time now) {

@@ -56,11 +56,15 @@ struct Attempt {
   std::deque<double> recent_seconds;  // the newest steps' slowest seconds
   std::string plan_fingerprint;
   int64_t steps_done = 0;  // one past the newest step every rank finished
-  // Adopted after a coordinator restart: which ranks' workers came back,
-  // and until when the others may.
+  // Adopted after a coordinator restart, or waiting for workers that went
+  // silent (a partition: Silent): which ranks' workers came back, and until
+  // when the others may.
   bool adopting = false;
   std::vector<bool> rejoined;
   absl::Time adopt_by;
+  // Per rank: when its worker was last heard before it went silent;
+  // InfinitePast for a rank that did not (or came back).
+  std::vector<absl::Time> silent_since;
   // A worker of the attempt is being drained (or the job grows): the ranks
   // stop at stop_at_step with a checkpoint. Why; empty: not draining.
   std::string drained;
@@ -125,6 +129,13 @@ struct Attempt {
   // A rank of an adopted attempt came back. True when it was the last one
   // missing (the attempt runs as before).
   bool Rejoin(int32_t rank);
+  // `rank`'s worker lost its lease (last heard at `last_heard`) while the
+  // rank ran: instead of failing, the attempt waits until `until` for it to
+  // register again naming the rank (Rejoin), as after a coordinator restart.
+  // Its peers train on; a failure they report still fails the attempt.
+  void Silent(int32_t rank, absl::Time last_heard, absl::Time until);
+  // Whether `rank` is waited for as a silent worker (not yet back).
+  bool IsSilent(int32_t rank) const;
   // An adopted attempt past adopt_by at `now` stops waiting: the running
   // ranks whose workers did not come back (to be failed). nullopt while it
   // may still wait, or when it does not.

@@ -70,7 +70,7 @@ ControlPlane::ControlPlane(const ControlPlaneOptions& options, std::unique_ptr<D
                    options.adopt_grace > absl::ZeroDuration()
                        ? options.adopt_grace
                        : std::max(options.lease_ttl, absl::Seconds(10)),
-                   options.allowed_dirs, options.max_recorded_steps,
+                   options.partition_grace, options.allowed_dirs, options.max_recorded_steps,
                    /*plan=*/nullptr, options.log}),
       jobs_service_(&manager_, store_.get(), options.max_watches_per_client),
       fleet_service_(&fleet_, &manager_,

@@ -46,6 +46,8 @@ struct ControlPlaneOptions {
   // After a restart, how long a running attempt waits for its workers to
   // come back before it fails over; zero: the lease TTL, at least 10 s.
   absl::Duration adopt_grace = absl::ZeroDuration();
+  // How long a worker silent past its lease keeps its rank (JobManagerOptions).
+  absl::Duration partition_grace = absl::Seconds(30);
   absl::Duration collective_timeout = absl::Seconds(60);
   // HOST:PORT for Prometheus metrics (/metrics); empty: none.
   std::string metrics_listen;

@@ -400,6 +400,14 @@ void JobManager::CheckAdoptions() {
       std::optional<std::vector<int32_t>> missing = a.EndAdoption(now);
       if (!missing.has_value()) continue;
       for (const int32_t r : *missing) {
+        if (!a.silent_since.empty() && a.silent_since[r] != absl::InfinitePast()) {
+          // A silent worker that did not come back: lost, since it went silent.
+          Log(absl::StrCat("job ", id, " attempt ", a.attempt, ": worker ", a.workers[r],
+                           " (rank ", r, ") did not come back within ",
+                           absl::FormatDuration(options_.partition_grace), "; lost"));
+          if (a.FailLost(r, a.silent_since[r])) PushStops(id, a, a.failure);
+          continue;
+        }
         FailRank(id, a, r,
                  absl::StrCat("the worker did not come back within ",
                               absl::FormatDuration(options_.adopt_grace),
@@ -507,6 +515,16 @@ void JobManager::FailRank(const std::string& job_id, Attempt& a, int32_t rank,
   // The others cannot go on without it: tell them to stop (they end at their
   // next step report, or when a collective with the lost rank times out).
   if (a.Fail(rank, why, clock_.Now())) PushStops(job_id, a, a.failure);
+  // A failure beside a silent worker: its peers' collectives broke on it,
+  // so it is lost (and named the cause), not waited for.
+  for (size_t r = 0; r < a.workers.size(); ++r) {
+    const auto silent = static_cast<int32_t>(r);
+    if (!a.IsSilent(silent) || a.outcome[r] != Attempt::kRunning) continue;
+    Log(absl::StrCat("job ", job_id, " attempt ", a.attempt, ": worker ", a.workers[r], " (rank ",
+                     silent, ") silent and its peers failed; lost"));
+    a.rejoined[r] = true;
+    a.FailLost(silent, a.silent_since[r]);
+  }
 }
 
 void JobManager::MaybeFinish(const std::string& job_id) {
@@ -619,8 +637,17 @@ void JobManager::OnWorkersLost(const std::vector<Fleet::Lost>& lost) {
       Attempt* a = Running(l.job_id);
       if (a == nullptr) continue;
       for (size_t r = 0; r < a->workers.size(); ++r) {
-        if (a->workers[r] == l.worker_id && a->outcome[r] == Attempt::kRunning &&
-            a->FailLost(static_cast<int32_t>(r), l.last_heard)) {
+        if (a->workers[r] != l.worker_id || a->outcome[r] != Attempt::kRunning) continue;
+        const auto rank = static_cast<int32_t>(r);
+        if (options_.partition_grace > absl::ZeroDuration() && a->failure.empty()) {
+          // Silent is not dead: a partition from the coordinator looks the
+          // same, and its peers may train on. Wait for it to come back.
+          a->Silent(rank, l.last_heard, clock_.Now() + options_.partition_grace);
+          Log(absl::StrCat("job ", l.job_id, " attempt ", a->attempt, ": worker ", l.worker_id,
+                           " (rank ", rank, ") silent; keeping the attempt up to ",
+                           absl::FormatDuration(options_.partition_grace),
+                           " for it to come back"));
+        } else if (a->FailLost(rank, l.last_heard)) {
           PushStops(l.job_id, *a, a->failure);
         }
       }

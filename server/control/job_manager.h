@@ -74,13 +74,19 @@ struct JobManagerOptions {
   std::function<void(const std::string& job_id, double critical_path_flops)> on_attempt_planned;
   std::function<void(const std::string& job_id)> on_attempt_done;
   // Called when every rank of a restarted job finished the first step after
-  // a fault, with the seconds since the fault was detected (a rank's failure
-  // or lost lease, or the coordinator's own restart). May be empty.
+  // a fault, with the seconds since the recovery's first fault (a rank's
+  // failure as detected, a lost worker's last heartbeat, or the
+  // coordinator's own restart). May be empty.
   std::function<void(const std::string& job_id, double seconds)> on_recovered;
   // After a restart, how long the coordinator waits for the workers of an
   // attempt that was running to come back (register again naming it)
   // before it fails the attempt as if they were lost.
   absl::Duration adopt_grace = absl::Seconds(10);
+  // A worker whose lease runs out while its rank runs is waited for this
+  // long (its attempt kept, its peers training on) before it counts as lost:
+  // a partition from the coordinator costs nothing if it heals within it.
+  // Zero: lost at the lease, the attempt failed at once.
+  absl::Duration partition_grace = absl::Seconds(30);
   // Resolved folders (job::ResolveAllowedDirs) that every path a job file
   // names must lie in, checked at Submit (PermissionDenied naming the
   // fields; the workers check again, defaults included, with their own
@@ -226,6 +232,9 @@ class JobManager {
   // Sets `record.fault_at` to `at` unless an earlier fault of the same
   // recovery is already there: muonmesh_job_recovery_seconds measures from the
   // first failure to the first step after it, across every attempt between.
+  void Log(const std::string& line) const {
+    if (options_.log) options_.log(line);
+  }
   static void KeepEarliestFault(JobRecord& record, absl::Time at) {
     if (!record.fault_at.has_value() || at < *record.fault_at) record.fault_at = at;
   }

@@ -680,12 +680,13 @@ TEST_F(MuonmeshCtlTest, CoordinatorHelpAndBadFlags) {
   EXPECT_EQ(help.exit_code, 0) << help.err;
   for (const char* flag :
        {"--listen", "--shutdown-grace", "--max-concurrent-plans", "--plan-memory-mib",
-        "--data-dir", "--metrics-listen", "--lease-ttl", "--collective-timeout"}) {
+        "--data-dir", "--metrics-listen", "--lease-ttl", "--partition-grace",
+        "--collective-timeout"}) {
     EXPECT_THAT(help.out, HasSubstr(flag));
   }
   // Either spelling of a name reaches the flag; errors name it with dashes.
   for (const char* bad : {"--max_concurrent_plans=0", "--max-concurrent-plans=0",
-                          "--plan-memory-mib=-1", "--lease-ttl=1ms",
+                          "--plan-memory-mib=-1", "--lease-ttl=1ms", "--partition-grace=2h",
                           "--allowed-dirs=/nonexistent-muonmesh-folder"}) {
     const ProcessResult r = testing::Run({MUONMESH_COORDINATOR_BIN, bad}, kCallBound);
     EXPECT_EQ(r.exit_code, 2) << bad;

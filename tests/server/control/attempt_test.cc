@@ -192,6 +192,40 @@ TEST(AttemptTest, TheLastWorkerBackEndsTheAdoption) {
   EXPECT_FALSE(a.Rejoin(1));  // not adopting any more
 }
 
+// A silent worker (its lease ran out while its rank ran) is waited for like
+// an adopted attempt's: the others count as back, the grace runs from the
+// latest silence, and it is silent until it rejoins.
+TEST(AttemptTest, ASilentWorkerIsWaitedForUntilItComesBack) {
+  FakeClock clock;
+  Attempt a = Started(3);
+  const absl::Time heard = clock.Now();
+  clock.Advance(absl::Seconds(10));
+  a.Silent(1, heard, clock.Now() + absl::Seconds(30));
+  EXPECT_TRUE(a.adopting);
+  EXPECT_TRUE(a.IsSilent(1));
+  EXPECT_FALSE(a.IsSilent(0));
+  EXPECT_EQ(a.silent_since[1], heard);
+  clock.Advance(absl::Seconds(5));
+  a.Silent(2, heard, clock.Now() + absl::Seconds(30));  // the grace now ends at +45 s
+  EXPECT_FALSE(a.Rejoin(1));                            // rank 2 is still away
+  EXPECT_FALSE(a.IsSilent(1));
+  clock.Advance(absl::Seconds(30));
+  EXPECT_FALSE(a.EndAdoption(clock.Now()).has_value());
+  EXPECT_TRUE(a.Rejoin(2));  // the last one back: the attempt goes on
+  EXPECT_FALSE(a.adopting);
+  EXPECT_TRUE(a.failure.empty());
+}
+
+TEST(AttemptTest, ASilentWorkerNotBackByTheEndOfItsGraceIsLate) {
+  FakeClock clock;
+  Attempt a = Started(2);
+  a.Silent(0, clock.Now(), clock.Now() + absl::Seconds(30));
+  clock.Advance(absl::Seconds(31));
+  const std::optional<std::vector<int32_t>> late = a.EndAdoption(clock.Now());
+  ASSERT_TRUE(late.has_value());
+  EXPECT_THAT(*late, ElementsAre(0));
+}
+
 TEST(AttemptTest, AdoptionTakesUpStoredReportsOfItsOwnAttemptOnly) {
   Attempt a = Started(2);
   a.attempt = 1;

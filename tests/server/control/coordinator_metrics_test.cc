@@ -348,9 +348,10 @@ TEST_F(CoordinatorMetricsTest, RecoveryRunsFromTheFirstFaultAcrossFailedAttempts
 }
 
 // A lost worker's fault dates from when the coordinator last heard from it,
-// not from when its lease ran out (60 s later here): w0 heartbeats, goes
-// silent, is found lost at +61 s, and the job's next attempt (on w1)
-// finishes a step 2 s after that: 63 s.
+// not from when its lease ran out (60 s later here) or its partition grace
+// (30 s more): w0 heartbeats, goes silent, is found silent at +61 s and
+// lost at +92 s, and the job's next attempt (on w1) finishes a step 2 s
+// after that: 94 s.
 TEST_F(CoordinatorMetricsTest, ALostWorkersFaultDatesFromItsLastHeartbeat) {
   AddWorker("w0");
   const std::string job = Submit("loses-a-worker", 1, "6, 16, 3", /*max_restarts=*/1);
@@ -365,11 +366,15 @@ TEST_F(CoordinatorMetricsTest, ALostWorkersFaultDatesFromItsLastHeartbeat) {
   ASSERT_EQ(lost.size(), 1u);
   EXPECT_EQ(lost[0].worker_id, "w0");
   manager_->OnWorkersLost(lost);
+  EXPECT_EQ(store_->Get(job)->attempt(), 0) << "failed at the lease, not after the grace";
+  clock_.Advance(absl::Seconds(31));
+  ASSERT_TRUE(fleet_->Heartbeat("w1", leases_["w1"]).ok());
+  manager_->CheckAdoptions();
   ASSERT_EQ(store_->Get(job)->attempt(), 1) << store_->Get(job)->reason();
   clock_.Advance(absl::Seconds(2));
   ReportStep(*manager_, {"w1"}, job, 1, 0);
   EXPECT_EQ(Recovery().sample_count, 1u);
-  EXPECT_DOUBLE_EQ(Recovery().sample_sum, 63.0);
+  EXPECT_DOUBLE_EQ(Recovery().sample_sum, 94.0);
 }
 
 // A refused step (every rank refuses it together) counts once per attempt,

@@ -632,6 +632,66 @@ TEST_F(ServiceTest, KeepaliveEndsAStreamOnASilentLinkAndTheWorkerComesBack) {
   EXPECT_EQ(workers->front().state(), v1::WORKER_STATE_IDLE) << workers->front().DebugString();
 }
 
+// The coordinator's link to every worker of a job goes silent for twice the
+// lease (3 s) and heals: the workers train on among themselves, the
+// coordinator keeps the attempt through its partition grace (30 s) and
+// takes the workers back when they register again naming their ranks. As a
+// coordinator crash of the same length: no restart, every step once. (Before,
+// every worker was LOST at the lease, the attempt failed and restarted from
+// its checkpoint.)
+TEST_F(ServiceTest, ACoordinatorPartitionThatHealsWithinItsGraceCostsNoRestart) {
+  const int coordinator_port = std::stoi(address_.substr(address_.rfind(':') + 1));
+  testing::BlackholeProxy proxy(coordinator_port);
+  ASSERT_NE(proxy.port(), 0);
+  for (int i = 0; i < 2; ++i) {
+    const std::string id = absl::StrCat("w", i);
+    workers_.push_back(std::make_unique<Background>(
+        std::vector<std::string>{MUONMESH_WORKER_BIN, "--coordinator", proxy.address(),
+                                 "--worker-id", id, "--memory-budget", "1GiB"},
+        absl::StrCat(dir_, "/", id, ".log")));
+    ASSERT_TRUE(workers_.back()->WaitForLog("registered as", kStart)) << workers_.back()->Log();
+  }
+  JobText j{"partitioned", 2};
+  j.steps = 600;
+  j.checkpoint_every = 100;
+  j.max_restarts = 1;
+  absl::StatusOr<v1::JobSpec> spec = client::LoadJobForSubmit(WriteJob(dir_, j, dir_ + "/out"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<v1::SubmitJobResponse> r = client_->Submit(*spec, "partitioned-1");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::string id = r->job().id();
+  WatchLog log;
+  std::thread watcher = WatchInBackground(address_, id, &log);
+  int64_t at_block = -1;
+  for (int i = 0; i < 3000 && at_block < 0; ++i) {
+    absl::StatusOr<v1::Job> job = client_->Get(id);
+    if (job.ok() && job->steps_done() >= 20) {
+      at_block = job->steps_done();
+    } else {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
+  ASSERT_GE(at_block, 0) << Logs();
+  proxy.Block();
+  absl::SleepFor(absl::Seconds(6));
+  proxy.Open();
+  watcher.join();
+  ASSERT_TRUE(log.watched.ok()) << log.watched << "\n" << Logs();
+  absl::StatusOr<v1::Job> done = client_->Get(id);
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->reason() << "\n"
+                                                    << absl::StrJoin(log.reasons, "\n") << "\n"
+                                                    << Logs();
+  EXPECT_EQ(done->attempt(), 0) << absl::StrJoin(log.reasons, "\n");
+  EXPECT_LT(at_block, j.steps) << "the job ended before the partition";
+  std::vector<int64_t> expected(j.steps);
+  for (int s = 0; s < j.steps; ++s) expected[s] = s;
+  EXPECT_EQ(log.StepNumbers(), expected);
+  // The coordinator said what happened.
+  EXPECT_TRUE(coordinator_->WaitForLog("silent; keeping the attempt", std::chrono::seconds(1)))
+      << coordinator_->Log();
+}
+
 TEST_F(ServiceTest, ACoordinatorKilledMidJobCostsNoStepAndNoRestart) {
   for (int i = 0; i < 4; ++i) StartWorker(absl::StrCat("w", i));
   JobText j{"kept", 4};
