@@ -381,14 +381,14 @@ std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address,
 }
 
 void AddServerKeepalive(grpc::ServerBuilder& builder) {
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  // Clients' pings are welcome with or without a call open, down to
+  // kMinPingIntervalMs apart, and a ping sooner is never a reason to close
+  // (no strikes limit): a late timer on a loaded machine must not cost a
+  // worker its connection.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  // Clients ping every kKeepaliveTimeMs; a ping sooner than this is a strike
-  // (two and the server says GOAWAY).
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
                              kMinPingIntervalMs);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
 }
 
 }  // namespace muonmesh::credentials

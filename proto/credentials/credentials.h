@@ -102,14 +102,17 @@ absl::StatusOr<ChannelSecurity> LoadChannelSecurity(const ClientSecurityOptions&
 // kKeepaliveTimeMs without traffic, with or without a call open, and drops
 // the connection when no answer comes within kKeepaliveTimeoutMs, so a
 // worker whose link to the coordinator went silent (a partition, a dead
-// host: no reset, no FIN) sees its stream fail within about 10 s and
+// host: no reset, no FIN) sees its stream fail within about 15 s and
 // reconnects, instead of waiting for TCP's retransmission timeout (minutes;
 // after a 30 s partition, 27 s more before the first retransmission got
-// through). The coordinator pings its clients on the same clock and accepts
-// their pings down to kMinPingIntervalMs apart.
+// through). The timeout leaves a loaded machine room to answer. The
+// coordinator accepts its clients' pings down to kMinPingIntervalMs apart
+// and never answers pings with GOAWAY; it does not ping them itself (a
+// worker's lease tells it when one is gone): with both sides pinging, a
+// loaded CI machine saw a client's connection dropped under a call.
 inline constexpr int kKeepaliveTimeMs = 5000;
-inline constexpr int kKeepaliveTimeoutMs = 5000;
-inline constexpr int kMinPingIntervalMs = 4000;
+inline constexpr int kKeepaliveTimeoutMs = 10000;
+inline constexpr int kMinPingIntervalMs = 1000;
 
 // A channel to `address` with `security` (plaintext when it has no
 // credentials), keepalive as above, and `args` (the target name override
