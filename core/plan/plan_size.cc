@@ -1,5 +1,6 @@
 #include "core/plan/plan_size.h"
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
@@ -30,6 +31,34 @@ struct LayoutCounts {
   double holders = 0;
 };
 
+// The Muon matrices (blocks of every expert) that rows [start, start +
+// count) of a tensor meet.
+int64_t MatricesCrossed(const ParamSpec& p, int64_t start, int64_t count) {
+  const int64_t rows = AsMatrix(p).rows;  // of one expert
+  const int64_t blocks = MuonBlocksOf(p);
+  const int64_t last = start + count - 1;
+  if (!MuonStacksBlocks(p)) {
+    // Blocks follow each other: the run meets every block between its ends.
+    auto block_of = [&](int64_t row) {
+      return (row / rows) * blocks + MuonBlockOfRow(p, row % rows);
+    };
+    return block_of(last) - block_of(start) + 1;
+  }
+  // Stacked blocks interleave: both of every expert the run passes whole,
+  // those it meets of the experts at its ends.
+  auto met = [&](int64_t expert) {
+    const int64_t lo = std::max(start - expert * rows, int64_t{0});
+    const int64_t hi = std::min(start + count - expert * rows, rows);
+    int64_t n = 0;
+    for (int64_t b = 0; b < blocks; ++b) n += MuonBlockRows(p, b).Among(lo, hi).count > 0;
+    return n;
+  };
+  const int64_t first_expert = start / rows;
+  const int64_t last_expert = last / rows;
+  if (first_expert == last_expert) return met(first_expert);
+  return met(first_expert) + met(last_expert) + (last_expert - first_expert - 1) * blocks;
+}
+
 // One holder entry per row run of a Muon tensor and expert it crosses: the
 // planner (UnitMatrices) splits a run that spans experts of a stack.
 LayoutCounts Count(const UnitSpec& unit, const UnitLayout& layout) {
@@ -38,14 +67,7 @@ LayoutCounts Count(const UnitSpec& unit, const UnitLayout& layout) {
   for (const Segment& s : layout.segments) {
     const ParamSpec& p = unit.params[layout.tensors[s.tensor].param];
     if (p.optimizer != "muon") continue;
-    // The blocks (of every expert) the run crosses.
-    const int64_t rows = AsMatrix(p).rows;  // of one expert
-    const int64_t blocks = MuonBlocksOf(p);
-    auto block_of = [&](int64_t row) {
-      return (row / rows) * blocks + MuonBlockOfRow(p, row % rows);
-    };
-    c.holders += static_cast<double>(block_of(s.row_start + s.row_count - 1) -
-                                     block_of(s.row_start) + 1);
+    c.holders += static_cast<double>(MatricesCrossed(p, s.row_start, s.row_count));
   }
   return c;
 }
@@ -62,7 +84,8 @@ class CountCache {
       const ParamSpec& p = unit.params[t.param];
       // Muon rows per expert decide how runs split into holder entries.
       const int64_t muon_rows = p.optimizer == "muon" ? MuonMatrixOf(p).rows : 0;
-      key.insert(key.end(), {t.param, t.rows, t.row_len, muon_rows, p.muon_block_rows_next});
+      key.insert(key.end(), {t.param, t.rows, t.row_len, muon_rows, p.muon_block_rows_next,
+                              p.muon_stack_blocks ? 1 : 0});
     }
     auto it = cache_.find(key);
     if (it == cache_.end()) {
@@ -86,9 +109,10 @@ std::pair<double, double> UnitMatrices(const UnitSpec& unit, bool expert, int64_
     const double copies = (p.expert ? static_cast<double>(p.shape[0] / ep) : 1.0) *
                           static_cast<double>(MuonBlocksOf(p));
     matrices += copies;
-    // "name[e]": two brackets and at most 18 digits; "[r0:r1]" per block.
-    name_bytes += copies * static_cast<double>(p.name.size() + (p.expert ? 20 : 0) +
-                                               (p.muon_block_rows > 0 ? 40 : 0));
+    // "name[e]": two brackets and at most 18 digits; "[r0:r1]" per block,
+    // "[r0:r1 every s]" per stacked one.
+    const size_t block_bytes = MuonStacksBlocks(p) ? 64 : p.muon_block_rows > 0 ? 40 : 0;
+    name_bytes += copies * static_cast<double>(p.name.size() + (p.expert ? 20 : 0) + block_bytes);
   }
   return {matrices, name_bytes};
 }

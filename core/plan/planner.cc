@@ -58,23 +58,28 @@ std::vector<MatrixPlan> UnitMatrices(const UnitSpec& unit, int32_t u, const Unit
     const int64_t matrices = (p.expert ? p.shape[0] / cfg.ep : 1) * blocks;
     for (int64_t e = 0; e < matrices; ++e) {
       // Block e % blocks of expert e / blocks (blocks may alternate sizes).
-      const RowRange block = MuonBlockRows(p, e % blocks);
+      const MatrixRows block = MuonBlockRows(p, e % blocks);
       MatrixPlan m;
       m.unit = u;
       m.param = layout.tensors[t].param;
       m.expert = p.expert ? static_cast<int32_t>(e / blocks) : -1;
       m.row_offset = (e / blocks) * whole.rows + block.start;
+      if (block.Strided()) {
+        m.row_piece = block.piece;
+        m.row_stride = block.stride;
+      }
       m.rows = block.count;
       m.cols = whole.cols;
       m.ns_form = ChooseNsForm(cfg.ns_algorithm, m.rows, m.cols, cfg.ns_steps, cfg.ns_table,
                                cfg.threads_per_rank);
       m.cost_flops = NsFlops(m.ns_form, m.rows, m.cols, cfg.ns_steps, cfg.ns_table,
                              cfg.threads_per_rank);
-      const int64_t lo = m.row_offset;
-      const int64_t hi = lo + m.rows;
+      // A holder's tensor rows are one run of the matrix's rows, stacked
+      // blocks included (MatrixRows::Among).
+      const MatrixRows rows = m.TensorRows();
       for (const Holder& h : held[t]) {
-        const RowRange r = IntersectRows(lo, hi, h.row_start, h.row_count);
-        if (r.count > 0) m.holders.push_back(Holder{h.position, r.start - lo, r.count});
+        const RowRange r = rows.Among(h.row_start, h.row_start + h.row_count);
+        if (r.count > 0) m.holders.push_back(Holder{h.position, r.start, r.count});
       }
       out.push_back(std::move(m));
     }

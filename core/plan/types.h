@@ -31,6 +31,10 @@ struct ParamSpec {
   // k_nope rows, then v rows). 0: every block has muon_block_rows. The pair
   // must divide the matrix's rows.
   int64_t muon_block_rows_next = 0;
+  // With muon_block_rows_next: the blocks of each size form one matrix, their
+  // rows stacked in order (MLA's kv_b_proj under split_qkv: every head's
+  // k_nope rows, then every head's v rows), two matrices per tensor.
+  bool muon_stack_blocks = false;
 };
 
 struct UnitSpec {
@@ -197,6 +201,42 @@ inline RowRange IntersectRows(int64_t lo, int64_t hi, int64_t start, int64_t cou
   return a < b ? RowRange{a, b - a} : RowRange{a, 0};
 }
 
+// The rows of one Muon matrix among its tensor's rows: `count` rows from
+// `start`, in pieces of `piece` rows whose starts lie `stride` rows apart
+// (a stacked block, ParamSpec::muon_stack_blocks). piece 0 (or piece ==
+// count): one run of rows.
+struct MatrixRows {
+  int64_t start = 0;
+  int64_t count = 0;
+  int64_t piece = 0;
+  int64_t stride = 0;
+
+  bool Strided() const { return piece > 0 && piece < count; }
+  // The tensor row of matrix row `row`.
+  int64_t TensorRow(int64_t row) const {
+    return Strided() ? start + (row / piece) * stride + row % piece : start + row;
+  }
+  // The matrix rows whose tensor rows lie in [lo, hi): one run, as
+  // TensorRow increases (count 0 when none).
+  RowRange Among(int64_t lo, int64_t hi) const {
+    const int64_t a = FirstAtOrAfter(lo);
+    const int64_t b = FirstAtOrAfter(hi);
+    return b > a ? RowRange{a, b - a} : RowRange{a, 0};
+  }
+
+ private:
+  // The first matrix row whose tensor row is >= `row` (count if none).
+  int64_t FirstAtOrAfter(int64_t row) const {
+    const int64_t d = row - start;
+    if (d <= 0) return 0;
+    if (!Strided()) return d < count ? d : count;
+    const int64_t k = d / stride;
+    const int64_t within = d % stride;
+    const int64_t at = k * piece + (within < piece ? within : piece);
+    return at < count ? at : count;
+  }
+};
+
 // ---------------------------------------------------------------- owners
 
 struct Holder {
@@ -213,6 +253,10 @@ struct MatrixPlan {
   // Where its rows start among the tensor's local rows: the expert's first
   // row in its stack, plus the block's (ParamSpec::muon_block_rows).
   int64_t row_offset = 0;
+  // A stacked block (ParamSpec::muon_stack_blocks): its rows come in pieces
+  // of row_piece rows, row_stride rows apart from row_offset. 0: one run.
+  int64_t row_piece = 0;
+  int64_t row_stride = 0;
   int64_t rows = 0;
   int64_t cols = 0;
   NsAlgorithm ns_form = NsAlgorithm::kStandard;  // the form that runs (auto resolved)
@@ -226,6 +270,9 @@ struct MatrixPlan {
   int32_t replica = -1;
   double owner_cost = 0;
   int64_t gather_bytes = 0;     // bytes the owner receives plus sends back
+
+  // Its rows among the tensor's local rows.
+  MatrixRows TensorRows() const { return {row_offset, rows, row_piece, row_stride}; }
 };
 
 // Owner assignment of one class of identical domains (all dense domains share

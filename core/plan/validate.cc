@@ -119,6 +119,9 @@ int64_t CheckShape(const ParamSpec& p, const ParamPath& path, int64_t ep, Violat
     v.Add(path(".muon_block_rows_next"),
           p.muon_block_rows_next < 0 ? absl::StrCat("must be >= 0, got ", p.muon_block_rows_next)
                                      : std::string("needs muon_block_rows"));
+  } else if (p.muon_stack_blocks && p.muon_block_rows_next <= 0) {
+    v.Add(path(".muon_stack_blocks"),
+          "needs muon_block_rows and muon_block_rows_next (blocks of two sizes to stack)");
   }
   return numel;
 }
@@ -236,8 +239,12 @@ MatrixView AsMatrix(const ParamSpec& p) {
 
 MatrixView MuonMatrixOf(const ParamSpec& p) {
   MatrixView m = AsMatrix(p);
-  if (p.muon_block_rows > 0) m.rows = p.muon_block_rows;
+  if (p.muon_block_rows > 0) m.rows = MuonBlockRows(p, 0).count;
   return m;
+}
+
+bool MuonStacksBlocks(const ParamSpec& p) {
+  return p.muon_stack_blocks && p.muon_block_rows > 0 && p.muon_block_rows_next > 0;
 }
 
 int64_t MuonBlockPeriod(const ParamSpec& p) {
@@ -246,22 +253,30 @@ int64_t MuonBlockPeriod(const ParamSpec& p) {
 
 int64_t MuonBlocksOf(const ParamSpec& p) {
   if (p.muon_block_rows <= 0) return 1;
+  if (MuonStacksBlocks(p)) return 2;
   const int64_t periods = AsMatrix(p).rows / MuonBlockPeriod(p);
   return p.muon_block_rows_next > 0 ? 2 * periods : periods;
 }
 
-RowRange MuonBlockRows(const ParamSpec& p, int64_t block) {
+MatrixRows MuonBlockRows(const ParamSpec& p, int64_t block) {
   if (p.muon_block_rows <= 0) return {0, AsMatrix(p).rows};
   if (p.muon_block_rows_next <= 0) return {block * p.muon_block_rows, p.muon_block_rows};
-  const int64_t start = (block / 2) * MuonBlockPeriod(p) + (block % 2) * p.muon_block_rows;
-  return {start, block % 2 == 0 ? p.muon_block_rows : p.muon_block_rows_next};
+  const int64_t period = MuonBlockPeriod(p);
+  const int64_t size = block % 2 == 0 ? p.muon_block_rows : p.muon_block_rows_next;
+  if (MuonStacksBlocks(p)) {
+    // Every period's block of this size, stacked: pieces `period` apart.
+    const int64_t periods = AsMatrix(p).rows / period;
+    return {block == 0 ? 0 : p.muon_block_rows, periods * size, size, period};
+  }
+  return {(block / 2) * period + (block % 2) * p.muon_block_rows, size};
 }
 
 int64_t MuonBlockOfRow(const ParamSpec& p, int64_t row) {
   if (p.muon_block_rows <= 0) return 0;
   if (p.muon_block_rows_next <= 0) return row / p.muon_block_rows;
   const int64_t period = MuonBlockPeriod(p);
-  return 2 * (row / period) + (row % period >= p.muon_block_rows ? 1 : 0);
+  const int64_t second = row % period >= p.muon_block_rows ? 1 : 0;
+  return MuonStacksBlocks(p) ? second : 2 * (row / period) + second;
 }
 
 namespace {

@@ -58,15 +58,18 @@ struct MatrixView {
 };
 MatrixView AsMatrix(const ParamSpec& p);
 // The matrix Muon orthogonalizes (a block of AsMatrix's rows with
-// muon_block_rows), and how many of them one expert's (or a dense) tensor
-// holds.
+// muon_block_rows; the first with blocks of two sizes), and how many of them
+// one expert's (or a dense) tensor holds.
 MatrixView MuonMatrixOf(const ParamSpec& p);
 int64_t MuonBlocksOf(const ParamSpec& p);
 // Blocks of two sizes (muon_block_rows_next): the rows of one pair, block
 // b's rows within its expert's (or the dense) matrix, and the block a row
-// of that matrix falls in. Uniform blocks and whole matrices alike.
+// of that matrix falls in. Uniform blocks, whole matrices and stacked
+// blocks (muon_stack_blocks: block 0 every pair's first block, block 1
+// every pair's second, each in pieces) alike.
 int64_t MuonBlockPeriod(const ParamSpec& p);
-RowRange MuonBlockRows(const ParamSpec& p, int64_t block);
+bool MuonStacksBlocks(const ParamSpec& p);
+MatrixRows MuonBlockRows(const ParamSpec& p, int64_t block);
 int64_t MuonBlockOfRow(const ParamSpec& p, int64_t row);
 int64_t NumElements(const ParamSpec& p);
 

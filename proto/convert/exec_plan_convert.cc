@@ -62,6 +62,8 @@ void DomainPlanTo(const plan::DomainPlan& d, v1::ExecDomainPlan* out) {
     x->set_param(m.param);
     x->set_expert(m.expert);
     x->set_row_offset(m.row_offset);
+    x->set_row_piece(m.row_piece);
+    x->set_row_stride(m.row_stride);
     x->set_rows(m.rows);
     x->set_cols(m.cols);
     x->set_cost_flops(m.cost_flops);
@@ -166,8 +168,18 @@ absl::StatusOr<plan::DomainPlan> DomainPlanFrom(const v1::ExecDomainPlan& d,
     m.param = x.param();
     m.expert = x.expert();
     m.row_offset = x.row_offset();
+    m.row_piece = x.row_piece();
+    m.row_stride = x.row_stride();
     m.rows = x.rows();
     m.cols = x.cols();
+    // Pieces that fit their stride and make whole rows of the matrix.
+    if (m.row_piece < 0 || m.row_stride < 0 ||
+        (m.row_piece > 0 && (m.row_piece > m.row_stride || m.rows <= 0 ||
+                             m.rows % m.row_piece != 0))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".matrices[", i, "]: pieces of ", m.row_piece, " rows every ", m.row_stride,
+          " do not make its ", m.rows, " rows"));
+    }
     m.ns_form = plan::ChooseNsForm(config.ns_algorithm, m.rows, m.cols, config.ns_steps,
                                    config.ns_table, config.threads_per_rank);
     m.cost_flops = x.cost_flops();

@@ -122,7 +122,13 @@ void MatricesToProto(const plan::PlanInput& input, const plan::Plan& p, const pl
       if (spec.muon_block_rows > 0) {
         // The block's rows within its matrix (its expert's, or the tensor).
         const int64_t first = m.row_offset % plan::AsMatrix(spec).rows;
-        absl::StrAppend(&name, "[", first, ":", first + m.rows, "]");
+        if (m.row_piece > 0) {
+          // A stacked block: `piece` rows from `first`, again every `stride`.
+          absl::StrAppend(&name, "[", first, ":", first + m.row_piece, " every ", m.row_stride,
+                          "]");
+        } else {
+          absl::StrAppend(&name, "[", first, ":", first + m.rows, "]");
+        }
       }
       o->set_name(std::move(name));
       o->set_rows(m.rows);
@@ -171,6 +177,7 @@ plan::ModelSpec ModelFromProto(const v1::ModelSpec& model) {
       param.expert = p.expert();
       param.muon_block_rows = p.muon_block_rows();
       param.muon_block_rows_next = p.muon_block_rows_next();
+      param.muon_stack_blocks = p.muon_stack_blocks();
     }
   }
   return out;
@@ -191,6 +198,7 @@ v1::ModelSpec ModelToProto(const plan::ModelSpec& model) {
       param->set_expert(p.expert);
       param->set_muon_block_rows(p.muon_block_rows);
       param->set_muon_block_rows_next(p.muon_block_rows_next);
+      param->set_muon_stack_blocks(p.muon_stack_blocks);
     }
   }
   return out;

@@ -311,7 +311,8 @@ TEST_P(StandaloneConfigTest, GptFourRanksGiveTheOneRankLosses) {
 // 1-rank losses and validation losses, the logits each step records
 // included, and the loss falls. The sharded configs (ZeRO-3, HSDP, HFSDP)
 // run it with DeepSeek's multi-head latent attention (q_lora and per_head
-// on HSDP) instead, so each attention meets a sharded layout.
+// on HSDP, split_qkv on ZeRO-3) instead, so each attention meets a sharded
+// layout.
 TEST_P(StandaloneConfigTest, TransformerFourRanksGiveTheOneRankLosses) {
   const std::string dir = Fresh(std::string("transformer_") + GetParam().name);
   Job one = GptJob(dir, std::string("tr_one_") + GetParam().name);
@@ -327,9 +328,10 @@ TEST_P(StandaloneConfigTest, TransformerFourRanksGiveTheOneRankLosses) {
   one.model = "{transformer: {vocab_size: 256, seq_len: 16, n_layer: 2, d_model: 16, n_head: 4, " +
               attention + ", ffn_hidden: 40}}";
   // HSDP's MLA orthogonalizes per head (q_b_proj's heads, kv_b_proj's
-  // k_nope and v blocks in turn).
+  // k_nope and v blocks in turn), ZeRO-3's splits kv_b_proj into its k_nope
+  // and its v rows (split_qkv: two stacked matrices).
   one.optimizer = std::string("  muon: {lr: 0.02, momentum: 0.95, qk_clip: 30") +
-                  (name == "hsdp" ? ", per_head: true" : "") +
+                  (name == "hsdp" ? ", per_head: true" : name == "zero3" ? ", split_qkv: true" : "") +
                   "}\n  adamw: {lr: 0.01, beta2: 0.95}\n";
   one.training_extra = ", eval_every: 6, eval_batches: 2, clip_grad_norm: 1.0";
   one.output_dir = dir + "/one";

@@ -192,6 +192,9 @@ struct Trainer::Impl::WaveRun {
   // Stage 1: momentum and the Nesterov input on my rows, the whole matrices
   // I orthogonalize, and the gathers (one exchange per mesh) that fill them.
   absl::Status Gather();
+  // Gather's first part: momentum and the Nesterov input on my rows of
+  // every matrix of the wave, into `rows`.
+  absl::Status PrepareRows();
   // Stage 2: Newton-Schulz on everything I own in the wave, then (after
   // `before_scatter`, which joins the next wave's gather: the exchanges
   // share the domain groups) the scatters, the replica exchange (under the
@@ -210,6 +213,23 @@ struct Trainer::Impl::WaveRun {
   absl::Status ApplyUpdates();
 };
 
+absl::Status Trainer::Impl::WaveRun::PrepareRows() {
+  for (int32_t id : ids) {
+    UnitState& u = m.units[id];
+    for (size_t i = 0; i < u.matrices.size(); ++i) {
+      const plan::MatrixPlan& mp = MatricesOf(u)[u.matrices[i]];
+      const LocalRows& mine = u.mine[i];
+      float* out = rows.data() + u.rows_base + u.rows_offset[i];
+      absl::Status st = ForEachRun(mp, mine, [&](int64_t at, int64_t row, int64_t count) {
+        return m.dev->MuonPrepare(m.step_muon, u.grad.data() + at, u.state1.data() + at,
+                                  out + (row - mine.row_start) * mp.cols, count * mp.cols);
+      });
+      MUONMESH_RETURN_IF_ERROR(st);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::Impl::WaveRun::Gather() {
   const bool everyone = m.plan->config.owner_rule == plan::OwnerRule::kAllGather;
   StepReport* report = &gathered;
@@ -220,17 +240,7 @@ absl::Status Trainer::Impl::WaveRun::Gather() {
     rows_needed += m.units[id].rows_total;
   }
   MUONMESH_RETURN_IF_ERROR(m.Reserve(rows, rows_needed));
-  for (int32_t id : ids) {
-    UnitState& u = m.units[id];
-    for (size_t i = 0; i < u.matrices.size(); ++i) {
-      const int64_t n = u.mine[i].row_count * MatricesOf(u)[u.matrices[i]].cols;
-      if (n == 0) continue;
-      absl::Status st = m.dev->MuonPrepare(m.step_muon, u.grad.data() + u.mine[i].offset,
-                                           u.state1.data() + u.mine[i].offset,
-                                           rows.data() + u.rows_base + u.rows_offset[i], n);
-      MUONMESH_RETURN_IF_ERROR(st);
-    }
-  }
+  MUONMESH_RETURN_IF_ERROR(PrepareRows());
   for (int32_t id : ids) {
     UnitState& u = m.units[id];
     for (size_t i = 0; i < u.matrices.size(); ++i) {
@@ -392,8 +402,12 @@ absl::Status Trainer::Impl::WaveRun::ApplyUpdates() {
       if (n == 0) continue;
       const optim::MuonOptions opt = m.MuonFor(m.unit_base[mp.unit] + mp.param);
       const float* o = rows.data() + u.rows_base + u.rows_offset[i];
-      st = m.dev->MuonApply(opt, mp.rows, mp.cols, u.grad.data() + u.mine[i].offset, o,
-                            u.state1.data() + u.mine[i].offset, p + u.mine[i].offset, n);
+      const LocalRows& mine = u.mine[i];
+      st = ForEachRun(mp, mine, [&](int64_t at, int64_t row, int64_t count) {
+        return m.dev->MuonApply(opt, mp.rows, mp.cols, u.grad.data() + at,
+                                o + (row - mine.row_start) * mp.cols, u.state1.data() + at,
+                                p + at, count * mp.cols);
+      });
       MUONMESH_RETURN_IF_ERROR(st, "Muon update of ", m.plan->units[u.unit].name);
       // Health: what this update moved (lr * scale * O on my rows).
       MUONMESH_ASSIGN_OR_RETURN(const double o_sq, m.dev->SumOfSquares(o, n));

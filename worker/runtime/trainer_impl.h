@@ -241,21 +241,38 @@ struct Trainer::Impl {
   }
 
   // Rows of matrix `m` in my shard (row_start relative to the matrix: an
-  // expert's matrix is a block of rows of its stack), or row_count 0.
+  // expert's matrix is a block of rows of its stack), or row_count 0. The
+  // offset is the first row's; a stacked block's rows lie in pieces
+  // (ForEachRun).
   static LocalRows Mine(const UnitState& u, const plan::MatrixPlan& m) {
     const plan::UnitLayout& l = *u.layout;
     const int64_t shard = MyShard(u);
-    const int64_t lo = m.row_offset;
-    const int64_t hi = lo + m.rows;
+    const plan::MatrixRows rows = m.TensorRows();
     for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
       const plan::Segment& seg = l.segments[i];
       if (l.tensors[seg.tensor].param != m.param) continue;
-      const plan::RowRange r = plan::IntersectRows(lo, hi, seg.row_start, seg.row_count);
+      const plan::RowRange r = rows.Among(seg.row_start, seg.row_start + seg.row_count);
       if (r.count == 0) continue;
-      return {seg.offset + (r.start - seg.row_start) * l.tensors[seg.tensor].row_len,
-              r.start - lo, r.count};
+      return {seg.offset + (rows.TensorRow(r.start) - seg.row_start) * l.tensors[seg.tensor].row_len,
+              r.start, r.count};
     }
     return {};
+  }
+
+  // Calls fn(shard offset, first row, rows) for each run of `mine`'s rows
+  // that lies in one piece of the shard (one call unless `m` is a stacked
+  // block); rows count within the matrix, as LocalRows's.
+  template <typename Fn>
+  static absl::Status ForEachRun(const plan::MatrixPlan& m, const LocalRows& mine, Fn fn) {
+    const plan::MatrixRows rows = m.TensorRows();
+    const int64_t first = rows.TensorRow(mine.row_start);
+    const int64_t end = mine.row_start + mine.row_count;
+    for (int64_t r = mine.row_start; r < end;) {
+      const int64_t next = rows.Strided() ? std::min(end, (r / rows.piece + 1) * rows.piece) : end;
+      MUONMESH_RETURN_IF_ERROR(fn(mine.offset + (rows.TensorRow(r) - first) * m.cols, r, next - r));
+      r = next;
+    }
+    return absl::OkStatus();
   }
 
   // Runs `fn` on `c` and adds its bytes to `report->bytes_sent[name]`.

@@ -87,12 +87,6 @@ void Validate(const v1::JobSpec& job, plan::Violations& v) {
       v.Add(absl::StrCat("model.transformer.", f->field), f->description);
     }
   }
-  const v1::MuonConfig& muon = job.optimizer().muon();
-  if (t.attention() == "mla" && muon.split_qkv() && !muon.per_head()) {
-    v.Add("optimizer.muon.split_qkv",
-          "not on attention: mla yet (kv_b_proj's k_nope rows and v rows interleave head by "
-          "head, so neither group is one block of rows); per_head cuts them per head");
-  }
   if (job.device() == "cuda") {
     v.Add("model.transformer", "not on device cuda yet: the transformer has no GPU form");
   }
@@ -114,14 +108,27 @@ absl::StatusOr<plan::ModelSpec> Spec(const ModelForm& form, int64_t /*ep*/) {
 
 // q, k and v are separate already: split_qkv changes nothing on mha;
 // per_head cuts q_proj per head and k_proj, v_proj per kv head (head_dim
-// rows each). MLA: per_head cuts q_b_proj (or q_proj) into [dn + dr] blocks
-// per head and kv_b_proj into [dn] and [dv] blocks per head in turn;
-// q_a_proj, kv_a_proj and o_proj stay whole.
-void AttentionBlocks(const ModelForm& form, bool /*split_qkv*/, bool per_head,
+// rows each). MLA: split_qkv makes kv_b_proj two matrices, every head's
+// k_nope rows stacked and every head's v rows stacked; per_head cuts
+// q_b_proj (or q_proj) into [dn + dr] blocks per head and kv_b_proj into
+// [dn] and [dv] blocks per head in turn; q_a_proj, kv_a_proj and o_proj
+// stay whole.
+void AttentionBlocks(const ModelForm& form, bool split_qkv, bool per_head,
                      plan::ModelSpec* spec) {
   const model::TransformerDims& d = std::get<TransformerModel>(form).dims;
-  if (!per_head) return;
   const bool mla = d.attention == model::Attention::kMla;
+  if (mla && split_qkv && !per_head) {
+    for (plan::UnitSpec& unit : spec->units) {
+      for (plan::ParamSpec& p : unit.params) {
+        if (!absl::EndsWith(p.name, ".attn.kv_b_proj.weight")) continue;
+        p.muon_block_rows = d.mla.qk_nope_head_dim;
+        p.muon_block_rows_next = d.mla.v_head_dim;
+        p.muon_stack_blocks = true;
+      }
+    }
+    return;
+  }
+  if (!per_head) return;
   const int64_t dn = d.mla.qk_nope_head_dim;
   for (plan::UnitSpec& unit : spec->units) {
     for (plan::ParamSpec& p : unit.params) {

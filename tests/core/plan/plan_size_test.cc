@@ -18,7 +18,8 @@ namespace {
 using ::testing::HasSubstr;
 
 // A model with everything the counts depend on: several row lengths, vectors,
-// a 4-D tensor seen as a matrix, expert stacks whose runs cross experts.
+// a 4-D tensor seen as a matrix, expert stacks whose runs cross experts,
+// stacked blocks (ParamSpec::muon_stack_blocks) of a tensor and of a stack.
 ModelSpec Mixed() {
   ModelSpec m;
   m.units.push_back({"embed", {{"embed.weight", {50, 12}, "adamw", false}}});
@@ -30,6 +31,9 @@ ModelSpec Mixed() {
                         {p + ".conv", {6, 2, 3, 3}, "muon", false},
                         {p + ".norm", {12}, "adamw", false},
                         {p + ".experts.w1", {8, 10, 12}, "muon", true},
+                        // Stacked blocks, whose runs meet both matrices.
+                        {p + ".kv_b", {24, 12}, "muon", false, 3, 1, true},
+                        {p + ".experts.w2", {8, 10, 12}, "muon", true, 3, 2, true},
                         {p + ".experts.bias", {8, 10}, "adamw", true}}});
   }
   return m;

@@ -1,6 +1,8 @@
 #include "core/plan/validate.h"
 
 #include <functional>
+#include <tuple>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -173,8 +175,54 @@ INSTANTIATE_TEST_SUITE_P(
                       {{"extra." + std::to_string(i) + ".w", {4, 4}, "muon", false}}});
                }
              },
-             "world_size", "shards in all"}),
+             "world_size", "shards in all"},
+        Case{"StackingOneSizeOfBlocks",
+             [](PlanInput& in) {
+               in.model.units[0].params[0].muon_block_rows = 4;
+               in.model.units[0].params[0].muon_stack_blocks = true;
+             },
+             "model.units[0].params[0].muon_stack_blocks", "blocks of two sizes to stack"}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+// Stacked blocks (MLA's kv_b_proj under split_qkv: [k_nope dn | v dv] per
+// head, H heads): matrix 0 is every head's k_nope rows, matrix 1 every v
+// row, in order. Against rows listed by brute force: TensorRow, the row's
+// block, and Among for every tensor row range (a shard's rows).
+TEST(ValidateTest, StackedBlocksListEveryRowOfTheirSizeOnce) {
+  for (const auto& [dn, dv, heads] : {std::tuple{2, 3, 4}, std::tuple{3, 1, 5}, std::tuple{1, 1, 1}}) {
+    SCOPED_TRACE(::testing::Message() << dn << " " << dv << " x" << heads);
+    ParamSpec p{"kv_b", {heads * (dn + dv), 7}, "muon", false, dn, dv, true};
+    ASSERT_EQ(MuonBlocksOf(p), 2);
+    EXPECT_EQ(MuonMatrixOf(p).rows, heads * dn);
+    std::vector<int64_t> listed[2];
+    for (int64_t r = 0; r < heads * (dn + dv); ++r) {
+      const int64_t block = r % (dn + dv) < dn ? 0 : 1;
+      listed[block].push_back(r);
+      EXPECT_EQ(MuonBlockOfRow(p, r), block) << "row " << r;
+    }
+    for (int64_t b = 0; b < 2; ++b) {
+      const MatrixRows rows = MuonBlockRows(p, b);
+      ASSERT_EQ(rows.count, static_cast<int64_t>(listed[b].size()));
+      for (int64_t i = 0; i < rows.count; ++i) EXPECT_EQ(rows.TensorRow(i), listed[b][i]);
+      for (int64_t lo = 0; lo <= heads * (dn + dv); ++lo) {
+        for (int64_t hi = lo; hi <= heads * (dn + dv); ++hi) {
+          // The matrix rows inside [lo, hi), counted one by one.
+          int64_t first = -1, count = 0;
+          for (int64_t i = 0; i < rows.count; ++i) {
+            if (listed[b][i] < lo || listed[b][i] >= hi) continue;
+            if (first < 0) first = i;
+            ++count;
+          }
+          const RowRange got = rows.Among(lo, hi);
+          ASSERT_EQ(got.count, count) << "[" << lo << ", " << hi << ")";
+          if (count > 0) {
+            EXPECT_EQ(got.start, first);
+          }
+        }
+      }
+    }
+  }
+}
 
 TEST(ValidateTest, ReportsEveryViolationAtOnce) {
   PlanInput in = ValidInput();

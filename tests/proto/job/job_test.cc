@@ -1138,7 +1138,7 @@ TEST(JobTest, TransformerSectionsAreCheckedFieldByField) {
   std::vector<std::string> fields;
   for (const plan::FieldViolation& f : job::ValidateJob(cuda)) fields.push_back(f.field);
   EXPECT_THAT(fields, ElementsAre("model.transformer"));
-  // MLA trains, and per_head on it; split_qkv alone is refused, naming it.
+  // MLA trains, with per_head and with split_qkv.
   v1::JobSpec mla = job_of(llama + ", attention: mla, mla: {q_lora_rank: 8, kv_lora_rank: 16, "
                                    "qk_nope_head_dim: 8, qk_rope_head_dim: 4, v_head_dim: 8}");
   EXPECT_THAT(job::ValidateJob(mla), IsEmpty());
@@ -1146,9 +1146,46 @@ TEST(JobTest, TransformerSectionsAreCheckedFieldByField) {
   EXPECT_THAT(job::ValidateJob(mla), IsEmpty());
   mla.mutable_optimizer()->mutable_muon()->set_per_head(false);
   mla.mutable_optimizer()->mutable_muon()->set_split_qkv(true);
-  fields.clear();
-  for (const plan::FieldViolation& f : job::ValidateJob(mla)) fields.push_back(f.field);
-  EXPECT_THAT(fields, ElementsAre("optimizer.muon.split_qkv"));
+  EXPECT_THAT(job::ValidateJob(mla), IsEmpty());
+}
+
+// split_qkv on MLA makes each layer's kv_b_proj [H (dn + dv), r] two Muon
+// matrices: every head's k_nope rows [H dn, r] and every head's v rows
+// [H dv, r], in pieces one head apart; nothing else is cut, and per_head
+// (which cuts per head) wins when both are on.
+TEST(JobTest, SplitQkvOnMlaStacksKNopeRowsAndVRows) {
+  v1::JobSpec job;
+  ASSERT_TRUE(protoio::ParseMessageText(
+                  "name: t\nworld_size: 2\nmodel: {transformer: {vocab_size: 256, seq_len: 16, "
+                  "n_layer: 2, d_model: 32, n_head: 4, ffn_hidden: 64, attention: mla, "
+                  "mla: {kv_lora_rank: 16, qk_nope_head_dim: 6, qk_rope_head_dim: 4, "
+                  "v_head_dim: 10}}}\ndata: {text: {train: /x.txt}}\n"
+                  "training: {steps: 1, global_batch_size: 2}\n"
+                  "optimizer: {muon: {split_qkv: true}}\n",
+                  "job", &job)
+                  .ok());
+  ASSERT_THAT(job::ValidateJob(job), IsEmpty());
+  absl::StatusOr<plan::PlanInput> in = job::PlanInputOf(job, "");
+  ASSERT_TRUE(in.ok()) << in.status();
+  absl::StatusOr<plan::Plan> plan = plan::ComputePlan(*in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // Per Muon tensor, its matrices' (rows, first row, piece, stride).
+  std::map<std::string, std::set<std::tuple<int64_t, int64_t, int64_t, int64_t>>> matrices;
+  for (const plan::MatrixPlan& m : plan->dense.matrices) {
+    const plan::ParamSpec& p = in->model.units[m.unit].params[m.param];
+    matrices[p.name].insert({m.rows, m.row_offset, m.row_piece, m.row_stride});
+  }
+  using Set = std::set<std::tuple<int64_t, int64_t, int64_t, int64_t>>;
+  EXPECT_EQ(matrices["layers.0.attn.kv_b_proj.weight"], (Set{{24, 0, 6, 16}, {40, 6, 10, 16}}));
+  EXPECT_EQ(matrices["layers.1.attn.kv_b_proj.weight"], (Set{{24, 0, 6, 16}, {40, 6, 10, 16}}));
+  EXPECT_EQ(matrices["layers.0.attn.q_proj.weight"], (Set{{40, 0, 0, 0}}));
+  EXPECT_EQ(matrices["layers.0.attn.o_proj.weight"], (Set{{32, 0, 0, 0}}));
+  job.mutable_optimizer()->mutable_muon()->set_per_head(true);
+  in = job::PlanInputOf(job, "");
+  ASSERT_TRUE(in.ok()) << in.status();
+  for (const plan::UnitSpec& u : in->model.units) {
+    for (const plan::ParamSpec& p : u.params) EXPECT_FALSE(p.muon_stack_blocks) << p.name;
+  }
 }
 
 // output.export_format: muonmesh or hf; hf only for a dense Llama-style

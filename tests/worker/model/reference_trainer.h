@@ -35,6 +35,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -81,6 +82,11 @@ struct RefRecipe {
   // Per parameter: Muon orthogonalizes each block of this many rows alone
   // (0 or missing: the whole matrix).
   std::vector<int64_t> param_block_rows;
+  // Per parameter, with param_block_rows: blocks of two sizes in turn, this
+  // many rows the second (0 or missing: one size); and whether the blocks of
+  // each size form one matrix, their rows stacked in order.
+  std::vector<int64_t> param_block_rows_next;
+  std::vector<bool> param_stack_blocks;
 };
 
 // `o` for parameter i under the recipe's per-parameter rates.
@@ -329,31 +335,75 @@ inline void MuonStep(const RefMuonOptions& opt, int64_t rows, int64_t cols,
   for (size_t k = 0; k < size; ++k) (*param)[k] -= opt.lr * scale * o[k];
 }
 
-// MuonStep on each block of `block_rows` rows of a rows x cols matrix
-// alone (block_rows 0: the whole matrix), each with its momentum rows.
-inline void MuonStepBlocks(const RefMuonOptions& opt, int64_t rows, int64_t cols,
-                           int64_t block_rows, const std::vector<double>& grad,
-                           std::vector<double>* momentum, std::vector<double>* param) {
-  if (block_rows <= 0 || block_rows == rows) {
-    MuonStep(opt, rows, cols, grad, momentum, param);
-    return;
+// How Muon cuts one parameter's rows into matrices: blocks of `rows` rows
+// (0: the whole matrix), of `next` rows in turn when next > 0, the blocks of
+// each size stacked into one matrix when `stacked`.
+struct RefBlocks {
+  int64_t rows = 0;
+  int64_t next = 0;
+  bool stacked = false;
+};
+
+// The row indices of each Muon matrix of a `rows`-row parameter under `b`:
+// each row goes to its block (stacked: to its block's size), and the
+// groups come in order of their first row.
+inline std::vector<std::vector<int64_t>> RowGroups(int64_t rows, const RefBlocks& b) {
+  std::map<int64_t, std::vector<int64_t>> by_group;
+  const int64_t period = b.rows + std::max<int64_t>(b.next, 0);
+  internal::Require(b.rows <= 0 || rows % period == 0, "the blocks do not divide the rows");
+  for (int64_t r = 0; r < rows; ++r) {
+    const bool second = b.next > 0 && r % period >= b.rows;
+    int64_t group = 0;
+    if (b.rows <= 0) {
+      group = 0;
+    } else if (b.next > 0 && b.stacked) {
+      group = second ? 1 : 0;
+    } else if (b.next > 0) {
+      group = 2 * (r / period) + (second ? 1 : 0);
+    } else {
+      group = r / b.rows;
+    }
+    by_group[group].push_back(r);
   }
-  internal::Require(rows % block_rows == 0, "block_rows does not divide rows");
-  const size_t n = static_cast<size_t>(block_rows * cols);
-  for (int64_t b = 0; b < rows / block_rows; ++b) {
-    const size_t at = static_cast<size_t>(b) * n;
-    std::vector<double> g(grad.begin() + at, grad.begin() + at + n);
-    std::vector<double> m(momentum->begin() + at, momentum->begin() + at + n);
-    std::vector<double> p(param->begin() + at, param->begin() + at + n);
-    MuonStep(opt, block_rows, cols, g, &m, &p);
-    std::copy(m.begin(), m.end(), momentum->begin() + at);
-    std::copy(p.begin(), p.end(), param->begin() + at);
+  std::vector<std::vector<int64_t>> groups;
+  for (auto& [group, members] : by_group) groups.push_back(std::move(members));
+  return groups;
+}
+
+// MuonStep on each matrix RowGroups makes of a rows x cols parameter alone,
+// each with its momentum rows.
+inline void MuonStepBlocks(const RefMuonOptions& opt, int64_t rows, int64_t cols,
+                           const RefBlocks& blocks, const std::vector<double>& grad,
+                           std::vector<double>* momentum, std::vector<double>* param) {
+  for (const std::vector<int64_t>& group : RowGroups(rows, blocks)) {
+    const int64_t n = static_cast<int64_t>(group.size());
+    std::vector<double> g, m, p;
+    for (int64_t r : group) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const size_t at = static_cast<size_t>(r * cols + c);
+        g.push_back(grad[at]);
+        m.push_back((*momentum)[at]);
+        p.push_back((*param)[at]);
+      }
+    }
+    MuonStep(opt, n, cols, g, &m, &p);
+    for (int64_t k = 0; k < n; ++k) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const size_t at = static_cast<size_t>(group[k] * cols + c);
+        (*momentum)[at] = m[static_cast<size_t>(k * cols + c)];
+        (*param)[at] = p[static_cast<size_t>(k * cols + c)];
+      }
+    }
   }
 }
 
-// The block rows the recipe gives parameter i.
-inline int64_t BlockRows(const RefRecipe& recipe, size_t i) {
-  return i < recipe.param_block_rows.size() ? recipe.param_block_rows[i] : 0;
+// The blocks the recipe gives parameter i.
+inline RefBlocks BlockRows(const RefRecipe& recipe, size_t i) {
+  RefBlocks b;
+  if (i < recipe.param_block_rows.size()) b.rows = recipe.param_block_rows[i];
+  if (i < recipe.param_block_rows_next.size()) b.next = recipe.param_block_rows_next[i];
+  if (i < recipe.param_stack_blocks.size()) b.stacked = recipe.param_stack_blocks[i];
+  return b;
 }
 
 // One AdamW step (torch.optim.AdamW); t is the 1-based step count.

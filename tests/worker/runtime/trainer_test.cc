@@ -201,8 +201,11 @@ struct RunRecipe {
   double clip_grad_norm = 0;
   std::vector<optim::ParamRates> param_rates;
   int64_t micro_batch_size = 0;
-  // Per flat parameter, ParamSpec::muon_block_rows for the plan (empty: none).
+  // Per flat parameter, ParamSpec::muon_block_rows, muon_block_rows_next
+  // and muon_stack_blocks for the plan (empty: none).
   std::vector<int64_t> block_rows;
+  std::vector<int64_t> block_rows_next;
+  std::vector<bool> stack_blocks;
   std::optional<uint64_t> shuffle_seed;
   double qk_clip = 0;
   int64_t health_every = 0;
@@ -217,6 +220,10 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
   for (size_t u = 0, flat = 0; u < in.model.units.size(); ++u) {
     for (plan::ParamSpec& p : in.model.units[u].params) {
       if (flat < recipe.block_rows.size()) p.muon_block_rows = recipe.block_rows[flat];
+      if (flat < recipe.block_rows_next.size()) {
+        p.muon_block_rows_next = recipe.block_rows_next[flat];
+      }
+      if (flat < recipe.stack_blocks.size()) p.muon_stack_blocks = recipe.stack_blocks[flat];
       ++flat;
     }
   }
@@ -592,6 +599,53 @@ TEST_P(TrainerConfigTest, MuonBlocksMatchTheIndependentReference) {
   ExpectMatchesReference(run, ref);
   // Whole-matrix Muon ends elsewhere: the blocks are really apart.
   EXPECT_GT(MaxApart(RunJob(c, "lpt", kSteps), run), 1e-3);
+}
+
+// Stacked blocks (ParamSpec::muon_stack_blocks: MLA's kv_b_proj under
+// split_qkv, every head's k_nope rows one matrix and every head's v rows
+// another): each Muon matrix's rows cut in pairs of blocks, two rows then
+// one (rows divisible by 3) or one and one (even rows), the blocks of each
+// size stacked into one matrix, so every matrix's rows lie in pieces across
+// its tensor and its shards. Two matrices per tensor, and every layout
+// matches the reference doing Muon on each group of rows alone.
+TEST_P(TrainerConfigTest, StackedMuonBlocksMatchTheIndependentReference) {
+  Config c = GetParam();
+  c.mlp = true;
+  constexpr int kSteps = 4;
+  const std::unique_ptr<Workload> model = MakeWorkload(c.moe, c.mlp);
+  RunRecipe recipe;
+  reference::RefRecipe ref_recipe;
+  int64_t expected_matrices = 0;  // over the model: experts x 2 (or 1), all EP groups
+  for (const plan::UnitSpec& u : model->spec().units) {
+    for (const plan::ParamSpec& p : u.params) {
+      const int64_t rows = p.shape[p.expert ? 1 : 0];
+      const bool muon = p.optimizer == "muon";
+      const int64_t first = !muon ? 0 : rows % 3 == 0 ? 2 : rows % 2 == 0 ? 1 : 0;
+      const int64_t second = first > 0 ? 1 : 0;
+      recipe.block_rows.push_back(first);
+      recipe.block_rows_next.push_back(second);
+      recipe.stack_blocks.push_back(first > 0);
+      ref_recipe.param_block_rows.push_back(first);
+      ref_recipe.param_block_rows_next.push_back(second);
+      ref_recipe.param_stack_blocks.push_back(first > 0);
+      if (muon) expected_matrices += (p.expert ? p.shape[0] : 1) * (first > 0 ? 2 : 1);
+    }
+  }
+  const RunResult start = RunJob(c, "lpt", /*steps=*/0, {}, 0, true, "", recipe);
+  ASSERT_FALSE(start.weights.empty());
+  const int64_t planned = static_cast<int64_t>(start.plan.dense.matrices.size()) +
+                          static_cast<int64_t>(start.plan.expert.matrices.size()) * c.ep;
+  EXPECT_EQ(planned, expected_matrices);
+  const RunResult run = RunJob(c, "lpt", kSteps, {}, 0, true, "", recipe);
+  double gap = 0;
+  const reference::RefTrainResult ref =
+      ReferenceRun(c, InitialWeights(start), kSteps, ref_recipe, &gap);
+  ASSERT_GT(gap, 1e-4);
+  ExpectMatchesReference(run, ref);
+  // Blocks one after another (unstacked) end elsewhere: the stacking acts.
+  RunRecipe apart = recipe;
+  apart.stack_blocks.clear();
+  EXPECT_GT(MaxApart(RunJob(c, "lpt", kSteps, {}, 0, true, "", apart), run), 1e-3);
 }
 
 // Gradient accumulation: the local batch one sample at a time (6 micro-
