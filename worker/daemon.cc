@@ -51,6 +51,15 @@ struct RankTask {
   // registers anew (a restarted coordinator's store is empty).
   absl::Mutex store_mu;
   comm::GrpcStore* store ABSL_GUARDED_BY(store_mu) = nullptr;
+  // Ends the rank's collectives and rendezvous at once (comm/abort.h).
+  comm::AbortSignal abort;
+
+  // Told to stop by the coordinator (its attempt is over): the rank leaves
+  // whatever collective it waits in instead of waiting out its timeout.
+  void StopNow(const std::string& reason) {
+    stop = true;
+    abort.Abort(absl::StrCat("the coordinator stopped this rank: ", reason));
+  }
 };
 
 // Step records the coordinator has not acknowledged, oldest first: while it
@@ -246,7 +255,7 @@ absl::Status Daemon::Register() {
       if (running && !response.stop_running().empty()) {
         log_(absl::StrCat("[", task_->job_id, "] the coordinator does not keep rank ", task_->rank,
                           ": ", response.stop_running(), "; stopping it"));
-        task_->stop = true;
+        task_->StopNow(response.stop_running());
         task_->settled = true;
       } else if (running) {
         log_(absl::StrCat("[", task_->job_id, "] rank ", task_->rank, " of attempt ",
@@ -572,14 +581,18 @@ void Daemon::RunAssigned(RankTask* task, v1::StartRank start) {
       absl::MutexLock lock(&task->store_mu);
       task->store = &store;
     }
+    task->abort.Add(&store);
     struct Forget {
       RankTask* task;
+      comm::GrpcStore* store;
       ~Forget() {
+        task->abort.Remove(store);
         absl::MutexLock lock(&task->store_mu);
         task->store = nullptr;
       }
-    } forget{task};
-    const RankOptions o = RankOptionsFor(start, task->attempt, options_);
+    } forget{task, &store};
+    RankOptions o = RankOptionsFor(start, task->attempt, options_);
+    o.abort = &task->abort;
     RankHooks hooks;
     hooks.out = [&](const std::string& line) { log_(tag + line); };
     bool buffering = false;
@@ -611,7 +624,7 @@ void Daemon::Start(const v1::Assignment& a) {
   if (a.has_stop()) {
     if (task_ != nullptr && task_->job_id == a.job_id() && task_->attempt == a.attempt()) {
       log_(absl::StrCat("[", a.job_id(), "] stop: ", a.stop().reason()));
-      task_->stop = true;
+      task_->StopNow(a.stop().reason());
     }
     return;
   }

@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "core/plan/types.h"
+#include "worker/comm/abort.h"
 #include "worker/comm/store.h"
 #include "proto/job/job.h"
 #include "worker/model/workload.h"
@@ -46,6 +47,9 @@ struct RankOptions {
   // shared by `ranks_on_this_host`.
   int64_t memory_budget_bytes = 0;
   int64_t ranks_on_this_host = 1;
+  // Ends the rank's collectives when it fires (a stop from the coordinator);
+  // null: none. Must outlive the run.
+  comm::AbortSignal* abort = nullptr;
 };
 
 // One line per event for people.

@@ -95,6 +95,29 @@ absl::Status Communicator::health() const {
   return broken_;
 }
 
+Communicator::~Communicator() { LeaveAbortSignal(); }
+
+void Communicator::AbortWith(AbortSignal* signal) {
+  if (signal == nullptr || abort_signal_ != nullptr) return;
+  abort_signal_ = signal;
+  signal->Add(this);
+}
+
+void Communicator::LeaveAbortSignal() {
+  if (abort_signal_ == nullptr) return;
+  abort_signal_->Remove(this);
+  abort_signal_ = nullptr;
+}
+
+void Communicator::Abort(const std::string& reason) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (aborted_.has_value()) return;
+    aborted_ = reason;
+  }
+  DoAbort(reason);
+}
+
 template <typename Hook>
 absl::Status Communicator::Run(Collective collective, int64_t bytes_sent,
                                const CollectiveOptions& options, Hook&& hook) {
@@ -104,9 +127,12 @@ absl::Status Communicator::Run(Collective collective, int64_t bytes_sent,
   };
   {
     absl::MutexLock lock(&mu_);
-    if (!broken_.ok()) {
+    if (aborted_.has_value() || !broken_.ok()) {
       ++stats_[collective].calls;
       ++stats_[collective].failures;
+      if (aborted_.has_value()) {
+        return absl::CancelledError(absl::StrCat(context(), ": aborted: ", *aborted_));
+      }
       return absl::FailedPreconditionError(absl::StrCat(
           context(), ": the group is broken by an earlier failure (create a new group): ",
           broken_.message()));
@@ -115,8 +141,15 @@ absl::Status Communicator::Run(Collective collective, int64_t bytes_sent,
   const absl::Time start = absl::Now();
   absl::Status status = hook(start + options.timeout);
   const absl::Duration elapsed = absl::Now() - start;
-  if (!status.ok()) {
-    status = AnnotateStatus(status, context());
+  {
+    // A call an abort overlapped fails for that reason, whatever the
+    // transport said (a woken wait may even return as if done).
+    absl::MutexLock lock(&mu_);
+    if (aborted_.has_value()) {
+      status = absl::CancelledError(absl::StrCat(context(), ": aborted: ", *aborted_));
+    } else if (!status.ok()) {
+      status = AnnotateStatus(status, context());
+    }
   }
   bool newly_broken = false;
   {

@@ -41,6 +41,9 @@
 //   Unavailable        a peer is gone (connection closed or reset) or the
 //                      group was aborted by another rank's failure.
 //   Internal           anything else the backend reported.
+//   Cancelled          the group was aborted (Abort, GroupOptions::abort):
+//                      a call in progress ends at once, later ones are
+//                      refused; the message carries the reason.
 //   FailedPrecondition the group is broken (below).
 // Messages name the collective, the group, this rank and the backend.
 // After any error other than InvalidArgument-from-validation the group is
@@ -68,10 +71,11 @@
 //
 // Threads: a Communicator is driven by one thread at a time (calls must not
 // overlap, as the collective order must be the same on every rank).
-// stats(), health() and the accessors may be called from any thread.
+// stats(), health(), Abort() and the accessors may be called from any thread.
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -80,14 +84,15 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "worker/comm/abort.h"
 #include "worker/comm/store.h"
 #include "worker/comm/types.h"
 
 namespace muonmesh::comm {
 
-class Communicator {
+class Communicator : public Abortable {
  public:
-  virtual ~Communicator() = default;
+  ~Communicator() override;
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
@@ -136,6 +141,16 @@ class Communicator {
   // OK while the group is usable; otherwise the error that broke it.
   absl::Status health() const;
 
+  // Ends a call in progress (the Gloo backend wakes it through its
+  // connections, which also fails the peers waiting on this rank; the
+  // others end it at their next call) and refuses later ones: Cancelled,
+  // naming `reason`. Any thread.
+  void Abort(const std::string& reason) override;
+
+  // Aborted when `signal` fires (now, if it has); until destruction.
+  // CreateGroup calls it with GroupOptions::abort.
+  void AbortWith(AbortSignal* signal);
+
  protected:
   Communicator(std::string group_name, int rank, int size);
 
@@ -163,6 +178,15 @@ class Communicator {
   // backend can release or abort transport state (NCCL: ncclCommAbort).
   virtual void OnBroken() {}
 
+  // Called once, from any thread, by Abort: wakes a call in progress if the
+  // backend can. Default: nothing (the call ends at its timeout or when a
+  // peer's abort breaks it; later calls are refused either way).
+  virtual void DoAbort(const std::string& /*reason*/) {}
+
+  // Leaves the abort signal: a backend with DoAbort calls it first in its
+  // destructor, so that no abort reaches a half-destroyed object.
+  void LeaveAbortSignal();
+
  private:
   // Runs one hook: refuses when broken, times it, updates the counters,
   // wraps errors with context and marks the group broken on failure.
@@ -176,6 +200,9 @@ class Communicator {
   mutable absl::Mutex mu_;
   CommStats stats_ ABSL_GUARDED_BY(mu_);
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  std::optional<std::string> aborted_ ABSL_GUARDED_BY(mu_);
+  // Set once by AbortWith, before any abort can come.
+  AbortSignal* abort_signal_ = nullptr;
 };
 
 // Creates this rank's member of the process group `group_name` (ranks

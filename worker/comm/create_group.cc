@@ -3,6 +3,7 @@
 // test binary) can compile it with MUONMESH_COMM_WITH_GLOO=0.
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -22,26 +23,12 @@
 #endif
 
 namespace muonmesh::comm {
+namespace {
 
-absl::StatusOr<std::unique_ptr<Communicator>> CreateGroup(Backend backend, Store& store,
-                                                          std::string group_name,
-                                                          int rank_in_group, int group_size,
-                                                          const GroupOptions& options) {
-  if (group_name.empty()) return absl::InvalidArgumentError("CreateGroup: empty group name");
-  if (group_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CreateGroup '", group_name, "': group size ", group_size, " < 1"));
-  }
-  if (rank_in_group < 0 || rank_in_group >= group_size) {
-    return absl::InvalidArgumentError(absl::StrCat("CreateGroup '", group_name, "': rank ",
-                                                   rank_in_group, " not in [0, ", group_size,
-                                                   ")"));
-  }
-  if (options.connect_timeout <= absl::ZeroDuration() ||
-      options.connect_timeout == absl::InfiniteDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CreateGroup '", group_name, "': connect_timeout must be positive and finite"));
-  }
+absl::StatusOr<std::unique_ptr<Communicator>> CreateBackend(Backend backend, Store& store,
+                                                            std::string group_name,
+                                                            int rank_in_group, int group_size,
+                                                            const GroupOptions& options) {
   switch (backend) {
     case Backend::kInProcess:
       return CreateInProcessCommunicator(std::move(group_name), rank_in_group, group_size,
@@ -63,6 +50,40 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGroup(Backend backend, Store
 #endif
   }
   return absl::InvalidArgumentError("CreateGroup: unknown backend");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateGroup(Backend backend, Store& store,
+                                                          std::string group_name,
+                                                          int rank_in_group, int group_size,
+                                                          const GroupOptions& options) {
+  if (group_name.empty()) return absl::InvalidArgumentError("CreateGroup: empty group name");
+  if (group_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CreateGroup '", group_name, "': group size ", group_size, " < 1"));
+  }
+  if (rank_in_group < 0 || rank_in_group >= group_size) {
+    return absl::InvalidArgumentError(absl::StrCat("CreateGroup '", group_name, "': rank ",
+                                                   rank_in_group, " not in [0, ", group_size,
+                                                   ")"));
+  }
+  if (options.connect_timeout <= absl::ZeroDuration() ||
+      options.connect_timeout == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CreateGroup '", group_name, "': connect_timeout must be positive and finite"));
+  }
+  if (options.abort != nullptr) {
+    if (std::optional<std::string> reason = options.abort->reason()) {
+      return absl::CancelledError(
+          absl::StrCat("CreateGroup '", group_name, "': aborted: ", *reason));
+    }
+  }
+  absl::StatusOr<std::unique_ptr<Communicator>> made = CreateBackend(
+      backend, store, std::move(group_name), rank_in_group, group_size, options);
+  // Aborted at once when the signal fired while it met its peers.
+  if (made.ok()) (*made)->AbortWith(options.abort);
+  return made;
 }
 
 }  // namespace muonmesh::comm

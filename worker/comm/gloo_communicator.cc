@@ -7,6 +7,7 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -23,7 +24,9 @@
 #include "gloo/common/logging.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/store.h"
+#include "gloo/transport/pair.h"
 #include "gloo/transport/tcp/device.h"
+#include "gloo/transport/unbound_buffer.h"
 #include "core/base/status_macros.h"
 #include "worker/comm/peer_probe.h"
 #include "worker/comm/reduce.h"
@@ -146,6 +149,29 @@ void IgnoreSigpipeOnce() {
   });
 }
 
+// How long an abort keeps waking the call in progress (it ends within
+// milliseconds: its next step on a closed connection throws).
+constexpr absl::Duration kAbortWakeFor = absl::Seconds(2);
+
+// Gloo's options for one call, with the unbound buffers they hold in reach
+// (they are protected members of each options class).
+template <typename Options>
+class Watched : public Options {
+ public:
+  using Options::Options;
+  std::vector<gloo::transport::UnboundBuffer*> Buffers() {
+    std::vector<gloo::transport::UnboundBuffer*> out;
+    if constexpr (std::is_same_v<Options, gloo::BarrierOptions>) {
+      out.push_back(this->buffer.get());
+    } else {
+      out.push_back(this->in.get());
+      out.push_back(this->out.get());
+    }
+    out.erase(std::remove(out.begin(), out.end(), nullptr), out.end());
+    return out;
+  }
+};
+
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(std::string name, int rank, int size,
@@ -154,6 +180,7 @@ class GlooCommunicator final : public Communicator {
       : Communicator(std::move(name), rank, size),
         device_(std::move(device)),
         context_(std::move(context)) {}
+  ~GlooCommunicator() override { LeaveAbortSignal(); }
 
   Backend backend() const override { return Backend::kGloo; }
   MemorySpace memory_space() const override { return MemorySpace::kHost; }
@@ -172,6 +199,23 @@ class GlooCommunicator final : public Communicator {
   absl::Status DoAllToAllV(const float* send, absl::Span<const int64_t> send_counts, float* recv,
                            absl::Span<const int64_t> recv_counts, absl::Time deadline) override;
   absl::Status DoBarrier(absl::Time deadline) override;
+  void DoAbort(const std::string& reason) override;
+
+  // Runs `collective` (a Gloo call on `opts`) with opts' buffers where
+  // DoAbort can wake them.
+  template <typename Options, typename Fn>
+  absl::Status Watching(Watched<Options>& opts, Fn&& collective) {
+    {
+      absl::MutexLock lock(&watch_mu_);
+      watched_ = opts.Buffers();
+      in_call_ = true;
+    }
+    absl::Status status = GuardGloo(collective);
+    absl::MutexLock lock(&watch_mu_);
+    watched_.clear();
+    in_call_ = false;
+    return status;
+  }
 
   // A non-null pointer for Gloo when a buffer is empty (the caller may pass
   // nullptr with a zero count; Gloo copies from/to it with length 0).
@@ -182,6 +226,10 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<gloo::rendezvous::Context> context_;
   std::vector<float> scratch_;
   float dummy_ = 0.0f;
+  // The call in progress and its buffers (Watching), for DoAbort.
+  absl::Mutex watch_mu_;
+  bool in_call_ ABSL_GUARDED_BY(watch_mu_) = false;
+  std::vector<gloo::transport::UnboundBuffer*> watched_ ABSL_GUARDED_BY(watch_mu_);
 };
 
 absl::Status GlooCommunicator::DoAllGather(const float* in, int64_t count, float* out,
@@ -192,14 +240,12 @@ absl::Status GlooCommunicator::DoAllGather(const float* in, int64_t count, float
     return absl::OkStatus();
   }
   MUONMESH_ASSIGN_OR_RETURN(std::chrono::milliseconds timeout, Remaining(deadline));
-  return GuardGloo([&] {
-    gloo::AllgatherOptions opts(context_);
-    // Without an input Gloo works in place: `out` already holds our part.
-    if (in != own) opts.setInput(const_cast<float*>(in), count);
-    opts.setOutput(out, size() * count);
-    opts.setTimeout(timeout);
-    gloo::allgather(opts);
-  });
+  Watched<gloo::AllgatherOptions> opts(context_);
+  // Without an input Gloo works in place: `out` already holds our part.
+  if (in != own) opts.setInput(const_cast<float*>(in), count);
+  opts.setOutput(out, size() * count);
+  opts.setTimeout(timeout);
+  return Watching(opts, [&] { gloo::allgather(opts); });
 }
 
 absl::Status GlooCommunicator::DoReduceScatter(const float* in, float* out, int64_t count,
@@ -212,14 +258,11 @@ absl::Status GlooCommunicator::DoReduceScatter(const float* in, float* out, int6
     // Chunk q of every rank's input lands at scratch_[q * count]: what a
     // ring reduce-scatter sends, (n-1) * count floats per rank.
     scratch_.resize(static_cast<size_t>(size() * count));
-    absl::Status status = GuardGloo([&] {
-      gloo::AlltoallOptions opts(context_);
-      opts.setInput(const_cast<float*>(in), size() * count);
-      opts.setOutput(scratch_.data(), size() * count);
-      opts.setTimeout(timeout);
-      gloo::alltoall(opts);
-    });
-    MUONMESH_RETURN_IF_ERROR(status);
+    Watched<gloo::AlltoallOptions> opts(context_);
+    opts.setInput(const_cast<float*>(in), size() * count);
+    opts.setOutput(scratch_.data(), size() * count);
+    opts.setTimeout(timeout);
+    MUONMESH_RETURN_IF_ERROR(Watching(opts, [&] { gloo::alltoall(opts); }));
     for (int q = 0; q < size(); ++q) parts[q] = scratch_.data() + q * count;
   }
   // Reads only scratch_ (or, alone, `in`), so `out` may alias `in`.
@@ -243,14 +286,11 @@ absl::Status GlooCommunicator::DoAllReduce(float* inout, int64_t count, ReduceOp
   absl::StatusOr<std::chrono::milliseconds> timeout = Remaining(deadline);
   MUONMESH_RETURN_IF_ERROR(timeout.status());
   scratch_.resize(static_cast<size_t>(std::max<int64_t>(1, size() * mine)));
-  absl::Status status = GuardGloo([&] {
-    gloo::AlltoallvOptions opts(context_);
-    opts.setInput(inout, chunk);
-    opts.setOutput(scratch_.data(), std::vector<int64_t>(size(), mine));
-    opts.setTimeout(*timeout);
-    gloo::alltoallv(opts);
-  });
-  MUONMESH_RETURN_IF_ERROR(status);
+  Watched<gloo::AlltoallvOptions> scatter(context_);
+  scatter.setInput(inout, chunk);
+  scatter.setOutput(scratch_.data(), std::vector<int64_t>(size(), mine));
+  scatter.setTimeout(*timeout);
+  MUONMESH_RETURN_IF_ERROR(Watching(scatter, [&] { gloo::alltoallv(scatter); }));
   std::vector<const float*> parts(size());
   for (int q = 0; q < size(); ++q) parts[q] = scratch_.data() + q * mine;
   internal::ReduceInRankOrder(parts, mine, op,
@@ -259,25 +299,21 @@ absl::Status GlooCommunicator::DoAllReduce(float* inout, int64_t count, ReduceOp
   // All-gather of the reduced chunks, in place.
   timeout = Remaining(deadline);
   MUONMESH_RETURN_IF_ERROR(timeout.status());
-  return GuardGloo([&] {
-    gloo::AllgathervOptions opts(context_);
-    opts.setOutput(inout, std::vector<size_t>(chunk.begin(), chunk.end()));
-    opts.setTimeout(*timeout);
-    gloo::allgatherv(opts);
-  });
+  Watched<gloo::AllgathervOptions> gather(context_);
+  gather.setOutput(inout, std::vector<size_t>(chunk.begin(), chunk.end()));
+  gather.setTimeout(*timeout);
+  return Watching(gather, [&] { gloo::allgatherv(gather); });
 }
 
 absl::Status GlooCommunicator::DoBroadcast(float* inout, int64_t count, int root,
                                            absl::Time deadline) {
   if (size() == 1) return absl::OkStatus();
   MUONMESH_ASSIGN_OR_RETURN(std::chrono::milliseconds timeout, Remaining(deadline));
-  return GuardGloo([&] {
-    gloo::BroadcastOptions opts(context_);
-    opts.setOutput(inout, count);  // the root sends from it in place
-    opts.setRoot(root);
-    opts.setTimeout(timeout);
-    gloo::broadcast(opts);
-  });
+  Watched<gloo::BroadcastOptions> opts(context_);
+  opts.setOutput(inout, count);  // the root sends from it in place
+  opts.setRoot(root);
+  opts.setTimeout(timeout);
+  return Watching(opts, [&] { gloo::broadcast(opts); });
 }
 
 absl::Status GlooCommunicator::DoAllToAllV(const float* send,
@@ -291,23 +327,46 @@ absl::Status GlooCommunicator::DoAllToAllV(const float* send,
   MUONMESH_ASSIGN_OR_RETURN(std::chrono::milliseconds timeout, Remaining(deadline));
   // Even with all counts zero every rank must take part: Gloo exchanges
   // (empty) messages with every peer.
-  return GuardGloo([&] {
-    gloo::AlltoallvOptions opts(context_);
-    opts.setInput(NonNull(send), std::vector<int64_t>(send_counts.begin(), send_counts.end()));
-    opts.setOutput(NonNull(recv), std::vector<int64_t>(recv_counts.begin(), recv_counts.end()));
-    opts.setTimeout(timeout);
-    gloo::alltoallv(opts);
-  });
+  Watched<gloo::AlltoallvOptions> opts(context_);
+  opts.setInput(NonNull(send), std::vector<int64_t>(send_counts.begin(), send_counts.end()));
+  opts.setOutput(NonNull(recv), std::vector<int64_t>(recv_counts.begin(), recv_counts.end()));
+  opts.setTimeout(timeout);
+  return Watching(opts, [&] { gloo::alltoallv(opts); });
 }
 
 absl::Status GlooCommunicator::DoBarrier(absl::Time deadline) {
   if (size() == 1) return absl::OkStatus();
   MUONMESH_ASSIGN_OR_RETURN(std::chrono::milliseconds timeout, Remaining(deadline));
-  return GuardGloo([&] {
-    gloo::BarrierOptions opts(context_);
-    opts.setTimeout(timeout);
-    gloo::barrier(opts);
-  });
+  Watched<gloo::BarrierOptions> opts(context_);
+  opts.setTimeout(timeout);
+  return Watching(opts, [&] { gloo::barrier(opts); });
+}
+
+// Ending a call in progress. This Gloo has no abort of its own, and its TCP
+// pair's error path is not public: close every connection (the peers
+// waiting on this rank fail at once: their sockets are reset), then wake
+// the call's own waits (abortWaitRecv/Send on its buffers) until it
+// returns; each wake ends one wait, and the next send or receive on a
+// closed pair throws.
+void GlooCommunicator::DoAbort(const std::string& /*reason*/) {
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer == rank()) continue;
+    if (std::unique_ptr<gloo::transport::Pair>& pair = context_->getPair(peer); pair) {
+      pair->close();
+    }
+  }
+  const absl::Time until = absl::Now() + kAbortWakeFor;
+  while (absl::Now() < until) {
+    {
+      absl::MutexLock lock(&watch_mu_);
+      if (!in_call_) return;
+      for (gloo::transport::UnboundBuffer* b : watched_) {
+        b->abortWaitRecv();
+        b->abortWaitSend();
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
 }
 
 // How long a rank tries to open a connection to a peer before the group

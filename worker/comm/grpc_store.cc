@@ -24,12 +24,45 @@ GrpcStore::GrpcStore(std::shared_ptr<grpc::Channel> channel, std::string job_id,
   scope_.set_attempt(attempt);
 }
 
+void GrpcStore::Abort(const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  if (aborted_.has_value()) return;
+  aborted_ = reason;
+  for (grpc::ClientContext* c : in_flight_) c->TryCancel();
+}
+
+bool GrpcStore::Enter(grpc::ClientContext* context) {
+  absl::MutexLock lock(&mu_);
+  if (aborted_.has_value()) return false;
+  in_flight_.push_back(context);
+  return true;
+}
+
+void GrpcStore::Leave(grpc::ClientContext* context) {
+  absl::MutexLock lock(&mu_);
+  in_flight_.erase(std::remove(in_flight_.begin(), in_flight_.end(), context), in_flight_.end());
+}
+
+bool GrpcStore::IsAborted() {
+  absl::MutexLock lock(&mu_);
+  return aborted_.has_value();
+}
+
+absl::Status GrpcStore::Aborted(absl::string_view what) {
+  absl::MutexLock lock(&mu_);
+  return absl::CancelledError(
+      absl::StrCat("coordinator store, ", what, ": aborted: ", aborted_.value_or("")));
+}
+
 grpc::Status GrpcStore::SetOnce(const v1::StoreSetRequest& request, absl::Time deadline) {
   v1::StoreSetResponse response;
   grpc::ClientContext context;
   context.set_wait_for_ready(true);
   context.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + kRpcSlack)));
-  return stub_->Set(&context, request, &response);
+  if (!Enter(&context)) return grpc::Status(grpc::StatusCode::CANCELLED, "aborted");
+  grpc::Status s = stub_->Set(&context, request, &response);
+  Leave(&context);
+  return s;
 }
 
 absl::Status GrpcStore::Call(absl::Time deadline, const char* what,
@@ -53,11 +86,15 @@ absl::Status GrpcStore::Call(absl::Time deadline, const char* what,
       grpc::ClientContext context;
       context.set_wait_for_ready(lost);
       context.set_deadline(absl::ToChronoTime(deadline));
+      if (!Enter(&context)) return Aborted(what);
       s = call(context);
+      Leave(&context);
+      if (!s.ok() && IsAborted()) return Aborted(what);
       if (s.ok() || s.error_code() != grpc::StatusCode::UNAVAILABLE) {
         return FromGrpc(s, what);
       }
     }
+    if (IsAborted()) return Aborted(what);
     if (lost && s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
       return absl::UnavailableError(
           absl::StrCat("coordinator store, ", what,

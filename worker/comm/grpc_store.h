@@ -17,6 +17,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,11 +25,12 @@
 #include "absl/time/time.h"
 #include "grpcpp/channel.h"
 #include "muonmesh/v1/store.grpc.pb.h"
+#include "worker/comm/abort.h"
 #include "worker/comm/store.h"
 
 namespace muonmesh::comm {
 
-class GrpcStore final : public Store {
+class GrpcStore final : public Store, public Abortable {
  public:
   static constexpr absl::Duration kRpcSlack = absl::Seconds(10);
   // How long a Set waits for a coordinator that is away.
@@ -49,7 +51,19 @@ class GrpcStore final : public Store {
   // with its value is no change for a coordinator that kept it.
   absl::Status SetAgain(absl::Duration within);
 
+  // Ends the calls in progress (their RPCs cancelled) and refuses later
+  // ones: Cancelled, naming `reason` (a rank told to stop while it waits
+  // for peers that will not come). Any thread.
+  void Abort(const std::string& reason) override;
+
  private:
+  // Registers an RPC's context while it runs, so Abort can cancel it; false
+  // (and not registered) once aborted.
+  bool Enter(grpc::ClientContext* context);
+  void Leave(grpc::ClientContext* context);
+  bool IsAborted();
+  absl::Status Aborted(absl::string_view what);
+
   // `call` (one RPC, given its deadline) until it answers otherwise than
   // Unavailable or `deadline` passes; after an Unavailable, the keys set so
   // far are set again first.
@@ -62,6 +76,8 @@ class GrpcStore final : public Store {
   const absl::Duration outage_;
   absl::Mutex mu_;
   std::vector<v1::StoreSetRequest> written_ ABSL_GUARDED_BY(mu_);
+  std::optional<std::string> aborted_ ABSL_GUARDED_BY(mu_);
+  std::vector<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace muonmesh::comm

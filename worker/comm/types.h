@@ -15,6 +15,7 @@
 
 namespace muonmesh::comm {
 
+class AbortSignal;
 class InProcessHub;
 
 enum class Backend {
@@ -83,6 +84,9 @@ struct GroupOptions {
   // kNccl only: the CUDA device this rank uses; -1 means the device current
   // on the calling thread.
   int cuda_device = -1;
+  // When set, the group is aborted when it fires (Communicator::Abort), and
+  // CreateGroup refuses with Cancelled once it has. Must outlive the group.
+  AbortSignal* abort = nullptr;
 };
 
 // What one rank did with one kind of collective.

@@ -423,6 +423,54 @@ TEST_F(ServiceTest, AStoppedWorkerIsCaughtByItsLeaseAndTheJobResumesExactly) {
   EXPECT_EQ(ReadAll(dir_ + "/served/final.safetensors"), ReadAll(dir_ + "/alone/final.safetensors"));
 }
 
+// A job cancelled while one of its workers is frozen (SIGSTOP: its sockets
+// open, nothing answering, as a dead host looks to its peers): the stop
+// reaches the other ranks blocked in a collective waiting on it, and they
+// leave it at once (comm/abort.h) rather than at the collective timeout
+// (20 s here): each logs its rank's end within seconds, the abort named.
+TEST_F(ServiceTest, ACancelFreesRanksBlockedOnAFrozenPeerAtOnce) {
+  for (int i = 0; i < 3; ++i) StartWorker(absl::StrCat("w", i));
+  JobText j{"frozen", 3};
+  j.steps = 1000000;
+  absl::StatusOr<v1::JobSpec> spec = client::LoadJobForSubmit(WriteJob(dir_, j, dir_ + "/served"));
+  ASSERT_TRUE(spec.ok());
+  absl::StatusOr<v1::SubmitJobResponse> r = client_->Submit(*spec, "");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::string id = r->job().id();
+  bool running = false;
+  for (int i = 0; i < 3000 && !running; ++i) {
+    absl::StatusOr<v1::Job> job = client_->Get(id);
+    running = job.ok() && job->steps_done() >= 3;
+    if (!running) absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(running) << Logs();
+  Background& frozen = *workers_[2];
+  frozen.Signal(SIGSTOP);
+  // Long enough that the others wait inside a step's collective for it.
+  absl::SleepFor(absl::Seconds(1));
+  const absl::Time cancelled = absl::Now();
+  ASSERT_TRUE(client_->Cancel(id, "enough").ok());
+  // "[<job> rank R] ended: <status>" (worker/daemon.cc).
+  auto ended = [&](int w) {
+    const std::string log = workers_[w]->Log();
+    const size_t at = log.find(absl::StrCat("[", id, " rank "));
+    return at != std::string::npos && log.find("] ended: ", at) != std::string::npos;
+  };
+  while (!(ended(0) && ended(1)) && absl::Now() - cancelled < absl::Seconds(60)) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const absl::Duration took = absl::Now() - cancelled;
+  frozen.Signal(SIGCONT);
+  std::printf("ranks blocked on a frozen peer left %.2f s after the cancel\n",
+              absl::ToDoubleSeconds(took));
+  ASSERT_TRUE(ended(0) && ended(1)) << Logs();
+  EXPECT_LT(took, absl::Seconds(5)) << Logs();
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_THAT(workers_[w]->Log(), HasSubstr("] ended: CANCELLED")) << w;
+    EXPECT_THAT(workers_[w]->Log(), HasSubstr("the coordinator stopped this rank")) << w;
+  }
+}
+
 TEST_F(ServiceTest, AFailedCheckpointWriteFailsTheJobAndKeepsTheOneBefore) {
   StartWorker("w0");
   StartWorker("w1");

@@ -159,5 +159,58 @@ TEST(GlooPeerDeathTest, PeerKilledDuringACallFailsEverySurvivorPromptly) {
   EXPECT_TRUE(WIFSIGNALED(exit_status)) << exit_status;
 }
 
+// Ranks told to stop while their collective waits on a frozen peer (alive,
+// its sockets open, never calling again: what a dead host looks like to
+// TCP), each by its own signal as the coordinator stops each survivor: the
+// abort ends each call at once with Cancelled and the reason, not at its
+// 30 s timeout; later calls and new groups under the signal are refused.
+TEST(GlooPeerDeathTest, AnAbortEndsACallWaitingOnAFrozenPeerAtOnce) {
+  ScopedTempDir dir;
+  auto store = OpenStore(dir.path());
+  ASSERT_NE(store, nullptr);
+  constexpr int kSize = 3;
+  PeerProcess peer(dir.path(), "abort/frozen", 2, kSize, "hang");
+  AbortSignal signals[2];
+  std::vector<absl::Status> status(2), later(2);
+  std::vector<absl::Duration> after_abort(2);
+  absl::Time aborted_at[2] = {absl::InfiniteFuture(), absl::InfiniteFuture()};
+  std::thread stopper;
+  RunOnThreads(2, [&](int r) {
+    GroupOptions options;
+    options.connect_timeout = absl::Seconds(20);
+    options.abort = &signals[r];
+    auto comm = CreateGroup(Backend::kGloo, *store, "abort/frozen", r, kSize, options);
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    std::vector<float> values(1024, 1.0f);
+    ASSERT_TRUE((*comm)->AllReduce(values.data(), 8, ReduceOp::kSum, kLongTimeout).ok());
+    if (r == 0) {
+      // Both wait inside the call; each is told in turn.
+      stopper = std::thread([&] {
+        for (int told = 0; told < 2; ++told) {
+          absl::SleepFor(absl::Milliseconds(300));
+          aborted_at[told] = absl::Now();
+          signals[told].Abort("attempt 0 failed: worker w2 was lost");
+        }
+      });
+    }
+    status[r] = (*comm)->AllReduce(values.data(), 1024, ReduceOp::kSum, kLongTimeout);
+    after_abort[r] = absl::Now() - aborted_at[r];
+    later[r] = (*comm)->Barrier(kLongTimeout);
+  });
+  stopper.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(absl::IsCancelled(status[r])) << status[r];
+    EXPECT_NE(std::string(status[r].message()).find("worker w2 was lost"), std::string::npos)
+        << status[r];
+    EXPECT_TRUE(absl::IsCancelled(later[r])) << later[r];
+    EXPECT_GE(after_abort[r], absl::ZeroDuration()) << "rank " << r << " ended before its abort";
+    EXPECT_LT(after_abort[r], kPrompt) << "rank " << r;
+  }
+  GroupOptions options;
+  options.abort = &signals[0];
+  EXPECT_TRUE(absl::IsCancelled(
+      CreateGroup(Backend::kGloo, *store, "abort/after", 0, 2, options).status()));
+}
+
 }  // namespace
 }  // namespace muonmesh::comm

@@ -18,6 +18,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/control/rendezvous.h"
 #include "server/control/store_service.h"
@@ -26,6 +27,8 @@
 
 namespace muonmesh::comm {
 namespace {
+
+using ::testing::HasSubstr;
 
 class GrpcStoreTest : public ::testing::Test {
  protected:
@@ -117,6 +120,39 @@ TEST_F(GrpcStoreTest, AGetWaitsForALaterSet) {
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, "v");
   EXPECT_TRUE(reader.Wait({"late"}, absl::Seconds(1)).ok());
+}
+
+// A rank told to stop while it waits for a peer that will not come: the
+// abort ends the wait at once (not at its 30 s timeout) with Cancelled and
+// the reason, a rendezvous through the aborted store fails the same way,
+// and every later call is refused without waiting.
+TEST_F(GrpcStoreTest, AnAbortEndsAWaitAtOnceAndRefusesLaterCalls) {
+  GrpcStore store(channel_, "j-1", 0);
+  AbortSignal signal;
+  signal.Add(&store);
+  absl::Time aborted_at = absl::InfiniteFuture();
+  std::thread stopper([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    aborted_at = absl::Now();
+    signal.Abort("attempt 0 failed");
+  });
+  const absl::Time start = absl::Now();
+  const absl::Status waited = store.Wait({"never"}, absl::Seconds(30));
+  const absl::Time ended = absl::Now();
+  stopper.join();
+  EXPECT_TRUE(absl::IsCancelled(waited)) << waited;
+  EXPECT_THAT(std::string(waited.message()), HasSubstr("attempt 0 failed"));
+  EXPECT_GE(ended - start, absl::Milliseconds(250));
+  EXPECT_LT(ended - aborted_at, absl::Seconds(2));
+  const absl::Time again = absl::Now();
+  EXPECT_TRUE(absl::IsCancelled(store.Get("never", absl::Seconds(30)).status()));
+  EXPECT_TRUE(absl::IsCancelled(store.Set("k", "v")));
+  GroupOptions options;
+  options.connect_timeout = absl::Seconds(30);
+  EXPECT_TRUE(absl::IsCancelled(
+      CreateGroup(Backend::kGloo, store, "after-abort", 0, 2, options).status()));
+  EXPECT_LT(absl::Now() - again, absl::Seconds(2));
+  signal.Remove(&store);
 }
 
 TEST_F(GrpcStoreTest, AttemptsAndJobsDoNotSeeEachOthersKeys) {
