@@ -24,6 +24,7 @@
 #include "proto/job/allowed_dirs.h"
 #include "proto/job/job.h"
 #include "worker/comm/grpc_store.h"
+#include "worker/comm/peer_probe.h"
 #include "worker/job/memory_budget.h"
 #include "proto/rpc/rpc_status.h"
 #include "proto/rpc/version.h"
@@ -123,6 +124,10 @@ grpc::ChannelArguments WorkerChannelArgs() {
   return args;
 }
 
+// How long a peer check waits for the peer's answer: a live peer answers
+// in milliseconds, even across hosts.
+constexpr absl::Duration kPeerCheckTimeout = absl::Seconds(2);
+
 class Daemon {
  public:
   Daemon(DaemonOptions options, const credentials::ChannelSecurity& security, LineSink log,
@@ -130,6 +135,16 @@ class Daemon {
       : options_(std::move(options)), log_(std::move(log)), metrics_(std::move(metrics)) {
     channel_ = credentials::CreateChannel(options_.coordinator, security, WorkerChannelArgs());
     stub_ = v1::Fleet::NewStub(channel_);
+    // Where peers check that this worker is alive when the coordinator
+    // loses it (docs/architecture.md §7); without it the coordinator waits
+    // out the partition grace.
+    absl::StatusOr<std::unique_ptr<comm::EchoListener>> echo =
+        comm::EchoListener::Start(options_.address);
+    if (echo.ok()) {
+      echo_ = *std::move(echo);
+    } else {
+      log_(absl::StrCat("no peer checks: ", echo.status().message()));
+    }
     if (metrics_->http() != nullptr) {
       metrics_->http()->SetChecks(nullptr, [this] { return Ready(); });
     }
@@ -190,8 +205,15 @@ class Daemon {
                           absl::Duration took);
   void JoinRank();
 
+  // Answers a peer's check once Fleet.Heartbeat asks it; the answers to
+  // the checks asked of this worker go in its next heartbeat.
+  void CheckPeers(const v1::HeartbeatResponse& response);
+
   const DaemonOptions options_;
   const LineSink log_;
+  std::unique_ptr<comm::EchoListener> echo_;
+  // Used by the heartbeat thread only.
+  std::vector<v1::PeerCheckResult> peer_results_;
   std::unique_ptr<WorkerMetrics> metrics_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Fleet::Stub> stub_;
@@ -216,6 +238,7 @@ absl::Status Daemon::Register() {
                                                           : DefaultMemoryBudgetBytes(1));
   info->set_address(options_.address);
   info->set_version(absl::StrCat("muonmesh-worker ", rpc::Version()));
+  if (echo_ != nullptr) info->set_peer_port(echo_->port());
   absl::Duration backoff = absl::Milliseconds(100);
   int tries = 0;
   while (!Stopping()) {
@@ -289,8 +312,10 @@ void Daemon::Heartbeats() {
       lease = lease_id_;
       interval = heartbeat_interval_;
     }
-    // Sleep in short slices so that a stop is seen quickly.
-    for (absl::Duration slept; slept < interval && !Stopping(); slept += absl::Milliseconds(50)) {
+    // Sleep in short slices so that a stop is seen quickly; peer checks to
+    // report go at once.
+    for (absl::Duration slept; slept < interval && !Stopping() && peer_results_.empty();
+         slept += absl::Milliseconds(50)) {
       absl::SleepFor(absl::Milliseconds(50));
     }
     if (lease.empty()) continue;  // between leases (Run registers again)
@@ -307,6 +332,8 @@ void Daemon::Heartbeats() {
         drain_deadline_ms_ = absl::ToUnixMillis(absl::Now() + options_.drain_timeout);
       }
     }
+    for (v1::PeerCheckResult& r : peer_results_) *request.add_peer_checks() = std::move(r);
+    peer_results_.clear();
     v1::HeartbeatResponse response;
     grpc::ClientContext context;
     rpc::SetDeadline(context, options_.rpc_timeout);
@@ -316,9 +343,24 @@ void Daemon::Heartbeats() {
       absl::MutexLock lock(&mu_);
       last_answer_ = absl::Now();
     }
+    if (answered) CheckPeers(response);
     if (answered && response.leave()) {
       log_("drained: this worker runs nothing and leaves");
       leave_ = true;
+    }
+  }
+}
+
+void Daemon::CheckPeers(const v1::HeartbeatResponse& response) {
+  for (const v1::PeerCheck& c : response.check_peers()) {
+    const absl::Status reached = comm::EchoCheck(c.address(), c.port(), kPeerCheckTimeout);
+    v1::PeerCheckResult& r = peer_results_.emplace_back();
+    r.set_worker_id(c.worker_id());
+    r.set_reachable(reached.ok());
+    if (!reached.ok()) {
+      r.set_detail(std::string(reached.message()));
+      log_(absl::StrCat("peer ", c.worker_id(), " the coordinator lost is unreachable from here: ",
+                        reached.message()));
     }
   }
 }

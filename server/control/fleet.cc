@@ -47,6 +47,10 @@ absl::StatusOr<Fleet::Lease> Fleet::Register(const v1::WorkerInfo& info,
   if (info.memory_bytes() < 0 || info.version().size() > 128) {
     return absl::InvalidArgumentError("info: negative memory_bytes or a version over 128 bytes");
   }
+  if (info.peer_port() < 0 || info.peer_port() > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("info.peer_port: ", info.peer_port(), " is not a TCP port (0 for none)"));
+  }
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(id);
   if (it != workers_.end() && Live(it->second) && !lease_id.empty() &&
@@ -293,6 +297,13 @@ absl::StatusOr<std::optional<v1::Assignment>> Fleet::Next(
         &mu_, absl::FromChrono(std::min<std::chrono::steady_clock::duration>(deadline - now,
                                                                              kPollInterval)));
   }
+}
+
+std::optional<v1::WorkerInfo> Fleet::InfoOf(const std::string& worker_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return std::nullopt;
+  return it->second.info;
 }
 
 std::vector<v1::Worker> Fleet::List() const {

@@ -125,6 +125,8 @@ class Fleet {
                                                      const std::function<bool()>& cancelled);
 
   std::vector<v1::Worker> List() const;
+  // What a listed worker registered with (lost ones too); nullopt if unknown.
+  std::optional<v1::WorkerInfo> InfoOf(const std::string& worker_id) const;
   void Shutdown();
 
  private:

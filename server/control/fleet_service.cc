@@ -98,6 +98,17 @@ grpc::Status FleetService::Heartbeat(grpc::ServerContext* context,
   bool leave = false;
   absl::Status s = fleet_.Heartbeat(request->worker_id(), request->lease_id(), &leave);
   response->set_leave(leave);
+  if (s.ok()) {
+    // Its peers' reachability, asked of it by the last answer; and whom to
+    // check next (silent workers of its attempt).
+    if (!request->peer_checks().empty()) {
+      manager_.OnPeerChecks(request->worker_id(), request->peer_checks());
+    }
+    for (v1::PeerCheck& c : manager_.PeerChecksFor(request->worker_id())) {
+      if (response->check_peers_size() == kMaxPeerChecks) break;
+      *response->add_check_peers() = std::move(c);
+    }
+  }
   return rpc::ToGrpcStatus(s);
 }
 

@@ -657,6 +657,56 @@ void JobManager::OnWorkersLost(const std::vector<Fleet::Lost>& lost) {
   Schedule();
 }
 
+std::vector<v1::PeerCheck> JobManager::PeerChecksFor(const std::string& worker_id) {
+  std::vector<v1::PeerCheck> out;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, record] : jobs_) {
+    if (!record.attempt.has_value()) continue;
+    const Attempt& a = *record.attempt;
+    const int32_t mine = a.RunningRankOf(worker_id);
+    if (mine < 0 || a.IsSilent(mine)) continue;
+    for (size_t r = 0; r < a.workers.size(); ++r) {
+      if (!a.IsSilent(static_cast<int32_t>(r))) continue;
+      std::optional<v1::WorkerInfo> info = fleet_.InfoOf(a.workers[r]);
+      if (!info.has_value() || info->peer_port() == 0) continue;
+      v1::PeerCheck& c = out.emplace_back();
+      c.set_worker_id(a.workers[r]);
+      c.set_address(info->address());
+      c.set_port(info->peer_port());
+    }
+  }
+  return out;
+}
+
+void JobManager::OnPeerChecks(
+    const std::string& worker_id,
+    const google::protobuf::RepeatedPtrField<v1::PeerCheckResult>& results) {
+  std::vector<std::string> hit;
+  {
+    absl::MutexLock lock(&mu_);
+    for (int i = 0; i < results.size() && i < kMaxPeerChecks; ++i) {
+      const v1::PeerCheckResult& c = results[i];
+      if (c.reachable()) continue;
+      for (auto& [id, record] : jobs_) {
+        if (!record.attempt.has_value()) continue;
+        Attempt& a = *record.attempt;
+        const int32_t mine = a.RunningRankOf(worker_id);
+        const int32_t theirs = a.RunningRankOf(c.worker_id());
+        if (mine < 0 || theirs < 0 || a.IsSilent(mine) || !a.IsSilent(theirs)) continue;
+        // Silent to the coordinator and unreachable from a peer that is not:
+        // its host is gone or cut off, not the coordinator's link.
+        Log(absl::StrCat("job ", id, " attempt ", a.attempt, ": worker ", c.worker_id(),
+                         " (rank ", theirs, ") silent and unreachable from worker ", worker_id,
+                         " (", c.detail().substr(0, 256), "); lost"));
+        if (a.FailLost(theirs, a.silent_since[theirs])) PushStops(id, a, a.failure);
+        hit.push_back(id);
+      }
+    }
+    for (const std::string& id : hit) MaybeFinish(id);
+  }
+  if (!hit.empty()) Schedule();
+}
+
 absl::StatusOr<v1::Worker> JobManager::Drain(const std::string& worker_id,
                                              const std::string& reason) {
   MUONMESH_ASSIGN_OR_RETURN(v1::Worker w, fleet_.Drain(worker_id));

@@ -105,6 +105,9 @@ struct JobManagerOptions {
   std::function<void(const std::string& line)> log;
 };
 
+// Most peer checks a heartbeat asks for or reports (the rest are ignored).
+inline constexpr int kMaxPeerChecks = 64;
+
 class JobManager {
  public:
   // None of the pointers is owned; all must outlive the manager.
@@ -161,6 +164,16 @@ class JobManager {
 
   // Workers whose lease expired: their ranks failed.
   void OnWorkersLost(const std::vector<Fleet::Lost>& lost);
+
+  // The silent workers (Attempt::Silent) that `worker_id` runs an attempt
+  // with, for it to check (HeartbeatResponse.check_peers): a dead host and
+  // a coordinator-only partition look alike from here, not from its peers.
+  std::vector<v1::PeerCheck> PeerChecksFor(const std::string& worker_id);
+  // What `worker_id` found: a silent worker of its attempt that a running
+  // peer cannot reach is lost now, not at the end of partition_grace (its
+  // fault from when it went silent).
+  void OnPeerChecks(const std::string& worker_id,
+                    const google::protobuf::RepeatedPtrField<v1::PeerCheckResult>& results);
 
   // Starts what can start. Called after every change of jobs or workers.
   void Schedule();

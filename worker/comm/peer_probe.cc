@@ -30,6 +30,11 @@ class Fd {
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
   int get() const { return fd_; }
+  int release() {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
 
  private:
   int fd_;
@@ -87,7 +92,8 @@ absl::StatusOr<int> Listen(const std::string& host, int* port) {
 }
 
 // Connects to `address` within `timeout`; "" on success, else why not.
-std::string TryConnect(const std::string& address, absl::Duration timeout) {
+// With `connected`, the open connection goes there (non-blocking).
+std::string TryConnect(const std::string& address, absl::Duration timeout, int* connected = nullptr) {
   std::string host, port;
   if (!SplitHostPort(address, &host, &port)) return "not a host:port address";
   addrinfo hints{};
@@ -108,6 +114,7 @@ std::string TryConnect(const std::string& address, absl::Duration timeout) {
     }
     if (::connect(fd.get(), a->ai_addr, a->ai_addrlen) == 0) {
       why.clear();
+      if (connected != nullptr) *connected = fd.release();
       break;
     }
     if (errno != EINPROGRESS) {
@@ -128,6 +135,7 @@ std::string TryConnect(const std::string& address, absl::Duration timeout) {
     }
     if (error == 0) {
       why.clear();
+      if (connected != nullptr) *connected = fd.release();
       break;
     }
     why = Errno(error);
@@ -136,7 +144,66 @@ std::string TryConnect(const std::string& address, absl::Duration timeout) {
   return why;
 }
 
+// Waits until `fd` is ready for `events` or `deadline`; false on timeout.
+bool WaitFor(int fd, short events, absl::Time deadline) {
+  pollfd p{fd, events, 0};
+  const int64_t ms = std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now()));
+  return ::poll(&p, 1, static_cast<int>(std::min<int64_t>(ms, 1 << 30))) > 0;
+}
+
 }  // namespace
+
+EchoListener::~EchoListener() {
+  stop_.store(true);
+  if (thread_.joinable()) thread_.join();
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::StatusOr<std::unique_ptr<EchoListener>> EchoListener::Start(const std::string& host) {
+  auto out = std::unique_ptr<EchoListener>(new EchoListener());
+  MUONMESH_ASSIGN_OR_RETURN(out->fd_, Listen(host, &out->port_));
+  EchoListener* self = out.get();
+  self->thread_ = std::thread([self] {
+    while (!self->stop_.load()) {
+      pollfd p{self->fd_, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      Fd peer(::accept4(self->fd_, nullptr, nullptr, SOCK_CLOEXEC));
+      if (peer.get() < 0) continue;
+      // One byte back for the byte sent; a peer that sends nothing within a
+      // second is dropped (the listener serves one at a time).
+      char byte = 0;
+      if (WaitFor(peer.get(), POLLIN, absl::Now() + absl::Seconds(1)) &&
+          ::recv(peer.get(), &byte, 1, MSG_DONTWAIT) == 1) {
+        (void)::send(peer.get(), &byte, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+      }
+    }
+  });
+  return out;
+}
+
+absl::Status EchoCheck(const std::string& host, int port, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  const std::string address = JoinHostPort(host, port);
+  int connected = -1;
+  if (const std::string why = TryConnect(address, timeout, &connected); !why.empty()) {
+    return absl::UnavailableError(absl::StrCat("connect to ", address, ": ", why));
+  }
+  Fd fd(connected);
+  const char sent = 'm';
+  char back = 0;
+  if (!WaitFor(fd.get(), POLLOUT, deadline) ||
+      ::send(fd.get(), &sent, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
+    return absl::UnavailableError(absl::StrCat(address, ": cannot send: ", Errno(errno)));
+  }
+  if (!WaitFor(fd.get(), POLLIN, deadline)) {
+    return absl::UnavailableError(absl::StrCat(address, ": connected, but no answer within ",
+                                               absl::FormatDuration(timeout)));
+  }
+  if (::recv(fd.get(), &back, 1, MSG_DONTWAIT) != 1 || back != sent) {
+    return absl::UnavailableError(absl::StrCat(address, ": closed without answering"));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ProbePeers(Store& store, const std::string& prefix, int rank, int size,
                         const std::string& host, absl::Duration connect_timeout,

@@ -8,9 +8,13 @@
 // firewall, an address its peers cannot route to) fails within seconds
 // naming both ends.
 
+#include <atomic>
+#include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "worker/comm/store.h"
 
@@ -28,5 +32,31 @@ namespace muonmesh::comm {
 absl::Status ProbePeers(Store& store, const std::string& prefix, int rank, int size,
                         const std::string& host, absl::Duration connect_timeout,
                         absl::Duration rendezvous_timeout);
+
+// A worker's answer to its peers' checks (HeartbeatResponse.check_peers):
+// listens on `host` (a port the system picks) and sends back the byte each
+// connection sends, on its own thread, for as long as it lives. A process
+// that is alive and reachable answers; a dead host, a cut-off one or a
+// frozen process does not (the kernel may accept its connections, but
+// nothing answers them).
+class EchoListener {
+ public:
+  static absl::StatusOr<std::unique_ptr<EchoListener>> Start(const std::string& host);
+  ~EchoListener();
+  EchoListener(const EchoListener&) = delete;
+  EchoListener& operator=(const EchoListener&) = delete;
+  int port() const { return port_; }
+
+ private:
+  EchoListener() = default;
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// Connects to host:port, sends a byte and waits for it back, all within
+// `timeout`. Unavailable naming the address and what failed.
+absl::Status EchoCheck(const std::string& host, int port, absl::Duration timeout);
 
 }  // namespace muonmesh::comm

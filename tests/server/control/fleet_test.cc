@@ -95,6 +95,10 @@ TEST_F(FleetTest, RegistrationIsCheckedAndUniqueWhileItsLeaseLives) {
   v1::WorkerInfo no_address = Info("w");
   no_address.clear_address();
   EXPECT_EQ(fleet_.Register(no_address).status().code(), absl::StatusCode::kInvalidArgument);
+  v1::WorkerInfo bad_port = Info("w");
+  bad_port.set_peer_port(70000);
+  EXPECT_THAT(std::string(fleet_.Register(bad_port).status().message()),
+              HasSubstr("info.peer_port: 70000"));
 
   auto first = fleet_.Register(Info("node1/cpu:0"));
   ASSERT_TRUE(first.ok()) << first.status();

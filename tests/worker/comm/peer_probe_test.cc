@@ -105,3 +105,42 @@ TEST(PeerProbeTest, AHostItCannotListenOnIsNamed) {
 
 }  // namespace
 }  // namespace muonmesh::comm
+
+namespace muonmesh::comm {
+namespace {
+
+// The check a worker answers for its peers (EchoListener, EchoCheck): a
+// live listener answers at once; a port that accepts but never answers (a
+// frozen process: the kernel completes the connection) fails within the
+// timeout, saying so; a closed port fails at once naming the address.
+TEST(PeerCheckTest, OnlyALiveListenerAnswers) {
+  absl::StatusOr<std::unique_ptr<EchoListener>> echo = EchoListener::Start("127.0.0.1");
+  ASSERT_TRUE(echo.ok()) << echo.status();
+  EXPECT_TRUE(EchoCheck("127.0.0.1", (*echo)->port(), absl::Seconds(2)).ok());
+  EXPECT_TRUE(EchoCheck("127.0.0.1", (*echo)->port(), absl::Seconds(2)).ok()) << "again";
+
+  // Listening, never accepting: what a stopped process's socket does.
+  const int silent = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(silent, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(silent, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(silent, 4), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::getsockname(silent, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const absl::Time start = absl::Now();
+  const absl::Status frozen = EchoCheck("127.0.0.1", ntohs(addr.sin_port), absl::Milliseconds(300));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(250));
+  EXPECT_TRUE(absl::IsUnavailable(frozen)) << frozen;
+  EXPECT_THAT(std::string(frozen.message()), HasSubstr("no answer within"));
+  ::close(silent);
+
+  const int closed = ClosedPort();
+  const absl::Status refused = EchoCheck("127.0.0.1", closed, absl::Seconds(2));
+  EXPECT_TRUE(absl::IsUnavailable(refused)) << refused;
+  EXPECT_THAT(std::string(refused.message()), HasSubstr(absl::StrCat("127.0.0.1:", closed)));
+}
+
+}  // namespace
+}  // namespace muonmesh::comm
