@@ -562,6 +562,28 @@ TEST_P(TrainerConfigTest, TheRecipeMatchesTheIndependentReference) {
   EXPECT_GT(MaxApart(RunJob(c, "lpt", kSteps), run), 1e-3);
 }
 
+// `steps` steps of `c` with Muon on the recipe's row blocks, against the
+// reference doing Muon on the same rows (`ref_recipe`): the plan holds
+// `expected_matrices` matrices (dense once, experts once per EP group) and
+// the run matches the reference. Returns the run.
+RunResult RunBlocksAgainstReference(const Config& c, int steps, const RunRecipe& recipe,
+                                    const reference::RefRecipe& ref_recipe,
+                                    int64_t expected_matrices) {
+  const RunResult start = RunJob(c, "lpt", /*steps=*/0, {}, 0, true, "", recipe);
+  EXPECT_FALSE(start.weights.empty());
+  if (start.weights.empty()) return start;
+  const int64_t planned = static_cast<int64_t>(start.plan.dense.matrices.size()) +
+                          static_cast<int64_t>(start.plan.expert.matrices.size()) * c.ep;
+  EXPECT_EQ(planned, expected_matrices);
+  const RunResult run = RunJob(c, "lpt", steps, {}, 0, true, "", recipe);
+  double gap = 0;
+  const reference::RefTrainResult ref =
+      ReferenceRun(c, InitialWeights(start), steps, ref_recipe, &gap);
+  EXPECT_GT(gap, 1e-4);
+  ExpectMatchesReference(run, ref);
+  return run;
+}
+
 // Muon on row blocks (ParamSpec::muon_block_rows: split q/k/v, per head):
 // every Muon matrix with an even number of rows orthogonalized as its two
 // halves, experts' included. The plan holds one matrix per block, and every
@@ -585,18 +607,8 @@ TEST_P(TrainerConfigTest, MuonBlocksMatchTheIndependentReference) {
       }
     }
   }
-  const RunResult start = RunJob(c, "lpt", /*steps=*/0, {}, 0, true, "", recipe);
-  ASSERT_FALSE(start.weights.empty());
-  // Matrices per domain class: dense once, experts once per EP group.
-  int64_t planned = static_cast<int64_t>(start.plan.dense.matrices.size()) +
-                    static_cast<int64_t>(start.plan.expert.matrices.size()) * c.ep;
-  EXPECT_EQ(planned, expected_matrices);
-  const RunResult run = RunJob(c, "lpt", kSteps, {}, 0, true, "", recipe);
-  double gap = 0;
-  const reference::RefTrainResult ref =
-      ReferenceRun(c, InitialWeights(start), kSteps, ref_recipe, &gap);
-  ASSERT_GT(gap, 1e-4);
-  ExpectMatchesReference(run, ref);
+  const RunResult run =
+      RunBlocksAgainstReference(c, kSteps, recipe, ref_recipe, expected_matrices);
   // Whole-matrix Muon ends elsewhere: the blocks are really apart.
   EXPECT_GT(MaxApart(RunJob(c, "lpt", kSteps), run), 1e-3);
 }
@@ -631,17 +643,8 @@ TEST_P(TrainerConfigTest, StackedMuonBlocksMatchTheIndependentReference) {
       if (muon) expected_matrices += (p.expert ? p.shape[0] : 1) * (first > 0 ? 2 : 1);
     }
   }
-  const RunResult start = RunJob(c, "lpt", /*steps=*/0, {}, 0, true, "", recipe);
-  ASSERT_FALSE(start.weights.empty());
-  const int64_t planned = static_cast<int64_t>(start.plan.dense.matrices.size()) +
-                          static_cast<int64_t>(start.plan.expert.matrices.size()) * c.ep;
-  EXPECT_EQ(planned, expected_matrices);
-  const RunResult run = RunJob(c, "lpt", kSteps, {}, 0, true, "", recipe);
-  double gap = 0;
-  const reference::RefTrainResult ref =
-      ReferenceRun(c, InitialWeights(start), kSteps, ref_recipe, &gap);
-  ASSERT_GT(gap, 1e-4);
-  ExpectMatchesReference(run, ref);
+  const RunResult run =
+      RunBlocksAgainstReference(c, kSteps, recipe, ref_recipe, expected_matrices);
   // Blocks one after another (unstacked) end elsewhere: the stacking acts.
   RunRecipe apart = recipe;
   apart.stack_blocks.clear();
