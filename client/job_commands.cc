@@ -515,10 +515,19 @@ int Workers(CoordinatorClient& client, bool json, Streams io) {
   for (const v1::Worker& w : *workers) {
     const std::string state =
         v1::WorkerState_Name(w.state()).substr(std::string("WORKER_STATE_").size());
+    std::string quarantine;
+    if (w.quarantined_until_unix_ms() > 0) {
+      // Blamed for two failed attempts: no new rank until then.
+      const absl::Duration left = absl::Trunc(
+          absl::FromUnixMillis(w.quarantined_until_unix_ms()) - absl::Now(), absl::Seconds(1));
+      quarantine = absl::StrCat("  QUARANTINED for ", absl::FormatDuration(left), ": ",
+                                w.quarantine_reason());
+    }
     io.out << absl::StrFormat(
-        "%-28s %-6s %-6s %-22s %9.1fG  %s\n", w.info().worker_id(), w.info().device(), state,
+        "%-28s %-6s %-6s %-22s %9.1fG  %s%s\n", w.info().worker_id(), w.info().device(), state,
         w.info().address(), static_cast<double>(w.info().memory_bytes()) / (1 << 30),
-        w.job_id().empty() ? std::string("-") : absl::StrCat(w.job_id(), "/", w.rank()));
+        w.job_id().empty() ? std::string("-") : absl::StrCat(w.job_id(), "/", w.rank()),
+        quarantine);
   }
   return kExitOk;
 }

@@ -30,7 +30,7 @@ namespace {
 constexpr char kSynopsis[] =
     "[--listen HOST:PORT] [--data-dir DIR] [--metrics-listen HOST:PORT]\n"
     "       [--lease-ttl 10s] [--partition-grace 30s] [--collective-timeout 60s]\n"
-    "       [--shutdown-grace 5s]\n"
+    "       [--quarantine 10m] [--shutdown-grace 5s]\n"
     "       [--retain-finished 720h] [--max-jobs 10000] [--max-jobs-per-client 1000]\n"
     "       [--max-watches-per-client 64] [--max-recorded-steps 1000000]\n"
     "       [--forget-lost-after 1h]\n"
@@ -53,6 +53,7 @@ struct Flags {
   std::string metrics_listen;
   absl::Duration lease_ttl = absl::Seconds(10);
   absl::Duration partition_grace = absl::Seconds(30);
+  absl::Duration quarantine = absl::Minutes(10);
   absl::Duration collective_timeout = absl::Seconds(60);
   absl::Duration retain_finished = absl::Hours(24 * 30);
   absl::Duration forget_lost_after = absl::Hours(1);
@@ -138,6 +139,11 @@ void DeclareFlags(muonmesh::FlagParser& parser, Flags* f) {
                   "on, or it counts as lost then and the attempt fails over. 0: lost at the "
                   "lease. In [0, 1h], default 30s",
                   &f->partition_grace);
+  parser.Duration("--quarantine", "D",
+                  "how long a worker blamed for two failed attempts within an hour (its peers "
+                  "could not reach it) gets no new rank; shown in muonmeshctl workers. 0: never "
+                  "quarantined. In [0, 24h], default 10m",
+                  &f->quarantine);
   parser.Duration("--collective-timeout", "D",
                   "the timeout of every collective in the workers of a job (a stalled peer is "
                   "caught after at most this long). In [1s, 24h], default 60s",
@@ -257,6 +263,11 @@ absl::Status OptionsFromFlags(const Flags& f, muonmesh::coordinator::Coordinator
                                                    absl::FormatDuration(f.retain_finished)));
   }
   options->control.retain_finished = f.retain_finished;
+  if (f.quarantine < absl::ZeroDuration() || f.quarantine > absl::Hours(24)) {
+    return absl::InvalidArgumentError(absl::StrCat("--quarantine must be in [0, 24h], got ",
+                                                   absl::FormatDuration(f.quarantine)));
+  }
+  options->control.quarantine = f.quarantine;
   if (f.partition_grace < absl::ZeroDuration() || f.partition_grace > absl::Hours(1)) {
     return absl::InvalidArgumentError(absl::StrCat("--partition-grace must be in [0, 1h], got ",
                                                    absl::FormatDuration(f.partition_grace)));

@@ -54,6 +54,8 @@ struct RankTask {
   comm::GrpcStore* store ABSL_GUARDED_BY(store_mu) = nullptr;
   // Ends the rank's collectives and rendezvous at once (comm/abort.h).
   comm::AbortSignal abort;
+  // Every rank's worker and check port (StartRank.peers).
+  std::vector<v1::PeerCheck> peers;
 
   // Told to stop by the coordinator (its attempt is over): the rank leaves
   // whatever collective it waits in instead of waiting out its timeout.
@@ -351,6 +353,27 @@ void Daemon::Heartbeats() {
   }
 }
 
+// Checks every peer but `self` at once (each within kPeerCheckTimeout).
+std::vector<v1::PeerCheckResult> CheckAll(const std::vector<v1::PeerCheck>& peers,
+                                          const std::string& self) {
+  std::vector<v1::PeerCheckResult> out(peers.size());
+  std::vector<std::thread> checks;
+  for (size_t i = 0; i < peers.size(); ++i) {
+    out[i].set_worker_id(peers[i].worker_id());
+    if (peers[i].worker_id() == self || peers[i].port() == 0) {
+      out[i].set_reachable(true);  // itself, or a peer with nothing to check
+      continue;
+    }
+    checks.emplace_back([&peers, &out, i] {
+      const absl::Status s = comm::EchoCheck(peers[i].address(), peers[i].port(), kPeerCheckTimeout);
+      out[i].set_reachable(s.ok());
+      if (!s.ok()) out[i].set_detail(std::string(s.message()));
+    });
+  }
+  for (std::thread& t : checks) t.join();
+  return out;
+}
+
 void Daemon::CheckPeers(const v1::HeartbeatResponse& response) {
   for (const v1::PeerCheck& c : response.check_peers()) {
     const absl::Status reached = comm::EchoCheck(c.address(), c.port(), kPeerCheckTimeout);
@@ -432,6 +455,14 @@ void Daemon::Report(RankTask& task, StepOutbox& outbox, const absl::Status& resu
   request.set_message(std::string(result.message()).substr(0, 4096));
   request.set_refused_step(result.GetPayload(kRefusedStepPayload).has_value());
   request.set_job_error(result.GetPayload(kJobErrorPayload).has_value());
+  if (request.outcome() == v1::ATTEMPT_OUTCOME_FAILED &&
+      (absl::IsUnavailable(result) || absl::IsDeadlineExceeded(result))) {
+    // Its collectives broke: which peers can it reach now? (The coordinator
+    // blames the worker the others cannot.)
+    for (v1::PeerCheckResult& r : CheckAll(task.peers, options_.worker_id)) {
+      *request.add_peer_checks() = std::move(r);
+    }
+  }
   // The steps first, then the end; while the coordinator is away (it
   // restarts, and the serving thread registers again naming this rank),
   // retry until it answers, it refuses the rank, or the worker stops.
@@ -677,6 +708,7 @@ void Daemon::Start(const v1::Assignment& a) {
   task_->attempt = a.attempt();
   task_->rank = a.start().rank();
   task_->plan_fingerprint = a.start().plan_fingerprint();
+  task_->peers.assign(a.start().peers().begin(), a.start().peers().end());
   log_(absl::StrCat("[", a.job_id(), "] attempt ", a.attempt(), ": rank ", a.start().rank(),
                     " of ", a.start().spec().world_size()));
   task_->thread = std::thread(&Daemon::RunAssigned, this, task_.get(), a.start());

@@ -53,6 +53,9 @@ struct Attempt {
   // write it and stop (Answer), not pushed a stop.
   bool cancel_checkpoint = false;
   absl::Time failed_at;  // when the first failure happened (FailLost) or was detected
+  // Per worker, the ranks that reported it unreachable after their
+  // collectives failed (ReportAttemptRequest.peer_checks): whom to blame.
+  std::map<std::string, std::set<int32_t>> unreachable_from;
   std::deque<double> recent_seconds;  // the newest steps' slowest seconds
   std::string plan_fingerprint;
   int64_t steps_done = 0;  // one past the newest step every rank finished

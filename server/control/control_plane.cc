@@ -31,6 +31,7 @@ absl::StatusOr<std::unique_ptr<ControlPlane>> ControlPlane::Start(
                     .unfinished_per_client = options.max_unfinished_jobs_per_client});
   std::unique_ptr<ControlPlane> plane(new ControlPlane(options, std::move(lock), std::move(store)));
   plane->fleet_.ForgetLostAfter(options.forget_lost_after);
+  plane->fleet_.QuarantineFor(options.quarantine);
   if (!options.metrics_listen.empty()) {
     MUONMESH_ASSIGN_OR_RETURN(plane->http_, http::MetricsHttp::Serve(options.metrics_listen));
     plane->http_->exposer().RegisterCollectable(plane->metrics_);

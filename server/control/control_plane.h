@@ -48,6 +48,9 @@ struct ControlPlaneOptions {
   absl::Duration adopt_grace = absl::ZeroDuration();
   // How long a worker silent past its lease keeps its rank (JobManagerOptions).
   absl::Duration partition_grace = absl::Seconds(30);
+  // How long a worker blamed for two failed attempts gets no new rank
+  // (Fleet::Blame); zero: never quarantined.
+  absl::Duration quarantine = kDefaultQuarantine;
   absl::Duration collective_timeout = absl::Seconds(60);
   // HOST:PORT for Prometheus metrics (/metrics); empty: none.
   std::string metrics_listen;

@@ -176,6 +176,7 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::Collect() const {
   std::vector<prometheus::MetricFamily> out = RunningJobFamilies();
   out.push_back(std::move(jobs));
   out.push_back(WorkerFamily());
+  out.push_back(QuarantineFamily());
   return out;
 }
 
@@ -256,6 +257,17 @@ prometheus::MetricFamily CoordinatorMetrics::WorkerFamily() const {
     workers.metric.push_back(std::move(m));
   }
   return workers;
+}
+
+prometheus::MetricFamily CoordinatorMetrics::QuarantineFamily() const {
+  prometheus::MetricFamily quarantined{
+      "muonmesh_workers_quarantined",
+      "Workers given no new rank for now: blamed for two failed attempts within an hour "
+      "(their peers could not reach them; coordinator --quarantine)",
+      prometheus::MetricType::Gauge,
+      {}};
+  quarantined.metric.push_back(GaugeValue(static_cast<double>(fleet_.QuarantinedCount())));
+  return quarantined;
 }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>

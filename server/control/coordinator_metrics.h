@@ -101,6 +101,7 @@ class CoordinatorMetrics final : public prometheus::Collectable {
   // device.
   std::vector<prometheus::MetricFamily> RunningJobFamilies() const;
   prometheus::MetricFamily WorkerFamily() const;
+  prometheus::MetricFamily QuarantineFamily() const;
 
   const JobStore& store_;
   const Fleet& fleet_;

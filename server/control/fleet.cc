@@ -222,8 +222,40 @@ int64_t Fleet::IdleCount(const std::string& device) const {
   absl::MutexLock lock(&mu_);
   int64_t n = 0;
   for (const auto& [id, e] : workers_) {
-    n += e.state == v1::WORKER_STATE_IDLE && !e.draining && e.info.device() == device && Live(e);
+    n += Available(e, device) ? 1 : 0;
   }
+  return n;
+}
+
+bool Fleet::Available(const Entry& e, const std::string& device) const {
+  return e.state == v1::WORKER_STATE_IDLE && !e.draining && e.info.device() == device &&
+         Live(e) && clock_.Now() >= e.quarantined_until;
+}
+
+bool Fleet::Blame(const std::string& worker_id, const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return false;
+  Entry& e = it->second;
+  const absl::Time now = clock_.Now();
+  while (!e.blamed.empty() && now - e.blamed.front() > kBlameWindow) e.blamed.pop_front();
+  e.blamed.push_back(now);
+  if (e.blamed.size() < 2 || quarantine_ <= absl::ZeroDuration()) return false;
+  e.blamed.clear();
+  e.quarantined_until = now + quarantine_;
+  e.quarantine_reason = why.substr(0, 1024);
+  return true;
+}
+
+void Fleet::QuarantineFor(absl::Duration d) {
+  absl::MutexLock lock(&mu_);
+  quarantine_ = d;
+}
+
+int64_t Fleet::QuarantinedCount() const {
+  absl::MutexLock lock(&mu_);
+  int64_t n = 0;
+  for (const auto& [id, e] : workers_) n += clock_.Now() < e.quarantined_until ? 1 : 0;
   return n;
 }
 
@@ -232,12 +264,18 @@ std::optional<std::vector<std::string>> Fleet::Take(const std::string& device, i
   absl::MutexLock lock(&mu_);
   std::vector<Entry*> idle;
   for (auto& [id, e] : workers_) {
-    if (e.state == v1::WORKER_STATE_IDLE && !e.draining && e.info.device() == device && Live(e)) {
-      idle.push_back(&e);
-    }
+    if (Available(e, device)) idle.push_back(&e);
   }
   if (static_cast<int64_t>(idle.size()) < n) return std::nullopt;
-  std::sort(idle.begin(), idle.end(), [](const Entry* a, const Entry* b) { return a->order < b->order; });
+  // Spares first: a worker blamed lately (once; twice is quarantine) after
+  // the others, each group in registration order.
+  const absl::Time now = clock_.Now();
+  auto suspect = [now](const Entry* e) {
+    return !e->blamed.empty() && now - e->blamed.back() <= kBlameWindow;
+  };
+  std::sort(idle.begin(), idle.end(), [&](const Entry* a, const Entry* b) {
+    return std::make_pair(suspect(a), a->order) < std::make_pair(suspect(b), b->order);
+  });
   std::vector<std::string> taken;
   for (int64_t r = 0; r < n; ++r) {
     Entry& e = *idle[r];
@@ -323,6 +361,10 @@ v1::Worker Fleet::View(const Entry& e) const {
   w.set_rank(e.rank);
   w.set_registered_unix_ms(UnixMs(e.registered));
   w.set_last_heartbeat_unix_ms(UnixMs(e.last_heartbeat));
+  if (clock_.Now() < e.quarantined_until) {
+    w.set_quarantined_until_unix_ms(UnixMs(e.quarantined_until));
+    w.set_quarantine_reason(e.quarantine_reason);
+  }
   return w;
 }
 

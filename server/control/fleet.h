@@ -45,6 +45,10 @@ class SystemClock final : public Clock {
 
 inline constexpr size_t kMaxWorkerIdBytes = 128;
 inline constexpr size_t kMaxWorkers = 65536;
+// A worker blamed for two failed attempts within this window is quarantined
+// (Fleet::Blame), by default for kDefaultQuarantine (--quarantine).
+inline constexpr absl::Duration kBlameWindow = absl::Hours(1);
+inline constexpr absl::Duration kDefaultQuarantine = absl::Minutes(10);
 
 class Fleet {
  public:
@@ -124,6 +128,16 @@ class Fleet {
                                                      absl::Duration wait,
                                                      const std::function<bool()>& cancelled);
 
+  // A failed attempt is blamed on the worker (its peers could not reach
+  // it; `why` says so). Blamed twice within kBlameWindow, it is quarantined
+  // for QuarantineFor's time (default kDefaultQuarantine): Take skips it,
+  // List shows until when and why. Returns true when this blame quarantines
+  // it. Take prefers workers with no blame in the window.
+  bool Blame(const std::string& worker_id, const std::string& why);
+  void QuarantineFor(absl::Duration d);
+  // Workers quarantined now (the muonmesh_workers_quarantined gauge).
+  int64_t QuarantinedCount() const;
+
   std::vector<v1::Worker> List() const;
   // What a listed worker registered with (lost ones too); nullopt if unknown.
   std::optional<v1::WorkerInfo> InfoOf(const std::string& worker_id) const;
@@ -142,11 +156,18 @@ class Fleet {
     absl::Time registered;
     absl::Time last_heartbeat;
     absl::Time lost_at;  // when Expire marked it LOST
+    // Blame (Fleet::Blame): when it was blamed within kBlameWindow, and
+    // until when it gets no new rank.
+    std::deque<absl::Time> blamed;
+    absl::Time quarantined_until = absl::InfinitePast();
+    std::string quarantine_reason;
     // With what the assignment's start shares with the attempt's other
     // ranks (the spec and the plan, held once): merged in as it is sent.
     std::deque<std::pair<v1::Assignment, std::shared_ptr<const v1::StartRank>>> outbox;
   };
   bool Live(const Entry& e) const;
+  // Idle, live, not draining nor quarantined, on `device`: may take a rank.
+  bool Available(const Entry& e, const std::string& device) const;
   v1::Worker View(const Entry& e) const;
   absl::Status CheckLeaseLocked(const std::string& worker_id, const std::string& lease_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -156,6 +177,7 @@ class Fleet {
   const absl::Duration heartbeat_interval_;
   mutable absl::Mutex mu_;
   absl::Duration forget_lost_after_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+  absl::Duration quarantine_ ABSL_GUARDED_BY(mu_) = kDefaultQuarantine;
   absl::CondVar changed_;
   std::map<std::string, Entry> workers_ ABSL_GUARDED_BY(mu_);
   // Workers whose lease ran out while they held a job and who registered

@@ -109,6 +109,15 @@ void JobManager::StartAttempt(const v1::Job& job, const v1::JobSpec& spec,
   auto shared = std::make_shared<v1::StartRank>();
   *shared->mutable_spec() = spec;
   *shared->mutable_plan() = std::move(exec);
+  for (const std::string& w : gang) {
+    // Where each rank's worker answers checks (for blame after a failure).
+    v1::PeerCheck* peer = shared->add_peers();
+    peer->set_worker_id(w);
+    if (std::optional<v1::WorkerInfo> info = fleet_.InfoOf(w)) {
+      peer->set_address(info->address());
+      peer->set_port(info->peer_port());
+    }
+  }
   for (size_t r = 0; r < gang.size(); ++r) {
     v1::Assignment assignment;
     assignment.set_job_id(job.id());
@@ -527,6 +536,38 @@ void JobManager::FailRank(const std::string& job_id, Attempt& a, int32_t rank,
   }
 }
 
+std::string JobManager::BlameFor(const std::string& job_id, const Attempt& done) {
+  // The worker the most ranks could not reach; none when two or more tie
+  // (two ranks that cannot reach each other: either may be the cut one).
+  size_t most = 0;
+  std::vector<const std::string*> top;
+  for (const auto& [worker, reporters] : done.unreachable_from) {
+    if (reporters.size() > most) {
+      most = reporters.size();
+      top.clear();
+    }
+    if (reporters.size() == most) top.push_back(&worker);
+  }
+  if (most == 0) return "";
+  if (top.size() > 1) {
+    Log(absl::StrCat("job ", job_id, " attempt ", done.attempt, ": ", top.size(),
+                     " workers are each unreachable from ", most,
+                     " rank(s); none blamed (cannot tell which is cut off)"));
+    return "";
+  }
+  const std::string& worker = *top.front();
+  const std::string why =
+      absl::StrCat("unreachable from ", most, " of its peers in job ", job_id, " attempt ",
+                   done.attempt);
+  Log(absl::StrCat("job ", job_id, " attempt ", done.attempt, ": worker ", worker, " blamed (",
+                   why, ")"));
+  if (fleet_.Blame(worker, why)) {
+    Log(absl::StrCat("worker ", worker, " quarantined (no new rank for --quarantine): blamed for "
+                     "two failed attempts within an hour (", why, ")"));
+  }
+  return absl::StrCat("; worker ", worker, " blamed: ", why);
+}
+
 void JobManager::MaybeFinish(const std::string& job_id) {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end() || !it->second.attempt.has_value()) return;
@@ -563,11 +604,12 @@ void JobManager::MaybeFinish(const std::string& job_id) {
     case Attempt::Verdict::kFailed:
       break;
   }
+  const std::string blame = BlameFor(job_id, done);
   if (!done.job_error && MayRestart(*job, done.attempt)) {
     KeepEarliestFault(record, done.failed_at);
     (void)events_.ChangeState(job_id, v1::JOB_STATE_RESTARTING,
                               absl::StrCat("attempt ", done.attempt, " failed: ", done.failure,
-                                           "; restarting from the newest checkpoint"),
+                                           blame, "; restarting from the newest checkpoint"),
                               done.attempt);
     return;
   }
@@ -609,6 +651,14 @@ absl::Status JobManager::OnAttemptEnd(const std::string& worker_id,
         if (a->cancelled && a->failure.empty()) {
           a->outcome[rank] = Attempt::kStopped;  // failing while cancelled is stopping
         } else {
+          for (int i = 0; i < end.peer_checks_size() && i < kMaxPeerChecks; ++i) {
+            const v1::PeerCheckResult& c = end.peer_checks(i);
+            if (!c.reachable() && a->RunningRankOf(c.worker_id()) != rank &&
+                std::find(a->workers.begin(), a->workers.end(), c.worker_id()) !=
+                    a->workers.end()) {
+              a->unreachable_from[c.worker_id()].insert(rank);
+            }
+          }
           const bool first = a->failure.empty();
           if (first && end.job_error()) a->job_error = true;
           FailRank(end.job_id(), *a, rank, end.message());

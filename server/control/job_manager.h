@@ -289,6 +289,11 @@ class JobManager {
   void Adopt(const v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the attempt once no rank runs.
   void MaybeFinish(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A failed attempt's blame (Attempt::unreachable_from): the worker most of
+  // its ranks could not reach, blamed in the fleet (twice: quarantined) and
+  // logged; "; worker W blamed: ..." for the job's reason, or "" for none.
+  std::string BlameFor(const std::string& job_id, const Attempt& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells every running rank of the attempt to stop now.
   void PushStops(const std::string& job_id, const Attempt& a, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -248,6 +248,7 @@ TEST_F(ControlPlaneTest, AJobRunsToTheStandaloneLaunchersExactWeights) {
   EXPECT_THAT(text, HasSubstr("muonmesh_jobs{state=\"SUCCEEDED\"} 1"));
   EXPECT_THAT(text, HasSubstr("muonmesh_jobs{state=\"PENDING\"} 0"));
   EXPECT_THAT(text, HasSubstr("muonmesh_workers{device=\"cpu\",state=\"IDLE\"} 2"));
+  EXPECT_THAT(text, HasSubstr("muonmesh_workers_quarantined 0"));
   EXPECT_THAT(text, HasSubstr("muonmesh_job_steps_total 6"));
   EXPECT_THAT(text, HasSubstr("muonmesh_job_step_duration_seconds_count 6"));
   EXPECT_THAT(text, HasSubstr("muonmesh_rpc_duration_seconds_count{code=\"OK\","

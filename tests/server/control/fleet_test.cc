@@ -350,3 +350,55 @@ TEST(AdvertisedAddressTest, ALoopbackAddressFromAnotherHostIsRefused) {
 
 }  // namespace
 }  // namespace muonmesh::coordinator
+
+namespace muonmesh::coordinator {
+namespace {
+
+// Blame (Fleet::Blame): once, a worker is taken after the others (a spare
+// is preferred); twice within the hour, it is quarantined for the set time:
+// Take and IdleCount skip it, List shows until when and why; then it takes
+// ranks again. Blames an hour apart do not add up.
+TEST(FleetBlameTest, TwiceBlamedWorkersAreQuarantinedAndSparesPreferred) {
+  FakeClock clock;
+  Fleet fleet{&clock, absl::Hours(100), absl::Seconds(2)};
+  fleet.QuarantineFor(absl::Minutes(10));
+  for (const char* id : {"a", "b", "c"}) ASSERT_TRUE(fleet.Register(Info(id)).ok());
+  EXPECT_FALSE(fleet.Blame("a", "unreachable from 2 of its peers"));
+  // a registered first, but b and c come before it now.
+  std::optional<std::vector<std::string>> taken = fleet.Take("cpu", 2, "j");
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_EQ(*taken, (std::vector<std::string>{"b", "c"}));
+  fleet.Release("b", "j");
+  fleet.Release("c", "j");
+  EXPECT_EQ(fleet.IdleCount("cpu"), 3);
+
+  clock.Advance(absl::Minutes(5));
+  EXPECT_TRUE(fleet.Blame("a", "unreachable from 3 of its peers"));
+  EXPECT_EQ(fleet.IdleCount("cpu"), 2);
+  EXPECT_EQ(fleet.QuarantinedCount(), 1);
+  EXPECT_FALSE(fleet.Take("cpu", 3, "j").has_value());
+  for (const v1::Worker& w : fleet.List()) {
+    if (w.info().worker_id() != "a") {
+      EXPECT_EQ(w.quarantined_until_unix_ms(), 0) << w.info().worker_id();
+      continue;
+    }
+    EXPECT_EQ(w.quarantined_until_unix_ms(), absl::ToUnixMillis(clock.Now() + absl::Minutes(10)));
+    EXPECT_EQ(w.quarantine_reason(), "unreachable from 3 of its peers");
+  }
+  clock.Advance(absl::Minutes(10));
+  EXPECT_EQ(fleet.QuarantinedCount(), 0);
+  EXPECT_EQ(fleet.IdleCount("cpu"), 3);
+
+  // Two blames more than an hour apart are one each.
+  EXPECT_FALSE(fleet.Blame("b", "x"));
+  clock.Advance(absl::Minutes(61));
+  EXPECT_FALSE(fleet.Blame("b", "x"));
+  // And with no quarantine set, never.
+  fleet.QuarantineFor(absl::ZeroDuration());
+  EXPECT_FALSE(fleet.Blame("c", "x"));
+  EXPECT_FALSE(fleet.Blame("c", "x"));
+  EXPECT_EQ(fleet.IdleCount("cpu"), 3);
+}
+
+}  // namespace
+}  // namespace muonmesh::coordinator

@@ -14,7 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "core/plan/planner.h"
 #include "gmock/gmock.h"
@@ -299,6 +301,109 @@ TEST_F(ElasticTest, AJobErrorIsNotRestarted) {
   fail_rank0(restarted, /*job_error=*/false);
   EXPECT_EQ(store_->Get(restarted)->state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(store_->Get(restarted)->attempt(), 1);
+}
+
+// Blame: a 3-rank job on 4 workers whose attempts fail with the other two
+// ranks reporting one worker unreachable (ReportAttemptRequest.peer_checks):
+// each failure names it, the restart takes the spare instead of it, and
+// blamed twice it is quarantined (no rank, shown in the listing). A tie
+// (each of two workers unreachable from one rank) blames nobody.
+TEST_F(ElasticTest, TheWorkerItsPeersCannotReachIsBlamedAndQuarantined) {
+  v1::JobSpec spec;
+  ASSERT_TRUE(protoio::ParseMessageText(
+                  "name: cut\nworld_size: 3\nmodel: {mlp: {dims: [6, 3]}}\n"
+                  "training: {steps: 5, global_batch_size: 6, max_restarts: 5}\n"
+                  "output: {dir: /tmp/job_manager_test/cut}\n",
+                  "job", &spec)
+                  .ok());
+  std::vector<plan::FieldViolation> violations;
+  absl::StatusOr<JobStore::Submitted> s = manager_->Submit("cut-1", spec, &violations);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::string id = s->job.id();
+  // Every rank fails; those not on `cut` report it unreachable (and `cut`
+  // reports them unreachable too: from its side the link is down as well).
+  const auto fail_all = [&](const std::string& cut) {
+    const v1::Job job = *store_->Get(id);
+    for (int r = 0; r < job.worker_ids_size(); ++r) {
+      v1::ReportAttemptRequest end;
+      end.set_job_id(id);
+      end.set_attempt(job.attempt());
+      end.set_rank(r);
+      end.set_outcome(v1::ATTEMPT_OUTCOME_FAILED);
+      end.set_code(14);
+      end.set_message("all_reduce: peer connection lost");
+      for (const std::string& peer : job.worker_ids()) {
+        if (peer == job.worker_ids(r)) continue;
+        v1::PeerCheckResult* c = end.add_peer_checks();
+        c->set_worker_id(peer);
+        c->set_reachable(job.worker_ids(r) != cut && peer != cut);
+      }
+      ASSERT_TRUE(manager_->OnAttemptEnd(job.worker_ids(r), end).ok());
+    }
+  };
+  const v1::Job first = *store_->Get(id);
+  ASSERT_EQ(first.worker_ids_size(), 3);
+  const std::string cut = first.worker_ids(1);
+  fail_all(cut);
+  const v1::Job second = *store_->Get(id);
+  EXPECT_EQ(second.attempt(), 1);
+  bool named = false;
+  for (const std::string& r : Reasons(id)) {
+    named |= absl::StrContains(r, absl::StrCat("worker ", cut, " blamed: unreachable from 2"));
+  }
+  EXPECT_TRUE(named) << absl::StrJoin(Reasons(id), "\n");
+  // The spare (never blamed) goes in; the blamed worker stays out while
+  // another is idle.
+  EXPECT_THAT(second.worker_ids(), ::testing::Not(::testing::Contains(cut)));
+  // Another worker blamed once; then the next gang (the two never blamed
+  // first) holds one of the two blamed once, which is blamed again.
+  const std::string cut2 = second.worker_ids(0);
+  fail_all(cut2);
+  EXPECT_EQ(store_->Get(id)->attempt(), 2);
+  // cut2 blamed once and cut once: neither quarantined yet.
+  EXPECT_EQ(fleet_->QuarantinedCount(), 0);
+  const v1::Job third = *store_->Get(id);
+  // Blame whoever of the first two is in this gang a second time.
+  std::string again;
+  for (const std::string& w : third.worker_ids()) {
+    if (w == cut || w == cut2) again = w;
+  }
+  ASSERT_FALSE(again.empty()) << "4 workers, 3 ranks, 2 blamed: one of them is in the gang";
+  fail_all(again);
+  EXPECT_EQ(fleet_->QuarantinedCount(), 1);
+  for (const v1::Worker& w : fleet_->List()) {
+    EXPECT_EQ(w.quarantined_until_unix_ms() > 0, w.info().worker_id() == again)
+        << w.info().worker_id();
+  }
+  const v1::Job fourth = *store_->Get(id);
+  EXPECT_THAT(fourth.worker_ids(), ::testing::Not(::testing::Contains(again)));
+  // A tie blames nobody: rank 0 reports two workers unreachable... each
+  // once, and they report nothing.
+  {
+    v1::ReportAttemptRequest end;
+    end.set_job_id(id);
+    end.set_attempt(fourth.attempt());
+    end.set_outcome(v1::ATTEMPT_OUTCOME_FAILED);
+    for (int r = 0; r < fourth.worker_ids_size(); ++r) {
+      end.set_rank(r);
+      end.clear_peer_checks();
+      if (r == 0) {
+        for (int q = 1; q < 3; ++q) {
+          v1::PeerCheckResult* c = end.add_peer_checks();
+          c->set_worker_id(fourth.worker_ids(q));
+          c->set_reachable(false);
+        }
+      }
+      ASSERT_TRUE(manager_->OnAttemptEnd(fourth.worker_ids(r), end).ok());
+    }
+  }
+  bool tie_seen = false;
+  for (const std::string& r : Reasons(id)) {
+    if (!absl::StrContains(r, absl::StrCat("attempt ", fourth.attempt(), " failed"))) continue;
+    tie_seen = true;
+    EXPECT_THAT(r, ::testing::Not(::testing::HasSubstr("blamed"))) << r;
+  }
+  EXPECT_TRUE(tie_seen) << absl::StrJoin(Reasons(id), "\n");
 }
 
 // A submit refused because another unfinished job owns its output folder is
