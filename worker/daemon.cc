@@ -353,9 +353,11 @@ void Daemon::Heartbeats() {
   }
 }
 
-// Checks every peer but `self` at once (each within kPeerCheckTimeout).
+// Checks every peer but `self`, kParallelChecks at a time (each within
+// kPeerCheckTimeout).
 std::vector<v1::PeerCheckResult> CheckAll(const std::vector<v1::PeerCheck>& peers,
                                           const std::string& self) {
+  constexpr size_t kParallelChecks = 64;
   std::vector<v1::PeerCheckResult> out(peers.size());
   std::vector<std::thread> checks;
   for (size_t i = 0; i < peers.size(); ++i) {
@@ -367,24 +369,28 @@ std::vector<v1::PeerCheckResult> CheckAll(const std::vector<v1::PeerCheck>& peer
     checks.emplace_back([&peers, &out, i] {
       const absl::Status s = comm::EchoCheck(peers[i].address(), peers[i].port(), kPeerCheckTimeout);
       out[i].set_reachable(s.ok());
+      out[i].set_refused(absl::IsNotFound(s));
       if (!s.ok()) out[i].set_detail(std::string(s.message()));
     });
+    if (checks.size() == kParallelChecks) {
+      for (std::thread& t : checks) t.join();
+      checks.clear();
+    }
   }
   for (std::thread& t : checks) t.join();
   return out;
 }
 
 void Daemon::CheckPeers(const v1::HeartbeatResponse& response) {
-  for (const v1::PeerCheck& c : response.check_peers()) {
-    const absl::Status reached = comm::EchoCheck(c.address(), c.port(), kPeerCheckTimeout);
-    v1::PeerCheckResult& r = peer_results_.emplace_back();
-    r.set_worker_id(c.worker_id());
-    r.set_reachable(reached.ok());
-    if (!reached.ok()) {
-      r.set_detail(std::string(reached.message()));
-      log_(absl::StrCat("peer ", c.worker_id(), " the coordinator lost is unreachable from here: ",
-                        reached.message()));
+  if (response.check_peers().empty()) return;
+  const std::vector<v1::PeerCheck> asked(response.check_peers().begin(),
+                                         response.check_peers().end());
+  for (v1::PeerCheckResult& r : CheckAll(asked, options_.worker_id)) {
+    if (!r.reachable()) {
+      log_(absl::StrCat("peer ", r.worker_id(), " the coordinator lost is unreachable from here: ",
+                        r.detail()));
     }
+    peer_results_.push_back(std::move(r));
   }
 }
 
@@ -440,9 +446,14 @@ void Daemon::Report(RankTask& task, StepOutbox& outbox, const absl::Status& resu
   request.set_job_id(task.job_id);
   request.set_attempt(task.attempt);
   request.set_rank(task.rank);
+  // Told to stop (not to checkpoint first), a rank whose collectives broke
+  // was stopped: a peer's abort may reset its connections before its own
+  // stop reaches it.
+  const bool broke = absl::IsUnavailable(result) || absl::IsDeadlineExceeded(result);
   if (result.ok()) {
     request.set_outcome(v1::ATTEMPT_OUTCOME_SUCCEEDED);
-  } else if (task.stop.load() && result.code() == absl::StatusCode::kCancelled) {
+  } else if (task.stop.load() && (absl::IsCancelled(result) ||
+                                  (broke && !task.checkpoint_stop.load()))) {
     request.set_outcome(v1::ATTEMPT_OUTCOME_STOPPED);
   } else {
     request.set_outcome(v1::ATTEMPT_OUTCOME_FAILED);
@@ -455,8 +466,7 @@ void Daemon::Report(RankTask& task, StepOutbox& outbox, const absl::Status& resu
   request.set_message(std::string(result.message()).substr(0, 4096));
   request.set_refused_step(result.GetPayload(kRefusedStepPayload).has_value());
   request.set_job_error(result.GetPayload(kJobErrorPayload).has_value());
-  if (request.outcome() == v1::ATTEMPT_OUTCOME_FAILED &&
-      (absl::IsUnavailable(result) || absl::IsDeadlineExceeded(result))) {
+  if (request.outcome() == v1::ATTEMPT_OUTCOME_FAILED && broke) {
     // Its collectives broke: which peers can it reach now? (The coordinator
     // blames the worker the others cannot.)
     for (v1::PeerCheckResult& r : CheckAll(task.peers, options_.worker_id)) {

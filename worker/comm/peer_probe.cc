@@ -186,6 +186,10 @@ absl::Status EchoCheck(const std::string& host, int port, absl::Duration timeout
   const std::string address = JoinHostPort(host, port);
   int connected = -1;
   if (const std::string why = TryConnect(address, timeout, &connected); !why.empty()) {
+    if (why == Errno(ECONNREFUSED)) {
+      // The host answered: nothing listens there (the process is gone).
+      return absl::NotFoundError(absl::StrCat("connect to ", address, ": ", why));
+    }
     return absl::UnavailableError(absl::StrCat("connect to ", address, ": ", why));
   }
   Fd fd(connected);

@@ -56,7 +56,10 @@ class EchoListener {
 };
 
 // Connects to host:port, sends a byte and waits for it back, all within
-// `timeout`. Unavailable naming the address and what failed.
+// `timeout`. NotFound when the host refuses the connection (it is up and
+// reachable, but nothing listens: the process is gone); Unavailable naming
+// the address and what failed otherwise (no route, no answer: the host is
+// down, cut off, or the process frozen).
 absl::Status EchoCheck(const std::string& host, int port, absl::Duration timeout);
 
 }  // namespace muonmesh::comm

@@ -397,6 +397,28 @@ TEST_F(ElasticTest, TheWorkerItsPeersCannotReachIsBlamedAndQuarantined) {
       ASSERT_TRUE(manager_->OnAttemptEnd(fourth.worker_ids(r), end).ok());
     }
   }
+  // A refused connection is a crashed process, not a cut link: two ranks
+  // finding one worker refused blame nobody.
+  const v1::Job fifth = *store_->Get(id);
+  ASSERT_GT(fifth.attempt(), fourth.attempt());
+  for (int r = 0; r < fifth.worker_ids_size(); ++r) {
+    v1::ReportAttemptRequest end;
+    end.set_job_id(id);
+    end.set_attempt(fifth.attempt());
+    end.set_rank(r);
+    end.set_outcome(v1::ATTEMPT_OUTCOME_FAILED);
+    if (r > 0) {
+      v1::PeerCheckResult* c = end.add_peer_checks();
+      c->set_worker_id(fifth.worker_ids(0));
+      c->set_reachable(false);
+      c->set_refused(true);
+    }
+    ASSERT_TRUE(manager_->OnAttemptEnd(fifth.worker_ids(r), end).ok());
+  }
+  for (const std::string& r : Reasons(id)) {
+    if (!absl::StrContains(r, absl::StrCat("attempt ", fifth.attempt(), " failed"))) continue;
+    EXPECT_THAT(r, ::testing::Not(::testing::HasSubstr("blamed"))) << r;
+  }
   bool tie_seen = false;
   for (const std::string& r : Reasons(id)) {
     if (!absl::StrContains(r, absl::StrCat("attempt ", fourth.attempt(), " failed"))) continue;

@@ -112,7 +112,8 @@ namespace {
 // The check a worker answers for its peers (EchoListener, EchoCheck): a
 // live listener answers at once; a port that accepts but never answers (a
 // frozen process: the kernel completes the connection) fails within the
-// timeout, saying so; a closed port fails at once naming the address.
+// timeout, saying so; a closed port (a crashed process) fails at once as
+// NotFound, naming the address.
 TEST(PeerCheckTest, OnlyALiveListenerAnswers) {
   absl::StatusOr<std::unique_ptr<EchoListener>> echo = EchoListener::Start("127.0.0.1");
   ASSERT_TRUE(echo.ok()) << echo.status();
@@ -138,7 +139,7 @@ TEST(PeerCheckTest, OnlyALiveListenerAnswers) {
 
   const int closed = ClosedPort();
   const absl::Status refused = EchoCheck("127.0.0.1", closed, absl::Seconds(2));
-  EXPECT_TRUE(absl::IsUnavailable(refused)) << refused;
+  EXPECT_TRUE(absl::IsNotFound(refused)) << refused;  // up, but nothing listens
   EXPECT_THAT(std::string(refused.message()), HasSubstr(absl::StrCat("127.0.0.1:", closed)));
 }
 
