@@ -344,6 +344,12 @@ std::optional<v1::WorkerInfo> Fleet::InfoOf(const std::string& worker_id) const 
   return it->second.info;
 }
 
+std::string Fleet::JobOf(const std::string& worker_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(worker_id);
+  return it == workers_.end() ? std::string() : it->second.job_id;
+}
+
 std::vector<v1::Worker> Fleet::List() const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::Worker> out;

@@ -141,6 +141,8 @@ class Fleet {
   std::vector<v1::Worker> List() const;
   // What a listed worker registered with (lost ones too); nullopt if unknown.
   std::optional<v1::WorkerInfo> InfoOf(const std::string& worker_id) const;
+  // The job a busy worker runs a rank of; empty when none (or unknown).
+  std::string JobOf(const std::string& worker_id) const;
   void Shutdown();
 
  private:

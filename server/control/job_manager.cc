@@ -710,21 +710,22 @@ void JobManager::OnWorkersLost(const std::vector<Fleet::Lost>& lost) {
 
 std::vector<v1::PeerCheck> JobManager::PeerChecksFor(const std::string& worker_id) {
   std::vector<v1::PeerCheck> out;
+  // Every heartbeat asks: look at the worker's own job only.
+  const std::string job_id = fleet_.JobOf(worker_id);
+  if (job_id.empty()) return out;
   absl::MutexLock lock(&mu_);
-  for (const auto& [id, record] : jobs_) {
-    if (!record.attempt.has_value()) continue;
-    const Attempt& a = *record.attempt;
-    const int32_t mine = a.RunningRankOf(worker_id);
-    if (mine < 0 || a.IsSilent(mine)) continue;
-    for (size_t r = 0; r < a.workers.size(); ++r) {
-      if (!a.IsSilent(static_cast<int32_t>(r))) continue;
-      std::optional<v1::WorkerInfo> info = fleet_.InfoOf(a.workers[r]);
-      if (!info.has_value() || info->peer_port() == 0) continue;
-      v1::PeerCheck& c = out.emplace_back();
-      c.set_worker_id(a.workers[r]);
-      c.set_address(info->address());
-      c.set_port(info->peer_port());
-    }
+  const Attempt* a = Running(job_id);
+  if (a == nullptr || !a->adopting) return out;  // no silent rank without adopting
+  const int32_t mine = a->RunningRankOf(worker_id);
+  if (mine < 0 || a->IsSilent(mine)) return out;
+  for (size_t r = 0; r < a->workers.size(); ++r) {
+    if (!a->IsSilent(static_cast<int32_t>(r))) continue;
+    std::optional<v1::WorkerInfo> info = fleet_.InfoOf(a->workers[r]);
+    if (!info.has_value() || info->peer_port() == 0) continue;
+    v1::PeerCheck& c = out.emplace_back();
+    c.set_worker_id(a->workers[r]);
+    c.set_address(info->address());
+    c.set_port(info->peer_port());
   }
   return out;
 }
