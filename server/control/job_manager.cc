@@ -653,8 +653,9 @@ absl::Status JobManager::OnAttemptEnd(const std::string& worker_id,
         } else {
           for (int i = 0; i < end.peer_checks_size() && i < kMaxPeerChecks; ++i) {
             const v1::PeerCheckResult& c = end.peer_checks(i);
-            // A refused connection is a crashed process, not a cut link.
-            if (!c.reachable() && !c.refused() && a->RunningRankOf(c.worker_id()) != rank &&
+            // A refused connection is a crashed process, not a cut link;
+            // only the attempt's other workers count.
+            if (!c.reachable() && !c.refused() && c.worker_id() != worker_id &&
                 std::find(a->workers.begin(), a->workers.end(), c.worker_id()) !=
                     a->workers.end()) {
               a->unreachable_from[c.worker_id()].insert(rank);
