@@ -247,8 +247,30 @@ std::string HealthWarning(const v1::StepRecord& r) {
   return "";
 }
 
+namespace {
+// ToJson's output on one line (JSON Lines): its line breaks and indentation
+// lie between tokens (a string holds a newline escaped), so they go, and a
+// space stays only between two tokens on the same level.
+std::string OneLine(const std::string& json) {
+  std::string out;
+  out.reserve(json.size());
+  for (size_t i = 0; i < json.size(); ++i) {
+    if (json[i] != '\n') {
+      out += json[i];
+      continue;
+    }
+    while (i + 1 < json.size() && json[i + 1] == ' ') ++i;
+    const char next = i + 1 < json.size() ? json[i + 1] : '}';
+    if (!out.empty() && out.back() != '{' && out.back() != '[' && next != '}' && next != ']') {
+      out += ' ';
+    }
+  }
+  return out;
+}
+}  // namespace
+
 int Watch(CoordinatorClient& client, const std::string& job_id, int64_t from_index,
-          absl::Duration timeout, Streams io) {
+          absl::Duration timeout, bool json, Streams io) {
   watch_next_index = std::max<int64_t>(from_index, 1);
   absl::StatusOr<v1::Job> job = client.Get(job_id);
   if (!job.ok()) return Fail(job.status(), io);
@@ -265,9 +287,13 @@ int Watch(CoordinatorClient& client, const std::string& job_id, int64_t from_ind
   std::deque<double> recent;
   absl::Status st = client.Watch(job_id, from_index, timeout, [&](const v1::JobEvent& e) {
     watch_next_index = e.index() + 1;
+    if (e.has_state_change()) last = e.state_change().state();
+    if (json) {
+      io.out << OneLine(Json(e)) << std::endl;
+      return true;
+    }
     if (e.has_state_change()) {
       end_bar();
-      last = e.state_change().state();
       io.out << "[" << e.index() << "] " << StateName(last) << ": " << e.state_change().reason()
              << "\n";
     } else if (e.has_step()) {

@@ -46,9 +46,11 @@ int List(CoordinatorClient& client, const std::string& states, const std::string
 // Follows the job from event `from_index` until it ends, or for `timeout`
 // (infinite: to the end); every line is written as its event comes. On a
 // timeout (or Ctrl-C, muonmeshctl_main.cc) it says how to go on: the
-// `--from` of the next event (WatchResumeHint).
+// `--from` of the next event (WatchResumeHint). With `json`, each event is
+// one line of JSON (the JobEvent, its coordinator timestamp `unix_ms`
+// included): for scripts that follow a job.
 int Watch(CoordinatorClient& client, const std::string& job_id, int64_t from_index,
-          absl::Duration timeout, Streams io);
+          absl::Duration timeout, bool json, Streams io);
 
 // The line `watch` adds for a step whose Muon did not do its job (fewer
 // elements updated than planned, or an orthogonality error above 1;

@@ -244,7 +244,7 @@ int DispatchJobCommand(const std::string& name, const std::string& positional, c
   if (name == "list") return client::List(client, j.states, j.job_name, json, io);
   if (name == "watch") {
     OnInterruptDuringWatch(positional);
-    return client::Watch(client, positional, j.from, j.watch_timeout, io);
+    return client::Watch(client, positional, j.from, j.watch_timeout, json, io);
   }
   if (name == "metrics") {
     if (json && format_given && j.format != "json") {
@@ -287,7 +287,8 @@ int RunJobCommand(std::string name, std::vector<std::string> args) {
   AddJobFlags(name, parser, &j);
   // --json where the command prints an answer as JSON (metrics: --format json).
   AddConnectionFlags(parser, &f,
-                     name == "status" || name == "list" || name == "workers" || name == "metrics");
+                     name == "status" || name == "list" || name == "workers" || name == "metrics" ||
+                         name == "watch");
   std::string positional;
   if (const int code = ParseJobCommand(*command, args, parser, &f, &positional); code != kExitOk) {
     return code < 0 ? kExitOk : code;

@@ -1112,6 +1112,24 @@ TEST_F(MuonmeshctlTest, SubmitWatchStatusMetricsAndListFollowOneJob) {
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_EQ(Lines(resumed.out),
             std::vector<std::string>(events.begin() + 4, events.end()));
+  // --json: the same events, one JSON object a line, each with the
+  // coordinator's timestamp, in order.
+  const testing::ProcessResult json = Ctl({"watch", id, "--json"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const std::vector<std::string> objects = Lines(json.out);
+  ASSERT_EQ(objects.size(), events.size()) << json.out;
+  int64_t previous_ms = 0;
+  for (size_t i = 0; i < objects.size(); ++i) {
+    EXPECT_TRUE(absl::StartsWith(objects[i], absl::StrCat("{\"index\": ", i + 1, ","))) << objects[i];
+    EXPECT_TRUE(absl::EndsWith(objects[i], "}")) << objects[i];
+    const size_t at = objects[i].find("\"unix_ms\": ");
+    ASSERT_NE(at, std::string::npos) << objects[i];
+    const int64_t ms = std::stoll(objects[i].substr(at + 11));
+    EXPECT_GE(ms, previous_ms);
+    EXPECT_LE(absl::FromUnixMillis(ms), absl::Now());
+    previous_ms = ms;
+  }
+  EXPECT_THAT(objects.back(), HasSubstr("\"state\": \"SUCCEEDED\""));
 
   const testing::ProcessResult status = Ctl({"status", id});
   ASSERT_EQ(status.exit_code, 0) << status.err;
