@@ -130,6 +130,15 @@ grpc::ChannelArguments WorkerChannelArgs() {
 // in milliseconds, even across hosts.
 constexpr absl::Duration kPeerCheckTimeout = absl::Seconds(2);
 
+// A rank that has made no progress (started, or finished a step) for this
+// long, or two heartbeats if longer, has its peers checked, and checked
+// again as often while it stays stalled: a peer cut off from it (while
+// still reaching the coordinator) blocks its collectives until their
+// timeout, and the coordinator fails the attempt when most of the cut-off
+// worker's peers report it (docs/architecture.md §7, "Peer checks"). The
+// checks cost a byte each way per peer, so a long step only costs that.
+constexpr absl::Duration kStallCheckAfter = absl::Seconds(5);
+
 class Daemon {
  public:
   Daemon(DaemonOptions options, const credentials::ChannelSecurity& security, LineSink log,
@@ -210,6 +219,15 @@ class Daemon {
   // Answers a peer's check once Fleet.Heartbeat asks it; the answers to
   // the checks asked of this worker go in its next heartbeat.
   void CheckPeers(const v1::HeartbeatResponse& response);
+  // The running rank made progress now (`peers`: it starts with them);
+  // Idle(): no rank runs.
+  void Progress(const std::vector<v1::PeerCheck>* peers = nullptr);
+  void Idle();
+  // On the heartbeat thread: when the running rank has stalled for
+  // kStallCheckAfter, checks its peers on a thread of its own; the peers it
+  // cannot reach go in the next heartbeat (TakeStallResults).
+  void StallChecks();
+  std::vector<v1::PeerCheckResult> TakeStallResults();
 
   const DaemonOptions options_;
   const LineSink log_;
@@ -224,6 +242,16 @@ class Daemon {
   std::string lease_id_ ABSL_GUARDED_BY(mu_);
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(2);
   absl::Time last_answer_ ABSL_GUARDED_BY(mu_);  // of Register or Heartbeat
+  // The running rank's peers and when it last made progress
+  // (InfiniteFuture: no rank runs), the last stall check, and what the
+  // checks found unreachable, not yet sent.
+  std::vector<v1::PeerCheck> stall_peers_ ABSL_GUARDED_BY(mu_);
+  absl::Time progress_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  absl::Time stall_checked_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::vector<v1::PeerCheckResult> stall_results_ ABSL_GUARDED_BY(mu_);
+  // Runs one round of stall checks; used by the heartbeat thread only.
+  std::thread stall_thread_;
+  std::atomic<bool> stall_checking_{false};
   // The rank running now: only the serving thread (Run, Start) touches it.
   std::unique_ptr<RankTask> task_;
   std::atomic<bool> leave_{false};             // drained: the coordinator says go
@@ -334,8 +362,10 @@ void Daemon::Heartbeats() {
         drain_deadline_ms_ = absl::ToUnixMillis(absl::Now() + options_.drain_timeout);
       }
     }
+    StallChecks();
     for (v1::PeerCheckResult& r : peer_results_) *request.add_peer_checks() = std::move(r);
     peer_results_.clear();
+    for (v1::PeerCheckResult& r : TakeStallResults()) *request.add_peer_checks() = std::move(r);
     v1::HeartbeatResponse response;
     grpc::ClientContext context;
     rpc::SetDeadline(context, options_.rpc_timeout);
@@ -351,6 +381,7 @@ void Daemon::Heartbeats() {
       leave_ = true;
     }
   }
+  if (stall_thread_.joinable()) stall_thread_.join();
 }
 
 // Checks every peer but `self`, kParallelChecks at a time (each within
@@ -379,6 +410,57 @@ std::vector<v1::PeerCheckResult> CheckAll(const std::vector<v1::PeerCheck>& peer
   }
   for (std::thread& t : checks) t.join();
   return out;
+}
+
+void Daemon::Progress(const std::vector<v1::PeerCheck>* peers) {
+  absl::MutexLock lock(&mu_);
+  progress_ = absl::Now();
+  if (peers != nullptr) {
+    stall_peers_ = *peers;
+    stall_checked_ = absl::InfinitePast();
+  }
+}
+
+void Daemon::Idle() {
+  absl::MutexLock lock(&mu_);
+  progress_ = absl::InfiniteFuture();
+}
+
+void Daemon::StallChecks() {
+  if (stall_checking_.load()) return;  // the last round is still out
+  if (stall_thread_.joinable()) stall_thread_.join();
+  std::vector<v1::PeerCheck> peers;
+  absl::Duration stalled;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    const absl::Duration after = std::max(kStallCheckAfter, 2 * heartbeat_interval_);
+    if (now - progress_ < after || now - stall_checked_ < after) return;
+    stall_checked_ = now;
+    peers = stall_peers_;
+    stalled = now - progress_;
+  }
+  stall_checking_ = true;
+  stall_thread_ = std::thread([this, peers = std::move(peers), stalled] {
+    std::vector<v1::PeerCheckResult> cut;
+    for (v1::PeerCheckResult& r : CheckAll(peers, options_.worker_id)) {
+      // A refused connection is a crashed peer, which its lease catches.
+      if (r.reachable() || r.refused()) continue;
+      log_(absl::StrCat("peer ", r.worker_id(), " is unreachable from here while the rank has "
+                        "made no progress for ",
+                        absl::FormatDuration(absl::Trunc(stalled, absl::Seconds(1))), ": ",
+                        r.detail()));
+      cut.push_back(std::move(r));
+    }
+    absl::MutexLock lock(&mu_);
+    for (v1::PeerCheckResult& r : cut) stall_results_.push_back(std::move(r));
+    stall_checking_ = false;
+  });
+}
+
+std::vector<v1::PeerCheckResult> Daemon::TakeStallResults() {
+  absl::MutexLock lock(&mu_);
+  return std::exchange(stall_results_, {});
 }
 
 void Daemon::CheckPeers(const v1::HeartbeatResponse& response) {
@@ -441,6 +523,7 @@ absl::Status Daemon::FlushSteps(RankTask& task, StepOutbox& outbox, bool patient
 }
 
 void Daemon::Report(RankTask& task, StepOutbox& outbox, const absl::Status& result) {
+  Idle();
   v1::ReportAttemptRequest request;
   request.set_worker_id(options_.worker_id);
   request.set_job_id(task.job_id);
@@ -593,6 +676,7 @@ absl::Status Daemon::OnRankStep(RankTask& task, StepOutbox& outbox, const job::R
                                 const std::string& tag, bool& buffering, const StepReport& r,
                                 absl::Duration took) {
   metrics_->OnStep(task.job_id, r, took, job.qk_clip);
+  Progress();
   outbox.Push(StepRecordOf(r, task.rank, task.attempt, took));
   bool stop = false;
   bool checkpoint = false;
@@ -719,6 +803,7 @@ void Daemon::Start(const v1::Assignment& a) {
   task_->rank = a.start().rank();
   task_->plan_fingerprint = a.start().plan_fingerprint();
   task_->peers.assign(a.start().peers().begin(), a.start().peers().end());
+  Progress(&task_->peers);
   log_(absl::StrCat("[", a.job_id(), "] attempt ", a.attempt(), ": rank ", a.start().rank(),
                     " of ", a.start().spec().world_size()));
   task_->thread = std::thread(&Daemon::RunAssigned, this, task_.get(), a.start());

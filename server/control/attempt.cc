@@ -126,6 +126,13 @@ bool Attempt::FailLost(int32_t rank, absl::Time last_heard) {
   return false;
 }
 
+bool Attempt::FailCutOff(int32_t rank, const std::string& why, absl::Time now) {
+  const Outcome was = outcome[rank];
+  const bool first = Fail(rank, why, now);
+  outcome[rank] = was;
+  return first;
+}
+
 void Attempt::StopAll() {
   cancelled = true;
   stop_at_step = std::min(stop_at_step, max_continued_step + 1);

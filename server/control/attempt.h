@@ -54,7 +54,8 @@ struct Attempt {
   bool cancel_checkpoint = false;
   absl::Time failed_at;  // when the first failure happened (FailLost) or was detected
   // Per worker, the ranks that reported it unreachable after their
-  // collectives failed (ReportAttemptRequest.peer_checks): whom to blame.
+  // collectives failed (ReportAttemptRequest.peer_checks) or while their
+  // steps stalled (HeartbeatRequest.peer_checks): whom to blame.
   std::map<std::string, std::set<int32_t>> unreachable_from;
   std::deque<double> recent_seconds;  // the newest steps' slowest seconds
   std::string plan_fingerprint;
@@ -124,6 +125,10 @@ struct Attempt {
   // The fault dates from `last_heard` (the worker's last heartbeat), not from
   // when the lease ran out; failed_at moves back to it.
   bool FailLost(int32_t rank, absl::Time last_heard);
+  // `rank`'s worker is cut off from its peers (most of them report it
+  // unreachable while it still reaches the coordinator). As Fail, except
+  // that its rank is not ended: it is told to stop like every other.
+  bool FailCutOff(int32_t rank, const std::string& why, absl::Time now);
   // Every rank stops after the first step none has been told to go on past.
   void StopAll();
   // The step a drain begun now stops after.

@@ -745,19 +745,42 @@ void JobManager::OnPeerChecks(
         Attempt& a = *record.attempt;
         const int32_t mine = a.RunningRankOf(worker_id);
         const int32_t theirs = a.RunningRankOf(c.worker_id());
-        if (mine < 0 || theirs < 0 || a.IsSilent(mine) || !a.IsSilent(theirs)) continue;
-        // Silent to the coordinator and unreachable from a peer that is not:
-        // its host is gone or cut off, not the coordinator's link.
-        Log(absl::StrCat("job ", id, " attempt ", a.attempt, ": worker ", c.worker_id(),
-                         " (rank ", theirs, ") silent and unreachable from worker ", worker_id,
-                         " (", c.detail().substr(0, 256), "); lost"));
-        if (a.FailLost(theirs, a.silent_since[theirs])) PushStops(id, a, a.failure);
-        hit.push_back(id);
+        if (mine < 0 || theirs < 0 || mine == theirs || a.IsSilent(mine)) continue;
+        if (a.IsSilent(theirs)) {
+          // Silent to the coordinator and unreachable from a peer that is
+          // not: its host is gone or cut off, not the coordinator's link.
+          Log(absl::StrCat("job ", id, " attempt ", a.attempt, ": worker ", c.worker_id(),
+                           " (rank ", theirs, ") silent and unreachable from worker ", worker_id,
+                           " (", c.detail().substr(0, 256), "); lost"));
+          if (a.FailLost(theirs, a.silent_since[theirs])) PushStops(id, a, a.failure);
+          hit.push_back(id);
+        } else if (!c.refused() && OnCutOff(id, a, mine, theirs, c.detail())) {
+          hit.push_back(id);
+        }
       }
     }
     for (const std::string& id : hit) MaybeFinish(id);
   }
   if (!hit.empty()) Schedule();
+}
+
+bool JobManager::OnCutOff(const std::string& job_id, Attempt& a, int32_t reporter,
+                          int32_t cut, const std::string& detail) {
+  // Heard from, yet unreachable from a peer whose steps stalled: counted
+  // toward its blame. Most of its peers (two at least: one alone cannot
+  // tell which side is cut) is a worker cut off from the others, whose
+  // collectives would otherwise wait out their timeout.
+  std::set<int32_t>& from = a.unreachable_from[a.workers[cut]];
+  if (!from.insert(reporter).second || !a.failure.empty()) return false;
+  const auto others = static_cast<size_t>(a.world() - 1);
+  if (from.size() < 2 || 2 * from.size() <= others) return false;
+  const std::string why = absl::StrCat("cut off from its peers: unreachable from ", from.size(),
+                                       " of its ", others, " peers while their steps stalled (",
+                                       detail.substr(0, 256), ")");
+  Log(absl::StrCat("job ", job_id, " attempt ", a.attempt, ": worker ", a.workers[cut],
+                   " (rank ", cut, ") ", why, "; the attempt fails"));
+  if (a.FailCutOff(cut, why, clock_.Now())) PushStops(job_id, a, a.failure);
+  return true;
 }
 
 absl::StatusOr<v1::Worker> JobManager::Drain(const std::string& worker_id,

@@ -171,7 +171,10 @@ class JobManager {
   std::vector<v1::PeerCheck> PeerChecksFor(const std::string& worker_id);
   // What `worker_id` found: a silent worker of its attempt that a running
   // peer cannot reach is lost now, not at the end of partition_grace (its
-  // fault from when it went silent).
+  // fault from when it went silent); one still heard from that most of its
+  // peers (two at least) cannot reach while their steps stall is cut off
+  // from them: the attempt fails now, not at the collective timeout, and
+  // the worker is blamed (OnCutOff).
   void OnPeerChecks(const std::string& worker_id,
                     const google::protobuf::RepeatedPtrField<v1::PeerCheckResult>& results);
 
@@ -289,6 +292,11 @@ class JobManager {
   void Adopt(const v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the attempt once no rank runs.
   void MaybeFinish(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `reporter` (a rank of `a`) cannot reach `cut`'s worker, which is not
+  // silent: counts toward its blame, and fails the attempt once most of
+  // its peers report it. True when the attempt failed now.
+  bool OnCutOff(const std::string& job_id, Attempt& a, int32_t reporter, int32_t cut,
+                const std::string& detail) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A failed attempt's blame (Attempt::unreachable_from): the worker most of
   // its ranks could not reach, blamed in the fleet (twice: quarantined) and
   // logged; "; worker W blamed: ..." for the job's reason, or "" for none.

@@ -117,6 +117,7 @@ now_ms() { date +%s%3N; }
 # Runs scenario NAME (none: no fault); leaves its summary in $work/NAME.row.
 run() {
   local name=$1 victim="" fault_ms=0
+  net_do reset  # the last scenario's faults end with it
   start_service "$name"
   local id
   id=$(ctl submit "$(job_file "$name")" | tail -1)

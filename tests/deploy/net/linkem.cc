@@ -16,6 +16,7 @@
 //   loss P       every frame is dropped with probability P
 //   cut A B      every frame between hosts A and B is dropped; join A B ends it
 //   down A       every frame to or from host A is dropped; up A ends it
+//   reset        no delay, rate limit, loss, cut or host down
 //   stats        prints each host's frame counts
 //   quit         stops (so do SIGINT and SIGTERM)
 // Each is answered on stdout with "ok: LINE" or "error: LINE: why".
@@ -234,6 +235,14 @@ class Switch {
       std::fputs(Stats().c_str(), stdout);
       return "";
     }
+    if (verb == "reset" && w.size() == 1) {
+      delay_ns_ = 0;
+      rate_bps_ = 0;
+      loss_ = 0;
+      cuts_.clear();
+      for (Port& p : ports_) p.down = false;
+      return "";
+    }
     if (verb == "quit" && w.size() == 1) {
       g_stop = 1;
       return "";
@@ -262,7 +271,7 @@ class Switch {
       return "";
     }
     return "unknown command (delay MS, rate MBIT, loss P, cut A B, join A B, down A, up A, "
-           "stats, quit)";
+           "reset, stats, quit)";
   }
 
   std::vector<Port> ports_;

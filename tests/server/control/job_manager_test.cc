@@ -428,6 +428,102 @@ TEST_F(ElasticTest, TheWorkerItsPeersCannotReachIsBlamedAndQuarantined) {
   EXPECT_TRUE(tie_seen) << absl::StrJoin(Reasons(id), "\n");
 }
 
+// A worker cut off from its peers but not from the coordinator: the ranks
+// whose steps stalled report it unreachable through their heartbeats
+// (OnPeerChecks). One report is not enough (it may be the reporter that is
+// cut off), nor a refused connection (a crash, which the lease catches);
+// once most of its peers report it the attempt fails at once, every rank,
+// its own included, is told to stop, and when they have stopped the worker
+// is blamed and the restart takes the spare instead.
+TEST_F(ElasticTest, AWorkerMostStalledPeersCannotReachFailsTheAttemptAtOnceAndIsBlamed) {
+  v1::JobSpec spec;
+  ASSERT_TRUE(protoio::ParseMessageText(
+                  "name: stall\nworld_size: 3\nmodel: {mlp: {dims: [6, 3]}}\n"
+                  "training: {steps: 5, global_batch_size: 6, max_restarts: 5}\n"
+                  "output: {dir: /tmp/job_manager_test/stall}\n",
+                  "job", &spec)
+                  .ok());
+  std::vector<plan::FieldViolation> violations;
+  absl::StatusOr<JobStore::Submitted> s = manager_->Submit("stall-1", spec, &violations);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const v1::Job job = *store_->Get(s->job.id());
+  ASSERT_EQ(job.worker_ids_size(), 3);
+  for (const std::string& w : job.worker_ids()) LastStart(w);  // the starts
+  const std::string cut = job.worker_ids(1);
+  const auto report = [&](const std::string& from, const std::string& about, bool refused) {
+    google::protobuf::RepeatedPtrField<v1::PeerCheckResult> results;
+    v1::PeerCheckResult* c = results.Add();
+    c->set_worker_id(about);
+    c->set_reachable(false);
+    c->set_refused(refused);
+    c->set_detail("no answer within 2s");
+    manager_->OnPeerChecks(from, results);
+  };
+  report(job.worker_ids(0), cut, false);
+  report(cut, job.worker_ids(0), false);  // from its side, the others are cut
+  report(cut, job.worker_ids(2), false);
+  report(job.worker_ids(2), cut, true);   // refused: not counted
+  EXPECT_EQ(store_->Get(job.id())->state(), v1::JOB_STATE_RUNNING);
+  report(job.worker_ids(0), cut, false);  // the same reporter again: not counted
+  EXPECT_EQ(store_->Get(job.id())->state(), v1::JOB_STATE_RUNNING);
+  report(job.worker_ids(2), cut, false);
+  for (const std::string& w : job.worker_ids()) {
+    bool stopped = false;
+    while (true) {
+      absl::StatusOr<std::optional<v1::Assignment>> next =
+          fleet_->Next(w, leases_[w], absl::ZeroDuration(), nullptr);
+      if (!next.ok() || !next->has_value()) break;
+      stopped |= (*next)->has_stop() && (*next)->attempt() == job.attempt();
+    }
+    EXPECT_TRUE(stopped) << w << " was not told to stop";
+  }
+  for (int r = 0; r < 3; ++r) {
+    v1::ReportAttemptRequest end;
+    end.set_job_id(job.id());
+    end.set_attempt(job.attempt());
+    end.set_rank(r);
+    end.set_outcome(v1::ATTEMPT_OUTCOME_STOPPED);
+    ASSERT_TRUE(manager_->OnAttemptEnd(job.worker_ids(r), end).ok());
+  }
+  const v1::Job next = *store_->Get(job.id());
+  EXPECT_EQ(next.attempt(), 1);
+  EXPECT_THAT(next.worker_ids(), ::testing::Not(::testing::Contains(cut)));
+  bool named = false;
+  for (const std::string& r : Reasons(job.id())) {
+    named |= absl::StrContains(r, absl::StrCat("worker ", cut, "): cut off from its peers")) &&
+             absl::StrContains(r, absl::StrCat("worker ", cut, " blamed: unreachable from 2"));
+  }
+  EXPECT_TRUE(named) << absl::StrJoin(Reasons(job.id()), "\n");
+}
+
+// In a two-rank job a report of the other rank's worker cannot say which
+// side of the cut it is on: it fails nothing (the collective timeout
+// decides, and the ranks' reports blame as before).
+TEST_F(ElasticTest, OneStalledPeersReportFailsNoTwoRankAttempt) {
+  v1::JobSpec spec;
+  ASSERT_TRUE(protoio::ParseMessageText(
+                  "name: pair\nworld_size: 2\nmodel: {mlp: {dims: [6, 3]}}\n"
+                  "training: {steps: 5, global_batch_size: 4}\n"
+                  "output: {dir: /tmp/job_manager_test/pair}\n",
+                  "job", &spec)
+                  .ok());
+  std::vector<plan::FieldViolation> violations;
+  absl::StatusOr<JobStore::Submitted> s = manager_->Submit("pair-1", spec, &violations);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const v1::Job job = *store_->Get(s->job.id());
+  ASSERT_EQ(job.worker_ids_size(), 2);
+  for (int r = 0; r < 2; ++r) {
+    google::protobuf::RepeatedPtrField<v1::PeerCheckResult> results;
+    v1::PeerCheckResult* c = results.Add();
+    c->set_worker_id(job.worker_ids(1 - r));
+    c->set_reachable(false);
+    manager_->OnPeerChecks(job.worker_ids(r), results);
+  }
+  const v1::Job after = *store_->Get(job.id());
+  EXPECT_EQ(after.state(), v1::JOB_STATE_RUNNING) << after.reason();
+  EXPECT_EQ(after.attempt(), 0);
+}
+
 // A submit refused because another unfinished job owns its output folder is
 // an answer to the caller, not a failed write: the coordinator keeps taking
 // work. (The regression: the refusal locked the coordinator's state.)
