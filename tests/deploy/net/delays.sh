@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The network delay bench (issue 44): the quickstart's 4-rank GPT (HFSDP),
+# each rank on a host of its own (network namespaces on linkem, hosts.sh),
+# run once per one-way delay between hosts, printing the median step time
+# and the median time of each communication phase against the run without a
+# delay, and the frames linkem forwarded per step (every host's, both ways).
+#
+#   tests/deploy/net/delays.sh BUILD_DIR [DELAY_MS[@RATE_MBIT]...]
+#
+# Default delays: 0 0.5 2 20@100 (20 ms with a 100 Mbit/s rate on every host
+# link). STEPS (default 40) sets the job's steps; the first 5 (warm-up) are
+# left out of the medians. Needs root; exits 77 where namespaces cannot be
+# made; removes every namespace and file it makes.
+set -euo pipefail
+build=$(cd "${1:?usage: $0 BUILD_DIR [DELAY_MS[@RATE_MBIT]...]}" && pwd)
+shift
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)
+delays=("$@")
+((${#delays[@]})) || delays=(0 0.5 2 20@100)
+steps=${STEPS:-40}
+source "$root/tests/deploy/net/hosts.sh"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/muonmesh-delays.XXXXXX")
+pids=()
+cleanup() {
+  set +e
+  local pid
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+  ((${#pids[@]} == 0)) || wait "${pids[@]}" 2>/dev/null
+  net_stop
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 143' TERM INT
+net_start "$build" x c w0 w1 w2 w3 || exit $?
+coordinator="$(net_addr c):50051"
+ctl() { net_in x "$build/client/muonmeshctl" --coordinator "$coordinator" "$@"; }
+
+ip netns exec "$(net_ns c)" "$build/server/muonmesh-coordinator" --listen "$coordinator" \
+  --insecure --data-dir "$work/state" > "$work/coordinator.log" 2>&1 &
+pids+=($!)
+for i in 0 1 2 3; do
+  ip netns exec "$(net_ns "w$i")" "$build/worker/muonmesh-worker" --coordinator "$coordinator" \
+    --worker-id "w$i" --memory-budget 2GiB > "$work/w$i.log" 2>&1 &
+  pids+=($!)
+done
+for _ in $(seq 300); do
+  [[ $(ctl workers --json 2>/dev/null | grep -c '"IDLE"') == 4 ]] && break
+  sleep 0.1
+done
+
+# Runs the job once at DELAY[@RATE]; prints its row.
+run() {
+  local delay=${1%@*} rate=0 name="d${1//[@.]/_}"
+  [[ $1 == *@* ]] && rate=${1#*@}
+  net_do delay "$delay"
+  net_do rate "$rate"
+  sed -e "s/^name: .*/name: $name/" -e "s/^  steps: .*/  steps: $steps/" \
+      -e "/^  eval_every: /d" -e "/^  eval_batches: /d" \
+      -e "s/decay_steps: 75/decay_steps: $((steps / 4))/" \
+      -e "s/warmup_steps: 10/warmup_steps: $((steps < 40 ? steps / 4 : 10))/" \
+      -e "s#^output: .*#output: {dir: $work/$name}#" \
+      "$root/deploy/local/examples/gpt-text.yaml" > "$work/$name.yaml"
+  local id frames_before frames_after
+  id=$(ctl submit "$work/$name.yaml" 2> "$work/$name.submit.err" | tail -1)
+  [[ -n $id ]] || { cat "$work/$name.submit.err"; exit 1; }
+  frames_before=$(net_stats | awk '{s += $4} END {print s}')
+  ctl watch "$id" --timeout 3600 > /dev/null || { echo "job at $1 failed"; exit 1; }
+  frames_after=$(net_stats | awk '{s += $4} END {print s}')
+  ctl metrics "$id" --json > "$work/$name.json"
+  python3 - "$1" "$work/$name.json" "$work/base.txt" "$(( (frames_after - frames_before) / steps ))" <<'EOF'
+import json, os, statistics, sys
+label, records_file, base_file, frames = sys.argv[1:5]
+records = [r for r in json.load(open(records_file))["records"] if r["step"] >= 5]
+phases = ["param_gather", "grad_reduce", "muon_gather", "muon_scatter",
+          "param_allgather_after_step"]
+med = {"step": statistics.median(r["step_seconds"] for r in records)}
+for p in phases:
+    med[p] = statistics.median(r["phases"].get(p, 0.0) for r in records)
+if not os.path.exists(base_file):
+    json.dump(med, open(base_file, "w"))
+base = json.load(open(base_file))
+cells = ["%.3f s (%.2fx)" % (med[k], med[k] / base[k] if base[k] else 0) for k in ["step"] + phases]
+print("| %s | %s | %s |" % (label, " | ".join(cells), frames))
+EOF
+}
+
+echo "delays: ${delays[*]} ms one way; $steps steps a run, medians of steps 5 on"
+echo "| one-way delay ms[@Mbit/s] | step | param_gather | grad_reduce | muon_gather | muon_scatter | param_allgather_after_step | frames a step |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+for d in "${delays[@]}"; do run "$d"; done
