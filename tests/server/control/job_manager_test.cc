@@ -183,6 +183,16 @@ class ElasticTest : public ::testing::Test {
       (void)manager_->OnAttemptEnd(job.worker_ids(r), end);
     }
   }
+  // Submits the job `text` (a JobSpec as text) as `request`; its id, or ""
+  // (a test failure) when it is refused.
+  std::string SubmitText(const std::string& request, const std::string& text) {
+    v1::JobSpec spec;
+    EXPECT_TRUE(protoio::ParseMessageText(text, "job", &spec).ok()) << text;
+    std::vector<plan::FieldViolation> violations;
+    absl::StatusOr<JobStore::Submitted> s = manager_->Submit(request, spec, &violations);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? s->job.id() : std::string();
+  }
   std::vector<std::string> Reasons(const std::string& id) {
     std::vector<std::string> out;
     absl::StatusOr<std::vector<v1::JobEvent>> events = store_->Events(id, 0, 1000);
@@ -309,17 +319,12 @@ TEST_F(ElasticTest, AJobErrorIsNotRestarted) {
 // blamed twice it is quarantined (no rank, shown in the listing). A tie
 // (each of two workers unreachable from one rank) blames nobody.
 TEST_F(ElasticTest, TheWorkerItsPeersCannotReachIsBlamedAndQuarantined) {
-  v1::JobSpec spec;
-  ASSERT_TRUE(protoio::ParseMessageText(
-                  "name: cut\nworld_size: 3\nmodel: {mlp: {dims: [6, 3]}}\n"
-                  "training: {steps: 5, global_batch_size: 6, max_restarts: 5}\n"
-                  "output: {dir: /tmp/job_manager_test/cut}\n",
-                  "job", &spec)
-                  .ok());
-  std::vector<plan::FieldViolation> violations;
-  absl::StatusOr<JobStore::Submitted> s = manager_->Submit("cut-1", spec, &violations);
-  ASSERT_TRUE(s.ok()) << s.status();
-  const std::string id = s->job.id();
+  const std::string id =
+      SubmitText("cut-1",
+                 "name: cut\nworld_size: 3\nmodel: {mlp: {dims: [6, 3]}}\n"
+                 "training: {steps: 5, global_batch_size: 6, max_restarts: 5}\n"
+                 "output: {dir: /tmp/job_manager_test/cut}\n");
+  ASSERT_FALSE(id.empty());
   // Every rank fails; those not on `cut` report it unreachable (and `cut`
   // reports them unreachable too: from its side the link is down as well).
   const auto fail_all = [&](const std::string& cut) {
@@ -436,17 +441,13 @@ TEST_F(ElasticTest, TheWorkerItsPeersCannotReachIsBlamedAndQuarantined) {
 // its own included, is told to stop, and when they have stopped the worker
 // is blamed and the restart takes the spare instead.
 TEST_F(ElasticTest, AWorkerMostStalledPeersCannotReachFailsTheAttemptAtOnceAndIsBlamed) {
-  v1::JobSpec spec;
-  ASSERT_TRUE(protoio::ParseMessageText(
-                  "name: stall\nworld_size: 3\nmodel: {mlp: {dims: [6, 3]}}\n"
-                  "training: {steps: 5, global_batch_size: 6, max_restarts: 5}\n"
-                  "output: {dir: /tmp/job_manager_test/stall}\n",
-                  "job", &spec)
-                  .ok());
-  std::vector<plan::FieldViolation> violations;
-  absl::StatusOr<JobStore::Submitted> s = manager_->Submit("stall-1", spec, &violations);
-  ASSERT_TRUE(s.ok()) << s.status();
-  const v1::Job job = *store_->Get(s->job.id());
+  const std::string id = SubmitText(
+      "stall-1",
+      "name: stall\nworld_size: 3\nmodel: {mlp: {dims: [6, 3]}}\n"
+      "training: {steps: 5, global_batch_size: 6, max_restarts: 5}\n"
+      "output: {dir: /tmp/job_manager_test/stall}\n");
+  ASSERT_FALSE(id.empty());
+  const v1::Job job = *store_->Get(id);
   ASSERT_EQ(job.worker_ids_size(), 3);
   for (const std::string& w : job.worker_ids()) LastStart(w);  // the starts
   const std::string cut = job.worker_ids(1);
@@ -500,17 +501,12 @@ TEST_F(ElasticTest, AWorkerMostStalledPeersCannotReachFailsTheAttemptAtOnceAndIs
 // side of the cut it is on: it fails nothing (the collective timeout
 // decides, and the ranks' reports blame as before).
 TEST_F(ElasticTest, OneStalledPeersReportFailsNoTwoRankAttempt) {
-  v1::JobSpec spec;
-  ASSERT_TRUE(protoio::ParseMessageText(
-                  "name: pair\nworld_size: 2\nmodel: {mlp: {dims: [6, 3]}}\n"
-                  "training: {steps: 5, global_batch_size: 4}\n"
-                  "output: {dir: /tmp/job_manager_test/pair}\n",
-                  "job", &spec)
-                  .ok());
-  std::vector<plan::FieldViolation> violations;
-  absl::StatusOr<JobStore::Submitted> s = manager_->Submit("pair-1", spec, &violations);
-  ASSERT_TRUE(s.ok()) << s.status();
-  const v1::Job job = *store_->Get(s->job.id());
+  const std::string id = SubmitText("pair-1",
+                                    "name: pair\nworld_size: 2\nmodel: {mlp: {dims: [6, 3]}}\n"
+                                    "training: {steps: 5, global_batch_size: 4}\n"
+                                    "output: {dir: /tmp/job_manager_test/pair}\n");
+  ASSERT_FALSE(id.empty());
+  const v1::Job job = *store_->Get(id);
   ASSERT_EQ(job.worker_ids_size(), 2);
   for (int r = 0; r < 2; ++r) {
     google::protobuf::RepeatedPtrField<v1::PeerCheckResult> results;
