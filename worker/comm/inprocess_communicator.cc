@@ -101,10 +101,21 @@ class InProcessCommunicator final : public Communicator {
         group_(std::move(group)),
         hub_(std::move(hub)) {}
 
+  ~InProcessCommunicator() override { LeaveAbortSignal(); }
+
   Backend backend() const override { return Backend::kInProcess; }
   MemorySpace memory_space() const override { return MemorySpace::kHost; }
 
  private:
+  // Aborts the whole group, as a closed connection does over a network: a
+  // rank waiting in it wakes now (its peers in the group see Unavailable).
+  void DoAbort(const std::string& reason) override {
+    absl::MutexLock lock(&group_->mu);
+    if (group_->aborted) return;
+    group_->aborted = true;
+    group_->abort_reason = absl::StrCat("group aborted: rank ", rank(), ": ", reason);
+  }
+
   // Compute reads the posts (all ranks' buffers are valid and unchanged while
   // it runs) and fills scratch_; Commit writes this rank's outputs, after
   // every rank has finished computing.

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -64,6 +65,7 @@ class NcclCommunicator final : public Communicator {
       : Communicator(std::move(name), rank, size), device_(device) {}
 
   ~NcclCommunicator() override {
+    LeaveAbortSignal();
     cudaSetDevice(device_);
     if (comm_ != nullptr) {
       // Flush and tear down politely; abort if a peer makes that hang.
@@ -146,6 +148,11 @@ class NcclCommunicator final : public Communicator {
     return WaitForStream(deadline);
   }
 
+  // Another thread: the call in progress (WaitForStream) sees the flag at
+  // its next poll and returns; the failed call then aborts the NCCL
+  // communicator on its own thread (OnBroken), which ends its kernels.
+  void DoAbort(const std::string& /*reason*/) override { abort_requested_ = true; }
+
   void OnBroken() override {
     if (comm_ == nullptr) return;
     cudaSetDevice(device_);
@@ -157,6 +164,7 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   float* barrier_buffer_ = nullptr;
+  std::atomic<bool> abort_requested_{false};
 };
 
 absl::Status NcclCommunicator::WaitForStream(absl::Time deadline) {
@@ -174,6 +182,7 @@ absl::Status NcclCommunicator::WaitForStream(absl::Time deadline) {
         return CudaErrorToStatus(query, "cudaStreamQuery", __FILE__, __LINE__);
       }
     }
+    if (abort_requested_.load()) return absl::CancelledError("aborted while waiting");
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
           "the NCCL operation did not complete before the deadline (communicator aborted)");

@@ -589,6 +589,49 @@ TEST_P(ConformanceTest, MissingRankTimesOutAndBreaksTheGroup) {
   EXPECT_GE(deadline_exceeded, 1);
 }
 
+// A rank told to stop (Communicator::Abort, what a rank's AbortSignal
+// calls) while its collective waits for a peer that never calls: the call
+// ends long before its timeout, Cancelled with the abort's reason (or
+// Unavailable, woken by another rank's abort of the group), and the group
+// refuses later calls.
+TEST_P(ConformanceTest, AnAbortEndsACallWaitingOnAMissingRank) {
+  if (n_ == 1) GTEST_SKIP() << "needs a peer that does not show up";
+  const absl::Duration timeout = absl::Seconds(60);
+  std::latch others_done(n_ - 1);
+  std::vector<absl::Status> status(n_), after(n_);
+  std::vector<absl::Duration> elapsed(n_);
+  RunGroup([&](int r, Communicator& comm) {
+    if (r == 0) {
+      others_done.wait();  // never calls, stays alive
+      return;
+    }
+    std::thread stopper([&comm, r] {
+      absl::SleepFor(absl::Milliseconds(200));
+      comm.Abort(absl::StrCat("test stop of rank ", r));
+    });
+    Buffer buf(space(), 16);
+    const absl::Time start = absl::Now();
+    status[r] = comm.AllReduce(buf.data(), 16, ReduceOp::kSum, CollectiveOptions{timeout});
+    elapsed[r] = absl::Now() - start;
+    stopper.join();
+    after[r] = comm.Barrier(kOpts);
+    others_done.count_down();
+  });
+  int cancelled = 0;
+  for (int r = 1; r < n_; ++r) {
+    EXPECT_TRUE(absl::IsCancelled(status[r]) || absl::IsUnavailable(status[r]))
+        << "rank " << r << ": " << status[r];
+    if (absl::IsCancelled(status[r])) {
+      ++cancelled;
+      EXPECT_NE(std::string(status[r].message()).find("test stop of rank"), std::string::npos)
+          << status[r];
+    }
+    EXPECT_LT(elapsed[r], timeout / 2) << "rank " << r << " waited out its timeout";
+    EXPECT_TRUE(absl::IsCancelled(after[r])) << "rank " << r << ": " << after[r];
+  }
+  EXPECT_GE(cancelled, 1);
+}
+
 TEST_P(ConformanceTest, InvalidArgumentsFailLocallyAndKeepTheGroupUsable) {
   RunGroup([&](int, Communicator& comm) {
     Buffer buf(space(), 4 * n_);
