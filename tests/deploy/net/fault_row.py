@@ -75,8 +75,10 @@ def main(argv):
     if os.environ.get("CHECK") == "1":
         if name in ("coordinator-link", "loss") and (attempts, redone) != (1, 0):
             broken.append("%d attempts and %d steps redone, not 1 and 0" % (attempts, redone))
-        if name == "peer-partition" and blamed != [victim]:
+        if name.startswith("peer-partition") and blamed != [victim]:
             broken.append("blamed %s, not the cut-off %s" % (blamed, victim))
+        if name == "peer-partition-no-spare" and quarantined != [victim]:
+            broken.append("quarantined %s, not the cut-off %s" % (quarantined, victim))
     for b in broken:
         print("FAIL: %s: %s" % (name, b))
     return 1 if broken else 0

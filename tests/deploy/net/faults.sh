@@ -10,6 +10,10 @@
 #   peer-partition    a host running a rank cut from the other workers for good
 #                     (it still reaches the coordinator)
 #   loss              5 % of all frames lost for 30 s
+#   peer-partition-no-spare  (not in the default set) as peer-partition with
+#                     only the job's four workers: the job must fail on the
+#                     cut-off worker twice, which is then quarantined; a
+#                     fifth host joins and the job ends on it
 # and prints per scenario: attempts, steps redone, the wall-clock time from
 # the fault to the job's first step after it (the coordinator's event
 # timestamps), muonmesh_job_recovery_seconds, who was blamed or quarantined,
@@ -72,23 +76,40 @@ job_file() {
   echo "$work/$1.yaml"
 }
 
-# Starts the coordinator and the workers of run NAME afresh.
+# Starts worker w$2 of run NAME.
+start_worker() {
+  ip netns exec "$(net_ns "w$2")" "$build/worker/muonmesh-worker" --coordinator "$coordinator" \
+    --worker-id "w$2" --memory-budget 2GiB > "$work/$1-w$2.log" 2>&1 &
+  pids+=($!)
+  worker_pid[w$2]=$!
+}
+
+# Starts the coordinator and WORKERS workers (default 5: w0..w4) of run NAME
+# afresh.
 start_service() {
+  local workers=${2:-5}
   ip netns exec "$(net_ns c)" "$build/server/muonmesh-coordinator" --listen "$coordinator" --insecure \
     --data-dir "$work/$1-state" --metrics-listen "$(net_addr c):9090" "${coordinator_flags[@]}" \
     > "$work/$1-coordinator.log" 2>&1 &
   pids+=($!)
-  for i in 0 1 2 3 4; do
-    ip netns exec "$(net_ns "w$i")" "$build/worker/muonmesh-worker" --coordinator "$coordinator" \
-      --worker-id "w$i" --memory-budget 2GiB > "$work/$1-w$i.log" 2>&1 &
-    pids+=($!)
-    worker_pid[w$i]=$!
-  done
+  for ((i = 0; i < workers; ++i)); do start_worker "$1" "$i"; done
   for _ in $(seq 300); do
-    [[ $(ctl workers --json 2>/dev/null | grep -c '"IDLE"') == 5 ]] && return 0
+    [[ $(ctl workers --json 2>/dev/null | grep -c '"IDLE"') == "$workers" ]] && return 0
     sleep 0.1
   done
   echo "run $1: the workers did not register"; tail "$work/$1"-*.log; exit 1
+}
+
+# Waits up to 10 minutes until worker $1 is quarantined.
+wait_quarantined() {
+  for _ in $(seq 3000); do
+    ctl workers --json | python3 -c "
+import json, sys
+sys.exit(0 if any(w['info']['worker_id'] == '$1' and int(w.get('quarantined_until_unix_ms', 0)) > 0
+                  for w in json.load(sys.stdin)['workers']) else 1)" && return 0
+    sleep 0.2
+  done
+  echo "$1 was not quarantined within 10 minutes"; return 1
 }
 declare -A worker_pid=()
 
@@ -118,7 +139,7 @@ now_ms() { date +%s%3N; }
 run() {
   local name=$1 victim="" fault_ms=0
   net_do reset  # the last scenario's faults end with it
-  start_service "$name"
+  if [[ $name == peer-partition-no-spare ]]; then start_service "$name" 4; else start_service "$name"; fi
   local id
   id=$(ctl submit "$(job_file "$name")" | tail -1)
   ip netns exec "$(net_ns x)" "$build/client/muonmeshctl" --coordinator "$coordinator" \
@@ -138,6 +159,13 @@ run() {
         kill -STOP "${worker_pid[$victim]}" ;;  # nor does it come back by itself
       peer-partition)
         for i in 0 1 2 3 4; do [[ w$i == "$victim" ]] || net_do cut "$victim" "w$i"; done ;;
+      peer-partition-no-spare)
+        # No spare: the restart lands on the cut-off worker again; blamed
+        # twice it is quarantined, and the job waits for a new host.
+        for i in 0 1 2 3 4; do [[ w$i == "$victim" ]] || net_do cut "$victim" "w$i"; done
+        wait_quarantined "$victim"
+        echo "  $victim quarantined $(( ($(now_ms) - fault_ms) / 1000 )) s after the fault; a new host w4 joins"
+        start_worker "$name" 4 ;;
       loss)
         net_do loss 0.05
         sleep "$loss_seconds"

@@ -42,7 +42,7 @@ server=$!
 # trips, then 4 MiB echoed), or "unreachable" when it cannot connect in 3 s.
 probe() {
   net_in a python3 -c "
-import socket, time
+import socket, threading, time
 try:
     s = socket.create_connection(('$(net_addr b)', 7000), timeout=3)
 except OSError:
@@ -53,23 +53,37 @@ rtts = []
 for _ in range(20):
     t = time.perf_counter(); s.sendall(b'x'); s.recv(1); rtts.append(time.perf_counter() - t)
 payload = b'y' * (4 << 20); got = 0
-t = time.perf_counter(); s.sendall(payload)
+# Sent from a thread while this one reads the echo: a sender that read only
+# afterwards would stall once both sockets' buffers are full.
+t = time.perf_counter()
+sender = threading.Thread(target=s.sendall, args=(payload,)); sender.start()
 while got < len(payload): got += len(s.recv(1 << 20))
+sender.join()
 print('%.3f %.1f' % (min(rtts) * 1e3, 2 * len(payload) * 8 / (time.perf_counter() - t) / 1e6))
 "
 }
 for _ in $(seq 50); do [[ $(probe) != unreachable ]] && break; sleep 0.1; done
 
-read -r rtt _ <<<"$(probe)"
+# RTT_MS MBIT_PER_S of one probe, or the test fails naming what it printed.
+measure() {
+  local out
+  out=$(probe 2>&1) || true
+  [[ $out =~ ^[0-9.]+\ [0-9.]+$ ]] || { echo "FAIL: the probe failed: $out" >&2; exit 1; }
+  echo "$out"
+}
+m=$(measure)
+read -r rtt _ <<<"$m"
 python3 -c "import sys; sys.exit(0 if $rtt < 5 else 1)" || fail "round trip $rtt ms with no delay"
 net_do delay 10
-read -r rtt _ <<<"$(probe)"
+m=$(measure)
+read -r rtt _ <<<"$m"
 python3 -c "import sys; sys.exit(0 if $rtt >= 20 else 1)" ||
   fail "round trip $rtt ms with a 10 ms one-way delay (at least 20)"
 echo "delay: round trip $rtt ms at 10 ms one way"
 net_do reset
 net_do rate 20
-read -r _ mbit <<<"$(probe)"
+m=$(measure)
+read -r _ mbit <<<"$m"
 # Both ways share nothing but each host link carries 20 Mbit/s each way: the
 # echo's bytes (out and back) cannot pass faster than 2 x 20.
 python3 -c "import sys; sys.exit(0 if $mbit <= 2 * 20 * 1.05 else 1)" ||
