@@ -11,6 +11,7 @@
 #                                 leaves CMD's own pid in $! (net_in's is a subshell's)
 #   net_do LINE                   a linkem command (delay 2, cut 1 2, ...), applied
 #                                 before it returns; fails on linkem's error
+#   net_stats                     every host's frame counts, a line each
 #   net_stop                      removes all of it (call it from the EXIT trap)
 #
 # net_start returns 77 (ctest's skip) where namespaces cannot be made.
@@ -87,7 +88,11 @@ net_do() {
   return 1
 }
 
-net_stats() { echo stats > "$net_dir/control"; sleep 0.2; grep '^host ' "$net_dir/linkem.log" | tail -"${#net_addrs[@]}"; }
+# Every host's frame counts now (linkem prints them before its "ok: stats").
+net_stats() {
+  net_do stats
+  grep '^host ' "$net_dir/linkem.log" | tail -"${#net_hosts[@]}"
+}
 
 net_stop() {
   if [[ -n $net_linkem_pid ]]; then
