@@ -71,23 +71,23 @@ measure() {
   [[ $out =~ ^[0-9.]+\ [0-9.]+$ ]] || { echo "FAIL: the probe failed: $out" >&2; exit 1; }
   echo "$out"
 }
+# Fails with MESSAGE unless the Python expression EXPR holds.
+holds() { python3 -c "import sys; sys.exit(0 if $1 else 1)" || fail "$2"; }
 m=$(measure)
 read -r rtt _ <<<"$m"
-python3 -c "import sys; sys.exit(0 if $rtt < 5 else 1)" || fail "round trip $rtt ms with no delay"
+holds "$rtt < 5" "round trip $rtt ms with no delay"
 net_do delay 10
 m=$(measure)
 read -r rtt _ <<<"$m"
-python3 -c "import sys; sys.exit(0 if $rtt >= 20 else 1)" ||
-  fail "round trip $rtt ms with a 10 ms one-way delay (at least 20)"
+holds "$rtt >= 20" "round trip $rtt ms with a 10 ms one-way delay (at least 20)"
 echo "delay: round trip $rtt ms at 10 ms one way"
 net_do reset
 net_do rate 20
 m=$(measure)
 read -r _ mbit <<<"$m"
-# Both ways share nothing but each host link carries 20 Mbit/s each way: the
-# echo's bytes (out and back) cannot pass faster than 2 x 20.
-python3 -c "import sys; sys.exit(0 if $mbit <= 2 * 20 * 1.05 else 1)" ||
-  fail "$mbit Mbit/s through a 20 Mbit/s link"
+# Each host link carries 20 Mbit/s each way: the echo's bytes, out and back,
+# cannot pass faster than 2 x 20 (5 % for the clock).
+holds "$mbit <= 2 * 20 * 1.05" "$mbit Mbit/s through a 20 Mbit/s link"
 echo "rate: $mbit Mbit/s echoed through 20 Mbit/s links (<= 40)"
 net_do reset
 net_do cut a b
