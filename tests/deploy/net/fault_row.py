@@ -10,7 +10,8 @@ the coordinator's /metrics text. Prints a few lines of detail, then the row
 differ from the run without a fault, and, with CHECK=1 in the environment,
 when the scenario's promise is broken: no restart and no step redone for a
 cut coordinator link or lost frames, the cut-off worker (and only it) blamed
-for a peer partition.
+for a peer partition, and the attempt failed by the stall checks (a reason
+naming it "cut off from its peers"), not by a collective timeout.
 """
 import os
 import json
@@ -36,8 +37,14 @@ def main(argv):
     for _, step, _ in steps:
         redone += step in seen
         seen.add(step)
-    after = [ms for ms, _, _ in steps if ms > fault_ms] if fault_ms else []
-    next_step = "%.2f s" % ((after[0] - fault_ms) / 1e3) if after else "-"
+    # The job's next step: the first of a later attempt when it restarted
+    # (a step the old attempt finished as the fault struck is not one),
+    # else the first recorded after the fault.
+    after = [(ms, attempt) for ms, _, attempt in steps if ms > fault_ms] if fault_ms else []
+    before = [attempt for ms, _, attempt in steps if ms <= fault_ms]
+    later = [ms for ms, attempt in after if before and attempt > before[-1]]
+    first = later[0] if later else (after[0][0] if after else None)
+    next_step = "%.2f s" % ((first - fault_ms) / 1e3) if first else "-"
 
     count = total = 0.0
     for line in open(metrics_file):
@@ -77,6 +84,10 @@ def main(argv):
             broken.append("%d attempts and %d steps redone, not 1 and 0" % (attempts, redone))
         if name.startswith("peer-partition") and blamed != [victim]:
             broken.append("blamed %s, not the cut-off %s" % (blamed, victim))
+        if name == "peer-partition" and not any(
+                "%s): cut off from its peers" % victim in c.get("reason", "") for c in changes):
+            broken.append("the attempt did not fail as %s cut off from its peers "
+                          "(the stall checks)" % victim)
         if name == "peer-partition-no-spare" and quarantined != [victim]:
             broken.append("quarantined %s, not the cut-off %s" % (quarantined, victim))
     for b in broken:
