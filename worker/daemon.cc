@@ -632,6 +632,7 @@ v1::StepRecord StepRecordOf(const StepReport& r, int32_t rank, int32_t attempt,
   if (r.val_loss.has_value()) rec.set_val_loss(*r.val_loss);
   rec.set_step_seconds(absl::ToDoubleSeconds(took));
   rec.set_ns_flops(r.ns_flops);
+  rec.set_collective_calls(r.collective_calls);
   v1::PhaseSeconds* p = rec.mutable_phases();
   p->set_param_gather(absl::ToDoubleSeconds(r.times.param_gather));
   p->set_forward_backward(absl::ToDoubleSeconds(r.times.forward_backward));

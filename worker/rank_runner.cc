@@ -238,6 +238,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const job::ResolvedJob& job
   topts.group_prefix = options.group_prefix;
   topts.muon = job.muon;
   topts.muon_buffer_bytes = job.muon_buffer_bytes;
+  topts.bucket_bytes = job.bucket_bytes;
   topts.adamw = job.adamw;
   topts.global_batch_size = job.global_batch_size;
   topts.lr_schedule = job.lr_schedule;

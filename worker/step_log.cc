@@ -111,7 +111,8 @@ std::string StepJson(const StepReport& r, absl::Duration step_time, int32_t rank
     first = false;
   }
   absl::StrAppend(&out, "}, \"ns_flops\": ", Number(r.ns_flops),
-                  ", \"muon_exchange_calls\": ", r.muon_exchange_calls, ", \"muon_rounds\": [");
+                  ", \"muon_exchange_calls\": ", r.muon_exchange_calls,
+                  ", \"collective_calls\": ", r.collective_calls, ", \"muon_rounds\": [");
   for (size_t i = 0; i < r.muon_rounds.size(); ++i) {
     const MuonRound& m = r.muon_rounds[i];
     absl::StrAppend(&out, i ? ", " : "", "{\"wave\": ", m.wave, ", \"units\": [", m.first_unit,

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "proto/io/message_file.h"
+#include "core/plan/buckets.h"
 #include "core/plan/validate.h"
 #include "proto/convert/plan_convert.h"
 #include "core/base/status_macros.h"
@@ -644,6 +645,11 @@ std::vector<plan::FieldViolation> ValidateJob(const v1::JobSpec& job) {
   CheckOptimizer(job.optimizer(), planner_flagged_muon, v);
   CheckTraining(job, v);
   CheckElastic(job, v);
+  if (job.communication().has_bucket_bytes() && job.communication().bucket_bytes() < 0) {
+    v.Add("communication.bucket_bytes",
+          absl::StrCat("must be >= 0 (0: one unit a collective; unset: ",
+                       plan::kDefaultBucketBytes, "), got ", job.communication().bucket_bytes()));
+  }
   return v.Take();
 }
 
@@ -783,6 +789,8 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
   r.owner_assignment =
       job.optimizer().owner_assignment().empty() ? "lpt" : job.optimizer().owner_assignment();
   r.muon_buffer_bytes = job.optimizer().muon_buffer_bytes();
+  r.bucket_bytes = job.communication().has_bucket_bytes() ? job.communication().bucket_bytes()
+                                                          : plan::kDefaultBucketBytes;
   r.muon_replica_split =
       job.optimizer().muon_replica_split().empty() ? "auto" : job.optimizer().muon_replica_split();
   r.muon = MuonFromProto(job.optimizer().muon());

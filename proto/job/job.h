@@ -109,6 +109,7 @@ struct ResolvedJob {
   plan::ParallelismConfig parallelism;
   std::string owner_assignment;  // lpt | round_robin | allgather | greedy_in_order
   int64_t muon_buffer_bytes = 0;  // optimizer.muon_buffer_bytes (TrainerOptions)
+  int64_t bucket_bytes = 0;       // communication.bucket_bytes, its default applied
   std::string muon_replica_split;  // optimizer.muon_replica_split: auto | on | off
 
   optim::MuonOptions muon;

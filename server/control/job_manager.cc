@@ -504,6 +504,10 @@ absl::Status JobManager::OnStep(const std::string& worker_id, const std::string&
           "record.bytes_sent: names of at most ", kMaxTrafficName, " bytes, counts >= 0"));
     }
   }
+  if (record.collective_calls() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("record.collective_calls: ", record.collective_calls(), " is negative"));
+  }
   if (record.has_val_loss() ||
       RecordsStep(record.step(), a->total_steps, options_.max_recorded_steps)) {
     MUONMESH_RETURN_IF_ERROR(events_.NoteWrite(store_.PutStep(job_id, record)));

@@ -67,7 +67,10 @@
 //   AllToAllV             sum of send_counts[q] * 4 over q != r (actual)
 //   Barrier               0
 // Counters are updated for failed calls too (calls, failures, time) but
-// bytes only for successful ones.
+// bytes only for successful ones. The model is not always the algorithm:
+// Gloo's all-reduces of at most 64 KiB send the whole buffer to every peer
+// (one round trip instead of two, gloo_communicator.cc), (n-1) * count * 4
+// bytes, more than the model counts.
 //
 // Threads: a Communicator is driven by one thread at a time (calls must not
 // overlap, as the collective order must be the same on every rank).

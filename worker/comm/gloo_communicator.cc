@@ -27,6 +27,7 @@
 #include "gloo/transport/pair.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
+#include "gloo/types.h"
 #include "core/base/status_macros.h"
 #include "worker/comm/peer_probe.h"
 #include "worker/comm/reduce.h"
@@ -153,6 +154,27 @@ void IgnoreSigpipeOnce() {
 // milliseconds: its next step on a closed connection throws).
 constexpr absl::Duration kAbortWakeFor = absl::Seconds(2);
 
+// Collective algorithms by size (docs/architecture.md §5, "Collective
+// algorithms"). On TCP each of Gloo's point-to-point messages waits for the
+// peer's "ready to receive" notice, so every dependent step of an algorithm
+// costs a round trip. Gloo's all-gather is a ring, n - 1 steps one after
+// another; a direct exchange (each rank sends its part to every peer at
+// once) is one step and sends the same bytes per rank, so it is used up to
+// GroupOptions::gloo_direct_max_ranks ranks (8), or for any group while the
+// gathered buffer is at most kDirectMaxBytes (a large group's ring spreads a large buffer's
+// traffic over time instead of every peer sending to each rank at once).
+// An all-reduce of at most kOneRoundAllReduceBytes goes in one step: every
+// rank sends its whole buffer to every peer and reduces all of them in rank
+// order, (n - 1) count floats a rank instead of the model's 2 (n - 1) / n
+// count, in one round trip instead of two; larger ones reduce-scatter
+// directly, then all-gather their chunks as above. Every rule keeps the
+// rank-order sum, so results are the same bits whichever runs.
+constexpr int64_t kDirectMaxBytes = int64_t{1} << 20;
+constexpr int64_t kOneRoundAllReduceBytes = int64_t{64} << 10;
+
+// Gloo's slot prefixes end at 0x08 (gloo/types.h): the direct exchange's.
+constexpr uint8_t kDirectSlotPrefix = 0x40;
+
 // Gloo's options for one call, with the unbound buffers they hold in reach
 // (they are protected members of each options class).
 template <typename Options>
@@ -176,8 +198,9 @@ class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(std::string name, int rank, int size,
                    std::shared_ptr<gloo::transport::Device> device,
-                   std::shared_ptr<gloo::rendezvous::Context> context)
+                   std::shared_ptr<gloo::rendezvous::Context> context, int direct_max_ranks)
       : Communicator(std::move(name), rank, size),
+        direct_max_ranks_(direct_max_ranks),
         device_(std::move(device)),
         context_(std::move(context)) {}
   ~GlooCommunicator() override { LeaveAbortSignal(); }
@@ -201,13 +224,25 @@ class GlooCommunicator final : public Communicator {
   absl::Status DoBarrier(absl::Time deadline) override;
   void DoAbort(const std::string& reason) override;
 
+  // out[off_q .. off_q + counts[q]) = rank q's part, for every q: mine is
+  // already in place and goes to every peer at once (one step).
+  absl::Status DirectAllGatherV(float* out, absl::Span<const int64_t> counts, absl::Time deadline);
+  bool Direct(int64_t gathered_floats) const {
+    return size() <= direct_max_ranks_ || gathered_floats * 4 <= kDirectMaxBytes;
+  }
+
   // Runs `collective` (a Gloo call on `opts`) with opts' buffers where
   // DoAbort can wake them.
   template <typename Options, typename Fn>
   absl::Status Watching(Watched<Options>& opts, Fn&& collective) {
+    return WatchingBuffers(opts.Buffers(), std::forward<Fn>(collective));
+  }
+  template <typename Fn>
+  absl::Status WatchingBuffers(std::vector<gloo::transport::UnboundBuffer*> buffers,
+                               Fn&& collective) {
     {
       absl::MutexLock lock(&watch_mu_);
-      watched_ = opts.Buffers();
+      watched_ = std::move(buffers);
       in_call_ = true;
     }
     absl::Status status = GuardGloo(collective);
@@ -221,6 +256,7 @@ class GlooCommunicator final : public Communicator {
   // nullptr with a zero count; Gloo copies from/to it with length 0).
   float* NonNull(const float* p) { return p != nullptr ? const_cast<float*>(p) : &dummy_; }
 
+  const int direct_max_ranks_;
   // The device (and its event-loop thread) outlives the context using it.
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
@@ -238,6 +274,10 @@ absl::Status GlooCommunicator::DoAllGather(const float* in, int64_t count, float
   if (size() == 1) {
     if (in != own) std::memcpy(own, in, count * sizeof(float));
     return absl::OkStatus();
+  }
+  if (Direct(size() * count)) {
+    if (in != own) std::memcpy(own, in, count * sizeof(float));
+    return DirectAllGatherV(out, std::vector<int64_t>(size(), count), deadline);
   }
   MUONMESH_ASSIGN_OR_RETURN(std::chrono::milliseconds timeout, Remaining(deadline));
   Watched<gloo::AllgatherOptions> opts(context_);
@@ -277,6 +317,17 @@ absl::Status GlooCommunicator::DoAllReduce(float* inout, int64_t count, ReduceOp
     internal::ReduceInRankOrder(parts, count, op, inout);
     return absl::OkStatus();
   }
+  std::vector<const float*> parts(size());
+  if (count * 4 <= kOneRoundAllReduceBytes) {
+    // Everyone's whole buffer, side by side, then the rank-order sum.
+    scratch_.resize(static_cast<size_t>(size() * count));
+    std::memcpy(scratch_.data() + rank() * count, inout, count * sizeof(float));
+    MUONMESH_RETURN_IF_ERROR(
+        DirectAllGatherV(scratch_.data(), std::vector<int64_t>(size(), count), deadline));
+    for (int q = 0; q < size(); ++q) parts[q] = scratch_.data() + q * count;
+    internal::ReduceInRankOrder(parts, count, op, inout);
+    return absl::OkStatus();
+  }
   std::vector<int64_t> chunk(size());
   for (int q = 0; q < size(); ++q) chunk[q] = internal::ChunkLength(count, size(), q);
   const int64_t mine = chunk[rank()];
@@ -291,18 +342,56 @@ absl::Status GlooCommunicator::DoAllReduce(float* inout, int64_t count, ReduceOp
   scatter.setOutput(scratch_.data(), std::vector<int64_t>(size(), mine));
   scatter.setTimeout(*timeout);
   MUONMESH_RETURN_IF_ERROR(Watching(scatter, [&] { gloo::alltoallv(scatter); }));
-  std::vector<const float*> parts(size());
   for (int q = 0; q < size(); ++q) parts[q] = scratch_.data() + q * mine;
   internal::ReduceInRankOrder(parts, mine, op,
                               inout + internal::ChunkOffset(count, size(), rank()));
 
   // All-gather of the reduced chunks, in place.
+  if (Direct(count)) return DirectAllGatherV(inout, chunk, deadline);
   timeout = Remaining(deadline);
   MUONMESH_RETURN_IF_ERROR(timeout.status());
   Watched<gloo::AllgathervOptions> gather(context_);
   gather.setOutput(inout, std::vector<size_t>(chunk.begin(), chunk.end()));
   gather.setTimeout(*timeout);
   return Watching(gather, [&] { gloo::allgatherv(gather); });
+}
+
+absl::Status GlooCommunicator::DirectAllGatherV(float* out, absl::Span<const int64_t> counts,
+                                                absl::Time deadline) {
+  MUONMESH_RETURN_IF_ERROR(Remaining(deadline).status());
+  std::vector<size_t> offset(size() + 1, 0);
+  for (int q = 0; q < size(); ++q) offset[q + 1] = offset[q] + counts[q] * sizeof(float);
+  std::unique_ptr<gloo::transport::UnboundBuffer> buf =
+      context_->createUnboundBuffer(offset[size()] > 0 ? out : &dummy_, offset[size()]);
+  const uint64_t slot = gloo::Slot::build(kDirectSlotPrefix, 0);
+  return WatchingBuffers({buf.get()}, [&] {
+    int sends = 0, recvs = 0;
+    for (int i = 1; i < size(); ++i) {
+      const int to = (rank() + i) % size();
+      const int from = (rank() + size() - i) % size();
+      if (counts[rank()] > 0) {
+        buf->send(to, slot, offset[rank()], offset[rank() + 1] - offset[rank()]);
+        ++sends;
+      }
+      if (counts[from] > 0) {
+        buf->recv(from, slot, offset[from], offset[from + 1] - offset[from]);
+        ++recvs;
+      }
+    }
+    // Each wait gets what is left of the call's time; one returns false
+    // when DoAbort woke it.
+    auto left = [&] {
+      absl::StatusOr<std::chrono::milliseconds> t = Remaining(deadline);
+      if (!t.ok()) throw gloo::IoException("Timed out in the direct all-gather");
+      return *t;
+    };
+    for (int i = 0; i < recvs; ++i) {
+      if (!buf->waitRecv(left())) throw gloo::IoException("direct all-gather aborted");
+    }
+    for (int i = 0; i < sends; ++i) {
+      if (!buf->waitSend(left())) throw gloo::IoException("direct all-gather aborted");
+    }
+  });
 }
 
 absl::Status GlooCommunicator::DoBroadcast(float* inout, int64_t count, int root,
@@ -422,8 +511,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
     return AnnotateStatus(cause, absl::StrCat(where(), ": rendezvous failed"));
   }
 
-  auto communicator = std::make_unique<GlooCommunicator>(group_name, rank, size,
-                                                         std::move(device), std::move(context));
+  auto communicator =
+      std::make_unique<GlooCommunicator>(group_name, rank, size, std::move(device),
+                                         std::move(context), options.gloo_direct_max_ranks);
   MUONMESH_RETURN_IF_ERROR(communicator->ConnectBarrier(deadline), where(),
                            ": connect barrier failed");
   return std::unique_ptr<Communicator>(std::move(communicator));

@@ -79,6 +79,10 @@ struct GroupOptions {
   // Bound on rendezvous: waiting for peers in the store, connecting to them
   // and the closing handshake that proves every peer is connected.
   absl::Duration connect_timeout = absl::Seconds(60);
+  // Gloo: groups of up to this many ranks all-gather by direct exchange at
+  // any size; larger groups only while the gathered buffer is at most 1 MiB,
+  // the ring beyond (docs/architecture.md §5, "Collective algorithms").
+  int gloo_direct_max_ranks = 8;
   // kInProcess only, and required there: where the threads of one group meet.
   std::shared_ptr<InProcessHub> hub;
   // kNccl only: the CUDA device this rank uses; -1 means the device current

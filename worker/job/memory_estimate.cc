@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/plan/buckets.h"
 #include "core/plan/mesh.h"
 #include "worker/job/memory_budget.h"
 #include "worker/math/newton_schulz.h"
@@ -75,6 +76,33 @@ double MuonPhaseBytes(const plan::Plan& plan, int64_t requested, const std::vect
   double peak = 0;
   for (size_t w = 0; w < per_wave.size(); ++w) {
     peak = std::max(peak, per_wave[w] + (w + 1 < per_wave.size() ? per_wave[w + 1] : 0.0));
+  }
+  return peak;
+}
+
+// The communication buckets' peak (core/plan/buckets.h): a gradient
+// bucket's buffer and, where its mesh reduces over two levels or more and
+// it holds several units, the regrouping of its first level's output; or a
+// shared parameter gather (UnitStream): up to bucket_bytes of padded unit
+// buffers gathered at once, then held as whole tensors until acquired.
+double BucketBytes(const plan::Plan& plan, int64_t bucket_bytes) {
+  double peak = 0;
+  double padded[2] = {0, 0};
+  for (const plan::Bucket& b : plan::PlanBuckets(plan, bucket_bytes)) {
+    const plan::MeshGeometry g = b.mesh == plan::MeshKind::kDense
+                                     ? plan::MeshGeometry::Dense(plan.config)
+                                     : plan::MeshGeometry::Expert(plan.config);
+    const std::vector<int>& order = g.shard_order();
+    double floats = static_cast<double>(b.elements);
+    padded[b.mesh == plan::MeshKind::kExpert] += floats;
+    if (order.size() > 1 && b.units.size() > 1) {
+      floats += floats / static_cast<double>(g.axes()[order[0]].size);
+    }
+    peak = std::max(peak, kFloat * floats);
+  }
+  for (double mesh : padded) {
+    peak = std::max(peak, 2 * std::min(static_cast<double>(std::max<int64_t>(bucket_bytes, 0)),
+                                       kFloat * mesh));
   }
   return peak;
 }
@@ -169,6 +197,8 @@ MemoryEstimate EstimateRankMemory(const job::ResolvedJob& job, const plan::Plan&
         {model, "this rank's shards: parameters, gradient, two optimizer states", total.shards});
     step = {{model, "one unit's gathered buffer", total.largest_gather},
             {model, "one unit's parameters and gradients", 2 * kFloat * unit_local},
+            {"communication.bucket_bytes", "communication buckets: gradients, or gathered parameters",
+             BucketBytes(plan, job.bucket_bytes)},
             {"optimizer.muon_buffer_bytes",
              "Muon exchange and the whole matrices this rank orthogonalizes, per wave",
              MuonPhaseBytes(plan, job.muon_buffer_bytes, total.muon)},

@@ -54,6 +54,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
     }
   }
   impl->PlanWaves();
+  impl->PlanBuckets();
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
 
@@ -95,6 +96,7 @@ absl::StatusOr<StepReport> Trainer::Step() {
   Impl& m = *impl_;
   StepReport report;
   report.step = step_;
+  const int64_t calls_before = m.CollectiveCalls();
 
   // My slice of the global batch: global samples k = s B + r b + j, each
   // reading sample k mod N, or its shuffled place (core/model/sample_order.h).
@@ -155,18 +157,9 @@ absl::StatusOr<StepReport> Trainer::Step() {
   MUONMESH_RETURN_IF_ERROR(m.ReduceAttentionLogits(&report));
   MUONMESH_RETURN_IF_ERROR(m.ReduceMuonHealth(&report));
   MUONMESH_RETURN_IF_ERROR(m.ReduceBufferStats(&report));
-  for (UnitState& u : m.units) {
-    MeshState& mesh = *u.mesh;
-    if (mesh.k == 1) continue;
-    const int64_t s = u.layout->shard_elements;
-    st = m.Counted(*mesh.group_comm, mesh.bytes_prefix + "param_allgather_after_step", &report,
-                   [&] {
-      return mesh.group_comm->AllGather(u.param.data() + (mesh.position % mesh.k) * s, s,
-                                        u.param.data(), m.options.collective);
-    });
-    MUONMESH_RETURN_IF_ERROR(st);
-  }
+  MUONMESH_RETURN_IF_ERROR(m.GatherAfterStep(&report));
   report.times.param_allgather_after_step = absl::Now() - t0;
+  report.collective_calls = m.CollectiveCalls() - calls_before;
   ++step_;
   return report;
 }

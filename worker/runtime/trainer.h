@@ -47,6 +47,7 @@
 #include "absl/time/time.h"
 #include "core/optim/schedule.h"
 #include "core/optim/types.h"
+#include "core/plan/buckets.h"
 #include "core/plan/types.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/store.h"
@@ -129,6 +130,10 @@ struct TrainerOptions {
   // two waves are then in flight, so each gets half the budget. Host
   // devices only (ignored elsewhere).
   bool muon_overlap = true;
+  // Bytes of one communication bucket (core/plan/buckets.h): consecutive
+  // units' gradient reductions and after-step gathers as one collective.
+  // <= 0: one unit a bucket. Job wide (every rank cuts the same buckets).
+  int64_t bucket_bytes = plan::kDefaultBucketBytes;
 };
 
 // Wall time of each phase of one step on this rank. The parameter gathers
@@ -217,6 +222,11 @@ struct StepReport {
   // dp_outer round).
   std::vector<MuonRound> muon_rounds;
   int32_t muon_exchange_calls = 0;
+  // Collective calls this rank made during the step, on every group (the
+  // communicators' counts; an exchange with size-1 groups counts too): with
+  // each call a few network round trips one after another, what a link's
+  // delay multiplies.
+  int64_t collective_calls = 0;
   // The mean validation loss after this step, when the step was evaluated
   // (Trainer::Evaluate; the rank runner fills it).
   std::optional<double> val_loss;

@@ -317,48 +317,39 @@ struct Trainer::Impl {
     return absl::OkStatus();
   }
 
-  // Packs unit `u`'s whole gradients `src` (spec order) into `full` and
-  // reduces them into u.grad.
-  absl::Status ReduceUnit(UnitState& u, StepReport* report, const float* const* src) {
-    const plan::UnitLayout& l = *u.layout;
-    const int64_t s = l.shard_elements;
-    int64_t m = l.num_shards * s;
-    MUONMESH_RETURN_IF_ERROR(Reserve(full, m));
-    MUONMESH_RETURN_IF_ERROR(dev->Fill(full.data(), m, 0.0f));
-    for (int64_t q = 0; q < l.num_shards; ++q) {
-      const int64_t shard = l.ShardAt(q);
-      for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
-        const plan::Segment& seg = l.segments[i];
-        const int64_t len = l.tensors[seg.tensor].row_len;
-        absl::Status st = dev->Copy(full.data() + q * s + seg.offset,
-                                    src[u.local[seg.tensor]] + seg.row_start * len,
-                                    seg.row_count * len);
-        MUONMESH_RETURN_IF_ERROR(st);
-      }
-    }
-    // Reduce-scatters in place (each level's output is my chunk of its
-    // input), so `full` is the only unit-sized buffer.
-    float* cur = full.data();
-    MeshState& mesh = *u.mesh;
-    for (auto& c : mesh.reduce_scatter_comms) {
-      const int64_t out = m / c->size();
-      float* const mine = cur + c->rank() * out;
-      absl::Status st = Counted(*c, mesh.bytes_prefix + "grad_reduce_scatter", report, [&] {
-        return c->ReduceScatter(cur, mine, out, comm::ReduceOp::kAvg, options.collective);
-      });
-      MUONMESH_RETURN_IF_ERROR(st);
-      cur = mine;
-      m = out;
-    }
-    for (auto& c : mesh.all_reduce_comms) {
-      absl::Status st = Counted(*c, mesh.bytes_prefix + "grad_allreduce", report, [&] {
-        return c->AllReduce(cur, m, comm::ReduceOp::kAvg, options.collective);
-      });
-      MUONMESH_RETURN_IF_ERROR(st);
-    }
-    // Micro-batches after the first add to the first's (gradient accumulation).
-    return accumulating ? dev->Add(u.grad.data(), cur, s) : dev->Copy(u.grad.data(), cur, s);
-  }
+  // Buckets (buckets.cc; core/plan/buckets.h): per bucket its mesh, the
+  // indices into `units` of its states, each state's part of the bucket's
+  // buffer at every reduce level (level 0: the padded unit buffers side by
+  // side in each first-level chunk; level l + 1: my chunk of level l) and
+  // of its parameter shards (the after-step gather).
+  struct BucketState {
+    MeshState* mesh = nullptr;
+    std::vector<int32_t> states;
+    std::vector<std::vector<int64_t>> size;    // [level][i]
+    std::vector<std::vector<int64_t>> prefix;  // [level][i]
+    std::vector<int64_t> total;                // [level]
+    std::vector<int64_t> shard_prefix;         // [i]
+    int64_t shard_total = 0;
+  };
+  std::vector<BucketState> buckets;
+  std::vector<std::pair<int32_t, int32_t>> bucket_of;  // per state: bucket, index in it
+  void PlanBuckets();
+  // Collective calls made so far on every group of this rank.
+  int64_t CollectiveCalls() const;
+  // Packs state `state`'s whole gradients `src` (spec order) into its place
+  // in its bucket's buffer `buf` (bucket.total[0] floats).
+  absl::Status PackGradients(int32_t state, float* buf, const float* const* src);
+  // Reduces a packed bucket down its mesh's levels into each state's u.grad.
+  absl::Status ReduceBucket(int32_t bucket, float* buf, StepReport* report);
+  // Gathers several units' states of one mesh (parameters sharded: k <
+  // domain size) in one all-gather into their whole tensors dst[i] (spec
+  // order, as GatherUnit's); one state is GatherUnit.
+  absl::Status GatherStates(absl::Span<const int32_t> states,
+                            absl::Span<float* const* const> dst, StepReport* report,
+                            const char* name);
+  // The after-step gather of every bucket whose mesh replicates parameters
+  // over optimizer shards (k > 1).
+  absl::Status GatherAfterStep(StepReport* report);
 
   absl::Status AdamW(UnitState& u, int64_t step) {
     const plan::UnitLayout& l = *u.layout;

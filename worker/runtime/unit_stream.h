@@ -9,14 +9,16 @@ namespace muonmesh::worker {
 
 // The runtime's side of Workload::ForwardBackwardByUnit over this rank's
 // shards: Acquire gathers one unit into whole tensors taken for it from the
-// trainer's BufferPool (given back on Release), Commit packs and reduces one
-// unit's whole gradients (given back right after). So a step holds only what
-// the workload has acquired and the gradient buffers it has not committed
-// yet, never the whole model (and the pool keeps no more than that peak).
+// trainer's BufferPool (given back on Release), Commit packs one unit's whole
+// gradients into its bucket's buffer (given back right after) and reduces
+// the bucket once its last unit is in. So a step holds only what the
+// workload has acquired, the gradient buffers it has not committed yet and
+// the buckets being filled, never the whole model (and the pool keeps no
+// more than that peak).
 class Trainer::UnitStream final : public UnitAccess {
  public:
   UnitStream(Impl& m, StepReport* report)
-      : m_(m), report_(report), slots_(m.states_of.size()) {}
+      : m_(m), report_(report), slots_(m.states_of.size()), pending_(m.buckets.size()) {}
 
   absl::StatusOr<absl::Span<const float* const>> Acquire(int unit) override {
     MUONMESH_RETURN_IF_ERROR(CheckUnit(unit, "Acquire"));
@@ -24,6 +26,11 @@ class Trainer::UnitStream final : public UnitAccess {
     if (slot.acquired) {
       return absl::FailedPreconditionError(
           absl::StrCat("Acquire(", unit, "): the unit is already acquired"));
+    }
+    if (slot.prefetched) {  // gathered with an earlier unit of its bucket
+      slot.prefetched = false;
+      slot.acquired = true;
+      return absl::MakeConstSpan(slot.const_ptrs);
     }
     const absl::Time t0 = absl::Now();
     MUONMESH_RETURN_IF_ERROR(Allocate(unit, slot.params, slot.param_ptrs));
@@ -39,16 +46,11 @@ class Trainer::UnitStream final : public UnitAccess {
         }
       }
     }
-    // The first gather of a step is the forward pass's; later ones re-gather
-    // for the backward pass (counted apart, as the plan counts them).
-    const char* name = slot.gathers++ == 0 ? "param_allgather" : "param_allgather_backward";
-    for (int32_t state : m_.states_of[unit]) {
-      absl::Status st = m_.GatherUnit(m_.units[state], report_, slot.param_ptrs.data(), name);
-      if (!st.ok()) {
-        Free(slot.params, slot.param_ptrs);
-        slot.const_ptrs.clear();
-        return st;
-      }
+    absl::Status st = Gather(unit);
+    if (!st.ok()) {
+      Free(slot.params, slot.param_ptrs);
+      slot.const_ptrs.clear();
+      return st;
     }
     slot.acquired = true;
     report_->times.param_gather += absl::Now() - t0;
@@ -62,6 +64,7 @@ class Trainer::UnitStream final : public UnitAccess {
     slot.const_ptrs.clear();
     slot.const_ptrs.shrink_to_fit();
     slot.acquired = false;
+    slot.prefetched = false;
   }
 
   absl::StatusOr<absl::Span<float* const>> GradientBuffers(int unit) override {
@@ -90,8 +93,19 @@ class Trainer::UnitStream final : public UnitAccess {
     }
     const absl::Time t0 = absl::Now();
     std::vector<const float*> src(slot.grad_ptrs.begin(), slot.grad_ptrs.end());
+    // Each state into its bucket's buffer; a bucket complete with this
+    // unit is reduced at once.
     for (int32_t state : m_.states_of[unit]) {
-      absl::Status st = m_.ReduceUnit(m_.units[state], report_, src.data());
+      const int32_t b = m_.bucket_of[state].first;
+      Pending& p = pending_[b];
+      if (p.buf.empty()) {
+        MUONMESH_ASSIGN_OR_RETURN(p.buf, m_.unit_buffers.Take(m_.buckets[b].total[0]));
+        p.left = static_cast<int64_t>(m_.buckets[b].states.size());
+      }
+      MUONMESH_RETURN_IF_ERROR(m_.PackGradients(state, p.buf.data(), src.data()));
+      if (--p.left > 0) continue;
+      absl::Status st = m_.ReduceBucket(b, p.buf.data(), report_);
+      m_.unit_buffers.Give(std::move(p.buf));
       MUONMESH_RETURN_IF_ERROR(st);
     }
     Free(slot.grads, slot.grad_ptrs);
@@ -128,6 +142,9 @@ class Trainer::UnitStream final : public UnitAccess {
       Release(static_cast<int>(u));
       Free(slots_[u].grads, slots_[u].grad_ptrs);
     }
+    for (Pending& p : pending_) {
+      if (!p.buf.empty()) m_.unit_buffers.Give(std::move(p.buf));
+    }
   }
 
   // Every trained unit must have been committed (else its gradient shard
@@ -151,9 +168,77 @@ class Trainer::UnitStream final : public UnitAccess {
     std::vector<DeviceBuffer> grads;
     std::vector<float*> grad_ptrs;
     bool acquired = false;
+    bool prefetched = false;  // params hold a gather the workload has not acquired yet
     bool committed = false;
     int gathers = 0;  // this step
   };
+
+  // Gathers `unit`'s parameters into its slot, and with them, in the same
+  // all-gather, the units a pass is about to acquire (Prefetchable) while
+  // their padded buffers fit in a bucket: the next ones on the first gather
+  // of a step (forward), the previous ones on a later gather (backward).
+  // Every rank acquires in the same order, so every rank gathers the same.
+  absl::Status Gather(int unit) {
+    Slot& slot = slots_[unit];
+    // The first gather of a step is the forward pass's; later ones re-gather
+    // for the backward pass (counted apart, as the plan counts them).
+    const char* name = slot.gathers == 0 ? "param_allgather" : "param_allgather_backward";
+    std::vector<int32_t> batch = {unit};
+    if (Prefetchable(unit, slot.gathers)) {
+      const int step = slot.gathers == 0 ? 1 : -1;
+      int64_t floats = plan::PaddedElements(*m_.units[m_.states_of[unit][0]].layout);
+      for (int v = unit + step; v >= 0 && v < static_cast<int>(slots_.size()); v += step) {
+        if (!Prefetchable(v, slot.gathers) ||
+            m_.units[m_.states_of[v][0]].mesh != m_.units[m_.states_of[unit][0]].mesh) {
+          break;
+        }
+        floats += plan::PaddedElements(*m_.units[m_.states_of[v][0]].layout);
+        if (floats * 4 > m_.options.bucket_bytes) break;
+        batch.push_back(v);
+      }
+    }
+    for (size_t i = 1; i < batch.size(); ++i) {
+      Slot& other = slots_[batch[i]];
+      MUONMESH_RETURN_IF_ERROR(Allocate(batch[i], other.params, other.param_ptrs));
+      other.const_ptrs.assign(other.param_ptrs.begin(), other.param_ptrs.end());
+      other.prefetched = true;
+    }
+    absl::Status st;
+    if (batch.size() == 1) {
+      for (int32_t state : m_.states_of[unit]) {
+        st = m_.GatherUnit(m_.units[state], report_, slot.param_ptrs.data(), name);
+        if (!st.ok()) break;
+      }
+    } else {
+      std::vector<int32_t> states;
+      std::vector<float* const*> dst;
+      for (int32_t v : batch) {
+        states.push_back(m_.states_of[v][0]);
+        dst.push_back(slots_[v].param_ptrs.data());
+      }
+      st = m_.GatherStates(states, dst, report_, name);
+    }
+    for (int32_t v : batch) ++slots_[v].gathers;
+    if (!st.ok()) {
+      for (size_t i = 1; i < batch.size(); ++i) Release(batch[i]);
+    }
+    return st;
+  }
+
+  // Whether unit `v` can share a gather with others at the pass where it
+  // has been gathered `gathers` times this step: one state, on a mesh that
+  // shards parameters, neither held nor gathered already, and due another
+  // gather this step (the spec's gathers_per_step).
+  bool Prefetchable(int v, int gathers) const {
+    const Slot& slot = slots_[v];
+    if (m_.states_of[v].size() != 1 || slot.acquired || slot.prefetched ||
+        slot.gathers != gathers) {
+      return false;
+    }
+    const MeshState& mesh = *m_.units[m_.states_of[v][0]].mesh;
+    const int32_t per_step = m_.workload->spec().units[v].gathers_per_step;
+    return mesh.k < mesh.domain_size && gathers < std::max<int32_t>(per_step, 1);
+  }
 
   absl::Status CheckUnit(int unit, const char* what) const {
     if (unit < 0 || unit >= static_cast<int>(slots_.size())) {
@@ -185,9 +270,16 @@ class Trainer::UnitStream final : public UnitAccess {
     std::vector<float*>().swap(ptrs);
   }
 
+  // A bucket being filled: its buffer and how many states it still waits for.
+  struct Pending {
+    DeviceBuffer buf;
+    int64_t left = 0;
+  };
+
   Impl& m_;
   StepReport* report_;
   std::vector<Slot> slots_;
+  std::vector<Pending> pending_;
 };
 
 }  // namespace muonmesh::worker

@@ -3,13 +3,16 @@
 # each rank on a host of its own (network namespaces on linkem, hosts.sh),
 # run once per one-way delay between hosts, printing the median step time
 # and the median time of each communication phase against the run without a
-# delay, and the frames linkem forwarded per step (every host's, both ways).
+# delay, the collective calls a rank makes per step (each a few round trips
+# one after another: what a delay multiplies) and the frames linkem
+# forwarded per step (every host's, both ways).
 #
 #   tests/deploy/net/delays.sh BUILD_DIR [DELAY_MS[@RATE_MBIT]...]
 #
 # Default delays: 0 0.5 2 20@100 (20 ms with a 100 Mbit/s rate on every host
 # link). STEPS (default 40) sets the job's steps; the first 5 (warm-up) are
-# left out of the medians. Needs root; exits 77 where namespaces cannot be
+# left out of the medians; BUCKET_BYTES sets the job's
+# communication.bucket_bytes (default: the job's default). Needs root; exits 77 where namespaces cannot be
 # made; removes every namespace and file it makes.
 set -euo pipefail
 build=$(cd "${1:?usage: $0 BUILD_DIR [DELAY_MS[@RATE_MBIT]...]}" && pwd)
@@ -61,6 +64,7 @@ run() {
       -e "s/warmup_steps: 10/warmup_steps: $((steps < 40 ? steps / 4 : 10))/" \
       -e "s#^output: .*#output: {dir: $work/$name}#" \
       "$root/deploy/local/examples/gpt-text.yaml" > "$work/$name.yaml"
+  [[ -z ${BUCKET_BYTES:-} ]] || echo "communication: {bucket_bytes: $BUCKET_BYTES}" >> "$work/$name.yaml"
   local id frames_before frames_after
   id=$(ctl submit "$work/$name.yaml" 2> "$work/$name.submit.err" | tail -1)
   [[ -n $id ]] || { cat "$work/$name.submit.err"; exit 1; }
@@ -81,11 +85,13 @@ if not os.path.exists(base_file):
     json.dump(med, open(base_file, "w"))
 base = json.load(open(base_file))
 cells = ["%.3f s (%.2fx)" % (med[k], med[k] / base[k] if base[k] else 0) for k in ["step"] + phases]
-print("| %s | %s | %s |" % (label, " | ".join(cells), frames))
+calls = statistics.median(r.get("collective_calls", 0) for r in records)
+print("| %s | %s | %g | %s |" % (label, " | ".join(cells), calls, frames))
 EOF
 }
 
-echo "delays: ${delays[*]} ms one way; $steps steps a run, medians of steps 5 on"
-echo "| one-way delay ms[@Mbit/s] | step | param_gather | grad_reduce | muon_gather | muon_scatter | param_allgather_after_step | frames a step |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+echo "delays: ${delays[*]} ms one way; $steps steps a run, medians of steps 5 on;" \
+  "communication.bucket_bytes ${BUCKET_BYTES:-default}"
+echo "| one-way delay ms[@Mbit/s] | step | param_gather | grad_reduce | muon_gather | muon_scatter | param_allgather_after_step | calls a step | frames a step |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 for d in "${delays[@]}"; do run "$d"; done

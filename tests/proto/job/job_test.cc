@@ -276,6 +276,21 @@ TEST(JobTest, ResolvesEveryNonDefaultChoice) {
   EXPECT_EQ(r->export_path, "/abs/out/final.safetensors");
 }
 
+// communication.bucket_bytes: unset is 25 MiB, 0 stays 0 (one unit a
+// collective), a value is taken as given.
+TEST(JobTest, BucketBytesDefaultTo25MiBAndZeroMeansOneUnit) {
+  absl::StatusOr<job::ResolvedJob> plain = job::ResolveJob(DesignJob(), "");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->bucket_bytes, 25 * 1024 * 1024);
+  for (int64_t bytes : {int64_t{0}, int64_t{4096}}) {
+    v1::JobSpec job = DesignJob();
+    job.mutable_communication()->set_bucket_bytes(bytes);
+    absl::StatusOr<job::ResolvedJob> r = job::ResolveJob(job, "");
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->bucket_bytes, bytes);
+  }
+}
+
 TEST(JobTest, TheRecipeResolvesAndIsOffByDefault) {
   absl::StatusOr<job::ResolvedJob> plain = job::ResolveJob(DesignJob(), "");
   ASSERT_TRUE(plain.ok()) << plain.status();
@@ -589,6 +604,9 @@ std::vector<BrokenJob> BrokenJobs() {
        "training.keep_checkpoints", "must be in [0, 1000000000] (0 or unset: 2), got -1"},
       {"MuonBufferBelowMinusOne", [](J& j) { j.mutable_optimizer()->set_muon_buffer_bytes(-1); },
        "optimizer.muon_buffer_bytes", "must be >= 0 (0, the default: one wave"},
+      {"BucketBytesNegative",
+       [](J& j) { j.mutable_communication()->set_bucket_bytes(-1); },
+       "communication.bucket_bytes", "must be >= 0 (0: one unit a collective; unset: 26214400)"},
       {"MuonReplicaSplitUnknown",
        [](J& j) { j.mutable_optimizer()->set_muon_replica_split("always"); },
        "optimizer.muon_replica_split", "unknown value 'always' (expected auto, on or off"},

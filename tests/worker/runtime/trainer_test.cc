@@ -22,6 +22,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/plan/buckets.h"
+#include "core/plan/mesh.h"
 #include "core/plan/owners.h"
 #include "core/plan/planner.h"
 #include "gtest/gtest.h"
@@ -177,6 +179,7 @@ struct RunResult {
   std::vector<std::vector<MuonRound>> rounds;
   std::vector<int32_t> exchange_calls;
   std::vector<double> ns_flops;
+  std::vector<int64_t> collective_calls;  // per rank, its last step's
   std::vector<std::vector<float>> max_attn_logits;  // rank 0's, per step
   std::vector<MuonHealth> health;                    // rank 0's, per step
 };
@@ -209,6 +212,7 @@ struct RunRecipe {
   std::optional<uint64_t> shuffle_seed;
   double qk_clip = 0;
   int64_t health_every = 0;
+  int64_t bucket_bytes = plan::kDefaultBucketBytes;
 };
 
 RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpoints& ck = {},
@@ -265,6 +269,7 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
   result.rounds.resize(c.world);
   result.exchange_calls.resize(c.world);
   result.ns_flops.resize(c.world);
+  result.collective_calls.resize(c.world);
   for (int32_t r = 0; r < c.world; ++r) {
     threads.emplace_back([&, r] {
       const std::unique_ptr<Workload> local = MakeWorkload(c.moe, c.mlp, c.gpt);
@@ -297,6 +302,7 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
       o.shuffle_seed = recipe.shuffle_seed;
       o.qk_clip = recipe.qk_clip;
       o.health_every = recipe.health_every;
+      o.bucket_bytes = recipe.bucket_bytes;
       absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(*plan, local.get(), r, o);
       if (!t.ok()) {
         status[r] = t.status();
@@ -328,6 +334,7 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
         result.rounds[r] = rep->muon_rounds;
         result.exchange_calls[r] = rep->muon_exchange_calls;
         result.ns_flops[r] = rep->ns_flops;
+        result.collective_calls[r] = rep->collective_calls;
       }
       if (!ck.save_dir.empty()) {
         status[r] = ck.reshard ? SaveCheckpoint(**t, ck.save_dir, c.world, r)
@@ -772,6 +779,71 @@ TEST_P(TrainerConfigTest, OwnerBasedAndAllgatherEndBitIdentical) {
               0)
         << "param " << p;
   }
+}
+
+// Communication buckets (core/plan/buckets.h): one unit a collective, about
+// half the model a bucket, and the default (the whole of these small models
+// in one) end with the same weights bit for bit and send the same bytes;
+// each unit merged into a bucket saves, per step, one call per reduce
+// level, per all-reduced axis and, where parameters are replicated over
+// optimizer shards, its after-step gather (counted from the mesh geometry);
+// where parameters are sharded, the forward pass's gathers are shared too:
+// for a workload that acquires its units once, in order (Workload's
+// default pass, TwoLayerLinear), one more call saved per merged unit; for
+// the others at least the reduction's and the after-step's.
+TEST_P(TrainerConfigTest, BucketsOfAnySizeEndBitIdenticalWithFewerCalls) {
+  const Config& c = GetParam();
+  RunRecipe one_each;
+  one_each.bucket_bytes = 0;
+  const RunResult per_unit = RunJob(c, "lpt", 3, {}, 0, true, "", one_each);
+  int64_t padded = 0;
+  for (const plan::Bucket& b : plan::PlanBuckets(per_unit.plan, 0)) padded += b.elements;
+  RunRecipe halves;
+  halves.bucket_bytes = 4 * padded / 2;
+  const RunResult half = RunJob(c, "lpt", 3, {}, 0, true, "", halves);
+  const RunResult whole = RunJob(c, "lpt", 3);
+  for (const RunResult* other : {&half, &whole}) {
+    ASSERT_EQ(other->weights.size(), per_unit.weights.size());
+    for (size_t p = 0; p < per_unit.weights.size(); ++p) {
+      ASSERT_EQ(other->weights[p].size(), per_unit.weights[p].size());
+      EXPECT_EQ(std::memcmp(other->weights[p].data(), per_unit.weights[p].data(),
+                            sizeof(float) * per_unit.weights[p].size()),
+                0)
+          << "param " << p;
+    }
+    EXPECT_EQ(other->bytes, per_unit.bytes);
+  }
+  // Calls saved: per mesh, (units - buckets) times the calls one unit's
+  // reduction and after-step gather make.
+  auto saved = [&](int64_t bucket_bytes, bool with_gathers) {
+    int64_t calls = 0;
+    for (const plan::Bucket& b : plan::PlanBuckets(per_unit.plan, bucket_bytes)) {
+      const plan::MeshGeometry g = b.mesh == plan::MeshKind::kDense
+                                       ? plan::MeshGeometry::Dense(per_unit.plan.config)
+                                       : plan::MeshGeometry::Expert(per_unit.plan.config);
+      int64_t per_unit_calls = static_cast<int64_t>(g.shard_order().size());
+      for (const plan::MeshAxis& a : g.axes()) {
+        per_unit_calls += a.size > 1 && a.placements.optimizer != plan::Placement::kShard;
+      }
+      per_unit_calls += g.domain_size() / g.param_shards() > 1;
+      if (with_gathers) per_unit_calls += g.param_shards() > 1;
+      calls += (static_cast<int64_t>(b.units.size()) - 1) * per_unit_calls;
+    }
+    return calls;
+  };
+  const bool in_order = !c.moe && !c.mlp && !c.gpt;
+  for (int32_t r = 0; r < c.world; ++r) {
+    for (const auto& [run, bytes] : {std::pair{&half, halves.bucket_bytes},
+                                     std::pair{&whole, plan::kDefaultBucketBytes}}) {
+      const int64_t fewer = per_unit.collective_calls[r] - run->collective_calls[r];
+      if (in_order) {
+        EXPECT_EQ(fewer, saved(bytes, true)) << "rank " << r << ", buckets of " << bytes;
+      } else {
+        EXPECT_GE(fewer, saved(bytes, false)) << "rank " << r << ", buckets of " << bytes;
+      }
+    }
+  }
+  EXPECT_GT(saved(plan::kDefaultBucketBytes, false), 0);
 }
 
 // The Muon phase in waves: one wave for the whole model, one per unit
