@@ -4,15 +4,17 @@
 # run once per one-way delay between hosts, printing the median step time
 # and the median time of each communication phase against the run without a
 # delay, the collective calls a rank makes per step (each a few round trips
-# one after another: what a delay multiplies) and the frames linkem
-# forwarded per step (every host's, both ways).
+# one after another: what a delay multiplies), the frames linkem forwarded
+# per step (every host's, both ways) and those a full link queue dropped.
 #
 #   tests/deploy/net/delays.sh BUILD_DIR [DELAY_MS[@RATE_MBIT]...]
 #
 # Default delays: 0 0.5 2 20@100 (20 ms with a 100 Mbit/s rate on every host
 # link). STEPS (default 40) sets the job's steps; the first 5 (warm-up) are
 # left out of the medians; BUCKET_BYTES sets the job's
-# communication.bucket_bytes (default: the job's default). Needs root; exits 77 where namespaces cannot be
+# communication.bucket_bytes (default: the job's default); KEEP_CWND=1 sets
+# net.ipv4.tcp_slow_start_after_idle=0 on the worker hosts (TCP keeps its
+# congestion window across the idle time between a step's bursts). Needs root; exits 77 where namespaces cannot be
 # made; removes every namespace and file it makes.
 set -euo pipefail
 build=$(cd "${1:?usage: $0 BUILD_DIR [DELAY_MS[@RATE_MBIT]...]}" && pwd)
@@ -39,6 +41,11 @@ net_start "$build" x c w0 w1 w2 w3 || exit $?
 coordinator="$(net_addr c):50051"
 ctl() { net_in x "$build/client/muonmeshctl" --coordinator "$coordinator" "$@"; }
 
+if [[ ${KEEP_CWND:-0} == 1 ]]; then
+  for i in 0 1 2 3; do
+    ip netns exec "$(net_ns "w$i")" sysctl -qw net.ipv4.tcp_slow_start_after_idle=0
+  done
+fi
 ip netns exec "$(net_ns c)" "$build/server/muonmesh-coordinator" --listen "$coordinator" \
   --insecure --data-dir "$work/state" > "$work/coordinator.log" 2>&1 &
 pids+=($!)
@@ -65,16 +72,19 @@ run() {
       -e "s#^output: .*#output: {dir: $work/$name}#" \
       "$root/deploy/local/examples/gpt-text.yaml" > "$work/$name.yaml"
   [[ -z ${BUCKET_BYTES:-} ]] || echo "communication: {bucket_bytes: $BUCKET_BYTES}" >> "$work/$name.yaml"
-  local id frames_before frames_after
+  local id frames_before frames_after drops_before drops_after
   id=$(ctl submit "$work/$name.yaml" 2> "$work/$name.submit.err" | tail -1)
   [[ -n $id ]] || { cat "$work/$name.submit.err"; exit 1; }
   frames_before=$(net_stats | awk '{s += $4} END {print s}')
+  drops_before=$(net_stats | awk '{s += $12} END {print s}')
   ctl watch "$id" --timeout 3600 > /dev/null || { echo "job at $1 failed"; exit 1; }
   frames_after=$(net_stats | awk '{s += $4} END {print s}')
+  drops_after=$(net_stats | awk '{s += $12} END {print s}')
   ctl metrics "$id" --json > "$work/$name.json"
-  python3 - "$1" "$work/$name.json" "$work/base.txt" "$(( (frames_after - frames_before) / steps ))" <<'EOF'
+  python3 - "$1" "$work/$name.json" "$work/base.txt" "$(( (frames_after - frames_before) / steps ))" \
+    "$(( (drops_after - drops_before) / steps ))" <<'EOF'
 import json, os, statistics, sys
-label, records_file, base_file, frames = sys.argv[1:5]
+label, records_file, base_file, frames, drops = sys.argv[1:6]
 records = [r for r in json.load(open(records_file))["records"] if r["step"] >= 5]
 phases = ["param_gather", "grad_reduce", "muon_gather", "muon_scatter",
           "param_allgather_after_step"]
@@ -86,12 +96,13 @@ if not os.path.exists(base_file):
 base = json.load(open(base_file))
 cells = ["%.3f s (%.2fx)" % (med[k], med[k] / base[k] if base[k] else 0) for k in ["step"] + phases]
 calls = statistics.median(r.get("collective_calls", 0) for r in records)
-print("| %s | %s | %g | %s |" % (label, " | ".join(cells), calls, frames))
+print("| %s | %s | %g | %s | %s |" % (label, " | ".join(cells), calls, frames, drops))
 EOF
 }
 
 echo "delays: ${delays[*]} ms one way; $steps steps a run, medians of steps 5 on;" \
-  "communication.bucket_bytes ${BUCKET_BYTES:-default}"
-echo "| one-way delay ms[@Mbit/s] | step | param_gather | grad_reduce | muon_gather | muon_scatter | param_allgather_after_step | calls a step | frames a step |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+  "communication.bucket_bytes ${BUCKET_BYTES:-default}; tcp_slow_start_after_idle" \
+  "$( ((${KEEP_CWND:-0})) && echo 0 || echo 1)"
+echo "| one-way delay ms[@Mbit/s] | step | param_gather | grad_reduce | muon_gather | muon_scatter | param_allgather_after_step | calls a step | frames a step | queue drops a step |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for d in "${delays[@]}"; do run "$d"; done
