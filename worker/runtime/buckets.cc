@@ -64,7 +64,15 @@ int64_t Trainer::Impl::CollectiveCalls() const {
   return calls;
 }
 
-absl::Status Trainer::Impl::PackGradients(int32_t state, float* buf, const float* const* src) {
+bool Trainer::Impl::ReducesNothing(const MeshState& mesh) {
+  for (const auto& c : mesh.reduce_scatter_comms) {
+    if (c->size() > 1) return false;
+  }
+  return mesh.all_reduce_comms.empty();
+}
+
+absl::Status Trainer::Impl::PackGradients(int32_t state, float* buf, const float* const* src,
+                                          bool alone) {
   UnitState& u = units[state];
   const auto [b, i] = bucket_of[state];
   const BucketState& bucket = buckets[b];
@@ -72,10 +80,11 @@ absl::Status Trainer::Impl::PackGradients(int32_t state, float* buf, const float
   const int64_t s = l.shard_elements;
   // The first reduce level's chunks (one chunk when the mesh has none):
   // chunk j of this unit sits at j * (the bucket's chunk) + its prefix.
-  const bool leveled = bucket.size.size() > 1;
+  // Alone, `buf` is the unit's own padded buffer.
+  const bool leveled = bucket.size.size() > 1 && !alone;
   const int64_t chunk = leveled ? bucket.size[1][i] : bucket.size[0][i];
-  const int64_t stride = leveled ? bucket.total[1] : bucket.total[0];
-  const int64_t prefix = leveled ? bucket.prefix[1][i] : bucket.prefix[0][i];
+  const int64_t stride = leveled ? bucket.total[1] : alone ? 0 : bucket.total[0];
+  const int64_t prefix = leveled ? bucket.prefix[1][i] : alone ? 0 : bucket.prefix[0][i];
   const int64_t chunks = bucket.size[0][i] / chunk;
   for (int64_t j = 0; j < chunks; ++j) {
     MUONMESH_RETURN_IF_ERROR(dev->Fill(buf + j * stride + prefix, chunk, 0.0f));

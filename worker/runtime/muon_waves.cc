@@ -126,12 +126,28 @@ struct Trainer::Impl::WaveRun {
     round.end_unit = impl.waves[w].end_unit;
     round.planned_ns_flops = impl.planned_ns[w].first;
     round.planned_critical_ns_flops = impl.planned_ns[w].second;
+    if (Kept()) {
+      rows = std::move(m.muon_kept[0]);
+      send = std::move(m.muon_kept[1]);
+      recv = std::move(m.muon_kept[2]);
+    }
   }
+  // One wave (no optimizer.muon_buffer_bytes): its buffers and whole
+  // matrices stay from step to step (the memory estimate counts them all
+  // along), so that steady steps allocate, and page-fault, nothing. With a
+  // budget they are freed after each wave, as the budget asks.
   ~WaveRun() {
+    if (Kept()) {
+      m.muon_kept[0] = std::move(rows);
+      m.muon_kept[1] = std::move(send);
+      m.muon_kept[2] = std::move(recv);
+      return;
+    }
     for (int32_t id : ids) {
       for (DeviceBuffer& b : m.units[id].whole) b.Reset();
     }
   }
+  bool Kept() const { return m.waves.size() == 1; }
   WaveRun(const WaveRun&) = delete;
   WaveRun& operator=(const WaveRun&) = delete;
 
@@ -244,7 +260,7 @@ absl::Status Trainer::Impl::WaveRun::Gather() {
   for (int32_t id : ids) {
     UnitState& u = m.units[id];
     for (size_t i = 0; i < u.matrices.size(); ++i) {
-      if (!u.holds[i]) continue;
+      if (!u.holds[i] || !u.whole[i].empty()) continue;  // kept from the last step
       const plan::MatrixPlan& mp = MatricesOf(u)[u.matrices[i]];
       MUONMESH_ASSIGN_OR_RETURN(DeviceBuffer b, m.dev->AllocateZeroed(mp.rows * mp.cols));
       u.whole[i] = std::move(b);

@@ -223,6 +223,8 @@ struct Trainer::Impl {
   std::vector<std::vector<int32_t>> wave_states;
   // Per wave: the plan's Newton-Schulz FLOPs for this rank and the busiest.
   std::vector<std::pair<double, double>> planned_ns;
+  // With one wave, its rows, send and receive buffers between steps.
+  DeviceBuffer muon_kept[3];
 
 
   // Makes `b` hold at least `count` floats (contents are not kept).
@@ -293,10 +295,11 @@ struct Trainer::Impl {
     MeshState& mesh = *u.mesh;
     const int64_t s = l.shard_elements;
     const int64_t n = l.num_shards * s;
-    MUONMESH_RETURN_IF_ERROR(Reserve(full, n));
-    if (mesh.k == mesh.domain_size) {
-      MUONMESH_RETURN_IF_ERROR(dev->Copy(full.data(), u.param.data(), u.param.size()));
-    } else {
+    // Replicated parameters: u.param is the whole padded buffer already.
+    const float* from = u.param.data();
+    if (mesh.k != mesh.domain_size) {
+      MUONMESH_RETURN_IF_ERROR(Reserve(full, n));
+      from = full.data();
       absl::Status st = Counted(*mesh.gather_comm, mesh.bytes_prefix + name, report,
                                 [&] {
         return mesh.gather_comm->AllGather(u.param.data(), mesh.k * s, full.data(),
@@ -310,7 +313,7 @@ struct Trainer::Impl {
         const plan::Segment& seg = l.segments[i];
         const int64_t len = l.tensors[seg.tensor].row_len;
         absl::Status st = dev->Copy(dst[u.local[seg.tensor]] + seg.row_start * len,
-                                    full.data() + q * s + seg.offset, seg.row_count * len);
+                                    from + q * s + seg.offset, seg.row_count * len);
         MUONMESH_RETURN_IF_ERROR(st);
       }
     }
@@ -337,8 +340,14 @@ struct Trainer::Impl {
   // Collective calls made so far on every group of this rank.
   int64_t CollectiveCalls() const;
   // Packs state `state`'s whole gradients `src` (spec order) into its place
-  // in its bucket's buffer `buf` (bucket.total[0] floats).
-  absl::Status PackGradients(int32_t state, float* buf, const float* const* src);
+  // in its bucket's buffer `buf` (bucket.total[0] floats); `alone`: into
+  // `buf` as the unit's own padded buffer (its shards in position order).
+  absl::Status PackGradients(int32_t state, float* buf, const float* const* src,
+                             bool alone = false);
+  // Whether reducing on `mesh` changes nothing (every group of one rank, no
+  // replicas: one rank, or experts alone on theirs): the gradients are then
+  // packed straight into the shards.
+  static bool ReducesNothing(const MeshState& mesh);
   // Reduces a packed bucket down its mesh's levels into each state's u.grad.
   absl::Status ReduceBucket(int32_t bucket, float* buf, StepReport* report);
   // Gathers several units' states of one mesh (parameters sharded: k <

@@ -96,6 +96,11 @@ class Trainer::UnitStream final : public UnitAccess {
     // Each state into its bucket's buffer; a bucket complete with this
     // unit is reduced at once.
     for (int32_t state : m_.states_of[unit]) {
+      UnitState& u = m_.units[state];
+      if (!m_.accumulating && Impl::ReducesNothing(*u.mesh)) {
+        MUONMESH_RETURN_IF_ERROR(m_.PackGradients(state, u.grad.data(), src.data(), true));
+        continue;
+      }
       const int32_t b = m_.bucket_of[state].first;
       Pending& p = pending_[b];
       if (p.buf.empty()) {
