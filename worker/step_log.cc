@@ -45,7 +45,8 @@ std::vector<std::pair<const char*, absl::Duration>> NamedPhases(const PhaseTimes
           {"newton_schulz", t.newton_schulz},
           {"muon_scatter", t.muon_scatter},
           {"muon_apply", t.muon_apply},
-          {"param_allgather_after_step", t.param_allgather_after_step}};
+          {"param_allgather_after_step", t.param_allgather_after_step},
+          {"grad_reduce_hidden", t.grad_reduce_hidden}};
 }
 
 absl::Duration OptimizerTime(const PhaseTimes& t) {

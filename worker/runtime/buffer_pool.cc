@@ -6,6 +6,7 @@
 namespace muonmesh::worker {
 
 absl::StatusOr<DeviceBuffer> BufferPool::Take(int64_t count) {
+  absl::MutexLock lock(&mu_);
   auto it = free_.find(count);
   if (it != free_.end() && !it->second.empty()) {
     DeviceBuffer b = std::move(it->second.back());
@@ -29,6 +30,7 @@ absl::StatusOr<DeviceBuffer> BufferPool::Take(int64_t count) {
 }
 
 void BufferPool::Give(DeviceBuffer b) {
+  absl::MutexLock lock(&mu_);
   const int64_t count = b.size();
   live_ -= count;
   if (live_ + pooled_ + count > high_) return;  // b frees itself

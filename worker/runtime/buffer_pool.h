@@ -14,13 +14,15 @@
 // reach without it; a step whose distinct buffer sizes add up to more than
 // its peak allocates the difference again each step.
 //
-// Thread-compatible (one rank's step uses it).
+// Thread-safe: a rank's step and its reduction thread (UnitStream) share it.
 
 #include <cstdint>
 #include <map>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "worker/runtime/device.h"
 
 namespace muonmesh::worker {
@@ -28,6 +30,8 @@ namespace muonmesh::worker {
 class BufferPool {
  public:
   explicit BufferPool(Device* dev) : dev_(dev) {}
+  // The device of a pool that has handed out nothing yet.
+  void SetDevice(Device* dev) { dev_ = dev; }
 
   // A buffer of exactly `count` floats (contents unspecified): a pooled one
   // of that size, else a new one from the device (its error, after a retry
@@ -36,21 +40,34 @@ class BufferPool {
   // Hands a buffer from Take back.
   void Give(DeviceBuffer b);
 
-  int64_t live_floats() const { return live_; }
-  int64_t pooled_floats() const { return pooled_; }
-  int64_t high_water_floats() const { return high_; }
-  int64_t allocations() const { return allocations_; }  // Device::Allocate calls
+  int64_t live_floats() const {
+    absl::MutexLock lock(&mu_);
+    return live_;
+  }
+  int64_t pooled_floats() const {
+    absl::MutexLock lock(&mu_);
+    return pooled_;
+  }
+  int64_t high_water_floats() const {
+    absl::MutexLock lock(&mu_);
+    return high_;
+  }
+  int64_t allocations() const {  // Device::Allocate calls
+    absl::MutexLock lock(&mu_);
+    return allocations_;
+  }
 
  private:
   // Frees pooled buffers, largest first, until pooled + live <= limit.
-  void Trim(int64_t limit);
+  void Trim(int64_t limit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Device* dev_;
-  std::map<int64_t, std::vector<DeviceBuffer>> free_;  // by size in floats
-  int64_t live_ = 0;
-  int64_t pooled_ = 0;
-  int64_t high_ = 0;
-  int64_t allocations_ = 0;
+  mutable absl::Mutex mu_;
+  std::map<int64_t, std::vector<DeviceBuffer>> free_ ABSL_GUARDED_BY(mu_);  // by size in floats
+  int64_t live_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t pooled_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t high_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t allocations_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace muonmesh::worker

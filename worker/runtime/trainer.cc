@@ -31,7 +31,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
   impl->dense.domain = &impl->plan_copy.dense;
   impl->expert.domain = &impl->plan_copy.expert;
   impl->dev = options.device;
-  impl->unit_buffers = BufferPool(options.device);
+  impl->unit_buffers.SetDevice(options.device);
   MUONMESH_RETURN_IF_ERROR(impl->JoinGroups());
   MUONMESH_RETURN_IF_ERROR(impl->IndexParameters());
 
@@ -76,8 +76,10 @@ absl::StatusOr<double> Trainer::Impl::ForwardBackward(int64_t step,
                                      samples.begin() + (k + 1) * micro);
     UnitStream stream(*this, report);
     absl::StatusOr<double> loss = workload->ForwardBackwardByUnit(step, stream, slice);
+    const absl::Status reduced = stream.Finish();
     stream.ReleaseAll();
     MUONMESH_RETURN_IF_ERROR(loss.status());
+    MUONMESH_RETURN_IF_ERROR(reduced);
     MUONMESH_RETURN_IF_ERROR(stream.CheckAllCommitted());
     loss_sum += *loss;
     accumulating = true;

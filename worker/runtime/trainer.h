@@ -134,6 +134,10 @@ struct TrainerOptions {
   // units' gradient reductions and after-step gathers as one collective.
   // <= 0: one unit a bucket. Job wide (every rank cuts the same buckets).
   int64_t bucket_bytes = plan::kDefaultBucketBytes;
+  // Reduce each complete bucket on a thread of its own while the backward
+  // pass goes on (the weights are the same bits either way). Host devices
+  // only (ignored elsewhere).
+  bool overlap_reduce = true;
 };
 
 // Wall time of each phase of one step on this rank. The parameter gathers
@@ -152,6 +156,10 @@ struct PhaseTimes {
   absl::Duration muon_scatter;       // exchange back, and the HSDP replica split's
   absl::Duration muon_apply;
   absl::Duration param_allgather_after_step;
+  // Reductions that ran beside the backward pass while it computed
+  // (TrainerOptions::overlap_reduce): not part of the step's time; what the
+  // pass waited for is in grad_reduce.
+  absl::Duration grad_reduce_hidden;
 };
 
 // One round of the Muon phase: the exchanges, Newton-Schulz and updates of
@@ -308,6 +316,7 @@ class Trainer {
  private:
   struct Impl;
   class UnitStream;  // the UnitAccess a step hands the workload
+  class Reducer;     // its reductions beside the backward pass
   explicit Trainer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
   int64_t step_ = 0;

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <deque>
 #include <thread>
 #include <utility>
 
@@ -461,6 +462,11 @@ struct Trainer::Impl {
   // CPU's are; the same on every rank of a job, which share a device kind).
   bool Overlaps() const {
     return options.muon_overlap && dev->memory_space() == comm::MemorySpace::kHost;
+  }
+  // Whether a bucket's reduction runs beside the backward pass (Reducer):
+  // asked for, on a host device (the same condition as Overlaps).
+  bool OverlapsReduce() const {
+    return options.overlap_reduce && dev->memory_space() == comm::MemorySpace::kHost;
   }
 };
 

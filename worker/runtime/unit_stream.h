@@ -7,6 +7,95 @@
 
 namespace muonmesh::worker {
 
+// Reductions of complete buckets on a thread of their own, one after
+// another in commit order (the same on every rank), so that the backward
+// pass goes on while they run (docs/architecture.md §5, "Overlap"). At most
+// kInFlight wait; Push blocks beyond. Its collectives use the mesh's reduce
+// groups, which nothing else uses until Drain returns.
+class Trainer::Reducer {
+ public:
+  explicit Reducer(Impl& m) : m_(m), thread_([this] { Loop(); }) {}
+  ~Reducer() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Queues bucket `b`'s packed buffer (handed back to the pool once reduced).
+  void Push(int32_t b, DeviceBuffer buf) {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &Reducer::HasRoom));
+    queue_.push_back({b, std::move(buf)});
+  }
+
+  // Waits until every queued reduction ran; adds their bytes to `report`,
+  // the wait to its grad_reduce and the rest of their time (spent beside
+  // the caller's work) to grad_reduce_hidden. Their first error.
+  absl::Status Drain(StepReport* report) {
+    const absl::Time t0 = absl::Now();
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &Reducer::Idle));
+    const absl::Duration waited = absl::Now() - t0;
+    report->times.grad_reduce += waited;
+    report->times.grad_reduce_hidden += std::max(absl::ZeroDuration(), busy_ - waited);
+    busy_ = absl::ZeroDuration();
+    for (const auto& [name, bytes] : local_.bytes_sent) report->bytes_sent[name] += bytes;
+    local_.bytes_sent.clear();
+    return status_;
+  }
+
+ private:
+  static constexpr size_t kInFlight = 2;
+  struct Job {
+    int32_t bucket = 0;
+    DeviceBuffer buf;
+  };
+
+  bool HasRoom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.size() < kInFlight; }
+  bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.empty() && !running_; }
+  bool Woken() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); }
+
+  void Loop() {
+    while (true) {
+      Job job;
+      bool skip = false;  // after an error, only hand buffers back
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(this, &Reducer::Woken));
+        if (queue_.empty()) return;  // stopped
+        job = std::move(queue_.front());
+        queue_.pop_front();
+        running_ = true;
+        skip = !status_.ok();
+      }
+      const absl::Time t0 = absl::Now();
+      StepReport bytes;
+      absl::Status st =
+          skip ? absl::OkStatus() : m_.ReduceBucket(job.bucket, job.buf.data(), &bytes);
+      m_.unit_buffers.Give(std::move(job.buf));
+      absl::MutexLock lock(&mu_);
+      running_ = false;
+      busy_ += absl::Now() - t0;
+      for (const auto& [name, n] : bytes.bytes_sent) local_.bytes_sent[name] += n;
+      if (status_.ok()) status_ = st;
+    }
+  }
+
+  Impl& m_;
+  absl::Mutex mu_;
+  std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
+  bool running_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  absl::Duration busy_ ABSL_GUARDED_BY(mu_);
+  StepReport local_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;  // last: starts once the rest is built
+};
+
 // The runtime's side of Workload::ForwardBackwardByUnit over this rank's
 // shards: Acquire gathers one unit into whole tensors taken for it from the
 // trainer's BufferPool (given back on Release), Commit packs one unit's whole
@@ -109,6 +198,11 @@ class Trainer::UnitStream final : public UnitAccess {
       }
       MUONMESH_RETURN_IF_ERROR(m_.PackGradients(state, p.buf.data(), src.data()));
       if (--p.left > 0) continue;
+      if (m_.OverlapsReduce()) {
+        if (reducer_ == nullptr) reducer_ = std::make_unique<Reducer>(m_);
+        reducer_->Push(b, std::move(p.buf));
+        continue;
+      }
       absl::Status st = m_.ReduceBucket(b, p.buf.data(), report_);
       m_.unit_buffers.Give(std::move(p.buf));
       MUONMESH_RETURN_IF_ERROR(st);
@@ -141,8 +235,17 @@ class Trainer::UnitStream final : public UnitAccess {
     return st;
   }
 
-  // Frees whatever the workload left acquired or uncommitted.
+  // Waits for the reductions still running beside the pass; their first
+  // error. Before anything else uses the reduce groups.
+  absl::Status Finish() {
+    if (reducer_ == nullptr) return absl::OkStatus();
+    return reducer_->Drain(report_);
+  }
+
+  // Frees whatever the workload left acquired or uncommitted (waiting for
+  // the reductions in flight first).
   void ReleaseAll() {
+    if (reducer_ != nullptr) reducer_->Drain(report_).IgnoreError();
     for (size_t u = 0; u < slots_.size(); ++u) {
       Release(static_cast<int>(u));
       Free(slots_[u].grads, slots_[u].grad_ptrs);
@@ -285,6 +388,7 @@ class Trainer::UnitStream final : public UnitAccess {
   StepReport* report_;
   std::vector<Slot> slots_;
   std::vector<Pending> pending_;
+  std::unique_ptr<Reducer> reducer_;  // when reductions overlap the pass
 };
 
 }  // namespace muonmesh::worker

@@ -96,13 +96,15 @@ if not os.path.exists(base_file):
 base = json.load(open(base_file))
 cells = ["%.3f s (%.2fx)" % (med[k], med[k] / base[k] if base[k] else 0) for k in ["step"] + phases]
 calls = statistics.median(r.get("collective_calls", 0) for r in records)
-print("| %s | %s | %g | %s | %s |" % (label, " | ".join(cells), calls, frames, drops))
+hidden = statistics.median(r["phases"].get("grad_reduce_hidden", 0.0) for r in records)
+print("| %s | %s | %.3f s | %g | %s | %s |" % (label, " | ".join(cells), hidden, calls, frames,
+                                              drops))
 EOF
 }
 
 echo "delays: ${delays[*]} ms one way; $steps steps a run, medians of steps 5 on;" \
   "communication.bucket_bytes ${BUCKET_BYTES:-default}; tcp_slow_start_after_idle" \
   "$( ((${KEEP_CWND:-0})) && echo 0 || echo 1)"
-echo "| one-way delay ms[@Mbit/s] | step | param_gather | grad_reduce | muon_gather | muon_scatter | param_allgather_after_step | calls a step | frames a step | queue drops a step |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| one-way delay ms[@Mbit/s] | step | param_gather | grad_reduce | muon_gather | muon_scatter | param_allgather_after_step | grad_reduce_hidden | calls a step | frames a step | queue drops a step |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for d in "${delays[@]}"; do run "$d"; done

@@ -213,6 +213,7 @@ struct RunRecipe {
   double qk_clip = 0;
   int64_t health_every = 0;
   int64_t bucket_bytes = plan::kDefaultBucketBytes;
+  bool overlap_reduce = true;
 };
 
 RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpoints& ck = {},
@@ -303,6 +304,7 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
       o.qk_clip = recipe.qk_clip;
       o.health_every = recipe.health_every;
       o.bucket_bytes = recipe.bucket_bytes;
+      o.overlap_reduce = recipe.overlap_reduce;
       absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(*plan, local.get(), r, o);
       if (!t.ok()) {
         status[r] = t.status();
@@ -790,7 +792,9 @@ TEST_P(TrainerConfigTest, OwnerBasedAndAllgatherEndBitIdentical) {
 // where parameters are sharded, the forward pass's gathers are shared too:
 // for a workload that acquires its units once, in order (Workload's
 // default pass, TwoLayerLinear), one more call saved per merged unit; for
-// the others at least the reduction's and the after-step's.
+// the others at least the reduction's and the after-step's. The buckets
+// reduced on the step's own thread instead of beside the backward pass
+// end the same, bit for bit.
 TEST_P(TrainerConfigTest, BucketsOfAnySizeEndBitIdenticalWithFewerCalls) {
   const Config& c = GetParam();
   RunRecipe one_each;
@@ -802,7 +806,10 @@ TEST_P(TrainerConfigTest, BucketsOfAnySizeEndBitIdenticalWithFewerCalls) {
   halves.bucket_bytes = 4 * padded / 2;
   const RunResult half = RunJob(c, "lpt", 3, {}, 0, true, "", halves);
   const RunResult whole = RunJob(c, "lpt", 3);
-  for (const RunResult* other : {&half, &whole}) {
+  RunRecipe on_the_step;
+  on_the_step.overlap_reduce = false;
+  const RunResult serial = RunJob(c, "lpt", 3, {}, 0, true, "", on_the_step);
+  for (const RunResult* other : {&half, &whole, &serial}) {
     ASSERT_EQ(other->weights.size(), per_unit.weights.size());
     for (size_t p = 0; p < per_unit.weights.size(); ++p) {
       ASSERT_EQ(other->weights[p].size(), per_unit.weights[p].size());
