@@ -401,6 +401,7 @@ std::vector<v1::PeerCheckResult> CheckAll(const std::vector<v1::PeerCheck>& peer
       const absl::Status s = comm::EchoCheck(peers[i].address(), peers[i].port(), kPeerCheckTimeout);
       out[i].set_reachable(s.ok());
       out[i].set_refused(absl::IsNotFound(s));
+      out[i].set_connected(absl::IsDeadlineExceeded(s));
       if (!s.ok()) out[i].set_detail(std::string(s.message()));
     });
     if (checks.size() == kParallelChecks) {
@@ -444,8 +445,10 @@ void Daemon::StallChecks() {
   stall_thread_ = std::thread([this, peers = std::move(peers), stalled] {
     std::vector<v1::PeerCheckResult> cut;
     for (v1::PeerCheckResult& r : CheckAll(peers, options_.worker_id)) {
-      // A refused connection is a crashed peer, which its lease catches.
-      if (r.reachable() || r.refused()) continue;
+      // A refused connection is a crashed peer, which its lease catches; a
+      // connection made whose echo came late is a frozen peer (its lease
+      // again) or a congested link, not a cut one.
+      if (r.reachable() || r.refused() || r.connected()) continue;
       log_(absl::StrCat("peer ", r.worker_id(), " is unreachable from here while the rank has "
                         "made no progress for ",
                         absl::FormatDuration(absl::Trunc(stalled, absl::Seconds(1))), ": ",

@@ -29,6 +29,14 @@ class Fd {
   }
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
+  Fd(Fd&& other) noexcept : fd_(other.release()) {}
+  Fd& operator=(Fd&& other) noexcept {
+    if (this != &other) {
+      if (fd_ >= 0) ::close(fd_);
+      fd_ = other.release();
+    }
+    return *this;
+  }
   int get() const { return fd_; }
   int release() {
     const int fd = fd_;
@@ -163,22 +171,41 @@ absl::StatusOr<std::unique_ptr<EchoListener>> EchoListener::Start(const std::str
   auto out = std::unique_ptr<EchoListener>(new EchoListener());
   MUONMESH_ASSIGN_OR_RETURN(out->fd_, Listen(host, &out->port_));
   EchoListener* self = out.get();
-  self->thread_ = std::thread([self] {
-    while (!self->stop_.load()) {
-      pollfd p{self->fd_, POLLIN, 0};
-      if (::poll(&p, 1, 50) <= 0) continue;
-      Fd peer(::accept4(self->fd_, nullptr, nullptr, SOCK_CLOEXEC));
-      if (peer.get() < 0) continue;
-      // One byte back for the byte sent; a peer that sends nothing within a
-      // second is dropped (the listener serves one at a time).
-      char byte = 0;
-      if (WaitFor(peer.get(), POLLIN, absl::Now() + absl::Seconds(1)) &&
-          ::recv(peer.get(), &byte, 1, MSG_DONTWAIT) == 1) {
-        (void)::send(peer.get(), &byte, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
-      }
-    }
-  });
+  self->thread_ = std::thread([self] { self->Serve(); });
   return out;
+}
+
+void EchoListener::Serve() {
+  // The open connections, each dropped a second after it was accepted if
+  // it has sent nothing; all polled together with the listener.
+  struct Open {
+    Fd fd;
+    absl::Time drop_at;
+  };
+  std::vector<Open> open;
+  std::vector<pollfd> polled;
+  while (!stop_.load()) {
+    polled.assign(1, pollfd{fd_, POLLIN, 0});
+    for (const Open& o : open) polled.push_back(pollfd{o.fd.get(), POLLIN, 0});
+    if (::poll(polled.data(), polled.size(), 50) < 0) continue;
+    const absl::Time now = absl::Now();
+    std::vector<Open> kept;
+    for (size_t i = 0; i < open.size(); ++i) {
+      if ((polled[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+        char byte = 0;  // one byte back for the byte sent
+        if (::recv(open[i].fd.get(), &byte, 1, MSG_DONTWAIT) == 1) {
+          (void)::send(open[i].fd.get(), &byte, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        }
+        continue;  // closed
+      }
+      if (now < open[i].drop_at) kept.push_back(std::move(open[i]));
+    }
+    open = std::move(kept);
+    if ((polled[0].revents & POLLIN) != 0 && open.size() < kMaxOpen) {
+      Fd peer(::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+      if (peer.get() >= 0) open.push_back({std::move(peer), now + absl::Seconds(1)});
+    }
+  }
 }
 
 absl::Status EchoCheck(const std::string& host, int port, absl::Duration timeout) {
@@ -200,8 +227,8 @@ absl::Status EchoCheck(const std::string& host, int port, absl::Duration timeout
     return absl::UnavailableError(absl::StrCat(address, ": cannot send: ", Errno(errno)));
   }
   if (!WaitFor(fd.get(), POLLIN, deadline)) {
-    return absl::UnavailableError(absl::StrCat(address, ": connected, but no answer within ",
-                                               absl::FormatDuration(timeout)));
+    return absl::DeadlineExceededError(absl::StrCat(
+        address, ": connected, but no answer within ", absl::FormatDuration(timeout)));
   }
   if (::recv(fd.get(), &back, 1, MSG_DONTWAIT) != 1 || back != sent) {
     return absl::UnavailableError(absl::StrCat(address, ": closed without answering"));

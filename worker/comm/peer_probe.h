@@ -35,7 +35,8 @@ absl::Status ProbePeers(Store& store, const std::string& prefix, int rank, int s
 
 // A worker's answer to its peers' checks (HeartbeatResponse.check_peers):
 // listens on `host` (a port the system picks) and sends back the byte each
-// connection sends, on its own thread, for as long as it lives. A process
+// connection sends, on its own thread, for as long as it lives, serving
+// every open connection at once (a slow one delays no other). A process
 // that is alive and reachable answers; a dead host, a cut-off one or a
 // frozen process does not (the kernel may accept its connections, but
 // nothing answers them).
@@ -49,6 +50,8 @@ class EchoListener {
 
  private:
   EchoListener() = default;
+  void Serve();  // the thread's loop
+  static constexpr size_t kMaxOpen = 256;  // connections served at once
   int fd_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false};
@@ -57,9 +60,11 @@ class EchoListener {
 
 // Connects to host:port, sends a byte and waits for it back, all within
 // `timeout`. NotFound when the host refuses the connection (it is up and
-// reachable, but nothing listens: the process is gone); Unavailable naming
-// the address and what failed otherwise (no route, no answer: the host is
-// down, cut off, or the process frozen).
+// reachable, but nothing listens: the process is gone); DeadlineExceeded
+// when the connection was made but the byte did not come back in time (the
+// process frozen, or the link too congested); Unavailable naming the
+// address and what failed otherwise (no route, no connection: the host is
+// down or cut off).
 absl::Status EchoCheck(const std::string& host, int port, absl::Duration timeout);
 
 }  // namespace muonmesh::comm

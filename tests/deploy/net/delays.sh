@@ -14,7 +14,10 @@
 # left out of the medians; BUCKET_BYTES sets the job's
 # communication.bucket_bytes (default: the job's default); KEEP_CWND=1 sets
 # net.ipv4.tcp_slow_start_after_idle=0 on the worker hosts (TCP keeps its
-# congestion window across the idle time between a step's bursts). Needs root; exits 77 where namespaces cannot be
+# congestion window across the idle time between a step's bursts); WORLD
+# (default 4) runs that many worker hosts and ranks, and MODEL replaces the
+# job's model section (a YAML flow mapping, e.g. "{gpt: {vocab_size: 256,
+# block_size: 128, n_layer: 8, n_head: 8, n_embd: 256, seq_len: 128}}"). Needs root; exits 77 where namespaces cannot be
 # made; removes every namespace and file it makes.
 set -euo pipefail
 build=$(cd "${1:?usage: $0 BUILD_DIR [DELAY_MS[@RATE_MBIT]...]}" && pwd)
@@ -37,25 +40,28 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 143' TERM INT
-net_start "$build" x c w0 w1 w2 w3 || exit $?
+world=${WORLD:-4}
+workers=()
+for ((i = 0; i < world; i++)); do workers+=("w$i"); done
+net_start "$build" x c "${workers[@]}" || exit $?
 coordinator="$(net_addr c):50051"
 ctl() { net_in x "$build/client/muonmeshctl" --coordinator "$coordinator" "$@"; }
 
 if [[ ${KEEP_CWND:-0} == 1 ]]; then
-  for i in 0 1 2 3; do
+  for ((i = 0; i < world; i++)); do
     ip netns exec "$(net_ns "w$i")" sysctl -qw net.ipv4.tcp_slow_start_after_idle=0
   done
 fi
 ip netns exec "$(net_ns c)" "$build/server/muonmesh-coordinator" --listen "$coordinator" \
   --insecure --data-dir "$work/state" > "$work/coordinator.log" 2>&1 &
 pids+=($!)
-for i in 0 1 2 3; do
+for ((i = 0; i < world; i++)); do
   ip netns exec "$(net_ns "w$i")" "$build/worker/muonmesh-worker" --coordinator "$coordinator" \
     --worker-id "w$i" --memory-budget 2GiB > "$work/w$i.log" 2>&1 &
   pids+=($!)
 done
 for _ in $(seq 300); do
-  [[ $(ctl workers --json 2>/dev/null | grep -c '"IDLE"') == 4 ]] && break
+  [[ $(ctl workers --json 2>/dev/null | grep -c '"IDLE"') == "$world" ]] && break
   sleep 0.1
 done
 
@@ -70,14 +76,20 @@ run() {
       -e "s/decay_steps: 75/decay_steps: $((steps / 4))/" \
       -e "s/warmup_steps: 10/warmup_steps: $((steps < 40 ? steps / 4 : 10))/" \
       -e "s#^output: .*#output: {dir: $work/$name}#" \
+      -e "s/^world_size: .*/world_size: $world/" \
       "$root/deploy/local/examples/gpt-text.yaml" > "$work/$name.yaml"
+  [[ -z ${MODEL:-} ]] || sed -i "/^  gpt: /d; s/^model:.*/model: $MODEL/" "$work/$name.yaml"
   [[ -z ${BUCKET_BYTES:-} ]] || echo "communication: {bucket_bytes: $BUCKET_BYTES}" >> "$work/$name.yaml"
   local id frames_before frames_after drops_before drops_after
   id=$(ctl submit "$work/$name.yaml" 2> "$work/$name.submit.err" | tail -1)
   [[ -n $id ]] || { cat "$work/$name.submit.err"; exit 1; }
   frames_before=$(net_stats | awk '{s += $4} END {print s}')
   drops_before=$(net_stats | awk '{s += $12} END {print s}')
-  ctl watch "$id" --timeout 3600 > /dev/null || { echo "job at $1 failed"; exit 1; }
+  ctl watch "$id" --timeout 3600 > "$work/$name.watch" 2>&1 || {
+    echo "job at $1 failed:"
+    tail -5 "$work/$name.watch"
+    exit 1
+  }
   frames_after=$(net_stats | awk '{s += $4} END {print s}')
   drops_after=$(net_stats | awk '{s += $12} END {print s}')
   ctl metrics "$id" --json > "$work/$name.json"
@@ -102,7 +114,8 @@ print("| %s | %s | %.3f s | %g | %s | %s |" % (label, " | ".join(cells), hidden,
 EOF
 }
 
-echo "delays: ${delays[*]} ms one way; $steps steps a run, medians of steps 5 on;" \
+echo "delays: ${delays[*]} ms one way; $world ranks; model ${MODEL:-of the quickstart};" \
+  "$steps steps a run, medians of steps 5 on;" \
   "communication.bucket_bytes ${BUCKET_BYTES:-default}; tcp_slow_start_after_idle" \
   "$( ((${KEEP_CWND:-0})) && echo 0 || echo 1)"
 echo "| one-way delay ms[@Mbit/s] | step | param_gather | grad_reduce | muon_gather | muon_scatter | param_allgather_after_step | grad_reduce_hidden | calls a step | frames a step | queue drops a step |"

@@ -112,7 +112,8 @@ namespace {
 // The check a worker answers for its peers (EchoListener, EchoCheck): a
 // live listener answers at once; a port that accepts but never answers (a
 // frozen process: the kernel completes the connection) fails within the
-// timeout, saying so; a closed port (a crashed process) fails at once as
+// timeout as DeadlineExceeded (connected: the path works), saying so; a
+// closed port (a crashed process) fails at once as
 // NotFound, naming the address.
 TEST(PeerCheckTest, OnlyALiveListenerAnswers) {
   absl::StatusOr<std::unique_ptr<EchoListener>> echo = EchoListener::Start("127.0.0.1");
@@ -133,7 +134,7 @@ TEST(PeerCheckTest, OnlyALiveListenerAnswers) {
   const absl::Time start = absl::Now();
   const absl::Status frozen = EchoCheck("127.0.0.1", ntohs(addr.sin_port), absl::Milliseconds(300));
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(250));
-  EXPECT_TRUE(absl::IsUnavailable(frozen)) << frozen;
+  EXPECT_TRUE(absl::IsDeadlineExceeded(frozen)) << frozen;
   EXPECT_THAT(std::string(frozen.message()), HasSubstr("no answer within"));
   ::close(silent);
 
@@ -141,6 +142,31 @@ TEST(PeerCheckTest, OnlyALiveListenerAnswers) {
   const absl::Status refused = EchoCheck("127.0.0.1", closed, absl::Seconds(2));
   EXPECT_TRUE(absl::IsNotFound(refused)) << refused;  // up, but nothing listens
   EXPECT_THAT(std::string(refused.message()), HasSubstr(absl::StrCat("127.0.0.1:", closed)));
+}
+
+// The listener serves every connection at once: peers that connect and
+// stay silent (a congested link holding their byte back) delay no other
+// peer's check, which still answers at once.
+TEST(PeerCheckTest, ASilentPeerDelaysNoOtherCheck) {
+  absl::StatusOr<std::unique_ptr<EchoListener>> echo = EchoListener::Start("127.0.0.1");
+  ASSERT_TRUE(echo.ok()) << echo.status();
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>((*echo)->port()));
+  std::vector<int> silent;
+  for (int i = 0; i < 5; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    silent.push_back(fd);
+  }
+  absl::SleepFor(absl::Milliseconds(100));  // accepted, waiting for their bytes
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(EchoCheck("127.0.0.1", (*echo)->port(), absl::Milliseconds(500)).ok());
+  // Served one at a time, it would wait out a silent peer's second first.
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(400));
+  for (int fd : silent) ::close(fd);
 }
 
 }  // namespace
