@@ -138,6 +138,10 @@ constexpr absl::Duration kPeerCheckTimeout = absl::Seconds(2);
 // worker's peers report it (docs/architecture.md §7, "Peer checks"). The
 // checks cost a byte each way per peer, so a long step only costs that.
 constexpr absl::Duration kStallCheckAfter = absl::Seconds(5);
+// A stalled rank's checks wait longer than the coordinator's: a step stalled
+// on a congested link is just when a check's SYN may be dropped, and TCP
+// sends it again at 1 s and 3 s; a cut link never answers.
+constexpr absl::Duration kStallProbeTimeout = absl::Seconds(5);
 
 class Daemon {
  public:
@@ -385,9 +389,10 @@ void Daemon::Heartbeats() {
 }
 
 // Checks every peer but `self`, kParallelChecks at a time (each within
-// kPeerCheckTimeout).
+// `timeout`).
 std::vector<v1::PeerCheckResult> CheckAll(const std::vector<v1::PeerCheck>& peers,
-                                          const std::string& self) {
+                                          const std::string& self,
+                                          absl::Duration timeout = kPeerCheckTimeout) {
   constexpr size_t kParallelChecks = 64;
   std::vector<v1::PeerCheckResult> out(peers.size());
   std::vector<std::thread> checks;
@@ -397,8 +402,8 @@ std::vector<v1::PeerCheckResult> CheckAll(const std::vector<v1::PeerCheck>& peer
       out[i].set_reachable(true);  // itself, or a peer with nothing to check
       continue;
     }
-    checks.emplace_back([&peers, &out, i] {
-      const absl::Status s = comm::EchoCheck(peers[i].address(), peers[i].port(), kPeerCheckTimeout);
+    checks.emplace_back([&peers, &out, i, timeout] {
+      const absl::Status s = comm::EchoCheck(peers[i].address(), peers[i].port(), timeout);
       out[i].set_reachable(s.ok());
       out[i].set_refused(absl::IsNotFound(s));
       out[i].set_connected(absl::IsDeadlineExceeded(s));
@@ -444,7 +449,7 @@ void Daemon::StallChecks() {
   stall_checking_ = true;
   stall_thread_ = std::thread([this, peers = std::move(peers), stalled] {
     std::vector<v1::PeerCheckResult> cut;
-    for (v1::PeerCheckResult& r : CheckAll(peers, options_.worker_id)) {
+    for (v1::PeerCheckResult& r : CheckAll(peers, options_.worker_id, kStallProbeTimeout)) {
       // A refused connection is a crashed peer, which its lease catches; a
       // connection made whose echo came late is a frozen peer (its lease
       // again) or a congested link, not a cut one.
