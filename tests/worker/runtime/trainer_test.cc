@@ -770,17 +770,22 @@ TEST_P(TrainerConfigTest, MicroBatchesGiveTheUnaccumulatedStep) {
   EXPECT_LT(whole.losses.back(), whole.losses.front());
 }
 
+// Every weight of `got` the same bits as `want`'s (`what` names the run).
+void ExpectSameWeights(const RunResult& got, const RunResult& want, const std::string& what) {
+  ASSERT_EQ(got.weights.size(), want.weights.size()) << what;
+  for (size_t p = 0; p < want.weights.size(); ++p) {
+    ASSERT_EQ(got.weights[p].size(), want.weights[p].size()) << what << ", param " << p;
+    EXPECT_EQ(std::memcmp(got.weights[p].data(), want.weights[p].data(),
+                          sizeof(float) * want.weights[p].size()),
+              0)
+        << what << ", param " << p;
+  }
+}
+
 TEST_P(TrainerConfigTest, OwnerBasedAndAllgatherEndBitIdentical) {
   const RunResult owners = RunJob(GetParam(), "lpt");
   const RunResult everyone = RunJob(GetParam(), "allgather");
-  ASSERT_EQ(owners.weights.size(), everyone.weights.size());
-  for (size_t p = 0; p < owners.weights.size(); ++p) {
-    ASSERT_EQ(owners.weights[p].size(), everyone.weights[p].size());
-    EXPECT_EQ(std::memcmp(owners.weights[p].data(), everyone.weights[p].data(),
-                          sizeof(float) * owners.weights[p].size()),
-              0)
-        << "param " << p;
-  }
+  ExpectSameWeights(everyone, owners, "allgather");
 }
 
 // Communication buckets (core/plan/buckets.h): one unit a collective, about
@@ -809,16 +814,11 @@ TEST_P(TrainerConfigTest, BucketsOfAnySizeEndBitIdenticalWithFewerCalls) {
   RunRecipe on_the_step;
   on_the_step.overlap_reduce = false;
   const RunResult serial = RunJob(c, "lpt", 3, {}, 0, true, "", on_the_step);
-  for (const RunResult* other : {&half, &whole, &serial}) {
-    ASSERT_EQ(other->weights.size(), per_unit.weights.size());
-    for (size_t p = 0; p < per_unit.weights.size(); ++p) {
-      ASSERT_EQ(other->weights[p].size(), per_unit.weights[p].size());
-      EXPECT_EQ(std::memcmp(other->weights[p].data(), per_unit.weights[p].data(),
-                            sizeof(float) * per_unit.weights[p].size()),
-                0)
-          << "param " << p;
-    }
-    EXPECT_EQ(other->bytes, per_unit.bytes);
+  for (const auto& [other, what] : {std::pair{&half, "half the model a bucket"},
+                                     std::pair{&whole, "one bucket"},
+                                     std::pair{&serial, "reduced on the step's thread"}}) {
+    ExpectSameWeights(*other, per_unit, what);
+    EXPECT_EQ(other->bytes, per_unit.bytes) << what;
   }
   // Calls saved: per mesh, (units - buckets) times the calls one unit's
   // reduction and after-step gather make.
@@ -869,15 +869,10 @@ TEST_P(TrainerConfigTest, MuonWavesOfAnyBudgetEndBitIdentical) {
   // One unit per wave, each wave's gather beside the previous one's
   // Newton-Schulz, against the same waves run one after the other.
   const RunResult serial = RunJob(c, "lpt", 3, {}, /*muon_buffer_bytes=*/1, /*muon_overlap=*/false);
-  for (const RunResult* other : {&per_unit, &by_default, &serial}) {
-    ASSERT_EQ(other->weights.size(), one.weights.size());
-    for (size_t p = 0; p < one.weights.size(); ++p) {
-      ASSERT_EQ(other->weights[p].size(), one.weights[p].size());
-      EXPECT_EQ(std::memcmp(other->weights[p].data(), one.weights[p].data(),
-                            sizeof(float) * one.weights[p].size()),
-                0)
-          << "param " << p;
-    }
+  for (const auto& [other, what] : {std::pair{&per_unit, "a wave per unit"},
+                                     std::pair{&by_default, "the backward peak's budget"},
+                                     std::pair{&serial, "waves one after the other"}}) {
+    ExpectSameWeights(*other, one, what);
   }
   // From the model spec: units with Muon matrices, the meshes they are on,
   // and the Newton-Schulz work of one copy of every matrix.
@@ -1040,13 +1035,7 @@ TEST_P(TrainerConfigTest, ResumingFromSavedShardsContinuesBitForBit) {
   // data follow the restored step count.
   EXPECT_EQ(rest.losses[0], straight.losses[3]);
   EXPECT_EQ(rest.losses[1], straight.losses[4]);
-  ASSERT_EQ(rest.weights.size(), straight.weights.size());
-  for (size_t p = 0; p < straight.weights.size(); ++p) {
-    EXPECT_EQ(std::memcmp(rest.weights[p].data(), straight.weights[p].data(),
-                          sizeof(float) * straight.weights[p].size()),
-              0)
-        << "param " << p;
-  }
+  ExpectSameWeights(rest, straight, "resumed");
 }
 
 // Resharding: 10 steps under one layout and a checkpoint, then 10 more
