@@ -854,6 +854,7 @@ v1::JobSpec FilledSpec(const ResolvedJob& r) {
   v1::OptimizerConfig& opt = *out.mutable_optimizer();
   opt.set_owner_assignment(r.owner_assignment);
   opt.set_muon_replica_split(r.muon_replica_split);
+  out.mutable_communication()->set_bucket_bytes(r.bucket_bytes);
   v1::MuonConfig& muon = *opt.mutable_muon();
   muon.set_lr(r.muon.lr);
   muon.set_momentum(r.muon.momentum);

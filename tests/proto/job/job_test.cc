@@ -282,6 +282,8 @@ TEST(JobTest, BucketBytesDefaultTo25MiBAndZeroMeansOneUnit) {
   absl::StatusOr<job::ResolvedJob> plain = job::ResolveJob(DesignJob(), "");
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_EQ(plain->bucket_bytes, 25 * 1024 * 1024);
+  // The job as it will run says so.
+  EXPECT_EQ(job::FilledSpec(*plain).communication().bucket_bytes(), 25 * 1024 * 1024);
   for (int64_t bytes : {int64_t{0}, int64_t{4096}}) {
     v1::JobSpec job = DesignJob();
     job.mutable_communication()->set_bucket_bytes(bytes);
