@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/barrier.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/worker/comm/test_util.h"
@@ -162,6 +163,10 @@ TEST(GlooGarbageTest, GarbageThatWinsTheRendezvousFailsTheGroupInItsTimeout) {
   ASSERT_TRUE(store.ok()) << store.status();
   const std::string group = "garbage/rendezvous";
   absl::Barrier first_attacked(2);
+  // The ranks keep their groups (and so their listening ports) until the
+  // attacker has tried every port: on a loaded machine a group that
+  // connected fast would otherwise be gone before the attacker reaches it.
+  absl::Notification garbage_sent;
   std::vector<absl::Status> result(2);
   std::vector<absl::Duration> took(2);
   constexpr absl::Duration kConnect = absl::Seconds(5);
@@ -179,6 +184,7 @@ TEST(GlooGarbageTest, GarbageThatWinsTheRendezvousFailsTheGroupInItsTimeout) {
         }
         if (rank == 0) first_attacked.Block();
       }
+      garbage_sent.Notify();
       EXPECT_GT(reached, 0) << "the garbage reached no port of the group";
       absl::SleepFor(kConnect + absl::Seconds(2));
       for (int fd : open) ::close(fd);
@@ -196,6 +202,7 @@ TEST(GlooGarbageTest, GarbageThatWinsTheRendezvousFailsTheGroupInItsTimeout) {
       result[who] = (*comm)->AllReduce(values.data(), values.size(), ReduceOp::kSum,
                                        CollectiveOptions{kConnect});
     }
+    garbage_sent.WaitForNotificationWithTimeout(absl::Seconds(30));
   });
   for (int r : {0, 1}) {
     EXPECT_LT(took[r], kConnect + absl::Seconds(3)) << "rank " << r << ": " << result[r];
