@@ -123,9 +123,10 @@ TEST(GlooGarbageTest, AConnectedGroupListensOnNothingAndItsCollectivesStayRight)
   });
 }
 
-// Rank 1's view of the store: it reads rank 0's Gloo address only after
-// `gate` opens, so that the attacker reaches rank 0's port first (both ranks
-// pass the reachability probe, peer_probe.h, before publishing it).
+// A rank's view of the store: it reads the other rank's Gloo address only
+// after `gate` opens, so that the attacker reaches that rank's port first
+// (both ranks pass the reachability probe, peer_probe.h, before publishing
+// it).
 class GatedStore final : public Store {
  public:
   GatedStore(Store& inner, std::string gated_key, absl::Barrier* gate)
@@ -162,10 +163,11 @@ TEST(GlooGarbageTest, GarbageThatWinsTheRendezvousFailsTheGroupInItsTimeout) {
   auto store = FileStore::Open(dir.path());
   ASSERT_TRUE(store.ok()) << store.status();
   const std::string group = "garbage/rendezvous";
-  absl::Barrier first_attacked(2);
-  // The ranks keep their groups (and so their listening ports) until the
-  // attacker has tried every port: on a loaded machine a group that
-  // connected fast would otherwise be gone before the attacker reaches it.
+  // Each rank reads the other's address only once the attacker has tried
+  // that other's port, so neither can connect (and stop listening) first,
+  // however the threads are scheduled; and both keep their groups until the
+  // attacker is done.
+  absl::Barrier first_attacked(2), second_attacked(2);
   absl::Notification garbage_sent;
   std::vector<absl::Status> result(2);
   std::vector<absl::Duration> took(2);
@@ -182,7 +184,7 @@ TEST(GlooGarbageTest, GarbageThatWinsTheRendezvousFailsTheGroupInItsTimeout) {
           bytes += RandomBytes(rng, 256);
           reached += SendGarbage(port, bytes, &open) ? 1 : 0;
         }
-        if (rank == 0) first_attacked.Block();
+        (rank == 0 ? first_attacked : second_attacked).Block();
       }
       garbage_sent.Notify();
       EXPECT_GT(reached, 0) << "the garbage reached no port of the group";
@@ -190,7 +192,8 @@ TEST(GlooGarbageTest, GarbageThatWinsTheRendezvousFailsTheGroupInItsTimeout) {
       for (int fd : open) ::close(fd);
       return;
     }
-    GatedStore gated(**store, group + "/gloo/0", who == 1 ? &first_attacked : nullptr);
+    GatedStore gated(**store, absl::StrCat(group, "/gloo/", 1 - who),
+                     who == 1 ? &first_attacked : &second_attacked);
     GroupOptions options;
     options.connect_timeout = kConnect;
     const absl::Time start = absl::Now();
