@@ -89,19 +89,12 @@ absl::Status Trainer::Impl::PackGradients(int32_t state, float* buf, const float
   for (int64_t j = 0; j < chunks; ++j) {
     MUONMESH_RETURN_IF_ERROR(dev->Fill(buf + j * stride + prefix, chunk, 0.0f));
   }
-  for (int64_t q = 0; q < l.num_shards; ++q) {
-    const int64_t shard = l.ShardAt(q);
-    for (int64_t k = l.shard_begin[shard]; k < l.shard_begin[shard + 1]; ++k) {
-      const plan::Segment& seg = l.segments[k];
-      const int64_t len = l.tensors[seg.tensor].row_len;
-      // A chunk is whole shards, so a segment never straddles two.
-      const int64_t x = q * s + seg.offset;
-      MUONMESH_RETURN_IF_ERROR(dev->Copy(buf + (x / chunk) * stride + prefix + x % chunk,
-                                         src[u.local[seg.tensor]] + seg.row_start * len,
-                                         seg.row_count * len));
-    }
-  }
-  return absl::OkStatus();
+  return ForEachSegment(l, [&](int64_t q, const plan::Segment& seg, int64_t len) {
+    // A chunk is whole shards, so a segment never straddles two.
+    const int64_t x = q * s + seg.offset;
+    return dev->Copy(buf + (x / chunk) * stride + prefix + x % chunk,
+                     src[u.local[seg.tensor]] + seg.row_start * len, seg.row_count * len);
+  });
 }
 
 absl::Status Trainer::Impl::ReduceBucket(int32_t b, float* buf, StepReport* report) {
@@ -228,18 +221,12 @@ absl::Status Trainer::Impl::GatherStates(absl::Span<const int32_t> states,
   }
   for (size_t i = 0; i < states.size() && st.ok(); ++i) {
     const UnitState& u = units[states[i]];
-    const plan::UnitLayout& l = *u.layout;
-    const int64_t s = l.shard_elements;
-    for (int64_t q = 0; q < l.num_shards && st.ok(); ++q) {
-      const int64_t shard = l.ShardAt(q);
+    const int64_t s = u.layout->shard_elements;
+    st = ForEachSegment(*u.layout, [&](int64_t q, const plan::Segment& seg, int64_t len) {
       const float* from = buf.data() + (q / mesh.k) * total + prefix[i] + (q % mesh.k) * s;
-      for (int64_t k = l.shard_begin[shard]; k < l.shard_begin[shard + 1] && st.ok(); ++k) {
-        const plan::Segment& seg = l.segments[k];
-        const int64_t len = l.tensors[seg.tensor].row_len;
-        st = dev->Copy(dst[i][u.local[seg.tensor]] + seg.row_start * len, from + seg.offset,
+      return dev->Copy(dst[i][u.local[seg.tensor]] + seg.row_start * len, from + seg.offset,
                        seg.row_count * len);
-      }
-    }
+    });
   }
   unit_buffers.Give(std::move(buf));
   return st;

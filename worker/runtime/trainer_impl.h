@@ -288,6 +288,22 @@ struct Trainer::Impl {
     return st;
   }
 
+  // Calls fn(q, segment, its tensor's row length) for every segment of a
+  // unit layout, shard by shard in domain-position order q (where its
+  // elements start at q * shard_elements + segment.offset of a gathered
+  // buffer); stops at the first error.
+  template <typename Fn>
+  static absl::Status ForEachSegment(const plan::UnitLayout& l, Fn fn) {
+    for (int64_t q = 0; q < l.num_shards; ++q) {
+      const int64_t shard = l.ShardAt(q);
+      for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
+        const plan::Segment& seg = l.segments[i];
+        MUONMESH_RETURN_IF_ERROR(fn(q, seg, l.tensors[seg.tensor].row_len));
+      }
+    }
+    return absl::OkStatus();
+  }
+
   // Gathers unit `u`'s parameters into `full` (position order) and copies
   // every tensor's rows into `dst` (the unit's whole tensors, spec order).
   absl::Status GatherUnit(UnitState& u, StepReport* report, float* const* dst,
@@ -308,17 +324,10 @@ struct Trainer::Impl {
       });
       MUONMESH_RETURN_IF_ERROR(st);
     }
-    for (int64_t q = 0; q < l.num_shards; ++q) {
-      const int64_t shard = l.ShardAt(q);
-      for (int64_t i = l.shard_begin[shard]; i < l.shard_begin[shard + 1]; ++i) {
-        const plan::Segment& seg = l.segments[i];
-        const int64_t len = l.tensors[seg.tensor].row_len;
-        absl::Status st = dev->Copy(dst[u.local[seg.tensor]] + seg.row_start * len,
-                                    from + q * s + seg.offset, seg.row_count * len);
-        MUONMESH_RETURN_IF_ERROR(st);
-      }
-    }
-    return absl::OkStatus();
+    return ForEachSegment(l, [&](int64_t q, const plan::Segment& seg, int64_t len) {
+      return dev->Copy(dst[u.local[seg.tensor]] + seg.row_start * len, from + q * s + seg.offset,
+                       seg.row_count * len);
+    });
   }
 
   // Buckets (buckets.cc; core/plan/buckets.h): per bucket its mesh, the
