@@ -123,7 +123,7 @@ absl::Status Communicator::Run(Collective collective, int64_t bytes_sent,
                                const CollectiveOptions& options, Hook&& hook) {
   const auto context = [&] {
     return absl::StrCat(CollectiveName(collective), " on group '", group_name_, "' (rank ", rank_,
-                        " of ", size_, ", ", BackendName(backend()), ")");
+                        " of ", size_, ", ", label(), ")");
   };
   {
     absl::MutexLock lock(&mu_);

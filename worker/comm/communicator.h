@@ -190,6 +190,10 @@ class Communicator : public Abortable {
   // destructor, so that no abort reaches a half-destroyed object.
   void LeaveAbortSignal();
 
+  // How error messages name the transport: BackendName(backend()) unless a
+  // backend says more ("gloo via host copies").
+  virtual std::string label() const { return std::string(BackendName(backend())); }
+
  private:
   // Runs one hook: refuses when broken, times it, updates the counters,
   // wraps errors with context and marks the group broken on failure.
@@ -215,9 +219,12 @@ class Communicator : public Abortable {
 //            process; the store is not used); kGloo and kNccl rendezvous
 //            through `store` under keys prefixed with "<group_name>/".
 //   store    must outlive the call (not the communicator).
+//   options.buffers  kCudaDevice with kGloo or kInProcess: the group works on
+//            device buffers through host copies (staging_communicator.h).
 // Errors: InvalidArgument (rank out of range, group_size < 1, empty name,
-// missing hub, a non-positive connect_timeout), Unimplemented (kNccl in a
-// build without CUDA), FailedPrecondition (no usable CUDA device),
+// missing hub, a non-positive connect_timeout), Unimplemented (kNccl, or
+// device buffers, in a build without CUDA), FailedPrecondition (no usable
+// CUDA device),
 // DeadlineExceeded (peers did not all show up in time), AlreadyExists (the
 // name was used before in this store or hub: names are write-once),
 // Unavailable (network or store failure).

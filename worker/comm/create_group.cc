@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/status_macros.h"
 #include "muonmesh/config.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/inprocess_communicator.h"
@@ -20,6 +21,7 @@
 #endif
 #if MUONMESH_HAVE_CUDA
 #include "worker/comm/nccl_communicator.h"
+#include "worker/comm/staging_communicator.h"
 #endif
 
 namespace muonmesh::comm {
@@ -79,8 +81,25 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGroup(Backend backend, Store
           absl::StrCat("CreateGroup '", group_name, "': aborted: ", *reason));
     }
   }
+  const bool stage = options.buffers == MemorySpace::kCudaDevice && backend != Backend::kNccl;
+#if MUONMESH_HAVE_CUDA
+  if (stage) {
+    // Before meeting the peers: a rank without the device fails alone.
+    absl::StatusOr<int> device = StagingDevice(options.cuda_device);
+    if (!device.ok()) return AnnotateStatus(device.status(), absl::StrCat("CreateGroup '", group_name, "'"));
+  }
+#else
+  if (stage) {
+    return absl::UnimplementedError(absl::StrCat(
+        "CreateGroup '", group_name, "': ", BackendName(backend),
+        " on CUDA device buffers needs a build with CUDA (MUONMESH_ENABLE_CUDA=ON)"));
+  }
+#endif
   absl::StatusOr<std::unique_ptr<Communicator>> made = CreateBackend(
       backend, store, std::move(group_name), rank_in_group, group_size, options);
+#if MUONMESH_HAVE_CUDA
+  if (stage && made.ok()) made = StageThroughHost(*std::move(made), options.cuda_device);
+#endif
   // Aborted at once when the signal fired while it met its peers.
   if (made.ok()) (*made)->AbortWith(options.abort);
   return made;

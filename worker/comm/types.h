@@ -85,8 +85,14 @@ struct GroupOptions {
   int gloo_direct_max_ranks = 8;
   // kInProcess only, and required there: where the threads of one group meet.
   std::shared_ptr<InProcessHub> hub;
-  // kNccl only: the CUDA device this rank uses; -1 means the device current
-  // on the calling thread.
+  // Where the caller's buffers live. kCudaDevice with a host backend (Gloo,
+  // in-process) makes a group that copies each call's buffers through pinned
+  // host memory (worker/comm/staging_communicator.h): several ranks can then
+  // share one GPU (a test and development mode). NCCL works in device memory
+  // whatever this says.
+  MemorySpace buffers = MemorySpace::kHost;
+  // kNccl, and host backends with buffers kCudaDevice: the CUDA device this
+  // rank uses; -1 means the device current on the calling thread.
   int cuda_device = -1;
   // When set, the group is aborted when it fires (Communicator::Abort), and
   // CreateGroup refuses with Cancelled once it has. Must outlive the group.

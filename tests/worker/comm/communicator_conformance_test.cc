@@ -3,7 +3,8 @@
 // with its own communicator, results checked against closed forms (rank r
 // contributes r * 1000 + i) or against a sequential rank-order sum computed
 // here with plain loops. NCCL cases are registered when the build has CUDA
-// and skip themselves without one GPU per rank.
+// and skip themselves without one GPU per rank; so are the host backends on
+// CUDA device buffers (staging_communicator.h), every rank on GPU 0.
 
 #include <algorithm>
 #include <atomic>
@@ -145,14 +146,22 @@ class Buffer {
 struct Case {
   Backend backend;
   int world;
+  // Where the ranks' buffers live: kCudaDevice with a host backend stages
+  // every call through host copies, all ranks sharing GPU 0.
+  MemorySpace buffers = MemorySpace::kHost;
 };
 
+bool Staged(const Case& c) {
+  return c.backend != Backend::kNccl && c.buffers == MemorySpace::kCudaDevice;
+}
+
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << BackendName(c.backend) << " x " << c.world;
+  *os << BackendName(c.backend) << (Staged(c) ? " on cuda" : "") << " x " << c.world;
 }
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
-  return absl::StrCat(std::string(BackendName(info.param.backend)), "_", info.param.world);
+  return absl::StrCat(std::string(BackendName(info.param.backend)),
+                      Staged(info.param) ? "_on_cuda" : "", "_", info.param.world);
 }
 
 class ConformanceTest : public ::testing::TestWithParam<Case> {
@@ -160,10 +169,12 @@ class ConformanceTest : public ::testing::TestWithParam<Case> {
   void SetUp() override {
     backend_ = GetParam().backend;
     n_ = GetParam().world;
+    staged_ = Staged(GetParam());
     if (backend_ == Backend::kNccl && GpuCount() < n_) {
       GTEST_SKIP() << "NCCL needs one GPU per rank: " << n_ << " ranks, " << GpuCount()
                    << " GPU(s) visible";
     }
+    if (staged_ && GpuCount() < 1) GTEST_SKIP() << "no CUDA device";
     absl::StatusOr<std::unique_ptr<FileStore>> store = FileStore::Open(dir_.path());
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = *std::move(store);
@@ -177,28 +188,37 @@ class ConformanceTest : public ::testing::TestWithParam<Case> {
     const std::string name = absl::StrCat("test/", next_group_++);
     RunOnThreads(n_, [&](int rank) {
       GroupOptions options = options_;
-      if (backend_ == Backend::kNccl) {
-        options.cuda_device = rank;
-#if MUONMESH_HAVE_CUDA
-        ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
-#endif
-      }
+      ASSERT_NO_FATAL_FAILURE(PlaceRank(rank, options));
       absl::StatusOr<std::unique_ptr<Communicator>> comm =
           CreateGroup(backend_, *store_, name, rank, n_, options);
       ASSERT_TRUE(comm.ok()) << comm.status();
       ASSERT_EQ((*comm)->rank(), rank);
       ASSERT_EQ((*comm)->size(), n_);
       ASSERT_EQ((*comm)->backend(), backend_);
+      ASSERT_EQ((*comm)->memory_space(), space());
       body(rank, **comm);
     });
   }
 
-  MemorySpace space() const {
-    return backend_ == Backend::kNccl ? MemorySpace::kCudaDevice : MemorySpace::kHost;
+  // The device of `rank` (its own GPU with NCCL, GPU 0 for every staged
+  // rank), current on the calling thread, in `options`.
+  void PlaceRank(int rank, GroupOptions& options) const {
+    if (backend_ != Backend::kNccl && !staged_) return;
+    options.cuda_device = staged_ ? 0 : rank;
+    options.buffers = MemorySpace::kCudaDevice;
+#if MUONMESH_HAVE_CUDA
+    ASSERT_EQ(cudaSetDevice(options.cuda_device), cudaSuccess);
+#endif
   }
+
+  MemorySpace space() const {
+    return backend_ == Backend::kNccl || staged_ ? MemorySpace::kCudaDevice : MemorySpace::kHost;
+  }
+  // Sums in rank order (the host backends, staged or not).
   bool cpu_backend() const { return backend_ != Backend::kNccl; }
 
   Backend backend_ = Backend::kInProcess;
+  bool staged_ = false;
   int n_ = 1;
   ScopedTempDir dir_;
   std::unique_ptr<FileStore> store_;
@@ -584,6 +604,9 @@ TEST_P(ConformanceTest, MissingRankTimesOutAndBreaksTheGroup) {
     const std::string message(status[r].message());
     EXPECT_NE(message.find("all_reduce"), std::string::npos) << message;
     EXPECT_NE(message.find("test/"), std::string::npos) << "names the group: " << message;
+    if (staged_) {
+      EXPECT_NE(message.find("via host copies"), std::string::npos) << message;
+    }
     EXPECT_TRUE(absl::IsFailedPrecondition(after[r])) << after[r];
   }
   EXPECT_GE(deadline_exceeded, 1);
@@ -660,12 +683,7 @@ TEST_P(ConformanceTest, GroupsPerMeshAxisWorkSideBySide) {
   const std::string prefix = absl::StrCat("mesh/", next_group_++);
   RunOnThreads(n_, [&](int rank) {
     GroupOptions options = options_;
-    if (backend_ == Backend::kNccl) {
-      options.cuda_device = rank;
-#if MUONMESH_HAVE_CUDA
-      ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
-#endif
-    }
+    ASSERT_NO_FATAL_FAILURE(PlaceRank(rank, options));
     const int row = rank / inner, col = rank % inner;
     auto row_group = CreateGroup(backend_, *store_, absl::StrCat(prefix, "/dp_shard/", row), col,
                                  inner, options);
@@ -698,6 +716,12 @@ std::vector<Case> AllCases() {
   for (Backend b : backends) {
     for (int world : {1, 2, 3, 4}) cases.push_back({b, world});
   }
+#if MUONMESH_HAVE_CUDA
+  for (Backend b : backends) {
+    if (b == Backend::kNccl) continue;
+    for (int world : {1, 2, 3, 4}) cases.push_back({b, world, MemorySpace::kCudaDevice});
+  }
+#endif
   return cases;
 }
 
@@ -810,6 +834,32 @@ TEST(NcclCommunicatorTest, WithoutAGpuCreationFailsCleanly) {
   ASSERT_TRUE(store.ok());
   auto comm = CreateGroup(Backend::kNccl, **store, "nccl", 0, 1, GroupOptions{});
   EXPECT_TRUE(absl::IsUnimplemented(comm.status())) << comm.status();
+#endif
+}
+
+// Device buffers with a host backend need CUDA and a device; without them
+// creation fails on its own, before meeting any peer (a group of two whose
+// second rank never comes).
+TEST(StagedGroupTest, DeviceBuffersWithoutCudaFailCleanly) {
+#if MUONMESH_HAVE_CUDA
+  if (GpuCount() > 0) GTEST_SKIP() << "a GPU is present; the *_on_cuda cases cover staging";
+#endif
+  ScopedTempDir dir;
+  auto store = FileStore::Open(dir.path());
+  ASSERT_TRUE(store.ok());
+  GroupOptions options;
+  options.hub = std::make_shared<InProcessHub>();
+  options.buffers = MemorySpace::kCudaDevice;
+  options.connect_timeout = absl::Seconds(30);
+  const absl::Time start = absl::Now();
+  auto comm = CreateGroup(Backend::kInProcess, **store, "staged", 0, 2, options);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "waited for the missing peer";
+#if MUONMESH_HAVE_CUDA
+  EXPECT_TRUE(absl::IsFailedPrecondition(comm.status())) << comm.status();
+#else
+  EXPECT_TRUE(absl::IsUnimplemented(comm.status())) << comm.status();
+  EXPECT_NE(std::string(comm.status().message()).find("MUONMESH_ENABLE_CUDA"), std::string::npos)
+      << comm.status();
 #endif
 }
 
