@@ -24,6 +24,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const plan::Plan& plan,
   // The Newton-Schulz form the planner charged the owners for runs.
   impl->options.muon.ns.algorithm = plan.config.ns_algorithm;
   impl->options.muon.ns.threads = plan.config.threads_per_rank;
+  // The groups work on the device's buffers: a host backend (Gloo) with a
+  // CUDA device copies them through host memory (several ranks on one GPU).
+  impl->options.group_options.buffers = options.device->memory_space();
   impl->rank = rank;
   impl->world = plan.config.world_size;
   impl->ep = std::max<int64_t>(1, plan.config.ep);

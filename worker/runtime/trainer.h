@@ -74,12 +74,15 @@ inline constexpr char kJobErrorPayload[] = "type.muonmesh.dev/job-error";
 
 struct TrainerOptions {
   // Where shards live and the optimizer runs (required; not owned, must
-  // outlive the Trainer): MakeCpuDevice(), or a CUDA device. The backend and
-  // the workload must work on the device's memory.
+  // outlive the Trainer): MakeCpuDevice(), or a CUDA device. The workload
+  // must work on the device's memory.
   Device* device = nullptr;
+  // Any backend with a CUDA device: Gloo and the in-process one then copy
+  // every collective's buffers through host memory (comm::GroupOptions::
+  // buffers, set from the device), so several ranks may share one GPU.
   comm::Backend backend = comm::Backend::kGloo;
   comm::Store* store = nullptr;  // rendezvous; must outlive Create()
-  comm::GroupOptions group_options;
+  comm::GroupOptions group_options;  // its `buffers` is the device's memory
   // Prefix of every group name: unique per job attempt.
   std::string group_prefix = "job";
   comm::CollectiveOptions collective;

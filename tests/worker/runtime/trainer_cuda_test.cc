@@ -264,46 +264,101 @@ Result RunJob(bool gpu, int steps, Kind kind = Kind::kSynthetic, Bug bug = Bug::
   return r;
 }
 
-// The synthetic job on `world` ranks, one thread and one device each (GPU r
-// and NCCL, or the host and the in-process backend); rank 0's losses and the
-// gathered weights.
-Result RunRanks(bool gpu, int world, int steps) {
+// Where a multi-rank run's ranks compute and how they talk.
+enum class Transport {
+  kHost,    // ReferenceHost, the in-process backend
+  kNccl,    // GPU r for rank r, NCCL
+  kStaged,  // every rank on GPU 0, the in-process backend through host copies
+};
+
+// A parallelism layout of the planner's input (docs/architecture.md §3).
+struct Layout {
+  const char* name;
+  int world;
+  const char* inner;   // data_parallel_sharding_strategy
+  int instances = 1;   // num_distributed_optimizer_instances
+  const char* outer = "";
+  int ep = 1;          // expert_model_parallel_size (the spec gets experts when > 1)
+  const char* owners = "lpt";
+};
+
+void PrintTo(const Layout& l, std::ostream* os) { *os << l.name; }
+
+// Spec() with, for expert parallelism, a stack of 4 expert matrices (Muon)
+// and their biases (AdamW).
+plan::ModelSpec SpecFor(const Layout& layout) {
+  plan::ModelSpec spec = Spec();
+  if (layout.ep > 1) {
+    spec.units.push_back({"experts",
+                          {{"w_in", {4, 24, 32}, "muon", true},
+                           {"b_in", {4, 24}, "adamw", true}}});
+  }
+  return spec;
+}
+
+// The synthetic job on `layout.world` ranks, one thread each; rank 0's
+// losses and the gathered weights.
+Result RunRanks(Transport transport, const Layout& layout, int steps) {
+  const bool gpu = transport != Transport::kHost;
   plan::PlanInput in;
-  in.model = Spec();
-  in.world_size = world;
+  in.model = SpecFor(layout);
+  in.world_size = layout.world;
+  in.parallelism.data_parallel_sharding_strategy = layout.inner;
+  in.parallelism.num_distributed_optimizer_instances = layout.instances;
+  in.parallelism.outer_dp_sharding_strategy = layout.outer;
+  in.parallelism.expert_model_parallel_size = layout.ep;
+  in.options.owner_assignment = layout.owners;
   in.options.device = gpu ? "cuda" : "cpu";
   absl::StatusOr<plan::Plan> plan = plan::ComputePlan(in);
   EXPECT_TRUE(plan.ok()) << plan.status();
   if (!plan.ok()) return {};
-  const std::string dir = ::testing::TempDir() + (gpu ? "/cuda_ranks_gpu" : "/cuda_ranks_cpu");
+  const std::string dir = ::testing::TempDir() + "/cuda_ranks_" + layout.name + "_" +
+                          std::to_string(static_cast<int>(transport));
   std::filesystem::remove_all(dir);
   absl::StatusOr<std::unique_ptr<comm::FileStore>> store = comm::FileStore::Open(dir);
   EXPECT_TRUE(store.ok());
   if (!store.ok()) return {};
   auto hub = std::make_shared<comm::InProcessHub>();
-  std::vector<Result> results(world);
+  std::vector<Result> results(layout.world);
   std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
+  for (int r = 0; r < layout.world; ++r) {
     threads.emplace_back([&, r] {
       std::unique_ptr<Device> device;
       if (gpu) {
-        absl::StatusOr<std::unique_ptr<Device>> d = MakeCudaDevice(r);  // current from here on
+        // Current on this thread from here on.
+        absl::StatusOr<std::unique_ptr<Device>> d =
+            MakeCudaDevice(transport == Transport::kNccl ? r : 0);
         ASSERT_TRUE(d.ok()) << d.status();
         device = *std::move(d);
       } else {
         device = std::make_unique<ReferenceHost>();
       }
-      std::unique_ptr<Workload> workload = MakeWorkload(Kind::kSynthetic, gpu);
-      ASSERT_NE(workload, nullptr);
+      absl::StatusOr<Synthetic> synthetic = Synthetic::Create(SpecFor(layout), 1.0, layout.ep, 77);
+      ASSERT_TRUE(synthetic.ok()) << synthetic.status();
+      std::unique_ptr<Workload> workload;
+      if (gpu) {
+        absl::StatusOr<std::unique_ptr<CudaSynthetic>> w =
+            CudaSynthetic::Create(*std::move(synthetic));
+        ASSERT_TRUE(w.ok()) << w.status();
+        workload = *std::move(w);
+      } else {
+        workload = std::make_unique<Synthetic>(*std::move(synthetic));
+      }
+      for (const plan::UnitSpec& unit : workload->spec().units) {
+        for (const plan::ParamSpec& p : unit.params) {
+          results[r].muon.push_back(p.optimizer == "muon");
+        }
+      }
       TrainerOptions o;
       o.device = device.get();
-      o.backend = gpu ? comm::Backend::kNccl : comm::Backend::kInProcess;
+      o.backend = transport == Transport::kNccl ? comm::Backend::kNccl
+                                                : comm::Backend::kInProcess;
       o.store = store->get();
       o.group_options.hub = hub;
       o.muon.lr = 0.02;
       o.muon.momentum = 0.95;
       o.adamw.lr = 1e-3;
-      o.global_batch_size = world;
+      o.global_batch_size = layout.world;
       o.init_seed = 5;
       absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(*plan, workload.get(), r, o);
       ASSERT_TRUE(t.ok()) << t.status();
@@ -330,6 +385,33 @@ int GpuCount() {
   return n;
 }
 
+// A GPU run against the host run of the same layout: the same losses (the
+// synthetic loss depends on the step alone), every AdamW parameter bit for
+// bit (the same gradients, reduced in the same order, the same AdamW
+// arithmetic), every Muon parameter within the bf16 Newton-Schulz error
+// (at most a tenth of the largest update lr * 2 per step).
+void ExpectMatchesTheHost(const Result& gpu, const Result& cpu, int steps) {
+  ASSERT_EQ(gpu.losses.size(), static_cast<size_t>(steps));
+  ASSERT_EQ(cpu.losses.size(), static_cast<size_t>(steps));
+  for (int s = 0; s < steps; ++s) {
+    EXPECT_NEAR(gpu.losses[s], cpu.losses[s], 1e-6 * cpu.losses[s]) << "step " << s;
+  }
+  ASSERT_EQ(gpu.weights.size(), cpu.weights.size());
+  ASSERT_EQ(cpu.muon.size(), cpu.weights.size());
+  for (size_t p = 0; p < cpu.weights.size(); ++p) {
+    ASSERT_EQ(gpu.weights[p].size(), cpu.weights[p].size()) << "param " << p;
+    if (!cpu.muon[p]) {
+      EXPECT_EQ(gpu.weights[p], cpu.weights[p]) << "AdamW param " << p;
+      continue;
+    }
+    double max_diff = 0;
+    for (size_t i = 0; i < cpu.weights[p].size(); ++i) {
+      max_diff = std::max(max_diff, std::abs(double(gpu.weights[p][i]) - cpu.weights[p][i]));
+    }
+    EXPECT_LT(max_diff, steps * 0.02 * 2.0 * 0.1) << "Muon param " << p;
+  }
+}
+
 // Two ranks, each with its own GPU, over NCCL (the plan's default layout
 // for two ranks shards parameters, gradients and optimizer state), against
 // the same two ranks on the host: AdamW parameters bit for bit, Muon ones
@@ -337,26 +419,48 @@ int GpuCount() {
 TEST(CudaTrainerTest, TwoRanksOverNcclMatchTheHost) {
   if (GpuCount() < 2) GTEST_SKIP() << "needs two CUDA devices";
   const int steps = 3;
-  const Result cpu = RunRanks(false, 2, steps);
-  const Result gpu = RunRanks(true, 2, steps);
-  ASSERT_EQ(gpu.losses.size(), static_cast<size_t>(steps));
-  ASSERT_EQ(cpu.losses.size(), static_cast<size_t>(steps));
-  for (int s = 0; s < steps; ++s) {
-    EXPECT_NEAR(gpu.losses[s], cpu.losses[s], 1e-6 * cpu.losses[s]) << "step " << s;
-  }
-  ASSERT_EQ(gpu.weights.size(), 4u);
+  const Layout zero3{"zero3_w2", 2, "optim_grads_params"};
+  const Result cpu = RunRanks(Transport::kHost, zero3, steps);
+  const Result gpu = RunRanks(Transport::kNccl, zero3, steps);
   ASSERT_EQ(cpu.weights.size(), 4u);
-  for (int p : {0, 2}) {
-    EXPECT_EQ(gpu.weights[p], cpu.weights[p]) << "param " << p;
-  }
-  for (int p : {1, 3}) {
-    double max_diff = 0;
-    for (size_t i = 0; i < cpu.weights[p].size(); ++i) {
-      max_diff = std::max(max_diff, std::abs(double(gpu.weights[p][i]) - cpu.weights[p][i]));
-    }
-    EXPECT_LT(max_diff, steps * 0.02 * 2.0 * 0.1) << "param " << p;
+  ExpectMatchesTheHost(gpu, cpu, steps);
+}
+
+// Ranks that share one GPU, their collectives through host copies
+// (comm::GroupOptions::buffers; the in-process backend here, Gloo in a
+// job), under every parallelism layout at 1 to 4 ranks: each against the
+// same layout on the host, and with the owners' exchanges (lpt) against
+// every rank orthogonalising every matrix (allgather) bit for bit.
+class SharedGpuTest : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(SharedGpuTest, MatchesTheHostAndAllgather) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const int steps = 3;
+  const Layout& layout = GetParam();
+  const Result cpu = RunRanks(Transport::kHost, layout, steps);
+  const Result gpu = RunRanks(Transport::kStaged, layout, steps);
+  ASSERT_GE(cpu.weights.size(), 4u);
+  ExpectMatchesTheHost(gpu, cpu, steps);
+  Layout everywhere = layout;
+  everywhere.owners = "allgather";
+  const Result all = RunRanks(Transport::kStaged, everywhere, steps);
+  ASSERT_EQ(all.weights.size(), gpu.weights.size());
+  for (size_t p = 0; p < gpu.weights.size(); ++p) {
+    EXPECT_EQ(all.weights[p], gpu.weights[p]) << "param " << p;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, SharedGpuTest,
+    ::testing::Values(Layout{"one_rank", 1, "optim_grads_params"},
+                      Layout{"ddp_w2", 2, "no_shard"}, Layout{"zero1_w3", 3, "optim"},
+                      Layout{"zero2_w4", 4, "optim_grads"},
+                      Layout{"zero3_w4", 4, "optim_grads_params"},
+                      Layout{"hsdp_w4", 4, "optim_grads_params", 2, "no_shard"},
+                      Layout{"hfsdp_w4", 4, "optim_grads_params", 2, "optim"},
+                      Layout{"ep2_zero3_w2", 2, "optim_grads_params", 1, "", 2},
+                      Layout{"ep2_hfsdp_w4", 4, "optim_grads_params", 2, "optim", 2}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 // Euclidean distance between two runs' parameters of one optimizer (Muon
 // when `muon`, else AdamW).
