@@ -187,6 +187,10 @@ void PrintPlan(const job::ResolvedJob& job, const plan::Plan& plan, const LineSi
   out(absl::StrFormat("job %s: %d ranks, %s, %d steps, global batch %d, %d thread%s a rank",
                       job.name, job.world_size, job.owner_assignment, job.steps,
                       job.global_batch_size, threads, threads == 1 ? "" : "s"));
+  if (job.device == "cuda" && job.comm_backend == "gloo") {
+    out("collectives: gloo via host copies of the GPU's buffers (communication.backend gloo: "
+        "ranks may share a GPU; a test and development mode, slower than nccl)");
+  }
 }
 
 // The device and the workload on it, with its data.
@@ -228,7 +232,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const job::ResolvedJob& job
                               BuffersFromFile(engine.workload->buffers(), job.init_safetensors));
     MUONMESH_RETURN_IF_ERROR(engine.workload->SetBuffers(buffers));
   }
-  topts.backend = job.device == "cuda" ? comm::Backend::kNccl : comm::Backend::kGloo;
+  // Gloo with device cuda copies through host memory (the trainer sets the
+  // groups' buffers from the device).
+  topts.backend = job.comm_backend == "nccl" ? comm::Backend::kNccl : comm::Backend::kGloo;
   topts.store = &store;
   topts.group_options.gloo_hostname = options.hostname;
   topts.group_options.gloo_interface = options.gloo_interface;

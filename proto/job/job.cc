@@ -576,6 +576,20 @@ void CheckOutputFile(const std::string& field, const std::string& path, Violatio
 
 // A folder the job writes into: absent, or a folder (links to folders are
 // fine: nothing replaces the folder itself).
+// communication.backend: nccl or gloo, nccl only where there is a GPU.
+void CheckCommBackend(const v1::JobSpec& job, Violations& v) {
+  const std::string& backend = job.communication().backend();
+  if (!backend.empty() && backend != "nccl" && backend != "gloo") {
+    v.Add("communication.backend",
+          absl::StrCat("unknown backend ", plan::Quote(backend),
+                       " (expected nccl or gloo; unset: nccl on device cuda, gloo on cpu)"));
+  } else if (backend == "nccl" && DeviceOf(job) != "cuda") {
+    v.Add("communication.backend",
+          absl::StrCat("nccl needs device cuda (this job's device is ", DeviceOf(job),
+                       "): use gloo, or leave it unset"));
+  }
+}
+
 void CheckOutputFolder(const std::string& field, const std::string& path, Violations& v) {
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
@@ -605,6 +619,11 @@ std::vector<plan::FieldViolation> CheckOutputPaths(const std::string& output_dir
 
 std::string DeviceOf(const v1::JobSpec& job) {
   return job.device().empty() ? "cpu" : job.device();
+}
+
+std::string CommBackendOf(const v1::JobSpec& job) {
+  if (!job.communication().backend().empty()) return job.communication().backend();
+  return DeviceOf(job) == "cuda" ? "nccl" : "gloo";
 }
 
 std::string JoinViolations(const std::vector<plan::FieldViolation>& violations) {
@@ -650,6 +669,7 @@ std::vector<plan::FieldViolation> ValidateJob(const v1::JobSpec& job) {
           absl::StrCat("must be >= 0 (0: one unit a collective; unset: ",
                        plan::kDefaultBucketBytes, "), got ", job.communication().bucket_bytes()));
   }
+  CheckCommBackend(job, v);
   return v.Take();
 }
 
@@ -791,6 +811,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
   r.muon_buffer_bytes = job.optimizer().muon_buffer_bytes();
   r.bucket_bytes = job.communication().has_bucket_bytes() ? job.communication().bucket_bytes()
                                                           : plan::kDefaultBucketBytes;
+  r.comm_backend = CommBackendOf(job);
   r.muon_replica_split =
       job.optimizer().muon_replica_split().empty() ? "auto" : job.optimizer().muon_replica_split();
   r.muon = MuonFromProto(job.optimizer().muon());
@@ -855,6 +876,7 @@ v1::JobSpec FilledSpec(const ResolvedJob& r) {
   opt.set_owner_assignment(r.owner_assignment);
   opt.set_muon_replica_split(r.muon_replica_split);
   out.mutable_communication()->set_bucket_bytes(r.bucket_bytes);
+  out.mutable_communication()->set_backend(r.comm_backend);
   v1::MuonConfig& muon = *opt.mutable_muon();
   muon.set_lr(r.muon.lr);
   muon.set_momentum(r.muon.momentum);

@@ -110,6 +110,7 @@ struct ResolvedJob {
   std::string owner_assignment;  // lpt | round_robin | allgather | greedy_in_order
   int64_t muon_buffer_bytes = 0;  // optimizer.muon_buffer_bytes (TrainerOptions)
   int64_t bucket_bytes = 0;       // communication.bucket_bytes, its default applied
+  std::string comm_backend;       // communication.backend: "nccl" or "gloo", default applied
   std::string muon_replica_split;  // optimizer.muon_replica_split: auto | on | off
 
   optim::MuonOptions muon;
@@ -233,6 +234,10 @@ absl::StatusOr<ResolvedJob> LoadResolvedJob(const std::string& path);
 // The job's device: device as given, "cpu" when unset (every component's
 // one reading of an empty device).
 std::string DeviceOf(const v1::JobSpec& job);
+
+// communication.backend, or its default: "nccl" on device cuda, "gloo" on
+// cpu.
+std::string CommBackendOf(const v1::JobSpec& job);
 
 // The violations as one message: "field: description; field: description".
 std::string JoinViolations(const std::vector<plan::FieldViolation>& violations);

@@ -162,6 +162,20 @@ WorkloadMemory WorkloadMemoryOf(const job::ResolvedJob& job, double local_batch,
   return w;
 }
 
+// The rank's part of both meshes.
+MeshMemory RankMeshMemory(const plan::Plan& plan, int32_t rank, math::NsWorkspaceBound& ns) {
+  MeshMemory total = MeshPart(plan, plan::MeshGeometry::Dense(plan.config), plan.dense,
+                              /*dense=*/true, rank, ns);
+  if (plan.has_experts) {
+    const MeshMemory e = MeshPart(plan, plan::MeshGeometry::Expert(plan.config), plan.expert,
+                                  /*dense=*/false, rank, ns);
+    total.shards += e.shards;
+    total.largest_gather = std::max(total.largest_gather, e.largest_gather);
+    for (size_t u = 0; u < total.muon.size(); ++u) total.muon[u] += e.muon[u];
+  }
+  return total;
+}
+
 }  // namespace
 
 double MemoryPhase::bytes() const {
@@ -182,17 +196,17 @@ MemoryEstimate EstimateRankMemory(const job::ResolvedJob& job, const plan::Plan&
   const auto [unit_local, unit_whole] = LargestUnit(plan);
   std::vector<MemoryItem> shards;
   std::vector<MemoryItem> step;
+  math::NsWorkspaceBound ns;
+  const MeshMemory total = RankMeshMemory(plan, rank, ns);
+  if (job.device == "cuda" && job.comm_backend == "gloo") {
+    // The staging buffer (worker/comm/staging_communicator.h) grows to the
+    // largest collective: a gathered unit or bucket, or a wave's exchange.
+    step.push_back({"communication.backend",
+                    "pinned host copy of the largest collective (gloo on device cuda)",
+                    std::max({total.largest_gather, BucketBytes(plan, job.bucket_bytes),
+                              MuonPhaseBytes(plan, job.muon_buffer_bytes, total.muon)})});
+  }
   if (job.device == "cpu") {
-    math::NsWorkspaceBound ns;
-    MeshMemory total = MeshPart(plan, plan::MeshGeometry::Dense(plan.config), plan.dense,
-                                /*dense=*/true, rank, ns);
-    if (plan.has_experts) {
-      const MeshMemory e = MeshPart(plan, plan::MeshGeometry::Expert(plan.config), plan.expert,
-                                    /*dense=*/false, rank, ns);
-      total.shards += e.shards;
-      total.largest_gather = std::max(total.largest_gather, e.largest_gather);
-      for (size_t u = 0; u < total.muon.size(); ++u) total.muon[u] += e.muon[u];
-    }
     shards.push_back(
         {model, "this rank's shards: parameters, gradient, two optimizer states", total.shards});
     step = {{model, "one unit's gathered buffer", total.largest_gather},

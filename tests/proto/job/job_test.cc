@@ -293,6 +293,24 @@ TEST(JobTest, BucketBytesDefaultTo25MiBAndZeroMeansOneUnit) {
   }
 }
 
+// communication.backend: unset is nccl on cuda and gloo on cpu; gloo on
+// cuda is taken as given (ranks that share a GPU).
+TEST(JobTest, CommBackendDefaultsByDevice) {
+  for (const auto& [device, given, expected] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"cpu", "", "gloo"}, {"", "", "gloo"}, {"cuda", "", "nccl"}, {"cpu", "gloo", "gloo"},
+           {"cuda", "gloo", "gloo"}, {"cuda", "nccl", "nccl"}}) {
+    SCOPED_TRACE(device + " " + given);
+    v1::JobSpec job = DesignJob();
+    job.set_device(device);
+    job.mutable_communication()->set_backend(given);
+    absl::StatusOr<job::ResolvedJob> r = job::ResolveJob(job, "");
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->comm_backend, expected);
+    EXPECT_EQ(job::FilledSpec(*r).communication().backend(), expected);
+  }
+}
+
 TEST(JobTest, TheRecipeResolvesAndIsOffByDefault) {
   absl::StatusOr<job::ResolvedJob> plain = job::ResolveJob(DesignJob(), "");
   ASSERT_TRUE(plain.ok()) << plain.status();
@@ -609,6 +627,14 @@ std::vector<BrokenJob> BrokenJobs() {
       {"BucketBytesNegative",
        [](J& j) { j.mutable_communication()->set_bucket_bytes(-1); },
        "communication.bucket_bytes", "must be >= 0 (0: one unit a collective; unset: 26214400)"},
+      {"CommBackendUnknown", [](J& j) { j.mutable_communication()->set_backend("mpi"); },
+       "communication.backend", "unknown backend 'mpi' (expected nccl or gloo; unset: nccl"},
+      {"CommBackendNcclOnCpu",
+       [](J& j) {
+         j.set_device("cpu");
+         j.mutable_communication()->set_backend("nccl");
+       },
+       "communication.backend", "nccl needs device cuda (this job's device is cpu)"},
       {"MuonReplicaSplitUnknown",
        [](J& j) { j.mutable_optimizer()->set_muon_replica_split("always"); },
        "optimizer.muon_replica_split", "unknown value 'always' (expected auto, on or off"},
