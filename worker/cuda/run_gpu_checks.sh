@@ -19,8 +19,10 @@
 # BIN_DIR (else $MUONMESH_GPU_BIN_DIR) names the folder holding both
 # binaries; without either, the first of build-math/tests/worker,
 # build/tests/worker, build-*/tests/worker (under the checkout) that holds
-# them. With MUONMESH_GPU_LOG_DIR set, the
-# outputs are also written there.
+# them. With MUONMESH_GPU_LOG_DIR set, each step's output is also written
+# there. Everything the script prints (device, test results, losses, step
+# times, tokens/s) also goes to one results file, $MUONMESH_GPU_RESULTS
+# (default ./gpu-results.txt). Every step runs under its own time limit.
 #
 # Also runs worker_runtime_cuda_test and comm_nccl_gpu_test when they are in
 # the same folder (copy them there from build/tests/worker/{runtime,comm}),
@@ -29,7 +31,12 @@
 # through it: an mlp, a moe_mlp and a small gpt (on this checkout's README as
 # bytes) on device cuda against the same jobs on device cpu (every step's loss
 # within 1e-2 relative: bf16 Newton-Schulz against the CPU's fp32), and the
-# step times of a larger mlp and of the gpt at GPT-2 124M's size on the GPU.
+# step times of a larger mlp and of the gpt at GPT-2 124M's size on the GPU;
+# then ranks that share the GPU (communication.backend gloo: Gloo on host
+# copies): the small gpt on 2 ranks (ZeRO-3) and 4 ranks (HFSDP) against the
+# same jobs on the CPU; and, where python3 has PyTorch with CUDA, the gpt at
+# GPT-2 124M's size against PyTorch on the same GPU, eager and torch.compile
+# (tests/worker/model/gpt_vs_torch.py, tokens/s side by side).
 #
 # Exit status: 0 tests passed (benchmark ran); 1 a test or the benchmark
 # failed; 2 binaries missing or not runnable here; 77 no usable GPU.
@@ -73,6 +80,10 @@ EOF
   exit 2
 fi
 
+results=${MUONMESH_GPU_RESULTS:-$PWD/gpu-results.txt}
+mkdir -p "$(dirname "$results")"
+exec > >(tee "$results") 2>&1
+echo "== run_gpu_checks $(date -u +%Y-%m-%dT%H:%M:%SZ), results in $results"
 log_dir=${MUONMESH_GPU_LOG_DIR:-}
 [[ -n $log_dir ]] && mkdir -p "$log_dir"
 run_logged() {  # run_logged NAME LIMIT_SECONDS CMD...
@@ -248,7 +259,64 @@ n_embd: 768, seq_len: 1024}}" "{text: {train: \"$root/README.md\", val_fraction:
       job_rc=1
     fi
   done
+  # Ranks sharing the GPU (Gloo on host copies) against the same ranks on
+  # the CPU: every step's loss within 1e-2 relative.
+  run_ranks() {  # run_ranks NAME DEVICE WORLD: all ranks at once, each its own process
+    local name=$1 device=$2 world=$3 r pids=() rc=0
+    mkdir -p "$jobs_dir/store-$name-$device"
+    for ((r = 0; r < world; ++r)); do
+      timeout 180 "$worker" --standalone --job "$jobs_dir/$name-$device.yaml" --rank $r \
+        --world-size "$world" --store "$jobs_dir/store-$name-$device" \
+        >"$jobs_dir/$name-$device-$r.log" 2>&1 &
+      pids+=($!)
+    done
+    for r in "${pids[@]}"; do wait "$r" || rc=1; done
+    return $rc
+  }
+  for layout in "zero3 2 {data_parallel_sharding_strategy: optim_grads_params}" \
+    "hfsdp 4 {data_parallel_sharding_strategy: optim_grads_params, \
+num_distributed_optimizer_instances: 2, outer_dp_sharding_strategy: optim}"; do
+    read -r lname world parallelism <<<"$layout"
+    name=shared-$lname
+    for device in cuda cpu; do
+      write_job "$name" $device \
+        "{gpt: {vocab_size: 256, block_size: 64, n_layer: 2, n_head: 4, n_embd: 64, seq_len: 64}}" \
+        "{text: {train: \"$root/README.md\", val_fraction: 0.1}}" \
+        "{steps: 20, global_batch_size: 16}"
+      sed -i "s/^world_size: 1$/world_size: $world/" "$jobs_dir/$name-$device.yaml"
+      printf 'parallelism: %s\ncommunication: {backend: gloo}\n' "$parallelism" \
+        >>"$jobs_dir/$name-$device.yaml"
+    done
+    echo "== job $name: $world ranks sharing the GPU (gloo via host copies) against the CPU"
+    if ! run_ranks "$name" cuda "$world" || ! run_ranks "$name" cpu "$world"; then
+      echo "== job $name: FAILED"
+      tail -n 5 "$jobs_dir/$name"-*.log
+      job_rc=1
+      continue
+    fi
+    grep -h "^collectives:" "$jobs_dir/$name-cuda-0.log"
+    if ! paste <(losses "$jobs_dir/$name-cuda-0.log") <(losses "$jobs_dir/$name-cpu-0.log") | awk '
+        $1 != $3 { exit 1 }
+        { d = ($2 - $4) / $4; if (d < 0) d = -d; if (d > worst) worst = d; n++ }
+        END { printf "%d steps, largest relative loss difference %.2e\n", n, worst;
+              exit !(n == 20 && worst <= 1e-2) }'; then
+      echo "== job $name: FAILED (losses differ)"
+      job_rc=1
+    fi
+    median_step "$jobs_dir/$name-cuda-0.log" "gpt on $world ranks sharing the GPU"
+  done
   rm -rf "$jobs_dir"
+
+  # GPT-2 124M against PyTorch on this GPU (eager, then torch.compile).
+  if python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+    echo "== gpt at GPT-2 124M size against PyTorch on the same GPU"
+    run_logged gpt_vs_torch 300 python3 "$root/tests/worker/model/gpt_vs_torch.py" \
+      --device cuda --compile --worker "$worker" --layers 12 --embd 768 --heads 12 --seq 1024 \
+      --vocab 50257 --batch "${MUONMESH_GPU_TORCH_BATCH:-8}" --steps 12 --corpus "$root/README.md" ||
+      { echo "== gpt_vs_torch: FAILED"; job_rc=1; }
+  else
+    echo "== gpt against PyTorch: skipped (python3 has no PyTorch with CUDA here)"
+  fi
 fi
 
 echo "== run_gpu_checks: done in $(($(date +%s) - start)) s"
