@@ -141,6 +141,10 @@ struct TrainerOptions {
   // pass goes on (the weights are the same bits either way). Host devices
   // only (ignored elsewhere).
   bool overlap_reduce = true;
+  // Gather the next units a pass will acquire on a thread of its own while
+  // it computes the ones it holds (one gather ahead; the weights are the
+  // same bits either way). Host devices only (ignored elsewhere).
+  bool prefetch_gathers = true;
 };
 
 // Wall time of each phase of one step on this rank. The parameter gathers
@@ -163,6 +167,10 @@ struct PhaseTimes {
   // (TrainerOptions::overlap_reduce): not part of the step's time; what the
   // pass waited for is in grad_reduce.
   absl::Duration grad_reduce_hidden;
+  // Parameter gathers that ran ahead of the pass while it computed
+  // (TrainerOptions::prefetch_gathers): not part of the step's time; what
+  // the pass waited for is in param_gather.
+  absl::Duration param_gather_hidden;
 };
 
 // One round of the Muon phase: the exchanges, Newton-Schulz and updates of
@@ -320,6 +328,7 @@ class Trainer {
   struct Impl;
   class UnitStream;  // the UnitAccess a step hands the workload
   class Reducer;     // its reductions beside the backward pass
+  class Prefetcher;  // its next parameter gather beside the pass
   explicit Trainer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
   int64_t step_ = 0;

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <deque>
+#include <functional>
 #include <thread>
 #include <utility>
 
@@ -476,6 +477,11 @@ struct Trainer::Impl {
   // asked for, on a host device (the same condition as Overlaps).
   bool OverlapsReduce() const {
     return options.overlap_reduce && dev->memory_space() == comm::MemorySpace::kHost;
+  }
+  // Whether a pass's next parameter gather runs ahead of it (Prefetcher):
+  // asked for, on a host device.
+  bool PrefetchesGathers() const {
+    return options.prefetch_gathers && dev->memory_space() == comm::MemorySpace::kHost;
   }
 };
 

@@ -96,6 +96,83 @@ class Trainer::Reducer {
   std::thread thread_;  // last: starts once the rest is built
 };
 
+// One parameter gather ahead of a pass, on a thread of its own
+// (docs/architecture.md §5, "Prefetch"): the gather of the units the pass
+// acquires next runs while it computes the ones it holds. One at a time:
+// the step's thread starts one, and waits for it before it uses the mesh's
+// gather groups itself or starts the next, so a group has one caller at a
+// time and every rank issues the same gathers in the same order.
+class Trainer::Prefetcher {
+ public:
+  using Job = std::function<absl::Status(StepReport*)>;
+
+  Prefetcher() : thread_([this] { Loop(); }) {}
+  ~Prefetcher() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+
+  // Runs `job` on the thread. The one before must have been waited for.
+  void Start(Job job) {
+    absl::MutexLock lock(&mu_);
+    job_ = std::move(job);
+    done_ = false;
+  }
+
+  // Waits for the started job; adds its bytes to `report`, the wait to its
+  // param_gather and the rest of the job's time (spent beside the caller's
+  // work) to param_gather_hidden. The job's status.
+  absl::Status Wait(StepReport* report) {
+    const absl::Time t0 = absl::Now();
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
+    const absl::Duration waited = absl::Now() - t0;
+    report->times.param_gather += waited;
+    report->times.param_gather_hidden += std::max(absl::ZeroDuration(), busy_ - waited);
+    for (const auto& [name, bytes] : local_.bytes_sent) report->bytes_sent[name] += bytes;
+    local_ = StepReport();
+    return status_;
+  }
+
+ private:
+  bool Woken() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || job_ != nullptr; }
+
+  void Loop() {
+    while (true) {
+      Job job;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(this, &Prefetcher::Woken));
+        if (job_ == nullptr) return;  // stopped
+        job = std::move(job_);
+        job_ = nullptr;
+      }
+      const absl::Time t0 = absl::Now();
+      StepReport local;
+      absl::Status st = job(&local);
+      absl::MutexLock lock(&mu_);
+      busy_ = absl::Now() - t0;
+      status_ = std::move(st);
+      local_ = std::move(local);
+      done_ = true;
+    }
+  }
+
+  absl::Mutex mu_;
+  Job job_ ABSL_GUARDED_BY(mu_);
+  bool done_ ABSL_GUARDED_BY(mu_) = true;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  absl::Duration busy_ ABSL_GUARDED_BY(mu_);
+  StepReport local_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;  // last: starts once the rest is built
+};
+
 // The runtime's side of Workload::ForwardBackwardByUnit over this rank's
 // shards: Acquire gathers one unit into whole tensors taken for it from the
 // trainer's BufferPool (given back on Release), Commit packs one unit's whole
@@ -116,11 +193,18 @@ class Trainer::UnitStream final : public UnitAccess {
       return absl::FailedPreconditionError(
           absl::StrCat("Acquire(", unit, "): the unit is already acquired"));
     }
-    if (slot.prefetched) {  // gathered with an earlier unit of its bucket
+    if (slot.in_flight) {  // being gathered ahead of the pass
+      const std::vector<int32_t> batch = ahead_;
+      MUONMESH_RETURN_IF_ERROR(AwaitAhead());
+      PrefetchAfter(batch, ahead_gathers_);
+    }
+    if (slot.prefetched) {  // gathered with an earlier unit of its bucket, or ahead
       slot.prefetched = false;
       slot.acquired = true;
       return absl::MakeConstSpan(slot.const_ptrs);
     }
+    // The gather groups have one caller at a time.
+    if (Communicates(unit)) MUONMESH_RETURN_IF_ERROR(AwaitAhead());
     const absl::Time t0 = absl::Now();
     MUONMESH_RETURN_IF_ERROR(Allocate(unit, slot.params, slot.param_ptrs));
     slot.const_ptrs.assign(slot.param_ptrs.begin(), slot.param_ptrs.end());
@@ -148,6 +232,7 @@ class Trainer::UnitStream final : public UnitAccess {
 
   void Release(int unit) override {
     if (unit < 0 || unit >= static_cast<int>(slots_.size())) return;
+    if (slots_[unit].in_flight) AwaitAhead().IgnoreError();
     Slot& slot = slots_[unit];
     Free(slot.params, slot.param_ptrs);
     slot.const_ptrs.clear();
@@ -238,13 +323,18 @@ class Trainer::UnitStream final : public UnitAccess {
   // Waits for the reductions still running beside the pass; their first
   // error. Before anything else uses the reduce groups.
   absl::Status Finish() {
-    if (reducer_ == nullptr) return absl::OkStatus();
-    return reducer_->Drain(report_);
+    // A gather ahead that the pass did not use (it acquired fewer units
+    // than it would by the pass's order): waited for, its units freed.
+    absl::Status ahead = AwaitAhead();
+    if (reducer_ == nullptr) return ahead;
+    absl::Status reduced = reducer_->Drain(report_);
+    return ahead.ok() ? reduced : ahead;
   }
 
   // Frees whatever the workload left acquired or uncommitted (waiting for
   // the reductions in flight first).
   void ReleaseAll() {
+    AwaitAhead().IgnoreError();
     if (reducer_ != nullptr) reducer_->Drain(report_).IgnoreError();
     for (size_t u = 0; u < slots_.size(); ++u) {
       Release(static_cast<int>(u));
@@ -277,60 +367,132 @@ class Trainer::UnitStream final : public UnitAccess {
     std::vector<float*> grad_ptrs;
     bool acquired = false;
     bool prefetched = false;  // params hold a gather the workload has not acquired yet
+    bool in_flight = false;   // params are being gathered ahead (Prefetcher)
     bool committed = false;
     int gathers = 0;  // this step
   };
 
   // Gathers `unit`'s parameters into its slot, and with them, in the same
-  // all-gather, the units a pass is about to acquire (Prefetchable) while
-  // their padded buffers fit in a bucket: the next ones on the first gather
-  // of a step (forward), the previous ones on a later gather (backward).
-  // Every rank acquires in the same order, so every rank gathers the same.
+  // all-gather, the units a pass is about to acquire (FormBatch); then
+  // starts the gather of the batch after them ahead of the pass.
   absl::Status Gather(int unit) {
-    Slot& slot = slots_[unit];
-    // The first gather of a step is the forward pass's; later ones re-gather
-    // for the backward pass (counted apart, as the plan counts them).
-    const char* name = slot.gathers == 0 ? "param_allgather" : "param_allgather_backward";
-    std::vector<int32_t> batch = {unit};
-    if (Prefetchable(unit, slot.gathers)) {
-      const int step = slot.gathers == 0 ? 1 : -1;
-      int64_t floats = plan::PaddedElements(*m_.units[m_.states_of[unit][0]].layout);
-      for (int v = unit + step; v >= 0 && v < static_cast<int>(slots_.size()); v += step) {
-        if (!Prefetchable(v, slot.gathers) ||
-            m_.units[m_.states_of[v][0]].mesh != m_.units[m_.states_of[unit][0]].mesh) {
-          break;
-        }
-        floats += plan::PaddedElements(*m_.units[m_.states_of[v][0]].layout);
-        if (floats * 4 > m_.options.bucket_bytes) break;
-        batch.push_back(v);
-      }
-    }
+    const int gathers = slots_[unit].gathers;
+    const std::vector<int32_t> batch = FormBatch(unit, gathers);
     for (size_t i = 1; i < batch.size(); ++i) {
       Slot& other = slots_[batch[i]];
       MUONMESH_RETURN_IF_ERROR(Allocate(batch[i], other.params, other.param_ptrs));
       other.const_ptrs.assign(other.param_ptrs.begin(), other.param_ptrs.end());
       other.prefetched = true;
     }
-    absl::Status st;
-    if (batch.size() == 1) {
-      for (int32_t state : m_.states_of[unit]) {
-        st = m_.GatherUnit(m_.units[state], report_, slot.param_ptrs.data(), name);
-        if (!st.ok()) break;
-      }
-    } else {
-      std::vector<int32_t> states;
-      std::vector<float* const*> dst;
-      for (int32_t v : batch) {
-        states.push_back(m_.states_of[v][0]);
-        dst.push_back(slots_[v].param_ptrs.data());
-      }
-      st = m_.GatherStates(states, dst, report_, name);
-    }
+    absl::Status st = GatherBatch(batch, gathers, report_);
     for (int32_t v : batch) ++slots_[v].gathers;
     if (!st.ok()) {
       for (size_t i = 1; i < batch.size(); ++i) Release(batch[i]);
+      return st;
     }
+    PrefetchAfter(batch, gathers);
+    return absl::OkStatus();
+  }
+
+  // `unit` and the units a pass acquires after it that share its all-gather
+  // while their padded buffers fit in a bucket: the next ones at a unit's
+  // first gather of a step (forward), the previous ones at a later gather
+  // (backward). Every rank acquires in the same order, so every rank forms
+  // the same batches.
+  std::vector<int32_t> FormBatch(int unit, int gathers) const {
+    std::vector<int32_t> batch = {unit};
+    if (!Prefetchable(unit, gathers)) return batch;
+    const int step = gathers == 0 ? 1 : -1;
+    const MeshState* mesh = m_.units[m_.states_of[unit][0]].mesh;
+    int64_t floats = plan::PaddedElements(*m_.units[m_.states_of[unit][0]].layout);
+    for (int v = unit + step; v >= 0 && v < static_cast<int>(slots_.size()); v += step) {
+      if (!Prefetchable(v, gathers) || m_.units[m_.states_of[v][0]].mesh != mesh) break;
+      floats += plan::PaddedElements(*m_.units[m_.states_of[v][0]].layout);
+      if (floats * 4 > m_.options.bucket_bytes) break;
+      batch.push_back(v);
+    }
+    return batch;
+  }
+
+  // The all-gather of `batch` (its slots allocated) at the pass's gather
+  // `gathers`, counting into `report`; any thread (one at a time).
+  absl::Status GatherBatch(const std::vector<int32_t>& batch, int gathers, StepReport* report) {
+    // The first gather of a step is the forward pass's; later ones re-gather
+    // for the backward pass (counted apart, as the plan counts them).
+    const char* name = gathers == 0 ? "param_allgather" : "param_allgather_backward";
+    if (batch.size() == 1) {
+      for (int32_t state : m_.states_of[batch[0]]) {
+        MUONMESH_RETURN_IF_ERROR(
+            m_.GatherUnit(m_.units[state], report, slots_[batch[0]].param_ptrs.data(), name));
+      }
+      return absl::OkStatus();
+    }
+    std::vector<int32_t> states;
+    std::vector<float* const*> dst;
+    for (int32_t v : batch) {
+      states.push_back(m_.states_of[v][0]);
+      dst.push_back(slots_[v].param_ptrs.data());
+    }
+    return m_.GatherStates(states, dst, report, name);
+  }
+
+  // Starts, on the Prefetcher, the gather of the batch that follows `batch`
+  // (gathered at the pass's gather `gathers`) in the pass's order, when
+  // there is one and nothing is in flight. Best effort: a batch that cannot
+  // be allocated is gathered when acquired instead.
+  void PrefetchAfter(const std::vector<int32_t>& batch, int gathers) {
+    if (!m_.PrefetchesGathers() || !ahead_.empty()) return;
+    const int next = batch.back() + (gathers == 0 ? 1 : -1);
+    if (next < 0 || next >= static_cast<int>(slots_.size()) || !Prefetchable(next, gathers)) {
+      return;
+    }
+    std::vector<int32_t> ahead = FormBatch(next, gathers);
+    for (size_t i = 0; i < ahead.size(); ++i) {
+      Slot& slot = slots_[ahead[i]];
+      if (!Allocate(ahead[i], slot.params, slot.param_ptrs).ok()) {
+        for (size_t j = 0; j < i; ++j) Free(slots_[ahead[j]].params, slots_[ahead[j]].param_ptrs);
+        return;
+      }
+      slot.const_ptrs.assign(slot.param_ptrs.begin(), slot.param_ptrs.end());
+    }
+    for (int32_t v : ahead) {
+      slots_[v].in_flight = true;
+      ++slots_[v].gathers;
+    }
+    if (prefetcher_ == nullptr) prefetcher_ = std::make_unique<Prefetcher>();
+    ahead_ = ahead;
+    ahead_gathers_ = gathers;
+    prefetcher_->Start([this, ahead, gathers](StepReport* report) {
+      return GatherBatch(ahead, gathers, report);
+    });
+  }
+
+  // Waits for the gather ahead, if one is in flight: its units become
+  // prefetched (or, when it failed, are freed). Its status.
+  absl::Status AwaitAhead() {
+    if (ahead_.empty()) return absl::OkStatus();
+    absl::Status st = prefetcher_->Wait(report_);
+    for (int32_t v : ahead_) {
+      Slot& slot = slots_[v];
+      slot.in_flight = false;
+      slot.prefetched = st.ok();
+      if (!st.ok()) {
+        Free(slot.params, slot.param_ptrs);
+        slot.const_ptrs.clear();
+      }
+    }
+    ahead_.clear();
     return st;
+  }
+
+  // Whether acquiring `unit` gathers over a group (some state of it sits on
+  // a mesh that shards parameters).
+  bool Communicates(int unit) const {
+    for (int32_t state : m_.states_of[unit]) {
+      const MeshState& mesh = *m_.units[state].mesh;
+      if (mesh.k < mesh.domain_size) return true;
+    }
+    return false;
   }
 
   // Whether unit `v` can share a gather with others at the pass where it
@@ -339,7 +501,7 @@ class Trainer::UnitStream final : public UnitAccess {
   // gather this step (the spec's gathers_per_step).
   bool Prefetchable(int v, int gathers) const {
     const Slot& slot = slots_[v];
-    if (m_.states_of[v].size() != 1 || slot.acquired || slot.prefetched ||
+    if (m_.states_of[v].size() != 1 || slot.acquired || slot.prefetched || slot.in_flight ||
         slot.gathers != gathers) {
       return false;
     }
@@ -389,6 +551,12 @@ class Trainer::UnitStream final : public UnitAccess {
   std::vector<Slot> slots_;
   std::vector<Pending> pending_;
   std::unique_ptr<Reducer> reducer_;  // when reductions overlap the pass
+  // The gather ahead of the pass: its units (empty: none in flight) and
+  // the pass's gather they were taken at. Declared after slots_, so that it
+  // is destroyed (its thread joined) before the slots it writes.
+  std::vector<int32_t> ahead_;
+  int ahead_gathers_ = 0;
+  std::unique_ptr<Prefetcher> prefetcher_;
 };
 
 }  // namespace muonmesh::worker

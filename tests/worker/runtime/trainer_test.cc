@@ -214,6 +214,7 @@ struct RunRecipe {
   int64_t health_every = 0;
   int64_t bucket_bytes = plan::kDefaultBucketBytes;
   bool overlap_reduce = true;
+  bool prefetch_gathers = true;
 };
 
 RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpoints& ck = {},
@@ -305,6 +306,7 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
       o.health_every = recipe.health_every;
       o.bucket_bytes = recipe.bucket_bytes;
       o.overlap_reduce = recipe.overlap_reduce;
+      o.prefetch_gathers = recipe.prefetch_gathers;
       absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(*plan, local.get(), r, o);
       if (!t.ok()) {
         status[r] = t.status();
@@ -798,8 +800,9 @@ TEST_P(TrainerConfigTest, OwnerBasedAndAllgatherEndBitIdentical) {
 // for a workload that acquires its units once, in order (Workload's
 // default pass, TwoLayerLinear), one more call saved per merged unit; for
 // the others at least the reduction's and the after-step's. The buckets
-// reduced on the step's own thread instead of beside the backward pass
-// end the same, bit for bit.
+// reduced on the step's own thread instead of beside the backward pass, and
+// the parameters gathered when acquired instead of one gather ahead, end
+// the same, bit for bit, with the same calls.
 TEST_P(TrainerConfigTest, BucketsOfAnySizeEndBitIdenticalWithFewerCalls) {
   const Config& c = GetParam();
   RunRecipe one_each;
@@ -813,13 +816,19 @@ TEST_P(TrainerConfigTest, BucketsOfAnySizeEndBitIdenticalWithFewerCalls) {
   const RunResult whole = RunJob(c, "lpt", 3);
   RunRecipe on_the_step;
   on_the_step.overlap_reduce = false;
+  on_the_step.prefetch_gathers = false;
   const RunResult serial = RunJob(c, "lpt", 3, {}, 0, true, "", on_the_step);
-  for (const auto& [other, what] : {std::pair{&half, "half the model a bucket"},
-                                     std::pair{&whole, "one bucket"},
-                                     std::pair{&serial, "reduced on the step's thread"}}) {
+  for (const auto& [other, what] :
+       {std::pair{&half, "half the model a bucket"}, std::pair{&whole, "one bucket"},
+        std::pair{&serial, "reduced and gathered on the step's thread"}}) {
     ExpectSameWeights(*other, per_unit, what);
     EXPECT_EQ(other->bytes, per_unit.bytes) << what;
   }
+  EXPECT_EQ(serial.collective_calls, whole.collective_calls);
+  RunRecipe one_each_serial = one_each;
+  one_each_serial.prefetch_gathers = false;
+  EXPECT_EQ(RunJob(c, "lpt", 3, {}, 0, true, "", one_each_serial).collective_calls,
+            per_unit.collective_calls);
   // Calls saved: per mesh, (units - buckets) times the calls one unit's
   // reduction and after-step gather make.
   auto saved = [&](int64_t bucket_bytes, bool with_gathers) {
