@@ -245,6 +245,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const job::ResolvedJob& job
   topts.muon = job.muon;
   topts.muon_buffer_bytes = job.muon_buffer_bytes;
   topts.bucket_bytes = job.bucket_bytes;
+  topts.prefetch_gathers = job.prefetch_gathers;
   topts.adamw = job.adamw;
   topts.global_batch_size = job.global_batch_size;
   topts.lr_schedule = job.lr_schedule;

@@ -812,6 +812,8 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
   r.bucket_bytes = job.communication().has_bucket_bytes() ? job.communication().bucket_bytes()
                                                           : plan::kDefaultBucketBytes;
   r.comm_backend = CommBackendOf(job);
+  r.prefetch_gathers =
+      !job.communication().has_prefetch() || job.communication().prefetch();
   r.muon_replica_split =
       job.optimizer().muon_replica_split().empty() ? "auto" : job.optimizer().muon_replica_split();
   r.muon = MuonFromProto(job.optimizer().muon());
@@ -877,6 +879,7 @@ v1::JobSpec FilledSpec(const ResolvedJob& r) {
   opt.set_muon_replica_split(r.muon_replica_split);
   out.mutable_communication()->set_bucket_bytes(r.bucket_bytes);
   out.mutable_communication()->set_backend(r.comm_backend);
+  out.mutable_communication()->set_prefetch(r.prefetch_gathers);
   v1::MuonConfig& muon = *opt.mutable_muon();
   muon.set_lr(r.muon.lr);
   muon.set_momentum(r.muon.momentum);

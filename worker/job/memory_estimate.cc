@@ -84,7 +84,8 @@ double MuonPhaseBytes(const plan::Plan& plan, int64_t requested, const std::vect
 // bucket's buffer and, where its mesh reduces over two levels or more and
 // it holds several units, the regrouping of its first level's output; or a
 // shared parameter gather (UnitStream): up to bucket_bytes of padded unit
-// buffers gathered at once, then held as whole tensors until acquired.
+// buffers gathered at once, then held as whole tensors until acquired, and
+// (communication.prefetch) the next such gather in flight beside it.
 double BucketBytes(const plan::Plan& plan, int64_t bucket_bytes) {
   double peak = 0;
   double padded[2] = {0, 0};

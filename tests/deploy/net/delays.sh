@@ -12,7 +12,8 @@
 # Default delays: 0 0.5 2 20@100 (20 ms with a 100 Mbit/s rate on every host
 # link). STEPS (default 40) sets the job's steps; the first 5 (warm-up) are
 # left out of the medians; BUCKET_BYTES sets the job's
-# communication.bucket_bytes (default: the job's default); KEEP_CWND=1 sets
+# communication.bucket_bytes (default: the job's default); PREFETCH=false
+# turns communication.prefetch off; KEEP_CWND=1 sets
 # net.ipv4.tcp_slow_start_after_idle=0 on the worker hosts (TCP keeps its
 # congestion window across the idle time between a step's bursts); WORLD
 # (default 4) runs that many worker hosts and ranks, and MODEL replaces the
@@ -79,7 +80,10 @@ run() {
       -e "s/^world_size: .*/world_size: $world/" \
       "$root/deploy/local/examples/gpt-text.yaml" > "$work/$name.yaml"
   [[ -z ${MODEL:-} ]] || sed -i "/^  gpt: /d; s/^model:.*/model: $MODEL/" "$work/$name.yaml"
-  [[ -z ${BUCKET_BYTES:-} ]] || echo "communication: {bucket_bytes: $BUCKET_BYTES}" >> "$work/$name.yaml"
+  local comm=()
+  [[ -z ${BUCKET_BYTES:-} ]] || comm+=("bucket_bytes: $BUCKET_BYTES")
+  [[ -z ${PREFETCH:-} ]] || comm+=("prefetch: $PREFETCH")
+  ((${#comm[@]} == 0)) || (IFS=,; echo "communication: {${comm[*]}}") >> "$work/$name.yaml"
   local id frames_before frames_after drops_before drops_after
   id=$(ctl submit "$work/$name.yaml" 2> "$work/$name.submit.err" | tail -1)
   [[ -n $id ]] || { cat "$work/$name.submit.err"; exit 1; }
@@ -109,15 +113,17 @@ base = json.load(open(base_file))
 cells = ["%.3f s (%.2fx)" % (med[k], med[k] / base[k] if base[k] else 0) for k in ["step"] + phases]
 calls = statistics.median(r.get("collective_calls", 0) for r in records)
 hidden = statistics.median(r["phases"].get("grad_reduce_hidden", 0.0) for r in records)
-print("| %s | %s | %.3f s | %g | %s | %s |" % (label, " | ".join(cells), hidden, calls, frames,
-                                              drops))
+ahead = statistics.median(r["phases"].get("param_gather_hidden", 0.0) for r in records)
+print("| %s | %s | %.3f s | %.3f s | %g | %s | %s |" % (label, " | ".join(cells), hidden, ahead,
+                                                       calls, frames, drops))
 EOF
 }
 
 echo "delays: ${delays[*]} ms one way; $world ranks; model ${MODEL:-of the quickstart};" \
   "$steps steps a run, medians of steps 5 on;" \
-  "communication.bucket_bytes ${BUCKET_BYTES:-default}; tcp_slow_start_after_idle" \
+  "communication.bucket_bytes ${BUCKET_BYTES:-default}, prefetch ${PREFETCH:-default};" \
+  "tcp_slow_start_after_idle" \
   "$( ((${KEEP_CWND:-0})) && echo 0 || echo 1)"
-echo "| one-way delay ms[@Mbit/s] | step | param_gather | grad_reduce | muon_gather | muon_scatter | param_allgather_after_step | grad_reduce_hidden | calls a step | frames a step | queue drops a step |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| one-way delay ms[@Mbit/s] | step | param_gather | grad_reduce | muon_gather | muon_scatter | param_allgather_after_step | grad_reduce_hidden | param_gather_hidden | calls a step | frames a step | queue drops a step |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for d in "${delays[@]}"; do run "$d"; done

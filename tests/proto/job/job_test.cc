@@ -311,6 +311,20 @@ TEST(JobTest, CommBackendDefaultsByDevice) {
   }
 }
 
+// communication.prefetch: unset is on; false is kept.
+TEST(JobTest, PrefetchIsOnUnlessTurnedOff) {
+  absl::StatusOr<job::ResolvedJob> plain = job::ResolveJob(DesignJob(), "");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(plain->prefetch_gathers);
+  EXPECT_TRUE(job::FilledSpec(*plain).communication().prefetch());
+  v1::JobSpec job = DesignJob();
+  job.mutable_communication()->set_prefetch(false);
+  absl::StatusOr<job::ResolvedJob> off = job::ResolveJob(job, "");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->prefetch_gathers);
+  EXPECT_FALSE(job::FilledSpec(*off).communication().prefetch());
+}
+
 TEST(JobTest, TheRecipeResolvesAndIsOffByDefault) {
   absl::StatusOr<job::ResolvedJob> plain = job::ResolveJob(DesignJob(), "");
   ASSERT_TRUE(plain.ok()) << plain.status();
