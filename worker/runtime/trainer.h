@@ -327,8 +327,7 @@ class Trainer {
  private:
   struct Impl;
   class UnitStream;  // the UnitAccess a step hands the workload
-  class Reducer;     // its reductions beside the backward pass
-  class Prefetcher;  // its next parameter gather beside the pass
+  class CommThread;  // its reductions, and its next gather, beside the pass
   explicit Trainer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
   int64_t step_ = 0;

@@ -473,12 +473,12 @@ struct Trainer::Impl {
   bool Overlaps() const {
     return options.muon_overlap && dev->memory_space() == comm::MemorySpace::kHost;
   }
-  // Whether a bucket's reduction runs beside the backward pass (Reducer):
+  // Whether a bucket's reduction runs beside the backward pass (a CommThread):
   // asked for, on a host device (the same condition as Overlaps).
   bool OverlapsReduce() const {
     return options.overlap_reduce && dev->memory_space() == comm::MemorySpace::kHost;
   }
-  // Whether a pass's next parameter gather runs ahead of it (Prefetcher):
+  // Whether a pass's next parameter gather runs ahead of it (a CommThread):
   // asked for, on a host device.
   bool PrefetchesGathers() const {
     return options.prefetch_gathers && dev->memory_space() == comm::MemorySpace::kHost;

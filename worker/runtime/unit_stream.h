@@ -7,165 +7,90 @@
 
 namespace muonmesh::worker {
 
-// Reductions of complete buckets on a thread of their own, one after
-// another in commit order (the same on every rank), so that the backward
-// pass goes on while they run (docs/architecture.md §5, "Overlap"). At most
-// kInFlight wait; Push blocks beyond. Its collectives use the mesh's reduce
-// groups, which nothing else uses until Drain returns.
-class Trainer::Reducer {
+// A pass's communication on a thread of its own, while the pass computes
+// (docs/architecture.md §5, "Overlap" and "Prefetch"): jobs run one after
+// another in the order they were pushed, the same on every rank. A job's
+// collectives use groups the step's thread leaves alone until Drain returns
+// (the reduce groups for the bucket reductions; the gather groups for the
+// gather ahead, which the step's thread waits for before it gathers).
+class Trainer::CommThread {
  public:
-  explicit Reducer(Impl& m) : m_(m), thread_([this] { Loop(); }) {}
-  ~Reducer() {
+  // Runs the job with `bytes` to count into; `failed` when a job before it
+  // failed since the last Drain (a job then only hands its buffers back).
+  using Job = std::function<absl::Status(StepReport* bytes, bool failed)>;
+
+  // At most `capacity` jobs wait (Push blocks beyond). Drain adds its wait
+  // to the report's `waited` phase and the rest of the jobs' time, spent
+  // beside the caller's work, to its `hidden` phase.
+  CommThread(size_t capacity, absl::Duration PhaseTimes::*waited,
+             absl::Duration PhaseTimes::*hidden)
+      : capacity_(capacity), waited_(waited), hidden_(hidden), thread_([this] { Loop(); }) {}
+  ~CommThread() {
     {
       absl::MutexLock lock(&mu_);
       stop_ = true;
     }
     thread_.join();
   }
-  Reducer(const Reducer&) = delete;
-  Reducer& operator=(const Reducer&) = delete;
+  CommThread(const CommThread&) = delete;
+  CommThread& operator=(const CommThread&) = delete;
 
-  // Queues bucket `b`'s packed buffer (handed back to the pool once reduced).
-  void Push(int32_t b, DeviceBuffer buf) {
+  void Push(Job job) {
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(this, &Reducer::HasRoom));
-    queue_.push_back({b, std::move(buf)});
+    mu_.Await(absl::Condition(this, &CommThread::HasRoom));
+    queue_.push_back(std::move(job));
   }
 
-  // Waits until every queued reduction ran; adds their bytes to `report`,
-  // the wait to its grad_reduce and the rest of their time (spent beside
-  // the caller's work) to grad_reduce_hidden. Their first error.
+  // Waits until every pushed job ran; adds their bytes and times to
+  // `report` (see the constructor). Their first error, then forgotten.
   absl::Status Drain(StepReport* report) {
     const absl::Time t0 = absl::Now();
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(this, &Reducer::Idle));
+    mu_.Await(absl::Condition(this, &CommThread::Idle));
     const absl::Duration waited = absl::Now() - t0;
-    report->times.grad_reduce += waited;
-    report->times.grad_reduce_hidden += std::max(absl::ZeroDuration(), busy_ - waited);
+    report->times.*waited_ += waited;
+    report->times.*hidden_ += std::max(absl::ZeroDuration(), busy_ - waited);
     busy_ = absl::ZeroDuration();
     for (const auto& [name, bytes] : local_.bytes_sent) report->bytes_sent[name] += bytes;
     local_.bytes_sent.clear();
-    return status_;
+    return std::exchange(status_, absl::OkStatus());
   }
 
  private:
-  static constexpr size_t kInFlight = 2;
-  struct Job {
-    int32_t bucket = 0;
-    DeviceBuffer buf;
-  };
-
-  bool HasRoom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.size() < kInFlight; }
+  bool HasRoom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.size() < capacity_; }
   bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.empty() && !running_; }
   bool Woken() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); }
 
   void Loop() {
     while (true) {
       Job job;
-      bool skip = false;  // after an error, only hand buffers back
+      bool failed = false;
       {
         absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(this, &Reducer::Woken));
+        mu_.Await(absl::Condition(this, &CommThread::Woken));
         if (queue_.empty()) return;  // stopped
         job = std::move(queue_.front());
         queue_.pop_front();
         running_ = true;
-        skip = !status_.ok();
+        failed = !status_.ok();
       }
       const absl::Time t0 = absl::Now();
       StepReport bytes;
-      absl::Status st =
-          skip ? absl::OkStatus() : m_.ReduceBucket(job.bucket, job.buf.data(), &bytes);
-      m_.unit_buffers.Give(std::move(job.buf));
+      absl::Status st = job(&bytes, failed);
       absl::MutexLock lock(&mu_);
       running_ = false;
       busy_ += absl::Now() - t0;
       for (const auto& [name, n] : bytes.bytes_sent) local_.bytes_sent[name] += n;
-      if (status_.ok()) status_ = st;
+      if (status_.ok()) status_ = std::move(st);
     }
   }
 
-  Impl& m_;
+  const size_t capacity_;
+  absl::Duration PhaseTimes::*const waited_;
+  absl::Duration PhaseTimes::*const hidden_;
   absl::Mutex mu_;
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-  absl::Duration busy_ ABSL_GUARDED_BY(mu_);
-  StepReport local_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;  // last: starts once the rest is built
-};
-
-// One parameter gather ahead of a pass, on a thread of its own
-// (docs/architecture.md §5, "Prefetch"): the gather of the units the pass
-// acquires next runs while it computes the ones it holds. One at a time:
-// the step's thread starts one, and waits for it before it uses the mesh's
-// gather groups itself or starts the next, so a group has one caller at a
-// time and every rank issues the same gathers in the same order.
-class Trainer::Prefetcher {
- public:
-  using Job = std::function<absl::Status(StepReport*)>;
-
-  Prefetcher() : thread_([this] { Loop(); }) {}
-  ~Prefetcher() {
-    {
-      absl::MutexLock lock(&mu_);
-      stop_ = true;
-    }
-    thread_.join();
-  }
-  Prefetcher(const Prefetcher&) = delete;
-  Prefetcher& operator=(const Prefetcher&) = delete;
-
-  // Runs `job` on the thread. The one before must have been waited for.
-  void Start(Job job) {
-    absl::MutexLock lock(&mu_);
-    job_ = std::move(job);
-    done_ = false;
-  }
-
-  // Waits for the started job; adds its bytes to `report`, the wait to its
-  // param_gather and the rest of the job's time (spent beside the caller's
-  // work) to param_gather_hidden. The job's status.
-  absl::Status Wait(StepReport* report) {
-    const absl::Time t0 = absl::Now();
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(&done_));
-    const absl::Duration waited = absl::Now() - t0;
-    report->times.param_gather += waited;
-    report->times.param_gather_hidden += std::max(absl::ZeroDuration(), busy_ - waited);
-    for (const auto& [name, bytes] : local_.bytes_sent) report->bytes_sent[name] += bytes;
-    local_ = StepReport();
-    return status_;
-  }
-
- private:
-  bool Woken() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || job_ != nullptr; }
-
-  void Loop() {
-    while (true) {
-      Job job;
-      {
-        absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(this, &Prefetcher::Woken));
-        if (job_ == nullptr) return;  // stopped
-        job = std::move(job_);
-        job_ = nullptr;
-      }
-      const absl::Time t0 = absl::Now();
-      StepReport local;
-      absl::Status st = job(&local);
-      absl::MutexLock lock(&mu_);
-      busy_ = absl::Now() - t0;
-      status_ = std::move(st);
-      local_ = std::move(local);
-      done_ = true;
-    }
-  }
-
-  absl::Mutex mu_;
-  Job job_ ABSL_GUARDED_BY(mu_);
-  bool done_ ABSL_GUARDED_BY(mu_) = true;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   absl::Duration busy_ ABSL_GUARDED_BY(mu_);
@@ -284,8 +209,17 @@ class Trainer::UnitStream final : public UnitAccess {
       MUONMESH_RETURN_IF_ERROR(m_.PackGradients(state, p.buf.data(), src.data()));
       if (--p.left > 0) continue;
       if (m_.OverlapsReduce()) {
-        if (reducer_ == nullptr) reducer_ = std::make_unique<Reducer>(m_);
-        reducer_->Push(b, std::move(p.buf));
+        if (reducer_ == nullptr) {
+          reducer_ = std::make_unique<CommThread>(kReductionsWaiting, &PhaseTimes::grad_reduce,
+                                                  &PhaseTimes::grad_reduce_hidden);
+        }
+        // (std::function copies its callable: the buffer rides in a shared_ptr.)
+        auto buf = std::make_shared<DeviceBuffer>(std::move(p.buf));
+        reducer_->Push([this, b, buf](StepReport* bytes, bool failed) {
+          absl::Status st = failed ? absl::OkStatus() : m_.ReduceBucket(b, buf->data(), bytes);
+          m_.unit_buffers.Give(std::move(*buf));
+          return st;
+        });
         continue;
       }
       absl::Status st = m_.ReduceBucket(b, p.buf.data(), report_);
@@ -367,7 +301,7 @@ class Trainer::UnitStream final : public UnitAccess {
     std::vector<float*> grad_ptrs;
     bool acquired = false;
     bool prefetched = false;  // params hold a gather the workload has not acquired yet
-    bool in_flight = false;   // params are being gathered ahead (Prefetcher)
+    bool in_flight = false;   // params are being gathered ahead (prefetcher_)
     bool committed = false;
     int gathers = 0;  // this step
   };
@@ -436,7 +370,7 @@ class Trainer::UnitStream final : public UnitAccess {
     return m_.GatherStates(states, dst, report, name);
   }
 
-  // Starts, on the Prefetcher, the gather of the batch that follows `batch`
+  // Starts, on prefetcher_, the gather of the batch that follows `batch`
   // (gathered at the pass's gather `gathers`) in the pass's order, when
   // there is one and nothing is in flight. Best effort: a batch that cannot
   // be allocated is gathered when acquired instead.
@@ -459,10 +393,13 @@ class Trainer::UnitStream final : public UnitAccess {
       slots_[v].in_flight = true;
       ++slots_[v].gathers;
     }
-    if (prefetcher_ == nullptr) prefetcher_ = std::make_unique<Prefetcher>();
+    if (prefetcher_ == nullptr) {
+      prefetcher_ = std::make_unique<CommThread>(1, &PhaseTimes::param_gather,
+                                                 &PhaseTimes::param_gather_hidden);
+    }
     ahead_ = ahead;
     ahead_gathers_ = gathers;
-    prefetcher_->Start([this, ahead, gathers](StepReport* report) {
+    prefetcher_->Push([this, ahead, gathers](StepReport* report, bool) {
       return GatherBatch(ahead, gathers, report);
     });
   }
@@ -471,7 +408,7 @@ class Trainer::UnitStream final : public UnitAccess {
   // prefetched (or, when it failed, are freed). Its status.
   absl::Status AwaitAhead() {
     if (ahead_.empty()) return absl::OkStatus();
-    absl::Status st = prefetcher_->Wait(report_);
+    absl::Status st = prefetcher_->Drain(report_);
     for (int32_t v : ahead_) {
       Slot& slot = slots_[v];
       slot.in_flight = false;
@@ -550,13 +487,16 @@ class Trainer::UnitStream final : public UnitAccess {
   StepReport* report_;
   std::vector<Slot> slots_;
   std::vector<Pending> pending_;
-  std::unique_ptr<Reducer> reducer_;  // when reductions overlap the pass
+  // Complete buckets' reductions beside the backward pass, at most this many
+  // waiting (each holds its bucket's buffer).
+  static constexpr size_t kReductionsWaiting = 2;
+  std::unique_ptr<CommThread> reducer_;  // when reductions overlap the pass
   // The gather ahead of the pass: its units (empty: none in flight) and
   // the pass's gather they were taken at. Declared after slots_, so that it
   // is destroyed (its thread joined) before the slots it writes.
   std::vector<int32_t> ahead_;
   int ahead_gathers_ = 0;
-  std::unique_ptr<Prefetcher> prefetcher_;
+  std::unique_ptr<CommThread> prefetcher_;  // runs the gather ahead
 };
 
 }  // namespace muonmesh::worker
