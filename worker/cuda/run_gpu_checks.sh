@@ -203,6 +203,14 @@ JOB
       >"$jobs_dir/$1-$2.log" 2>&1
   }
   losses() { awk '$1 == "step" && $3 == "loss" { print $2, $4 }' "$1"; }
+  # Every one of 20 steps' losses on cuda within 1e-2 relative of the CPU's.
+  same_losses() {  # same_losses CUDA_LOG CPU_LOG
+    paste <(losses "$1") <(losses "$2") | awk '
+      $1 != $3 { exit 1 }
+      { d = ($2 - $4) / $4; if (d < 0) d = -d; if (d > worst) worst = d; n++ }
+      END { printf "%d steps, largest relative loss difference %.2e\n", n, worst;
+            exit !(n == 20 && worst <= 1e-2) }'
+  }
   for device in cuda cpu; do
     write_job mlp $device "{mlp: {dims: [64, 256, 256, 16]}}" \
       "{teacher: {seed: 11, samples: 4096}}" "{steps: 20, global_batch_size: 64}"
@@ -226,12 +234,7 @@ n_embd: 768, seq_len: 1024}}" "{text: {train: \"$root/README.md\", val_fraction:
       job_rc=1
       continue
     fi
-    # Every step's loss on cuda within 1e-2 relative of the CPU's.
-    if ! paste <(losses "$jobs_dir/$name-cuda.log") <(losses "$jobs_dir/$name-cpu.log") | awk '
-        $1 != $3 { exit 1 }
-        { d = ($2 - $4) / $4; if (d < 0) d = -d; if (d > worst) worst = d; n++ }
-        END { printf "%d steps, largest relative loss difference %.2e\n", n, worst;
-              exit !(n == 20 && worst <= 1e-2) }'; then
+    if ! same_losses "$jobs_dir/$name-cuda.log" "$jobs_dir/$name-cpu.log"; then
       echo "== job $name: FAILED (losses differ)"
       job_rc=1
     fi
@@ -295,11 +298,7 @@ num_distributed_optimizer_instances: 2, outer_dp_sharding_strategy: optim}"; do
       continue
     fi
     grep -h "^collectives:" "$jobs_dir/$name-cuda-0.log"
-    if ! paste <(losses "$jobs_dir/$name-cuda-0.log") <(losses "$jobs_dir/$name-cpu-0.log") | awk '
-        $1 != $3 { exit 1 }
-        { d = ($2 - $4) / $4; if (d < 0) d = -d; if (d > worst) worst = d; n++ }
-        END { printf "%d steps, largest relative loss difference %.2e\n", n, worst;
-              exit !(n == 20 && worst <= 1e-2) }'; then
+    if ! same_losses "$jobs_dir/$name-cuda-0.log" "$jobs_dir/$name-cpu-0.log"; then
       echo "== job $name: FAILED (losses differ)"
       job_rc=1
     fi
