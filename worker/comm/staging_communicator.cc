@@ -55,22 +55,20 @@ class StagingCommunicator final : public Communicator {
     return pinned_;
   }
 
-  absl::Status ToHost(float* host, const float* device, int64_t count) {
+  // One copy on the stream, waited for: device to host or host to device.
+  absl::Status Copy(float* dst, const float* src, int64_t count, cudaMemcpyKind kind) {
     if (count == 0) return absl::OkStatus();
     MUONMESH_COMM_CUDA_CHECK(cudaSetDevice(device_));
-    MUONMESH_COMM_CUDA_CHECK(cudaMemcpyAsync(host, device, static_cast<size_t>(count) * 4,
-                                             cudaMemcpyDeviceToHost, stream_));
+    MUONMESH_COMM_CUDA_CHECK(
+        cudaMemcpyAsync(dst, src, static_cast<size_t>(count) * 4, kind, stream_));
     MUONMESH_COMM_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return absl::OkStatus();
   }
-
+  absl::Status ToHost(float* host, const float* device, int64_t count) {
+    return Copy(host, device, count, cudaMemcpyDeviceToHost);
+  }
   absl::Status ToDevice(float* device, const float* host, int64_t count) {
-    if (count == 0) return absl::OkStatus();
-    MUONMESH_COMM_CUDA_CHECK(cudaSetDevice(device_));
-    MUONMESH_COMM_CUDA_CHECK(cudaMemcpyAsync(device, host, static_cast<size_t>(count) * 4,
-                                             cudaMemcpyHostToDevice, stream_));
-    MUONMESH_COMM_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return absl::OkStatus();
+    return Copy(device, host, count, cudaMemcpyHostToDevice);
   }
 
   // The host group's options for what is left of this call's time.
