@@ -45,6 +45,12 @@
 #include "worker/runtime/cuda_device.h"
 #include "worker/runtime/trainer.h"
 
+// 0 in the self-contained GPU binary (worker_runtime_cuda_test), which is
+// built without Gloo.
+#ifndef MUONMESH_COMM_WITH_GLOO
+#define MUONMESH_COMM_WITH_GLOO 1
+#endif
+
 namespace muonmesh::worker {
 namespace {
 
@@ -269,6 +275,7 @@ enum class Transport {
   kHost,    // ReferenceHost, the in-process backend
   kNccl,    // GPU r for rank r, NCCL
   kStaged,  // every rank on GPU 0, the in-process backend through host copies
+  kStagedGloo,  // every rank on GPU 0, Gloo on loopback through host copies
 };
 
 // A parallelism layout of the planner's input (docs/architecture.md §3).
@@ -351,8 +358,9 @@ Result RunRanks(Transport transport, const Layout& layout, int steps) {
       }
       TrainerOptions o;
       o.device = device.get();
-      o.backend = transport == Transport::kNccl ? comm::Backend::kNccl
-                                                : comm::Backend::kInProcess;
+      o.backend = transport == Transport::kNccl        ? comm::Backend::kNccl
+                  : transport == Transport::kStagedGloo ? comm::Backend::kGloo
+                                                        : comm::Backend::kInProcess;
       o.store = store->get();
       o.group_options.hub = hub;
       o.muon.lr = 0.02;
@@ -448,6 +456,27 @@ TEST_P(SharedGpuTest, MatchesTheHostAndAllgather) {
   for (size_t p = 0; p < gpu.weights.size(); ++p) {
     EXPECT_EQ(all.weights[p], gpu.weights[p]) << "param " << p;
   }
+}
+
+// A job's own transport for ranks that share a GPU: Gloo on loopback
+// through host copies, the same bits as the in-process backend (both sum
+// in rank order), under HFSDP with experts on their own mesh.
+TEST(SharedGpuGlooTest, GlooEndsAsTheInProcessBackend) {
+#if MUONMESH_COMM_WITH_GLOO
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const int steps = 3;
+  const Layout layout{"ep2_hfsdp_w4_gloo", 4, "optim_grads_params", 2, "optim", 2};
+  const Result inproc = RunRanks(Transport::kStaged, layout, steps);
+  const Result gloo = RunRanks(Transport::kStagedGloo, layout, steps);
+  ASSERT_EQ(gloo.losses, inproc.losses);
+  ASSERT_EQ(gloo.weights.size(), inproc.weights.size());
+  ASSERT_GE(gloo.weights.size(), 4u);
+  for (size_t p = 0; p < gloo.weights.size(); ++p) {
+    EXPECT_EQ(gloo.weights[p], inproc.weights[p]) << "param " << p;
+  }
+#else
+  GTEST_SKIP() << "built without Gloo (the self-contained GPU binary)";
+#endif
 }
 
 INSTANTIATE_TEST_SUITE_P(
