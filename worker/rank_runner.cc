@@ -240,6 +240,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const job::ResolvedJob& job
   topts.group_options.gloo_interface = options.gloo_interface;
   topts.group_options.connect_timeout = options.timeout;
   topts.group_options.abort = options.abort;
+  topts.group_options.gloo_window_bytes = job.window_bytes;
   topts.collective.timeout = options.timeout;
   topts.group_prefix = options.group_prefix;
   topts.muon = job.muon;

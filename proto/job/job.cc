@@ -669,6 +669,11 @@ std::vector<plan::FieldViolation> ValidateJob(const v1::JobSpec& job) {
           absl::StrCat("must be >= 0 (0: one unit a collective; unset: ",
                        plan::kDefaultBucketBytes, "), got ", job.communication().bucket_bytes()));
   }
+  if (job.communication().window_bytes() < 0) {
+    v.Add("communication.window_bytes",
+          absl::StrCat("must be >= 0 (0 or unset: no limit; across slow links about the "
+                       "bandwidth-delay product), got ", job.communication().window_bytes()));
+  }
   CheckCommBackend(job, v);
   return v.Take();
 }
@@ -814,6 +819,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
   r.comm_backend = CommBackendOf(job);
   r.prefetch_gathers =
       !job.communication().has_prefetch() || job.communication().prefetch();
+  r.window_bytes = job.communication().window_bytes();
   r.muon_replica_split =
       job.optimizer().muon_replica_split().empty() ? "auto" : job.optimizer().muon_replica_split();
   r.muon = MuonFromProto(job.optimizer().muon());
@@ -880,6 +886,7 @@ v1::JobSpec FilledSpec(const ResolvedJob& r) {
   out.mutable_communication()->set_bucket_bytes(r.bucket_bytes);
   out.mutable_communication()->set_backend(r.comm_backend);
   out.mutable_communication()->set_prefetch(r.prefetch_gathers);
+  out.mutable_communication()->set_window_bytes(r.window_bytes);
   v1::MuonConfig& muon = *opt.mutable_muon();
   muon.set_lr(r.muon.lr);
   muon.set_momentum(r.muon.momentum);

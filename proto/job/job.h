@@ -112,6 +112,7 @@ struct ResolvedJob {
   int64_t bucket_bytes = 0;       // communication.bucket_bytes, its default applied
   std::string comm_backend;       // communication.backend: "nccl" or "gloo", default applied
   bool prefetch_gathers = true;   // communication.prefetch, default applied
+  int64_t window_bytes = 0;       // communication.window_bytes (0: no limit)
   std::string muon_replica_split;  // optimizer.muon_replica_split: auto | on | off
 
   optim::MuonOptions muon;

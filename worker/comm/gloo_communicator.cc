@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <mutex>
 #include <type_traits>
 #include <utility>
@@ -16,8 +17,6 @@
 #include "absl/synchronization/mutex.h"
 #include "gloo/allgather.h"
 #include "gloo/allgatherv.h"
-#include "gloo/alltoall.h"
-#include "gloo/alltoallv.h"
 #include "gloo/barrier.h"
 #include "gloo/broadcast.h"
 #include "gloo/common/error.h"
@@ -168,9 +167,31 @@ constexpr absl::Duration kAbortWakeFor = absl::Seconds(2);
 // order, (n - 1) count floats a rank instead of the model's 2 (n - 1) / n
 // count, in one round trip instead of two; larger ones reduce-scatter
 // directly, then all-gather their chunks as above. Every rule keeps the
-// rank-order sum, so results are the same bits whichever runs.
+// rank-order sum, so results are the same bits whichever runs. The direct
+// exchanges (all-gathers, reduce-scatters, all-to-alls) are one routine,
+// DirectExchange, which with GroupOptions::gloo_window_bytes sends each
+// peer's part in chunks, at most kChunksAhead of them in flight per peer.
 constexpr int64_t kDirectMaxBytes = int64_t{1} << 20;
 constexpr int64_t kOneRoundAllReduceBytes = int64_t{64} << 10;
+constexpr size_t kChunksAhead = 2;
+constexpr size_t kMinChunkBytes = size_t{64} << 10;
+
+// One peer's part of an exchange buffer, in bytes.
+struct Part {
+  size_t offset = 0;
+  size_t bytes = 0;
+};
+
+// Parts of counts[q] floats each, laid end to end from offset 0.
+std::vector<Part> PartsEndToEnd(absl::Span<const int64_t> counts) {
+  std::vector<Part> parts(counts.size());
+  size_t at = 0;
+  for (size_t q = 0; q < counts.size(); ++q) {
+    parts[q] = {at, static_cast<size_t>(counts[q]) * sizeof(float)};
+    at += parts[q].bytes;
+  }
+  return parts;
+}
 
 // Gloo's slot prefixes end at 0x08 (gloo/types.h): the direct exchange's.
 constexpr uint8_t kDirectSlotPrefix = 0x40;
@@ -198,9 +219,11 @@ class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(std::string name, int rank, int size,
                    std::shared_ptr<gloo::transport::Device> device,
-                   std::shared_ptr<gloo::rendezvous::Context> context, int direct_max_ranks)
+                   std::shared_ptr<gloo::rendezvous::Context> context, int direct_max_ranks,
+                   int64_t window_bytes)
       : Communicator(std::move(name), rank, size),
         direct_max_ranks_(direct_max_ranks),
+        chunk_bytes_(ChunkBytes(window_bytes, size)),
         device_(std::move(device)),
         context_(std::move(context)) {}
   ~GlooCommunicator() override { LeaveAbortSignal(); }
@@ -227,6 +250,20 @@ class GlooCommunicator final : public Communicator {
   // out[off_q .. off_q + counts[q]) = rank q's part, for every q: mine is
   // already in place and goes to every peer at once (one step).
   absl::Status DirectAllGatherV(float* out, absl::Span<const int64_t> counts, absl::Time deadline);
+  // Every peer q at once: sends[q] of `from` to q, and what q sends into
+  // recvs[q] of `into` (my own parts are the caller's). A peer's part goes
+  // in chunks of chunk_bytes_, kChunksAhead in flight: the next is asked for
+  // once one has arrived. The parts of one peer must match on both sides.
+  absl::Status DirectExchange(const void* from, absl::Span<const Part> sends, void* into,
+                              absl::Span<const Part> recvs, absl::Time deadline);
+  // The chunk for a window of `window_bytes` over `size` ranks' peers; no
+  // window: one chunk a part.
+  static size_t ChunkBytes(int64_t window_bytes, int size) {
+    if (window_bytes <= 0 || size < 2) return std::numeric_limits<size_t>::max();
+    const size_t per_peer = static_cast<size_t>(window_bytes) / (kChunksAhead * (size - 1));
+    return std::max(kMinChunkBytes, per_peer);
+  }
+  size_t Chunks(size_t bytes) const { return bytes == 0 ? 0 : 1 + (bytes - 1) / chunk_bytes_; }
   bool Direct(int64_t gathered_floats) const {
     return size() <= direct_max_ranks_ || gathered_floats * 4 <= kDirectMaxBytes;
   }
@@ -252,11 +289,8 @@ class GlooCommunicator final : public Communicator {
     return status;
   }
 
-  // A non-null pointer for Gloo when a buffer is empty (the caller may pass
-  // nullptr with a zero count; Gloo copies from/to it with length 0).
-  float* NonNull(const float* p) { return p != nullptr ? const_cast<float*>(p) : &dummy_; }
-
   const int direct_max_ranks_;
+  const size_t chunk_bytes_;
   // The device (and its event-loop thread) outlives the context using it.
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
@@ -294,15 +328,12 @@ absl::Status GlooCommunicator::DoReduceScatter(const float* in, float* out, int6
   if (size() == 1) {
     parts[0] = in;
   } else {
-    MUONMESH_ASSIGN_OR_RETURN(std::chrono::milliseconds timeout, Remaining(deadline));
     // Chunk q of every rank's input lands at scratch_[q * count]: what a
     // ring reduce-scatter sends, (n-1) * count floats per rank.
     scratch_.resize(static_cast<size_t>(size() * count));
-    Watched<gloo::AlltoallOptions> opts(context_);
-    opts.setInput(const_cast<float*>(in), size() * count);
-    opts.setOutput(scratch_.data(), size() * count);
-    opts.setTimeout(timeout);
-    MUONMESH_RETURN_IF_ERROR(Watching(opts, [&] { gloo::alltoall(opts); }));
+    std::memcpy(scratch_.data() + rank() * count, in + rank() * count, count * sizeof(float));
+    const std::vector<Part> chunks = PartsEndToEnd(std::vector<int64_t>(size(), count));
+    MUONMESH_RETURN_IF_ERROR(DirectExchange(in, chunks, scratch_.data(), chunks, deadline));
     for (int q = 0; q < size(); ++q) parts[q] = scratch_.data() + q * count;
   }
   // Reads only scratch_ (or, alone, `in`), so `out` may alias `in`.
@@ -334,62 +365,96 @@ absl::Status GlooCommunicator::DoAllReduce(float* inout, int64_t count, ReduceOp
 
   // Reduce-scatter of the chunks: chunk q of inout goes to rank q; we get
   // our chunk from everyone, in rank order.
-  absl::StatusOr<std::chrono::milliseconds> timeout = Remaining(deadline);
-  MUONMESH_RETURN_IF_ERROR(timeout.status());
   scratch_.resize(static_cast<size_t>(std::max<int64_t>(1, size() * mine)));
-  Watched<gloo::AlltoallvOptions> scatter(context_);
-  scatter.setInput(inout, chunk);
-  scatter.setOutput(scratch_.data(), std::vector<int64_t>(size(), mine));
-  scatter.setTimeout(*timeout);
-  MUONMESH_RETURN_IF_ERROR(Watching(scatter, [&] { gloo::alltoallv(scatter); }));
+  const std::vector<Part> sends = PartsEndToEnd(chunk);
+  const std::vector<Part> recvs = PartsEndToEnd(std::vector<int64_t>(size(), mine));
+  std::memcpy(scratch_.data() + rank() * mine, inout + sends[rank()].offset / sizeof(float),
+              mine * sizeof(float));
+  MUONMESH_RETURN_IF_ERROR(DirectExchange(inout, sends, scratch_.data(), recvs, deadline));
   for (int q = 0; q < size(); ++q) parts[q] = scratch_.data() + q * mine;
   internal::ReduceInRankOrder(parts, mine, op,
                               inout + internal::ChunkOffset(count, size(), rank()));
 
   // All-gather of the reduced chunks, in place.
   if (Direct(count)) return DirectAllGatherV(inout, chunk, deadline);
-  timeout = Remaining(deadline);
-  MUONMESH_RETURN_IF_ERROR(timeout.status());
+  MUONMESH_ASSIGN_OR_RETURN(std::chrono::milliseconds timeout, Remaining(deadline));
   Watched<gloo::AllgathervOptions> gather(context_);
   gather.setOutput(inout, std::vector<size_t>(chunk.begin(), chunk.end()));
-  gather.setTimeout(*timeout);
+  gather.setTimeout(timeout);
   return Watching(gather, [&] { gloo::allgatherv(gather); });
 }
 
 absl::Status GlooCommunicator::DirectAllGatherV(float* out, absl::Span<const int64_t> counts,
                                                 absl::Time deadline) {
+  const std::vector<Part> parts = PartsEndToEnd(counts);
+  const std::vector<Part> mine(size(), parts[rank()]);
+  return DirectExchange(out, mine, out, parts, deadline);
+}
+
+absl::Status GlooCommunicator::DirectExchange(const void* from, absl::Span<const Part> sends,
+                                              void* into, absl::Span<const Part> recvs,
+                                              absl::Time deadline) {
   MUONMESH_RETURN_IF_ERROR(Remaining(deadline).status());
-  std::vector<size_t> offset(size() + 1, 0);
-  for (int q = 0; q < size(); ++q) offset[q + 1] = offset[q] + counts[q] * sizeof(float);
-  std::unique_ptr<gloo::transport::UnboundBuffer> buf =
-      context_->createUnboundBuffer(offset[size()] > 0 ? out : &dummy_, offset[size()]);
+  // One buffer for what I send; one per peer for what it sends me, so that
+  // each peer's arrivals are counted apart (a buffer's waitRecv says how
+  // many arrived, not reliably from whom).
+  size_t send_end = 0;
+  for (int q = 0; q < size(); ++q) {
+    if (q != rank()) send_end = std::max(send_end, sends[q].offset + sends[q].bytes);
+  }
+  void* send_base = send_end > 0 ? const_cast<void*>(from) : &dummy_;
+  std::unique_ptr<gloo::transport::UnboundBuffer> out =
+      context_->createUnboundBuffer(send_base, send_end);
+  std::vector<gloo::transport::UnboundBuffer*> watched = {out.get()};
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> in(size());
+  std::vector<size_t> chunks(size(), 0);
+  size_t most_chunks = 0;
+  for (int q = 0; q < size(); ++q) {
+    if (q == rank() || recvs[q].bytes == 0) continue;
+    in[q] = context_->createUnboundBuffer(static_cast<char*>(into) + recvs[q].offset,
+                                          recvs[q].bytes);
+    watched.push_back(in[q].get());
+    chunks[q] = Chunks(recvs[q].bytes);
+    most_chunks = std::max(most_chunks, chunks[q]);
+  }
   const uint64_t slot = gloo::Slot::build(kDirectSlotPrefix, 0);
-  return WatchingBuffers({buf.get()}, [&] {
-    int sends = 0, recvs = 0;
+  return WatchingBuffers(std::move(watched), [&] {
+    std::vector<size_t> asked(size(), 0);  // chunks asked of each peer
+    auto ask = [&](int q) {
+      const size_t at = asked[q]++ * chunk_bytes_;
+      in[q]->recv(q, slot, at, std::min(chunk_bytes_, recvs[q].bytes - at));
+    };
     for (int i = 1; i < size(); ++i) {
-      const int to = (rank() + i) % size();
-      const int from = (rank() + size() - i) % size();
-      if (counts[rank()] > 0) {
-        buf->send(to, slot, offset[rank()], offset[rank() + 1] - offset[rank()]);
-        ++sends;
-      }
-      if (counts[from] > 0) {
-        buf->recv(from, slot, offset[from], offset[from + 1] - offset[from]);
-        ++recvs;
+      const int q = (rank() + size() - i) % size();
+      while (asked[q] < std::min(chunks[q], kChunksAhead)) ask(q);
+    }
+    // Gloo holds each send until the peer asks for it, in order.
+    size_t sent = 0;
+    for (int i = 1; i < size(); ++i) {
+      const int q = (rank() + i) % size();
+      for (size_t c = 0; c < Chunks(sends[q].bytes); ++c, ++sent) {
+        const size_t at = c * chunk_bytes_;
+        out->send(q, slot, sends[q].offset + at, std::min(chunk_bytes_, sends[q].bytes - at));
       }
     }
     // Each wait gets what is left of the call's time; one returns false
     // when DoAbort woke it.
     auto left = [&] {
       absl::StatusOr<std::chrono::milliseconds> t = Remaining(deadline);
-      if (!t.ok()) throw gloo::IoException("Timed out in the direct all-gather");
+      if (!t.ok()) throw gloo::IoException("Timed out in a direct exchange");
       return *t;
     };
-    for (int i = 0; i < recvs; ++i) {
-      if (!buf->waitRecv(left())) throw gloo::IoException("direct all-gather aborted");
+    // Chunk by chunk, peer by peer: each arrival asks that peer for its next.
+    for (size_t c = 0; c < most_chunks; ++c) {
+      for (int i = 1; i < size(); ++i) {
+        const int q = (rank() + size() - i) % size();
+        if (c >= chunks[q]) continue;
+        if (!in[q]->waitRecv(left())) throw gloo::IoException("direct exchange aborted");
+        if (asked[q] < chunks[q]) ask(q);
+      }
     }
-    for (int i = 0; i < sends; ++i) {
-      if (!buf->waitSend(left())) throw gloo::IoException("direct all-gather aborted");
+    for (size_t k = 0; k < sent; ++k) {
+      if (!out->waitSend(left())) throw gloo::IoException("direct exchange aborted");
     }
   });
 }
@@ -413,14 +478,14 @@ absl::Status GlooCommunicator::DoAllToAllV(const float* send,
     if (send_counts[0] > 0) std::memcpy(recv, send, send_counts[0] * sizeof(float));
     return absl::OkStatus();
   }
-  MUONMESH_ASSIGN_OR_RETURN(std::chrono::milliseconds timeout, Remaining(deadline));
-  // Even with all counts zero every rank must take part: Gloo exchanges
-  // (empty) messages with every peer.
-  Watched<gloo::AlltoallvOptions> opts(context_);
-  opts.setInput(NonNull(send), std::vector<int64_t>(send_counts.begin(), send_counts.end()));
-  opts.setOutput(NonNull(recv), std::vector<int64_t>(recv_counts.begin(), recv_counts.end()));
-  opts.setTimeout(timeout);
-  return Watching(opts, [&] { gloo::alltoallv(opts); });
+  const std::vector<Part> sends = PartsEndToEnd(send_counts);
+  const std::vector<Part> recvs = PartsEndToEnd(recv_counts);
+  const size_t own = std::min(sends[rank()].bytes, recvs[rank()].bytes);
+  if (own > 0) {
+    std::memcpy(reinterpret_cast<char*>(recv) + recvs[rank()].offset,
+                reinterpret_cast<const char*>(send) + sends[rank()].offset, own);
+  }
+  return DirectExchange(send, sends, recv, recvs, deadline);
 }
 
 absl::Status GlooCommunicator::DoBarrier(absl::Time deadline) {
@@ -513,7 +578,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
 
   auto communicator =
       std::make_unique<GlooCommunicator>(group_name, rank, size, std::move(device),
-                                         std::move(context), options.gloo_direct_max_ranks);
+                                         std::move(context), options.gloo_direct_max_ranks,
+                                         options.gloo_window_bytes);
   MUONMESH_RETURN_IF_ERROR(communicator->ConnectBarrier(deadline), where(),
                            ": connect barrier failed");
   return std::unique_ptr<Communicator>(std::move(communicator));

@@ -83,6 +83,14 @@ struct GroupOptions {
   // any size; larger groups only while the gathered buffer is at most 1 MiB,
   // the ring beyond (docs/architecture.md §5, "Collective algorithms").
   int gloo_direct_max_ranks = 8;
+  // Gloo: the most bytes of one exchange a rank lets its peers have on the
+  // way to it at once (0: no limit, every peer sends its whole part at once).
+  // Each peer's part goes in chunks of window / (2 (n - 1)) bytes (at least
+  // 64 KiB), two in flight per peer; a rank asks for the next chunk once one
+  // has arrived. Across links slower than the ranks can send, about the
+  // link's bandwidth-delay product keeps a burst from overflowing the
+  // routers' queues (docs/architecture.md §5, "Collective algorithms").
+  int64_t gloo_window_bytes = 0;
   // kInProcess only, and required there: where the threads of one group meet.
   std::shared_ptr<InProcessHub> hub;
   // Where the caller's buffers live. kCudaDevice with a host backend (Gloo,

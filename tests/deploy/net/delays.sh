@@ -13,7 +13,8 @@
 # link). STEPS (default 40) sets the job's steps; the first 5 (warm-up) are
 # left out of the medians; BUCKET_BYTES sets the job's
 # communication.bucket_bytes (default: the job's default); PREFETCH=false
-# turns communication.prefetch off; KEEP_CWND=1 sets
+# turns communication.prefetch off; WINDOW sets communication.window_bytes
+# (each exchange's bytes in flight to a rank); KEEP_CWND=1 sets
 # net.ipv4.tcp_slow_start_after_idle=0 on the worker hosts (TCP keeps its
 # congestion window across the idle time between a step's bursts); WORLD
 # (default 4) runs that many worker hosts and ranks, and MODEL replaces the
@@ -83,6 +84,7 @@ run() {
   local comm=()
   [[ -z ${BUCKET_BYTES:-} ]] || comm+=("bucket_bytes: $BUCKET_BYTES")
   [[ -z ${PREFETCH:-} ]] || comm+=("prefetch: $PREFETCH")
+  [[ -z ${WINDOW:-} ]] || comm+=("window_bytes: $WINDOW")
   ((${#comm[@]} == 0)) || (IFS=,; echo "communication: {${comm[*]}}") >> "$work/$name.yaml"
   local id frames_before frames_after drops_before drops_after
   id=$(ctl submit "$work/$name.yaml" 2> "$work/$name.submit.err" | tail -1)
@@ -121,9 +123,15 @@ EOF
 
 echo "delays: ${delays[*]} ms one way; $world ranks; model ${MODEL:-of the quickstart};" \
   "$steps steps a run, medians of steps 5 on;" \
-  "communication.bucket_bytes ${BUCKET_BYTES:-default}, prefetch ${PREFETCH:-default};" \
+  "communication.bucket_bytes ${BUCKET_BYTES:-default}, prefetch ${PREFETCH:-default}, window_bytes ${WINDOW:-default};" \
   "tcp_slow_start_after_idle" \
   "$( ((${KEEP_CWND:-0})) && echo 0 || echo 1)"
+# The socket limits Gloo's connections live with (it sets no buffer sizes of
+# its own; new namespaces start from these): the largest receive and send
+# buffers TCP's autotuning grows to, against a link's bandwidth-delay product.
+echo "tcp: congestion control $(cat /proc/sys/net/ipv4/tcp_congestion_control)," \
+  "autotuned buffers up to $(awk '{print $3}' /proc/sys/net/ipv4/tcp_rmem) bytes receiving," \
+  "$(awk '{print $3}' /proc/sys/net/ipv4/tcp_wmem) sending"
 echo "| one-way delay ms[@Mbit/s] | step | param_gather | grad_reduce | muon_gather | muon_scatter | param_allgather_after_step | grad_reduce_hidden | param_gather_hidden | calls a step | frames a step | queue drops a step |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for d in "${delays[@]}"; do run "$d"; done

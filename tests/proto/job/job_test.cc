@@ -325,6 +325,20 @@ TEST(JobTest, PrefetchIsOnUnlessTurnedOff) {
   EXPECT_FALSE(job::FilledSpec(*off).communication().prefetch());
 }
 
+// communication.window_bytes: unset is 0 (no limit); a value is kept and
+// shown in the job as it will run.
+TEST(JobTest, WindowBytesIsNoLimitUnlessGiven) {
+  absl::StatusOr<job::ResolvedJob> plain = job::ResolveJob(DesignJob(), "");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->window_bytes, 0);
+  v1::JobSpec job = DesignJob();
+  job.mutable_communication()->set_window_bytes(524288);
+  absl::StatusOr<job::ResolvedJob> r = job::ResolveJob(job, "");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->window_bytes, 524288);
+  EXPECT_EQ(job::FilledSpec(*r).communication().window_bytes(), 524288);
+}
+
 TEST(JobTest, TheRecipeResolvesAndIsOffByDefault) {
   absl::StatusOr<job::ResolvedJob> plain = job::ResolveJob(DesignJob(), "");
   ASSERT_TRUE(plain.ok()) << plain.status();
@@ -641,6 +655,9 @@ std::vector<BrokenJob> BrokenJobs() {
       {"BucketBytesNegative",
        [](J& j) { j.mutable_communication()->set_bucket_bytes(-1); },
        "communication.bucket_bytes", "must be >= 0 (0: one unit a collective; unset: 26214400)"},
+      {"WindowBytesNegative",
+       [](J& j) { j.mutable_communication()->set_window_bytes(-4096); },
+       "communication.window_bytes", "must be >= 0 (0 or unset: no limit; across slow links"},
       {"CommBackendUnknown", [](J& j) { j.mutable_communication()->set_backend("mpi"); },
        "communication.backend", "unknown backend 'mpi' (expected nccl or gloo; unset: nccl"},
       {"CommBackendNcclOnCpu",

@@ -3,7 +3,9 @@
 // and the ring, the one-round all-reduce and the reduce-scatter then
 // all-gather, each on both sides of its threshold, give the bits of the
 // sequential rank-order sum (or the concatenation) computed here with
-// plain loops, at 2-4 ranks on loopback.
+// plain loops, at 2-4 ranks on loopback; and so do the same exchanges sent
+// in chunks through a window (GroupOptions::gloo_window_bytes), with parts
+// of many chunks, of a part of one, and empty.
 
 #include <algorithm>
 #include <cmath>
@@ -40,7 +42,8 @@ float Messy(int rank, int64_t i) {
 
 struct Case {
   int ranks;
-  int direct_max_ranks;  // GroupOptions::gloo_direct_max_ranks
+  int direct_max_ranks;      // GroupOptions::gloo_direct_max_ranks
+  int64_t window_bytes = 0;  // GroupOptions::gloo_window_bytes
 };
 
 class GlooAlgorithmsTest : public ::testing::TestWithParam<Case> {
@@ -55,6 +58,7 @@ class GlooAlgorithmsTest : public ::testing::TestWithParam<Case> {
       GroupOptions o;
       o.connect_timeout = absl::Seconds(30);
       o.gloo_direct_max_ranks = c.direct_max_ranks;
+      o.gloo_window_bytes = c.window_bytes;
       absl::StatusOr<std::unique_ptr<Communicator>> comm =
           CreateGroup(Backend::kGloo, **store, "algorithms", r, c.ranks, o);
       ASSERT_TRUE(comm.ok()) << comm.status();
@@ -113,13 +117,57 @@ TEST_P(GlooAlgorithmsTest, AllGatherConcatenatesAtEverySize) {
   });
 }
 
+// Floats rank `from` sends rank `to` in the all-to-all below: none, or
+// parts of one to several 64 KiB chunks that end mid-chunk.
+int64_t PairCount(int from, int to) { return ((from * 3 + to * 5 + 1) % 4) * 30011; }
+
+TEST_P(GlooAlgorithmsTest, ReduceScatterAndAllToAllVMoveEveryByte) {
+  const int n = GetParam().ranks;
+  RunGroup([&](int r, Communicator& comm) {
+    const int64_t count = 100003;  // 400 KB a part
+    std::vector<float> in(n * count), out(count, -1.0f);
+    for (int64_t i = 0; i < n * count; ++i) in[i] = Messy(r, i);
+    ASSERT_TRUE(comm.ReduceScatter(in.data(), out.data(), count, ReduceOp::kSum, kOpts).ok());
+    for (int64_t i = 0; i < count; ++i) {
+      float want = Messy(0, r * count + i);
+      for (int q = 1; q < n; ++q) want += Messy(q, r * count + i);
+      ASSERT_EQ(std::memcmp(&out[i], &want, sizeof(float)), 0) << "reduce-scatter i " << i;
+    }
+
+    std::vector<int64_t> send_counts(n), recv_counts(n);
+    std::vector<float> send;
+    for (int q = 0; q < n; ++q) {
+      send_counts[q] = PairCount(r, q);
+      recv_counts[q] = PairCount(q, r);
+      for (int64_t k = 0; k < send_counts[q]; ++k) send.push_back(Messy(r * 16 + q, k));
+    }
+    int64_t total = 0;
+    for (int64_t c : recv_counts) total += c;
+    std::vector<float> recv(total, -1.0f);
+    ASSERT_TRUE(comm.AllToAllV(send.data(), send_counts, recv.data(), recv_counts, kOpts).ok());
+    int64_t at = 0;
+    for (int q = 0; q < n; ++q) {
+      for (int64_t k = 0; k < recv_counts[q]; ++k, ++at) {
+        const float want = Messy(q * 16 + r, k);
+        ASSERT_EQ(std::memcmp(&recv[at], &want, sizeof(float)), 0)
+            << "all-to-all from rank " << q << " k " << k;
+      }
+    }
+  });
+}
+
+// Windows: 128 KiB over 2 peers and 200 KiB over 3 are 64 KiB chunks (the
+// least), 1 MiB over 3 peers 174762 bytes.
 INSTANTIATE_TEST_SUITE_P(
     Sizes, GlooAlgorithmsTest,
-    ::testing::Values(Case{2, 8}, Case{3, 8}, Case{4, 8}, Case{3, 0}, Case{4, 0}),
+    ::testing::Values(Case{2, 8}, Case{3, 8}, Case{4, 8}, Case{3, 0}, Case{4, 0},
+                      Case{2, 8, 128 << 10}, Case{3, 8, 128 << 10}, Case{4, 8, 200 << 10},
+                      Case{4, 0, 1 << 20}),
     [](const auto& info) {
-      return absl::StrCat(info.param.ranks, "_ranks_", info.param.direct_max_ranks == 0
-                                                           ? "ring_above_1MiB"
-                                                           : "direct");
+      return absl::StrCat(
+          info.param.ranks, "_ranks_",
+          info.param.direct_max_ranks == 0 ? "ring_above_1MiB" : "direct",
+          info.param.window_bytes > 0 ? absl::StrCat("_window_", info.param.window_bytes) : "");
     });
 
 }  // namespace
