@@ -3,12 +3,14 @@
 # in one run: GPT-2 124M's shapes (specs/gpt2-124m.json) on WORLD ranks of
 # this machine, each on one thread, over Gloo on loopback.
 #   - muonmesh: tests/worker/optimizer_step_benchmark.sh with the owner
-#     rule lpt under STRATEGY (default no_shard: every rank holds the whole
-#     model, as the peer does; optim_grads_params is ZeRO-3);
+#     rule lpt, twice: with the whole model on every rank, as the peer holds
+#     it (HSDP of WORLD optimizer instances of one rank each, whose replica
+#     split deals the Muon matrices out over the ranks as the peer does),
+#     then sharded (ZeRO-3 over the WORLD ranks);
 #   - the peer: tests/worker/muon_peer.py (PyTorch; the Muon matrices dealt
 #     out round-robin in groups of WORLD, each group all-gathered after its
 #     update; AdamW on every rank for the rest).
-# Prints both slowest-rank medians and their ratio (peer / muonmesh).
+# Prints the slowest-rank medians and the ratios (peer / muonmesh).
 #
 #   tests/worker/muon_peer_benchmark.sh [STEPS=4] [WORLD=4]
 #
@@ -24,14 +26,20 @@ python=${PYTHON:-python3}
 "$python" -c 'import torch.distributed' 2>/dev/null ||
   { echo "python3 has no torch.distributed: apt-get install python3-torch" >&2; exit 2; }
 
-ours_out=$(RULES=lpt STRATEGY=${STRATEGY:-no_shard} \
-  "$root/tests/worker/optimizer_step_benchmark.sh" "$steps" 1.0 "$world")
-echo "$ours_out"
-ours=$(sed -n 's/^optimizer step (slowest rank, median), lpt: \([0-9.]*\) ms$/\1/p' <<<"$ours_out")
+ours() {  # PARALLELISM -> the slowest rank's median optimizer step, ms
+  local out
+  out=$(RULES=lpt PARALLELISM=$1 "$root/tests/worker/optimizer_step_benchmark.sh" "$steps" 1.0 "$world")
+  echo "$out" >&2
+  sed -n 's/^optimizer step (slowest rank, median), lpt: \([0-9.]*\) ms$/\1/p' <<<"$out"
+}
+replicated=$(ours "{data_parallel_sharding_strategy: optim_grads_params, num_distributed_optimizer_instances: $world, outer_dp_sharding_strategy: no_shard}")
+sharded=$(ours "{data_parallel_sharding_strategy: optim_grads_params}")
 peer_out=$("$python" "$root/tests/worker/muon_peer.py" --world "$world" --steps "$steps" \
   --spec "$root/specs/gpt2-124m.json")
 echo "$peer_out"
 peer=$(sed -n 's/^peer_optimizer_ms=//p' <<<"$peer_out")
-[[ -n $ours && -n $peer ]] || { echo "a run printed no step time" >&2; exit 1; }
-awk -v o="$ours" -v p="$peer" 'BEGIN {
-  printf "optimizer step: muonmesh %.1f ms, modded-nanogpt-style peer %.1f ms: %.2fx faster\n", o, p, p / o }'
+[[ -n $replicated && -n $sharded && -n $peer ]] || { echo "a run printed no step time" >&2; exit 1; }
+awk -v r="$replicated" -v s="$sharded" -v p="$peer" 'BEGIN {
+  printf "modded-nanogpt-style peer: %.1f ms a step\n", p
+  printf "muonmesh, the whole model on every rank: %.1f ms (%.2fx faster than the peer)\n", r, p / r
+  printf "muonmesh, ZeRO-3: %.1f ms (%.2fx faster than the peer)\n", s, p / s }'

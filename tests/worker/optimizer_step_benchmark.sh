@@ -15,7 +15,8 @@
 #   tests/worker/optimizer_step_benchmark.sh [STEPS=3] [SCALE=1.0] [WORLD=4]
 #
 # RULES (default "lpt allgather") picks the owner rules to run; STRATEGY
-# (default optim_grads_params, ZeRO-3) the data-parallel sharding strategy;
+# (default optim_grads_params, ZeRO-3) the data-parallel sharding strategy,
+# or PARALLELISM the whole parallelism section (a YAML flow mapping);
 # KEEP=1 keeps the work folder (each rank's output).
 #
 # Not part of the test suite (minutes on 2 cores). Each rank runs OpenBLAS on
@@ -27,6 +28,7 @@ scale=${2:-1.0}
 world=${3:-4}
 read -r -a rules <<<"${RULES:-lpt allgather}"
 strategy=${STRATEGY:-optim_grads_params}
+parallelism=${PARALLELISM:-"{data_parallel_sharding_strategy: $strategy}"}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 worker="${MUONMESH_BUILD_DIR:-$root/build}/worker/muonmesh-worker"
 spec="$root/specs/gpt2-124m.json"
@@ -43,7 +45,7 @@ run() {  # rule -> writes $work/$rule.rank*.out
 name: bench-$rule
 world_size: $world
 device: cpu
-parallelism: {data_parallel_sharding_strategy: $strategy}
+parallelism: $parallelism
 model: {synthetic: {spec: $spec, scale: $scale}}
 init: {seed: 1}
 optimizer:
@@ -66,7 +68,7 @@ field() {  # file key -> value from the summary line
   sed -n "s/.*summary.* $2=\([0-9.]*\).*/\1/p" "$1"
 }
 
-echo "synthetic gpt2-124m x$scale, $strategy, $world ranks, $steps steps, $(date -u +%FT%TZ)"
+echo "synthetic gpt2-124m x$scale, parallelism $parallelism, $world ranks, $steps steps, $(date -u +%FT%TZ)"
 for rule in "${rules[@]}"; do
   start=$(date +%s)
   run "$rule"
