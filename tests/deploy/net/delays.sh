@@ -3,7 +3,8 @@
 # each rank on a host of its own (network namespaces on linkem, hosts.sh),
 # run once per one-way delay between hosts, printing the median step time
 # and the median time of each communication phase against the run without a
-# delay, the collective calls a rank makes per step (each a few round trips
+# delay, the share of the step spent waiting in collectives (exposed
+# communication), the collective calls a rank makes per step (each a few round trips
 # one after another: what a delay multiplies), the frames linkem forwarded
 # per step (every host's, both ways) and those a full link queue dropped.
 #
@@ -116,8 +117,13 @@ cells = ["%.3f s (%.2fx)" % (med[k], med[k] / base[k] if base[k] else 0) for k i
 calls = statistics.median(r.get("collective_calls", 0) for r in records)
 hidden = statistics.median(r["phases"].get("grad_reduce_hidden", 0.0) for r in records)
 ahead = statistics.median(r["phases"].get("param_gather_hidden", 0.0) for r in records)
-print("| %s | %s | %.3f s | %.3f s | %g | %s | %s |" % (label, " | ".join(cells), hidden, ahead,
-                                                       calls, frames, drops))
+# Exposed communication: the step's time waiting in collectives (every
+# communication phase, the token exchanges included), as a share of it.
+waited = phases + ["expert_dispatch"]
+exposed = statistics.median(sum(r["phases"].get(p, 0.0) for p in waited) / r["step_seconds"]
+                            for r in records if r["step_seconds"] > 0)
+print("| %s | %s | %.3f s | %.3f s | %.1f %% | %g | %s | %s |" % (
+    label, " | ".join(cells), hidden, ahead, 100 * exposed, calls, frames, drops))
 EOF
 }
 
@@ -132,6 +138,6 @@ echo "delays: ${delays[*]} ms one way; $world ranks; model ${MODEL:-of the quick
 echo "tcp: congestion control $(cat /proc/sys/net/ipv4/tcp_congestion_control)," \
   "autotuned buffers up to $(awk '{print $3}' /proc/sys/net/ipv4/tcp_rmem) bytes receiving," \
   "$(awk '{print $3}' /proc/sys/net/ipv4/tcp_wmem) sending"
-echo "| one-way delay ms[@Mbit/s] | step | param_gather | grad_reduce | muon_gather | muon_scatter | param_allgather_after_step | grad_reduce_hidden | param_gather_hidden | calls a step | frames a step | queue drops a step |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| one-way delay ms[@Mbit/s] | step | param_gather | grad_reduce | muon_gather | muon_scatter | param_allgather_after_step | grad_reduce_hidden | param_gather_hidden | exposed communication | calls a step | frames a step | queue drops a step |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for d in "${delays[@]}"; do run "$d"; done
