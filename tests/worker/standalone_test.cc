@@ -64,6 +64,7 @@ struct Job {
   std::string output_dir;
   std::string export_path;
   std::string export_format;  // "": not written
+  std::string communication;  // the communication: value ("": not written)
 };
 
 std::string WriteJob(const std::string& dir, const Job& j) {
@@ -90,6 +91,7 @@ std::string WriteJob(const std::string& dir, const Job& j) {
   if (!j.export_path.empty()) output.push_back("export: " + j.export_path);
   if (!j.export_format.empty()) output.push_back("export_format: " + j.export_format);
   y << "output: {" << absl::StrJoin(output, ", ") << "}\n";
+  if (!j.communication.empty()) y << "communication: " << j.communication << "\n";
   const std::string path = dir + "/job.yaml";
   std::ofstream(path) << y.str();
   return path;
@@ -711,6 +713,34 @@ TEST(StandaloneTest, GptRestartEndsBitIdenticalAndThreeRanksMatchOne) {
   Job one = GptJob(dir, "gpt_w1");
   one.batch = 6;
   ExpectThreeRanksGiveTheOneRankLosses(dir, one, 1e-4);
+}
+
+// communication.window_bytes through the job file: a gpt of 4 ranks under
+// HFSDP whose exchanges (reduce-scatters of ~100 KB a peer and more, the
+// after-step gathers, the Muon exchanges) go in 64 KiB chunks ends with the
+// losses and weights of the same job without a window, bit for bit.
+TEST(StandaloneTest, AWindowOnTheExchangesEndsBitIdentical) {
+  const std::string dir = Fresh("gpt_window");
+  Job job = GptJob(dir, "gpt_window");
+  job.model = "{gpt: {vocab_size: 256, block_size: 16, n_layer: 2, n_head: 2, n_embd: 64, "
+              "seq_len: 16}}";
+  job.world = 4;
+  job.instances = 2;
+  job.outer = "optim";
+  job.steps = 4;
+  job.output_dir = dir + "/plain";
+  job.export_path = dir + "/plain.safetensors";
+  const JobRun plain = RunRanks(dir, WriteJob(dir, job), 4);
+  ExpectAllOk(plain);
+  ASSERT_EQ(plain.losses.size(), 4u) << plain.ranks[0].out;
+
+  job.communication = "{window_bytes: 131072}";
+  job.output_dir = dir + "/windowed";
+  job.export_path = dir + "/windowed.safetensors";
+  const JobRun windowed = RunRanks(dir, WriteJob(dir, job), 4);
+  ExpectAllOk(windowed);
+  EXPECT_EQ(windowed.losses, plain.losses);
+  ExpectWeightsNear(dir + "/plain.safetensors", job.export_path, 0);
 }
 
 // Resharding through the job file: a gpt trained 3 steps on 2 ranks under
