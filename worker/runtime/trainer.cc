@@ -4,6 +4,7 @@
 
 #include "absl/strings/cord.h"
 #include "core/model/sample_order.h"
+#include "worker/comm/reduce.h"
 #include "worker/runtime/unit_stream.h"
 
 namespace muonmesh::worker {
@@ -159,9 +160,7 @@ absl::StatusOr<StepReport> Trainer::Step() {
 
   // QK-clip rescales my shards before the gather below hands them round.
   t0 = absl::Now();
-  MUONMESH_RETURN_IF_ERROR(m.ReduceAttentionLogits(&report));
-  MUONMESH_RETURN_IF_ERROR(m.ReduceMuonHealth(&report));
-  MUONMESH_RETURN_IF_ERROR(m.ReduceBufferStats(&report));
+  MUONMESH_RETURN_IF_ERROR(m.ReduceStepRecords(&report));
   MUONMESH_RETURN_IF_ERROR(m.GatherAfterStep(&report));
   report.times.param_allgather_after_step = absl::Now() - t0;
   report.collective_calls = m.CollectiveCalls() - calls_before;
@@ -208,22 +207,64 @@ absl::Status Trainer::Impl::ClipGradients(double grad_norm) {
   return absl::OkStatus();
 }
 
-absl::Status Trainer::Impl::ReduceBufferStats(StepReport* report) {
-  const absl::Span<const float> local = workload->buffer_stats();
+absl::Status Trainer::Impl::ReduceStepRecords(StepReport* report) {
+  const int64_t layers = workload->attention_layers();
+  const int64_t heads = workload->attention_heads();
+  const absl::Span<const float> logits = workload->attention_logits();
+  const bool attention = layers > 0 && heads > 0;
+  if (attention && static_cast<int64_t>(logits.size()) != layers * heads) {
+    return absl::InternalError(absl::StrCat("the workload records ", logits.size(),
+                                            " attention logits for ", layers, " layers of ",
+                                            heads, " heads"));
+  }
+  const absl::Span<const float> stats = workload->buffer_stats();
   const std::optional<double> aux = workload->aux_loss();
-  if (local.empty() && !aux.has_value()) return absl::OkStatus();
+  const bool muon = MuonPlanned(report);
+  // My slice: [logits][buffer statistics, balance loss][Muon tally][errors].
+  std::vector<float> mine(logits.begin(), attention ? logits.end() : logits.begin());
+  const size_t stats_at = mine.size();
+  mine.insert(mine.end(), stats.begin(), stats.end());
+  if (aux.has_value()) mine.push_back(static_cast<float>(*aux));
+  const size_t tally_at = mine.size();
+  if (muon) AppendMuonTally(mine);
+  const size_t errors_at = mine.size();
+  if (muon && health_step) mine.insert(mine.end(), ortho_errors.begin(), ortho_errors.end());
+  if (mine.empty()) return absl::OkStatus();
+
+  const auto n = static_cast<int64_t>(mine.size());
+  std::vector<float> all(static_cast<size_t>(n * world));
+  MUONMESH_ASSIGN_OR_RETURN(float* buf, Scratch(records_buf, n * (world + 1)));
+  MUONMESH_RETURN_IF_ERROR(dev->CopyFromHost(buf, mine.data(), n));
+  MUONMESH_RETURN_IF_ERROR(world_comm->AllGather(buf, n, buf + n, options.collective));
+  MUONMESH_RETURN_IF_ERROR(dev->CopyToHost(all.data(), buf + n, n * world));
+  // Columns [at, end) over the ranks, in rank order, as the host backends
+  // reduce: the same bits an all-reduce of them gave.
+  auto over_ranks = [&](size_t at, size_t end, comm::ReduceOp op) {
+    std::vector<const float*> parts;
+    for (int64_t r = 0; r < world; ++r) parts.push_back(all.data() + r * n + at);
+    std::vector<float> out(end - at);
+    comm::internal::ReduceInRankOrder(parts, static_cast<int64_t>(out.size()), op, out.data());
+    return out;
+  };
+  if (stats_at < tally_at) {
+    MUONMESH_RETURN_IF_ERROR(
+        UpdateBufferStats(over_ranks(stats_at, tally_at, comm::ReduceOp::kSum), aux.has_value(),
+                          report));
+  }
+  if (muon) {
+    if (health_step) ortho_errors = over_ranks(errors_at, mine.size(), comm::ReduceOp::kMax);
+    MuonHealthFrom(all, n, tally_at, report);
+  }
+  if (!attention) return absl::OkStatus();
+  return ApplyAttentionLogits(over_ranks(0, stats_at, comm::ReduceOp::kMax), report);
+}
+
+absl::Status Trainer::Impl::UpdateBufferStats(std::vector<float> global, bool aux,
+                                              StepReport* report) {
   // Counts below 2^24 sum exactly in float, in any order: every rank gets
   // the same totals and so updates its buffers alike. The balance term
   // rides along (its mean over the ranks: equal slices of the batch).
-  std::vector<float> global(local.begin(), local.end());
-  if (aux.has_value()) global.push_back(static_cast<float>(*aux));
-  const auto count = static_cast<int64_t>(global.size());
-  MUONMESH_ASSIGN_OR_RETURN(float* buf, Scratch(stats_buf, count));
-  MUONMESH_RETURN_IF_ERROR(dev->CopyFromHost(buf, global.data(), count));
-  MUONMESH_RETURN_IF_ERROR(
-      world_comm->AllReduce(buf, count, comm::ReduceOp::kSum, options.collective));
-  MUONMESH_RETURN_IF_ERROR(dev->CopyToHost(global.data(), buf, count));
-  if (aux.has_value()) {
+  if (aux) {
     report->aux_loss = global.back() / static_cast<double>(world);
     global.pop_back();
   }
@@ -232,23 +273,10 @@ absl::Status Trainer::Impl::ReduceBufferStats(StepReport* report) {
   return absl::OkStatus();
 }
 
-absl::Status Trainer::Impl::ReduceAttentionLogits(StepReport* report) {
+absl::Status Trainer::Impl::ApplyAttentionLogits(const std::vector<float>& global,
+                                                 StepReport* report) {
   const int64_t layers = workload->attention_layers();
   const int64_t heads = workload->attention_heads();
-  const absl::Span<const float> local = workload->attention_logits();
-  if (layers == 0 || heads == 0) return absl::OkStatus();
-  if (static_cast<int64_t>(local.size()) != layers * heads) {
-    return absl::InternalError(absl::StrCat("the workload records ", local.size(),
-                                            " attention logits for ", layers, " layers of ",
-                                            heads, " heads"));
-  }
-  std::vector<float> global(local.begin(), local.end());
-  const auto count = static_cast<int64_t>(global.size());
-  MUONMESH_ASSIGN_OR_RETURN(float* buf, Scratch(logit_buf, count));
-  MUONMESH_RETURN_IF_ERROR(dev->CopyFromHost(buf, global.data(), count));
-  MUONMESH_RETURN_IF_ERROR(
-      world_comm->AllReduce(buf, count, comm::ReduceOp::kMax, options.collective));
-  MUONMESH_RETURN_IF_ERROR(dev->CopyToHost(global.data(), buf, count));
   report->max_attn_logit.clear();
   for (int64_t l = 0; l < layers; ++l) {
     report->max_attn_logit.push_back(
@@ -303,7 +331,7 @@ size_t Trainer::Impl::HealthIndex(const UnitState& u, int32_t matrix) const {
          static_cast<size_t>(matrix);
 }
 
-absl::Status Trainer::Impl::ReduceMuonHealth(StepReport* report) {
+bool Trainer::Impl::MuonPlanned(StepReport* report) const {
   MuonHealth& h = report->muon;
   h.planned_matrices = static_cast<int64_t>(MuonMatrixCount());
   auto planned_elements = [](const MeshState& mesh) {
@@ -314,24 +342,28 @@ absl::Status Trainer::Impl::ReduceMuonHealth(StepReport* report) {
   };
   h.planned_elements = planned_elements(dense) + (plan->has_experts ? ep * planned_elements(expert)
                                                                     : int64_t{0});
-  if (h.planned_matrices == 0) return absl::OkStatus();
-  // Per rank, per mesh: elements as two exact halves (n = hi 2^22 + lo),
-  // matrices, the update's sum of squares. Summed over the ranks in double,
-  // then over the copies of each optimizer shard (as the gradient norm).
-  constexpr double kHalf = 4194304.0;  // 2^22
-  float mine[8];
+  return h.planned_matrices > 0;
+}
+
+// Per mesh: elements as two exact halves (n = hi 2^22 + lo), matrices, the
+// update's sum of squares.
+constexpr double kHalf = 4194304.0;  // 2^22
+
+void Trainer::Impl::AppendMuonTally(std::vector<float>& out) const {
   for (int mesh = 0; mesh < 2; ++mesh) {
     const double hi = std::floor(muon_tally.elements[mesh] / kHalf);
-    mine[4 * mesh] = static_cast<float>(hi);
-    mine[4 * mesh + 1] = static_cast<float>(muon_tally.elements[mesh] - hi * kHalf);
-    mine[4 * mesh + 2] = static_cast<float>(muon_tally.matrices[mesh]);
-    mine[4 * mesh + 3] = static_cast<float>(muon_tally.sum_sq[mesh]);
+    out.push_back(static_cast<float>(hi));
+    out.push_back(static_cast<float>(muon_tally.elements[mesh] - hi * kHalf));
+    out.push_back(static_cast<float>(muon_tally.matrices[mesh]));
+    out.push_back(static_cast<float>(muon_tally.sum_sq[mesh]));
   }
-  std::vector<float> all(static_cast<size_t>(8 * world));
-  MUONMESH_ASSIGN_OR_RETURN(float* buf, Scratch(health_buf, 8 * (world + 1)));
-  MUONMESH_RETURN_IF_ERROR(dev->CopyFromHost(buf, mine, 8));
-  MUONMESH_RETURN_IF_ERROR(world_comm->AllGather(buf, 8, buf + 8, options.collective));
-  MUONMESH_RETURN_IF_ERROR(dev->CopyToHost(all.data(), buf + 8, 8 * world));
+}
+
+void Trainer::Impl::MuonHealthFrom(const std::vector<float>& all, int64_t stride, size_t tally_at,
+                                   StepReport* report) const {
+  // Summed over the ranks in double, then over the copies of each optimizer
+  // shard (as the gradient norm).
+  MuonHealth& h = report->muon;
   const double copies[2] = {
       static_cast<double>(world / dense.domain_size),
       plan->has_experts ? static_cast<double>(world / (ep * expert.domain_size)) : 1.0};
@@ -339,7 +371,7 @@ absl::Status Trainer::Impl::ReduceMuonHealth(StepReport* report) {
   for (int mesh = 0; mesh < 2; ++mesh) {
     double e = 0, mats = 0, sq = 0;
     for (int64_t r = 0; r < world; ++r) {
-      const float* f = all.data() + 8 * r + 4 * mesh;
+      const float* f = all.data() + r * stride + tally_at + 4 * mesh;
       e += static_cast<double>(f[0]) * kHalf + f[1];
       mats += f[2];
       sq += f[3];
@@ -351,25 +383,18 @@ absl::Status Trainer::Impl::ReduceMuonHealth(StepReport* report) {
   h.elements = std::llround(elements);
   h.matrices = std::llround(matrices);
   h.update_rms = elements > 0 ? std::sqrt(sum_sq / elements) : 0.0;
-  if (!health_step) return absl::OkStatus();
-  std::vector<float>& errs = ortho_errors;
-  const auto n = static_cast<int64_t>(errs.size());
-  MUONMESH_ASSIGN_OR_RETURN(float* ebuf, Scratch(ortho_buf, n));
-  MUONMESH_RETURN_IF_ERROR(dev->CopyFromHost(ebuf, errs.data(), n));
-  MUONMESH_RETURN_IF_ERROR(world_comm->AllReduce(ebuf, n, comm::ReduceOp::kMax, options.collective));
-  MUONMESH_RETURN_IF_ERROR(dev->CopyToHost(errs.data(), ebuf, n));
+  if (!health_step) return;
   std::vector<float> measured;
-  for (float e : errs) {
+  for (float e : ortho_errors) {
     if (e >= 0) measured.push_back(e);
   }
-  if (measured.empty()) return absl::OkStatus();
+  if (measured.empty()) return;
   std::sort(measured.begin(), measured.end());
   h.ortho_error_max = measured.back();
   const size_t mid = measured.size() / 2;
   h.ortho_error_median = measured.size() % 2 == 1
                              ? static_cast<double>(measured[mid])
                              : 0.5 * (static_cast<double>(measured[mid - 1]) + measured[mid]);
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> Trainer::GatherParameters() {

@@ -191,13 +191,9 @@ struct Trainer::Impl {
   std::vector<std::vector<std::vector<float>>> frozen;
   DeviceBuffer full;                         // one unit-mesh padded buffer, D * S
   DeviceBuffer scalar;  // ReduceStepTotals' three floats
-  // The after-step reductions' buffers (ReduceAttentionLogits,
-  // ReduceMuonHealth, ReduceBufferStats), allocated at their first step and
-  // kept, so steady steps allocate nothing for them.
-  DeviceBuffer logit_buf;
-  DeviceBuffer stats_buf;
-  DeviceBuffer health_buf;
-  DeviceBuffer ortho_buf;
+  // ReduceStepRecords' gather, allocated at its first step and kept, so
+  // steady steps allocate nothing for it.
+  DeviceBuffer records_buf;
   // A buffer of at least `count` floats in `buf`, allocated once.
   absl::StatusOr<float*> Scratch(DeviceBuffer& buf, int64_t count);
   // Set after a step's first micro-batch: ReduceUnit adds to the gradient
@@ -416,18 +412,30 @@ struct Trainer::Impl {
   // Multiplies every gradient shard by min(1, clip / (norm + 1e-6)) when
   // options.clip_grad_norm is set (> 0).
   absl::Status ClipGradients(double grad_norm);
-  // The workload's attention logits max-reduced over the world into
+  // The step's records over the world in one all-gather (one round trip
+  // instead of one per record; docs/architecture.md §5, "Buckets and round
+  // trips"): each rank's attention logits, buffer statistics and balance
+  // loss, Muon tallies and, on health steps, orthogonality errors; then each
+  // column reduced in rank order as the host backends reduce (max of the
+  // logits and errors, sums of the statistics), the same bits an all-reduce
+  // of each gave. Nothing when the model has none of them.
+  absl::Status ReduceStepRecords(StepReport* report);
+  // The logits' max over the world (layers x heads) into
   // report->max_attn_logit (per layer) and, with options.qk_clip, the
-  // QK-clip rescaling of my parameter shards. Nothing without attention.
-  absl::Status ReduceAttentionLogits(StepReport* report);
-  // Muon health (StepReport::muon): the step's tallies summed over the
-  // world (one all-gather of a few floats per rank) and, on health steps,
-  // the orthogonality errors max-reduced.
-  absl::Status ReduceMuonHealth(StepReport* report);
-  // The workload's buffer statistics (a transformer's tokens per expert)
-  // summed over the world and handed back to it (Workload::UpdateBuffers),
-  // its experts' load into report->expert_load. Nothing without buffers.
-  absl::Status ReduceBufferStats(StepReport* report);
+  // QK-clip rescaling of my parameter shards.
+  absl::Status ApplyAttentionLogits(const std::vector<float>& global, StepReport* report);
+  // The buffer statistics summed over the world (a transformer's tokens per
+  // expert; with `aux`, the balance loss last) handed back to the workload
+  // (Workload::UpdateBuffers), its experts' load into report->expert_load.
+  absl::Status UpdateBufferStats(std::vector<float> global, bool aux, StepReport* report);
+  // Muon health (StepReport::muon): the planned counts (true when the plan
+  // has Muon matrices), my tallies for the gather, and from every rank's
+  // tallies (at tally_at of each `stride`-float slice of `all`) and the
+  // reduced ortho_errors, the step's figures.
+  bool MuonPlanned(StepReport* report) const;
+  void AppendMuonTally(std::vector<float>& out) const;
+  void MuonHealthFrom(const std::vector<float>& all, int64_t stride, size_t tally_at,
+                      StepReport* report) const;
   // The workload's buffers from a whole state (absent ones 0), or
   // InvalidArgument naming a buffer the model does not have.
   absl::StatusOr<std::vector<std::vector<float>>> CheckBuffers(const WholeState& state) const;
