@@ -697,6 +697,11 @@ TEST_P(TrainerConfigTest, MuonHealthCountsEachMatrixOnceAndMeasuresTheUpdate) {
     }
   }
   ASSERT_EQ(run.health.size(), 3u);
+  // The orthogonality errors ride in the step records' one all-gather: the
+  // last step, a health step, makes no more collective calls than the same
+  // step of a run that never measures them.
+  const RunResult quiet = RunJob(c, "lpt", 3);
+  EXPECT_EQ(run.collective_calls, quiet.collective_calls);
   for (size_t st = 0; st < 3; ++st) {
     const MuonHealth& h = run.health[st];
     EXPECT_EQ(h.matrices, matrices) << "step " << st;
