@@ -170,7 +170,8 @@ constexpr absl::Duration kAbortWakeFor = absl::Seconds(2);
 // rank-order sum, so results are the same bits whichever runs. The direct
 // exchanges (all-gathers, reduce-scatters, all-to-alls) are one routine,
 // DirectExchange, which with GroupOptions::gloo_window_bytes sends each
-// peer's part in chunks, at most kChunksAhead of them in flight per peer.
+// peer's part in chunks, kChunksAhead (n - 1) of them asked for at once
+// over all peers.
 constexpr int64_t kDirectMaxBytes = int64_t{1} << 20;
 constexpr int64_t kOneRoundAllReduceBytes = int64_t{64} << 10;
 constexpr size_t kChunksAhead = 2;
@@ -252,8 +253,9 @@ class GlooCommunicator final : public Communicator {
   absl::Status DirectAllGatherV(float* out, absl::Span<const int64_t> counts, absl::Time deadline);
   // Every peer q at once: sends[q] of `from` to q, and what q sends into
   // recvs[q] of `into` (my own parts are the caller's). A peer's part goes
-  // in chunks of chunk_bytes_, kChunksAhead in flight: the next is asked for
-  // once one has arrived. The parts of one peer must match on both sides.
+  // in chunks of chunk_bytes_, kChunksAhead (n - 1) of all peers' asked for
+  // at once: each arrival asks for the next. The parts of one peer must
+  // match on both sides.
   absl::Status DirectExchange(const void* from, absl::Span<const Part> sends, void* into,
                               absl::Span<const Part> recvs, absl::Time deadline);
   // The chunk for a window of `window_bytes` over `size` ranks' peers; no
@@ -395,39 +397,40 @@ absl::Status GlooCommunicator::DirectExchange(const void* from, absl::Span<const
                                               void* into, absl::Span<const Part> recvs,
                                               absl::Time deadline) {
   MUONMESH_RETURN_IF_ERROR(Remaining(deadline).status());
-  // One buffer for what I send; one per peer for what it sends me, so that
-  // each peer's arrivals are counted apart (a buffer's waitRecv says how
-  // many arrived, not reliably from whom).
-  size_t send_end = 0;
+  // One buffer for what I send and one for all I receive: a connection's
+  // failure wakes the waits of every buffer with an operation on it, so
+  // one receive buffer hears of any peer's death at once.
+  size_t send_end = 0, recv_end = 0;
   for (int q = 0; q < size(); ++q) {
-    if (q != rank()) send_end = std::max(send_end, sends[q].offset + sends[q].bytes);
+    if (q == rank()) continue;
+    send_end = std::max(send_end, sends[q].offset + sends[q].bytes);
+    recv_end = std::max(recv_end, recvs[q].offset + recvs[q].bytes);
   }
-  void* send_base = send_end > 0 ? const_cast<void*>(from) : &dummy_;
   std::unique_ptr<gloo::transport::UnboundBuffer> out =
-      context_->createUnboundBuffer(send_base, send_end);
-  std::vector<gloo::transport::UnboundBuffer*> watched = {out.get()};
-  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> in(size());
-  std::vector<size_t> chunks(size(), 0);
-  size_t most_chunks = 0;
-  for (int q = 0; q < size(); ++q) {
-    if (q == rank() || recvs[q].bytes == 0) continue;
-    in[q] = context_->createUnboundBuffer(static_cast<char*>(into) + recvs[q].offset,
-                                          recvs[q].bytes);
-    watched.push_back(in[q].get());
-    chunks[q] = Chunks(recvs[q].bytes);
-    most_chunks = std::max(most_chunks, chunks[q]);
-  }
-  const uint64_t slot = gloo::Slot::build(kDirectSlotPrefix, 0);
-  return WatchingBuffers(std::move(watched), [&] {
-    std::vector<size_t> asked(size(), 0);  // chunks asked of each peer
-    auto ask = [&](int q) {
-      const size_t at = asked[q]++ * chunk_bytes_;
-      in[q]->recv(q, slot, at, std::min(chunk_bytes_, recvs[q].bytes - at));
-    };
+      context_->createUnboundBuffer(send_end > 0 ? const_cast<void*>(from) : &dummy_, send_end);
+  std::unique_ptr<gloo::transport::UnboundBuffer> in =
+      context_->createUnboundBuffer(recv_end > 0 ? into : &dummy_, recv_end);
+  // What I ask for, in order: every peer's first chunk, then every peer's
+  // second, ... The window is kChunksAhead chunks a peer, counted over all
+  // peers together: each arrival, from whichever peer, asks for the next.
+  std::vector<std::pair<int, size_t>> asks;  // (peer, byte offset in its part)
+  for (size_t c = 0, more = 1; more; ++c) {
+    more = 0;
     for (int i = 1; i < size(); ++i) {
       const int q = (rank() + size() - i) % size();
-      while (asked[q] < std::min(chunks[q], kChunksAhead)) ask(q);
+      if (c >= Chunks(recvs[q].bytes)) continue;
+      asks.emplace_back(q, c * chunk_bytes_);
+      more = 1;
     }
+  }
+  const size_t ahead = std::min(asks.size(), kChunksAhead * static_cast<size_t>(size() - 1));
+  const uint64_t slot = gloo::Slot::build(kDirectSlotPrefix, 0);
+  return WatchingBuffers({out.get(), in.get()}, [&] {
+    auto ask = [&](size_t k) {
+      const auto [q, at] = asks[k];
+      in->recv(q, slot, recvs[q].offset + at, std::min(chunk_bytes_, recvs[q].bytes - at));
+    };
+    for (size_t k = 0; k < ahead; ++k) ask(k);
     // Gloo holds each send until the peer asks for it, in order.
     size_t sent = 0;
     for (int i = 1; i < size(); ++i) {
@@ -444,14 +447,9 @@ absl::Status GlooCommunicator::DirectExchange(const void* from, absl::Span<const
       if (!t.ok()) throw gloo::IoException("Timed out in a direct exchange");
       return *t;
     };
-    // Chunk by chunk, peer by peer: each arrival asks that peer for its next.
-    for (size_t c = 0; c < most_chunks; ++c) {
-      for (int i = 1; i < size(); ++i) {
-        const int q = (rank() + size() - i) % size();
-        if (c >= chunks[q]) continue;
-        if (!in[q]->waitRecv(left())) throw gloo::IoException("direct exchange aborted");
-        if (asked[q] < chunks[q]) ask(q);
-      }
+    for (size_t k = 0; k < asks.size(); ++k) {
+      if (!in->waitRecv(left())) throw gloo::IoException("direct exchange aborted");
+      if (k + ahead < asks.size()) ask(k + ahead);
     }
     for (size_t k = 0; k < sent; ++k) {
       if (!out->waitSend(left())) throw gloo::IoException("direct exchange aborted");

@@ -86,8 +86,8 @@ struct GroupOptions {
   // Gloo: the most bytes of one exchange a rank lets its peers have on the
   // way to it at once (0: no limit, every peer sends its whole part at once).
   // Each peer's part goes in chunks of window / (2 (n - 1)) bytes (at least
-  // 64 KiB), two in flight per peer; a rank asks for the next chunk once one
-  // has arrived. Across links slower than the ranks can send, about the
+  // 64 KiB), 2 (n - 1) chunks asked for at once over all peers; each arrival
+  // asks for the next. Across links slower than the ranks can send, about the
   // link's bandwidth-delay product keeps a burst from overflowing the
   // routers' queues (docs/architecture.md §5, "Collective algorithms").
   int64_t gloo_window_bytes = 0;
