@@ -69,7 +69,8 @@ const std::vector<std::pair<const char*, double (v1::PhaseSeconds::*)() const>>&
           {"muon_apply", &v1::PhaseSeconds::muon_apply},
           {"param_allgather_after_step", &v1::PhaseSeconds::param_allgather_after_step},
           {"grad_reduce_hidden", &v1::PhaseSeconds::grad_reduce_hidden},
-          {"param_gather_hidden", &v1::PhaseSeconds::param_gather_hidden}};
+          {"param_gather_hidden", &v1::PhaseSeconds::param_gather_hidden},
+          {"muon_gather_hidden", &v1::PhaseSeconds::muon_gather_hidden}};
   return *phases;
 }
 

@@ -655,6 +655,7 @@ v1::StepRecord StepRecordOf(const StepReport& r, int32_t rank, int32_t attempt,
   p->set_param_allgather_after_step(absl::ToDoubleSeconds(r.times.param_allgather_after_step));
   p->set_grad_reduce_hidden(absl::ToDoubleSeconds(r.times.grad_reduce_hidden));
   p->set_param_gather_hidden(absl::ToDoubleSeconds(r.times.param_gather_hidden));
+  p->set_muon_gather_hidden(absl::ToDoubleSeconds(r.times.muon_gather_hidden));
   for (const auto& [name, bytes] : r.bytes_sent) (*rec.mutable_bytes_sent())[name] = bytes;
   return rec;
 }

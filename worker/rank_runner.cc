@@ -180,8 +180,14 @@ void PrintPlan(const job::ResolvedJob& job, const plan::Plan& plan, const LineSi
                                                                   job.device))
                                .size());
   out(absl::StrFormat("plan: Muon phase in %d wave(s) (optimizer.muon_buffer_bytes %d; %d keeps "
-                      "it within the backward pass's memory peak)",
-                      waves, job.muon_buffer_bytes, BackwardPeakMuonBufferBytes(plan)));
+                      "it within the backward pass's memory peak)%s",
+                      waves, job.muon_buffer_bytes, BackwardPeakMuonBufferBytes(plan),
+                      waves > 1 && job.muon_in_backward && job.device == "cpu" &&
+                              (job.micro_batch_size == 0 ||
+                               job.micro_batch_size * job.world_size == job.global_batch_size)
+                          ? "; the last wave's gather inside the backward pass "
+                            "(communication.muon_in_backward)"
+                          : ""));
   // OpenBLAS's own count, as SetRankThreads left it.
   const int threads = math::BlasThreads();
   out(absl::StrFormat("job %s: %d ranks, %s, %d steps, global batch %d, %d thread%s a rank",
@@ -247,6 +253,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const job::ResolvedJob& job
   topts.muon_buffer_bytes = job.muon_buffer_bytes;
   topts.bucket_bytes = job.bucket_bytes;
   topts.prefetch_gathers = job.prefetch_gathers;
+  topts.muon_in_backward = job.muon_in_backward;
   topts.adamw = job.adamw;
   topts.global_batch_size = job.global_batch_size;
   topts.lr_schedule = job.lr_schedule;

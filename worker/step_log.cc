@@ -47,7 +47,8 @@ std::vector<std::pair<const char*, absl::Duration>> NamedPhases(const PhaseTimes
           {"muon_apply", t.muon_apply},
           {"param_allgather_after_step", t.param_allgather_after_step},
           {"grad_reduce_hidden", t.grad_reduce_hidden},
-          {"param_gather_hidden", t.param_gather_hidden}};
+          {"param_gather_hidden", t.param_gather_hidden},
+          {"muon_gather_hidden", t.muon_gather_hidden}};
 }
 
 absl::Duration OptimizerTime(const PhaseTimes& t) {

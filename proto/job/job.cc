@@ -820,6 +820,8 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
   r.prefetch_gathers =
       !job.communication().has_prefetch() || job.communication().prefetch();
   r.window_bytes = job.communication().window_bytes();
+  r.muon_in_backward =
+      !job.communication().has_muon_in_backward() || job.communication().muon_in_backward();
   r.muon_replica_split =
       job.optimizer().muon_replica_split().empty() ? "auto" : job.optimizer().muon_replica_split();
   r.muon = MuonFromProto(job.optimizer().muon());
@@ -887,6 +889,7 @@ v1::JobSpec FilledSpec(const ResolvedJob& r) {
   out.mutable_communication()->set_backend(r.comm_backend);
   out.mutable_communication()->set_prefetch(r.prefetch_gathers);
   out.mutable_communication()->set_window_bytes(r.window_bytes);
+  out.mutable_communication()->set_muon_in_backward(r.muon_in_backward);
   v1::MuonConfig& muon = *opt.mutable_muon();
   muon.set_lr(r.muon.lr);
   muon.set_momentum(r.muon.momentum);

@@ -113,6 +113,7 @@ struct ResolvedJob {
   std::string comm_backend;       // communication.backend: "nccl" or "gloo", default applied
   bool prefetch_gathers = true;   // communication.prefetch, default applied
   int64_t window_bytes = 0;       // communication.window_bytes (0: no limit)
+  bool muon_in_backward = true;   // communication.muon_in_backward, default applied
   std::string muon_replica_split;  // optimizer.muon_replica_split: auto | on | off
 
   optim::MuonOptions muon;

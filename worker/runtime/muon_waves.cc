@@ -509,16 +509,57 @@ absl::Status Trainer::Impl::WaveRun::ExchangeReplicas(const MeshPart& part, Step
   return absl::OkStatus();
 }
 
+int32_t Trainer::Impl::EarlyWave(int64_t micro_batches) const {
+  // Several micro-batches add to the shards until the last (and are then
+  // scaled by their mean); one wave would wait for the whole backward pass.
+  if (!options.muon_in_backward || !Overlaps() || !OverlapsReduce() || micro_batches != 1 ||
+      waves.size() < 2) {
+    return -1;
+  }
+  return static_cast<int32_t>(waves.size()) - 1;
+}
+
+absl::Status Trainer::Impl::GatherEarly(int32_t wave, StepReport* bytes) {
+  // The gather reads the momentum (MuonPrepare) and writes only the wave's
+  // own buffers: the momentum changes in ApplyUpdates, so dropping the run
+  // is all an undo needs.
+  const absl::Time t0 = absl::Now();
+  early_run = std::make_shared<WaveRun>(*this, wave);
+  absl::Status st = early_run->Gather();
+  // Hidden behind the backward pass: not in the Muon phase's own times.
+  early_run->gathered.times.muon_prepare = absl::ZeroDuration();
+  early_run->gathered.times.muon_gather = absl::ZeroDuration();
+  bytes->times.muon_gather_hidden += absl::Now() - t0;
+  if (!st.ok()) early_run.reset();
+  return st;
+}
+
+void Trainer::Impl::UndoEarlyGather(StepReport* report) {
+  if (early_run == nullptr) return;
+  for (const auto& [name, n] : early_run->gathered.bytes_sent) {
+    report->bytes_sent[name + "_redone"] += n;
+  }
+  early_run.reset();  // its whole matrices and buffers
+}
+
 absl::Status Trainer::Impl::Optimize(int64_t step, StepReport* report) {
   // A wave's gather may run on a helper thread while this thread works on
   // the previous wave's Newton-Schulz (or, for the first wave, on AdamW):
   // the device's calls must be safe from two threads, which the CPU's are.
   const bool overlap = Overlaps() && !waves.empty();
-  std::unique_ptr<WaveRun> next;
+  // A wave gathered inside the backward pass goes first, then the others
+  // in order (each matrix's update is its own: the order changes no bits).
+  std::shared_ptr<WaveRun> next = std::move(early_run);
+  std::vector<int32_t> order;
+  if (next != nullptr) order.push_back(next->wave);
+  for (int32_t w = 0; w < static_cast<int32_t>(waves.size()); ++w) {
+    if (order.empty() || w != order[0]) order.push_back(w);
+  }
+  const bool early = next != nullptr;
   absl::Status next_status;
   std::thread gatherer;
   auto start = [&](int32_t w) {
-    next = std::make_unique<WaveRun>(*this, w);
+    next = std::make_shared<WaveRun>(*this, w);
     if (overlap) {
       gatherer = std::thread([&, run = next.get()] { next_status = run->Gather(); });
     } else {
@@ -536,7 +577,7 @@ absl::Status Trainer::Impl::Optimize(int64_t step, StepReport* report) {
     }
   } joiner{gatherer};
 
-  if (overlap) start(0);
+  if (overlap && !early) start(order[0]);
   absl::Time t0 = absl::Now();
   absl::Status st;
   for (UnitState& u : units) {
@@ -544,18 +585,18 @@ absl::Status Trainer::Impl::Optimize(int64_t step, StepReport* report) {
     if (!st.ok()) break;
   }
   report->times.adamw += absl::Now() - t0;
-  if (!overlap && !waves.empty() && st.ok()) start(0);
+  if (!overlap && !early && !waves.empty() && st.ok()) start(order[0]);
   join();
   MUONMESH_RETURN_IF_ERROR(st);
-  for (int32_t w = 0; w < static_cast<int32_t>(waves.size()); ++w) {
+  for (size_t i = 0; i < order.size(); ++i) {
     MUONMESH_RETURN_IF_ERROR(next_status);
-    std::unique_ptr<WaveRun> run = std::move(next);
-    const bool more = w + 1 < static_cast<int32_t>(waves.size());
-    if (more && overlap) start(w + 1);
+    std::shared_ptr<WaveRun> run = std::move(next);
+    const bool more = i + 1 < order.size();
+    if (more && overlap) start(order[i + 1]);
     st = run->Finish(report, join);
     MUONMESH_RETURN_IF_ERROR(st);
     run.reset();  // frees its whole matrices and scratch before the next wave's are used
-    if (more && !overlap) start(w + 1);
+    if (more && !overlap) start(order[i + 1]);
   }
   return absl::OkStatus();
 }

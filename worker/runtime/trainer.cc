@@ -75,10 +75,11 @@ absl::StatusOr<double> Trainer::Impl::ForwardBackward(int64_t step,
   const int64_t micro_batches = b / micro;
   double loss_sum = 0;
   accumulating = false;
+  const int32_t early_wave = EarlyWave(micro_batches);
   for (int64_t k = 0; k < micro_batches; ++k) {
     const std::vector<int64_t> slice(samples.begin() + k * micro,
                                      samples.begin() + (k + 1) * micro);
-    UnitStream stream(*this, report);
+    UnitStream stream(*this, report, early_wave);
     absl::StatusOr<double> loss = workload->ForwardBackwardByUnit(step, stream, slice);
     const absl::Status reduced = stream.Finish();
     stream.ReleaseAll();
@@ -117,6 +118,25 @@ absl::StatusOr<StepReport> Trainer::Step() {
   }
   m.workload->ResetAttentionLogits();
   m.workload->ResetBufferStats();
+  // This step's rates (the same on every rank: a function of the step),
+  // before the backward pass, which may start the Muon phase.
+  report.lr_scale = optim::LrMultiplier(m.options.lr_schedule, step_, m.options.total_steps);
+  m.step_muon = m.options.muon;
+  m.step_muon.lr *= report.lr_scale;
+  m.step_muon.momentum = optim::MomentumAt(m.options.muon.momentum, m.options.momentum_warmup,
+                                          step_);
+  m.step_adamw = m.options.adamw;
+  m.step_adamw.lr *= report.lr_scale;
+  m.muon_tally = {};
+  m.health_step = m.options.health_every > 0 && step_ % m.options.health_every == 0;
+  if (m.health_step) m.ortho_errors.assign(m.MuonMatrixCount(), -1.0f);
+  // A Muon gather started inside the backward pass that the step does not
+  // go on to use (refused, or failed on the way) is dropped.
+  struct UndoEarly {
+    Impl& m;
+    StepReport& report;
+    ~UndoEarly() { m.UndoEarlyGather(&report); }
+  } undo_early{m, report};
   MUONMESH_ASSIGN_OR_RETURN(const double local_loss, m.ForwardBackward(step_, samples, &report));
   report.times.forward_backward = (absl::Now() - t0) - report.times.param_gather -
                                   report.times.grad_reduce - report.times.expert_dispatch;
@@ -140,20 +160,12 @@ absl::StatusOr<StepReport> Trainer::Step() {
   }
   report.loss = totals.loss;
   report.grad_norm = totals.grad_norm;
-  MUONMESH_RETURN_IF_ERROR(m.ClipGradients(totals.grad_norm));
+  MUONMESH_ASSIGN_OR_RETURN(const bool clipped, m.ClipGradients(totals.grad_norm));
   report.times.grad_reduce += absl::Now() - t0;
+  // The early gather carried the unclipped gradient: gathered again.
+  if (clipped) m.UndoEarlyGather(&report);
+  report.muon_in_backward = m.early_run != nullptr;
 
-  // This step's rates (the same on every rank: a function of the step).
-  report.lr_scale = optim::LrMultiplier(m.options.lr_schedule, step_, m.options.total_steps);
-  m.step_muon = m.options.muon;
-  m.step_muon.lr *= report.lr_scale;
-  m.step_muon.momentum = optim::MomentumAt(m.options.muon.momentum, m.options.momentum_warmup,
-                                          step_);
-  m.step_adamw = m.options.adamw;
-  m.step_adamw.lr *= report.lr_scale;
-  m.muon_tally = {};
-  m.health_step = m.options.health_every > 0 && step_ % m.options.health_every == 0;
-  if (m.health_step) m.ortho_errors.assign(m.MuonMatrixCount(), -1.0f);
   // AdamW's bias correction counts the steps of its own state.
   absl::Status st = m.Optimize(step_ - adamw_origin_, &report);
   MUONMESH_RETURN_IF_ERROR(st);
@@ -197,14 +209,14 @@ absl::StatusOr<StepTotals> Trainer::Impl::ReduceStepTotals(double local_loss) {
   return totals;
 }
 
-absl::Status Trainer::Impl::ClipGradients(double grad_norm) {
-  if (options.clip_grad_norm <= 0) return absl::OkStatus();
+absl::StatusOr<bool> Trainer::Impl::ClipGradients(double grad_norm) {
+  if (options.clip_grad_norm <= 0) return false;
   const double factor = options.clip_grad_norm / (grad_norm + 1e-6);
-  if (factor >= 1.0) return absl::OkStatus();
+  if (factor >= 1.0) return false;
   for (UnitState& u : units) {
     MUONMESH_RETURN_IF_ERROR(dev->Scale(u.grad.data(), u.grad.size(), static_cast<float>(factor)));
   }
-  return absl::OkStatus();
+  return true;
 }
 
 absl::Status Trainer::Impl::ReduceStepRecords(StepReport* report) {

@@ -145,6 +145,14 @@ struct TrainerOptions {
   // it computes the ones it holds (one gather ahead; the weights are the
   // same bits either way). Host devices only (ignored elsewhere).
   bool prefetch_gathers = true;
+  // Muon inside the backward pass (docs/architecture.md §5): with several
+  // Muon waves and one micro-batch a step, the last wave's gather to the
+  // owners runs on the reduction thread as soon as its units' gradients are
+  // reduced (it reads the momentum, changes no state); a step whose totals
+  // clip the gradients drops it and gathers again. The last wave then goes
+  // first in the Muon phase. Needs overlap_reduce and muon_overlap; host
+  // devices only (ignored elsewhere). Weights are the same bits.
+  bool muon_in_backward = true;
 };
 
 // Wall time of each phase of one step on this rank. The parameter gathers
@@ -171,6 +179,10 @@ struct PhaseTimes {
   // (TrainerOptions::prefetch_gathers): not part of the step's time; what
   // the pass waited for is in param_gather.
   absl::Duration param_gather_hidden;
+  // A Muon gather that ran inside the backward pass
+  // (TrainerOptions::muon_in_backward): its preparation and exchange, not
+  // part of the step's time (nor in muon_prepare or muon_gather).
+  absl::Duration muon_gather_hidden;
 };
 
 // One round of the Muon phase: the exchanges, Newton-Schulz and updates of
@@ -241,6 +253,10 @@ struct StepReport {
   // dp_outer round).
   std::vector<MuonRound> muon_rounds;
   int32_t muon_exchange_calls = 0;
+  // Whether the Muon phase began inside the backward pass: a wave gathered
+  // there went first (TrainerOptions::muon_in_backward; not on a step that
+  // clipped its gradients, whose gather was redone after the pass).
+  bool muon_in_backward = false;
   // Collective calls this rank made during the step, on every group (the
   // communicators' counts; an exchange with size-1 groups counts too): with
   // each call a few network round trips one after another, what a link's

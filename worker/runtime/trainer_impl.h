@@ -223,6 +223,22 @@ struct Trainer::Impl {
   std::vector<std::pair<double, double>> planned_ns;
   // With one wave, its rows, send and receive buffers between steps.
   DeviceBuffer muon_kept[3];
+  // Muon inside the backward pass (TrainerOptions::muon_in_backward;
+  // muon_waves.cc): the wave gathered there this step, ready for Optimize
+  // (null: none).
+  struct WaveRun;  // muon_waves.cc
+  std::shared_ptr<WaveRun> early_run;
+  // The wave a step of `micro_batches` may gather inside its backward pass
+  // (the last: its gradients are reduced first), or -1.
+  int32_t EarlyWave(int64_t micro_batches) const;
+  // On the reduction thread, once the wave's gradients are reduced: runs its
+  // gather into early_run (which reads the momentum and changes no state);
+  // its time goes to bytes->times.muon_gather_hidden.
+  absl::Status GatherEarly(int32_t wave, StepReport* bytes);
+  // Drops early_run (a step that refuses or clips its gradients, or fails);
+  // the bytes its gather sent go into report->bytes_sent as
+  // "<name>_redone". Nothing when there is none.
+  void UndoEarlyGather(StepReport* report);
 
 
   // Makes `b` hold at least `count` floats (contents are not kept).
@@ -410,8 +426,8 @@ struct Trainer::Impl {
   // hold the same shard).
   absl::StatusOr<StepTotals> ReduceStepTotals(double local_loss);
   // Multiplies every gradient shard by min(1, clip / (norm + 1e-6)) when
-  // options.clip_grad_norm is set (> 0).
-  absl::Status ClipGradients(double grad_norm);
+  // options.clip_grad_norm is set (> 0); whether it did (a factor < 1).
+  absl::StatusOr<bool> ClipGradients(double grad_norm);
   // The step's records over the world in one all-gather (one round trip
   // instead of one per record; docs/architecture.md §5, "Buckets and round
   // trips"): each rank's attention logits, buffer statistics and balance
@@ -473,7 +489,7 @@ struct Trainer::Impl {
   // I own, one scatter exchange per mesh, the update; with
   // TrainerOptions::muon_overlap the next wave's gather runs while this
   // one's Newton-Schulz does. Appends each wave's round to the report.
-  struct WaveRun;
+  // (WaveRun is declared above, with early_run.)
   absl::Status Optimize(int64_t step, StepReport* report);
   // Whether a wave's gather runs beside the previous wave's Newton-Schulz:
   // asked for, and the device's calls are safe from two threads (the

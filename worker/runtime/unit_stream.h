@@ -51,6 +51,7 @@ class Trainer::CommThread {
     report->times.*waited_ += waited;
     report->times.*hidden_ += std::max(absl::ZeroDuration(), busy_ - waited);
     busy_ = absl::ZeroDuration();
+    report->times.muon_gather_hidden += std::exchange(local_.times.muon_gather_hidden, {});
     for (const auto& [name, bytes] : local_.bytes_sent) report->bytes_sent[name] += bytes;
     local_.bytes_sent.clear();
     return std::exchange(status_, absl::OkStatus());
@@ -79,7 +80,10 @@ class Trainer::CommThread {
       absl::Status st = job(&bytes, failed);
       absl::MutexLock lock(&mu_);
       running_ = false;
-      busy_ += absl::Now() - t0;
+      // A Muon gather queued behind the reductions counts as its own.
+      const absl::Duration muon = bytes.times.muon_gather_hidden;
+      busy_ += absl::Now() - t0 - muon;
+      local_.times.muon_gather_hidden += muon;
       for (const auto& [name, n] : bytes.bytes_sent) local_.bytes_sent[name] += n;
       if (status_.ok()) status_ = std::move(st);
     }
@@ -108,8 +112,14 @@ class Trainer::CommThread {
 // more than that peak).
 class Trainer::UnitStream final : public UnitAccess {
  public:
-  UnitStream(Impl& m, StepReport* report)
-      : m_(m), report_(report), slots_(m.states_of.size()), pending_(m.buckets.size()) {}
+  // `early_wave`: the Muon wave whose gather starts once its gradients are
+  // reduced (Impl::EarlyWave), or -1.
+  UnitStream(Impl& m, StepReport* report, int32_t early_wave = -1)
+      : m_(m),
+        report_(report),
+        slots_(m.states_of.size()),
+        pending_(m.buckets.size()),
+        early_wave_(early_wave) {}
 
   absl::StatusOr<absl::Span<const float* const>> Acquire(int unit) override {
     MUONMESH_RETURN_IF_ERROR(CheckUnit(unit, "Acquire"));
@@ -208,14 +218,11 @@ class Trainer::UnitStream final : public UnitAccess {
       }
       MUONMESH_RETURN_IF_ERROR(m_.PackGradients(state, p.buf.data(), src.data()));
       if (--p.left > 0) continue;
+      p.reduced = true;
       if (m_.OverlapsReduce()) {
-        if (reducer_ == nullptr) {
-          reducer_ = std::make_unique<CommThread>(kReductionsWaiting, &PhaseTimes::grad_reduce,
-                                                  &PhaseTimes::grad_reduce_hidden);
-        }
         // (std::function copies its callable: the buffer rides in a shared_ptr.)
         auto buf = std::make_shared<DeviceBuffer>(std::move(p.buf));
-        reducer_->Push([this, b, buf](StepReport* bytes, bool failed) {
+        Reducer().Push([this, b, buf](StepReport* bytes, bool failed) {
           absl::Status st = failed ? absl::OkStatus() : m_.ReduceBucket(b, buf->data(), bytes);
           m_.unit_buffers.Give(std::move(*buf));
           return st;
@@ -228,6 +235,7 @@ class Trainer::UnitStream final : public UnitAccess {
     }
     Free(slot.grads, slot.grad_ptrs);
     slot.committed = true;
+    StartEarlyWave();
     report_->times.grad_reduce += absl::Now() - t0;
     return absl::OkStatus();
   }
@@ -326,6 +334,33 @@ class Trainer::UnitStream final : public UnitAccess {
     }
     PrefetchAfter(batch, gathers);
     return absl::OkStatus();
+  }
+
+  CommThread& Reducer() {
+    if (reducer_ == nullptr) {
+      reducer_ = std::make_unique<CommThread>(kReductionsWaiting, &PhaseTimes::grad_reduce,
+                                              &PhaseTimes::grad_reduce_hidden);
+    }
+    return *reducer_;
+  }
+
+  // Once every state of the early wave is reduced, or queued on the
+  // reduction thread, queues the wave's Muon gather behind them
+  // (Impl::GatherEarly): the thread runs its jobs in order, so the gather
+  // reads final gradients, while the backward pass goes on. Every rank
+  // commits in the same order, so every rank queues it at the same place.
+  void StartEarlyWave() {
+    if (early_wave_ < 0 || early_queued_) return;
+    for (int32_t state : m_.wave_states[early_wave_]) {
+      const UnitState& u = m_.units[state];
+      if (!slots_[u.unit].committed) return;
+      if (!m_.accumulating && Impl::ReducesNothing(*u.mesh)) continue;  // packed at its commit
+      if (!pending_[m_.bucket_of[state].first].reduced) return;
+    }
+    early_queued_ = true;
+    Reducer().Push([this, wave = early_wave_](StepReport* bytes, bool failed) {
+      return failed ? absl::OkStatus() : m_.GatherEarly(wave, bytes);
+    });
   }
 
   // `unit` and the units a pass acquires after it that share its all-gather
@@ -481,6 +516,7 @@ class Trainer::UnitStream final : public UnitAccess {
   struct Pending {
     DeviceBuffer buf;
     int64_t left = 0;
+    bool reduced = false;  // reduced, or queued for it, this pass
   };
 
   Impl& m_;
@@ -491,6 +527,8 @@ class Trainer::UnitStream final : public UnitAccess {
   // waiting (each holds its bucket's buffer).
   static constexpr size_t kReductionsWaiting = 2;
   std::unique_ptr<CommThread> reducer_;  // when reductions overlap the pass
+  const int32_t early_wave_;
+  bool early_queued_ = false;
   // The gather ahead of the pass: its units (empty: none in flight) and
   // the pass's gather they were taken at. Declared after slots_, so that it
   // is destroyed (its thread joined) before the slots it writes.

@@ -325,6 +325,21 @@ TEST(JobTest, PrefetchIsOnUnlessTurnedOff) {
   EXPECT_FALSE(job::FilledSpec(*off).communication().prefetch());
 }
 
+// communication.muon_in_backward: unset is on; false is kept and shown in
+// the job as it will run.
+TEST(JobTest, MuonInBackwardIsOnUnlessTurnedOff) {
+  absl::StatusOr<job::ResolvedJob> plain = job::ResolveJob(DesignJob(), "");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(plain->muon_in_backward);
+  EXPECT_TRUE(job::FilledSpec(*plain).communication().muon_in_backward());
+  v1::JobSpec job = DesignJob();
+  job.mutable_communication()->set_muon_in_backward(false);
+  absl::StatusOr<job::ResolvedJob> off = job::ResolveJob(job, "");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->muon_in_backward);
+  EXPECT_FALSE(job::FilledSpec(*off).communication().muon_in_backward());
+}
+
 // communication.window_bytes: unset is 0 (no limit); a value is kept and
 // shown in the job as it will run.
 TEST(JobTest, WindowBytesIsNoLimitUnlessGiven) {

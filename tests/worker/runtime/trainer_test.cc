@@ -182,6 +182,7 @@ struct RunResult {
   std::vector<int64_t> collective_calls;  // per rank, its last step's
   std::vector<std::vector<float>> max_attn_logits;  // rank 0's, per step
   std::vector<MuonHealth> health;                    // rank 0's, per step
+  std::vector<bool> muon_in_backward;                // rank 0's, per step
 };
 
 // Checkpoint hooks of a run: ranks load their shards from `load_dir` before
@@ -215,6 +216,7 @@ struct RunRecipe {
   int64_t bucket_bytes = plan::kDefaultBucketBytes;
   bool overlap_reduce = true;
   bool prefetch_gathers = true;
+  bool muon_in_backward = true;
 };
 
 RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpoints& ck = {},
@@ -307,6 +309,7 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
       o.bucket_bytes = recipe.bucket_bytes;
       o.overlap_reduce = recipe.overlap_reduce;
       o.prefetch_gathers = recipe.prefetch_gathers;
+      o.muon_in_backward = recipe.muon_in_backward;
       absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(*plan, local.get(), r, o);
       if (!t.ok()) {
         status[r] = t.status();
@@ -334,6 +337,7 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
         logits[r].push_back(rep->max_attn_logit);
         health[r].push_back(rep->muon);
         if (r == 0) lr_scales.push_back(rep->lr_scale);
+        if (r == 0) result.muon_in_backward.push_back(rep->muon_in_backward);
         for (const auto& [k, v] : rep->bytes_sent) bytes[r][k] += v;
         result.rounds[r] = rep->muon_rounds;
         result.exchange_calls[r] = rep->muon_exchange_calls;
@@ -958,6 +962,47 @@ TEST_P(TrainerConfigTest, MuonWavesOfAnyBudgetEndBitIdentical) {
   }
 }
 
+// Muon inside the backward pass (TrainerOptions::muon_in_backward): with a
+// wave per unit, the last wave's gather runs beside the rest of the
+// backward pass, queued behind its units' reductions (one bucket a unit, or
+// the default buckets, where a bucket holds units of several waves). Under
+// a clip that binds on some steps and not on others (a clipped step
+// gathers again after the pass), the losses, norms and weights end bit for
+// bit as with it off; the steps that began the Muon phase inside the
+// backward pass are exactly those that did not clip.
+TEST_P(TrainerConfigTest, MuonInsideTheBackwardEndsBitIdentical) {
+  const Config& c = GetParam();
+  constexpr int kSteps = 5;
+  for (const int64_t bucket_bytes : {int64_t{0}, plan::kDefaultBucketBytes}) {
+    SCOPED_TRACE(absl::StrCat("bucket_bytes ", bucket_bytes));
+    RunRecipe off;
+    off.muon_in_backward = false;
+    off.bucket_bytes = bucket_bytes;
+    const RunResult unclipped = RunJob(c, "lpt", kSteps, {}, /*muon_buffer_bytes=*/1, true, "", off);
+    ASSERT_EQ(unclipped.grad_norms.size(), static_cast<size_t>(kSteps));
+    const auto [lo, hi] =
+        std::minmax_element(unclipped.grad_norms.begin(), unclipped.grad_norms.end());
+    off.clip_grad_norm = 0.5 * (*lo + *hi);
+    RunRecipe on = off;
+    on.muon_in_backward = true;
+    const RunResult after = RunJob(c, "lpt", kSteps, {}, 1, true, "", off);
+    const RunResult inside = RunJob(c, "lpt", kSteps, {}, 1, true, "", on);
+    ExpectSameWeights(inside, after, "Muon inside the backward pass");
+    EXPECT_EQ(inside.losses, after.losses);
+    EXPECT_EQ(inside.grad_norms, after.grad_norms);
+    ASSERT_EQ(inside.muon_in_backward.size(), static_cast<size_t>(kSteps));
+    int early = 0, redone = 0;
+    for (int s = 0; s < kSteps; ++s) {
+      const bool clipped = off.clip_grad_norm / (inside.grad_norms[s] + 1e-6) < 1.0;
+      EXPECT_EQ(inside.muon_in_backward[s], !clipped) << "step " << s;
+      EXPECT_FALSE(after.muon_in_backward[s]) << "step " << s;
+      (clipped ? redone : early) += 1;
+    }
+    EXPECT_GT(early, 0) << "no step began the Muon phase inside the backward pass";
+    EXPECT_GT(redone, 0) << "no step clipped: the redo went untested";
+  }
+}
+
 TEST_P(TrainerConfigTest, MuonTrafficIsWhatThePlanSays) {
   const int steps = 2;
   RunResult r = RunJob(GetParam(), "lpt", steps);
@@ -1476,29 +1521,51 @@ class NanAtStep final : public Workload {
                                          absl::Span<const int64_t> samples,
                                          absl::Span<float* const> g) override {
     absl::StatusOr<double> loss = base_.ForwardBackward(step, p, samples, g);
-    if (loss.ok() && step == bad_step_) g[1][0] = std::nanf("");
+    // Once: a retried step is clean.
+    if (loss.ok() && step == bad_step_ && !fired_) {
+      g[1][0] = std::nanf("");
+      fired_ = true;
+    }
     return loss;
   }
 
  private:
   TwoLayerLinear base_;
   int64_t bad_step_;
+  bool fired_ = false;
 };
 
-TEST(TrainerTest, ANonFiniteGradientOnOneRankRefusesTheStepOnEveryRank) {
+std::string ReadFileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Two ranks, rank 1's gradient NaN at step 1: the step is refused on both
+// ranks at once, and their weights and optimizer state (the saved shards,
+// byte for byte) are what the step before left. `muon_buffer_bytes` 1 cuts
+// a wave per layer, so that the last layer's Muon gather starts inside the
+// backward pass (and is then dropped). Then the step is taken again, clean;
+// the weights after it, as rank 0 gathers them.
+std::vector<std::vector<float>> ExpectNonFiniteStepRefused(int64_t muon_buffer_bytes) {
   plan::PlanInput in;
   in.model = TwoLayerLinear().spec();
   in.world_size = 2;
   in.options.device = "cpu";
   absl::StatusOr<plan::Plan> plan = plan::ComputePlan(in);
-  ASSERT_TRUE(plan.ok());
-  const std::string dir = ::testing::TempDir() + "/trainer_nan";
+  EXPECT_TRUE(plan.ok());
+  if (!plan.ok()) return {};
+  const std::string dir =
+      ::testing::TempDir() + "/trainer_nan_" + std::to_string(muon_buffer_bytes);
   std::filesystem::remove_all(dir);
   absl::StatusOr<std::unique_ptr<comm::FileStore>> store = comm::FileStore::Open(dir);
-  ASSERT_TRUE(store.ok());
+  EXPECT_TRUE(store.ok());
+  if (!store.ok()) return {};
+  std::vector<std::vector<float>> retried;
   auto hub = std::make_shared<comm::InProcessHub>();
   std::vector<absl::Status> refused(2);
+  std::vector<bool> began_inside(2);
   std::vector<std::vector<std::vector<float>>> before(2), after(2);
+  std::vector<std::string> shards_before(2), shards_after(2);
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
@@ -1511,13 +1578,26 @@ TEST(TrainerTest, ANonFiniteGradientOnOneRankRefusesTheStepOnEveryRank) {
       o.group_options.hub = hub;
       o.collective.timeout = absl::Seconds(30);
       o.global_batch_size = 8;
+      o.muon_buffer_bytes = muon_buffer_bytes;
       absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(*plan, &model, r, o);
       ASSERT_TRUE(t.ok()) << t.status();
-      ASSERT_TRUE((*t)->Step().ok());
+      absl::StatusOr<StepReport> first = (*t)->Step();
+      ASSERT_TRUE(first.ok()) << first.status();
+      began_inside[r] = first->muon_in_backward;
+      const std::string file = dir + "/rank-" + std::to_string(r);
       before[r] = *(*t)->GatherParameters();
+      ASSERT_TRUE((*t)->SaveShards(file + "-before.safetensors").ok());
       refused[r] = (*t)->Step().status();
       after[r] = *(*t)->GatherParameters();
+      ASSERT_TRUE((*t)->SaveShards(file + "-after.safetensors").ok());
+      shards_before[r] = ReadFileBytes(file + "-before.safetensors");
+      shards_after[r] = ReadFileBytes(file + "-after.safetensors");
       EXPECT_EQ((*t)->steps_done(), 1);
+      absl::StatusOr<StepReport> again = (*t)->Step();
+      ASSERT_TRUE(again.ok()) << again.status();
+      absl::StatusOr<std::vector<std::vector<float>>> w = (*t)->GatherParameters();  // every rank
+      ASSERT_TRUE(w.ok()) << w.status();
+      if (r == 0) retried = *std::move(w);
     });
   }
   for (auto& t : threads) t.join();
@@ -1529,6 +1609,29 @@ TEST(TrainerTest, ANonFiniteGradientOnOneRankRefusesTheStepOnEveryRank) {
     // Marked, so that the daemon reports a refused step, not any failure.
     EXPECT_TRUE(refused[r].GetPayload(kRefusedStepPayload).has_value()) << "rank " << r;
     EXPECT_EQ(after[r], before[r]) << "rank " << r << " changed its weights";
+    EXPECT_FALSE(shards_before[r].empty());
+    EXPECT_TRUE(shards_after[r] == shards_before[r])
+        << "rank " << r << " changed its shards (weights or optimizer state)";
+    EXPECT_EQ(began_inside[r], muon_buffer_bytes > 0) << "rank " << r;
+  }
+  return retried;
+}
+
+TEST(TrainerTest, ANonFiniteGradientOnOneRankRefusesTheStepOnEveryRank) {
+  EXPECT_FALSE(ExpectNonFiniteStepRefused(/*muon_buffer_bytes=*/0).empty());
+}
+
+// With the last layer's Muon gather started inside the refused step's
+// backward pass: nothing of it stays (the shards), and the retried step ends
+// where it does without waves, bit for bit.
+TEST(TrainerTest, ARefusedStepDropsTheMuonGatherStartedInItsBackward) {
+  const std::vector<std::vector<float>> one_wave = ExpectNonFiniteStepRefused(0);
+  const std::vector<std::vector<float>> early = ExpectNonFiniteStepRefused(1);
+  ASSERT_EQ(early.size(), one_wave.size());
+  for (size_t p = 0; p < early.size(); ++p) {
+    ASSERT_EQ(early[p].size(), one_wave[p].size());
+    EXPECT_EQ(std::memcmp(early[p].data(), one_wave[p].data(), sizeof(float) * early[p].size()), 0)
+        << "param " << p;
   }
 }
 
