@@ -513,23 +513,22 @@ int32_t Trainer::Impl::EarlyWave(int64_t micro_batches) const {
   // Several micro-batches add to the shards until the last (and are then
   // scaled by their mean); one wave would wait for the whole backward pass.
   if (!options.muon_in_backward || !Overlaps() || !OverlapsReduce() || micro_batches != 1 ||
-      waves.size() < 2) {
+      waves.size() < 2 || last_step_clipped) {
     return -1;
   }
   return static_cast<int32_t>(waves.size()) - 1;
 }
 
-absl::Status Trainer::Impl::GatherEarly(int32_t wave, StepReport* bytes) {
+absl::Status Trainer::Impl::GatherEarly(int32_t wave) {
   // The gather reads the momentum (MuonPrepare) and writes only the wave's
   // own buffers: the momentum changes in ApplyUpdates, so dropping the run
   // is all an undo needs.
-  const absl::Time t0 = absl::Now();
   early_run = std::make_shared<WaveRun>(*this, wave);
   absl::Status st = early_run->Gather();
-  // Hidden behind the backward pass: not in the Muon phase's own times.
+  // Its thread times it (muon_gather_hidden, and muon_gather for what the
+  // pass waited): not again in the Muon phase.
   early_run->gathered.times.muon_prepare = absl::ZeroDuration();
   early_run->gathered.times.muon_gather = absl::ZeroDuration();
-  bytes->times.muon_gather_hidden += absl::Now() - t0;
   if (!st.ok()) early_run.reset();
   return st;
 }

@@ -164,6 +164,7 @@ absl::StatusOr<StepReport> Trainer::Step() {
   report.times.grad_reduce += absl::Now() - t0;
   // The early gather carried the unclipped gradient: gathered again.
   if (clipped) m.UndoEarlyGather(&report);
+  m.last_step_clipped = clipped;
   report.muon_in_backward = m.early_run != nullptr;
 
   // AdamW's bias correction counts the steps of its own state.

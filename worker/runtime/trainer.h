@@ -149,7 +149,8 @@ struct TrainerOptions {
   // Muon waves and one micro-batch a step, the last wave's gather to the
   // owners runs on the reduction thread as soon as its units' gradients are
   // reduced (it reads the momentum, changes no state); a step whose totals
-  // clip the gradients drops it and gathers again. The last wave then goes
+  // clip the gradients drops it and gathers again (and the next step does
+  // not start early). The last wave then goes
   // first in the Muon phase. Needs overlap_reduce and muon_overlap; host
   // devices only (ignored elsewhere). Weights are the same bits.
   bool muon_in_backward = true;

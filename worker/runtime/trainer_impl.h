@@ -229,12 +229,14 @@ struct Trainer::Impl {
   struct WaveRun;  // muon_waves.cc
   std::shared_ptr<WaveRun> early_run;
   // The wave a step of `micro_batches` may gather inside its backward pass
-  // (the last: its gradients are reduced first), or -1.
+  // (the last: its gradients are reduced first), or -1: also while the
+  // last step clipped its gradients (the next one likely clips too, and a
+  // clipped step gathers again), which every rank knows alike.
   int32_t EarlyWave(int64_t micro_batches) const;
-  // On the reduction thread, once the wave's gradients are reduced: runs its
-  // gather into early_run (which reads the momentum and changes no state);
-  // its time goes to bytes->times.muon_gather_hidden.
-  absl::Status GatherEarly(int32_t wave, StepReport* bytes);
+  bool last_step_clipped = false;
+  // On a thread of its own, once the wave's gradients are reduced: runs its
+  // gather into early_run (which reads the momentum and changes no state).
+  absl::Status GatherEarly(int32_t wave);
   // Drops early_run (a step that refuses or clips its gradients, or fails);
   // the bytes its gather sent go into report->bytes_sent as
   // "<name>_redone". Nothing when there is none.

@@ -51,7 +51,6 @@ class Trainer::CommThread {
     report->times.*waited_ += waited;
     report->times.*hidden_ += std::max(absl::ZeroDuration(), busy_ - waited);
     busy_ = absl::ZeroDuration();
-    report->times.muon_gather_hidden += std::exchange(local_.times.muon_gather_hidden, {});
     for (const auto& [name, bytes] : local_.bytes_sent) report->bytes_sent[name] += bytes;
     local_.bytes_sent.clear();
     return std::exchange(status_, absl::OkStatus());
@@ -80,10 +79,7 @@ class Trainer::CommThread {
       absl::Status st = job(&bytes, failed);
       absl::MutexLock lock(&mu_);
       running_ = false;
-      // A Muon gather queued behind the reductions counts as its own.
-      const absl::Duration muon = bytes.times.muon_gather_hidden;
-      busy_ += absl::Now() - t0 - muon;
-      local_.times.muon_gather_hidden += muon;
+      busy_ += absl::Now() - t0;
       for (const auto& [name, n] : bytes.bytes_sent) local_.bytes_sent[name] += n;
       if (status_.ok()) status_ = std::move(st);
     }
@@ -267,10 +263,14 @@ class Trainer::UnitStream final : public UnitAccess {
   absl::Status Finish() {
     // A gather ahead that the pass did not use (it acquired fewer units
     // than it would by the pass's order): waited for, its units freed.
-    absl::Status ahead = AwaitAhead();
-    if (reducer_ == nullptr) return ahead;
-    absl::Status reduced = reducer_->Drain(report_);
-    return ahead.ok() ? reduced : ahead;
+    absl::Status st = AwaitAhead();
+    // The reductions first: their last jobs may start the early gather.
+    for (CommThread* t : {reducer_.get(), early_.get()}) {
+      if (t == nullptr) continue;
+      absl::Status drained = t->Drain(report_);
+      if (st.ok()) st = std::move(drained);
+    }
+    return st;
   }
 
   // Frees whatever the workload left acquired or uncommitted (waiting for
@@ -278,6 +278,7 @@ class Trainer::UnitStream final : public UnitAccess {
   void ReleaseAll() {
     AwaitAhead().IgnoreError();
     if (reducer_ != nullptr) reducer_->Drain(report_).IgnoreError();
+    if (early_ != nullptr) early_->Drain(report_).IgnoreError();
     for (size_t u = 0; u < slots_.size(); ++u) {
       Release(static_cast<int>(u));
       Free(slots_[u].grads, slots_[u].grad_ptrs);
@@ -345,10 +346,12 @@ class Trainer::UnitStream final : public UnitAccess {
   }
 
   // Once every state of the early wave is reduced, or queued on the
-  // reduction thread, queues the wave's Muon gather behind them
-  // (Impl::GatherEarly): the thread runs its jobs in order, so the gather
-  // reads final gradients, while the backward pass goes on. Every rank
-  // commits in the same order, so every rank queues it at the same place.
+  // reduction thread, queues there a job that hands the wave's Muon gather
+  // (Impl::GatherEarly) to a thread of its own: the reduction thread runs
+  // its jobs in order, so the gather reads final gradients, and runs beside
+  // the reductions after it (on other groups) and the backward pass. Every
+  // rank commits in the same order, so every rank starts it at the same
+  // place.
   void StartEarlyWave() {
     if (early_wave_ < 0 || early_queued_) return;
     for (int32_t state : m_.wave_states[early_wave_]) {
@@ -358,8 +361,14 @@ class Trainer::UnitStream final : public UnitAccess {
       if (!pending_[m_.bucket_of[state].first].reduced) return;
     }
     early_queued_ = true;
-    Reducer().Push([this, wave = early_wave_](StepReport* bytes, bool failed) {
-      return failed ? absl::OkStatus() : m_.GatherEarly(wave, bytes);
+    if (early_ == nullptr) {
+      early_ = std::make_unique<CommThread>(1, &PhaseTimes::muon_gather,
+                                            &PhaseTimes::muon_gather_hidden);
+    }
+    Reducer().Push([this, wave = early_wave_](StepReport*, bool failed) {
+      if (failed) return absl::OkStatus();
+      early_->Push([this, wave](StepReport*, bool) { return m_.GatherEarly(wave); });
+      return absl::OkStatus();
     });
   }
 
@@ -526,9 +535,13 @@ class Trainer::UnitStream final : public UnitAccess {
   // Complete buckets' reductions beside the backward pass, at most this many
   // waiting (each holds its bucket's buffer).
   static constexpr size_t kReductionsWaiting = 2;
-  std::unique_ptr<CommThread> reducer_;  // when reductions overlap the pass
+  // The early Muon gather's thread (its waited time is muon_gather, the
+  // rest muon_gather_hidden); declared before reducer_, whose jobs push to
+  // it, so that it outlives the reduction thread.
   const int32_t early_wave_;
   bool early_queued_ = false;
+  std::unique_ptr<CommThread> early_;
+  std::unique_ptr<CommThread> reducer_;  // when reductions overlap the pass
   // The gather ahead of the pass: its units (empty: none in flight) and
   // the pass's gather they were taken at. Declared after slots_, so that it
   // is destroyed (its thread joined) before the slots it writes.

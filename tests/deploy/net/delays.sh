@@ -15,7 +15,10 @@
 # left out of the medians; BUCKET_BYTES sets the job's
 # communication.bucket_bytes (default: the job's default); PREFETCH=false
 # turns communication.prefetch off; WINDOW sets communication.window_bytes
-# (each exchange's bytes in flight to a rank); KEEP_CWND=1 sets
+# (each exchange's bytes in flight to a rank); MUON_BUFFER_BYTES sets
+# optimizer.muon_buffer_bytes (the Muon phase in waves) and
+# MUON_IN_BACKWARD=false turns communication.muon_in_backward off; CLIP sets
+# training.clip_grad_norm (none: no clipping); KEEP_CWND=1 sets
 # net.ipv4.tcp_slow_start_after_idle=0 on the worker hosts (TCP keeps its
 # congestion window across the idle time between a step's bursts); WORLD
 # (default 4) runs that many worker hosts and ranks, and MODEL replaces the
@@ -82,10 +85,18 @@ run() {
       -e "s/^world_size: .*/world_size: $world/" \
       "$root/deploy/local/examples/gpt-text.yaml" > "$work/$name.yaml"
   [[ -z ${MODEL:-} ]] || sed -i "/^  gpt: /d; s/^model:.*/model: $MODEL/" "$work/$name.yaml"
+  case ${CLIP:-} in
+    '') ;;
+    none) sed -i "/^  clip_grad_norm: /d" "$work/$name.yaml" ;;
+    *) sed -i "s/^  clip_grad_norm: .*/  clip_grad_norm: $CLIP/" "$work/$name.yaml" ;;
+  esac
   local comm=()
   [[ -z ${BUCKET_BYTES:-} ]] || comm+=("bucket_bytes: $BUCKET_BYTES")
   [[ -z ${PREFETCH:-} ]] || comm+=("prefetch: $PREFETCH")
   [[ -z ${WINDOW:-} ]] || comm+=("window_bytes: $WINDOW")
+  [[ -z ${MUON_IN_BACKWARD:-} ]] || comm+=("muon_in_backward: $MUON_IN_BACKWARD")
+  [[ -z ${MUON_BUFFER_BYTES:-} ]] ||
+    sed -i "s/^optimizer:\$/optimizer:\n  muon_buffer_bytes: $MUON_BUFFER_BYTES/" "$work/$name.yaml"
   ((${#comm[@]} == 0)) || (IFS=,; echo "communication: {${comm[*]}}") >> "$work/$name.yaml"
   local id frames_before frames_after drops_before drops_after
   id=$(ctl submit "$work/$name.yaml" 2> "$work/$name.submit.err" | tail -1)
@@ -117,19 +128,22 @@ cells = ["%.3f s (%.2fx)" % (med[k], med[k] / base[k] if base[k] else 0) for k i
 calls = statistics.median(r.get("collective_calls", 0) for r in records)
 hidden = statistics.median(r["phases"].get("grad_reduce_hidden", 0.0) for r in records)
 ahead = statistics.median(r["phases"].get("param_gather_hidden", 0.0) for r in records)
+early = statistics.median(r["phases"].get("muon_gather_hidden", 0.0) for r in records)
 # Exposed communication: the step's time waiting in collectives (every
 # communication phase, the token exchanges included), as a share of it.
 waited = phases + ["expert_dispatch"]
 exposed = statistics.median(sum(r["phases"].get(p, 0.0) for p in waited) / r["step_seconds"]
                             for r in records if r["step_seconds"] > 0)
-print("| %s | %s | %.3f s | %.3f s | %.1f %% | %g | %s | %s |" % (
-    label, " | ".join(cells), hidden, ahead, 100 * exposed, calls, frames, drops))
+print("| %s | %s | %.3f s | %.3f s | %.3f s | %.1f %% | %g | %s | %s |" % (
+    label, " | ".join(cells), hidden, ahead, early, 100 * exposed, calls, frames, drops))
 EOF
 }
 
 echo "delays: ${delays[*]} ms one way; $world ranks; model ${MODEL:-of the quickstart};" \
   "$steps steps a run, medians of steps 5 on;" \
-  "communication.bucket_bytes ${BUCKET_BYTES:-default}, prefetch ${PREFETCH:-default}, window_bytes ${WINDOW:-default};" \
+  "communication.bucket_bytes ${BUCKET_BYTES:-default}, prefetch ${PREFETCH:-default}, window_bytes ${WINDOW:-default}," \
+  "muon_in_backward ${MUON_IN_BACKWARD:-default}; optimizer.muon_buffer_bytes ${MUON_BUFFER_BYTES:-default};" \
+  "training.clip_grad_norm ${CLIP:-of the quickstart};" \
   "tcp_slow_start_after_idle" \
   "$( ((${KEEP_CWND:-0})) && echo 0 || echo 1)"
 # The socket limits Gloo's connections live with (it sets no buffer sizes of
@@ -138,6 +152,6 @@ echo "delays: ${delays[*]} ms one way; $world ranks; model ${MODEL:-of the quick
 echo "tcp: congestion control $(cat /proc/sys/net/ipv4/tcp_congestion_control)," \
   "autotuned buffers up to $(awk '{print $3}' /proc/sys/net/ipv4/tcp_rmem) bytes receiving," \
   "$(awk '{print $3}' /proc/sys/net/ipv4/tcp_wmem) sending"
-echo "| one-way delay ms[@Mbit/s] | step | param_gather | grad_reduce | muon_gather | muon_scatter | param_allgather_after_step | grad_reduce_hidden | param_gather_hidden | exposed communication | calls a step | frames a step | queue drops a step |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| one-way delay ms[@Mbit/s] | step | param_gather | grad_reduce | muon_gather | muon_scatter | param_allgather_after_step | grad_reduce_hidden | param_gather_hidden | muon_gather_hidden | exposed communication | calls a step | frames a step | queue drops a step |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for d in "${delays[@]}"; do run "$d"; done
