@@ -743,6 +743,44 @@ TEST(StandaloneTest, AWindowOnTheExchangesEndsBitIdentical) {
   ExpectWeightsNear(dir + "/plain.safetensors", job.export_path, 0);
 }
 
+// communication.muon_in_backward through the job file, over Gloo: a gpt of
+// 4 ranks under HFSDP with a Muon wave per block (optimizer.muon_buffer_bytes
+// 1) and a bucket per unit, whose last wave's gather runs on its own thread
+// beside the reductions and the backward pass (the worker says so), ends
+// with the losses and weights of the same job with it off, bit for bit.
+TEST(StandaloneTest, MuonInsideTheBackwardEndsBitIdenticalOverGloo) {
+  const std::string dir = Fresh("gpt_muon_in_backward");
+  Job job = GptJob(dir, "gpt_muon_in_backward");
+  job.model = "{gpt: {vocab_size: 256, block_size: 16, n_layer: 3, n_head: 2, n_embd: 64, "
+              "seq_len: 16}}";
+  job.world = 4;
+  job.instances = 2;
+  job.outer = "optim";
+  job.steps = 4;
+  job.optimizer =
+      "  muon: {lr: 0.02, momentum: 0.95, nesterov: true, weight_decay: 0.01}\n"
+      "  adamw: {lr: 0.001, eps: 0.05}\n"
+      "  muon_buffer_bytes: 1\n";
+  job.communication = "{bucket_bytes: 0, muon_in_backward: false}";
+  job.output_dir = dir + "/after";
+  job.export_path = dir + "/after.safetensors";
+  const JobRun after = RunRanks(dir, WriteJob(dir, job), 4);
+  ExpectAllOk(after);
+  ASSERT_EQ(after.losses.size(), 4u) << after.ranks[0].out;
+  EXPECT_EQ(after.ranks[0].out.find("inside the backward pass"), std::string::npos);
+
+  job.communication = "{bucket_bytes: 0}";
+  job.output_dir = dir + "/inside";
+  job.export_path = dir + "/inside.safetensors";
+  const JobRun inside = RunRanks(dir, WriteJob(dir, job), 4);
+  ExpectAllOk(inside);
+  EXPECT_NE(inside.ranks[0].out.find("the last wave's gather inside the backward pass"),
+            std::string::npos)
+      << inside.ranks[0].out;
+  EXPECT_EQ(inside.losses, after.losses);
+  ExpectWeightsNear(dir + "/after.safetensors", job.export_path, 0);
+}
+
 // Resharding through the job file: a gpt trained 3 steps on 2 ranks under
 // ZeRO-3 resumes bit for bit under the same layout, and goes on from its
 // checkpoint on 3 ranks under DDP (init.checkpoint
