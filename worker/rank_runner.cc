@@ -182,9 +182,7 @@ void PrintPlan(const job::ResolvedJob& job, const plan::Plan& plan, const LineSi
   out(absl::StrFormat("plan: Muon phase in %d wave(s) (optimizer.muon_buffer_bytes %d; %d keeps "
                       "it within the backward pass's memory peak)%s",
                       waves, job.muon_buffer_bytes, BackwardPeakMuonBufferBytes(plan),
-                      waves > 1 && job.muon_in_backward && job.device == "cpu" &&
-                              (job.micro_batch_size == 0 ||
-                               job.micro_batch_size * job.world_size == job.global_batch_size)
+                      waves > 1 && job.muon_in_backward && job.device == "cpu"
                           ? "; the last wave's gather inside the backward pass "
                             "(communication.muon_in_backward)"
                           : ""));

@@ -509,17 +509,26 @@ absl::Status Trainer::Impl::WaveRun::ExchangeReplicas(const MeshPart& part, Step
   return absl::OkStatus();
 }
 
-int32_t Trainer::Impl::EarlyWave(int64_t micro_batches) const {
-  // Several micro-batches add to the shards until the last (and are then
-  // scaled by their mean); one wave would wait for the whole backward pass.
-  if (!options.muon_in_backward || !Overlaps() || !OverlapsReduce() || micro_batches != 1 ||
-      waves.size() < 2 || last_step_clipped) {
+int32_t Trainer::Impl::EarlyWave() const {
+  // One wave would wait for the whole backward pass.
+  if (!options.muon_in_backward || !Overlaps() || !OverlapsReduce() || waves.size() < 2 ||
+      last_step_clipped) {
     return -1;
   }
   return static_cast<int32_t>(waves.size()) - 1;
 }
 
 absl::Status Trainer::Impl::GatherEarly(int32_t wave) {
+  // With micro-batches, the wave's sums become their mean here (the same
+  // multiplication ForwardBackward does for the other states after the
+  // pass).
+  if (grad_mean != 1.0f) {
+    for (int32_t id : wave_states[wave]) {
+      UnitState& u = units[id];
+      MUONMESH_RETURN_IF_ERROR(dev->Scale(u.grad.data(), u.grad.size(), grad_mean));
+      grad_scaled[id] = true;
+    }
+  }
   // The gather reads the momentum (MuonPrepare) and writes only the wave's
   // own buffers: the momentum changes in ApplyUpdates, so dropping the run
   // is all an undo needs.

@@ -75,11 +75,16 @@ absl::StatusOr<double> Trainer::Impl::ForwardBackward(int64_t step,
   const int64_t micro_batches = b / micro;
   double loss_sum = 0;
   accumulating = false;
-  const int32_t early_wave = EarlyWave(micro_batches);
+  grad_mean = 1.0f;
+  grad_scaled.assign(units.size(), false);
   for (int64_t k = 0; k < micro_batches; ++k) {
     const std::vector<int64_t> slice(samples.begin() + k * micro,
                                      samples.begin() + (k + 1) * micro);
-    UnitStream stream(*this, report, early_wave);
+    // The last micro-batch completes the gradients: the Muon phase may
+    // begin inside its backward pass.
+    const bool last = k + 1 == micro_batches;
+    if (last && micro_batches > 1) grad_mean = 1.0f / static_cast<float>(micro_batches);
+    UnitStream stream(*this, report, last ? EarlyWave() : -1);
     absl::StatusOr<double> loss = workload->ForwardBackwardByUnit(step, stream, slice);
     const absl::Status reduced = stream.Finish();
     stream.ReleaseAll();
@@ -91,9 +96,9 @@ absl::StatusOr<double> Trainer::Impl::ForwardBackward(int64_t step,
   }
   accumulating = false;
   if (micro_batches > 1) {
-    const float mean = 1.0f / static_cast<float>(micro_batches);
-    for (UnitState& u : units) {
-      MUONMESH_RETURN_IF_ERROR(dev->Scale(u.grad.data(), u.grad.size(), mean));
+    for (size_t i = 0; i < units.size(); ++i) {
+      if (grad_scaled[i]) continue;  // by GatherEarly
+      MUONMESH_RETURN_IF_ERROR(dev->Scale(units[i].grad.data(), units[i].grad.size(), grad_mean));
     }
   }
   return loss_sum / static_cast<double>(micro_batches);
@@ -118,18 +123,8 @@ absl::StatusOr<StepReport> Trainer::Step() {
   }
   m.workload->ResetAttentionLogits();
   m.workload->ResetBufferStats();
-  // This step's rates (the same on every rank: a function of the step),
-  // before the backward pass, which may start the Muon phase.
-  report.lr_scale = optim::LrMultiplier(m.options.lr_schedule, step_, m.options.total_steps);
-  m.step_muon = m.options.muon;
-  m.step_muon.lr *= report.lr_scale;
-  m.step_muon.momentum = optim::MomentumAt(m.options.muon.momentum, m.options.momentum_warmup,
-                                          step_);
-  m.step_adamw = m.options.adamw;
-  m.step_adamw.lr *= report.lr_scale;
-  m.muon_tally = {};
-  m.health_step = m.options.health_every > 0 && step_ % m.options.health_every == 0;
-  if (m.health_step) m.ortho_errors.assign(m.MuonMatrixCount(), -1.0f);
+  // Before the backward pass, which may start the Muon phase.
+  m.SetStepRates(step_, &report);
   // A Muon gather started inside the backward pass that the step does not
   // go on to use (refused, or failed on the way) is dropped.
   struct UndoEarly {
@@ -179,6 +174,18 @@ absl::StatusOr<StepReport> Trainer::Step() {
   report.collective_calls = m.CollectiveCalls() - calls_before;
   ++step_;
   return report;
+}
+
+void Trainer::Impl::SetStepRates(int64_t step, StepReport* report) {
+  report->lr_scale = optim::LrMultiplier(options.lr_schedule, step, options.total_steps);
+  step_muon = options.muon;
+  step_muon.lr *= report->lr_scale;
+  step_muon.momentum = optim::MomentumAt(options.muon.momentum, options.momentum_warmup, step);
+  step_adamw = options.adamw;
+  step_adamw.lr *= report->lr_scale;
+  muon_tally = {};
+  health_step = options.health_every > 0 && step % options.health_every == 0;
+  if (health_step) ortho_errors.assign(MuonMatrixCount(), -1.0f);
 }
 
 absl::StatusOr<StepTotals> Trainer::Impl::ReduceStepTotals(double local_loss) {

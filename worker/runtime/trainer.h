@@ -146,13 +146,13 @@ struct TrainerOptions {
   // same bits either way). Host devices only (ignored elsewhere).
   bool prefetch_gathers = true;
   // Muon inside the backward pass (docs/architecture.md §5): with several
-  // Muon waves and one micro-batch a step, the last wave's gather to the
-  // owners runs on the reduction thread as soon as its units' gradients are
-  // reduced (it reads the momentum, changes no state); a step whose totals
-  // clip the gradients drops it and gathers again (and the next step does
-  // not start early). The last wave then goes
-  // first in the Muon phase. Needs overlap_reduce and muon_overlap; host
-  // devices only (ignored elsewhere). Weights are the same bits.
+  // Muon waves, the last wave's gather to the owners runs on a thread of
+  // its own as soon as its units' gradients are reduced (in the last
+  // micro-batch's pass; it reads the momentum, changes no state); a step
+  // whose totals clip the gradients drops it and gathers again (and the
+  // next step does not start early). The last wave then goes first in the
+  // Muon phase. Needs overlap_reduce and muon_overlap; host devices only
+  // (ignored elsewhere). Weights are the same bits.
   bool muon_in_backward = true;
 };
 

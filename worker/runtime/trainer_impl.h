@@ -228,14 +228,20 @@ struct Trainer::Impl {
   // (null: none).
   struct WaveRun;  // muon_waves.cc
   std::shared_ptr<WaveRun> early_run;
-  // The wave a step of `micro_batches` may gather inside its backward pass
-  // (the last: its gradients are reduced first), or -1: also while the
-  // last step clipped its gradients (the next one likely clips too, and a
-  // clipped step gathers again), which every rank knows alike.
-  int32_t EarlyWave(int64_t micro_batches) const;
+  // The wave a step may gather inside its (last micro-batch's) backward
+  // pass (the last wave: its gradients are reduced first), or -1: also
+  // while the last step clipped its gradients (the next one likely clips
+  // too, and a clipped step gathers again), which every rank knows alike.
+  int32_t EarlyWave() const;
   bool last_step_clipped = false;
-  // On a thread of its own, once the wave's gradients are reduced: runs its
-  // gather into early_run (which reads the momentum and changes no state).
+  // With micro-batches, during the last one: 1 / their count, by which the
+  // summed gradient shards become their mean (1 otherwise); per state,
+  // whether GatherEarly has done so already (ForwardBackward does the rest).
+  float grad_mean = 1.0f;
+  std::vector<bool> grad_scaled;
+  // On a thread of its own, once the wave's gradients are reduced: scales
+  // them by grad_mean, then runs its gather into early_run (which reads the
+  // momentum and changes no state).
   absl::Status GatherEarly(int32_t wave);
   // Drops early_run (a step that refuses or clips its gradients, or fails);
   // the bytes its gather sent go into report->bytes_sent as
@@ -414,6 +420,11 @@ struct Trainer::Impl {
     }
     return o;
   }
+
+  // This step's rates (the same on every rank: a function of the step):
+  // step_muon, step_adamw, report->lr_scale; and its Muon health set-up
+  // (muon_tally, health_step, ortho_errors).
+  void SetStepRates(int64_t step, StepReport* report);
 
   // Forward and backward over this rank's `samples` of `step` (in
   // micro-batches with options.micro_batch_size), the gradients reduced into

@@ -965,7 +965,8 @@ TEST_P(TrainerConfigTest, MuonWavesOfAnyBudgetEndBitIdentical) {
 // Muon inside the backward pass (TrainerOptions::muon_in_backward): with a
 // wave per unit, the last wave's gather runs beside the rest of the
 // backward pass, queued behind its units' reductions (one bucket a unit, or
-// the default buckets, where a bucket holds units of several waves). Under
+// the default buckets, where a bucket holds units of several waves; or in
+// the last micro-batch's pass). Under
 // a clip that binds on some steps and not on others (a clipped step
 // gathers again after the pass), the losses, norms and weights end bit for
 // bit as with it off; the steps that began the Muon phase inside the
@@ -974,11 +975,17 @@ TEST_P(TrainerConfigTest, MuonWavesOfAnyBudgetEndBitIdentical) {
 TEST_P(TrainerConfigTest, MuonInsideTheBackwardEndsBitIdentical) {
   const Config& c = GetParam();
   constexpr int kSteps = 5;
-  for (const int64_t bucket_bytes : {int64_t{0}, plan::kDefaultBucketBytes}) {
-    SCOPED_TRACE(absl::StrCat("bucket_bytes ", bucket_bytes));
+  // (bucket_bytes, micro_batch_size): a bucket a unit, the default buckets,
+  // and micro-batches of one sample (the gather starts in the last one's
+  // backward pass, and turns the wave's sums into their mean first).
+  for (const auto& [bucket_bytes, micro] :
+       {std::pair{int64_t{0}, int64_t{0}}, std::pair{plan::kDefaultBucketBytes, int64_t{0}},
+        std::pair{int64_t{0}, int64_t{1}}}) {
+    SCOPED_TRACE(absl::StrCat("bucket_bytes ", bucket_bytes, ", micro_batch_size ", micro));
     RunRecipe off;
     off.muon_in_backward = false;
     off.bucket_bytes = bucket_bytes;
+    off.micro_batch_size = micro;
     const RunResult unclipped = RunJob(c, "lpt", kSteps, {}, /*muon_buffer_bytes=*/1, true, "", off);
     ASSERT_EQ(unclipped.grad_norms.size(), static_cast<size_t>(kSteps));
     const auto [lo, hi] =
