@@ -133,8 +133,10 @@ absl::StatusOr<StepReport> Trainer::Step() {
     ~UndoEarly() { m.UndoEarlyGather(&report); }
   } undo_early{m, report};
   MUONMESH_ASSIGN_OR_RETURN(const double local_loss, m.ForwardBackward(step_, samples, &report));
+  // (muon_gather so far: what the pass waited for an early Muon gather.)
   report.times.forward_backward = (absl::Now() - t0) - report.times.param_gather -
-                                  report.times.grad_reduce - report.times.expert_dispatch;
+                                  report.times.grad_reduce - report.times.expert_dispatch -
+                                  report.times.muon_gather;
 
   t0 = absl::Now();
   // The loss, whether any rank holds a non-finite gradient, and the squared

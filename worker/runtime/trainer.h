@@ -167,7 +167,7 @@ struct PhaseTimes {
   absl::Duration grad_reduce;        // every unit's reduction, and the loss's
   absl::Duration adamw;
   absl::Duration muon_prepare;
-  absl::Duration muon_gather;        // exchange to the owners
+  absl::Duration muon_gather;        // exchange to the owners (an early one: what the pass waited)
   absl::Duration newton_schulz;
   absl::Duration muon_scatter;       // exchange back, and the HSDP replica split's
   absl::Duration muon_apply;
