@@ -12,7 +12,9 @@ namespace muonmesh::worker {
 // another in the order they were pushed, the same on every rank. A job's
 // collectives use groups the step's thread leaves alone until Drain returns
 // (the reduce groups for the bucket reductions; the gather groups for the
-// gather ahead, which the step's thread waits for before it gathers).
+// gather ahead, which the step's thread waits for before it gathers; the
+// Muon domain groups for the early Muon gather, "Muon inside the backward
+// pass").
 class Trainer::CommThread {
  public:
   // Runs the job with `bytes` to count into; `failed` when a job before it
