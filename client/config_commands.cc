@@ -89,6 +89,7 @@ struct PlanOptionFlags {
   std::string device;
   int64_t wave_budget = 0;
   int64_t threads = 0;
+  bool held_for_backward = false;
 };
 
 void AddPlanOptionFlags(FlagParser& parser, PlanOptionFlags* o) {
@@ -116,6 +117,11 @@ void AddPlanOptionFlags(FlagParser& parser, PlanOptionFlags* o) {
              "default 1): the spectral form's eigensolver barely speeds up with threads, so "
              "auto picks it less often on more",
              &o->threads);
+  parser.Bool("--no-reshard-after-forward",
+              "plan each unit gathered once a step, held from the forward pass to the backward "
+              "one, as a job's communication.reshard_after_forward: false does (no "
+              "param_allgather_backward)",
+              &o->held_for_backward);
 }
 
 void FillPlanOptions(const PlanOptionFlags& o, v1::PlanOptions* out) {
@@ -126,6 +132,7 @@ void FillPlanOptions(const PlanOptionFlags& o, v1::PlanOptions* out) {
   out->set_device(o.device);
   out->set_muon_wave_budget_bytes(o.wave_budget);
   out->set_threads_per_rank(static_cast<int32_t>(o.threads));
+  if (o.held_for_backward) out->set_reshard_after_forward(false);
 }
 
 // The request a job's workers will plan: its model's spec (the optimizer
@@ -165,6 +172,7 @@ void FillPlanOptionsOver(const FlagParser& parser, const PlanOptionFlags& o,
     out->set_muon_wave_budget_bytes(flags.muon_wave_budget_bytes());
   }
   if (parser.Seen("--threads-per-rank")) out->set_threads_per_rank(flags.threads_per_rank());
+  if (parser.Seen("--no-reshard-after-forward")) out->set_reshard_after_forward(false);
 }
 
 // Prints the violations ("field: description", one a line) of a status

@@ -329,8 +329,13 @@ std::string SummarySection(const v1::Plan& plan) {
        absl::StrCat(FormatBytes(static_cast<double>(s.muon_exchange_bytes())),
                     " per step (lower bound ",
                     FormatBytes(static_cast<double>(s.muon_exchange_lower_bound_bytes())), ")")});
-  summary.Add({"bytes per step", absl::StrCat(FormatBytes(static_cast<double>(s.bytes_per_step())),
-                                              " in all collectives (all ranks together)")});
+  summary.Add({"bytes per step",
+               absl::StrCat(FormatBytes(static_cast<double>(s.bytes_per_step())),
+                            " in all collectives (all ranks together)",
+                            s.params_held_for_backward()
+                                ? "; each unit gathered once, held for the backward pass "
+                                  "(reshard_after_forward false)"
+                                : "")});
   absl::StrAppend(&out, summary.Render(2));
   return out;
 }

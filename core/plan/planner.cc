@@ -555,7 +555,9 @@ struct MeshUnits {
 void AddUnit(const UnitSpec& spec, int32_t u, const std::vector<LayoutTensor>& tensors,
              int64_t domain_size, const ResolvedConfig& cfg, LayoutCache& cache,
              UnitLayout* layout, MeshUnits* mesh) {
-  const int64_t regathers = std::max<int64_t>(spec.gathers_per_step, 1) - 1;
+  // Held gathered until its last use, a unit is gathered once a step.
+  const int64_t regathers =
+      cfg.reshard_after_forward ? std::max<int64_t>(spec.gathers_per_step, 1) - 1 : 0;
   *layout = cache.Get(tensors, domain_size);
   mesh->matrices[u] = UnitMatrices(spec, u, *layout, cfg);
   mesh->shard += layout->shard_elements;

@@ -80,6 +80,12 @@ struct PlanOptions {
   // OpenBLAS threads a rank runs (plan/ns_cost.h prices the forms for it);
   // 0: 1.
   int64_t threads_per_rank = 0;
+  // Whether a unit the workload gathers more than once a step is freed after
+  // each use and gathered again (true, the default: FSDP's
+  // reshard_after_forward) or held gathered until its last use, so it is
+  // gathered once (false): no param_allgather_backward, at the cost of
+  // holding those units whole through the pass (docs/architecture.md §5).
+  bool reshard_after_forward = true;
 };
 
 struct PlanInput {
@@ -139,6 +145,7 @@ struct ResolvedConfig {
   NsTable ns_table = NsTable::kQuintic;
   int64_t muon_wave_budget_bytes = 0;
   int64_t threads_per_rank = 1;
+  bool reshard_after_forward = true;  // PlanOptions::reshard_after_forward
   double comm_flops_per_byte = 0;
   int64_t bytes_per_element = 4;  // fp32 parameters, gradients and updates
 };

@@ -482,6 +482,7 @@ ResolvedConfig ResolveUnchecked(const PlanInput& in) {
   ParseNsTable(opt.ns_coefficients, &cfg.ns_table);
   cfg.muon_wave_budget_bytes = opt.muon_wave_budget_bytes;
   cfg.threads_per_rank = std::max<int64_t>(1, opt.threads_per_rank);
+  cfg.reshard_after_forward = opt.reshard_after_forward;
   // The Gram forms run on the CPU only (NsFormUnavailable): auto means
   // standard elsewhere.
   if (opt.device != "cpu") cfg.ns_algorithm = NsAlgorithm::kStandard;

@@ -23,6 +23,7 @@ plan::PlanOptions OptionsFromProto(const v1::PlanOptions& o) {
   out.ns_coefficients = o.ns_coefficients();
   out.muon_wave_budget_bytes = o.muon_wave_budget_bytes();
   out.threads_per_rank = o.threads_per_rank();
+  out.reshard_after_forward = !o.has_reshard_after_forward() || o.reshard_after_forward();
   return out;
 }
 
@@ -39,6 +40,7 @@ v1::PlanOptions OptionsToProto(const plan::PlanOptions& o) {
   out.set_ns_coefficients(o.ns_coefficients);
   out.set_muon_wave_budget_bytes(o.muon_wave_budget_bytes);
   out.set_threads_per_rank(static_cast<int32_t>(o.threads_per_rank));
+  if (!o.reshard_after_forward) out.set_reshard_after_forward(false);
   return out;
 }
 
@@ -267,6 +269,7 @@ void SummaryToProto(const plan::Plan& p, v1::PlanSummary* s) {
   s->set_ns_algorithm(plan::NsAlgorithmName(p.config.ns_algorithm));
   s->set_ns_coefficients(plan::NsTableName(p.config.ns_table));
   s->set_threads_per_rank(static_cast<int32_t>(p.config.threads_per_rank));
+  s->set_params_held_for_backward(!p.config.reshard_after_forward);
   double worst = 1.0;
   int64_t exchange = 0;
   int64_t exchange_bound = 0;

@@ -798,6 +798,21 @@ std::vector<plan::FieldViolation> JobViolations(const v1::JobSpec& job,
   return violations;
 }
 
+namespace {
+
+// The communication section, its defaults applied.
+void ResolveCommunication(const v1::JobSpec& job, ResolvedJob& r) {
+  const v1::CommunicationConfig& c = job.communication();
+  r.bucket_bytes = c.has_bucket_bytes() ? c.bucket_bytes() : plan::kDefaultBucketBytes;
+  r.comm_backend = CommBackendOf(job);
+  r.prefetch_gathers = !c.has_prefetch() || c.prefetch();
+  r.window_bytes = c.window_bytes();
+  r.muon_in_backward = !c.has_muon_in_backward() || c.muon_in_backward();
+  r.reshard_after_forward = !c.has_reshard_after_forward() || c.reshard_after_forward();
+}
+
+}  // namespace
+
 absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string& job_dir) {
   if (const std::vector<plan::FieldViolation> v = JobViolations(job, job_dir); !v.empty()) {
     return absl::InvalidArgumentError(JoinViolations(v));
@@ -814,14 +829,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
   r.owner_assignment =
       job.optimizer().owner_assignment().empty() ? "lpt" : job.optimizer().owner_assignment();
   r.muon_buffer_bytes = job.optimizer().muon_buffer_bytes();
-  r.bucket_bytes = job.communication().has_bucket_bytes() ? job.communication().bucket_bytes()
-                                                          : plan::kDefaultBucketBytes;
-  r.comm_backend = CommBackendOf(job);
-  r.prefetch_gathers =
-      !job.communication().has_prefetch() || job.communication().prefetch();
-  r.window_bytes = job.communication().window_bytes();
-  r.muon_in_backward =
-      !job.communication().has_muon_in_backward() || job.communication().muon_in_backward();
+  ResolveCommunication(job, r);
   r.muon_replica_split =
       job.optimizer().muon_replica_split().empty() ? "auto" : job.optimizer().muon_replica_split();
   r.muon = MuonFromProto(job.optimizer().muon());
@@ -890,6 +898,7 @@ v1::JobSpec FilledSpec(const ResolvedJob& r) {
   out.mutable_communication()->set_prefetch(r.prefetch_gathers);
   out.mutable_communication()->set_window_bytes(r.window_bytes);
   out.mutable_communication()->set_muon_in_backward(r.muon_in_backward);
+  out.mutable_communication()->set_reshard_after_forward(r.reshard_after_forward);
   v1::MuonConfig& muon = *opt.mutable_muon();
   muon.set_lr(r.muon.lr);
   muon.set_momentum(r.muon.momentum);

@@ -72,6 +72,8 @@ plan::PlanOptions PlanOptionsOf(const v1::JobSpec& job) {
   // The waves the workers will cut (they overlap two on the CPU).
   o.muon_wave_budget_bytes =
       plan::JobWaveBudget(job.optimizer().muon_buffer_bytes(), o.device);
+  o.reshard_after_forward = !job.communication().has_reshard_after_forward() ||
+                            job.communication().reshard_after_forward();
   return o;
 }
 

@@ -840,6 +840,48 @@ std::string WriteText(const std::string& path, const std::string& text) {
   return path;
 }
 
+// `plan --job` of a gpt job on 2 ZeRO-3 ranks: its units are gathered again
+// for the backward pass (param_allgather_backward); with the job's
+// communication.reshard_after_forward false, or --no-reshard-after-forward
+// over the plain job, that collective is gone, every other one moves the
+// same bytes, and the table says each unit is gathered once.
+TEST_F(MuonmeshCtlTest, PlanOfAJobHoldingItsUnitsHasNoRegathers) {
+  const std::string dir = ValidateDir();
+  WriteText(dir + "/corpus.txt", std::string(300, 'x'));
+  const std::string job = R"(name: lm
+world_size: 2
+model: {gpt: {vocab_size: 256, block_size: 8, n_layer: 2, n_head: 1, n_embd: 8, seq_len: 8}}
+data: {text: {train: corpus.txt}}
+training: {steps: 1, global_batch_size: 2}
+)";
+  const std::string plain = WriteText(dir + "/plain.yaml", job);
+  const std::string held =
+      WriteText(dir + "/held.yaml", job + "communication: {reshard_after_forward: false}\n");
+  auto bytes = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"plan", "--coordinator", address_, "--json"});
+    const ProcessResult r = Ctl(args);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    v1::Plan plan;
+    google::protobuf::util::JsonParseOptions options;
+    options.ignore_unknown_fields = true;
+    EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(r.out, &plan, options).ok());
+    std::map<std::string, int64_t> by_name;
+    for (const v1::CollectiveBytes& c : plan.collectives()) by_name[c.name()] += c.bytes_per_step();
+    return by_name;
+  };
+  std::map<std::string, int64_t> again = bytes({"--job", plain});
+  const std::map<std::string, int64_t> from_job = bytes({"--job", held});
+  const std::map<std::string, int64_t> from_flag =
+      bytes({"--job", plain, "--no-reshard-after-forward"});
+  ASSERT_GT(again["param_allgather_backward"], 0);
+  again.erase("param_allgather_backward");
+  EXPECT_EQ(from_job, again);
+  EXPECT_EQ(from_flag, again);
+  const ProcessResult table = Ctl({"plan", "--coordinator", address_, "--job", held});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("each unit gathered once, held for the backward pass"));
+}
+
 TEST(MuonmeshCtlValidateJobTest, EveryViolationOnItsOwnLineWithoutACoordinator) {
   const std::string dir = ValidateDir();
   const std::string job = WriteText(dir + "/bad.yaml", R"(name: bad

@@ -131,6 +131,22 @@ std::pair<double, double> LargestUnit(const plan::Plan& plan) {
   return {local, whole};
 }
 
+// Elements of every unit's tensors as this rank holds them gathered: what
+// holding each unit from its first use to its last takes
+// (communication.reshard_after_forward false), at most.
+double GatheredModel(const plan::Plan& plan) {
+  double total = 0;
+  for (const plan::UnitPlan& unit : plan.units) {
+    for (const plan::LayoutTensor& t : unit.dense.tensors) {
+      total += unit.has_dense ? static_cast<double>(t.rows) * static_cast<double>(t.row_len) : 0;
+    }
+    for (const plan::LayoutTensor& t : unit.expert.tensors) {
+      total += unit.has_expert ? static_cast<double>(t.rows) * static_cast<double>(t.row_len) : 0;
+    }
+  }
+  return total;
+}
+
 MemoryPhase Phase(std::string name, std::vector<std::vector<MemoryItem>> parts) {
   MemoryPhase phase;
   phase.name = std::move(name);
@@ -219,6 +235,11 @@ MemoryEstimate EstimateRankMemory(const job::ResolvedJob& job, const plan::Plan&
              MuonPhaseBytes(plan, job.muon_buffer_bytes, total.muon)},
             {model, "Newton-Schulz workspace of the matrices this rank orthogonalizes",
              static_cast<double>(ns.bytes())}};
+  }
+  if (!plan.config.reshard_after_forward) {
+    step.push_back({"communication.reshard_after_forward",
+                    "units held gathered from their first use in a pass to their last",
+                    kFloat * GatheredModel(plan)});
   }
   std::vector<MemoryItem> init;
   if (!job.init_checkpoint.empty() || resharding) {

@@ -131,9 +131,10 @@ class Trainer::UnitStream final : public UnitAccess {
       MUONMESH_RETURN_IF_ERROR(AwaitAhead());
       PrefetchAfter(batch, ahead_gathers_);
     }
-    if (slot.prefetched) {  // gathered with an earlier unit of its bucket, or ahead
+    if (slot.prefetched) {  // gathered with an earlier unit of its bucket, ahead, or kept
       slot.prefetched = false;
       slot.acquired = true;
+      ++slot.acquires;
       return absl::MakeConstSpan(slot.const_ptrs);
     }
     // The gather groups have one caller at a time.
@@ -159,12 +160,31 @@ class Trainer::UnitStream final : public UnitAccess {
       return st;
     }
     slot.acquired = true;
+    ++slot.acquires;
     report_->times.param_gather += absl::Now() - t0;
     return absl::MakeConstSpan(slot.const_ptrs);
   }
 
+  // Frees the unit's gathered parameters, unless the plan holds them to
+  // their last use (PlanOptions::reshard_after_forward false) and the
+  // workload will acquire the unit again this step (its spec's
+  // gathers_per_step): then they stay, as if gathered ahead, and the next
+  // Acquire takes them without a gather (the parameters do not change
+  // within a pass).
   void Release(int unit) override {
     if (unit < 0 || unit >= static_cast<int>(slots_.size())) return;
+    Slot& slot = slots_[unit];
+    if (slot.acquired && !m_.plan->config.reshard_after_forward &&
+        slot.acquires < std::max<int32_t>(m_.workload->spec().units[unit].gathers_per_step, 1)) {
+      slot.acquired = false;
+      slot.prefetched = true;
+      return;
+    }
+    Drop(unit);
+  }
+
+  // Frees the unit's gathered parameters.
+  void Drop(int unit) {
     if (slots_[unit].in_flight) AwaitAhead().IgnoreError();
     Slot& slot = slots_[unit];
     Free(slot.params, slot.param_ptrs);
@@ -282,7 +302,7 @@ class Trainer::UnitStream final : public UnitAccess {
     if (reducer_ != nullptr) reducer_->Drain(report_).IgnoreError();
     if (early_ != nullptr) early_->Drain(report_).IgnoreError();
     for (size_t u = 0; u < slots_.size(); ++u) {
-      Release(static_cast<int>(u));
+      Drop(static_cast<int>(u));
       Free(slots_[u].grads, slots_[u].grad_ptrs);
     }
     for (Pending& p : pending_) {
@@ -314,7 +334,8 @@ class Trainer::UnitStream final : public UnitAccess {
     bool prefetched = false;  // params hold a gather the workload has not acquired yet
     bool in_flight = false;   // params are being gathered ahead (prefetcher_)
     bool committed = false;
-    int gathers = 0;  // this step
+    int gathers = 0;   // this step
+    int acquires = 0;  // this step
   };
 
   // Gathers `unit`'s parameters into its slot, and with them, in the same
@@ -332,7 +353,7 @@ class Trainer::UnitStream final : public UnitAccess {
     absl::Status st = GatherBatch(batch, gathers, report_);
     for (int32_t v : batch) ++slots_[v].gathers;
     if (!st.ok()) {
-      for (size_t i = 1; i < batch.size(); ++i) Release(batch[i]);
+      for (size_t i = 1; i < batch.size(); ++i) Drop(batch[i]);
       return st;
     }
     PrefetchAfter(batch, gathers);

@@ -282,9 +282,11 @@ TEST(PlannerTest, CollectiveBytesByFormula) {
   ModelSpec m;
   m.units.push_back({"u", {{"w", {8, 4}, "muon", false}}});
   std::map<std::string, int64_t> bytes;
+  bool reshard_after_forward = true;
   auto run = [&](const char* strategy) {
     bytes.clear();
     PlanInput in = Input(m, {"x", 4, strategy, 1, "", 1});
+    in.options.reshard_after_forward = reshard_after_forward;
     absl::StatusOr<Plan> p = ComputePlan(in);
     ASSERT_TRUE(p.ok()) << p.status();
     for (const CollectiveBytes& c : p->collectives) bytes[c.name] += c.bytes_per_step;
@@ -318,6 +320,14 @@ TEST(PlannerTest, CollectiveBytesByFormula) {
   EXPECT_EQ(bytes["param_allgather_backward"], 4 * 3 * 8 * 4);
   run("no_shard");
   EXPECT_EQ(bytes.count("param_allgather_backward"), 0u);
+  // Held gathered from the forward pass to the backward one
+  // (reshard_after_forward false): gathered once, the rest unchanged.
+  reshard_after_forward = false;
+  run("optim_grads_params");
+  EXPECT_EQ(bytes["param_allgather"], 4 * 3 * 8 * 4);
+  EXPECT_EQ(bytes.count("param_allgather_backward"), 0u);
+  EXPECT_EQ(bytes["grad_reduce_scatter"], 4 * 3 * 8 * 4);
+  reshard_after_forward = true;
 
   // An all-reduce of a count 4 ranks do not divide (3 x 3 = 9 floats):
   // 2 (n-1) count per group, exactly.

@@ -17,7 +17,9 @@
 # turns communication.prefetch off; WINDOW sets communication.window_bytes
 # (each exchange's bytes in flight to a rank); MUON_BUFFER_BYTES sets
 # optimizer.muon_buffer_bytes (the Muon phase in waves) and
-# MUON_IN_BACKWARD=false turns communication.muon_in_backward off; CLIP sets
+# MUON_IN_BACKWARD=false turns communication.muon_in_backward off;
+# RESHARD_AFTER_FORWARD=false holds the units gathered from the forward pass
+# to the backward one (communication.reshard_after_forward); CLIP sets
 # training.clip_grad_norm (none: no clipping); KEEP_CWND=1 sets
 # net.ipv4.tcp_slow_start_after_idle=0 on the worker hosts (TCP keeps its
 # congestion window across the idle time between a step's bursts); WORLD
@@ -95,6 +97,7 @@ run() {
   [[ -z ${PREFETCH:-} ]] || comm+=("prefetch: $PREFETCH")
   [[ -z ${WINDOW:-} ]] || comm+=("window_bytes: $WINDOW")
   [[ -z ${MUON_IN_BACKWARD:-} ]] || comm+=("muon_in_backward: $MUON_IN_BACKWARD")
+  [[ -z ${RESHARD_AFTER_FORWARD:-} ]] || comm+=("reshard_after_forward: $RESHARD_AFTER_FORWARD")
   [[ -z ${MUON_BUFFER_BYTES:-} ]] ||
     sed -i "s/^optimizer:\$/optimizer:\n  muon_buffer_bytes: $MUON_BUFFER_BYTES/" "$work/$name.yaml"
   ((${#comm[@]} == 0)) || (IFS=,; echo "communication: {${comm[*]}}") >> "$work/$name.yaml"
@@ -142,7 +145,8 @@ EOF
 echo "delays: ${delays[*]} ms one way; $world ranks; model ${MODEL:-of the quickstart};" \
   "$steps steps a run, medians of steps 5 on;" \
   "communication.bucket_bytes ${BUCKET_BYTES:-default}, prefetch ${PREFETCH:-default}, window_bytes ${WINDOW:-default}," \
-  "muon_in_backward ${MUON_IN_BACKWARD:-default}; optimizer.muon_buffer_bytes ${MUON_BUFFER_BYTES:-default};" \
+  "muon_in_backward ${MUON_IN_BACKWARD:-default}, reshard_after_forward ${RESHARD_AFTER_FORWARD:-default};" \
+  "optimizer.muon_buffer_bytes ${MUON_BUFFER_BYTES:-default};" \
   "training.clip_grad_norm ${CLIP:-of the quickstart};" \
   "tcp_slow_start_after_idle" \
   "$( ((${KEEP_CWND:-0})) && echo 0 || echo 1)"

@@ -340,6 +340,24 @@ TEST(JobTest, MuonInBackwardIsOnUnlessTurnedOff) {
   EXPECT_FALSE(job::FilledSpec(*off).communication().muon_in_backward());
 }
 
+// communication.reshard_after_forward: unset is true (a unit gathered again
+// for each use); false reaches the planner's options (no backward
+// re-gathers in the plan) and the job as it will run.
+TEST(JobTest, ReshardAfterForwardUnlessTurnedOff) {
+  absl::StatusOr<job::ResolvedJob> plain = job::ResolveJob(DesignJob(), "");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(plain->reshard_after_forward);
+  EXPECT_TRUE(job::FilledSpec(*plain).communication().reshard_after_forward());
+  EXPECT_TRUE(job::PlanOptionsOf(plain->spec).reshard_after_forward);
+  v1::JobSpec job = DesignJob();
+  job.mutable_communication()->set_reshard_after_forward(false);
+  absl::StatusOr<job::ResolvedJob> held = job::ResolveJob(job, "");
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_FALSE(held->reshard_after_forward);
+  EXPECT_FALSE(job::FilledSpec(*held).communication().reshard_after_forward());
+  EXPECT_FALSE(job::PlanOptionsOf(held->spec).reshard_after_forward);
+}
+
 // communication.window_bytes: unset is 0 (no limit); a value is kept and
 // shown in the job as it will run.
 TEST(JobTest, WindowBytesIsNoLimitUnlessGiven) {

@@ -1,11 +1,14 @@
-// A rank's memory estimate (worker/job/memory_estimate.h) with gradient
-// accumulation: the step holds one micro-batch's activations, named by
-// training.micro_batch_size, and the rest of the estimate does not change.
+// A rank's memory estimate (worker/job/memory_estimate.h): with gradient
+// accumulation the step holds one micro-batch's activations, named by
+// training.micro_batch_size, and the rest of the estimate does not change;
+// Gloo on CUDA stages through host memory; units held for the backward pass
+// count the gathered model.
 
 #include "worker/job/memory_estimate.h"
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -61,21 +64,23 @@ TEST(MemoryEstimateTest, AccumulationHoldsOneMicroBatchOfActivations) {
   EXPECT_DOUBLE_EQ(whole.phase_bytes - micro.phase_bytes, whole.item.bytes - micro.item.bytes);
 }
 
-// The training phase's communication.backend item of a device cuda mlp
-// [64, 32, 8] job on 2 ranks with `backend` ("" for unset), or nullopt; and
-// the phase's total without it.
-struct Staging {
+// The training phase's item for `field` of an mlp [64, 32, 8] job on 2
+// ranks of `device` with the communication section `communication` ("" for
+// none), or nullopt; and the phase's total.
+struct TrainingItem {
   std::optional<MemoryItem> item;
   double phase_bytes = 0;
 };
 
-Staging StagingItem(const std::string& backend) {
-  const std::string dir = ::testing::TempDir() + "/memory_staging_" + backend;
+TrainingItem FindTrainingItem(const std::string& device, const std::string& communication,
+                              const std::string& field) {
+  const std::string dir = ::testing::TempDir() + "/memory_item_" + device + "_" +
+                          std::to_string(std::hash<std::string>()(communication));
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/job.yaml") << absl::StrCat(
-      "name: m\nworld_size: 2\ndevice: cuda\nmodel: {mlp: {dims: [64, 32, 8]}}\n",
+      "name: m\nworld_size: 2\ndevice: ", device, "\nmodel: {mlp: {dims: [64, 32, 8]}}\n",
       "data: {teacher: {samples: 64}}\n", "training: {steps: 1, global_batch_size: 16}\n",
-      backend.empty() ? "" : absl::StrCat("communication: {backend: ", backend, "}\n"),
+      communication.empty() ? "" : absl::StrCat("communication: {", communication, "}\n"),
       "output: {dir: ", dir, "/out}\n");
   absl::StatusOr<job::ResolvedJob> job = job::LoadResolvedJob(dir + "/job.yaml");
   EXPECT_TRUE(job.ok()) << job.status();
@@ -85,32 +90,58 @@ Staging StagingItem(const std::string& backend) {
   absl::StatusOr<plan::Plan> plan = plan::ComputePlan(*input);
   EXPECT_TRUE(plan.ok()) << plan.status();
   if (!plan.ok()) return {};
-  Staging out;
+  TrainingItem out;
   for (const MemoryPhase& phase : EstimateRankMemory(*job, *plan, 0, {}).phases) {
     if (phase.name != "training") continue;
     out.phase_bytes = phase.bytes();
     for (const MemoryItem& item : phase.items) {
-      if (item.field == "communication.backend") out.item = item;
+      if (item.field == field) out.item = item;
     }
   }
   return out;
 }
+
+TrainingItem StagingItem(const std::string& backend) {
+  return FindTrainingItem("cuda", backend.empty() ? "" : "backend: " + backend,
+                          "communication.backend");
+}
+
+// The mlp's weights and biases, fp32.
+constexpr double kMlpBytes = 4.0 * (64 * 32 + 32 + 32 * 8 + 8);
 
 // Gloo on a CUDA job stages collectives through pinned host memory: the
 // estimate counts a buffer at least as large as the whole model's fp32
 // weights (the after-step gather of this small model is one bucket), and
 // only then.
 TEST(MemoryEstimateTest, GlooOnCudaCountsTheHostStagingBuffer) {
-  const Staging nccl = StagingItem("");
-  const Staging explicit_nccl = StagingItem("nccl");
-  const Staging gloo = StagingItem("gloo");
+  const TrainingItem nccl = StagingItem("");
+  const TrainingItem explicit_nccl = StagingItem("nccl");
+  const TrainingItem gloo = StagingItem("gloo");
   EXPECT_FALSE(nccl.item.has_value());
   EXPECT_FALSE(explicit_nccl.item.has_value());
   ASSERT_TRUE(gloo.item.has_value());
-  const double model_bytes = 4.0 * (64 * 32 + 32 + 32 * 8 + 8);
-  EXPECT_GE(gloo.item->bytes, model_bytes);
+  EXPECT_GE(gloo.item->bytes, kMlpBytes);
   EXPECT_NE(gloo.item->what.find("pinned host"), std::string::npos) << gloo.item->what;
   EXPECT_DOUBLE_EQ(gloo.phase_bytes - nccl.phase_bytes, gloo.item->bytes);
+}
+
+// Units held gathered from the forward pass to the backward one
+// (communication.reshard_after_forward false): the estimate counts the
+// whole model's tensors, gathered, on every rank, and only then.
+TEST(MemoryEstimateTest, UnitsHeldForTheBackwardCountTheGatheredModel) {
+  for (const char* device : {"cpu", "cuda"}) {
+    SCOPED_TRACE(device);
+    const TrainingItem plain = FindTrainingItem(device, "", "communication.reshard_after_forward");
+    const TrainingItem again =
+        FindTrainingItem(device, "reshard_after_forward: true", "communication.reshard_after_forward");
+    const TrainingItem held =
+        FindTrainingItem(device, "reshard_after_forward: false", "communication.reshard_after_forward");
+    EXPECT_FALSE(plain.item.has_value());
+    EXPECT_FALSE(again.item.has_value());
+    ASSERT_TRUE(held.item.has_value());
+    EXPECT_DOUBLE_EQ(held.item->bytes, kMlpBytes);
+    EXPECT_DOUBLE_EQ(held.phase_bytes - plain.phase_bytes, kMlpBytes);
+  }
 }
 
 }  // namespace

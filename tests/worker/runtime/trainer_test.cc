@@ -217,6 +217,7 @@ struct RunRecipe {
   bool overlap_reduce = true;
   bool prefetch_gathers = true;
   bool muon_in_backward = true;
+  bool reshard_after_forward = true;
 };
 
 RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpoints& ck = {},
@@ -246,6 +247,7 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
   // As the worker and the coordinator plan a job: owners balanced wave by
   // wave under the budget the runtime cuts with.
   in.options.muon_wave_budget_bytes = plan::JobWaveBudget(muon_buffer_bytes, "cpu");
+  in.options.reshard_after_forward = recipe.reshard_after_forward;
   absl::StatusOr<plan::Plan> plan = plan::ComputePlan(in);
   RunResult result;
   EXPECT_TRUE(plan.ok()) << plan.status();
@@ -1041,25 +1043,95 @@ TEST_P(TrainerConfigTest, MuonTrafficIsWhatThePlanSays) {
   }
 }
 
+// The plan's bytes per collective over `steps` steps, by the names the
+// communicators count them under.
+std::map<std::string, int64_t> PlannedBytes(const plan::Plan& plan, int steps) {
+  std::map<std::string, int64_t> planned;
+  for (const plan::CollectiveBytes& c : plan.collectives) {
+    planned[(c.mesh == plan::MeshKind::kExpert ? "expert/" : "") + c.name] +=
+        c.bytes_per_step * steps;
+  }
+  return planned;
+}
+
+// A run's counted bytes per collective, less token dispatch (not planned)
+// and the collectives that moved nothing.
+std::map<std::string, int64_t> PlannedKindsOfBytes(std::map<std::string, int64_t> bytes) {
+  bytes.erase("expert_dispatch");
+  for (auto it = bytes.begin(); it != bytes.end();) {
+    it = it->second == 0 ? bytes.erase(it) : std::next(it);
+  }
+  return bytes;
+}
+
 // Every collective moves what the plan says it moves, counted by the
 // communicators, including the backward re-gathers of the units the
 // workload gathers twice (the moe unit); token dispatch is not planned.
 TEST_P(TrainerConfigTest, EveryCollectiveMovesThePlannedBytes) {
   const int steps = 2;
   RunResult r = RunJob(GetParam(), "lpt", steps);
-  std::map<std::string, int64_t> planned;
-  for (const plan::CollectiveBytes& c : r.plan.collectives) {
-    planned[(c.mesh == plan::MeshKind::kExpert ? "expert/" : "") + c.name] +=
-        c.bytes_per_step * steps;
-  }
-  r.bytes.erase("expert_dispatch");
-  for (auto it = r.bytes.begin(); it != r.bytes.end();) {
-    it = it->second == 0 ? r.bytes.erase(it) : std::next(it);
-  }
-  EXPECT_EQ(r.bytes, planned);
+  const std::map<std::string, int64_t> planned = PlannedBytes(r.plan, steps);
+  EXPECT_EQ(PlannedKindsOfBytes(r.bytes), planned);
   if (GetParam().moe && GetParam().inner == std::string("optim_grads_params") &&
       GetParam().world / GetParam().ep > 1) {
-    EXPECT_GT(planned["expert/param_allgather_backward"], 0);
+    const auto regathers = planned.find("expert/param_allgather_backward");
+    EXPECT_TRUE(regathers != planned.end() && regathers->second > 0);
+  }
+}
+
+// Units held gathered from their first use in a pass to their last
+// (PlanOptions::reshard_after_forward false), one unit a collective or the
+// default buckets: the losses, norms and weights end bit for bit as when
+// every use gathers again; every collective moves what the held plan says,
+// which has no backward re-gathers and otherwise the bytes of the plan
+// that re-gathers; and where that plan re-gathers (workloads that acquire a
+// unit twice, on meshes that shard parameters: moe_mlp's expert unit, every
+// mlp layer but the last, every gpt unit but the head), every rank makes
+// fewer calls a step. Dense configs run TwoLayerLinear, mlp and gpt.
+TEST_P(TrainerConfigTest, UnitsHeldForTheBackwardEndBitIdenticalWithoutRegathers) {
+  std::vector<Config> workloads = {GetParam()};
+  if (!GetParam().moe) {
+    workloads.push_back(GetParam());
+    workloads.back().mlp = true;
+    workloads.push_back(GetParam());
+    workloads.back().gpt = true;
+  }
+  constexpr int kSteps = 3;
+  std::vector<std::pair<Config, int64_t>> cases;
+  for (const Config& c : workloads) {
+    for (const int64_t bucket_bytes : {int64_t{0}, plan::kDefaultBucketBytes}) {
+      cases.emplace_back(c, bucket_bytes);
+    }
+  }
+  for (const auto& [c, bucket_bytes] : cases) {
+    SCOPED_TRACE(absl::StrCat(c.mlp ? "mlp" : (c.gpt ? "gpt" : "default workload"),
+                              ", bucket_bytes ", bucket_bytes));
+    RunRecipe again;
+    again.bucket_bytes = bucket_bytes;
+    RunRecipe held = again;
+    held.reshard_after_forward = false;
+    const RunResult regathered = RunJob(c, "lpt", kSteps, {}, 0, true, "", again);
+    const RunResult kept = RunJob(c, "lpt", kSteps, {}, 0, true, "", held);
+    ExpectSameWeights(kept, regathered, "units held for the backward pass");
+    EXPECT_EQ(kept.losses, regathered.losses);
+    EXPECT_EQ(kept.grad_norms, regathered.grad_norms);
+    const std::map<std::string, int64_t> planned = PlannedBytes(kept.plan, kSteps);
+    EXPECT_EQ(PlannedKindsOfBytes(kept.bytes), planned);
+    std::map<std::string, int64_t> spared = PlannedBytes(regathered.plan, kSteps);
+    int64_t regathers = 0;
+    for (const char* name : {"param_allgather_backward", "expert/param_allgather_backward"}) {
+      EXPECT_EQ(planned.count(name), 0u) << name;
+      regathers += spared.count(name) > 0 ? spared[name] : 0;
+      spared.erase(name);
+    }
+    EXPECT_EQ(planned, spared);
+    for (int32_t r = 0; r < c.world; ++r) {
+      if (regathers > 0) {
+        EXPECT_LT(kept.collective_calls[r], regathered.collective_calls[r]) << "rank " << r;
+      } else {
+        EXPECT_EQ(kept.collective_calls[r], regathered.collective_calls[r]) << "rank " << r;
+      }
+    }
   }
 }
 
@@ -1770,16 +1842,8 @@ TEST_P(ReplicaSplitTest, SplitAndUnsplitEndBitIdentical) {
   EXPECT_EQ(sent(off), 0);
   // And every collective of the split run, the owners' exchanges included,
   // moves what the plan says.
-  std::map<std::string, int64_t> all_planned;
-  for (const plan::CollectiveBytes& x : on.plan.collectives) {
-    all_planned[(x.mesh == plan::MeshKind::kExpert ? "expert/" : "") + x.name] +=
-        x.bytes_per_step * steps;
-  }
-  std::map<std::string, int64_t> counted = on.bytes;
-  counted.erase("expert_dispatch");
-  for (auto it = counted.begin(); it != counted.end();) {
-    it = it->second == 0 ? counted.erase(it) : std::next(it);
-  }
+  const std::map<std::string, int64_t> all_planned = PlannedBytes(on.plan, steps);
+  const std::map<std::string, int64_t> counted = PlannedKindsOfBytes(on.bytes);
   EXPECT_EQ(counted, all_planned);
 }
 
