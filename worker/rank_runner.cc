@@ -61,6 +61,7 @@ absl::Status CheckPlanFitsJob(const job::ResolvedJob& job, const plan::Plan& pla
   compare("ns_algorithm", static_cast<int64_t>(got.ns_algorithm),
           static_cast<int64_t>(want.ns_algorithm));
   compare("ns table", static_cast<int64_t>(got.ns_table), static_cast<int64_t>(want.ns_table));
+  compare("reshard_after_forward", got.reshard_after_forward, want.reshard_after_forward);
   if (wrong.empty()) {
     compare("dense domain size", plan.dense.size,
             plan::MeshGeometry::Dense(got).domain_size());

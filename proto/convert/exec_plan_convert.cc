@@ -247,6 +247,7 @@ absl::StatusOr<plan::ResolvedConfig> ConfigFrom(const v1::ExecConfig& c) {
                                                    c.threads_per_rank()));
   }
   out.threads_per_rank = std::max(1, c.threads_per_rank());
+  out.reshard_after_forward = !c.params_held_for_backward();
   // The forms are chosen from it below (a loop over the steps).
   if (c.ns_steps() < 1 || c.ns_steps() > plan::kMaxNsSteps) {
     return absl::InvalidArgumentError(absl::StrCat("config.ns_steps: must be in [1, ",
@@ -280,6 +281,7 @@ v1::ExecutionPlan PlanToExec(const plan::Plan& p) {
   c->set_ns_algorithm(static_cast<int32_t>(p.config.ns_algorithm));
   c->set_ns_coefficients(static_cast<int32_t>(p.config.ns_table));
   c->set_threads_per_rank(static_cast<int32_t>(p.config.threads_per_rank));
+  c->set_params_held_for_backward(!p.config.reshard_after_forward);
   c->set_comm_flops_per_byte(p.config.comm_flops_per_byte);
   c->set_bytes_per_element(p.config.bytes_per_element);
   for (const plan::MeshAxis& a : p.dense_axes) AxisTo(a, out.add_dense_axes());

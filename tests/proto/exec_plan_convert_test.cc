@@ -102,6 +102,7 @@ void ExpectSamePlan(const plan::Plan& a, const plan::Plan& b) {
   EXPECT_EQ(a.config.ns_algorithm, b.config.ns_algorithm);
   EXPECT_EQ(a.config.ns_table, b.config.ns_table);
   EXPECT_EQ(a.config.threads_per_rank, b.config.threads_per_rank);
+  EXPECT_EQ(a.config.reshard_after_forward, b.config.reshard_after_forward);
   EXPECT_EQ(a.config.comm_flops_per_byte, b.config.comm_flops_per_byte);
   EXPECT_EQ(a.config.bytes_per_element, b.config.bytes_per_element);
   ExpectSameAxes(a.dense_axes, b.dense_axes);
@@ -158,6 +159,7 @@ struct Case {
   const char* outer = "";
   const char* replica_split = "";
   int64_t threads_per_rank = 0;
+  bool reshard_after_forward = true;
 };
 
 TEST(ExecPlanConvertTest, PlansOfRealModelsRoundTripFieldByField) {
@@ -169,7 +171,9 @@ TEST(ExecPlanConvertTest, PlansOfRealModelsRoundTripFieldByField) {
                          // HSDP with the replica split.
                          {"gpt2-124m", 8, "optim_grads_params", 2, 1, "lpt", "no_shard", "on"},
                          // Priced for ranks of 3 OpenBLAS threads.
-                         {"llama3-8b", 8, "optim_grads_params", 1, 1, "lpt", "", "", 3}}) {
+                         {"llama3-8b", 8, "optim_grads_params", 1, 1, "lpt", "", "", 3},
+                         // Units held gathered for the backward pass.
+                         {"gpt2-124m", 4, "optim_grads_params", 1, 1, "lpt", "", "", 0, false}}) {
     SCOPED_TRACE(::testing::Message() << c.spec << " W=" << c.world << " " << c.strategy);
     absl::StatusOr<plan::ModelSpec> spec = testing::LoadSpec(c.spec);
     ASSERT_TRUE(spec.ok()) << spec.status();
@@ -183,10 +187,12 @@ TEST(ExecPlanConvertTest, PlansOfRealModelsRoundTripFieldByField) {
     input.options.owner_assignment = c.rule;
     input.options.muon_replica_split = c.replica_split;
     input.options.threads_per_rank = c.threads_per_rank;
+    input.options.reshard_after_forward = c.reshard_after_forward;
     input.options.device = "cpu";  // where the forms, and so the threads, matter
     absl::StatusOr<plan::Plan> original = plan::ComputePlan(input);
     ASSERT_TRUE(original.ok()) << original.status();
     EXPECT_EQ(original->config.threads_per_rank, std::max<int64_t>(1, c.threads_per_rank));
+    EXPECT_EQ(original->config.reshard_after_forward, c.reshard_after_forward);
     // Every case has wide matrices, which auto does not leave to the
     // standard form on the CPU: the forms are not all the default.
     int64_t other_forms = 0;
