@@ -107,7 +107,8 @@ class Trainer::CommThread {
 // the bucket once its last unit is in. So a step holds only what the
 // workload has acquired, the gradient buffers it has not committed yet and
 // the buckets being filled, never the whole model (and the pool keeps no
-// more than that peak).
+// more than that peak) — unless the plan holds each unit from its first
+// use to its last (PlanOptions::reshard_after_forward false; Release).
 class Trainer::UnitStream final : public UnitAccess {
  public:
   // `early_wave`: the Muon wave whose gather starts once its gradients are
