@@ -795,6 +795,13 @@ void ExpectSameWeights(const RunResult& got, const RunResult& want, const std::s
   }
 }
 
+// The same weights bit for bit, and the same losses and gradient norms.
+void ExpectSameRun(const RunResult& got, const RunResult& want, const std::string& what) {
+  ExpectSameWeights(got, want, what);
+  EXPECT_EQ(got.losses, want.losses) << what;
+  EXPECT_EQ(got.grad_norms, want.grad_norms) << what;
+}
+
 TEST_P(TrainerConfigTest, OwnerBasedAndAllgatherEndBitIdentical) {
   const RunResult owners = RunJob(GetParam(), "lpt");
   const RunResult everyone = RunJob(GetParam(), "allgather");
@@ -997,9 +1004,7 @@ TEST_P(TrainerConfigTest, MuonInsideTheBackwardEndsBitIdentical) {
     on.muon_in_backward = true;
     const RunResult after = RunJob(c, "lpt", kSteps, {}, 1, true, "", off);
     const RunResult inside = RunJob(c, "lpt", kSteps, {}, 1, true, "", on);
-    ExpectSameWeights(inside, after, "Muon inside the backward pass");
-    EXPECT_EQ(inside.losses, after.losses);
-    EXPECT_EQ(inside.grad_norms, after.grad_norms);
+    ExpectSameRun(inside, after, "Muon inside the backward pass");
     ASSERT_EQ(inside.muon_in_backward.size(), static_cast<size_t>(kSteps));
     // A step after a clipped one does not start early (it would likely be
     // redone); the others do, and keep it unless they clip.
@@ -1112,9 +1117,7 @@ TEST_P(TrainerConfigTest, UnitsHeldForTheBackwardEndBitIdenticalWithoutRegathers
     held.reshard_after_forward = false;
     const RunResult regathered = RunJob(c, "lpt", kSteps, {}, 0, true, "", again);
     const RunResult kept = RunJob(c, "lpt", kSteps, {}, 0, true, "", held);
-    ExpectSameWeights(kept, regathered, "units held for the backward pass");
-    EXPECT_EQ(kept.losses, regathered.losses);
-    EXPECT_EQ(kept.grad_norms, regathered.grad_norms);
+    ExpectSameRun(kept, regathered, "units held for the backward pass");
     const std::map<std::string, int64_t> planned = PlannedBytes(kept.plan, kSteps);
     EXPECT_EQ(PlannedKindsOfBytes(kept.bytes), planned);
     std::map<std::string, int64_t> spared = PlannedBytes(regathered.plan, kSteps);
