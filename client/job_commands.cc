@@ -553,9 +553,10 @@ int Workers(CoordinatorClient& client, bool json, Streams io) {
                                 w.quarantine_reason());
     }
     io.out << absl::StrFormat(
-        "%-28s %-6s %-6s %-22s %9.1fG  %s%s\n", w.info().worker_id(), w.info().device(), state,
+        "%-28s %-6s %-6s %-22s %9.1fG  %s%s%s\n", w.info().worker_id(), w.info().device(), state,
         w.info().address(), static_cast<double>(w.info().memory_bytes()) / (1 << 30),
         w.job_id().empty() ? std::string("-") : absl::StrCat(w.job_id(), "/", w.rank()),
+        w.info().locality().empty() ? "" : absl::StrCat("  in ", w.info().locality()),
         quarantine);
   }
   return kExitOk;

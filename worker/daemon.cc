@@ -271,6 +271,7 @@ absl::Status Daemon::Register() {
   info->set_memory_bytes(options_.memory_budget_bytes > 0 ? options_.memory_budget_bytes
                                                           : DefaultMemoryBudgetBytes(1));
   info->set_address(options_.address);
+  info->set_locality(options_.locality);
   info->set_version(absl::StrCat("muonmesh-worker ", rpc::Version()));
   if (echo_ != nullptr) info->set_peer_port(echo_->port());
   absl::Duration backoff = absl::Milliseconds(100);

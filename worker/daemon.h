@@ -40,6 +40,9 @@ struct DaemonOptions {
   // The network interface the ranks' Gloo binds (--gloo-interface); empty:
   // the address above.
   std::string gloo_interface;
+  // Where this worker sits in the network, widest level first
+  // ("zone-a/rack-3/node12"; WorkerInfo.locality): a job's ranks follow it.
+  std::string locality;
   // Host memory a rank may plan to use; 0: the machine's default.
   int64_t memory_budget_bytes = 0;
   // HOST:PORT to serve Prometheus metrics on (/metrics); empty: none.

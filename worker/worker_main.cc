@@ -34,7 +34,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: muonmesh-worker --coordinator HOST:PORT [--device cpu|cuda:N] [--worker-id ID]\n"
     "                       [--address HOST] [--gloo-interface IFACE] [--memory-budget SIZE]\n"
-    "                       [--drain-timeout 5m]\n"
+    "                       [--locality ZONE/RACK/HOST] [--drain-timeout 5m]\n"
     "                       [--metrics-listen HOST:PORT] [--allowed-dirs DIR[,DIR...]]\n"
     "                       [--tls-ca FILE [--tls-cert FILE --tls-key FILE]\n"
     "                        [--token-file FILE] [--tls-server-name NAME]]\n"
@@ -60,7 +60,11 @@ constexpr const char* kUsage =
     "step, and stops a rank when its job is cancelled. It runs until SIGINT (at once) or\n"
     "SIGTERM: then it\n"
     "asks the coordinator to drain it (its rank checkpoints and the job moves to other\n"
-    "workers) and exits 0 once drained, or after --drain-timeout (default 5m). With\n"
+    "workers) and exits 0 once drained, or after --drain-timeout (default 5m).\n"
+    "--locality names where it sits in the network, widest level first (for example\n"
+    "zone-a/rack-3/node12): a job's ranks go to the workers it takes in the order of these\n"
+    "labels, so consecutive ranks (an inner data-parallel group) share a rack or host and\n"
+    "the outer axis crosses the wide links (default empty: registration order). With\n"
     "--metrics-listen it serves Prometheus metrics at http://HOST:PORT/metrics (port 0\n"
     "picks a free one and logs it).\n"
     "--allowed-dirs names the only folders a job's paths (init/data safetensors, the\n"
@@ -176,6 +180,7 @@ void AddDaemonFlags(muonmesh::FlagParser& p, muonmesh::worker::DaemonOptions& d,
   p.String("--worker-id", "ID", "", &d.worker_id);
   p.String("--device", "cpu|cuda:N", "", &d.device);
   p.String("--address", "HOST", "", &d.address);
+  p.String("--locality", "ZONE/RACK/HOST", "", &d.locality);
   p.String("--gloo-interface", "IFACE", "", &d.gloo_interface);
   p.String("--metrics-listen", "HOST:PORT", "", &d.metrics_listen);
   p.String("--allowed-dirs", "DIR[,DIR...]", "", &allowed_dirs);

@@ -47,6 +47,12 @@ absl::StatusOr<Fleet::Lease> Fleet::Register(const v1::WorkerInfo& info,
   if (info.memory_bytes() < 0 || info.version().size() > 128) {
     return absl::InvalidArgumentError("info: negative memory_bytes or a version over 128 bytes");
   }
+  if (info.locality().size() > kMaxWorkerIdBytes ||
+      !std::all_of(info.locality().begin(), info.locality().end(), IsIdChar)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "info.locality: must match [A-Za-z0-9._:/-]* and have at most ", kMaxWorkerIdBytes,
+        " bytes, got '", info.locality().substr(0, 64), info.locality().size() > 64 ? "...'" : "'"));
+  }
   if (info.peer_port() < 0 || info.peer_port() > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("info.peer_port: ", info.peer_port(), " is not a TCP port (0 for none)"));
@@ -275,6 +281,12 @@ std::optional<std::vector<std::string>> Fleet::Take(const std::string& device, i
   };
   std::sort(idle.begin(), idle.end(), [&](const Entry* a, const Entry* b) {
     return std::make_pair(suspect(a), a->order) < std::make_pair(suspect(b), b->order);
+  });
+  // Ranks in locality order among the workers taken, so that consecutive
+  // ranks share the narrowest level of the network they can.
+  idle.resize(static_cast<size_t>(n));
+  std::stable_sort(idle.begin(), idle.end(), [](const Entry* a, const Entry* b) {
+    return a->info.locality() < b->info.locality();
   });
   std::vector<std::string> taken;
   for (int64_t r = 0; r < n; ++r) {

@@ -108,8 +108,9 @@ class Fleet {
 
   // Idle workers of `device` available now.
   int64_t IdleCount(const std::string& device) const;
-  // Takes `n` idle workers of `device` for `job_id` (rank i is the i-th, in
-  // registration order), or none if fewer are idle.
+  // Takes `n` idle workers of `device` for `job_id`, or none if fewer are
+  // idle: those not blamed lately first, in registration order; rank i is
+  // the i-th of them by locality (WorkerInfo.locality), then that order.
   std::optional<std::vector<std::string>> Take(const std::string& device, int64_t n,
                                                const std::string& job_id);
   // The worker is idle again (its attempt ended); no-op unless it is busy

@@ -5,7 +5,8 @@
 # tokens;
 # each run's exported weights must equal, byte for byte, the same job run on
 # loopback by deploy/local/run-job.sh. The workers get no --address: each
-# must advertise its own namespace's address (checked in `workers --json`).
+# must advertise its own namespace's address (checked in `workers --json`),
+# and ranks follow their --locality labels (two racks).
 # Needs root and iproute2's `ip netns`; exits 77 (ctest: skipped) where
 # namespaces cannot be made. Removes every namespace, link and file it makes.
 #
@@ -102,9 +103,12 @@ run() {
     --data-dir "$state" "${coordinator_flags[@]}" > "$work/$mode-coordinator.log" 2>&1 &
   pids+=($!)
   wait_for "$work/$mode-coordinator.log" "listening on"
+  # Two "racks", alternating: ranks 0 and 1 must go to rack a's workers
+  # (w1, w3), whatever order the four register in.
   for i in 0 1 2 3; do
     ip netns exec "${tag}$i" "$build/worker/muonmesh-worker" --coordinator "$coordinator" \
-      --worker-id "w$i" --memory-budget 2GiB "${worker_flags[@]}" \
+      --worker-id "w$i" --locality "rack-$( ((i % 2)) && echo a || echo b)/host-$i" \
+      --memory-budget 2GiB "${worker_flags[@]}" \
       > "$work/$mode-w$i.log" 2>&1 &
     pids+=($!)
   done
@@ -127,7 +131,13 @@ run() {
   grep -q '"state": "SUCCEEDED"' <<<"$state_now" || fail "$mode: not done after 300 s"
   cmp "$work/loopback/final.safetensors" "$work/$mode/final.safetensors" ||
     fail "$mode: the weights differ from loopback's"
-  echo "multihost $mode: 4 ranks on 4 hosts, weights byte-identical to loopback"
+  for i in 0 1 2 3; do
+    local want='[01]'
+    ((i % 2)) || want='[23]'
+    grep -qE "rank $want\] " "$work/$mode-w$i.log" ||
+      fail "$mode: w$i (rack-$( ((i % 2)) && echo a || echo b)) did not run rank $want by locality"
+  done
+  echo "multihost $mode: 4 ranks on 4 hosts, weights byte-identical to loopback, ranks by locality"
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
   unset MUONMESH_TLS_SERVER_NAME MUONMESH_TLS_CA MUONMESH_TOKEN_FILE

@@ -167,7 +167,9 @@ function localPod(workload, name, secrets, configMaps) {
   const env = {};
   for (const e of container.env ?? []) {
     const field = e.valueFrom?.fieldRef?.fieldPath;
-    env[e.name] = field === 'metadata.name' ? name : field === 'status.podIP' ? '127.0.0.1' : e.value;
+    // Every pod on one node, which this machine stands in for.
+    const fields = { 'metadata.name': name, 'status.podIP': '127.0.0.1', 'spec.nodeName': 'node-0' };
+    env[e.name] = field !== undefined ? fields[field] : e.value;
   }
   const expand = (s) => s.replace(/\$\(([A-Za-z_][A-Za-z0-9_]*)\)/g, (all, v) => env[v] ?? all);
   return {

@@ -99,6 +99,13 @@ TEST_F(FleetTest, RegistrationIsCheckedAndUniqueWhileItsLeaseLives) {
   bad_port.set_peer_port(70000);
   EXPECT_THAT(std::string(fleet_.Register(bad_port).status().message()),
               HasSubstr("info.peer_port: 70000"));
+  v1::WorkerInfo bad_locality = Info("w");
+  bad_locality.set_locality("rack a");
+  EXPECT_THAT(std::string(fleet_.Register(bad_locality).status().message()),
+              HasSubstr("info.locality: must match"));
+  bad_locality.set_locality(std::string(129, 'r'));
+  EXPECT_THAT(std::string(fleet_.Register(bad_locality).status().message()),
+              HasSubstr("info.locality"));
 
   auto first = fleet_.Register(Info("node1/cpu:0"));
   ASSERT_TRUE(first.ok()) << first.status();
@@ -261,6 +268,29 @@ TEST_F(FleetTest, GangsAreAllOrNothingOfOneDeviceInRegistrationOrder) {
   auto next = fleet_.Take("cpu", 3, "j-3");
   ASSERT_TRUE(next.has_value());
   EXPECT_THAT(*next, ElementsAre("c1", "c2", "c3"));
+}
+
+// Workers that say where they sit (WorkerInfo.locality) get a job's ranks
+// in the order of their labels, each label's workers in registration order,
+// so consecutive ranks share a rack: registered across two racks in
+// alternation, a job of four gets rack a's two as ranks 0 and 1. Which
+// workers are taken does not change (the first registered of the idle
+// ones); workers without a label come first, in registration order.
+TEST_F(FleetTest, RanksFollowTheWorkersLocality) {
+  for (const auto& [id, locality] : {std::pair{"w1", "rack-b/n1"}, std::pair{"w2", "rack-a/n1"},
+                                     std::pair{"w3", "rack-b/n2"}, std::pair{"w4", "rack-a/n2"},
+                                     std::pair{"w5", "rack-a/n3"}, std::pair{"w6", ""}}) {
+    v1::WorkerInfo info = Info(id);
+    info.set_locality(locality);
+    ASSERT_TRUE(fleet_.Register(info).ok()) << id;
+  }
+  auto gang = fleet_.Take("cpu", 4, "j-1");
+  ASSERT_TRUE(gang.has_value());
+  EXPECT_THAT(*gang, ElementsAre("w2", "w4", "w1", "w3"));
+  for (const std::string& id : *gang) fleet_.Release(id, "j-1");
+  auto all = fleet_.Take("cpu", 6, "j-2");
+  ASSERT_TRUE(all.has_value());
+  EXPECT_THAT(*all, ElementsAre("w6", "w2", "w4", "w5", "w1", "w3"));
 }
 
 // An attempt's shared start (spec and plan) is held once by every rank's
