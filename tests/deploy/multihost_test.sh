@@ -120,6 +120,8 @@ run() {
     grep -q "\"$net.$((11 + i))" <<<"$workers" ||
       fail "w$i does not advertise its own address $net.$((11 + i)): $workers"
   done
+  "$ctl" workers --coordinator "$coordinator" | grep -q "  in rack-a/host-1" ||
+    fail "$mode: \`workers\` does not show w1's locality"
   local id
   id=$("$ctl" submit "$(job "$mode" "$work/$mode")" --coordinator "$coordinator" | tail -1)
   for _ in $(seq 600); do
