@@ -108,6 +108,18 @@ double BucketBytes(const plan::Plan& plan, int64_t bucket_bytes) {
   return peak;
 }
 
+// Elements of a unit's dense tensors and of its local experts' tensors.
+std::pair<double, double> UnitElements(const plan::UnitPlan& unit) {
+  auto elements = [](const plan::UnitLayout& layout) {
+    double n = 0;
+    for (const plan::LayoutTensor& t : layout.tensors) {
+      n += static_cast<double>(t.rows) * static_cast<double>(t.row_len);
+    }
+    return n;
+  };
+  return {unit.has_dense ? elements(unit.dense) : 0, unit.has_expert ? elements(unit.expert) : 0};
+}
+
 // Elements of one unit's tensors: as this rank holds them (local experts),
 // and whole (every expert).
 std::pair<double, double> LargestUnit(const plan::Plan& plan) {
@@ -115,16 +127,7 @@ std::pair<double, double> LargestUnit(const plan::Plan& plan) {
   double whole = 0;
   const double ep = static_cast<double>(std::max<int64_t>(1, plan.config.ep));
   for (const plan::UnitPlan& unit : plan.units) {
-    double dense = 0;
-    double expert = 0;
-    for (const plan::LayoutTensor& t : unit.dense.tensors) {
-      dense += static_cast<double>(t.rows) * static_cast<double>(t.row_len);
-    }
-    for (const plan::LayoutTensor& t : unit.expert.tensors) {
-      expert += static_cast<double>(t.rows) * static_cast<double>(t.row_len);
-    }
-    if (!unit.has_dense) dense = 0;
-    if (!unit.has_expert) expert = 0;
+    const auto [dense, expert] = UnitElements(unit);
     local = std::max(local, dense + expert);
     whole = std::max(whole, dense + ep * expert);
   }
@@ -137,12 +140,8 @@ std::pair<double, double> LargestUnit(const plan::Plan& plan) {
 double GatheredModel(const plan::Plan& plan) {
   double total = 0;
   for (const plan::UnitPlan& unit : plan.units) {
-    for (const plan::LayoutTensor& t : unit.dense.tensors) {
-      total += unit.has_dense ? static_cast<double>(t.rows) * static_cast<double>(t.row_len) : 0;
-    }
-    for (const plan::LayoutTensor& t : unit.expert.tensors) {
-      total += unit.has_expert ? static_cast<double>(t.rows) * static_cast<double>(t.row_len) : 0;
-    }
+    const auto [dense, expert] = UnitElements(unit);
+    total += dense + expert;
   }
   return total;
 }
