@@ -90,6 +90,7 @@ struct PlanOptionFlags {
   int64_t wave_budget = 0;
   int64_t threads = 0;
   bool held_for_backward = false;
+  bool regathered_for_backward = false;
 };
 
 void AddPlanOptionFlags(FlagParser& parser, PlanOptionFlags* o) {
@@ -122,6 +123,25 @@ void AddPlanOptionFlags(FlagParser& parser, PlanOptionFlags* o) {
               "one, as a job's communication.reshard_after_forward: false does (no "
               "param_allgather_backward)",
               &o->held_for_backward);
+  parser.Bool("--reshard-after-forward",
+              "plan each unit gathered again for each use, as a job's "
+              "communication.reshard_after_forward: true does (a job leaving it unset holds a "
+              "model that fits one bucket)",
+              &o->regathered_for_backward);
+}
+
+// The plan option flags' own rules, beyond each flag's type.
+absl::Status CheckPlanOptionFlags(const FlagParser& parser, const PlanOptionFlags& o) {
+  MUONMESH_RETURN_IF_ERROR(CheckNotZero(parser, "--ns-steps", o.ns_steps, 5));
+  for (const auto& [flag, value] : {std::pair<const char*, int64_t>{"--ns-steps", o.ns_steps},
+                                    {"--threads-per-rank", o.threads}}) {
+    MUONMESH_RETURN_IF_ERROR(CheckInt32(flag, value));
+  }
+  if (o.held_for_backward && o.regathered_for_backward) {
+    return absl::InvalidArgumentError(
+        "--reshard-after-forward and --no-reshard-after-forward: give one of them");
+  }
+  return absl::OkStatus();
 }
 
 void FillPlanOptions(const PlanOptionFlags& o, v1::PlanOptions* out) {
@@ -133,6 +153,7 @@ void FillPlanOptions(const PlanOptionFlags& o, v1::PlanOptions* out) {
   out->set_muon_wave_budget_bytes(o.wave_budget);
   out->set_threads_per_rank(static_cast<int32_t>(o.threads));
   if (o.held_for_backward) out->set_reshard_after_forward(false);
+  if (o.regathered_for_backward) out->set_reshard_after_forward(true);
 }
 
 // The request a job's workers will plan: its model's spec (the optimizer
@@ -173,6 +194,7 @@ void FillPlanOptionsOver(const FlagParser& parser, const PlanOptionFlags& o,
   }
   if (parser.Seen("--threads-per-rank")) out->set_threads_per_rank(flags.threads_per_rank());
   if (parser.Seen("--no-reshard-after-forward")) out->set_reshard_after_forward(false);
+  if (parser.Seen("--reshard-after-forward")) out->set_reshard_after_forward(true);
 }
 
 // Prints the violations ("field: description", one a line) of a status
@@ -314,13 +336,7 @@ int RunPlan(const std::vector<std::string>& args) {
     return kExitOk;
   }
   if (absl::Status st = CheckConfigFlags(parser, &f); !st.ok()) return UsageError("plan", st);
-  if (absl::Status st = CheckNotZero(parser, "--ns-steps", o.ns_steps, 5); !st.ok()) {
-    return UsageError("plan", st);
-  }
-  for (const auto& [flag, value] : {std::pair<const char*, int64_t>{"--ns-steps", o.ns_steps},
-                                    {"--threads-per-rank", o.threads}}) {
-    if (absl::Status st = CheckInt32(flag, value); !st.ok()) return UsageError("plan", st);
-  }
+  if (absl::Status st = CheckPlanOptionFlags(parser, o); !st.ok()) return UsageError("plan", st);
 
   v1::PlanLayoutRequest request;
   v1::JobSpec job;

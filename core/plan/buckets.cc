@@ -25,4 +25,26 @@ std::vector<Bucket> PlanBuckets(const Plan& plan, int64_t bucket_bytes) {
   return out;
 }
 
+bool ModelFitsOneBucket(const ModelSpec& model, int64_t bucket_bytes) {
+  if (bucket_bytes <= 0) return false;
+  const int64_t limit = bucket_bytes / 4;
+  int64_t elements = 0;
+  for (const UnitSpec& unit : model.units) {
+    for (const ParamSpec& param : unit.params) {
+      int64_t n = 1;
+      for (int64_t d : param.shape) {
+        if (d <= 0) {  // an empty tensor (the planner refuses negative sizes)
+          n = 0;
+          break;
+        }
+        if (n > limit / d) return false;
+        n *= d;
+      }
+      if (n > limit - elements) return false;
+      elements += n;
+    }
+  }
+  return true;
+}
+
 }  // namespace muonmesh::plan

@@ -34,6 +34,15 @@ struct Bucket {
 // bucket_bytes <= 0: one unit a bucket.
 std::vector<Bucket> PlanBuckets(const Plan& plan, int64_t bucket_bytes);
 
+// Whether every parameter of `model` (4 bytes an element) fits in one bucket
+// of `bucket_bytes` (> 0). Then a pass gathers the whole model in one
+// all-gather, and the backward pass would gather it whole again at its
+// start, beside every saved activation: holding the units gathered between
+// the two (reshard_after_forward false) raises no peak and saves that
+// gather. What communication.reshard_after_forward means when unset
+// (docs/architecture.md §5, "Held for the backward pass").
+bool ModelFitsOneBucket(const ModelSpec& model, int64_t bucket_bytes);
+
 // A unit's padded buffer on a mesh: the elements its reduce-scatter takes.
 inline int64_t PaddedElements(const UnitLayout& l) { return l.num_shards * l.shard_elements; }
 

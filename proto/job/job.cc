@@ -850,6 +850,12 @@ absl::StatusOr<ResolvedJob> ResolveJob(const v1::JobSpec& job, const std::string
   }
   r.model = job.model();
   r.model_form = r.kind->resolve(job.model(), job_dir);
+  if (!job.communication().has_reshard_after_forward()) {
+    // Unset: by the model's size (the planner's input says the same). A
+    // model without a spec fails where the job is planned.
+    absl::StatusOr<plan::ModelSpec> spec = ModelSpecOf(r);
+    if (spec.ok()) r.reshard_after_forward = ReshardsAfterForward(job, *spec);
+  }
   r.model_file = paths.model_file;
   if (!paths.corpus_field.empty()) r.corpus = ResolveCorpus(job, paths);
 

@@ -114,7 +114,9 @@ struct ResolvedJob {
   bool prefetch_gathers = true;   // communication.prefetch, default applied
   int64_t window_bytes = 0;       // communication.window_bytes (0: no limit)
   bool muon_in_backward = true;   // communication.muon_in_backward, default applied
-  bool reshard_after_forward = true;  // communication.reshard_after_forward, default applied
+  // communication.reshard_after_forward; unset, by the model's size
+  // (ReshardsAfterForward, proto/job/model_specs.h).
+  bool reshard_after_forward = true;
   std::string muon_replica_split;  // optimizer.muon_replica_split: auto | on | off
 
   optim::MuonOptions muon;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
+#include "core/plan/buckets.h"
 #include "core/plan/waves.h"
 #include "proto/convert/plan_convert.h"
 #include "proto/job/job.h"
@@ -35,6 +36,7 @@ absl::StatusOr<plan::PlanInput> PlanInputWith(const v1::JobSpec& job, const Mode
   input.world_size = job.world_size();
   input.parallelism = convert::ParallelismFromProto(job.parallelism());
   input.options = PlanOptionsOf(job);
+  input.options.reshard_after_forward = ReshardsAfterForward(job, input.model);
   return input;
 }
 
@@ -75,6 +77,13 @@ plan::PlanOptions PlanOptionsOf(const v1::JobSpec& job) {
   o.reshard_after_forward = !job.communication().has_reshard_after_forward() ||
                             job.communication().reshard_after_forward();
   return o;
+}
+
+bool ReshardsAfterForward(const v1::JobSpec& job, const plan::ModelSpec& model) {
+  const v1::CommunicationConfig& c = job.communication();
+  if (c.has_reshard_after_forward()) return c.reshard_after_forward();
+  return !plan::ModelFitsOneBucket(
+      model, c.has_bucket_bytes() ? c.bucket_bytes() : plan::kDefaultBucketBytes);
 }
 
 absl::StatusOr<plan::PlanInput> PlanInputOf(const v1::JobSpec& job, const std::string& job_dir) {

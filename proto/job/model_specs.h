@@ -35,7 +35,15 @@ absl::StatusOr<plan::ModelSpec> ModelSpecOf(const ResolvedJob& job);
 // The planner options of a job (PlanInput::options): the job file's
 // defaults applied (device cpu), the Newton-Schulz settings as the planner
 // names them, and the wave budget the workers will cut the Muon phase by.
+// Without the model, an unset reshard_after_forward is true here
+// (PlanInputOf resolves it over the model: ReshardsAfterForward).
 plan::PlanOptions PlanOptionsOf(const v1::JobSpec& job);
+
+// communication.reshard_after_forward of `job` over its model's spec: as
+// given; unset, false exactly when the model fits one bucket of the job's
+// communication.bucket_bytes (plan::ModelFitsOneBucket: holding it then
+// costs no peak memory and saves the backward pass's gather), else true.
+bool ReshardsAfterForward(const v1::JobSpec& job, const plan::ModelSpec& model);
 
 // The planner's whole input for `job` (valid), the section's file read from
 // `job_dir` as ModelSpecOf does (the coordinator passes "": a submitted job

@@ -840,11 +840,13 @@ std::string WriteText(const std::string& path, const std::string& text) {
   return path;
 }
 
-// `plan --job` of a gpt job on 2 ZeRO-3 ranks: its units are gathered again
-// for the backward pass (param_allgather_backward); with the job's
-// communication.reshard_after_forward false, or --no-reshard-after-forward
-// over the plain job, that collective is gone, every other one moves the
-// same bytes, and the table says each unit is gathered once.
+// `plan --job` of a gpt job on 2 ZeRO-3 ranks: with the job's
+// communication.reshard_after_forward true, its units are gathered again for
+// the backward pass (param_allgather_backward). Held — the job's false,
+// --no-reshard-after-forward over that job, or the job leaving it unset (its
+// model fits one bucket) — that collective is gone, every other one moves the
+// same bytes, and the table says each unit is gathered once;
+// --reshard-after-forward over the unset job gathers again.
 TEST_F(MuonmeshCtlTest, PlanOfAJobHoldingItsUnitsHasNoRegathers) {
   const std::string dir = ValidateDir();
   WriteText(dir + "/corpus.txt", std::string(300, 'x'));
@@ -854,7 +856,9 @@ model: {gpt: {vocab_size: 256, block_size: 8, n_layer: 2, n_head: 1, n_embd: 8, 
 data: {text: {train: corpus.txt}}
 training: {steps: 1, global_batch_size: 2}
 )";
-  const std::string plain = WriteText(dir + "/plain.yaml", job);
+  const std::string unset = WriteText(dir + "/unset.yaml", job);
+  const std::string regathering =
+      WriteText(dir + "/regathering.yaml", job + "communication: {reshard_after_forward: true}\n");
   const std::string held =
       WriteText(dir + "/held.yaml", job + "communication: {reshard_after_forward: false}\n");
   auto bytes = [&](std::vector<std::string> args) {
@@ -869,17 +873,22 @@ training: {steps: 1, global_batch_size: 2}
     for (const v1::CollectiveBytes& c : plan.collectives()) by_name[c.name()] += c.bytes_per_step();
     return by_name;
   };
-  std::map<std::string, int64_t> again = bytes({"--job", plain});
-  const std::map<std::string, int64_t> from_job = bytes({"--job", held});
-  const std::map<std::string, int64_t> from_flag =
-      bytes({"--job", plain, "--no-reshard-after-forward"});
+  std::map<std::string, int64_t> again = bytes({"--job", regathering});
+  EXPECT_EQ(bytes({"--job", unset, "--reshard-after-forward"}), again);
   ASSERT_GT(again["param_allgather_backward"], 0);
   again.erase("param_allgather_backward");
-  EXPECT_EQ(from_job, again);
-  EXPECT_EQ(from_flag, again);
-  const ProcessResult table = Ctl({"plan", "--coordinator", address_, "--job", held});
-  ASSERT_EQ(table.exit_code, 0) << table.err;
-  EXPECT_THAT(table.out, HasSubstr("each unit gathered once, held for the backward pass"));
+  EXPECT_EQ(bytes({"--job", held}), again);
+  EXPECT_EQ(bytes({"--job", regathering, "--no-reshard-after-forward"}), again);
+  EXPECT_EQ(bytes({"--job", unset}), again);
+  for (const std::string& path : {held, unset}) {
+    const ProcessResult table = Ctl({"plan", "--coordinator", address_, "--job", path});
+    ASSERT_EQ(table.exit_code, 0) << table.err;
+    EXPECT_THAT(table.out, HasSubstr("each unit gathered once, held for the backward pass"));
+  }
+  const ProcessResult both = Ctl({"plan", "--coordinator", address_, "--job", unset,
+                                  "--reshard-after-forward", "--no-reshard-after-forward"});
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_THAT(both.err, HasSubstr("give one of them"));
 }
 
 TEST(MuonmeshCtlValidateJobTest, EveryViolationOnItsOwnLineWithoutACoordinator) {

@@ -6,11 +6,16 @@
 #     rule lpt, twice: with the whole model on every rank, as the peer holds
 #     it (HSDP of WORLD optimizer instances of one rank each, whose replica
 #     split deals the Muon matrices out over the ranks as the peer does),
-#     then sharded (ZeRO-3 over the WORLD ranks);
+#     then ZeRO-1 (the whole model on every rank, its optimizer state
+#     sharded as the peer's Muon state is, the updated parameters gathered
+#     within the step: like for like with the peer), then ZeRO-3 (the
+#     updated shards left for the next forward pass to gather);
 #   - the peer: tests/worker/muon_peer.py (PyTorch; the Muon matrices dealt
 #     out round-robin in groups of WORLD, each group all-gathered after its
 #     update; AdamW on every rank for the rest).
-# Prints the slowest-rank medians and the ratios (peer / muonmesh).
+# Prints the slowest-rank medians of the steps after the first on both
+# sides (the first touches the state's pages) and the ratios (peer /
+# muonmesh).
 #
 #   tests/worker/muon_peer_benchmark.sh [STEPS=4] [WORLD=4]
 #
@@ -33,13 +38,16 @@ ours() {  # PARALLELISM -> the slowest rank's median optimizer step, ms
   sed -n 's/^optimizer step (slowest rank, median), lpt: \([0-9.]*\) ms$/\1/p' <<<"$out"
 }
 replicated=$(ours "{data_parallel_sharding_strategy: optim_grads_params, num_distributed_optimizer_instances: $world, outer_dp_sharding_strategy: no_shard}")
+zero1=$(ours "{data_parallel_sharding_strategy: optim}")
 sharded=$(ours "{data_parallel_sharding_strategy: optim_grads_params}")
 peer_out=$("$python" "$root/tests/worker/muon_peer.py" --world "$world" --steps "$steps" \
   --spec "$root/specs/gpt2-124m.json")
 echo "$peer_out"
 peer=$(sed -n 's/^peer_optimizer_ms=//p' <<<"$peer_out")
-[[ -n $replicated && -n $sharded && -n $peer ]] || { echo "a run printed no step time" >&2; exit 1; }
-awk -v r="$replicated" -v s="$sharded" -v p="$peer" 'BEGIN {
+[[ -n $replicated && -n $zero1 && -n $sharded && -n $peer ]] ||
+  { echo "a run printed no step time" >&2; exit 1; }
+awk -v r="$replicated" -v z="$zero1" -v s="$sharded" -v p="$peer" 'BEGIN {
   printf "modded-nanogpt-style peer: %.1f ms a step\n", p
   printf "muonmesh, the whole model on every rank: %.1f ms (%.2fx faster than the peer)\n", r, p / r
+  printf "muonmesh, ZeRO-1: %.1f ms (%.2fx faster than the peer)\n", z, p / z
   printf "muonmesh, ZeRO-3: %.1f ms (%.2fx faster than the peer)\n", s, p / s }'

@@ -4,7 +4,7 @@
 # Gloo on loopback), owner-based Muon (lpt) against the allgather baseline,
 # both in this one run. Prints:
 #   - the optimizer step time (AdamW + every Muon phase + after-step gather,
-#     median over steps, slowest rank) of each rule and their ratio;
+#     median over the steps after the first, slowest rank) of each rule and their ratio;
 #   - bytes moved per step (all ranks, every collective, as the communicators
 #     count them) against the plan's lower bound (its ring collectives plus
 #     the Muon exchange with every owner at its best holder);

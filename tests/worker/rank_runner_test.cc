@@ -112,13 +112,14 @@ TEST_F(RankRunnerTest, APlanForAnotherGeometryIsRefused) {
   other.config.ns_steps = 7;
   st = Run(job, other, "store");
   EXPECT_THAT(st.message(), HasSubstr("ns_steps 7 (the job's: 5)"));
-  // A plan that holds the units for the backward pass counts no re-gathers:
-  // the runtime would hold them too, against the job's
-  // communication.reshard_after_forward.
+  // A plan that re-gathers the units for the backward pass where the job
+  // holds them (its small model fits one bucket: communication.
+  // reshard_after_forward unset) counts bytes the runtime would not send.
+  ASSERT_FALSE(job.reshard_after_forward);
   other = plan;
-  other.config.reshard_after_forward = false;
+  other.config.reshard_after_forward = true;
   st = Run(job, other, "store");
-  EXPECT_THAT(st.message(), HasSubstr("reshard_after_forward 0 (the job's: 1)"));
+  EXPECT_THAT(st.message(), HasSubstr("reshard_after_forward 1 (the job's: 0)"));
   EXPECT_FALSE(fs::exists(dir_ + "/out"));
 }
 

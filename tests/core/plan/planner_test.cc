@@ -1,11 +1,13 @@
 #include "core/plan/planner.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "core/plan/buckets.h"
 #include "core/plan/mesh.h"
 #include "proto/convert/plan_convert.h"
 #include "tests/core/plan/spec_loader.h"
@@ -371,6 +373,37 @@ TEST(PlannerTest, CancelTokenStopsThePlan) {
     EXPECT_EQ(ComputePlan(in, &token).status().code(), absl::StatusCode::kCancelled);
     EXPECT_EQ(polls, stop_at);
   }
+}
+
+// ModelFitsOneBucket: every parameter at 4 bytes against the bucket, by
+// the specs' sizes summed here; an empty tensor counts nothing, sizes past
+// int64 do not wrap round to fit, and a bucket of 0 holds nothing.
+TEST(PlannerTest, ModelFitsOneBucketCountsEveryParameter) {
+  ModelSpec tiny;
+  tiny.units.push_back({"a", {{"w", {3, 5}, "muon"}, {"b", {5}, "adamw"}, {"e", {0, 7}, "adamw"}}});
+  tiny.units.push_back({"b", {{"w", {2, 5}, "muon"}}});
+  const int64_t bytes = 4 * (3 * 5 + 5 + 2 * 5);
+  EXPECT_TRUE(ModelFitsOneBucket(tiny, bytes));
+  EXPECT_FALSE(ModelFitsOneBucket(tiny, bytes - 1));
+  EXPECT_FALSE(ModelFitsOneBucket(tiny, 0));
+  ModelSpec huge;
+  huge.units.push_back({"h", {{"w", {int64_t{1} << 40, int64_t{1} << 40}, "muon"}}});
+  EXPECT_FALSE(ModelFitsOneBucket(huge, std::numeric_limits<int64_t>::max()));
+  // GPT-2 124M (about 497 MB) against the default 25 MiB and a 1 GiB bucket.
+  absl::StatusOr<ModelSpec> gpt2 = testing::LoadSpec("gpt2-124m");
+  ASSERT_TRUE(gpt2.ok()) << gpt2.status();
+  int64_t elements = 0;
+  for (const UnitSpec& u : gpt2->units) {
+    for (const ParamSpec& p : u.params) {
+      int64_t n = 1;
+      for (int64_t d : p.shape) n *= d;
+      elements += n;
+    }
+  }
+  EXPECT_GT(elements, 120'000'000);
+  EXPECT_FALSE(ModelFitsOneBucket(*gpt2, kDefaultBucketBytes));
+  EXPECT_TRUE(ModelFitsOneBucket(*gpt2, 4 * elements));
+  EXPECT_FALSE(ModelFitsOneBucket(*gpt2, 4 * elements - 1));
 }
 
 // The real specs: invariants, and no more padding than Megatron's rule.

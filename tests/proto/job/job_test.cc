@@ -8,6 +8,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -340,22 +341,40 @@ TEST(JobTest, MuonInBackwardIsOnUnlessTurnedOff) {
   EXPECT_FALSE(job::FilledSpec(*off).communication().muon_in_backward());
 }
 
-// communication.reshard_after_forward: unset is true (a unit gathered again
-// for each use); false reaches the planner's options (no backward
-// re-gathers in the plan) and the job as it will run.
-TEST(JobTest, ReshardAfterForwardUnlessTurnedOff) {
-  absl::StatusOr<job::ResolvedJob> plain = job::ResolveJob(DesignJob(), "");
-  ASSERT_TRUE(plain.ok()) << plain.status();
-  EXPECT_TRUE(plain->reshard_after_forward);
-  EXPECT_TRUE(job::FilledSpec(*plain).communication().reshard_after_forward());
-  EXPECT_TRUE(job::PlanOptionsOf(plain->spec).reshard_after_forward);
-  v1::JobSpec job = DesignJob();
-  job.mutable_communication()->set_reshard_after_forward(false);
-  absl::StatusOr<job::ResolvedJob> held = job::ResolveJob(job, "");
-  ASSERT_TRUE(held.ok()) << held.status();
-  EXPECT_FALSE(held->reshard_after_forward);
-  EXPECT_FALSE(job::FilledSpec(*held).communication().reshard_after_forward());
-  EXPECT_FALSE(job::PlanOptionsOf(held->spec).reshard_after_forward);
+// communication.reshard_after_forward: unset, held (false) exactly when the
+// model's parameters fit one bucket; a value given is kept. The job as it
+// will run, and the planner's input, say the same.
+TEST(JobTest, ReshardAfterForwardByTheModelsSizeUnlessGiven) {
+  // The design job's MLP 32-64-64-8: weights 64x32, 64x64, 8x64 and their
+  // biases, 4 bytes an element.
+  constexpr int64_t kModelBytes = 4 * (64 * 32 + 64 + 64 * 64 + 64 + 8 * 64 + 8);
+  struct Case {
+    std::optional<int64_t> bucket_bytes;
+    std::optional<bool> given;
+    bool reshards;
+  };
+  for (const Case& c : std::vector<Case>{{std::nullopt, std::nullopt, false},
+                                         {kModelBytes, std::nullopt, false},
+                                         {kModelBytes - 4, std::nullopt, true},
+                                         {0, std::nullopt, true},
+                                         {std::nullopt, true, true},
+                                         {kModelBytes - 4, false, false}}) {
+    SCOPED_TRACE(absl::StrCat("bucket ", c.bucket_bytes.value_or(-1), " given ",
+                              c.given.has_value() ? int{*c.given} : -1));
+    v1::JobSpec job = DesignJob();
+    if (c.bucket_bytes) job.mutable_communication()->set_bucket_bytes(*c.bucket_bytes);
+    if (c.given) job.mutable_communication()->set_reshard_after_forward(*c.given);
+    absl::StatusOr<job::ResolvedJob> r = job::ResolveJob(job, "");
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->reshard_after_forward, c.reshards);
+    EXPECT_EQ(job::FilledSpec(*r).communication().reshard_after_forward(), c.reshards);
+    absl::StatusOr<plan::PlanInput> input = job::PlanInputOf(job);
+    ASSERT_TRUE(input.ok()) << input.status();
+    EXPECT_EQ(input->options.reshard_after_forward, c.reshards);
+    absl::StatusOr<plan::PlanInput> from_resolved = job::PlanInputOf(*r);
+    ASSERT_TRUE(from_resolved.ok()) << from_resolved.status();
+    EXPECT_EQ(from_resolved->options.reshard_after_forward, c.reshards);
+  }
 }
 
 // communication.window_bytes: unset is 0 (no limit); a value is kept and

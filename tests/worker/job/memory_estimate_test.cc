@@ -126,21 +126,26 @@ TEST(MemoryEstimateTest, GlooOnCudaCountsTheHostStagingBuffer) {
 }
 
 // Units held gathered from the forward pass to the backward one
-// (communication.reshard_after_forward false): the estimate counts the
-// whole model's tensors, gathered, on every rank, and only then.
+// (communication.reshard_after_forward false, or unset with the model in
+// one bucket): the estimate counts the whole model's tensors, gathered, on
+// every rank, and only then.
 TEST(MemoryEstimateTest, UnitsHeldForTheBackwardCountTheGatheredModel) {
   for (const char* device : {"cpu", "cuda"}) {
     SCOPED_TRACE(device);
-    const TrainingItem plain = FindTrainingItem(device, "", "communication.reshard_after_forward");
-    const TrainingItem again =
-        FindTrainingItem(device, "reshard_after_forward: true", "communication.reshard_after_forward");
-    const TrainingItem held =
-        FindTrainingItem(device, "reshard_after_forward: false", "communication.reshard_after_forward");
-    EXPECT_FALSE(plain.item.has_value());
+    const std::string field = "communication.reshard_after_forward";
+    const TrainingItem plain = FindTrainingItem(device, "", field);
+    const TrainingItem again = FindTrainingItem(device, "reshard_after_forward: true", field);
+    const TrainingItem held = FindTrainingItem(device, "reshard_after_forward: false", field);
+    // A bucket smaller than the model: unset reshards.
+    const TrainingItem split = FindTrainingItem(device, "bucket_bytes: 4096", field);
     EXPECT_FALSE(again.item.has_value());
+    EXPECT_FALSE(split.item.has_value());
     ASSERT_TRUE(held.item.has_value());
+    ASSERT_TRUE(plain.item.has_value());
     EXPECT_DOUBLE_EQ(held.item->bytes, kMlpBytes);
-    EXPECT_DOUBLE_EQ(held.phase_bytes - plain.phase_bytes, kMlpBytes);
+    EXPECT_DOUBLE_EQ(plain.item->bytes, kMlpBytes);
+    EXPECT_DOUBLE_EQ(held.phase_bytes - again.phase_bytes, kMlpBytes);
+    EXPECT_DOUBLE_EQ(plain.phase_bytes, held.phase_bytes);
   }
 }
 
