@@ -18,8 +18,10 @@
 # (each exchange's bytes in flight to a rank); MUON_BUFFER_BYTES sets
 # optimizer.muon_buffer_bytes (the Muon phase in waves) and
 # MUON_IN_BACKWARD=false turns communication.muon_in_backward off;
-# RESHARD_AFTER_FORWARD=false holds the units gathered from the forward pass
-# to the backward one (communication.reshard_after_forward); CLIP sets
+# RESHARD_AFTER_FORWARD sets communication.reshard_after_forward (false:
+# the units held gathered from the forward pass to the backward one; true:
+# gathered again; unset, the job's default: held when the model fits one
+# bucket, as the quickstart's does); CLIP sets
 # training.clip_grad_norm (none: no clipping); KEEP_CWND=1 sets
 # net.ipv4.tcp_slow_start_after_idle=0 on the worker hosts (TCP keeps its
 # congestion window across the idle time between a step's bursts); WORLD
