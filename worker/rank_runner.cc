@@ -617,8 +617,10 @@ absl::Status ExportWeights(const job::ResolvedJob& job, Trainer& trainer, const 
   return absl::OkStatus();
 }
 
-// The median of `values` after the first (all of them when there is one),
-// the middle two averaged for an even count; 0 for none.
+}  // namespace
+
+namespace internal {
+
 double MedianAfterFirst(const std::vector<double>& values) {
   if (values.empty()) return 0.0;
   std::vector<double> sorted(values.begin() + (values.size() > 1 ? 1 : 0), values.end());
@@ -627,7 +629,7 @@ double MedianAfterFirst(const std::vector<double>& values) {
   return sorted.size() % 2 == 1 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
 }
 
-}  // namespace
+}  // namespace internal
 
 absl::Status RunRank(const job::ResolvedJob& job, const plan::Plan& plan, comm::Store& store,
                      const RankOptions& options, const RankHooks& hooks) {
@@ -653,7 +655,7 @@ absl::Status RunRank(const job::ResolvedJob& job, const plan::Plan& plan, comm::
   // optimizer step's median leaves the run's first step out when there are
   // more (it touches every page of the state for the first time), as the
   // peer benchmark's PyTorch side does (tests/worker/muon_peer.py).
-  const double median = MedianAfterFirst(totals.optimizer_ms);
+  const double median = internal::MedianAfterFirst(totals.optimizer_ms);
   const int64_t steps = std::max<int64_t>(1, job.steps - first_step);
   out(absl::StrFormat(
       "summary rank=%d steps=%d optimizer_ms_median=%.3f bytes_per_step=%d "

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -73,5 +74,13 @@ struct RankHooks {
 // DeadlineExceeded for lost or late peers, the hooks' own statuses.
 absl::Status RunRank(const job::ResolvedJob& job, const plan::Plan& plan, comm::Store& store,
                      const RankOptions& options, const RankHooks& hooks);
+
+namespace internal {
+// The median of `values` after the first (all of them when there is one:
+// the first step touches every page of the state), the middle two
+// averaged for an even count; 0 for none. The summary line's
+// optimizer_ms_median.
+double MedianAfterFirst(const std::vector<double>& values);
+}  // namespace internal
 
 }  // namespace muonmesh::worker

@@ -135,6 +135,16 @@ TEST_F(RankRunnerTest, TheJobsOwnPlanRunsOnTheJobsThreads) {
   math::SetBlasThreads(1);
 }
 
+// The summary's optimizer median: the steps after the first (a first step
+// slowed by page faults does not count), the middle two averaged.
+TEST(MedianAfterFirstTest, LeavesTheFirstStepOut) {
+  EXPECT_EQ(internal::MedianAfterFirst({}), 0.0);
+  EXPECT_EQ(internal::MedianAfterFirst({7.0}), 7.0);
+  EXPECT_EQ(internal::MedianAfterFirst({7000.0, 3.0}), 3.0);
+  EXPECT_EQ(internal::MedianAfterFirst({7000.0, 5.0, 1.0, 3.0}), 3.0);
+  EXPECT_EQ(internal::MedianAfterFirst({7000.0, 5.0, 1.0, 3.0, 4.0}), 3.5);
+}
+
 std::string Contents(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
