@@ -1,6 +1,7 @@
 #include "worker/runtime/trainer.h"
 
 #include <cmath>
+#include <thread>
 
 #include "absl/strings/cord.h"
 #include "core/model/sample_order.h"
@@ -168,10 +169,8 @@ absl::StatusOr<StepReport> Trainer::Step() {
   absl::Status st = m.Optimize(step_ - adamw_origin_, &report);
   MUONMESH_RETURN_IF_ERROR(st);
 
-  // QK-clip rescales my shards before the gather below hands them round.
   t0 = absl::Now();
-  MUONMESH_RETURN_IF_ERROR(m.ReduceStepRecords(&report));
-  MUONMESH_RETURN_IF_ERROR(m.GatherAfterStep(&report));
+  MUONMESH_RETURN_IF_ERROR(m.FinishStep(&report));
   report.times.param_allgather_after_step = absl::Now() - t0;
   report.collective_calls = m.CollectiveCalls() - calls_before;
   ++step_;
@@ -227,6 +226,21 @@ absl::StatusOr<bool> Trainer::Impl::ClipGradients(double grad_norm) {
     MUONMESH_RETURN_IF_ERROR(dev->Scale(u.grad.data(), u.grad.size(), static_cast<float>(factor)));
   }
   return true;
+}
+
+absl::Status Trainer::Impl::FinishStep(StepReport* report) {
+  if (options.qk_clip > 0 || !options.overlap_records ||
+      dev->memory_space() != comm::MemorySpace::kHost) {
+    // QK-clip rescales my shards before the gather hands them round.
+    MUONMESH_RETURN_IF_ERROR(ReduceStepRecords(report));
+    return GatherAfterStep(report);
+  }
+  absl::Status records;
+  std::thread recorder([this, report, &records] { records = ReduceStepRecords(report); });
+  const absl::Status gathered = GatherAfterStep(report);
+  recorder.join();
+  MUONMESH_RETURN_IF_ERROR(records);
+  return gathered;
 }
 
 absl::Status Trainer::Impl::ReduceStepRecords(StepReport* report) {

@@ -145,6 +145,12 @@ struct TrainerOptions {
   // it computes the ones it holds (one gather ahead; the weights are the
   // same bits either way). Host devices only (ignored elsewhere).
   bool prefetch_gathers = true;
+  // Run the step records' all-gather (attention logits, Muon health, expert
+  // statistics) on a thread of its own beside the after-step parameter
+  // gather, unless QK-clip (qk_clip > 0) rescales the shards that gather
+  // hands round (the same bits either way). Host devices only (ignored
+  // elsewhere).
+  bool overlap_records = true;
   // Muon inside the backward pass (docs/architecture.md §5): with several
   // Muon waves, the last wave's gather to the owners runs on a thread of
   // its own as soon as its units' gradients are reduced (in the last

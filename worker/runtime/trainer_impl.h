@@ -449,6 +449,14 @@ struct Trainer::Impl {
   // logits and errors, sums of the statistics), the same bits an all-reduce
   // of each gave. Nothing when the model has none of them.
   absl::Status ReduceStepRecords(StepReport* report);
+  // The step's end: ReduceStepRecords, then GatherAfterStep; or, when the
+  // gather does not wait for the records (no QK-clip rescaling the shards
+  // it hands round) and options.overlap_records holds on a host device, the
+  // records' all-gather (the world group) on a second thread beside the
+  // gather (its mesh groups): one round trip less on the step's path. The
+  // two write apart: the records the report's records, the gather its
+  // bytes. The records' status first.
+  absl::Status FinishStep(StepReport* report);
   // The logits' max over the world (layers x heads) into
   // report->max_attn_logit (per layer) and, with options.qk_clip, the
   // QK-clip rescaling of my parameter shards.

@@ -218,6 +218,7 @@ struct RunRecipe {
   bool prefetch_gathers = true;
   bool muon_in_backward = true;
   bool reshard_after_forward = true;
+  bool overlap_records = true;
 };
 
 RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpoints& ck = {},
@@ -312,6 +313,7 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
       o.overlap_reduce = recipe.overlap_reduce;
       o.prefetch_gathers = recipe.prefetch_gathers;
       o.muon_in_backward = recipe.muon_in_backward;
+      o.overlap_records = recipe.overlap_records;
       absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(*plan, local.get(), r, o);
       if (!t.ok()) {
         status[r] = t.status();
@@ -1081,6 +1083,44 @@ TEST_P(TrainerConfigTest, EveryCollectiveMovesThePlannedBytes) {
       GetParam().world / GetParam().ep > 1) {
     const auto regathers = planned.find("expert/param_allgather_backward");
     EXPECT_TRUE(regathers != planned.end() && regathers->second > 0);
+  }
+}
+
+// The step records' all-gather beside the after-step gather
+// (TrainerOptions::overlap_records) against after it: the same losses,
+// norms and weights bit for bit, the same attention logits (gpt) and Muon
+// health (a health step every step: orthogonality errors too), the same
+// bytes and calls. Dense configs also run gpt.
+TEST_P(TrainerConfigTest, RecordsBesideTheAfterStepGatherEndTheSame) {
+  std::vector<Config> workloads = {GetParam()};
+  if (!GetParam().moe) {
+    workloads.push_back(GetParam());
+    workloads.back().gpt = true;
+  }
+  for (const Config& c : workloads) {
+    SCOPED_TRACE(c.gpt ? "gpt" : "default workload");
+    RunRecipe serial;
+    serial.health_every = 1;
+    serial.overlap_records = false;
+    RunRecipe beside = serial;
+    beside.overlap_records = true;
+    const RunResult after = RunJob(c, "lpt", 3, {}, 0, true, "", serial);
+    const RunResult overlapped = RunJob(c, "lpt", 3, {}, 0, true, "", beside);
+    ExpectSameRun(overlapped, after, "records beside the after-step gather");
+    EXPECT_EQ(overlapped.max_attn_logits, after.max_attn_logits);
+    EXPECT_EQ(c.gpt, !after.max_attn_logits.empty() && !after.max_attn_logits[0].empty());
+    ASSERT_EQ(overlapped.health.size(), after.health.size());
+    for (size_t st = 0; st < after.health.size(); ++st) {
+      EXPECT_GT(after.health[st].matrices, 0) << "step " << st;
+      EXPECT_EQ(overlapped.health[st].matrices, after.health[st].matrices) << "step " << st;
+      EXPECT_EQ(overlapped.health[st].elements, after.health[st].elements) << "step " << st;
+      EXPECT_EQ(overlapped.health[st].update_rms, after.health[st].update_rms) << "step " << st;
+      EXPECT_TRUE(after.health[st].ortho_error_max.has_value()) << "step " << st;
+      EXPECT_EQ(overlapped.health[st].ortho_error_max, after.health[st].ortho_error_max)
+          << "step " << st;
+    }
+    EXPECT_EQ(overlapped.bytes, after.bytes);
+    EXPECT_EQ(overlapped.collective_calls, after.collective_calls);
   }
 }
 
