@@ -6,7 +6,10 @@
 # delay, the share of the step spent waiting in collectives (exposed
 # communication), the collective calls a rank makes per step (each a few round trips
 # one after another: what a delay multiplies), the frames linkem forwarded
-# per step (every host's, both ways) and those a full link queue dropped.
+# per step (every host's, both ways) and those a full link queue dropped;
+# on a rate-limited link, issue 44's allowance (twice the no-delay step plus
+# the time the busiest rank's bytes of a step need at the rate) and whether
+# the step is within it.
 #
 #   tests/deploy/net/delays.sh BUILD_DIR [DELAY_MS[@RATE_MBIT]...]
 #
@@ -139,8 +142,17 @@ early = statistics.median(r["phases"].get("muon_gather_hidden", 0.0) for r in re
 waited = phases + ["expert_dispatch"]
 exposed = statistics.median(sum(r["phases"].get(p, 0.0) for p in waited) / r["step_seconds"]
                             for r in records if r["step_seconds"] > 0)
-print("| %s | %s | %.3f s | %.3f s | %.3f s | %.1f %% | %g | %s | %s |" % (
-    label, " | ".join(cells), hidden, ahead, early, 100 * exposed, calls, frames, drops))
+# Issue 44's allowance on a rate-limited link: twice the no-delay step plus
+# the time the busiest rank's bytes of a step need at the link's rate.
+target = "-"
+if "@" in label:
+    rate = float(label.split("@")[1]) * 1e6 / 8
+    sent = max(sum(r.get("bytes_sent", {}).values()) for r in records)
+    allow = 2 * base["step"] + sent / rate
+    over = med["step"] / allow - 1
+    target = "%.3f s: %s" % (allow, "met" if over <= 0 else "%.1f %% over" % (100 * over))
+print("| %s | %s | %.3f s | %.3f s | %.3f s | %.1f %% | %g | %s | %s | %s |" % (
+    label, " | ".join(cells), hidden, ahead, early, 100 * exposed, calls, frames, drops, target))
 EOF
 }
 
@@ -158,6 +170,6 @@ echo "delays: ${delays[*]} ms one way; $world ranks; model ${MODEL:-of the quick
 echo "tcp: congestion control $(cat /proc/sys/net/ipv4/tcp_congestion_control)," \
   "autotuned buffers up to $(awk '{print $3}' /proc/sys/net/ipv4/tcp_rmem) bytes receiving," \
   "$(awk '{print $3}' /proc/sys/net/ipv4/tcp_wmem) sending"
-echo "| one-way delay ms[@Mbit/s] | step | param_gather | grad_reduce | muon_gather | muon_scatter | param_allgather_after_step | grad_reduce_hidden | param_gather_hidden | muon_gather_hidden | exposed communication | calls a step | frames a step | queue drops a step |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| one-way delay ms[@Mbit/s] | step | param_gather | grad_reduce | muon_gather | muon_scatter | param_allgather_after_step | grad_reduce_hidden | param_gather_hidden | muon_gather_hidden | exposed communication | calls a step | frames a step | queue drops a step | target (2 x no-delay + bytes at the rate) |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for d in "${delays[@]}"; do run "$d"; done
