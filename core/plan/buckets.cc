@@ -25,6 +25,8 @@ std::vector<Bucket> PlanBuckets(const Plan& plan, int64_t bucket_bytes) {
   return out;
 }
 
+// Counts with its own overflow checks rather than NumElements (validate.h):
+// a job is resolved before the planner has checked its spec's sizes.
 bool ModelFitsOneBucket(const ModelSpec& model, int64_t bucket_bytes) {
   if (bucket_bytes <= 0) return false;
   const int64_t limit = bucket_bytes / 4;
