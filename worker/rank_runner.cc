@@ -253,6 +253,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const job::ResolvedJob& job
   topts.bucket_bytes = job.bucket_bytes;
   topts.prefetch_gathers = job.prefetch_gathers;
   topts.muon_in_backward = job.muon_in_backward;
+  topts.overlap_param_gather = job.overlap_param_gather;
   topts.adamw = job.adamw;
   topts.global_batch_size = job.global_batch_size;
   topts.lr_schedule = job.lr_schedule;

@@ -809,6 +809,7 @@ void ResolveCommunication(const v1::JobSpec& job, ResolvedJob& r) {
   r.window_bytes = c.window_bytes();
   r.muon_in_backward = !c.has_muon_in_backward() || c.muon_in_backward();
   r.reshard_after_forward = !c.has_reshard_after_forward() || c.reshard_after_forward();
+  r.overlap_param_gather = !c.has_overlap_param_gather() || c.overlap_param_gather();
 }
 
 }  // namespace
@@ -905,6 +906,7 @@ v1::JobSpec FilledSpec(const ResolvedJob& r) {
   out.mutable_communication()->set_window_bytes(r.window_bytes);
   out.mutable_communication()->set_muon_in_backward(r.muon_in_backward);
   out.mutable_communication()->set_reshard_after_forward(r.reshard_after_forward);
+  out.mutable_communication()->set_overlap_param_gather(r.overlap_param_gather);
   v1::MuonConfig& muon = *opt.mutable_muon();
   muon.set_lr(r.muon.lr);
   muon.set_momentum(r.muon.momentum);

@@ -117,6 +117,7 @@ struct ResolvedJob {
   // communication.reshard_after_forward; unset, by the model's size
   // (ReshardsAfterForward, proto/job/model_specs.h).
   bool reshard_after_forward = true;
+  bool overlap_param_gather = true;  // communication.overlap_param_gather, default applied
   std::string muon_replica_split;  // optimizer.muon_replica_split: auto | on | off
 
   optim::MuonOptions muon;

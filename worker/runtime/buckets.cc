@@ -38,6 +38,12 @@ void Trainer::Impl::PlanBuckets() {
       out.shard_total += units[state].layout->shard_elements;
     }
   }
+  after_step_order.resize(buckets.size());
+  for (size_t b = 0; b < buckets.size(); ++b) after_step_order[b] = static_cast<int32_t>(b);
+  std::stable_sort(after_step_order.begin(), after_step_order.end(), [&](int32_t a, int32_t b) {
+    return units[buckets[a].states[0]].unit < units[buckets[b].states[0]].unit;
+  });
+  after_step_ticket.assign(buckets.size(), 0);
   bucket_of.assign(units.size(), {-1, -1});
   for (size_t b = 0; b < buckets.size(); ++b) {
     for (size_t i = 0; i < buckets[b].states.size(); ++i) {
@@ -57,11 +63,11 @@ int64_t Trainer::Impl::CollectiveCalls() const {
   for (const MeshState* mesh : {&dense, &expert}) {
     add(mesh->domain_comm.get());
     add(mesh->gather_comm.get());
-    add(mesh->group_comm.get());
     for (const auto& c : mesh->reduce_scatter_comms) add(c.get());
     for (const auto& c : mesh->all_reduce_comms) add(c.get());
   }
-  return calls;
+  // The parameter groups (group_comm) make only the after-step gathers.
+  return calls + after_step_calls;
 }
 
 bool Trainer::Impl::ReducesNothing(const MeshState& mesh) {
@@ -152,46 +158,96 @@ absl::Status Trainer::Impl::ReduceBucket(int32_t b, float* buf, StepReport* repo
 }
 
 absl::Status Trainer::Impl::GatherAfterStep(StepReport* report) {
-  for (BucketState& bucket : buckets) {
-    MeshState& mesh = *bucket.mesh;
-    if (mesh.k == 1) continue;
-    comm::Communicator& c = *mesh.group_comm;
-    const std::string name = mesh.bytes_prefix + "param_allgather_after_step";
-    const int64_t pos = mesh.position % mesh.k;
-    if (bucket.states.size() == 1) {
-      UnitState& u = units[bucket.states[0]];
-      const int64_t s = u.layout->shard_elements;
-      absl::Status st = Counted(c, name, report, [&] {
-        return c.AllGather(u.param.data() + pos * s, s, u.param.data(), options.collective);
-      });
-      MUONMESH_RETURN_IF_ERROR(st);
-      continue;
-    }
-    // Mine of every unit side by side, gathered in place, then each rank's
-    // run handed back to its units.
-    const int64_t total = bucket.shard_total;
-    MUONMESH_ASSIGN_OR_RETURN(DeviceBuffer buf, unit_buffers.Take(mesh.k * total));
-    for (size_t i = 0; i < bucket.states.size(); ++i) {
-      UnitState& u = units[bucket.states[i]];
-      const int64_t s = u.layout->shard_elements;
-      MUONMESH_RETURN_IF_ERROR(
-          dev->Copy(buf.data() + pos * total + bucket.shard_prefix[i], u.param.data() + pos * s, s));
-    }
-    absl::Status st = Counted(c, name, report, [&] {
-      return c.AllGather(buf.data() + pos * total, total, buf.data(), options.collective);
-    });
-    for (int64_t q = 0; q < mesh.k && st.ok(); ++q) {
-      if (q == pos) continue;
-      for (size_t i = 0; i < bucket.states.size() && st.ok(); ++i) {
-        UnitState& u = units[bucket.states[i]];
-        const int64_t s = u.layout->shard_elements;
-        st = dev->Copy(u.param.data() + q * s, buf.data() + q * total + bucket.shard_prefix[i], s);
-      }
-    }
-    unit_buffers.Give(std::move(buf));
-    MUONMESH_RETURN_IF_ERROR(st);
+  for (int32_t b : after_step_order) {
+    if (buckets[b].mesh->k == 1) continue;
+    ++after_step_calls;
+    MUONMESH_RETURN_IF_ERROR(GatherBucketAfterStep(b, report));
   }
   return absl::OkStatus();
+}
+
+absl::Status Trainer::Impl::GatherBucketAfterStep(int32_t b, StepReport* report) {
+  BucketState& bucket = buckets[b];
+  MeshState& mesh = *bucket.mesh;
+  comm::Communicator& c = *mesh.group_comm;
+  const std::string name = mesh.bytes_prefix + "param_allgather_after_step";
+  const int64_t pos = mesh.position % mesh.k;
+  if (bucket.states.size() == 1) {
+    UnitState& u = units[bucket.states[0]];
+    const int64_t s = u.layout->shard_elements;
+    return Counted(c, name, report, [&] {
+      return c.AllGather(u.param.data() + pos * s, s, u.param.data(), options.collective);
+    });
+  }
+  // Mine of every unit side by side, gathered in place, then each rank's
+  // run handed back to its units.
+  const int64_t total = bucket.shard_total;
+  MUONMESH_ASSIGN_OR_RETURN(DeviceBuffer buf, unit_buffers.Take(mesh.k * total));
+  absl::Status st;
+  for (size_t i = 0; i < bucket.states.size() && st.ok(); ++i) {
+    UnitState& u = units[bucket.states[i]];
+    const int64_t s = u.layout->shard_elements;
+    st = dev->Copy(buf.data() + pos * total + bucket.shard_prefix[i], u.param.data() + pos * s, s);
+  }
+  if (st.ok()) {
+    st = Counted(c, name, report, [&] {
+      return c.AllGather(buf.data() + pos * total, total, buf.data(), options.collective);
+    });
+  }
+  for (int64_t q = 0; q < mesh.k && st.ok(); ++q) {
+    if (q == pos) continue;
+    for (size_t i = 0; i < bucket.states.size() && st.ok(); ++i) {
+      UnitState& u = units[bucket.states[i]];
+      const int64_t s = u.layout->shard_elements;
+      st = dev->Copy(u.param.data() + q * s, buf.data() + q * total + bucket.shard_prefix[i], s);
+    }
+  }
+  unit_buffers.Give(std::move(buf));
+  return st;
+}
+
+void Trainer::Impl::StartGatherAfterStep(StepReport* report) {
+  if (after_step == nullptr) {
+    // Room for every bucket's gather: the step never waits to push.
+    after_step = std::make_unique<CommThread>(std::max<size_t>(buckets.size(), 1),
+                                              &PhaseTimes::param_allgather_after_step,
+                                              &PhaseTimes::param_gather_hidden);
+  }
+  for (int32_t b : after_step_order) {
+    const BucketState& bucket = buckets[b];
+    const MeshState& mesh = *bucket.mesh;
+    if (mesh.k == 1) continue;
+    // What the gather will send, by the communicator's byte model
+    // (comm/communicator.h): this step's, as when the step waited for it.
+    const int64_t count = bucket.states.size() == 1
+                              ? units[bucket.states[0]].layout->shard_elements
+                              : bucket.shard_total;
+    report->bytes_sent[mesh.bytes_prefix + "param_allgather_after_step"] +=
+        (mesh.group_comm->size() - 1) * count * 4;
+    ++after_step_calls;
+    after_step_ticket[b] = after_step->Push([this, b](StepReport*, bool failed) {
+      return failed ? absl::OkStatus() : GatherBucketAfterStep(b, nullptr);
+    });
+  }
+}
+
+absl::Status Trainer::Impl::AwaitGatherAfterStep(int32_t state, StepReport* report) {
+  const int32_t b = bucket_of[state].first;
+  if (after_step == nullptr || b < 0 || after_step_ticket[b] == 0) return absl::OkStatus();
+  return after_step->Await(after_step_ticket[b], report);
+}
+
+absl::Status Trainer::Impl::DrainGatherAfterStep(StepReport* report) {
+  if (after_step == nullptr) return absl::OkStatus();
+  after_step_ticket.assign(buckets.size(), 0);
+  absl::Status st = after_step->Drain(report);
+  // Kept: the parameters it left stale stay stale.
+  if (!st.ok() && after_step_failed.ok()) {
+    after_step_failed = absl::Status(
+        st.code(), absl::StrCat("the parameters' gather after the last step failed: ",
+                                st.message()));
+  }
+  return after_step_failed;
 }
 
 absl::Status Trainer::Impl::GatherStates(absl::Span<const int32_t> states,

@@ -134,10 +134,15 @@ absl::StatusOr<StepReport> Trainer::Step() {
     ~UndoEarly() { m.UndoEarlyGather(&report); }
   } undo_early{m, report};
   MUONMESH_ASSIGN_OR_RETURN(const double local_loss, m.ForwardBackward(step_, samples, &report));
-  // (muon_gather so far: what the pass waited for an early Muon gather.)
+  // The last step's after-step gathers, all of them (the pass waited for
+  // those of the units it acquired) before the optimizer writes the shards.
+  MUONMESH_RETURN_IF_ERROR(m.DrainGatherAfterStep(&report));
+  // (muon_gather so far: what the pass waited for an early Muon gather;
+  // param_allgather_after_step: for the last step's after-step gathers.)
   report.times.forward_backward = (absl::Now() - t0) - report.times.param_gather -
                                   report.times.grad_reduce - report.times.expert_dispatch -
-                                  report.times.muon_gather;
+                                  report.times.muon_gather -
+                                  report.times.param_allgather_after_step;
 
   t0 = absl::Now();
   // The loss, whether any rank holds a non-finite gradient, and the squared
@@ -171,7 +176,7 @@ absl::StatusOr<StepReport> Trainer::Step() {
 
   t0 = absl::Now();
   MUONMESH_RETURN_IF_ERROR(m.FinishStep(&report));
-  report.times.param_allgather_after_step = absl::Now() - t0;
+  report.times.param_allgather_after_step += absl::Now() - t0;
   report.collective_calls = m.CollectiveCalls() - calls_before;
   ++step_;
   return report;
@@ -229,6 +234,10 @@ absl::StatusOr<bool> Trainer::Impl::ClipGradients(double grad_norm) {
 }
 
 absl::Status Trainer::Impl::FinishStep(StepReport* report) {
+  if (DefersGatherAfterStep()) {
+    StartGatherAfterStep(report);
+    return ReduceStepRecords(report);
+  }
   if (options.qk_clip > 0 || !options.overlap_records ||
       dev->memory_space() != comm::MemorySpace::kHost) {
     // QK-clip rescales my shards before the gather hands them round.
@@ -445,6 +454,8 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::GatherParameters() {
 
 absl::Status Trainer::GatherParameters(const ParameterSink& sink) {
   Impl& m = *impl_;
+  StepReport scratch;
+  MUONMESH_RETURN_IF_ERROR(m.DrainGatherAfterStep(&scratch));
   Device& dev = *m.dev;
   for (size_t u = 0; u < m.states_of.size(); ++u) {
     // This unit's tensors only (indexed by flat index; the others stay empty).
@@ -514,6 +525,8 @@ absl::StatusOr<double> Trainer::Evaluate(int64_t batches) {
   const int64_t n = m.workload->num_validation_samples();
   if (n <= 0) return absl::FailedPreconditionError("the workload has no validation data");
   if (batches < 1) return absl::InvalidArgumentError("Evaluate: batches must be >= 1");
+  StepReport drained;
+  MUONMESH_RETURN_IF_ERROR(m.DrainGatherAfterStep(&drained));
   const int64_t g = m.options.global_batch_size;
   const int64_t b = g / m.world;
   // One micro-batch at a time (the local batch without micro-batches), so

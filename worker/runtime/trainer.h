@@ -151,6 +151,18 @@ struct TrainerOptions {
   // hands round (the same bits either way). Host devices only (ignored
   // elsewhere).
   bool overlap_records = true;
+  // Gather the updated parameters after the optimizer step (where the
+  // optimizer state is sharded over more ranks than the parameters) on a
+  // thread of its own, one bucket at a time in the forward pass's order,
+  // and let the step return: whatever reads a unit's parameters next waits
+  // for its bucket only (the next forward pass), or for all of them (every
+  // other entry but Barrier). docs/architecture.md §5, "The after-step
+  // gather beside the next step". The step's report counts the gathers'
+  // bytes and calls as before; the next step's param_allgather_after_step
+  // is what it waited for them and its param_gather_hidden has the rest.
+  // Not with QK-clip (qk_clip > 0); host devices only (ignored elsewhere).
+  // The same bits either way.
+  bool overlap_param_gather = true;
   // Muon inside the backward pass (docs/architecture.md §5): with several
   // Muon waves, the last wave's gather to the owners runs on a thread of
   // its own as soon as its units' gradients are reduced (in the last
@@ -177,6 +189,9 @@ struct PhaseTimes {
   absl::Duration newton_schulz;
   absl::Duration muon_scatter;       // exchange back, and the HSDP replica split's
   absl::Duration muon_apply;
+  // The updated parameters' gather after the optimizer step; with
+  // TrainerOptions::overlap_param_gather, the step records' all-gather and
+  // what this step waited for the last step's gathers.
   absl::Duration param_allgather_after_step;
   // Reductions that ran beside the backward pass while it computed
   // (TrainerOptions::overlap_reduce): not part of the step's time; what the
@@ -184,7 +199,9 @@ struct PhaseTimes {
   absl::Duration grad_reduce_hidden;
   // Parameter gathers that ran ahead of the pass while it computed
   // (TrainerOptions::prefetch_gathers): not part of the step's time; what
-  // the pass waited for is in param_gather.
+  // the pass waited for is in param_gather. With overlap_param_gather, also
+  // the time of the last step's after-step gathers that the step did not
+  // wait for.
   absl::Duration param_gather_hidden;
   // A Muon gather that ran inside the backward pass
   // (TrainerOptions::muon_in_backward): its preparation and exchange, not

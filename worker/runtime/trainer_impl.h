@@ -27,6 +27,7 @@
 #include "core/plan/validate.h"
 #include "worker/io/safetensors.h"
 #include "worker/runtime/buffer_pool.h"
+#include "worker/runtime/comm_thread.h"
 #include "worker/runtime/groups.h"
 #include "worker/runtime/muon_schedule.h"
 #include "worker/runtime/trainer.h"
@@ -388,8 +389,24 @@ struct Trainer::Impl {
                             absl::Span<float* const* const> dst, StepReport* report,
                             const char* name);
   // The after-step gather of every bucket whose mesh replicates parameters
-  // over optimizer shards (k > 1).
+  // over optimizer shards (k > 1), in after_step_order; of one bucket.
   absl::Status GatherAfterStep(StepReport* report);
+  absl::Status GatherBucketAfterStep(int32_t bucket, StepReport* report);
+  // TrainerOptions::overlap_param_gather (docs/architecture.md §5, "The
+  // after-step gather beside the next step"): whether it holds (asked for,
+  // no QK-clip, a host device); pushes the after-step gathers onto
+  // after_step, counting their bytes and calls into `report` as the
+  // synchronous gather would; waits for the gather of `state`'s bucket
+  // (adding the wait to `report`, when not null); waits for all of them
+  // (their waits and hidden time into `report`). Await and Drain return
+  // the gathers' first error.
+  bool DefersGatherAfterStep() const {
+    return options.overlap_param_gather && options.qk_clip <= 0 &&
+           dev->memory_space() == comm::MemorySpace::kHost;
+  }
+  void StartGatherAfterStep(StepReport* report);
+  absl::Status AwaitGatherAfterStep(int32_t state, StepReport* report);
+  absl::Status DrainGatherAfterStep(StepReport* report);
 
   absl::Status AdamW(UnitState& u, int64_t step) {
     const plan::UnitLayout& l = *u.layout;
@@ -528,6 +545,20 @@ struct Trainer::Impl {
   bool PrefetchesGathers() const {
     return options.prefetch_gathers && dev->memory_space() == comm::MemorySpace::kHost;
   }
+
+  // The after-step gathers (DefersGatherAfterStep): the buckets in the order
+  // the forward pass first needs them (by their first unit: PlanBuckets
+  // lists the dense mesh's before the expert mesh's); per bucket, the ticket
+  // of its gather pushed at the last step's end (0: none pending); the
+  // calls of those gathers, counted when made or pushed (CollectiveCalls
+  // leaves the parameter groups' own counters out: the thread's calls land
+  // when they run). The thread last, so that it is destroyed first (it
+  // runs the gathers still queued) while everything its jobs use lives.
+  std::vector<int32_t> after_step_order;
+  std::vector<uint64_t> after_step_ticket;
+  int64_t after_step_calls = 0;
+  absl::Status after_step_failed;  // a drained gather's error, for good
+  std::unique_ptr<CommThread> after_step;
 };
 
 }  // namespace muonmesh::worker

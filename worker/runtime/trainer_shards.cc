@@ -47,6 +47,9 @@ std::string Trainer::Impl::TensorsText() const {
 }
 
 absl::Status Trainer::SaveShards(const std::string& path) const {
+  // The last step's after-step gathers write the shards saved here.
+  StepReport drained;
+  MUONMESH_RETURN_IF_ERROR(impl_->DrainGatherAfterStep(&drained));
   std::vector<io::TensorView> views;
   // Host copies of device shards (host shards are written as they are).
   std::vector<std::vector<float>> host;
@@ -91,6 +94,9 @@ absl::Status Trainer::SaveShards(const std::string& path) const {
 }
 
 absl::Status Trainer::LoadShards(const std::string& path) {
+  // Nothing may still write the shards being replaced.
+  StepReport drained;
+  MUONMESH_RETURN_IF_ERROR(impl_->DrainGatherAfterStep(&drained));
   std::map<std::string, std::string> metadata;
   MUONMESH_ASSIGN_OR_RETURN(std::vector<io::Tensor> tensors, io::ReadSafetensors(path, &metadata));
   auto expect = [&](const std::string& key, const std::string& want) -> absl::Status {
@@ -237,6 +243,8 @@ absl::StatusOr<std::vector<std::vector<float>>> Trainer::Impl::CheckBuffers(
 
 absl::Status Trainer::LoadState(const WholeState& state, bool fresh_optimizer_state) {
   Impl& m = *impl_;
+  StepReport drained;  // nothing may still write the shards (LoadShards)
+  MUONMESH_RETURN_IF_ERROR(m.DrainGatherAfterStep(&drained));
   MUONMESH_RETURN_IF_ERROR(m.CheckWholeState(state, fresh_optimizer_state));
   // Whole buffers built on the host (padding zero), then copied: a unit's
   // shard at a time.

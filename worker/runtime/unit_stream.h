@@ -7,99 +7,6 @@
 
 namespace muonmesh::worker {
 
-// A pass's communication on a thread of its own, while the pass computes
-// (docs/architecture.md §5, "Overlap" and "Prefetch"): jobs run one after
-// another in the order they were pushed, the same on every rank. A job's
-// collectives use groups the step's thread leaves alone until Drain returns
-// (the reduce groups for the bucket reductions; the gather groups for the
-// gather ahead, which the step's thread waits for before it gathers; the
-// Muon domain groups for the early Muon gather, "Muon inside the backward
-// pass").
-class Trainer::CommThread {
- public:
-  // Runs the job with `bytes` to count into; `failed` when a job before it
-  // failed since the last Drain (a job then only hands its buffers back).
-  using Job = std::function<absl::Status(StepReport* bytes, bool failed)>;
-
-  // At most `capacity` jobs wait (Push blocks beyond). Drain adds its wait
-  // to the report's `waited` phase and the rest of the jobs' time, spent
-  // beside the caller's work, to its `hidden` phase.
-  CommThread(size_t capacity, absl::Duration PhaseTimes::*waited,
-             absl::Duration PhaseTimes::*hidden)
-      : capacity_(capacity), waited_(waited), hidden_(hidden), thread_([this] { Loop(); }) {}
-  ~CommThread() {
-    {
-      absl::MutexLock lock(&mu_);
-      stop_ = true;
-    }
-    thread_.join();
-  }
-  CommThread(const CommThread&) = delete;
-  CommThread& operator=(const CommThread&) = delete;
-
-  void Push(Job job) {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(this, &CommThread::HasRoom));
-    queue_.push_back(std::move(job));
-  }
-
-  // Waits until every pushed job ran; adds their bytes and times to
-  // `report` (see the constructor). Their first error, then forgotten.
-  absl::Status Drain(StepReport* report) {
-    const absl::Time t0 = absl::Now();
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(this, &CommThread::Idle));
-    const absl::Duration waited = absl::Now() - t0;
-    report->times.*waited_ += waited;
-    report->times.*hidden_ += std::max(absl::ZeroDuration(), busy_ - waited);
-    busy_ = absl::ZeroDuration();
-    for (const auto& [name, bytes] : local_.bytes_sent) report->bytes_sent[name] += bytes;
-    local_.bytes_sent.clear();
-    return std::exchange(status_, absl::OkStatus());
-  }
-
- private:
-  bool HasRoom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.size() < capacity_; }
-  bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.empty() && !running_; }
-  bool Woken() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); }
-
-  void Loop() {
-    while (true) {
-      Job job;
-      bool failed = false;
-      {
-        absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(this, &CommThread::Woken));
-        if (queue_.empty()) return;  // stopped
-        job = std::move(queue_.front());
-        queue_.pop_front();
-        running_ = true;
-        failed = !status_.ok();
-      }
-      const absl::Time t0 = absl::Now();
-      StepReport bytes;
-      absl::Status st = job(&bytes, failed);
-      absl::MutexLock lock(&mu_);
-      running_ = false;
-      busy_ += absl::Now() - t0;
-      for (const auto& [name, n] : bytes.bytes_sent) local_.bytes_sent[name] += n;
-      if (status_.ok()) status_ = std::move(st);
-    }
-  }
-
-  const size_t capacity_;
-  absl::Duration PhaseTimes::*const waited_;
-  absl::Duration PhaseTimes::*const hidden_;
-  absl::Mutex mu_;
-  std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
-  bool running_ ABSL_GUARDED_BY(mu_) = false;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-  absl::Duration busy_ ABSL_GUARDED_BY(mu_);
-  StepReport local_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;  // last: starts once the rest is built
-};
-
 // The runtime's side of Workload::ForwardBackwardByUnit over this rank's
 // shards: Acquire gathers one unit into whole tensors taken for it from the
 // trainer's BufferPool (given back on Release), Commit packs one unit's whole
@@ -140,6 +47,9 @@ class Trainer::UnitStream final : public UnitAccess {
     }
     // The gather groups have one caller at a time.
     if (Communicates(unit)) MUONMESH_RETURN_IF_ERROR(AwaitAhead());
+    // What this gather reads, the last step's after-step gather may still
+    // be writing (TrainerOptions::overlap_param_gather).
+    MUONMESH_RETURN_IF_ERROR(AwaitAfterStep(FormBatch(unit, slot.gathers), report_));
     const absl::Time t0 = absl::Now();
     MUONMESH_RETURN_IF_ERROR(Allocate(unit, slot.params, slot.param_ptrs));
     slot.const_ptrs.assign(slot.param_ptrs.begin(), slot.param_ptrs.end());
@@ -468,6 +378,7 @@ class Trainer::UnitStream final : public UnitAccess {
     ahead_ = ahead;
     ahead_gathers_ = gathers;
     prefetcher_->Push([this, ahead, gathers](StepReport* report, bool) {
+      MUONMESH_RETURN_IF_ERROR(AwaitAfterStep(ahead, nullptr));
       return GatherBatch(ahead, gathers, report);
     });
   }
@@ -488,6 +399,17 @@ class Trainer::UnitStream final : public UnitAccess {
     }
     ahead_.clear();
     return st;
+  }
+
+  // Waits for the last step's after-step gathers of `batch`'s units
+  // (Impl::AwaitGatherAfterStep; the wait into `report` when not null).
+  absl::Status AwaitAfterStep(const std::vector<int32_t>& batch, StepReport* report) {
+    for (int32_t v : batch) {
+      for (int32_t state : m_.states_of[v]) {
+        MUONMESH_RETURN_IF_ERROR(m_.AwaitGatherAfterStep(state, report));
+      }
+    }
+    return absl::OkStatus();
   }
 
   // Whether acquiring `unit` gathers over a group (some state of it sits on

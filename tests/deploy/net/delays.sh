@@ -21,6 +21,8 @@
 # (each exchange's bytes in flight to a rank); MUON_BUFFER_BYTES sets
 # optimizer.muon_buffer_bytes (the Muon phase in waves) and
 # MUON_IN_BACKWARD=false turns communication.muon_in_backward off;
+# OVERLAP_PARAM_GATHER=false turns communication.overlap_param_gather off
+# (the step waits for its after-step gathers);
 # RESHARD_AFTER_FORWARD sets communication.reshard_after_forward (false:
 # the units held gathered from the forward pass to the backward one; true:
 # gathered again; unset, the job's default: held when the model fits one
@@ -102,6 +104,7 @@ run() {
   [[ -z ${PREFETCH:-} ]] || comm+=("prefetch: $PREFETCH")
   [[ -z ${WINDOW:-} ]] || comm+=("window_bytes: $WINDOW")
   [[ -z ${MUON_IN_BACKWARD:-} ]] || comm+=("muon_in_backward: $MUON_IN_BACKWARD")
+  [[ -z ${OVERLAP_PARAM_GATHER:-} ]] || comm+=("overlap_param_gather: $OVERLAP_PARAM_GATHER")
   [[ -z ${RESHARD_AFTER_FORWARD:-} ]] || comm+=("reshard_after_forward: $RESHARD_AFTER_FORWARD")
   [[ -z ${MUON_BUFFER_BYTES:-} ]] ||
     sed -i "s/^optimizer:\$/optimizer:\n  muon_buffer_bytes: $MUON_BUFFER_BYTES/" "$work/$name.yaml"
@@ -159,7 +162,8 @@ EOF
 echo "delays: ${delays[*]} ms one way; $world ranks; model ${MODEL:-of the quickstart};" \
   "$steps steps a run, medians of steps 5 on;" \
   "communication.bucket_bytes ${BUCKET_BYTES:-default}, prefetch ${PREFETCH:-default}, window_bytes ${WINDOW:-default}," \
-  "muon_in_backward ${MUON_IN_BACKWARD:-default}, reshard_after_forward ${RESHARD_AFTER_FORWARD:-default};" \
+  "muon_in_backward ${MUON_IN_BACKWARD:-default}, reshard_after_forward ${RESHARD_AFTER_FORWARD:-default}," \
+  "overlap_param_gather ${OVERLAP_PARAM_GATHER:-default};" \
   "optimizer.muon_buffer_bytes ${MUON_BUFFER_BYTES:-default};" \
   "training.clip_grad_norm ${CLIP:-of the quickstart};" \
   "tcp_slow_start_after_idle" \

@@ -326,19 +326,39 @@ TEST(JobTest, PrefetchIsOnUnlessTurnedOff) {
   EXPECT_FALSE(job::FilledSpec(*off).communication().prefetch());
 }
 
-// communication.muon_in_backward: unset is on; false is kept and shown in
-// the job as it will run.
-TEST(JobTest, MuonInBackwardIsOnUnlessTurnedOff) {
+// communication.muon_in_backward and overlap_param_gather: unset is on;
+// false is kept and shown in the job as it will run.
+TEST(JobTest, CommunicationOverlapsAreOnUnlessTurnedOff) {
+  struct Switch {
+    const char* field;
+    void (v1::CommunicationConfig::*set)(bool);
+    bool (v1::CommunicationConfig::*shown)() const;
+    bool job::ResolvedJob::*resolved;
+  };
+  const Switch switches[] = {
+      {"muon_in_backward", &v1::CommunicationConfig::set_muon_in_backward,
+       &v1::CommunicationConfig::muon_in_backward, &job::ResolvedJob::muon_in_backward},
+      {"overlap_param_gather", &v1::CommunicationConfig::set_overlap_param_gather,
+       &v1::CommunicationConfig::overlap_param_gather, &job::ResolvedJob::overlap_param_gather},
+  };
   absl::StatusOr<job::ResolvedJob> plain = job::ResolveJob(DesignJob(), "");
   ASSERT_TRUE(plain.ok()) << plain.status();
-  EXPECT_TRUE(plain->muon_in_backward);
-  EXPECT_TRUE(job::FilledSpec(*plain).communication().muon_in_backward());
-  v1::JobSpec job = DesignJob();
-  job.mutable_communication()->set_muon_in_backward(false);
-  absl::StatusOr<job::ResolvedJob> off = job::ResolveJob(job, "");
-  ASSERT_TRUE(off.ok()) << off.status();
-  EXPECT_FALSE(off->muon_in_backward);
-  EXPECT_FALSE(job::FilledSpec(*off).communication().muon_in_backward());
+  for (const Switch& s : switches) {
+    SCOPED_TRACE(s.field);
+    EXPECT_TRUE((*plain).*s.resolved);
+    EXPECT_TRUE((job::FilledSpec(*plain).communication().*s.shown)());
+    v1::JobSpec job = DesignJob();
+    (job.mutable_communication()->*s.set)(false);
+    absl::StatusOr<job::ResolvedJob> off = job::ResolveJob(job, "");
+    ASSERT_TRUE(off.ok()) << off.status();
+    EXPECT_FALSE((*off).*s.resolved);
+    EXPECT_FALSE((job::FilledSpec(*off).communication().*s.shown)());
+    // Only this switch turned off.
+    for (const Switch& other : switches) {
+      if (&other == &s) continue;
+      EXPECT_TRUE((*off).*other.resolved) << other.field;
+    }
+  }
 }
 
 // communication.reshard_after_forward: unset, held (false) exactly when the

@@ -191,6 +191,11 @@ struct RunResult {
 // `save_dir` as the output folder) and the load puts the checkpoint at
 // `load_dir` back together (worker/reshard.h) for whatever layout this run
 // has (Trainer::LoadState).
+std::string ReadFileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
 struct Checkpoints {
   std::string load_dir;
   std::string save_dir;
@@ -219,6 +224,7 @@ struct RunRecipe {
   bool muon_in_backward = true;
   bool reshard_after_forward = true;
   bool overlap_records = true;
+  bool overlap_param_gather = true;
 };
 
 RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpoints& ck = {},
@@ -314,6 +320,7 @@ RunResult RunJob(const Config& c, const char* rule, int steps = 5, const Checkpo
       o.prefetch_gathers = recipe.prefetch_gathers;
       o.muon_in_backward = recipe.muon_in_backward;
       o.overlap_records = recipe.overlap_records;
+      o.overlap_param_gather = recipe.overlap_param_gather;
       absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(*plan, local.get(), r, o);
       if (!t.ok()) {
         status[r] = t.status();
@@ -1124,6 +1131,53 @@ TEST_P(TrainerConfigTest, RecordsBesideTheAfterStepGatherEndTheSame) {
   }
 }
 
+// The after-step gathers beside the next step
+// (TrainerOptions::overlap_param_gather; the next forward pass waits for
+// each unit's bucket, the checkpoint and the final gather for all) against
+// the step waiting for them, one unit a bucket and the default buckets: the
+// same losses, norms and weights bit for bit, the same bytes (each step
+// counts its own gathers: summed over the steps, a gather counted a step
+// late would leave the last one out) and calls a step, the same shard
+// files. Dense configs also run gpt.
+TEST_P(TrainerConfigTest, AfterStepGatherBesideTheNextStepEndsTheSame) {
+  std::vector<Config> workloads = {GetParam()};
+  if (!GetParam().moe) {
+    workloads.push_back(GetParam());
+    workloads.back().gpt = true;
+  }
+  for (const Config& c : workloads) {
+    for (const int64_t bucket_bytes : {int64_t{0}, plan::kDefaultBucketBytes}) {
+      SCOPED_TRACE(absl::StrCat(c.gpt ? "gpt" : "default workload", ", bucket_bytes ",
+                                bucket_bytes));
+      RunRecipe waited;
+      waited.bucket_bytes = bucket_bytes;
+      waited.overlap_param_gather = false;
+      RunRecipe beside = waited;
+      beside.overlap_param_gather = true;
+      const std::string dir = ::testing::TempDir() + "/after_step_" + c.name;
+      Checkpoints waited_ck, beside_ck;
+      waited_ck.save_dir = dir + "_waited";
+      beside_ck.save_dir = dir + "_beside";
+      for (const std::string& d : {waited_ck.save_dir, beside_ck.save_dir}) {
+        std::filesystem::remove_all(d);
+        std::filesystem::create_directories(d);
+      }
+      const RunResult after = RunJob(c, "lpt", 3, waited_ck, 0, true, "", waited);
+      const RunResult overlapped = RunJob(c, "lpt", 3, beside_ck, 0, true, "", beside);
+      ExpectSameRun(overlapped, after, "after-step gather beside the next step");
+      EXPECT_EQ(overlapped.bytes, after.bytes);
+      EXPECT_EQ(overlapped.collective_calls, after.collective_calls);
+      EXPECT_EQ(PlannedKindsOfBytes(overlapped.bytes), PlannedBytes(overlapped.plan, 3));
+      for (int32_t r = 0; r < c.world; ++r) {
+        const std::string file = "/rank-" + std::to_string(r) + ".safetensors";
+        const std::string saved = ReadFileBytes(beside_ck.save_dir + file);
+        EXPECT_FALSE(saved.empty()) << "rank " << r;
+        EXPECT_EQ(saved, ReadFileBytes(waited_ck.save_dir + file)) << "rank " << r;
+      }
+    }
+  }
+}
+
 // Units held gathered from their first use in a pass to their last
 // (PlanOptions::reshard_after_forward false), one unit a collective or the
 // default buckets: the losses, norms and weights end bit for bit as when
@@ -1663,11 +1717,6 @@ class NanAtStep final : public Workload {
   int64_t bad_step_;
   bool fired_ = false;
 };
-
-std::string ReadFileBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
 
 // Two ranks, rank 1's gradient NaN at step 1: the step is refused on both
 // ranks at once, and their weights and optimizer state (the saved shards,
