@@ -17,7 +17,10 @@
 # RULES (default "lpt allgather") picks the owner rules to run; STRATEGY
 # (default optim_grads_params, ZeRO-3) the data-parallel sharding strategy,
 # or PARALLELISM the whole parallelism section (a YAML flow mapping);
-# KEEP=1 keeps the work folder (each rank's output).
+# KEEP=1 keeps the work folder (each rank's output). The step waits for its
+# after-step gather (communication.overlap_param_gather false): the optimizer
+# step's whole time, as a peer's step that gathers its updates counts it;
+# OVERLAP_PARAM_GATHER=true leaves it to run beside the next step.
 #
 # Not part of the test suite (minutes on 2 cores). Each rank runs OpenBLAS on
 # one thread so that 4 ranks share the cores evenly.
@@ -52,6 +55,7 @@ optimizer:
   muon: {lr: 0.02, momentum: 0.95}
   owner_assignment: $rule
 training: {steps: $steps, global_batch_size: $world}
+communication: {overlap_param_gather: ${OVERLAP_PARAM_GATHER:-false}}
 output: {dir: $work/out-$rule, export: ""}
 JOB
   local pids=()

@@ -1174,6 +1174,9 @@ TEST_P(TrainerConfigTest, AfterStepGatherBesideTheNextStepEndsTheSame) {
         EXPECT_FALSE(saved.empty()) << "rank " << r;
         EXPECT_EQ(saved, ReadFileBytes(waited_ck.save_dir + file)) << "rank " << r;
       }
+      for (const std::string& d : {waited_ck.save_dir, beside_ck.save_dir}) {
+        std::filesystem::remove_all(d);
+      }
     }
   }
 }
