@@ -187,6 +187,22 @@ void PrintPlan(const job::ResolvedJob& job, const plan::Plan& plan, const LineSi
                           ? "; the last wave's gather inside the backward pass "
                             "(communication.muon_in_backward)"
                           : ""));
+  // The after-step gathers, where the plan has them (parameters replicated
+  // over optimizer shards): beside the next step, or within the step.
+  const bool after_step =
+      std::any_of(plan.collectives.begin(), plan.collectives.end(), [](const auto& c) {
+        return c.name == "param_allgather_after_step" && c.bytes_per_step > 0;
+      });
+  if (after_step) {
+    const bool beside = job.overlap_param_gather && job.device == "cpu" && job.qk_clip <= 0;
+    out(absl::StrCat("plan: the updated parameters gathered after each step ",
+                     beside ? "beside the next step (communication.overlap_param_gather)"
+                            : "within the step",
+                     !beside && job.overlap_param_gather
+                         ? (job.qk_clip > 0 ? " (QK-clip rescales what it hands round)"
+                                            : " (device cuda)")
+                         : ""));
+  }
   // OpenBLAS's own count, as SetRankThreads left it.
   const int threads = math::BlasThreads();
   out(absl::StrFormat("job %s: %d ranks, %s, %d steps, global batch %d, %d thread%s a rank",
