@@ -207,16 +207,16 @@ absl::Status Trainer::Impl::GatherBucketAfterStep(int32_t b, StepReport* report)
 }
 
 void Trainer::Impl::StartGatherAfterStep(StepReport* report) {
-  if (after_step == nullptr) {
-    // Room for every bucket's gather: the step never waits to push.
-    after_step = std::make_unique<CommThread>(std::max<size_t>(buckets.size(), 1),
-                                              &PhaseTimes::param_allgather_after_step,
-                                              &PhaseTimes::param_gather_hidden);
-  }
   for (int32_t b : after_step_order) {
     const BucketState& bucket = buckets[b];
     const MeshState& mesh = *bucket.mesh;
     if (mesh.k == 1) continue;
+    if (after_step == nullptr) {  // at the first gather: none for a plan without them
+      // Room for every bucket's gather: the step never waits to push.
+      after_step = std::make_unique<CommThread>(buckets.size(),
+                                                &PhaseTimes::param_allgather_after_step,
+                                                &PhaseTimes::param_gather_hidden);
+    }
     // What the gather will send, by the communicator's byte model
     // (comm/communicator.h): this step's, as when the step waited for it.
     const int64_t count = bucket.states.size() == 1
