@@ -715,19 +715,26 @@ TEST(StandaloneTest, GptRestartEndsBitIdenticalAndThreeRanksMatchOne) {
   ExpectThreeRanksGiveTheOneRankLosses(dir, one, 1e-4);
 }
 
+// A small gpt (`layers` blocks, 64 wide) on 4 ranks under HFSDP (the
+// optimizer state sharded over 2 instances), 4 steps.
+Job HfsdpGptJob(const std::string& dir, const std::string& name, int layers) {
+  Job job = GptJob(dir, name);
+  job.model = absl::StrCat("{gpt: {vocab_size: 256, block_size: 16, n_layer: ", layers,
+                           ", n_head: 2, n_embd: 64, seq_len: 16}}");
+  job.world = 4;
+  job.instances = 2;
+  job.outer = "optim";
+  job.steps = 4;
+  return job;
+}
+
 // communication.window_bytes through the job file: a gpt of 4 ranks under
 // HFSDP whose exchanges (reduce-scatters of ~100 KB a peer and more, the
 // after-step gathers, the Muon exchanges) go in 64 KiB chunks ends with the
 // losses and weights of the same job without a window, bit for bit.
 TEST(StandaloneTest, AWindowOnTheExchangesEndsBitIdentical) {
   const std::string dir = Fresh("gpt_window");
-  Job job = GptJob(dir, "gpt_window");
-  job.model = "{gpt: {vocab_size: 256, block_size: 16, n_layer: 2, n_head: 2, n_embd: 64, "
-              "seq_len: 16}}";
-  job.world = 4;
-  job.instances = 2;
-  job.outer = "optim";
-  job.steps = 4;
+  Job job = HfsdpGptJob(dir, "gpt_window", 2);
   job.output_dir = dir + "/plain";
   job.export_path = dir + "/plain.safetensors";
   const JobRun plain = RunRanks(dir, WriteJob(dir, job), 4);
@@ -750,13 +757,7 @@ TEST(StandaloneTest, AWindowOnTheExchangesEndsBitIdentical) {
 // with the losses and weights of the same job with it off, bit for bit.
 TEST(StandaloneTest, MuonInsideTheBackwardEndsBitIdenticalOverGloo) {
   const std::string dir = Fresh("gpt_muon_in_backward");
-  Job job = GptJob(dir, "gpt_muon_in_backward");
-  job.model = "{gpt: {vocab_size: 256, block_size: 16, n_layer: 3, n_head: 2, n_embd: 64, "
-              "seq_len: 16}}";
-  job.world = 4;
-  job.instances = 2;
-  job.outer = "optim";
-  job.steps = 4;
+  Job job = HfsdpGptJob(dir, "gpt_muon_in_backward", 3);
   job.optimizer =
       "  muon: {lr: 0.02, momentum: 0.95, nesterov: true, weight_decay: 0.01}\n"
       "  adamw: {lr: 0.001, eps: 0.05}\n"
@@ -789,13 +790,7 @@ TEST(StandaloneTest, MuonInsideTheBackwardEndsBitIdenticalOverGloo) {
 // step, bit for bit; each run says where its gathers go.
 TEST(StandaloneTest, AfterStepGathersBesideTheNextStepEndBitIdenticalOverGloo) {
   const std::string dir = Fresh("gpt_overlap_param_gather");
-  Job job = GptJob(dir, "gpt_overlap_param_gather");
-  job.model = "{gpt: {vocab_size: 256, block_size: 16, n_layer: 3, n_head: 2, n_embd: 64, "
-              "seq_len: 16}}";
-  job.world = 4;
-  job.instances = 2;
-  job.outer = "optim";
-  job.steps = 4;
+  Job job = HfsdpGptJob(dir, "gpt_overlap_param_gather", 3);
   job.checkpoint_every = 2;
   job.communication = "{bucket_bytes: 0, overlap_param_gather: false}";
   job.output_dir = dir + "/within";
